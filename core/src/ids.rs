@@ -1,0 +1,119 @@
+//! Newtype identifiers shared by every part of the core: roles, engines, ranks and transfers.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// Which phase an engine serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Role {
+    Prefill,
+    Decode,
+}
+
+impl Role {
+    /// The letter the deployment notation uses for the role (`P` or `D`).
+    pub fn letter(self) -> char {
+        match self {
+            Role::Prefill => 'P',
+            Role::Decode => 'D',
+        }
+    }
+}
+
+/// An engine (one serving instance) of a role, numbered from 0 within that role.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct EngineId {
+    pub role: Role,
+    pub index: u16,
+}
+
+impl EngineId {
+    pub fn prefill(index: u16) -> EngineId {
+        EngineId { role: Role::Prefill, index }
+    }
+
+    pub fn decode(index: u16) -> EngineId {
+        EngineId { role: Role::Decode, index }
+    }
+}
+
+impl fmt::Display for EngineId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}{}", self.role.letter(), self.index)
+    }
+}
+
+/// One GPU (and its NIC): an engine plus its data-parallel and tensor-parallel rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct RankId {
+    pub engine: EngineId,
+    pub dp: u16,
+    pub tp: u16,
+}
+
+impl RankId {
+    pub fn new(engine: EngineId, dp: u16, tp: u16) -> RankId {
+        RankId { engine, dp, tp }
+    }
+}
+
+impl fmt::Display for RankId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.dp{}.tp{}", self.engine, self.dp, self.tp)
+    }
+}
+
+/// The proxy-minted identifier of one request's KV transfer (`tx-<uuid>` in MoRIIO).
+///
+/// It is a string on the wire, so the core keeps it as one: peers may send ids pdkv did not mint.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct TransferId(pub String);
+
+impl TransferId {
+    /// Formats a 128-bit value the way MoRIIO's proxy formats a UUID4: `tx-` and 32 hex digits
+    /// in the 8-4-4-4-12 grouping. The caller supplies the bits (seeded in the simulator,
+    /// random in production), which keeps the core free of randomness.
+    pub fn from_u128(bits: u128) -> TransferId {
+        let h = format!("{bits:032x}");
+        TransferId(format!("tx-{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32]))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for TransferId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The proxy's own number for a client request, assigned in arrival order from 1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct RequestId(pub u64);
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "req-{}", self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transfer_id_has_uuid_shape() {
+        let id = TransferId::from_u128(0x0123_4567_89ab_cdef_0011_2233_4455_6677);
+        assert_eq!(id.as_str(), "tx-01234567-89ab-cdef-0011-223344556677");
+    }
+
+    #[test]
+    fn rank_display_names_engine_dp_and_tp() {
+        let rank = RankId::new(EngineId::prefill(1), 2, 3);
+        assert_eq!(rank.to_string(), "P1.dp2.tp3");
+    }
+}

@@ -1,0 +1,181 @@
+//! Named switches that bring back historical connector bugs, so the simulator can reproduce them.
+//!
+//! Every option is off by default; the default protocol is the fixed one. Each option names the
+//! bug it restores and what it breaks, and has a test beside the code it changes.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// One historical behaviour that caused a known hang, leak or hot spot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Legacy {
+    /// Decode always reads prefill DP rank 0, whatever rank owns the request.
+    ReadFromDp0,
+    /// Listeners bind at `base + dp + tp` while dialers use `base + dp * tp_size + tp`.
+    ListenerOffsetDpPlusTp,
+    /// Sessions are keyed `<engine>_dp<d>`, so two TP ranks of one DP rank share a session.
+    SessionKeyWithoutTp,
+    /// The proxy takes engine and DP rank from one counter (`k mod n`, `k mod D`).
+    ProxyAliasing,
+    /// A release for a transfer the prefill worker does not know yet is dropped, not buffered.
+    DropEarlyReleases,
+    /// Releases are collected into a set by transfer id, so identical ones from different
+    /// decode ranks count once.
+    DedupReleases,
+    /// Every prefill rank waits for `expected_releases(producer_tp, consumer_tp)` releases even
+    /// if no decode rank reads it; its blocks are then freed only by the reaper.
+    NoZeroQuorum,
+    /// Decode reads only the `tp_size` key of `kv_transfer_params` (default 1) and ignores the
+    /// `remote_tp_size` the proxy wrote, collapsing every read onto TP rank 0.
+    TpSizeKey,
+}
+
+impl Legacy {
+    pub const ALL: [Legacy; 8] = [
+        Legacy::ReadFromDp0,
+        Legacy::ListenerOffsetDpPlusTp,
+        Legacy::SessionKeyWithoutTp,
+        Legacy::ProxyAliasing,
+        Legacy::DropEarlyReleases,
+        Legacy::DedupReleases,
+        Legacy::NoZeroQuorum,
+        Legacy::TpSizeKey,
+    ];
+
+    /// The kebab-case name used on the command line and in scenario files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Legacy::ReadFromDp0 => "read-from-dp0",
+            Legacy::ListenerOffsetDpPlusTp => "listener-offset-dp-plus-tp",
+            Legacy::SessionKeyWithoutTp => "session-key-without-tp",
+            Legacy::ProxyAliasing => "proxy-aliasing",
+            Legacy::DropEarlyReleases => "drop-early-releases",
+            Legacy::DedupReleases => "dedup-releases",
+            Legacy::NoZeroQuorum => "no-zero-quorum",
+            Legacy::TpSizeKey => "tp-size-key",
+        }
+    }
+
+    /// One sentence: what the option restores and what it breaks.
+    pub fn description(self) -> &'static str {
+        match self {
+            Legacy::ReadFromDp0 => {
+                "decode reads prefill DP rank 0 for every request; other DP ranks' blocks are \
+                 never read and block ids can overrun DP0's memory region"
+            }
+            Legacy::ListenerOffsetDpPlusTp => {
+                "listeners bind base+dp+tp while dialers use base+dp*tp_size+tp; ports collide \
+                 and dials miss when DP>1 and TP>1"
+            }
+            Legacy::SessionKeyWithoutTp => {
+                "sessions keyed per (engine, dp) only; TP ranks of one DP rank share a session \
+                 and reads use the wrong rank's memory descriptors"
+            }
+            Legacy::ProxyAliasing => {
+                "proxy takes engine = k mod n and dp = k mod D from one counter; with 2 engines \
+                 of DP8, engine 0 sees only even DP ranks and half the GPUs idle"
+            }
+            Legacy::DropEarlyReleases => {
+                "a release arriving before the prefill worker knows the transfer is dropped; \
+                 the fan-in never completes and the blocks wait for the reaper"
+            }
+            Legacy::DedupReleases => {
+                "releases are deduplicated by transfer id; when several decode ranks read one \
+                 prefill rank (P4 to D8) the fan-in never completes"
+            }
+            Legacy::NoZeroQuorum => {
+                "every prefill rank waits for releases even when no decode rank reads it \
+                 (P8 to D4, flexible reads); those blocks are freed only by the reaper"
+            }
+            Legacy::TpSizeKey => {
+                "decode reads kv_transfer_params[tp_size] (default 1) instead of remote_tp_size; \
+                 every decode rank reads prefill TP rank 0"
+            }
+        }
+    }
+}
+
+impl fmt::Display for Legacy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A legacy option name that pdkv does not know.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownLegacy(pub String);
+
+impl fmt::Display for UnknownLegacy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let known: Vec<&str> = Legacy::ALL.iter().map(|l| l.name()).collect();
+        write!(f, "unknown legacy option {:?}; known options: {}", self.0, known.join(", "))
+    }
+}
+
+impl std::error::Error for UnknownLegacy {}
+
+impl FromStr for Legacy {
+    type Err = UnknownLegacy;
+
+    fn from_str(s: &str) -> Result<Legacy, UnknownLegacy> {
+        Legacy::ALL.iter().copied().find(|l| l.name() == s).ok_or_else(|| UnknownLegacy(s.to_string()))
+    }
+}
+
+/// The set of legacy options switched on; empty is the fixed protocol.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct LegacyOptions(BTreeSet<Legacy>);
+
+impl LegacyOptions {
+    pub fn none() -> LegacyOptions {
+        LegacyOptions::default()
+    }
+
+    pub fn with(mut self, option: Legacy) -> LegacyOptions {
+        self.0.insert(option);
+        self
+    }
+
+    pub fn insert(&mut self, option: Legacy) {
+        self.0.insert(option);
+    }
+
+    pub fn has(&self, option: Legacy) -> bool {
+        self.0.contains(&option)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = Legacy> + '_ {
+        self.0.iter().copied()
+    }
+}
+
+impl FromIterator<Legacy> for LegacyOptions {
+    fn from_iter<I: IntoIterator<Item = Legacy>>(iter: I) -> LegacyOptions {
+        LegacyOptions(iter.into_iter().collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_unknown_names_list_the_known_ones() {
+        for option in Legacy::ALL {
+            assert_eq!(option.name().parse::<Legacy>(), Ok(option));
+            assert!(!option.description().is_empty());
+        }
+        let err = "read-from-dp1".parse::<Legacy>().unwrap_err();
+        let shown = err.to_string();
+        assert!(shown.contains("\"read-from-dp1\"") && shown.contains("read-from-dp0"), "{shown}");
+    }
+}

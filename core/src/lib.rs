@@ -1,0 +1,19 @@
+//! pdkv-core: the sans-IO routing and protocol core for heterogeneous prefill/decode KV transfer.
+//!
+//! Nothing in this crate does I/O, reads a clock, spawns a thread, keeps global state, draws
+//! unseeded randomness or iterates a hash map; time comes in as a value and effects leave as
+//! values. The simulator and the real backend drive the same code.
+
+pub mod ids;
+pub mod legacy;
+pub mod params;
+pub mod ports;
+pub mod proxy;
+pub mod release;
+pub mod routes;
+pub mod routing;
+pub mod topology;
+
+pub use ids::{EngineId, RankId, RequestId, Role, TransferId};
+pub use legacy::{Legacy, LegacyOptions};
+pub use topology::{Deployment, Layout, ModelSpec};

@@ -1,0 +1,155 @@
+//! The `kv_transfer_params` a decode request carries, and the strict reading of its sizes.
+//!
+//! MoRIIO's prefill answers with `tp_size`; the proxy adds `remote_tp_size` and `remote_dp_rank`
+//! when it forwards the request to decode. A historical reader looked only at `tp_size` and
+//! defaulted to 1, collapsing every read onto TP rank 0; pdkv reads both, prefers the explicit
+//! `remote_tp_size`, and rejects missing or non-positive sizes.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::legacy::{Legacy, LegacyOptions};
+use crate::topology::{Layout, MAX_PARALLEL_SIZE};
+
+/// The remote-prefill fields of a decode request's `kv_transfer_params`, as received. Sizes
+/// are kept as the signed integers a peer may send, so bad values can be reported, not wrapped.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct KvTransferParams {
+    pub do_remote_prefill: bool,
+    pub do_remote_decode: bool,
+    pub transfer_id: Option<String>,
+    pub remote_block_ids: Vec<u64>,
+    pub remote_engine_id: Option<String>,
+    pub remote_host: Option<String>,
+    pub remote_handshake_port: Option<i64>,
+    pub remote_notify_port: Option<i64>,
+    pub remote_dp_size: Option<i64>,
+    pub remote_dp_rank: Option<i64>,
+    pub tp_size: Option<i64>,
+    pub remote_tp_size: Option<i64>,
+}
+
+/// A size or rank in `kv_transfer_params` that cannot be used.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ParamsError {
+    Missing { field: &'static str },
+    OutOfRange { field: &'static str, value: i64, min: i64, max: i64 },
+}
+
+impl fmt::Display for ParamsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ParamsError::Missing { field } => write!(f, "kv_transfer_params lacks {field}"),
+            ParamsError::OutOfRange { field, value, min, max } => {
+                write!(f, "kv_transfer_params {field} = {value} is outside {min}..={max}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ParamsError {}
+
+fn in_range(field: &'static str, value: i64, min: i64, max: i64) -> Result<u16, ParamsError> {
+    if value < min || value > max {
+        return Err(ParamsError::OutOfRange { field, value, min, max });
+    }
+    Ok(value as u16)
+}
+
+impl KvTransferParams {
+    /// The prefill TP size: `remote_tp_size`, else `tp_size`; must be in 1..=256. Under
+    /// [`Legacy::TpSizeKey`], only `tp_size`, defaulting to 1 (the historical collapse).
+    pub fn prefill_tp_size(&self, legacy: &LegacyOptions) -> Result<u16, ParamsError> {
+        let max = i64::from(MAX_PARALLEL_SIZE);
+        if legacy.has(Legacy::TpSizeKey) {
+            return in_range("tp_size", self.tp_size.unwrap_or(1), 1, max);
+        }
+        match (self.remote_tp_size, self.tp_size) {
+            (Some(v), _) => in_range("remote_tp_size", v, 1, max),
+            (None, Some(v)) => in_range("tp_size", v, 1, max),
+            (None, None) => Err(ParamsError::Missing { field: "remote_tp_size (or tp_size)" }),
+        }
+    }
+
+    /// The prefill layout as far as reads need it: DP size (default 1) and TP size.
+    pub fn prefill_layout(&self, legacy: &LegacyOptions) -> Result<Layout, ParamsError> {
+        let dp =
+            in_range("remote_dp_size", self.remote_dp_size.unwrap_or(1), 1, i64::from(MAX_PARALLEL_SIZE))?;
+        Ok(Layout::new(dp, self.prefill_tp_size(legacy)?, false))
+    }
+
+    /// The request's owner DP rank on the prefill side (`remote_dp_rank`, default 0).
+    pub fn owner_dp(&self) -> Result<Option<u16>, ParamsError> {
+        self.remote_dp_rank
+            .map(|v| in_range("remote_dp_rank", v, 0, i64::from(MAX_PARALLEL_SIZE) - 1))
+            .transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// (tp_size, remote_tp_size, legacy?) -> prefill TP size or error text.
+    #[test]
+    fn prefill_tp_size_table() {
+        let check = |tp: Option<i64>, remote: Option<i64>, legacy: bool, expected: Result<u16, &str>| {
+            let params = KvTransferParams { tp_size: tp, remote_tp_size: remote, ..Default::default() };
+            let options =
+                if legacy { LegacyOptions::none().with(Legacy::TpSizeKey) } else { LegacyOptions::none() };
+            let got = params.prefill_tp_size(&options).map_err(|e| e.to_string());
+            match expected {
+                Ok(n) => assert_eq!(got, Ok(n), "{tp:?} {remote:?} {legacy}"),
+                Err(text) => assert!(got.as_ref().unwrap_err().contains(text), "{got:?}"),
+            }
+        };
+        check(None, Some(8), false, Ok(8));
+        check(Some(8), None, false, Ok(8));
+        check(Some(4), Some(8), false, Ok(8));
+        check(None, None, false, Err("lacks remote_tp_size"));
+        check(None, Some(0), false, Err("remote_tp_size = 0 is outside 1..=256"));
+        check(None, Some(-8), false, Err("remote_tp_size = -8"));
+        check(Some(0), None, false, Err("tp_size = 0"));
+        check(None, Some(100_000), false, Err("outside 1..=256"));
+        // The historical reader: remote_tp_size is ignored and the size collapses to 1.
+        check(None, Some(8), true, Ok(1));
+        check(Some(8), None, true, Ok(8));
+    }
+
+    #[test]
+    fn owner_dp_defaults_to_none_and_rejects_negative() {
+        let mut params = KvTransferParams::default();
+        assert_eq!(params.owner_dp(), Ok(None));
+        params.remote_dp_rank = Some(3);
+        assert_eq!(params.owner_dp(), Ok(Some(3)));
+        params.remote_dp_rank = Some(-1);
+        assert!(params.owner_dp().is_err());
+    }
+
+    /// Legacy `tp_size` key: with only `remote_tp_size` sent, every decode rank of a TP8
+    /// engine reads prefill TP rank 0.
+    #[test]
+    fn legacy_tp_size_key_collapses_reads_onto_rank_zero() {
+        use crate::ids::{EngineId, RankId};
+        use crate::routing::ReadRouter;
+        use crate::topology::ModelSpec;
+        let params = KvTransferParams { remote_tp_size: Some(8), ..Default::default() };
+        for (legacy, expected) in [
+            (LegacyOptions::none(), vec![0, 1, 2, 3, 4, 5, 6, 7]),
+            (LegacyOptions::none().with(Legacy::TpSizeKey), vec![0; 8]),
+        ] {
+            let prefill = params.prefill_layout(&legacy).unwrap();
+            let reads: Vec<u16> = (0..8)
+                .map(|r| {
+                    let local = RankId::new(EngineId::decode(0), 0, r);
+                    let mut router =
+                        ReadRouter::new(local, Layout::tp(8), ModelSpec::deepseek_r1(), legacy.clone());
+                    router.resolve(EngineId::prefill(0), prefill, None).unwrap().rank.tp
+                })
+                .collect();
+            assert_eq!(reads, expected, "{legacy:?}");
+        }
+    }
+}

@@ -1,0 +1,365 @@
+//! Listener and dial ports per rank, engine ids and session keys (MoRIIO's arithmetic).
+//!
+//! A rank (dp, tp) of an engine whose TP size is T listens at `base + dp * T + tp`, one base for
+//! handshakes and one for notifications (releases). Every address a decode worker uses for a
+//! read is derived from one chosen source rank by [`ReadTarget::derive`], so the session, the
+//! handshake dial and the release target cannot drift apart.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{EngineId, RankId, Role};
+use crate::legacy::{Legacy, LegacyOptions};
+use crate::topology::{Deployment, Layout};
+
+/// MoRIIO's default base of the handshake listeners.
+pub const DEFAULT_HANDSHAKE_PORT_BASE: u16 = 6301;
+/// MoRIIO's default base of the notify listeners.
+pub const DEFAULT_NOTIFY_PORT_BASE: u16 = 61005;
+
+/// The two listeners every rank runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum ListenerKind {
+    Handshake,
+    Notify,
+}
+
+impl fmt::Display for ListenerKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ListenerKind::Handshake => "handshake",
+            ListenerKind::Notify => "notify",
+        })
+    }
+}
+
+/// A host and port; the core never resolves or connects it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Endpoint {
+    pub host: String,
+    pub port: u16,
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.host, self.port)
+    }
+}
+
+/// Where one engine's ranks listen: a host and the two port bases.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngineAddress {
+    pub host: String,
+    pub handshake_port_base: u16,
+    pub notify_port_base: u16,
+}
+
+/// A port that does not fit in 16 bits: the layout is too large for its base.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PortError {
+    pub rank: RankId,
+    pub kind: ListenerKind,
+    pub base: u16,
+    pub offset: u32,
+}
+
+impl fmt::Display for PortError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} port of {} would be {} + {} = {}, above 65535; choose a lower port base",
+            self.kind,
+            self.rank,
+            self.base,
+            self.offset,
+            u32::from(self.base) + self.offset
+        )
+    }
+}
+
+impl std::error::Error for PortError {}
+
+/// The offset the dialer uses and the fixed listener uses: `dp * tp_size + tp`.
+pub fn port_offset(layout: Layout, dp: u16, tp: u16) -> u32 {
+    layout.flat_index(dp, tp)
+}
+
+/// The listener offset, which the legacy option turns into the historical `dp + tp`.
+pub fn listener_offset(layout: Layout, dp: u16, tp: u16, legacy: &LegacyOptions) -> u32 {
+    if legacy.has(Legacy::ListenerOffsetDpPlusTp) {
+        u32::from(dp) + u32::from(tp)
+    } else {
+        port_offset(layout, dp, tp)
+    }
+}
+
+/// The name a session with a remote rank is stored under.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SessionKey(pub String);
+
+impl fmt::Display for SessionKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Host and port bases of every engine in a deployment.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AddressBook {
+    pub prefill: Vec<EngineAddress>,
+    pub decode: Vec<EngineAddress>,
+}
+
+impl AddressBook {
+    /// One host per engine (`prefill-0`, `decode-0`, ...) with MoRIIO's default bases, as in a
+    /// deployment where every engine has its own node.
+    pub fn one_host_per_engine(deployment: &Deployment) -> AddressBook {
+        let side = |role: Role, prefix: &str| {
+            (0..deployment.engines(role).len())
+                .map(|i| EngineAddress {
+                    host: format!("{prefix}-{i}"),
+                    handshake_port_base: DEFAULT_HANDSHAKE_PORT_BASE,
+                    notify_port_base: DEFAULT_NOTIFY_PORT_BASE,
+                })
+                .collect()
+        };
+        AddressBook { prefill: side(Role::Prefill, "prefill"), decode: side(Role::Decode, "decode") }
+    }
+
+    pub fn engine(&self, engine: EngineId) -> &EngineAddress {
+        let side = match engine.role {
+            Role::Prefill => &self.prefill,
+            Role::Decode => &self.decode,
+        };
+        &side[usize::from(engine.index)]
+    }
+
+    /// MoRIIO's engine id: `"<host>:<handshake port base>"`.
+    pub fn engine_id(&self, engine: EngineId) -> String {
+        let address = self.engine(engine);
+        format!("{}:{}", address.host, address.handshake_port_base)
+    }
+
+    fn base(&self, engine: EngineId, kind: ListenerKind) -> u16 {
+        let address = self.engine(engine);
+        match kind {
+            ListenerKind::Handshake => address.handshake_port_base,
+            ListenerKind::Notify => address.notify_port_base,
+        }
+    }
+
+    fn endpoint(&self, rank: RankId, kind: ListenerKind, offset: u32) -> Result<Endpoint, PortError> {
+        let base = self.base(rank.engine, kind);
+        let port =
+            u16::try_from(u32::from(base) + offset).map_err(|_| PortError { rank, kind, base, offset })?;
+        Ok(Endpoint { host: self.engine(rank.engine).host.clone(), port })
+    }
+
+    /// Where `rank` binds its listener of `kind`.
+    pub fn listen_endpoint(
+        &self,
+        deployment: &Deployment,
+        rank: RankId,
+        kind: ListenerKind,
+        legacy: &LegacyOptions,
+    ) -> Result<Endpoint, PortError> {
+        let layout = deployment.layout(rank.engine);
+        self.endpoint(rank, kind, listener_offset(layout, rank.dp, rank.tp, legacy))
+    }
+
+    /// Where a peer dials to reach `rank`'s listener of `kind`.
+    pub fn dial_endpoint(
+        &self,
+        deployment: &Deployment,
+        rank: RankId,
+        kind: ListenerKind,
+    ) -> Result<Endpoint, PortError> {
+        let layout = deployment.layout(rank.engine);
+        self.endpoint(rank, kind, port_offset(layout, rank.dp, rank.tp))
+    }
+
+    /// Session key of a remote rank: `<engine id>_dp<d>_tp<t>`, or the legacy `<engine id>_dp<d>`.
+    pub fn session_key(&self, rank: RankId, legacy: &LegacyOptions) -> SessionKey {
+        let engine = self.engine_id(rank.engine);
+        if legacy.has(Legacy::SessionKeyWithoutTp) {
+            SessionKey(format!("{engine}_dp{}", rank.dp))
+        } else {
+            SessionKey(format!("{engine}_dp{}_tp{}", rank.dp, rank.tp))
+        }
+    }
+}
+
+/// Everything a decode worker addresses for one read, derived from one source rank.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadTarget {
+    pub source: RankId,
+    pub session: SessionKey,
+    pub handshake: Endpoint,
+    pub notify: Endpoint,
+}
+
+impl ReadTarget {
+    pub fn derive(
+        book: &AddressBook,
+        deployment: &Deployment,
+        source: RankId,
+        legacy: &LegacyOptions,
+    ) -> Result<ReadTarget, PortError> {
+        Ok(ReadTarget {
+            source,
+            session: book.session_key(source, legacy),
+            handshake: book.dial_endpoint(deployment, source, ListenerKind::Handshake)?,
+            notify: book.dial_endpoint(deployment, source, ListenerKind::Notify)?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn deployment(notation: &str) -> Deployment {
+        Deployment::parse(notation).unwrap()
+    }
+
+    fn prefill(engine: u16, dp: u16, tp: u16) -> RankId {
+        RankId::new(EngineId::prefill(engine), dp, tp)
+    }
+
+    /// (notation, rank, handshake port, notify port) for the fixed listener and the dialer.
+    #[test]
+    fn ports_use_dp_times_tp_size_plus_tp() {
+        let check = |notation: &str, rank: RankId, handshake: u16, notify: u16| {
+            let d = deployment(notation);
+            let book = AddressBook::one_host_per_engine(&d);
+            let none = LegacyOptions::none();
+            for (kind, port) in [(ListenerKind::Handshake, handshake), (ListenerKind::Notify, notify)] {
+                let listen = book.listen_endpoint(&d, rank, kind, &none).unwrap();
+                let dial = book.dial_endpoint(&d, rank, kind).unwrap();
+                assert_eq!((listen.port, dial.port), (port, port), "{notation} {rank} {kind}");
+            }
+        };
+        check("1P_TP8:1D_TP8", prefill(0, 0, 0), 6301, 61005);
+        check("1P_TP8:1D_TP8", prefill(0, 0, 7), 6308, 61012);
+        check("1P_DP8:1D_TP8", prefill(0, 5, 0), 6306, 61010);
+        check("1P_DP4TP16:1D_TP8", prefill(0, 2, 3), 6301 + 35, 61005 + 35);
+        check("1P_DP4TP2:1D_TP8", prefill(0, 3, 1), 6308, 61012);
+    }
+
+    #[test]
+    fn engine_ids_and_session_keys_name_engine_dp_and_tp() {
+        let d = deployment("2P_DP2TP2:1D_TP4");
+        let book = AddressBook::one_host_per_engine(&d);
+        assert_eq!(book.engine_id(EngineId::prefill(1)), "prefill-1:6301");
+        assert_eq!(book.engine_id(EngineId::decode(0)), "decode-0:6301");
+        let key = book.session_key(prefill(1, 1, 0), &LegacyOptions::none());
+        assert_eq!(key.0, "prefill-1:6301_dp1_tp0");
+        let legacy = LegacyOptions::none().with(Legacy::SessionKeyWithoutTp);
+        assert_eq!(book.session_key(prefill(1, 1, 0), &legacy).0, "prefill-1:6301_dp1");
+    }
+
+    /// Every (engine, dp, tp) gets its own session key and its own listener ports by default.
+    #[test]
+    fn default_keys_and_ports_are_distinct_per_rank() {
+        let d = deployment("2P_DP4TP2:1D_DP2TP4");
+        let book = AddressBook::one_host_per_engine(&d);
+        let none = LegacyOptions::none();
+        let ranks = d.ranks(Role::Prefill);
+        let keys: std::collections::BTreeSet<_> = ranks.iter().map(|r| book.session_key(*r, &none)).collect();
+        assert_eq!(keys.len(), ranks.len());
+        let ports: std::collections::BTreeSet<_> = ranks
+            .iter()
+            .map(|r| book.listen_endpoint(&d, *r, ListenerKind::Notify, &none).unwrap())
+            .collect();
+        assert_eq!(ports.len(), ranks.len());
+    }
+
+    /// Legacy `dp + tp`: with DP2×TP2, ranks (0,1) and (1,0) bind the same port, and the dial
+    /// for (1,1) at offset 3 reaches no listener.
+    #[test]
+    fn legacy_listener_offset_collides_and_strands_dials() {
+        let d = deployment("1P_DP2TP2:1D_TP2");
+        let book = AddressBook::one_host_per_engine(&d);
+        let legacy = LegacyOptions::none().with(Legacy::ListenerOffsetDpPlusTp);
+        let listen = |dp, tp| {
+            book.listen_endpoint(&d, prefill(0, dp, tp), ListenerKind::Notify, &legacy).unwrap().port
+        };
+        assert_eq!(listen(0, 1), listen(1, 0));
+        let listening: Vec<u16> = vec![listen(0, 0), listen(0, 1), listen(1, 0), listen(1, 1)];
+        assert_eq!(listening, [61005, 61006, 61006, 61007]);
+        let dial = book.dial_endpoint(&d, prefill(0, 1, 1), ListenerKind::Notify).unwrap();
+        assert_eq!(dial.port, 61008);
+        assert!(!listening.contains(&dial.port));
+        // With DP = 1 or TP = 1 the two forms agree, which is why the bug hid for so long.
+        for notation in ["1P_TP8:1D_TP8", "1P_DP8:1D_TP8"] {
+            let d = deployment(notation);
+            let book = AddressBook::one_host_per_engine(&d);
+            for rank in d.ranks(Role::Prefill) {
+                let a = book.listen_endpoint(&d, rank, ListenerKind::Notify, &legacy).unwrap();
+                assert_eq!(a, book.dial_endpoint(&d, rank, ListenerKind::Notify).unwrap());
+            }
+        }
+    }
+
+    /// A read target is a function of its source rank alone: two targets agree on session,
+    /// handshake and notify exactly when their sources are the same rank.
+    #[test]
+    fn read_target_fields_follow_the_source_rank() {
+        let d = deployment("2P_DP2TP4:1D_TP8");
+        let book = AddressBook::one_host_per_engine(&d);
+        let none = LegacyOptions::none();
+        let targets: Vec<ReadTarget> = d
+            .ranks(Role::Prefill)
+            .into_iter()
+            .map(|r| ReadTarget::derive(&book, &d, r, &none).unwrap())
+            .collect();
+        for t in &targets {
+            assert_eq!(t.session, book.session_key(t.source, &none));
+            assert_eq!(t.handshake, book.dial_endpoint(&d, t.source, ListenerKind::Handshake).unwrap());
+            assert_eq!(t.notify, book.listen_endpoint(&d, t.source, ListenerKind::Notify, &none).unwrap());
+            for u in &targets {
+                let same = t.source == u.source;
+                assert_eq!(t.session == u.session, same, "{} {}", t.source, u.source);
+                assert_eq!(t.handshake == u.handshake, same, "{} {}", t.source, u.source);
+                assert_eq!(t.notify == u.notify, same, "{} {}", t.source, u.source);
+            }
+        }
+    }
+
+    /// Legacy session keys: a flexible decode worker reads eight different prefill ranks, but
+    /// all eight map to one session, so every read after the first would reuse the memory
+    /// descriptors of the rank it handshook first.
+    #[test]
+    fn legacy_session_key_without_tp_merges_ranks() {
+        use crate::routing::ReadRouter;
+        let d = deployment("1P_TP8:1D_DP8EP");
+        let book = AddressBook::one_host_per_engine(&d);
+        for (legacy, sessions) in
+            [(LegacyOptions::none(), 8), (LegacyOptions::none().with(Legacy::SessionKeyWithoutTp), 1)]
+        {
+            let local = RankId::new(EngineId::decode(0), 0, 0);
+            let mut router = ReadRouter::new(local, d.decode[0], d.model.clone(), legacy.clone());
+            let targets: Vec<ReadTarget> = (0..8)
+                .map(|_| {
+                    let source = router.resolve(EngineId::prefill(0), d.prefill[0], None).unwrap();
+                    ReadTarget::derive(&book, &d, source.rank, &legacy).unwrap()
+                })
+                .collect();
+            let keys: std::collections::BTreeSet<_> = targets.iter().map(|t| &t.session).collect();
+            let sources: std::collections::BTreeSet<_> = targets.iter().map(|t| t.source).collect();
+            assert_eq!((keys.len(), sources.len()), (sessions, 8), "{legacy:?}");
+        }
+    }
+
+    #[test]
+    fn ports_past_65535_are_an_error() {
+        let d = deployment("1P_DP2TP256:1D_TP8");
+        let mut book = AddressBook::one_host_per_engine(&d);
+        book.prefill[0].notify_port_base = 65100;
+        let err = book.dial_endpoint(&d, prefill(0, 1, 255), ListenerKind::Notify).unwrap_err();
+        assert_eq!((err.base, err.offset), (65100, 511));
+        assert!(err.to_string().contains("above 65535"), "{err}");
+    }
+}

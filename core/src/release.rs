@@ -1,0 +1,545 @@
+//! Release (ACK) accounting on a prefill rank: expected counts, fan-in, early and stale releases.
+//!
+//! Each prefill rank keeps a [`RankLedger`]. A transfer is registered with a [`Quorum`] computed
+//! by [`quorum_plan`] from the two layouts; releases are applied as they arrive, in any order,
+//! duplicated or early. pdkv's default counts distinct senders, so a network duplicate never
+//! completes a transfer early, and gives a quorum of zero to ranks nobody reads, so their blocks
+//! are freed at once instead of by the reaper.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::TransferId;
+use crate::legacy::{Legacy, LegacyOptions};
+use crate::routing::{self, RoutingError};
+use crate::topology::{Layout, ModelSpec};
+
+/// Releases held for transfers not registered yet; the oldest is evicted beyond this.
+pub const MAX_EARLY_RELEASES: usize = 4096;
+/// Retired transfer ids remembered so that late releases are recognised as stale.
+pub const MAX_RETIRED_IDS: usize = 16384;
+
+/// Who sent a release: pdkv's optional sender fields (a MoRIIO peer sends none).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ReleaseSender {
+    /// MoRIIO engine id of the decode engine, `"<host>:<handshake port base>"`.
+    pub engine_id: String,
+    pub dp_rank: u16,
+    pub tp_rank: u16,
+}
+
+/// One release message as the ledger sees it, whatever its wire form.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Release {
+    pub transfer_id: TransferId,
+    /// Decode TP size; `None` for the legacy plain-string completion, which carries only the id.
+    pub consumer_tp_size: Option<u16>,
+    pub sender: Option<ReleaseSender>,
+}
+
+/// MoRIIO's expected releases per prefill rank: 1 when the consumer TP is not larger than the
+/// producer TP, else `consumer_tp / producer_tp`. Sizes must be positive multiples.
+pub fn expected_releases(producer_tp: u16, consumer_tp: u16) -> Result<u16, RoutingError> {
+    routing::fixed_tp_source(consumer_tp, 0, producer_tp)?;
+    Ok(if consumer_tp <= producer_tp { 1 } else { consumer_tp / producer_tp })
+}
+
+/// How many releases one prefill rank waits for before its part of a transfer is done.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Quorum {
+    /// Wait for this many releases (distinct senders by default); 0 completes at registration.
+    Exact(u16),
+    /// Flexible read: one rank of the owner DP group is read, chosen by the decode worker after
+    /// the transfer was registered. This rank completes on its own release, or when the engine
+    /// reports that another rank of the group received the release
+    /// ([`RankLedger::handle_group_done`]). No rank can be freed before then, because any of them
+    /// may be the one being read.
+    AnyOfGroup,
+}
+
+/// Quorum of every TP rank of the owner DP group of a prefill engine for one request, read by
+/// one DP group of a decode engine.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuorumPlan {
+    /// Indexed by prefill TP rank.
+    pub per_tp_rank: Vec<Quorum>,
+    pub flexible: bool,
+}
+
+impl QuorumPlan {
+    /// Releases that the whole owner DP group receives for one request.
+    pub fn releases_per_request(&self) -> u32 {
+        if self.flexible {
+            return 1;
+        }
+        self.per_tp_rank
+            .iter()
+            .map(|q| match q {
+                Quorum::Exact(n) => u32::from(*n),
+                Quorum::AnyOfGroup => 1,
+            })
+            .sum()
+    }
+}
+
+/// The quorum of each prefill TP rank: the number of decode TP ranks whose read resolves to
+/// it (pdkv), or MoRIIO's uniform [`expected_releases`] under [`Legacy::NoZeroQuorum`].
+pub fn quorum_plan(
+    prefill: Layout,
+    decode: Layout,
+    model: &ModelSpec,
+    legacy: &LegacyOptions,
+) -> Result<QuorumPlan, RoutingError> {
+    routing::check_pair(decode, prefill, model)?;
+    let flexible = routing::is_flexible(decode.tp, model.use_mla, prefill);
+    if legacy.has(Legacy::NoZeroQuorum) {
+        let n = expected_releases(prefill.tp, decode.tp)?;
+        return Ok(QuorumPlan { per_tp_rank: vec![Quorum::Exact(n); usize::from(prefill.tp)], flexible });
+    }
+    if flexible {
+        return Ok(QuorumPlan { per_tp_rank: vec![Quorum::AnyOfGroup; usize::from(prefill.tp)], flexible });
+    }
+    let mut counts = vec![0u16; usize::from(prefill.tp)];
+    for r in 0..decode.tp {
+        counts[usize::from(routing::fixed_tp_source(decode.tp, r, prefill.tp)?)] += 1;
+    }
+    Ok(QuorumPlan { per_tp_rank: counts.into_iter().map(Quorum::Exact).collect(), flexible })
+}
+
+/// What the ledger did with one release or registration.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReleaseOutcome {
+    /// Counted; the transfer still waits for more.
+    Counted { have: u16, need: u16 },
+    /// This release (or registration) completed the transfer on this rank.
+    Completed,
+    /// The same sender released this transfer already (a network duplicate); not counted.
+    DuplicateSender,
+    /// Legacy dedup: an identical release was seen already; not counted.
+    Deduplicated,
+    /// The transfer completed already; ignored, it never completes twice.
+    AfterCompletion,
+    /// The transfer was retired (blocks freed) already; ignored and not counted.
+    Stale,
+    /// Unknown transfer: held and applied when the transfer is registered.
+    Buffered,
+    /// Legacy: unknown transfer, dropped ("could lead to a possible hang").
+    Dropped,
+}
+
+/// A registration the ledger refuses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LedgerError {
+    AlreadyRegistered(TransferId),
+    Retired(TransferId),
+    Unknown(TransferId),
+}
+
+impl fmt::Display for LedgerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LedgerError::AlreadyRegistered(id) => write!(f, "transfer {id} is registered already"),
+            LedgerError::Retired(id) => write!(f, "transfer {id} was retired; ids are never reused"),
+            LedgerError::Unknown(id) => write!(f, "transfer {id} is not registered"),
+        }
+    }
+}
+
+impl std::error::Error for LedgerError {}
+
+#[derive(Clone, Debug)]
+struct Entry {
+    quorum: Quorum,
+    senders: BTreeSet<ReleaseSender>,
+    /// Releases without a sender (MoRIIO peers, the plain-string form): each one counts.
+    anonymous: u16,
+    /// Legacy dedup: whether any release for the id has been seen.
+    seen: bool,
+    completed: bool,
+}
+
+impl Entry {
+    fn have(&self) -> u16 {
+        (self.senders.len() as u16).saturating_add(self.anonymous)
+    }
+
+    fn need(&self) -> u16 {
+        match self.quorum {
+            Quorum::Exact(n) => n,
+            Quorum::AnyOfGroup => 1,
+        }
+    }
+}
+
+/// Release accounting of one prefill rank.
+#[derive(Clone, Debug, Default)]
+pub struct RankLedger {
+    drop_early: bool,
+    dedup: bool,
+    live: BTreeMap<TransferId, Entry>,
+    early: VecDeque<Release>,
+    retired: BTreeSet<TransferId>,
+    retired_order: VecDeque<TransferId>,
+    evicted_early: u64,
+}
+
+impl RankLedger {
+    pub fn new(legacy: &LegacyOptions) -> RankLedger {
+        RankLedger {
+            drop_early: legacy.has(Legacy::DropEarlyReleases),
+            dedup: legacy.has(Legacy::DedupReleases),
+            ..RankLedger::default()
+        }
+    }
+
+    /// Registers a transfer whose blocks this rank now holds. Returns `Completed` at once for a
+    /// zero quorum, or when buffered early releases already satisfy it.
+    pub fn handle_transfer(
+        &mut self,
+        id: &TransferId,
+        quorum: Quorum,
+    ) -> Result<ReleaseOutcome, LedgerError> {
+        if self.live.contains_key(id) {
+            return Err(LedgerError::AlreadyRegistered(id.clone()));
+        }
+        if self.retired.contains(id) {
+            return Err(LedgerError::Retired(id.clone()));
+        }
+        let entry = Entry { quorum, senders: BTreeSet::new(), anonymous: 0, seen: false, completed: false };
+        self.live.insert(id.clone(), entry);
+        self.check_complete(id);
+        let (mine, rest): (VecDeque<Release>, VecDeque<Release>) =
+            self.early.drain(..).partition(|r| &r.transfer_id == id);
+        self.early = rest;
+        for release in mine {
+            self.handle_release(release);
+        }
+        Ok(self.check_complete(id))
+    }
+
+    fn check_complete(&mut self, id: &TransferId) -> ReleaseOutcome {
+        let entry = self.live.get_mut(id).expect("checked by caller");
+        let (have, need) = (entry.have(), entry.need());
+        if entry.completed || have >= need {
+            entry.completed = true;
+            ReleaseOutcome::Completed
+        } else {
+            ReleaseOutcome::Counted { have, need }
+        }
+    }
+
+    /// Applies one release.
+    pub fn handle_release(&mut self, release: Release) -> ReleaseOutcome {
+        let id = release.transfer_id.clone();
+        let Some(entry) = self.live.get_mut(&id) else {
+            if self.retired.contains(&id) {
+                return ReleaseOutcome::Stale;
+            }
+            if self.drop_early {
+                return ReleaseOutcome::Dropped;
+            }
+            if self.early.len() == MAX_EARLY_RELEASES {
+                self.early.pop_front();
+                self.evicted_early += 1;
+            }
+            self.early.push_back(release);
+            return ReleaseOutcome::Buffered;
+        };
+        if entry.completed {
+            return ReleaseOutcome::AfterCompletion;
+        }
+        if self.dedup {
+            // The historical code kept a set of transfer ids: the second decode rank's
+            // identical release adds nothing.
+            if entry.seen {
+                return ReleaseOutcome::Deduplicated;
+            }
+            entry.seen = true;
+            entry.anonymous += 1;
+        } else {
+            match release.sender {
+                Some(sender) => {
+                    if !entry.senders.insert(sender) {
+                        return ReleaseOutcome::DuplicateSender;
+                    }
+                }
+                None => entry.anonymous = entry.anonymous.saturating_add(1),
+            }
+        }
+        self.check_complete(&id)
+    }
+
+    /// A flexible transfer was read on another rank of this rank's group: this rank was not
+    /// read and its part is done.
+    pub fn handle_group_done(&mut self, id: &TransferId) -> Result<ReleaseOutcome, LedgerError> {
+        let entry = self.live.get_mut(id).ok_or_else(|| LedgerError::Unknown(id.clone()))?;
+        if entry.completed {
+            return Ok(ReleaseOutcome::AfterCompletion);
+        }
+        entry.completed = true;
+        Ok(ReleaseOutcome::Completed)
+    }
+
+    /// The blocks of the transfer were freed (by completion or by the reaper): forget it, and
+    /// remember the id so later releases are stale rather than early.
+    pub fn handle_retired(&mut self, id: &TransferId) -> Result<(), LedgerError> {
+        if self.live.remove(id).is_none() {
+            return Err(LedgerError::Unknown(id.clone()));
+        }
+        self.early.retain(|r| &r.transfer_id != id);
+        if self.retired_order.len() == MAX_RETIRED_IDS {
+            if let Some(old) = self.retired_order.pop_front() {
+                self.retired.remove(&old);
+            }
+        }
+        self.retired.insert(id.clone());
+        self.retired_order.push_back(id.clone());
+        Ok(())
+    }
+
+    pub fn is_completed(&self, id: &TransferId) -> bool {
+        self.live.get(id).is_some_and(|e| e.completed)
+    }
+
+    /// Transfers registered and not yet completed, in id order.
+    pub fn pending(&self) -> impl Iterator<Item = &TransferId> {
+        self.live.iter().filter(|(_, e)| !e.completed).map(|(id, _)| id)
+    }
+
+    pub fn early_len(&self) -> usize {
+        self.early.len()
+    }
+
+    /// Early releases pushed out by the [`MAX_EARLY_RELEASES`] limit.
+    pub fn evicted_early(&self) -> u64 {
+        self.evicted_early
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(n: u32) -> TransferId {
+        TransferId(format!("tx-{n}"))
+    }
+
+    fn from(dp: u16, tp: u16) -> Option<ReleaseSender> {
+        Some(ReleaseSender { engine_id: "decode-0:6301".into(), dp_rank: dp, tp_rank: tp })
+    }
+
+    fn release(n: u32, sender: Option<ReleaseSender>) -> Release {
+        Release { transfer_id: id(n), consumer_tp_size: Some(8), sender }
+    }
+
+    #[test]
+    fn expected_releases_table() {
+        let check = |producer: u16, consumer: u16, expected: Result<u16, &str>| {
+            let got = expected_releases(producer, consumer).map_err(|e| e.to_string());
+            match expected {
+                Ok(n) => assert_eq!(got, Ok(n), "({consumer},{producer})"),
+                Err(text) => assert!(got.unwrap_err().contains(text)),
+            }
+        };
+        check(4, 4, Ok(1));
+        check(4, 8, Ok(2));
+        check(8, 4, Ok(1));
+        check(1, 8, Ok(8));
+        check(8, 1, Ok(1));
+        check(2, 8, Ok(4));
+        check(4, 6, Err("multiple"));
+        check(3, 4, Err("multiple"));
+        check(4, 0, Err("greater than 0"));
+        check(0, 4, Err("greater than 0"));
+    }
+
+    #[test]
+    fn quorum_plan_table() {
+        use Quorum::{AnyOfGroup as G, Exact as E};
+        let check = |notation: &str, legacy: LegacyOptions, expected: &[Quorum]| {
+            let d = crate::Deployment::parse(notation).unwrap();
+            let plan = quorum_plan(d.prefill[0], d.decode[0], &d.model, &legacy).unwrap();
+            assert_eq!(plan.per_tp_rank, expected, "{notation}");
+        };
+        let none = LegacyOptions::none();
+        let old = LegacyOptions::none().with(Legacy::NoZeroQuorum);
+        check("1P_TP8:1D_TP8", none.clone(), &[E(1); 8]);
+        check("1P_TP8:1D_TP4", none.clone(), &[E(1), E(0), E(1), E(0), E(1), E(0), E(1), E(0)]);
+        check("1P_TP8:1D_TP4", old.clone(), &[E(1); 8]);
+        check("1P_TP4:1D_TP8", none.clone(), &[E(2); 4]);
+        check("1P_DP8EP:1D_TP8", none.clone(), &[E(8)]);
+        check("1P_TP8:1D_DP8EP", none.clone(), &[G; 8]);
+        check("1P_TP8:1D_DP8EP", old, &[E(1); 8]);
+        check("1P_DP2TP4:1D_TP2", none, &[E(1), E(0), E(1), E(0)]);
+    }
+
+    /// Steps applied in order to one ledger, each with the outcome it must give.
+    enum Step {
+        Register(u32, Quorum),
+        Release(u32, Option<ReleaseSender>),
+        GroupDone(u32),
+        Retire(u32),
+    }
+
+    fn run(legacy: LegacyOptions, steps: &[(Step, ReleaseOutcome)]) -> RankLedger {
+        let mut ledger = RankLedger::new(&legacy);
+        for (i, (step, expected)) in steps.iter().enumerate() {
+            let got = match step {
+                Step::Register(n, q) => ledger.handle_transfer(&id(*n), *q).unwrap(),
+                Step::Release(n, s) => ledger.handle_release(release(*n, s.clone())),
+                Step::GroupDone(n) => ledger.handle_group_done(&id(*n)).unwrap(),
+                Step::Retire(n) => {
+                    ledger.handle_retired(&id(*n)).unwrap();
+                    ReleaseOutcome::Completed
+                }
+            };
+            assert_eq!(&got, expected, "step {i}");
+        }
+        ledger
+    }
+
+    use ReleaseOutcome::*;
+    use Step::{GroupDone, Register, Retire};
+
+    fn rel(n: u32, s: Option<ReleaseSender>) -> Step {
+        Step::Release(n, s)
+    }
+
+    #[test]
+    fn fan_in_counts_distinct_senders_and_completes_once() {
+        run(
+            LegacyOptions::none(),
+            &[
+                (Register(1, Quorum::Exact(2)), Counted { have: 0, need: 2 }),
+                (rel(1, from(0, 0)), Counted { have: 1, need: 2 }),
+                (rel(1, from(0, 0)), DuplicateSender),
+                (rel(1, from(0, 1)), Completed),
+                (rel(1, from(0, 2)), AfterCompletion),
+                (Retire(1), Completed),
+                (rel(1, from(0, 3)), Stale),
+            ],
+        );
+    }
+
+    #[test]
+    fn anonymous_releases_from_different_ranks_all_count() {
+        // MoRIIO semantics: identical releases from different decode ranks are all counted.
+        run(
+            LegacyOptions::none(),
+            &[
+                (Register(1, Quorum::Exact(2)), Counted { have: 0, need: 2 }),
+                (rel(1, None), Counted { have: 1, need: 2 }),
+                (rel(1, None), Completed),
+                (rel(1, None), AfterCompletion),
+            ],
+        );
+    }
+
+    #[test]
+    fn zero_quorum_completes_at_registration() {
+        run(
+            LegacyOptions::none(),
+            &[(Register(1, Quorum::Exact(0)), Completed), (rel(1, from(0, 0)), AfterCompletion)],
+        );
+    }
+
+    #[test]
+    fn early_release_is_buffered_and_applied() {
+        let ledger = run(
+            LegacyOptions::none(),
+            &[
+                (rel(1, from(0, 0)), Buffered),
+                (rel(1, from(0, 1)), Buffered),
+                (rel(2, from(0, 0)), Buffered),
+                (Register(1, Quorum::Exact(2)), Completed),
+            ],
+        );
+        assert_eq!(ledger.early_len(), 1, "only the release of tx-2 stays buffered");
+    }
+
+    #[test]
+    fn flexible_group_completes_on_read_rank_or_by_peer() {
+        run(
+            LegacyOptions::none(),
+            &[
+                (Register(1, Quorum::AnyOfGroup), Counted { have: 0, need: 1 }),
+                (rel(1, from(3, 0)), Completed),
+                (Register(2, Quorum::AnyOfGroup), Counted { have: 0, need: 1 }),
+                (GroupDone(2), Completed),
+                (rel(2, from(3, 0)), AfterCompletion),
+            ],
+        );
+    }
+
+    /// Legacy: dropping early releases leaves a fan-in that never completes.
+    #[test]
+    fn legacy_drop_early_never_completes() {
+        let ledger = run(
+            LegacyOptions::none().with(Legacy::DropEarlyReleases),
+            &[(rel(1, from(0, 0)), Dropped), (Register(1, Quorum::Exact(1)), Counted { have: 0, need: 1 })],
+        );
+        assert_eq!(ledger.pending().collect::<Vec<_>>(), [&id(1)]);
+    }
+
+    /// Legacy: deduplicating by id breaks the P4 to D8 fan-in of two releases per rank.
+    #[test]
+    fn legacy_dedup_never_completes_fan_in() {
+        let ledger = run(
+            LegacyOptions::none().with(Legacy::DedupReleases),
+            &[
+                (Register(1, Quorum::Exact(2)), Counted { have: 0, need: 2 }),
+                (rel(1, from(0, 0)), Counted { have: 1, need: 2 }),
+                (rel(1, from(0, 1)), Deduplicated),
+            ],
+        );
+        assert!(!ledger.is_completed(&id(1)));
+    }
+
+    /// Legacy: without zero quorum, P8 to D4 leaves the odd prefill ranks waiting forever.
+    #[test]
+    fn legacy_no_zero_quorum_strands_unread_ranks() {
+        let d = crate::Deployment::parse("1P_TP8:1D_TP4").unwrap();
+        for (legacy, stranded) in
+            [(LegacyOptions::none(), 0), (LegacyOptions::none().with(Legacy::NoZeroQuorum), 4)]
+        {
+            let plan = quorum_plan(d.prefill[0], d.decode[0], &d.model, &legacy).unwrap();
+            let mut ledgers: Vec<RankLedger> = (0..8).map(|_| RankLedger::new(&legacy)).collect();
+            for (t, ledger) in ledgers.iter_mut().enumerate() {
+                ledger.handle_transfer(&id(1), plan.per_tp_rank[t]).unwrap();
+            }
+            // Decode ranks 0..4 read prefill ranks 0, 2, 4, 6 and release them.
+            for r in 0..4u16 {
+                let t = routing::fixed_tp_source(4, r, 8).unwrap();
+                ledgers[usize::from(t)].handle_release(release(1, from(0, r)));
+            }
+            let waiting = ledgers.iter().filter(|l| !l.is_completed(&id(1))).count();
+            assert_eq!(waiting, stranded, "{legacy:?}");
+        }
+    }
+
+    #[test]
+    fn registration_errors() {
+        let mut ledger = RankLedger::new(&LegacyOptions::none());
+        ledger.handle_transfer(&id(1), Quorum::Exact(1)).unwrap();
+        assert_eq!(
+            ledger.handle_transfer(&id(1), Quorum::Exact(1)),
+            Err(LedgerError::AlreadyRegistered(id(1)))
+        );
+        ledger.handle_retired(&id(1)).unwrap();
+        assert_eq!(ledger.handle_transfer(&id(1), Quorum::Exact(1)), Err(LedgerError::Retired(id(1))));
+        assert_eq!(ledger.handle_retired(&id(9)), Err(LedgerError::Unknown(id(9))));
+        assert_eq!(ledger.handle_group_done(&id(9)), Err(LedgerError::Unknown(id(9))));
+    }
+
+    #[test]
+    fn early_buffer_is_bounded() {
+        let mut ledger = RankLedger::new(&LegacyOptions::none());
+        for n in 0..(MAX_EARLY_RELEASES as u32 + 10) {
+            assert_eq!(ledger.handle_release(release(n, None)), Buffered);
+        }
+        assert_eq!(ledger.early_len(), MAX_EARLY_RELEASES);
+        assert_eq!(ledger.evicted_early(), 10);
+    }
+}

@@ -1,0 +1,387 @@
+//! The routing table of a deployment for an operator: who reads whom, at which ports, with
+//! which release quorum, and the read count per prefill GPU over rounds of the fixed proxy.
+//!
+//! The read counts are not computed by formula: the real [`Proxy`] routes each request and each
+//! decode worker's real [`ReadRouter`] (with its flexible counter) resolves its source, exactly
+//! as a running deployment would, so legacy options show their effect here too.
+//!
+//! A round is one request for every pair of a prefill (engine, DP rank) slot and a decode DP
+//! rank index, i.e. `prefill slots × largest decode DP size` requests. This is the round of
+//! MoRIIO's reference tests: 16 rounds give 16 reads per GPU for `1P_TP8:1D_TP8` and
+//! `2P_TP8:1D_DP8EP`, and 128 for `2P_DP8EP:3D_DP8EP` and `2P_DP8EP:4D_TP8`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{EngineId, RankId, Role};
+use crate::legacy::LegacyOptions;
+use crate::params::{KvTransferParams, ParamsError};
+use crate::ports::{AddressBook, ListenerKind, PortError, ReadTarget};
+use crate::proxy::{flat_slots, Proxy, ProxyAction, ProxyError};
+use crate::release::{quorum_plan, Quorum};
+use crate::routing::{self, ReadRouter, RoutingError};
+use crate::topology::Deployment;
+
+/// At most this many rounds, so the table is computed in bounded time.
+pub const MAX_ROUNDS: u32 = 100_000;
+
+/// Why a routing table cannot be produced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RoutesError {
+    /// A decode engine cannot read a prefill engine (guard, multiples, sizes).
+    Pair {
+        decode: EngineId,
+        prefill: EngineId,
+        error: RoutingError,
+    },
+    Port(PortError),
+    Params(String),
+    Proxy(String),
+    Rounds {
+        rounds: u32,
+    },
+}
+
+impl fmt::Display for RoutesError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RoutesError::Pair { decode, prefill, error } => {
+                write!(f, "decode engine {decode} cannot read prefill engine {prefill}: {error}")
+            }
+            RoutesError::Port(e) => write!(f, "{e}"),
+            RoutesError::Params(e) => write!(f, "{e}"),
+            RoutesError::Proxy(e) => write!(f, "{e}"),
+            RoutesError::Rounds { rounds } => {
+                write!(f, "rounds must be in 1..={MAX_ROUNDS}, got {rounds}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for RoutesError {}
+
+impl From<PortError> for RoutesError {
+    fn from(e: PortError) -> RoutesError {
+        RoutesError::Port(e)
+    }
+}
+
+impl From<ParamsError> for RoutesError {
+    fn from(e: ParamsError) -> RoutesError {
+        RoutesError::Params(e.to_string())
+    }
+}
+
+impl From<ProxyError> for RoutesError {
+    fn from(e: ProxyError) -> RoutesError {
+        RoutesError::Proxy(e.to_string())
+    }
+}
+
+/// How one decode engine reads one prefill engine.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PairRoutes {
+    pub decode_engine: String,
+    pub decode_layout: String,
+    pub prefill_engine: String,
+    pub prefill_layout: String,
+    pub flexible: bool,
+    /// Prefill TP rank read by each decode TP rank (empty when flexible: the pick rotates).
+    pub tp_map: Vec<u16>,
+    /// Releases each prefill TP rank of the owner DP group waits for, per request
+    /// (for flexible reads: 1, on whichever rank the decode worker picked).
+    pub quorum_per_tp_rank: Vec<u16>,
+    /// MoRIIO's uniform expectation (what each rank waits for without zero quorum).
+    pub moriio_expected_releases: u16,
+}
+
+/// One prefill GPU: its listeners, what dials them, and what it saw over the rounds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrefillRankRow {
+    pub rank: String,
+    pub handshake_listen_port: u16,
+    pub handshake_dial_port: u16,
+    pub notify_listen_port: u16,
+    pub notify_dial_port: u16,
+    pub reads: u64,
+    /// Requests whose blocks this rank held (owner DP group of the request's prefill slot).
+    pub requests_held: u64,
+}
+
+/// The whole table; `--json` prints this object.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RoutesReport {
+    pub deployment: String,
+    pub use_mla: bool,
+    pub kv_heads: u16,
+    pub legacy: Vec<String>,
+    pub rounds: u32,
+    pub requests: u64,
+    /// True when any decode engine reads any prefill engine with the flexible rule.
+    pub flexible: bool,
+    pub pairs: Vec<PairRoutes>,
+    pub prefill_ranks: Vec<PrefillRankRow>,
+    /// Reads per prefill GPU in rank order (engine, then DP, then TP).
+    pub reads_per_prefill_gpu: Vec<u64>,
+    /// Releases each prefill rank waits for per request it holds, against decode engine 0.
+    pub expected_releases_per_prefill_rank: Vec<u16>,
+    /// Ranks whose listener is not where peers dial, and listeners that share a port
+    /// (legacy offsets); empty for the fixed protocol.
+    pub port_problems: Vec<String>,
+    /// Jain's fairness index of `reads_per_prefill_gpu` (1 is perfectly even).
+    pub jain: f64,
+}
+
+/// Jain's fairness index `(Σx)² / (n Σx²)`; 0 for an empty or all-zero input.
+pub fn jain_index(values: &[u64]) -> f64 {
+    let sum: f64 = values.iter().map(|&v| v as f64).sum();
+    let squares: f64 = values.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    if values.is_empty() || squares == 0.0 {
+        return 0.0;
+    }
+    sum * sum / (values.len() as f64 * squares)
+}
+
+fn quorum_count(q: Quorum) -> u16 {
+    match q {
+        Quorum::Exact(n) => n,
+        Quorum::AnyOfGroup => 1,
+    }
+}
+
+/// Computes the routing table of `deployment` over `rounds` rounds of the proxy.
+pub fn routes(
+    deployment: &Deployment,
+    legacy: &LegacyOptions,
+    rounds: u32,
+) -> Result<RoutesReport, RoutesError> {
+    if rounds == 0 || rounds > MAX_ROUNDS {
+        return Err(RoutesError::Rounds { rounds });
+    }
+    let model = &deployment.model;
+    let book = AddressBook::one_host_per_engine(deployment);
+    let mut pairs = Vec::new();
+    for (di, &decode) in deployment.decode.iter().enumerate() {
+        for (pi, &prefill) in deployment.prefill.iter().enumerate() {
+            let (d, p) = (EngineId::decode(di as u16), EngineId::prefill(pi as u16));
+            let pair_error = |error| RoutesError::Pair { decode: d, prefill: p, error };
+            let plan = quorum_plan(prefill, decode, model, legacy).map_err(pair_error)?;
+            let moriio = crate::release::expected_releases(prefill.tp, decode.tp).map_err(pair_error)?;
+            let tp_map = if plan.flexible {
+                Vec::new()
+            } else {
+                (0..decode.tp)
+                    .map(|r| routing::fixed_tp_source(decode.tp, r, prefill.tp))
+                    .collect::<Result<_, _>>()
+                    .map_err(pair_error)?
+            };
+            pairs.push(PairRoutes {
+                decode_engine: d.to_string(),
+                decode_layout: decode.to_string(),
+                prefill_engine: p.to_string(),
+                prefill_layout: prefill.to_string(),
+                flexible: plan.flexible,
+                tp_map,
+                quorum_per_tp_rank: plan.per_tp_rank.iter().map(|&q| quorum_count(q)).collect(),
+                moriio_expected_releases: moriio,
+            });
+        }
+    }
+
+    // Drive the real proxy and the real per-worker routers.
+    let mut proxy = Proxy::new(deployment, legacy.clone());
+    let mut routers: BTreeMap<RankId, ReadRouter> = BTreeMap::new();
+    for rank in deployment.ranks(Role::Decode) {
+        let layout = deployment.layout(rank.engine);
+        routers.insert(rank, ReadRouter::new(rank, layout, model.clone(), legacy.clone()));
+    }
+    let prefill_ranks = deployment.ranks(Role::Prefill);
+    let mut reads = vec![0u64; prefill_ranks.len()];
+    let mut held = vec![0u64; prefill_ranks.len()];
+    let max_decode_dp = deployment.decode.iter().map(|l| u64::from(l.dp)).max().unwrap_or(1);
+    let per_round = flat_slots(&deployment.prefill, Role::Prefill).len() as u64 * max_decode_dp;
+    let requests = per_round * u64::from(rounds);
+    for k in 1..=requests {
+        let (id, send) = proxy.handle_request(u128::from(k))?;
+        let ProxyAction::SendPrefill { slot: prefill_slot, params: to_prefill, .. } = send else {
+            unreachable!("a new request is always sent to prefill first")
+        };
+        let prefill_layout = deployment.layout(prefill_slot.engine);
+        for tp in 0..prefill_layout.tp {
+            held[deployment.rank_index(RankId::new(prefill_slot.engine, prefill_slot.dp(), tp))] += 1;
+        }
+        // The prefill answer as MoRIIO's producer writes it (no DP rank; the proxy adds it).
+        let answer = KvTransferParams {
+            do_remote_prefill: true,
+            transfer_id: to_prefill.transfer_id,
+            remote_engine_id: Some(book.engine_id(prefill_slot.engine)),
+            remote_dp_size: Some(i64::from(prefill_layout.dp)),
+            tp_size: Some(i64::from(prefill_layout.tp)),
+            ..KvTransferParams::default()
+        };
+        let ProxyAction::SendDecode { slot: decode_slot, params, .. } =
+            proxy.handle_prefill_response(id, answer)?
+        else {
+            unreachable!("a prefill answer is always followed by a decode dispatch")
+        };
+        let decode_layout = deployment.layout(decode_slot.engine);
+        let announced = params.prefill_layout(legacy)?;
+        let owner = params.owner_dp()?;
+        for tp in 0..decode_layout.tp {
+            let worker = RankId::new(decode_slot.engine, decode_slot.dp(), tp);
+            let router = routers.get_mut(&worker).expect("every decode rank has a router");
+            let source = router.resolve(prefill_slot.engine, announced, owner).map_err(|error| {
+                RoutesError::Pair { decode: decode_slot.engine, prefill: prefill_slot.engine, error }
+            })?;
+            let target = ReadTarget::derive(&book, deployment, source.rank, legacy)?;
+            debug_assert_eq!(target.source, source.rank);
+            reads[deployment.rank_index(target.source)] += 1;
+        }
+        proxy.handle_finished(id)?;
+    }
+
+    let mut rows = Vec::new();
+    let mut problems = Vec::new();
+    let mut listeners: BTreeMap<(String, u16), RankId> = BTreeMap::new();
+    for (i, &rank) in prefill_ranks.iter().enumerate() {
+        let port = |kind, listen: bool| -> Result<u16, PortError> {
+            Ok(if listen {
+                book.listen_endpoint(deployment, rank, kind, legacy)?.port
+            } else {
+                book.dial_endpoint(deployment, rank, kind)?.port
+            })
+        };
+        let row = PrefillRankRow {
+            rank: rank.to_string(),
+            handshake_listen_port: port(ListenerKind::Handshake, true)?,
+            handshake_dial_port: port(ListenerKind::Handshake, false)?,
+            notify_listen_port: port(ListenerKind::Notify, true)?,
+            notify_dial_port: port(ListenerKind::Notify, false)?,
+            reads: reads[i],
+            requests_held: held[i],
+        };
+        if row.notify_listen_port != row.notify_dial_port {
+            problems.push(format!(
+                "{rank}: listens on notify port {} but peers dial {}",
+                row.notify_listen_port, row.notify_dial_port
+            ));
+        }
+        let host = book.engine(rank.engine).host.clone();
+        if let Some(other) = listeners.insert((host, row.notify_listen_port), rank) {
+            problems
+                .push(format!("{other} and {rank} both listen on notify port {}", row.notify_listen_port));
+        }
+        rows.push(row);
+    }
+    let expected: Vec<u16> = prefill_ranks
+        .iter()
+        .map(|r| {
+            let pair = &pairs[usize::from(r.engine.index)];
+            pair.quorum_per_tp_rank[usize::from(r.tp)]
+        })
+        .collect();
+    Ok(RoutesReport {
+        deployment: deployment.notation(),
+        use_mla: model.use_mla,
+        kv_heads: model.kv_heads,
+        legacy: legacy.iter().map(|l| l.name().to_string()).collect(),
+        rounds,
+        requests,
+        flexible: pairs.iter().any(|p| p.flexible),
+        pairs,
+        prefill_ranks: rows,
+        jain: jain_index(&reads),
+        reads_per_prefill_gpu: reads,
+        expected_releases_per_prefill_rank: expected,
+        port_problems: problems,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::legacy::Legacy;
+    use crate::topology::ModelSpec;
+
+    /// The five configurations of the reference tests: 16 rounds, reads per prefill GPU.
+    #[test]
+    fn reference_read_count_table() {
+        let check = |notation: &str, gpus: usize, each: u64, flexible: bool| {
+            let d = Deployment::parse(notation).unwrap();
+            let report = routes(&d, &LegacyOptions::none(), 16).unwrap();
+            assert_eq!(report.reads_per_prefill_gpu, vec![each; gpus], "{notation}");
+            assert_eq!(report.flexible, flexible, "{notation}");
+            assert!((report.jain - 1.0).abs() < 1e-12, "{notation}");
+        };
+        check("1P_TP8:1D_TP8", 8, 16, false);
+        check("2P_TP8:1D_DP8EP", 16, 16, true);
+        check("2P_TP8:2D_TP8", 16, 16, false);
+        check("2P_DP8EP:3D_DP8EP", 16, 128, false);
+        check("2P_DP8EP:4D_TP8", 16, 128, false);
+    }
+
+    #[test]
+    fn expected_releases_per_rank_table() {
+        let check = |notation: &str, expected: &[u16]| {
+            let d = Deployment::parse(notation).unwrap();
+            let report = routes(&d, &LegacyOptions::none(), 1).unwrap();
+            assert_eq!(report.expected_releases_per_prefill_rank, expected, "{notation}");
+        };
+        check("1P_TP8:1D_TP4", &[1, 0, 1, 0, 1, 0, 1, 0]);
+        check("1P_TP4:1D_TP8", &[2, 2, 2, 2]);
+        check("1P_DP2:1D_TP8", &[8, 8]);
+        check("1P_TP8:1D_DP8EP", &[1; 8]);
+    }
+
+    #[test]
+    fn guard_errors_name_the_pair() {
+        let d = Deployment::parse("1P_TP4:1D_TP8").unwrap().with_model(ModelSpec::gqa(8));
+        let err = routes(&d, &LegacyOptions::none(), 16).unwrap_err();
+        assert!(err.to_string().contains("requires replicated KV heads"), "{err}");
+        assert!(err.to_string().starts_with("decode engine D0 cannot read prefill engine P0"), "{err}");
+        let d = Deployment::parse("1P_TP4:1D_TP6").unwrap();
+        assert!(routes(&d, &LegacyOptions::none(), 1).unwrap_err().to_string().contains("multiple"));
+        assert_eq!(routes(&d, &LegacyOptions::none(), 0).unwrap_err(), RoutesError::Rounds { rounds: 0 });
+    }
+
+    /// Legacy options seen through the table: a DP0 hot spot, aliasing's idle GPUs, collapsed
+    /// TP reads, and listeners nobody can reach.
+    #[test]
+    fn legacy_options_show_in_the_table() {
+        let run = |notation: &str, option: Legacy| {
+            let d = Deployment::parse(notation).unwrap();
+            routes(&d, &LegacyOptions::none().with(option), 16).unwrap()
+        };
+        let dp0 = run("1P_DP8EP:1D_TP8", Legacy::ReadFromDp0);
+        assert_eq!(dp0.reads_per_prefill_gpu, [1024, 0, 0, 0, 0, 0, 0, 0]);
+        let aliasing = run("2P_DP8EP:1D_TP8", Legacy::ProxyAliasing);
+        assert_eq!(aliasing.reads_per_prefill_gpu.iter().filter(|&&r| r == 0).count(), 8);
+        assert!(aliasing.jain < 0.51);
+        let collapsed = run("1P_TP8:1D_TP8", Legacy::TpSizeKey);
+        assert_eq!(collapsed.reads_per_prefill_gpu, [128, 0, 0, 0, 0, 0, 0, 0]);
+        let offsets = run("1P_DP2TP2:1D_TP2", Legacy::ListenerOffsetDpPlusTp);
+        assert_eq!(
+            offsets.port_problems,
+            [
+                "P0.dp1.tp0: listens on notify port 61006 but peers dial 61007",
+                "P0.dp0.tp1 and P0.dp1.tp0 both listen on notify port 61006",
+                "P0.dp1.tp1: listens on notify port 61007 but peers dial 61008",
+            ]
+        );
+        assert!(run("1P_DP2TP2:1D_TP2", Legacy::ReadFromDp0).port_problems.is_empty());
+    }
+
+    #[test]
+    fn jain_index_table() {
+        let check = |values: &[u64], expected: f64| {
+            assert!((jain_index(values) - expected).abs() < 1e-12, "{values:?}");
+        };
+        check(&[16; 8], 1.0);
+        check(&[1, 0], 0.5);
+        check(&[3, 1], 0.8);
+        check(&[], 0.0);
+        check(&[0, 0], 0.0);
+    }
+}

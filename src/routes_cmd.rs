@@ -1,0 +1,158 @@
+//! `pdkv routes`: the routing table of a deployment for an operator, as text or JSON.
+
+use std::fmt::Write as _;
+use std::process::ExitCode;
+
+use clap::Args;
+use pdkv_core::legacy::{Legacy, LegacyOptions};
+use pdkv_core::routes::{routes, RoutesReport};
+use pdkv_core::topology::{Deployment, ModelSpec};
+
+const EXAMPLES: &str = "\
+Examples:
+  pdkv routes 2P_TP8:1D_DP8EP --mla
+  pdkv routes 1P_TP8:1D_TP4 --kv-heads 4 --json
+  pdkv routes 2P_DP8EP:1D_TP8 --legacy proxy-aliasing --rounds 4
+
+Exit codes: 0 table printed; 2 bad notation, bad flags, or a pair the routing rules reject
+(with --json, the error is printed as {\"error\": \"...\"}).";
+
+/// Show which decode rank reads which prefill rank, the ports dialled, the release quorum of
+/// every prefill rank, and the read count per prefill GPU over rounds of the fixed proxy.
+#[derive(Args, Debug)]
+#[command(after_help = EXAMPLES)]
+pub struct RoutesArgs {
+    /// Deployment notation, e.g. 2P_TP8:1D_DP8EP or 1P_TP4+1P_TP8:1D_TP8.
+    notation: String,
+    /// MLA model (DeepSeek-R1: one latent replicated on every TP rank). The default.
+    #[arg(long, conflicts_with = "kv_heads")]
+    mla: bool,
+    /// GQA model with this many KV heads (head dimension 128, 80 layers) instead of MLA.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    kv_heads: Option<u16>,
+    /// Rounds of the proxy; a round is one request per (prefill slot, decode DP rank) pair.
+    #[arg(long, value_name = "R", default_value_t = 16)]
+    rounds: u32,
+    /// Switch on a historical bug (repeatable). One of: read-from-dp0,
+    /// listener-offset-dp-plus-tp, session-key-without-tp, proxy-aliasing,
+    /// drop-early-releases, dedup-releases, no-zero-quorum, tp-size-key.
+    #[arg(long = "legacy", value_name = "NAME")]
+    legacy: Vec<Legacy>,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: &RoutesArgs) -> ExitCode {
+    match report(args) {
+        Ok(report) => {
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&report).expect("report serialises"));
+            } else {
+                print!("{}", render(&report));
+            }
+            ExitCode::SUCCESS
+        }
+        Err(message) => {
+            if args.json {
+                println!("{}", serde_json::json!({ "error": message }));
+            } else {
+                eprintln!("error: {message}");
+            }
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn report(args: &RoutesArgs) -> Result<RoutesReport, String> {
+    let model = match args.kv_heads {
+        Some(heads) => ModelSpec::gqa(heads),
+        None => ModelSpec::deepseek_r1(),
+    };
+    let deployment = Deployment::parse(&args.notation).map_err(|e| e.to_string())?.with_model(model);
+    let legacy: LegacyOptions = args.legacy.iter().copied().collect();
+    routes(&deployment, &legacy, args.rounds).map_err(|e| e.to_string())
+}
+
+/// The human-readable table.
+pub fn render(r: &RoutesReport) -> String {
+    let mut out = String::new();
+    let model = if r.use_mla {
+        "MLA (KV replicated on every TP rank)".to_string()
+    } else {
+        format!("GQA, {} KV heads", r.kv_heads)
+    };
+    let legacy = if r.legacy.is_empty() { "none (fixed protocol)".to_string() } else { r.legacy.join(", ") };
+    let _ = writeln!(out, "pdkv routes {}", r.deployment);
+    let _ = writeln!(out, "  model: {model}");
+    let _ = writeln!(out, "  legacy: {legacy}");
+    let _ = writeln!(out, "  {} rounds, {} requests through the fixed proxy", r.rounds, r.requests);
+    let _ = writeln!(out, "\nReads (decode engine <- prefill engine, within the request's owner DP rank)");
+    for p in &r.pairs {
+        let how = if p.flexible {
+            let tp = p.quorum_per_tp_rank.len();
+            format!("flexible round-robin: k-th read of decode DP rank d -> TP rank (d + k) mod {tp}")
+        } else {
+            let map: Vec<String> = p.tp_map.iter().enumerate().map(|(d, s)| format!("{d}->{s}")).collect();
+            format!("decode TP rank -> prefill TP rank: {}", map.join(" "))
+        };
+        let _ = writeln!(
+            out,
+            "  {} ({}) <- {} ({}): {how}",
+            p.decode_engine, p.decode_layout, p.prefill_engine, p.prefill_layout
+        );
+        let quorum: Vec<String> = p.quorum_per_tp_rank.iter().map(u16::to_string).collect();
+        let note = if p.flexible { " (on the rank picked; the others complete with it)" } else { "" };
+        let _ = writeln!(
+            out,
+            "      releases per prefill TP rank: [{}]{note}; MoRIIO expects {} on every rank",
+            quorum.join(", "),
+            p.moriio_expected_releases
+        );
+    }
+    let _ = writeln!(out, "\nPrefill GPUs (listen port; a different dial port means no listener there)");
+    let _ = writeln!(
+        out,
+        "  {:<14} {:>11} {:>13} {:>8} {:>10} {:>9}",
+        "rank", "handshake", "notify", "reads", "requests", "releases"
+    );
+    for (row, expected) in r.prefill_ranks.iter().zip(&r.expected_releases_per_prefill_rank) {
+        let port = |listen: u16, dial: u16| {
+            if listen == dial {
+                listen.to_string()
+            } else {
+                format!("{listen}!={dial}")
+            }
+        };
+        let _ = writeln!(
+            out,
+            "  {:<14} {:>11} {:>13} {:>8} {:>10} {:>9}",
+            row.rank,
+            port(row.handshake_listen_port, row.handshake_dial_port),
+            port(row.notify_listen_port, row.notify_dial_port),
+            row.reads,
+            row.requests_held,
+            expected
+        );
+    }
+    let (mut max, mut min) = (0, 0);
+    for (i, &reads) in r.reads_per_prefill_gpu.iter().enumerate() {
+        if reads > r.reads_per_prefill_gpu[max] {
+            max = i;
+        }
+        if reads < r.reads_per_prefill_gpu[min] {
+            min = i;
+        }
+    }
+    if let (Some(hi), Some(lo)) = (r.prefill_ranks.get(max), r.prefill_ranks.get(min)) {
+        let _ = writeln!(
+            out,
+            "\nNIC balance: most-read {} ({} reads), least-read {} ({} reads), Jain index {:.4}",
+            hi.rank, hi.reads, lo.rank, lo.reads, r.jain
+        );
+    }
+    for line in &r.port_problems {
+        let _ = writeln!(out, "WARNING: {line}");
+    }
+    out
+}

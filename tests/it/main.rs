@@ -1,0 +1,4 @@
+//! Integration tests of the whole workspace, one binary with a module per area.
+
+mod docs;
+mod routes_cli;

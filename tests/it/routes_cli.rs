@@ -1,0 +1,74 @@
+//! End-to-end tests of `pdkv routes`: the built binary, its exit codes and its JSON.
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn pdkv(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pdkv")).args(args).output().expect("pdkv runs")
+}
+
+fn json(args: &[&str]) -> (i32, Value) {
+    let out = pdkv(args);
+    let text = String::from_utf8(out.stdout).expect("utf-8 stdout");
+    let value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {text}"));
+    (out.status.code().expect("exit code"), value)
+}
+
+fn reads(value: &Value) -> Vec<u64> {
+    value["reads_per_prefill_gpu"]
+        .as_array()
+        .expect("array")
+        .iter()
+        .map(|v| v.as_u64().expect("count"))
+        .collect()
+}
+
+#[test]
+fn flexible_mixed_deployment_reads_every_gpu_equally() {
+    let (code, value) = json(&["routes", "2P_TP8:1D_DP8EP", "--mla", "--json"]);
+    assert_eq!(code, 0);
+    assert_eq!(value["flexible"], Value::Bool(true));
+    assert_eq!(reads(&value), vec![16; 16]);
+    assert_eq!(value["expected_releases_per_prefill_rank"].as_array().unwrap().len(), 16);
+    assert!((value["jain"].as_f64().unwrap() - 1.0).abs() < 1e-12);
+}
+
+#[test]
+fn head_splitting_pair_exits_2_with_the_reason() {
+    let (code, value) = json(&["routes", "1P_TP4:1D_TP8", "--kv-heads", "8", "--json"]);
+    assert_eq!(code, 2);
+    let error = value["error"].as_str().expect("error string");
+    assert!(error.contains("replicated KV heads are required"), "{error}");
+}
+
+/// (arguments) -> (exit code, text that stdout or stderr must contain).
+#[test]
+fn exit_codes_and_messages_table() {
+    let check = |args: &[&str], code: i32, text: &str| {
+        let out = pdkv(args);
+        let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {all}");
+        assert!(all.contains(text), "{args:?}: {all}");
+    };
+    check(&["routes", "1P_TP8:1D_TP4"], 0, "releases per prefill TP rank: [1, 0, 1, 0, 1, 0, 1, 0]");
+    check(&["routes", "2P_DP8EP:4D_TP8", "--rounds", "1"], 0, "Jain index 1.0000");
+    check(&["routes", "2P_XP8:1D_TP8"], 2, "bad token \"XP8\" at column 4");
+    check(&["routes", "2P_XP8:1D_TP8", "--json"], 2, "\"error\"");
+    check(&["routes", "1P_TP4:1D_TP6"], 2, "multiple");
+    check(&["routes", "1P_TP8:1D_TP8", "--legacy", "read-from-dp1"], 2, "unknown legacy option");
+    check(&["routes", "1P_TP8:1D_TP8", "--mla", "--kv-heads", "8"], 2, "cannot be used with");
+    check(&["routes", "1P_TP8:1D_TP8", "--rounds", "0"], 2, "rounds must be in 1..=");
+    check(
+        &["routes", "1P_DP2TP2:1D_TP2", "--legacy", "listener-offset-dp-plus-tp"],
+        0,
+        "WARNING: P0.dp0.tp1 and P0.dp1.tp0 both listen on notify port 61006",
+    );
+    check(&["routes", "--help"], 0, "Examples:");
+}
+
+#[test]
+fn same_input_gives_byte_identical_output() {
+    let args = ["routes", "2P_DP4TP2:1D_TP8", "--json", "--rounds", "3"];
+    assert_eq!(pdkv(&args).stdout, pdkv(&args).stdout);
+}
