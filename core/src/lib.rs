@@ -9,6 +9,7 @@ pub mod legacy;
 pub mod params;
 pub mod ports;
 pub mod proxy;
+pub mod registry;
 pub mod release;
 pub mod routes;
 pub mod routing;

@@ -411,8 +411,8 @@ fn parse_notation(input: &str) -> Result<Deployment, NotationError> {
     if input.trim().is_empty() {
         return Err(parser.error(0, input, "a deployment like 2P_TP8:1D_DP8EP"));
     }
-    if let Some(pos) = input.find(|c: char| c.is_whitespace()) {
-        return Err(parser.error(pos, &input[pos..pos + 1], "no spaces inside the notation"));
+    if let Some((pos, c)) = input.char_indices().find(|(_, c)| c.is_whitespace()) {
+        return Err(parser.error(pos, &input[pos..pos + c.len_utf8()], "no spaces inside the notation"));
     }
     let Some(colon) = input.find(':') else {
         let hint = if input.contains('-') {
@@ -498,6 +498,34 @@ mod tests {
         check_err("2P_TP8:1D_TP8x", "x", 14, "a layout like");
         check_err("64P_DP8TP8+1P_TP8:1D_TP8", "1P_TP8", 12, "at most 64 engines");
         check_err("32P_DP16TP16:1D_TP8", "32P_DP16TP16", 1, "at most 4096 GPUs");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+        /// Any string either parses or gets an error pointing inside (or just past) the input.
+        #[test]
+        fn any_string_parses_or_names_a_token(input in "\\PC{0,24}|[0-9PDTEpdte_:+ \u{3000}]{0,24}") {
+            if let Err(e) = Deployment::parse(&input) {
+                proptest::prop_assert!(e.column <= input.chars().count() + 1, "{}", e);
+                proptest::prop_assert!(input.contains(&e.token), "{}", e);
+            }
+        }
+
+        /// Canonical notation parses back to the same deployment.
+        #[test]
+        fn notation_round_trips(
+            prefill in proptest::collection::vec((1u16..=8, 1u16..=8, proptest::bool::ANY), 1..4),
+            decode in proptest::collection::vec((1u16..=8, 1u16..=8, proptest::bool::ANY), 1..4),
+        ) {
+            let layout = |(dp, tp, ep): (u16, u16, bool)| Layout::new(dp, tp, ep && dp * tp > 1);
+            let d = Deployment {
+                prefill: prefill.into_iter().map(layout).collect(),
+                decode: decode.into_iter().map(layout).collect(),
+                model: ModelSpec::default(),
+            };
+            proptest::prop_assert_eq!(Deployment::parse(&d.notation()), Ok(d));
+        }
     }
 
     #[test]
