@@ -14,6 +14,7 @@ pub mod release;
 pub mod routes;
 pub mod routing;
 pub mod topology;
+pub mod wire;
 
 pub use ids::{EngineId, RankId, RequestId, Role, TransferId};
 pub use legacy::{Legacy, LegacyOptions};

@@ -2,3 +2,4 @@
 
 mod docs;
 mod routes_cli;
+mod wire;
