@@ -13,6 +13,7 @@ pub mod registry;
 pub mod release;
 pub mod routes;
 pub mod routing;
+pub mod time;
 pub mod topology;
 pub mod wire;
 
