@@ -7,7 +7,9 @@ use serde::{Deserialize, Serialize};
 /// Which phase an engine serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum Role {
+    /// Computes the prompt's KV cache and holds its blocks until decode releases them.
     Prefill,
+    /// Reads the KV cache from prefill and generates the output tokens.
     Decode,
 }
 
@@ -24,15 +26,20 @@ impl Role {
 /// An engine (one serving instance) of a role, numbered from 0 within that role.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct EngineId {
+    /// Whether the engine runs prefill or decode.
     pub role: Role,
+    /// Position among the engines of the same role, from 0 (the `1` of `P1`); indexes the
+    /// role's list in a `Deployment` and an `AddressBook`.
     pub index: u16,
 }
 
 impl EngineId {
+    /// Prefill engine number `index`.
     pub fn prefill(index: u16) -> EngineId {
         EngineId { role: Role::Prefill, index }
     }
 
+    /// Decode engine number `index`.
     pub fn decode(index: u16) -> EngineId {
         EngineId { role: Role::Decode, index }
     }
@@ -47,12 +54,16 @@ impl fmt::Display for EngineId {
 /// One GPU (and its NIC): an engine plus its data-parallel and tensor-parallel rank.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct RankId {
+    /// The engine the GPU belongs to.
     pub engine: EngineId,
+    /// Data-parallel rank within the engine, below its DP size.
     pub dp: u16,
+    /// Tensor-parallel rank within the DP group, below the engine's TP size.
     pub tp: u16,
 }
 
 impl RankId {
+    /// Rank (`dp`, `tp`) of `engine`; not checked against the engine's layout.
     pub fn new(engine: EngineId, dp: u16, tp: u16) -> RankId {
         RankId { engine, dp, tp }
     }
@@ -80,6 +91,7 @@ impl TransferId {
         TransferId(format!("tx-{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32]))
     }
 
+    /// The id exactly as it travels on the wire.
     pub fn as_str(&self) -> &str {
         &self.0
     }

@@ -35,6 +35,7 @@ pub enum Legacy {
 }
 
 impl Legacy {
+    /// Every legacy option once, in declaration order (the order [`LegacyOptions::iter`] yields).
     pub const ALL: [Legacy; 8] = [
         Legacy::ReadFromDp0,
         Legacy::ListenerOffsetDpPlusTp,
@@ -132,27 +133,33 @@ impl FromStr for Legacy {
 pub struct LegacyOptions(BTreeSet<Legacy>);
 
 impl LegacyOptions {
+    /// No option switched on: the fixed protocol.
     pub fn none() -> LegacyOptions {
         LegacyOptions::default()
     }
 
+    /// This set plus `option`, for building a set in one expression.
     pub fn with(mut self, option: Legacy) -> LegacyOptions {
         self.0.insert(option);
         self
     }
 
+    /// Switches `option` on; switching it on twice changes nothing.
     pub fn insert(&mut self, option: Legacy) {
         self.0.insert(option);
     }
 
+    /// Whether `option` is switched on.
     pub fn has(&self, option: Legacy) -> bool {
         self.0.contains(&option)
     }
 
+    /// True for the fixed protocol (no option switched on).
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
 
+    /// The options switched on, each once, in declaration order.
     pub fn iter(&self) -> impl Iterator<Item = Legacy> + '_ {
         self.0.iter().copied()
     }

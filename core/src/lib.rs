@@ -4,6 +4,8 @@
 //! unseeded randomness or iterates a hash map; time comes in as a value and effects leave as
 //! values. The simulator and the real backend drive the same code.
 
+#![deny(missing_docs)]
+
 pub mod ids;
 pub mod legacy;
 pub mod params;

@@ -17,25 +17,60 @@ use crate::topology::{Layout, MAX_PARALLEL_SIZE};
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct KvTransferParams {
+    /// True on prefill's answer and the request to decode: the KV was computed remotely and
+    /// decode must read it before its first step.
     pub do_remote_prefill: bool,
+    /// True on the request to prefill: decode runs elsewhere, so prefill keeps the request's
+    /// blocks after the step (delayed free) until releases or the reaper free them.
     pub do_remote_decode: bool,
+    /// The proxy's `tx-<uuid>` id of the transfer; releases name it.
     pub transfer_id: Option<String>,
+    /// Prefill's KV block ids holding the prompt, in the owner DP rank's pool; decode reads them.
     pub remote_block_ids: Vec<u64>,
+    /// MoRIIO engine id of the prefill engine, `"<host>:<handshake port base>"`.
     pub remote_engine_id: Option<String>,
+    /// Host of the prefill engine's handshake and notify listeners.
     pub remote_host: Option<String>,
+    /// Base of the prefill engine's handshake listeners; rank (dp, tp) listens at
+    /// `base + dp * tp_size + tp`. Kept as received, not validated here.
     pub remote_handshake_port: Option<i64>,
+    /// Base of the prefill engine's notify (release) listeners, offset per rank like the
+    /// handshake base. Kept as received, not validated here.
     pub remote_notify_port: Option<i64>,
+    /// DP size of the other side: decode's on the request to prefill, prefill's on the answer and
+    /// on the request to decode. Read as 1 when absent.
     pub remote_dp_size: Option<i64>,
+    /// The prefill DP rank that owns the request (holds its blocks), added by the proxy on the
+    /// request to decode; absent when the prefill engine has one DP rank. Prefill never sends it.
     pub remote_dp_rank: Option<i64>,
+    /// Prefill's own TP size as prefill writes it in its answer; the proxy clears it when it sets
+    /// `remote_tp_size`. Read only when `remote_tp_size` is absent, except under
+    /// [`Legacy::TpSizeKey`], where it is the only key read.
     pub tp_size: Option<i64>,
+    /// TP size of the other side: decode's on the request to prefill, prefill's on the request to
+    /// decode. Preferred over `tp_size`.
     pub remote_tp_size: Option<i64>,
 }
 
 /// A size or rank in `kv_transfer_params` that cannot be used.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ParamsError {
-    Missing { field: &'static str },
-    OutOfRange { field: &'static str, value: i64, min: i64, max: i64 },
+    /// No key carries the prefill TP size.
+    Missing {
+        /// The key or keys looked for, e.g. `remote_tp_size (or tp_size)`.
+        field: &'static str,
+    },
+    /// A size outside 1..=256, or an owner DP rank outside 0..=255.
+    OutOfRange {
+        /// The key that held the value.
+        field: &'static str,
+        /// The value as received.
+        value: i64,
+        /// Smallest accepted value.
+        min: i64,
+        /// Largest accepted value.
+        max: i64,
+    },
 }
 
 impl fmt::Display for ParamsError {
@@ -80,7 +115,9 @@ impl KvTransferParams {
         Ok(Layout::new(dp, self.prefill_tp_size(legacy)?, false))
     }
 
-    /// The request's owner DP rank on the prefill side (`remote_dp_rank`, default 0).
+    /// The request's owner DP rank on the prefill side (`remote_dp_rank`): `None` when absent,
+    /// which [`ReadRouter::resolve`](crate::routing::ReadRouter::resolve) reads as DP rank 0.
+    /// Rejects values outside 0..=255; the router checks the rank against the engine's DP size.
     pub fn owner_dp(&self) -> Result<Option<u16>, ParamsError> {
         self.remote_dp_rank
             .map(|v| in_range("remote_dp_rank", v, 0, i64::from(MAX_PARALLEL_SIZE) - 1))

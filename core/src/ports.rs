@@ -21,7 +21,9 @@ pub const DEFAULT_NOTIFY_PORT_BASE: u16 = 61005;
 /// The two listeners every rank runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum ListenerKind {
+    /// Answers `get_meta_msg` with the rank's engine metadata; based at the handshake port.
     Handshake,
+    /// Receives releases (and WRITE-mode notices) for the rank; based at the notify port.
     Notify,
 }
 
@@ -37,7 +39,9 @@ impl fmt::Display for ListenerKind {
 /// A host and port; the core never resolves or connects it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Endpoint {
+    /// Host name or address, as configured or registered.
     pub host: String,
+    /// TCP port: the listener's base plus the rank's offset.
     pub port: u16,
 }
 
@@ -50,17 +54,25 @@ impl fmt::Display for Endpoint {
 /// Where one engine's ranks listen: a host and the two port bases.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EngineAddress {
+    /// Host every rank of the engine listens on; also the first half of its engine id.
     pub host: String,
+    /// Handshake port of rank (0, 0); rank (dp, tp) listens at this plus `dp * tp_size + tp`.
+    /// The second half of the engine id.
     pub handshake_port_base: u16,
+    /// Notify port of rank (0, 0), offset per rank like the handshake base.
     pub notify_port_base: u16,
 }
 
 /// A port that does not fit in 16 bits: the layout is too large for its base.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PortError {
+    /// The rank whose port does not fit.
     pub rank: RankId,
+    /// Which of the rank's listeners.
     pub kind: ListenerKind,
+    /// The engine's port base for that listener.
     pub base: u16,
+    /// The rank's offset from the base (the fixed form, or the legacy one for a listener).
     pub offset: u32,
 }
 
@@ -108,7 +120,9 @@ impl fmt::Display for SessionKey {
 /// Host and port bases of every engine in a deployment.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AddressBook {
+    /// Address of each prefill engine, indexed by engine index.
     pub prefill: Vec<EngineAddress>,
+    /// Address of each decode engine, indexed by engine index.
     pub decode: Vec<EngineAddress>,
 }
 
@@ -128,6 +142,7 @@ impl AddressBook {
         AddressBook { prefill: side(Role::Prefill, "prefill"), decode: side(Role::Decode, "decode") }
     }
 
+    /// The address of `engine`. Panics if the book has no such engine.
     pub fn engine(&self, engine: EngineId) -> &EngineAddress {
         let side = match engine.role {
             Role::Prefill => &self.prefill,
@@ -157,7 +172,8 @@ impl AddressBook {
         Ok(Endpoint { host: self.engine(rank.engine).host.clone(), port })
     }
 
-    /// Where `rank` binds its listener of `kind`.
+    /// Where `rank` binds its listener of `kind`: `base + dp * tp_size + tp`, or `base + dp + tp`
+    /// under [`Legacy::ListenerOffsetDpPlusTp`]. Errors if the port would pass 65535.
     pub fn listen_endpoint(
         &self,
         deployment: &Deployment,
@@ -169,7 +185,8 @@ impl AddressBook {
         self.endpoint(rank, kind, listener_offset(layout, rank.dp, rank.tp, legacy))
     }
 
-    /// Where a peer dials to reach `rank`'s listener of `kind`.
+    /// Where a peer dials to reach `rank`'s listener of `kind`: always `base + dp * tp_size + tp`,
+    /// whatever the legacy options. Errors if the port would pass 65535.
     pub fn dial_endpoint(
         &self,
         deployment: &Deployment,
@@ -194,13 +211,20 @@ impl AddressBook {
 /// Everything a decode worker addresses for one read, derived from one source rank.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReadTarget {
+    /// The prefill rank read; every other field is derived from it.
     pub source: RankId,
+    /// Key of the session with `source`, whose memory descriptors the read uses.
     pub session: SessionKey,
+    /// Where to dial `source`'s handshake listener.
     pub handshake: Endpoint,
+    /// Where to send the release once the read is done (or failed).
     pub notify: Endpoint,
 }
 
 impl ReadTarget {
+    /// Derives the session key and the handshake and notify endpoints from `source` alone.
+    /// Errors if a port would pass 65535; panics if `source`'s engine is missing from `book` or
+    /// `deployment`.
     pub fn derive(
         book: &AddressBook,
         deployment: &Deployment,

@@ -24,7 +24,10 @@ pub const MAX_PROXY_IN_FLIGHT: usize = 1 << 20;
 /// An engine and, when the engine has more than one DP rank, the DP rank that serves a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Slot {
+    /// The engine chosen.
     pub engine: EngineId,
+    /// The DP rank chosen; `None` when the engine has a single DP rank, in which case no
+    /// `remote_dp_rank` is sent.
     pub dp_rank: Option<u16>,
 }
 
@@ -62,6 +65,7 @@ pub fn flat_slots(engines: &[Layout], role: Role) -> Vec<Slot> {
 }
 
 /// The slot of the k-th request (k from 1) under the fixed rule or the legacy aliasing rule.
+/// Panics if `k` is 0 or `engines` is empty.
 pub fn route(engines: &[Layout], role: Role, k: u64, legacy: &LegacyOptions) -> Slot {
     assert!(k >= 1 && !engines.is_empty(), "k from 1 over a non-empty side");
     if legacy.has(Legacy::ProxyAliasing) {
@@ -85,11 +89,16 @@ pub enum Phase {
     Decoding,
 }
 
+/// The proxy's record of one request in flight.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProxyRequest {
+    /// The `tx-<uuid>` id minted when the request arrived.
     pub transfer_id: TransferId,
+    /// Prefill engine and DP rank that computes the KV and holds its blocks (the owner DP rank).
     pub prefill: Slot,
+    /// Decode engine and DP rank that reads the KV and generates the output.
     pub decode: Slot,
+    /// Whether prefill has answered yet.
     pub phase: Phase,
 }
 
@@ -98,19 +107,36 @@ pub struct ProxyRequest {
 pub enum ProxyAction {
     /// Send the prompt to prefill with `max_tokens = 1` and these parameters
     /// (`do_remote_decode`, `transfer_id`, and the decode side's DP and TP sizes).
-    SendPrefill { request: RequestId, slot: Slot, params: KvTransferParams },
+    SendPrefill {
+        /// The proxy's number for the request.
+        request: RequestId,
+        /// Prefill engine and DP rank to send to.
+        slot: Slot,
+        /// The `kv_transfer_params` to attach.
+        params: KvTransferParams,
+    },
     /// Send the request to decode with the prefill's answer plus `remote_dp_rank` and
     /// `remote_tp_size`.
-    SendDecode { request: RequestId, slot: Slot, params: KvTransferParams },
+    SendDecode {
+        /// The proxy's number for the request.
+        request: RequestId,
+        /// Decode engine and DP rank to send to.
+        slot: Slot,
+        /// Prefill's answer with `remote_dp_rank` and `remote_tp_size` set and `tp_size` cleared.
+        params: KvTransferParams,
+    },
 }
 
 /// A call the proxy refuses.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ProxyError {
+    /// The request was never issued, or it finished already.
     UnknownRequest(RequestId),
     /// A prefill answer for a request that is not waiting for one (duplicate answer).
     NotPrefilling(RequestId),
+    /// [`MAX_PROXY_IN_FLIGHT`] requests are in flight already; the new one is refused.
     TooManyInFlight {
+        /// The limit that was reached.
         limit: usize,
     },
 }
@@ -139,6 +165,8 @@ pub struct Proxy {
 }
 
 impl Proxy {
+    /// A proxy over the engines of `deployment` that has routed nothing yet, so the next request
+    /// is number 1. Panics if either role has no engine.
     pub fn new(deployment: &Deployment, legacy: LegacyOptions) -> Proxy {
         assert!(!deployment.prefill.is_empty() && !deployment.decode.is_empty());
         Proxy {
@@ -206,10 +234,12 @@ impl Proxy {
         self.requests.remove(&id).ok_or(ProxyError::UnknownRequest(id))
     }
 
+    /// The record of a request in flight; `None` once it finished, or if it was never issued.
     pub fn request(&self, id: RequestId) -> Option<&ProxyRequest> {
         self.requests.get(&id)
     }
 
+    /// Requests the proxy tracks now, prefilling or decoding.
     pub fn in_flight(&self) -> usize {
         self.requests.len()
     }

@@ -18,7 +18,10 @@ use crate::topology::{Deployment, Layout, ModelSpec, MAX_ENGINES_PER_ROLE, MAX_P
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TransferMode {
+    /// Decode reads prefill's blocks with RDMA READ, then releases them (pdkv's mode).
     Read,
+    /// Decode announces its blocks with `remote_blocks`; prefill writes into them with RDMA WRITE
+    /// and reports `write_done`.
     Write,
 }
 
@@ -34,26 +37,63 @@ impl fmt::Display for TransferMode {
 /// What one engine announces. Sizes and ports are kept as received so bad values can be named.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Registration {
+    /// Whether the engine serves prefill or decode.
     pub role: Role,
+    /// Where the proxy sends the engine requests over HTTP; identifies the engine, so it must be
+    /// unique across both roles.
     pub http_address: String,
+    /// Host of the engine's handshake and notify listeners.
     pub host: String,
+    /// Handshake port base, 1..=65535; rank (dp, tp) listens at `base + dp * tp_size + tp`.
     pub handshake_port: i64,
+    /// Notify (release) port base, 1..=65535, offset per rank like the handshake base.
     pub notify_port: i64,
+    /// DP ranks of the engine, 1..=256.
     pub dp_size: i64,
+    /// TP ranks of each DP group, 1..=256.
     pub tp_size: i64,
     /// Expert parallelism over all ranks (changes compute only).
     #[serde(default)]
     pub ep: bool,
+    /// Must equal the proxy's mode.
     pub transfer_mode: TransferMode,
 }
 
 /// A registration the proxy refuses.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RegistrationError {
-    ModeMismatch { http_address: String, proxy: TransferMode, engine: TransferMode },
-    OutOfRange { http_address: String, field: &'static str, value: i64, min: i64, max: i64 },
-    Duplicate { http_address: String },
-    TooManyEngines { role: Role },
+    /// The engine's transfer mode differs from the proxy's; the pair would wait forever.
+    ModeMismatch {
+        /// The engine's HTTP address.
+        http_address: String,
+        /// The proxy's mode.
+        proxy: TransferMode,
+        /// The mode the engine announced.
+        engine: TransferMode,
+    },
+    /// A size or port base outside its range.
+    OutOfRange {
+        /// The engine's HTTP address.
+        http_address: String,
+        /// The registration field: `dp_size`, `tp_size`, `handshake_port` or `notify_port`.
+        field: &'static str,
+        /// The value as announced.
+        value: i64,
+        /// Smallest accepted value.
+        min: i64,
+        /// Largest accepted value.
+        max: i64,
+    },
+    /// An engine with this HTTP address is registered already, in either role.
+    Duplicate {
+        /// The HTTP address announced twice.
+        http_address: String,
+    },
+    /// The role has [`MAX_ENGINES_PER_ROLE`] engines already.
+    TooManyEngines {
+        /// The role that is full.
+        role: Role,
+    },
 }
 
 impl fmt::Display for RegistrationError {
@@ -107,11 +147,13 @@ fn ranged(
 }
 
 impl Registry {
+    /// An empty registry for a proxy that runs `mode`.
     pub fn new(mode: TransferMode) -> Registry {
         Registry { mode, prefill: Vec::new(), decode: Vec::new() }
     }
 
-    /// Accepts one engine and returns its id within its role.
+    /// Accepts one engine and returns its id within its role (the next index, in registration
+    /// order). Checks mode, then sizes and port bases, then uniqueness, then the engine limit.
     pub fn handle_register(&mut self, reg: Registration) -> Result<EngineId, RegistrationError> {
         if reg.transfer_mode != self.mode {
             return Err(RegistrationError::ModeMismatch {
@@ -160,6 +202,8 @@ impl Registry {
         })
     }
 
+    /// Host and port bases of every registered engine, indexed like the engines of
+    /// [`Registry::deployment`].
     pub fn address_book(&self) -> AddressBook {
         AddressBook {
             prefill: self.prefill.iter().map(|(_, _, a)| a.clone()).collect(),

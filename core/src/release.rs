@@ -2,9 +2,11 @@
 //!
 //! Each prefill rank keeps a [`RankLedger`]. A transfer is registered with a [`Quorum`] computed
 //! by [`quorum_plan`] from the two layouts; releases are applied as they arrive, in any order,
-//! duplicated or early. pdkv's default counts distinct senders, so a network duplicate never
-//! completes a transfer early, and gives a quorum of zero to ranks nobody reads, so their blocks
-//! are freed at once instead of by the reaper.
+//! duplicated or early. pdkv's default counts distinct senders, so a network duplicate of a
+//! release that names its sender never completes a transfer early (anonymous releases, from a
+//! MoRIIO peer or in the plain-string form, cannot be told apart and each one counts), and gives
+//! a quorum of zero to ranks nobody reads, so their blocks are freed at once instead of by the
+//! reaper.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
@@ -26,16 +28,21 @@ pub const MAX_RETIRED_IDS: usize = 16384;
 pub struct ReleaseSender {
     /// MoRIIO engine id of the decode engine, `"<host>:<handshake port base>"`.
     pub engine_id: String,
+    /// DP rank of the decode worker that read.
     pub dp_rank: u16,
+    /// TP rank of the decode worker that read, below the release's `consumer_tp_size`.
     pub tp_rank: u16,
 }
 
 /// One release message as the ledger sees it, whatever its wire form.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Release {
+    /// The transfer whose blocks the sender has finished reading.
     pub transfer_id: TransferId,
     /// Decode TP size; `None` for the legacy plain-string completion, which carries only the id.
     pub consumer_tp_size: Option<u16>,
+    /// The decode rank that sent it, when the peer is pdkv; `None` is an anonymous release,
+    /// which always counts.
     pub sender: Option<ReleaseSender>,
 }
 
@@ -65,11 +72,14 @@ pub enum Quorum {
 pub struct QuorumPlan {
     /// Indexed by prefill TP rank.
     pub per_tp_rank: Vec<Quorum>,
+    /// Decode reads with the flexible round-robin, so exactly one rank of the group is read.
     pub flexible: bool,
 }
 
 impl QuorumPlan {
-    /// Releases that the whole owner DP group receives for one request.
+    /// Releases the whole owner DP group waits for per request: the sum of the exact quorums, or
+    /// 1 for a flexible read (one rank of the group is read). Under [`Legacy::NoZeroQuorum`] this
+    /// can exceed what decode sends (P8 to D4 waits for 8 releases and gets 4).
     pub fn releases_per_request(&self) -> u32 {
         if self.flexible {
             return 1;
@@ -112,7 +122,12 @@ pub fn quorum_plan(
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ReleaseOutcome {
     /// Counted; the transfer still waits for more.
-    Counted { have: u16, need: u16 },
+    Counted {
+        /// Releases counted so far.
+        have: u16,
+        /// Releases the quorum requires.
+        need: u16,
+    },
     /// This release (or registration) completed the transfer on this rank.
     Completed,
     /// The same sender released this transfer already (a network duplicate); not counted.
@@ -132,8 +147,12 @@ pub enum ReleaseOutcome {
 /// A registration the ledger refuses.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LedgerError {
+    /// The transfer is registered on this rank already.
     AlreadyRegistered(TransferId),
+    /// The transfer was retired on this rank; ids are never reused. Only the last
+    /// [`MAX_RETIRED_IDS`] retired ids are remembered.
     Retired(TransferId),
+    /// The transfer is not registered on this rank (never, or no longer).
     Unknown(TransferId),
 }
 
@@ -186,6 +205,8 @@ pub struct RankLedger {
 }
 
 impl RankLedger {
+    /// An empty ledger. Of the legacy options only [`Legacy::DropEarlyReleases`] and
+    /// [`Legacy::DedupReleases`] change it.
     pub fn new(legacy: &LegacyOptions) -> RankLedger {
         RankLedger {
             drop_early: legacy.has(Legacy::DropEarlyReleases),
@@ -230,7 +251,10 @@ impl RankLedger {
         }
     }
 
-    /// Applies one release.
+    /// Applies one release: counts it toward a live transfer, ignores it for a completed or
+    /// retired transfer, and buffers it when the transfer is not registered yet (the oldest
+    /// buffered release is evicted beyond [`MAX_EARLY_RELEASES`]; under
+    /// [`Legacy::DropEarlyReleases`] it is dropped instead). The outcome says which.
     pub fn handle_release(&mut self, release: Release) -> ReleaseOutcome {
         let id = release.transfer_id.clone();
         let Some(entry) = self.live.get_mut(&id) else {
@@ -299,6 +323,7 @@ impl RankLedger {
         Ok(())
     }
 
+    /// Whether the transfer is registered and complete on this rank; false once it is retired.
     pub fn is_completed(&self, id: &TransferId) -> bool {
         self.live.get(id).is_some_and(|e| e.completed)
     }
@@ -308,6 +333,7 @@ impl RankLedger {
         self.live.iter().filter(|(_, e)| !e.completed).map(|(id, _)| id)
     }
 
+    /// Releases buffered for transfers not registered yet.
     pub fn early_len(&self) -> usize {
         self.early.len()
     }

@@ -32,14 +32,23 @@ pub const MAX_ROUNDS: u32 = 100_000;
 pub enum RoutesError {
     /// A decode engine cannot read a prefill engine (guard, multiples, sizes).
     Pair {
+        /// The decode engine.
         decode: EngineId,
+        /// The prefill engine it cannot read.
         prefill: EngineId,
+        /// What the routing check refused.
         error: RoutingError,
     },
+    /// A prefill rank's listener port would pass 65535.
     Port(PortError),
+    /// The `kv_transfer_params` the proxy forwarded could not be read back (the
+    /// [`ParamsError`]'s message).
     Params(String),
+    /// The proxy refused a request or a prefill answer (the [`ProxyError`]'s message).
     Proxy(String),
+    /// The round count is 0 or above [`MAX_ROUNDS`].
     Rounds {
+        /// The rejected round count.
         rounds: u32,
     },
 }
@@ -83,10 +92,15 @@ impl From<ProxyError> for RoutesError {
 /// How one decode engine reads one prefill engine.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PairRoutes {
+    /// The decode engine, e.g. `D0`.
     pub decode_engine: String,
+    /// Its layout in canonical notation, e.g. `DP8EP`.
     pub decode_layout: String,
+    /// The prefill engine, e.g. `P1`.
     pub prefill_engine: String,
+    /// Its layout in canonical notation, e.g. `TP8`.
     pub prefill_layout: String,
+    /// Decode reads this prefill engine with the flexible round-robin.
     pub flexible: bool,
     /// Prefill TP rank read by each decode TP rank (empty when flexible: the pick rotates).
     pub tp_map: Vec<u16>,
@@ -100,11 +114,17 @@ pub struct PairRoutes {
 /// One prefill GPU: its listeners, what dials them, and what it saw over the rounds.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PrefillRankRow {
+    /// The rank, e.g. `P0.dp1.tp3`.
     pub rank: String,
+    /// Port the rank's handshake listener binds (legacy offsets apply).
     pub handshake_listen_port: u16,
+    /// Port peers dial for the rank's handshake, always `base + dp * tp_size + tp`.
     pub handshake_dial_port: u16,
+    /// Port the rank's notify listener binds (legacy offsets apply).
     pub notify_listen_port: u16,
+    /// Port decode workers send the rank's releases to, always `base + dp * tp_size + tp`.
     pub notify_dial_port: u16,
+    /// Reads this GPU served over all rounds, one per decode worker whose read resolved to it.
     pub reads: u64,
     /// Requests whose blocks this rank held (owner DP group of the request's prefill slot).
     pub requests_held: u64,
@@ -113,22 +133,32 @@ pub struct PrefillRankRow {
 /// The whole table; `--json` prints this object.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RoutesReport {
+    /// The deployment in canonical notation.
     pub deployment: String,
+    /// Whether the model uses MLA (replicated latent KV, never split).
     pub use_mla: bool,
+    /// KV heads of the model (1 for MLA).
     pub kv_heads: u16,
+    /// Names of the legacy options switched on, empty for the fixed protocol.
     pub legacy: Vec<String>,
+    /// Rounds of the proxy that were routed.
     pub rounds: u32,
+    /// Requests routed: rounds × prefill (engine, DP rank) slots × largest decode DP size.
     pub requests: u64,
     /// True when any decode engine reads any prefill engine with the flexible rule.
     pub flexible: bool,
+    /// One entry per (decode engine, prefill engine) pair: decode engine 0 with every prefill
+    /// engine, then decode engine 1, and so on.
     pub pairs: Vec<PairRoutes>,
+    /// One row per prefill GPU, in rank order (engine, then DP, then TP).
     pub prefill_ranks: Vec<PrefillRankRow>,
     /// Reads per prefill GPU in rank order (engine, then DP, then TP).
     pub reads_per_prefill_gpu: Vec<u64>,
     /// Releases each prefill rank waits for per request it holds, against decode engine 0.
     pub expected_releases_per_prefill_rank: Vec<u16>,
-    /// Ranks whose listener is not where peers dial, and listeners that share a port
-    /// (legacy offsets); empty for the fixed protocol.
+    /// Prefill ranks whose notify listener is not where peers dial, and notify listeners that
+    /// share a port (legacy offsets); empty for the fixed protocol. Handshake listeners use the
+    /// same offsets and are not listed separately.
     pub port_problems: Vec<String>,
     /// Jain's fairness index of `reads_per_prefill_gpu` (1 is perfectly even).
     pub jain: f64,

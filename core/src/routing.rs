@@ -17,13 +17,33 @@ use crate::topology::{Layout, ModelSpec};
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RoutingError {
     /// A DP or TP size of zero (from a peer's parameters).
-    ZeroSize { what: String },
+    ZeroSize {
+        /// Which size, e.g. `prefill TP size`.
+        what: String,
+    },
     /// TP sizes where neither divides the other.
-    NotMultiple { decode_tp: u16, prefill_tp: u16 },
+    NotMultiple {
+        /// Decode TP size (W).
+        decode_tp: u16,
+        /// Prefill TP size (Tp).
+        prefill_tp: u16,
+    },
     /// Unequal TP sizes with fewer ranks than KV heads on one side: reads would split heads.
-    RequiresReplicatedHeads { decode_tp: u16, prefill_tp: u16, kv_heads: u16 },
+    RequiresReplicatedHeads {
+        /// Decode TP size (W).
+        decode_tp: u16,
+        /// Prefill TP size (Tp).
+        prefill_tp: u16,
+        /// KV heads of the model, more than `min(W, Tp)`.
+        kv_heads: u16,
+    },
     /// The request names an owner DP rank the prefill engine does not have.
-    OwnerOutOfRange { owner_dp: u16, prefill_dp: u16 },
+    OwnerOutOfRange {
+        /// The owner DP rank asked for (`remote_dp_rank`).
+        owner_dp: u16,
+        /// DP size of the prefill engine.
+        prefill_dp: u16,
+    },
 }
 
 impl fmt::Display for RoutingError {
@@ -109,7 +129,10 @@ pub fn check_pair(decode: Layout, prefill: Layout, model: &ModelSpec) -> Result<
 /// The prefill rank a read goes to, and whether the flexible rule chose it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Source {
+    /// The prefill rank to read; the session key, handshake target and release target all derive
+    /// from it.
     pub rank: RankId,
+    /// The flexible round-robin chose the rank (and advanced the worker's counter).
     pub flexible: bool,
 }
 
@@ -125,15 +148,19 @@ pub struct ReadRouter {
 }
 
 impl ReadRouter {
+    /// The router of decode worker `local`, whose engine has `local_layout`, with its flexible
+    /// counter at 0. Panics if `local` lies outside `local_layout`.
     pub fn new(local: RankId, local_layout: Layout, model: ModelSpec, legacy: LegacyOptions) -> ReadRouter {
         assert!(local.dp < local_layout.dp && local.tp < local_layout.tp, "{local} outside {local_layout}");
         ReadRouter { local, local_layout, model, legacy, flexible_reads: 0 }
     }
 
+    /// The decode worker this router resolves reads for.
     pub fn local(&self) -> RankId {
         self.local
     }
 
+    /// Flexible reads resolved so far; the next one uses this value as k.
     pub fn flexible_reads(&self) -> u64 {
         self.flexible_reads
     }

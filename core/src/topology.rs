@@ -19,16 +19,23 @@ pub const MAX_RANKS_PER_ROLE: u32 = 4096;
 /// it changes compute and collectives, not where KV lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Layout {
+    /// Data-parallel size: independent replicas, each with its own scheduler and KV pool.
     pub dp: u16,
+    /// Tensor-parallel size: GPUs in each DP group, which split every layer (and the KV heads
+    /// while there are enough of them).
     pub tp: u16,
+    /// Expert parallelism over all `dp * tp` ranks.
     pub ep: bool,
 }
 
 impl Layout {
+    /// A layout of `dp` × `tp` GPUs. Nothing is checked here; the notation parser and the
+    /// registry accept sizes in 1..=256 only.
     pub const fn new(dp: u16, tp: u16, ep: bool) -> Layout {
         Layout { dp, tp, ep }
     }
 
+    /// A single-DP engine of `tp` GPUs without EP (`TP<tp>`).
     pub const fn tp(tp: u16) -> Layout {
         Layout::new(1, tp, false)
     }
@@ -77,6 +84,7 @@ pub struct ModelSpec {
     pub use_mla: bool,
     /// Number of KV heads (1 for MLA, whose latent behaves as one replicated head).
     pub kv_heads: u16,
+    /// Transformer layers, each with its own KV cache; reads go one batch per layer.
     pub layers: u16,
     /// KV bytes of one token in one layer for the whole model (all heads).
     pub bytes_per_token_per_layer: u32,
@@ -134,8 +142,11 @@ impl Default for ModelSpec {
 /// Prefill and decode engines with their layouts, plus the model they serve.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Deployment {
+    /// Layout of each prefill engine, indexed by engine index.
     pub prefill: Vec<Layout>,
+    /// Layout of each decode engine, indexed by engine index.
     pub decode: Vec<Layout>,
+    /// The model every engine serves.
     pub model: ModelSpec,
 }
 
@@ -145,11 +156,13 @@ impl Deployment {
         parse_notation(notation)
     }
 
+    /// The same engines serving `model` instead.
     pub fn with_model(mut self, model: ModelSpec) -> Deployment {
         self.model = model;
         self
     }
 
+    /// Layouts of the engines of `role`, indexed by engine index.
     pub fn engines(&self, role: Role) -> &[Layout] {
         match role {
             Role::Prefill => &self.prefill,
@@ -157,6 +170,7 @@ impl Deployment {
         }
     }
 
+    /// The layout of `engine`. Panics if the deployment has no such engine.
     pub fn layout(&self, engine: EngineId) -> Layout {
         self.engines(engine.role)[usize::from(engine.index)]
     }
@@ -211,11 +225,13 @@ fn side_notation(engines: &[Layout], letter: char) -> String {
 /// A deployment notation that could not be parsed: which token, where, and what was expected.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NotationError {
+    /// The whole notation as given.
     pub input: String,
     /// The offending piece of the input (may be empty when something is missing).
     pub token: String,
     /// 1-based character column where the token starts.
     pub column: usize,
+    /// What the parser wanted at that point, in words.
     pub expected: String,
 }
 

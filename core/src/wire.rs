@@ -85,6 +85,7 @@ pub const HANDSHAKE_REQUEST: &[u8] = b"get_meta_msg";
 pub struct RemoteBlocks {
     /// vLLM's request id on the decode side (`req_id` on the wire).
     pub req_id: String,
+    /// The transfer the blocks are for.
     pub transfer_id: TransferId,
     /// Decode-side block ids (`block_notify_list`), never empty.
     pub block_ids: Vec<u32>,
@@ -95,15 +96,18 @@ pub struct RemoteBlocks {
 /// A prefill rank's notice that all its writes of a transfer landed (WRITE mode).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WriteDone {
+    /// The transfer whose writes landed.
     pub transfer_id: TransferId,
 }
 
 /// Where a rank sits in its engine: pdkv's optional extension of the handshake metadata.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RankInfo {
+    /// The rank's DP rank in its engine.
     pub dp_rank: u16,
-    /// Always below `tp_size`.
+    /// The rank's TP rank in its DP group; always below `tp_size`.
     pub tp_rank: u16,
+    /// TP size of the rank's engine, at least 1.
     pub tp_size: u16,
 }
 
@@ -120,6 +124,7 @@ pub struct HandshakeMetadata {
     pub num_blocks: u32,
     /// Bytes per block, at least 1.
     pub block_len: u64,
+    /// vLLM's attention backend on the rank (e.g. `FLASHMLA`), which decides the KV layout.
     pub attn_backend_name: String,
     /// `dp_rank`, `tp_rank`, `tp_size`: sent by pdkv, absent from MoRIIO.
     pub rank: Option<RankInfo>,
@@ -128,6 +133,7 @@ pub struct HandshakeMetadata {
 /// One entry of the second handshake reply frame: a layer and its packed MoRI memory descriptors.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LayerMemoryDesc {
+    /// vLLM's name of the attention layer, e.g. `model.layers.0.self_attn.attn`.
     pub layer_name: String,
     /// Opaque blobs (MessagePack bin), at least one.
     pub descs: Vec<Vec<u8>>,
@@ -143,10 +149,13 @@ pub enum ControlMessage {
     /// Kept apart from [`ControlMessage::Release`] because its wire form differs;
     /// [`ControlMessage::as_release`] gives the ledger's view of both.
     LegacyCompletion(TransferId),
+    /// WRITE mode, decode to prefill: which decode blocks to write the transfer into.
     RemoteBlocks(RemoteBlocks),
+    /// WRITE mode, prefill to decode: the writes of a transfer landed.
     WriteDone(WriteDone),
     /// `get_meta_msg`: asks a rank for its [`HandshakeMetadata`].
     HandshakeRequest,
+    /// The first frame of the reply to [`ControlMessage::HandshakeRequest`].
     HandshakeMetadata(HandshakeMetadata),
 }
 
@@ -169,78 +178,125 @@ impl ControlMessage {
 pub enum WireError {
     /// Zero bytes: MoRIIO rejects an empty frame too.
     Empty,
+    /// The input is longer than [`MAX_MESSAGE_BYTES`]; nothing of it is parsed.
     TooLarge {
+        /// The input's length in bytes.
         len: usize,
+        /// The limit, [`MAX_MESSAGE_BYTES`].
         max: usize,
     },
-    /// The input ends inside the MessagePack value that starts at `offset`.
+    /// The input ends inside the MessagePack value that starts at `offset`, or a declared length
+    /// or element count runs past the end.
     Truncated {
+        /// Byte offset where the unfinished value starts.
         offset: usize,
     },
     /// One whole value ends at `offset` but the input is `len` bytes long.
     TrailingBytes {
+        /// Byte offset just past the value.
         offset: usize,
+        /// The input's length in bytes.
         len: usize,
     },
     /// The never-used MessagePack marker 0xc1.
     ReservedMarker {
+        /// Byte offset of the marker.
         offset: usize,
     },
+    /// Containers nest deeper than [`MAX_DEPTH`], counting the message map.
     TooDeep {
+        /// The limit, [`MAX_DEPTH`].
         max: usize,
     },
+    /// The input holds more than [`MAX_VALUES`] MessagePack values.
     TooManyValues {
+        /// The limit, [`MAX_VALUES`].
         max: usize,
     },
     /// The first byte starts neither a map, a str, nor an ASCII plain-string completion.
     Unrecognized {
+        /// The input's first byte.
         first_byte: u8,
     },
+    /// A str that must be text is not UTF-8.
     InvalidUtf8 {
+        /// The wire key; `map key` or `layer name` for a key; `transfer_id` for a plain-string
+        /// completion.
         field: &'static str,
     },
+    /// A key appears twice in one map (a message, or the per-layer descriptor map).
     DuplicateKey {
+        /// The repeated key.
         key: String,
     },
+    /// `type` names a message pdkv does not know.
     UnknownType {
+        /// The `type` value received.
         type_name: String,
     },
+    /// A required key is absent; `type` when a map has none of `type`, `req_id` and `engine_id`.
     MissingField {
+        /// The missing key.
         field: &'static str,
     },
+    /// A value of the wrong MessagePack kind.
     WrongType {
+        /// The wire key, or `message`, `map key`, `layer name` or `layer memory descriptors`.
         field: &'static str,
+        /// The kind wanted: `str`, `int`, `bin`, `array` or `map`.
         expected: &'static str,
+        /// The kind received, e.g. `nil` or `str (not UTF-8)`.
         found: &'static str,
     },
+    /// An integer outside the range its field allows (a size of 0, a negative block id, ...).
     OutOfRange {
+        /// The wire key.
         field: &'static str,
+        /// The value received.
         value: i128,
+        /// Smallest accepted value.
         min: i128,
+        /// Largest accepted value.
         max: i128,
     },
+    /// A string, list or map that must not be empty is empty.
     EmptyField {
+        /// The wire key, or `layer memory descriptors`.
         field: &'static str,
     },
+    /// A string over [`MAX_STR_BYTES`] or a blob over [`MAX_BLOB_BYTES`].
     TooLong {
+        /// The wire key, or `layer memory descriptors` for a descriptor blob.
         field: &'static str,
+        /// Its length in bytes.
         len: usize,
+        /// The limit that applies.
         max: usize,
     },
+    /// A list or map with more entries than its limit ([`MAX_BLOCK_IDS`], [`MAX_REGIONS`],
+    /// [`MAX_LAYERS`] or [`MAX_DESCS_PER_LAYER`]).
     TooMany {
+        /// The wire key, or `layer memory descriptors`.
         field: &'static str,
+        /// Entries received.
         len: usize,
+        /// The limit that applies.
         max: usize,
     },
     /// A group of keys that comes all together or not at all came in part.
     PartialGroup {
+        /// The group: `sender` (release) or `rank` (handshake metadata).
         group: &'static str,
+        /// The first key of the group, in wire order, that is missing.
         missing: &'static str,
     },
     /// A TP rank not below the TP size it belongs to.
     RankOutOfGroup {
+        /// The key holding the rank: `sender_tp_rank` or `tp_rank`.
         field: &'static str,
+        /// The TP rank received.
         rank: u16,
+        /// The TP size it should lie below: `consumer_tp_size` or `tp_size`.
         size: u16,
     },
 }
