@@ -134,6 +134,15 @@ pub enum ProxyError {
     UnknownRequest(RequestId),
     /// A prefill answer for a request that is not waiting for one (duplicate answer).
     NotPrefilling(RequestId),
+    /// Prefill answered with another transfer id than the one the proxy minted for the request.
+    TransferIdMismatch {
+        /// The request.
+        request: RequestId,
+        /// The id the proxy minted.
+        minted: TransferId,
+        /// The id prefill answered with.
+        answered: String,
+    },
     /// [`MAX_PROXY_IN_FLIGHT`] requests are in flight already; the new one is refused.
     TooManyInFlight {
         /// The limit that was reached.
@@ -146,6 +155,12 @@ impl fmt::Display for ProxyError {
         match self {
             ProxyError::UnknownRequest(id) => write!(f, "{id} is not known to the proxy"),
             ProxyError::NotPrefilling(id) => write!(f, "{id} is not waiting for its prefill answer"),
+            ProxyError::TransferIdMismatch { request, minted, answered } => {
+                write!(
+                    f,
+                    "{request}: prefill answered transfer id {answered:?} but the proxy minted {minted}"
+                )
+            }
             ProxyError::TooManyInFlight { limit } => write!(f, "more than {limit} requests in flight"),
         }
     }
@@ -214,6 +229,15 @@ impl Proxy {
         if request.phase != Phase::Prefilling {
             return Err(ProxyError::NotPrefilling(id));
         }
+        if let Some(answered) = &answer.transfer_id {
+            if *answered != request.transfer_id.0 {
+                return Err(ProxyError::TransferIdMismatch {
+                    request: id,
+                    minted: request.transfer_id.clone(),
+                    answered: answered.clone(),
+                });
+            }
+        }
         request.phase = Phase::Decoding;
         let prefill_layout = self.prefill[usize::from(request.prefill.engine.index)];
         let params = KvTransferParams {
@@ -224,6 +248,8 @@ impl Proxy {
             // One TP size field, the explicit one: a reader that looks only at `tp_size`
             // (Legacy::TpSizeKey) then falls back to 1, exactly as the historical pair did.
             tp_size: None,
+            // The id the proxy minted, whether or not prefill echoed it.
+            transfer_id: Some(request.transfer_id.0.clone()),
             ..answer
         };
         Ok(ProxyAction::SendDecode { request: id, slot: request.decode, params })
@@ -329,7 +355,11 @@ mod tests {
         assert_eq!((params.remote_dp_rank, params.remote_tp_size), (Some(0), Some(1)));
         assert_eq!(params.remote_block_ids, [4, 5]);
         assert!(params.do_remote_prefill);
+        assert_eq!(params.transfer_id.as_deref(), Some("tx-00000000-0000-0000-0000-000000000007"));
         assert_eq!(proxy.handle_prefill_response(id, answer.clone()), Err(ProxyError::NotPrefilling(id)));
+        let wrong = KvTransferParams { transfer_id: Some("tx-other".into()), ..Default::default() };
+        let err = proxy.handle_prefill_response(id2, wrong).unwrap_err();
+        assert!(err.to_string().contains("answered transfer id \"tx-other\""), "{err}");
         assert_eq!(
             proxy.handle_prefill_response(RequestId(99), answer),
             Err(ProxyError::UnknownRequest(RequestId(99)))

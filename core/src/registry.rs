@@ -2,7 +2,7 @@
 //!
 //! In MoRIIO each engine announces its role, HTTP address, host, handshake and notify ports, DP
 //! and TP sizes and transfer mode; the proxy rejects an engine whose transfer mode differs from
-//! its own (a READ-mode decode paired with a WRITE-mode prefill would wait forever for writes).
+//! its own (a WRITE-mode decode paired with a READ-mode prefill would wait forever for writes).
 //! The registry turns accepted registrations into the `Deployment` and `AddressBook` the rest of
 //! the core uses.
 
@@ -12,7 +12,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::ids::{EngineId, Role};
 use crate::ports::{AddressBook, EngineAddress};
-use crate::topology::{Deployment, Layout, ModelSpec, MAX_ENGINES_PER_ROLE, MAX_PARALLEL_SIZE};
+use crate::topology::{
+    Deployment, Layout, ModelSpec, MAX_ENGINES_PER_ROLE, MAX_PARALLEL_SIZE, MAX_RANKS_PER_ROLE,
+};
 
 /// How KV moves: decode pulls with RDMA READ (pdkv's mode), or prefill pushes with WRITE.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -94,6 +96,13 @@ pub enum RegistrationError {
         /// The role that is full.
         role: Role,
     },
+    /// The side would have more than [`MAX_RANKS_PER_ROLE`] GPUs.
+    TooManyRanks {
+        /// The side.
+        role: Role,
+        /// GPUs it would have.
+        ranks: u32,
+    },
 }
 
 impl fmt::Display for RegistrationError {
@@ -109,6 +118,9 @@ impl fmt::Display for RegistrationError {
             }
             RegistrationError::Duplicate { http_address } => {
                 write!(f, "engine {http_address} is registered already")
+            }
+            RegistrationError::TooManyRanks { role, ranks } => {
+                write!(f, "{role:?} side would have {ranks} GPUs, more than {MAX_RANKS_PER_ROLE}")
             }
             RegistrationError::TooManyEngines { role } => {
                 write!(f, "more than {MAX_ENGINES_PER_ROLE} {role:?} engines")
@@ -179,7 +191,15 @@ impl Registry {
         if side.len() >= usize::from(MAX_ENGINES_PER_ROLE) {
             return Err(RegistrationError::TooManyEngines { role: reg.role });
         }
-        let layout = Layout::new(dp, tp, reg.ep);
+        let layout = Layout::new(dp, tp, reg.ep && dp * tp > 1);
+        let ranks: u32 = side.iter().map(|(_, l, _)| l.ranks()).sum::<u32>() + layout.ranks();
+        if ranks > MAX_RANKS_PER_ROLE {
+            return Err(RegistrationError::TooManyRanks { role: reg.role, ranks });
+        }
+        // The last rank's listeners must fit in 16 bits, or dials would be unaddressable.
+        let last = i64::from(layout.ranks()) - 1;
+        ranged(&reg, "handshake_port", reg.handshake_port + last, 1, 65535)?;
+        ranged(&reg, "notify_port", reg.notify_port + last, 1, 65535)?;
         let address = EngineAddress {
             host: reg.host.clone(),
             handshake_port_base: handshake,
@@ -286,6 +306,9 @@ mod tests {
         let mut bad_port = reg(Role::Prefill, "p:1", 1, 8, TransferMode::Read);
         bad_port.notify_port = 70000;
         check(bad_port, out("notify_port", 70000, 1, 65535), "notify_port = 70000");
+        let mut high = reg(Role::Prefill, "p:1", 1, 8, TransferMode::Read);
+        high.notify_port = 65530;
+        check(high, out("notify_port", 65537, 1, 65535), "notify_port = 65537");
         check(
             reg(Role::Prefill, "taken:1", 1, 8, TransferMode::Read),
             RegistrationError::Duplicate { http_address: "taken:1".into() },

@@ -123,7 +123,8 @@ impl ModelSpec {
         if self.use_mla {
             return self.kv_heads;
         }
-        (self.kv_heads / tp.max(1)).max(1)
+        // Rounded up: with heads that do not divide evenly the largest rank's share counts.
+        self.kv_heads.div_ceil(tp.max(1)).max(1)
     }
 
     /// KV bytes of one token in one layer on one rank of a TP group of size `tp`.
