@@ -153,23 +153,7 @@ impl AddressBook {
 
     /// MoRIIO's engine id: `"<host>:<handshake port base>"`.
     pub fn engine_id(&self, engine: EngineId) -> String {
-        let address = self.engine(engine);
-        format!("{}:{}", address.host, address.handshake_port_base)
-    }
-
-    fn base(&self, engine: EngineId, kind: ListenerKind) -> u16 {
-        let address = self.engine(engine);
-        match kind {
-            ListenerKind::Handshake => address.handshake_port_base,
-            ListenerKind::Notify => address.notify_port_base,
-        }
-    }
-
-    fn endpoint(&self, rank: RankId, kind: ListenerKind, offset: u32) -> Result<Endpoint, PortError> {
-        let base = self.base(rank.engine, kind);
-        let port =
-            u16::try_from(u32::from(base) + offset).map_err(|_| PortError { rank, kind, base, offset })?;
-        Ok(Endpoint { host: self.engine(rank.engine).host.clone(), port })
+        self.engine(engine).engine_id()
     }
 
     /// Where `rank` binds its listener of `kind`: `base + dp * tp_size + tp`, or `base + dp + tp`
@@ -181,8 +165,7 @@ impl AddressBook {
         kind: ListenerKind,
         legacy: &LegacyOptions,
     ) -> Result<Endpoint, PortError> {
-        let layout = deployment.layout(rank.engine);
-        self.endpoint(rank, kind, listener_offset(layout, rank.dp, rank.tp, legacy))
+        self.engine(rank.engine).listen(deployment.layout(rank.engine), rank, kind, legacy)
     }
 
     /// Where a peer dials to reach `rank`'s listener of `kind`: always `base + dp * tp_size + tp`,
@@ -193,13 +176,51 @@ impl AddressBook {
         rank: RankId,
         kind: ListenerKind,
     ) -> Result<Endpoint, PortError> {
-        let layout = deployment.layout(rank.engine);
-        self.endpoint(rank, kind, port_offset(layout, rank.dp, rank.tp))
+        self.engine(rank.engine).dial(deployment.layout(rank.engine), rank, kind)
     }
 
     /// Session key of a remote rank: `<engine id>_dp<d>_tp<t>`, or the legacy `<engine id>_dp<d>`.
     pub fn session_key(&self, rank: RankId, legacy: &LegacyOptions) -> SessionKey {
-        let engine = self.engine_id(rank.engine);
+        self.engine(rank.engine).session_key(rank, legacy)
+    }
+}
+
+impl EngineAddress {
+    /// MoRIIO's engine id: `"<host>:<handshake port base>"`.
+    pub fn engine_id(&self) -> String {
+        format!("{}:{}", self.host, self.handshake_port_base)
+    }
+
+    fn endpoint(&self, rank: RankId, kind: ListenerKind, offset: u32) -> Result<Endpoint, PortError> {
+        let base = match kind {
+            ListenerKind::Handshake => self.handshake_port_base,
+            ListenerKind::Notify => self.notify_port_base,
+        };
+        let port =
+            u16::try_from(u32::from(base) + offset).map_err(|_| PortError { rank, kind, base, offset })?;
+        Ok(Endpoint { host: self.host.clone(), port })
+    }
+
+    /// Where `rank` (of this engine, whose layout is `layout`) binds its listener of `kind`.
+    pub fn listen(
+        &self,
+        layout: Layout,
+        rank: RankId,
+        kind: ListenerKind,
+        legacy: &LegacyOptions,
+    ) -> Result<Endpoint, PortError> {
+        self.endpoint(rank, kind, listener_offset(layout, rank.dp, rank.tp, legacy))
+    }
+
+    /// Where a peer dials `rank`'s listener of `kind` (always the fixed offset).
+    pub fn dial(&self, layout: Layout, rank: RankId, kind: ListenerKind) -> Result<Endpoint, PortError> {
+        self.endpoint(rank, kind, port_offset(layout, rank.dp, rank.tp))
+    }
+
+    /// Session key of `rank` of this engine: `<engine id>_dp<d>_tp<t>`, or the legacy
+    /// `<engine id>_dp<d>` under [`Legacy::SessionKeyWithoutTp`].
+    pub fn session_key(&self, rank: RankId, legacy: &LegacyOptions) -> SessionKey {
+        let engine = self.engine_id();
         if legacy.has(Legacy::SessionKeyWithoutTp) {
             SessionKey(format!("{engine}_dp{}", rank.dp))
         } else {
@@ -231,11 +252,22 @@ impl ReadTarget {
         source: RankId,
         legacy: &LegacyOptions,
     ) -> Result<ReadTarget, PortError> {
+        ReadTarget::for_engine(book.engine(source.engine), deployment.layout(source.engine), source, legacy)
+    }
+
+    /// The same derivation from the source engine's address and layout alone, as a decode
+    /// worker knows them from a request's parameters.
+    pub fn for_engine(
+        address: &EngineAddress,
+        layout: Layout,
+        source: RankId,
+        legacy: &LegacyOptions,
+    ) -> Result<ReadTarget, PortError> {
         Ok(ReadTarget {
             source,
-            session: book.session_key(source, legacy),
-            handshake: book.dial_endpoint(deployment, source, ListenerKind::Handshake)?,
-            notify: book.dial_endpoint(deployment, source, ListenerKind::Notify)?,
+            session: address.session_key(source, legacy),
+            handshake: address.dial(layout, source, ListenerKind::Handshake)?,
+            notify: address.dial(layout, source, ListenerKind::Notify)?,
         })
     }
 }
