@@ -33,14 +33,19 @@ pub struct RoutesArgs {
     /// Rounds of the proxy; a round is one request per (prefill slot, decode DP rank) pair.
     #[arg(long, value_name = "R", default_value_t = 16)]
     rounds: u32,
-    /// Switch on a historical bug (repeatable). One of: read-from-dp0,
-    /// listener-offset-dp-plus-tp, session-key-without-tp, proxy-aliasing,
-    /// drop-early-releases, dedup-releases, no-zero-quorum, tp-size-key.
-    #[arg(long = "legacy", value_name = "NAME")]
+    /// Switch on a historical bug (repeatable); docs/legacy.md says what each one breaks.
+    #[arg(long = "legacy", value_name = "NAME", value_parser = legacy_parser())]
     legacy: Vec<Legacy>,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
+}
+
+/// Accepts exactly the names of [`Legacy::ALL`], so `--help` and errors list them.
+pub fn legacy_parser() -> impl clap::builder::TypedValueParser<Value = Legacy> {
+    use clap::builder::TypedValueParser as _;
+    clap::builder::PossibleValuesParser::new(Legacy::ALL.map(Legacy::name))
+        .map(|name| name.parse::<Legacy>().expect("possible values are legacy names"))
 }
 
 pub fn run(args: &RoutesArgs) -> ExitCode {

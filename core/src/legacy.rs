@@ -32,11 +32,22 @@ pub enum Legacy {
     /// Decode reads only the `tp_size` key of `kv_transfer_params` (default 1) and ignores the
     /// `remote_tp_size` the proxy wrote, collapsing every read onto TP rank 0.
     TpSizeKey,
+    /// Decode handshakes on the read path, blocking one worker through every DP rank of the
+    /// remote engine while its TP peers enter the forward collective.
+    LazyHandshake,
+    /// A handshake dial waits forever for its reply (no socket timeout).
+    NoHandshakeTimeout,
+    /// The release goes to a rank recomputed without the owner DP rank or the flexible pick,
+    /// so one rank is read and another is notified.
+    NotifyOtherRank,
+    /// The deferred-free reaper frees blocks without first revoking remote access, so a read
+    /// still in flight reads memory another request now uses.
+    ReaperIgnoresReads,
 }
 
 impl Legacy {
     /// Every legacy option once, in declaration order (the order [`LegacyOptions::iter`] yields).
-    pub const ALL: [Legacy; 8] = [
+    pub const ALL: [Legacy; 12] = [
         Legacy::ReadFromDp0,
         Legacy::ListenerOffsetDpPlusTp,
         Legacy::SessionKeyWithoutTp,
@@ -45,6 +56,10 @@ impl Legacy {
         Legacy::DedupReleases,
         Legacy::NoZeroQuorum,
         Legacy::TpSizeKey,
+        Legacy::LazyHandshake,
+        Legacy::NoHandshakeTimeout,
+        Legacy::NotifyOtherRank,
+        Legacy::ReaperIgnoresReads,
     ];
 
     /// The kebab-case name used on the command line and in scenario files.
@@ -58,6 +73,10 @@ impl Legacy {
             Legacy::DedupReleases => "dedup-releases",
             Legacy::NoZeroQuorum => "no-zero-quorum",
             Legacy::TpSizeKey => "tp-size-key",
+            Legacy::LazyHandshake => "lazy-handshake",
+            Legacy::NoHandshakeTimeout => "no-handshake-timeout",
+            Legacy::NotifyOtherRank => "notify-other-rank",
+            Legacy::ReaperIgnoresReads => "reaper-ignores-reads",
         }
     }
 
@@ -95,6 +114,21 @@ impl Legacy {
             Legacy::TpSizeKey => {
                 "decode reads kv_transfer_params[tp_size] (default 1) instead of remote_tp_size; \
                  every decode rank reads prefill TP rank 0"
+            }
+            Legacy::LazyHandshake => {
+                "decode handshakes on the read path, one DP rank at a time; a lost reply blocks \
+                 one worker while its TP peers wait in the forward collective until it times out"
+            }
+            Legacy::NoHandshakeTimeout => {
+                "a handshake dial waits forever for its reply; one lost message hangs the worker"
+            }
+            Legacy::NotifyOtherRank => {
+                "the release is addressed to DP 0 and the fixed-mapping TP rank instead of the \
+                 rank read; the read rank's blocks wait for the reaper"
+            }
+            Legacy::ReaperIgnoresReads => {
+                "the reaper frees blocks without revoking remote access; a late read returns \
+                 another request's KV silently"
             }
         }
     }

@@ -6,15 +6,20 @@
 
 #![deny(missing_docs)]
 
+pub mod decode;
+pub mod handshake;
 pub mod ids;
 pub mod legacy;
 pub mod params;
 pub mod ports;
+pub mod prefill;
 pub mod proxy;
 pub mod registry;
 pub mod release;
 pub mod routes;
 pub mod routing;
+#[cfg(test)]
+mod scripted;
 pub mod time;
 pub mod topology;
 pub mod wire;

@@ -56,7 +56,7 @@ fn exit_codes_and_messages_table() {
     check(&["routes", "2P_XP8:1D_TP8"], 2, "bad token \"XP8\" at column 4");
     check(&["routes", "2P_XP8:1D_TP8", "--json"], 2, "\"error\"");
     check(&["routes", "1P_TP4:1D_TP6"], 2, "multiple");
-    check(&["routes", "1P_TP8:1D_TP8", "--legacy", "read-from-dp1"], 2, "unknown legacy option");
+    check(&["routes", "1P_TP8:1D_TP8", "--legacy", "read-from-dp1"], 2, "possible values: read-from-dp0");
     check(&["routes", "1P_TP8:1D_TP8", "--mla", "--kv-heads", "8"], 2, "cannot be used with");
     check(&["routes", "1P_TP8:1D_TP8", "--rounds", "0"], 2, "rounds must be in 1..=");
     check(

@@ -1,0 +1,977 @@
+//! The decode worker node: one per decode rank; receives KV for the requests of each step.
+//!
+//! # How a driver calls it
+//!
+//! 1. Create one [`DecodeWorker`] per decode rank with its [`DecodeConfig`].
+//! 2. At the start of every scheduler step, before the forward pass, call
+//!    [`DecodeWorker::handle`] with [`DecodeEvent::StepBegin`] carrying the requests of the step
+//!    whose KV lives on a prefill engine. Every worker of a TP group gets the same step number
+//!    and the same requests.
+//! 3. Carry out the returned [`DecodeAction`]s: dial handshakes, post reads, send releases,
+//!    cast the step's vote into the group's MIN collective, and report step and request results
+//!    to the scheduler.
+//! 4. Feed back what happens as events: handshake reply parts or failures (keyed by the
+//!    session key of the dial), the group's vote result, read completions, and
+//!    [`DecodeEvent::Tick`] whenever the time returned by [`DecodeWorker::poll_timeout`] has
+//!    come. Call `poll_timeout` again after every `handle`.
+//! 5. A step ends for this worker with exactly one [`DecodeAction::StepReady`] or
+//!    [`DecodeAction::StepFailed`]; only then may the driver enter the forward collective, and
+//!    only then may it begin the next step.
+//!
+//! # Handshake modes
+//!
+//! Eager (default): at step begin the worker dials every session the step needs that is not
+//! complete, then votes ok or fail; the group's MIN decides, and on failure every worker reports
+//! the same [`StepError::GroupHandshakeFailed`] for the step. Requests stay queued and the next
+//! step redials. Lazy ([`Legacy::LazyHandshake`]): the worker blocks on the read path,
+//! handshaking every DP rank of the remote engine one at a time; it reports the step only when
+//! they are all done, while peers that needed no handshake report ready at once — the
+//! divergence that leaves a TP collective waiting for its 600 s timeout.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fmt;
+
+use crate::handshake::{
+    self, HandshakeError, HandshakeEvent, HandshakeOutput, HandshakeParams, HandshakeState,
+};
+use crate::ids::{EngineId, RankId, RequestId, TransferId};
+use crate::legacy::{Legacy, LegacyOptions};
+use crate::params::{KvTransferParams, ParamsError};
+use crate::ports::{Endpoint, EngineAddress, ListenerKind, PortError, ReadTarget, SessionKey};
+use crate::release::{Release, ReleaseSender};
+use crate::routing::{self, ReadRouter, RoutingError};
+use crate::time::{earliest, Instant, NS_PER_MS, NS_PER_S};
+use crate::topology::{Layout, ModelSpec};
+use crate::wire::{HandshakeMetadata, LayerMemoryDesc};
+
+/// Requests one worker holds at once; a step that would exceed it fails those requests.
+pub const MAX_WORKER_REQUESTS: usize = 65_536;
+/// Remote sessions one worker keeps.
+pub const MAX_WORKER_SESSIONS: usize = 4096;
+
+/// Whether a request's KV is read one layer at a time or all at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadGranularity {
+    /// One read per layer (MoRIIO's batching: reads overlap with the layers' compute).
+    PerLayer,
+    /// One read covering every layer.
+    PerRequest,
+}
+
+/// Fixed facts and knobs of one decode worker.
+#[derive(Clone, Debug)]
+pub struct DecodeConfig {
+    /// This worker's rank.
+    pub rank: RankId,
+    /// Its engine's layout (the TP size is the world size W of the routing rules).
+    pub layout: Layout,
+    /// The served model.
+    pub model: ModelSpec,
+    /// Legacy options in force.
+    pub legacy: LegacyOptions,
+    /// This worker's MoRIIO engine id, sent as the sender of its releases.
+    pub engine_id: String,
+    /// Deadline of one handshake dial (10 s by default).
+    pub handshake_timeout_ns: u64,
+    /// How long a request may wait for its KV, from arrival to the last read (30 s default).
+    pub transfer_timeout_ns: u64,
+    /// First retry delay after a send-queue-full completion (1 ms); doubles each retry.
+    pub backoff_initial_ns: u64,
+    /// Largest retry delay (50 ms).
+    pub backoff_cap_ns: u64,
+    /// Per layer (default) or per request.
+    pub granularity: ReadGranularity,
+}
+
+impl DecodeConfig {
+    /// A worker with MoRIIO's defaults.
+    pub fn new(
+        rank: RankId,
+        layout: Layout,
+        model: ModelSpec,
+        legacy: LegacyOptions,
+        engine_id: String,
+    ) -> Self {
+        DecodeConfig {
+            rank,
+            layout,
+            model,
+            legacy,
+            engine_id,
+            handshake_timeout_ns: 10 * NS_PER_S,
+            transfer_timeout_ns: 30 * NS_PER_S,
+            backoff_initial_ns: NS_PER_MS,
+            backoff_cap_ns: 50 * NS_PER_MS,
+            granularity: ReadGranularity::PerLayer,
+        }
+    }
+}
+
+/// A request whose KV this worker must read, as the scheduler hands it over.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecvRequest {
+    /// The proxy's request number.
+    pub request: RequestId,
+    /// The prefill engine that holds the KV (the driver maps `remote_engine_id` to it).
+    pub prefill_engine: EngineId,
+    /// Where that engine's ranks listen (from `remote_host` and the port bases).
+    pub prefill_address: EngineAddress,
+    /// The request's `kv_transfer_params` as the proxy forwarded them.
+    pub params: KvTransferParams,
+    /// Decode-side blocks the KV lands in, one per remote block.
+    pub local_block_ids: Vec<u32>,
+}
+
+/// An input to the decode worker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DecodeEvent {
+    /// A scheduler step begins, before its forward pass.
+    StepBegin {
+        /// Step number, increasing, identical across the TP group.
+        step: u64,
+        /// Requests of this step that need remote KV (new ones; queued ones are kept).
+        requests: Vec<RecvRequest>,
+    },
+    /// The first handshake reply frame from the rank dialled under `session`.
+    HandshakeMetadata {
+        /// The session key of the dial.
+        session: SessionKey,
+        /// The metadata.
+        metadata: HandshakeMetadata,
+    },
+    /// The second handshake reply frame.
+    HandshakeDescriptors {
+        /// The session key of the dial.
+        session: SessionKey,
+        /// Memory descriptors per layer.
+        layers: Vec<LayerMemoryDesc>,
+    },
+    /// The transport could not reach the remote handshake listener.
+    HandshakeFailed {
+        /// The session key of the dial.
+        session: SessionKey,
+        /// What the transport said.
+        reason: String,
+    },
+    /// The MIN over the TP group's votes for `step` (eager mode).
+    VoteResult {
+        /// The step voted on.
+        step: u64,
+        /// True when every worker voted ok.
+        ok: bool,
+    },
+    /// A posted read finished.
+    ReadDone {
+        /// The request read.
+        request: RequestId,
+        /// The layer, for per-layer reads.
+        layer: Option<u16>,
+        /// How it ended.
+        outcome: ReadOutcome,
+    },
+    /// The time from [`DecodeWorker::poll_timeout`] has come.
+    Tick,
+}
+
+/// How a read ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReadOutcome {
+    /// Every byte arrived.
+    Ok,
+    /// The read failed (remote access error, peer gone); the KV is lost.
+    Failed(String),
+    /// The send queue was full; the read was not posted and may be retried.
+    SendQueueFull,
+}
+
+/// One read to post: where from, which blocks, how many bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadOp {
+    /// The request read.
+    pub request: RequestId,
+    /// Its transfer id.
+    pub transfer_id: TransferId,
+    /// The prefill rank read (the chosen source).
+    pub source: RankId,
+    /// The session whose memory descriptors the read uses.
+    pub session: SessionKey,
+    /// The layer for a per-layer read, `None` for a read of every layer.
+    pub layer: Option<u16>,
+    /// Remote base address of every layer this read covers, in layer order.
+    pub remote_bases: Vec<u64>,
+    /// Bytes per block in the remote region.
+    pub block_len: u64,
+    /// Remote (prefill) block ids.
+    pub remote_block_ids: Vec<u32>,
+    /// Local (decode) block ids, one per remote block.
+    pub local_block_ids: Vec<u32>,
+}
+
+impl ReadOp {
+    /// Total bytes the read moves.
+    pub fn bytes(&self) -> u64 {
+        self.remote_bases.len() as u64 * self.remote_block_ids.len() as u64 * self.block_len
+    }
+
+    /// Remote byte ranges `(address, length)`, contiguous blocks merged, layer by layer.
+    pub fn remote_ranges(&self) -> Vec<(u64, u64)> {
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        for &base in &self.remote_bases {
+            let mut run: Option<(u64, u64)> = None;
+            for &block in &self.remote_block_ids {
+                let addr = base + u64::from(block) * self.block_len;
+                run = match run {
+                    Some((start, len)) if start + len == addr => Some((start, len + self.block_len)),
+                    Some(done) => {
+                        out.push(done);
+                        Some((addr, self.block_len))
+                    }
+                    None => Some((addr, self.block_len)),
+                };
+            }
+            out.extend(run);
+        }
+        out
+    }
+}
+
+/// Why a whole step failed on this worker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StepError {
+    /// Eager mode: some worker of the group could not complete a handshake; every worker of
+    /// the group reports exactly this value for the step.
+    GroupHandshakeFailed {
+        /// The step.
+        step: u64,
+    },
+    /// Lazy mode: this worker's own blocking handshake failed (its peers may be in the
+    /// forward collective already).
+    Handshake {
+        /// The session that failed.
+        session: SessionKey,
+        /// Why.
+        error: HandshakeError,
+    },
+}
+
+impl fmt::Display for StepError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StepError::GroupHandshakeFailed { step } => {
+                write!(f, "step {step}: a KV handshake failed on some worker of the TP group")
+            }
+            StepError::Handshake { session, error } => write!(f, "handshake with {session}: {error}"),
+        }
+    }
+}
+
+/// Why one request's KV could not be received.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RecvError {
+    /// Its `kv_transfer_params` are unusable.
+    Params(ParamsError),
+    /// The routing rules reject the pair.
+    Routing(RoutingError),
+    /// The source rank's port does not fit in 16 bits.
+    Port(PortError),
+    /// `transfer_id` is missing from the parameters.
+    MissingTransferId,
+    /// Remote and local block lists differ in length.
+    BlockCountMismatch {
+        /// Remote block ids.
+        remote: usize,
+        /// Local block ids.
+        local: usize,
+    },
+    /// A remote block id is beyond the source rank's pool (e.g. reading another DP rank's ids).
+    BlockOutOfRange {
+        /// The block id.
+        block: u32,
+        /// Blocks the source rank has.
+        num_blocks: u32,
+    },
+    /// The session metadata has no memory region at all.
+    NoRegions,
+    /// A read failed.
+    ReadFailed(String),
+    /// The KV did not arrive within `transfer_timeout`.
+    Timeout {
+        /// How long the request waited, in nanoseconds.
+        waited_ns: u64,
+    },
+    /// The worker holds [`MAX_WORKER_REQUESTS`] already.
+    TooManyRequests,
+}
+
+impl fmt::Display for RecvError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RecvError::Params(e) => write!(f, "{e}"),
+            RecvError::Routing(e) => write!(f, "{e}"),
+            RecvError::Port(e) => write!(f, "{e}"),
+            RecvError::MissingTransferId => write!(f, "kv_transfer_params lacks transfer_id"),
+            RecvError::BlockCountMismatch { remote, local } => {
+                write!(f, "{remote} remote blocks but {local} local blocks")
+            }
+            RecvError::BlockOutOfRange { block, num_blocks } => {
+                write!(f, "remote block {block} is beyond the source's {num_blocks} blocks")
+            }
+            RecvError::NoRegions => write!(f, "the source announced no memory region"),
+            RecvError::ReadFailed(reason) => write!(f, "read failed: {reason}"),
+            RecvError::Timeout { waited_ns } => {
+                write!(f, "KV not received within {} ms", waited_ns / NS_PER_MS)
+            }
+            RecvError::TooManyRequests => write!(f, "more than {MAX_WORKER_REQUESTS} requests queued"),
+        }
+    }
+}
+
+impl std::error::Error for RecvError {}
+
+/// What the worker asks its driver to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DecodeAction {
+    /// Send the handshake request to `endpoint`; deliver the reply parts tagged `session`.
+    DialHandshake {
+        /// The session key the reply must be delivered under.
+        session: SessionKey,
+        /// The remote rank dialled.
+        rank: RankId,
+        /// Its handshake listener.
+        endpoint: Endpoint,
+    },
+    /// Post one read.
+    PostRead(ReadOp),
+    /// Send a release to a prefill rank's notify listener.
+    SendRelease {
+        /// The rank the release is meant for.
+        rank: RankId,
+        /// Its notify listener.
+        endpoint: Endpoint,
+        /// The message.
+        release: Release,
+    },
+    /// Contribute to the TP group's MIN vote for `step`.
+    CastVote {
+        /// The step.
+        step: u64,
+        /// Whether this worker's handshakes all completed.
+        ok: bool,
+    },
+    /// This worker may enter the forward pass of `step`.
+    StepReady {
+        /// The step.
+        step: u64,
+    },
+    /// The step failed on this worker with this error.
+    StepFailed {
+        /// The step.
+        step: u64,
+        /// Why.
+        error: StepError,
+    },
+    /// All of a request's KV arrived.
+    RequestReceived {
+        /// The request.
+        request: RequestId,
+    },
+    /// A request's KV cannot be received; its local blocks are invalid (recompute).
+    RequestFailed {
+        /// The request.
+        request: RequestId,
+        /// Why.
+        error: RecvError,
+    },
+    /// The local blocks of a failed request hold no valid KV.
+    InvalidateBlocks {
+        /// The request.
+        request: RequestId,
+        /// Its local blocks.
+        block_ids: Vec<u32>,
+    },
+}
+
+/// A session the worker knows: its handshake machine and where it points.
+#[derive(Clone, Debug)]
+struct SessionEntry {
+    rank: RankId,
+    endpoint: Endpoint,
+    params: HandshakeParams,
+    state: HandshakeState,
+}
+
+/// Where one request is.
+#[derive(Clone, Debug)]
+enum RecvPhase {
+    /// Waiting for its session (and, in eager mode, the step's vote).
+    AwaitingSession,
+    /// Reads posted; `outstanding` lists the layers (or `None`) not done yet.
+    Reading { outstanding: BTreeSet<Option<u16>>, retries: BTreeMap<Option<u16>, Retry> },
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Retry {
+    attempts: u32,
+    due: Option<Instant>,
+}
+
+#[derive(Clone, Debug)]
+struct Recv {
+    transfer_id: TransferId,
+    target: ReadTarget,
+    notify_rank: RankId,
+    notify: Endpoint,
+    remote_block_ids: Vec<u32>,
+    local_block_ids: Vec<u32>,
+    /// The prefill layout the parameters announced, and where that engine listens.
+    remote: Layout,
+    address: EngineAddress,
+    deadline: Instant,
+    arrived: Instant,
+    phase: RecvPhase,
+}
+
+/// What the worker is doing for the current step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum StepState {
+    /// No step in progress (the last one was reported).
+    Idle,
+    /// Eager: waiting for these sessions before voting.
+    Handshaking { step: u64, waiting: BTreeSet<SessionKey> },
+    /// Eager: vote cast, waiting for the group's result.
+    Voting { step: u64 },
+    /// Lazy: blocked in handshakes, dialling `queue` one at a time; `current` is in flight.
+    Blocked { step: u64, current: SessionKey, queue: VecDeque<SessionKey> },
+}
+
+/// The decode worker node. See the module documentation for the calling order.
+#[derive(Clone, Debug)]
+pub struct DecodeWorker {
+    config: DecodeConfig,
+    router: ReadRouter,
+    sessions: BTreeMap<SessionKey, SessionEntry>,
+    requests: BTreeMap<RequestId, Recv>,
+    step: StepState,
+    lazy: bool,
+    handshake_timeout_ns: Option<u64>,
+}
+
+impl DecodeWorker {
+    /// A worker with no sessions and no requests.
+    pub fn new(config: DecodeConfig) -> DecodeWorker {
+        let router = ReadRouter::new(config.rank, config.layout, config.model.clone(), config.legacy.clone());
+        let lazy = config.legacy.has(Legacy::LazyHandshake);
+        let handshake_timeout_ns =
+            (!config.legacy.has(Legacy::NoHandshakeTimeout)).then_some(config.handshake_timeout_ns);
+        DecodeWorker {
+            config,
+            router,
+            sessions: BTreeMap::new(),
+            requests: BTreeMap::new(),
+            step: StepState::Idle,
+            lazy,
+            handshake_timeout_ns,
+        }
+    }
+
+    /// This worker's rank.
+    pub fn rank(&self) -> RankId {
+        self.config.rank
+    }
+
+    /// Requests waiting for or receiving KV.
+    pub fn pending_requests(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// True while the worker is blocked in a lazy handshake (it cannot join a collective).
+    pub fn is_blocked(&self) -> bool {
+        matches!(self.step, StepState::Blocked { .. })
+    }
+
+    /// The state of a session, if the worker knows it.
+    pub fn session_state(&self, session: &SessionKey) -> Option<&HandshakeState> {
+        self.sessions.get(session).map(|s| &s.state)
+    }
+
+    /// The earliest time the worker must be ticked, if any timer is armed.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let mut next = None;
+        for entry in self.sessions.values() {
+            next = earliest(next, entry.state.deadline());
+        }
+        for recv in self.requests.values() {
+            next = earliest(next, Some(recv.deadline));
+            if let RecvPhase::Reading { retries, .. } = &recv.phase {
+                for retry in retries.values() {
+                    next = earliest(next, retry.due);
+                }
+            }
+        }
+        next
+    }
+
+    /// Applies one event; actions are appended to `out` in the order they must be carried out.
+    pub fn handle(&mut self, now: Instant, event: DecodeEvent, out: &mut Vec<DecodeAction>) {
+        match event {
+            DecodeEvent::StepBegin { step, requests } => self.on_step_begin(now, step, requests, out),
+            DecodeEvent::HandshakeMetadata { session, metadata } => {
+                self.on_handshake(now, session, HandshakeEvent::Metadata(metadata), out)
+            }
+            DecodeEvent::HandshakeDescriptors { session, layers } => {
+                self.on_handshake(now, session, HandshakeEvent::Descriptors(layers), out)
+            }
+            DecodeEvent::HandshakeFailed { session, reason } => {
+                self.on_handshake(now, session, HandshakeEvent::TransportFailed(reason), out)
+            }
+            DecodeEvent::VoteResult { step, ok } => self.on_vote(now, step, ok, out),
+            DecodeEvent::ReadDone { request, layer, outcome } => {
+                self.on_read_done(now, request, layer, outcome, out)
+            }
+            DecodeEvent::Tick => self.on_tick(now, out),
+        }
+    }
+
+    fn on_step_begin(
+        &mut self,
+        now: Instant,
+        step: u64,
+        requests: Vec<RecvRequest>,
+        out: &mut Vec<DecodeAction>,
+    ) {
+        assert_eq!(
+            self.step,
+            StepState::Idle,
+            "{}: step {step} began before the last step was reported",
+            self.rank()
+        );
+        for request in requests {
+            let id = request.request;
+            if self.requests.contains_key(&id) {
+                continue;
+            }
+            if self.requests.len() >= MAX_WORKER_REQUESTS {
+                self.fail_unrouted(id, &request.local_block_ids, RecvError::TooManyRequests, out);
+                continue;
+            }
+            match self.admit(now, &request) {
+                Ok(recv) => {
+                    self.requests.insert(id, recv);
+                }
+                Err(error) => self.fail_unrouted(id, &request.local_block_ids, error, out),
+            }
+        }
+        // Sessions this step needs that are not complete, in key order.
+        let needed: BTreeSet<SessionKey> = self
+            .requests
+            .values()
+            .filter(|r| matches!(r.phase, RecvPhase::AwaitingSession))
+            .map(|r| r.target.session.clone())
+            .filter(|key| self.sessions.get(key).is_none_or(|s| s.state.session().is_none()))
+            .collect();
+        if self.lazy {
+            self.begin_lazy(now, step, needed, out);
+            return;
+        }
+        let mut waiting = BTreeSet::new();
+        for key in needed {
+            self.dial(now, &key, out);
+            if self.sessions[&key].state.is_waiting() {
+                waiting.insert(key);
+            }
+        }
+        self.step = StepState::Handshaking { step, waiting };
+        self.maybe_vote(out);
+    }
+
+    /// Resolves the source of a new request and derives every address from it.
+    fn admit(&mut self, now: Instant, request: &RecvRequest) -> Result<Recv, RecvError> {
+        let legacy = &self.config.legacy;
+        let params = &request.params;
+        let transfer_id = TransferId(params.transfer_id.clone().ok_or(RecvError::MissingTransferId)?);
+        let remote = params.prefill_layout(legacy).map_err(RecvError::Params)?;
+        let owner = params.owner_dp().map_err(RecvError::Params)?;
+        let remote_block_ids: Vec<u32> = params
+            .remote_block_ids
+            .iter()
+            .map(|&b| {
+                u32::try_from(b).map_err(|_| RecvError::BlockOutOfRange { block: u32::MAX, num_blocks: 0 })
+            })
+            .collect::<Result<_, _>>()?;
+        if remote_block_ids.len() != request.local_block_ids.len() {
+            return Err(RecvError::BlockCountMismatch {
+                remote: remote_block_ids.len(),
+                local: request.local_block_ids.len(),
+            });
+        }
+        let source =
+            self.router.resolve(request.prefill_engine, remote, owner).map_err(RecvError::Routing)?;
+        let address = &request.prefill_address;
+        let target = ReadTarget::for_engine(address, remote, source.rank, legacy).map_err(RecvError::Port)?;
+        let notify_rank = if legacy.has(Legacy::NotifyOtherRank) {
+            // The historical release path recomputed its target without the owner DP rank and
+            // without the flexible pick, so it could notify a rank other than the one read.
+            let tp = routing::fixed_tp_source(self.config.layout.tp, self.config.rank.tp, remote.tp)
+                .map_err(RecvError::Routing)?;
+            RankId::new(source.rank.engine, 0, tp)
+        } else {
+            target.source
+        };
+        let notify = if notify_rank == target.source {
+            target.notify.clone()
+        } else {
+            address.dial(remote, notify_rank, ListenerKind::Notify).map_err(RecvError::Port)?
+        };
+        self.ensure_session(&target, address);
+        Ok(Recv {
+            transfer_id,
+            target,
+            notify_rank,
+            notify,
+            remote_block_ids,
+            local_block_ids: request.local_block_ids.clone(),
+            remote,
+            address: address.clone(),
+            deadline: now.add_ns(self.config.transfer_timeout_ns),
+            arrived: now,
+            phase: RecvPhase::AwaitingSession,
+        })
+    }
+
+    /// A request that failed before it had a source: no release can be addressed; the producer's
+    /// reaper frees its blocks.
+    fn fail_unrouted(
+        &mut self,
+        request: RequestId,
+        blocks: &[u32],
+        error: RecvError,
+        out: &mut Vec<DecodeAction>,
+    ) {
+        out.push(DecodeAction::InvalidateBlocks { request, block_ids: blocks.to_vec() });
+        out.push(DecodeAction::RequestFailed { request, error });
+    }
+
+    /// Dials `key` unless a dial is outstanding or the session is complete.
+    fn dial(&mut self, now: Instant, key: &SessionKey, out: &mut Vec<DecodeAction>) {
+        let Some(entry) = self.sessions.get_mut(key) else { return };
+        let state = std::mem::replace(&mut entry.state, HandshakeState::Idle);
+        let (next, output) = handshake::step(state, HandshakeEvent::Dial, now, &entry.params);
+        entry.state = next;
+        if output == HandshakeOutput::SendRequest {
+            out.push(DecodeAction::DialHandshake {
+                session: key.clone(),
+                rank: entry.rank,
+                endpoint: entry.endpoint.clone(),
+            });
+        }
+    }
+
+    fn begin_lazy(
+        &mut self,
+        now: Instant,
+        step: u64,
+        needed: BTreeSet<SessionKey>,
+        out: &mut Vec<DecodeAction>,
+    ) {
+        // The historical read path handshook every DP rank of each remote engine it had not met,
+        // one after another on one executor, at the TP rank it reads.
+        let mut queue: VecDeque<SessionKey> = VecDeque::new();
+        let engines: BTreeMap<(EngineId, u16), (Layout, EngineAddress)> = self
+            .requests
+            .values()
+            .filter(|r| needed.contains(&r.target.session))
+            .map(|r| ((r.target.source.engine, r.target.source.tp), (r.remote, r.address.clone())))
+            .collect();
+        for ((engine, tp), (remote, address)) in engines {
+            for dp in 0..remote.dp {
+                let rank = RankId::new(engine, dp, tp);
+                let Ok(target) = ReadTarget::for_engine(&address, remote, rank, &self.config.legacy) else {
+                    continue;
+                };
+                self.ensure_session(&target, &address);
+                let key = target.session;
+                if !queue.contains(&key) && self.sessions[&key].state.session().is_none() {
+                    queue.push_back(key);
+                }
+            }
+        }
+        self.advance_lazy(now, step, queue, out);
+    }
+
+    /// Registers the session of `target` if the worker does not know it yet.
+    fn ensure_session(&mut self, target: &ReadTarget, address: &EngineAddress) {
+        if self.sessions.contains_key(&target.session) || self.sessions.len() >= MAX_WORKER_SESSIONS {
+            return;
+        }
+        let entry = SessionEntry {
+            rank: target.source,
+            endpoint: target.handshake.clone(),
+            params: HandshakeParams {
+                expected_engine_id: address.engine_id(),
+                timeout_ns: self.handshake_timeout_ns,
+            },
+            state: HandshakeState::Idle,
+        };
+        self.sessions.insert(target.session.clone(), entry);
+    }
+
+    /// Dials the next queued lazy session, or finishes the blocked step when none is left.
+    fn advance_lazy(
+        &mut self,
+        now: Instant,
+        step: u64,
+        mut queue: VecDeque<SessionKey>,
+        out: &mut Vec<DecodeAction>,
+    ) {
+        while let Some(key) = queue.pop_front() {
+            self.dial(now, &key, out);
+            if self.sessions[&key].state.is_waiting() {
+                self.step = StepState::Blocked { step, current: key, queue };
+                return;
+            }
+        }
+        self.step = StepState::Idle;
+        self.post_ready_reads(now, out);
+        out.push(DecodeAction::StepReady { step });
+    }
+
+    fn on_handshake(
+        &mut self,
+        now: Instant,
+        key: SessionKey,
+        event: HandshakeEvent,
+        out: &mut Vec<DecodeAction>,
+    ) {
+        let Some(entry) = self.sessions.get_mut(&key) else { return };
+        let state = std::mem::replace(&mut entry.state, HandshakeState::Idle);
+        let (next, output) = handshake::step(state, event, now, &entry.params);
+        entry.state = next;
+        self.after_handshake(now, key, output, out);
+    }
+
+    fn after_handshake(
+        &mut self,
+        now: Instant,
+        key: SessionKey,
+        output: HandshakeOutput,
+        out: &mut Vec<DecodeAction>,
+    ) {
+        let resolved = matches!(output, HandshakeOutput::Completed | HandshakeOutput::Failed(_));
+        if !resolved {
+            return;
+        }
+        match &mut self.step {
+            StepState::Handshaking { waiting, .. } => {
+                waiting.remove(&key);
+                self.maybe_vote(out);
+            }
+            StepState::Blocked { step, current, queue } if *current == key => {
+                let (step, queue) = (*step, std::mem::take(queue));
+                if let HandshakeOutput::Failed(error) = output {
+                    self.step = StepState::Idle;
+                    out.push(DecodeAction::StepFailed {
+                        step,
+                        error: StepError::Handshake { session: key, error },
+                    });
+                } else {
+                    self.advance_lazy(now, step, queue, out);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Eager: once no dial of the step is outstanding, vote.
+    fn maybe_vote(&mut self, out: &mut Vec<DecodeAction>) {
+        let StepState::Handshaking { step, waiting } = &self.step else { return };
+        if !waiting.is_empty() {
+            return;
+        }
+        let step = *step;
+        let ok = self
+            .requests
+            .values()
+            .filter(|r| matches!(r.phase, RecvPhase::AwaitingSession))
+            .all(|r| self.sessions.get(&r.target.session).is_some_and(|s| s.state.session().is_some()));
+        self.step = StepState::Voting { step };
+        out.push(DecodeAction::CastVote { step, ok });
+    }
+
+    fn on_vote(&mut self, now: Instant, step: u64, ok: bool, out: &mut Vec<DecodeAction>) {
+        if self.step != (StepState::Voting { step }) {
+            return;
+        }
+        self.step = StepState::Idle;
+        if ok {
+            self.post_ready_reads(now, out);
+            out.push(DecodeAction::StepReady { step });
+        } else {
+            out.push(DecodeAction::StepFailed { step, error: StepError::GroupHandshakeFailed { step } });
+        }
+    }
+
+    /// Posts the reads of every request whose session is complete.
+    fn post_ready_reads(&mut self, now: Instant, out: &mut Vec<DecodeAction>) {
+        let ready: Vec<RequestId> = self
+            .requests
+            .iter()
+            .filter(|(_, r)| matches!(r.phase, RecvPhase::AwaitingSession))
+            .filter(|(_, r)| {
+                self.sessions.get(&r.target.session).is_some_and(|s| s.state.session().is_some())
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ready {
+            match self.read_ops(id) {
+                Ok(ops) => {
+                    let outstanding = ops.iter().map(|op| op.layer).collect();
+                    self.requests.get_mut(&id).expect("listed above").phase =
+                        RecvPhase::Reading { outstanding, retries: BTreeMap::new() };
+                    out.extend(ops.into_iter().map(DecodeAction::PostRead));
+                }
+                Err(error) => self.fail_request(now, id, error, out),
+            }
+        }
+    }
+
+    /// The reads of one request, from its session's metadata.
+    fn read_ops(&self, id: RequestId) -> Result<Vec<ReadOp>, RecvError> {
+        let recv = &self.requests[&id];
+        let session = self.sessions[&recv.target.session].state.session().expect("session complete");
+        let meta = &session.metadata;
+        if meta.kv_caches_base_addr.is_empty() {
+            return Err(RecvError::NoRegions);
+        }
+        if let Some(&block) = recv.remote_block_ids.iter().find(|&&b| b >= meta.num_blocks) {
+            return Err(RecvError::BlockOutOfRange { block, num_blocks: meta.num_blocks });
+        }
+        let op = |layer: Option<u16>, remote_bases: Vec<u64>| ReadOp {
+            request: id,
+            transfer_id: recv.transfer_id.clone(),
+            source: recv.target.source,
+            session: recv.target.session.clone(),
+            layer,
+            remote_bases,
+            block_len: meta.block_len,
+            remote_block_ids: recv.remote_block_ids.clone(),
+            local_block_ids: recv.local_block_ids.clone(),
+        };
+        Ok(match self.config.granularity {
+            ReadGranularity::PerRequest => vec![op(None, meta.kv_caches_base_addr.clone())],
+            ReadGranularity::PerLayer => meta
+                .kv_caches_base_addr
+                .iter()
+                .enumerate()
+                .map(|(layer, &base)| op(Some(layer as u16), vec![base]))
+                .collect(),
+        })
+    }
+
+    fn on_read_done(
+        &mut self,
+        now: Instant,
+        id: RequestId,
+        layer: Option<u16>,
+        outcome: ReadOutcome,
+        out: &mut Vec<DecodeAction>,
+    ) {
+        let Some(recv) = self.requests.get_mut(&id) else { return };
+        let RecvPhase::Reading { outstanding, retries } = &mut recv.phase else { return };
+        if !outstanding.contains(&layer) {
+            return;
+        }
+        match outcome {
+            ReadOutcome::Ok => {
+                outstanding.remove(&layer);
+                retries.remove(&layer);
+                if outstanding.is_empty() {
+                    self.finish_request(id, None, out);
+                }
+            }
+            ReadOutcome::Failed(reason) => self.fail_request(now, id, RecvError::ReadFailed(reason), out),
+            ReadOutcome::SendQueueFull => {
+                let retry = retries.entry(layer).or_insert(Retry { attempts: 0, due: None });
+                let shift = retry.attempts.min(20);
+                let delay = (self.config.backoff_initial_ns << shift).min(self.config.backoff_cap_ns);
+                retry.attempts += 1;
+                let due = now.add_ns(delay);
+                if due > recv.deadline {
+                    let waited_ns = now.since_ns(recv.arrived);
+                    self.fail_request(now, id, RecvError::Timeout { waited_ns }, out);
+                } else {
+                    retry.due = Some(due);
+                }
+            }
+        }
+    }
+
+    fn on_tick(&mut self, now: Instant, out: &mut Vec<DecodeAction>) {
+        let due_sessions: Vec<SessionKey> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.state.deadline().is_some_and(|d| d <= now))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in due_sessions {
+            self.on_handshake(now, key, HandshakeEvent::Tick, out);
+        }
+        let ids: Vec<RequestId> = self.requests.keys().copied().collect();
+        for id in ids {
+            let Some(recv) = self.requests.get_mut(&id) else { continue };
+            if recv.deadline <= now {
+                let waited_ns = now.since_ns(recv.arrived);
+                self.fail_request(now, id, RecvError::Timeout { waited_ns }, out);
+                continue;
+            }
+            let mut repost = Vec::new();
+            if let RecvPhase::Reading { retries, .. } = &mut recv.phase {
+                for (layer, retry) in retries.iter_mut() {
+                    if retry.due.is_some_and(|d| d <= now) {
+                        retry.due = None;
+                        repost.push(*layer);
+                    }
+                }
+            }
+            if !repost.is_empty() {
+                if let Ok(ops) = self.read_ops(id) {
+                    out.extend(
+                        ops.into_iter().filter(|op| repost.contains(&op.layer)).map(DecodeAction::PostRead),
+                    );
+                }
+            }
+        }
+    }
+
+    /// The request's reads all completed: release the source and report it received.
+    fn finish_request(&mut self, id: RequestId, error: Option<RecvError>, out: &mut Vec<DecodeAction>) {
+        let recv = self.requests.remove(&id).expect("caller checked");
+        out.push(DecodeAction::SendRelease {
+            rank: recv.notify_rank,
+            endpoint: recv.notify.clone(),
+            release: Release {
+                transfer_id: recv.transfer_id.clone(),
+                consumer_tp_size: Some(self.config.layout.tp),
+                sender: Some(ReleaseSender {
+                    engine_id: self.config.engine_id.clone(),
+                    dp_rank: self.config.rank.dp,
+                    tp_rank: self.config.rank.tp,
+                }),
+            },
+        });
+        match error {
+            None => out.push(DecodeAction::RequestReceived { request: id }),
+            Some(error) => {
+                out.push(DecodeAction::InvalidateBlocks { request: id, block_ids: recv.local_block_ids });
+                out.push(DecodeAction::RequestFailed { request: id, error });
+            }
+        }
+    }
+
+    /// A request failed after its source was chosen: the producer still gets its release so it
+    /// frees the blocks, and the local blocks are marked invalid.
+    fn fail_request(&mut self, _now: Instant, id: RequestId, error: RecvError, out: &mut Vec<DecodeAction>) {
+        if self.requests.contains_key(&id) {
+            self.finish_request(id, Some(error), out);
+        }
+    }
+}

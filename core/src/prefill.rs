@@ -1,0 +1,677 @@
+//! The prefill side: one worker node per prefill rank and one engine node per prefill engine.
+//!
+//! # How a driver calls them
+//!
+//! 1. Create one [`PrefillWorker`] per rank (with the metadata it answers handshakes with) and
+//!    one [`PrefillEngine`] per engine.
+//! 2. When prefill of a request finishes, give the engine [`EngineEvent::PrefillDone`]. It
+//!    answers with [`EngineAction::Register`] for every TP worker of the request's owner DP
+//!    rank, each with the quorum of releases that worker waits for.
+//! 3. Deliver each `Register` to its worker as [`WorkerEvent::Register`], every decoded release
+//!    from the worker's notify listener as [`WorkerEvent::Release`], and every handshake request
+//!    from its handshake listener as [`WorkerEvent::HandshakeRequest`].
+//! 4. A worker reports [`WorkerAction::Finished`] when its part of a transfer is done; deliver
+//!    that to the engine as [`EngineEvent::WorkerFinished`]. When every worker of the group has
+//!    finished, the engine reports the request finished sending, frees its blocks
+//!    ([`EngineAction::FreeBlocks`]) and retires the transfer on its workers
+//!    ([`EngineAction::Retire`], delivered as [`WorkerEvent::Retired`]).
+//! 5. Tick the engine ([`EngineEvent::Tick`]) when [`PrefillEngine::poll_timeout`] comes: the
+//!    deferred-free reaper frees whatever is still held `defer_timeout` after registration, with a
+//!    warning. By default it first fences the blocks ([`EngineAction::Fence`]: the driver revokes
+//!    remote access, so a late read fails instead of reading reused memory); under
+//!    [`Legacy::ReaperIgnoresReads`] it frees without fencing.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::ids::{EngineId, RankId, RequestId, TransferId};
+use crate::legacy::{Legacy, LegacyOptions};
+use crate::release::{quorum_plan, Quorum, RankLedger, Release, ReleaseOutcome};
+use crate::routing::RoutingError;
+use crate::time::{earliest, Instant, NS_PER_S};
+use crate::topology::{Layout, ModelSpec};
+use crate::wire::{HandshakeMetadata, LayerMemoryDesc};
+
+/// Transfers one engine holds at once; beyond it, new transfers are refused.
+pub const MAX_ENGINE_TRANSFERS: usize = 65_536;
+/// Finished transfers whose records the ledger keeps for queries (counters are kept forever).
+pub const MAX_LEDGER_RECORDS: usize = 1 << 16;
+
+/// An input to a prefill worker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WorkerEvent {
+    /// A peer sent the handshake request; `peer` is the driver's handle to answer it.
+    HandshakeRequest {
+        /// Opaque reply handle (a ZMQ ROUTER identity, a simulator node id).
+        peer: u64,
+    },
+    /// The engine registered a transfer this rank holds blocks of.
+    Register {
+        /// The transfer.
+        transfer_id: TransferId,
+        /// Releases this rank waits for.
+        quorum: Quorum,
+    },
+    /// A release arrived on this rank's notify listener.
+    Release(Release),
+    /// Flexible read: another rank of the group was read and released.
+    GroupDone {
+        /// The transfer.
+        transfer_id: TransferId,
+    },
+    /// The engine freed the transfer's blocks; forget it.
+    Retired {
+        /// The transfer.
+        transfer_id: TransferId,
+    },
+}
+
+/// What a prefill worker asks its driver to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WorkerAction {
+    /// Answer a handshake request with both reply frames.
+    SendHandshakeReply {
+        /// The reply handle from the request.
+        peer: u64,
+        /// First frame.
+        metadata: HandshakeMetadata,
+        /// Second frame.
+        layers: Vec<LayerMemoryDesc>,
+    },
+    /// This rank's part of the transfer is done (deliver to the engine).
+    Finished {
+        /// This rank.
+        rank: RankId,
+        /// The transfer.
+        transfer_id: TransferId,
+    },
+    /// A release or event that changed nothing, with why (for traces and counters).
+    Ignored {
+        /// The transfer it named.
+        transfer_id: TransferId,
+        /// What the ledger did with it.
+        outcome: ReleaseOutcome,
+    },
+    /// The engine sent something inconsistent (a bug in the driver or the engine).
+    Error(String),
+}
+
+/// One prefill rank: answers handshakes and counts releases.
+#[derive(Clone, Debug)]
+pub struct PrefillWorker {
+    rank: RankId,
+    metadata: HandshakeMetadata,
+    layers: Vec<LayerMemoryDesc>,
+    ledger: RankLedger,
+}
+
+impl PrefillWorker {
+    /// A worker that answers handshakes with `metadata` and `layers`.
+    pub fn new(
+        rank: RankId,
+        metadata: HandshakeMetadata,
+        layers: Vec<LayerMemoryDesc>,
+        legacy: &LegacyOptions,
+    ) -> Self {
+        PrefillWorker { rank, metadata, layers, ledger: RankLedger::new(legacy) }
+    }
+
+    /// This worker's rank.
+    pub fn rank(&self) -> RankId {
+        self.rank
+    }
+
+    /// The memory regions this rank registered: base address of each layer's KV region.
+    pub fn regions(&self) -> &[u64] {
+        &self.metadata.kv_caches_base_addr
+    }
+
+    /// The release ledger (for queries).
+    pub fn ledger(&self) -> &RankLedger {
+        &self.ledger
+    }
+
+    /// Applies one event; actions are appended to `out`.
+    pub fn handle(&mut self, _now: Instant, event: WorkerEvent, out: &mut Vec<WorkerAction>) {
+        let rank = self.rank;
+        let report = |transfer_id: TransferId, outcome: ReleaseOutcome, out: &mut Vec<WorkerAction>| {
+            if outcome == ReleaseOutcome::Completed {
+                out.push(WorkerAction::Finished { rank, transfer_id });
+            } else if !matches!(outcome, ReleaseOutcome::Counted { .. }) {
+                out.push(WorkerAction::Ignored { transfer_id, outcome });
+            }
+        };
+        match event {
+            WorkerEvent::HandshakeRequest { peer } => out.push(WorkerAction::SendHandshakeReply {
+                peer,
+                metadata: self.metadata.clone(),
+                layers: self.layers.clone(),
+            }),
+            WorkerEvent::Register { transfer_id, quorum } => {
+                match self.ledger.handle_transfer(&transfer_id, quorum) {
+                    Ok(outcome) => report(transfer_id, outcome, out),
+                    Err(e) => out.push(WorkerAction::Error(format!("{rank}: {e}"))),
+                }
+            }
+            WorkerEvent::Release(release) => {
+                let id = release.transfer_id.clone();
+                let outcome = self.ledger.handle_release(release);
+                report(id, outcome, out);
+            }
+            WorkerEvent::GroupDone { transfer_id } => match self.ledger.handle_group_done(&transfer_id) {
+                Ok(outcome) => report(transfer_id, outcome, out),
+                Err(e) => out.push(WorkerAction::Error(format!("{rank}: {e}"))),
+            },
+            WorkerEvent::Retired { transfer_id } => {
+                if let Err(e) = self.ledger.handle_retired(&transfer_id) {
+                    out.push(WorkerAction::Error(format!("{rank}: {e}")));
+                }
+            }
+        }
+    }
+}
+
+/// The engine-level state of one transfer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TransferState {
+    /// Blocks held; `finished` lists the TP ranks of the owner DP group that reported done.
+    Held {
+        /// TP ranks that finished.
+        finished: BTreeSet<u16>,
+        /// TP ranks in the group.
+        group: u16,
+        /// Whether the group completes as a whole on one rank's release (flexible read).
+        flexible: bool,
+    },
+    /// Every worker finished; blocks freed.
+    Freed,
+    /// The reaper freed the blocks.
+    Reaped,
+}
+
+impl TransferState {
+    /// The state's name without its data, as in the transition table.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            TransferState::Held { finished, .. } if finished.is_empty() => "Held",
+            TransferState::Held { .. } => "PartlyFinished",
+            TransferState::Freed => "Freed",
+            TransferState::Reaped => "Reaped",
+        }
+    }
+}
+
+/// An input to the transfer lifecycle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransferEvent {
+    /// The worker with this TP rank finished its part.
+    WorkerFinished(u16),
+    /// `defer_timeout` passed since registration.
+    ReaperDeadline,
+}
+
+/// What a lifecycle transition asks the engine to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransferOutput {
+    /// Nothing yet.
+    None,
+    /// Tell the other workers of the group the transfer was read (flexible), then wait.
+    GroupDone,
+    /// Every worker finished: report finished sending and free.
+    Free,
+    /// Reap: (fence and) free with a warning.
+    Reap,
+    /// The event came after the transfer ended or repeats one; ignored.
+    Ignored,
+}
+
+/// One lifecycle transition. Pure, total, never panics.
+pub fn transfer_step(state: TransferState, event: TransferEvent) -> (TransferState, TransferOutput) {
+    match (state, event) {
+        (TransferState::Held { mut finished, group, flexible }, TransferEvent::WorkerFinished(tp)) => {
+            if tp >= group || !finished.insert(tp) {
+                return (TransferState::Held { finished, group, flexible }, TransferOutput::Ignored);
+            }
+            if finished.len() == usize::from(group) {
+                (TransferState::Freed, TransferOutput::Free)
+            } else if flexible && finished.len() == 1 {
+                (TransferState::Held { finished, group, flexible }, TransferOutput::GroupDone)
+            } else {
+                (TransferState::Held { finished, group, flexible }, TransferOutput::None)
+            }
+        }
+        (TransferState::Held { .. }, TransferEvent::ReaperDeadline) => {
+            (TransferState::Reaped, TransferOutput::Reap)
+        }
+        (state, _) => (state, TransferOutput::Ignored),
+    }
+}
+
+/// One row of the lifecycle's transition table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LifecycleRow {
+    /// State before.
+    pub from: &'static str,
+    /// Event.
+    pub event: &'static str,
+    /// State after.
+    pub to: &'static str,
+    /// Output.
+    pub output: String,
+}
+
+/// Applies every event to every state of a fixed-mapping group of two (and, for the
+/// flexible group-done edge, a flexible group of two) and records the result.
+pub fn lifecycle_table() -> Vec<LifecycleRow> {
+    let held = |finished: &[u16], flexible: bool| TransferState::Held {
+        finished: finished.iter().copied().collect(),
+        group: 2,
+        flexible,
+    };
+    let states = [
+        ("Held", held(&[], false)),
+        ("Held(flexible)", held(&[], true)),
+        ("PartlyFinished", held(&[0], false)),
+        ("Freed", TransferState::Freed),
+        ("Reaped", TransferState::Reaped),
+    ];
+    let events = [
+        ("WorkerFinished(new rank)", TransferEvent::WorkerFinished(1)),
+        ("WorkerFinished(rank 0 again)", TransferEvent::WorkerFinished(0)),
+        ("WorkerFinished(rank outside group)", TransferEvent::WorkerFinished(7)),
+        ("ReaperDeadline", TransferEvent::ReaperDeadline),
+    ];
+    let mut rows = Vec::new();
+    for (_, state) in &states {
+        for (name, event) in events {
+            let (next, output) = transfer_step(state.clone(), event);
+            rows.push(LifecycleRow {
+                from: state.kind(),
+                event: name,
+                to: next.kind(),
+                output: format!("{output:?}"),
+            });
+        }
+    }
+    rows
+}
+
+/// What happened to one transfer's blocks, for the ledger.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TransferRecord {
+    /// The transfer.
+    pub transfer_id: TransferId,
+    /// Its request.
+    pub request: RequestId,
+    /// The owner DP rank whose workers hold the blocks.
+    pub owner_dp: u16,
+    /// The blocks, on every TP rank of the owner DP group.
+    pub blocks: Vec<u32>,
+    /// When prefill registered it.
+    pub registered_at: Instant,
+    /// When it was freed or reaped (`None` while held).
+    pub ended_at: Option<Instant>,
+    /// Whether the reaper freed it.
+    pub reaped: bool,
+}
+
+impl TransferRecord {
+    /// How long the blocks were (or have been, at `now`) held, in nanoseconds.
+    pub fn held_ns(&self, now: Instant) -> u64 {
+        self.ended_at.unwrap_or(now).since_ns(self.registered_at)
+    }
+}
+
+/// Counters over every transfer an engine ever registered.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LedgerTotals {
+    /// Transfers registered.
+    pub registered: u64,
+    /// Transfers held now.
+    pub held: u64,
+    /// Freed after every worker finished.
+    pub freed: u64,
+    /// Freed by the reaper.
+    pub reaped: u64,
+    /// Blocks (per rank) held now.
+    pub held_blocks: u64,
+}
+
+/// Why the engine refused a finished prefill.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EngineError {
+    /// The decode layout cannot read this engine.
+    Routing(RoutingError),
+    /// The owner DP rank is not one of this engine's.
+    OwnerOutOfRange {
+        /// The rank named.
+        owner_dp: u16,
+        /// This engine's DP size.
+        dp: u16,
+    },
+    /// The transfer id is held already.
+    Duplicate(TransferId),
+    /// [`MAX_ENGINE_TRANSFERS`] are held.
+    TooManyTransfers,
+}
+
+impl std::fmt::Display for EngineError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EngineError::Routing(e) => write!(f, "{e}"),
+            EngineError::OwnerOutOfRange { owner_dp, dp } => {
+                write!(f, "owner DP rank {owner_dp} outside DP{dp}")
+            }
+            EngineError::Duplicate(id) => write!(f, "transfer {id} is held already"),
+            EngineError::TooManyTransfers => write!(f, "more than {MAX_ENGINE_TRANSFERS} transfers held"),
+        }
+    }
+}
+
+/// An input to the prefill engine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EngineEvent {
+    /// Prefill of a request finished; its blocks are held for the decode side.
+    PrefillDone {
+        /// The request.
+        request: RequestId,
+        /// Its transfer id.
+        transfer_id: TransferId,
+        /// The DP rank that prefilled it.
+        owner_dp: u16,
+        /// Its blocks (the same ids on every TP rank of the owner DP group).
+        blocks: Vec<u32>,
+        /// The decode engine's layout (`remote_dp_size`, `remote_tp_size` of the request).
+        decode: Layout,
+    },
+    /// A worker finished its part of a transfer.
+    WorkerFinished {
+        /// The worker.
+        rank: RankId,
+        /// The transfer.
+        transfer_id: TransferId,
+    },
+    /// The time from [`PrefillEngine::poll_timeout`] has come.
+    Tick,
+}
+
+/// What the prefill engine asks its driver to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EngineAction {
+    /// Register the transfer on a worker with this quorum.
+    Register {
+        /// The worker.
+        rank: RankId,
+        /// The transfer.
+        transfer_id: TransferId,
+        /// Releases it waits for.
+        quorum: Quorum,
+    },
+    /// Flexible read done on one rank: tell this other worker its part is done too.
+    GroupDone {
+        /// The worker.
+        rank: RankId,
+        /// The transfer.
+        transfer_id: TransferId,
+    },
+    /// Every worker finished: the request is finished sending (report to the scheduler).
+    FinishedSending {
+        /// The request.
+        request: RequestId,
+        /// The transfer.
+        transfer_id: TransferId,
+    },
+    /// Revoke remote access to these blocks on these ranks before they are freed, so a read
+    /// still in flight fails rather than reading memory another request reuses.
+    Fence {
+        /// The transfer.
+        transfer_id: TransferId,
+        /// The owner DP rank.
+        owner_dp: u16,
+        /// Its blocks.
+        blocks: Vec<u32>,
+    },
+    /// Return the blocks to the KV pool of every TP rank of the owner DP group.
+    FreeBlocks {
+        /// The transfer.
+        transfer_id: TransferId,
+        /// The owner DP rank.
+        owner_dp: u16,
+        /// The blocks.
+        blocks: Vec<u32>,
+        /// True when the reaper freed them.
+        reaped: bool,
+    },
+    /// Tell a worker the transfer is over.
+    Retire {
+        /// The worker.
+        rank: RankId,
+        /// The transfer.
+        transfer_id: TransferId,
+    },
+    /// The reaper freed a transfer that was never fully released.
+    ReapWarning {
+        /// The transfer.
+        transfer_id: TransferId,
+        /// How long it was held, in nanoseconds.
+        held_ns: u64,
+        /// TP ranks that never finished.
+        unfinished_tp: Vec<u16>,
+    },
+}
+
+#[derive(Clone, Debug)]
+struct Held {
+    state: TransferState,
+    record: TransferRecord,
+    deadline: Instant,
+}
+
+/// One prefill engine: registers transfers on its workers, frees blocks once, reaps leftovers.
+#[derive(Clone, Debug)]
+pub struct PrefillEngine {
+    engine: EngineId,
+    layout: Layout,
+    model: ModelSpec,
+    legacy: LegacyOptions,
+    defer_timeout_ns: u64,
+    held: BTreeMap<TransferId, Held>,
+    /// Reaper deadlines in order, so the next one is found without scanning.
+    deadlines: BTreeSet<(Instant, TransferId)>,
+    records: std::collections::VecDeque<TransferRecord>,
+    totals: LedgerTotals,
+}
+
+impl PrefillEngine {
+    /// An engine with MoRIIO's 60 s `defer_timeout`.
+    pub fn new(engine: EngineId, layout: Layout, model: ModelSpec, legacy: LegacyOptions) -> PrefillEngine {
+        PrefillEngine {
+            engine,
+            layout,
+            model,
+            legacy,
+            defer_timeout_ns: 60 * NS_PER_S,
+            held: BTreeMap::new(),
+            deadlines: BTreeSet::new(),
+            records: std::collections::VecDeque::new(),
+            totals: LedgerTotals::default(),
+        }
+    }
+
+    /// Changes the reaper's delay (nanoseconds from registration).
+    pub fn with_defer_timeout_ns(mut self, ns: u64) -> PrefillEngine {
+        self.defer_timeout_ns = ns;
+        self
+    }
+
+    /// Counters of the block ledger.
+    pub fn totals(&self) -> LedgerTotals {
+        self.totals
+    }
+
+    /// Records of transfers held now, in id order.
+    pub fn held(&self) -> impl Iterator<Item = &TransferRecord> {
+        self.held.values().map(|h| &h.record)
+    }
+
+    /// Records of the most recent finished transfers (freed or reaped), oldest first.
+    pub fn finished(&self) -> impl Iterator<Item = &TransferRecord> {
+        self.records.iter()
+    }
+
+    /// The next reaper deadline.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        earliest(None, self.deadlines.first().map(|(t, _)| *t))
+    }
+
+    /// Applies one event. A finished prefill the engine cannot accept is returned as an error
+    /// (and nothing is registered); everything else appends actions to `out`.
+    pub fn handle(
+        &mut self,
+        now: Instant,
+        event: EngineEvent,
+        out: &mut Vec<EngineAction>,
+    ) -> Result<(), EngineError> {
+        match event {
+            EngineEvent::PrefillDone { request, transfer_id, owner_dp, blocks, decode } => {
+                self.on_prefill_done(now, request, transfer_id, owner_dp, blocks, decode, out)
+            }
+            EngineEvent::WorkerFinished { rank, transfer_id } => {
+                debug_assert_eq!(rank.engine, self.engine, "finished reported to the wrong engine");
+                self.apply(now, &transfer_id, TransferEvent::WorkerFinished(rank.tp), out);
+                Ok(())
+            }
+            EngineEvent::Tick => {
+                while let Some((deadline, id)) = self.deadlines.first().cloned() {
+                    if deadline > now {
+                        break;
+                    }
+                    self.apply(now, &id, TransferEvent::ReaperDeadline, out);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn on_prefill_done(
+        &mut self,
+        now: Instant,
+        request: RequestId,
+        transfer_id: TransferId,
+        owner_dp: u16,
+        blocks: Vec<u32>,
+        decode: Layout,
+        out: &mut Vec<EngineAction>,
+    ) -> Result<(), EngineError> {
+        if owner_dp >= self.layout.dp {
+            return Err(EngineError::OwnerOutOfRange { owner_dp, dp: self.layout.dp });
+        }
+        if self.held.contains_key(&transfer_id) {
+            return Err(EngineError::Duplicate(transfer_id));
+        }
+        if self.held.len() >= MAX_ENGINE_TRANSFERS {
+            return Err(EngineError::TooManyTransfers);
+        }
+        let plan =
+            quorum_plan(self.layout, decode, &self.model, &self.legacy).map_err(EngineError::Routing)?;
+        let deadline = now.add_ns(self.defer_timeout_ns);
+        self.totals.registered += 1;
+        self.totals.held += 1;
+        self.totals.held_blocks += blocks.len() as u64;
+        let record = TransferRecord {
+            transfer_id: transfer_id.clone(),
+            request,
+            owner_dp,
+            blocks,
+            registered_at: now,
+            ended_at: None,
+            reaped: false,
+        };
+        let state =
+            TransferState::Held { finished: BTreeSet::new(), group: self.layout.tp, flexible: plan.flexible };
+        self.held.insert(transfer_id.clone(), Held { state, record, deadline });
+        self.deadlines.insert((deadline, transfer_id.clone()));
+        for (tp, quorum) in plan.per_tp_rank.into_iter().enumerate() {
+            let rank = RankId::new(self.engine, owner_dp, tp as u16);
+            out.push(EngineAction::Register { rank, transfer_id: transfer_id.clone(), quorum });
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self, now: Instant, id: &TransferId, event: TransferEvent, out: &mut Vec<EngineAction>) {
+        let Some(held) = self.held.get_mut(id) else { return };
+        let (next, output) = transfer_step(held.state.clone(), event);
+        let unfinished: Vec<u16> = match &held.state {
+            TransferState::Held { finished, group, .. } => {
+                (0..*group).filter(|t| !finished.contains(t)).collect()
+            }
+            _ => Vec::new(),
+        };
+        held.state = next;
+        let owner_dp = held.record.owner_dp;
+        match output {
+            TransferOutput::None | TransferOutput::Ignored => {}
+            TransferOutput::GroupDone => {
+                let TransferState::Held { finished, group, .. } = &held.state else { return };
+                for tp in (0..*group).filter(|t| !finished.contains(t)) {
+                    let rank = RankId::new(self.engine, owner_dp, tp);
+                    out.push(EngineAction::GroupDone { rank, transfer_id: id.clone() });
+                }
+            }
+            TransferOutput::Free => {
+                out.push(EngineAction::FinishedSending {
+                    request: held.record.request,
+                    transfer_id: id.clone(),
+                });
+                self.end(now, id, false, out);
+            }
+            TransferOutput::Reap => {
+                out.push(EngineAction::ReapWarning {
+                    transfer_id: id.clone(),
+                    held_ns: now.since_ns(held.record.registered_at),
+                    unfinished_tp: unfinished,
+                });
+                if !self.legacy.has(Legacy::ReaperIgnoresReads) {
+                    out.push(EngineAction::Fence {
+                        transfer_id: id.clone(),
+                        owner_dp,
+                        blocks: held.record.blocks.clone(),
+                    });
+                }
+                self.end(now, id, true, out);
+            }
+        }
+    }
+
+    /// Frees the blocks of a transfer exactly once and retires it on every worker of the group.
+    fn end(&mut self, now: Instant, id: &TransferId, reaped: bool, out: &mut Vec<EngineAction>) {
+        let held = self.held.remove(id).expect("ended transfers are held");
+        self.deadlines.remove(&(held.deadline, id.clone()));
+        let mut record = held.record;
+        record.ended_at = Some(now);
+        record.reaped = reaped;
+        self.totals.held -= 1;
+        self.totals.held_blocks -= record.blocks.len() as u64;
+        if reaped {
+            self.totals.reaped += 1;
+        } else {
+            self.totals.freed += 1;
+        }
+        out.push(EngineAction::FreeBlocks {
+            transfer_id: id.clone(),
+            owner_dp: record.owner_dp,
+            blocks: record.blocks.clone(),
+            reaped,
+        });
+        for tp in 0..self.layout.tp {
+            out.push(EngineAction::Retire {
+                rank: RankId::new(self.engine, record.owner_dp, tp),
+                transfer_id: id.clone(),
+            });
+        }
+        if self.records.len() == MAX_LEDGER_RECORDS {
+            self.records.pop_front();
+        }
+        self.records.push_back(record);
+    }
+}

@@ -1,0 +1,621 @@
+//! Scripted protocol tests: a tiny in-test driver that delivers the nodes' messages in an order
+//! each test chooses (no simulator), to show the hangs, leaks and fixes at node level.
+
+use std::collections::BTreeMap;
+
+use crate::decode::{
+    DecodeAction, DecodeConfig, DecodeEvent, DecodeWorker, ReadOp, ReadOutcome, RecvError, RecvRequest,
+    StepError,
+};
+use crate::ids::{EngineId, RankId, RequestId, Role, TransferId};
+use crate::legacy::{Legacy, LegacyOptions};
+use crate::params::KvTransferParams;
+use crate::ports::{AddressBook, SessionKey};
+use crate::prefill::{EngineAction, EngineEvent, PrefillEngine, PrefillWorker, WorkerAction, WorkerEvent};
+use crate::release::Release;
+use crate::time::{Instant, NS_PER_MS, NS_PER_S};
+use crate::topology::Deployment;
+use crate::wire::{HandshakeMetadata, LayerMemoryDesc};
+
+/// Blocks in every prefill rank's pool.
+const POOL_BLOCKS: u32 = 1024;
+/// Layers of the toy model: few, so per-layer reads stay readable in assertions.
+const LAYERS: usize = 4;
+
+/// The handshake answer of a prefill rank: distinct, non-overlapping regions per rank and layer.
+fn metadata_for(
+    book: &AddressBook,
+    d: &Deployment,
+    rank: RankId,
+) -> (HandshakeMetadata, Vec<LayerMemoryDesc>) {
+    let index = d.rank_index(rank) as u64;
+    let block_len = 16 * d.model.bytes_per_token_per_layer_per_rank(d.layout(rank.engine).tp);
+    let region = u64::from(POOL_BLOCKS) * block_len;
+    let bases = (0..LAYERS as u64).map(|l| (index * LAYERS as u64 + l + 1) * region).collect();
+    let metadata = HandshakeMetadata {
+        engine_id: book.engine_id(rank.engine),
+        agent_metadata: Vec::new(),
+        kv_caches_base_addr: bases,
+        num_blocks: POOL_BLOCKS,
+        block_len,
+        attn_backend_name: "scripted".into(),
+        rank: None,
+    };
+    let layers = (0..LAYERS)
+        .map(|l| LayerMemoryDesc { layer_name: format!("layer.{l}"), descs: vec![vec![l as u8]] })
+        .collect();
+    (metadata, layers)
+}
+
+#[derive(Debug, Clone)]
+struct Dial {
+    from: RankId,
+    session: SessionKey,
+    to: RankId,
+}
+
+/// Every node of a deployment plus the messages in flight between them.
+struct Harness {
+    d: Deployment,
+    book: AddressBook,
+    now: Instant,
+    decoders: BTreeMap<RankId, DecodeWorker>,
+    workers: BTreeMap<RankId, PrefillWorker>,
+    engines: Vec<PrefillEngine>,
+    dials: Vec<Dial>,
+    reads: Vec<(RankId, ReadOp)>,
+    releases: Vec<(RankId, Release)>,
+    votes: BTreeMap<u64, Vec<(RankId, bool)>>,
+    /// Step results per decode rank, in order: `(step, None)` ready, `(step, Some(e))` failed.
+    steps: BTreeMap<RankId, Vec<(u64, Option<StepError>)>>,
+    received: Vec<(RankId, RequestId)>,
+    failed: Vec<(RankId, RequestId, RecvError)>,
+    invalidated: Vec<(RankId, RequestId)>,
+    engine_log: Vec<EngineAction>,
+    worker_log: Vec<WorkerAction>,
+}
+
+impl Harness {
+    fn new(notation: &str, legacy: LegacyOptions) -> Harness {
+        let d = Deployment::parse(notation).unwrap();
+        let book = AddressBook::one_host_per_engine(&d);
+        let mut decoders = BTreeMap::new();
+        for rank in d.ranks(Role::Decode) {
+            let config = DecodeConfig::new(
+                rank,
+                d.layout(rank.engine),
+                d.model.clone(),
+                legacy.clone(),
+                book.engine_id(rank.engine),
+            );
+            decoders.insert(rank, DecodeWorker::new(config));
+        }
+        let mut workers = BTreeMap::new();
+        for rank in d.ranks(Role::Prefill) {
+            let (metadata, layers) = metadata_for(&book, &d, rank);
+            workers.insert(rank, PrefillWorker::new(rank, metadata, layers, &legacy));
+        }
+        let engines = d
+            .prefill
+            .iter()
+            .enumerate()
+            .map(|(i, &layout)| {
+                PrefillEngine::new(EngineId::prefill(i as u16), layout, d.model.clone(), legacy.clone())
+            })
+            .collect();
+        Harness {
+            d,
+            book,
+            now: Instant::ZERO,
+            decoders,
+            workers,
+            engines,
+            dials: Vec::new(),
+            reads: Vec::new(),
+            releases: Vec::new(),
+            votes: BTreeMap::new(),
+            steps: BTreeMap::new(),
+            received: Vec::new(),
+            failed: Vec::new(),
+            invalidated: Vec::new(),
+            engine_log: Vec::new(),
+            worker_log: Vec::new(),
+        }
+    }
+
+    /// Prefill of request `n` finished on `engine`'s DP rank `owner_dp` with `blocks`; returns
+    /// what the decode workers of decode engine 0 get for it (the proxy's forwarded params).
+    fn prefill_done(&mut self, n: u64, engine: u16, owner_dp: u16, blocks: &[u32]) -> RecvRequest {
+        let transfer_id = TransferId::from_u128(u128::from(n));
+        let prefill = EngineId::prefill(engine);
+        let decode = self.d.decode[0];
+        let event = EngineEvent::PrefillDone {
+            request: RequestId(n),
+            transfer_id: transfer_id.clone(),
+            owner_dp,
+            blocks: blocks.to_vec(),
+            decode,
+        };
+        let mut out = Vec::new();
+        self.engines[usize::from(engine)].handle(self.now, event, &mut out).unwrap();
+        self.route_engine(out);
+        let layout = self.d.layout(prefill);
+        RecvRequest {
+            request: RequestId(n),
+            prefill_engine: prefill,
+            prefill_address: self.book.engine(prefill).clone(),
+            params: KvTransferParams {
+                do_remote_prefill: true,
+                transfer_id: Some(transfer_id.0),
+                remote_block_ids: blocks.iter().map(|&b| u64::from(b)).collect(),
+                remote_engine_id: Some(self.book.engine_id(prefill)),
+                remote_dp_size: Some(i64::from(layout.dp)),
+                remote_dp_rank: (layout.dp > 1).then_some(i64::from(owner_dp)),
+                remote_tp_size: Some(i64::from(layout.tp)),
+                ..Default::default()
+            },
+            local_block_ids: blocks.iter().map(|b| b + 500).collect(),
+        }
+    }
+
+    fn group(&self, dp: u16) -> Vec<RankId> {
+        self.decoders.keys().copied().filter(|r| r.engine == EngineId::decode(0) && r.dp == dp).collect()
+    }
+
+    /// Every worker of decode DP group `dp` begins `step` with `requests`.
+    fn begin_step(&mut self, dp: u16, step: u64, requests: &[RecvRequest]) {
+        for rank in self.group(dp) {
+            let event = DecodeEvent::StepBegin { step, requests: requests.to_vec() };
+            self.decode_event(rank, event);
+        }
+    }
+
+    fn decode_event(&mut self, rank: RankId, event: DecodeEvent) {
+        let mut out = Vec::new();
+        let now = self.now;
+        self.decoders.get_mut(&rank).unwrap().handle(now, event, &mut out);
+        for action in out {
+            match action {
+                DecodeAction::DialHandshake { session, rank: to, .. } => {
+                    self.dials.push(Dial { from: rank, session, to })
+                }
+                DecodeAction::PostRead(op) => self.reads.push((rank, op)),
+                DecodeAction::SendRelease { rank: to, release, .. } => self.releases.push((to, release)),
+                DecodeAction::CastVote { step, ok } => self.votes.entry(step).or_default().push((rank, ok)),
+                DecodeAction::StepReady { step } => self.steps.entry(rank).or_default().push((step, None)),
+                DecodeAction::StepFailed { step, error } => {
+                    self.steps.entry(rank).or_default().push((step, Some(error)))
+                }
+                DecodeAction::RequestReceived { request } => self.received.push((rank, request)),
+                DecodeAction::RequestFailed { request, error } => self.failed.push((rank, request, error)),
+                DecodeAction::InvalidateBlocks { request, .. } => self.invalidated.push((rank, request)),
+            }
+        }
+    }
+
+    /// Delivers the pending dials that `keep` accepts (the others are lost) and their replies.
+    fn deliver_dials(&mut self, keep: impl Fn(&Dial) -> bool) {
+        let dials = std::mem::take(&mut self.dials);
+        for dial in dials.into_iter().filter(|d| keep(d)) {
+            let mut out = Vec::new();
+            self.workers.get_mut(&dial.to).unwrap().handle(
+                self.now,
+                WorkerEvent::HandshakeRequest { peer: 0 },
+                &mut out,
+            );
+            for action in out {
+                let WorkerAction::SendHandshakeReply { metadata, layers, .. } = action else {
+                    panic!("{action:?}")
+                };
+                let session = dial.session.clone();
+                self.decode_event(
+                    dial.from,
+                    DecodeEvent::HandshakeMetadata { session: session.clone(), metadata },
+                );
+                self.decode_event(dial.from, DecodeEvent::HandshakeDescriptors { session, layers });
+            }
+        }
+    }
+
+    /// The group's MIN collective: once every worker of a group voted on a step, deliver it.
+    fn deliver_votes(&mut self) {
+        let votes = std::mem::take(&mut self.votes);
+        for (step, ballots) in votes {
+            let ok = ballots.iter().all(|(_, ok)| *ok);
+            for (rank, _) in ballots {
+                self.decode_event(rank, DecodeEvent::VoteResult { step, ok });
+            }
+        }
+    }
+
+    /// Completes every pending read with the outcome `outcome` picks for it.
+    fn complete_reads(&mut self, outcome: impl Fn(RankId, &ReadOp) -> ReadOutcome) {
+        let reads = std::mem::take(&mut self.reads);
+        for (rank, op) in reads {
+            let result = outcome(rank, &op);
+            self.decode_event(
+                rank,
+                DecodeEvent::ReadDone { request: op.request, layer: op.layer, outcome: result },
+            );
+        }
+    }
+
+    /// Delivers pending releases one at a time, each `copies` times.
+    fn deliver_releases(&mut self, copies: usize) {
+        let releases = std::mem::take(&mut self.releases);
+        for (to, release) in releases {
+            for _ in 0..copies {
+                self.worker_event(to, WorkerEvent::Release(release.clone()));
+            }
+        }
+    }
+
+    fn worker_event(&mut self, rank: RankId, event: WorkerEvent) {
+        let mut out = Vec::new();
+        let Some(worker) = self.workers.get_mut(&rank) else { return };
+        worker.handle(self.now, event, &mut out);
+        for action in out {
+            self.worker_log.push(action.clone());
+            if let WorkerAction::Finished { rank, transfer_id } = action {
+                let mut engine_out = Vec::new();
+                let engine = &mut self.engines[usize::from(rank.engine.index)];
+                engine
+                    .handle(self.now, EngineEvent::WorkerFinished { rank, transfer_id }, &mut engine_out)
+                    .unwrap();
+                self.route_engine(engine_out);
+            }
+        }
+    }
+
+    fn route_engine(&mut self, actions: Vec<EngineAction>) {
+        for action in actions {
+            self.engine_log.push(action.clone());
+            match action {
+                EngineAction::Register { rank, transfer_id, quorum } => {
+                    self.worker_event(rank, WorkerEvent::Register { transfer_id, quorum })
+                }
+                EngineAction::GroupDone { rank, transfer_id } => {
+                    self.worker_event(rank, WorkerEvent::GroupDone { transfer_id })
+                }
+                EngineAction::Retire { rank, transfer_id } => {
+                    self.worker_event(rank, WorkerEvent::Retired { transfer_id })
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Moves time forward by `ns`, ticking every node whose timer came due, until none is due.
+    fn advance(&mut self, ns: u64) {
+        self.now = self.now.add_ns(ns);
+        loop {
+            let due: Vec<RankId> = self
+                .decoders
+                .iter()
+                .filter(|(_, w)| w.poll_timeout().is_some_and(|t| t <= self.now))
+                .map(|(r, _)| *r)
+                .collect();
+            let engines: Vec<usize> = (0..self.engines.len())
+                .filter(|&i| self.engines[i].poll_timeout().is_some_and(|t| t <= self.now))
+                .collect();
+            if due.is_empty() && engines.is_empty() {
+                break;
+            }
+            for rank in due {
+                self.decode_event(rank, DecodeEvent::Tick);
+            }
+            for i in engines {
+                let mut out = Vec::new();
+                self.engines[i].handle(self.now, EngineEvent::Tick, &mut out).unwrap();
+                self.route_engine(out);
+            }
+        }
+    }
+
+    fn frees(&self) -> Vec<(TransferId, bool)> {
+        self.engine_log
+            .iter()
+            .filter_map(|a| match a {
+                EngineAction::FreeBlocks { transfer_id, reaped, .. } => Some((transfer_id.clone(), *reaped)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn step_results(&self, step: u64) -> Vec<(RankId, Option<StepError>)> {
+        let mut out = Vec::new();
+        for (rank, results) in &self.steps {
+            for (s, result) in results {
+                if *s == step {
+                    out.push((*rank, result.clone()));
+                }
+            }
+        }
+        out
+    }
+}
+
+fn tx(n: u64) -> TransferId {
+    TransferId::from_u128(u128::from(n))
+}
+
+/// Eager: one lost handshake reply in a TP8 group fails the step on all eight workers with the
+/// same error within the handshake timeout; the next step succeeds once the peer answers, and
+/// the transfer then completes and frees once.
+#[test]
+fn eager_lost_reply_fails_the_whole_group_then_recovers() {
+    let mut h = Harness::new("1P_TP8:1D_TP8", LegacyOptions::none());
+    let req = h.prefill_done(1, 0, 0, &[3, 4, 5]);
+    h.begin_step(0, 1, std::slice::from_ref(&req));
+    assert_eq!(h.dials.len(), 8);
+    let lost = RankId::new(EngineId::decode(0), 0, 3);
+    h.deliver_dials(|d| d.from != lost);
+    assert_eq!(h.votes[&1].len(), 7, "seven workers voted; the eighth still waits for its reply");
+    h.advance(10 * NS_PER_S);
+    h.deliver_votes();
+    let results = h.step_results(1);
+    assert_eq!(results.len(), 8);
+    for (rank, result) in &results {
+        assert_eq!(result, &Some(StepError::GroupHandshakeFailed { step: 1 }), "{rank}");
+    }
+    assert!(h.reads.is_empty() && h.received.is_empty());
+
+    // Next step: the failed session is dialled again and this time the peer answers.
+    h.advance(NS_PER_MS);
+    h.begin_step(0, 2, &[]);
+    assert_eq!(h.dials.len(), 1, "only the failed session is redialled");
+    h.deliver_dials(|_| true);
+    h.deliver_votes();
+    assert!(h.step_results(2).iter().all(|(_, r)| r.is_none()), "{:?}", h.step_results(2));
+    assert_eq!(h.reads.len(), 8 * LAYERS, "one read per layer per worker");
+    h.complete_reads(|_, _| ReadOutcome::Ok);
+    assert_eq!(h.received.len(), 8);
+    h.deliver_releases(1);
+    assert_eq!(h.frees(), [(tx(1), false)]);
+}
+
+/// Lazy (legacy): the same loss leaves the worker blocked while its seven peers report ready —
+/// the divergence that hangs the forward collective. Without a handshake timeout it never ends.
+#[test]
+fn lazy_lost_reply_blocks_one_worker_while_peers_are_ready() {
+    let legacy = LegacyOptions::none().with(Legacy::LazyHandshake).with(Legacy::NoHandshakeTimeout);
+    let mut h = Harness::new("1P_TP8:1D_TP8", legacy);
+    let req = h.prefill_done(1, 0, 0, &[3]);
+    h.begin_step(0, 1, &[req]);
+    let lost = RankId::new(EngineId::decode(0), 0, 3);
+    h.deliver_dials(|d| d.from != lost);
+    let results = h.step_results(1);
+    assert_eq!(results.len(), 7, "{results:?}");
+    assert!(results.iter().all(|(rank, r)| *rank != lost && r.is_none()));
+    h.advance(600 * NS_PER_S);
+    assert!(h.decoders[&lost].is_blocked(), "still blocked after the 600 s collective timeout");
+    assert_eq!(h.step_results(1).len(), 7);
+
+    // With a handshake timeout but still lazy, the blocked worker fails alone after 10 s,
+    // while its peers are in the collective: the group still diverges.
+    let mut h = Harness::new("1P_TP8:1D_TP8", LegacyOptions::none().with(Legacy::LazyHandshake));
+    let req = h.prefill_done(1, 0, 0, &[3]);
+    h.begin_step(0, 1, &[req]);
+    h.deliver_dials(|d| d.from != lost);
+    h.advance(10 * NS_PER_S);
+    let results = h.step_results(1);
+    let failed: Vec<_> = results.iter().filter(|(_, r)| r.is_some()).collect();
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0].0, lost);
+    assert_eq!(results.len(), 8);
+}
+
+/// P4 -> D8: each prefill rank is read by two decode ranks and completes after exactly two
+/// releases; the blocks are freed once, after the last one.
+#[test]
+fn p4_to_d8_needs_two_releases_per_rank_and_frees_once() {
+    let mut h = Harness::new("1P_TP4:1D_TP8", LegacyOptions::none());
+    let req = h.prefill_done(1, 0, 0, &[7, 8]);
+    h.begin_step(0, 1, &[req]);
+    h.deliver_dials(|_| true);
+    h.deliver_votes();
+    h.complete_reads(|_, _| ReadOutcome::Ok);
+    let mut releases = std::mem::take(&mut h.releases);
+    assert_eq!(releases.len(), 8);
+    releases.sort_by_key(|(to, r)| (to.tp, r.sender.clone()));
+    let targets: Vec<u16> = releases.iter().map(|(to, _)| to.tp).collect();
+    assert_eq!(targets, [0, 0, 1, 1, 2, 2, 3, 3]);
+    for (i, (to, release)) in releases.into_iter().enumerate() {
+        assert!(h.frees().is_empty(), "freed after {i} releases");
+        h.worker_event(to, WorkerEvent::Release(release));
+    }
+    assert_eq!(h.frees(), [(tx(1), false)]);
+    let finished: Vec<_> =
+        h.engine_log.iter().filter(|a| matches!(a, EngineAction::FinishedSending { .. })).collect();
+    assert_eq!(finished.len(), 1);
+}
+
+/// P8 -> D4: ranks 1, 3, 5, 7 are never read. The default frees without the reaper; MoRIIO's
+/// per-rank counting (legacy no-zero-quorum) leaves them to the reaper.
+#[test]
+fn p8_to_d4_frees_without_reaper_only_with_zero_quorum() {
+    for (legacy, reaped) in
+        [(LegacyOptions::none(), false), (LegacyOptions::none().with(Legacy::NoZeroQuorum), true)]
+    {
+        let mut h = Harness::new("1P_TP8:1D_TP4", legacy.clone());
+        let req = h.prefill_done(1, 0, 0, &[1]);
+        h.begin_step(0, 1, &[req]);
+        h.deliver_dials(|_| true);
+        h.deliver_votes();
+        h.complete_reads(|_, _| ReadOutcome::Ok);
+        let read: Vec<u16> = h.releases.iter().map(|(to, _)| to.tp).collect();
+        assert_eq!(read, [0, 2, 4, 6]);
+        h.deliver_releases(1);
+        if reaped {
+            assert!(h.frees().is_empty(), "{legacy:?}");
+            h.advance(60 * NS_PER_S);
+        }
+        assert_eq!(h.frees(), [(tx(1), reaped)], "{legacy:?}");
+        assert_eq!(h.engines[0].totals().reaped, u64::from(reaped));
+    }
+}
+
+/// A network-duplicated release never completes a transfer early by default.
+#[test]
+fn duplicated_release_never_completes_early() {
+    let mut h = Harness::new("1P_TP4:1D_TP8", LegacyOptions::none());
+    let req = h.prefill_done(1, 0, 0, &[2]);
+    h.begin_step(0, 1, &[req]);
+    h.deliver_dials(|_| true);
+    h.deliver_votes();
+    h.complete_reads(|_, _| ReadOutcome::Ok);
+    let releases = std::mem::take(&mut h.releases);
+    // Every release is delivered three times, the first decode rank of each pair first.
+    let (first, second): (Vec<_>, Vec<_>) =
+        releases.into_iter().partition(|(_, r)| r.sender.as_ref().unwrap().tp_rank % 2 == 0);
+    for (to, release) in first {
+        for _ in 0..3 {
+            h.worker_event(to, WorkerEvent::Release(release.clone()));
+        }
+    }
+    assert!(h.frees().is_empty(), "duplicates of one sender completed a fan-in of two");
+    for (to, release) in second {
+        h.worker_event(to, WorkerEvent::Release(release));
+    }
+    assert_eq!(h.frees(), [(tx(1), false)]);
+}
+
+/// A failed read still sends the release, so the producer frees; the decode side marks the
+/// blocks invalid and reports the request failed.
+#[test]
+fn read_failure_still_frees_the_producer() {
+    let mut h = Harness::new("1P_TP8:1D_TP8", LegacyOptions::none());
+    let req = h.prefill_done(1, 0, 0, &[9]);
+    h.begin_step(0, 1, &[req]);
+    h.deliver_dials(|_| true);
+    h.deliver_votes();
+    let broken = RankId::new(EngineId::decode(0), 0, 5);
+    h.complete_reads(|rank, op| {
+        if rank == broken && op.layer == Some(1) {
+            ReadOutcome::Failed("remote access error".into())
+        } else {
+            ReadOutcome::Ok
+        }
+    });
+    assert_eq!(h.failed.len(), 1);
+    assert_eq!(h.failed[0].2, RecvError::ReadFailed("remote access error".into()));
+    assert_eq!(h.invalidated, [(broken, RequestId(1))]);
+    assert_eq!(h.received.len(), 7);
+    assert_eq!(h.releases.len(), 8, "the failed worker released too");
+    h.deliver_releases(1);
+    assert_eq!(h.frees(), [(tx(1), false)]);
+}
+
+/// Send-queue-full is retried with doubling backoff (1, 2, 4 ... 50 ms) until the transfer
+/// timeout, then the request fails and still releases.
+#[test]
+fn send_queue_full_backs_off_until_transfer_timeout() {
+    let mut h = Harness::new("1P_TP1:1D_TP1", LegacyOptions::none());
+    let req = h.prefill_done(1, 0, 0, &[0]);
+    h.begin_step(0, 1, &[req]);
+    h.deliver_dials(|_| true);
+    h.deliver_votes();
+    h.reads.retain(|(_, op)| op.layer == Some(0));
+    h.complete_reads(|_, _| ReadOutcome::Ok);
+    let rank = RankId::new(EngineId::decode(0), 0, 0);
+    let mut delays = Vec::new();
+    for _ in 0..8 {
+        let before = h.now;
+        h.decode_event(
+            rank,
+            DecodeEvent::ReadDone {
+                request: RequestId(1),
+                layer: Some(1),
+                outcome: ReadOutcome::SendQueueFull,
+            },
+        );
+        let due = h.decoders[&rank].poll_timeout().unwrap();
+        delays.push(due.since_ns(before) / NS_PER_MS);
+        h.advance(due.since_ns(before));
+        assert_eq!(h.reads.len(), 1, "the read is posted again when its retry is due");
+        assert_eq!(h.reads[0].1.layer, Some(1));
+        h.reads.clear();
+    }
+    assert_eq!(delays, [1, 2, 4, 8, 16, 32, 50, 50]);
+    assert!(h.failed.is_empty());
+    h.advance(30 * NS_PER_S);
+    assert!(matches!(h.failed.as_slice(), [(_, RequestId(1), RecvError::Timeout { .. })]), "{:?}", h.failed);
+    assert_eq!(h.releases.len(), 1, "a timed-out request still releases");
+}
+
+/// Legacy notify-other-rank: the owner is DP 1 but the release goes to DP 0, so the read
+/// rank waits for the reaper; by default the read rank is the one released.
+#[test]
+fn legacy_notify_other_rank_leaves_the_read_rank_to_the_reaper() {
+    for (legacy, reaped) in
+        [(LegacyOptions::none(), false), (LegacyOptions::none().with(Legacy::NotifyOtherRank), true)]
+    {
+        let mut h = Harness::new("1P_DP2:1D_TP2", legacy.clone());
+        let req = h.prefill_done(1, 0, 1, &[4]);
+        h.begin_step(0, 1, &[req]);
+        h.deliver_dials(|_| true);
+        h.deliver_votes();
+        let read: Vec<u16> = h.reads.iter().map(|(_, op)| op.source.dp).collect();
+        assert!(read.iter().all(|&dp| dp == 1), "reads go to the owner DP rank");
+        h.complete_reads(|_, _| ReadOutcome::Ok);
+        let notified: Vec<u16> = h.releases.iter().map(|(to, _)| to.dp).collect();
+        assert_eq!(notified, if reaped { [0, 0] } else { [1, 1] }, "{legacy:?}");
+        h.deliver_releases(1);
+        h.advance(60 * NS_PER_S);
+        assert_eq!(h.frees(), [(tx(1), reaped)], "{legacy:?}");
+    }
+}
+
+/// The reaper fences (revokes remote access) before it frees, unless the legacy option says
+/// to free regardless of reads in flight.
+#[test]
+fn reaper_fences_before_freeing_by_default() {
+    for (legacy, fenced) in
+        [(LegacyOptions::none(), true), (LegacyOptions::none().with(Legacy::ReaperIgnoresReads), false)]
+    {
+        let mut h = Harness::new("1P_TP2:1D_TP2", legacy.clone());
+        h.prefill_done(1, 0, 0, &[4]);
+        h.advance(60 * NS_PER_S);
+        let kinds: Vec<&str> = h
+            .engine_log
+            .iter()
+            .filter_map(|a| match a {
+                EngineAction::Fence { .. } => Some("fence"),
+                EngineAction::FreeBlocks { .. } => Some("free"),
+                EngineAction::ReapWarning { .. } => Some("warn"),
+                _ => None,
+            })
+            .collect();
+        let expected: &[&str] = if fenced { &["warn", "fence", "free"] } else { &["warn", "free"] };
+        assert_eq!(kinds, expected, "{legacy:?}");
+    }
+}
+
+/// Flexible reads (TP1 decode, TP8 MLA prefill): one rank is read; the group completes on its
+/// release and every rank's blocks are freed once, without the reaper.
+#[test]
+fn flexible_read_completes_the_whole_group() {
+    let mut h = Harness::new("1P_TP8:1D_DP8EP", LegacyOptions::none());
+    let req = h.prefill_done(1, 0, 0, &[6]);
+    h.begin_step(3, 1, &[req]);
+    h.deliver_dials(|_| true);
+    h.deliver_votes();
+    assert!(h.reads.iter().all(|(_, op)| op.source.tp == 3), "DP rank 3's first pick is TP 3");
+    h.complete_reads(|_, _| ReadOutcome::Ok);
+    h.deliver_releases(1);
+    assert_eq!(h.frees(), [(tx(1), false)]);
+    let done = h.engine_log.iter().filter(|a| matches!(a, EngineAction::GroupDone { .. })).count();
+    assert_eq!(done, 7);
+}
+
+/// A release that arrives before prefill registered the transfer is buffered and counted.
+#[test]
+fn early_release_is_applied_at_registration() {
+    let mut h = Harness::new("1P_TP1:1D_TP1", LegacyOptions::none());
+    let prefill = RankId::new(EngineId::prefill(0), 0, 0);
+    let early = Release { transfer_id: tx(1), consumer_tp_size: Some(1), sender: None };
+    h.worker_event(prefill, WorkerEvent::Release(early));
+    assert!(h.frees().is_empty());
+    h.prefill_done(1, 0, 0, &[0]);
+    assert_eq!(h.frees(), [(tx(1), false)]);
+}
