@@ -192,8 +192,10 @@ impl TransferState {
     /// The state's name without its data, as in the transition table.
     pub fn kind(&self) -> &'static str {
         match self {
-            TransferState::Held { finished, .. } if finished.is_empty() => "Held",
-            TransferState::Held { .. } => "PartlyFinished",
+            TransferState::Held { finished, flexible: false, .. } if finished.is_empty() => "Held",
+            TransferState::Held { flexible: false, .. } => "PartlyFinished",
+            TransferState::Held { finished, flexible: true, .. } if finished.is_empty() => "HeldFlexible",
+            TransferState::Held { flexible: true, .. } => "GroupDoneSent",
             TransferState::Freed => "Freed",
             TransferState::Reaped => "Reaped",
         }
@@ -259,8 +261,8 @@ pub struct LifecycleRow {
     pub output: String,
 }
 
-/// Applies every event to every state of a fixed-mapping group of two (and, for the
-/// flexible group-done edge, a flexible group of two) and records the result.
+/// Applies every event to every state of a TP group of two, with fixed-mapping and flexible
+/// quorums (rank 0 having finished in the partly finished states), and records the result.
 pub fn lifecycle_table() -> Vec<LifecycleRow> {
     let held = |finished: &[u16], flexible: bool| TransferState::Held {
         finished: finished.iter().copied().collect(),
@@ -268,20 +270,21 @@ pub fn lifecycle_table() -> Vec<LifecycleRow> {
         flexible,
     };
     let states = [
-        ("Held", held(&[], false)),
-        ("Held(flexible)", held(&[], true)),
-        ("PartlyFinished", held(&[0], false)),
-        ("Freed", TransferState::Freed),
-        ("Reaped", TransferState::Reaped),
+        held(&[], false),
+        held(&[], true),
+        held(&[0], false),
+        held(&[0], true),
+        TransferState::Freed,
+        TransferState::Reaped,
     ];
     let events = [
-        ("WorkerFinished(new rank)", TransferEvent::WorkerFinished(1)),
-        ("WorkerFinished(rank 0 again)", TransferEvent::WorkerFinished(0)),
+        ("WorkerFinished(rank 0)", TransferEvent::WorkerFinished(0)),
+        ("WorkerFinished(rank 1)", TransferEvent::WorkerFinished(1)),
         ("WorkerFinished(rank outside group)", TransferEvent::WorkerFinished(7)),
         ("ReaperDeadline", TransferEvent::ReaperDeadline),
     ];
     let mut rows = Vec::new();
-    for (_, state) in &states {
+    for state in &states {
         for (name, event) in events {
             let (next, output) = transfer_step(state.clone(), event);
             rows.push(LifecycleRow {

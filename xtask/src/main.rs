@@ -9,8 +9,9 @@ const USAGE: &str = "\
 usage: cargo xtask <task>
 
 tasks:
-  tidy   check the source rules (core purity, //! headers, no disabled tests)
-  ci     what CI runs: fmt check, clippy -D warnings, the test suite";
+  tidy     check the source rules (core purity, //! headers, no disabled tests)
+  codegen  regenerate the checked-in state-machine tables and Graphviz files under docs/machines
+  ci       what CI runs: fmt check, clippy -D warnings, the test suite";
 
 fn main() -> ExitCode {
     let task = std::env::args().nth(1);
@@ -29,6 +30,7 @@ fn main() -> ExitCode {
             }
         },
         Some("ci") => ci(),
+        Some("codegen") => codegen(),
         _ => {
             eprintln!("{USAGE}");
             ExitCode::from(2)
@@ -40,26 +42,46 @@ fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
 }
 
+/// The generated files are written by the tests that check them, with `UPDATE_EXPECT` set, so
+/// there is one renderer and it cannot disagree with its check.
+fn codegen() -> ExitCode {
+    if !cargo(&["test", "--package", "pdkv", "--test", "it", "machines"], &[("UPDATE_EXPECT", "1")]) {
+        return ExitCode::FAILURE;
+    }
+    eprintln!("codegen: docs/machines regenerated; review `git diff docs/machines`");
+    ExitCode::SUCCESS
+}
+
 fn ci() -> ExitCode {
     let steps: [&[&str]; 3] = [
         &["fmt", "--all", "--check"],
         &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"],
         &["test", "--workspace"],
     ];
-    for args in steps {
-        eprintln!("$ cargo {}", args.join(" "));
-        let status = Command::new(env!("CARGO")).args(args).current_dir(workspace_root()).status();
-        match status {
-            Ok(s) if s.success() => {}
-            Ok(s) => {
-                eprintln!("cargo {} failed: {s}", args.join(" "));
-                return ExitCode::FAILURE;
-            }
-            Err(e) => {
-                eprintln!("cannot run cargo: {e}");
-                return ExitCode::FAILURE;
-            }
+    if steps.iter().all(|args| cargo(args, &[])) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// Runs `cargo <args>` at the workspace root with extra environment; true when it succeeded.
+fn cargo(args: &[&str], env: &[(&str, &str)]) -> bool {
+    eprintln!("$ cargo {}", args.join(" "));
+    let status = Command::new(env!("CARGO"))
+        .args(args)
+        .envs(env.iter().copied())
+        .current_dir(workspace_root())
+        .status();
+    match status {
+        Ok(s) if s.success() => true,
+        Ok(s) => {
+            eprintln!("cargo {} failed: {s}", args.join(" "));
+            false
+        }
+        Err(e) => {
+            eprintln!("cannot run cargo: {e}");
+            false
         }
     }
-    ExitCode::SUCCESS
 }
