@@ -290,6 +290,8 @@ pub enum RecvError {
         /// Blocks the source rank has.
         num_blocks: u32,
     },
+    /// A remote block id in the parameters does not fit in 32 bits.
+    BlockIdTooLarge(u64),
     /// The session metadata has no memory region at all.
     NoRegions,
     /// A read failed.
@@ -316,6 +318,7 @@ impl fmt::Display for RecvError {
             RecvError::BlockOutOfRange { block, num_blocks } => {
                 write!(f, "remote block {block} is beyond the source's {num_blocks} blocks")
             }
+            RecvError::BlockIdTooLarge(block) => write!(f, "remote block id {block} does not fit in 32 bits"),
             RecvError::NoRegions => write!(f, "the source announced no memory region"),
             RecvError::ReadFailed(reason) => write!(f, "read failed: {reason}"),
             RecvError::Timeout { waited_ns } => {
@@ -594,9 +597,7 @@ impl DecodeWorker {
         let remote_block_ids: Vec<u32> = params
             .remote_block_ids
             .iter()
-            .map(|&b| {
-                u32::try_from(b).map_err(|_| RecvError::BlockOutOfRange { block: u32::MAX, num_blocks: 0 })
-            })
+            .map(|&b| u32::try_from(b).map_err(|_| RecvError::BlockIdTooLarge(b)))
             .collect::<Result<_, _>>()?;
         if remote_block_ids.len() != request.local_block_ids.len() {
             return Err(RecvError::BlockCountMismatch {
