@@ -170,6 +170,16 @@ impl Harness {
         }
     }
 
+    /// Request `n` (blocks `blocks`, owned by prefill engine 0's DP rank `owner_dp`) through a
+    /// step of decode DP group `dp` in which every message arrives: prefill done, step begin,
+    /// handshakes answered, votes delivered. Reads are left posted.
+    fn step_with_request(&mut self, n: u64, owner_dp: u16, blocks: &[u32], dp: u16) {
+        let req = self.prefill_done(n, 0, owner_dp, blocks);
+        self.begin_step(dp, 1, &[req]);
+        self.deliver_dials(|_| true);
+        self.deliver_votes();
+    }
+
     fn decode_event(&mut self, rank: RankId, event: DecodeEvent) {
         let mut out = Vec::new();
         let now = self.now;
@@ -410,10 +420,7 @@ fn lazy_lost_reply_blocks_one_worker_while_peers_are_ready() {
 #[test]
 fn p4_to_d8_needs_two_releases_per_rank_and_frees_once() {
     let mut h = Harness::new("1P_TP4:1D_TP8", LegacyOptions::none());
-    let req = h.prefill_done(1, 0, 0, &[7, 8]);
-    h.begin_step(0, 1, &[req]);
-    h.deliver_dials(|_| true);
-    h.deliver_votes();
+    h.step_with_request(1, 0, &[7, 8], 0);
     h.complete_reads(|_, _| ReadOutcome::Ok);
     let mut releases = std::mem::take(&mut h.releases);
     assert_eq!(releases.len(), 8);
@@ -438,10 +445,7 @@ fn p8_to_d4_frees_without_reaper_only_with_zero_quorum() {
         [(LegacyOptions::none(), false), (LegacyOptions::none().with(Legacy::NoZeroQuorum), true)]
     {
         let mut h = Harness::new("1P_TP8:1D_TP4", legacy.clone());
-        let req = h.prefill_done(1, 0, 0, &[1]);
-        h.begin_step(0, 1, &[req]);
-        h.deliver_dials(|_| true);
-        h.deliver_votes();
+        h.step_with_request(1, 0, &[1], 0);
         h.complete_reads(|_, _| ReadOutcome::Ok);
         let read: Vec<u16> = h.releases.iter().map(|(to, _)| to.tp).collect();
         assert_eq!(read, [0, 2, 4, 6]);
@@ -459,10 +463,7 @@ fn p8_to_d4_frees_without_reaper_only_with_zero_quorum() {
 #[test]
 fn duplicated_release_never_completes_early() {
     let mut h = Harness::new("1P_TP4:1D_TP8", LegacyOptions::none());
-    let req = h.prefill_done(1, 0, 0, &[2]);
-    h.begin_step(0, 1, &[req]);
-    h.deliver_dials(|_| true);
-    h.deliver_votes();
+    h.step_with_request(1, 0, &[2], 0);
     h.complete_reads(|_, _| ReadOutcome::Ok);
     let releases = std::mem::take(&mut h.releases);
     // Every release is delivered three times, the first decode rank of each pair first.
@@ -485,10 +486,7 @@ fn duplicated_release_never_completes_early() {
 #[test]
 fn read_failure_still_frees_the_producer() {
     let mut h = Harness::new("1P_TP8:1D_TP8", LegacyOptions::none());
-    let req = h.prefill_done(1, 0, 0, &[9]);
-    h.begin_step(0, 1, &[req]);
-    h.deliver_dials(|_| true);
-    h.deliver_votes();
+    h.step_with_request(1, 0, &[9], 0);
     let broken = RankId::new(EngineId::decode(0), 0, 5);
     h.complete_reads(|rank, op| {
         if rank == broken && op.layer == Some(1) {
@@ -511,10 +509,7 @@ fn read_failure_still_frees_the_producer() {
 #[test]
 fn send_queue_full_backs_off_until_transfer_timeout() {
     let mut h = Harness::new("1P_TP1:1D_TP1", LegacyOptions::none());
-    let req = h.prefill_done(1, 0, 0, &[0]);
-    h.begin_step(0, 1, &[req]);
-    h.deliver_dials(|_| true);
-    h.deliver_votes();
+    h.step_with_request(1, 0, &[0], 0);
     h.reads.retain(|(_, op)| op.layer == Some(0));
     h.complete_reads(|_, _| ReadOutcome::Ok);
     let rank = RankId::new(EngineId::decode(0), 0, 0);
@@ -551,10 +546,7 @@ fn legacy_notify_other_rank_leaves_the_read_rank_to_the_reaper() {
         [(LegacyOptions::none(), false), (LegacyOptions::none().with(Legacy::NotifyOtherRank), true)]
     {
         let mut h = Harness::new("1P_DP2:1D_TP2", legacy.clone());
-        let req = h.prefill_done(1, 0, 1, &[4]);
-        h.begin_step(0, 1, &[req]);
-        h.deliver_dials(|_| true);
-        h.deliver_votes();
+        h.step_with_request(1, 1, &[4], 0);
         let read: Vec<u16> = h.reads.iter().map(|(_, op)| op.source.dp).collect();
         assert!(read.iter().all(|&dp| dp == 1), "reads go to the owner DP rank");
         h.complete_reads(|_, _| ReadOutcome::Ok);
@@ -596,10 +588,7 @@ fn reaper_fences_before_freeing_by_default() {
 #[test]
 fn flexible_read_completes_the_whole_group() {
     let mut h = Harness::new("1P_TP8:1D_DP8EP", LegacyOptions::none());
-    let req = h.prefill_done(1, 0, 0, &[6]);
-    h.begin_step(3, 1, &[req]);
-    h.deliver_dials(|_| true);
-    h.deliver_votes();
+    h.step_with_request(1, 0, &[6], 3);
     assert!(h.reads.iter().all(|(_, op)| op.source.tp == 3), "DP rank 3's first pick is TP 3");
     h.complete_reads(|_, _| ReadOutcome::Ok);
     h.deliver_releases(1);
