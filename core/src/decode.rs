@@ -30,6 +30,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
+use std::sync::Arc;
 
 use crate::handshake::{
     self, HandshakeError, HandshakeEvent, HandshakeOutput, HandshakeParams, HandshakeState,
@@ -201,10 +202,11 @@ pub struct ReadOp {
     pub remote_bases: Vec<u64>,
     /// Bytes per block in the remote region.
     pub block_len: u64,
-    /// Remote (prefill) block ids.
-    pub remote_block_ids: Vec<u32>,
-    /// Local (decode) block ids, one per remote block.
-    pub local_block_ids: Vec<u32>,
+    /// Remote (prefill) block ids, shared by every read of the request (a per-layer read of a
+    /// long prompt would otherwise copy thousands of ids per layer).
+    pub remote_block_ids: Arc<[u32]>,
+    /// Local (decode) block ids, one per remote block, shared likewise.
+    pub local_block_ids: Arc<[u32]>,
 }
 
 impl ReadOp {
@@ -218,7 +220,7 @@ impl ReadOp {
         let mut out: Vec<(u64, u64)> = Vec::new();
         for &base in &self.remote_bases {
             let mut run: Option<(u64, u64)> = None;
-            for &block in &self.remote_block_ids {
+            for &block in self.remote_block_ids.iter() {
                 let addr = base + u64::from(block) * self.block_len;
                 run = match run {
                     Some((start, len)) if start + len == addr => Some((start, len + self.block_len)),
@@ -424,8 +426,8 @@ struct Recv {
     target: ReadTarget,
     notify_rank: RankId,
     notify: Endpoint,
-    remote_block_ids: Vec<u32>,
-    local_block_ids: Vec<u32>,
+    remote_block_ids: Arc<[u32]>,
+    local_block_ids: Arc<[u32]>,
     /// The prefill layout the parameters announced, and where that engine listens.
     remote: Layout,
     address: EngineAddress,
@@ -490,6 +492,12 @@ impl DecodeWorker {
     /// True while the worker is blocked in a lazy handshake (it cannot join a collective).
     pub fn is_blocked(&self) -> bool {
         matches!(self.step, StepState::Blocked { .. })
+    }
+
+    /// Sessions with a dial outstanding, and the rank each was dialled at, in key order (who this
+    /// worker waits for, for a wait-for graph).
+    pub fn waiting_sessions(&self) -> Vec<(SessionKey, RankId)> {
+        self.sessions.iter().filter(|(_, s)| s.state.is_waiting()).map(|(k, s)| (k.clone(), s.rank)).collect()
     }
 
     /// The state of a session, if the worker knows it.
@@ -629,8 +637,8 @@ impl DecodeWorker {
             target,
             notify_rank,
             notify,
-            remote_block_ids,
-            local_block_ids: request.local_block_ids.clone(),
+            remote_block_ids: remote_block_ids.into(),
+            local_block_ids: request.local_block_ids.as_slice().into(),
             remote,
             address: address.clone(),
             deadline: now.add_ns(self.config.transfer_timeout_ns),
@@ -962,7 +970,10 @@ impl DecodeWorker {
         match error {
             None => out.push(DecodeAction::RequestReceived { request: id }),
             Some(error) => {
-                out.push(DecodeAction::InvalidateBlocks { request: id, block_ids: recv.local_block_ids });
+                out.push(DecodeAction::InvalidateBlocks {
+                    request: id,
+                    block_ids: recv.local_block_ids.to_vec(),
+                });
                 out.push(DecodeAction::RequestFailed { request: id, error });
             }
         }

@@ -43,11 +43,14 @@ pub enum Legacy {
     /// The deferred-free reaper frees blocks without first revoking remote access, so a read
     /// still in flight reads memory another request now uses.
     ReaperIgnoresReads,
+    /// The flexible round-robin is off: a TP1 decode worker reading a TP-replicated MLA
+    /// prefill uses the fixed mapping, so every read lands on TP rank 0 of the prefill engine.
+    NoFlexibleReads,
 }
 
 impl Legacy {
     /// Every legacy option once, in declaration order (the order [`LegacyOptions::iter`] yields).
-    pub const ALL: [Legacy; 12] = [
+    pub const ALL: [Legacy; 13] = [
         Legacy::ReadFromDp0,
         Legacy::ListenerOffsetDpPlusTp,
         Legacy::SessionKeyWithoutTp,
@@ -60,6 +63,7 @@ impl Legacy {
         Legacy::NoHandshakeTimeout,
         Legacy::NotifyOtherRank,
         Legacy::ReaperIgnoresReads,
+        Legacy::NoFlexibleReads,
     ];
 
     /// The kebab-case name used on the command line and in scenario files.
@@ -77,6 +81,7 @@ impl Legacy {
             Legacy::NoHandshakeTimeout => "no-handshake-timeout",
             Legacy::NotifyOtherRank => "notify-other-rank",
             Legacy::ReaperIgnoresReads => "reaper-ignores-reads",
+            Legacy::NoFlexibleReads => "no-flexible-reads",
         }
     }
 
@@ -129,6 +134,10 @@ impl Legacy {
             Legacy::ReaperIgnoresReads => {
                 "the reaper frees blocks without revoking remote access; a late read returns \
                  another request's KV silently"
+            }
+            Legacy::NoFlexibleReads => {
+                "TP1 decode workers reading a TP-replicated MLA prefill all use the fixed mapping; \
+                 every read lands on prefill TP rank 0, one NIC of eight carries the traffic"
             }
         }
     }

@@ -103,7 +103,8 @@ pub fn quorum_plan(
     legacy: &LegacyOptions,
 ) -> Result<QuorumPlan, RoutingError> {
     routing::check_pair(decode, prefill, model)?;
-    let flexible = routing::is_flexible(decode.tp, model.use_mla, prefill);
+    let flexible =
+        routing::is_flexible(decode.tp, model.use_mla, prefill) && !legacy.has(Legacy::NoFlexibleReads);
     if legacy.has(Legacy::NoZeroQuorum) {
         let n = expected_releases(prefill.tp, decode.tp)?;
         return Ok(QuorumPlan { per_tp_rank: vec![Quorum::Exact(n); usize::from(prefill.tp)], flexible });

@@ -389,6 +389,10 @@ mod tests {
         let aliasing = run("2P_DP8EP:1D_TP8", Legacy::ProxyAliasing);
         assert_eq!(aliasing.reads_per_prefill_gpu.iter().filter(|&&r| r == 0).count(), 8);
         assert!(aliasing.jain < 0.51);
+        let no_flex = run("2P_TP8:1D_DP8EP", Legacy::NoFlexibleReads);
+        let on_rank0: Vec<u64> = (0..16).map(|i| if i % 8 == 0 { 128 } else { 0 }).collect();
+        assert_eq!(no_flex.reads_per_prefill_gpu, on_rank0);
+        assert!(!no_flex.flexible);
         let collapsed = run("1P_TP8:1D_TP8", Legacy::TpSizeKey);
         assert_eq!(collapsed.reads_per_prefill_gpu, [128, 0, 0, 0, 0, 0, 0, 0]);
         let offsets = run("1P_DP2TP2:1D_TP2", Legacy::ListenerOffsetDpPlusTp);

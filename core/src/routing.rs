@@ -178,7 +178,9 @@ impl ReadRouter {
         if owner >= prefill_layout.dp {
             return Err(RoutingError::OwnerOutOfRange { owner_dp: owner, prefill_dp: prefill_layout.dp });
         }
-        if is_flexible(self.local_layout.tp, self.model.use_mla, prefill_layout) {
+        let flexible = is_flexible(self.local_layout.tp, self.model.use_mla, prefill_layout)
+            && !self.legacy.has(Legacy::NoFlexibleReads);
+        if flexible {
             let k = self.flexible_reads;
             self.flexible_reads += 1;
             let tp = ((u64::from(self.local.dp) + k) % u64::from(prefill_layout.tp)) as u16;
