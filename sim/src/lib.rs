@@ -1,3 +1,25 @@
 //! Deterministic discrete-event simulator that drives `pdkv-core` over modelled NICs, TP
-//! collectives and timeouts (filled in by the simulator issue; the only event queue of the
-//! workspace will live here).
+//! collectives and timeouts; the only event queue of the workspace lives here.
+//!
+//! A run is a pure function of (scenario, seed): events are ordered by (virtual time, sequence
+//! number), randomness comes from seeded ChaCha streams, nothing reads a clock or spawns a
+//! thread. [`run`] is the entry point.
+
+pub mod cost;
+pub mod load;
+pub mod nic;
+pub mod result;
+pub mod rng;
+pub mod scenario;
+pub mod trace;
+pub mod waitfor;
+pub mod world;
+
+pub use result::RunResult;
+pub use scenario::{Outcome, Scenario};
+pub use world::{Run, RunOptions};
+
+/// Runs `scenario` to its end; an error names why the scenario cannot run at all.
+pub fn run(scenario: &Scenario, options: RunOptions) -> Result<Run, String> {
+    Ok(world::World::new(scenario, options)?.run())
+}

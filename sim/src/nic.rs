@@ -1,0 +1,212 @@
+//! NICs: one per GPU, each a processor-sharing server; a read is a flow between two NICs.
+//!
+//! A flow's rate is the smaller of its two ends' fair shares: the source NIC's bandwidth split
+//! evenly among the flows it serves, and likewise at the destination. Shares change only when a
+//! flow starts or ends on a NIC, so only that NIC's flows are re-timed. Completion events carry a
+//! version; a re-timed flow gets a new version and its old event is ignored.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Bucket width of the utilisation record, in nanoseconds (one virtual second).
+pub const BUCKET_NS: u64 = 1_000_000_000;
+
+/// A flow's handle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FlowId(pub u64);
+
+#[derive(Clone, Debug)]
+struct Flow {
+    src: usize,
+    dst: usize,
+    remaining: f64,
+    rate: f64,
+    last_ns: u64,
+    version: u64,
+}
+
+/// When a flow will finish, at its current rate; schedule a completion event for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Finish {
+    /// The flow.
+    pub id: FlowId,
+    /// Virtual time it finishes at.
+    pub at_ns: u64,
+    /// The version the completion event must carry.
+    pub version: u64,
+}
+
+/// Every NIC of the run and the flows between them.
+#[derive(Clone, Debug)]
+pub struct Nics {
+    bytes_per_ns: Vec<f64>,
+    factor: Vec<f64>,
+    flows: BTreeMap<FlowId, Flow>,
+    on_nic: Vec<BTreeSet<FlowId>>,
+    next_id: u64,
+    /// Bytes sent per NIC per utilisation bucket.
+    sent: Vec<Vec<f64>>,
+}
+
+impl Nics {
+    /// `count` NICs of `gb_s` gigabytes per second each.
+    pub fn new(count: usize, gb_s: f64) -> Nics {
+        Nics {
+            bytes_per_ns: vec![gb_s; count],
+            factor: vec![1.0; count],
+            flows: BTreeMap::new(),
+            on_nic: vec![BTreeSet::new(); count],
+            next_id: 0,
+            sent: vec![Vec::new(); count],
+        }
+    }
+
+    /// Flows in progress on `nic`.
+    pub fn active(&self, nic: usize) -> usize {
+        self.on_nic[nic].len()
+    }
+
+    /// Bytes `nic` sent in each one-second bucket so far.
+    pub fn sent_per_bucket(&self, nic: usize) -> &[f64] {
+        &self.sent[nic]
+    }
+
+    fn share(&self, nic: usize) -> f64 {
+        self.bytes_per_ns[nic] * self.factor[nic] / self.on_nic[nic].len().max(1) as f64
+    }
+
+    /// Accounts the bytes `flow` moved since its last update.
+    fn advance(sent: &mut [Vec<f64>], flow: &mut Flow, now_ns: u64) {
+        if now_ns <= flow.last_ns {
+            return;
+        }
+        let moved = (flow.rate * (now_ns - flow.last_ns) as f64).min(flow.remaining);
+        flow.remaining -= moved;
+        // Spread the bytes over the buckets the interval covers.
+        let (mut t, end) = (flow.last_ns, now_ns);
+        let per_ns = moved / (end - t) as f64;
+        let buckets = &mut sent[flow.src];
+        while t < end {
+            let bucket = (t / BUCKET_NS) as usize;
+            let bucket_end = (bucket as u64 + 1) * BUCKET_NS;
+            let span = bucket_end.min(end) - t;
+            if buckets.len() <= bucket {
+                buckets.resize(bucket + 1, 0.0);
+            }
+            buckets[bucket] += per_ns * span as f64;
+            t += span;
+        }
+        flow.last_ns = now_ns;
+    }
+
+    /// Re-times every flow on the given NICs at `now_ns`.
+    fn retime(&mut self, now_ns: u64, nics: &[usize], out: &mut Vec<Finish>) {
+        let ids: BTreeSet<FlowId> = nics.iter().flat_map(|&n| self.on_nic[n].iter().copied()).collect();
+        for id in ids {
+            let (src, dst) = {
+                let flow = &self.flows[&id];
+                (flow.src, flow.dst)
+            };
+            let rate = self.share(src).min(self.share(dst));
+            let flow = self.flows.get_mut(&id).expect("listed flows exist");
+            Self::advance(&mut self.sent, flow, now_ns);
+            flow.rate = rate;
+            flow.version += 1;
+            let at_ns = now_ns + (flow.remaining / rate.max(1e-12)).ceil() as u64;
+            out.push(Finish { id, at_ns, version: flow.version });
+        }
+    }
+
+    /// Starts a flow of `bytes` from `src` to `dst` at `now_ns`; returns its id and the new
+    /// finish times of every flow it slowed down (its own included).
+    pub fn start(&mut self, now_ns: u64, src: usize, dst: usize, bytes: u64) -> (FlowId, Vec<Finish>) {
+        let id = FlowId(self.next_id);
+        self.next_id += 1;
+        let flow = Flow { src, dst, remaining: bytes as f64, rate: 0.0, last_ns: now_ns, version: 0 };
+        // `retime` settles every flow's progress at its old rate before giving it the new share.
+        let mut out = Vec::new();
+        self.flows.insert(id, flow);
+        self.on_nic[src].insert(id);
+        self.on_nic[dst].insert(id);
+        self.retime(now_ns, &[src, dst], &mut out);
+        (id, out)
+    }
+
+    /// Ends `id` if `version` is current: returns `None` for a stale event, else the flow's
+    /// ends and the new finish times of the flows that speed up.
+    pub fn finish(&mut self, now_ns: u64, id: FlowId, version: u64) -> Option<((usize, usize), Vec<Finish>)> {
+        let flow = self.flows.get(&id)?;
+        if flow.version != version {
+            return None;
+        }
+        Some(self.remove(now_ns, id))
+    }
+
+    /// Ends `id` now whatever its progress (a failed read); returns its ends and re-timings.
+    pub fn abort(&mut self, now_ns: u64, id: FlowId) -> Option<((usize, usize), Vec<Finish>)> {
+        if !self.flows.contains_key(&id) {
+            return None;
+        }
+        Some(self.remove(now_ns, id))
+    }
+
+    fn remove(&mut self, now_ns: u64, id: FlowId) -> ((usize, usize), Vec<Finish>) {
+        let mut flow = self.flows.remove(&id).expect("checked");
+        Self::advance(&mut self.sent, &mut flow, now_ns);
+        self.on_nic[flow.src].remove(&id);
+        self.on_nic[flow.dst].remove(&id);
+        let mut out = Vec::new();
+        self.retime(now_ns, &[flow.src, flow.dst], &mut out);
+        ((flow.src, flow.dst), out)
+    }
+
+    /// Scales `nic`'s bandwidth by `factor` from `now_ns` on (1.0 restores it).
+    pub fn set_factor(&mut self, now_ns: u64, nic: usize, factor: f64) -> Vec<Finish> {
+        let mut out = Vec::new();
+        // Settle progress at the old rate first.
+        self.retime(now_ns, &[nic], &mut Vec::new());
+        self.factor[nic] = factor;
+        self.retime(now_ns, &[nic], &mut out);
+        out
+    }
+
+    /// Flows that touch `nic`, in id order.
+    pub fn flows_on(&self, nic: usize) -> Vec<FlowId> {
+        self.on_nic[nic].iter().copied().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_flows_share_a_source_and_the_survivor_speeds_up() {
+        // 1 GB/s = 1 byte/ns.
+        let mut nics = Nics::new(3, 1.0);
+        let (a, f) = nics.start(0, 0, 1, 1000);
+        assert_eq!(f, [Finish { id: a, at_ns: 1000, version: 1 }]);
+        let (b, f) = nics.start(0, 0, 2, 500);
+        // Both at 0.5 byte/ns now: a needs 2000 ns, b 1000 ns.
+        let finish: BTreeMap<FlowId, u64> = f.iter().map(|x| (x.id, x.at_ns)).collect();
+        assert_eq!((finish[&a], finish[&b]), (2000, 1000));
+        let b_version = f.iter().find(|x| x.id == b).unwrap().version;
+        let ((src, dst), f) = nics.finish(1000, b, b_version).unwrap();
+        assert_eq!((src, dst), (0, 2));
+        // a moved 500 bytes by t = 1000 and has 500 left at the full rate.
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].at_ns, 1500);
+        assert_eq!(nics.finish(1500, a, 1), None, "stale version ignored");
+        assert!(nics.finish(1500, a, f[0].version).is_some());
+        let total: f64 = nics.sent_per_bucket(0).iter().sum();
+        assert!((total - 1500.0).abs() < 1e-6, "{total}");
+    }
+
+    #[test]
+    fn slow_nic_stretches_its_flows() {
+        let mut nics = Nics::new(2, 1.0);
+        let (a, _) = nics.start(0, 0, 1, 1000);
+        let f = nics.set_factor(500, 0, 0.5);
+        assert_eq!(f[0].id, a);
+        assert_eq!(f[0].at_ns, 1500, "500 bytes left at half speed");
+    }
+}

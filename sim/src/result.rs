@@ -1,0 +1,200 @@
+//! The versioned result of one run, serialised as JSON (`pdkv run --json`).
+
+use serde::{Deserialize, Serialize};
+
+use crate::scenario::{Outcome, Scenario, FORMAT_VERSION};
+
+/// Everything a run measured.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunResult {
+    /// Format version ([`FORMAT_VERSION`]).
+    pub version: u32,
+    /// The scenario's name.
+    pub scenario: String,
+    /// Its deployment notation.
+    pub deployment: String,
+    /// The seed the run used.
+    pub seed: u64,
+    /// How the run ended.
+    pub outcome: Outcome,
+    /// The outcome the scenario declared (`clean` when it declared none).
+    pub expected: Outcome,
+    /// Virtual time at the end of the run, in seconds.
+    pub duration_s: f64,
+    /// Requests by how they ended.
+    pub requests: Requests,
+    /// Token throughput over the run.
+    pub throughput: Throughput,
+    /// Latency distributions, in milliseconds.
+    pub latency_ms: Latencies,
+    /// NIC balance over prefill GPUs.
+    pub nic: NicStats,
+    /// What happened to prefill blocks.
+    pub ledger: Ledger,
+    /// Collectives or requests that never completed, with who waited for whom.
+    pub hangs: Vec<Hang>,
+    /// Safety violations, in the order found.
+    pub violations: Vec<Violation>,
+    /// Events processed.
+    pub events: u64,
+    /// The scenario the run used, so `pdkv replay` can rerun it exactly.
+    pub scenario_ron: String,
+}
+
+/// Requests by outcome.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Requests {
+    /// Requests the clients sent.
+    pub sent: u64,
+    /// Requests that produced all their tokens.
+    pub finished: u64,
+    /// Requests that ended with an error (KV not received, prefill refused).
+    pub failed: u64,
+    /// Requests still in flight when the run ended.
+    pub unfinished: u64,
+}
+
+/// Token throughput.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Throughput {
+    /// Prompt plus generated tokens of finished requests per second of the run.
+    pub total_tok_s: f64,
+    /// Generated tokens per second.
+    pub output_tok_s: f64,
+    /// Finished requests per second.
+    pub requests_per_s: f64,
+}
+
+/// Mean and percentiles of one latency.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    /// Mean.
+    pub mean: f64,
+    /// Median.
+    pub p50: f64,
+    /// 99th percentile.
+    pub p99: f64,
+}
+
+impl Summary {
+    /// Summarises `values` (milliseconds); all zero when there are none.
+    pub fn of(values: &mut [f64]) -> Summary {
+        if values.is_empty() {
+            return Summary::default();
+        }
+        values.sort_by(f64::total_cmp);
+        let mean = values.iter().sum::<f64>() / values.len() as f64;
+        let at = |q: f64| values[((values.len() - 1) as f64 * q).round() as usize];
+        Summary { mean: round3(mean), p50: round3(at(0.5)), p99: round3(at(0.99)) }
+    }
+}
+
+/// Rounds to three decimals so results stay readable (and byte-stable).
+pub fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+/// The four latencies of `vllm bench serve`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Latencies {
+    /// Time to first token.
+    pub ttft: Summary,
+    /// Time per output token after the first, per request.
+    pub tpot: Summary,
+    /// Inter-token latency, per token.
+    pub itl: Summary,
+    /// End to end.
+    pub e2e: Summary,
+}
+
+/// Reads and bytes per prefill GPU (rank order: engine, DP, TP).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NicStats {
+    /// Prefill GPU names in rank order.
+    pub prefill_gpus: Vec<String>,
+    /// Reads each prefill GPU served (one per decode worker per request).
+    pub reads_per_prefill_gpu: Vec<u64>,
+    /// Bytes each prefill GPU sent.
+    pub bytes_per_prefill_gpu: Vec<u64>,
+    /// Jain's fairness index of the reads.
+    pub jain: f64,
+    /// Jain's index of the bytes.
+    pub jain_bytes: f64,
+    /// Per prefill GPU, the fraction of NIC bandwidth used in each virtual second.
+    pub utilisation: Vec<Vec<f64>>,
+}
+
+/// Prefill block ledger totals.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Ledger {
+    /// Transfers whose blocks are still held at the end.
+    pub held: u64,
+    /// Transfers freed after their releases.
+    pub freed: u64,
+    /// Transfers freed by the reaper.
+    pub reaped: u64,
+    /// Longest time any transfer's blocks were held, in milliseconds.
+    pub max_hold_ms: f64,
+    /// Time prefill DP ranks spent unable to start a batch for want of free blocks, in seconds.
+    pub prefill_stall_s: f64,
+}
+
+/// A wait that never ended.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Hang {
+    /// When it was detected, in virtual milliseconds.
+    pub t_ms: f64,
+    /// What hung (e.g. a collective) and why it was declared hung.
+    pub what: String,
+    /// Ranks involved.
+    pub ranks: Vec<String>,
+    /// Who waits for whom, one edge per line: `a -> b (reason)`.
+    pub wait_for: Vec<String>,
+    /// A cycle in the wait-for graph, if there is one.
+    pub cycle: Option<Vec<String>>,
+    /// The wait-for graph in Graphviz form.
+    pub dot: String,
+}
+
+/// A safety violation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Violation {
+    /// When, in virtual milliseconds.
+    pub t_ms: f64,
+    /// Which check failed (`read_freed_block`, `read_foreign_region`, `double_free`,
+    /// `port_without_listener`, `protocol_error`).
+    pub kind: String,
+    /// Ranks involved.
+    pub ranks: Vec<String>,
+    /// What exactly.
+    pub detail: String,
+}
+
+impl RunResult {
+    /// An empty result for `scenario` (filled in by the run).
+    pub fn empty(scenario: &Scenario, scenario_ron: String) -> RunResult {
+        RunResult {
+            version: FORMAT_VERSION,
+            scenario: scenario.name.clone(),
+            deployment: scenario.deployment.clone(),
+            seed: scenario.seed,
+            outcome: Outcome::Clean,
+            expected: scenario.expect.unwrap_or(Outcome::Clean),
+            duration_s: 0.0,
+            requests: Requests::default(),
+            throughput: Throughput::default(),
+            latency_ms: Latencies::default(),
+            nic: NicStats::default(),
+            ledger: Ledger::default(),
+            hangs: Vec::new(),
+            violations: Vec::new(),
+            events: 0,
+            scenario_ron,
+        }
+    }
+
+    /// Pretty JSON; byte-identical for identical runs.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("results serialise")
+    }
+}

@@ -1,0 +1,431 @@
+//! The scenario: everything a run depends on besides the seed, as data (RON files under
+//! `scenarios/`, or built from a bare notation with the default profile).
+//!
+//! Every field has a default, so a file states only what differs. Unknown fields are rejected.
+//! Units are in the field names (`_ms`, `_us`, `_gb_s`, ...). `docs/scenarios.md` documents each.
+
+use pdkv_core::legacy::Legacy;
+use serde::{Deserialize, Serialize};
+
+/// Version of the scenario and result formats; bumped when a field changes meaning.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// One simulation input.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    /// Short name, used for the output folder.
+    pub name: String,
+    /// One line: what the scenario shows.
+    #[serde(default)]
+    pub description: String,
+    /// Deployment notation, e.g. `2P_TP8:1D_DP8EP`.
+    pub deployment: String,
+    /// The served model.
+    #[serde(default)]
+    pub model: ModelProfile,
+    /// GPUs, NICs, fabric and listeners.
+    #[serde(default)]
+    pub hardware: Hardware,
+    /// Calibrated compute-time constants.
+    #[serde(default)]
+    pub cost: CostModel,
+    /// Clients and request lengths.
+    #[serde(default)]
+    pub workload: Workload,
+    /// Protocol knobs and legacy options.
+    #[serde(default)]
+    pub protocol: Protocol,
+    /// Scheduler limits of the engines.
+    #[serde(default)]
+    pub engines: EngineLimits,
+    /// Fault timeline and randomised faults.
+    #[serde(default)]
+    pub faults: Faults,
+    /// Seed of every random stream of the run.
+    #[serde(default)]
+    pub seed: u64,
+    /// Budgets that end a run.
+    #[serde(default)]
+    pub limits: Limits,
+    /// The outcome this scenario is expected to have (`clean` when absent).
+    #[serde(default)]
+    pub expect: Option<Outcome>,
+}
+
+/// How a run ended, from worst to best: a safety violation outranks a hang, which outranks a
+/// leak.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Every request finished, every block freed by its releases, no violation.
+    Clean,
+    /// Blocks were freed only by the reaper, or are still held at the end.
+    Leak,
+    /// Something waited past its timeout (a collective), or requests never ended.
+    Hang,
+    /// A read of freed or foreign memory, a double free, or a message to a port nobody owns.
+    SafetyViolation,
+}
+
+impl Outcome {
+    /// The snake_case name used in files and results.
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Clean => "clean",
+            Outcome::Leak => "leak",
+            Outcome::Hang => "hang",
+            Outcome::SafetyViolation => "safety_violation",
+        }
+    }
+}
+
+/// The served model's facts that drive KV sizes and compute.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelProfile {
+    /// Multi-head latent attention (KV replicated on every TP rank).
+    pub use_mla: bool,
+    /// KV heads (1 for MLA).
+    pub kv_heads: u16,
+    /// Transformer layers.
+    pub layers: u16,
+    /// Layers with routed experts (each does an expert all-to-all under EP).
+    pub moe_layers: u16,
+    /// KV bytes per token per layer, whole model.
+    pub kv_bytes_per_token_per_layer: u32,
+    /// Tokens per KV block.
+    pub block_size_tokens: u32,
+    /// Parameters active per token, in billions (FLOPs per token = 2 × this).
+    pub active_params_b: f64,
+    /// Weight bytes per GPU when the model is spread over 8 GPUs, in GB.
+    pub weights_gb_per_gpu: f64,
+    /// Hidden size (bytes moved per token per expert all-to-all, at one byte per value).
+    pub hidden_size: u32,
+}
+
+impl Default for ModelProfile {
+    /// DeepSeek-R1: MLA latent of 576 values per token per layer stored as FP8 (vLLM's
+    /// `--kv-cache-dtype fp8`, which the published runs need to hold their batch sizes), 61
+    /// layers of which 58 are MoE, 37B active parameters, FP8 weights (671 GB over 8 GPUs),
+    /// hidden size 7168.
+    fn default() -> Self {
+        ModelProfile {
+            use_mla: true,
+            kv_heads: 1,
+            layers: 61,
+            moe_layers: 58,
+            kv_bytes_per_token_per_layer: 576,
+            block_size_tokens: 16,
+            active_params_b: 37.0,
+            weights_gb_per_gpu: 84.0,
+            hidden_size: 7168,
+        }
+    }
+}
+
+/// Hardware of every GPU node.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Hardware {
+    /// HBM per GPU.
+    pub hbm_gb: f64,
+    /// Fraction of HBM left to the KV cache after weights and activations.
+    pub kv_memory_fraction: f64,
+    /// HBM bandwidth per GPU.
+    pub hbm_tb_s: f64,
+    /// Dense FP8 throughput per GPU.
+    pub fp8_tflops: f64,
+    /// Intra-node fabric bandwidth per GPU (TP all-reduce, EP all-to-all).
+    pub fabric_gb_s: f64,
+    /// RDMA NIC bandwidth per GPU (MoRI-IO moves about 48 GB/s per 400 Gb/s NIC).
+    pub nic_gb_s: f64,
+    /// Per-message latency of an RDMA read.
+    pub nic_latency_us: f64,
+    /// One-way latency of a control message (handshake, release, HTTP hop).
+    pub control_latency_us: f64,
+    /// Time a handshake or notify listener spends on one message (one at a time).
+    pub listener_service_us: f64,
+}
+
+impl Default for Hardware {
+    /// MI300X-class: 192 GB HBM3 at 5.3 TB/s, 2.6 PFLOP/s dense FP8, one 400 Gb/s NIC.
+    fn default() -> Self {
+        Hardware {
+            hbm_gb: 192.0,
+            kv_memory_fraction: 0.5,
+            hbm_tb_s: 5.3,
+            fp8_tflops: 2600.0,
+            fabric_gb_s: 448.0,
+            nic_gb_s: 48.0,
+            nic_latency_us: 5.0,
+            control_latency_us: 100.0,
+            listener_service_us: 50.0,
+        }
+    }
+}
+
+/// Calibrated constants of the compute-time model (see `docs/sim.md`, "Calibration").
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CostModel {
+    /// Fixed time of one prefill batch (scheduling, launch, the non-scaling part).
+    pub prefill_fixed_ms: f64,
+    /// Fraction of peak FP8 throughput prefill achieves.
+    pub prefill_mfu: f64,
+    /// Fixed time of one decode step of a TP8 engine (weights streamed from HBM).
+    pub decode_fixed_ms: f64,
+    /// Fraction of HBM bandwidth attention achieves when reading KV in decode.
+    pub decode_kv_efficiency: f64,
+    /// Per-request per-step overhead in decode (sampling, scheduling).
+    pub decode_per_request_us: f64,
+    /// Fraction of fabric bandwidth collectives achieve.
+    pub fabric_efficiency: f64,
+}
+
+impl Default for CostModel {
+    fn default() -> Self {
+        CostModel {
+            prefill_fixed_ms: 250.0,
+            prefill_mfu: 0.1,
+            decode_fixed_ms: 24.0,
+            decode_kv_efficiency: 0.45,
+            decode_per_request_us: 10.0,
+            fabric_efficiency: 0.7,
+        }
+    }
+}
+
+/// Request lengths: fixed, or uniform between two bounds (inclusive).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub enum Length {
+    /// Always this many tokens.
+    Fixed(u32),
+    /// Uniform in `min..=max` tokens, drawn from the workload stream.
+    Uniform {
+        /// Smallest length.
+        min: u32,
+        /// Largest length.
+        max: u32,
+    },
+}
+
+/// How clients send requests.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub enum Clients {
+    /// `concurrency` clients, each sending its next request when the last one ends, until
+    /// `requests` were sent (`vllm bench serve --max-concurrency C --num-prompts N`).
+    Closed {
+        /// Requests in flight at once.
+        concurrency: u32,
+        /// Requests in total.
+        requests: u32,
+    },
+    /// Poisson arrivals at `rate_per_s` until `requests` were sent.
+    Open {
+        /// Mean arrivals per second.
+        rate_per_s: f64,
+        /// Requests in total.
+        requests: u32,
+    },
+}
+
+/// The clients and the lengths of their requests.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Workload {
+    /// Closed or open loop.
+    pub clients: Clients,
+    /// Prompt length.
+    pub input_tokens: Length,
+    /// Generated tokens per request.
+    pub output_tokens: Length,
+}
+
+impl Default for Workload {
+    /// C = 128 closed loop, 10×C requests, 8K in / 1K out.
+    fn default() -> Self {
+        Workload {
+            clients: Clients::Closed { concurrency: 128, requests: 1280 },
+            input_tokens: Length::Fixed(8192),
+            output_tokens: Length::Fixed(1024),
+        }
+    }
+}
+
+/// How the decode side reads KV.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Reads {
+    /// One read per layer (MoRIIO).
+    PerLayer,
+    /// One read per request.
+    PerRequest,
+}
+
+/// Protocol knobs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Protocol {
+    /// Legacy options switched on (kebab-case names, as `pdkv routes --legacy`).
+    pub legacy: Vec<Legacy>,
+    /// Read granularity.
+    pub reads: Reads,
+    /// Deadline of a handshake dial.
+    pub handshake_timeout_ms: u64,
+    /// Deadline of a request's KV, from its arrival at the decode worker.
+    pub transfer_timeout_ms: u64,
+    /// Delay of the prefill deferred-free reaper.
+    pub defer_timeout_ms: u64,
+    /// Deadline of a TP or EP collective (NCCL's watchdog: 600 s).
+    pub collective_timeout_ms: u64,
+}
+
+impl Default for Protocol {
+    fn default() -> Self {
+        Protocol {
+            legacy: Vec::new(),
+            reads: Reads::PerLayer,
+            handshake_timeout_ms: 10_000,
+            transfer_timeout_ms: 30_000,
+            defer_timeout_ms: 60_000,
+            collective_timeout_ms: 600_000,
+        }
+    }
+}
+
+/// Scheduler limits.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineLimits {
+    /// Most prompt tokens one prefill batch holds (per DP rank).
+    pub prefill_max_batched_tokens: u32,
+    /// Most requests one decode DP rank runs at once.
+    pub decode_max_batch: u32,
+    /// KV blocks per GPU; 0 derives them from HBM, weights and `kv_memory_fraction`.
+    pub kv_blocks_per_gpu: u32,
+}
+
+impl Default for EngineLimits {
+    fn default() -> Self {
+        EngineLimits { prefill_max_batched_tokens: 32_768, decode_max_batch: 512, kv_blocks_per_gpu: 0 }
+    }
+}
+
+/// What a fault does.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub enum FaultKind {
+    /// Control messages to the target are lost.
+    LoseMessages,
+    /// Control messages to the target are delayed by this much.
+    DelayMessages {
+        /// Extra delay.
+        delay_ms: u64,
+    },
+    /// Control messages to the target arrive twice.
+    DuplicateMessages,
+    /// The target's handshake listener answers nothing.
+    DeadListener,
+    /// The target's handshake listener takes this long per request.
+    SlowListener {
+        /// Service time per request.
+        service_ms: u64,
+    },
+    /// The target's NIC runs at this fraction of its bandwidth.
+    SlowNic {
+        /// Bandwidth factor (0 < factor ≤ 1).
+        factor: f64,
+    },
+    /// The target's NIC fails every read.
+    NicDown,
+    /// Reads posted by the target get send-queue-full.
+    SendQueueFull,
+}
+
+/// A rank a fault applies to, named as `P0.dp0.tp3` or `D0.dp2.tp0`; `*` matches any part.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Target(pub String);
+
+/// One entry of the fault timeline: at `at_ms`, on `target`, do `fault` for `duration_ms`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimedFault {
+    /// Start, in virtual milliseconds.
+    pub at_ms: u64,
+    /// The ranks affected.
+    pub target: Target,
+    /// What happens.
+    pub fault: FaultKind,
+    /// How long; absent means until the end of the run.
+    #[serde(default)]
+    pub duration_ms: Option<u64>,
+    /// At most this many messages are affected (message faults only); absent means all.
+    #[serde(default)]
+    pub count: Option<u32>,
+}
+
+/// Randomised faults drawn from the seed (swarm testing).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Swarm {
+    /// Probability that a control message is lost.
+    pub loss: f64,
+    /// Probability that a control message is duplicated.
+    pub duplicate: f64,
+    /// Probability that a control message is delayed, and by how much at most.
+    pub delay: f64,
+    /// Largest extra delay.
+    pub max_delay_ms: u64,
+    /// Probability that a posted read gets send-queue-full.
+    pub send_queue_full: f64,
+}
+
+/// All faults of a run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Faults {
+    /// Faults at given times.
+    pub timeline: Vec<TimedFault>,
+    /// Faults drawn at random.
+    pub swarm: Swarm,
+}
+
+/// Budgets that end a run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Virtual time after which the run stops and whatever is unfinished is reported.
+    pub max_virtual_time_s: u64,
+    /// Events after which the run stops (a guard against runaway models).
+    pub max_events: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { max_virtual_time_s: 7200, max_events: 200_000_000 }
+    }
+}
+
+impl Scenario {
+    /// A scenario for a bare notation with the default profile and workload.
+    pub fn from_notation(notation: &str) -> Scenario {
+        Scenario {
+            name: notation.replace(':', "-"),
+            description: format!("{notation} with the default profile and workload"),
+            deployment: notation.to_string(),
+            model: ModelProfile::default(),
+            hardware: Hardware::default(),
+            cost: CostModel::default(),
+            workload: Workload::default(),
+            protocol: Protocol::default(),
+            engines: EngineLimits::default(),
+            faults: Faults::default(),
+            seed: 0,
+            limits: Limits::default(),
+            expect: None,
+        }
+    }
+}

@@ -1,0 +1,1771 @@
+//! The simulated world: clients, proxy, engines, NICs and listeners around the core's nodes,
+//! advanced by one event queue in virtual time.
+//!
+//! Every protocol decision is the core's: the world only delivers events to nodes (after modelled
+//! latencies, service times and faults) and carries out their actions. Checkers look at each
+//! action as it is carried out (safety) and at the end of the run (liveness).
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
+
+use pdkv_core::decode::{
+    DecodeAction, DecodeConfig, DecodeEvent, DecodeWorker, ReadGranularity, ReadOp, ReadOutcome, RecvRequest,
+};
+use pdkv_core::ids::{EngineId, RankId, RequestId, Role, TransferId};
+use pdkv_core::legacy::LegacyOptions;
+use pdkv_core::params::KvTransferParams;
+use pdkv_core::ports::{AddressBook, ListenerKind, SessionKey};
+use pdkv_core::prefill::{
+    EngineAction, EngineEvent, PrefillEngine, PrefillWorker, WorkerAction, WorkerEvent,
+};
+use pdkv_core::proxy::{Proxy, ProxyAction};
+use pdkv_core::time::Instant;
+use pdkv_core::topology::{Deployment, Layout, ModelSpec};
+use pdkv_core::wire::{self, ControlMessage, HandshakeMetadata, LayerMemoryDesc};
+
+use crate::cost::{Cost, GroupLoad};
+use crate::load::{parse_target, TargetPattern};
+use crate::nic::{Finish, FlowId, Nics, BUCKET_NS};
+use crate::result::{round3, Hang, Ledger, NicStats, RunResult, Summary, Violation};
+use crate::rng::Streams;
+use crate::scenario::{Clients, FaultKind, Length, Outcome, Reads, Scenario};
+use crate::trace::TraceRecord;
+use crate::waitfor::WaitFor;
+
+const NS_PER_MS: u64 = 1_000_000;
+/// Most trace records kept; a longer run keeps the first ones and says so.
+pub const MAX_TRACE_RECORDS: usize = 500_000;
+/// Delay before a decode engine with requests waiting on reads steps again.
+const IDLE_STEP_NS: u64 = 5 * NS_PER_MS;
+
+/// What a run can be asked to record besides its result.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RunOptions {
+    /// Keep trace records (text and Chrome trace); off for benchmarks.
+    pub trace: bool,
+}
+
+/// A finished run.
+#[derive(Clone, Debug)]
+pub struct Run {
+    /// The result object.
+    pub result: RunResult,
+    /// Trace records, in time order, if asked for.
+    pub trace: Vec<TraceRecord>,
+}
+
+#[derive(Debug)]
+enum Msg {
+    Dial { from: usize, session: SessionKey },
+    Release { bytes: Vec<u8> },
+}
+
+#[derive(Debug)]
+enum Ev {
+    Arrival,
+    PrefillQueue { req: RequestId },
+    PrefillDone { group: usize },
+    ProxyAnswer { req: RequestId },
+    DecodeArrive { recv: Box<RecvRequest> },
+    StepBegin { unit: usize },
+    StepEnd { unit: usize, step: u64 },
+    CollectiveTimeout { unit: usize, step: u64 },
+    VoteResult { group: usize, step: u64, ok: bool },
+    AtListener { listener: usize, msg: Msg },
+    Serve { listener: usize, msg: Msg },
+    ToDecode { worker: usize, event: Box<DecodeEvent> },
+    Flow { id: FlowId, version: u64 },
+    ReadLater { worker: usize, request: RequestId, layer: Option<u16>, outcome: ReadOutcome },
+    DecodeTick { worker: usize },
+    EngineTick { engine: usize },
+    Fault { index: usize, start: bool },
+}
+
+struct Scheduled {
+    at: u64,
+    seq: u64,
+    ev: Ev,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+impl Eq for Scheduled {}
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Scheduled {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(other.at, other.seq))
+    }
+}
+
+/// KV blocks of one engine DP rank (the same ids on every TP rank), with their owners.
+#[derive(Clone, Debug)]
+struct Pool {
+    free: Vec<u32>,
+    /// Owner transfer (index into `World::transfers`) of each block, `u32::MAX` when free.
+    owner: Vec<u32>,
+}
+
+const FREE: u32 = u32::MAX;
+
+impl Pool {
+    fn new(blocks: u32) -> Pool {
+        Pool { free: (0..blocks).rev().collect(), owner: vec![FREE; blocks as usize] }
+    }
+
+    fn available(&self) -> usize {
+        self.free.len()
+    }
+
+    fn alloc(&mut self, n: usize, owner: u32) -> Vec<u32> {
+        let at = self.free.len() - n;
+        let blocks: Vec<u32> = self.free.split_off(at).into_iter().rev().collect();
+        for &b in &blocks {
+            self.owner[b as usize] = owner;
+        }
+        blocks
+    }
+
+    /// Frees `blocks` of `owner`; returns the blocks that were not `owner`'s (a double free).
+    fn release(&mut self, blocks: &[u32], owner: u32) -> Vec<u32> {
+        let mut bad = Vec::new();
+        for &b in blocks.iter().rev() {
+            match self.owner.get(b as usize) {
+                Some(&o) if o == owner => {
+                    self.owner[b as usize] = FREE;
+                    self.free.push(b);
+                }
+                _ => bad.push(b),
+            }
+        }
+        bad
+    }
+}
+
+struct PGroup {
+    engine: usize,
+    dp: u16,
+    layout: Layout,
+    queue: VecDeque<RequestId>,
+    batch: Vec<(RequestId, Vec<u32>)>,
+    busy: bool,
+    pool: Pool,
+    stalled_since: Option<u64>,
+    stall_ns: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Running {
+    id: RequestId,
+    left: u32,
+    context: u64,
+    first: bool,
+}
+
+struct Pending {
+    reported: u16,
+    received: u16,
+    failed: bool,
+}
+
+struct DGroup {
+    engine: usize,
+    workers: Vec<usize>,
+    unit: usize,
+    pool: Pool,
+    waiting: VecDeque<RecvRequest>,
+    pending: BTreeMap<RequestId, Pending>,
+    ready: Vec<RequestId>,
+    /// Requests decoding, with what each step needs of them kept inline (no map lookups).
+    running: Vec<Running>,
+    /// Sum of the running requests' context lengths.
+    context_tokens: u64,
+    votes: BTreeMap<u64, Vec<(usize, bool)>>,
+}
+
+#[derive(PartialEq, Eq)]
+enum UnitState {
+    Idle,
+    Waiting { arrived: BTreeSet<usize>, began: u64 },
+    Computing,
+}
+
+struct Unit {
+    engine: usize,
+    /// When the last step ended (for inter-token latency).
+    last_step_end: Option<u64>,
+    /// Whether a collective-timeout event is pending for this unit.
+    watchdog: bool,
+    groups: Vec<usize>,
+    step: u64,
+    state: UnitState,
+    wake_scheduled: bool,
+}
+
+struct Listener {
+    rank: RankId,
+    kind: ListenerKind,
+    busy_until: u64,
+}
+
+struct Req {
+    sent_ns: u64,
+    input: u32,
+    output: u32,
+    prefill_group: usize,
+    decode_group: usize,
+    transfer: u32,
+
+    first_token_ns: Option<u64>,
+    done_ns: Option<u64>,
+    failed: bool,
+    prefill_blocks: Vec<u32>,
+    decode_blocks: Vec<u32>,
+}
+
+struct FlowInfo {
+    worker: usize,
+    ops: Vec<(RequestId, Option<u16>)>,
+    transfer: u32,
+    server: usize,
+    blocks: std::sync::Arc<[u32]>,
+    started: u64,
+}
+
+struct ActiveFault {
+    pattern: TargetPattern,
+    kind: FaultKind,
+    remaining: Option<u32>,
+}
+
+/// Every piece of state of one run.
+pub struct World {
+    sc: Scenario,
+    d: Deployment,
+    cost: Cost,
+    book: AddressBook,
+    now: u64,
+    seq: u64,
+    queue: BinaryHeap<Reverse<Scheduled>>,
+    events: u64,
+    streams: Streams,
+    proxy: Proxy,
+    to_send: u64,
+    open_loop: Option<f64>,
+    requests: BTreeMap<RequestId, Req>,
+    transfers: Vec<TransferId>,
+    transfer_index: BTreeMap<TransferId, u32>,
+    fenced: BTreeSet<u32>,
+    p_ranks: Vec<RankId>,
+    d_ranks: Vec<RankId>,
+    pgroup_base: Vec<usize>,
+    pgroups: Vec<PGroup>,
+    engines: Vec<PrefillEngine>,
+    engine_tick: Vec<Option<u64>>,
+    pworkers: Vec<PrefillWorker>,
+    dgroup_base: Vec<usize>,
+    dgroups: Vec<DGroup>,
+    units: Vec<Unit>,
+    dworkers: Vec<DecodeWorker>,
+    dworker_tick: Vec<Option<u64>>,
+    dworker_group: Vec<usize>,
+    listeners: Vec<Listener>,
+    listener_at: BTreeMap<(String, u16), usize>,
+    regions: BTreeMap<u64, (usize, u64)>,
+    nics: Nics,
+    flows: BTreeMap<FlowId, FlowInfo>,
+    faults: Vec<Option<ActiveFault>>,
+    reads: Vec<u64>,
+    bytes: Vec<u64>,
+    /// Decode step gaps and how many tokens waited each one.
+    itl: Vec<(u64, u64)>,
+    violations: Vec<Violation>,
+    hangs: Vec<Hang>,
+    stopped: bool,
+    max_hold_ns: u64,
+    trace_on: bool,
+    trace: Vec<TraceRecord>,
+    trace_dropped: u64,
+}
+
+fn ms(ns: u64) -> f64 {
+    round3(ns as f64 / NS_PER_MS as f64)
+}
+
+/// The model facts the core's routing and nodes need, from the scenario's profile.
+pub fn model_spec(sc: &Scenario) -> ModelSpec {
+    ModelSpec {
+        use_mla: sc.model.use_mla,
+        kv_heads: sc.model.kv_heads,
+        layers: sc.model.layers,
+        bytes_per_token_per_layer: sc.model.kv_bytes_per_token_per_layer,
+        block_size_tokens: sc.model.block_size_tokens,
+    }
+}
+
+impl World {
+    /// Builds the world of `sc`; fails with a message if the scenario cannot run.
+    pub fn new(sc: &Scenario, options: RunOptions) -> Result<World, String> {
+        let d = Deployment::parse(&sc.deployment).map_err(|e| e.to_string())?.with_model(model_spec(sc));
+        for &decode in &d.decode {
+            for &prefill in &d.prefill {
+                pdkv_core::routing::check_pair(decode, prefill, &d.model).map_err(|e| e.to_string())?;
+            }
+        }
+        let legacy: LegacyOptions = sc.protocol.legacy.iter().copied().collect();
+        let cost = Cost::new(&sc.model, &sc.hardware, &sc.cost);
+        let book = AddressBook::one_host_per_engine(&d);
+        let p_ranks = d.ranks(Role::Prefill);
+        let d_ranks = d.ranks(Role::Decode);
+        let blocks_for = |tp: u16| {
+            if sc.engines.kv_blocks_per_gpu > 0 {
+                sc.engines.kv_blocks_per_gpu
+            } else {
+                cost.kv_blocks_per_gpu(tp)
+            }
+        };
+
+        // Prefill: groups (engine, dp), engines, workers with their memory regions.
+        let mut pgroup_base = Vec::new();
+        let mut pgroups = Vec::new();
+        let mut engines = Vec::new();
+        for (e, &layout) in d.prefill.iter().enumerate() {
+            pgroup_base.push(pgroups.len());
+            for dp in 0..layout.dp {
+                pgroups.push(PGroup {
+                    engine: e,
+                    dp,
+                    layout,
+                    queue: VecDeque::new(),
+                    batch: Vec::new(),
+                    busy: false,
+                    pool: Pool::new(blocks_for(layout.tp)),
+                    stalled_since: None,
+                    stall_ns: 0,
+                });
+            }
+            let engine =
+                PrefillEngine::new(EngineId::prefill(e as u16), layout, d.model.clone(), legacy.clone())
+                    .with_defer_timeout_ns(sc.protocol.defer_timeout_ms * NS_PER_MS);
+            engines.push(engine);
+        }
+        let mut regions = BTreeMap::new();
+        let mut pworkers = Vec::new();
+        for (i, &rank) in p_ranks.iter().enumerate() {
+            let layout = d.layout(rank.engine);
+            let block_len = cost.block_bytes_per_layer(layout.tp);
+            let num_blocks = blocks_for(layout.tp);
+            let region_len = u64::from(num_blocks) * block_len;
+            // Every rank's regions live in a disjoint slice of a global address space, so a read's
+            // address says which rank's memory it touches.
+            let rank_base = (i as u64 + 1) << 44;
+            let bases: Vec<u64> =
+                (0..u64::from(sc.model.layers)).map(|l| rank_base + l * region_len).collect();
+            for &base in &bases {
+                regions.insert(base, (i, region_len));
+            }
+            let metadata = HandshakeMetadata {
+                engine_id: book.engine_id(rank.engine),
+                agent_metadata: Vec::new(),
+                kv_caches_base_addr: bases,
+                num_blocks,
+                block_len,
+                attn_backend_name: "pdkv-sim".into(),
+                rank: None,
+            };
+            let layers = (0..sc.model.layers)
+                .map(|l| LayerMemoryDesc { layer_name: format!("model.layers.{l}"), descs: vec![vec![0]] })
+                .collect();
+            pworkers.push(PrefillWorker::new(rank, metadata, layers, &legacy));
+        }
+
+        // Listeners, bound in rank order; a port taken already fails to bind (EADDRINUSE).
+        let mut listeners = Vec::new();
+        let mut listener_at = BTreeMap::new();
+        for &rank in &p_ranks {
+            for kind in [ListenerKind::Handshake, ListenerKind::Notify] {
+                let Ok(endpoint) = book.listen_endpoint(&d, rank, kind, &legacy) else { continue };
+                let key = (endpoint.host, endpoint.port);
+                if let std::collections::btree_map::Entry::Vacant(slot) = listener_at.entry(key) {
+                    slot.insert(listeners.len());
+                    listeners.push(Listener { rank, kind, busy_until: 0 });
+                }
+            }
+        }
+
+        // Decode: groups, units (an EP engine steps all its DP ranks together), workers.
+        let mut dgroup_base = Vec::new();
+        let mut dgroups = Vec::new();
+        let mut units = Vec::new();
+        let mut dworkers = Vec::new();
+        let mut dworker_group = Vec::new();
+        let granularity = match sc.protocol.reads {
+            Reads::PerLayer => ReadGranularity::PerLayer,
+            Reads::PerRequest => ReadGranularity::PerRequest,
+        };
+        for (e, &layout) in d.decode.iter().enumerate() {
+            dgroup_base.push(dgroups.len());
+            let engine_unit = units.len();
+            if layout.ep {
+                units.push(Unit {
+                    engine: e,
+                    last_step_end: None,
+                    watchdog: false,
+                    groups: Vec::new(),
+                    step: 0,
+                    state: UnitState::Idle,
+                    wake_scheduled: false,
+                });
+            }
+            for dp in 0..layout.dp {
+                let unit = if layout.ep {
+                    engine_unit
+                } else {
+                    units.push(Unit {
+                        engine: e,
+                        last_step_end: None,
+                        watchdog: false,
+                        groups: Vec::new(),
+                        step: 0,
+                        state: UnitState::Idle,
+                        wake_scheduled: false,
+                    });
+                    units.len() - 1
+                };
+                let g = dgroups.len();
+                units[unit].groups.push(g);
+                let mut workers = Vec::new();
+                for tp in 0..layout.tp {
+                    let rank = RankId::new(EngineId::decode(e as u16), dp, tp);
+                    let mut config = DecodeConfig::new(
+                        rank,
+                        layout,
+                        d.model.clone(),
+                        legacy.clone(),
+                        book.engine_id(rank.engine),
+                    );
+                    config.handshake_timeout_ns = sc.protocol.handshake_timeout_ms * NS_PER_MS;
+                    config.transfer_timeout_ns = sc.protocol.transfer_timeout_ms * NS_PER_MS;
+                    config.granularity = granularity;
+                    workers.push(dworkers.len());
+                    dworkers.push(DecodeWorker::new(config));
+                    dworker_group.push(g);
+                }
+                dgroups.push(DGroup {
+                    engine: e,
+                    workers,
+                    unit,
+                    pool: Pool::new(blocks_for(layout.tp)),
+                    waiting: VecDeque::new(),
+                    pending: BTreeMap::new(),
+                    ready: Vec::new(),
+                    running: Vec::new(),
+                    context_tokens: 0,
+                    votes: BTreeMap::new(),
+                });
+            }
+        }
+
+        let (to_send, open_loop) = match sc.workload.clients {
+            Clients::Closed { requests, .. } => (u64::from(requests), None),
+            Clients::Open { rate_per_s, requests } => (u64::from(requests), Some(rate_per_s)),
+        };
+        let nic_count = p_ranks.len() + d_ranks.len();
+        let mut world = World {
+            proxy: Proxy::new(&d, legacy.clone()),
+            streams: Streams::new(sc.seed),
+            nics: Nics::new(nic_count, sc.hardware.nic_gb_s),
+            reads: vec![0; p_ranks.len()],
+            bytes: vec![0; p_ranks.len()],
+            engine_tick: vec![None; engines.len()],
+            dworker_tick: vec![None; dworkers.len()],
+            faults: Vec::new(),
+            sc: sc.clone(),
+            d,
+            cost,
+            book,
+            now: 0,
+            seq: 0,
+            queue: BinaryHeap::new(),
+            events: 0,
+            to_send,
+            open_loop,
+            requests: BTreeMap::new(),
+            transfers: Vec::new(),
+            transfer_index: BTreeMap::new(),
+            fenced: BTreeSet::new(),
+            p_ranks,
+            d_ranks,
+            pgroup_base,
+            pgroups,
+            engines,
+            pworkers,
+            dgroup_base,
+            dgroups,
+            units,
+            dworkers,
+            dworker_group,
+            listeners,
+            listener_at,
+            regions,
+            flows: BTreeMap::new(),
+            itl: Vec::new(),
+            violations: Vec::new(),
+            hangs: Vec::new(),
+            stopped: false,
+            max_hold_ns: 0,
+            trace_on: options.trace,
+            trace: Vec::new(),
+            trace_dropped: 0,
+        };
+        world.start();
+        Ok(world)
+    }
+
+    fn at(&mut self, delay_ns: u64, ev: Ev) {
+        self.seq += 1;
+        self.queue.push(Reverse(Scheduled { at: self.now + delay_ns, seq: self.seq, ev }));
+    }
+
+    fn record(&mut self, cat: &'static str, name: &str, track: String, dur_ns: Option<u64>, detail: String) {
+        if !self.trace_on {
+            return;
+        }
+        if self.trace.len() >= MAX_TRACE_RECORDS {
+            self.trace_dropped += 1;
+            return;
+        }
+        let t_ns = self.now;
+        self.trace.push(TraceRecord { t_ns, dur_ns, cat, name: name.to_string(), track, detail });
+    }
+
+    fn start(&mut self) {
+        match (self.sc.workload.clients, self.open_loop) {
+            (Clients::Closed { concurrency, .. }, _) => {
+                for _ in 0..concurrency.min(self.to_send as u32) {
+                    self.at(0, Ev::Arrival);
+                }
+            }
+            (_, Some(rate)) => {
+                let gap = self.streams.exponential_ns(rate);
+                self.at(gap, Ev::Arrival);
+            }
+            _ => {}
+        }
+        let timeline = self.sc.faults.timeline.clone();
+        for (index, fault) in timeline.iter().enumerate() {
+            self.faults.push(None);
+            self.seq += 1;
+            let at = fault.at_ms * NS_PER_MS;
+            self.queue.push(Reverse(Scheduled { at, seq: self.seq, ev: Ev::Fault { index, start: true } }));
+            if let Some(duration) = fault.duration_ms {
+                self.seq += 1;
+                let ev = Ev::Fault { index, start: false };
+                self.queue.push(Reverse(Scheduled { at: at + duration * NS_PER_MS, seq: self.seq, ev }));
+            }
+        }
+    }
+
+    /// Runs to the end and returns the result.
+    pub fn run(mut self) -> Run {
+        let limit_ns = self.sc.limits.max_virtual_time_s.saturating_mul(1_000_000_000);
+        while let Some(Reverse(next)) = self.queue.pop() {
+            if next.at > limit_ns || self.events >= self.sc.limits.max_events {
+                self.now = self.now.max(next.at.min(limit_ns));
+                break;
+            }
+            self.now = next.at;
+            self.events += 1;
+            self.dispatch(next.ev);
+            if self.stopped {
+                break;
+            }
+        }
+        self.finish()
+    }
+
+    fn dispatch(&mut self, ev: Ev) {
+        match ev {
+            Ev::Arrival => self.on_arrival(),
+            Ev::PrefillQueue { req } => {
+                let g = self.requests[&req].prefill_group;
+                self.pgroups[g].queue.push_back(req);
+                self.try_prefill(g);
+            }
+            Ev::PrefillDone { group } => self.on_prefill_done(group),
+            Ev::ProxyAnswer { req } => self.on_proxy_answer(req),
+            Ev::DecodeArrive { recv } => {
+                let g = self.requests[&recv.request].decode_group;
+                self.dgroups[g].waiting.push_back(*recv);
+                self.wake(self.dgroups[g].unit);
+            }
+            Ev::StepBegin { unit } => self.on_step_begin(unit),
+            Ev::StepEnd { unit, step } => self.on_step_end(unit, step),
+            Ev::CollectiveTimeout { unit, step } => self.on_collective_timeout(unit, step),
+            Ev::VoteResult { group, step, ok } => {
+                for w in self.dgroups[group].workers.clone() {
+                    self.decode(w, DecodeEvent::VoteResult { step, ok });
+                }
+            }
+            Ev::AtListener { listener, msg } => self.on_at_listener(listener, msg),
+            Ev::Serve { listener, msg } => self.on_serve(listener, msg),
+            Ev::ToDecode { worker, event } => self.decode(worker, *event),
+            Ev::Flow { id, version } => self.on_flow(id, version),
+            Ev::ReadLater { worker, request, layer, outcome } => {
+                self.decode(worker, DecodeEvent::ReadDone { request, layer, outcome })
+            }
+            Ev::DecodeTick { worker } => {
+                if self.dworker_tick[worker] == Some(self.now) {
+                    self.dworker_tick[worker] = None;
+                    self.decode(worker, DecodeEvent::Tick);
+                }
+            }
+            Ev::EngineTick { engine } => {
+                if self.engine_tick[engine] == Some(self.now) {
+                    self.engine_tick[engine] = None;
+                    self.engine(engine, EngineEvent::Tick);
+                }
+            }
+            Ev::Fault { index, start } => self.on_fault(index, start),
+        }
+    }
+
+    // ---------------------------------------------------------------- clients and proxy
+
+    fn length(&mut self, length: Length) -> u32 {
+        match length {
+            Length::Fixed(n) => n,
+            Length::Uniform { min, max } => self.streams.uniform(min, max),
+        }
+    }
+
+    fn on_arrival(&mut self) {
+        if self.to_send == 0 {
+            return;
+        }
+        self.to_send -= 1;
+        if let (Some(rate), true) = (self.open_loop, self.to_send > 0) {
+            let gap = self.streams.exponential_ns(rate);
+            self.at(gap, Ev::Arrival);
+        }
+        let input = self.length(self.sc.workload.input_tokens).max(1);
+        let output = self.length(self.sc.workload.output_tokens).max(1);
+        let bits = self.streams.transfer_bits();
+        let Ok((id, action)) = self.proxy.handle_request(bits) else {
+            return;
+        };
+        let ProxyAction::SendPrefill { slot, params, .. } = action else {
+            unreachable!("new requests go to prefill")
+        };
+        let prefill_group = self.pgroup_base[usize::from(slot.engine.index)] + usize::from(slot.dp());
+        let decode_slot = self.proxy.request(id).expect("just routed").decode;
+        let decode_group =
+            self.dgroup_base[usize::from(decode_slot.engine.index)] + usize::from(decode_slot.dp());
+        let transfer_id = TransferId(params.transfer_id.clone().unwrap_or_default());
+        let transfer = self.transfers.len() as u32;
+        self.transfers.push(transfer_id.clone());
+        self.transfer_index.insert(transfer_id, transfer);
+        let req = Req {
+            sent_ns: self.now,
+            input,
+            output,
+            prefill_group,
+            decode_group,
+            transfer,
+
+            first_token_ns: None,
+            done_ns: None,
+            failed: false,
+            prefill_blocks: Vec::new(),
+            decode_blocks: Vec::new(),
+        };
+        self.requests.insert(id, req);
+        self.record(
+            "proxy",
+            "request",
+            "proxy".into(),
+            None,
+            format!("{id} prefill={slot} decode={decode_slot}"),
+        );
+        let latency = self.control_ns();
+        self.at(latency, Ev::PrefillQueue { req: id });
+    }
+
+    fn control_ns(&self) -> u64 {
+        (self.sc.hardware.control_latency_us * 1e3) as u64
+    }
+
+    /// A request ended (finished or failed): the closed-loop client sends its next one.
+    fn end_request(&mut self, id: RequestId, failed: bool) {
+        let Some(req) = self.requests.get_mut(&id) else { return };
+        if req.done_ns.is_some() {
+            return;
+        }
+        req.done_ns = Some(self.now);
+        req.failed = failed;
+        let _ = self.proxy.handle_finished(id);
+        if matches!(self.sc.workload.clients, Clients::Closed { .. }) && self.to_send > 0 {
+            self.at(0, Ev::Arrival);
+        }
+    }
+
+    fn on_proxy_answer(&mut self, id: RequestId) {
+        let req = &self.requests[&id];
+        let group = &self.pgroups[req.prefill_group];
+        let engine = EngineId::prefill(group.engine as u16);
+        let address = self.book.engine(engine).clone();
+        let answer = KvTransferParams {
+            do_remote_prefill: true,
+            transfer_id: Some(self.transfers[req.transfer as usize].0.clone()),
+            remote_block_ids: req.prefill_blocks.iter().map(|&b| u64::from(b)).collect(),
+            remote_engine_id: Some(address.engine_id()),
+            remote_host: Some(address.host.clone()),
+            remote_handshake_port: Some(i64::from(address.handshake_port_base)),
+            remote_notify_port: Some(i64::from(address.notify_port_base)),
+            remote_dp_size: Some(i64::from(group.layout.dp)),
+            tp_size: Some(i64::from(group.layout.tp)),
+            ..KvTransferParams::default()
+        };
+        match self.proxy.handle_prefill_response(id, answer) {
+            Ok(ProxyAction::SendDecode { params, .. }) => {
+                let recv = RecvRequest {
+                    request: id,
+                    prefill_engine: engine,
+                    prefill_address: address,
+                    params,
+                    local_block_ids: Vec::new(),
+                };
+                let latency = self.control_ns();
+                self.at(latency, Ev::DecodeArrive { recv: Box::new(recv) });
+            }
+            other => {
+                let detail = format!("proxy refused the prefill answer of {id}: {other:?}");
+                self.violation("protocol_error", vec![], detail);
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------- prefill
+
+    fn try_prefill(&mut self, g: usize) {
+        let block = u64::from(self.sc.model.block_size_tokens);
+        let max_tokens = u64::from(self.sc.engines.prefill_max_batched_tokens);
+        let group = &mut self.pgroups[g];
+        if group.busy || group.queue.is_empty() {
+            return;
+        }
+        let mut tokens = 0u64;
+        let mut batch = Vec::new();
+        while let Some(&id) = group.queue.front() {
+            let req = &self.requests[&id];
+            let need = u64::from(req.input).div_ceil(block) as usize;
+            let fits_tokens = batch.is_empty() || tokens + u64::from(req.input) <= max_tokens;
+            if !fits_tokens || group.pool.available() < need {
+                break;
+            }
+            group.queue.pop_front();
+            tokens += u64::from(req.input);
+            let blocks = group.pool.alloc(need, req.transfer);
+            batch.push((id, blocks));
+        }
+        if batch.is_empty() {
+            // The head does not fit in the free blocks: prefill stalls until blocks are freed.
+            group.stalled_since.get_or_insert(self.now);
+            return;
+        }
+        if let Some(since) = group.stalled_since.take() {
+            group.stall_ns += self.now - since;
+        }
+        group.busy = true;
+        let duration = self.cost.prefill_batch_ns(group.layout, tokens);
+        let (engine, dp, count) = (group.engine, group.dp, batch.len());
+        group.batch = batch;
+        self.record(
+            "prefill",
+            "batch",
+            format!("P{engine}.dp{dp}"),
+            Some(duration),
+            format!("requests={count} tokens={tokens}"),
+        );
+        self.at(duration, Ev::PrefillDone { group: g });
+    }
+
+    fn on_prefill_done(&mut self, g: usize) {
+        let batch = std::mem::take(&mut self.pgroups[g].batch);
+        self.pgroups[g].busy = false;
+        let (e, dp) = (self.pgroups[g].engine, self.pgroups[g].dp);
+        for (id, blocks) in batch {
+            let req = self.requests.get_mut(&id).expect("batched requests exist");
+            req.prefill_blocks = blocks.clone();
+            let decode = self.d.decode[self.dgroups[req.decode_group].engine];
+            let event = EngineEvent::PrefillDone {
+                request: id,
+                transfer_id: self.transfers[req.transfer as usize].clone(),
+                owner_dp: dp,
+                blocks: blocks.clone(),
+                decode,
+            };
+            let transfer = req.transfer;
+            let mut out = Vec::new();
+            match self.engines[e].handle(Instant(self.now), event, &mut out) {
+                Ok(()) => {
+                    self.engine_actions(e, out);
+                    let latency = self.control_ns();
+                    self.at(latency, Ev::ProxyAnswer { req: id });
+                }
+                Err(error) => {
+                    self.pgroups[g].pool.release(&blocks, transfer);
+                    self.record("prefill", "refused", format!("P{e}.dp{dp}"), None, format!("{id}: {error}"));
+                    self.end_request(id, true);
+                }
+            }
+        }
+        self.engine_timer(e);
+        self.try_prefill(g);
+    }
+
+    fn engine(&mut self, e: usize, event: EngineEvent) {
+        let mut out = Vec::new();
+        if let Err(error) = self.engines[e].handle(Instant(self.now), event, &mut out) {
+            self.violation("protocol_error", vec![format!("P{e}")], error.to_string());
+        }
+        self.engine_actions(e, out);
+        self.engine_timer(e);
+    }
+
+    fn engine_timer(&mut self, e: usize) {
+        if let Some(Instant(t)) = self.engines[e].poll_timeout() {
+            if self.engine_tick[e].is_none_or(|s| t < s) {
+                self.engine_tick[e] = Some(t);
+                let delay = t.saturating_sub(self.now);
+                self.at(delay, Ev::EngineTick { engine: e });
+            }
+        }
+    }
+
+    fn pworker_index(&self, rank: RankId) -> usize {
+        self.d.rank_index(rank)
+    }
+
+    fn engine_actions(&mut self, e: usize, actions: Vec<EngineAction>) {
+        for action in actions {
+            match action {
+                EngineAction::Register { rank, transfer_id, quorum } => {
+                    self.prefill_worker(rank, WorkerEvent::Register { transfer_id, quorum })
+                }
+                EngineAction::GroupDone { rank, transfer_id } => {
+                    self.prefill_worker(rank, WorkerEvent::GroupDone { transfer_id })
+                }
+                EngineAction::Retire { rank, transfer_id } => {
+                    self.prefill_worker(rank, WorkerEvent::Retired { transfer_id })
+                }
+                EngineAction::FinishedSending { request, .. } => {
+                    self.record("prefill", "finished_sending", format!("P{e}"), None, format!("{request}"));
+                }
+                EngineAction::Fence { transfer_id, .. } => {
+                    if let Some(&t) = self.transfer_index.get(&transfer_id) {
+                        self.fenced.insert(t);
+                    }
+                }
+                EngineAction::FreeBlocks { transfer_id, owner_dp, blocks, reaped } => {
+                    let g = self.pgroup_base[e] + usize::from(owner_dp);
+                    let t = self.transfer_index.get(&transfer_id).copied().unwrap_or(FREE - 1);
+                    let bad = self.pgroups[g].pool.release(&blocks, t);
+                    if !bad.is_empty() {
+                        let detail = format!("{transfer_id}: blocks {bad:?} were not held by it");
+                        self.violation("double_free", vec![format!("P{e}.dp{owner_dp}")], detail);
+                    }
+                    let name = if reaped { "reap" } else { "free" };
+                    self.record(
+                        "prefill",
+                        name,
+                        format!("P{e}.dp{owner_dp}"),
+                        None,
+                        format!("{transfer_id} blocks={}", blocks.len()),
+                    );
+                    self.try_prefill(g);
+                }
+                EngineAction::ReapWarning { transfer_id, held_ns, unfinished_tp } => {
+                    self.max_hold_ns = self.max_hold_ns.max(held_ns);
+                    let detail = format!(
+                        "{transfer_id} held {} ms; unreleased TP ranks {unfinished_tp:?}",
+                        ms(held_ns)
+                    );
+                    self.record("prefill", "reap_warning", format!("P{e}"), None, detail);
+                }
+            }
+        }
+    }
+
+    fn prefill_worker(&mut self, rank: RankId, event: WorkerEvent) {
+        let i = self.pworker_index(rank);
+        let mut out = Vec::new();
+        self.pworkers[i].handle(Instant(self.now), event, &mut out);
+        self.worker_actions(i, out);
+    }
+
+    fn worker_actions(&mut self, i: usize, actions: Vec<WorkerAction>) {
+        for action in actions {
+            match action {
+                WorkerAction::Finished { rank, transfer_id } => {
+                    let e = usize::from(rank.engine.index);
+                    self.engine(e, EngineEvent::WorkerFinished { rank, transfer_id });
+                }
+                WorkerAction::Ignored { transfer_id, outcome } => {
+                    let rank = self.p_ranks[i].to_string();
+                    self.record("release", "ignored", rank, None, format!("{transfer_id}: {outcome:?}"));
+                }
+                WorkerAction::Error(message) => {
+                    self.violation("protocol_error", vec![self.p_ranks[i].to_string()], message);
+                }
+                WorkerAction::SendHandshakeReply { .. } => {
+                    // Replies are sent by the listener that carried the request (on_serve).
+                }
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------- decode
+
+    fn wake(&mut self, unit: usize) {
+        let u = &mut self.units[unit];
+        if u.state == UnitState::Idle && !u.wake_scheduled {
+            u.wake_scheduled = true;
+            self.at(0, Ev::StepBegin { unit });
+        }
+    }
+
+    fn on_step_begin(&mut self, unit: usize) {
+        self.units[unit].wake_scheduled = false;
+        if self.units[unit].state != UnitState::Idle {
+            return;
+        }
+        self.units[unit].step += 1;
+        let step = self.units[unit].step;
+        let max_batch = self.sc.engines.decode_max_batch as usize;
+        let block = self.sc.model.block_size_tokens;
+        self.units[unit].state = UnitState::Waiting { arrived: BTreeSet::new(), began: self.now };
+        for g in self.units[unit].groups.clone() {
+            // Requests whose KV arrived join the batch at this step boundary.
+            let group = &mut self.dgroups[g];
+            let room = max_batch.saturating_sub(group.running.len());
+            for id in group.ready.drain(..group.ready.len().min(room)) {
+                let r = &self.requests[&id];
+                group.context_tokens += u64::from(r.input);
+                group.running.push(Running { id, left: r.output, context: u64::from(r.input), first: true });
+            }
+            // Admit waiting requests while blocks and batch room last.
+            let mut new = Vec::new();
+            while let Some(recv) = group.waiting.front() {
+                let req = &self.requests[&recv.request];
+                let remote = recv.params.remote_block_ids.len();
+                let extra = req.output.div_ceil(block) as usize;
+                let busy = group.running.len() + group.ready.len() + group.pending.len();
+                if busy >= max_batch || group.pool.available() < remote + extra {
+                    break;
+                }
+                let mut recv = group.waiting.pop_front().expect("front exists");
+                let transfer = req.transfer;
+                let local = group.pool.alloc(remote, transfer);
+                let growth = group.pool.alloc(extra, transfer);
+                recv.local_block_ids = local.clone();
+                let r = self.requests.get_mut(&recv.request).expect("exists");
+                r.decode_blocks = local.into_iter().chain(growth).collect();
+                group.pending.insert(recv.request, Pending { reported: 0, received: 0, failed: false });
+                new.push(recv);
+            }
+            for w in self.dgroups[g].workers.clone() {
+                self.decode(w, DecodeEvent::StepBegin { step, requests: new.clone() });
+            }
+        }
+        if !self.units[unit].watchdog {
+            self.units[unit].watchdog = true;
+            let timeout = self.sc.protocol.collective_timeout_ms * NS_PER_MS;
+            self.at(timeout, Ev::CollectiveTimeout { unit, step });
+        }
+        self.maybe_compute(unit);
+    }
+
+    /// A worker reported its step: it arrives at the forward collective.
+    fn arrive(&mut self, worker: usize, step: u64) {
+        let unit = self.dgroups[self.dworker_group[worker]].unit;
+        if self.units[unit].step != step {
+            return;
+        }
+        if let UnitState::Waiting { arrived, .. } = &mut self.units[unit].state {
+            arrived.insert(worker);
+        }
+        self.maybe_compute(unit);
+    }
+
+    fn maybe_compute(&mut self, unit: usize) {
+        let total: usize = self.units[unit].groups.iter().map(|&g| self.dgroups[g].workers.len()).sum();
+        let UnitState::Waiting { arrived, began } = &self.units[unit].state else { return };
+        if arrived.len() < total {
+            return;
+        }
+        let began = *began;
+        let layout = self.d.decode[self.units[unit].engine];
+        let loads: Vec<GroupLoad> = self.units[unit]
+            .groups
+            .iter()
+            .map(|&g| GroupLoad {
+                batch: self.dgroups[g].running.len() as u64,
+                context_tokens: self.dgroups[g].context_tokens,
+            })
+            .collect();
+        let duration = self.cost.decode_step_ns(layout, &loads);
+        let step = self.units[unit].step;
+        self.units[unit].state = UnitState::Computing;
+        if self.trace_on {
+            let batch: u64 = loads.iter().map(|l| l.batch).sum();
+            let waited = self.now - began;
+            let name = format!("D{}.u{unit}", self.units[unit].engine);
+            self.record(
+                "decode",
+                "step",
+                name,
+                Some(duration),
+                format!("step={step} batch={batch} waited_ms={}", ms(waited)),
+            );
+        }
+        self.at(duration, Ev::StepEnd { unit, step });
+    }
+
+    fn on_step_end(&mut self, unit: usize, step: u64) {
+        if self.units[unit].step != step || self.units[unit].state != UnitState::Computing {
+            return;
+        }
+        let now = self.now;
+        let mut finished = Vec::new();
+        let mut firsts = Vec::new();
+        let mut continuing = 0u64;
+        for g in self.units[unit].groups.clone() {
+            let group = &mut self.dgroups[g];
+            let mut context_done = 0u64;
+            // Every request of the batch grows by one token; finished ones leave with theirs.
+            group.context_tokens += group.running.len() as u64;
+            group.running.retain_mut(|r| {
+                r.left -= 1;
+                r.context += 1;
+                if r.first {
+                    r.first = false;
+                    firsts.push(r.id);
+                } else {
+                    continuing += 1;
+                }
+                if r.left == 0 {
+                    finished.push((g, r.id));
+                    context_done += r.context;
+                    return false;
+                }
+                true
+            });
+            group.context_tokens -= context_done;
+        }
+        for id in firsts {
+            if let Some(r) = self.requests.get_mut(&id) {
+                r.first_token_ns = Some(now);
+            }
+        }
+        // Inter-token latency: every request that already had a token waited one step gap.
+        if let Some(last) = self.units[unit].last_step_end.replace(now) {
+            if continuing > 0 {
+                self.itl.push((now - last, continuing));
+            }
+        }
+        for (g, id) in finished {
+            let req = &self.requests[&id];
+            let (blocks, transfer) = (req.decode_blocks.clone(), req.transfer);
+            self.dgroups[g].pool.release(&blocks, transfer);
+            self.end_request(id, false);
+        }
+        self.units[unit].state = UnitState::Idle;
+        if self.unit_has_work(unit) {
+            self.wake(unit);
+        } else if self.unit_has_pending(unit) {
+            self.units[unit].wake_scheduled = true;
+            self.at(IDLE_STEP_NS, Ev::StepBegin { unit });
+        }
+    }
+
+    fn unit_has_work(&self, unit: usize) -> bool {
+        self.units[unit].groups.iter().any(|&g| {
+            let group = &self.dgroups[g];
+            !group.running.is_empty() || !group.ready.is_empty() || !group.waiting.is_empty()
+        })
+    }
+
+    fn unit_has_pending(&self, unit: usize) -> bool {
+        self.units[unit]
+            .groups
+            .iter()
+            .any(|&g| self.dgroups[g].workers.iter().any(|&w| self.dworkers[w].pending_requests() > 0))
+    }
+
+    fn decode(&mut self, w: usize, event: DecodeEvent) {
+        let mut out = Vec::new();
+        self.dworkers[w].handle(Instant(self.now), event, &mut out);
+        self.decode_actions(w, out);
+        if let Some(Instant(t)) = self.dworkers[w].poll_timeout() {
+            if self.dworker_tick[w].is_none_or(|s| t < s || s < self.now) {
+                self.dworker_tick[w] = Some(t);
+                let delay = t.saturating_sub(self.now);
+                self.at(delay, Ev::DecodeTick { worker: w });
+            }
+        }
+    }
+
+    fn decode_actions(&mut self, w: usize, actions: Vec<DecodeAction>) {
+        let mut reads: Vec<ReadOp> = Vec::new();
+        for action in actions {
+            if !matches!(action, DecodeAction::PostRead(_)) && !reads.is_empty() {
+                self.post_reads(w, std::mem::take(&mut reads));
+            }
+            match action {
+                DecodeAction::PostRead(op) => {
+                    if reads.last().is_some_and(|last| last.request != op.request) {
+                        self.post_reads(w, std::mem::take(&mut reads));
+                    }
+                    reads.push(op);
+                }
+                DecodeAction::DialHandshake { session, rank, endpoint } => {
+                    self.record(
+                        "handshake",
+                        "dial",
+                        self.d_ranks[w].to_string(),
+                        None,
+                        format!("{rank} at {endpoint}"),
+                    );
+                    self.send(w, rank, (endpoint.host, endpoint.port), Msg::Dial { from: w, session });
+                }
+                DecodeAction::SendRelease { rank, endpoint, release } => {
+                    let bytes = wire::encode(&ControlMessage::Release(release));
+                    self.send(w, rank, (endpoint.host, endpoint.port), Msg::Release { bytes });
+                }
+                DecodeAction::CastVote { step, ok } => {
+                    let g = self.dworker_group[w];
+                    let width = self.dgroups[g].workers.len();
+                    let votes = self.dgroups[g].votes.entry(step).or_default();
+                    votes.push((w, ok));
+                    if votes.len() == width {
+                        let all = votes.iter().all(|(_, ok)| *ok);
+                        self.dgroups[g].votes.remove(&step);
+                        let latency = self.control_ns();
+                        self.at(latency, Ev::VoteResult { group: g, step, ok: all });
+                    }
+                }
+                DecodeAction::StepReady { step } => self.arrive(w, step),
+                DecodeAction::StepFailed { step, error } => {
+                    self.record(
+                        "decode",
+                        "step_failed",
+                        self.d_ranks[w].to_string(),
+                        None,
+                        error.to_string(),
+                    );
+                    self.arrive(w, step);
+                }
+                DecodeAction::RequestReceived { request } => self.report(w, request, false),
+                DecodeAction::RequestFailed { request, error } => {
+                    self.record(
+                        "decode",
+                        "request_failed",
+                        self.d_ranks[w].to_string(),
+                        None,
+                        format!("{request}: {error}"),
+                    );
+                    self.report(w, request, true);
+                }
+                DecodeAction::InvalidateBlocks { .. } => {}
+            }
+        }
+        if !reads.is_empty() {
+            self.post_reads(w, reads);
+        }
+    }
+
+    /// One worker finished (or failed) receiving `request`; once every worker of the group has,
+    /// the request joins the batch or ends failed.
+    fn report(&mut self, w: usize, request: RequestId, failed: bool) {
+        let g = self.dworker_group[w];
+        let width = self.dgroups[g].workers.len() as u16;
+        let Some(p) = self.dgroups[g].pending.get_mut(&request) else { return };
+        p.reported += 1;
+        p.failed |= failed;
+        p.received += u16::from(!failed);
+        if p.reported < width {
+            return;
+        }
+        let failed = p.failed;
+        self.dgroups[g].pending.remove(&request);
+        if failed {
+            let req = &self.requests[&request];
+            let (blocks, transfer) = (req.decode_blocks.clone(), req.transfer);
+            self.dgroups[g].pool.release(&blocks, transfer);
+            self.end_request(request, true);
+        } else {
+            self.dgroups[g].ready.push(request);
+            self.wake(self.dgroups[g].unit);
+        }
+    }
+
+    // ---------------------------------------------------------------- control messages
+
+    /// Sends a control message from decode worker `w` about prefill rank `peer` to `to`.
+    fn send(&mut self, w: usize, peer: RankId, to: (String, u16), msg: Msg) {
+        let Some(&listener) = self.listener_at.get(&to) else {
+            let detail = format!(
+                "{} sent {} to {}:{}, where no listener is bound",
+                self.d_ranks[w],
+                msg_name(&msg),
+                to.0,
+                to.1
+            );
+            self.violation(
+                "port_without_listener",
+                vec![self.d_ranks[w].to_string(), peer.to_string()],
+                detail,
+            );
+            if let Msg::Dial { session, .. } = msg {
+                let event = DecodeEvent::HandshakeFailed { session, reason: "connection refused".into() };
+                let latency = self.control_ns();
+                self.at(latency, Ev::ToDecode { worker: w, event: Box::new(event) });
+            }
+            return;
+        };
+        let ranks = [self.d_ranks[w], self.listeners[listener].rank];
+        let Some(delays) = self.fate(&ranks) else {
+            self.record("fault", "lost", self.d_ranks[w].to_string(), None, msg_name(&msg).to_string());
+            return;
+        };
+        let latency = self.control_ns();
+        let mut copies = delays.into_iter();
+        let first = copies.next().unwrap_or(0);
+        for extra in copies {
+            let dup = match &msg {
+                Msg::Dial { from, session } => Msg::Dial { from: *from, session: session.clone() },
+                Msg::Release { bytes } => Msg::Release { bytes: bytes.clone() },
+            };
+            self.at(latency + extra, Ev::AtListener { listener, msg: dup });
+        }
+        self.at(latency + first, Ev::AtListener { listener, msg });
+    }
+
+    /// What faults do to one message between `ranks`: `None` if it is lost, else the extra
+    /// delay of each copy that arrives (two copies when duplicated).
+    fn fate(&mut self, ranks: &[RankId]) -> Option<Vec<u64>> {
+        let mut delay = 0u64;
+        let mut copies = 1;
+        for slot in self.faults.iter_mut() {
+            let Some(fault) = slot else { continue };
+            if !ranks.iter().any(|r| fault.pattern.matches(*r)) {
+                continue;
+            }
+            let applies = matches!(
+                fault.kind,
+                FaultKind::LoseMessages | FaultKind::DelayMessages { .. } | FaultKind::DuplicateMessages
+            );
+            if !applies || fault.remaining == Some(0) {
+                continue;
+            }
+            if let Some(n) = &mut fault.remaining {
+                *n -= 1;
+            }
+            match fault.kind {
+                FaultKind::LoseMessages => return None,
+                FaultKind::DelayMessages { delay_ms } => delay += delay_ms * NS_PER_MS,
+                FaultKind::DuplicateMessages => copies = 2,
+                _ => {}
+            }
+        }
+        let swarm = &self.sc.faults.swarm;
+        if swarm.loss > 0.0 && self.streams.chance(swarm.loss) {
+            return None;
+        }
+        if swarm.delay > 0.0 && self.streams.chance(swarm.delay) {
+            delay += self.streams.below(swarm.max_delay_ms.max(1) * NS_PER_MS);
+        }
+        if swarm.duplicate > 0.0 && self.streams.chance(swarm.duplicate) {
+            copies = 2;
+        }
+        Some(vec![delay; copies])
+    }
+
+    fn listener_service_ns(&self, listener: usize) -> Option<u64> {
+        let l = &self.listeners[listener];
+        let mut service = (self.sc.hardware.listener_service_us * 1e3) as u64;
+        for fault in self.faults.iter().flatten() {
+            if l.kind != ListenerKind::Handshake || !fault.pattern.matches(l.rank) {
+                continue;
+            }
+            match fault.kind {
+                FaultKind::DeadListener => return None,
+                FaultKind::SlowListener { service_ms } => service = service.max(service_ms * NS_PER_MS),
+                _ => {}
+            }
+        }
+        Some(service)
+    }
+
+    fn on_at_listener(&mut self, listener: usize, msg: Msg) {
+        let Some(service) = self.listener_service_ns(listener) else {
+            let rank = self.listeners[listener].rank.to_string();
+            self.record("fault", "dead_listener", rank, None, msg_name(&msg).to_string());
+            return;
+        };
+        let l = &mut self.listeners[listener];
+        let start = l.busy_until.max(self.now);
+        l.busy_until = start + service;
+        let delay = l.busy_until - self.now;
+        self.at(delay, Ev::Serve { listener, msg });
+    }
+
+    fn on_serve(&mut self, listener: usize, msg: Msg) {
+        let rank = self.listeners[listener].rank;
+        let i = self.pworker_index(rank);
+        match msg {
+            Msg::Dial { from, session } => {
+                let mut out = Vec::new();
+                self.pworkers[i].handle(
+                    Instant(self.now),
+                    WorkerEvent::HandshakeRequest { peer: from as u64 },
+                    &mut out,
+                );
+                for action in out {
+                    if let WorkerAction::SendHandshakeReply { metadata, layers, .. } = action {
+                        let Some(delays) = self.fate(&[self.d_ranks[from], rank]) else { continue };
+                        let latency = self.control_ns() + delays[0];
+                        let meta = DecodeEvent::HandshakeMetadata { session: session.clone(), metadata };
+                        self.at(latency, Ev::ToDecode { worker: from, event: Box::new(meta) });
+                        let desc = DecodeEvent::HandshakeDescriptors { session: session.clone(), layers };
+                        self.at(latency, Ev::ToDecode { worker: from, event: Box::new(desc) });
+                    }
+                }
+            }
+            Msg::Release { bytes } => match wire::decode(&bytes).map(|m| m.as_release()) {
+                Ok(Some(release)) => self.prefill_worker(rank, WorkerEvent::Release(release)),
+                Ok(None) | Err(_) => {
+                    self.violation("protocol_error", vec![rank.to_string()], "undecodable release".into());
+                }
+            },
+        }
+    }
+
+    // ---------------------------------------------------------------- reads and NICs
+
+    fn nic_down(&self, rank: RankId) -> bool {
+        self.faults.iter().flatten().any(|f| matches!(f.kind, FaultKind::NicDown) && f.pattern.matches(rank))
+    }
+
+    fn send_queue_full(&mut self, rank: RankId) -> bool {
+        let timeline = self
+            .faults
+            .iter()
+            .flatten()
+            .any(|f| matches!(f.kind, FaultKind::SendQueueFull) && f.pattern.matches(rank));
+        let p = self.sc.faults.swarm.send_queue_full;
+        timeline || (p > 0.0 && self.streams.chance(p))
+    }
+
+    /// Posts the reads of one request from worker `w` as one flow (per-layer reads posted
+    /// together move together), after the safety checks on their addresses and blocks.
+    fn post_reads(&mut self, w: usize, ops: Vec<ReadOp>) {
+        let first = &ops[0];
+        let request = first.request;
+        let me = self.d_ranks[w];
+        if self.send_queue_full(me) {
+            for op in &ops {
+                let ev = Ev::ReadLater {
+                    worker: w,
+                    request,
+                    layer: op.layer,
+                    outcome: ReadOutcome::SendQueueFull,
+                };
+                self.at(1_000, ev);
+            }
+            return;
+        }
+        // Which rank's memory do the addresses point into?
+        let server = self
+            .regions
+            .range(..=first.remote_bases[0])
+            .next_back()
+            .and_then(|(&base, &(rank, len))| (first.remote_bases[0] < base + len).then_some(rank));
+        let Some(server) = server else {
+            self.violation(
+                "read_foreign_region",
+                vec![me.to_string()],
+                format!("{request}: address outside every registered region"),
+            );
+            self.fail_reads(w, &ops, "remote access error");
+            return;
+        };
+        let server_rank = self.p_ranks[server];
+        if server_rank != first.source {
+            let detail =
+                format!("{request}: read meant for {} reads the memory of {server_rank}", first.source);
+            self.violation("read_foreign_region", vec![me.to_string(), server_rank.to_string()], detail);
+        }
+        let transfer = self.transfer_index.get(&first.transfer_id).copied().unwrap_or(FREE - 1);
+        if self.fenced.contains(&transfer) {
+            // The reaper revoked remote access: the read fails at the NIC, touching nothing.
+            self.fail_reads(w, &ops, "remote access revoked (fenced)");
+            return;
+        }
+        self.check_blocks(me, server, transfer, &first.remote_block_ids, "posted");
+        let nic_src = server;
+        let nic_dst = self.p_ranks.len() + w;
+        if self.nic_down(server_rank) || self.nic_down(me) {
+            self.fail_reads(w, &ops, "NIC down");
+            return;
+        }
+        let bytes: u64 = ops.iter().map(ReadOp::bytes).sum();
+        self.reads[server] += 1;
+        self.bytes[server] += bytes;
+        let latency = (self.sc.hardware.nic_latency_us * 1e3) as u64;
+        let (id, finishes) = self.nics.start(self.now + latency, nic_src, nic_dst, bytes);
+        self.schedule_flows(finishes);
+        let info = FlowInfo {
+            worker: w,
+            ops: ops.iter().map(|op| (op.request, op.layer)).collect(),
+            transfer,
+            server,
+            blocks: first.remote_block_ids.clone(),
+            started: self.now,
+        };
+        self.flows.insert(id, info);
+    }
+
+    /// A read touches blocks that are not its transfer's: freed, or another request's.
+    fn check_blocks(&mut self, me: RankId, server: usize, transfer: u32, blocks: &[u32], when: &str) {
+        let rank = self.p_ranks[server];
+        let g = self.pgroup_base[usize::from(rank.engine.index)] + usize::from(rank.dp);
+        let pool = &self.pgroups[g].pool;
+        let wrong: Vec<u32> = blocks
+            .iter()
+            .copied()
+            .filter(|&b| pool.owner.get(b as usize).is_none_or(|&o| o != transfer))
+            .collect();
+        if wrong.is_empty() {
+            return;
+        }
+        let freed = wrong.iter().all(|&b| pool.owner.get(b as usize) == Some(&FREE));
+        let what = if freed { "freed" } else { "another request's (or unallocated)" };
+        let name = self.transfers.get(transfer as usize).map_or("?".to_string(), |t| t.0.clone());
+        let shown: Vec<u32> = wrong.iter().copied().take(4).collect();
+        let more = if wrong.len() > shown.len() {
+            format!(" and {} more", wrong.len() - shown.len())
+        } else {
+            String::new()
+        };
+        let detail = format!("read of {name} {when}: blocks {shown:?}{more} on {rank} are {what}");
+        self.violation("read_freed_block", vec![me.to_string(), rank.to_string()], detail);
+    }
+
+    fn fail_reads(&mut self, w: usize, ops: &[ReadOp], reason: &str) {
+        let latency = (self.sc.hardware.nic_latency_us * 1e3) as u64;
+        for op in ops {
+            let outcome = ReadOutcome::Failed(reason.to_string());
+            self.at(latency, Ev::ReadLater { worker: w, request: op.request, layer: op.layer, outcome });
+        }
+    }
+
+    fn schedule_flows(&mut self, finishes: Vec<Finish>) {
+        for f in finishes {
+            let delay = f.at_ns.saturating_sub(self.now);
+            self.at(delay, Ev::Flow { id: f.id, version: f.version });
+        }
+    }
+
+    fn on_flow(&mut self, id: FlowId, version: u64) {
+        let Some((_, finishes)) = self.nics.finish(self.now, id, version) else { return };
+        self.schedule_flows(finishes);
+        let Some(info) = self.flows.remove(&id) else { return };
+        let me = self.d_ranks[info.worker];
+        let server_rank = self.p_ranks[info.server];
+        self.record(
+            "nic",
+            "read",
+            format!("{server_rank}"),
+            Some(self.now - info.started),
+            format!("to {me} layers={}", info.ops.len()),
+        );
+        let outcome = if self.fenced.contains(&info.transfer) {
+            ReadOutcome::Failed("remote access revoked (fenced)".into())
+        } else {
+            self.check_blocks(me, info.server, info.transfer, &info.blocks, "completed");
+            ReadOutcome::Ok
+        };
+        for (request, layer) in info.ops {
+            self.decode(info.worker, DecodeEvent::ReadDone { request, layer, outcome: outcome.clone() });
+        }
+    }
+
+    // ---------------------------------------------------------------- faults
+
+    fn on_fault(&mut self, index: usize, start: bool) {
+        let spec = self.sc.faults.timeline[index].clone();
+        let Some(pattern) = parse_target(&spec.target.0) else { return };
+        self.record(
+            "fault",
+            if start { "start" } else { "end" },
+            spec.target.0.clone(),
+            None,
+            format!("{:?}", spec.fault),
+        );
+        let nics: Vec<usize> = self
+            .p_ranks
+            .iter()
+            .chain(self.d_ranks.iter())
+            .enumerate()
+            .filter(|(_, r)| pattern.matches(**r))
+            .map(|(i, _)| i)
+            .collect();
+        match (&spec.fault, start) {
+            (FaultKind::SlowNic { factor }, _) => {
+                let f = if start { *factor } else { 1.0 };
+                for nic in nics {
+                    let finishes = self.nics.set_factor(self.now, nic, f);
+                    self.schedule_flows(finishes);
+                }
+            }
+            (FaultKind::NicDown, true) => {
+                for nic in nics {
+                    for id in self.nics.flows_on(nic) {
+                        if let Some((_, finishes)) = self.nics.abort(self.now, id) {
+                            self.schedule_flows(finishes);
+                        }
+                        if let Some(info) = self.flows.remove(&id) {
+                            for (request, layer) in info.ops {
+                                let outcome = ReadOutcome::Failed("NIC down".into());
+                                self.decode(info.worker, DecodeEvent::ReadDone { request, layer, outcome });
+                            }
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+        self.faults[index] =
+            start.then_some(ActiveFault { pattern, kind: spec.fault, remaining: spec.count });
+    }
+
+    // ---------------------------------------------------------------- checks and results
+
+    fn violation(&mut self, kind: &str, ranks: Vec<String>, detail: String) {
+        self.record("check", kind, ranks.first().cloned().unwrap_or_default(), None, detail.clone());
+        if self.violations.len() < 1000 {
+            self.violations.push(Violation { t_ms: ms(self.now), kind: kind.to_string(), ranks, detail });
+        }
+    }
+
+    /// The unit's collective watchdog fired. One watchdog per unit is pending at most: if the
+    /// step it was armed for completed, it re-arms for the step now waiting (if any).
+    fn on_collective_timeout(&mut self, unit: usize, _armed_step: u64) {
+        self.units[unit].watchdog = false;
+        let timeout = self.sc.protocol.collective_timeout_ms * NS_PER_MS;
+        let step = self.units[unit].step;
+        let UnitState::Waiting { arrived, began } = &self.units[unit].state else { return };
+        let (arrived, began) = (arrived.clone(), *began);
+        if self.now < began + timeout {
+            self.units[unit].watchdog = true;
+            let delay = began + timeout - self.now;
+            self.at(delay, Ev::CollectiveTimeout { unit, step });
+            return;
+        }
+        let mut graph = WaitFor::default();
+        let engine = self.units[unit].engine;
+        let layout = self.d.decode[engine];
+        let what = if layout.ep && layout.dp > 1 { "EP all-to-all" } else { "TP collective" };
+        let collective = format!("{what} D{engine} step {step}");
+        let mut ranks = Vec::new();
+        for &g in &self.units[unit].groups {
+            for &w in &self.dgroups[g].workers {
+                if arrived.contains(&w) {
+                    continue;
+                }
+                let rank = self.d_ranks[w].to_string();
+                ranks.push(rank.clone());
+                graph.edge(&collective, &rank, "not arrived");
+                for (session, target) in self.dworkers[w].waiting_sessions() {
+                    let listener = format!("{target} handshake listener");
+                    graph.edge(&rank, &listener, &format!("blocked on handshake {session}"));
+                }
+            }
+        }
+        let waited = self.now - began;
+        self.hangs.push(Hang {
+            t_ms: ms(self.now),
+            what: format!("{collective} waited {} s (timeout)", ms(waited) / 1e3),
+            ranks,
+            wait_for: graph.lines(),
+            cycle: graph.cycle(),
+            dot: graph.dot(),
+        });
+        self.record("check", "hang", collective, None, format!("waited {} ms", ms(waited)));
+        self.stopped = true;
+    }
+
+    fn finish(mut self) -> Run {
+        let now = self.now;
+        for g in 0..self.pgroups.len() {
+            if let Some(since) = self.pgroups[g].stalled_since.take() {
+                self.pgroups[g].stall_ns += now - since;
+            }
+        }
+        let mut result = RunResult::empty(&self.sc, crate::load::scenario_to_ron(&self.sc));
+        // Like `vllm bench serve`: the run lasts until its last request ended (a hang or an
+        // unfinished request extends it to the end of the simulation).
+        let last_end = self.requests.values().filter_map(|r| r.done_ns).max().unwrap_or(0);
+        let unfinished = self.requests.values().any(|r| r.done_ns.is_none());
+        let end = if unfinished || !self.hangs.is_empty() { now } else { last_end };
+        result.duration_s = round3(end as f64 / 1e9);
+        result.events = self.events;
+
+        // Requests and latencies.
+        let mut ttft = Vec::new();
+        let mut tpot = Vec::new();
+        let mut e2e = Vec::new();
+        let (mut total_tokens, mut output_tokens) = (0u64, 0u64);
+        for req in self.requests.values() {
+            result.requests.sent += 1;
+            match (req.done_ns, req.failed) {
+                (Some(done), false) => {
+                    result.requests.finished += 1;
+                    total_tokens += u64::from(req.input) + u64::from(req.output);
+                    output_tokens += u64::from(req.output);
+                    let first = req.first_token_ns.unwrap_or(done);
+                    ttft.push((first - req.sent_ns) as f64 / 1e6);
+                    e2e.push((done - req.sent_ns) as f64 / 1e6);
+                    if req.output > 1 {
+                        tpot.push((done - first) as f64 / 1e6 / f64::from(req.output - 1));
+                    }
+                }
+                (Some(_), true) => result.requests.failed += 1,
+                (None, _) => result.requests.unfinished += 1,
+            }
+        }
+        let seconds = (end as f64 / 1e9).max(1e-9);
+        result.throughput.total_tok_s = round3(total_tokens as f64 / seconds);
+        result.throughput.output_tok_s = round3(output_tokens as f64 / seconds);
+        result.throughput.requests_per_s = round3(result.requests.finished as f64 / seconds);
+        result.latency_ms.ttft = Summary::of(&mut ttft);
+        result.latency_ms.tpot = Summary::of(&mut tpot);
+        result.latency_ms.e2e = Summary::of(&mut e2e);
+        result.latency_ms.itl = weighted_summary(&mut self.itl);
+
+        // NICs.
+        let bucket_bytes = self.sc.hardware.nic_gb_s * 1e9 * (BUCKET_NS as f64 / 1e9);
+        result.nic = NicStats {
+            prefill_gpus: self.p_ranks.iter().map(|r| r.to_string()).collect(),
+            jain: round3(pdkv_core::routes::jain_index(&self.reads) * 1000.0) / 1000.0,
+            jain_bytes: round3(pdkv_core::routes::jain_index(&self.bytes) * 1000.0) / 1000.0,
+            reads_per_prefill_gpu: self.reads.clone(),
+            bytes_per_prefill_gpu: self.bytes.clone(),
+            utilisation: (0..self.p_ranks.len())
+                .map(|i| self.nics.sent_per_bucket(i).iter().map(|b| round3(b / bucket_bytes)).collect())
+                .collect(),
+        };
+
+        // Ledger.
+        let mut ledger = Ledger::default();
+        for engine in &self.engines {
+            let totals = engine.totals();
+            ledger.held += totals.held;
+            ledger.freed += totals.freed;
+            ledger.reaped += totals.reaped;
+            for record in engine.held().chain(engine.finished()) {
+                self.max_hold_ns = self.max_hold_ns.max(record.held_ns(Instant(now)));
+            }
+        }
+        ledger.max_hold_ms = ms(self.max_hold_ns);
+        ledger.prefill_stall_s = round3(self.pgroups.iter().map(|g| g.stall_ns).sum::<u64>() as f64 / 1e9);
+        result.ledger = ledger;
+
+        // Requests that never ended are a hang even when no collective timed out.
+        if result.requests.unfinished > 0 && self.hangs.is_empty() {
+            let mut graph = WaitFor::default();
+            let mut ranks = Vec::new();
+            for (w, worker) in self.dworkers.iter().enumerate() {
+                for (session, target) in worker.waiting_sessions() {
+                    let rank = self.d_ranks[w].to_string();
+                    graph.edge(
+                        &rank,
+                        &format!("{target} handshake listener"),
+                        &format!("handshake {session}"),
+                    );
+                    ranks.push(rank);
+                }
+            }
+            self.hangs.push(Hang {
+                t_ms: ms(now),
+                what: format!("{} requests never finished by the end of the run", result.requests.unfinished),
+                ranks,
+                wait_for: graph.lines(),
+                cycle: graph.cycle(),
+                dot: graph.dot(),
+            });
+        }
+        result.hangs = self.hangs;
+        result.violations = self.violations;
+        result.outcome = if !result.violations.is_empty() {
+            Outcome::SafetyViolation
+        } else if !result.hangs.is_empty() {
+            Outcome::Hang
+        } else if result.ledger.reaped > 0 || result.ledger.held > 0 {
+            Outcome::Leak
+        } else {
+            Outcome::Clean
+        };
+        if self.trace_dropped > 0 {
+            let t_ns = now;
+            let detail =
+                format!("{} more records were not kept (limit {MAX_TRACE_RECORDS})", self.trace_dropped);
+            self.trace.push(TraceRecord {
+                t_ns,
+                dur_ns: None,
+                cat: "check",
+                name: "trace_truncated".into(),
+                track: "sim".into(),
+                detail,
+            });
+        }
+        Run { result, trace: self.trace }
+    }
+}
+
+/// Mean and percentiles (ms) of step gaps `(ns, tokens)`, each gap counted once per token.
+fn weighted_summary(samples: &mut [(u64, u64)]) -> Summary {
+    let total: u64 = samples.iter().map(|(_, n)| n).sum();
+    if total == 0 {
+        return Summary::default();
+    }
+    samples.sort_unstable();
+    let mean = samples.iter().map(|(d, n)| *d as f64 * *n as f64).sum::<f64>() / total as f64 / 1e6;
+    let at = |q: f64| {
+        let target = ((total - 1) as f64 * q).round() as u64;
+        let mut seen = 0;
+        for (d, n) in samples.iter() {
+            seen += n;
+            if seen > target {
+                return *d as f64 / 1e6;
+            }
+        }
+        samples.last().map_or(0.0, |(d, _)| *d as f64 / 1e6)
+    };
+    Summary { mean: round3(mean), p50: round3(at(0.5)), p99: round3(at(0.99)) }
+}
+
+fn msg_name(msg: &Msg) -> &'static str {
+    match msg {
+        Msg::Dial { .. } => "handshake request",
+        Msg::Release { .. } => "release",
+    }
+}
