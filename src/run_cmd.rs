@@ -1,0 +1,213 @@
+//! `pdkv run`: one simulation of a scenario file or a bare notation, its summary and its files.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::Args;
+use pdkv_core::legacy::Legacy;
+use pdkv_sim::scenario::{Clients, Scenario};
+use pdkv_sim::{Run, RunOptions, RunResult};
+
+use crate::routes_cmd::legacy_parser;
+
+const EXAMPLES: &str = "\
+Examples:
+  pdkv run 2P_TP8:1D_DP8EP
+  pdkv run 2P_TP8:1D_DP8EP --legacy no-flexible-reads --json
+  pdkv run scenarios/lazy-handshake-delayed-reply.ron --seed 7
+  pdkv run 1P_TP8:1D_TP8 --concurrency 32 --requests 320 --out /tmp/run
+
+A bare notation runs the default profile (DeepSeek-R1 on MI300X-class GPUs) and workload
+(closed loop, C = 128, 10 x C requests, 8K in / 1K out).
+
+Writes result.json, trace.txt and trace.json (Chrome/Perfetto) to --out
+(default target/pdkv/<scenario name>/).
+
+Exit codes: 0 the outcome is the scenario's expected one (clean when none is declared);
+1 it is not; 2 bad input (unreadable or invalid scenario, bad flags).";
+
+/// Simulate one scenario and write its result and traces.
+#[derive(Args, Debug)]
+#[command(after_help = EXAMPLES)]
+pub struct RunArgs {
+    /// A scenario file (.ron) or a deployment notation such as 2P_TP8:1D_DP8EP.
+    scenario: String,
+    /// Seed of every random stream (default: the scenario's).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Switch on a historical bug (repeatable), on top of the scenario's own.
+    #[arg(long = "legacy", value_name = "NAME", value_parser = legacy_parser())]
+    legacy: Vec<Legacy>,
+    /// Closed-loop concurrency (replaces the scenario's clients; requests default to 10 x C).
+    #[arg(long, value_name = "C", value_parser = clap::value_parser!(u32).range(1..))]
+    concurrency: Option<u32>,
+    /// Requests in total (with --concurrency, or replacing the scenario's count).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    requests: Option<u32>,
+    /// Print the result object as JSON on stdout instead of the summary.
+    #[arg(long)]
+    json: bool,
+    /// Folder for result.json and the traces.
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+}
+
+/// Reads a scenario file, or builds one from a notation; errors are for the user.
+pub fn load(spec: &str) -> Result<Scenario, String> {
+    let path = Path::new(spec);
+    if spec.ends_with(".ron") || path.is_file() {
+        return pdkv_sim::load::load_scenario(path).map_err(|e| e.to_string());
+    }
+    let scenario = Scenario::from_notation(spec);
+    pdkv_sim::load::validate(&scenario).map_err(|v| format!("{spec}: {}: {}", v.field, v.message))?;
+    Ok(scenario)
+}
+
+/// Applies the command-line overrides to a scenario.
+fn apply(args: &RunArgs, mut scenario: Scenario) -> Scenario {
+    if let Some(seed) = args.seed {
+        scenario.seed = seed;
+    }
+    for &option in &args.legacy {
+        if !scenario.protocol.legacy.contains(&option) {
+            scenario.protocol.legacy.push(option);
+        }
+    }
+    match (args.concurrency, args.requests, &mut scenario.workload.clients) {
+        (Some(c), n, clients) => {
+            *clients = Clients::Closed { concurrency: c, requests: n.unwrap_or(c.saturating_mul(10)) };
+        }
+        (None, Some(n), Clients::Closed { requests, .. } | Clients::Open { requests, .. }) => *requests = n,
+        (None, None, _) => {}
+    }
+    scenario
+}
+
+pub fn run(args: &RunArgs) -> ExitCode {
+    let scenario = match load(&args.scenario) {
+        Ok(s) => apply(args, s),
+        Err(message) => {
+            eprintln!("error: {message}");
+            return ExitCode::from(2);
+        }
+    };
+    let run = match pdkv_sim::run(&scenario, RunOptions { trace: true }) {
+        Ok(run) => run,
+        Err(message) => {
+            eprintln!("error: {}: {message}", args.scenario);
+            return ExitCode::from(2);
+        }
+    };
+    let out = args.out.clone().unwrap_or_else(|| PathBuf::from("target/pdkv").join(&scenario.name));
+    let written = match write_files(&out, &run) {
+        Ok(files) => files,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return ExitCode::from(2);
+        }
+    };
+    if args.json {
+        println!("{}", run.result.to_json());
+    } else {
+        print!("{}", summary(&run.result, &written, &replay_command(args, &scenario)));
+    }
+    if run.result.outcome == run.result.expected {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+fn write_files(out: &Path, run: &Run) -> Result<Vec<PathBuf>, String> {
+    std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
+    let files = [
+        ("result.json", run.result.to_json()),
+        ("trace.txt", pdkv_sim::trace::to_text(&run.trace)),
+        ("trace.json", pdkv_sim::trace::to_chrome(&run.trace)),
+    ];
+    let mut written = Vec::new();
+    for (name, text) in files {
+        let path = out.join(name);
+        std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        written.push(path);
+    }
+    Ok(written)
+}
+
+/// The command that reruns this exact run.
+fn replay_command(args: &RunArgs, scenario: &Scenario) -> String {
+    let mut cmd = format!("pdkv run {} --seed {}", args.scenario, scenario.seed);
+    for option in &args.legacy {
+        let _ = write!(cmd, " --legacy {option}");
+    }
+    if let Some(c) = args.concurrency {
+        let _ = write!(cmd, " --concurrency {c}");
+    }
+    if let Some(n) = args.requests {
+        let _ = write!(cmd, " --requests {n}");
+    }
+    cmd
+}
+
+/// The terminal summary: outcome, throughput, latencies, NIC balance, ledger, hangs, violations.
+pub fn summary(r: &RunResult, files: &[PathBuf], replay: &str) -> String {
+    let mut s = String::new();
+    let verdict = if r.outcome == r.expected { "as expected" } else { "NOT AS EXPECTED" };
+    let _ = writeln!(s, "pdkv run {} ({}), seed {}", r.scenario, r.deployment, r.seed);
+    let _ = writeln!(s, "  outcome      {} (expected {}: {verdict})", r.outcome.name(), r.expected.name());
+    let q = &r.requests;
+    let _ = writeln!(
+        s,
+        "  requests     {} sent, {} finished, {} failed, {} unfinished in {:.1} s virtual ({} events)",
+        q.sent, q.finished, q.failed, q.unfinished, r.duration_s, r.events
+    );
+    let t = &r.throughput;
+    let _ =
+        writeln!(s, "  throughput   {:.0} tok/s total, {:.0} tok/s output", t.total_tok_s, t.output_tok_s);
+    let l = &r.latency_ms;
+    let _ = writeln!(
+        s,
+        "  latency      TTFT mean {:.0} ms (p99 {:.0}), TPOT mean {:.1} ms (p99 {:.1}), ITL p99 {:.1} ms",
+        l.ttft.mean, l.ttft.p99, l.tpot.mean, l.tpot.p99, l.itl.p99
+    );
+    let n = &r.nic;
+    let most = n.reads_per_prefill_gpu.iter().enumerate().max_by_key(|(i, v)| (**v, usize::MAX - i));
+    let least = n.reads_per_prefill_gpu.iter().enumerate().min_by_key(|(i, v)| (**v, *i));
+    if let (Some((hi, hv)), Some((lo, lv))) = (most, least) {
+        let _ = writeln!(
+            s,
+            "  NIC balance  Jain {:.3} over {} prefill GPUs; most read {} ({hv}), least read {} ({lv})",
+            n.jain,
+            n.reads_per_prefill_gpu.len(),
+            n.prefill_gpus[hi],
+            n.prefill_gpus[lo]
+        );
+    }
+    let g = &r.ledger;
+    let _ = writeln!(
+        s,
+        "  ledger       {} freed, {} reaped, {} still held; longest hold {:.0} ms; prefill stalled {:.1} s",
+        g.freed, g.reaped, g.held, g.max_hold_ms, g.prefill_stall_s
+    );
+    for hang in &r.hangs {
+        let _ = writeln!(s, "  HANG at {:.0} ms: {}", hang.t_ms, hang.what);
+        for edge in &hang.wait_for {
+            let _ = writeln!(s, "      {edge}");
+        }
+        if let Some(cycle) = &hang.cycle {
+            let _ = writeln!(s, "      cycle (deadlock): {}", cycle.join(" -> "));
+        }
+    }
+    for v in r.violations.iter().take(5) {
+        let _ = writeln!(s, "  VIOLATION at {:.3} ms [{}]: {}", v.t_ms, v.kind, v.detail);
+    }
+    if r.violations.len() > 5 {
+        let _ = writeln!(s, "  ... {} violations in all (see result.json)", r.violations.len());
+    }
+    for file in files {
+        let _ = writeln!(s, "  wrote        {}", file.display());
+    }
+    let _ = writeln!(s, "  replay       {replay}");
+    s
+}
