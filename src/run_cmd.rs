@@ -112,7 +112,7 @@ pub fn run(args: &RunArgs) -> ExitCode {
     } else {
         print!("{}", summary(&run.result, &written, &replay_command(args, &scenario)));
     }
-    if run.result.outcome == run.result.expected {
+    if run.result.as_expected() {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
@@ -153,7 +153,7 @@ fn replay_command(args: &RunArgs, scenario: &Scenario) -> String {
 /// The terminal summary: outcome, throughput, latencies, NIC balance, ledger, hangs, violations.
 pub fn summary(r: &RunResult, files: &[PathBuf], replay: &str) -> String {
     let mut s = String::new();
-    let verdict = if r.outcome == r.expected { "as expected" } else { "NOT AS EXPECTED" };
+    let verdict = if r.as_expected() { "as expected" } else { "NOT AS EXPECTED" };
     let _ = writeln!(s, "pdkv run {} ({}), seed {}", r.scenario, r.deployment, r.seed);
     let _ = writeln!(s, "  outcome      {} (expected {}: {verdict})", r.outcome.name(), r.expected.name());
     let q = &r.requests;
@@ -174,6 +174,10 @@ pub fn summary(r: &RunResult, files: &[PathBuf], replay: &str) -> String {
     let n = &r.nic;
     let most = n.reads_per_prefill_gpu.iter().enumerate().max_by_key(|(i, v)| (**v, usize::MAX - i));
     let least = n.reads_per_prefill_gpu.iter().enumerate().min_by_key(|(i, v)| (**v, *i));
+    if let Some(bounds) = r.expected_jain {
+        let holds = if bounds.holds(n.jain) { "holds" } else { "DOES NOT HOLD" };
+        let _ = writeln!(s, "  expectation  Jain in [{:?}, {:?}]: {holds}", bounds.at_least, bounds.at_most);
+    }
     if let (Some((hi, hv)), Some((lo, lv))) = (most, least) {
         let _ = writeln!(
             s,

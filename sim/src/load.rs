@@ -1584,6 +1584,7 @@ mod tests {
             seed: 0,
             limits: Limits::default(),
             expect: None,
+            expect_jain: None,
         };
         assert_eq!(scenario, Ok(expected));
     }
@@ -1680,6 +1681,7 @@ mod tests {
             seed: 42,
             limits: Limits { max_virtual_time_s: 600, ..Limits::default() },
             expect: Some(Outcome::Hang),
+            expect_jain: None,
         }
     }
 

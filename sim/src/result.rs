@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::scenario::{Outcome, Scenario, FORMAT_VERSION};
+use crate::scenario::{JainBounds, Outcome, Scenario, FORMAT_VERSION};
 
 /// Everything a run measured.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -19,6 +19,8 @@ pub struct RunResult {
     pub outcome: Outcome,
     /// The outcome the scenario declared (`clean` when it declared none).
     pub expected: Outcome,
+    /// Bounds the scenario declared on the Jain index of reads, if any.
+    pub expected_jain: Option<JainBounds>,
     /// Virtual time at the end of the run, in seconds.
     pub duration_s: f64,
     /// Requests by how they ended.
@@ -180,6 +182,7 @@ impl RunResult {
             seed: scenario.seed,
             outcome: Outcome::Clean,
             expected: scenario.expect.unwrap_or(Outcome::Clean),
+            expected_jain: scenario.expect_jain,
             duration_s: 0.0,
             requests: Requests::default(),
             throughput: Throughput::default(),
@@ -191,6 +194,11 @@ impl RunResult {
             events: 0,
             scenario_ron,
         }
+    }
+
+    /// True when the outcome and the NIC balance are what the scenario declared.
+    pub fn as_expected(&self) -> bool {
+        self.outcome == self.expected && self.expected_jain.is_none_or(|b| b.holds(self.nic.jain))
     }
 
     /// Pretty JSON; byte-identical for identical runs.

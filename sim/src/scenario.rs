@@ -51,6 +51,28 @@ pub struct Scenario {
     /// The outcome this scenario is expected to have (`clean` when absent).
     #[serde(default)]
     pub expect: Option<Outcome>,
+    /// Bounds the NIC balance (Jain index of reads per prefill GPU) must meet, if any.
+    #[serde(default)]
+    pub expect_jain: Option<JainBounds>,
+}
+
+/// Inclusive bounds on the Jain index of reads per prefill GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JainBounds {
+    /// Lowest acceptable index.
+    #[serde(default)]
+    pub at_least: Option<f64>,
+    /// Highest acceptable index.
+    #[serde(default)]
+    pub at_most: Option<f64>,
+}
+
+impl JainBounds {
+    /// True when `jain` is within the bounds.
+    pub fn holds(&self, jain: f64) -> bool {
+        self.at_least.is_none_or(|lo| jain >= lo) && self.at_most.is_none_or(|hi| jain <= hi)
+    }
 }
 
 /// How a run ended, from worst to best: a safety violation outranks a hang, which outranks a
@@ -305,11 +327,20 @@ pub struct EngineLimits {
     pub decode_max_batch: u32,
     /// KV blocks per GPU; 0 derives them from HBM, weights and `kv_memory_fraction`.
     pub kv_blocks_per_gpu: u32,
+    /// Delay between a prefill finishing and its workers learning the transfer (MoRIIO passes
+    /// it with the next step's connector metadata). A release that arrives in this window is
+    /// early: buffered by the fixed protocol, dropped under `drop-early-releases`.
+    pub prefill_register_delay_ms: u64,
 }
 
 impl Default for EngineLimits {
     fn default() -> Self {
-        EngineLimits { prefill_max_batched_tokens: 32_768, decode_max_batch: 512, kv_blocks_per_gpu: 0 }
+        EngineLimits {
+            prefill_max_batched_tokens: 32_768,
+            decode_max_batch: 512,
+            kv_blocks_per_gpu: 0,
+            prefill_register_delay_ms: 0,
+        }
     }
 }
 
@@ -426,6 +457,7 @@ impl Scenario {
             seed: 0,
             limits: Limits::default(),
             expect: None,
+            expect_jain: None,
         }
     }
 }

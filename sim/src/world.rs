@@ -8,7 +8,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 
-use pdkv_core::decode::{
+use pdkv_core::decode::{StepError, 
     DecodeAction, DecodeConfig, DecodeEvent, DecodeWorker, ReadGranularity, ReadOp, ReadOutcome, RecvRequest,
 };
 use pdkv_core::ids::{EngineId, RankId, RequestId, Role, TransferId};
@@ -74,6 +74,7 @@ enum Ev {
     AtListener { listener: usize, msg: Msg },
     Serve { listener: usize, msg: Msg },
     ToDecode { worker: usize, event: Box<DecodeEvent> },
+    ToPrefill { rank: RankId, event: Box<WorkerEvent> },
     Flow { id: FlowId, version: u64 },
     ReadLater { worker: usize, request: RequestId, layer: Option<u16>, outcome: ReadOutcome },
     DecodeTick { worker: usize },
@@ -287,6 +288,8 @@ pub struct World {
     itl: Vec<(u64, u64)>,
     violations: Vec<Violation>,
     hangs: Vec<Hang>,
+    /// Decode workers whose step raised on their own (they never reach the collective).
+    raised: BTreeSet<usize>,
     stopped: bool,
     max_hold_ns: u64,
     trace_on: bool,
@@ -518,6 +521,7 @@ impl World {
             itl: Vec::new(),
             violations: Vec::new(),
             hangs: Vec::new(),
+            raised: BTreeSet::new(),
             stopped: false,
             max_hold_ns: 0,
             trace_on: options.trace,
@@ -616,6 +620,7 @@ impl World {
             Ev::AtListener { listener, msg } => self.on_at_listener(listener, msg),
             Ev::Serve { listener, msg } => self.on_serve(listener, msg),
             Ev::ToDecode { worker, event } => self.decode(worker, *event),
+            Ev::ToPrefill { rank, event } => self.prefill_worker(rank, *event),
             Ev::Flow { id, version } => self.on_flow(id, version),
             Ev::ReadLater { worker, request, layer, outcome } => {
                 self.decode(worker, DecodeEvent::ReadDone { request, layer, outcome })
@@ -857,7 +862,13 @@ impl World {
         for action in actions {
             match action {
                 EngineAction::Register { rank, transfer_id, quorum } => {
-                    self.prefill_worker(rank, WorkerEvent::Register { transfer_id, quorum })
+                    let delay = self.sc.engines.prefill_register_delay_ms * NS_PER_MS;
+                    let event = WorkerEvent::Register { transfer_id, quorum };
+                    if delay == 0 {
+                        self.prefill_worker(rank, event);
+                    } else {
+                        self.at(delay, Ev::ToPrefill { rank, event: Box::new(event) });
+                    }
                 }
                 EngineAction::GroupDone { rank, transfer_id } => {
                     self.prefill_worker(rank, WorkerEvent::GroupDone { transfer_id })
@@ -1170,7 +1181,14 @@ impl World {
                         None,
                         error.to_string(),
                     );
-                    self.arrive(w, step);
+                    // A failure the whole group shares (eager vote) skips the forward together;
+                    // a worker-local one (lazy handshake) raises on that worker alone, which never
+                    // reaches the collective its peers already entered.
+                    if matches!(error, StepError::GroupHandshakeFailed { .. }) {
+                        self.arrive(w, step);
+                    } else {
+                        self.raised.insert(w);
+                    }
                 }
                 DecodeAction::RequestReceived { request } => self.report(w, request, false),
                 DecodeAction::RequestFailed { request, error } => {
@@ -1594,9 +1612,26 @@ impl World {
                 let rank = self.d_ranks[w].to_string();
                 ranks.push(rank.clone());
                 graph.edge(&collective, &rank, "not arrived");
+                if self.raised.contains(&w) {
+                    graph.edge(&rank, &format!("{rank} step error"), "raised out of the step (worker-local failure)");
+                }
                 for (session, target) in self.dworkers[w].waiting_sessions() {
                     let listener = format!("{target} handshake listener");
                     graph.edge(&rank, &listener, &format!("blocked on handshake {session}"));
+                }
+            }
+        }
+        // Workers waiting for a group vote wait for the workers that have not voted yet.
+        for &g in &self.units[unit].groups {
+            if let Some(votes) = self.dgroups[g].votes.get(&step) {
+                let vote = format!("vote D{engine} group {g} step {step}");
+                for &(w, _) in votes {
+                    graph.edge(&self.d_ranks[w].to_string(), &vote, "waiting for the MIN vote");
+                }
+                for &w in &self.dgroups[g].workers {
+                    if !votes.iter().any(|(v, _)| *v == w) {
+                        graph.edge(&vote, &self.d_ranks[w].to_string(), "has not voted");
+                    }
                 }
             }
         }
