@@ -43,7 +43,7 @@ use crate::release::{Release, ReleaseSender};
 use crate::routing::{self, ReadRouter, RoutingError};
 use crate::time::{earliest, Instant, NS_PER_MS, NS_PER_S};
 use crate::topology::{Layout, ModelSpec};
-use crate::wire::{HandshakeMetadata, LayerMemoryDesc};
+use crate::wire::{HandshakeMetadata, LayerMemoryDesc, ReadLease};
 
 /// Requests one worker holds at once; a step that would exceed it fails those requests.
 pub const MAX_WORKER_REQUESTS: usize = 65_536;
@@ -355,6 +355,16 @@ pub enum DecodeAction {
         endpoint: Endpoint,
         /// The message.
         release: Release,
+    },
+    /// Send a read lease to the rank about to be read, before the reads: the producer keeps the
+    /// blocks (and does not reap them) until the lease ends.
+    SendLease {
+        /// The rank read.
+        rank: RankId,
+        /// Its notify listener.
+        endpoint: Endpoint,
+        /// The lease.
+        lease: ReadLease,
     },
     /// Contribute to the TP group's MIN vote for `step`.
     CastVote {
@@ -834,8 +844,17 @@ impl DecodeWorker {
             match self.read_ops(id) {
                 Ok(ops) => {
                     let outstanding = ops.iter().map(|op| op.layer).collect();
-                    self.requests.get_mut(&id).expect("listed above").phase =
-                        RecvPhase::Reading { outstanding, retries: BTreeMap::new() };
+                    let recv = self.requests.get_mut(&id).expect("listed above");
+                    recv.phase = RecvPhase::Reading { outstanding, retries: BTreeMap::new() };
+                    // The reads end by the request's deadline at the latest (it fails then), so a
+                    // lease to the deadline covers every read; rounded up to whole milliseconds.
+                    let lease_ms =
+                        recv.deadline.since_ns(now).div_ceil(NS_PER_MS).clamp(1, u64::from(u32::MAX));
+                    out.push(DecodeAction::SendLease {
+                        rank: recv.target.source,
+                        endpoint: recv.target.notify.clone(),
+                        lease: ReadLease { transfer_id: recv.transfer_id.clone(), lease_ms: lease_ms as u32 },
+                    });
                     out.extend(ops.into_iter().map(DecodeAction::PostRead));
                 }
                 Err(error) => self.fail_request(now, id, error, out),

@@ -40,8 +40,8 @@ pub enum Legacy {
     /// The release goes to a rank recomputed without the owner DP rank or the flexible pick,
     /// so one rank is read and another is notified.
     NotifyOtherRank,
-    /// The deferred-free reaper frees blocks without first revoking remote access, so a read
-    /// still in flight reads memory another request now uses.
+    /// The deferred-free reaper ignores read leases and frees blocks without first revoking
+    /// remote access, so a read still in flight reads memory another request now uses.
     ReaperIgnoresReads,
     /// The flexible round-robin is off: a TP1 decode worker reading a TP-replicated MLA
     /// prefill uses the fixed mapping, so every read lands on TP rank 0 of the prefill engine.
@@ -132,8 +132,8 @@ impl Legacy {
                  rank read; the read rank's blocks wait for the reaper"
             }
             Legacy::ReaperIgnoresReads => {
-                "the reaper frees blocks without revoking remote access; a late read returns \
-                 another request's KV silently"
+                "the reaper ignores read leases and frees without revoking remote access; a \
+                 read still in flight returns another request's KV silently"
             }
             Legacy::NoFlexibleReads => {
                 "TP1 decode workers reading a TP-replicated MLA prefill all use the fixed mapping; \

@@ -17,9 +17,12 @@
 //!    ([`EngineAction::Retire`], delivered as [`WorkerEvent::Retired`]).
 //! 5. Tick the engine ([`EngineEvent::Tick`]) when [`PrefillEngine::poll_timeout`] comes: the
 //!    deferred-free reaper frees whatever is still held `defer_timeout` after registration, with a
-//!    warning. By default it first fences the blocks ([`EngineAction::Fence`]: the driver revokes
-//!    remote access, so a late read fails instead of reading reused memory); under
-//!    [`Legacy::ReaperIgnoresReads`] it frees without fencing.
+//!    warning. A decode rank leases a transfer before reading it ([`WorkerEvent::Lease`], relayed
+//!    to the engine as [`EngineEvent::Leased`]); the reaper waits for the lease to end, since a
+//!    read may be in flight until then. If it still fires it first fences the blocks
+//!    ([`EngineAction::Fence`]: the driver revokes remote access, so a late read fails instead of
+//!    reading reused memory). Under [`Legacy::ReaperIgnoresReads`] it ignores leases and frees
+//!    without fencing.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -27,12 +30,14 @@ use crate::ids::{EngineId, RankId, RequestId, TransferId};
 use crate::legacy::{Legacy, LegacyOptions};
 use crate::release::{quorum_plan, Quorum, RankLedger, Release, ReleaseOutcome};
 use crate::routing::RoutingError;
-use crate::time::{earliest, Instant, NS_PER_S};
+use crate::time::{earliest, Instant, NS_PER_MS, NS_PER_S};
 use crate::topology::{Layout, ModelSpec};
 use crate::wire::{HandshakeMetadata, LayerMemoryDesc};
 
 /// Transfers one engine holds at once; beyond it, new transfers are refused.
 pub const MAX_ENGINE_TRANSFERS: usize = 65_536;
+/// Slack added after a read lease before the reaper may fire (covers the lease's travel time).
+pub const LEASE_GRACE_NS: u64 = NS_PER_S;
 /// Finished transfers whose records the ledger keeps for queries (counters are kept forever).
 pub const MAX_LEDGER_RECORDS: usize = 1 << 16;
 
@@ -57,6 +62,13 @@ pub enum WorkerEvent {
     GroupDone {
         /// The transfer.
         transfer_id: TransferId,
+    },
+    /// A decode rank leased the transfer for `lease_ms` from now: it is about to read it.
+    Lease {
+        /// The transfer.
+        transfer_id: TransferId,
+        /// Lease length in milliseconds.
+        lease_ms: u32,
     },
     /// The engine freed the transfer's blocks; forget it.
     Retired {
@@ -83,6 +95,15 @@ pub enum WorkerAction {
         rank: RankId,
         /// The transfer.
         transfer_id: TransferId,
+    },
+    /// A decode rank will read the transfer until `until` (deliver to the engine).
+    Leased {
+        /// This rank.
+        rank: RankId,
+        /// The transfer.
+        transfer_id: TransferId,
+        /// When the lease ends.
+        until: Instant,
     },
     /// A release or event that changed nothing, with why (for traces and counters).
     Ignored {
@@ -131,7 +152,7 @@ impl PrefillWorker {
     }
 
     /// Applies one event; actions are appended to `out`.
-    pub fn handle(&mut self, _now: Instant, event: WorkerEvent, out: &mut Vec<WorkerAction>) {
+    pub fn handle(&mut self, now: Instant, event: WorkerEvent, out: &mut Vec<WorkerAction>) {
         let rank = self.rank;
         let report = |transfer_id: TransferId, outcome: ReleaseOutcome, out: &mut Vec<WorkerAction>| {
             if outcome == ReleaseOutcome::Completed {
@@ -161,6 +182,10 @@ impl PrefillWorker {
                 Ok(outcome) => report(transfer_id, outcome, out),
                 Err(e) => out.push(WorkerAction::Error(format!("{rank}: {e}"))),
             },
+            WorkerEvent::Lease { transfer_id, lease_ms } => {
+                let until = now.add_ns(u64::from(lease_ms) * NS_PER_MS);
+                out.push(WorkerAction::Leased { rank, transfer_id, until });
+            }
             WorkerEvent::Retired { transfer_id } => {
                 if let Err(e) = self.ledger.handle_retired(&transfer_id) {
                     out.push(WorkerAction::Error(format!("{rank}: {e}")));
@@ -393,6 +418,13 @@ pub enum EngineEvent {
         /// The transfer.
         transfer_id: TransferId,
     },
+    /// A decode rank leased a transfer until `until` (from [`WorkerAction::Leased`]).
+    Leased {
+        /// The transfer.
+        transfer_id: TransferId,
+        /// When the lease ends.
+        until: Instant,
+    },
     /// The time from [`PrefillEngine::poll_timeout`] has come.
     Tick,
 }
@@ -543,6 +575,10 @@ impl PrefillEngine {
                 self.apply(now, &transfer_id, TransferEvent::WorkerFinished(rank.tp), out);
                 Ok(())
             }
+            EngineEvent::Leased { transfer_id, until } => {
+                self.extend_lease(&transfer_id, until);
+                Ok(())
+            }
             EngineEvent::Tick => {
                 while let Some((deadline, id)) = self.deadlines.first().cloned() {
                     if deadline > now {
@@ -552,6 +588,21 @@ impl PrefillEngine {
                 }
                 Ok(())
             }
+        }
+    }
+
+    /// Moves the reaper's deadline of a held transfer to at least `until` plus [`LEASE_GRACE_NS`]
+    /// (network delay between the lease and the read). The legacy reaper ignores leases.
+    fn extend_lease(&mut self, id: &TransferId, until: Instant) {
+        if self.legacy.has(Legacy::ReaperIgnoresReads) {
+            return;
+        }
+        let Some(held) = self.held.get_mut(id) else { return };
+        let wanted = until.add_ns(LEASE_GRACE_NS);
+        if wanted > held.deadline {
+            self.deadlines.remove(&(held.deadline, id.clone()));
+            held.deadline = wanted;
+            self.deadlines.insert((wanted, id.clone()));
         }
     }
 

@@ -73,6 +73,8 @@ struct Harness {
     invalidated: Vec<(RankId, RequestId)>,
     engine_log: Vec<EngineAction>,
     worker_log: Vec<WorkerAction>,
+    /// Read leases sent (delivered at once: they leave before the reads).
+    leases: usize,
 }
 
 impl Harness {
@@ -120,6 +122,7 @@ impl Harness {
             invalidated: Vec::new(),
             engine_log: Vec::new(),
             worker_log: Vec::new(),
+            leases: 0,
         }
     }
 
@@ -191,6 +194,12 @@ impl Harness {
                 }
                 DecodeAction::PostRead(op) => self.reads.push((rank, op)),
                 DecodeAction::SendRelease { rank: to, release, .. } => self.releases.push((to, release)),
+                DecodeAction::SendLease { rank: to, lease, .. } => {
+                    self.leases += 1;
+                    let event =
+                        WorkerEvent::Lease { transfer_id: lease.transfer_id, lease_ms: lease.lease_ms };
+                    self.worker_event(to, event);
+                }
                 DecodeAction::CastVote { step, ok } => self.votes.entry(step).or_default().push((rank, ok)),
                 DecodeAction::StepReady { step } => self.steps.entry(rank).or_default().push((step, None)),
                 DecodeAction::StepFailed { step, error } => {
@@ -266,14 +275,19 @@ impl Harness {
         worker.handle(self.now, event, &mut out);
         for action in out {
             self.worker_log.push(action.clone());
-            if let WorkerAction::Finished { rank, transfer_id } = action {
-                let mut engine_out = Vec::new();
-                let engine = &mut self.engines[usize::from(rank.engine.index)];
-                engine
-                    .handle(self.now, EngineEvent::WorkerFinished { rank, transfer_id }, &mut engine_out)
-                    .unwrap();
-                self.route_engine(engine_out);
-            }
+            let (rank, event) = match action {
+                WorkerAction::Finished { rank, transfer_id } => {
+                    (rank, EngineEvent::WorkerFinished { rank, transfer_id })
+                }
+                WorkerAction::Leased { rank, transfer_id, until } => {
+                    (rank, EngineEvent::Leased { transfer_id, until })
+                }
+                _ => continue,
+            };
+            let mut engine_out = Vec::new();
+            let engine = &mut self.engines[usize::from(rank.engine.index)];
+            engine.handle(self.now, event, &mut engine_out).unwrap();
+            self.route_engine(engine_out);
         }
     }
 
@@ -607,4 +621,24 @@ fn early_release_is_applied_at_registration() {
     assert!(h.frees().is_empty());
     h.prefill_done(1, 0, 0, &[0]);
     assert_eq!(h.frees(), [(tx(1), false)]);
+}
+
+/// A read lease keeps the reaper away while a slow read may be in flight; the legacy reaper
+/// ignores it and frees under the read.
+#[test]
+fn read_lease_defers_the_reaper_until_the_read_can_no_longer_run() {
+    for (legacy, reaped) in
+        [(LegacyOptions::none(), false), (LegacyOptions::none().with(Legacy::ReaperIgnoresReads), true)]
+    {
+        let mut h = Harness::new("1P_TP1:1D_TP1", legacy.clone());
+        let engines = std::mem::take(&mut h.engines);
+        h.engines = engines.into_iter().map(|e| e.with_defer_timeout_ns(NS_PER_S)).collect();
+        h.step_with_request(1, 0, &[5], 0);
+        assert_eq!(h.leases, 1, "one lease per request, sent with its reads");
+        h.advance(5 * NS_PER_S);
+        assert_eq!(h.frees().is_empty(), !reaped, "{legacy:?}: a 1 s reaper against a read leased for 30 s");
+        h.complete_reads(|_, _| ReadOutcome::Ok);
+        h.deliver_releases(1);
+        assert_eq!(h.frees(), [(tx(1), reaped)], "{legacy:?}");
+    }
 }

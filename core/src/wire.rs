@@ -100,6 +100,18 @@ pub struct WriteDone {
     pub transfer_id: TransferId,
 }
 
+/// A decode rank's promise that its reads of a transfer end within `lease_ms` (pdkv's own
+/// message, `{"type": "read_lease", "transfer_id", "lease_ms"}`; a MoRIIO peer never sends it and
+/// is never sent it). The producer's reaper does not free the transfer's blocks before the lease
+/// ends, because a read may still be in flight until then.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadLease {
+    /// The transfer about to be read.
+    pub transfer_id: TransferId,
+    /// How long the reads may last, from when the lease is sent, in milliseconds (at least 1).
+    pub lease_ms: u32,
+}
+
 /// Where a rank sits in its engine: pdkv's optional extension of the handshake metadata.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RankInfo {
@@ -153,6 +165,8 @@ pub enum ControlMessage {
     RemoteBlocks(RemoteBlocks),
     /// WRITE mode, prefill to decode: the writes of a transfer landed.
     WriteDone(WriteDone),
+    /// pdkv's read lease (decode → prefill, notify socket): the decode rank is about to read.
+    ReadLease(ReadLease),
     /// `get_meta_msg`: asks a rank for its [`HandshakeMetadata`].
     HandshakeRequest,
     /// The first frame of the reply to [`ControlMessage::HandshakeRequest`].
@@ -427,6 +441,14 @@ struct RemoteBlocksWire<'a> {
 }
 
 #[derive(Serialize)]
+struct ReadLeaseWire<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    transfer_id: &'a str,
+    lease_ms: u32,
+}
+
+#[derive(Serialize)]
 struct WriteDoneWire<'a> {
     #[serde(rename = "type")]
     kind: &'static str,
@@ -481,6 +503,11 @@ pub fn encode(msg: &ControlMessage) -> Vec<u8> {
         ControlMessage::WriteDone(done) => {
             named(&WriteDoneWire { kind: "write_done", transfer_id: done.transfer_id.as_str() })
         }
+        ControlMessage::ReadLease(lease) => named(&ReadLeaseWire {
+            kind: "read_lease",
+            transfer_id: lease.transfer_id.as_str(),
+            lease_ms: lease.lease_ms,
+        }),
         ControlMessage::HandshakeRequest => HANDSHAKE_REQUEST.to_vec(),
         ControlMessage::HandshakeMetadata(meta) => named(&MetadataWire {
             engine_id: &meta.engine_id,
@@ -872,6 +899,12 @@ fn remote_blocks(mut f: Fields) -> Result<ControlMessage, WireError> {
     Ok(ControlMessage::RemoteBlocks(RemoteBlocks { req_id, transfer_id, block_ids, decode_dp_rank }))
 }
 
+fn read_lease(mut f: Fields) -> Result<ControlMessage, WireError> {
+    let transfer_id = transfer_id(&mut f)?;
+    let lease_ms = narrow::<u32>(f.int("lease_ms", 1, i128::from(u32::MAX))?);
+    Ok(ControlMessage::ReadLease(ReadLease { transfer_id, lease_ms }))
+}
+
 fn write_done(mut f: Fields) -> Result<ControlMessage, WireError> {
     Ok(ControlMessage::WriteDone(WriteDone { transfer_id: transfer_id(&mut f)? }))
 }
@@ -918,6 +951,7 @@ fn structured(entries: Vec<(Value, Value)>) -> Result<ControlMessage, WireError>
             "release" => release(f),
             "remote_blocks" => remote_blocks(f),
             "write_done" => write_done(f),
+            "read_lease" => read_lease(f),
             other => Err(WireError::UnknownType { type_name: other.to_owned() }),
         },
         None if f.has("req_id") => remote_blocks(f),
@@ -1105,6 +1139,7 @@ mod tests {
                 decode_dp_rank: 7,
             }),
             ControlMessage::WriteDone(WriteDone { transfer_id: tid() }),
+            ControlMessage::ReadLease(ReadLease { transfer_id: tid(), lease_ms: 30_000 }),
             ControlMessage::HandshakeRequest,
             metadata(None),
             metadata(Some(RankInfo { dp_rank: 1, tp_rank: 3, tp_size: 8 })),
@@ -1204,6 +1239,14 @@ mod tests {
             (pack(vec![("type", V::U(1))]), WrongType { field: "type", expected: "str", found: "int" }),
             (pack(vec![("transfer_id", s(TID))]), MissingField { field: "type" }),
             (pack(vec![("type", s("release"))]), MissingField { field: "transfer_id" }),
+            (
+                pack(vec![("type", s("read_lease")), ("transfer_id", s(TID)), ("lease_ms", V::U(0))]),
+                OutOfRange { field: "lease_ms", value: 0, min: 1, max: i128::from(u32::MAX) },
+            ),
+            (
+                pack(vec![("type", s("read_lease")), ("transfer_id", s(TID))]),
+                MissingField { field: "lease_ms" },
+            ),
             (pack(vec![("type", s("release")), ("transfer_id", s(""))]), EmptyField { field: "transfer_id" }),
             (
                 pack(vec![("type", s("release")), ("transfer_id", V::S("x".repeat(MAX_STR_BYTES + 1)))]),
@@ -1420,7 +1463,10 @@ mod tests {
                     })
                 },
             );
-        prop_oneof![release, legacy, blocks, done, Just(ControlMessage::HandshakeRequest), meta]
+        let lease = (arb_id(), 1..=u32::MAX).prop_map(|(id, lease_ms)| {
+            ControlMessage::ReadLease(ReadLease { transfer_id: TransferId(id), lease_ms })
+        });
+        prop_oneof![release, legacy, blocks, done, lease, Just(ControlMessage::HandshakeRequest), meta]
     }
 
     /// How a valid encoding is damaged: overwrite, insert or delete a byte, or cut the end.

@@ -8,8 +8,9 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 
-use pdkv_core::decode::{StepError, 
+use pdkv_core::decode::{
     DecodeAction, DecodeConfig, DecodeEvent, DecodeWorker, ReadGranularity, ReadOp, ReadOutcome, RecvRequest,
+    StepError,
 };
 use pdkv_core::ids::{EngineId, RankId, RequestId, Role, TransferId};
 use pdkv_core::legacy::LegacyOptions;
@@ -56,8 +57,14 @@ pub struct Run {
 
 #[derive(Debug)]
 enum Msg {
-    Dial { from: usize, session: SessionKey },
-    Release { bytes: Vec<u8> },
+    Dial {
+        from: usize,
+        session: SessionKey,
+    },
+    /// A MessagePack frame for a notify listener (release or read lease).
+    Notify {
+        bytes: Vec<u8>,
+    },
 }
 
 #[derive(Debug)]
@@ -928,6 +935,10 @@ impl World {
                     let e = usize::from(rank.engine.index);
                     self.engine(e, EngineEvent::WorkerFinished { rank, transfer_id });
                 }
+                WorkerAction::Leased { rank, transfer_id, until } => {
+                    let e = usize::from(rank.engine.index);
+                    self.engine(e, EngineEvent::Leased { transfer_id, until });
+                }
                 WorkerAction::Ignored { transfer_id, outcome } => {
                     let rank = self.p_ranks[i].to_string();
                     self.record("release", "ignored", rank, None, format!("{transfer_id}: {outcome:?}"));
@@ -1156,9 +1167,13 @@ impl World {
                     );
                     self.send(w, rank, (endpoint.host, endpoint.port), Msg::Dial { from: w, session });
                 }
+                DecodeAction::SendLease { rank, endpoint, lease } => {
+                    let bytes = wire::encode(&ControlMessage::ReadLease(lease));
+                    self.send(w, rank, (endpoint.host, endpoint.port), Msg::Notify { bytes });
+                }
                 DecodeAction::SendRelease { rank, endpoint, release } => {
                     let bytes = wire::encode(&ControlMessage::Release(release));
-                    self.send(w, rank, (endpoint.host, endpoint.port), Msg::Release { bytes });
+                    self.send(w, rank, (endpoint.host, endpoint.port), Msg::Notify { bytes });
                 }
                 DecodeAction::CastVote { step, ok } => {
                     let g = self.dworker_group[w];
@@ -1269,7 +1284,7 @@ impl World {
         for extra in copies {
             let dup = match &msg {
                 Msg::Dial { from, session } => Msg::Dial { from: *from, session: session.clone() },
-                Msg::Release { bytes } => Msg::Release { bytes: bytes.clone() },
+                Msg::Notify { bytes } => Msg::Notify { bytes: bytes.clone() },
             };
             self.at(latency + extra, Ev::AtListener { listener, msg: dup });
         }
@@ -1367,10 +1382,26 @@ impl World {
                     }
                 }
             }
-            Msg::Release { bytes } => match wire::decode(&bytes).map(|m| m.as_release()) {
-                Ok(Some(release)) => self.prefill_worker(rank, WorkerEvent::Release(release)),
-                Ok(None) | Err(_) => {
-                    self.violation("protocol_error", vec![rank.to_string()], "undecodable release".into());
+            Msg::Notify { bytes } => match wire::decode(&bytes) {
+                Ok(ControlMessage::ReadLease(lease)) => {
+                    let event =
+                        WorkerEvent::Lease { transfer_id: lease.transfer_id, lease_ms: lease.lease_ms };
+                    self.prefill_worker(rank, event);
+                }
+                Ok(message) => match message.as_release() {
+                    Some(release) => self.prefill_worker(rank, WorkerEvent::Release(release)),
+                    None => self.violation(
+                        "protocol_error",
+                        vec![rank.to_string()],
+                        "unexpected notify message".into(),
+                    ),
+                },
+                Err(error) => {
+                    self.violation(
+                        "protocol_error",
+                        vec![rank.to_string()],
+                        format!("undecodable notify frame: {error}"),
+                    );
                 }
             },
         }
@@ -1613,7 +1644,11 @@ impl World {
                 ranks.push(rank.clone());
                 graph.edge(&collective, &rank, "not arrived");
                 if self.raised.contains(&w) {
-                    graph.edge(&rank, &format!("{rank} step error"), "raised out of the step (worker-local failure)");
+                    graph.edge(
+                        &rank,
+                        &format!("{rank} step error"),
+                        "raised out of the step (worker-local failure)",
+                    );
                 }
                 for (session, target) in self.dworkers[w].waiting_sessions() {
                     let listener = format!("{target} handshake listener");
@@ -1801,6 +1836,6 @@ fn weighted_summary(samples: &mut [(u64, u64)]) -> Summary {
 fn msg_name(msg: &Msg) -> &'static str {
     match msg {
         Msg::Dial { .. } => "handshake request",
-        Msg::Release { .. } => "release",
+        Msg::Notify { .. } => "notify message",
     }
 }

@@ -3,4 +3,5 @@
 mod docs;
 mod machines;
 mod routes_cli;
+mod scenarios;
 mod wire;
