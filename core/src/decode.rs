@@ -30,6 +30,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
+use std::ops::Range;
 use std::sync::Arc;
 
 use crate::handshake::{
@@ -185,50 +186,71 @@ pub enum ReadOutcome {
     SendQueueFull,
 }
 
-/// One read to post: where from, which blocks, how many bytes.
+/// What every read of one request shares: where from and which blocks. Built once per request
+/// and shared by its per-layer reads (a per-layer read of a long prompt would otherwise copy the
+/// ids, the transfer id and the session key once per layer).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ReadOp {
+pub struct ReadPlan {
     /// The request read.
     pub request: RequestId,
     /// Its transfer id.
     pub transfer_id: TransferId,
     /// The prefill rank read (the chosen source).
     pub source: RankId,
-    /// The session whose memory descriptors the read uses.
+    /// The session whose memory descriptors the reads use.
     pub session: SessionKey,
-    /// The layer for a per-layer read, `None` for a read of every layer.
-    pub layer: Option<u16>,
-    /// Remote base address of every layer this read covers, in layer order.
+    /// Remote base address of every layer of the source rank.
     pub remote_bases: Vec<u64>,
     /// Bytes per block in the remote region.
     pub block_len: u64,
-    /// Remote (prefill) block ids, shared by every read of the request (a per-layer read of a
-    /// long prompt would otherwise copy thousands of ids per layer).
+    /// Remote (prefill) block ids.
     pub remote_block_ids: Arc<[u32]>,
-    /// Local (decode) block ids, one per remote block, shared likewise.
+    /// Local (decode) block ids, one per remote block.
     pub local_block_ids: Arc<[u32]>,
 }
 
+/// One read to post: a request's plan and the layers this read covers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadOp {
+    /// The request's shared read plan.
+    pub plan: Arc<ReadPlan>,
+    /// The layer for a per-layer read, `None` for a read of every layer.
+    pub layer: Option<u16>,
+    /// The layers this read covers: indices into `plan.remote_bases`.
+    pub layers: Range<usize>,
+}
+
 impl ReadOp {
+    /// The request read.
+    pub fn request(&self) -> RequestId {
+        self.plan.request
+    }
+
     /// Total bytes the read moves.
     pub fn bytes(&self) -> u64 {
-        self.remote_bases.len() as u64 * self.remote_block_ids.len() as u64 * self.block_len
+        self.layers.len() as u64 * self.plan.remote_block_ids.len() as u64 * self.plan.block_len
+    }
+
+    /// Remote address of the first byte this read touches.
+    pub fn first_address(&self) -> u64 {
+        self.plan.remote_bases[self.layers.start]
     }
 
     /// Remote byte ranges `(address, length)`, contiguous blocks merged, layer by layer.
     pub fn remote_ranges(&self) -> Vec<(u64, u64)> {
+        let plan = &self.plan;
         let mut out: Vec<(u64, u64)> = Vec::new();
-        for &base in &self.remote_bases {
+        for &base in &plan.remote_bases[self.layers.clone()] {
             let mut run: Option<(u64, u64)> = None;
-            for &block in self.remote_block_ids.iter() {
-                let addr = base + u64::from(block) * self.block_len;
+            for &block in plan.remote_block_ids.iter() {
+                let addr = base + u64::from(block) * plan.block_len;
                 run = match run {
-                    Some((start, len)) if start + len == addr => Some((start, len + self.block_len)),
+                    Some((start, len)) if start + len == addr => Some((start, len + plan.block_len)),
                     Some(done) => {
                         out.push(done);
-                        Some((addr, self.block_len))
+                        Some((addr, plan.block_len))
                     }
-                    None => Some((addr, self.block_len)),
+                    None => Some((addr, plan.block_len)),
                 };
             }
             out.extend(run);
@@ -873,25 +895,22 @@ impl DecodeWorker {
         if let Some(&block) = recv.remote_block_ids.iter().find(|&&b| b >= meta.num_blocks) {
             return Err(RecvError::BlockOutOfRange { block, num_blocks: meta.num_blocks });
         }
-        let op = |layer: Option<u16>, remote_bases: Vec<u64>| ReadOp {
+        let plan = Arc::new(ReadPlan {
             request: id,
             transfer_id: recv.transfer_id.clone(),
             source: recv.target.source,
             session: recv.target.session.clone(),
-            layer,
-            remote_bases,
+            remote_bases: meta.kv_caches_base_addr.clone(),
             block_len: meta.block_len,
             remote_block_ids: recv.remote_block_ids.clone(),
             local_block_ids: recv.local_block_ids.clone(),
-        };
+        });
+        let layers = plan.remote_bases.len();
+        let op =
+            |layer: Option<u16>, range: Range<usize>| ReadOp { plan: plan.clone(), layer, layers: range };
         Ok(match self.config.granularity {
-            ReadGranularity::PerRequest => vec![op(None, meta.kv_caches_base_addr.clone())],
-            ReadGranularity::PerLayer => meta
-                .kv_caches_base_addr
-                .iter()
-                .enumerate()
-                .map(|(layer, &base)| op(Some(layer as u16), vec![base]))
-                .collect(),
+            ReadGranularity::PerRequest => vec![op(None, 0..layers)],
+            ReadGranularity::PerLayer => (0..layers).map(|l| op(Some(l as u16), l..l + 1)).collect(),
         })
     }
 

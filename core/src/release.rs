@@ -232,11 +232,14 @@ impl RankLedger {
         let entry = Entry { quorum, senders: BTreeSet::new(), anonymous: 0, seen: false, completed: false };
         self.live.insert(id.clone(), entry);
         self.check_complete(id);
-        let (mine, rest): (VecDeque<Release>, VecDeque<Release>) =
-            self.early.drain(..).partition(|r| &r.transfer_id == id);
-        self.early = rest;
-        for release in mine {
-            self.handle_release(release);
+        // Early releases are rare; only rebuild the buffer when this transfer has some.
+        if self.early.iter().any(|r| &r.transfer_id == id) {
+            let (mine, rest): (VecDeque<Release>, VecDeque<Release>) =
+                self.early.drain(..).partition(|r| &r.transfer_id == id);
+            self.early = rest;
+            for release in mine {
+                self.handle_release(release);
+            }
         }
         Ok(self.check_complete(id))
     }

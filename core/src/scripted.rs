@@ -254,7 +254,7 @@ impl Harness {
             let result = outcome(rank, &op);
             self.decode_event(
                 rank,
-                DecodeEvent::ReadDone { request: op.request, layer: op.layer, outcome: result },
+                DecodeEvent::ReadDone { request: op.request(), layer: op.layer, outcome: result },
             );
         }
     }
@@ -561,7 +561,7 @@ fn legacy_notify_other_rank_leaves_the_read_rank_to_the_reaper() {
     {
         let mut h = Harness::new("1P_DP2:1D_TP2", legacy.clone());
         h.step_with_request(1, 1, &[4], 0);
-        let read: Vec<u16> = h.reads.iter().map(|(_, op)| op.source.dp).collect();
+        let read: Vec<u16> = h.reads.iter().map(|(_, op)| op.plan.source.dp).collect();
         assert!(read.iter().all(|&dp| dp == 1), "reads go to the owner DP rank");
         h.complete_reads(|_, _| ReadOutcome::Ok);
         let notified: Vec<u16> = h.releases.iter().map(|(to, _)| to.dp).collect();
@@ -603,7 +603,7 @@ fn reaper_fences_before_freeing_by_default() {
 fn flexible_read_completes_the_whole_group() {
     let mut h = Harness::new("1P_TP8:1D_DP8EP", LegacyOptions::none());
     h.step_with_request(1, 0, &[6], 3);
-    assert!(h.reads.iter().all(|(_, op)| op.source.tp == 3), "DP rank 3's first pick is TP 3");
+    assert!(h.reads.iter().all(|(_, op)| op.plan.source.tp == 3), "DP rank 3's first pick is TP 3");
     h.complete_reads(|_, _| ReadOutcome::Ok);
     h.deliver_releases(1);
     assert_eq!(h.frees(), [(tx(1), false)]);

@@ -33,6 +33,17 @@ use crate::scenario::{Clients, FaultKind, Length, Outcome, Reads, Scenario};
 use crate::trace::TraceRecord;
 use crate::waitfor::WaitFor;
 
+/// Records a trace event only when tracing is on, so the arguments (formatted strings) cost
+/// nothing in benchmark runs.
+macro_rules! trace {
+    ($world:expr, $cat:expr, $name:expr, $track:expr, $dur:expr, $detail:expr $(,)?) => {
+        if $world.trace_on {
+            let (track, detail) = ($track, $detail);
+            $world.record($cat, $name, track, $dur, detail);
+        }
+    };
+}
+
 const NS_PER_MS: u64 = 1_000_000;
 /// Most trace records kept; a longer run keeps the first ones and says so.
 pub const MAX_TRACE_RECORDS: usize = 500_000;
@@ -78,12 +89,12 @@ enum Ev {
     StepEnd { unit: usize, step: u64 },
     CollectiveTimeout { unit: usize, step: u64 },
     VoteResult { group: usize, step: u64, ok: bool },
-    AtListener { listener: usize, msg: Msg },
-    Serve { listener: usize, msg: Msg },
+    AtListener { listener: usize, msg: Box<Msg> },
+    Serve { listener: usize, msg: Box<Msg> },
     ToDecode { worker: usize, event: Box<DecodeEvent> },
     ToPrefill { rank: RankId, event: Box<WorkerEvent> },
     Flow { id: FlowId, version: u64 },
-    ReadLater { worker: usize, request: RequestId, layer: Option<u16>, outcome: ReadOutcome },
+    ReadLater { worker: usize, request: RequestId, layer: Option<u16>, outcome: Box<ReadOutcome> },
     DecodeTick { worker: usize },
     EngineTick { engine: usize },
     Fault { index: usize, start: bool },
@@ -295,6 +306,8 @@ pub struct World {
     itl: Vec<(u64, u64)>,
     violations: Vec<Violation>,
     hangs: Vec<Hang>,
+    /// Spare action buffers for `decode` (reused, never shrunk).
+    buffers: Vec<Vec<DecodeAction>>,
     /// Decode workers whose step raised on their own (they never reach the collective).
     raised: BTreeSet<usize>,
     stopped: bool,
@@ -529,6 +542,7 @@ impl World {
             violations: Vec::new(),
             hangs: Vec::new(),
             raised: BTreeSet::new(),
+            buffers: Vec::new(),
             stopped: false,
             max_hold_ns: 0,
             trace_on: options.trace,
@@ -620,17 +634,18 @@ impl World {
             Ev::StepEnd { unit, step } => self.on_step_end(unit, step),
             Ev::CollectiveTimeout { unit, step } => self.on_collective_timeout(unit, step),
             Ev::VoteResult { group, step, ok } => {
-                for w in self.dgroups[group].workers.clone() {
+                for i in 0..self.dgroups[group].workers.len() {
+                    let w = self.dgroups[group].workers[i];
                     self.decode(w, DecodeEvent::VoteResult { step, ok });
                 }
             }
-            Ev::AtListener { listener, msg } => self.on_at_listener(listener, msg),
-            Ev::Serve { listener, msg } => self.on_serve(listener, msg),
+            Ev::AtListener { listener, msg } => self.on_at_listener(listener, *msg),
+            Ev::Serve { listener, msg } => self.on_serve(listener, *msg),
             Ev::ToDecode { worker, event } => self.decode(worker, *event),
             Ev::ToPrefill { rank, event } => self.prefill_worker(rank, *event),
             Ev::Flow { id, version } => self.on_flow(id, version),
             Ev::ReadLater { worker, request, layer, outcome } => {
-                self.decode(worker, DecodeEvent::ReadDone { request, layer, outcome })
+                self.decode(worker, DecodeEvent::ReadDone { request, layer, outcome: *outcome })
             }
             Ev::DecodeTick { worker } => {
                 if self.dworker_tick[worker] == Some(self.now) {
@@ -698,7 +713,8 @@ impl World {
             decode_blocks: Vec::new(),
         };
         self.requests.insert(id, req);
-        self.record(
+        trace!(
+            self,
             "proxy",
             "request",
             "proxy".into(),
@@ -798,7 +814,8 @@ impl World {
         let duration = self.cost.prefill_batch_ns(group.layout, tokens);
         let (engine, dp, count) = (group.engine, group.dp, batch.len());
         group.batch = batch;
-        self.record(
+        trace!(
+            self,
             "prefill",
             "batch",
             format!("P{engine}.dp{dp}"),
@@ -833,7 +850,14 @@ impl World {
                 }
                 Err(error) => {
                     self.pgroups[g].pool.release(&blocks, transfer);
-                    self.record("prefill", "refused", format!("P{e}.dp{dp}"), None, format!("{id}: {error}"));
+                    trace!(
+                        self,
+                        "prefill",
+                        "refused",
+                        format!("P{e}.dp{dp}"),
+                        None,
+                        format!("{id}: {error}")
+                    );
                     self.end_request(id, true);
                 }
             }
@@ -884,7 +908,7 @@ impl World {
                     self.prefill_worker(rank, WorkerEvent::Retired { transfer_id })
                 }
                 EngineAction::FinishedSending { request, .. } => {
-                    self.record("prefill", "finished_sending", format!("P{e}"), None, format!("{request}"));
+                    trace!(self, "prefill", "finished_sending", format!("P{e}"), None, format!("{request}"));
                 }
                 EngineAction::Fence { transfer_id, .. } => {
                     if let Some(&t) = self.transfer_index.get(&transfer_id) {
@@ -900,7 +924,8 @@ impl World {
                         self.violation("double_free", vec![format!("P{e}.dp{owner_dp}")], detail);
                     }
                     let name = if reaped { "reap" } else { "free" };
-                    self.record(
+                    trace!(
+                        self,
                         "prefill",
                         name,
                         format!("P{e}.dp{owner_dp}"),
@@ -915,7 +940,7 @@ impl World {
                         "{transfer_id} held {} ms; unreleased TP ranks {unfinished_tp:?}",
                         ms(held_ns)
                     );
-                    self.record("prefill", "reap_warning", format!("P{e}"), None, detail);
+                    trace!(self, "prefill", "reap_warning", format!("P{e}"), None, detail);
                 }
             }
         }
@@ -941,7 +966,7 @@ impl World {
                 }
                 WorkerAction::Ignored { transfer_id, outcome } => {
                     let rank = self.p_ranks[i].to_string();
-                    self.record("release", "ignored", rank, None, format!("{transfer_id}: {outcome:?}"));
+                    trace!(self, "release", "ignored", rank, None, format!("{transfer_id}: {outcome:?}"));
                 }
                 WorkerAction::Error(message) => {
                     self.violation("protocol_error", vec![self.p_ranks[i].to_string()], message);
@@ -973,7 +998,8 @@ impl World {
         let max_batch = self.sc.engines.decode_max_batch as usize;
         let block = self.sc.model.block_size_tokens;
         self.units[unit].state = UnitState::Waiting { arrived: BTreeSet::new(), began: self.now };
-        for g in self.units[unit].groups.clone() {
+        for gi in 0..self.units[unit].groups.len() {
+            let g = self.units[unit].groups[gi];
             // Requests whose KV arrived join the batch at this step boundary.
             let group = &mut self.dgroups[g];
             let room = max_batch.saturating_sub(group.running.len());
@@ -1002,7 +1028,8 @@ impl World {
                 group.pending.insert(recv.request, Pending { reported: 0, received: 0, failed: false });
                 new.push(recv);
             }
-            for w in self.dgroups[g].workers.clone() {
+            for i in 0..self.dgroups[g].workers.len() {
+                let w = self.dgroups[g].workers[i];
                 self.decode(w, DecodeEvent::StepBegin { step, requests: new.clone() });
             }
         }
@@ -1049,7 +1076,8 @@ impl World {
             let batch: u64 = loads.iter().map(|l| l.batch).sum();
             let waited = self.now - began;
             let name = format!("D{}.u{unit}", self.units[unit].engine);
-            self.record(
+            trace!(
+                self,
                 "decode",
                 "step",
                 name,
@@ -1068,7 +1096,8 @@ impl World {
         let mut finished = Vec::new();
         let mut firsts = Vec::new();
         let mut continuing = 0u64;
-        for g in self.units[unit].groups.clone() {
+        for gi in 0..self.units[unit].groups.len() {
+            let g = self.units[unit].groups[gi];
             let group = &mut self.dgroups[g];
             let mut context_done = 0u64;
             // Every request of the batch grows by one token; finished ones leave with theirs.
@@ -1132,9 +1161,12 @@ impl World {
     }
 
     fn decode(&mut self, w: usize, event: DecodeEvent) {
-        let mut out = Vec::new();
+        // Action buffers are reused: a decode step hands every worker an event, and a fresh
+        // vector per call was a measurable share of the simulator's time.
+        let mut out = self.buffers.pop().unwrap_or_default();
         self.dworkers[w].handle(Instant(self.now), event, &mut out);
-        self.decode_actions(w, out);
+        self.decode_actions(w, &mut out);
+        self.buffers.push(out);
         if let Some(Instant(t)) = self.dworkers[w].poll_timeout() {
             if self.dworker_tick[w].is_none_or(|s| t < s || s < self.now) {
                 self.dworker_tick[w] = Some(t);
@@ -1144,7 +1176,8 @@ impl World {
         }
     }
 
-    fn decode_actions(&mut self, w: usize, actions: Vec<DecodeAction>) {
+    fn decode_actions(&mut self, w: usize, buffer: &mut Vec<DecodeAction>) {
+        let actions = buffer.drain(..);
         let mut reads: Vec<ReadOp> = Vec::new();
         for action in actions {
             if !matches!(action, DecodeAction::PostRead(_)) && !reads.is_empty() {
@@ -1152,13 +1185,14 @@ impl World {
             }
             match action {
                 DecodeAction::PostRead(op) => {
-                    if reads.last().is_some_and(|last| last.request != op.request) {
+                    if reads.last().is_some_and(|last| last.request() != op.request()) {
                         self.post_reads(w, std::mem::take(&mut reads));
                     }
                     reads.push(op);
                 }
                 DecodeAction::DialHandshake { session, rank, endpoint } => {
-                    self.record(
+                    trace!(
+                        self,
                         "handshake",
                         "dial",
                         self.d_ranks[w].to_string(),
@@ -1189,7 +1223,8 @@ impl World {
                 }
                 DecodeAction::StepReady { step } => self.arrive(w, step),
                 DecodeAction::StepFailed { step, error } => {
-                    self.record(
+                    trace!(
+                        self,
                         "decode",
                         "step_failed",
                         self.d_ranks[w].to_string(),
@@ -1207,7 +1242,8 @@ impl World {
                 }
                 DecodeAction::RequestReceived { request } => self.report(w, request, false),
                 DecodeAction::RequestFailed { request, error } => {
-                    self.record(
+                    trace!(
+                        self,
                         "decode",
                         "request_failed",
                         self.d_ranks[w].to_string(),
@@ -1275,7 +1311,7 @@ impl World {
         };
         let ranks = [self.d_ranks[w], self.listeners[listener].rank];
         let Some(delays) = self.fate(&ranks) else {
-            self.record("fault", "lost", self.d_ranks[w].to_string(), None, msg_name(&msg).to_string());
+            trace!(self, "fault", "lost", self.d_ranks[w].to_string(), None, msg_name(&msg).to_string());
             return;
         };
         let latency = self.control_ns();
@@ -1286,9 +1322,9 @@ impl World {
                 Msg::Dial { from, session } => Msg::Dial { from: *from, session: session.clone() },
                 Msg::Notify { bytes } => Msg::Notify { bytes: bytes.clone() },
             };
-            self.at(latency + extra, Ev::AtListener { listener, msg: dup });
+            self.at(latency + extra, Ev::AtListener { listener, msg: Box::new(dup) });
         }
-        self.at(latency + first, Ev::AtListener { listener, msg });
+        self.at(latency + first, Ev::AtListener { listener, msg: Box::new(msg) });
     }
 
     /// What faults do to one message between `ranks`: `None` if it is lost, else the extra
@@ -1350,14 +1386,14 @@ impl World {
     fn on_at_listener(&mut self, listener: usize, msg: Msg) {
         let Some(service) = self.listener_service_ns(listener) else {
             let rank = self.listeners[listener].rank.to_string();
-            self.record("fault", "dead_listener", rank, None, msg_name(&msg).to_string());
+            trace!(self, "fault", "dead_listener", rank, None, msg_name(&msg).to_string());
             return;
         };
         let l = &mut self.listeners[listener];
         let start = l.busy_until.max(self.now);
         l.busy_until = start + service;
         let delay = l.busy_until - self.now;
-        self.at(delay, Ev::Serve { listener, msg });
+        self.at(delay, Ev::Serve { listener, msg: Box::new(msg) });
     }
 
     fn on_serve(&mut self, listener: usize, msg: Msg) {
@@ -1427,7 +1463,7 @@ impl World {
     /// together move together), after the safety checks on their addresses and blocks.
     fn post_reads(&mut self, w: usize, ops: Vec<ReadOp>) {
         let first = &ops[0];
-        let request = first.request;
+        let request = first.request();
         let me = self.d_ranks[w];
         if self.send_queue_full(me) {
             for op in &ops {
@@ -1435,7 +1471,7 @@ impl World {
                     worker: w,
                     request,
                     layer: op.layer,
-                    outcome: ReadOutcome::SendQueueFull,
+                    outcome: Box::new(ReadOutcome::SendQueueFull),
                 };
                 self.at(1_000, ev);
             }
@@ -1444,9 +1480,9 @@ impl World {
         // Which rank's memory do the addresses point into?
         let server = self
             .regions
-            .range(..=first.remote_bases[0])
+            .range(..=first.first_address())
             .next_back()
-            .and_then(|(&base, &(rank, len))| (first.remote_bases[0] < base + len).then_some(rank));
+            .and_then(|(&base, &(rank, len))| (first.first_address() < base + len).then_some(rank));
         let Some(server) = server else {
             self.violation(
                 "read_foreign_region",
@@ -1457,18 +1493,18 @@ impl World {
             return;
         };
         let server_rank = self.p_ranks[server];
-        if server_rank != first.source {
+        if server_rank != first.plan.source {
             let detail =
-                format!("{request}: read meant for {} reads the memory of {server_rank}", first.source);
+                format!("{request}: read meant for {} reads the memory of {server_rank}", first.plan.source);
             self.violation("read_foreign_region", vec![me.to_string(), server_rank.to_string()], detail);
         }
-        let transfer = self.transfer_index.get(&first.transfer_id).copied().unwrap_or(FREE - 1);
+        let transfer = self.transfer_index.get(&first.plan.transfer_id).copied().unwrap_or(FREE - 1);
         if self.fenced.contains(&transfer) {
             // The reaper revoked remote access: the read fails at the NIC, touching nothing.
             self.fail_reads(w, &ops, "remote access revoked (fenced)");
             return;
         }
-        self.check_blocks(me, server, transfer, &first.remote_block_ids, "posted");
+        self.check_blocks(me, server, transfer, &first.plan.remote_block_ids, "posted");
         let nic_src = server;
         let nic_dst = self.p_ranks.len() + w;
         if self.nic_down(server_rank) || self.nic_down(me) {
@@ -1483,10 +1519,10 @@ impl World {
         self.schedule_flows(finishes);
         let info = FlowInfo {
             worker: w,
-            ops: ops.iter().map(|op| (op.request, op.layer)).collect(),
+            ops: ops.iter().map(|op| (op.request(), op.layer)).collect(),
             transfer,
             server,
-            blocks: first.remote_block_ids.clone(),
+            blocks: first.plan.remote_block_ids.clone(),
             started: self.now,
         };
         self.flows.insert(id, info);
@@ -1522,7 +1558,15 @@ impl World {
         let latency = (self.sc.hardware.nic_latency_us * 1e3) as u64;
         for op in ops {
             let outcome = ReadOutcome::Failed(reason.to_string());
-            self.at(latency, Ev::ReadLater { worker: w, request: op.request, layer: op.layer, outcome });
+            self.at(
+                latency,
+                Ev::ReadLater {
+                    worker: w,
+                    request: op.request(),
+                    layer: op.layer,
+                    outcome: Box::new(outcome),
+                },
+            );
         }
     }
 
@@ -1539,7 +1583,8 @@ impl World {
         let Some(info) = self.flows.remove(&id) else { return };
         let me = self.d_ranks[info.worker];
         let server_rank = self.p_ranks[info.server];
-        self.record(
+        trace!(
+            self,
             "nic",
             "read",
             format!("{server_rank}"),
@@ -1562,7 +1607,8 @@ impl World {
     fn on_fault(&mut self, index: usize, start: bool) {
         let spec = self.sc.faults.timeline[index].clone();
         let Some(pattern) = parse_target(&spec.target.0) else { return };
-        self.record(
+        trace!(
+            self,
             "fault",
             if start { "start" } else { "end" },
             spec.target.0.clone(),
@@ -1609,7 +1655,7 @@ impl World {
     // ---------------------------------------------------------------- checks and results
 
     fn violation(&mut self, kind: &str, ranks: Vec<String>, detail: String) {
-        self.record("check", kind, ranks.first().cloned().unwrap_or_default(), None, detail.clone());
+        trace!(self, "check", kind, ranks.first().cloned().unwrap_or_default(), None, detail.clone());
         if self.violations.len() < 1000 {
             self.violations.push(Violation { t_ms: ms(self.now), kind: kind.to_string(), ranks, detail });
         }
@@ -1679,7 +1725,7 @@ impl World {
             cycle: graph.cycle(),
             dot: graph.dot(),
         });
-        self.record("check", "hang", collective, None, format!("waited {} ms", ms(waited)));
+        trace!(self, "check", "hang", collective, None, format!("waited {} ms", ms(waited)));
         self.stopped = true;
     }
 

@@ -11,6 +11,7 @@ usage: cargo xtask <task>
 tasks:
   tidy     check the source rules (core purity, //! headers, no disabled tests)
   codegen  regenerate the checked-in state-machine tables and Graphviz files under docs/machines
+  bench    simulator benchmark (release build): wall time and events per second
   ci       what CI runs: fmt check, clippy -D warnings, the test suite";
 
 fn main() -> ExitCode {
@@ -31,6 +32,14 @@ fn main() -> ExitCode {
         },
         Some("ci") => ci(),
         Some("codegen") => codegen(),
+        Some("bench") => {
+            let args = ["run", "--release", "--quiet", "--package", "pdkv-sim", "--example", "bench"];
+            if cargo(&args, &[]) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
         _ => {
             eprintln!("{USAGE}");
             ExitCode::from(2)
