@@ -935,7 +935,18 @@ impl DecodeWorker {
                     self.finish_request(id, None, out);
                 }
             }
-            ReadOutcome::Failed(reason) => self.fail_request(now, id, RecvError::ReadFailed(reason), out),
+            ReadOutcome::Failed(reason) => {
+                // The session may be stale (the remote rank restarted and its memory keys are
+                // gone): forget it, so the next step that needs the rank handshakes again.
+                let key = recv.target.session.clone();
+                if let Some(entry) = self.sessions.get_mut(&key) {
+                    if entry.state.session().is_some() {
+                        let error = HandshakeError::Transport(format!("read failed: {reason}"));
+                        entry.state = HandshakeState::Failed { error, at: now };
+                    }
+                }
+                self.fail_request(now, id, RecvError::ReadFailed(reason), out)
+            }
             ReadOutcome::SendQueueFull => {
                 let retry = retries.entry(layer).or_insert(Retry { attempts: 0, due: None });
                 let shift = retry.attempts.min(20);

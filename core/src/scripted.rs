@@ -516,6 +516,12 @@ fn read_failure_still_frees_the_producer() {
     assert_eq!(h.releases.len(), 8, "the failed worker released too");
     h.deliver_releases(1);
     assert_eq!(h.frees(), [(tx(1), false)]);
+    // The failed read dropped its session: the next request on that worker handshakes again
+    // (a restarted peer has new memory keys); the others reuse theirs.
+    let req = h.prefill_done(2, 0, 0, &[10]);
+    h.begin_step(0, 2, &[req]);
+    let redialled: Vec<RankId> = h.dials.iter().map(|d| d.from).collect();
+    assert_eq!(redialled, [broken]);
 }
 
 /// Send-queue-full is retried with doubling backoff (1, 2, 4 ... 50 ms) until the transfer

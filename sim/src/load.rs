@@ -1053,7 +1053,8 @@ fn validate_faults(scenario: &Scenario, deployment: &Deployment) -> Check {
             | FaultKind::DuplicateMessages
             | FaultKind::DeadListener
             | FaultKind::NicDown
-            | FaultKind::SendQueueFull => {}
+            | FaultKind::SendQueueFull
+            | FaultKind::EngineCrash => {}
         }
         if let Some(duration) = timed.duration_ms {
             at_least_one(&format!("{field}.duration_ms"), duration)?;

@@ -135,6 +135,11 @@ pub struct Ledger {
     pub freed: u64,
     /// Transfers freed by the reaper.
     pub reaped: u64,
+    /// Of those, transfers whose decode engine crashed (reaping is then the intended path and
+    /// does not make the run a leak).
+    pub reaped_after_decode_crash: u64,
+    /// Transfers held by a prefill engine when it crashed (their memory went with it).
+    pub lost_in_crash: u64,
     /// Longest time any transfer's blocks were held, in milliseconds.
     pub max_hold_ms: f64,
     /// Time prefill DP ranks spent unable to start a batch for want of free blocks, in seconds.

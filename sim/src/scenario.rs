@@ -373,6 +373,10 @@ pub enum FaultKind {
     NicDown,
     /// Reads posted by the target get send-queue-full.
     SendQueueFull,
+    /// Every engine with a rank the target matches crashes: its listeners and NICs go down,
+    /// its memory (held blocks, queued and running requests) is lost. After `duration_ms` it
+    /// restarts empty, with its memory registered anew (old memory keys no longer work).
+    EngineCrash,
 }
 
 /// A rank a fault applies to, named as `P0.dp0.tp3` or `D0.dp2.tp0`; `*` matches any part.

@@ -82,7 +82,7 @@ enum Msg {
 enum Ev {
     Arrival,
     PrefillQueue { req: RequestId },
-    PrefillDone { group: usize },
+    PrefillDone { group: usize, generation: u64 },
     ProxyAnswer { req: RequestId },
     DecodeArrive { recv: Box<RecvRequest> },
     StepBegin { unit: usize },
@@ -306,6 +306,23 @@ pub struct World {
     itl: Vec<(u64, u64)>,
     violations: Vec<Violation>,
     hangs: Vec<Hang>,
+    /// Prefill and decode engines that are down (crashed, not yet restarted).
+    prefill_down: Vec<bool>,
+    decode_down: Vec<bool>,
+    /// Incarnation of each prefill rank (bumped at every restart; it moves the memory regions).
+    epoch: Vec<u64>,
+    /// Regions of crashed incarnations: reads into them fail as a NIC would (stale keys).
+    retired_regions: BTreeMap<u64, (usize, u64)>,
+    /// Transfers whose decode side crashed: their reaping is expected, not a leak.
+    excused: BTreeSet<u32>,
+    reaped_excused: u64,
+    /// Transfers whose prefill engine crashed while holding them.
+    lost_in_crash: u64,
+    /// Freed and reaped counts of prefill engine incarnations that crashed.
+    crashed_freed: u64,
+    crashed_reaped: u64,
+    /// Generation of each prefill group, bumped by a crash so its in-flight batch is dropped.
+    pgroup_generation: Vec<u64>,
     /// Spare action buffers for `decode` (reused, never shrunk).
     buffers: Vec<Vec<DecodeAction>>,
     /// Decode workers whose step raised on their own (they never reach the collective).
@@ -319,6 +336,65 @@ pub struct World {
 
 fn ms(ns: u64) -> f64 {
     round3(ns as f64 / NS_PER_MS as f64)
+}
+
+/// A prefill worker of rank `rank` (index `i`) in incarnation `epoch`, with its memory regions
+/// (base addresses and their common length). Every incarnation of every rank gets a disjoint
+/// slice of one global address space, so a read's address says whose memory it touches, and
+/// addresses of a crashed incarnation are recognisably stale.
+#[allow(clippy::too_many_arguments)]
+fn build_prefill_worker(
+    sc: &Scenario,
+    d: &Deployment,
+    book: &AddressBook,
+    cost: &Cost,
+    legacy: &LegacyOptions,
+    rank: RankId,
+    i: usize,
+    epoch: u64,
+    num_blocks: u32,
+) -> (PrefillWorker, Vec<u64>, u64) {
+    let block_len = cost.block_bytes_per_layer(d.layout(rank.engine).tp);
+    let region_len = u64::from(num_blocks) * block_len;
+    let rank_base = ((i as u64 + 1) << 44) + (epoch << 38);
+    let bases: Vec<u64> = (0..u64::from(sc.model.layers)).map(|l| rank_base + l * region_len).collect();
+    let metadata = HandshakeMetadata {
+        engine_id: book.engine_id(rank.engine),
+        agent_metadata: Vec::new(),
+        kv_caches_base_addr: bases.clone(),
+        num_blocks,
+        block_len,
+        attn_backend_name: "pdkv-sim".into(),
+        rank: None,
+    };
+    let layers = (0..sc.model.layers)
+        .map(|l| LayerMemoryDesc { layer_name: format!("model.layers.{l}"), descs: vec![vec![0]] })
+        .collect();
+    (PrefillWorker::new(rank, metadata, layers, legacy), bases, region_len)
+}
+
+/// A decode worker for `rank` with the scenario's protocol settings.
+fn build_decode_worker(
+    sc: &Scenario,
+    d: &Deployment,
+    book: &AddressBook,
+    legacy: &LegacyOptions,
+    rank: RankId,
+) -> DecodeWorker {
+    let mut config = DecodeConfig::new(
+        rank,
+        d.layout(rank.engine),
+        d.model.clone(),
+        legacy.clone(),
+        book.engine_id(rank.engine),
+    );
+    config.handshake_timeout_ns = sc.protocol.handshake_timeout_ms * NS_PER_MS;
+    config.transfer_timeout_ns = sc.protocol.transfer_timeout_ms * NS_PER_MS;
+    config.granularity = match sc.protocol.reads {
+        Reads::PerLayer => ReadGranularity::PerLayer,
+        Reads::PerRequest => ReadGranularity::PerRequest,
+    };
+    DecodeWorker::new(config)
 }
 
 /// The model facts the core's routing and nodes need, from the scenario's profile.
@@ -381,31 +457,13 @@ impl World {
         let mut regions = BTreeMap::new();
         let mut pworkers = Vec::new();
         for (i, &rank) in p_ranks.iter().enumerate() {
-            let layout = d.layout(rank.engine);
-            let block_len = cost.block_bytes_per_layer(layout.tp);
-            let num_blocks = blocks_for(layout.tp);
-            let region_len = u64::from(num_blocks) * block_len;
-            // Every rank's regions live in a disjoint slice of a global address space, so a read's
-            // address says which rank's memory it touches.
-            let rank_base = (i as u64 + 1) << 44;
-            let bases: Vec<u64> =
-                (0..u64::from(sc.model.layers)).map(|l| rank_base + l * region_len).collect();
-            for &base in &bases {
-                regions.insert(base, (i, region_len));
+            let blocks = blocks_for(d.layout(rank.engine).tp);
+            let (worker, bases, len) =
+                build_prefill_worker(sc, &d, &book, &cost, &legacy, rank, i, 0, blocks);
+            for base in bases {
+                regions.insert(base, (i, len));
             }
-            let metadata = HandshakeMetadata {
-                engine_id: book.engine_id(rank.engine),
-                agent_metadata: Vec::new(),
-                kv_caches_base_addr: bases,
-                num_blocks,
-                block_len,
-                attn_backend_name: "pdkv-sim".into(),
-                rank: None,
-            };
-            let layers = (0..sc.model.layers)
-                .map(|l| LayerMemoryDesc { layer_name: format!("model.layers.{l}"), descs: vec![vec![0]] })
-                .collect();
-            pworkers.push(PrefillWorker::new(rank, metadata, layers, &legacy));
+            pworkers.push(worker);
         }
 
         // Listeners, bound in rank order; a port taken already fails to bind (EADDRINUSE).
@@ -428,10 +486,6 @@ impl World {
         let mut units = Vec::new();
         let mut dworkers = Vec::new();
         let mut dworker_group = Vec::new();
-        let granularity = match sc.protocol.reads {
-            Reads::PerLayer => ReadGranularity::PerLayer,
-            Reads::PerRequest => ReadGranularity::PerRequest,
-        };
         for (e, &layout) in d.decode.iter().enumerate() {
             dgroup_base.push(dgroups.len());
             let engine_unit = units.len();
@@ -466,18 +520,8 @@ impl World {
                 let mut workers = Vec::new();
                 for tp in 0..layout.tp {
                     let rank = RankId::new(EngineId::decode(e as u16), dp, tp);
-                    let mut config = DecodeConfig::new(
-                        rank,
-                        layout,
-                        d.model.clone(),
-                        legacy.clone(),
-                        book.engine_id(rank.engine),
-                    );
-                    config.handshake_timeout_ns = sc.protocol.handshake_timeout_ms * NS_PER_MS;
-                    config.transfer_timeout_ns = sc.protocol.transfer_timeout_ms * NS_PER_MS;
-                    config.granularity = granularity;
                     workers.push(dworkers.len());
-                    dworkers.push(DecodeWorker::new(config));
+                    dworkers.push(build_decode_worker(sc, &d, &book, &legacy, rank));
                     dworker_group.push(g);
                 }
                 dgroups.push(DGroup {
@@ -500,6 +544,8 @@ impl World {
             Clients::Open { rate_per_s, requests } => (u64::from(requests), Some(rate_per_s)),
         };
         let nic_count = p_ranks.len() + d_ranks.len();
+        let (d_prefill_engines, d_decode_engines) = (d.prefill.len(), d.decode.len());
+        let (prefill_rank_count, prefill_group_count) = (p_ranks.len(), pgroups.len());
         let mut world = World {
             proxy: Proxy::new(&d, legacy.clone()),
             streams: Streams::new(sc.seed),
@@ -543,6 +589,16 @@ impl World {
             hangs: Vec::new(),
             raised: BTreeSet::new(),
             buffers: Vec::new(),
+            prefill_down: vec![false; d_prefill_engines],
+            decode_down: vec![false; d_decode_engines],
+            epoch: vec![0; prefill_rank_count],
+            retired_regions: BTreeMap::new(),
+            excused: BTreeSet::new(),
+            reaped_excused: 0,
+            lost_in_crash: 0,
+            crashed_freed: 0,
+            crashed_reaped: 0,
+            pgroup_generation: vec![0; prefill_group_count],
             stopped: false,
             max_hold_ns: 0,
             trace_on: options.trace,
@@ -620,13 +676,35 @@ impl World {
             Ev::Arrival => self.on_arrival(),
             Ev::PrefillQueue { req } => {
                 let g = self.requests[&req].prefill_group;
+                if self.prefill_down[self.pgroups[g].engine] {
+                    trace!(
+                        self,
+                        "proxy",
+                        "refused",
+                        "proxy".to_string(),
+                        None,
+                        format!("{req}: prefill engine down")
+                    );
+                    self.end_request(req, true);
+                    return;
+                }
                 self.pgroups[g].queue.push_back(req);
                 self.try_prefill(g);
             }
-            Ev::PrefillDone { group } => self.on_prefill_done(group),
+            Ev::PrefillDone { group, generation } => {
+                if generation == self.pgroup_generation[group] {
+                    self.on_prefill_done(group);
+                }
+            }
             Ev::ProxyAnswer { req } => self.on_proxy_answer(req),
             Ev::DecodeArrive { recv } => {
                 let g = self.requests[&recv.request].decode_group;
+                if self.decode_down[self.dgroups[g].engine] {
+                    let transfer = self.requests[&recv.request].transfer;
+                    self.excused.insert(transfer);
+                    self.end_request(recv.request, true);
+                    return;
+                }
                 self.dgroups[g].waiting.push_back(*recv);
                 self.wake(self.dgroups[g].unit);
             }
@@ -822,7 +900,8 @@ impl World {
             Some(duration),
             format!("requests={count} tokens={tokens}"),
         );
-        self.at(duration, Ev::PrefillDone { group: g });
+        let generation = self.pgroup_generation[g];
+        self.at(duration, Ev::PrefillDone { group: g, generation });
     }
 
     fn on_prefill_done(&mut self, g: usize) {
@@ -936,6 +1015,9 @@ impl World {
                 }
                 EngineAction::ReapWarning { transfer_id, held_ns, unfinished_tp } => {
                     self.max_hold_ns = self.max_hold_ns.max(held_ns);
+                    if self.transfer_index.get(&transfer_id).is_some_and(|t| self.excused.contains(t)) {
+                        self.reaped_excused += 1;
+                    }
                     let detail = format!(
                         "{transfer_id} held {} ms; unreleased TP ranks {unfinished_tp:?}",
                         ms(held_ns)
@@ -981,6 +1063,9 @@ impl World {
     // ---------------------------------------------------------------- decode
 
     fn wake(&mut self, unit: usize) {
+        if self.decode_down[self.units[unit].engine] {
+            return;
+        }
         let u = &mut self.units[unit];
         if u.state == UnitState::Idle && !u.wake_scheduled {
             u.wake_scheduled = true;
@@ -990,7 +1075,7 @@ impl World {
 
     fn on_step_begin(&mut self, unit: usize) {
         self.units[unit].wake_scheduled = false;
-        if self.units[unit].state != UnitState::Idle {
+        if self.units[unit].state != UnitState::Idle || self.decode_down[self.units[unit].engine] {
             return;
         }
         self.units[unit].step += 1;
@@ -1309,7 +1394,22 @@ impl World {
             }
             return;
         };
-        let ranks = [self.d_ranks[w], self.listeners[listener].rank];
+        let owner = self.listeners[listener].rank;
+        if self.prefill_down[usize::from(owner.engine.index)] {
+            // The port is known but its engine is down: the connection is refused, which is a
+            // failure the protocol must handle, not an arithmetic bug.
+            trace!(self, "fault", "refused", self.d_ranks[w].to_string(), None, format!("{owner} is down"));
+            if let Msg::Dial { session, .. } = msg {
+                let event = DecodeEvent::HandshakeFailed {
+                    session,
+                    reason: "connection refused (engine down)".into(),
+                };
+                let latency = self.control_ns();
+                self.at(latency, Ev::ToDecode { worker: w, event: Box::new(event) });
+            }
+            return;
+        }
+        let ranks = [self.d_ranks[w], owner];
         let Some(delays) = self.fate(&ranks) else {
             trace!(self, "fault", "lost", self.d_ranks[w].to_string(), None, msg_name(&msg).to_string());
             return;
@@ -1398,6 +1498,9 @@ impl World {
 
     fn on_serve(&mut self, listener: usize, msg: Msg) {
         let rank = self.listeners[listener].rank;
+        if self.prefill_down[usize::from(rank.engine.index)] {
+            return;
+        }
         let i = self.pworker_index(rank);
         match msg {
             Msg::Dial { from, session } => {
@@ -1446,7 +1549,16 @@ impl World {
     // ---------------------------------------------------------------- reads and NICs
 
     fn nic_down(&self, rank: RankId) -> bool {
-        self.faults.iter().flatten().any(|f| matches!(f.kind, FaultKind::NicDown) && f.pattern.matches(rank))
+        let crashed = match rank.engine.role {
+            Role::Prefill => self.prefill_down[usize::from(rank.engine.index)],
+            Role::Decode => self.decode_down[usize::from(rank.engine.index)],
+        };
+        crashed
+            || self
+                .faults
+                .iter()
+                .flatten()
+                .any(|f| matches!(f.kind, FaultKind::NicDown) && f.pattern.matches(rank))
     }
 
     fn send_queue_full(&mut self, rank: RankId) -> bool {
@@ -1478,11 +1590,19 @@ impl World {
             return;
         }
         // Which rank's memory do the addresses point into?
-        let server = self
-            .regions
-            .range(..=first.first_address())
-            .next_back()
-            .and_then(|(&base, &(rank, len))| (first.first_address() < base + len).then_some(rank));
+        let address = first.first_address();
+        let owner = |regions: &BTreeMap<u64, (usize, u64)>| {
+            regions
+                .range(..=address)
+                .next_back()
+                .and_then(|(&base, &(rank, len))| (address < base + len).then_some(rank))
+        };
+        let server = owner(&self.regions);
+        if server.is_none() && owner(&self.retired_regions).is_some() {
+            // Memory of a crashed incarnation: its keys died with it, so the NIC refuses the read.
+            self.fail_reads(w, &ops, "remote access error (memory of a restarted rank)");
+            return;
+        }
         let Some(server) = server else {
             self.violation(
                 "read_foreign_region",
@@ -1633,16 +1753,21 @@ impl World {
             }
             (FaultKind::NicDown, true) => {
                 for nic in nics {
-                    for id in self.nics.flows_on(nic) {
-                        if let Some((_, finishes)) = self.nics.abort(self.now, id) {
-                            self.schedule_flows(finishes);
-                        }
-                        if let Some(info) = self.flows.remove(&id) {
-                            for (request, layer) in info.ops {
-                                let outcome = ReadOutcome::Failed("NIC down".into());
-                                self.decode(info.worker, DecodeEvent::ReadDone { request, layer, outcome });
-                            }
-                        }
+                    self.abort_flows_on(nic, "NIC down");
+                }
+            }
+            (FaultKind::EngineCrash, _) => {
+                let mut engines: BTreeSet<EngineId> = BTreeSet::new();
+                for rank in self.p_ranks.iter().chain(self.d_ranks.iter()) {
+                    if pattern.matches(*rank) {
+                        engines.insert(rank.engine);
+                    }
+                }
+                for engine in engines {
+                    if start {
+                        self.crash(engine);
+                    } else {
+                        self.restart(engine);
                     }
                 }
             }
@@ -1650,6 +1775,163 @@ impl World {
         }
         self.faults[index] =
             start.then_some(ActiveFault { pattern, kind: spec.fault, remaining: spec.count });
+    }
+
+    /// Ends every flow touching `nic`; the reading workers get a failed read.
+    fn abort_flows_on(&mut self, nic: usize, reason: &str) {
+        for id in self.nics.flows_on(nic) {
+            if let Some((_, finishes)) = self.nics.abort(self.now, id) {
+                self.schedule_flows(finishes);
+            }
+            if let Some(info) = self.flows.remove(&id) {
+                for (request, layer) in info.ops {
+                    let outcome = ReadOutcome::Failed(reason.to_string());
+                    self.decode(info.worker, DecodeEvent::ReadDone { request, layer, outcome });
+                }
+            }
+        }
+    }
+
+    /// An engine crashes: its NICs and listeners go down, and everything in its memory is lost.
+    fn crash(&mut self, engine: EngineId) {
+        let e = usize::from(engine.index);
+        trace!(self, "fault", "crash", engine.to_string(), None, String::new());
+        match engine.role {
+            Role::Prefill => {
+                if self.prefill_down[e] {
+                    return;
+                }
+                self.prefill_down[e] = true;
+                let ranks: Vec<usize> =
+                    (0..self.p_ranks.len()).filter(|&i| self.p_ranks[i].engine == engine).collect();
+                for &i in &ranks {
+                    self.abort_flows_on(i, "peer down");
+                }
+                // Its queued and prefilling requests die with it; its held blocks are gone.
+                let first = self.pgroup_base[e];
+                let layout = self.d.prefill[e];
+                for g in first..first + usize::from(layout.dp) {
+                    self.pgroup_generation[g] += 1;
+                    let mut lost: Vec<RequestId> = self.pgroups[g].queue.drain(..).collect();
+                    lost.extend(std::mem::take(&mut self.pgroups[g].batch).into_iter().map(|(id, _)| id));
+                    self.pgroups[g].busy = false;
+                    self.pgroups[g].stalled_since = None;
+                    let blocks = self.pgroups[g].pool.owner.len() as u32;
+                    self.pgroups[g].pool = Pool::new(blocks);
+                    for id in lost {
+                        self.end_request(id, true);
+                    }
+                }
+                let totals = self.engines[e].totals();
+                self.lost_in_crash += totals.held;
+                self.crashed_freed += totals.freed;
+                self.crashed_reaped += totals.reaped;
+                let defer = self.sc.protocol.defer_timeout_ms * NS_PER_MS;
+                self.engines[e] = PrefillEngine::new(engine, layout, self.d.model.clone(), self.legacy())
+                    .with_defer_timeout_ns(defer);
+                self.engine_tick[e] = None;
+            }
+            Role::Decode => {
+                if self.decode_down[e] {
+                    return;
+                }
+                self.decode_down[e] = true;
+                let first = self.dgroup_base[e];
+                for g in first..first + usize::from(self.d.decode[e].dp) {
+                    let mut lost: Vec<RequestId> =
+                        self.dgroups[g].waiting.drain(..).map(|r| r.request).collect();
+                    lost.extend(std::mem::take(&mut self.dgroups[g].pending).into_keys());
+                    lost.extend(self.dgroups[g].ready.drain(..));
+                    lost.extend(self.dgroups[g].running.drain(..).map(|r| r.id));
+                    self.dgroups[g].context_tokens = 0;
+                    self.dgroups[g].votes.clear();
+                    let blocks = self.dgroups[g].pool.owner.len() as u32;
+                    self.dgroups[g].pool = Pool::new(blocks);
+                    for w in self.dgroups[g].workers.clone() {
+                        self.abort_flows_on(self.p_ranks.len() + w, "peer down");
+                        self.dworkers[w] = build_decode_worker(
+                            &self.sc,
+                            &self.d,
+                            &self.book,
+                            &self.legacy(),
+                            self.d_ranks[w],
+                        );
+                        self.dworker_tick[w] = None;
+                        self.raised.remove(&w);
+                    }
+                    for id in lost {
+                        // Its prefill side will reap these transfers: expected, since the reader died.
+                        self.excused.insert(self.requests[&id].transfer);
+                        self.end_request(id, true);
+                    }
+                }
+                for unit in 0..self.units.len() {
+                    if self.units[unit].engine == e {
+                        // Bumping the step makes in-flight step events stale.
+                        self.units[unit].step += 1;
+                        self.units[unit].state = UnitState::Idle;
+                        self.units[unit].last_step_end = None;
+                    }
+                }
+            }
+        }
+    }
+
+    /// A crashed engine comes back empty; a prefill engine registers its memory anew.
+    fn restart(&mut self, engine: EngineId) {
+        let e = usize::from(engine.index);
+        trace!(self, "fault", "restart", engine.to_string(), None, String::new());
+        match engine.role {
+            Role::Prefill => {
+                if !self.prefill_down[e] {
+                    return;
+                }
+                self.prefill_down[e] = false;
+                let legacy = self.legacy();
+                for i in 0..self.p_ranks.len() {
+                    let rank = self.p_ranks[i];
+                    if rank.engine != engine {
+                        continue;
+                    }
+                    let old: Vec<u64> =
+                        self.regions.iter().filter(|(_, (r, _))| *r == i).map(|(b, _)| *b).collect();
+                    for base in old {
+                        if let Some(region) = self.regions.remove(&base) {
+                            self.retired_regions.insert(base, region);
+                        }
+                    }
+                    self.epoch[i] += 1;
+                    let g = self.pgroup_base[e] + usize::from(rank.dp);
+                    let blocks = self.pgroups[g].pool.owner.len() as u32;
+                    let (worker, bases, len) = build_prefill_worker(
+                        &self.sc,
+                        &self.d,
+                        &self.book,
+                        &self.cost,
+                        &legacy,
+                        rank,
+                        i,
+                        self.epoch[i],
+                        blocks,
+                    );
+                    for base in bases {
+                        self.regions.insert(base, (i, len));
+                    }
+                    self.pworkers[i] = worker;
+                }
+                let first = self.pgroup_base[e];
+                for g in first..first + usize::from(self.d.prefill[e].dp) {
+                    self.try_prefill(g);
+                }
+            }
+            Role::Decode => {
+                self.decode_down[e] = false;
+            }
+        }
+    }
+
+    fn legacy(&self) -> LegacyOptions {
+        self.sc.protocol.legacy.iter().copied().collect()
     }
 
     // ---------------------------------------------------------------- checks and results
@@ -1791,7 +2073,8 @@ impl World {
         };
 
         // Ledger.
-        let mut ledger = Ledger::default();
+        let mut ledger =
+            Ledger { freed: self.crashed_freed, reaped: self.crashed_reaped, ..Ledger::default() };
         for engine in &self.engines {
             let totals = engine.totals();
             ledger.held += totals.held;
@@ -1802,6 +2085,8 @@ impl World {
             }
         }
         ledger.max_hold_ms = ms(self.max_hold_ns);
+        ledger.reaped_after_decode_crash = self.reaped_excused;
+        ledger.lost_in_crash = self.lost_in_crash;
         ledger.prefill_stall_s = round3(self.pgroups.iter().map(|g| g.stall_ns).sum::<u64>() as f64 / 1e9);
         result.ledger = ledger;
 
@@ -1835,7 +2120,7 @@ impl World {
             Outcome::SafetyViolation
         } else if !result.hangs.is_empty() {
             Outcome::Hang
-        } else if result.ledger.reaped > 0 || result.ledger.held > 0 {
+        } else if result.ledger.reaped > result.ledger.reaped_after_decode_crash || result.ledger.held > 0 {
             Outcome::Leak
         } else {
             Outcome::Clean

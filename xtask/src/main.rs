@@ -12,6 +12,7 @@ tasks:
   tidy     check the source rules (core purity, //! headers, no disabled tests)
   codegen  regenerate the checked-in state-machine tables and Graphviz files under docs/machines
   bench    simulator benchmark (release build): wall time and events per second
+  calibrate  the cost model against REFERENCE.md's published measurements (release build)
   ci       what CI runs: fmt check, clippy -D warnings, the test suite";
 
 fn main() -> ExitCode {
@@ -32,8 +33,8 @@ fn main() -> ExitCode {
         },
         Some("ci") => ci(),
         Some("codegen") => codegen(),
-        Some("bench") => {
-            let args = ["run", "--release", "--quiet", "--package", "pdkv-sim", "--example", "bench"];
+        Some(task @ ("bench" | "calibrate")) => {
+            let args = ["run", "--release", "--quiet", "--package", "pdkv-sim", "--example", task];
             if cargo(&args, &[]) {
                 ExitCode::SUCCESS
             } else {
