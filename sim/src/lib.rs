@@ -17,9 +17,18 @@ pub mod world;
 
 pub use result::RunResult;
 pub use scenario::{Outcome, Scenario};
-pub use world::{Run, RunOptions};
+pub use world::{Progress, Run, RunOptions};
 
 /// Runs `scenario` to its end; an error names why the scenario cannot run at all.
 pub fn run(scenario: &Scenario, options: RunOptions) -> Result<Run, String> {
     Ok(world::World::new(scenario, options)?.run())
+}
+
+/// [`run`], calling `progress` every few thousand events.
+pub fn run_with_progress(
+    scenario: &Scenario,
+    options: RunOptions,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Run, String> {
+    Ok(world::World::new(scenario, options)?.run_with_progress(progress))
 }

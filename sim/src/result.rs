@@ -107,6 +107,20 @@ pub struct Latencies {
     pub itl: Summary,
     /// End to end.
     pub e2e: Summary,
+    /// TTFT at every percentile 0, 1, ..., 100 (for CDF plots); empty without finished requests.
+    pub ttft_percentiles: Vec<f64>,
+    /// TPOT at every percentile 0, 1, ..., 100.
+    pub tpot_percentiles: Vec<f64>,
+}
+
+/// The values of `sorted` (ascending) at percentiles 0, 1, ..., 100, rounded to microseconds.
+pub fn percentiles(sorted: &[f64]) -> Vec<f64> {
+    if sorted.is_empty() {
+        return Vec::new();
+    }
+    (0..=100)
+        .map(|p| round3(sorted[((sorted.len() - 1) as f64 * f64::from(p) / 100.0).round() as usize]))
+        .collect()
 }
 
 /// Reads and bytes per prefill GPU (rank order: engine, DP, TP).

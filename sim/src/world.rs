@@ -27,7 +27,7 @@ use pdkv_core::wire::{self, ControlMessage, HandshakeMetadata, LayerMemoryDesc};
 use crate::cost::{Cost, GroupLoad};
 use crate::load::{parse_target, TargetPattern};
 use crate::nic::{Finish, FlowId, Nics, BUCKET_NS};
-use crate::result::{round3, Hang, Ledger, NicStats, RunResult, Summary, Violation};
+use crate::result::{percentiles, round3, Hang, Ledger, NicStats, RunResult, Summary, Violation};
 use crate::rng::Streams;
 use crate::scenario::{Clients, FaultKind, Length, Outcome, Reads, Scenario};
 use crate::trace::TraceRecord;
@@ -49,6 +49,20 @@ const NS_PER_MS: u64 = 1_000_000;
 pub const MAX_TRACE_RECORDS: usize = 500_000;
 /// Delay before a decode engine with requests waiting on reads steps again.
 const IDLE_STEP_NS: u64 = 5 * NS_PER_MS;
+
+/// Events between two progress reports.
+const PROGRESS_EVERY: u64 = 8192;
+
+/// How far a run has come.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Progress {
+    /// Requests that ended (finished or failed).
+    pub ended: u64,
+    /// Requests the workload sends in all.
+    pub total: u64,
+    /// Virtual time, in nanoseconds.
+    pub now_ns: u64,
+}
 
 /// What a run can be asked to record besides its result.
 #[derive(Clone, Copy, Debug, Default)]
@@ -654,7 +668,12 @@ impl World {
     }
 
     /// Runs to the end and returns the result.
-    pub fn run(mut self) -> Run {
+    pub fn run(self) -> Run {
+        self.run_with_progress(&mut |_| {})
+    }
+
+    /// Runs to the end, reporting progress every few thousand events (for progress bars).
+    pub fn run_with_progress(mut self, progress: &mut dyn FnMut(Progress)) -> Run {
         let limit_ns = self.sc.limits.max_virtual_time_s.saturating_mul(1_000_000_000);
         while let Some(Reverse(next)) = self.queue.pop() {
             if next.at > limit_ns || self.events >= self.sc.limits.max_events {
@@ -664,6 +683,9 @@ impl World {
             self.now = next.at;
             self.events += 1;
             self.dispatch(next.ev);
+            if self.events % PROGRESS_EVERY == 0 {
+                progress(self.progress());
+            }
             if self.stopped {
                 break;
             }
@@ -2011,6 +2033,14 @@ impl World {
         self.stopped = true;
     }
 
+    fn progress(&self) -> Progress {
+        let ended = self.requests.values().filter(|r| r.done_ns.is_some()).count() as u64;
+        let total = match self.sc.workload.clients {
+            Clients::Closed { requests, .. } | Clients::Open { requests, .. } => u64::from(requests),
+        };
+        Progress { ended, total, now_ns: self.now }
+    }
+
     fn finish(mut self) -> Run {
         let now = self.now;
         for g in 0..self.pgroups.len() {
@@ -2056,6 +2086,9 @@ impl World {
         result.throughput.requests_per_s = round3(result.requests.finished as f64 / seconds);
         result.latency_ms.ttft = Summary::of(&mut ttft);
         result.latency_ms.tpot = Summary::of(&mut tpot);
+        // `Summary::of` sorted both.
+        result.latency_ms.ttft_percentiles = percentiles(&ttft);
+        result.latency_ms.tpot_percentiles = percentiles(&tpot);
         result.latency_ms.e2e = Summary::of(&mut e2e);
         result.latency_ms.itl = weighted_summary(&mut self.itl);
 
