@@ -971,7 +971,6 @@ fn validate_model(scenario: &Scenario) -> Check {
     at_least_one("model.kv_bytes_per_token_per_layer", model.kv_bytes_per_token_per_layer.into())?;
     at_least_one("model.block_size_tokens", model.block_size_tokens.into())?;
     positive("model.active_params_b", model.active_params_b)?;
-    positive("model.weights_gb_per_gpu", model.weights_gb_per_gpu)?;
     at_least_one("model.hidden_size", model.hidden_size.into())
 }
 
@@ -1055,6 +1054,14 @@ fn validate_faults(scenario: &Scenario, deployment: &Deployment) -> Check {
             | FaultKind::NicDown
             | FaultKind::SendQueueFull
             | FaultKind::EngineCrash => {}
+        }
+        if matches!(timed.fault, FaultKind::SendQueueFull)
+            && parse_target(&timed.target.0).is_some_and(|p| p.role == Role::Prefill)
+        {
+            return Err(violation(
+                format!("{field}.target"),
+                "SendQueueFull applies to decode ranks (they post the reads), e.g. D0.dp*.tp*",
+            ));
         }
         if let Some(duration) = timed.duration_ms {
             at_least_one(&format!("{field}.duration_ms"), duration)?;
@@ -1428,6 +1435,10 @@ mod tests {
             (with("model: (block_size_tokens: 0)"), (Invalid, "model.block_size_tokens", "at least 1")),
             (with("model: (active_params_b: 0.0)"), (Invalid, "model.active_params_b", "positive")),
             (with("model: (hidden_size: 0)"), (Invalid, "model.hidden_size", "at least 1")),
+            (
+                with("faults: (timeline: [(at_ms: 0, target: \"P0.dp0.tp0\", fault: SendQueueFull)])"),
+                (Invalid, "faults.timeline[0].target", "applies to decode ranks"),
+            ),
             (with("hardware: (hbm_gb: 0)"), (Invalid, "hardware.hbm_gb", "positive")),
             (with("hardware: (kv_memory_fraction: 1.5)"), (Invalid, "hardware.kv_memory_fraction", "(0, 1]")),
             (with("hardware: (nic_gb_s: inf)"), (Invalid, "hardware.nic_gb_s", "finite")),

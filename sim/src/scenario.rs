@@ -120,8 +120,6 @@ pub struct ModelProfile {
     pub block_size_tokens: u32,
     /// Parameters active per token, in billions (FLOPs per token = 2 × this).
     pub active_params_b: f64,
-    /// Weight bytes per GPU when the model is spread over 8 GPUs, in GB.
-    pub weights_gb_per_gpu: f64,
     /// Hidden size (bytes moved per token per expert all-to-all, at one byte per value).
     pub hidden_size: u32,
 }
@@ -129,7 +127,7 @@ pub struct ModelProfile {
 impl Default for ModelProfile {
     /// DeepSeek-R1: MLA latent of 576 values per token per layer stored as FP8 (vLLM's
     /// `--kv-cache-dtype fp8`, which the published runs need to hold their batch sizes), 61
-    /// layers of which 58 are MoE, 37B active parameters, FP8 weights (671 GB over 8 GPUs),
+    /// layers of which 58 are MoE, 37B active parameters, FP8 weights,
     /// hidden size 7168.
     fn default() -> Self {
         ModelProfile {
@@ -140,7 +138,6 @@ impl Default for ModelProfile {
             kv_bytes_per_token_per_layer: 576,
             block_size_tokens: 16,
             active_params_b: 37.0,
-            weights_gb_per_gpu: 84.0,
             hidden_size: 7168,
         }
     }
@@ -325,7 +322,7 @@ pub struct EngineLimits {
     pub prefill_max_batched_tokens: u32,
     /// Most requests one decode DP rank runs at once.
     pub decode_max_batch: u32,
-    /// KV blocks per GPU; 0 derives them from HBM, weights and `kv_memory_fraction`.
+    /// KV blocks per GPU; 0 derives them from `hbm_gb` and `kv_memory_fraction`.
     pub kv_blocks_per_gpu: u32,
     /// Delay between a prefill finishing and its workers learning the transfer (MoRIIO passes
     /// it with the next step's connector metadata). A release that arrives in this window is
@@ -348,14 +345,14 @@ impl Default for EngineLimits {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub enum FaultKind {
-    /// Control messages to the target are lost.
+    /// Control messages between the target and any peer (either end matching) are lost.
     LoseMessages,
-    /// Control messages to the target are delayed by this much.
+    /// Control messages between the target and any peer are delayed by this much.
     DelayMessages {
         /// Extra delay.
         delay_ms: u64,
     },
-    /// Control messages to the target arrive twice.
+    /// Control messages between the target and any peer arrive twice.
     DuplicateMessages,
     /// The target's handshake listener answers nothing.
     DeadListener,
@@ -371,7 +368,7 @@ pub enum FaultKind {
     },
     /// The target's NIC fails every read.
     NicDown,
-    /// Reads posted by the target get send-queue-full.
+    /// Reads posted by the target (a decode rank) get send-queue-full.
     SendQueueFull,
     /// Every engine with a rank the target matches crashes: its listeners and NICs go down,
     /// its memory (held blocks, queued and running requests) is lost. After `duration_ms` it

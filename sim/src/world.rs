@@ -1241,7 +1241,7 @@ impl World {
         for (g, id) in finished {
             let req = &self.requests[&id];
             let (blocks, transfer) = (req.decode_blocks.clone(), req.transfer);
-            self.dgroups[g].pool.release(&blocks, transfer);
+            self.free_decode_blocks(g, &blocks, transfer);
             self.end_request(id, false);
         }
         self.units[unit].state = UnitState::Idle;
@@ -1250,6 +1250,20 @@ impl World {
         } else if self.unit_has_pending(unit) {
             self.units[unit].wake_scheduled = true;
             self.at(IDLE_STEP_NS, Ev::StepBegin { unit });
+        }
+    }
+
+    /// Returns a request's decode blocks to its group's pool; freeing blocks it does not hold
+    /// is a double free.
+    fn free_decode_blocks(&mut self, g: usize, blocks: &[u32], transfer: u32) {
+        let bad = self.dgroups[g].pool.release(blocks, transfer);
+        if !bad.is_empty() {
+            let engine = self.dgroups[g].engine;
+            self.violation(
+                "double_free",
+                vec![format!("D{engine}")],
+                format!("decode blocks {bad:?} freed twice"),
+            );
         }
     }
 
@@ -1384,7 +1398,7 @@ impl World {
         if failed {
             let req = &self.requests[&request];
             let (blocks, transfer) = (req.decode_blocks.clone(), req.transfer);
-            self.dgroups[g].pool.release(&blocks, transfer);
+            self.free_decode_blocks(g, &blocks, transfer);
             self.end_request(request, true);
         } else {
             self.dgroups[g].ready.push(request);
@@ -1635,6 +1649,11 @@ impl World {
             return;
         };
         let server_rank = self.p_ranks[server];
+        // A down NIC (or crashed engine) fails the read before it touches any memory.
+        if self.nic_down(server_rank) || self.nic_down(me) {
+            self.fail_reads(w, &ops, "NIC down");
+            return;
+        }
         if server_rank != first.plan.source {
             let detail =
                 format!("{request}: read meant for {} reads the memory of {server_rank}", first.plan.source);
@@ -1649,10 +1668,6 @@ impl World {
         self.check_blocks(me, server, transfer, &first.plan.remote_block_ids, "posted");
         let nic_src = server;
         let nic_dst = self.p_ranks.len() + w;
-        if self.nic_down(server_rank) || self.nic_down(me) {
-            self.fail_reads(w, &ops, "NIC down");
-            return;
-        }
         let bytes: u64 = ops.iter().map(ReadOp::bytes).sum();
         self.reads[server] += 1;
         self.bytes[server] += bytes;
@@ -2096,8 +2111,8 @@ impl World {
         let bucket_bytes = self.sc.hardware.nic_gb_s * 1e9 * (BUCKET_NS as f64 / 1e9);
         result.nic = NicStats {
             prefill_gpus: self.p_ranks.iter().map(|r| r.to_string()).collect(),
-            jain: round3(pdkv_core::routes::jain_index(&self.reads) * 1000.0) / 1000.0,
-            jain_bytes: round3(pdkv_core::routes::jain_index(&self.bytes) * 1000.0) / 1000.0,
+            jain: round3(pdkv_core::routes::jain_index(&self.reads)),
+            jain_bytes: round3(pdkv_core::routes::jain_index(&self.bytes)),
             reads_per_prefill_gpu: self.reads.clone(),
             bytes_per_prefill_gpu: self.bytes.clone(),
             utilisation: (0..self.p_ranks.len())
