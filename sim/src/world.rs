@@ -683,7 +683,7 @@ impl World {
             self.now = next.at;
             self.events += 1;
             self.dispatch(next.ev);
-            if self.events % PROGRESS_EVERY == 0 {
+            if self.events.is_multiple_of(PROGRESS_EVERY) {
                 progress(self.progress());
             }
             if self.stopped {
