@@ -1,0 +1,115 @@
+//! Renders every picture for realistic simulator runs into /tmp/pdkv-report-check (or the folder
+//! given as the first argument), for looking at them: `cargo run --release -p pdkv-reports
+//! --example render_check`.
+
+use std::path::{Path, PathBuf};
+
+use pdkv_reports::SweepPoint;
+use pdkv_sim::scenario::Clients;
+use pdkv_sim::{RunOptions, Scenario};
+
+/// Writes every picture of `r` into `dir` and prints each file's size.
+fn report(r: &pdkv_sim::RunResult, dir: &Path) {
+    let mut written = Vec::new();
+    written.extend(pdkv_reports::nic_balance(r, dir).expect("nic_balance"));
+    written.extend(pdkv_reports::nic_utilisation(r, dir).expect("nic_utilisation"));
+    written.extend(pdkv_reports::latency_cdf(r, dir).expect("latency_cdf"));
+    for (i, h) in r.hangs.iter().enumerate() {
+        written.extend(pdkv_reports::wait_for_graph(h, i, dir).expect("wait_for_graph"));
+    }
+    for p in written {
+        println!("{:>7} {}", std::fs::metadata(&p).map(|m| m.len()).unwrap_or(0), p.display());
+    }
+}
+
+/// A synthetic hang with `lines` as its wait-for edges.
+fn hang(what: &str, lines: &[String], cycle: Option<Vec<String>>) -> pdkv_sim::result::Hang {
+    pdkv_sim::result::Hang {
+        t_ms: 12_345.0,
+        what: what.to_string(),
+        ranks: Vec::new(),
+        wait_for: lines.to_vec(),
+        cycle,
+        dot: "digraph waitfor {}\n".to_string(),
+    }
+}
+
+fn main() {
+    let out = PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| "/tmp/pdkv-report-check".to_string()));
+    let hang_scenario =
+        pdkv_sim::load::load_scenario(Path::new("scenarios/no-handshake-timeout-lost-reply.ron"))
+            .expect("scenario loads");
+    let mixed = Scenario::from_notation("2P_TP8:1D_DP8EP");
+    for (name, scenario) in [("hang", &hang_scenario), ("mixed", &mixed)] {
+        let run = pdkv_sim::run(scenario, RunOptions::default()).expect("runs");
+        report(&run.result, &out.join(name));
+    }
+    // More shapes: imbalanced reads, 64 prefill GPUs, synthetic wait-for graphs.
+    for file in ["proxy-aliasing.ron", "read-from-dp0.ron"] {
+        let s = pdkv_sim::load::load_scenario(&Path::new("scenarios").join(file)).expect("scenario loads");
+        let r = pdkv_sim::run(&s, RunOptions::default()).expect("runs").result;
+        report(&r, &out.join("extra").join(file.trim_end_matches(".ron")));
+    }
+    for notation in ["4P_DP2TP8:2D_DP8EP", "8P_DP8EP:4D_TP8"] {
+        let mut s = Scenario::from_notation(notation);
+        s.workload.clients = Clients::Closed { concurrency: 64, requests: 256 };
+        let r = pdkv_sim::run(&s, RunOptions::default()).expect("runs").result;
+        report(&r, &out.join("extra").join(notation.replace(':', "-")));
+    }
+    let cycle: Vec<String> = vec![
+        "TP collective D0 step 4 -> D0.dp0.tp0 (not arrived)".into(),
+        "D0.dp0.tp0 -> D0.dp0.tp1 notify listener (waiting for a release that the listener holds back)"
+            .into(),
+        "D0.dp0.tp1 notify listener -> P0.dp0.tp1 (waiting for lease)".into(),
+        "P0.dp0.tp1 -> D0.dp0.tp0 (quorum)".into(),
+        "P0.dp0.tp1 -> P0.dp0.tp1 (self)".into(),
+        "P0.dp0.tp1 -> reaper (fenced)".into(),
+    ];
+    let members = vec!["D0.dp0.tp0".to_string(), "D0.dp0.tp1 notify listener".into(), "P0.dp0.tp1".into()];
+    let extra = out.join("extra").join("graphs");
+    pdkv_reports::wait_for_graph(&hang("Synthetic deadlock", &cycle, Some(members)), 0, &extra)
+        .expect("cycle");
+    let mut big: Vec<String> = Vec::new();
+    for t in 0..16 {
+        big.push(format!("TP collective D1 step 9 -> D1.dp0.tp{t} (not arrived)"));
+        if t % 5 == 2 {
+            big.push(format!(
+                "D1.dp0.tp{t} -> P{}.dp0.tp{t} handshake listener (blocked on handshake)",
+                t % 2
+            ));
+        } else {
+            big.push(format!("D1.dp0.tp{t} -> vote D1 group 0 step 9 (waiting for the MIN vote)"));
+        }
+    }
+    big.push("vote D1 group 0 step 9 -> D1.dp0.tp2 (has not voted)".into());
+    pdkv_reports::wait_for_graph(&hang("Synthetic 16-rank hang", &big, None), 1, &extra).expect("big");
+    let mut points = Vec::new();
+    for notation in ["1P_TP8:1D_TP8", "2P_TP8:1D_DP8EP", "1P_TP4:1D_TP8"] {
+        for concurrency in [32u32, 128, 512] {
+            let mut s = Scenario::from_notation(notation);
+            s.workload.clients = Clients::Closed { concurrency, requests: concurrency * 2 };
+            let r = pdkv_sim::run(&s, RunOptions::default()).expect("runs").result;
+            points.push(SweepPoint {
+                deployment: notation.to_string(),
+                concurrency,
+                total_tok_s: r.throughput.total_tok_s,
+                ttft_mean_ms: r.latency_ms.ttft.mean,
+                tpot_mean_ms: r.latency_ms.tpot.mean,
+                outcome: r.outcome.name().to_string(),
+            });
+        }
+    }
+    for p in pdkv_reports::sweep_charts(&points, &out.join("sweep")).expect("sweep_charts") {
+        println!("{} {}", std::fs::metadata(&p).map(|m| m.len()).unwrap_or(0), p.display());
+    }
+    // The same sweep with one run marked as hung (synthetic), to see how that is shown.
+    let mut marked = points.clone();
+    marked[8].outcome = "hang".to_string();
+    marked[8].total_tok_s = 0.0;
+    marked[8].ttft_mean_ms = 0.0;
+    marked[8].tpot_mean_ms = 0.0;
+    pdkv_reports::sweep_charts(&marked, &out.join("extra").join("sweep-with-hang")).expect("sweep_charts");
+    for p in &points {
+        eprintln!("{p:?}");
+    }
+}

@@ -1,0 +1,249 @@
+//! The `index.html` summary pages of a run and of a sweep: tables, pictures, the scenario and the
+//! command that reproduces it, self-contained (no scripts, no external files but its own).
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use pdkv_sim::result::RunResult;
+
+use crate::SweepPoint;
+
+/// Escapes text for HTML element content and attribute values.
+pub fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+const STYLE: &str = "body{font-family:'DejaVu Sans',sans-serif;margin:2em;max-width:1400px;color:#222}\
+h1{font-size:1.5em}h2{font-size:1.2em;margin-top:2em}table{border-collapse:collapse}\
+td,th{border:1px solid #ccc;padding:4px 10px;text-align:left;vertical-align:top}\
+th{background:#f3f3f3}img{max-width:100%;border:1px solid #ddd;margin:0.5em 0}\
+pre{background:#f7f7f7;padding:1em;overflow-x:auto}.bad{color:#b00;font-weight:bold}\
+.good{color:#070;font-weight:bold}code{background:#f3f3f3;padding:0 3px}";
+
+fn head(title: &str) -> String {
+    format!(
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>{}</title>\n\
+         <style>{STYLE}</style>\n</head>\n<body>\n<h1>{}</h1>\n",
+        escape(title),
+        escape(title)
+    )
+}
+
+/// The file name of `path` (pictures sit next to the page, so links are relative).
+fn name(path: &Path) -> String {
+    path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default()
+}
+
+/// Pictures as `<img>` of each PNG, linked to its SVG twin when there is one.
+fn pictures(images: &[PathBuf]) -> String {
+    let mut out = String::new();
+    for png in images.iter().filter(|p| p.extension().is_some_and(|x| x == "png")) {
+        let png_name = name(png);
+        let svg_name = png_name.replace(".png", ".svg");
+        let has_svg = images.iter().any(|p| name(p) == svg_name);
+        let _ = write!(out, "<figure>\n<img src=\"{}\" alt=\"{}\">\n", escape(&png_name), escape(&png_name));
+        if has_svg {
+            let _ = writeln!(
+                out,
+                "<figcaption><a href=\"{}\">{} (SVG)</a></figcaption>",
+                escape(&svg_name),
+                escape(&svg_name)
+            );
+        }
+        out.push_str("</figure>\n");
+    }
+    out
+}
+
+fn row(out: &mut String, key: &str, value: &str) {
+    let _ = writeln!(out, "<tr><th>{}</th><td>{}</td></tr>", escape(key), value);
+}
+
+/// Writes `dir/index.html` for one run: summary table, hangs and violations, pictures, the
+/// scenario text and the command that reproduces the run.
+pub fn write_run_page(
+    dir: &Path,
+    result: &RunResult,
+    images: &[PathBuf],
+    command: &str,
+) -> std::io::Result<PathBuf> {
+    let r = result;
+    let mut html = head(&format!("pdkv run {} ({})", r.scenario, r.deployment));
+    let verdict = if r.as_expected() {
+        "<span class=\"good\">as expected</span>"
+    } else {
+        "<span class=\"bad\">NOT as expected</span>"
+    };
+    html.push_str("<table>\n");
+    row(&mut html, "outcome", &format!("{} (expected {}) {verdict}", r.outcome.name(), r.expected.name()));
+    row(&mut html, "seed", &r.seed.to_string());
+    let q = &r.requests;
+    row(
+        &mut html,
+        "requests",
+        &format!(
+            "{} sent, {} finished, {} failed, {} unfinished",
+            q.sent, q.finished, q.failed, q.unfinished
+        ),
+    );
+    row(&mut html, "duration", &format!("{:.1} s virtual, {} events", r.duration_s, r.events));
+    let t = &r.throughput;
+    row(
+        &mut html,
+        "throughput",
+        &format!("{:.0} tok/s total, {:.0} tok/s output", t.total_tok_s, t.output_tok_s),
+    );
+    let l = &r.latency_ms;
+    row(
+        &mut html,
+        "TTFT",
+        &format!("mean {:.0} ms, p50 {:.0} ms, p99 {:.0} ms", l.ttft.mean, l.ttft.p50, l.ttft.p99),
+    );
+    row(
+        &mut html,
+        "TPOT",
+        &format!("mean {:.1} ms, p50 {:.1} ms, p99 {:.1} ms", l.tpot.mean, l.tpot.p50, l.tpot.p99),
+    );
+    row(&mut html, "ITL", &format!("mean {:.1} ms, p99 {:.1} ms", l.itl.mean, l.itl.p99));
+    let n = &r.nic;
+    let most = n.reads_per_prefill_gpu.iter().enumerate().max_by_key(|(i, v)| (**v, usize::MAX - i));
+    let least = n.reads_per_prefill_gpu.iter().enumerate().min_by_key(|(i, v)| (**v, *i));
+    if let (Some((hi, hv)), Some((lo, lv))) = (most, least) {
+        let spread = if hv == lv {
+            format!("every GPU read {hv} times")
+        } else {
+            format!(
+                "most read {} ({hv}), least read {} ({lv})",
+                escape(&n.prefill_gpus[hi]),
+                escape(&n.prefill_gpus[lo])
+            )
+        };
+        let text = format!(
+            "Jain {:.3} (bytes {:.3}) over {} prefill GPUs; {spread}",
+            n.jain,
+            n.jain_bytes,
+            n.reads_per_prefill_gpu.len()
+        );
+        row(&mut html, "NIC balance", &text);
+    }
+    let g = &r.ledger;
+    row(
+        &mut html,
+        "block ledger",
+        &format!(
+            "{} freed, {} reaped ({} after a decode crash), {} still held, {} lost in crashes; longest hold {:.0} ms; \
+             prefill stalled {:.1} s",
+            g.freed, g.reaped, g.reaped_after_decode_crash, g.held, g.lost_in_crash, g.max_hold_ms, g.prefill_stall_s
+        ),
+    );
+    html.push_str("</table>\n");
+    for (i, hang) in r.hangs.iter().enumerate() {
+        let _ = writeln!(html, "<h2 class=\"bad\">Hang {}: {}</h2>\n<pre>", i + 1, escape(&hang.what));
+        for edge in &hang.wait_for {
+            let _ = writeln!(html, "{}", escape(edge));
+        }
+        if let Some(cycle) = &hang.cycle {
+            let _ = writeln!(html, "cycle (deadlock): {}", escape(&cycle.join(" -> ")));
+        }
+        html.push_str("</pre>\n");
+    }
+    if !r.violations.is_empty() {
+        let _ = writeln!(html, "<h2 class=\"bad\">Safety violations ({})</h2>\n<table>", r.violations.len());
+        html.push_str("<tr><th>time (ms)</th><th>check</th><th>detail</th></tr>\n");
+        for v in r.violations.iter().take(50) {
+            let _ = writeln!(
+                html,
+                "<tr><td>{:.3}</td><td>{}</td><td>{}</td></tr>",
+                v.t_ms,
+                escape(&v.kind),
+                escape(&v.detail)
+            );
+        }
+        html.push_str("</table>\n");
+    }
+    html.push_str("<h2>Pictures</h2>\n");
+    html.push_str(&pictures(images));
+    html.push_str(
+        "<h2>Files</h2>\n<ul>\n<li><a href=\"result.json\">result.json</a> (the versioned result)</li>\n",
+    );
+    html.push_str("<li><a href=\"trace.txt\">trace.txt</a> (compact trace, virtual time first)</li>\n");
+    html.push_str("<li><a href=\"trace.json\">trace.json</a> (Chrome trace: open in Perfetto or chrome://tracing)</li>\n</ul>\n");
+    let _ = writeln!(html, "<h2>Reproduce</h2>\n<pre>{}</pre>", escape(command));
+    let _ = writeln!(html, "<h2>Scenario</h2>\n<pre>{}</pre>", escape(&r.scenario_ron));
+    html.push_str("</body>\n</html>\n");
+    let path = dir.join("index.html");
+    std::fs::write(&path, html)?;
+    Ok(path)
+}
+
+/// Writes `dir/index.html` for a sweep: one table row per run, the charts and the command.
+pub fn write_sweep_page(
+    dir: &Path,
+    points: &[SweepPoint],
+    images: &[PathBuf],
+    command: &str,
+) -> std::io::Result<PathBuf> {
+    let mut html = head("pdkv sweep");
+    html.push_str(
+        "<table>\n<tr><th>deployment</th><th>concurrency</th><th>total tok/s</th><th>mean TTFT (ms)</th>",
+    );
+    html.push_str("<th>mean TPOT (ms)</th><th>outcome</th></tr>\n");
+    for p in points {
+        let _ = writeln!(
+            html,
+            "<tr><td>{}</td><td>{}</td><td>{:.0}</td><td>{:.0}</td><td>{:.1}</td><td>{}</td></tr>",
+            escape(&p.deployment),
+            p.concurrency,
+            p.total_tok_s,
+            p.ttft_mean_ms,
+            p.tpot_mean_ms,
+            escape(&p.outcome)
+        );
+    }
+    html.push_str("</table>\n<h2>Charts</h2>\n");
+    html.push_str(&pictures(images));
+    html.push_str("<h2>Files</h2>\n<ul><li><a href=\"sweep.json\">sweep.json</a></li></ul>\n");
+    let _ = writeln!(html, "<h2>Reproduce</h2>\n<pre>{}</pre>", escape(command));
+    html.push_str("</body>\n</html>\n");
+    let path = dir.join("index.html");
+    std::fs::write(&path, html)?;
+    Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escape_table() {
+        let check = |input: &str, expected: &str| assert_eq!(escape(input), expected);
+        check("a<b>&\"c\"'", "a&lt;b&gt;&amp;&quot;c&quot;&#39;");
+        check("2P_TP8:1D_DP8EP", "2P_TP8:1D_DP8EP");
+        check("", "");
+    }
+
+    #[test]
+    fn pictures_link_svg_twins() {
+        let images = [
+            PathBuf::from("/x/nic_balance.png"),
+            PathBuf::from("/x/nic_balance.svg"),
+            PathBuf::from("/x/a.png"),
+        ];
+        let html = pictures(&images);
+        assert!(html.contains("<img src=\"nic_balance.png\""));
+        assert!(html.contains("<a href=\"nic_balance.svg\">"));
+        assert_eq!(html.matches("<img").count(), 2);
+        assert_eq!(html.matches("(SVG)").count(), 1);
+    }
+}

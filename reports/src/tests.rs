@@ -1,0 +1,453 @@
+//! End-to-end tests of the public functions: the files written, PNG and SVG well formed, the
+//! pictures saying what they should, and output byte-identical across renders.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use pdkv_sim::result::{Hang, RunResult, Summary};
+use pdkv_sim::Scenario;
+
+use crate::{
+    latency_cdf, nic_balance, nic_utilisation, sweep_charts, wait_for_graph, ReportError, SweepPoint,
+};
+
+/// A fresh folder for one test under the system temp folder.
+fn out_dir(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("pdkv-reports-{test}-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    dir
+}
+
+/// Removes a test's folder once its checks passed (a failing test leaves it to look at).
+fn done(dir: &Path) {
+    fs::remove_dir_all(dir).expect("test folder removed");
+}
+
+/// Checks that the PNG signature starts `path` and the file is over 10 KB.
+fn check_png(path: &Path) {
+    let bytes = fs::read(path).expect("png readable");
+    assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "{}: no PNG signature", path.display());
+    assert!(bytes.len() > 10 * 1024, "{}: only {} bytes", path.display(), bytes.len());
+}
+
+/// Checks that `path` is an SVG document with balanced tags; returns its text.
+fn check_svg(path: &Path) -> String {
+    let text = fs::read_to_string(path).expect("svg is UTF-8");
+    let body = match text.trim_start().strip_prefix("<?xml") {
+        Some(rest) => rest.split_once("?>").expect("XML declaration closes").1.trim_start(),
+        None => text.trim_start(),
+    };
+    assert!(body.starts_with("<svg"), "{}: does not start with <svg", path.display());
+    if let Err(e) = balanced(&text) {
+        panic!("{}: {e}", path.display());
+    }
+    text
+}
+
+/// A small tag-balance check: every opened element is closed in order, the root is `svg`, and
+/// nothing but whitespace follows it. Skips declarations, comments and self-closing tags.
+fn balanced(text: &str) -> Result<(), String> {
+    let mut open: Vec<String> = Vec::new();
+    let mut rest = text;
+    let mut roots = 0;
+    while let Some(start) = rest.find('<') {
+        if !open.is_empty() || rest[..start].trim().is_empty() {
+        } else {
+            return Err(format!("text outside the root: {:?}", &rest[..start]));
+        }
+        rest = &rest[start..];
+        if let Some(after) = rest.strip_prefix("<!--") {
+            rest = after.split_once("-->").ok_or("unclosed comment")?.1;
+            continue;
+        }
+        if rest.starts_with("<?") || rest.starts_with("<!") {
+            rest = rest.split_once('>').ok_or("unclosed declaration")?.1;
+            continue;
+        }
+        // The tag runs to the first '>' outside quotes.
+        let mut quote = None;
+        let mut end = None;
+        for (i, c) in rest.char_indices() {
+            match (quote, c) {
+                (None, '"' | '\'') => quote = Some(c),
+                (Some(q), c) if c == q => quote = None,
+                (None, '>') => {
+                    end = Some(i);
+                    break;
+                }
+                _ => {}
+            }
+        }
+        let end = end.ok_or("unclosed tag")?;
+        let tag = &rest[1..end];
+        rest = &rest[end + 1..];
+        if let Some(name) = tag.strip_prefix('/') {
+            let name = name.trim();
+            match open.pop() {
+                Some(top) if top == name => {}
+                Some(top) => return Err(format!("</{name}> closes <{top}>")),
+                None => return Err(format!("</{name}> closes nothing")),
+            }
+            continue;
+        }
+        let name: String = tag.chars().take_while(|c| !c.is_whitespace() && *c != '/').collect();
+        if name.is_empty() {
+            return Err(format!("tag without a name: <{tag}>"));
+        }
+        if open.is_empty() {
+            roots += 1;
+            if roots > 1 || name != "svg" {
+                return Err(format!("root element <{name}> (number {roots})"));
+            }
+        }
+        if !tag.ends_with('/') {
+            open.push(name);
+        }
+    }
+    if !rest.trim().is_empty() {
+        return Err(format!("text after the root: {rest:?}"));
+    }
+    match open.last() {
+        Some(top) => Err(format!("<{top}> never closed")),
+        None if roots == 1 => Ok(()),
+        None => Err("no root element".to_string()),
+    }
+}
+
+/// The names of `paths`, in order.
+fn names(paths: &[PathBuf]) -> Vec<String> {
+    paths.iter().map(|p| p.file_name().expect("a file").to_string_lossy().into_owned()).collect()
+}
+
+/// Percentiles 0..=100 of a distribution with a long tail from `lo` up.
+fn percentiles(lo: f64, tail: f64) -> Vec<f64> {
+    (0..=100)
+        .map(|p| {
+            let f = f64::from(p) / 100.0;
+            let v = lo * (1.0 + 0.1 * f) + if p >= 90 { tail * (f - 0.9) * 10.0 } else { 0.0 };
+            (v * 1000.0).round() / 1000.0
+        })
+        .collect()
+}
+
+/// The wait-for graph of the lost-reply hang: a collective, eight ranks, a vote and a listener.
+fn lost_reply_hang() -> Hang {
+    let mut wait_for = Vec::new();
+    for t in 0..8 {
+        wait_for.push(format!("TP collective D0 step 1 -> D0.dp0.tp{t} (not arrived)"));
+        if t == 3 {
+            wait_for.push(
+                "D0.dp0.tp3 -> P0.dp0.tp3 handshake listener (blocked on handshake prefill-0:6301_dp0_tp3)"
+                    .into(),
+            );
+        }
+    }
+    for t in [0, 1, 2, 4, 5, 6, 7] {
+        wait_for.push(format!("D0.dp0.tp{t} -> vote D0 group 0 step 1 (waiting for the MIN vote)"));
+    }
+    wait_for.push("vote D0 group 0 step 1 -> D0.dp0.tp3 (has not voted)".into());
+    Hang {
+        t_ms: 600_296.725,
+        what: "TP collective D0 step 1 waited 600 s (timeout)".into(),
+        ranks: (0..8).map(|t| format!("D0.dp0.tp{t}")).collect(),
+        wait_for,
+        cycle: None,
+        dot: "digraph waitfor {\n  rankdir=LR;\n  n0 [label=\"TP collective D0 step 1\"];\n}\n".into(),
+    }
+}
+
+/// A three-node deadlock with a self-loop and waiters outside the cycle.
+fn deadlock() -> Hang {
+    Hang {
+        t_ms: 1500.0,
+        what: "release quorum never met".into(),
+        ranks: vec!["P0.dp0.tp0".into()],
+        wait_for: vec![
+            "collective -> A (not arrived)".into(),
+            "A -> B (waiting for lease)".into(),
+            "B -> C (quorum)".into(),
+            "C -> A (holds the blocks A needs, and a reason long enough to be cut short somewhere)".into(),
+            "C -> C (self)".into(),
+            "C -> reaper (fenced)".into(),
+        ],
+        cycle: Some(vec!["A".into(), "B".into(), "C".into()]),
+        dot: "digraph waitfor {\n  n0 -> n1 [label=\"x\"];\n}\n".into(),
+    }
+}
+
+/// True when `svg` has a text element saying exactly `text` (plotters puts it on its own line).
+fn says(svg: &str, text: &str) -> bool {
+    svg.contains(&format!("\n{text}\n"))
+}
+
+/// A finished run over `notation` (prefill: `engines` engines of `dp` × `tp` GPUs) with uneven
+/// reads, ragged utilisation rows and one hang.
+fn result(notation: &str) -> RunResult {
+    let (engines, dp, tp) = match notation {
+        "2P_TP8:1D_DP8EP" => (2, 1, 8),
+        "4P_DP2TP8:2D_DP8EP" => (4, 2, 8),
+        "8P_DP8EP:4D_TP8" => (8, 8, 1),
+        "1P_TP8:1D_TP8" => (1, 1, 8),
+        other => panic!("no prefill layout listed for {other}"),
+    };
+    let mut r = RunResult::empty(&Scenario::from_notation(notation), String::new());
+    let mut gpus = Vec::new();
+    for e in 0..engines {
+        for d in 0..dp {
+            for t in 0..tp {
+                gpus.push(format!("P{e}.dp{d}.tp{t}"));
+            }
+        }
+    }
+    let n = gpus.len() as u64;
+    r.duration_s = 312.968;
+    r.requests.sent = 1280;
+    r.requests.finished = 1270;
+    r.requests.unfinished = 10;
+    r.nic.reads_per_prefill_gpu = (0..n).map(|i| 60 + (i * 7) % 41).collect();
+    r.nic.bytes_per_prefill_gpu = r.nic.reads_per_prefill_gpu.iter().map(|r| r * 287_834_112).collect();
+    r.nic.prefill_gpus = gpus;
+    r.nic.jain = 0.962;
+    r.nic.jain_bytes = 0.962;
+    r.nic.utilisation = (0..n as usize)
+        .map(|i| {
+            (0..280 + i % 9)
+                .map(|s| if (s + i) % 3 == 0 { 0.0 } else { ((s * 13 + i) % 97) as f64 / 97.0 })
+                .collect()
+        })
+        .collect();
+    r.latency_ms.ttft = Summary { mean: 3240.198, p50: 1938.709, p99: 26718.338 };
+    r.latency_ms.tpot = Summary { mean: 26.165, p50: 26.228, p99: 26.229 };
+    r.latency_ms.ttft_percentiles = percentiles(670.0, 27_000.0);
+    r.latency_ms.tpot_percentiles = percentiles(25.2, 1.0);
+    r.hangs = vec![lost_reply_hang()];
+    r
+}
+
+/// A run in which nothing finished.
+fn empty_result() -> RunResult {
+    let mut r = RunResult::empty(&Scenario::from_notation("1P_TP8:1D_TP8"), String::new());
+    r.duration_s = 600.297;
+    r.nic.prefill_gpus = (0..8).map(|t| format!("P0.dp0.tp{t}")).collect();
+    r.nic.reads_per_prefill_gpu = vec![0; 8];
+    r.nic.bytes_per_prefill_gpu = vec![0; 8];
+    r.nic.utilisation = vec![Vec::new(); 8];
+    r
+}
+
+fn sweep() -> Vec<SweepPoint> {
+    let mut points = Vec::new();
+    for (d, deployment) in ["1P_TP8:1D_TP8", "2P_TP8:1D_DP8EP", "1P_TP4:1D_TP8"].iter().enumerate() {
+        for (i, concurrency) in [32u32, 128, 512].iter().enumerate() {
+            let k = (d * 3 + i) as f64;
+            let hung = d == 2 && i == 2;
+            points.push(SweepPoint {
+                deployment: deployment.to_string(),
+                concurrency: *concurrency,
+                total_tok_s: if hung { 0.0 } else { 8000.0 * (1.0 + i as f64) + 900.0 * k },
+                ttft_mean_ms: if hung { 0.0 } else { 3000.0 * 6f64.powi(i as i32) + 100.0 * k },
+                tpot_mean_ms: if hung { 0.0 } else { 25.0 + k },
+                outcome: if hung { "hang".to_string() } else { "clean".to_string() },
+            });
+        }
+    }
+    points
+}
+
+#[test]
+fn nic_balance_writes_a_png_and_an_svg() {
+    let dir = out_dir("nic-balance");
+    for notation in ["2P_TP8:1D_DP8EP", "4P_DP2TP8:2D_DP8EP", "8P_DP8EP:4D_TP8"] {
+        let paths = nic_balance(&result(notation), &dir).expect("draws");
+        assert_eq!(names(&paths), ["nic_balance.png", "nic_balance.svg"]);
+        check_png(&paths[0]);
+        let svg = check_svg(&paths[1]);
+        assert!(svg.contains("NIC balance per prefill GPU"), "{notation}");
+        assert!(svg.contains("Jain index: reads 0.962, bytes 0.962"), "{notation}");
+        assert!(svg.contains("ideal: the mean"), "{notation}");
+        assert!(svg.contains("font-family=\"sans-serif\""), "{notation}");
+    }
+    let paths = nic_balance(&empty_result(), &dir).expect("draws");
+    assert!(check_svg(&paths[1]).contains("no reads served"));
+    done(&dir);
+}
+
+#[test]
+fn nic_utilisation_writes_a_heatmap_with_its_scale() {
+    let dir = out_dir("nic-utilisation");
+    let paths = nic_utilisation(&result("2P_TP8:1D_DP8EP"), &dir).expect("draws");
+    assert_eq!(names(&paths), ["nic_utilisation.png", "nic_utilisation.svg"]);
+    check_png(&paths[0]);
+    let svg = check_svg(&paths[1]);
+    for text in ["virtual time (s)", "100 %", "0.1 %", "0 (idle)", "P1.dp0.tp7"] {
+        assert!(svg.contains(text), "{text}");
+    }
+    // A long run is averaged into bins; an idle one says so.
+    let mut long = result("1P_TP8:1D_TP8");
+    long.duration_s = 2000.0;
+    long.nic.utilisation =
+        (0..8).map(|i| (0..2000).map(|s| ((s + i) % 10) as f64 / 10.0).collect()).collect();
+    let svg = check_svg(&nic_utilisation(&long, &dir).expect("draws")[1]);
+    assert!(svg.contains("3-second bins"));
+    let svg = check_svg(&nic_utilisation(&empty_result(), &dir).expect("draws")[1]);
+    assert!(svg.contains("no NIC traffic recorded"));
+    assert!(svg.contains("mean 0.00 %"), "no negative zero");
+    done(&dir);
+}
+
+#[test]
+fn latency_cdf_marks_mean_and_p99_or_says_nothing_finished() {
+    let dir = out_dir("latency-cdf");
+    let paths = latency_cdf(&result("2P_TP8:1D_DP8EP"), &dir).expect("draws");
+    assert_eq!(names(&paths), ["latency_cdf.png", "latency_cdf.svg"]);
+    check_png(&paths[0]);
+    let svg = check_svg(&paths[1]);
+    for text in
+        ["mean 3240 ms", "p99 26718 ms", "mean 26.16 ms", "p99 26.23 ms", "TTFT (ms), log scale", "TPOT (ms)"]
+    {
+        assert!(svg.contains(text), "{text}");
+    }
+    let paths = latency_cdf(&empty_result(), &dir).expect("draws");
+    check_png(&paths[0]);
+    let svg = check_svg(&paths[1]);
+    assert_eq!(svg.matches("no finished requests").count(), 2);
+    done(&dir);
+}
+
+#[test]
+fn wait_for_graph_writes_pictures_and_the_dot_as_is() {
+    let dir = out_dir("wait-for");
+    let hang = lost_reply_hang();
+    let paths = wait_for_graph(&hang, 3, &dir).expect("draws");
+    assert_eq!(names(&paths), ["wait_for_3.png", "wait_for_3.svg", "wait_for_3.dot"]);
+    check_png(&paths[0]);
+    let svg = check_svg(&paths[1]);
+    for text in [
+        "TP collective D0 step 1 waited 600 s (timeout)",
+        "not arrived ×8",
+        "waiting for the MIN vote ×7",
+        "has not voted",
+        "the waits end at: P0.dp0.tp3 handshake listener",
+    ] {
+        assert!(svg.contains(text), "{text}");
+    }
+    assert!(!says(&svg, "cycle"));
+    assert_eq!(fs::read_to_string(&paths[2]).expect("dot"), hang.dot);
+    done(&dir);
+}
+
+#[test]
+fn wait_for_graph_with_a_cycle_renders_it_red() {
+    let dir = out_dir("wait-for-cycle");
+    let paths = wait_for_graph(&deadlock(), 0, &dir).expect("draws");
+    check_png(&paths[0]);
+    let svg = check_svg(&paths[1]);
+    assert!(svg.contains("cycle (deadlock) among: A, B, C"));
+    assert!(says(&svg, "cycle"), "the cycle is labelled");
+    assert!(svg.contains("#D62728"), "cycle members are red");
+    assert_eq!(fs::read_to_string(&paths[2]).expect("dot"), deadlock().dot);
+    // An empty graph and a lone self-loop draw too.
+    let mut lone = deadlock();
+    lone.wait_for = vec!["x -> x (self)".into(), "not an edge".into()];
+    lone.cycle = Some(vec!["x".into()]);
+    let svg = check_svg(&wait_for_graph(&lone, 1, &dir).expect("draws")[1]);
+    assert!(svg.contains("1 unreadable lines skipped"));
+    lone.wait_for.clear();
+    let svg = check_svg(&wait_for_graph(&lone, 2, &dir).expect("draws")[1]);
+    assert!(svg.contains("no wait-for edges recorded"));
+    done(&dir);
+}
+
+#[test]
+fn sweep_charts_write_three_charts() {
+    let dir = out_dir("sweep");
+    let paths = sweep_charts(&sweep(), &dir).expect("draws");
+    assert_eq!(
+        names(&paths),
+        [
+            "sweep_throughput.png",
+            "sweep_throughput.svg",
+            "sweep_ttft.png",
+            "sweep_ttft.svg",
+            "sweep_tpot.png",
+            "sweep_tpot.svg"
+        ]
+    );
+    for pair in paths.chunks(2) {
+        check_png(&pair[0]);
+        let svg = check_svg(&pair[1]);
+        for text in
+            ["1P_TP8:1D_TP8", "2P_TP8:1D_DP8EP", "concurrency (clients in flight)", "32", "128", "512"]
+        {
+            assert!(says(&svg, text), "{text}");
+        }
+    }
+    assert!(says(&check_svg(&paths[1]), "not clean: hang"));
+    assert!(check_svg(&paths[3]).contains("mean TTFT (ms), log scale"));
+    let svg = check_svg(&sweep_charts(&[], &dir).expect("draws")[1]);
+    assert!(svg.contains("no sweep points"));
+    done(&dir);
+}
+
+#[test]
+fn rendering_twice_gives_identical_bytes() {
+    let (a, b) = (out_dir("twice-a"), out_dir("twice-b"));
+    let r = result("2P_TP8:1D_DP8EP");
+    for dir in [&a, &b] {
+        nic_balance(&r, dir).expect("draws");
+        nic_utilisation(&r, dir).expect("draws");
+        latency_cdf(&r, dir).expect("draws");
+        wait_for_graph(&r.hangs[0], 0, dir).expect("draws");
+        wait_for_graph(&deadlock(), 1, dir).expect("draws");
+        sweep_charts(&sweep(), dir).expect("draws");
+    }
+    let mut files: Vec<String> = fs::read_dir(&a)
+        .expect("listed")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 18);
+    for file in &files {
+        let (x, y) = (fs::read(a.join(file)).expect("read"), fs::read(b.join(file)).expect("read"));
+        assert!(x == y, "{file} differs between two renders");
+    }
+    done(&a);
+    done(&b);
+}
+
+#[test]
+fn errors_name_the_file() {
+    let dir = out_dir("errors");
+    fs::create_dir_all(&dir).expect("made");
+    let blocker = dir.join("not-a-folder");
+    fs::write(&blocker, "x").expect("written");
+    let target = blocker.join("pictures");
+    let err =
+        nic_balance(&result("1P_TP8:1D_TP8"), &target).expect_err("cannot create a folder under a file");
+    assert!(matches!(&err, ReportError::Io { path, .. } if path == &target), "{err:?}");
+    assert!(err.to_string().starts_with(&target.display().to_string()), "{err}");
+    assert!(std::error::Error::source(&err).is_some());
+    // A folder where a picture goes.
+    fs::create_dir_all(dir.join("p").join("latency_cdf.png")).expect("made");
+    let err = latency_cdf(&empty_result(), &dir.join("p")).expect_err("png path is a folder");
+    assert!(matches!(&err, ReportError::Io { path, .. } if path.ends_with("latency_cdf.png")), "{err:?}");
+    // The DOT file is written after the pictures; a folder in its place fails on it alone.
+    fs::create_dir_all(dir.join("g").join("wait_for_0.dot")).expect("made");
+    let err = wait_for_graph(&deadlock(), 0, &dir.join("g")).expect_err("dot path is a folder");
+    assert!(matches!(&err, ReportError::Io { path, .. } if path.ends_with("wait_for_0.dot")), "{err:?}");
+    done(&dir);
+}
+
+#[test]
+fn the_svg_checker_finds_unbalanced_tags() {
+    assert_eq!(
+        balanced("<?xml version=\"1.0\"?>\n<svg a=\"x>y\"><g><rect/></g><text>a</text></svg>\n"),
+        Ok(())
+    );
+    assert!(balanced("<svg><g></svg>").is_err());
+    assert!(balanced("<svg><g></g>").is_err());
+    assert!(balanced("<svg></svg><svg></svg>").is_err());
+    assert!(balanced("<g></g>").is_err());
+    assert!(balanced("<svg></svg> trailing").is_err());
+    assert!(balanced("<svg><!-- <g> --></svg>").is_ok());
+}

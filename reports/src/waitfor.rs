@@ -1,0 +1,1044 @@
+//! Wait-for graphs of hangs drawn as boxes and arrows (`wait_for_graph`): a layered layout by
+//! longest path from the nodes nobody waits for, with the members of a cycle in one column.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use pdkv_sim::result::Hang;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, VPos};
+
+use crate::error::ReportError;
+use crate::render::{
+    dashed_h, dashed_v, legend_row, note, render, style, text, text_width, title, wrap, Area, Drawn, Msg,
+    Picture, Swatch, ALERT, GRID, INK,
+};
+
+/// For a hang: writes wait_for_<i>.png/.svg (the graph drawn as boxes and arrows) and
+/// wait_for_<i>.dot (hang.dot as is). An arrow `a → b` means a waits for b, labelled with the
+/// reason; members of `hang.cycle` are red and boxed as "cycle"; nodes that wait for nothing
+/// (where the waits end) are orange. Returns the paths written: PNG, SVG, then DOT.
+pub fn wait_for_graph(hang: &Hang, index: usize, dir: &Path) -> Result<Vec<PathBuf>, ReportError> {
+    let stem = format!("wait_for_{index}");
+    let mut paths = render(dir, &stem, &WaitFor { hang })?;
+    let dot = dir.join(format!("{stem}.dot"));
+    fs::write(&dot, &hang.dot).map_err(|e| ReportError::io(&dot, e))?;
+    paths.push(dot);
+    Ok(paths)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The graph.
+
+/// One wait: `from` waits for `to` because of `reason`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Edge {
+    from: usize,
+    to: usize,
+    reason: String,
+}
+
+/// Named nodes (in order of first mention) and edges (in line order).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Graph {
+    names: Vec<String>,
+    edges: Vec<Edge>,
+    /// Lines that are not `a -> b (reason)`.
+    skipped: usize,
+}
+
+/// Splits `a -> b (reason)` into its three parts; the reason is the last balanced parenthesised
+/// group and may be missing.
+fn parse_line(line: &str) -> Option<(String, String, String)> {
+    let (a, rest) = line.split_once(" -> ")?;
+    let rest = rest.trim();
+    let (b, reason) = match rest.strip_suffix(')') {
+        Some(inner) => {
+            let mut depth = 0usize;
+            let mut open = None;
+            for (i, c) in inner.char_indices().rev() {
+                match c {
+                    ')' => depth += 1,
+                    '(' if depth == 0 => {
+                        open = Some(i);
+                        break;
+                    }
+                    '(' => depth -= 1,
+                    _ => {}
+                }
+            }
+            match open {
+                Some(i) if !inner[..i].trim().is_empty() => (inner[..i].trim(), inner[i + 1..].trim()),
+                _ => (rest, ""),
+            }
+        }
+        None => (rest, ""),
+    };
+    let a = a.trim();
+    if a.is_empty() || b.is_empty() {
+        return None;
+    }
+    Some((a.to_string(), b.to_string(), reason.to_string()))
+}
+
+impl Graph {
+    fn parse(lines: &[String]) -> Graph {
+        let mut g = Graph::default();
+        for line in lines {
+            let Some((a, b, reason)) = parse_line(line) else {
+                g.skipped += 1;
+                continue;
+            };
+            let from = g.node(&a);
+            let to = g.node(&b);
+            g.edges.push(Edge { from, to, reason });
+        }
+        g
+    }
+
+    fn node(&mut self, name: &str) -> usize {
+        match self.names.iter().position(|n| n == name) {
+            Some(i) => i,
+            None => {
+                self.names.push(name.to_string());
+                self.names.len() - 1
+            }
+        }
+    }
+
+    fn successors(&self) -> Vec<Vec<usize>> {
+        let mut adj = vec![Vec::new(); self.names.len()];
+        for e in &self.edges {
+            adj[e.from].push(e.to);
+        }
+        adj
+    }
+}
+
+/// Strongly connected components (Tarjan), sinks first.
+fn components(adj: &[Vec<usize>]) -> Vec<Vec<usize>> {
+    struct Tarjan<'a> {
+        adj: &'a [Vec<usize>],
+        index: Vec<Option<usize>>,
+        low: Vec<usize>,
+        on_stack: Vec<bool>,
+        stack: Vec<usize>,
+        next: usize,
+        out: Vec<Vec<usize>>,
+    }
+    impl Tarjan<'_> {
+        fn visit(&mut self, v: usize) {
+            self.index[v] = Some(self.next);
+            self.low[v] = self.next;
+            self.next += 1;
+            self.stack.push(v);
+            self.on_stack[v] = true;
+            let adj = self.adj;
+            for &w in &adj[v] {
+                match self.index[w] {
+                    None => {
+                        self.visit(w);
+                        self.low[v] = self.low[v].min(self.low[w]);
+                    }
+                    Some(iw) if self.on_stack[w] => self.low[v] = self.low[v].min(iw),
+                    Some(_) => {}
+                }
+            }
+            if Some(self.low[v]) == self.index[v] {
+                let mut component = Vec::new();
+                while let Some(w) = self.stack.pop() {
+                    self.on_stack[w] = false;
+                    component.push(w);
+                    if w == v {
+                        break;
+                    }
+                }
+                component.sort_unstable();
+                self.out.push(component);
+            }
+        }
+    }
+    let n = adj.len();
+    let mut t = Tarjan {
+        adj,
+        index: vec![None; n],
+        low: vec![0; n],
+        on_stack: vec![false; n],
+        stack: Vec::new(),
+        next: 0,
+        out: Vec::new(),
+    };
+    for v in 0..n {
+        if t.index[v].is_none() {
+            t.visit(v);
+        }
+    }
+    t.out
+}
+
+/// A slot in a column: a node, or the `k`th bend of a long edge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Item {
+    Node(usize),
+    Bend(usize, usize),
+}
+
+/// Columns of items, top to bottom, and each edge's path through them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Layout {
+    /// Column of each node.
+    column_of: Vec<usize>,
+    /// Component of each node; nodes sharing a component of more than one node (or with a
+    /// self-loop) are in a cycle.
+    component_of: Vec<usize>,
+    /// True for each node in a cycle.
+    cyclic: Vec<bool>,
+    /// The items of each column, top to bottom.
+    columns: Vec<Vec<Item>>,
+    /// For each edge going right: the items from its source to its target. Empty for edges
+    /// inside a column (within a cycle).
+    paths: Vec<Vec<Item>>,
+}
+
+impl Layout {
+    fn new(g: &Graph) -> Layout {
+        let n = g.names.len();
+        let adj = g.successors();
+        let comps = components(&adj);
+        let mut component_of = vec![0; n];
+        for (c, members) in comps.iter().enumerate() {
+            for &v in members {
+                component_of[v] = c;
+            }
+        }
+        let mut cyclic: Vec<bool> = (0..n).map(|v| comps[component_of[v]].len() > 1).collect();
+        for e in &g.edges {
+            if e.from == e.to {
+                cyclic[e.from] = true;
+            }
+        }
+        // Longest path over components, sources first (Tarjan lists sinks first).
+        let mut layer = vec![0usize; comps.len()];
+        for c in (0..comps.len()).rev() {
+            for e in &g.edges {
+                let (cf, ct) = (component_of[e.from], component_of[e.to]);
+                if ct == c && cf != c {
+                    layer[c] = layer[c].max(layer[cf] + 1);
+                }
+            }
+        }
+        let column_of: Vec<usize> = (0..n).map(|v| layer[component_of[v]]).collect();
+        let width = column_of.iter().max().map_or(0, |m| m + 1);
+        let mut columns: Vec<Vec<Item>> = vec![Vec::new(); width];
+        for v in 0..n {
+            columns[column_of[v]].push(Item::Node(v));
+        }
+        let mut paths = Vec::new();
+        for (i, e) in g.edges.iter().enumerate() {
+            let (a, b) = (column_of[e.from], column_of[e.to]);
+            if b <= a {
+                paths.push(Vec::new());
+                continue;
+            }
+            let mut path = vec![Item::Node(e.from)];
+            for (k, column) in columns.iter_mut().enumerate().take(b).skip(a + 1) {
+                let bend = Item::Bend(i, k);
+                column.push(bend);
+                path.push(bend);
+            }
+            path.push(Item::Node(e.to));
+            paths.push(path);
+        }
+        let mut layout = Layout { column_of, component_of, cyclic, columns, paths };
+        layout.order(g);
+        layout
+    }
+
+    /// Orders each column by the mean position of its neighbours (a few sweeps each way), then
+    /// keeps the members of one cycle together, in the order of a walk along its edges (so that
+    /// most of its edges join neighbours).
+    fn order(&mut self, g: &Graph) {
+        let mut before: BTreeMap<Item, Vec<Item>> = BTreeMap::new();
+        let mut after: BTreeMap<Item, Vec<Item>> = BTreeMap::new();
+        for path in &self.paths {
+            for w in path.windows(2) {
+                after.entry(w[0]).or_default().push(w[1]);
+                before.entry(w[1]).or_default().push(w[0]);
+            }
+        }
+        let width = self.columns.len();
+        for _ in 0..4 {
+            for c in 1..width {
+                self.reorder(c, &before);
+            }
+            for c in (0..width.saturating_sub(1)).rev() {
+                self.reorder(c, &after);
+            }
+        }
+        for c in 0..width {
+            let column = std::mem::take(&mut self.columns[c]);
+            let mut grouped: Vec<Item> = Vec::new();
+            for item in &column {
+                let Item::Node(v) = *item else {
+                    grouped.push(*item);
+                    continue;
+                };
+                if grouped.contains(item) {
+                    continue;
+                }
+                if self.cyclic[v] {
+                    let members: Vec<usize> = column
+                        .iter()
+                        .filter_map(|item| match *item {
+                            Item::Node(w)
+                                if self.cyclic[w] && self.component_of[w] == self.component_of[v] =>
+                            {
+                                Some(w)
+                            }
+                            _ => None,
+                        })
+                        .collect();
+                    let mut walk = vec![v];
+                    while walk.len() < members.len() {
+                        let here = walk[walk.len() - 1];
+                        let next = g
+                            .edges
+                            .iter()
+                            .find(|e| e.from == here && members.contains(&e.to) && !walk.contains(&e.to))
+                            .map(|e| e.to)
+                            .or_else(|| members.iter().copied().find(|w| !walk.contains(w)))
+                            .expect("an unvisited member is left");
+                        walk.push(next);
+                    }
+                    grouped.extend(walk.into_iter().map(Item::Node));
+                } else {
+                    grouped.push(*item);
+                }
+            }
+            self.columns[c] = grouped;
+        }
+    }
+
+    /// Centred position of every item in its column.
+    fn positions(&self) -> BTreeMap<Item, f64> {
+        let mut at = BTreeMap::new();
+        for column in &self.columns {
+            let mid = (column.len() as f64 - 1.0) / 2.0;
+            for (i, item) in column.iter().enumerate() {
+                at.insert(*item, i as f64 - mid);
+            }
+        }
+        at
+    }
+
+    fn reorder(&mut self, c: usize, neighbours: &BTreeMap<Item, Vec<Item>>) {
+        let at = self.positions();
+        let mut keyed: Vec<(f64, Item)> = self.columns[c]
+            .iter()
+            .map(|item| {
+                let own = at[item];
+                let key = match neighbours.get(item) {
+                    Some(list) if !list.is_empty() => {
+                        list.iter().map(|n| at[n]).sum::<f64>() / list.len() as f64
+                    }
+                    _ => own,
+                };
+                (key, *item)
+            })
+            .collect();
+        keyed.sort_by(|a, b| a.0.total_cmp(&b.0));
+        self.columns[c] = keyed.into_iter().map(|(_, item)| item).collect();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Edge labels, before pixels.
+
+/// Where an edge label goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Anchor {
+    /// Right of a node's box: one label for several edges leaving it for the same reason.
+    FanOut(usize),
+    /// Left of a node's box: one label for several edges entering it for the same reason.
+    FanIn(usize),
+    /// On the first segment of one edge.
+    Edge(usize),
+    /// Beside an edge inside its column (a cycle): a straight arrow to a neighbour, or a loop.
+    Loop(usize),
+}
+
+/// An edge label: its text, where it goes, and the column whose right-hand gap holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Spec {
+    text: String,
+    anchor: Anchor,
+    gap: usize,
+    red: bool,
+}
+
+/// How an edge inside one column (between members of a cycle) is drawn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Inside {
+    /// Straight down to the next box, moved sideways by `shift` when the two wait for each other.
+    Down { shift: i32 },
+    /// Straight up to the box above.
+    Up { shift: i32 },
+    /// Out to the right of the column and back, the `k`th such loop of its column (1, 2, ...).
+    Loop(i32),
+}
+
+/// Spacing of the loops right of a column.
+const LOOP_STEP: i32 = 14;
+
+/// How each edge inside a column is drawn (`None` for edges going right).
+fn inside_edges(g: &Graph, layout: &Layout) -> Vec<Option<Inside>> {
+    let mut index: BTreeMap<usize, usize> = BTreeMap::new();
+    for column in &layout.columns {
+        for (i, item) in column.iter().enumerate() {
+            if let Item::Node(v) = item {
+                index.insert(*v, i);
+            }
+        }
+    }
+    let mut count: BTreeMap<usize, i32> = BTreeMap::new();
+    (0..g.edges.len())
+        .map(|e| {
+            if !layout.paths[e].is_empty() {
+                return None;
+            }
+            let edge = &g.edges[e];
+            let (a, b) = (index[&edge.from], index[&edge.to]);
+            let mutual =
+                edge.from != edge.to && g.edges.iter().any(|o| o.from == edge.to && o.to == edge.from);
+            let shift = if mutual { 14 } else { 0 };
+            Some(if b == a + 1 {
+                Inside::Down { shift: -shift }
+            } else if a == b + 1 {
+                Inside::Up { shift }
+            } else {
+                let k = count.entry(layout.column_of[edge.from]).or_insert(0);
+                *k += 1;
+                Inside::Loop(*k)
+            })
+        })
+        .collect()
+}
+
+/// The edge labels: one per (source, reason) fan-out of several edges, else one per (target,
+/// reason) fan-in of several edges, else one per edge; edges without a reason get none.
+fn label_specs(g: &Graph, layout: &Layout, red: &[bool]) -> Vec<Spec> {
+    let mut labelled = vec![false; g.edges.len()];
+    let mut out = Vec::new();
+    for (e, edge) in g.edges.iter().enumerate() {
+        if edge.reason.is_empty() || labelled[e] {
+            continue;
+        }
+        let is_red = red[edge.from] && red[edge.to];
+        let from_column = layout.column_of[edge.from];
+        if layout.paths[e].is_empty() {
+            out.push(Spec {
+                text: reason_text(&edge.reason, 1),
+                anchor: Anchor::Loop(e),
+                gap: from_column,
+                red: is_red,
+            });
+            labelled[e] = true;
+            continue;
+        }
+        let open = |o: usize| !labelled[o] && !layout.paths[o].is_empty() && g.edges[o].reason == edge.reason;
+        let same_source: Vec<usize> =
+            (0..g.edges.len()).filter(|&o| open(o) && g.edges[o].from == edge.from).collect();
+        let same_target: Vec<usize> =
+            (0..g.edges.len()).filter(|&o| open(o) && g.edges[o].to == edge.to).collect();
+        let (anchor, gap, group) = if same_source.len() > 1 {
+            (Anchor::FanOut(edge.from), from_column, same_source)
+        } else if same_target.len() > 1 {
+            (Anchor::FanIn(edge.to), layout.column_of[edge.to] - 1, same_target)
+        } else {
+            (Anchor::Edge(e), from_column, vec![e])
+        };
+        out.push(Spec { text: reason_text(&edge.reason, group.len()), anchor, gap, red: is_red });
+        group.iter().for_each(|&o| labelled[o] = true);
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Drawing.
+
+struct WaitFor<'a> {
+    hang: &'a Hang,
+}
+
+/// Box fill and border of a waiter.
+const NODE_FILL: RGBColor = RGBColor(0xDC, 0xE6, 0xF2);
+const NODE_LINE: RGBColor = RGBColor(0x4E, 0x79, 0xA7);
+/// Box fill of a node in a cycle.
+const CYCLE_FILL: RGBColor = RGBColor(0xFB, 0xE0, 0xE0);
+/// Box fill and border of a node that waits for nothing.
+const END_FILL: RGBColor = RGBColor(0xFD, 0xE9, 0xCF);
+const END_LINE: RGBColor = RGBColor(0xE0, 0x7B, 0x00);
+/// Edge colour.
+const EDGE: RGBColor = RGBColor(0x70, 0x70, 0x70);
+
+/// Edge label size, line height and widest label.
+const LABEL: f64 = 14.0;
+const LABEL_LINE: i32 = 15;
+const LABEL_MAX: i32 = 210;
+
+/// The drawing area for the graph.
+const LEFT: i32 = 20;
+const RIGHT: i32 = 1260;
+const TOP: i32 = 96;
+const BOTTOM: i32 = 668;
+
+/// A pixel rectangle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Rect {
+    x0: i32,
+    y0: i32,
+    x1: i32,
+    y1: i32,
+}
+
+impl Rect {
+    fn overlaps(&self, o: &Rect) -> bool {
+        self.x0 < o.x1 && o.x0 < self.x1 && self.y0 < o.y1 && o.y0 < self.y1
+    }
+    fn cy(&self) -> i32 {
+        (self.y0 + self.y1) / 2
+    }
+}
+
+/// Pixel geometry of a laid-out graph.
+struct Geometry {
+    /// Box of each node.
+    boxes: Vec<Rect>,
+    /// Label lines of each node.
+    lines: Vec<Vec<String>>,
+    /// Height of each bend.
+    bends: BTreeMap<Item, i32>,
+    /// Left and right edge of the boxes of each column.
+    column_x: Vec<(i32, i32)>,
+    /// Box label size.
+    font: f64,
+    /// Lines of each edge label (as `label_specs` lists them).
+    label_lines: Vec<Vec<String>>,
+    /// Width right of each column taken by its loops.
+    loop_room: Vec<i32>,
+}
+
+/// Room a label needs in its gap besides its text: for the arrows fanning out or in, or for
+/// the loops it sits beside (`loop_room` of the gap's column).
+fn label_pad(spec: &Spec, loop_room: i32) -> i32 {
+    match spec.anchor {
+        Anchor::Loop(_) => loop_room + 14,
+        Anchor::Edge(_) => 36,
+        Anchor::FanOut(_) | Anchor::FanIn(_) => 44,
+    }
+}
+
+/// True for a label beside a straight arrow between two boxes of one column.
+fn is_vertical(spec: &Spec, inside: &[Option<Inside>]) -> bool {
+    matches!(spec.anchor, Anchor::Loop(e) if matches!(inside[e], Some(Inside::Down { .. } | Inside::Up { .. })))
+}
+
+fn label_width(lines: &[String]) -> i32 {
+    lines.iter().map(|l| text_width(l, LABEL)).max().unwrap_or(0) + 8
+}
+
+impl Geometry {
+    fn new(g: &Graph, layout: &Layout, specs: &[Spec], inside: &[Option<Inside>]) -> Geometry {
+        let width = layout.columns.len().max(1);
+        let avail = RIGHT - LEFT;
+        let max_box = (avail / width as i32 - 90).clamp(60, 240);
+        // The largest text whose tallest column fits.
+        let fits = |font: f64, line_h: i32, gap: i32| {
+            let lines: Vec<Vec<String>> = g.names.iter().map(|n| wrap(n, font, max_box - 16, 2)).collect();
+            let height = |item: &Item| match item {
+                Item::Node(v) => lines[*v].len() as i32 * line_h + 10,
+                Item::Bend(..) => 10,
+            };
+            let tallest = layout
+                .columns
+                .iter()
+                .map(|c| c.iter().map(height).sum::<i32>() + gap * (c.len() as i32 - 1).max(0))
+                .max()
+                .unwrap_or(0);
+            (tallest <= BOTTOM - TOP, lines)
+        };
+        let mut chosen = None;
+        for (font, line_h, gap) in
+            [(17.0, 18, 24), (17.0, 18, 14), (17.0, 18, 8), (15.0, 16, 6), (13.0, 14, 3)]
+        {
+            let (ok, lines) = fits(font, line_h, gap);
+            if ok || font == 13.0 {
+                chosen = Some((font, line_h, gap, lines));
+                break;
+            }
+        }
+        let (font, line_h, gap, lines) = chosen.expect("the last choice is always taken");
+        let box_w: Vec<i32> = layout
+            .columns
+            .iter()
+            .map(|column| {
+                column
+                    .iter()
+                    .filter_map(|item| match item {
+                        Item::Node(v) => lines[*v].iter().map(|l| text_width(l, font)).max(),
+                        Item::Bend(..) => None,
+                    })
+                    .max()
+                    .map_or(40, |w| (w + 20).clamp(60, max_box))
+            })
+            .collect();
+        // Gaps sized to their labels; spare room spread evenly, missing room taken evenly.
+        let mut loop_room = vec![0; width];
+        let mut vertical = vec![false; width];
+        for (e, kind) in inside.iter().enumerate() {
+            let c = layout.column_of[g.edges[e].from];
+            match kind {
+                Some(Inside::Loop(k)) => loop_room[c] = loop_room[c].max(12 + LOOP_STEP * k),
+                Some(_) => vertical[c] = true,
+                None => {}
+            }
+        }
+        let mut need: Vec<i32> =
+            (0..width).map(|c| if c + 1 < width { 60 } else { 0 }.max(loop_room[c] + 8)).collect();
+        for s in specs {
+            let c = s.gap;
+            need[c] = need[c].max(if is_vertical(s, inside) {
+                label_width(&wrap(&s.text, LABEL, LABEL_MAX, 1)) + 40 - box_w[c] / 2
+            } else {
+                label_width(&wrap(&s.text, LABEL, LABEL_MAX, 2)) + label_pad(s, loop_room[c])
+            });
+        }
+        let boxes_total: i32 = box_w.iter().sum();
+        let need_total: i32 = need.iter().sum();
+        let (margin, gaps): (i32, Vec<i32>) = if boxes_total + need_total <= avail {
+            let share = (avail - boxes_total - need_total) / (width as i32 + 1);
+            (
+                share,
+                need.iter().enumerate().map(|(c, n)| if c + 1 < width { n + share } else { *n }).collect(),
+            )
+        } else {
+            let room = (avail - boxes_total).max(0);
+            (0, need.iter().map(|n| n * room / need_total.max(1)).collect())
+        };
+        let mut column_x = Vec::new();
+        let mut x = LEFT + margin;
+        for c in 0..width.min(layout.columns.len()) {
+            column_x.push((x, x + box_w[c]));
+            x += box_w[c] + gaps[c];
+        }
+        let label_lines = specs
+            .iter()
+            .map(|s| {
+                if is_vertical(s, inside) {
+                    wrap(&s.text, LABEL, (gaps[s.gap] + box_w[s.gap] / 2 - 30).clamp(60, LABEL_MAX), 1)
+                } else {
+                    wrap(
+                        &s.text,
+                        LABEL,
+                        (gaps[s.gap] - label_pad(s, loop_room[s.gap])).clamp(60, LABEL_MAX),
+                        2,
+                    )
+                }
+            })
+            .collect();
+        let mut boxes = vec![Rect { x0: 0, y0: 0, x1: 0, y1: 0 }; g.names.len()];
+        let mut bends = BTreeMap::new();
+        for (c, column) in layout.columns.iter().enumerate() {
+            let (x0, x1) = column_x[c];
+            let height = |item: &Item| match item {
+                Item::Node(v) => lines[*v].len() as i32 * line_h + 10,
+                Item::Bend(..) => 10,
+            };
+            let gap = if vertical[c] { gap.max(34) } else { gap };
+            let total = column.iter().map(height).sum::<i32>() + gap * (column.len() as i32 - 1).max(0);
+            let mut y = TOP + ((BOTTOM - TOP) - total).max(0) / 2;
+            for item in column {
+                let h = height(item);
+                match item {
+                    Item::Node(v) => boxes[*v] = Rect { x0, y0: y, x1, y1: y + h },
+                    Item::Bend(..) => {
+                        bends.insert(*item, y + h / 2);
+                    }
+                }
+                y += h + gap;
+            }
+        }
+        Geometry { boxes, lines, bends, column_x, font, label_lines, loop_room }
+    }
+}
+
+/// Draws an arrowhead at `to`, pointing away from `from`.
+fn arrowhead<DB: DrawingBackend>(
+    root: &Area<DB>,
+    from: (i32, i32),
+    to: (i32, i32),
+    colour: RGBColor,
+) -> Drawn {
+    let (dx, dy) = (f64::from(to.0 - from.0), f64::from(to.1 - from.1));
+    let len = (dx * dx + dy * dy).sqrt();
+    if len < 1.0 {
+        return Ok(());
+    }
+    let (ux, uy) = (dx / len, dy / len);
+    let back = |along: f64, side: f64| {
+        let x = f64::from(to.0) - ux * along - uy * side;
+        let y = f64::from(to.1) - uy * along + ux * side;
+        (x.round() as i32, y.round() as i32)
+    };
+    root.draw(&Polygon::new(vec![to, back(11.0, 5.0), back(11.0, -5.0)], colour.filled())).msg()
+}
+
+impl Picture for WaitFor<'_> {
+    fn draw<DB: DrawingBackend>(&self, root: &Area<DB>) -> Drawn {
+        root.fill(&WHITE).msg()?;
+        let hang = self.hang;
+        let g = Graph::parse(&hang.wait_for);
+        let layout = Layout::new(&g);
+        let n = g.names.len();
+        let reported: Vec<bool> =
+            g.names.iter().map(|name| hang.cycle.as_ref().is_some_and(|c| c.contains(name))).collect();
+        let red: Vec<bool> = (0..n).map(|v| layout.cyclic[v] || reported[v]).collect();
+        let waits_for_nothing: Vec<bool> = (0..n).map(|v| g.edges.iter().all(|e| e.from != v)).collect();
+        let ends: Vec<&str> = (0..n).filter(|&v| waits_for_nothing[v]).map(|v| g.names[v].as_str()).collect();
+        let summary = match &hang.cycle {
+            Some(members) => format!("cycle (deadlock) among: {}", members.join(", ")),
+            None if !ends.is_empty() => format!("no cycle; the waits end at: {}", ends.join(", ")),
+            None => "no cycle".to_string(),
+        };
+        let skipped =
+            if g.skipped > 0 { format!(" · {} unreadable lines skipped", g.skipped) } else { String::new() };
+        title(
+            root,
+            &hang.what,
+            &format!(
+                "detected at t = {:.1} s · {} waiters, {} waits · {summary}{skipped}",
+                hang.t_ms / 1000.0,
+                n,
+                g.edges.len()
+            ),
+        )?;
+        if n == 0 {
+            return note(root, "no wait-for edges recorded", (640, 380));
+        }
+        let inside = inside_edges(&g, &layout);
+        let specs = label_specs(&g, &layout, &red);
+        let geo = Geometry::new(&g, &layout, &specs, &inside);
+        let edge_colour = |e: &Edge| if red[e.from] && red[e.to] { ALERT } else { EDGE };
+        let edge_width = |e: &Edge| if red[e.from] && red[e.to] { 2 } else { 1 };
+
+        // Ports: where each edge going right leaves its source and enters its target, spread
+        // along the box side in the order of the other end's height.
+        let y_of = |item: &Item| match item {
+            Item::Node(v) => geo.boxes[*v].cy(),
+            Item::Bend(..) => geo.bends[item],
+        };
+        let mut out_port: BTreeMap<usize, i32> = BTreeMap::new();
+        let mut in_port: BTreeMap<usize, i32> = BTreeMap::new();
+        for v in 0..n {
+            let b = geo.boxes[v];
+            let spread = |mut list: Vec<(i32, usize)>, ports: &mut BTreeMap<usize, i32>| {
+                list.sort();
+                let m = list.len() as i32;
+                let step = if m > 1 { ((b.y1 - b.y0 - 10) / (m - 1)).min(7) } else { 0 };
+                for (k, (_, e)) in list.into_iter().enumerate() {
+                    ports.insert(e, b.cy() + step * k as i32 - step * (m - 1) / 2);
+                }
+            };
+            let outgoing: Vec<(i32, usize)> = (0..g.edges.len())
+                .filter(|&e| g.edges[e].from == v && !layout.paths[e].is_empty())
+                .map(|e| (y_of(&layout.paths[e][1]), e))
+                .collect();
+            spread(outgoing, &mut out_port);
+            let incoming: Vec<(i32, usize)> = (0..g.edges.len())
+                .filter(|&e| g.edges[e].to == v && !layout.paths[e].is_empty())
+                .map(|e| {
+                    let p = &layout.paths[e];
+                    (y_of(&p[p.len() - 2]), e)
+                })
+                .collect();
+            spread(incoming, &mut in_port);
+        }
+        // The first segment of each edge going right (where a single label goes).
+        let first_segment = |e: usize| {
+            let (x0, y0) = (geo.boxes[g.edges[e].from].x1, out_port[&e]);
+            let (x1, y1) = match layout.paths[e][1] {
+                Item::Node(v) => (geo.boxes[v].x0, in_port[&e]),
+                bend @ Item::Bend(_, c) => (geo.column_x[c].0, geo.bends[&bend]),
+            };
+            ((x0, y0), (x1, y1))
+        };
+
+        // Edges going right, through the bends of the columns they cross.
+        for (e, edge) in g.edges.iter().enumerate() {
+            let path = &layout.paths[e];
+            if path.is_empty() {
+                continue;
+            }
+            let mut points = vec![(geo.boxes[edge.from].x1, out_port[&e])];
+            for item in &path[1..path.len() - 1] {
+                if let Item::Bend(_, c) = item {
+                    let (x0, x1) = geo.column_x[*c];
+                    points.push((x0, geo.bends[item]));
+                    points.push((x1, geo.bends[item]));
+                }
+            }
+            points.push((geo.boxes[edge.to].x0 - 1, in_port[&e]));
+            let (last, end) = (points[points.len() - 2], points[points.len() - 1]);
+            root.draw(&PathElement::new(points, edge_colour(edge).stroke_width(edge_width(edge)))).msg()?;
+            arrowhead(root, last, end, edge_colour(edge))?;
+        }
+
+        // Edges inside a column (cycles): straight arrows between neighbours, loops out to the
+        // right of the column otherwise.
+        let loop_x = |e: usize, k: i32| geo.column_x[layout.column_of[g.edges[e].from]].1 + 6 + LOOP_STEP * k;
+        let loop_ys = |edge: &Edge| {
+            let (a, b) = (geo.boxes[edge.from], geo.boxes[edge.to]);
+            if edge.from == edge.to {
+                (a.cy() - 6, a.cy() + 6)
+            } else {
+                (a.cy() - 5, b.cy() + 5)
+            }
+        };
+        let vertical_x =
+            |edge: &Edge, shift: i32| (geo.boxes[edge.from].x0 + geo.boxes[edge.from].x1) / 2 + shift;
+        for (e, edge) in g.edges.iter().enumerate() {
+            let (a, b) = (geo.boxes[edge.from], geo.boxes[edge.to]);
+            let (points, last, end) = match inside[e] {
+                None => continue,
+                Some(Inside::Down { shift }) => {
+                    let x = vertical_x(edge, shift);
+                    (vec![(x, a.y1), (x, b.y0 - 1)], (x, a.y1), (x, b.y0 - 1))
+                }
+                Some(Inside::Up { shift }) => {
+                    let x = vertical_x(edge, shift);
+                    (vec![(x, a.y0), (x, b.y1 + 1)], (x, a.y0), (x, b.y1 + 1))
+                }
+                Some(Inside::Loop(k)) => {
+                    let x = loop_x(e, k);
+                    let (ya, yb) = loop_ys(edge);
+                    (vec![(a.x1, ya), (x, ya), (x, yb), (b.x1 + 1, yb)], (x, yb), (b.x1 + 1, yb))
+                }
+            };
+            root.draw(&PathElement::new(points, edge_colour(edge).stroke_width(edge_width(edge)))).msg()?;
+            arrowhead(root, last, end, edge_colour(edge))?;
+        }
+
+        // Boxes.
+        for v in 0..n {
+            let b = geo.boxes[v];
+            let (fill, line, width) = if red[v] {
+                (CYCLE_FILL, ALERT, 2)
+            } else if waits_for_nothing[v] {
+                (END_FILL, END_LINE, 2)
+            } else {
+                (NODE_FILL, NODE_LINE, 1)
+            };
+            root.draw(&Rectangle::new([(b.x0, b.y0), (b.x1, b.y1)], fill.filled())).msg()?;
+            root.draw(&Rectangle::new([(b.x0, b.y0), (b.x1, b.y1)], line.stroke_width(width))).msg()?;
+            let lines = &geo.lines[v];
+            let line_h = (b.y1 - b.y0 - 10) / lines.len().max(1) as i32;
+            let s = style(geo.font, INK, HPos::Center, VPos::Center);
+            for (i, l) in lines.iter().enumerate() {
+                text(root, l, ((b.x0 + b.x1) / 2, b.y0 + 5 + line_h * i as i32 + line_h / 2), &s)?;
+            }
+        }
+        let mut taken: Vec<Rect> = geo.boxes.clone();
+
+        // The cycle: a dashed red frame around its members and their loops, labelled.
+        let members: Vec<usize> = (0..n).filter(|&v| red[v]).collect();
+        if let Some(&first) = members.first() {
+            let c = layout.column_of[first];
+            let same_column: Vec<usize> =
+                members.iter().copied().filter(|&v| layout.column_of[v] == c).collect();
+            let widest_loop = geo.column_x[c].1 + geo.loop_room[c];
+            let frame = Rect {
+                x0: geo.column_x[c].0 - 8,
+                y0: same_column.iter().map(|&v| geo.boxes[v].y0).min().unwrap_or(TOP) - 8,
+                x1: widest_loop + 8,
+                y1: same_column.iter().map(|&v| geo.boxes[v].y1).max().unwrap_or(TOP) + 8,
+            };
+            let s = ALERT.stroke_width(1);
+            dashed_h(root, frame.x0, frame.x1, frame.y0, s)?;
+            dashed_h(root, frame.x0, frame.x1, frame.y1, s)?;
+            dashed_v(root, frame.x0, frame.y0, frame.y1, s)?;
+            dashed_v(root, frame.x1, frame.y0, frame.y1, s)?;
+            let tag = (frame.x0, frame.y0 - 4);
+            text(root, "cycle", tag, &style(18.0, ALERT, HPos::Left, VPos::Bottom))?;
+            taken.push(Rect { x0: tag.0, y0: tag.1 - 20, x1: tag.0 + text_width("cycle", 18.0), y1: tag.1 });
+        }
+
+        // Labels last, each moved up or down until it covers no box and no other label.
+        for (spec, lines) in specs.iter().zip(&geo.label_lines) {
+            let (at, h) = match spec.anchor {
+                Anchor::FanOut(v) => ((geo.boxes[v].x1 + 10, geo.boxes[v].cy()), HPos::Left),
+                Anchor::FanIn(v) => ((geo.boxes[v].x0 - 26, geo.boxes[v].cy()), HPos::Right),
+                Anchor::Edge(e) => {
+                    let ((x0, y0), (x1, y1)) = first_segment(e);
+                    (((x0 + x1) / 2, (y0 + y1) / 2), HPos::Center)
+                }
+                Anchor::Loop(e) => {
+                    let edge = &g.edges[e];
+                    let (a, b) = (geo.boxes[edge.from], geo.boxes[edge.to]);
+                    match inside[e] {
+                        Some(Inside::Down { shift } | Inside::Up { shift }) => {
+                            let mid = (a.y1.min(b.y1) + a.y0.max(b.y0)) / 2;
+                            ((vertical_x(edge, shift) + 8, mid), HPos::Left)
+                        }
+                        _ => {
+                            let (ya, yb) = loop_ys(edge);
+                            let c = layout.column_of[edge.from];
+                            ((geo.column_x[c].1 + geo.loop_room[c] + 10, (ya + yb) / 2), HPos::Left)
+                        }
+                    }
+                }
+            };
+            place_label(root, lines, at, h, if spec.red { ALERT } else { INK }, &mut taken)?;
+        }
+
+        let mut legend = vec![
+            (Swatch::Box(NODE_FILL), "waiter".to_string()),
+            (
+                Swatch::Line { colour: EDGE, dashed: false, marker: None },
+                "a → b: a waits for b (label: why)".to_string(),
+            ),
+        ];
+        if waits_for_nothing.iter().any(|&w| w) {
+            legend.push((Swatch::Box(END_LINE), "waits for nothing: where the waits end".to_string()));
+        }
+        if !members.is_empty() {
+            legend.push((Swatch::Box(ALERT), "in a cycle".to_string()));
+        }
+        legend_row(root, &legend, 640, 700, 1200)
+    }
+}
+
+/// Draws a label's `lines` on a white tag anchored at `at` (horizontally as `h` says,
+/// vertically centred), moved up or down to the nearest place where it overlaps nothing in
+/// `taken` (or left at the anchor when there is none), and records where it went.
+fn place_label<DB: DrawingBackend>(
+    root: &Area<DB>,
+    lines: &[String],
+    at: (i32, i32),
+    h: HPos,
+    colour: RGBColor,
+    taken: &mut Vec<Rect>,
+) -> Drawn {
+    let w = label_width(lines);
+    let ht = lines.len() as i32 * LABEL_LINE + 4;
+    let rect_at = |dy: i32| {
+        let x0 = match h {
+            HPos::Left => at.0,
+            HPos::Right => at.0 - w,
+            HPos::Center => at.0 - w / 2,
+        };
+        let y0 = at.1 - ht / 2 + dy;
+        Rect { x0, y0, x1: x0 + w, y1: y0 + ht }
+    };
+    let free = |r: &Rect| !taken.iter().any(|t| t.overlaps(r));
+    let rect = (0..13)
+        .map(|k| if k == 0 { 0 } else { (ht + 3) * ((k + 1) / 2) * if k % 2 == 1 { -1 } else { 1 } })
+        .map(rect_at)
+        .find(free)
+        .unwrap_or_else(|| rect_at(0));
+    taken.push(rect);
+    root.draw(&Rectangle::new([(rect.x0, rect.y0), (rect.x1, rect.y1)], WHITE.filled())).msg()?;
+    root.draw(&Rectangle::new([(rect.x0, rect.y0), (rect.x1, rect.y1)], GRID.stroke_width(1))).msg()?;
+    let s = style(LABEL, colour, HPos::Left, VPos::Center);
+    for (i, l) in lines.iter().enumerate() {
+        text(root, l, (rect.x0 + 4, rect.y0 + 2 + LABEL_LINE * i as i32 + LABEL_LINE / 2), &s)?;
+    }
+    Ok(())
+}
+
+/// The reason as shown: cut to 60 characters, with `×n` when it stands for `n` edges.
+fn reason_text(reason: &str, count: usize) -> String {
+    let mut shown: String = reason.chars().take(60).collect();
+    if reason.chars().count() > 60 {
+        shown.push('…');
+    }
+    if count > 1 {
+        shown.push_str(&format!(" ×{count}"));
+    }
+    shown
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn lines_parse_with_and_without_reasons() {
+        assert_eq!(
+            parse_line("D0.dp0.tp3 -> P0.dp0.tp3 handshake listener (blocked on handshake p-0:6301_dp0_tp3)"),
+            Some((
+                "D0.dp0.tp3".to_string(),
+                "P0.dp0.tp3 handshake listener".to_string(),
+                "blocked on handshake p-0:6301_dp0_tp3".to_string()
+            ))
+        );
+        assert_eq!(
+            parse_line("a -> b (waits (really) long)"),
+            Some(("a".to_string(), "b".to_string(), "waits (really) long".to_string()))
+        );
+        assert_eq!(parse_line("a -> b"), Some(("a".to_string(), "b".to_string(), String::new())));
+        assert_eq!(parse_line("a -> (x)"), Some(("a".to_string(), "(x)".to_string(), String::new())));
+        assert_eq!(parse_line("no arrow here"), None);
+        assert_eq!(parse_line(" -> b (x)"), None);
+        let g = Graph::parse(&lines(&["a -> b (x)", "junk", "b -> a (y)"]));
+        assert_eq!(g.names, lines(&["a", "b"]));
+        assert_eq!(g.skipped, 1);
+    }
+
+    #[test]
+    fn columns_follow_the_longest_path() {
+        let g = Graph::parse(&lines(&[
+            "coll -> r0 (not arrived)",
+            "coll -> r1 (not arrived)",
+            "r1 -> listener (blocked)",
+            "r0 -> vote (waiting)",
+            "vote -> r1 (has not voted)",
+        ]));
+        let layout = Layout::new(&g);
+        // coll 0; r0 1; vote 2; r1 3 (coll -> r0 -> vote -> r1); listener 4.
+        assert_eq!(layout.column_of, vec![0, 1, 3, 4, 2]);
+        assert!(layout.cyclic.iter().all(|c| !c));
+        // coll -> r1 bends through columns 1 and 2.
+        assert_eq!(layout.paths[1], vec![Item::Node(0), Item::Bend(1, 1), Item::Bend(1, 2), Item::Node(2)]);
+        assert_eq!(layout.columns[1].len(), 2);
+    }
+
+    #[test]
+    fn cycle_members_share_a_column() {
+        let g = Graph::parse(&lines(&[
+            "w -> a (x)",
+            "a -> b (y)",
+            "b -> c (z)",
+            "c -> a (back)",
+            "c -> end (q)",
+        ]));
+        let layout = Layout::new(&g);
+        let col = |name: &str| layout.column_of[g.names.iter().position(|n| n == name).unwrap()];
+        assert_eq!((col("w"), col("a"), col("b"), col("c"), col("end")), (0, 1, 1, 1, 2));
+        assert_eq!(layout.cyclic, vec![false, true, true, true, false]);
+        assert_eq!(layout.paths[1], Vec::<Item>::new());
+        let solo = Layout::new(&Graph::parse(&lines(&["x -> x (self)"])));
+        assert_eq!(solo.cyclic, vec![true]);
+    }
+
+    #[test]
+    fn reasons_are_cut_and_counted() {
+        assert_eq!(reason_text("not arrived", 8), "not arrived ×8");
+        let long = "x".repeat(80);
+        assert_eq!(reason_text(&long, 1).chars().count(), 61);
+    }
+}
