@@ -1,15 +1,32 @@
-//! The `pdkv` command line: routing tables, simulation runs; connector commands later.
+//! The `pdkv` command line: routing tables, simulation runs, sweeps and replays; connector
+//! commands later.
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod builtin;
+mod progress;
+mod replay_cmd;
 mod routes_cmd;
 mod run_cmd;
+mod scenarios_cmd;
+mod sweep_cmd;
+
+const EXAMPLES: &str = "\
+Examples:
+  pdkv run 2P_TP8:1D_DP8EP                    simulate the mixed deployment, write its report
+  pdkv scenarios                              list the built-in scenarios
+  pdkv run lazy-handshake-delayed-reply       reproduce a historical hang
+  pdkv sweep 2P_TP8:1D_TP8 2P_TP8:1D_DP8EP --concurrency 32,128,512
+  pdkv replay target/pdkv/2P_TP8-1D_DP8EP/result.json
+  pdkv routes 2P_TP8:1D_DP8EP --json          who reads whom, ports, quorums
+
+Each command's --help has its own examples and exit codes.";
 
 /// Heterogeneous prefill/decode KV-transfer routing: protocol core, simulator and connector.
 #[derive(Parser, Debug)]
-#[command(name = "pdkv", version, about, long_about = None)]
+#[command(name = "pdkv", version, about, long_about = None, after_help = EXAMPLES)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -17,14 +34,20 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    Routes(routes_cmd::RoutesArgs),
     Run(run_cmd::RunArgs),
+    Sweep(sweep_cmd::SweepArgs),
+    Scenarios(scenarios_cmd::ScenariosArgs),
+    Replay(replay_cmd::ReplayArgs),
+    Routes(routes_cmd::RoutesArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Routes(args) => routes_cmd::run(&args),
         Command::Run(args) => run_cmd::run(&args),
+        Command::Sweep(args) => sweep_cmd::run(&args),
+        Command::Scenarios(args) => scenarios_cmd::run(&args),
+        Command::Replay(args) => replay_cmd::run(&args),
+        Command::Routes(args) => routes_cmd::run(&args),
     }
 }

@@ -9,20 +9,24 @@ use pdkv_core::legacy::Legacy;
 use pdkv_sim::scenario::{Clients, Scenario};
 use pdkv_sim::{Run, RunOptions, RunResult};
 
+use crate::progress::Bar;
 use crate::routes_cmd::legacy_parser;
+use std::time::Duration;
 
 const EXAMPLES: &str = "\
 Examples:
   pdkv run 2P_TP8:1D_DP8EP
   pdkv run 2P_TP8:1D_DP8EP --legacy no-flexible-reads --json
-  pdkv run scenarios/lazy-handshake-delayed-reply.ron --seed 7
+  pdkv run lazy-handshake-delayed-reply          (a built-in scenario; see pdkv scenarios)
+  pdkv run scenarios/notify-drift.ron --seed 7
   pdkv run 1P_TP8:1D_TP8 --concurrency 32 --requests 320 --out /tmp/run
 
 A bare notation runs the default profile (DeepSeek-R1 on MI300X-class GPUs) and workload
 (closed loop, C = 128, 10 x C requests, 8K in / 1K out).
 
-Writes result.json, trace.txt and trace.json (Chrome/Perfetto) to --out
-(default target/pdkv/<scenario name>/).
+Writes the report to --out (default target/pdkv/<scenario name>/): index.html with the
+summary, NIC balance, NIC utilisation and latency CDF pictures (PNG and SVG), a wait-for
+graph for every hang, result.json, trace.txt and trace.json (Chrome/Perfetto).
 
 Exit codes: 0 the outcome is the scenario's expected one (clean when none is declared);
 1 it is not; 2 bad input (unreadable or invalid scenario, bad flags).";
@@ -31,7 +35,8 @@ Exit codes: 0 the outcome is the scenario's expected one (clean when none is dec
 #[derive(Args, Debug)]
 #[command(after_help = EXAMPLES)]
 pub struct RunArgs {
-    /// A scenario file (.ron) or a deployment notation such as 2P_TP8:1D_DP8EP.
+    /// A scenario file (.ron), a built-in scenario name, or a deployment notation such as
+    /// 2P_TP8:1D_DP8EP.
     scenario: String,
     /// Seed of every random stream (default: the scenario's).
     #[arg(long)]
@@ -53,11 +58,15 @@ pub struct RunArgs {
     out: Option<PathBuf>,
 }
 
-/// Reads a scenario file, or builds one from a notation; errors are for the user.
+/// Reads a scenario file or a built-in scenario, or builds one from a notation; errors are
+/// for the user.
 pub fn load(spec: &str) -> Result<Scenario, String> {
     let path = Path::new(spec);
     if spec.ends_with(".ron") || path.is_file() {
         return pdkv_sim::load::load_scenario(path).map_err(|e| e.to_string());
+    }
+    if let Some(scenario) = crate::builtin::find(spec) {
+        return scenario;
     }
     let scenario = Scenario::from_notation(spec);
     pdkv_sim::load::validate(&scenario).map_err(|v| format!("{spec}: {}: {}", v.field, v.message))?;
@@ -92,7 +101,13 @@ pub fn run(args: &RunArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let run = match pdkv_sim::run(&scenario, RunOptions { trace: true }) {
+    let mut bar = Bar::new(format!("simulating {}", scenario.name), Duration::from_millis(700));
+    let mut progress = |p: pdkv_sim::Progress| {
+        bar.update(p.ended, p.total, format!("{:.0} s virtual", p.now_ns as f64 / 1e9));
+    };
+    let simulated = pdkv_sim::run_with_progress(&scenario, RunOptions { trace: true }, &mut progress);
+    bar.finish();
+    let run = match simulated {
         Ok(run) => run,
         Err(message) => {
             eprintln!("error: {}: {message}", args.scenario);
@@ -100,7 +115,7 @@ pub fn run(args: &RunArgs) -> ExitCode {
         }
     };
     let out = args.out.clone().unwrap_or_else(|| PathBuf::from("target/pdkv").join(&scenario.name));
-    let written = match write_files(&out, &run) {
+    let written = match write_files(&out, &run, &replay_command(args, &scenario)) {
         Ok(files) => files,
         Err(message) => {
             eprintln!("error: {message}");
@@ -119,14 +134,18 @@ pub fn run(args: &RunArgs) -> ExitCode {
     }
 }
 
-fn write_files(out: &Path, run: &Run) -> Result<Vec<PathBuf>, String> {
+/// Writes the result, the traces, the pictures and the index page; returns the page first.
+fn write_files(out: &Path, run: &Run, command: &str) -> Result<Vec<PathBuf>, String> {
     std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
+    let images = pdkv_reports::run_pictures(&run.result, out).map_err(|e| e.to_string())?;
+    let page = pdkv_reports::page::write_run_page(out, &run.result, &images, command)
+        .map_err(|e| format!("cannot write {}: {e}", out.join("index.html").display()))?;
     let files = [
         ("result.json", run.result.to_json()),
         ("trace.txt", pdkv_sim::trace::to_text(&run.trace)),
         ("trace.json", pdkv_sim::trace::to_chrome(&run.trace)),
     ];
-    let mut written = Vec::new();
+    let mut written = vec![page];
     for (name, text) in files {
         let path = out.join(name);
         std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
@@ -179,13 +198,16 @@ pub fn summary(r: &RunResult, files: &[PathBuf], replay: &str) -> String {
         let _ = writeln!(s, "  expectation  Jain in [{:?}, {:?}]: {holds}", bounds.at_least, bounds.at_most);
     }
     if let (Some((hi, hv)), Some((lo, lv))) = (most, least) {
+        let spread = if hv == lv {
+            format!("every GPU read {hv} times")
+        } else {
+            format!("most read {} ({hv}), least read {} ({lv})", n.prefill_gpus[hi], n.prefill_gpus[lo])
+        };
         let _ = writeln!(
             s,
-            "  NIC balance  Jain {:.3} over {} prefill GPUs; most read {} ({hv}), least read {} ({lv})",
+            "  NIC balance  Jain {:.3} over {} prefill GPUs; {spread}",
             n.jain,
-            n.reads_per_prefill_gpu.len(),
-            n.prefill_gpus[hi],
-            n.prefill_gpus[lo]
+            n.reads_per_prefill_gpu.len()
         );
     }
     let g = &r.ledger;
@@ -209,7 +231,10 @@ pub fn summary(r: &RunResult, files: &[PathBuf], replay: &str) -> String {
     if r.violations.len() > 5 {
         let _ = writeln!(s, "  ... {} violations in all (see result.json)", r.violations.len());
     }
-    for file in files {
+    if let Some(page) = files.first() {
+        let _ = writeln!(s, "  report       {}", page.display());
+    }
+    for file in files.iter().skip(1) {
         let _ = writeln!(s, "  wrote        {}", file.display());
     }
     let _ = writeln!(s, "  replay       {replay}");

@@ -136,7 +136,8 @@ pub struct NicStats {
     pub jain: f64,
     /// Jain's index of the bytes.
     pub jain_bytes: f64,
-    /// Per prefill GPU, the fraction of NIC bandwidth used in each virtual second.
+    /// Per prefill GPU, the fraction of NIC bandwidth used in each virtual second of the run
+    /// (six decimals; every row has one value per second).
     pub utilisation: Vec<Vec<f64>>,
 }
 

@@ -1,7 +1,9 @@
 //! Integration tests of the whole workspace, one binary with a module per area.
 
 mod docs;
+mod gallery;
 mod machines;
+mod reports_cli;
 mod routes_cli;
 mod scenarios;
 mod wire;

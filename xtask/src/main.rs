@@ -1,4 +1,4 @@
-//! `cargo xtask`: project automation (tidy checks and the CI sequence).
+//! `cargo xtask`: project automation (tidy checks, generated files, benchmarks, the CI sequence).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -13,6 +13,7 @@ tasks:
   codegen  regenerate the checked-in state-machine tables and Graphviz files under docs/machines
   bench    simulator benchmark (release build): wall time and events per second
   calibrate  the cost model against REFERENCE.md's published measurements (release build)
+  gallery  regenerate the README's report pictures under docs/gallery
   ci       what CI runs: fmt check, clippy -D warnings, the test suite";
 
 fn main() -> ExitCode {
@@ -33,6 +34,21 @@ fn main() -> ExitCode {
         },
         Some("ci") => ci(),
         Some("codegen") => codegen(),
+        Some("gallery") => {
+            let root = workspace_root();
+            match pdkv_reports::gallery::render(&root.join("scenarios"), &root.join("docs/gallery")) {
+                Ok(files) => {
+                    for file in files {
+                        println!("wrote {}", file.display());
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("gallery: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Some(task @ ("bench" | "calibrate")) => {
             let args = ["run", "--release", "--quiet", "--package", "pdkv-sim", "--example", task];
             if cargo(&args, &[]) {

@@ -1,0 +1,29 @@
+//! Embeds the scenario files under `scenarios/` in the `pdkv` binary, so `pdkv scenarios` and
+//! `pdkv run <name>` work from any directory.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+fn main() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+    println!("cargo::rerun-if-changed={}", dir.display());
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "ron"))
+                .collect()
+        })
+        .unwrap_or_default();
+    files.sort();
+    let mut out = String::from("/// Built-in scenarios: (file name without `.ron`, file text).\npub const BUILT_IN: &[(&str, &str)] = &[\n");
+    for path in files {
+        println!("cargo::rerun-if-changed={}", path.display());
+        let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_string();
+        let _ = writeln!(out, "    ({stem:?}, include_str!({:?})),", path.display().to_string());
+    }
+    out.push_str("];\n");
+    let target = Path::new(&std::env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("scenarios.rs");
+    std::fs::write(target, out).expect("OUT_DIR is writable");
+}

@@ -1,0 +1,50 @@
+//! Progress bars on a terminal (indicatif), silent when output goes to a file or a CI log.
+
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// Shows a bar only when stderr is a terminal and the work has lasted a moment, so quick runs
+/// and logs stay clean.
+pub struct Bar {
+    bar: Option<ProgressBar>,
+    started: Instant,
+    label: String,
+    delay: Duration,
+}
+
+impl Bar {
+    /// A bar for `label` that appears after `delay`.
+    pub fn new(label: impl Into<String>, delay: Duration) -> Bar {
+        Bar { bar: None, started: Instant::now(), label: label.into(), delay }
+    }
+
+    /// Reports `done` of `total` with a short message.
+    pub fn update(&mut self, done: u64, total: u64, message: String) {
+        if self.bar.is_none() {
+            if !std::io::stderr().is_terminal() || self.started.elapsed() < self.delay {
+                return;
+            }
+            let bar = ProgressBar::new(total);
+            let style = ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg} ({elapsed})")
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> ");
+            bar.set_style(style);
+            bar.set_prefix(self.label.clone());
+            self.bar = Some(bar);
+        }
+        if let Some(bar) = &self.bar {
+            bar.set_length(total);
+            bar.set_position(done);
+            bar.set_message(message);
+        }
+    }
+
+    /// Removes the bar.
+    pub fn finish(self) {
+        if let Some(bar) = self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}

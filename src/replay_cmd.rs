@@ -1,0 +1,69 @@
+//! `pdkv replay`: rerun the exact scenario and seed recorded in a result and confirm the outcome.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+use pdkv_sim::{RunOptions, RunResult};
+
+const EXAMPLES: &str = "\
+Examples:
+  pdkv run notify-drift --out /tmp/drift
+  pdkv replay /tmp/drift/result.json
+
+Exit codes: 0 the rerun has the recorded outcome (and, normally, a byte-identical result);
+1 it does not; 2 the file cannot be read or holds no runnable scenario.";
+
+/// Rerun the scenario and seed stored in a result.json and compare.
+#[derive(Args, Debug)]
+#[command(after_help = EXAMPLES)]
+pub struct ReplayArgs {
+    /// A result.json written by `pdkv run` (or printed by `pdkv run --json`).
+    result: PathBuf,
+}
+
+pub fn run(args: &ReplayArgs) -> ExitCode {
+    let recorded = match read(args) {
+        Ok(r) => r,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return ExitCode::from(2);
+        }
+    };
+    let origin = format!("{} (scenario_ron)", args.result.display());
+    let mut scenario = match pdkv_sim::load::parse_scenario(&recorded.scenario_ron, &origin) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    scenario.seed = recorded.seed;
+    let rerun = match pdkv_sim::run(&scenario, RunOptions::default()) {
+        Ok(run) => run.result,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let identical = rerun.to_json() == recorded.to_json();
+    println!(
+        "replayed {} seed {}: outcome {} (recorded {}){}",
+        recorded.scenario,
+        recorded.seed,
+        rerun.outcome.name(),
+        recorded.outcome.name(),
+        if identical { "; result byte-identical" } else { "; result differs in detail" }
+    );
+    if rerun.outcome == recorded.outcome {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+fn read(args: &ReplayArgs) -> Result<RunResult, String> {
+    let text = std::fs::read_to_string(&args.result)
+        .map_err(|e| format!("cannot read {}: {e}", args.result.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("{}: not a pdkv result: {e}", args.result.display()))
+}

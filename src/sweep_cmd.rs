@@ -1,0 +1,153 @@
+//! `pdkv sweep`: a grid of runs (deployments × concurrency) and one report comparing them.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+use pdkv_reports::SweepPoint;
+use pdkv_sim::scenario::Clients;
+use pdkv_sim::RunOptions;
+
+use crate::progress::Bar;
+
+const EXAMPLES: &str = "\
+Examples:
+  pdkv sweep 2P_TP8:1D_TP8 2P_DP8EP:1D_DP8EP 2P_TP8:1D_DP8EP --concurrency 32,128,512
+  pdkv sweep 1P_TP8:1D_TP8 2P_TP8:1D_DP8EP --concurrency 8,16 --requests-per-client 2 --out /tmp/s
+
+Each point runs the scenario (or the default profile for a notation) with a closed loop of C
+clients and C x requests-per-client requests. Writes index.html, sweep.json and the charts
+(throughput, mean TTFT and mean TPOT against concurrency, one line per deployment) to --out
+(default target/pdkv/sweep/).
+
+Exit codes: 0 every run had its expected outcome (NIC-balance bounds of a scenario file are
+not checked, since the sweep changes its workload); 1 some did not; 2 bad input.";
+
+/// Run every deployment at every concurrency and chart them together.
+#[derive(Args, Debug)]
+#[command(after_help = EXAMPLES)]
+pub struct SweepArgs {
+    /// Deployment notations, built-in scenario names or scenario files.
+    #[arg(required = true)]
+    deployments: Vec<String>,
+    /// Concurrency levels, comma separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [32u32, 128, 512])]
+    concurrency: Vec<u32>,
+    /// Requests per client (N = C x this), as in the published study (10).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+    requests_per_client: u32,
+    /// Seed of every run.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Folder of the sweep report.
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+}
+
+pub fn run(args: &SweepArgs) -> ExitCode {
+    if args.concurrency.contains(&0) {
+        eprintln!("error: --concurrency values must be at least 1");
+        return ExitCode::from(2);
+    }
+    let mut scenarios = Vec::new();
+    for spec in &args.deployments {
+        match crate::run_cmd::load(spec) {
+            Ok(s) => scenarios.push(s),
+            Err(message) => {
+                eprintln!("error: {message}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let total = (scenarios.len() * args.concurrency.len()) as u64;
+    let mut bar = Bar::new("sweep", Duration::ZERO);
+    let mut points = Vec::new();
+    let mut all_expected = true;
+    for scenario in &scenarios {
+        for &c in &args.concurrency {
+            let mut s = scenario.clone();
+            s.workload.clients =
+                Clients::Closed { concurrency: c, requests: c.saturating_mul(args.requests_per_client) };
+            if let Some(seed) = args.seed {
+                s.seed = seed;
+            }
+            bar.update(points.len() as u64, total, format!("{} at C = {c}", s.deployment));
+            let result = match pdkv_sim::run(&s, RunOptions::default()) {
+                Ok(run) => run.result,
+                Err(message) => {
+                    eprintln!("error: {}: {message}", s.name);
+                    return ExitCode::from(2);
+                }
+            };
+            // The sweep replaces the workload, so only the outcome is compared: a scenario's
+            // NIC-balance bounds belong to its own request count.
+            all_expected &= result.outcome == result.expected;
+            points.push(SweepPoint {
+                deployment: s.deployment.clone(),
+                concurrency: c,
+                total_tok_s: result.throughput.total_tok_s,
+                ttft_mean_ms: result.latency_ms.ttft.mean,
+                tpot_mean_ms: result.latency_ms.tpot.mean,
+                outcome: result.outcome.name().to_string(),
+            });
+        }
+    }
+    bar.finish();
+    let out = args.out.clone().unwrap_or_else(|| PathBuf::from("target/pdkv/sweep"));
+    match write(&out, &points, &command(args)) {
+        Ok(page) => {
+            for p in &points {
+                println!(
+                    "{:<24} C={:<5} {:>9.0} tok/s  TTFT {:>9.0} ms  TPOT {:>6.1} ms  {}",
+                    p.deployment, p.concurrency, p.total_tok_s, p.ttft_mean_ms, p.tpot_mean_ms, p.outcome
+                );
+            }
+            println!("report: {}", page.display());
+        }
+        Err(message) => {
+            eprintln!("error: {message}");
+            return ExitCode::from(2);
+        }
+    }
+    if all_expected {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+fn write(out: &std::path::Path, points: &[SweepPoint], command: &str) -> Result<PathBuf, String> {
+    std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
+    let json =
+        serde_json::to_string_pretty(&points.iter().map(point_json).collect::<Vec<_>>()).expect("serialises");
+    std::fs::write(out.join("sweep.json"), json).map_err(|e| format!("cannot write sweep.json: {e}"))?;
+    let images = pdkv_reports::sweep_charts(points, out).map_err(|e| e.to_string())?;
+    pdkv_reports::page::write_sweep_page(out, points, &images, command)
+        .map_err(|e| format!("cannot write {}: {e}", out.join("index.html").display()))
+}
+
+fn point_json(p: &SweepPoint) -> serde_json::Value {
+    serde_json::json!({
+        "deployment": p.deployment,
+        "concurrency": p.concurrency,
+        "total_tok_s": p.total_tok_s,
+        "ttft_mean_ms": p.ttft_mean_ms,
+        "tpot_mean_ms": p.tpot_mean_ms,
+        "outcome": p.outcome,
+    })
+}
+
+fn command(args: &SweepArgs) -> String {
+    let list: Vec<String> = args.concurrency.iter().map(u32::to_string).collect();
+    let mut cmd = format!(
+        "pdkv sweep {} --concurrency {} --requests-per-client {}",
+        args.deployments.join(" "),
+        list.join(","),
+        args.requests_per_client
+    );
+    if let Some(seed) = args.seed {
+        cmd.push_str(&format!(" --seed {seed}"));
+    }
+    cmd
+}

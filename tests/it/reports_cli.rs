@@ -1,0 +1,140 @@
+//! End-to-end tests of the report commands: `run`, `sweep`, `scenarios`, `replay` on the built
+//! binary; every picture is a real PNG or well-formed SVG and the index page shows each one.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn pdkv(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pdkv")).args(args).output().expect("pdkv runs")
+}
+
+fn out_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("pdkv-it-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// Tags balance and every `<` starts a tag, a comment, a declaration or CDATA: enough to call an
+/// SVG well-formed XML for these files (attribute values are quoted by every SVG writer).
+fn check_xml(path: &Path) {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut stack: Vec<String> = Vec::new();
+    let mut rest = text.as_str();
+    let mut roots = 0;
+    while let Some(start) = rest.find('<') {
+        let after = &rest[start + 1..];
+        if let Some(body) = after.strip_prefix("!--") {
+            let end = body.find("-->").unwrap_or_else(|| panic!("{}: unclosed comment", path.display()));
+            rest = &body[end + 3..];
+            continue;
+        }
+        let end = after.find('>').unwrap_or_else(|| panic!("{}: unclosed tag", path.display()));
+        let tag = &after[..end];
+        rest = &after[end + 1..];
+        if tag.starts_with('?') || tag.starts_with('!') {
+            continue;
+        }
+        if let Some(name) = tag.strip_prefix('/') {
+            let open = stack.pop().unwrap_or_else(|| panic!("{}: </{name}> closes nothing", path.display()));
+            assert_eq!(open, name.trim(), "{}: <{open}> closed by </{name}>", path.display());
+            continue;
+        }
+        let name = tag.split(|c: char| c.is_whitespace() || c == '/').next().unwrap_or_default().to_string();
+        assert!(!name.is_empty(), "{}: empty tag name", path.display());
+        assert_eq!(tag.matches('"').count() % 2, 0, "{}: unbalanced quotes in <{name}>", path.display());
+        if stack.is_empty() {
+            roots += 1;
+        }
+        if !tag.ends_with('/') {
+            stack.push(name);
+        }
+    }
+    assert!(stack.is_empty(), "{}: unclosed {stack:?}", path.display());
+    assert_eq!(roots, 1, "{}: one root element", path.display());
+    assert!(text.contains("<svg"), "{}: not an SVG", path.display());
+}
+
+fn check_png(path: &Path) {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "{}: no PNG signature", path.display());
+    assert!(bytes.len() > 10_000, "{}: only {} bytes", path.display(), bytes.len());
+}
+
+/// Every picture in `dir` is valid and `index.html` shows every PNG and links every SVG.
+fn check_report(dir: &Path, expected: &[&str]) {
+    let index = std::fs::read_to_string(dir.join("index.html")).expect("index.html written");
+    for stem in expected {
+        let (png, svg) = (dir.join(format!("{stem}.png")), dir.join(format!("{stem}.svg")));
+        check_png(&png);
+        check_xml(&svg);
+        assert!(index.contains(&format!("src=\"{stem}.png\"")), "index.html lacks {stem}.png");
+        assert!(index.contains(&format!("href=\"{stem}.svg\"")), "index.html lacks {stem}.svg");
+    }
+}
+
+#[test]
+fn run_writes_a_report_and_replay_confirms_it() {
+    let dir = out_dir("run");
+    let out = pdkv(&["run", "no-handshake-timeout-lost-reply", "--out", dir.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("outcome      hang (expected hang: as expected)"), "{text}");
+    check_report(&dir, &["nic_balance", "nic_utilisation", "latency_cdf", "wait_for_0"]);
+    assert!(dir.join("wait_for_0.dot").exists());
+    let index = std::fs::read_to_string(dir.join("index.html")).unwrap();
+    assert!(index.contains("pdkv run no-handshake-timeout-lost-reply --seed 0"), "command shown");
+    assert!(index.contains("no-handshake-timeout"), "scenario text shown");
+
+    let replay = pdkv(&["replay", dir.join("result.json").to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&replay.stdout);
+    assert_eq!(replay.status.code(), Some(0), "{text}");
+    assert!(text.contains("outcome hang (recorded hang); result byte-identical"), "{text}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn sweep_compares_deployments_across_concurrency() {
+    let dir = out_dir("sweep");
+    let args = [
+        "sweep",
+        "1P_TP8-1D_TP8",
+        "2P_TP8-1D_DP8EP",
+        "--concurrency",
+        "4,8",
+        "--requests-per-client",
+        "2",
+        "--out",
+        dir.to_str().unwrap(),
+    ];
+    let out = pdkv(&args);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(text.lines().filter(|l| l.contains(" C=")).count(), 4, "{text}");
+    check_report(&dir, &["sweep_throughput", "sweep_ttft", "sweep_tpot"]);
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("sweep.json")).unwrap()).unwrap();
+    assert_eq!(json.as_array().unwrap().len(), 4);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// (arguments) -> (exit code, text the output must contain).
+#[test]
+fn scenarios_and_bad_input_table() {
+    let check = |args: &[&str], code: i32, text: &str| {
+        let out = pdkv(args);
+        let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {all}");
+        assert!(all.contains(text), "{args:?}: {all}");
+    };
+    check(&["scenarios"], 0, "lazy-handshake-delayed-reply-fixed");
+    check(&["scenarios"], 0, "proxy-aliasing");
+    check(&["--help"], 0, "Examples:");
+    check(&["run", "--help"], 0, "Examples:");
+    check(&["sweep", "--help"], 0, "Examples:");
+    check(&["replay", "--help"], 0, "Examples:");
+    check(&["scenarios", "--help"], 0, "Examples:");
+    check(&["run", "9P_TP8"], 2, "':' between the prefill and decode sides");
+    check(&["run", "missing.ron"], 2, "cannot read the scenario file");
+    check(&["replay", "missing.json"], 2, "cannot read missing.json");
+    check(&["sweep", "1P_TP8:1D_TP8", "--concurrency", "0"], 2, "at least 1");
+}
