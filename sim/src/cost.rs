@@ -63,7 +63,8 @@ impl Cost {
     pub fn prefill_batch_ns(&self, layout: Layout, tokens: u64) -> u64 {
         let tokens = tokens as f64;
         let flops = 2.0 * self.model.active_params_b * 1e9 * tokens;
-        let peak = f64::from(layout.tp) * self.hw.fp8_tflops * 1e12 * self.cost.prefill_mfu;
+        let ep = if layout.ep { self.cost.prefill_ep_efficiency } else { 1.0 };
+        let peak = f64::from(layout.tp) * self.hw.fp8_tflops * 1e12 * self.cost.prefill_mfu * ep;
         let seconds = self.cost.prefill_fixed_ms / 1e3
             + flops / peak
             + self.tp_allreduce_s(layout.tp, tokens)

@@ -988,6 +988,7 @@ fn validate_hardware_and_cost(scenario: &Scenario) -> Check {
     let cost = &scenario.cost;
     non_negative("cost.prefill_fixed_ms", cost.prefill_fixed_ms)?;
     fraction("cost.prefill_mfu", cost.prefill_mfu)?;
+    fraction("cost.prefill_ep_efficiency", cost.prefill_ep_efficiency)?;
     non_negative("cost.decode_fixed_ms", cost.decode_fixed_ms)?;
     fraction("cost.decode_kv_efficiency", cost.decode_kv_efficiency)?;
     non_negative("cost.decode_per_request_us", cost.decode_per_request_us)?;

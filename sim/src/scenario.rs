@@ -192,6 +192,10 @@ pub struct CostModel {
     pub prefill_fixed_ms: f64,
     /// Fraction of peak FP8 throughput prefill achieves.
     pub prefill_mfu: f64,
+    /// Factor on `prefill_mfu` for expert-parallel prefill (DP+EP ranks prefilling their own
+    /// requests): expert load imbalance and latency-bound dispatch make it much less efficient;
+    /// set so a DP8EP prefill takes several seconds per 8K prompt (about 10 s TTFT in the study).
+    pub prefill_ep_efficiency: f64,
     /// Fixed time of one decode step of a TP8 engine (weights streamed from HBM).
     pub decode_fixed_ms: f64,
     /// Fraction of HBM bandwidth attention achieves when reading KV in decode.
@@ -207,6 +211,7 @@ impl Default for CostModel {
         CostModel {
             prefill_fixed_ms: 250.0,
             prefill_mfu: 0.1,
+            prefill_ep_efficiency: 0.35,
             decode_fixed_ms: 24.0,
             decode_kv_efficiency: 0.45,
             decode_per_request_us: 10.0,
