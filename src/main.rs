@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod builtin;
+mod explore_cmd;
 mod progress;
 mod replay_cmd;
 mod routes_cmd;
@@ -20,6 +21,7 @@ Examples:
   pdkv run lazy-handshake-delayed-reply       reproduce a historical hang
   pdkv sweep 2P_TP8:1D_TP8 2P_TP8:1D_DP8EP --concurrency 32,128,512
   pdkv replay target/pdkv/2P_TP8-1D_DP8EP/result.json
+  pdkv explore notify-drift-fixed --seeds 10000 --faults swarm   search seeds for bugs
   pdkv routes 2P_TP8:1D_DP8EP --json          who reads whom, ports, quorums
 
 Each command's --help has its own examples and exit codes.";
@@ -38,6 +40,7 @@ enum Command {
     Sweep(sweep_cmd::SweepArgs),
     Scenarios(scenarios_cmd::ScenariosArgs),
     Replay(replay_cmd::ReplayArgs),
+    Explore(explore_cmd::ExploreArgs),
     Routes(routes_cmd::RoutesArgs),
 }
 
@@ -48,6 +51,7 @@ fn main() -> ExitCode {
         Command::Sweep(args) => sweep_cmd::run(&args),
         Command::Scenarios(args) => scenarios_cmd::run(&args),
         Command::Replay(args) => replay_cmd::run(&args),
+        Command::Explore(args) => explore_cmd::run(&args),
         Command::Routes(args) => routes_cmd::run(&args),
     }
 }

@@ -378,8 +378,9 @@ pub enum DecodeAction {
         /// The message.
         release: Release,
     },
-    /// Send a read lease to the rank about to be read, before the reads: the producer keeps the
-    /// blocks (and does not reap them) until the lease ends.
+    /// Send a read lease to the rank this worker will read, when it takes the request: the
+    /// producer keeps the blocks (and does not reap them) until the lease ends, which covers the
+    /// handshake and every read, since the request fails (and releases) at its deadline.
     SendLease {
         /// The rank read.
         rank: RankId,
@@ -442,8 +443,10 @@ struct SessionEntry {
 enum RecvPhase {
     /// Waiting for its session (and, in eager mode, the step's vote).
     AwaitingSession,
-    /// Reads posted; `outstanding` lists the layers (or `None`) not done yet.
-    Reading { outstanding: BTreeSet<Option<u16>>, retries: BTreeMap<Option<u16>, Retry> },
+    /// Reads posted; `outstanding` lists the layers (or `None`) not done yet; `ops` are the
+    /// reads as posted, kept for retries (the session may be dropped meanwhile by another
+    /// request's failed read, but these reads' memory keys were taken when they were posted).
+    Reading { outstanding: BTreeSet<Option<u16>>, retries: BTreeMap<Option<u16>, Retry>, ops: Vec<ReadOp> },
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -599,6 +602,16 @@ impl DecodeWorker {
             }
             match self.admit(now, &request) {
                 Ok(recv) => {
+                    // Lease the transfer as soon as the worker takes the request: its handshake
+                    // may take a while (a lost reply costs a handshake timeout and a step), and
+                    // its reads end by its deadline at the latest, when it fails and releases.
+                    let lease_ms =
+                        self.config.transfer_timeout_ns.div_ceil(NS_PER_MS).clamp(1, u64::from(u32::MAX));
+                    out.push(DecodeAction::SendLease {
+                        rank: recv.target.source,
+                        endpoint: recv.target.notify.clone(),
+                        lease: ReadLease { transfer_id: recv.transfer_id.clone(), lease_ms: lease_ms as u32 },
+                    });
                     self.requests.insert(id, recv);
                 }
                 Err(error) => self.fail_unrouted(id, &request.local_block_ids, error, out),
@@ -867,16 +880,8 @@ impl DecodeWorker {
                 Ok(ops) => {
                     let outstanding = ops.iter().map(|op| op.layer).collect();
                     let recv = self.requests.get_mut(&id).expect("listed above");
-                    recv.phase = RecvPhase::Reading { outstanding, retries: BTreeMap::new() };
-                    // The reads end by the request's deadline at the latest (it fails then), so a
-                    // lease to the deadline covers every read; rounded up to whole milliseconds.
-                    let lease_ms =
-                        recv.deadline.since_ns(now).div_ceil(NS_PER_MS).clamp(1, u64::from(u32::MAX));
-                    out.push(DecodeAction::SendLease {
-                        rank: recv.target.source,
-                        endpoint: recv.target.notify.clone(),
-                        lease: ReadLease { transfer_id: recv.transfer_id.clone(), lease_ms: lease_ms as u32 },
-                    });
+                    recv.phase =
+                        RecvPhase::Reading { outstanding, retries: BTreeMap::new(), ops: ops.clone() };
                     out.extend(ops.into_iter().map(DecodeAction::PostRead));
                 }
                 Err(error) => self.fail_request(now, id, error, out),
@@ -923,7 +928,7 @@ impl DecodeWorker {
         out: &mut Vec<DecodeAction>,
     ) {
         let Some(recv) = self.requests.get_mut(&id) else { return };
-        let RecvPhase::Reading { outstanding, retries } = &mut recv.phase else { return };
+        let RecvPhase::Reading { outstanding, retries, .. } = &mut recv.phase else { return };
         if !outstanding.contains(&layer) {
             return;
         }
@@ -981,20 +986,14 @@ impl DecodeWorker {
                 self.fail_request(now, id, RecvError::Timeout { waited_ns }, out);
                 continue;
             }
-            let mut repost = Vec::new();
-            if let RecvPhase::Reading { retries, .. } = &mut recv.phase {
+            if let RecvPhase::Reading { retries, ops, .. } = &mut recv.phase {
                 for (layer, retry) in retries.iter_mut() {
                     if retry.due.is_some_and(|d| d <= now) {
                         retry.due = None;
-                        repost.push(*layer);
+                        let op =
+                            ops.iter().find(|op| op.layer == *layer).expect("retries are of posted reads");
+                        out.push(DecodeAction::PostRead(op.clone()));
                     }
-                }
-            }
-            if !repost.is_empty() {
-                if let Ok(ops) = self.read_ops(id) {
-                    out.extend(
-                        ops.into_iter().filter(|op| repost.contains(&op.layer)).map(DecodeAction::PostRead),
-                    );
                 }
             }
         }

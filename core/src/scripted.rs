@@ -640,7 +640,7 @@ fn read_lease_defers_the_reaper_until_the_read_can_no_longer_run() {
         let engines = std::mem::take(&mut h.engines);
         h.engines = engines.into_iter().map(|e| e.with_defer_timeout_ns(NS_PER_S)).collect();
         h.step_with_request(1, 0, &[5], 0);
-        assert_eq!(h.leases, 1, "one lease per request, sent with its reads");
+        assert_eq!(h.leases, 1, "one lease per request, sent when the worker takes it");
         h.advance(5 * NS_PER_S);
         assert_eq!(h.frees().is_empty(), !reaped, "{legacy:?}: a 1 s reaper against a read leased for 30 s");
         h.complete_reads(|_, _| ReadOutcome::Ok);

@@ -142,9 +142,9 @@ pub fn write_run_page(
         &mut html,
         "block ledger",
         &format!(
-            "{} freed, {} reaped ({} after a decode crash), {} still held, {} lost in crashes; longest hold {:.0} ms; \
+            "{} freed, {} reaped ({} excused: decode crashed or a release was lost), {} still held, {} lost in crashes; longest hold {:.0} ms; \
              prefill stalled {:.1} s",
-            g.freed, g.reaped, g.reaped_after_decode_crash, g.held, g.lost_in_crash, g.max_hold_ms, g.prefill_stall_s
+            g.freed, g.reaped, g.reaped_excused, g.held, g.lost_in_crash, g.max_hold_ms, g.prefill_stall_s
         ),
     );
     html.push_str("</table>\n");

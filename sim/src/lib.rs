@@ -6,6 +6,7 @@
 //! thread. [`run`] is the entry point.
 
 pub mod cost;
+pub mod explore;
 pub mod load;
 pub mod nic;
 pub mod result;

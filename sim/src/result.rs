@@ -150,9 +150,9 @@ pub struct Ledger {
     pub freed: u64,
     /// Transfers freed by the reaper.
     pub reaped: u64,
-    /// Of those, transfers whose decode engine crashed (reaping is then the intended path and
-    /// does not make the run a leak).
-    pub reaped_after_decode_crash: u64,
+    /// Of those, transfers whose decode engine crashed or one of whose releases or leases a
+    /// fault lost: reaping is then the designed recovery and does not make the run a leak.
+    pub reaped_excused: u64,
     /// Transfers held by a prefill engine when it crashed (their memory went with it).
     pub lost_in_crash: u64,
     /// Longest time any transfer's blocks were held, in milliseconds.

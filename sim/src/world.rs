@@ -1448,6 +1448,16 @@ impl World {
         let ranks = [self.d_ranks[w], owner];
         let Some(delays) = self.fate(&ranks) else {
             trace!(self, "fault", "lost", self.d_ranks[w].to_string(), None, msg_name(&msg).to_string());
+            // A lost release or lease leaves its transfer to the reaper, the designed recovery.
+            if let Msg::Notify { bytes } = &msg {
+                let id = wire::decode(bytes).ok().and_then(|m| match m {
+                    ControlMessage::ReadLease(lease) => Some(lease.transfer_id),
+                    other => other.as_release().map(|r| r.transfer_id),
+                });
+                if let Some(&t) = id.as_ref().and_then(|id| self.transfer_index.get(id)) {
+                    self.excused.insert(t);
+                }
+            }
             return;
         };
         let latency = self.control_ns();
@@ -2141,7 +2151,7 @@ impl World {
             }
         }
         ledger.max_hold_ms = ms(self.max_hold_ns);
-        ledger.reaped_after_decode_crash = self.reaped_excused;
+        ledger.reaped_excused = self.reaped_excused;
         ledger.lost_in_crash = self.lost_in_crash;
         ledger.prefill_stall_s = round3(self.pgroups.iter().map(|g| g.stall_ns).sum::<u64>() as f64 / 1e9);
         result.ledger = ledger;
@@ -2176,7 +2186,7 @@ impl World {
             Outcome::SafetyViolation
         } else if !result.hangs.is_empty() {
             Outcome::Hang
-        } else if result.ledger.reaped > result.ledger.reaped_after_decode_crash || result.ledger.held > 0 {
+        } else if result.ledger.reaped > result.ledger.reaped_excused || result.ledger.held > 0 {
             Outcome::Leak
         } else {
             Outcome::Clean

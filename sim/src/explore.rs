@@ -1,0 +1,203 @@
+//! Exploration helpers: the properties every run of the fixed protocol must have, swarm faults
+//! drawn from a seed, and shrinking a failing scenario to a small one that fails the same way.
+//!
+//! Everything here is a pure function of its inputs; running many seeds in parallel is the
+//! caller's business (the simulator itself never spawns a thread).
+
+use std::fmt;
+
+use crate::result::RunResult;
+use crate::rng::Streams;
+use crate::scenario::{Clients, Length, Scenario, Swarm};
+use crate::RunOptions;
+
+/// A property of the fixed protocol that a run broke.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Property {
+    /// No read of freed or foreign memory, no double free, no protocol error.
+    Safety,
+    /// Every control message went to a port some listener owns.
+    ListenerExists,
+    /// No collective waited past its timeout.
+    NoHang,
+    /// Every request finished or failed with a reported error.
+    EveryRequestEnds,
+    /// Every prefill block freed exactly once, by its releases (the reaper only when the decode
+    /// side died or a fault lost a release or lease).
+    FreedByReleases,
+}
+
+impl Property {
+    /// Short name for messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Property::Safety => "safety",
+            Property::ListenerExists => "listener-exists",
+            Property::NoHang => "no-hang",
+            Property::EveryRequestEnds => "every-request-ends",
+            Property::FreedByReleases => "freed-by-releases",
+        }
+    }
+}
+
+impl fmt::Display for Property {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The properties `result` breaks, in a fixed order (empty for a correct run).
+pub fn broken_properties(result: &RunResult) -> Vec<Property> {
+    let mut broken = Vec::new();
+    let port = |v: &crate::result::Violation| v.kind == "port_without_listener";
+    if result.violations.iter().any(|v| !port(v)) {
+        broken.push(Property::Safety);
+    }
+    if result.violations.iter().any(port) {
+        broken.push(Property::ListenerExists);
+    }
+    if !result.hangs.is_empty() {
+        broken.push(Property::NoHang);
+    }
+    if result.requests.unfinished > 0 {
+        broken.push(Property::EveryRequestEnds);
+    }
+    let ledger = &result.ledger;
+    if ledger.held > 0 || ledger.reaped > ledger.reaped_excused {
+        broken.push(Property::FreedByReleases);
+    }
+    broken
+}
+
+/// Swarm faults for `seed`: each probability is either off or drawn from a small menu, so some
+/// seeds are calm and others stormy (swarm testing). Delays stay well below the reaper's delay.
+pub fn swarm_for_seed(seed: u64) -> Swarm {
+    let mut streams = Streams::new(seed ^ 0x5357_4152_4d00_0000);
+    let mut pick = |menu: &[f64]| menu[streams.below(menu.len() as u64) as usize];
+    Swarm {
+        loss: pick(&[0.0, 0.0, 0.005, 0.02]),
+        duplicate: pick(&[0.0, 0.0, 0.02, 0.1]),
+        delay: pick(&[0.0, 0.05, 0.2]),
+        max_delay_ms: 200,
+        send_queue_full: pick(&[0.0, 0.0, 0.05, 0.3]),
+    }
+}
+
+/// The scenario run for `seed`: the base with that seed and, if `swarm`, its swarm faults.
+pub fn scenario_for_seed(base: &Scenario, seed: u64, swarm: bool) -> Scenario {
+    let mut scenario = base.clone();
+    scenario.seed = seed;
+    if swarm {
+        scenario.faults.swarm = swarm_for_seed(seed);
+    }
+    scenario
+}
+
+/// A measure of a scenario's size: requests, concurrency, tokens and faults.
+pub fn size(scenario: &Scenario) -> u64 {
+    let (c, n) = match scenario.workload.clients {
+        Clients::Closed { concurrency, requests } => (u64::from(concurrency), u64::from(requests)),
+        Clients::Open { requests, .. } => (1, u64::from(requests)),
+    };
+    let len = |l: Length| match l {
+        Length::Fixed(n) => u64::from(n),
+        Length::Uniform { max, .. } => u64::from(max),
+    };
+    let swarm = &scenario.faults.swarm;
+    let swarm_faults = [swarm.loss, swarm.duplicate, swarm.delay, swarm.send_queue_full]
+        .iter()
+        .filter(|p| **p > 0.0)
+        .count();
+    n + c
+        + len(scenario.workload.input_tokens) / 64
+        + len(scenario.workload.output_tokens)
+        + 10 * (scenario.faults.timeline.len() + swarm_faults) as u64
+}
+
+/// Candidate reductions of `s`, each strictly smaller by [`size`].
+fn reductions(s: &Scenario) -> Vec<Scenario> {
+    let mut out = Vec::new();
+    let mut with = |f: &dyn Fn(&mut Scenario)| {
+        let mut t = s.clone();
+        f(&mut t);
+        if size(&t) < size(s) {
+            out.push(t);
+        }
+    };
+    if let Clients::Closed { concurrency, requests } = s.workload.clients {
+        with(&|t| t.workload.clients = Clients::Closed { concurrency, requests: (requests / 2).max(1) });
+        with(&|t| {
+            t.workload.clients = Clients::Closed { concurrency, requests: requests.saturating_sub(1).max(1) }
+        });
+        with(&|t| {
+            let c = (concurrency / 2).max(1);
+            t.workload.clients = Clients::Closed { concurrency: c, requests: requests.max(c) };
+        });
+    }
+    let halve = |l: Length| match l {
+        Length::Fixed(n) => Length::Fixed((n / 2).max(1)),
+        Length::Uniform { min, max } => Length::Fixed(((min + max) / 4).max(1)),
+    };
+    with(&|t| t.workload.input_tokens = halve(t.workload.input_tokens));
+    with(&|t| t.workload.output_tokens = halve(t.workload.output_tokens));
+    for i in 0..s.faults.timeline.len() {
+        with(&|t| {
+            t.faults.timeline.remove(i);
+        });
+    }
+    with(&|t| t.faults.swarm.loss = 0.0);
+    with(&|t| t.faults.swarm.duplicate = 0.0);
+    with(&|t| t.faults.swarm.delay = 0.0);
+    with(&|t| t.faults.swarm.send_queue_full = 0.0);
+    out
+}
+
+/// Shrinks a scenario that breaks `property` (with its own seed) to a smaller one that still
+/// breaks it, trying at most `budget` runs. Greedy: the first reduction that still fails is
+/// taken, until none does.
+pub fn shrink(failing: &Scenario, property: Property, budget: usize) -> Scenario {
+    let mut current = failing.clone();
+    let mut runs = 0;
+    'outer: loop {
+        for candidate in reductions(&current) {
+            if runs >= budget {
+                break 'outer;
+            }
+            runs += 1;
+            let Ok(run) = crate::run(&candidate, RunOptions::default()) else { continue };
+            if broken_properties(&run.result).contains(&property) {
+                current = candidate;
+                continue 'outer;
+            }
+        }
+        break;
+    }
+    current
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn swarm_is_a_function_of_the_seed_and_varies() {
+        assert_eq!(swarm_for_seed(3), swarm_for_seed(3));
+        let calm =
+            (0..64).filter(|&s| swarm_for_seed(s) == Swarm { max_delay_ms: 200, ..Swarm::default() }).count();
+        assert!(calm > 0 && calm < 64, "{calm} of 64 seeds calm");
+    }
+
+    #[test]
+    fn shrinking_keeps_the_failure_and_reduces_the_size() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/no-zero-quorum-p8-d4.ron");
+        let scenario = crate::load::load_scenario(&path).unwrap();
+        let run = crate::run(&scenario, RunOptions::default()).unwrap();
+        assert_eq!(broken_properties(&run.result), [Property::FreedByReleases]);
+        let small = shrink(&scenario, Property::FreedByReleases, 200);
+        assert!(size(&small) < size(&scenario), "{} !< {}", size(&small), size(&scenario));
+        let again = crate::run(&small, RunOptions::default()).unwrap();
+        assert!(broken_properties(&again.result).contains(&Property::FreedByReleases));
+        assert_eq!(small.workload.clients, Clients::Closed { concurrency: 1, requests: 1 });
+    }
+}
