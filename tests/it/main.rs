@@ -2,7 +2,9 @@
 
 mod docs;
 mod gallery;
+mod legacy_caught;
 mod machines;
+mod properties;
 mod reports_cli;
 mod routes_cli;
 mod scenarios;
