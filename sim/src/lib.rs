@@ -8,6 +8,7 @@
 pub mod cost;
 pub mod explore;
 pub mod load;
+pub mod model_check;
 pub mod nic;
 pub mod result;
 pub mod rng;

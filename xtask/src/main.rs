@@ -14,6 +14,7 @@ tasks:
   bench    simulator benchmark (release build): wall time and events per second
   calibrate  the cost model against REFERENCE.md's published measurements (release build)
   gallery  regenerate the README's report pictures under docs/gallery
+  check-model  bounded model checking of the protocol nodes on tiny deployments
   ci       what CI runs: fmt check, clippy -D warnings, the test suite";
 
 fn main() -> ExitCode {
@@ -34,6 +35,7 @@ fn main() -> ExitCode {
         },
         Some("ci") => ci(),
         Some("codegen") => codegen(),
+        Some("check-model") => check_model(),
         Some("gallery") => {
             let root = workspace_root();
             match pdkv_reports::gallery::render(&root.join("scenarios"), &root.join("docs/gallery")) {
@@ -76,6 +78,73 @@ fn codegen() -> ExitCode {
     }
     eprintln!("codegen: docs/machines regenerated; review `git diff docs/machines`");
     ExitCode::SUCCESS
+}
+
+/// Every interleaving of deliveries, losses (budget 1, then 2) and timers for three tiny
+/// deployments and three requests: the fixed protocol must show no violation; the lazy
+/// handshake must show its divergence, with the shortest trace.
+fn check_model() -> ExitCode {
+    use pdkv_core::legacy::{Legacy, LegacyOptions};
+    use pdkv_sim::model_check::{check, ModelConfig};
+    let mut ok = true;
+    let runs = [
+        ("1P_DP2:1D_TP2", LegacyOptions::none(), 2, false),
+        ("1P_TP2:1D_TP4", LegacyOptions::none(), 2, false),
+        ("1P_TP4:1D_TP2", LegacyOptions::none(), 2, false),
+        ("1P_TP2:1D_TP2", LegacyOptions::none().with(Legacy::LazyHandshake), 1, true),
+        ("1P_TP2:1D_TP2", LegacyOptions::none().with(Legacy::NoHandshakeTimeout), 1, true),
+    ];
+    for (deployment, legacy, loss_budget, expect_violation) in runs {
+        let names: Vec<&str> = legacy.iter().map(|l| l.name()).collect();
+        let config = ModelConfig {
+            deployment: deployment.into(),
+            legacy,
+            requests: 3,
+            loss_budget,
+            max_steps: 4,
+            max_states: 2_000_000,
+            reduce: true,
+        };
+        let report = match check(&config) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("{deployment}: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        println!(
+            "{deployment} legacy [{}] losses <= {loss_budget}: {} states, {} transitions, depth {}, {:.2} s, {} ({:.0} states/s)",
+            names.join(", "),
+            report.states,
+            report.transitions,
+            report.max_depth,
+            report.seconds,
+            if report.complete { "complete" } else { "stopped early" },
+            report.states as f64 / report.seconds.max(1e-9)
+        );
+        match (&report.violation, expect_violation) {
+            (None, false) => println!("  no deadlock, divergence or leak in any interleaving"),
+            (Some((what, trace)), true) => {
+                println!("  found: {what}\n  shortest trace ({} steps):", trace.len());
+                for line in trace {
+                    println!("    {line}");
+                }
+            }
+            (Some((what, _)), false) => {
+                println!("  UNEXPECTED VIOLATION: {what}");
+                ok = false;
+            }
+            (None, true) => {
+                println!("  EXPECTED A VIOLATION, FOUND NONE");
+                ok = false;
+            }
+        }
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }
 
 fn ci() -> ExitCode {

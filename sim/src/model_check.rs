@@ -1,0 +1,609 @@
+//! Bounded model checking of the protocol nodes: every interleaving of message deliveries,
+//! message losses (from a budget) and timer firings, for a tiny deployment and two requests,
+//! breadth first with state hashing, so a violation comes with the shortest trace to it.
+//!
+//! The world here is abstract: no NICs or compute times, only the nodes of one decode DP group
+//! (its TP workers), the prefill owner group and its engine, and the messages between them.
+//! Each state is checked when it has nothing left to do: every step reported uniformly by the
+//! group (no worker raised alone or stayed blocked while its peers went on), every request
+//! received or failed on every worker, every prefill transfer freed (by the reaper only if a
+//! message was lost).
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::hash::{Hash, Hasher};
+use std::time::Instant as WallClock;
+
+use pdkv_core::decode::{
+    DecodeAction, DecodeConfig, DecodeEvent, DecodeWorker, ReadOutcome, RecvRequest, StepError,
+};
+use pdkv_core::ids::{EngineId, RankId, RequestId, Role, TransferId};
+use pdkv_core::legacy::LegacyOptions;
+use pdkv_core::params::KvTransferParams;
+use pdkv_core::ports::{AddressBook, SessionKey};
+use pdkv_core::prefill::{
+    EngineAction, EngineEvent, PrefillEngine, PrefillWorker, WorkerAction, WorkerEvent,
+};
+use pdkv_core::release::Release;
+use pdkv_core::time::Instant;
+use pdkv_core::topology::{Deployment, ModelSpec};
+use pdkv_core::wire::{HandshakeMetadata, LayerMemoryDesc};
+
+/// What to check.
+#[derive(Clone, Debug)]
+pub struct ModelConfig {
+    /// Deployment notation; one prefill and one decode engine are modelled (their first DP group).
+    pub deployment: String,
+    /// Legacy options in force.
+    pub legacy: LegacyOptions,
+    /// Requests (owned by prefill DP ranks round-robin).
+    pub requests: u64,
+    /// Messages the network may lose in one execution.
+    pub loss_budget: u32,
+    /// Decode steps at most (a step begins when the last one was reported by every worker).
+    pub max_steps: u64,
+    /// States to explore at most.
+    pub max_states: usize,
+    /// Partial-order reduction: explore only the first in-flight message in a canonical order
+    /// (deliver or lose it) instead of every one. Sound here because deliveries commute: a
+    /// prefill worker answers handshakes statelessly, release and lease counting does not depend
+    /// on order (registration precedes them), and decode workers only meet at the vote, which
+    /// waits for all of them. Timers still interleave at every quiet point and losses at every
+    /// message.
+    pub reduce: bool,
+}
+
+/// What the checker found.
+#[derive(Clone, Debug)]
+pub struct ModelReport {
+    /// Distinct states visited.
+    pub states: usize,
+    /// Transitions taken.
+    pub transitions: u64,
+    /// Deepest execution explored.
+    pub max_depth: usize,
+    /// True if every reachable state was explored within the bounds.
+    pub complete: bool,
+    /// Wall time of the search, in seconds.
+    pub seconds: f64,
+    /// The first violation in breadth-first order, with the shortest trace to it.
+    pub violation: Option<(String, Vec<String>)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Msg {
+    Dial { from: usize, session: SessionKey, to: usize },
+    Reply { to: usize, session: SessionKey, from: usize },
+    Lease { to: usize, transfer: TransferId, lease_ms: u32 },
+    Release { to: usize, transfer: TransferId, sender_tp: u16 },
+    Vote { to: usize, step: u64, ok: bool },
+    ReadDone { to: usize, request: RequestId, layer: Option<u16> },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum StepReport {
+    Ready,
+    GroupFailed,
+    Raised,
+}
+
+#[derive(Clone, Debug)]
+struct State {
+    now: Instant,
+    decoders: Vec<DecodeWorker>,
+    workers: Vec<PrefillWorker>,
+    engine: PrefillEngine,
+    msgs: Vec<Msg>,
+    step: u64,
+    reports: BTreeMap<u64, BTreeMap<usize, StepReport>>,
+    votes: BTreeMap<u64, Vec<(usize, bool)>>,
+    lost: u32,
+    frees: BTreeMap<TransferId, (u32, bool)>,
+    /// Local completions (vote results, reads) delivered at once, in order, after each
+    /// transition: their order is not a network choice, so exploring it would only multiply
+    /// equivalent states.
+    local: VecDeque<Msg>,
+}
+
+/// Everything fixed across states: who is who.
+struct World {
+    decode_ranks: Vec<RankId>,
+    prefill_ranks: Vec<RankId>,
+    metadata: Vec<(HandshakeMetadata, Vec<LayerMemoryDesc>)>,
+    loss_budget: u32,
+    max_steps: u64,
+    reduce: bool,
+}
+
+fn fingerprint(s: &State) -> u64 {
+    let mut h = DefaultHasher::new();
+    format!(
+        "{:?}|{:?}|{:?}|{:?}|{:?}|{}|{:?}|{:?}|{}|{:?}",
+        s.now, s.decoders, s.workers, s.engine, s.msgs, s.step, s.reports, s.votes, s.lost, s.frees
+    )
+    .hash(&mut h);
+    h.finish()
+}
+
+impl World {
+    fn prefill_index(&self, rank: RankId) -> Option<usize> {
+        self.prefill_ranks.iter().position(|r| *r == rank)
+    }
+
+    /// Feeds an event to decode worker `w` and turns its actions into messages and reports.
+    fn decode(&self, s: &mut State, w: usize, event: DecodeEvent) {
+        let mut out = Vec::new();
+        s.decoders[w].handle(s.now, event, &mut out);
+        for action in out {
+            match action {
+                DecodeAction::DialHandshake { session, rank, .. } => {
+                    if let Some(to) = self.prefill_index(rank) {
+                        s.msgs.push(Msg::Dial { from: w, session, to });
+                    }
+                }
+                DecodeAction::SendLease { rank, lease, .. } => {
+                    if let Some(to) = self.prefill_index(rank) {
+                        s.msgs.push(Msg::Lease { to, transfer: lease.transfer_id, lease_ms: lease.lease_ms });
+                    }
+                }
+                DecodeAction::SendRelease { rank, release, .. } => {
+                    if let Some(to) = self.prefill_index(rank) {
+                        let sender_tp = release.sender.as_ref().map_or(0, |x| x.tp_rank);
+                        s.msgs.push(Msg::Release { to, transfer: release.transfer_id, sender_tp });
+                    }
+                }
+                DecodeAction::CastVote { step, ok } => {
+                    let votes = s.votes.entry(step).or_default();
+                    votes.push((w, ok));
+                    if votes.len() == s.decoders.len() {
+                        let all = votes.iter().all(|(_, ok)| *ok);
+                        for to in 0..s.decoders.len() {
+                            s.local.push_back(Msg::Vote { to, step, ok: all });
+                        }
+                    }
+                }
+                DecodeAction::PostRead(op) => {
+                    s.local.push_back(Msg::ReadDone { to: w, request: op.request(), layer: op.layer });
+                }
+                DecodeAction::StepReady { step } => {
+                    s.reports.entry(step).or_default().insert(w, StepReport::Ready);
+                }
+                DecodeAction::StepFailed { step, error } => {
+                    let report = match error {
+                        StepError::GroupHandshakeFailed { .. } => StepReport::GroupFailed,
+                        StepError::Handshake { .. } => StepReport::Raised,
+                    };
+                    s.reports.entry(step).or_default().insert(w, report);
+                }
+                DecodeAction::RequestReceived { .. }
+                | DecodeAction::RequestFailed { .. }
+                | DecodeAction::InvalidateBlocks { .. } => {}
+            }
+        }
+    }
+
+    fn prefill(&self, s: &mut State, i: usize, event: WorkerEvent) -> Vec<WorkerAction> {
+        let mut out = Vec::new();
+        s.workers[i].handle(s.now, event, &mut out);
+        let mut rest = Vec::new();
+        for action in out {
+            match action {
+                WorkerAction::Finished { rank, transfer_id } => {
+                    self.engine(s, EngineEvent::WorkerFinished { rank, transfer_id });
+                }
+                WorkerAction::Leased { transfer_id, until, .. } => {
+                    self.engine(s, EngineEvent::Leased { transfer_id, until });
+                }
+                other => rest.push(other),
+            }
+        }
+        rest
+    }
+
+    fn engine(&self, s: &mut State, event: EngineEvent) {
+        let mut out = Vec::new();
+        s.engine.handle(s.now, event, &mut out).expect("the model registers valid transfers");
+        for action in out {
+            match action {
+                EngineAction::Register { rank, transfer_id, quorum } => {
+                    if let Some(i) = self.prefill_index(rank) {
+                        self.prefill(s, i, WorkerEvent::Register { transfer_id, quorum });
+                    }
+                }
+                EngineAction::GroupDone { rank, transfer_id } => {
+                    if let Some(i) = self.prefill_index(rank) {
+                        self.prefill(s, i, WorkerEvent::GroupDone { transfer_id });
+                    }
+                }
+                EngineAction::Retire { rank, transfer_id } => {
+                    if let Some(i) = self.prefill_index(rank) {
+                        self.prefill(s, i, WorkerEvent::Retired { transfer_id });
+                    }
+                }
+                EngineAction::FreeBlocks { transfer_id, reaped, .. } => {
+                    let entry = s.frees.entry(transfer_id).or_insert((0, false));
+                    entry.0 += 1;
+                    entry.1 |= reaped;
+                }
+                EngineAction::FinishedSending { .. }
+                | EngineAction::Fence { .. }
+                | EngineAction::ReapWarning { .. } => {}
+            }
+        }
+    }
+
+    /// Every transition out of `s`, with a line describing it.
+    fn successors(&self, s: &State) -> Vec<(String, State)> {
+        let mut out = Vec::new();
+        let mut seen_msgs: Vec<&Msg> = Vec::new();
+        for (i, msg) in s.msgs.iter().enumerate() {
+            if seen_msgs.contains(&msg) || (self.reduce && i > 0) {
+                continue;
+            }
+            seen_msgs.push(msg);
+            let mut next = s.clone();
+            next.msgs.remove(i);
+            let line = self.deliver(&mut next, msg.clone());
+            out.push((line, next));
+            if s.lost < self.loss_budget && !matches!(msg, Msg::Vote { .. } | Msg::ReadDone { .. }) {
+                let mut lost = s.clone();
+                lost.msgs.remove(i);
+                lost.lost += 1;
+                out.push((format!("LOSE {}", self.describe(msg)), lost));
+            }
+        }
+        // Time passes until the earliest timer, firing every timer due then. Timers fire only
+        // when the network is quiet: a message that would arrive after its timeout is modelled
+        // by losing it, which keeps the interleavings of equivalent late deliveries out.
+        let deadline =
+            s.decoders.iter().filter_map(DecodeWorker::poll_timeout).chain(s.engine.poll_timeout()).min();
+        if let (Some(t), true) = (deadline, s.msgs.is_empty()) {
+            let mut next = s.clone();
+            next.now = t.max(s.now);
+            for w in 0..next.decoders.len() {
+                if next.decoders[w].poll_timeout().is_some_and(|d| d <= next.now) {
+                    self.decode(&mut next, w, DecodeEvent::Tick);
+                }
+            }
+            if next.engine.poll_timeout().is_some_and(|d| d <= next.now) {
+                self.engine(&mut next, EngineEvent::Tick);
+            }
+            out.push((format!("time passes to {}", next.now), next));
+        }
+        // The group begins its next step once every worker reported this one.
+        let reported = s.reports.get(&s.step).map_or(0, BTreeMap::len);
+        let pending = s.decoders.iter().any(|d| d.pending_requests() > 0);
+        if reported == s.decoders.len() && pending && s.step < self.max_steps {
+            let mut next = s.clone();
+            next.step += 1;
+            let step = next.step;
+            for w in 0..next.decoders.len() {
+                self.decode(&mut next, w, DecodeEvent::StepBegin { step, requests: Vec::new() });
+            }
+            out.push((format!("step {step} begins"), next));
+        }
+        for (_, state) in out.iter_mut() {
+            self.drain_local(state);
+            state.msgs.sort();
+        }
+        out
+    }
+
+    /// Delivers local completions until none is left (they may cause more).
+    fn drain_local(&self, s: &mut State) {
+        while let Some(msg) = s.local.pop_front() {
+            self.deliver(s, msg);
+        }
+    }
+
+    fn describe(&self, msg: &Msg) -> String {
+        let d = |w: usize| self.decode_ranks[w].to_string();
+        let p = |i: usize| self.prefill_ranks[i].to_string();
+        match msg {
+            Msg::Dial { from, to, .. } => format!("handshake request {} -> {}", d(*from), p(*to)),
+            Msg::Reply { to, from, .. } => format!("handshake reply {} -> {}", p(*from), d(*to)),
+            Msg::Lease { to, transfer, .. } => format!("read lease of {transfer} -> {}", p(*to)),
+            Msg::Release { to, transfer, sender_tp } => {
+                format!("release of {transfer} from tp{sender_tp} -> {}", p(*to))
+            }
+            Msg::Vote { to, step, ok } => format!("vote result of step {step} (ok={ok}) -> {}", d(*to)),
+            Msg::ReadDone { to, request, layer } => {
+                format!("read of {request} layer {layer:?} done at {}", d(*to))
+            }
+        }
+    }
+
+    fn deliver(&self, s: &mut State, msg: Msg) -> String {
+        let line = format!("deliver {}", self.describe(&msg));
+        match msg {
+            Msg::Dial { from, session, to } => {
+                for action in self.prefill(s, to, WorkerEvent::HandshakeRequest { peer: from as u64 }) {
+                    if let WorkerAction::SendHandshakeReply { .. } = action {
+                        s.msgs.push(Msg::Reply { to: from, session: session.clone(), from: to });
+                    }
+                }
+            }
+            Msg::Reply { to, session, from } => {
+                let (metadata, layers) = self.metadata[from].clone();
+                self.decode(s, to, DecodeEvent::HandshakeMetadata { session: session.clone(), metadata });
+                self.decode(s, to, DecodeEvent::HandshakeDescriptors { session, layers });
+            }
+            Msg::Lease { to, transfer, lease_ms } => {
+                self.prefill(s, to, WorkerEvent::Lease { transfer_id: transfer, lease_ms });
+            }
+            Msg::Release { to, transfer, sender_tp } => {
+                let sender = pdkv_core::release::ReleaseSender {
+                    engine_id: "decode-0:6301".into(),
+                    dp_rank: 0,
+                    tp_rank: sender_tp,
+                };
+                let release = Release { transfer_id: transfer, consumer_tp_size: None, sender: Some(sender) };
+                self.prefill(s, to, WorkerEvent::Release(release));
+            }
+            Msg::Vote { to, step, ok } => self.decode(s, to, DecodeEvent::VoteResult { step, ok }),
+            Msg::ReadDone { to, request, layer } => {
+                self.decode(s, to, DecodeEvent::ReadDone { request, layer, outcome: ReadOutcome::Ok })
+            }
+        }
+        line
+    }
+
+    /// The violation of a state with nothing left to do, if any.
+    fn check_final(&self, s: &State) -> Option<String> {
+        for (step, reports) in &s.reports {
+            let ready: Vec<String> = reports
+                .iter()
+                .filter(|(_, r)| **r == StepReport::Ready)
+                .map(|(w, _)| self.decode_ranks[*w].to_string())
+                .collect();
+            let stuck: Vec<String> = (0..s.decoders.len())
+                .filter(|w| !matches!(reports.get(w), Some(StepReport::Ready)))
+                .map(|w| self.decode_ranks[w].to_string())
+                .collect();
+            let all_failed =
+                reports.len() == s.decoders.len() && reports.values().all(|r| *r == StepReport::GroupFailed);
+            if !ready.is_empty() && !stuck.is_empty()
+                || (!all_failed && ready.is_empty() && !reports.is_empty())
+            {
+                return Some(format!(
+                    "step {step} diverged: {} entered the forward collective, {} never did (blocked or raised \
+                     alone); the collective would wait for its timeout",
+                    ready.join(", "),
+                    stuck.join(", ")
+                ));
+            }
+        }
+        let reported = s.reports.get(&s.step).map_or(0, BTreeMap::len);
+        if reported < s.decoders.len() {
+            let blocked: Vec<String> = (0..s.decoders.len())
+                .filter(|w| s.reports.get(&s.step).is_none_or(|r| !r.contains_key(w)))
+                .map(|w| self.decode_ranks[w].to_string())
+                .collect();
+            return Some(format!("deadlock: step {} never reported by {}", s.step, blocked.join(", ")));
+        }
+        if s.step >= self.max_steps {
+            return None;
+        }
+        if let Some(w) = s.decoders.iter().position(|d| d.pending_requests() > 0) {
+            return Some(format!("{} never finished its requests", self.decode_ranks[w]));
+        }
+        if s.engine.totals().held > 0 {
+            return Some(format!("{} transfers still held", s.engine.totals().held));
+        }
+        for (transfer, (count, reaped)) in &s.frees {
+            if *count != 1 {
+                return Some(format!("{transfer} freed {count} times"));
+            }
+            if *reaped && s.lost == 0 {
+                return Some(format!("{transfer} freed by the reaper though no message was lost"));
+            }
+        }
+        None
+    }
+}
+
+/// Explores every interleaving of `config` breadth first.
+pub fn check(config: &ModelConfig) -> Result<ModelReport, String> {
+    let started = WallClock::now();
+    let d = Deployment::parse(&config.deployment)
+        .map_err(|e| e.to_string())?
+        .with_model(ModelSpec { layers: 1, ..ModelSpec::deepseek_r1() });
+    let book = AddressBook::one_host_per_engine(&d);
+    let (prefill, decode) = (EngineId::prefill(0), EngineId::decode(0));
+    let (pl, dl) = (d.layout(prefill), d.layout(decode));
+    let decode_ranks: Vec<RankId> = (0..dl.tp).map(|tp| RankId::new(decode, 0, tp)).collect();
+    let prefill_ranks: Vec<RankId> =
+        d.ranks(Role::Prefill).into_iter().filter(|r| r.engine == prefill).collect();
+    let metadata: Vec<(HandshakeMetadata, Vec<LayerMemoryDesc>)> = prefill_ranks
+        .iter()
+        .enumerate()
+        .map(|(i, _)| {
+            let meta = HandshakeMetadata {
+                engine_id: book.engine_id(prefill),
+                agent_metadata: Vec::new(),
+                kv_caches_base_addr: vec![(i as u64 + 1) << 32],
+                num_blocks: 64,
+                block_len: 1024,
+                attn_backend_name: "model-check".into(),
+                rank: None,
+            };
+            (meta, vec![LayerMemoryDesc { layer_name: "layer.0".into(), descs: vec![vec![0]] }])
+        })
+        .collect();
+    let world = World {
+        decode_ranks: decode_ranks.clone(),
+        prefill_ranks: prefill_ranks.clone(),
+        metadata: metadata.clone(),
+        loss_budget: config.loss_budget,
+        max_steps: config.max_steps,
+        reduce: config.reduce,
+    };
+    let decoders = decode_ranks
+        .iter()
+        .map(|&r| {
+            DecodeWorker::new(DecodeConfig::new(
+                r,
+                dl,
+                d.model.clone(),
+                config.legacy.clone(),
+                book.engine_id(decode),
+            ))
+        })
+        .collect();
+    let workers = prefill_ranks
+        .iter()
+        .zip(&metadata)
+        .map(|(&r, (m, l))| PrefillWorker::new(r, m.clone(), l.clone(), &config.legacy))
+        .collect();
+    let engine = PrefillEngine::new(prefill, pl, d.model.clone(), config.legacy.clone());
+    let mut initial = State {
+        now: Instant::ZERO,
+        decoders,
+        workers,
+        engine,
+        msgs: Vec::new(),
+        step: 1,
+        reports: BTreeMap::new(),
+        votes: BTreeMap::new(),
+        lost: 0,
+        frees: BTreeMap::new(),
+        local: VecDeque::new(),
+    };
+    let mut requests = Vec::new();
+    for n in 1..=config.requests {
+        let owner = (n - 1) as u16 % pl.dp;
+        let transfer_id = TransferId::from_u128(u128::from(n));
+        let event = EngineEvent::PrefillDone {
+            request: RequestId(n),
+            transfer_id: transfer_id.clone(),
+            owner_dp: owner,
+            blocks: vec![n as u32],
+            decode: dl,
+        };
+        world.engine(&mut initial, event);
+        requests.push(RecvRequest {
+            request: RequestId(n),
+            prefill_engine: prefill,
+            prefill_address: book.engine(prefill).clone(),
+            params: KvTransferParams {
+                do_remote_prefill: true,
+                transfer_id: Some(transfer_id.0),
+                remote_block_ids: vec![n],
+                remote_dp_size: Some(i64::from(pl.dp)),
+                remote_dp_rank: (pl.dp > 1).then_some(i64::from(owner)),
+                remote_tp_size: Some(i64::from(pl.tp)),
+                ..Default::default()
+            },
+            local_block_ids: vec![n as u32 + 100],
+        });
+    }
+    for w in 0..initial.decoders.len() {
+        world.decode(&mut initial, w, DecodeEvent::StepBegin { step: 1, requests: requests.clone() });
+    }
+    world.drain_local(&mut initial);
+    initial.msgs.sort();
+
+    // Breadth first, remembering each state's parent for the shortest trace.
+    let mut visited: HashSet<u64> = HashSet::new();
+    let mut trail: Vec<(Option<usize>, String)> = vec![(None, "initial state".into())];
+    let mut queue: VecDeque<(State, usize, usize)> = VecDeque::new();
+    visited.insert(fingerprint(&initial));
+    queue.push_back((initial, 0, 0));
+    let (mut transitions, mut max_depth, mut complete) = (0u64, 0usize, true);
+    while let Some((state, id, depth)) = queue.pop_front() {
+        max_depth = max_depth.max(depth);
+        let next = world.successors(&state);
+        if next.is_empty() {
+            if let Some(violation) = world.check_final(&state) {
+                let mut trace = Vec::new();
+                let mut at = Some(id);
+                while let Some(i) = at {
+                    trace.push(trail[i].1.clone());
+                    at = trail[i].0;
+                }
+                trace.reverse();
+                return Ok(ModelReport {
+                    states: visited.len(),
+                    transitions,
+                    max_depth,
+                    complete: false,
+                    seconds: started.elapsed().as_secs_f64(),
+                    violation: Some((violation, trace)),
+                });
+            }
+            continue;
+        }
+        for (line, successor) in next {
+            transitions += 1;
+            if visited.len() >= config.max_states {
+                complete = false;
+                break;
+            }
+            if visited.insert(fingerprint(&successor)) {
+                trail.push((Some(id), line));
+                queue.push_back((successor, trail.len() - 1, depth + 1));
+            }
+        }
+    }
+    Ok(ModelReport {
+        states: visited.len(),
+        transitions,
+        max_depth,
+        complete,
+        seconds: started.elapsed().as_secs_f64(),
+        violation: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pdkv_core::legacy::Legacy;
+
+    fn config(deployment: &str, legacy: LegacyOptions, loss_budget: u32) -> ModelConfig {
+        ModelConfig {
+            deployment: deployment.into(),
+            legacy,
+            requests: 2,
+            loss_budget,
+            max_steps: 3,
+            max_states: 200_000,
+            reduce: true,
+        }
+    }
+
+    /// The reduction agrees with the full interleaving on the smallest deployment, where the
+    /// full search still fits: same verdict, fewer states.
+    #[test]
+    fn reduction_agrees_with_full_interleaving() {
+        let reduced = check(&config("1P_DP2:1D_TP2", LegacyOptions::none(), 1)).unwrap();
+        let full = check(&ModelConfig { reduce: false, ..config("1P_DP2:1D_TP2", LegacyOptions::none(), 1) })
+            .unwrap();
+        assert!(full.complete && reduced.complete);
+        assert_eq!((full.violation.is_none(), reduced.violation.is_none()), (true, true));
+        assert!(reduced.states < full.states, "{} !< {}", reduced.states, full.states);
+    }
+
+    #[test]
+    fn default_protocol_has_no_deadlock_or_leak_in_any_interleaving() {
+        for deployment in ["1P_DP2:1D_TP2", "1P_TP2:1D_TP4", "1P_TP4:1D_TP2"] {
+            let report = check(&config(deployment, LegacyOptions::none(), 1)).unwrap();
+            assert!(report.violation.is_none(), "{deployment}: {:?}", report.violation);
+            assert!(report.complete, "{deployment}: bound reached at {} states", report.states);
+            assert!(report.states >= 50, "{deployment}: only {} states", report.states);
+            eprintln!(
+                "{deployment}: {} states, depth {}, {:.2} s",
+                report.states, report.max_depth, report.seconds
+            );
+        }
+    }
+
+    #[test]
+    fn lazy_handshake_diverges_in_some_interleaving() {
+        let legacy = LegacyOptions::none().with(Legacy::LazyHandshake);
+        let report = check(&config("1P_TP2:1D_TP2", legacy, 1)).unwrap();
+        let (violation, trace) = report.violation.expect("the divergent interleaving is found");
+        assert!(violation.contains("diverged") || violation.contains("deadlock"), "{violation}");
+        assert!(trace.iter().any(|l| l.starts_with("LOSE handshake")), "{trace:#?}");
+    }
+}
