@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
-use pdkv_sim::explore::{broken_properties, scenario_for_seed, shrink, size, Property};
+use pdkv_sim::explore::{broken_properties_of, ideal_jain, scenario_for_seed, shrink, size, Property};
 use pdkv_sim::scenario::Scenario;
 use pdkv_sim::RunOptions;
 
@@ -24,7 +24,8 @@ Examples:
 Each seed runs the scenario with that seed (and, with --faults swarm, message loss,
 duplication, delay and send-queue-full drawn from the seed). The properties checked: safety
 (no read of freed or foreign memory, no double free), every message reaches a listener, no
-hang, every request ends, every prefill block freed by its releases. The first failing seed
+hang, every request ends, every prefill block freed by its releases, reads spread over the
+prefill GPUs about as evenly as the fixed routing spreads them. The first failing seed
 is shrunk (fewer requests, shorter prompts, fewer faults) and written as a scenario file.
 
 Exit codes: 0 no seed broke a property; 1 one did (its seed, the shrunk scenario and the
@@ -98,6 +99,7 @@ pub fn explore(
     let found: Mutex<Vec<(u64, Vec<Property>)>> = Mutex::new(Vec::new());
     let seen: Mutex<std::collections::BTreeSet<Behaviour>> = Mutex::new(std::collections::BTreeSet::new());
     let outcomes: Mutex<BTreeMap<&'static str, u64>> = Mutex::new(BTreeMap::new());
+    let ideal = ideal_jain(base);
     std::thread::scope(|scope| {
         for _ in 0..jobs {
             scope.spawn(|| loop {
@@ -114,7 +116,7 @@ pub fn explore(
                 let key = (r.requests.finished, r.requests.failed, r.events, r.outcome.name());
                 seen.lock().expect("no panics while held").insert(key);
                 *outcomes.lock().expect("no panics while held").entry(r.outcome.name()).or_default() += 1;
-                let broken = broken_properties(r);
+                let broken = broken_properties_of(r, ideal);
                 if !broken.is_empty() {
                     found.lock().expect("no panics while held").push((seed, broken));
                     stop.store(true, Ordering::SeqCst);

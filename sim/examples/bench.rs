@@ -1,9 +1,13 @@
-//! Simulator benchmark: `2P_TP8:1D_DP8EP` at C = 512 with 5,120 requests of 8K in / 1K out,
-//! run five times; prints wall time and events per second against the targets (under 1 s,
-//! over 2 million events/s). Run it with `cargo xtask bench`.
+//! Benchmarks, run with `cargo xtask bench` (release build):
+//! - the simulator: `2P_TP8:1D_DP8EP` at C = 512 with 5,120 requests of 8K in / 1K out, five
+//!   times; wall time and events per second against the targets (under 1 s, over 2 M events/s);
+//! - exploration: seeds per second on one core for a small deadlock scenario (target 5,000);
+//! - the model checker: states per second on `1P_TP2:1D_TP4`.
 
 use std::time::Instant;
 
+use pdkv_sim::explore::{broken_properties, scenario_for_seed};
+use pdkv_sim::model_check::{check, ModelConfig};
 use pdkv_sim::scenario::{Clients, Length, Scenario};
 use pdkv_sim::RunOptions;
 
@@ -40,6 +44,54 @@ fn main() {
         verdict(median < 1.0)
     );
     println!("  events/s      {:.2} M (median run)  target > 2 M: {}", rate / 1e6, verdict(rate > 2e6));
+    explore_rate();
+    model_check_rate();
+}
+
+/// Seeds per second on one thread: the lost-reply deadlock (no handshake timeout), shrunk to
+/// one request, with swarm faults on every seed.
+fn explore_rate() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../scenarios/no-handshake-timeout-lost-reply.ron");
+    let mut base = pdkv_sim::load::load_scenario(std::path::Path::new(path)).expect("the scenario loads");
+    base.workload.clients = Clients::Closed { concurrency: 1, requests: 1 };
+    base.workload.input_tokens = Length::Fixed(64);
+    base.workload.output_tokens = Length::Fixed(2);
+    let seeds = 5_000u64;
+    let start = Instant::now();
+    let mut failing = 0;
+    for seed in 0..seeds {
+        let run = pdkv_sim::run(&scenario_for_seed(&base, seed, true), RunOptions::default()).expect("runs");
+        failing += u64::from(!broken_properties(&run.result).is_empty());
+    }
+    let rate = seeds as f64 / start.elapsed().as_secs_f64();
+    println!("explore no-handshake-timeout-lost-reply (1 request, swarm faults), one thread:");
+    println!(
+        "  seeds/s       {rate:.0} ({failing} of {seeds} seeds break a property)  target >= 5000: {}",
+        verdict(rate >= 5000.0)
+    );
+}
+
+/// States per second of the model checker on the fixed protocol.
+fn model_check_rate() {
+    let config = ModelConfig {
+        deployment: "1P_TP2:1D_TP4".into(),
+        legacy: Default::default(),
+        requests: 3,
+        loss_budget: 2,
+        max_steps: 4,
+        max_states: 2_000_000,
+        reduce: true,
+    };
+    let report = check(&config).expect("checks");
+    println!("model check 1P_TP2:1D_TP4, 3 requests, up to 2 losses:");
+    println!(
+        "  states        {} in {:.3} s ({:.0} states/s), depth {}, {}",
+        report.states,
+        report.seconds,
+        report.states as f64 / report.seconds.max(1e-9),
+        report.max_depth,
+        if report.violation.is_none() { "no violation" } else { "VIOLATION" }
+    );
 }
 
 fn verdict(ok: bool) -> &'static str {

@@ -25,6 +25,9 @@ pub enum Property {
     /// Every prefill block freed exactly once, by its releases (the reaper only when the decode
     /// side died or a fault lost a release or lease).
     FreedByReleases,
+    /// Reads spread over prefill GPUs about as evenly as the fixed routing spreads them for the
+    /// deployment (checked when every GPU could have served a few reads).
+    Balanced,
 }
 
 impl Property {
@@ -36,6 +39,7 @@ impl Property {
             Property::NoHang => "no-hang",
             Property::EveryRequestEnds => "every-request-ends",
             Property::FreedByReleases => "freed-by-releases",
+            Property::Balanced => "balanced",
         }
     }
 }
@@ -65,6 +69,43 @@ pub fn broken_properties(result: &RunResult) -> Vec<Property> {
     let ledger = &result.ledger;
     if ledger.held > 0 || ledger.reaped > ledger.reaped_excused {
         broken.push(Property::FreedByReleases);
+    }
+    broken
+}
+
+/// What the fixed routing gives a deployment: the Jain index of reads per prefill GPU over 16
+/// rounds of the proxy, and how many requests one round takes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Ideal {
+    /// Jain index of the fixed routing.
+    pub jain: f64,
+    /// Requests in one round of the proxy.
+    pub requests_per_round: u64,
+}
+
+/// The [`Ideal`] of `scenario`'s deployment (`None` if the deployment cannot be routed).
+pub fn ideal_jain(scenario: &Scenario) -> Option<Ideal> {
+    let d = pdkv_core::topology::Deployment::parse(&scenario.deployment)
+        .ok()?
+        .with_model(crate::world::model_spec(scenario));
+    let report = pdkv_core::routes::routes(&d, &pdkv_core::legacy::LegacyOptions::none(), 16).ok()?;
+    Some(Ideal { jain: report.jain, requests_per_round: report.requests / 16 })
+}
+
+/// Slack below the ideal Jain index before a run counts as unbalanced (small workloads do not
+/// fill every round of the proxy).
+pub const BALANCE_SLACK: f64 = 0.2;
+
+/// [`broken_properties`] plus the balance check against `ideal` (from [`ideal_jain`]), made
+/// only when the run sent at least four rounds of requests (a partial round is uneven by
+/// design, more so with decode engines of different widths).
+pub fn broken_properties_of(result: &RunResult, ideal: Option<Ideal>) -> Vec<Property> {
+    let mut broken = broken_properties(result);
+    if let Some(ideal) = ideal {
+        let enough = result.requests.sent >= 4 * ideal.requests_per_round.max(1);
+        if enough && result.nic.jain < ideal.jain - BALANCE_SLACK {
+            broken.push(Property::Balanced);
+        }
     }
     broken
 }
@@ -165,7 +206,7 @@ pub fn shrink(failing: &Scenario, property: Property, budget: usize) -> Scenario
             }
             runs += 1;
             let Ok(run) = crate::run(&candidate, RunOptions::default()) else { continue };
-            if broken_properties(&run.result).contains(&property) {
+            if broken_properties_of(&run.result, ideal_jain(&candidate)).contains(&property) {
                 current = candidate;
                 continue 'outer;
             }

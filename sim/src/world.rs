@@ -140,6 +140,8 @@ impl Ord for Scheduled {
 /// KV blocks of one engine DP rank (the same ids on every TP rank), with their owners.
 #[derive(Clone, Debug)]
 struct Pool {
+    capacity: u32,
+    next: u32,
     free: Vec<u32>,
     /// Owner transfer (index into `World::transfers`) of each block, `u32::MAX` when free.
     owner: Vec<u32>,
@@ -148,19 +150,33 @@ struct Pool {
 const FREE: u32 = u32::MAX;
 
 impl Pool {
+    /// A pool of `blocks` ids. Ids are handed out fresh in ascending order, and freed ones are
+    /// reused first; nothing is allocated for ids never used, so a short run with a large pool
+    /// stays cheap.
     fn new(blocks: u32) -> Pool {
-        Pool { free: (0..blocks).rev().collect(), owner: vec![FREE; blocks as usize] }
+        Pool { capacity: blocks, next: 0, free: Vec::new(), owner: Vec::new() }
     }
 
     fn available(&self) -> usize {
-        self.free.len()
+        self.free.len() + (self.capacity - self.next) as usize
     }
 
     fn alloc(&mut self, n: usize, owner: u32) -> Vec<u32> {
-        let at = self.free.len() - n;
-        let blocks: Vec<u32> = self.free.split_off(at).into_iter().rev().collect();
-        for &b in &blocks {
+        debug_assert!(n <= self.available(), "caller checks availability");
+        let mut blocks = Vec::with_capacity(n);
+        while blocks.len() < n {
+            let b = match self.free.pop() {
+                Some(b) => b,
+                None => {
+                    self.next += 1;
+                    self.next - 1
+                }
+            };
+            if self.owner.len() <= b as usize {
+                self.owner.resize(b as usize + 1, FREE);
+            }
             self.owner[b as usize] = owner;
+            blocks.push(b);
         }
         blocks
     }
@@ -178,6 +194,11 @@ impl Pool {
             }
         }
         bad
+    }
+
+    /// The owner of block `b` (`FREE` if free or never used).
+    fn owner_of(&self, b: u32) -> u32 {
+        self.owner.get(b as usize).copied().unwrap_or(FREE)
     }
 }
 
@@ -1700,15 +1721,11 @@ impl World {
         let rank = self.p_ranks[server];
         let g = self.pgroup_base[usize::from(rank.engine.index)] + usize::from(rank.dp);
         let pool = &self.pgroups[g].pool;
-        let wrong: Vec<u32> = blocks
-            .iter()
-            .copied()
-            .filter(|&b| pool.owner.get(b as usize).is_none_or(|&o| o != transfer))
-            .collect();
+        let wrong: Vec<u32> = blocks.iter().copied().filter(|&b| pool.owner_of(b) != transfer).collect();
         if wrong.is_empty() {
             return;
         }
-        let freed = wrong.iter().all(|&b| pool.owner.get(b as usize) == Some(&FREE));
+        let freed = wrong.iter().all(|&b| pool.owner_of(b) == FREE && b < pool.capacity);
         let what = if freed { "freed" } else { "another request's (or unallocated)" };
         let name = self.transfers.get(transfer as usize).map_or("?".to_string(), |t| t.0.clone());
         let shown: Vec<u32> = wrong.iter().copied().take(4).collect();
@@ -1863,7 +1880,7 @@ impl World {
                     lost.extend(std::mem::take(&mut self.pgroups[g].batch).into_iter().map(|(id, _)| id));
                     self.pgroups[g].busy = false;
                     self.pgroups[g].stalled_since = None;
-                    let blocks = self.pgroups[g].pool.owner.len() as u32;
+                    let blocks = self.pgroups[g].pool.capacity;
                     self.pgroups[g].pool = Pool::new(blocks);
                     for id in lost {
                         self.end_request(id, true);
@@ -1892,7 +1909,7 @@ impl World {
                     lost.extend(self.dgroups[g].running.drain(..).map(|r| r.id));
                     self.dgroups[g].context_tokens = 0;
                     self.dgroups[g].votes.clear();
-                    let blocks = self.dgroups[g].pool.owner.len() as u32;
+                    let blocks = self.dgroups[g].pool.capacity;
                     self.dgroups[g].pool = Pool::new(blocks);
                     for w in self.dgroups[g].workers.clone() {
                         self.abort_flows_on(self.p_ranks.len() + w, "peer down");
@@ -1949,7 +1966,7 @@ impl World {
                     }
                     self.epoch[i] += 1;
                     let g = self.pgroup_base[e] + usize::from(rank.dp);
-                    let blocks = self.pgroups[g].pool.owner.len() as u32;
+                    let blocks = self.pgroups[g].pool.capacity;
                     let (worker, bases, len) = build_prefill_worker(
                         &self.sc,
                         &self.d,

@@ -1,10 +1,11 @@
 //! Property tests of the fixed protocol: across deployments, workloads and fault schedules, no
-//! safety violation, no hang, every request ends, every prefill block is freed by its releases.
+//! safety violation, no hang, every request ends, every prefill block is freed by its releases,
+//! reads spread as evenly as the fixed routing spreads them.
 //! `PDKV_PROPTEST_CASES` raises the number of cases (default 48, sized for CI).
 
 use pdkv_core::routing::{self, RoutingError};
 use pdkv_core::topology::{Layout, ModelSpec};
-use pdkv_sim::explore::broken_properties;
+use pdkv_sim::explore::{broken_properties_of, ideal_jain};
 use pdkv_sim::scenario::{Clients, FaultKind, Length, Scenario, Swarm, Target, TimedFault};
 use pdkv_sim::RunOptions;
 use proptest::prelude::*;
@@ -131,7 +132,7 @@ proptest! {
         let s = scenario_of(&prefill, &decode, &model, workload, swarm, &faults, seed);
         let run = pdkv_sim::run(&s, RunOptions::default());
         prop_assert!(run.is_ok(), "{:?}", run.err());
-        let broken = broken_properties(&run.unwrap().result);
+        let broken = broken_properties_of(&run.unwrap().result, ideal_jain(&s));
         let names: Vec<&str> = broken.iter().map(|p| p.name()).collect();
         prop_assert!(broken.is_empty(), "{}", failure_report(&s, &names.join(", ")));
     }
