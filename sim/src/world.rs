@@ -262,6 +262,21 @@ struct Unit {
     wake_scheduled: bool,
 }
 
+impl Unit {
+    /// An idle unit of decode engine `engine` with no groups yet.
+    fn new(engine: usize) -> Unit {
+        Unit {
+            engine,
+            last_step_end: None,
+            watchdog: false,
+            groups: Vec::new(),
+            step: 0,
+            state: UnitState::Idle,
+            wake_scheduled: false,
+        }
+    }
+}
+
 struct Listener {
     rank: RankId,
     kind: ListenerKind,
@@ -525,29 +540,13 @@ impl World {
             dgroup_base.push(dgroups.len());
             let engine_unit = units.len();
             if layout.ep {
-                units.push(Unit {
-                    engine: e,
-                    last_step_end: None,
-                    watchdog: false,
-                    groups: Vec::new(),
-                    step: 0,
-                    state: UnitState::Idle,
-                    wake_scheduled: false,
-                });
+                units.push(Unit::new(e));
             }
             for dp in 0..layout.dp {
                 let unit = if layout.ep {
                     engine_unit
                 } else {
-                    units.push(Unit {
-                        engine: e,
-                        last_step_end: None,
-                        watchdog: false,
-                        groups: Vec::new(),
-                        step: 0,
-                        state: UnitState::Idle,
-                        wake_scheduled: false,
-                    });
+                    units.push(Unit::new(e));
                     units.len() - 1
                 };
                 let g = dgroups.len();
