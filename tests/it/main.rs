@@ -9,3 +9,4 @@ mod reports_cli;
 mod routes_cli;
 mod scenarios;
 mod wire;
+mod zmtp_pyzmq;

@@ -1,0 +1,317 @@
+//! Conformance of pdkv's ZMTP (`pdkv_rdma::zmtp`) with a peer nobody here wrote: pyzmq, that is
+//! libzmq, driven by tests/fixtures/zmq_peer.py the way MoRIIO drives its control sockets.
+//!
+//! (a) A pyzmq ROUTER (MoRIIO's notify listener) and a pdkv DEALER: pdkv's MessagePack release
+//!     must decode in Python to MoRIIO's dict, and every frame must come back byte for byte.
+//! (b) A pdkv ROUTER (a handshake listener) and a pyzmq DEALER with an identity: MoRIIO's
+//!     `get_meta_msg` gets pdkv's two-frame reply, which Python must decode; the release Python
+//!     packs must decode in pdkv.
+//!
+//! Both keep libzmq's heartbeats on, so pdkv must answer PINGs. Python and its packages are
+//! required, not optional: a missing one fails the test with its name (CI installs them).
+//! Every wait is bounded; the Python child is killed after [`CHILD_LIMIT`].
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use pdkv_core::ids::TransferId;
+use pdkv_core::release::{Release, ReleaseSender};
+use pdkv_core::wire::{
+    decode, encode, encode_layer_memory_descs, ControlMessage, HandshakeMetadata, LayerMemoryDesc, RankInfo,
+    HANDSHAKE_REQUEST,
+};
+use pdkv_rdma::zmtp::{Connection, RouterListener, SocketType};
+
+/// How long a Python peer may live before it is killed and the test fails.
+const CHILD_LIMIT: Duration = Duration::from_secs(20);
+/// Connect and handshake timeout of the pdkv end.
+const HANDSHAKE: Duration = Duration::from_secs(5);
+/// Read timeout of the pdkv end: longer than the Python side's own waits.
+const READ: Duration = Duration::from_secs(10);
+const TRANSFER_ID: &str = "tx-0c5f2a9e-3b7d-4e21-9a64-8f1d2c3b4a5e";
+
+/// A running `zmq_peer.py`: its stdout lines arrive on a channel, its stderr is kept for the
+/// failure message, and it is killed when dropped.
+struct PyPeer {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    stderr: Option<JoinHandle<String>>,
+    deadline: Instant,
+}
+
+impl PyPeer {
+    fn spawn(args: &[&str]) -> PyPeer {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/zmq_peer.py");
+        let mut child = Command::new("python3")
+            .arg("-u")
+            .arg(script)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot run python3 ({e}): the pyzmq conformance test needs python3 with the \
+                     pyzmq and msgpack packages (python3 -m pip install pyzmq msgpack)"
+                )
+            });
+        let (tx, lines) = mpsc::channel();
+        let stdout = child.stdout.take().expect("stdout is piped");
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut err_pipe = child.stderr.take().expect("stderr is piped");
+        let stderr = thread::spawn(move || {
+            let mut text = String::new();
+            let _ = err_pipe.read_to_string(&mut text);
+            text
+        });
+        PyPeer { child, lines, stderr: Some(stderr), deadline: Instant::now() + CHILD_LIMIT }
+    }
+
+    /// Kills the child and fails the test with `why` and everything Python wrote to stderr
+    /// (which names a missing package, if that is the cause).
+    fn fail(&mut self, why: &str) -> ! {
+        let _ = self.child.kill();
+        let status = self.child.wait().map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
+        let stderr = self.stderr.take().and_then(|h| h.join().ok()).unwrap_or_default();
+        panic!("{why}\npython peer exit: {status}\n--- python stderr ---\n{stderr}");
+    }
+
+    /// The next stdout line, within the child's deadline.
+    fn line(&mut self) -> String {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        match self.lines.recv_timeout(left) {
+            Ok(line) => line,
+            Err(mpsc::RecvTimeoutError::Timeout) => self.fail("python peer printed nothing in time"),
+            Err(mpsc::RecvTimeoutError::Disconnected) => self.fail("python peer ended its output early"),
+        }
+    }
+
+    /// Waits for a successful exit within the deadline; returns the remaining stdout lines.
+    fn finish(mut self) -> Vec<String> {
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) if status.success() => break,
+                Ok(Some(_)) => self.fail("python peer failed"),
+                Ok(None) if Instant::now() < self.deadline => thread::sleep(Duration::from_millis(20)),
+                Ok(None) => self.fail("python peer did not exit in time"),
+                Err(e) => self.fail(&format!("cannot wait for the python peer: {e}")),
+            }
+        }
+        // The process is gone, so the reader thread sees end of file and closes the channel.
+        self.lines.iter().collect()
+    }
+
+    /// Waits for the pdkv side's result on `rx`, failing at once if Python exits with an error
+    /// first (a missing package, say) rather than when the deadline passes.
+    fn wait_for<T>(&mut self, rx: &mpsc::Receiver<T>, what: &str) -> T {
+        loop {
+            match rx.recv_timeout(Duration::from_millis(50)) {
+                Ok(value) => return value,
+                Err(mpsc::RecvTimeoutError::Disconnected) => self.fail(&format!("{what}: thread died")),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+            }
+            match self.child.try_wait() {
+                Ok(Some(status)) if !status.success() => {
+                    self.fail(&format!("python peer failed during {what}"))
+                }
+                _ if Instant::now() >= self.deadline => self.fail(&format!("{what}: not done in time")),
+                _ => {}
+            }
+        }
+    }
+
+    /// The value of a `Result` from the pdkv side, or a failure that shows Python's view too.
+    fn check<T, E: std::fmt::Display>(&mut self, result: Result<T, E>, what: &str) -> T {
+        result.unwrap_or_else(|e| self.fail(&format!("pdkv side: {what}: {e}")))
+    }
+}
+
+impl Drop for PyPeer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn tid() -> TransferId {
+    TransferId(TRANSFER_ID.to_owned())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[test]
+fn pdkv_dealer_against_pyzmq_router() {
+    let mut peer = PyPeer::spawn(&["router-echo", "3"]);
+    let port_line = peer.line();
+    let port: u16 = match port_line.strip_prefix("port ").and_then(|p| p.parse().ok()) {
+        Some(port) => port,
+        None => peer.fail(&format!("expected `port N` first, got {port_line:?}")),
+    };
+    eprintln!("{}", peer.line()); // pyzmq and libzmq versions
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let conn = Connection::connect(addr, SocketType::Dealer, Some(b"pdkv-decode-0"), HANDSHAKE);
+    let mut conn = peer.check(conn, "connect");
+    peer.check(conn.set_read_timeout(Some(READ)), "read timeout");
+    assert_eq!(conn.peer_type(), SocketType::Router);
+
+    let release = encode(&ControlMessage::Release(Release {
+        transfer_id: tid(),
+        consumer_tp_size: Some(8),
+        sender: None,
+    }));
+    let legacy = encode(&ControlMessage::LegacyCompletion(tid()));
+    let long: Vec<u8> = (0..1000u32).map(|i| (i % 251) as u8).collect();
+    let with_sender = encode(&ControlMessage::Release(Release {
+        transfer_id: tid(),
+        consumer_tp_size: Some(8),
+        sender: Some(ReleaseSender { engine_id: "decode-0:6301".to_owned(), dp_rank: 3, tp_rank: 5 }),
+    }));
+    let messages: [Vec<&[u8]>; 3] = [vec![&release], vec![&legacy, &long, b""], vec![&with_sender]];
+    for (i, frames) in messages.iter().enumerate() {
+        if i == 1 {
+            // Let libzmq's heartbeat PINGs pile up unread; the next recv must answer them.
+            thread::sleep(Duration::from_millis(300));
+        }
+        let sent = conn.send(frames);
+        peer.check(sent, "send");
+        let echo = conn.recv();
+        let echo = peer.check(echo, "recv");
+        let mut expected = vec![b"echo".to_vec()];
+        expected.extend(frames.iter().map(|f| f.to_vec()));
+        assert_eq!(echo, expected, "echo of message {}", i + 1);
+    }
+    assert!(conn.pings_answered() > 0, "libzmq pinged every 50 ms; pdkv answered none");
+    drop(conn);
+
+    let lines = peer.finish();
+    let release_dict =
+        format!("{{'type': 'release', 'transfer_id': '{TRANSFER_ID}', 'consumer_tp_size': 8}}");
+    let expected = vec![
+        "message 1 identity b'pdkv-decode-0' frames 1".to_owned(),
+        format!("frame msgpack {release_dict}"),
+        "message 2 identity b'pdkv-decode-0' frames 3".to_owned(),
+        format!("frame raw {} bytes b'{TRANSFER_ID}'", TRANSFER_ID.len()),
+        "frame raw 1000 bytes".to_owned(),
+        "frame raw 0 bytes b''".to_owned(),
+        "message 3 identity b'pdkv-decode-0' frames 1".to_owned(),
+        format!(
+            "frame msgpack {{'type': 'release', 'transfer_id': '{TRANSFER_ID}', 'consumer_tp_size': 8, \
+             'sender_engine_id': 'decode-0:6301', 'sender_dp_rank': 3, 'sender_tp_rank': 5}}"
+        ),
+    ];
+    assert_eq!(lines, expected);
+}
+
+/// What the pdkv ROUTER saw of the pyzmq DEALER.
+struct Served {
+    identity: Vec<u8>,
+    peer_type: SocketType,
+    request: Vec<Vec<u8>>,
+    release: Vec<Vec<u8>>,
+    pings: u64,
+}
+
+fn metadata() -> HandshakeMetadata {
+    let mut agent_metadata: Vec<u8> = (0..40).collect();
+    agent_metadata.extend_from_slice(b"mori-engine-desc");
+    HandshakeMetadata {
+        engine_id: "prefill-0:6301".to_owned(),
+        agent_metadata,
+        kv_caches_base_addr: vec![0x7F3A_0000_0000, 0x7F3A_4000_0000],
+        num_blocks: 21504,
+        block_len: 73728,
+        attn_backend_name: "FLASHMLA".to_owned(),
+        rank: Some(RankInfo { dp_rank: 1, tp_rank: 3, tp_size: 4 }),
+    }
+}
+
+fn layers() -> Vec<LayerMemoryDesc> {
+    vec![
+        LayerMemoryDesc {
+            layer_name: "model.layers.0.self_attn.attn".to_owned(),
+            descs: vec![vec![1, 2, 3, 0xFF]],
+        },
+        LayerMemoryDesc {
+            layer_name: "model.layers.1.self_attn.attn".to_owned(),
+            descs: vec![vec![4, 5], vec![6]],
+        },
+    ]
+}
+
+/// The ROUTER side: one peer, one handshake request answered, one release acknowledged.
+fn serve(mut listener: RouterListener) -> Result<Served, pdkv_rdma::zmtp::ZmtpError> {
+    let mut conn = listener.accept()?;
+    conn.set_read_timeout(Some(READ))?;
+    let request = conn.recv()?;
+    let meta = encode(&ControlMessage::HandshakeMetadata(metadata()));
+    let descs = encode_layer_memory_descs(&layers());
+    conn.send(&[&meta, &descs])?;
+    let release = conn.recv()?;
+    conn.send(&[b"ack"])?;
+    Ok(Served {
+        identity: conn.peer_identity().to_vec(),
+        peer_type: conn.peer_type(),
+        request,
+        release,
+        pings: conn.pings_answered(),
+    })
+}
+
+#[test]
+fn pyzmq_dealer_against_pdkv_router() {
+    let listener = RouterListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).expect("bind on loopback");
+    let port = listener.local_addr().expect("local address").port().to_string();
+    let (tx, rx) = mpsc::channel();
+    // The pdkv side runs on its own thread so that this one can bound it and kill Python.
+    thread::spawn(move || {
+        let _ = tx.send(serve(listener));
+    });
+    let mut peer = PyPeer::spawn(&["dealer", &port, "moriio-decode-0", TRANSFER_ID]);
+    let served = peer.wait_for(&rx, "pdkv ROUTER serving the pyzmq DEALER");
+    let served = peer.check(served, "serving the handshake");
+    eprintln!("{}", peer.line()); // pyzmq and libzmq versions
+    let lines = peer.finish();
+
+    assert_eq!(served.identity, b"moriio-decode-0");
+    assert_eq!(served.peer_type, SocketType::Dealer);
+    // On the wire a DEALER sends just its payload; no identity or delimiter frame.
+    assert_eq!(served.request, vec![HANDSHAKE_REQUEST.to_vec()]);
+    assert!(served.pings > 0, "libzmq pinged every 50 ms for 1.5 s; pdkv answered none");
+    assert_eq!(served.release.len(), 1);
+    assert_eq!(
+        decode(&served.release[0]),
+        Ok(ControlMessage::Release(Release { transfer_id: tid(), consumer_tp_size: Some(4), sender: None }))
+    );
+
+    let meta = metadata();
+    let addrs: Vec<String> = meta.kv_caches_base_addr.iter().map(u64::to_string).collect();
+    let expected = vec![
+        "frames 2".to_owned(),
+        format!(
+            "metadata {{\"engine_id\": \"prefill-0:6301\", \"agent_metadata\": \"hex:{}\", \
+             \"kv_caches_base_addr\": [{}], \"num_blocks\": 21504, \"block_len\": 73728, \
+             \"attn_backend_name\": \"FLASHMLA\", \"dp_rank\": 1, \"tp_rank\": 3, \"tp_size\": 4}}",
+            hex(&meta.agent_metadata),
+            addrs.join(", ")
+        ),
+        "layers {\"model.layers.0.self_attn.attn\": [\"hex:010203ff\"], \
+         \"model.layers.1.self_attn.attn\": [\"hex:0405\", \"hex:06\"]}"
+            .to_owned(),
+        "reply [b'ack']".to_owned(),
+    ];
+    assert_eq!(lines, expected);
+}
