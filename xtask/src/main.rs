@@ -11,7 +11,8 @@ usage: cargo xtask <task>
 tasks:
   tidy     check the source rules (core purity, //! headers, no disabled tests)
   codegen  regenerate the checked-in state-machine tables and Graphviz files under docs/machines
-  bench    simulator benchmark (release build): wall time and events per second
+  bench    benchmarks (release build): simulator events/s, explore seeds/s, model-checker
+           states/s, TCP data-plane throughput against a plain socket copy
   calibrate  the cost model against REFERENCE.md's published measurements (release build)
   gallery  regenerate the README's report pictures under docs/gallery
   check-model  bounded model checking of the protocol nodes on tiny deployments
@@ -51,9 +52,19 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Some(task @ ("bench" | "calibrate")) => {
-            let args = ["run", "--release", "--quiet", "--package", "pdkv-sim", "--example", task];
+        Some("calibrate") => {
+            let args = ["run", "--release", "--quiet", "--package", "pdkv-sim", "--example", "calibrate"];
             if cargo(&args, &[]) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Some("bench") => {
+            // The simulator, exploration and model checker, then the TCP data plane.
+            let sim = ["run", "--release", "--quiet", "--package", "pdkv-sim", "--example", "bench"];
+            let tcp = ["run", "--release", "--quiet", "--package", "pdkv-rdma", "--example", "tcp_bench"];
+            if cargo(&sim, &[]) && cargo(&tcp, &[]) {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::FAILURE

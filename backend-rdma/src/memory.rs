@@ -1,0 +1,347 @@
+//! Registered memory regions of host memory: what a producer rank lets its peers read, and how a
+//! fence takes that permission back.
+//!
+//! A region is a buffer that a peer addresses by a 64-bit address, as RDMA addresses a memory
+//! region by its virtual address. Host regions pick their `base_addr` freely (the address space
+//! is the registry's, not the process's), so no `unsafe` is needed; the HIP device-memory variant
+//! comes later behind the `hip` feature.
+//!
+//! Rules the registry keeps:
+//!
+//! - Live regions never overlap and never wrap past `u64::MAX`; a zero-length region is refused.
+//! - A read or write must lie inside one live region; straddling two adjacent regions is refused,
+//!   as an RDMA READ against one memory key would be.
+//! - [`Regions::deregister`] revokes a region: later accesses to its old range get
+//!   [`MemoryError::Revoked`] (not [`MemoryError::Unregistered`]), so a reader that lost a race
+//!   with a fence is told so. Registering a new region forgets every revocation whose range it
+//!   overlaps.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// Identifier of a registered region, unique for the life of a [`Regions`] registry (ids are
+/// never reused, so a stale id cannot name a newer region).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RegionId(pub u32);
+
+impl fmt::Display for RegionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "region {}", self.0)
+    }
+}
+
+/// A registered region of host memory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostRegion {
+    /// The region's identifier.
+    pub id: RegionId,
+    /// The address of its first byte, as peers name it.
+    pub base_addr: u64,
+    /// Its contents; the length is fixed at registration.
+    pub bytes: Vec<u8>,
+}
+
+impl HostRegion {
+    /// One past the last address of the region (registration guarantees it does not overflow).
+    pub fn end_addr(&self) -> u64 {
+        self.base_addr + self.bytes.len() as u64
+    }
+}
+
+/// Why a registration or an access was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MemoryError {
+    /// A region of zero bytes was asked for.
+    ZeroLength {
+        /// The requested base address.
+        base_addr: u64,
+    },
+    /// `base_addr + len` passes `u64::MAX`, or `len` does not fit this machine's memory.
+    TooLarge {
+        /// The requested base address.
+        base_addr: u64,
+        /// The requested length.
+        len: u64,
+    },
+    /// The new region would overlap a live one.
+    Overlap {
+        /// The requested base address.
+        base_addr: u64,
+        /// The requested length.
+        len: u64,
+        /// The live region it overlaps.
+        existing: RegionId,
+    },
+    /// Every region id has been used.
+    IdsExhausted,
+    /// No live or revoked region contains the first byte of the access.
+    Unregistered {
+        /// First address of the access.
+        addr: u64,
+        /// Its length.
+        len: u64,
+    },
+    /// The access starts in a region that has been deregistered.
+    Revoked {
+        /// First address of the access.
+        addr: u64,
+        /// Its length.
+        len: u64,
+        /// The revoked region.
+        region: RegionId,
+    },
+    /// The access starts inside a live region but runs past its end.
+    OutOfRange {
+        /// First address of the access.
+        addr: u64,
+        /// Its length.
+        len: u64,
+        /// The region it starts in.
+        region: RegionId,
+        /// One past the region's last address.
+        region_end: u64,
+    },
+    /// [`Regions::deregister`] was given an id that is not live.
+    UnknownRegion {
+        /// The id.
+        region: RegionId,
+    },
+}
+
+impl fmt::Display for MemoryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MemoryError::ZeroLength { base_addr } => {
+                write!(f, "cannot register a zero-length region at {base_addr:#x}")
+            }
+            MemoryError::TooLarge { base_addr, len } => {
+                write!(f, "region of {len} bytes at {base_addr:#x} is too large")
+            }
+            MemoryError::Overlap { base_addr, len, existing } => {
+                write!(f, "region of {len} bytes at {base_addr:#x} overlaps {existing}")
+            }
+            MemoryError::IdsExhausted => f.write_str("every region id has been used"),
+            MemoryError::Unregistered { addr, len } => {
+                write!(f, "no registered region holds {len} bytes at {addr:#x}")
+            }
+            MemoryError::Revoked { addr, len, region } => {
+                write!(f, "{len} bytes at {addr:#x} lie in {region}, which has been revoked")
+            }
+            MemoryError::OutOfRange { addr, len, region, region_end } => write!(
+                f,
+                "{len} bytes at {addr:#x} run past the end of {region} (which ends at {region_end:#x})"
+            ),
+            MemoryError::UnknownRegion { region } => write!(f, "{region} is not registered"),
+        }
+    }
+}
+
+impl std::error::Error for MemoryError {}
+
+/// The registry of a rank's regions: live ones by base address, and the ranges of revoked ones.
+#[derive(Debug, Default)]
+pub struct Regions {
+    /// Live regions keyed by base address; non-overlapping, so a range query finds the one
+    /// candidate holding an address.
+    live: BTreeMap<u64, HostRegion>,
+    /// Revoked ranges keyed by base address: (end, id). Kept so that a late reader gets
+    /// `Revoked`, which the decode side maps to "the producer fenced this transfer".
+    revoked: BTreeMap<u64, (u64, RegionId)>,
+    /// The next id to hand out; `None` once `u32::MAX` has been used.
+    next_id: Option<u32>,
+}
+
+impl Regions {
+    /// An empty registry.
+    pub fn new() -> Regions {
+        Regions { live: BTreeMap::new(), revoked: BTreeMap::new(), next_id: Some(0) }
+    }
+
+    /// Registers `len` zeroed bytes at `base_addr` and returns the new region's id.
+    pub fn register(&mut self, base_addr: u64, len: u64) -> Result<RegionId, MemoryError> {
+        if len == 0 {
+            return Err(MemoryError::ZeroLength { base_addr });
+        }
+        let too_large = MemoryError::TooLarge { base_addr, len };
+        let end = base_addr.checked_add(len).ok_or(too_large.clone())?;
+        let size = usize::try_from(len).map_err(|_| too_large)?;
+        // The only live region that can overlap [base, end) without starting inside it is the
+        // last one starting before `end`.
+        if let Some((_, r)) = self.live.range(..end).next_back() {
+            if r.end_addr() > base_addr {
+                return Err(MemoryError::Overlap { base_addr, len, existing: r.id });
+            }
+        }
+        let raw = self.next_id.ok_or(MemoryError::IdsExhausted)?;
+        self.next_id = raw.checked_add(1);
+        let id = RegionId(raw);
+        // A live region takes the address range back from any revocation there.
+        self.revoked.retain(|&b, &mut (e, _)| e <= base_addr || b >= end);
+        self.live.insert(base_addr, HostRegion { id, base_addr, bytes: vec![0; size] });
+        Ok(id)
+    }
+
+    /// Deregisters (revokes) a live region: later accesses to its range fail with
+    /// [`MemoryError::Revoked`]. Returns the region, whose bytes the caller may reuse.
+    pub fn deregister(&mut self, id: RegionId) -> Result<HostRegion, MemoryError> {
+        let base = self
+            .live
+            .iter()
+            .find(|(_, r)| r.id == id)
+            .map(|(&b, _)| b)
+            .ok_or(MemoryError::UnknownRegion { region: id })?;
+        let region = self.live.remove(&base).ok_or(MemoryError::UnknownRegion { region: id })?;
+        self.revoked.insert(base, (region.end_addr(), id));
+        Ok(region)
+    }
+
+    /// The live region with this id, if any.
+    pub fn region(&self, id: RegionId) -> Option<&HostRegion> {
+        self.live.values().find(|r| r.id == id)
+    }
+
+    /// Number of live regions.
+    pub fn len(&self) -> usize {
+        self.live.len()
+    }
+
+    /// Whether no region is live.
+    pub fn is_empty(&self) -> bool {
+        self.live.is_empty()
+    }
+
+    /// Checks that `len` bytes at `addr` lie inside one live region and returns the region's
+    /// base and the offset range inside it.
+    fn locate(&self, addr: u64, len: u64) -> Result<(u64, usize, usize), MemoryError> {
+        if let Some((&base, r)) = self.live.range(..=addr).next_back() {
+            let region_end = r.end_addr();
+            if addr < region_end {
+                let out = MemoryError::OutOfRange { addr, len, region: r.id, region_end };
+                let end = addr.checked_add(len).ok_or(out.clone())?;
+                if end > region_end {
+                    return Err(out);
+                }
+                // Both offsets are at most the region's length, which is a usize.
+                let start = (addr - base) as usize;
+                return Ok((base, start, start + len as usize));
+            }
+        }
+        if let Some((_, &(end, region))) = self.revoked.range(..=addr).next_back() {
+            if addr < end {
+                return Err(MemoryError::Revoked { addr, len, region });
+            }
+        }
+        Err(MemoryError::Unregistered { addr, len })
+    }
+
+    /// The `len` bytes at `addr`, which must lie inside one live region.
+    pub fn read(&self, addr: u64, len: u64) -> Result<&[u8], MemoryError> {
+        let (base, start, end) = self.locate(addr, len)?;
+        let region = self.live.get(&base).ok_or(MemoryError::Unregistered { addr, len })?;
+        Ok(&region.bytes[start..end])
+    }
+
+    /// The `len` bytes at `addr` for filling in place (saves a copy when a producer writes a
+    /// large block).
+    pub fn slice_mut(&mut self, addr: u64, len: u64) -> Result<&mut [u8], MemoryError> {
+        let (base, start, end) = self.locate(addr, len)?;
+        let region = self.live.get_mut(&base).ok_or(MemoryError::Unregistered { addr, len })?;
+        Ok(&mut region.bytes[start..end])
+    }
+
+    /// Copies `data` to `addr`; the whole range must lie inside one live region.
+    pub fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
+        self.slice_mut(addr, data.len() as u64)?.copy_from_slice(data);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two regions: id 0 at [0x1000, 0x1100), id 1 at [0x2000, 0x2010).
+    fn two() -> Regions {
+        let mut r = Regions::new();
+        assert_eq!(r.register(0x1000, 0x100), Ok(RegionId(0)));
+        assert_eq!(r.register(0x2000, 0x10), Ok(RegionId(1)));
+        r
+    }
+
+    #[test]
+    fn register_refusals() {
+        let cases: &[(u64, u64, MemoryError)] = &[
+            (0x5000, 0, MemoryError::ZeroLength { base_addr: 0x5000 }),
+            (u64::MAX, 2, MemoryError::TooLarge { base_addr: u64::MAX, len: 2 }),
+            (0x1000, 1, MemoryError::Overlap { base_addr: 0x1000, len: 1, existing: RegionId(0) }),
+            (0x10ff, 1, MemoryError::Overlap { base_addr: 0x10ff, len: 1, existing: RegionId(0) }),
+            (0xf00, 0x101, MemoryError::Overlap { base_addr: 0xf00, len: 0x101, existing: RegionId(0) }),
+            (0x0, 0x3000, MemoryError::Overlap { base_addr: 0, len: 0x3000, existing: RegionId(1) }),
+            (0x200f, 8, MemoryError::Overlap { base_addr: 0x200f, len: 8, existing: RegionId(1) }),
+        ];
+        for (base, len, want) in cases {
+            let mut r = two();
+            assert_eq!(r.register(*base, *len).as_ref(), Err(want), "register({base:#x}, {len})");
+            assert_eq!(r.len(), 2);
+        }
+        // Adjacent regions touch without overlapping.
+        let mut r = two();
+        assert_eq!(r.register(0x1100, 0x10), Ok(RegionId(2)));
+        assert_eq!(r.register(0xff0, 0x10), Ok(RegionId(3)));
+        assert_eq!(r.register(u64::MAX - 1, 1), Ok(RegionId(4)));
+    }
+
+    #[test]
+    fn read_and_write_errors() {
+        let mut r = two();
+        r.write(0x1010, &[1, 2, 3]).expect("in range");
+        assert_eq!(r.read(0x100f, 5), Ok(&[0, 1, 2, 3, 0][..]));
+        let out = |addr, len, region, region_end| MemoryError::OutOfRange {
+            addr,
+            len,
+            region: RegionId(region),
+            region_end,
+        };
+        let cases: &[(u64, u64, Result<usize, MemoryError>)] = &[
+            (0x1000, 0x100, Ok(0x100)),
+            (0x10ff, 1, Ok(1)),
+            (0x1050, 0, Ok(0)),
+            (0x1000, 0x101, Err(out(0x1000, 0x101, 0, 0x1100))),
+            (0x10ff, u64::MAX, Err(out(0x10ff, u64::MAX, 0, 0x1100))),
+            // Straddling into the gap and on into the next region is still out of range.
+            (0x1080, 0x1000, Err(out(0x1080, 0x1000, 0, 0x1100))),
+            (0xfff, 1, Err(MemoryError::Unregistered { addr: 0xfff, len: 1 })),
+            (0x1100, 1, Err(MemoryError::Unregistered { addr: 0x1100, len: 1 })),
+            (0x2010, 0, Err(MemoryError::Unregistered { addr: 0x2010, len: 0 })),
+            (u64::MAX, 1, Err(MemoryError::Unregistered { addr: u64::MAX, len: 1 })),
+        ];
+        for (addr, len, want) in cases {
+            let got = r.read(*addr, *len).map(<[u8]>::len);
+            assert_eq!(&got, want, "read({addr:#x}, {len})");
+            let data = vec![7; usize::try_from(*len).unwrap_or(16).min(0x1000)];
+            if want.is_err() {
+                assert!(r.write(*addr, &data).is_err(), "write({addr:#x}, {len})");
+            }
+        }
+    }
+
+    #[test]
+    fn deregister_revokes_until_reregistered() {
+        let mut r = two();
+        r.write(0x2000, b"abc").expect("in range");
+        let region = r.deregister(RegionId(1)).expect("live");
+        assert_eq!(&region.bytes[..3], b"abc");
+        assert_eq!(r.region(RegionId(1)), None);
+        let revoked = MemoryError::Revoked { addr: 0x2004, len: 2, region: RegionId(1) };
+        assert_eq!(r.read(0x2004, 2), Err(revoked.clone()));
+        assert_eq!(r.write(0x2004, b"xy"), Err(revoked));
+        assert_eq!(r.read(0x2010, 1), Err(MemoryError::Unregistered { addr: 0x2010, len: 1 }));
+        assert_eq!(r.deregister(RegionId(1)), Err(MemoryError::UnknownRegion { region: RegionId(1) }));
+        // The other region is untouched.
+        assert_eq!(r.read(0x1000, 4), Ok(&[0, 0, 0, 0][..]));
+        // A new region over the revoked range is live there, under a new id.
+        assert_eq!(r.register(0x2000, 8), Ok(RegionId(2)));
+        assert_eq!(r.read(0x2004, 2), Ok(&[0, 0][..]));
+        assert_eq!(r.region(RegionId(2)).map(HostRegion::end_addr), Some(0x2008));
+    }
+}

@@ -1,0 +1,136 @@
+//! The data-plane seam: how a decode rank reads byte ranges of a producer rank's registered
+//! regions, whatever moves the bytes (TCP in [`crate::tcp`], RDMA verbs later behind `rdma`).
+//!
+//! The seam is one blocking call so that the driver loop, not the transport, decides what runs
+//! when; its errors are typed so the driver can map each to a core event (a refused read means
+//! the producer fenced or never registered the blocks; a connect failure or timeout means the
+//! producer is unreachable).
+
+use std::fmt;
+use std::io;
+
+pub use pdkv_core::ports::Endpoint;
+
+/// The reader side of the data plane.
+pub trait Transport {
+    /// Reads `ranges` (remote address, length) from `peer`'s registered regions back to back
+    /// into `into`, whose length must equal the sum of the lengths. Each range must lie inside
+    /// one remote region. On error the contents of `into` are unspecified.
+    fn read(&mut self, peer: &Endpoint, ranges: &[(u64, u64)], into: &mut [u8])
+        -> Result<(), TransportError>;
+}
+
+/// Why the remote side refused a read, as it reported it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RemoteCode {
+    /// A range lies in no region the remote ever registered.
+    Unregistered,
+    /// A range lies in a region the remote has deregistered (fenced).
+    Revoked,
+    /// A range starts inside a region but runs past its end.
+    OutOfRange,
+    /// The request was malformed (bad magic or version, truncated); the remote closed the
+    /// connection.
+    Malformed,
+    /// The request passed a limit (range count or total bytes); the remote closed the
+    /// connection.
+    LimitExceeded,
+    /// A code this build does not know, kept as sent.
+    Other(u8),
+}
+
+impl fmt::Display for RemoteCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RemoteCode::Unregistered => f.write_str("unregistered"),
+            RemoteCode::Revoked => f.write_str("revoked"),
+            RemoteCode::OutOfRange => f.write_str("out of range"),
+            RemoteCode::Malformed => f.write_str("malformed request"),
+            RemoteCode::LimitExceeded => f.write_str("limit exceeded"),
+            RemoteCode::Other(code) => write!(f, "error code {code}"),
+        }
+    }
+}
+
+/// Why a read failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TransportError {
+    /// The request was refused locally before anything was sent: `into` does not match the
+    /// ranges, or a limit was passed.
+    InvalidRequest {
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// No connection could be opened to the peer.
+    Connect {
+        /// The peer, as `host:port`.
+        peer: String,
+        /// The last error's kind.
+        kind: io::ErrorKind,
+        /// The last error's text.
+        detail: String,
+    },
+    /// The peer refused the read (remote access error).
+    Remote {
+        /// The peer, as `host:port`.
+        peer: String,
+        /// The refusal's kind.
+        code: RemoteCode,
+        /// The peer's message.
+        message: String,
+    },
+    /// The peer answered something that is not a valid response.
+    Protocol {
+        /// The peer, as `host:port`.
+        peer: String,
+        /// What was wrong.
+        detail: String,
+    },
+    /// An I/O error on an open connection.
+    Io {
+        /// The peer, as `host:port`.
+        peer: String,
+        /// What was being done: `send request`, `read status`, `read data`, ...
+        op: &'static str,
+        /// The error's kind.
+        kind: io::ErrorKind,
+        /// The error's text.
+        detail: String,
+    },
+    /// A connect, send or receive did not finish in time.
+    Timeout {
+        /// The peer, as `host:port`.
+        peer: String,
+        /// What was being done.
+        op: &'static str,
+    },
+}
+
+impl TransportError {
+    /// The error for an I/O failure during `op`, telling timeouts apart.
+    pub fn io(peer: &Endpoint, op: &'static str, e: &io::Error) -> TransportError {
+        let peer = peer.to_string();
+        match e.kind() {
+            // A socket timeout shows up as WouldBlock on Unix and TimedOut on Windows.
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => TransportError::Timeout { peer, op },
+            kind => TransportError::Io { peer, op, kind, detail: e.to_string() },
+        }
+    }
+}
+
+impl fmt::Display for TransportError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TransportError::InvalidRequest { detail } => write!(f, "invalid read request: {detail}"),
+            TransportError::Connect { peer, detail, .. } => write!(f, "cannot connect to {peer}: {detail}"),
+            TransportError::Remote { peer, code, message } => {
+                write!(f, "{peer} refused the read ({code}): {message}")
+            }
+            TransportError::Protocol { peer, detail } => write!(f, "bad response from {peer}: {detail}"),
+            TransportError::Io { peer, op, detail, .. } => write!(f, "{op} with {peer} failed: {detail}"),
+            TransportError::Timeout { peer, op } => write!(f, "{op} with {peer} timed out"),
+        }
+    }
+}
+
+impl std::error::Error for TransportError {}
