@@ -60,6 +60,11 @@ impl Nics {
         }
     }
 
+    /// The bandwidth factor `nic` runs at (1.0 at full speed).
+    pub fn factor(&self, nic: usize) -> f64 {
+        self.factor[nic]
+    }
+
     /// Flows in progress on `nic`.
     pub fn active(&self, nic: usize) -> usize {
         self.on_nic[nic].len()

@@ -1807,10 +1807,22 @@ impl World {
             .map(|(i, _)| i)
             .collect();
         match (&spec.fault, start) {
-            (FaultKind::SlowNic { factor }, _) => {
-                let f = if start { *factor } else { 1.0 };
+            (FaultKind::SlowNic { .. }, _) => {
+                // Overlapping slow-NIC faults multiply; the end of one leaves the others.
+                self.faults[index] =
+                    start.then_some(ActiveFault { pattern, kind: spec.fault.clone(), remaining: spec.count });
+                let ranks: Vec<RankId> = self.p_ranks.iter().chain(self.d_ranks.iter()).copied().collect();
                 for nic in nics {
-                    let finishes = self.nics.set_factor(self.now, nic, f);
+                    let factor: f64 = self
+                        .faults
+                        .iter()
+                        .flatten()
+                        .filter_map(|f| match f.kind {
+                            FaultKind::SlowNic { factor } if f.pattern.matches(ranks[nic]) => Some(factor),
+                            _ => None,
+                        })
+                        .product();
+                    let finishes = self.nics.set_factor(self.now, nic, factor);
                     self.schedule_flows(finishes);
                 }
             }
@@ -2250,5 +2262,39 @@ fn msg_name(msg: &Msg) -> &'static str {
     match msg {
         Msg::Dial { .. } => "handshake request",
         Msg::Notify { .. } => "notify message",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scenario::{Target, TimedFault};
+
+    /// Two slow-NIC faults on one rank multiply while both last; ending one leaves the other.
+    #[test]
+    fn overlapping_slow_nic_faults_combine() {
+        let mut sc = Scenario::from_notation("1P_TP1:1D_TP1");
+        for (factor, duration_ms) in [(0.5, 10_000), (0.25, 2_000)] {
+            sc.faults.timeline.push(TimedFault {
+                at_ms: 0,
+                target: Target("P0.dp0.tp0".into()),
+                fault: FaultKind::SlowNic { factor },
+                duration_ms: Some(duration_ms),
+                count: None,
+            });
+        }
+        let mut world = World::new(&sc, RunOptions::default()).unwrap();
+        let check = |world: &mut World, index: usize, start: bool, expected: f64| {
+            world.on_fault(index, start);
+            assert!(
+                (world.nics.factor(0) - expected).abs() < 1e-12,
+                "{} != {expected}",
+                world.nics.factor(0)
+            );
+        };
+        check(&mut world, 0, true, 0.5);
+        check(&mut world, 1, true, 0.125);
+        check(&mut world, 1, false, 0.5);
+        check(&mut world, 0, false, 1.0);
     }
 }
