@@ -79,7 +79,8 @@ pub fn broken_properties(result: &RunResult) -> Vec<Property> {
 pub struct Ideal {
     /// Jain index of the fixed routing.
     pub jain: f64,
-    /// Requests in one round of the proxy.
+    /// Requests in one round of the proxy, times the largest prefill TP size (the flexible
+    /// read's cycle).
     pub requests_per_round: u64,
 }
 
@@ -89,7 +90,10 @@ pub fn ideal_jain(scenario: &Scenario) -> Option<Ideal> {
         .ok()?
         .with_model(crate::world::model_spec(scenario));
     let report = pdkv_core::routes::routes(&d, &pdkv_core::legacy::LegacyOptions::none(), 16).ok()?;
-    Some(Ideal { jain: report.jain, requests_per_round: report.requests / 16 })
+    // A flexible read cycles over the prefill TP ranks one request at a time, so evenness needs
+    // that many rounds too.
+    let cycle = u64::from(d.prefill.iter().map(|l| l.tp).max().unwrap_or(1));
+    Some(Ideal { jain: report.jain, requests_per_round: report.requests / 16 * cycle })
 }
 
 /// Slack below the ideal Jain index before a run counts as unbalanced (small workloads do not

@@ -1,7 +1,8 @@
 //! Property tests of the fixed protocol: across deployments, workloads and fault schedules, no
 //! safety violation, no hang, every request ends, every prefill block is freed by its releases,
 //! reads spread as evenly as the fixed routing spreads them.
-//! `PDKV_PROPTEST_CASES` raises the number of cases (default 48, sized for CI).
+//! `PDKV_PROPTEST_CASES` raises the number of cases (default 48, sized for CI);
+//! `PDKV_PROPTEST_SEED` picks another generator seed (fixed by default, so CI is repeatable).
 
 use pdkv_core::routing::{self, RoutingError};
 use pdkv_core::topology::{Layout, ModelSpec};
@@ -12,6 +13,13 @@ use proptest::prelude::*;
 
 fn cases() -> u32 {
     std::env::var("PDKV_PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(48)
+}
+
+/// The generator's seed: fixed, so `cargo test` is repeatable; `PDKV_PROPTEST_SEED` explores
+/// others (a failure prints the scenario and the command that replays it either way).
+fn seed() -> proptest::test_runner::RngSeed {
+    let seed = std::env::var("PDKV_PROPTEST_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0x5044_4b56);
+    proptest::test_runner::RngSeed::Fixed(seed)
 }
 
 /// A layout with dp and tp in {1, 2, 4, 8}, at most 8 GPUs, EP only over more than one rank.
@@ -116,7 +124,13 @@ fn failure_report(s: &Scenario, broken: &str) -> String {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: cases(), max_shrink_iters: 200, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: cases(),
+        max_shrink_iters: 200,
+        rng_seed: seed(),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
 
     /// The fixed protocol holds its properties whatever the deployment, workload and faults.
     #[test]
