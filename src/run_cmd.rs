@@ -191,18 +191,11 @@ pub fn summary(r: &RunResult, files: &[PathBuf], replay: &str) -> String {
         l.ttft.mean, l.ttft.p99, l.tpot.mean, l.tpot.p99, l.itl.p99
     );
     let n = &r.nic;
-    let most = n.reads_per_prefill_gpu.iter().enumerate().max_by_key(|(i, v)| (**v, usize::MAX - i));
-    let least = n.reads_per_prefill_gpu.iter().enumerate().min_by_key(|(i, v)| (**v, *i));
     if let Some(bounds) = r.expected_jain {
         let holds = if bounds.holds(n.jain) { "holds" } else { "DOES NOT HOLD" };
         let _ = writeln!(s, "  expectation  Jain in [{:?}, {:?}]: {holds}", bounds.at_least, bounds.at_most);
     }
-    if let (Some((hi, hv)), Some((lo, lv))) = (most, least) {
-        let spread = if hv == lv {
-            format!("every GPU read {hv} times")
-        } else {
-            format!("most read {} ({hv}), least read {} ({lv})", n.prefill_gpus[hi], n.prefill_gpus[lo])
-        };
+    if let Some(spread) = n.spread() {
         let _ = writeln!(
             s,
             "  NIC balance  Jain {:.3} over {} prefill GPUs; {spread}",

@@ -117,18 +117,7 @@ pub fn write_run_page(
     );
     row(&mut html, "ITL", &format!("mean {:.1} ms, p99 {:.1} ms", l.itl.mean, l.itl.p99));
     let n = &r.nic;
-    let most = n.reads_per_prefill_gpu.iter().enumerate().max_by_key(|(i, v)| (**v, usize::MAX - i));
-    let least = n.reads_per_prefill_gpu.iter().enumerate().min_by_key(|(i, v)| (**v, *i));
-    if let (Some((hi, hv)), Some((lo, lv))) = (most, least) {
-        let spread = if hv == lv {
-            format!("every GPU read {hv} times")
-        } else {
-            format!(
-                "most read {} ({hv}), least read {} ({lv})",
-                escape(&n.prefill_gpus[hi]),
-                escape(&n.prefill_gpus[lo])
-            )
-        };
+    if let Some(spread) = n.spread().map(|text| escape(&text)) {
         let text = format!(
             "Jain {:.3} (bytes {:.3}) over {} prefill GPUs; {spread}",
             n.jain,

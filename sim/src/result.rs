@@ -141,6 +141,22 @@ pub struct NicStats {
     pub utilisation: Vec<Vec<f64>>,
 }
 
+impl NicStats {
+    /// How reads spread over the prefill GPUs, in words: "every GPU read N times", or the most-
+    /// and least-read GPU with their counts (ties go to the first in rank order). `None` without
+    /// prefill GPUs.
+    pub fn spread(&self) -> Option<String> {
+        let reads = &self.reads_per_prefill_gpu;
+        let (hi, hv) = reads.iter().enumerate().max_by_key(|(i, v)| (**v, usize::MAX - i))?;
+        let (lo, lv) = reads.iter().enumerate().min_by_key(|(i, v)| (**v, *i))?;
+        Some(if hv == lv {
+            format!("every GPU read {hv} times")
+        } else {
+            format!("most read {} ({hv}), least read {} ({lv})", self.prefill_gpus[hi], self.prefill_gpus[lo])
+        })
+    }
+}
+
 /// Prefill block ledger totals.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Ledger {
