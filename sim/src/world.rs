@@ -80,15 +80,17 @@ pub struct Run {
     pub trace: Vec<TraceRecord>,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 enum Msg {
     Dial {
         from: usize,
         session: SessionKey,
     },
-    /// A MessagePack frame for a notify listener (release or read lease).
+    /// A MessagePack frame for a notify listener (release or read lease), and the transfer it
+    /// names (so a lost one can excuse its transfer's reaping without decoding it again).
     Notify {
         bytes: Vec<u8>,
+        transfer: Option<u32>,
     },
 }
 
@@ -1343,12 +1345,14 @@ impl World {
                     self.send(w, rank, (endpoint.host, endpoint.port), Msg::Dial { from: w, session });
                 }
                 DecodeAction::SendLease { rank, endpoint, lease } => {
+                    let transfer = self.transfer_index.get(&lease.transfer_id).copied();
                     let bytes = wire::encode(&ControlMessage::ReadLease(lease));
-                    self.send(w, rank, (endpoint.host, endpoint.port), Msg::Notify { bytes });
+                    self.send(w, rank, (endpoint.host, endpoint.port), Msg::Notify { bytes, transfer });
                 }
                 DecodeAction::SendRelease { rank, endpoint, release } => {
+                    let transfer = self.transfer_index.get(&release.transfer_id).copied();
                     let bytes = wire::encode(&ControlMessage::Release(release));
-                    self.send(w, rank, (endpoint.host, endpoint.port), Msg::Notify { bytes });
+                    self.send(w, rank, (endpoint.host, endpoint.port), Msg::Notify { bytes, transfer });
                 }
                 DecodeAction::CastVote { step, ok } => {
                     let g = self.dworker_group[w];
@@ -1469,14 +1473,8 @@ impl World {
         let Some(delays) = self.fate(&ranks) else {
             trace!(self, "fault", "lost", self.d_ranks[w].to_string(), None, msg_name(&msg).to_string());
             // A lost release or lease leaves its transfer to the reaper, the designed recovery.
-            if let Msg::Notify { bytes } = &msg {
-                let id = wire::decode(bytes).ok().and_then(|m| match m {
-                    ControlMessage::ReadLease(lease) => Some(lease.transfer_id),
-                    other => other.as_release().map(|r| r.transfer_id),
-                });
-                if let Some(&t) = id.as_ref().and_then(|id| self.transfer_index.get(id)) {
-                    self.excused.insert(t);
-                }
+            if let Msg::Notify { transfer: Some(t), .. } = msg {
+                self.excused.insert(t);
             }
             return;
         };
@@ -1484,11 +1482,7 @@ impl World {
         let mut copies = delays.into_iter();
         let first = copies.next().unwrap_or(0);
         for extra in copies {
-            let dup = match &msg {
-                Msg::Dial { from, session } => Msg::Dial { from: *from, session: session.clone() },
-                Msg::Notify { bytes } => Msg::Notify { bytes: bytes.clone() },
-            };
-            self.at(latency + extra, Ev::AtListener { listener, msg: Box::new(dup) });
+            self.at(latency + extra, Ev::AtListener { listener, msg: Box::new(msg.clone()) });
         }
         self.at(latency + first, Ev::AtListener { listener, msg: Box::new(msg) });
     }
@@ -1587,7 +1581,7 @@ impl World {
                     }
                 }
             }
-            Msg::Notify { bytes } => match wire::decode(&bytes) {
+            Msg::Notify { bytes, .. } => match wire::decode(&bytes) {
                 Ok(ControlMessage::ReadLease(lease)) => {
                     let event =
                         WorkerEvent::Lease { transfer_id: lease.transfer_id, lease_ms: lease.lease_ms };
@@ -1798,6 +1792,10 @@ impl World {
             None,
             format!("{:?}", spec.fault),
         );
+        // The fault is in force (or over) before its effects are applied, so recomputed state
+        // (a NIC's combined slow-down) sees it.
+        self.faults[index] =
+            start.then_some(ActiveFault { pattern, kind: spec.fault.clone(), remaining: spec.count });
         let nics: Vec<usize> = self
             .p_ranks
             .iter()
@@ -1809,8 +1807,6 @@ impl World {
         match (&spec.fault, start) {
             (FaultKind::SlowNic { .. }, _) => {
                 // Overlapping slow-NIC faults multiply; the end of one leaves the others.
-                self.faults[index] =
-                    start.then_some(ActiveFault { pattern, kind: spec.fault.clone(), remaining: spec.count });
                 let ranks: Vec<RankId> = self.p_ranks.iter().chain(self.d_ranks.iter()).copied().collect();
                 for nic in nics {
                     let factor: f64 = self
@@ -1848,8 +1844,6 @@ impl World {
             }
             _ => {}
         }
-        self.faults[index] =
-            start.then_some(ActiveFault { pattern, kind: spec.fault, remaining: spec.count });
     }
 
     /// Ends every flow touching `nic`; the reading workers get a failed read.
