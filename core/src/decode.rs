@@ -856,8 +856,12 @@ impl DecodeWorker {
             return;
         }
         self.step = StepState::Idle;
+        // Reads of requests whose sessions are complete start either way: reads never block
+        // the step, so they cannot make the group diverge, and holding them back while a dead
+        // peer's dial fails step after step would starve every request of the group until its
+        // deadline (found by killing a prefill process under `pdkv cluster`).
+        self.post_ready_reads(now, out);
         if ok {
-            self.post_ready_reads(now, out);
             out.push(DecodeAction::StepReady { step });
         } else {
             out.push(DecodeAction::StepFailed { step, error: StepError::GroupHandshakeFailed { step } });
