@@ -1,11 +1,13 @@
-//! The `pdkv` command line: routing tables, simulation runs, sweeps and replays; connector
-//! commands later.
+//! The `pdkv` command line: routing tables, simulation runs, sweeps and replays, and the real
+//! connector processes and clusters.
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
 mod builtin;
+mod cluster_cmd;
+mod connector_cmd;
 mod explore_cmd;
 mod progress;
 mod replay_cmd;
@@ -23,6 +25,7 @@ Examples:
   pdkv replay target/pdkv/2P_TP8-1D_DP8EP/result.json
   pdkv explore notify-drift-fixed --seeds 10000 --faults swarm   search seeds for bugs
   pdkv routes 2P_TP8:1D_DP8EP --json          who reads whom, ports, quorums
+  pdkv cluster 1P_TP4:1D_TP8 --requests 32    real processes on 127.0.0.1, every byte verified
 
 Each command's --help has its own examples and exit codes.";
 
@@ -42,6 +45,8 @@ enum Command {
     Replay(replay_cmd::ReplayArgs),
     Explore(explore_cmd::ExploreArgs),
     Routes(routes_cmd::RoutesArgs),
+    Cluster(cluster_cmd::ClusterArgs),
+    Connector(connector_cmd::ConnectorArgs),
 }
 
 fn main() -> ExitCode {
@@ -53,5 +58,7 @@ fn main() -> ExitCode {
         Command::Replay(args) => replay_cmd::run(&args),
         Command::Explore(args) => explore_cmd::run(&args),
         Command::Routes(args) => routes_cmd::run(&args),
+        Command::Cluster(args) => cluster_cmd::run(&args),
+        Command::Connector(args) => connector_cmd::run(&args),
     }
 }

@@ -8,10 +8,23 @@
 //!   reads byte ranges of a producer rank's regions, with typed errors.
 //! - [`tcp`]: the TCP data plane: a producer's [`tcp::TcpReadServer`] and a decode rank's
 //!   [`tcp::TcpTransport`], with the wire protocol in its module doc.
+//! - [`connector`], [`prefill_rank`], [`decode_rank`]: one rank's process (`pdkv connector`),
+//!   driving a core node over the pieces above; [`sched`] is its channel to the cluster's
+//!   scheduler and [`pattern`] the KV bytes prefill writes and decode verifies.
+//! - [`cluster`]: `pdkv cluster`: the proxy and the engines' schedulers, which start one
+//!   connector process per rank on one host and push requests through them.
 
 #![deny(missing_docs)]
 
+pub mod cluster;
+pub mod connector;
+pub mod decode_rank;
+#[cfg(feature = "hip")]
+pub mod hip;
 pub mod memory;
+pub mod pattern;
+pub mod prefill_rank;
+pub mod sched;
 pub mod tcp;
 pub mod transport;
 pub mod zmtp;

@@ -3,8 +3,9 @@
 //!
 //! A region is a buffer that a peer addresses by a 64-bit address, as RDMA addresses a memory
 //! region by its virtual address. Host regions pick their `base_addr` freely (the address space
-//! is the registry's, not the process's), so no `unsafe` is needed; the HIP device-memory variant
-//! comes later behind the `hip` feature.
+//! is the registry's, not the process's), so no `unsafe` is needed. HIP device memory lives in
+//! `crate::hip` behind the `hip` feature; [`Backing`] and [`select_backing`] are here, compiled
+//! in every build, so a caller picks host or device memory without a `cfg` of its own.
 //!
 //! Rules the registry keeps:
 //!
@@ -149,12 +150,16 @@ pub struct Regions {
     revoked: BTreeMap<u64, (u64, RegionId)>,
     /// The next id to hand out; `None` once `u32::MAX` has been used.
     next_id: Option<u32>,
+    /// Fenced ranges inside live regions, disjoint and never adjacent, keyed by start: end. A
+    /// fence revokes access to some blocks without touching the rest of the region; refilling
+    /// the blocks for a new transfer lifts it ([`Regions::unfence`]).
+    fenced: BTreeMap<u64, u64>,
 }
 
 impl Regions {
     /// An empty registry.
     pub fn new() -> Regions {
-        Regions { live: BTreeMap::new(), revoked: BTreeMap::new(), next_id: Some(0) }
+        Regions { live: BTreeMap::new(), revoked: BTreeMap::new(), next_id: Some(0), fenced: BTreeMap::new() }
     }
 
     /// Registers `len` zeroed bytes at `base_addr` and returns the new region's id.
@@ -192,6 +197,8 @@ impl Regions {
             .ok_or(MemoryError::UnknownRegion { region: id })?;
         let region = self.live.remove(&base).ok_or(MemoryError::UnknownRegion { region: id })?;
         self.revoked.insert(base, (region.end_addr(), id));
+        let (start, end) = (region.base_addr, region.end_addr());
+        self.fenced.retain(|&b, &mut e| e <= start || b >= end);
         Ok(region)
     }
 
@@ -210,9 +217,70 @@ impl Regions {
         self.live.is_empty()
     }
 
-    /// Checks that `len` bytes at `addr` lie inside one live region and returns the region's
-    /// base and the offset range inside it.
+    /// The live regions in order of base address (the RDMA data plane registers each as a
+    /// memory region; a live region's buffer never moves, since its length is fixed).
+    pub fn live_regions(&self) -> impl Iterator<Item = &HostRegion> {
+        self.live.values()
+    }
+
+    /// Fences `len` bytes at `addr`, which must lie inside one live region: later accesses that
+    /// touch them fail with [`MemoryError::Revoked`] until [`Regions::unfence`] lifts the fence
+    /// from them. Fences merge: fencing a whole region and then unfencing one block leaves the
+    /// rest fenced.
+    pub fn fence(&mut self, addr: u64, len: u64) -> Result<(), MemoryError> {
+        self.locate_live(addr, len)?;
+        let (mut start, mut end) = (addr, addr + len);
+        // Absorb every fence that overlaps or touches [start, end).
+        let touching: Vec<(u64, u64)> =
+            self.fenced.range(..=end).rev().take_while(|(_, &e)| e >= start).map(|(&b, &e)| (b, e)).collect();
+        for (b, e) in touching {
+            self.fenced.remove(&b);
+            start = start.min(b);
+            end = end.max(e);
+        }
+        self.fenced.insert(start, end);
+        Ok(())
+    }
+
+    /// Lifts the fence from `len` bytes at `addr` (they are being refilled); fenced bytes
+    /// around them stay fenced.
+    pub fn unfence(&mut self, addr: u64, len: u64) {
+        let end = addr.saturating_add(len);
+        let overlapping: Vec<(u64, u64)> =
+            self.fenced.range(..end).rev().take_while(|(_, &e)| e > addr).map(|(&b, &e)| (b, e)).collect();
+        for (b, e) in overlapping {
+            self.fenced.remove(&b);
+            if b < addr {
+                self.fenced.insert(b, addr);
+            }
+            if e > end {
+                self.fenced.insert(end, e);
+            }
+        }
+    }
+
+    /// Number of disjoint fenced ranges.
+    pub fn fenced_ranges(&self) -> usize {
+        self.fenced.len()
+    }
+
+    /// The live region holding all of `len` bytes at `addr`, fences ignored.
+    fn locate_live(&self, addr: u64, len: u64) -> Result<(u64, usize, usize), MemoryError> {
+        self.locate_inner(addr, len, false)
+    }
+
+    /// Checks that `len` bytes at `addr` lie inside one live region, unfenced, and returns the
+    /// region's base and the offset range inside it.
     fn locate(&self, addr: u64, len: u64) -> Result<(u64, usize, usize), MemoryError> {
+        self.locate_inner(addr, len, true)
+    }
+
+    fn locate_inner(
+        &self,
+        addr: u64,
+        len: u64,
+        check_fences: bool,
+    ) -> Result<(u64, usize, usize), MemoryError> {
         if let Some((&base, r)) = self.live.range(..=addr).next_back() {
             let region_end = r.end_addr();
             if addr < region_end {
@@ -220,6 +288,11 @@ impl Regions {
                 let end = addr.checked_add(len).ok_or(out.clone())?;
                 if end > region_end {
                     return Err(out);
+                }
+                // Fences are disjoint, so only the last one starting before `end` can overlap.
+                let fenced = self.fenced.range(..end).next_back().is_some_and(|(_, &e)| e > addr);
+                if check_fences && fenced {
+                    return Err(MemoryError::Revoked { addr, len, region: r.id });
                 }
                 // Both offsets are at most the region's length, which is a usize.
                 let start = (addr - base) as usize;
@@ -256,9 +329,56 @@ impl Regions {
     }
 }
 
+/// Where a rank keeps the KV it serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backing {
+    /// Host memory ([`Regions`]).
+    Host,
+    /// Device memory of one HIP device (`crate::hip::DeviceBuffer`, `hip` feature).
+    Hip {
+        /// The device's ordinal.
+        device: u32,
+    },
+}
+
+impl fmt::Display for Backing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Backing::Host => f.write_str("host memory"),
+            Backing::Hip { device } => write!(f, "HIP device {device}"),
+        }
+    }
+}
+
+/// Chooses the backing: with `prefer_device`, HIP device 0 when the `hip` feature is built and a
+/// device is present. Falling back to the host comes with a message saying why, for the caller
+/// to log; not preferring the device gives the host with no message.
+#[cfg(feature = "hip")]
+pub fn select_backing(prefer_device: bool) -> (Backing, Option<String>) {
+    crate::hip::select_backing(prefer_device)
+}
+
+/// Chooses the backing: this build has no `hip` feature, so always the host; with
+/// `prefer_device` a message says why, for the caller to log.
+#[cfg(not(feature = "hip"))]
+pub fn select_backing(prefer_device: bool) -> (Backing, Option<String>) {
+    let why = prefer_device.then(|| "built without the `hip` feature; KV stays in host memory".to_string());
+    (Backing::Host, why)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(not(feature = "hip"))]
+    #[test]
+    fn select_backing_without_hip_feature_is_host() {
+        let why = "built without the `hip` feature; KV stays in host memory".to_string();
+        assert_eq!(select_backing(true), (Backing::Host, Some(why)));
+        assert_eq!(select_backing(false), (Backing::Host, None));
+        assert_eq!(Backing::Host.to_string(), "host memory");
+        assert_eq!(Backing::Hip { device: 1 }.to_string(), "HIP device 1");
+    }
 
     /// Two regions: id 0 at [0x1000, 0x1100), id 1 at [0x2000, 0x2010).
     fn two() -> Regions {
@@ -343,5 +463,53 @@ mod tests {
         assert_eq!(r.register(0x2000, 8), Ok(RegionId(2)));
         assert_eq!(r.read(0x2004, 2), Ok(&[0, 0][..]));
         assert_eq!(r.region(RegionId(2)).map(HostRegion::end_addr), Some(0x2008));
+    }
+
+    #[test]
+    fn a_fence_revokes_only_its_range_until_lifted() {
+        let mut regions = Regions::new();
+        let id = regions.register(1000, 400).unwrap();
+        regions.write(1000, &[7; 400]).unwrap();
+        regions.fence(1100, 100).unwrap();
+        assert_eq!(regions.read(1050, 50), Ok(&[7u8; 50][..]));
+        assert_eq!(regions.read(1200, 10), Ok(&[7u8; 10][..]));
+        for (addr, len) in [(1100, 1), (1150, 10), (1050, 60), (1199, 2), (1000, 400)] {
+            assert_eq!(regions.read(addr, len), Err(MemoryError::Revoked { addr, len, region: id }));
+        }
+        let out = MemoryError::OutOfRange { addr: 1350, len: 100, region: id, region_end: 1400 };
+        assert_eq!(regions.fence(1350, 100), Err(out));
+        regions.unfence(1100, 100);
+        assert_eq!(regions.fenced_ranges(), 0);
+        assert_eq!(regions.read(1000, 400).map(<[u8]>::len), Ok(400));
+    }
+
+    #[test]
+    fn fences_merge_and_unfencing_a_block_leaves_the_rest_fenced() {
+        let mut regions = Regions::new();
+        let id = regions.register(0, 1000).unwrap();
+        regions.fence(0, 1000).unwrap();
+        regions.unfence(100, 100);
+        regions.unfence(300, 100);
+        assert_eq!(regions.fenced_ranges(), 3);
+        let check = |regions: &Regions, addr: u64, len: u64, readable: bool| {
+            let got = regions.read(addr, len).map(<[u8]>::len);
+            let expected =
+                if readable { Ok(len as usize) } else { Err(MemoryError::Revoked { addr, len, region: id }) };
+            assert_eq!(got, expected, "{addr}+{len}");
+        };
+        check(&regions, 100, 100, true);
+        check(&regions, 300, 100, true);
+        check(&regions, 99, 2, false);
+        check(&regions, 150, 100, false);
+        check(&regions, 0, 100, false);
+        check(&regions, 400, 600, false);
+        // Fencing a block back merges the three fences into one.
+        regions.fence(100, 100).unwrap();
+        regions.fence(300, 100).unwrap();
+        assert_eq!(regions.fenced_ranges(), 1);
+        check(&regions, 0, 1000, false);
+        // Deregistering the region forgets its fences.
+        regions.deregister(id).unwrap();
+        assert_eq!(regions.fenced_ranges(), 0);
     }
 }

@@ -12,7 +12,8 @@ tasks:
   tidy     check the source rules (core purity, //! headers, no disabled tests)
   codegen  regenerate the checked-in state-machine tables and Graphviz files under docs/machines
   bench    benchmarks (release build): simulator events/s, explore seeds/s, model-checker
-           states/s, TCP data-plane throughput against a plain socket copy
+           states/s, TCP data-plane throughput against a plain socket copy, control-plane
+           release round trip (ZMTP notify listener on loopback)
   calibrate  the cost model against REFERENCE.md's published measurements (release build)
   gallery  regenerate the README's report pictures under docs/gallery
   check-model  bounded model checking of the protocol nodes on tiny deployments
@@ -61,10 +62,12 @@ fn main() -> ExitCode {
             }
         }
         Some("bench") => {
-            // The simulator, exploration and model checker, then the TCP data plane.
+            // The simulator, exploration and model checker, then the TCP data plane, then the
+            // control-plane release round trip.
             let sim = ["run", "--release", "--quiet", "--package", "pdkv-sim", "--example", "bench"];
             let tcp = ["run", "--release", "--quiet", "--package", "pdkv-rdma", "--example", "tcp_bench"];
-            if cargo(&sim, &[]) && cargo(&tcp, &[]) {
+            let rtt = ["run", "--release", "--quiet", "--package", "pdkv-rdma", "--example", "release_rtt"];
+            if cargo(&sim, &[]) && cargo(&tcp, &[]) && cargo(&rtt, &[]) {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::FAILURE

@@ -1,0 +1,1530 @@
+//! `pdkv cluster`: one real connector process per rank on one host, plus the proxy and each
+//! engine's scheduler in this process, pushing requests through the real protocol and checking
+//! every byte decode reads.
+//!
+//! This process plays the parts vLLM keeps outside its workers: the proxy (the core's
+//! [`Proxy`]), each prefill engine's scheduler with its block pool and the engine node
+//! ([`PrefillEngine`]: registration quorums, frees, the reaper), and each decode DP group's
+//! scheduler (steps, the TP group's MIN vote, the forward pass). The ranks run the worker nodes
+//! behind real listeners and a real data plane. Nothing here computes a rank, a port or a quorum
+//! either: the proxy routes, the engine registers, the workers decide whom to read.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fmt;
+use std::io::BufReader;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use pdkv_core::ids::{EngineId, RankId, RequestId, Role, TransferId};
+use pdkv_core::legacy::LegacyOptions;
+use pdkv_core::params::KvTransferParams;
+use pdkv_core::ports::EngineAddress;
+use pdkv_core::prefill::{EngineAction, EngineEvent, PrefillEngine};
+use pdkv_core::proxy::{Proxy, ProxyAction};
+use pdkv_core::time::Instant;
+use pdkv_core::topology::{Deployment, Layout, ModelSpec};
+use serde::Serialize;
+
+use crate::connector::Clock;
+use crate::sched::{read_frame, write_frame, FromRank, Recv, Setup, ToRank, TransportKind};
+
+const NS_PER_MS: u64 = 1_000_000;
+/// Decode blocks per decode DP group (the KV lands there; only ids are tracked here).
+const DECODE_BLOCKS: u32 = 1 << 16;
+/// Requests a decode DP group runs at once.
+const MAX_BATCH: usize = 64;
+/// How long a decode group with nothing to compute waits before its next step, so queued
+/// requests get redialled without spinning.
+const IDLE_STEP: Duration = Duration::from_millis(2);
+/// How long ranks get to start, join and bind.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long ranks get to say goodbye and exit after shutdown.
+const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most problem lines kept for the report.
+const MAX_PROBLEMS: usize = 64;
+
+/// A fault to inject into a cluster run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Kill (SIGKILL) a prefill rank's process once `after` requests have been prefilled, so
+    /// transfers are in flight; restart it `restart_after_ms` later if given.
+    KillPrefill {
+        /// The rank.
+        rank: RankId,
+        /// Prefilled requests before the kill.
+        after: u32,
+        /// When to start it again, if at all.
+        restart_after_ms: Option<u64>,
+    },
+    /// A decode rank drops its first `count` releases instead of sending them.
+    DropReleases {
+        /// The decode rank.
+        rank: RankId,
+        /// How many.
+        count: u32,
+    },
+}
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    /// Deployment notation, e.g. `1P_TP4:1D_TP8`.
+    pub deployment: String,
+    /// Requests to push through.
+    pub requests: u32,
+    /// Requests in flight at once (closed loop).
+    pub concurrency: u32,
+    /// The data plane.
+    pub transport: TransportKind,
+    /// MLA model (flexible reads) instead of a GQA model.
+    pub mla: bool,
+    /// Transformer layers of the model.
+    pub layers: u16,
+    /// Legacy behaviours.
+    pub legacy: LegacyOptions,
+    /// The `pdkv` executable that runs `connector`.
+    pub exe: PathBuf,
+    /// Host every engine listens on.
+    pub host: String,
+    /// Seed of prompt lengths and transfer ids.
+    pub seed: u64,
+    /// Blocks per prefill rank.
+    pub num_blocks: u32,
+    /// Decode handshake timeout.
+    pub handshake_timeout_ms: u64,
+    /// Decode transfer timeout (also the read lease).
+    pub transfer_timeout_ms: u64,
+    /// The prefill engines' reaper (`defer_timeout`).
+    pub defer_timeout_ms: u64,
+    /// The run's limit: past it, what is unfinished counts as hung.
+    pub timeout_ms: u64,
+    /// Faults to inject.
+    pub faults: Vec<Fault>,
+}
+
+impl ClusterConfig {
+    /// Defaults sized for a quick loopback run.
+    pub fn new(deployment: &str, requests: u32, exe: PathBuf) -> ClusterConfig {
+        ClusterConfig {
+            deployment: deployment.to_owned(),
+            requests,
+            concurrency: 8,
+            transport: TransportKind::Tcp,
+            mla: false,
+            layers: 4,
+            legacy: LegacyOptions::none(),
+            exe,
+            host: "127.0.0.1".into(),
+            seed: 0,
+            num_blocks: 512,
+            handshake_timeout_ms: 2_000,
+            transfer_timeout_ms: 4_000,
+            defer_timeout_ms: 6_000,
+            timeout_ms: 60_000,
+            faults: Vec::new(),
+        }
+    }
+
+    /// The model the ranks serve: DeepSeek-R1's MLA row (576 bytes per token per layer), or a
+    /// GQA model with 64-wide heads, as many KV heads as the smallest TP of the deployment (at
+    /// most 8) so that heterogeneous TP finds its heads replicated, as the routing rules require;
+    /// 1 byte per value, `layers` layers, 16-token blocks.
+    pub fn model(&self, deployment: &Deployment) -> ModelSpec {
+        if self.mla {
+            return ModelSpec {
+                use_mla: true,
+                kv_heads: 1,
+                layers: self.layers,
+                bytes_per_token_per_layer: 576,
+                block_size_tokens: 16,
+            };
+        }
+        let tps = deployment.prefill.iter().chain(&deployment.decode).map(|l| l.tp);
+        let kv_heads = tps.min().unwrap_or(1).clamp(1, 8);
+        ModelSpec {
+            use_mla: false,
+            kv_heads,
+            layers: self.layers,
+            bytes_per_token_per_layer: 2 * u32::from(kv_heads) * 64,
+            block_size_tokens: 16,
+        }
+    }
+}
+
+/// Why a cluster could not run at all (a run that ran reports its problems in the result).
+#[derive(Debug)]
+pub enum ClusterError {
+    /// The configuration is unusable.
+    Config(String),
+    /// Ranks could not be started or did not join.
+    Start(String),
+}
+
+impl fmt::Display for ClusterError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClusterError::Config(e) => write!(f, "invalid cluster: {e}"),
+            ClusterError::Start(e) => write!(f, "cluster did not start: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ClusterError {}
+
+/// Requests by how they ended (the simulator's names).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Requests {
+    /// Sent by the client.
+    pub sent: u64,
+    /// Produced all their tokens.
+    pub finished: u64,
+    /// Ended with an error.
+    pub failed: u64,
+    /// Still in flight at the end.
+    pub unfinished: u64,
+}
+
+/// Throughput over the run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Throughput {
+    /// Prompt plus generated tokens of finished requests per second.
+    pub total_tok_s: f64,
+    /// Generated tokens per second.
+    pub output_tok_s: f64,
+    /// Finished requests per second.
+    pub requests_per_s: f64,
+    /// Verified KV bytes per second.
+    pub kv_bytes_per_s: f64,
+}
+
+/// Reads and bytes per prefill GPU.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Nic {
+    /// Prefill GPUs in rank order.
+    pub prefill_gpus: Vec<String>,
+    /// Reads each served (one per decode worker per request).
+    pub reads_per_prefill_gpu: Vec<u64>,
+    /// Bytes each sent (verified on arrival).
+    pub bytes_per_prefill_gpu: Vec<u64>,
+    /// Jain's index of the reads.
+    pub jain: f64,
+    /// Jain's index of the bytes.
+    pub jain_bytes: f64,
+}
+
+/// The prefill block ledger over all engines.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Ledger {
+    /// Transfers still held at the end.
+    pub held: u64,
+    /// Freed after their releases.
+    pub freed: u64,
+    /// Freed by the reaper.
+    pub reaped: u64,
+    /// Of those, reaped after an injected fault (the designed recovery, not a leak).
+    pub reaped_excused: u64,
+    /// Transfers fenced before reaping.
+    pub fenced: u64,
+    /// Frees of a block the transfer did not hold (must be 0).
+    pub double_frees: u64,
+}
+
+/// A request that failed, with each decode worker's error.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Failure {
+    /// The request.
+    pub request: u64,
+    /// Its transfer id.
+    pub transfer_id: String,
+    /// The prefill engine and DP rank that held its KV.
+    pub prefill: String,
+    /// `rank: error` for every worker that failed it.
+    pub errors: Vec<String>,
+}
+
+/// A safety violation.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Violation {
+    /// `read_mismatch`, `double_free`, `protocol_error`.
+    pub kind: String,
+    /// What exactly.
+    pub detail: String,
+}
+
+/// Processes and how they ended.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Processes {
+    /// Connector processes started (restarts included).
+    pub started: u64,
+    /// Exited with status 0 after shutdown.
+    pub exited_cleanly: u64,
+    /// Killed by an injected fault.
+    pub killed_by_fault: u64,
+    /// Killed because they did not exit in time after shutdown (must be 0).
+    pub killed_at_shutdown: u64,
+    /// Exited with an error status.
+    pub failed: u64,
+}
+
+/// What a cluster run measured, in the simulator's result schema where it applies.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ClusterResult {
+    /// The deployment.
+    pub deployment: String,
+    /// The data plane.
+    pub transport: String,
+    /// The model's attention and layers.
+    pub model: String,
+    /// Seed of lengths and ids.
+    pub seed: u64,
+    /// `clean`, `leak`, `hang` or `safety_violation`, as in the simulator.
+    pub outcome: String,
+    /// Wall time of the run, in seconds.
+    pub duration_s: f64,
+    /// Requests by outcome.
+    pub requests: Requests,
+    /// Throughput.
+    pub throughput: Throughput,
+    /// NIC balance over prefill GPUs.
+    pub nic: Nic,
+    /// Prefill blocks.
+    pub ledger: Ledger,
+    /// KV bytes decode read and verified against the pattern prefill wrote.
+    pub bytes_verified: u64,
+    /// Failed requests.
+    pub failures: Vec<Failure>,
+    /// Safety violations.
+    pub violations: Vec<Violation>,
+    /// Faults injected, with when.
+    pub faults: Vec<String>,
+    /// Connector processes.
+    pub processes: Processes,
+    /// Notes from the ranks (lost notify messages, reap warnings), at most 64.
+    pub problems: Vec<String>,
+}
+
+impl ClusterResult {
+    /// Pretty JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("results serialise")
+    }
+}
+
+/// Progress for a bar.
+#[derive(Clone, Copy, Debug)]
+pub struct Progress {
+    /// Requests ended.
+    pub done: u64,
+    /// Requests in all.
+    pub total: u64,
+}
+
+fn jain(values: &[u64]) -> f64 {
+    let sum: f64 = values.iter().map(|&v| v as f64).sum();
+    let squares: f64 = values.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    if squares == 0.0 {
+        return 1.0;
+    }
+    ((sum * sum / (values.len() as f64 * squares)) * 1000.0).round() / 1000.0
+}
+
+/// A deterministic stream for lengths and ids (SplitMix64).
+struct Stream(u64);
+
+impl Stream {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn range(&mut self, lo: u32, hi: u32) -> u32 {
+        lo + (self.next() % u64::from(hi - lo + 1)) as u32
+    }
+}
+
+// ------------------------------------------------------------------------------ processes
+
+enum Ev {
+    Joined { rank: RankId, stream: TcpStream },
+    Msg { rank: RankId, incarnation: u32, msg: FromRank },
+    Gone { rank: RankId, incarnation: u32 },
+}
+
+struct RankProc {
+    child: Option<Child>,
+    writer: Option<TcpStream>,
+    incarnation: u32,
+    alive: bool,
+    ready: bool,
+    data_addr: Option<String>,
+    said_bye: bool,
+    killed_by_fault: bool,
+}
+
+/// Accepts connector connections and hands each one's `Hello` to the main loop.
+struct Acceptor {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl Acceptor {
+    fn start(listener: TcpListener, tx: Sender<Ev>) -> Result<Acceptor, String> {
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let handle = thread::spawn(move || {
+            for stream in listener.incoming() {
+                if flag.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(stream) = stream else { continue };
+                let tx = tx.clone();
+                thread::spawn(move || {
+                    let _ = stream.set_read_timeout(Some(START_TIMEOUT));
+                    let mut reader = BufReader::new(&stream);
+                    if let Ok(FromRank::Hello { rank, .. }) = read_frame::<FromRank>(&mut reader) {
+                        let _ = stream.set_read_timeout(None);
+                        let _ = tx.send(Ev::Joined { rank, stream });
+                    }
+                });
+            }
+        });
+        Ok(Acceptor { addr, stop, handle: Some(handle) })
+    }
+
+    fn stop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wake the blocked accept; it sees the flag and returns.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        if let Some(handle) = self.handle.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+/// Finds `count` consecutive ports on `host` that can be bound now.
+fn free_ports(host: &str, count: u16) -> Result<u16, String> {
+    // Clusters started at once (tests in one process) must not probe the same ports: mix the
+    // process id, a per-process counter and the clock.
+    static CLUSTERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = CLUSTERS.fetch_add(1, Ordering::SeqCst);
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    let seed = u64::from(std::process::id()) * 7919 + n * 4999 + u64::from(nanos / 1000);
+    for attempt in 0..200u64 {
+        let start = 20_000 + ((seed + attempt * 1009) % 30_000) as u16;
+        let ok = (0..count).all(|i| TcpListener::bind((host, start + i)).is_ok());
+        if ok {
+            return Ok(start);
+        }
+    }
+    Err(format!("no {count} consecutive free ports on {host}"))
+}
+
+// ------------------------------------------------------------------------------ scheduling
+
+struct Req {
+    transfer_id: TransferId,
+    input: u32,
+    output: u32,
+    prefill: (usize, u16),
+    decode: (usize, u16),
+    prefill_blocks: Vec<u32>,
+    local_blocks: Vec<u32>,
+    acks_needed: BTreeSet<RankId>,
+    started: std::time::Instant,
+    first_token: Option<std::time::Instant>,
+}
+
+struct PGroup {
+    engine: usize,
+    dp: u16,
+    free: BTreeSet<u32>,
+    owner: BTreeMap<u32, TransferId>,
+    queue: VecDeque<RequestId>,
+}
+
+#[derive(PartialEq, Eq)]
+enum Phase {
+    Idle,
+    Running { step: u64, done: BTreeSet<u16>, raised: BTreeSet<u16>, since: std::time::Instant },
+}
+
+struct Pending {
+    reported: BTreeSet<u16>,
+    errors: Vec<String>,
+}
+
+struct DGroup {
+    engine: usize,
+    dp: u16,
+    tp: u16,
+    step: u64,
+    phase: Phase,
+    votes: BTreeMap<u64, BTreeMap<u16, bool>>,
+    waiting: VecDeque<Recv>,
+    running: Vec<(RequestId, u32)>,
+    pending: BTreeMap<RequestId, Pending>,
+    free: BTreeSet<u32>,
+    next_step: Option<std::time::Instant>,
+}
+
+/// The whole run's state.
+struct Cluster {
+    config: ClusterConfig,
+    d: Deployment,
+    addresses: BTreeMap<EngineId, EngineAddress>,
+    proxy: Proxy,
+    engines: Vec<PrefillEngine>,
+    pgroups: Vec<PGroup>,
+    dgroups: Vec<DGroup>,
+    ranks: BTreeMap<RankId, RankProc>,
+    requests: BTreeMap<RequestId, Req>,
+    clock: Clock,
+    stream: Stream,
+    sent: u64,
+    finished: u64,
+    failed: u64,
+    prefilled: u32,
+    tokens_in: u64,
+    tokens_out: u64,
+    ttft_ms: Vec<f64>,
+    failures: Vec<Failure>,
+    violations: Vec<Violation>,
+    problems: Vec<String>,
+    faults_log: Vec<String>,
+    ledger: Ledger,
+    reads: BTreeMap<RankId, (u64, u64)>,
+    /// Which incarnation of each rank a transfer was registered on: a worker's later events
+    /// (group done, retire) go only to the process that holds its registration.
+    registered: BTreeMap<(RankId, TransferId), u32>,
+    bytes_verified: u64,
+    fault_injected: bool,
+    restart_at: Option<(std::time::Instant, RankId)>,
+    hung: Option<String>,
+    scheduler_addr: SocketAddr,
+    processes: Processes,
+    started_at: std::time::Instant,
+}
+
+/// Runs a cluster to the end and reports; `progress` is called as requests end.
+pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<ClusterResult, ClusterError> {
+    let d = Deployment::parse(&config.deployment).map_err(|e| ClusterError::Config(e.to_string()))?;
+    let model = config.model(&d);
+    let d = d.with_model(model);
+    for &decode in &d.decode {
+        for &prefill in &d.prefill {
+            pdkv_core::routing::check_pair(decode, prefill, &d.model)
+                .map_err(|e| ClusterError::Config(e.to_string()))?;
+        }
+    }
+    if config.requests == 0 || config.concurrency == 0 {
+        return Err(ClusterError::Config("--requests and --concurrency must be at least 1".into()));
+    }
+    for fault in &config.faults {
+        let (rank, role) = match fault {
+            Fault::KillPrefill { rank, .. } => (rank, Role::Prefill),
+            Fault::DropReleases { rank, .. } => (rank, Role::Decode),
+        };
+        if rank.engine.role != role || !d.ranks(role).contains(rank) {
+            return Err(ClusterError::Config(format!(
+                "fault {fault:?}: {} has no {role:?} rank {rank}",
+                config.deployment
+            )));
+        }
+    }
+    // Port bases: each engine gets a handshake and a notify block as wide as its ranks.
+    let widths: Vec<(EngineId, u16)> = [Role::Prefill, Role::Decode]
+        .into_iter()
+        .flat_map(|role| {
+            d.engines(role)
+                .iter()
+                .enumerate()
+                .map(move |(i, l)| (EngineId { role, index: i as u16 }, l.ranks() as u16))
+        })
+        .collect();
+    let total: u16 = widths.iter().map(|(_, w)| 2 * w).sum();
+    let mut next = free_ports(&config.host, total).map_err(ClusterError::Start)?;
+    let mut addresses = BTreeMap::new();
+    for (engine, width) in widths {
+        addresses.insert(
+            engine,
+            EngineAddress {
+                host: config.host.clone(),
+                handshake_port_base: next,
+                notify_port_base: next + width,
+            },
+        );
+        next += 2 * width;
+    }
+
+    let listener = TcpListener::bind((config.host.as_str(), 0))
+        .map_err(|e| ClusterError::Start(format!("scheduler listener: {e}")))?;
+    let (tx, rx) = mpsc::channel();
+    let mut acceptor = Acceptor::start(listener, tx.clone()).map_err(ClusterError::Start)?;
+    let legacy = config.legacy.clone();
+    let engines = d
+        .prefill
+        .iter()
+        .enumerate()
+        .map(|(i, &layout)| {
+            PrefillEngine::new(EngineId::prefill(i as u16), layout, d.model.clone(), legacy.clone())
+                .with_defer_timeout_ns(config.defer_timeout_ms * NS_PER_MS)
+        })
+        .collect();
+    let pgroups = d
+        .prefill
+        .iter()
+        .enumerate()
+        .flat_map(|(e, l)| (0..l.dp).map(move |dp| (e, dp)))
+        .map(|(engine, dp)| PGroup {
+            engine,
+            dp,
+            free: (0..config.num_blocks).collect(),
+            owner: BTreeMap::new(),
+            queue: VecDeque::new(),
+        })
+        .collect();
+    let dgroups = d
+        .decode
+        .iter()
+        .enumerate()
+        .flat_map(|(e, l)| (0..l.dp).map(move |dp| (e, dp, l.tp)))
+        .map(|(engine, dp, tp)| DGroup {
+            engine,
+            dp,
+            tp,
+            step: 0,
+            phase: Phase::Idle,
+            votes: BTreeMap::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            pending: BTreeMap::new(),
+            free: (0..DECODE_BLOCKS).collect(),
+            next_step: None,
+        })
+        .collect();
+    let mut cluster = Cluster {
+        proxy: Proxy::new(&d, legacy),
+        engines,
+        pgroups,
+        dgroups,
+        ranks: BTreeMap::new(),
+        requests: BTreeMap::new(),
+        clock: Clock::start(),
+        stream: Stream(config.seed),
+        sent: 0,
+        finished: 0,
+        failed: 0,
+        prefilled: 0,
+        tokens_in: 0,
+        tokens_out: 0,
+        ttft_ms: Vec::new(),
+        failures: Vec::new(),
+        violations: Vec::new(),
+        problems: Vec::new(),
+        faults_log: Vec::new(),
+        ledger: Ledger::default(),
+        reads: BTreeMap::new(),
+        registered: BTreeMap::new(),
+        bytes_verified: 0,
+        fault_injected: false,
+        restart_at: None,
+        hung: None,
+        scheduler_addr: acceptor.addr,
+        processes: Processes::default(),
+        started_at: std::time::Instant::now(),
+        addresses,
+        d,
+        config,
+    };
+    let started = cluster.start_all(&rx, &tx);
+    let result = match started {
+        Ok(()) => {
+            cluster.started_at = std::time::Instant::now();
+            cluster.main_loop(&rx, &tx, progress);
+            cluster.shutdown(&rx);
+            Ok(cluster.result())
+        }
+        Err(e) => {
+            cluster.shutdown(&rx);
+            Err(ClusterError::Start(e))
+        }
+    };
+    acceptor.stop();
+    result
+}
+
+impl Cluster {
+    fn spawn(&mut self, rank: RankId, incarnation: u32) -> Result<(), String> {
+        let role = match rank.engine.role {
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+        };
+        let child = Command::new(&self.config.exe)
+            .args(["connector", "--deployment", &self.config.deployment, "--role", role])
+            .args(["--engine", &rank.engine.index.to_string(), "--dp", &rank.dp.to_string()])
+            .args(["--tp", &rank.tp.to_string(), "--scheduler", &self.scheduler_addr.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start {} connector: {e}", self.config.exe.display()))?;
+        self.processes.started += 1;
+        let proc = RankProc {
+            child: Some(child),
+            writer: None,
+            incarnation,
+            alive: true,
+            ready: false,
+            data_addr: None,
+            said_bye: false,
+            killed_by_fault: false,
+        };
+        self.ranks.insert(rank, proc);
+        Ok(())
+    }
+
+    fn setup_for(&self, rank: RankId, incarnation: u32) -> Setup {
+        let drop_releases = self
+            .config
+            .faults
+            .iter()
+            .map(|f| match f {
+                Fault::DropReleases { rank: r, count } if *r == rank => *count,
+                _ => 0,
+            })
+            .sum();
+        Setup {
+            model: self.d.model.clone(),
+            legacy: self.config.legacy.clone(),
+            address: self.addresses[&rank.engine].clone(),
+            num_blocks: self.config.num_blocks,
+            transport: self.config.transport,
+            handshake_timeout_ms: self.config.handshake_timeout_ms,
+            transfer_timeout_ms: self.config.transfer_timeout_ms,
+            per_request_reads: false,
+            drop_releases,
+            incarnation,
+        }
+    }
+
+    fn start_all(&mut self, rx: &Receiver<Ev>, tx: &Sender<Ev>) -> Result<(), String> {
+        let all: Vec<RankId> =
+            [Role::Prefill, Role::Decode].into_iter().flat_map(|r| self.d.ranks(r)).collect();
+        for &rank in &all {
+            self.spawn(rank, 0)?;
+        }
+        let deadline = std::time::Instant::now() + START_TIMEOUT;
+        while self.ranks.values().any(|r| !r.ready) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(ev) => {
+                    if let Some(error) = self.on_event(ev, tx) {
+                        return Err(error);
+                    }
+                }
+                Err(_) => {
+                    let missing: Vec<String> =
+                        self.ranks.iter().filter(|(_, r)| !r.ready).map(|(k, _)| k.to_string()).collect();
+                    return Err(format!("ranks not ready after {START_TIMEOUT:?}: {}", missing.join(", ")));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn send(&mut self, rank: RankId, msg: &ToRank) {
+        let Some(proc) = self.ranks.get_mut(&rank) else { return };
+        if !proc.alive {
+            return;
+        }
+        if let Some(writer) = proc.writer.as_mut() {
+            if write_frame(writer, msg).is_err() {
+                proc.writer = None;
+            }
+        }
+    }
+
+    fn problem(&mut self, line: String) {
+        if self.problems.len() < MAX_PROBLEMS {
+            self.problems.push(line);
+        }
+    }
+
+    /// Handles one event; returns a start-up error when a rank cannot start.
+    fn on_event(&mut self, ev: Ev, tx: &Sender<Ev>) -> Option<String> {
+        match ev {
+            Ev::Joined { rank, stream } => {
+                let proc = self.ranks.get_mut(&rank)?;
+                let incarnation = proc.incarnation;
+                let reader = stream.try_clone().ok()?;
+                proc.writer = Some(stream);
+                let tx = tx.clone();
+                thread::spawn(move || {
+                    let mut reader = BufReader::new(reader);
+                    while let Ok(msg) = read_frame::<FromRank>(&mut reader) {
+                        if tx.send(Ev::Msg { rank, incarnation, msg }).is_err() {
+                            return;
+                        }
+                    }
+                    let _ = tx.send(Ev::Gone { rank, incarnation });
+                });
+                let setup = self.setup_for(rank, incarnation);
+                self.send(rank, &ToRank::Setup(setup));
+            }
+            Ev::Msg { rank, incarnation, msg } => {
+                if self.ranks.get(&rank).is_none_or(|p| p.incarnation != incarnation) {
+                    return None;
+                }
+                return self.on_message(rank, msg);
+            }
+            Ev::Gone { rank, incarnation } => {
+                let proc = self.ranks.get_mut(&rank)?;
+                if proc.incarnation != incarnation {
+                    return None;
+                }
+                let expected = proc.said_bye || proc.killed_by_fault;
+                let ready = proc.ready;
+                proc.alive = false;
+                proc.writer = None;
+                if !expected {
+                    self.problem(format!("{rank} disconnected unexpectedly"));
+                    if !ready {
+                        return Some(format!("{rank} exited before it was ready"));
+                    }
+                }
+                self.rank_lost(rank);
+            }
+        }
+        None
+    }
+
+    /// A prefill rank is gone: prefills waiting for its acknowledgement go on without it.
+    fn rank_lost(&mut self, rank: RankId) {
+        if rank.engine.role != Role::Prefill {
+            return;
+        }
+        let waiting: Vec<RequestId> =
+            self.requests.iter().filter(|(_, r)| r.acks_needed.contains(&rank)).map(|(&id, _)| id).collect();
+        for id in waiting {
+            self.prefill_acked(id, rank);
+        }
+    }
+
+    fn on_message(&mut self, rank: RankId, msg: FromRank) -> Option<String> {
+        let now = self.clock.now();
+        match msg {
+            FromRank::Hello { .. } => {}
+            FromRank::Ready { data_addr, .. } => {
+                let proc = self.ranks.get_mut(&rank).expect("known rank");
+                proc.ready = true;
+                proc.data_addr = data_addr;
+                if proc.incarnation > 0 {
+                    self.faults_log.push(format!("{rank} restarted (incarnation {})", proc.incarnation));
+                    self.pump_prefill(rank.engine, rank.dp);
+                }
+            }
+            FromRank::SetupFailed { error } => return Some(format!("{rank}: {error}")),
+            FromRank::Prefilled { transfer_id } => {
+                if let Some(id) = self.request_of(&transfer_id) {
+                    self.prefill_acked(id, rank);
+                }
+            }
+            FromRank::Finished { transfer_id } => {
+                let e = usize::from(rank.engine.index);
+                self.engine(e, EngineEvent::WorkerFinished { rank, transfer_id });
+            }
+            FromRank::Leased { transfer_id, remaining_ns } => {
+                let e = usize::from(rank.engine.index);
+                self.engine(e, EngineEvent::Leased { transfer_id, until: Instant(now.0 + remaining_ns) });
+            }
+            FromRank::Vote { step, ok } => {
+                let g = self.dgroup_of(rank);
+                let group = &mut self.dgroups[g];
+                let votes = group.votes.entry(step).or_default();
+                votes.insert(rank.tp, ok);
+                if votes.len() == usize::from(group.tp) {
+                    let all = votes.values().all(|&v| v);
+                    group.votes.remove(&step);
+                    for tp in 0..self.dgroups[g].tp {
+                        let r = self.decode_rank(g, tp);
+                        self.send(r, &ToRank::VoteResult { step, ok: all });
+                    }
+                }
+            }
+            FromRank::StepDone { step, .. } => {
+                let g = self.dgroup_of(rank);
+                if let Phase::Running { step: s, done, .. } = &mut self.dgroups[g].phase {
+                    if *s == step {
+                        done.insert(rank.tp);
+                    }
+                }
+                self.maybe_forward(g);
+            }
+            FromRank::StepRaised { step, error } => {
+                let g = self.dgroup_of(rank);
+                if let Phase::Running { step: s, raised, .. } = &mut self.dgroups[g].phase {
+                    if *s == step {
+                        raised.insert(rank.tp);
+                    }
+                }
+                self.problem(format!("{rank} raised at step {step}: {error}"));
+            }
+            FromRank::Received { request } => self.reported(rank, request, None),
+            FromRank::RecvFailed { request, error } => self.reported(rank, request, Some(error)),
+            FromRank::ReadVerified { layer, source, bytes, .. } => {
+                let entry = self.reads.entry(source).or_default();
+                // A request's reads count once per decode worker, whatever the granularity.
+                if layer.is_none_or(|l| l == 0) {
+                    entry.0 += 1;
+                }
+                entry.1 += bytes;
+                self.bytes_verified += bytes;
+            }
+            FromRank::Mismatch { request, detail } => {
+                self.violations.push(Violation {
+                    kind: "read_mismatch".into(),
+                    detail: format!("{rank}, {request}: {detail}"),
+                });
+            }
+            FromRank::Problem { violation, detail } => {
+                if violation {
+                    self.violations.push(Violation {
+                        kind: "protocol_error".into(),
+                        detail: format!("{rank}: {detail}"),
+                    });
+                } else {
+                    self.problem(format!("{rank}: {detail}"));
+                }
+            }
+            FromRank::Bye { .. } => {
+                if let Some(proc) = self.ranks.get_mut(&rank) {
+                    proc.said_bye = true;
+                }
+            }
+        }
+        None
+    }
+
+    fn request_of(&self, transfer_id: &TransferId) -> Option<RequestId> {
+        self.requests.iter().find(|(_, r)| &r.transfer_id == transfer_id).map(|(&id, _)| id)
+    }
+
+    fn dgroup_of(&self, rank: RankId) -> usize {
+        self.dgroups
+            .iter()
+            .position(|g| g.engine == usize::from(rank.engine.index) && g.dp == rank.dp)
+            .expect("decode ranks belong to a group")
+    }
+
+    fn decode_rank(&self, g: usize, tp: u16) -> RankId {
+        let group = &self.dgroups[g];
+        RankId::new(EngineId::decode(group.engine as u16), group.dp, tp)
+    }
+
+    fn pgroup_index(&self, engine: usize, dp: u16) -> usize {
+        self.pgroups.iter().position(|g| g.engine == engine && g.dp == dp).expect("prefill groups exist")
+    }
+
+    // -------------------------------------------------------------------------- requests
+
+    fn submit(&mut self) {
+        if self.sent >= u64::from(self.config.requests) {
+            return;
+        }
+        self.sent += 1;
+        let bits = (u128::from(self.stream.next()) << 64) | u128::from(self.stream.next());
+        let input = self.stream.range(48, 400);
+        let output = self.stream.range(4, 12);
+        let (id, action) = match self.proxy.handle_request(bits) {
+            Ok(x) => x,
+            Err(e) => {
+                self.violations
+                    .push(Violation { kind: "protocol_error".into(), detail: format!("proxy refused: {e}") });
+                return;
+            }
+        };
+        let ProxyAction::SendPrefill { slot, .. } = action else {
+            unreachable!("a new request goes to prefill first")
+        };
+        let record = self.proxy.request(id).expect("just routed").clone();
+        let req = Req {
+            transfer_id: record.transfer_id,
+            input,
+            output,
+            prefill: (usize::from(slot.engine.index), slot.dp()),
+            decode: (usize::from(record.decode.engine.index), record.decode.dp()),
+            prefill_blocks: Vec::new(),
+            local_blocks: Vec::new(),
+            acks_needed: BTreeSet::new(),
+            started: std::time::Instant::now(),
+            first_token: None,
+        };
+        self.requests.insert(id, req);
+        let g = self.pgroup_index(usize::from(slot.engine.index), slot.dp());
+        self.pgroups[g].queue.push_back(id);
+        self.pump_prefill(slot.engine, slot.dp());
+    }
+
+    /// Starts prefills of a group's queue while its blocks last.
+    fn pump_prefill(&mut self, engine: EngineId, dp: u16) {
+        let g = self.pgroup_index(usize::from(engine.index), dp);
+        let block = self.d.model.block_size_tokens;
+        while let Some(&id) = self.pgroups[g].queue.front() {
+            let need = self.requests[&id].input.div_ceil(block) as usize;
+            if self.pgroups[g].free.len() < need {
+                break;
+            }
+            self.pgroups[g].queue.pop_front();
+            let blocks: Vec<u32> = self.pgroups[g].free.iter().take(need).copied().collect();
+            let transfer_id = self.requests[&id].transfer_id.clone();
+            for b in &blocks {
+                self.pgroups[g].free.remove(b);
+                self.pgroups[g].owner.insert(*b, transfer_id.clone());
+            }
+            let layout = self.d.layout(engine);
+            let live: BTreeSet<RankId> = (0..layout.tp)
+                .map(|tp| RankId::new(engine, dp, tp))
+                .filter(|r| self.ranks.get(r).is_some_and(|p| p.alive && p.ready))
+                .collect();
+            let req = self.requests.get_mut(&id).expect("queued requests exist");
+            req.prefill_blocks = blocks.clone();
+            req.acks_needed = live.clone();
+            for rank in live {
+                self.send(
+                    rank,
+                    &ToRank::Prefill { transfer_id: transfer_id.clone(), blocks: blocks.clone() },
+                );
+            }
+            if self.requests[&id].acks_needed.is_empty() {
+                self.prefill_done(id);
+            }
+        }
+    }
+
+    fn prefill_acked(&mut self, id: RequestId, rank: RankId) {
+        let Some(req) = self.requests.get_mut(&id) else { return };
+        if req.acks_needed.remove(&rank) && req.acks_needed.is_empty() {
+            self.prefill_done(id);
+        }
+    }
+
+    /// Every live rank of the owner group holds the request's KV: register, answer the proxy.
+    fn prefill_done(&mut self, id: RequestId) {
+        self.prefilled += 1;
+        self.maybe_kill();
+        let req = &self.requests[&id];
+        let (e, dp) = req.prefill;
+        let decode_layout = self.d.decode[req.decode.0];
+        let event = EngineEvent::PrefillDone {
+            request: id,
+            transfer_id: req.transfer_id.clone(),
+            owner_dp: dp,
+            blocks: req.prefill_blocks.clone(),
+            decode: decode_layout,
+        };
+        let mut out = Vec::new();
+        let now = self.clock.now();
+        if let Err(error) = self.engines[e].handle(now, event, &mut out) {
+            self.problem(format!("P{e} refused {id}: {error}"));
+            let blocks = self.requests[&id].prefill_blocks.clone();
+            let transfer_id = self.requests[&id].transfer_id.clone();
+            self.free_prefill_blocks(e, dp, &transfer_id, &blocks);
+            self.end(id, Some(vec![format!("prefill refused: {error}")]));
+            return;
+        }
+        self.engine_actions(e, out);
+        let engine = EngineId::prefill(e as u16);
+        let address = self.addresses[&engine].clone();
+        let layout: Layout = self.d.prefill[e];
+        let req = &self.requests[&id];
+        let answer = KvTransferParams {
+            do_remote_prefill: true,
+            transfer_id: Some(req.transfer_id.0.clone()),
+            remote_block_ids: req.prefill_blocks.iter().map(|&b| u64::from(b)).collect(),
+            remote_engine_id: Some(address.engine_id()),
+            remote_host: Some(address.host.clone()),
+            remote_handshake_port: Some(i64::from(address.handshake_port_base)),
+            remote_notify_port: Some(i64::from(address.notify_port_base)),
+            remote_dp_size: Some(i64::from(layout.dp)),
+            tp_size: Some(i64::from(layout.tp)),
+            ..KvTransferParams::default()
+        };
+        match self.proxy.handle_prefill_response(id, answer) {
+            Ok(ProxyAction::SendDecode { slot, params, .. }) => {
+                let g = self
+                    .dgroups
+                    .iter()
+                    .position(|g| g.engine == usize::from(slot.engine.index) && g.dp == slot.dp())
+                    .expect("the proxy routes to existing groups");
+                let recv = Recv {
+                    request: id,
+                    prefill_engine: engine,
+                    prefill_address: address,
+                    params,
+                    local_block_ids: Vec::new(),
+                };
+                self.dgroups[g].waiting.push_back(recv);
+                self.begin_step(g);
+            }
+            other => {
+                let detail = format!("proxy refused the prefill answer of {id}: {other:?}");
+                self.violations.push(Violation { kind: "protocol_error".into(), detail });
+            }
+        }
+    }
+
+    fn engine(&mut self, e: usize, event: EngineEvent) {
+        let mut out = Vec::new();
+        if let Err(error) = self.engines[e].handle(self.clock.now(), event, &mut out) {
+            self.violations
+                .push(Violation { kind: "protocol_error".into(), detail: format!("P{e}: {error}") });
+        }
+        self.engine_actions(e, out);
+    }
+
+    fn engine_actions(&mut self, e: usize, actions: Vec<EngineAction>) {
+        for action in actions {
+            match action {
+                EngineAction::Register { rank, transfer_id, quorum } => {
+                    if let Some(proc) = self.ranks.get(&rank).filter(|p| p.alive) {
+                        self.registered.insert((rank, transfer_id.clone()), proc.incarnation);
+                    }
+                    self.send(rank, &ToRank::Register { transfer_id, quorum });
+                }
+                EngineAction::GroupDone { rank, transfer_id } => {
+                    if self.holds_registration(rank, &transfer_id) {
+                        self.send(rank, &ToRank::GroupDone { transfer_id });
+                    }
+                }
+                EngineAction::Retire { rank, transfer_id } => {
+                    if self.holds_registration(rank, &transfer_id) {
+                        self.send(rank, &ToRank::Retire { transfer_id: transfer_id.clone() });
+                    }
+                    self.registered.remove(&(rank, transfer_id));
+                }
+                EngineAction::FinishedSending { .. } => {}
+                EngineAction::Fence { transfer_id, owner_dp, blocks } => {
+                    self.ledger.fenced += 1;
+                    let engine = EngineId::prefill(e as u16);
+                    for tp in 0..self.d.prefill[e].tp {
+                        let msg = ToRank::Fence { transfer_id: transfer_id.clone(), blocks: blocks.clone() };
+                        self.send(RankId::new(engine, owner_dp, tp), &msg);
+                    }
+                }
+                EngineAction::FreeBlocks { transfer_id, owner_dp, blocks, reaped } => {
+                    if reaped {
+                        self.ledger.reaped += 1;
+                        if self.fault_injected {
+                            self.ledger.reaped_excused += 1;
+                        }
+                    } else {
+                        self.ledger.freed += 1;
+                    }
+                    self.free_prefill_blocks(e, owner_dp, &transfer_id, &blocks);
+                    self.pump_prefill(EngineId::prefill(e as u16), owner_dp);
+                }
+                EngineAction::ReapWarning { transfer_id, held_ns, unfinished_tp } => {
+                    let ms = held_ns / NS_PER_MS;
+                    self.problem(format!(
+                        "P{e} reaped {transfer_id} after {ms} ms; unreleased TP ranks {unfinished_tp:?}"
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Whether the live process of `rank` is the one the transfer was registered on (a restarted
+    /// rank never heard of transfers registered before it started).
+    fn holds_registration(&self, rank: RankId, transfer_id: &TransferId) -> bool {
+        let registered = self.registered.get(&(rank, transfer_id.clone()));
+        self.ranks.get(&rank).is_some_and(|p| p.alive && registered == Some(&p.incarnation))
+    }
+
+    fn free_prefill_blocks(&mut self, e: usize, dp: u16, transfer_id: &TransferId, blocks: &[u32]) {
+        let g = self.pgroup_index(e, dp);
+        for &b in blocks {
+            if self.pgroups[g].owner.get(&b) == Some(transfer_id) {
+                self.pgroups[g].owner.remove(&b);
+                self.pgroups[g].free.insert(b);
+            } else {
+                self.ledger.double_frees += 1;
+                let detail = format!("P{e}.dp{dp}: block {b} freed for {transfer_id}, which did not hold it");
+                self.violations.push(Violation { kind: "double_free".into(), detail });
+            }
+        }
+    }
+
+    // -------------------------------------------------------------------------- decode steps
+
+    fn has_work(&self, g: usize) -> bool {
+        let group = &self.dgroups[g];
+        !group.waiting.is_empty() || !group.running.is_empty() || !group.pending.is_empty()
+    }
+
+    fn begin_step(&mut self, g: usize) {
+        if self.dgroups[g].phase != Phase::Idle || !self.has_work(g) {
+            return;
+        }
+        let block = self.d.model.block_size_tokens;
+        let group = &mut self.dgroups[g];
+        group.step += 1;
+        group.next_step = None;
+        let step = group.step;
+        let mut new = Vec::new();
+        while let Some(recv) = group.waiting.front() {
+            let need = recv.params.remote_block_ids.len();
+            let busy = group.running.len() + group.pending.len();
+            if busy >= MAX_BATCH || group.free.len() < need {
+                break;
+            }
+            let mut recv = group.waiting.pop_front().expect("front exists");
+            let local: Vec<u32> = group.free.iter().take(need).copied().collect();
+            for b in &local {
+                group.free.remove(b);
+            }
+            recv.local_block_ids = local.clone();
+            group.pending.insert(recv.request, Pending { reported: BTreeSet::new(), errors: Vec::new() });
+            new.push(recv);
+        }
+        group.phase = Phase::Running {
+            step,
+            done: BTreeSet::new(),
+            raised: BTreeSet::new(),
+            since: std::time::Instant::now(),
+        };
+        for recv in &new {
+            if let Some(req) = self.requests.get_mut(&recv.request) {
+                req.local_blocks = recv.local_block_ids.clone();
+            }
+        }
+        let _ = block;
+        for tp in 0..self.dgroups[g].tp {
+            let rank = self.decode_rank(g, tp);
+            self.send(rank, &ToRank::StepBegin { step, requests: new.clone() });
+        }
+    }
+
+    /// Every rank of the group reached the forward pass: one token for every running request.
+    fn maybe_forward(&mut self, g: usize) {
+        let group = &mut self.dgroups[g];
+        let Phase::Running { done, .. } = &group.phase else { return };
+        if done.len() < usize::from(group.tp) {
+            return;
+        }
+        group.phase = Phase::Idle;
+        let now = std::time::Instant::now();
+        let mut finished = Vec::new();
+        for (id, left) in group.running.iter_mut() {
+            *left -= 1;
+            if *left == 0 {
+                finished.push(*id);
+            }
+        }
+        group.running.retain(|(_, left)| *left > 0);
+        let running: Vec<RequestId> =
+            group.running.iter().map(|(id, _)| *id).chain(finished.iter().copied()).collect();
+        for id in running {
+            if let Some(req) = self.requests.get_mut(&id) {
+                if req.first_token.is_none() {
+                    req.first_token = Some(now);
+                    self.ttft_ms.push((now - req.started).as_secs_f64() * 1e3);
+                }
+            }
+        }
+        for id in finished {
+            self.end(id, None);
+        }
+        if !self.dgroups[g].running.is_empty() || !self.dgroups[g].waiting.is_empty() {
+            self.begin_step(g);
+        } else if !self.dgroups[g].pending.is_empty() {
+            self.dgroups[g].next_step = Some(now + IDLE_STEP);
+        }
+    }
+
+    fn reported(&mut self, rank: RankId, request: RequestId, error: Option<String>) {
+        let g = self.dgroup_of(rank);
+        let width = usize::from(self.dgroups[g].tp);
+        let Some(p) = self.dgroups[g].pending.get_mut(&request) else { return };
+        p.reported.insert(rank.tp);
+        if let Some(error) = error {
+            p.errors.push(format!("{rank}: {error}"));
+        }
+        if p.reported.len() < width {
+            return;
+        }
+        let p = self.dgroups[g].pending.remove(&request).expect("present");
+        if p.errors.is_empty() {
+            let output = self.requests[&request].output;
+            self.dgroups[g].running.push((request, output));
+            self.begin_step(g);
+        } else {
+            self.end(request, Some(p.errors));
+        }
+    }
+
+    /// A request ended: finished (`None`) or failed with each worker's error.
+    fn end(&mut self, id: RequestId, errors: Option<Vec<String>>) {
+        let Some(req) = self.requests.remove(&id) else { return };
+        let g = self.dgroups.iter().position(|g| (g.engine, g.dp) == req.decode).expect("decode group");
+        for b in &req.local_blocks {
+            self.dgroups[g].free.insert(*b);
+        }
+        let _ = self.proxy.handle_finished(id);
+        match errors {
+            None => {
+                self.finished += 1;
+                self.tokens_in += u64::from(req.input);
+                self.tokens_out += u64::from(req.output);
+            }
+            Some(errors) => {
+                self.failed += 1;
+                self.failures.push(Failure {
+                    request: id.0,
+                    transfer_id: req.transfer_id.0.clone(),
+                    prefill: format!("P{}.dp{}", req.prefill.0, req.prefill.1),
+                    errors,
+                });
+            }
+        }
+        self.submit();
+    }
+
+    // -------------------------------------------------------------------------- faults
+
+    fn maybe_kill(&mut self) {
+        let faults = self.config.faults.clone();
+        for fault in faults {
+            let Fault::KillPrefill { rank, after, restart_after_ms } = fault else { continue };
+            if self.prefilled != after {
+                continue;
+            }
+            let Some(proc) = self.ranks.get_mut(&rank) else { continue };
+            if let Some(child) = proc.child.as_mut() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            proc.killed_by_fault = true;
+            proc.alive = false;
+            proc.writer = None;
+            self.processes.killed_by_fault += 1;
+            self.fault_injected = true;
+            let at = self.started_at.elapsed().as_millis();
+            self.faults_log.push(format!("killed {rank} at {at} ms, after {after} prefills"));
+            if let Some(ms) = restart_after_ms {
+                self.restart_at = Some((std::time::Instant::now() + Duration::from_millis(ms), rank));
+            }
+            self.rank_lost(rank);
+        }
+    }
+
+    fn restart(&mut self, rank: RankId) {
+        let incarnation = self.ranks.get(&rank).map_or(0, |p| p.incarnation + 1);
+        if let Err(e) = self.spawn(rank, incarnation) {
+            self.problem(format!("restart of {rank}: {e}"));
+        }
+    }
+
+    // -------------------------------------------------------------------------- the loop
+
+    fn held(&self) -> u64 {
+        self.engines.iter().map(|e| e.held().count() as u64).sum()
+    }
+
+    fn main_loop(&mut self, rx: &Receiver<Ev>, tx: &Sender<Ev>, progress: &mut dyn FnMut(Progress)) {
+        if self.config.faults.iter().any(|f| matches!(f, Fault::DropReleases { .. })) {
+            self.fault_injected = true;
+            for fault in &self.config.faults {
+                if let Fault::DropReleases { rank, count } = fault {
+                    self.faults_log.push(format!("{rank} drops its first {count} releases"));
+                }
+            }
+        }
+        for _ in 0..self.config.concurrency.min(self.config.requests) {
+            self.submit();
+        }
+        let deadline = self.started_at + Duration::from_millis(self.config.timeout_ms);
+        let total = u64::from(self.config.requests);
+        let mut reported = u64::MAX;
+        loop {
+            let done = self.finished + self.failed;
+            if done != reported {
+                reported = done;
+                progress(Progress { done, total });
+            }
+            if done >= total && self.held() == 0 {
+                return;
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                let held = self.held();
+                self.hung = Some(format!(
+                    "after {} ms: {} requests unfinished, {held} transfers still held",
+                    self.config.timeout_ms,
+                    total - done
+                ));
+                return;
+            }
+            // The next timer: an engine's reaper, a group's idle step, a restart, the deadline.
+            let mut wake = deadline;
+            for e in &self.engines {
+                if let Some(at) = e.poll_timeout() {
+                    wake = wake.min(now + self.clock.until(at));
+                }
+            }
+            for g in &self.dgroups {
+                if let Some(at) = g.next_step {
+                    wake = wake.min(at);
+                }
+            }
+            if let Some((at, _)) = self.restart_at {
+                wake = wake.min(at);
+            }
+            match rx.recv_timeout(wake.saturating_duration_since(now)) {
+                Ok(ev) => {
+                    if let Some(error) = self.on_event(ev, tx) {
+                        self.problem(error);
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+            let now = std::time::Instant::now();
+            let core_now = self.clock.now();
+            for e in 0..self.engines.len() {
+                if self.engines[e].poll_timeout().is_some_and(|at| at <= core_now) {
+                    self.engine(e, EngineEvent::Tick);
+                }
+            }
+            for g in 0..self.dgroups.len() {
+                if self.dgroups[g].next_step.is_some_and(|at| at <= now) {
+                    self.dgroups[g].next_step = None;
+                    self.begin_step(g);
+                }
+            }
+            if let Some((at, rank)) = self.restart_at {
+                if at <= now {
+                    self.restart_at = None;
+                    self.restart(rank);
+                }
+            }
+        }
+    }
+
+    /// Tells every live rank to shut down, waits for each to exit, and kills stragglers.
+    fn shutdown(&mut self, rx: &Receiver<Ev>) {
+        let live: Vec<RankId> = self.ranks.iter().filter(|(_, p)| p.alive).map(|(&r, _)| r).collect();
+        for &rank in &live {
+            self.send(rank, &ToRank::Shutdown);
+        }
+        let deadline = std::time::Instant::now() + EXIT_TIMEOUT;
+        // Collect goodbyes (and anything else still in flight) until every live rank left.
+        while self.ranks.values().any(|p| p.alive && p.writer.is_some() && !p.said_bye) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(Ev::Msg { rank, incarnation, msg: FromRank::Bye { .. } }) => {
+                    if let Some(p) = self.ranks.get_mut(&rank).filter(|p| p.incarnation == incarnation) {
+                        p.said_bye = true;
+                    }
+                }
+                Ok(Ev::Gone { rank, incarnation }) => {
+                    if let Some(p) = self.ranks.get_mut(&rank).filter(|p| p.incarnation == incarnation) {
+                        p.alive = false;
+                    }
+                }
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        for proc in self.ranks.values_mut() {
+            let Some(mut child) = proc.child.take() else { continue };
+            if proc.killed_by_fault {
+                continue;
+            }
+            let mut status = None;
+            while std::time::Instant::now() < deadline {
+                if let Ok(Some(s)) = child.try_wait() {
+                    status = Some(s);
+                    break;
+                }
+                thread::sleep(Duration::from_millis(5));
+            }
+            match status {
+                Some(s) if s.success() => self.processes.exited_cleanly += 1,
+                Some(_) => self.processes.failed += 1,
+                None => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    self.processes.killed_at_shutdown += 1;
+                }
+            }
+        }
+    }
+
+    fn result(&self) -> ClusterResult {
+        let duration_s = self.started_at.elapsed().as_secs_f64();
+        let held = self.held();
+        let unfinished = u64::from(self.config.requests) - self.finished - self.failed;
+        let gpus: Vec<RankId> = self.d.ranks(Role::Prefill);
+        let reads: Vec<u64> = gpus.iter().map(|r| self.reads.get(r).map_or(0, |v| v.0)).collect();
+        let bytes: Vec<u64> = gpus.iter().map(|r| self.reads.get(r).map_or(0, |v| v.1)).collect();
+        let ledger = Ledger { held, ..self.ledger.clone() };
+        let outcome = if !self.violations.is_empty() {
+            "safety_violation"
+        } else if self.hung.is_some() || unfinished > 0 {
+            "hang"
+        } else if held > 0 || ledger.reaped > ledger.reaped_excused {
+            "leak"
+        } else {
+            "clean"
+        };
+        let mut problems = self.problems.clone();
+        if let Some(hung) = &self.hung {
+            problems.insert(0, format!("hung: {hung}"));
+        }
+        let per_s = |x: f64| if duration_s > 0.0 { (x / duration_s * 10.0).round() / 10.0 } else { 0.0 };
+        ClusterResult {
+            deployment: self.config.deployment.clone(),
+            transport: self.config.transport.to_string(),
+            model: if self.d.model.use_mla {
+                format!("MLA, {} layers", self.d.model.layers)
+            } else {
+                format!("GQA with {} KV heads, {} layers", self.d.model.kv_heads, self.d.model.layers)
+            },
+            seed: self.config.seed,
+            outcome: outcome.into(),
+            duration_s: (duration_s * 1000.0).round() / 1000.0,
+            requests: Requests { sent: self.sent, finished: self.finished, failed: self.failed, unfinished },
+            throughput: Throughput {
+                total_tok_s: per_s((self.tokens_in + self.tokens_out) as f64),
+                output_tok_s: per_s(self.tokens_out as f64),
+                requests_per_s: per_s(self.finished as f64),
+                kv_bytes_per_s: per_s(self.bytes_verified as f64),
+            },
+            nic: Nic {
+                prefill_gpus: gpus.iter().map(|r| r.to_string()).collect(),
+                jain: jain(&reads),
+                jain_bytes: jain(&bytes),
+                reads_per_prefill_gpu: reads,
+                bytes_per_prefill_gpu: bytes,
+            },
+            ledger,
+            bytes_verified: self.bytes_verified,
+            failures: self.failures.clone(),
+            violations: self.violations.clone(),
+            faults: self.faults_log.clone(),
+            processes: self.processes.clone(),
+            problems,
+        }
+    }
+}

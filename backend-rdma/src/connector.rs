@@ -1,0 +1,228 @@
+//! One rank's connector process (`pdkv connector`): joins the cluster's scheduler, then drives a
+//! prefill or decode node of the core over real sockets until told to shut down.
+//!
+//! Every connector is one thread that owns its node and a handful of I/O threads (listeners,
+//! dialers, the data plane) that turn socket activity into [`Input`]s on one channel. The node
+//! thread handles one input at a time, in arrival order, and carries out the node's actions;
+//! timers come from the node's `poll_timeout`. The connector decides nothing about routing or
+//! release counting: every address it dials and every quorum it keeps comes from a node action
+//! or from the scheduler, which got it from a node (see ARCHITECTURE.md).
+//!
+//! If the scheduler's connection closes, the connector exits at once: a rank never outlives
+//! its cluster, so a killed `pdkv cluster` leaves no process behind.
+
+use std::fmt;
+use std::io::BufReader;
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::thread;
+use std::time::Duration;
+
+use pdkv_core::ids::{RankId, Role};
+use pdkv_core::ports::Endpoint;
+use pdkv_core::time::Instant;
+use pdkv_core::topology::Deployment;
+
+use crate::sched::{read_frame, write_frame, FrameError, FromRank, Setup, ToRank};
+
+/// How long a connector waits to reach its scheduler and hear its setup.
+pub const JOIN_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Why a connector stopped with an error.
+#[derive(Debug)]
+pub enum ConnectorError {
+    /// The command line named a rank the deployment does not have.
+    NoSuchRank {
+        /// The rank asked for.
+        rank: RankId,
+        /// The deployment.
+        deployment: String,
+    },
+    /// The scheduler could not be reached or spoke nonsense.
+    Scheduler {
+        /// What was being done.
+        op: &'static str,
+        /// The error.
+        detail: String,
+    },
+    /// A listener or the data plane could not start.
+    Setup(String),
+}
+
+impl fmt::Display for ConnectorError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConnectorError::NoSuchRank { rank, deployment } => {
+                write!(f, "deployment {deployment} has no rank {rank}")
+            }
+            ConnectorError::Scheduler { op, detail } => write!(f, "scheduler: {op}: {detail}"),
+            ConnectorError::Setup(detail) => write!(f, "cannot start: {detail}"),
+        }
+    }
+}
+
+impl std::error::Error for ConnectorError {}
+
+/// The process clock, in the core's terms: nanoseconds since the connector started.
+#[derive(Clone, Copy, Debug)]
+pub struct Clock(std::time::Instant);
+
+impl Clock {
+    /// A clock starting now.
+    pub fn start() -> Clock {
+        Clock(std::time::Instant::now())
+    }
+
+    /// Now, for the core.
+    pub fn now(&self) -> Instant {
+        Instant(self.0.elapsed().as_nanos() as u64)
+    }
+
+    /// How long from now until `at` (zero if it passed).
+    pub fn until(&self, at: Instant) -> Duration {
+        Duration::from_nanos(at.0.saturating_sub(self.now().0))
+    }
+}
+
+/// The write half of the scheduler connection.
+pub struct SchedLink {
+    stream: TcpStream,
+}
+
+impl SchedLink {
+    /// Sends one message; an error means the scheduler is gone, and the caller exits.
+    pub fn send(&mut self, msg: &FromRank) -> Result<(), ConnectorError> {
+        write_frame(&mut self.stream, msg)
+            .map_err(|e| ConnectorError::Scheduler { op: "send", detail: e.to_string() })
+    }
+}
+
+/// Resolves an endpoint the core computed (host and port) to a socket address.
+pub fn resolve(endpoint: &Endpoint) -> Result<SocketAddr, String> {
+    (endpoint.host.as_str(), endpoint.port)
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {endpoint}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{endpoint} resolves to no address"))
+}
+
+/// Joins the scheduler at `scheduler` as `rank` of `deployment`, then runs the rank's node until
+/// the scheduler says shut down (Ok) or goes away (Err).
+pub fn run(deployment: &str, rank: RankId, scheduler: SocketAddr) -> Result<(), ConnectorError> {
+    let parsed = Deployment::parse(deployment).map_err(|e| ConnectorError::Setup(e.to_string()))?;
+    let exists = usize::from(rank.engine.index) < parsed.engines(rank.engine.role).len() && {
+        let layout = parsed.layout(rank.engine);
+        rank.dp < layout.dp && rank.tp < layout.tp
+    };
+    if !exists {
+        return Err(ConnectorError::NoSuchRank { rank, deployment: deployment.to_owned() });
+    }
+    let sched_err = |op| move |e: std::io::Error| ConnectorError::Scheduler { op, detail: e.to_string() };
+    let stream = TcpStream::connect_timeout(&scheduler, JOIN_TIMEOUT).map_err(sched_err("connect"))?;
+    stream.set_nodelay(true).map_err(sched_err("configure"))?;
+    let mut link = SchedLink { stream: stream.try_clone().map_err(sched_err("configure"))? };
+    link.send(&FromRank::Hello { rank, pid: std::process::id() })?;
+    let mut reader = BufReader::new(stream);
+    reader.get_ref().set_read_timeout(Some(JOIN_TIMEOUT)).map_err(sched_err("configure"))?;
+    let setup = match read_frame::<ToRank>(&mut reader) {
+        Ok(ToRank::Setup(setup)) => setup,
+        Ok(other) => {
+            let detail = format!("expected setup, got {other:?}");
+            return Err(ConnectorError::Scheduler { op: "join", detail });
+        }
+        Err(e) => return Err(ConnectorError::Scheduler { op: "join", detail: e.to_string() }),
+    };
+    reader.get_ref().set_read_timeout(None).map_err(sched_err("configure"))?;
+    let deployment = parsed.with_model(setup.model.clone());
+    let (tx, rx) = mpsc::channel();
+    let sched_tx = tx.clone();
+    thread::spawn(move || loop {
+        match read_frame::<ToRank>(&mut reader) {
+            Ok(msg) => {
+                if sched_tx.send(Input::Sched(msg)).is_err() {
+                    return;
+                }
+            }
+            Err(e) => {
+                let _ = sched_tx.send(Input::SchedGone(e));
+                return;
+            }
+        }
+    });
+    let ctx = Context { deployment, rank, setup, link, tx, rx, clock: Clock::start() };
+    match rank.engine.role {
+        Role::Prefill => crate::prefill_rank::run(ctx),
+        Role::Decode => crate::decode_rank::run(ctx),
+    }
+}
+
+/// What a rank's driver starts with.
+pub struct Context {
+    /// The deployment, with the model the scheduler set.
+    pub deployment: Deployment,
+    /// This rank.
+    pub rank: RankId,
+    /// The scheduler's setup.
+    pub setup: Setup,
+    /// Messages to the scheduler.
+    pub link: SchedLink,
+    /// A sender for I/O threads.
+    pub tx: Sender<Input>,
+    /// The node thread's inputs.
+    pub rx: Receiver<Input>,
+    /// The process clock.
+    pub clock: Clock,
+}
+
+/// One thing that happened, for the node thread.
+pub enum Input {
+    /// A message from the scheduler.
+    Sched(ToRank),
+    /// The scheduler connection ended.
+    SchedGone(FrameError),
+    /// Prefill: a handshake request arrived on connection `conn`; the reply goes to `reply`.
+    HandshakeRequest {
+        /// The connection's number (the core's opaque peer handle).
+        conn: u64,
+        /// Where the reply frames go.
+        reply: Sender<Vec<Vec<u8>>>,
+    },
+    /// Prefill: one frame arrived on the notify listener.
+    Notify(Vec<u8>),
+    /// Decode: a handshake dial ended.
+    Dialled {
+        /// The session the dial was for.
+        session: pdkv_core::ports::SessionKey,
+        /// Both reply frames decoded, or why not.
+        result: Result<(pdkv_core::wire::HandshakeMetadata, Vec<pdkv_core::wire::LayerMemoryDesc>), String>,
+    },
+    /// Decode: a read finished.
+    ReadDone(crate::decode_rank::ReadResult),
+    /// Something an I/O thread wants reported.
+    Problem(String),
+}
+
+/// The handshake reply frames a prefill rank sends, and what a decode rank expects.
+pub const HANDSHAKE_FRAMES: usize = 2;
+
+/// What a prefill rank puts in its handshake metadata's `agent_metadata` (MoRIIO's opaque
+/// engine descriptor): how to reach its data plane. MessagePack map `{"transport", "addr"}`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DataDescriptor {
+    /// `tcp` or `rdma`.
+    pub transport: String,
+    /// `host:port` of the data-plane server (the RDMA server's queue-pair exchange).
+    pub addr: String,
+}
+
+impl DataDescriptor {
+    /// The bytes for `agent_metadata`.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        rmp_serde::to_vec_named(self).expect("a descriptor serialises")
+    }
+
+    /// Reads `agent_metadata`; a typed message when it is not a pdkv descriptor.
+    pub fn from_bytes(bytes: &[u8]) -> Result<DataDescriptor, String> {
+        rmp_serde::from_slice(bytes).map_err(|e| format!("agent_metadata is not a pdkv data descriptor: {e}"))
+    }
+}

@@ -1,0 +1,365 @@
+//! The decode rank's driver: a `DecodeWorker` whose handshakes are real ZMTP dials, whose reads
+//! go through a [`Transport`] and are verified byte for byte, and whose releases and leases go to
+//! the prefill ranks' notify listeners.
+
+use std::collections::BTreeMap;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::thread;
+use std::time::Duration;
+
+use pdkv_core::decode::{
+    DecodeAction, DecodeConfig, DecodeEvent, DecodeWorker, ReadGranularity, ReadOp, ReadOutcome, RecvRequest,
+    StepError,
+};
+use pdkv_core::ids::{RankId, RequestId};
+use pdkv_core::ports::{Endpoint, SessionKey};
+use pdkv_core::wire::{self, ControlMessage};
+
+use crate::connector::{resolve, ConnectorError, Context, DataDescriptor, Input, HANDSHAKE_FRAMES};
+use crate::pattern::{heads_of_rank, transfer_key, BlockKey};
+use crate::sched::{FromRank, ToRank, TransportKind};
+use crate::tcp::TcpTransport;
+use crate::transport::Transport;
+use crate::zmtp::{Connection, SocketType};
+
+const NS_PER_MS: u64 = 1_000_000;
+/// How long a release or lease may take to reach a notify listener.
+const NOTIFY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A finished read, for the node thread.
+pub struct ReadResult {
+    request: RequestId,
+    layer: Option<u16>,
+    source: RankId,
+    bytes: u64,
+    outcome: ReadOutcome,
+    mismatch: Option<String>,
+}
+
+/// One read for the reader thread: the op, where to read it, and what the bytes must be.
+struct ReadJob {
+    op: ReadOp,
+    data: Endpoint,
+    heads: (u16, u16),
+}
+
+/// Dials a prefill rank's handshake listener, asks for its metadata and decodes both frames.
+fn dial(
+    endpoint: &Endpoint,
+    identity: &str,
+    timeout: Duration,
+) -> Result<(wire::HandshakeMetadata, Vec<wire::LayerMemoryDesc>), String> {
+    let addr = resolve(endpoint)?;
+    let mut conn = Connection::connect(addr, SocketType::Dealer, Some(identity.as_bytes()), timeout)
+        .map_err(|e| format!("dial {endpoint}: {e}"))?;
+    conn.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+    conn.send(&[wire::HANDSHAKE_REQUEST]).map_err(|e| format!("send to {endpoint}: {e}"))?;
+    let frames = conn.recv().map_err(|e| format!("reply from {endpoint}: {e}"))?;
+    if frames.len() != HANDSHAKE_FRAMES {
+        return Err(format!("{endpoint} replied {} frames, not {HANDSHAKE_FRAMES}", frames.len()));
+    }
+    let metadata = match wire::decode(&frames[0]) {
+        Ok(ControlMessage::HandshakeMetadata(m)) => m,
+        Ok(other) => return Err(format!("{endpoint} replied {other:?} instead of metadata")),
+        Err(e) => return Err(format!("metadata from {endpoint}: {e}")),
+    };
+    let layers = wire::decode_layer_memory_descs(&frames[1])
+        .map_err(|e| format!("descriptors from {endpoint}: {e}"))?;
+    Ok((metadata, layers))
+}
+
+/// The reader thread: posts each read through the transport, then checks every byte.
+fn reader(jobs: Receiver<ReadJob>, tx: Sender<Input>, mut transport: Box<dyn Transport + Send>) {
+    let mut buffer = Vec::new();
+    for job in jobs {
+        let op = &job.op;
+        let bytes = op.bytes();
+        buffer.resize(bytes as usize, 0);
+        let ranges = op.remote_ranges();
+        let (outcome, mismatch) = match transport.read(&job.data, &ranges, &mut buffer) {
+            Ok(()) => match verify(op, job.heads, &buffer) {
+                None => (ReadOutcome::Ok, None),
+                Some(detail) => {
+                    (ReadOutcome::Failed(format!("bytes differ from prefill's: {detail}")), Some(detail))
+                }
+            },
+            Err(e) => (ReadOutcome::Failed(e.to_string()), None),
+        };
+        let result = ReadResult {
+            request: op.request(),
+            layer: op.layer,
+            source: op.plan.source,
+            bytes,
+            outcome,
+            mismatch,
+        };
+        if tx.send(Input::ReadDone(result)).is_err() {
+            return;
+        }
+    }
+}
+
+/// Where a read's bytes differ from the pattern prefill wrote, if anywhere. The buffer holds
+/// the op's layers one after another, each with the request's blocks in request order.
+fn verify(op: &ReadOp, heads: (u16, u16), buffer: &[u8]) -> Option<String> {
+    let plan = &op.plan;
+    let transfer = transfer_key(&plan.transfer_id);
+    let block_len = plan.block_len as usize;
+    let mut chunks = buffer.chunks(block_len);
+    for layer in op.layers.clone() {
+        for (i, &block) in plan.remote_block_ids.iter().enumerate() {
+            let chunk = chunks.next()?;
+            let key = BlockKey {
+                transfer,
+                layer: layer as u16,
+                block: i as u32,
+                first_head: heads.0,
+                heads: heads.1,
+            };
+            if let Some(at) = key.first_mismatch(chunk) {
+                return Some(format!(
+                    "{} layer {layer} block {i} (id {block}) from {} differs at byte {at}",
+                    plan.request, plan.source
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// Sends releases and leases to notify listeners, one DEALER per listener, reconnecting once
+/// on failure. A listener that stays unreachable loses the message, as with MoRIIO.
+fn notifier(messages: Receiver<(Endpoint, Vec<u8>)>, identity: String, tx: Sender<Input>) {
+    let mut conns: BTreeMap<Endpoint, Connection> = BTreeMap::new();
+    for (endpoint, bytes) in messages {
+        let mut sent = false;
+        for _attempt in 0..2 {
+            if !conns.contains_key(&endpoint) {
+                let Ok(addr) = resolve(&endpoint) else { break };
+                match Connection::connect(addr, SocketType::Dealer, Some(identity.as_bytes()), NOTIFY_TIMEOUT)
+                {
+                    Ok(conn) => {
+                        conns.insert(endpoint.clone(), conn);
+                    }
+                    Err(_) => break,
+                }
+            }
+            let conn = conns.get_mut(&endpoint).expect("connected above");
+            if conn.send(&[&bytes]).is_ok() {
+                sent = true;
+                break;
+            }
+            conns.remove(&endpoint);
+        }
+        if !sent {
+            let detail = format!("notify message to {endpoint} lost: listener unreachable");
+            if tx.send(Input::Problem(detail)).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+fn transport(kind: TransportKind, io_timeout: Duration) -> Result<Box<dyn Transport + Send>, String> {
+    match kind {
+        TransportKind::Tcp => {
+            Ok(Box::new(TcpTransport::with_timeouts(Duration::from_secs(2), Some(io_timeout))))
+        }
+        #[cfg(feature = "rdma")]
+        TransportKind::Rdma => Ok(Box::new(crate::verbs::VerbsTransport::new())),
+        #[cfg(not(feature = "rdma"))]
+        TransportKind::Rdma => Err("this pdkv was built without the `rdma` feature".into()),
+    }
+}
+
+/// Runs a decode rank until shutdown.
+pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
+    let setup = ctx.setup.clone();
+    let rank = ctx.rank;
+    let d = &ctx.deployment;
+    let mut config = DecodeConfig::new(
+        rank,
+        d.layout(rank.engine),
+        d.model.clone(),
+        setup.legacy.clone(),
+        setup.address.engine_id(),
+    );
+    config.handshake_timeout_ns = setup.handshake_timeout_ms * NS_PER_MS;
+    config.transfer_timeout_ns = setup.transfer_timeout_ms * NS_PER_MS;
+    config.granularity =
+        if setup.per_request_reads { ReadGranularity::PerRequest } else { ReadGranularity::PerLayer };
+    let mut worker = DecodeWorker::new(config);
+    let transfer_timeout = Duration::from_millis(setup.transfer_timeout_ms);
+    let handshake_timeout = Duration::from_millis(setup.handshake_timeout_ms);
+    let transport = match transport(setup.transport, transfer_timeout) {
+        Ok(t) => t,
+        Err(error) => {
+            let _ = ctx.link.send(&FromRank::SetupFailed { error: error.clone() });
+            return Err(ConnectorError::Setup(error));
+        }
+    };
+    let (jobs_tx, jobs_rx) = mpsc::channel();
+    let tx = ctx.tx.clone();
+    thread::spawn(move || reader(jobs_rx, tx, transport));
+    let (notify_tx, notify_rx) = mpsc::channel();
+    let (tx, identity) = (ctx.tx.clone(), rank.to_string());
+    thread::spawn(move || notifier(notify_rx, identity, tx));
+    ctx.link.send(&FromRank::Ready { data_addr: None, memory: "host".into() })?;
+
+    // Data-plane address of each session, from the handshake's `agent_metadata`.
+    let mut data: BTreeMap<SessionKey, Endpoint> = BTreeMap::new();
+    let (mut releases, mut dropped, mut handshakes) = (0u64, 0u64, 0u64);
+    let mut out = Vec::new();
+    loop {
+        let input = match worker.poll_timeout() {
+            Some(at) => match ctx.rx.recv_timeout(ctx.clock.until(at)) {
+                Ok(input) => Some(input),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => break,
+            },
+            None => match ctx.rx.recv() {
+                Ok(input) => Some(input),
+                Err(_) => break,
+            },
+        };
+        let now = ctx.clock.now();
+        match input {
+            None => worker.handle(now, DecodeEvent::Tick, &mut out),
+            Some(Input::Sched(ToRank::StepBegin { step, requests })) => {
+                let requests = requests
+                    .into_iter()
+                    .map(|r| RecvRequest {
+                        request: r.request,
+                        prefill_engine: r.prefill_engine,
+                        prefill_address: r.prefill_address,
+                        params: r.params,
+                        local_block_ids: r.local_block_ids,
+                    })
+                    .collect();
+                worker.handle(now, DecodeEvent::StepBegin { step, requests }, &mut out);
+            }
+            Some(Input::Sched(ToRank::VoteResult { step, ok })) => {
+                worker.handle(now, DecodeEvent::VoteResult { step, ok }, &mut out);
+            }
+            Some(Input::Sched(ToRank::Shutdown)) => break,
+            Some(Input::Sched(other)) => {
+                ctx.link.send(&FromRank::Problem {
+                    violation: false,
+                    detail: format!("decode rank got {other:?}"),
+                })?;
+            }
+            Some(Input::SchedGone(e)) => {
+                return Err(ConnectorError::Scheduler { op: "receive", detail: e.to_string() });
+            }
+            Some(Input::Dialled { session, result }) => match result {
+                Ok((metadata, layers)) => {
+                    match DataDescriptor::from_bytes(&metadata.agent_metadata).and_then(|desc| {
+                        let (host, port) = desc.addr.rsplit_once(':').ok_or("no port in the data address")?;
+                        let port = port.parse().map_err(|e| format!("data port {port:?}: {e}"))?;
+                        Ok(Endpoint { host: host.to_owned(), port })
+                    }) {
+                        Ok(endpoint) => {
+                            data.insert(session.clone(), endpoint);
+                            let meta = DecodeEvent::HandshakeMetadata { session: session.clone(), metadata };
+                            worker.handle(now, meta, &mut out);
+                            worker.handle(
+                                now,
+                                DecodeEvent::HandshakeDescriptors { session, layers },
+                                &mut out,
+                            );
+                        }
+                        Err(reason) => {
+                            worker.handle(now, DecodeEvent::HandshakeFailed { session, reason }, &mut out)
+                        }
+                    }
+                }
+                Err(reason) => worker.handle(now, DecodeEvent::HandshakeFailed { session, reason }, &mut out),
+            },
+            Some(Input::ReadDone(result)) => {
+                if let Some(detail) = result.mismatch {
+                    ctx.link.send(&FromRank::Mismatch { request: result.request, detail })?;
+                }
+                if result.outcome == ReadOutcome::Ok {
+                    let (request, layer, source, bytes) =
+                        (result.request, result.layer, result.source, result.bytes);
+                    ctx.link.send(&FromRank::ReadVerified { request, layer, source, bytes })?;
+                }
+                let event = DecodeEvent::ReadDone {
+                    request: result.request,
+                    layer: result.layer,
+                    outcome: result.outcome,
+                };
+                worker.handle(now, event, &mut out);
+            }
+            Some(Input::Problem(detail)) => ctx.link.send(&FromRank::Problem { violation: false, detail })?,
+            Some(Input::HandshakeRequest { .. } | Input::Notify(_)) => {}
+        }
+        for action in out.drain(..) {
+            match action {
+                DecodeAction::DialHandshake { session, endpoint, .. } => {
+                    handshakes += 1;
+                    let (tx, identity) = (ctx.tx.clone(), rank.to_string());
+                    thread::spawn(move || {
+                        let result = dial(&endpoint, &identity, handshake_timeout);
+                        let _ = tx.send(Input::Dialled { session, result });
+                    });
+                }
+                DecodeAction::PostRead(op) => {
+                    let source = op.plan.source;
+                    let Some(endpoint) = data.get(&op.plan.session).cloned() else {
+                        // The core posts reads only on complete sessions, whose metadata named
+                        // a data address; fail the read through the node, in order.
+                        let reason = format!("no data-plane address for {}", op.plan.session);
+                        let result = ReadResult {
+                            request: op.request(),
+                            layer: op.layer,
+                            source,
+                            bytes: 0,
+                            outcome: ReadOutcome::Failed(reason),
+                            mismatch: None,
+                        };
+                        let _ = ctx.tx.send(Input::ReadDone(result));
+                        continue;
+                    };
+                    let layout = ctx.deployment.layout(source.engine);
+                    let heads = heads_of_rank(&ctx.deployment.model, layout.tp, source.tp);
+                    let _ = jobs_tx.send(ReadJob { op, data: endpoint, heads });
+                }
+                DecodeAction::SendRelease { endpoint, release, .. } => {
+                    if dropped < u64::from(setup.drop_releases) {
+                        dropped += 1;
+                        continue;
+                    }
+                    releases += 1;
+                    let _ = notify_tx.send((endpoint, wire::encode(&ControlMessage::Release(release))));
+                }
+                DecodeAction::SendLease { endpoint, lease, .. } => {
+                    let _ = notify_tx.send((endpoint, wire::encode(&ControlMessage::ReadLease(lease))));
+                }
+                DecodeAction::CastVote { step, ok } => ctx.link.send(&FromRank::Vote { step, ok })?,
+                DecodeAction::StepReady { step } => {
+                    ctx.link.send(&FromRank::StepDone { step, error: None })?
+                }
+                DecodeAction::StepFailed { step, error } => {
+                    let msg = match error {
+                        StepError::GroupHandshakeFailed { .. } => {
+                            FromRank::StepDone { step, error: Some(error.to_string()) }
+                        }
+                        StepError::Handshake { .. } => {
+                            FromRank::StepRaised { step, error: error.to_string() }
+                        }
+                    };
+                    ctx.link.send(&msg)?;
+                }
+                DecodeAction::RequestReceived { request } => {
+                    ctx.link.send(&FromRank::Received { request })?
+                }
+                DecodeAction::RequestFailed { request, error } => {
+                    ctx.link.send(&FromRank::RecvFailed { request, error: error.to_string() })?;
+                }
+                DecodeAction::InvalidateBlocks { .. } => {}
+            }
+        }
+    }
+    ctx.link.send(&FromRank::Bye { releases, dropped_releases: dropped, handshakes })
+}

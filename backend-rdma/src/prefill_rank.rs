@@ -1,0 +1,381 @@
+//! The prefill rank's driver: a `PrefillWorker` behind real handshake and notify listeners (ZMTP
+//! ROUTERs at the ports the core computes) and a data-plane server over its KV regions.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::thread;
+use std::time::Duration;
+
+use pdkv_core::ids::TransferId;
+use pdkv_core::ports::ListenerKind;
+use pdkv_core::prefill::{PrefillWorker, WorkerAction, WorkerEvent};
+use pdkv_core::wire::{self, ControlMessage, HandshakeMetadata, LayerMemoryDesc, RankInfo};
+
+use crate::connector::{resolve, ConnectorError, Context, DataDescriptor, Input, HANDSHAKE_FRAMES};
+use crate::memory::Regions;
+use crate::pattern::{heads_of_rank, transfer_key, BlockKey};
+use crate::sched::{FromRank, ToRank, TransportKind};
+use crate::tcp::TcpReadServer;
+use crate::zmtp::RouterListener;
+
+/// How long a handshake connection waits for the node thread's reply.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The KV memory of one prefill rank: one region per layer, `num_blocks` blocks each.
+struct Kv {
+    regions: Arc<RwLock<Regions>>,
+    bases: Vec<u64>,
+    block_len: u64,
+    heads: (u16, u16),
+}
+
+impl Kv {
+    fn block_addr(&self, layer: usize, block: u32) -> u64 {
+        self.bases[layer] + u64::from(block) * self.block_len
+    }
+
+    /// Computes (fills) a request's KV: the pattern of (transfer, layer, block, head).
+    fn fill(&self, transfer_id: &TransferId, blocks: &[u32]) -> Result<(), String> {
+        let transfer = transfer_key(transfer_id);
+        let mut regions = self.regions.write().unwrap_or_else(PoisonError::into_inner);
+        for layer in 0..self.bases.len() {
+            for (i, &block) in blocks.iter().enumerate() {
+                let addr = self.block_addr(layer, block);
+                regions.unfence(addr, self.block_len);
+                let bytes = regions.slice_mut(addr, self.block_len).map_err(|e| e.to_string())?;
+                let key = BlockKey {
+                    transfer,
+                    layer: layer as u16,
+                    block: i as u32,
+                    first_head: self.heads.0,
+                    heads: self.heads.1,
+                };
+                key.fill(bytes);
+            }
+        }
+        Ok(())
+    }
+
+    fn fence(&self, blocks: &[u32]) -> Result<(), String> {
+        let mut regions = self.regions.write().unwrap_or_else(PoisonError::into_inner);
+        for layer in 0..self.bases.len() {
+            for &block in blocks {
+                regions.fence(self.block_addr(layer, block), self.block_len).map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Accepts on `listener` forever, serving each connection on its own thread with `serve`.
+fn spawn_listener(
+    mut listener: RouterListener,
+    tx: Sender<Input>,
+    serve: fn(crate::zmtp::Connection, u64, Sender<Input>),
+) {
+    thread::spawn(move || {
+        let mut next = 0u64;
+        loop {
+            match listener.accept() {
+                Ok(conn) => {
+                    next += 1;
+                    let (tx, id) = (tx.clone(), next);
+                    thread::spawn(move || serve(conn, id, tx));
+                }
+                // A failed handshake concerns one peer; the listener carries on.
+                Err(e) => {
+                    if tx.send(Input::Problem(format!("listener: {e}"))).is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+}
+
+fn serve_handshake(mut conn: crate::zmtp::Connection, id: u64, tx: Sender<Input>) {
+    let (reply_tx, reply_rx) = mpsc::channel();
+    while let Ok(frames) = conn.recv() {
+        if frames.len() != 1 || frames[0] != wire::HANDSHAKE_REQUEST {
+            let _ =
+                tx.send(Input::Problem(format!("handshake listener: unexpected {} frame(s)", frames.len())));
+            continue;
+        }
+        if tx.send(Input::HandshakeRequest { conn: id, reply: reply_tx.clone() }).is_err() {
+            return;
+        }
+        let Ok(reply) = reply_rx.recv_timeout(REPLY_TIMEOUT) else { return };
+        let refs: Vec<&[u8]> = reply.iter().map(Vec::as_slice).collect();
+        if conn.send(&refs).is_err() {
+            return;
+        }
+    }
+}
+
+fn serve_notify(mut conn: crate::zmtp::Connection, _id: u64, tx: Sender<Input>) {
+    while let Ok(frames) = conn.recv() {
+        for frame in frames {
+            if tx.send(Input::Notify(frame)).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// The data-plane server of this rank.
+enum DataServer {
+    Tcp(TcpReadServer),
+    #[cfg(feature = "rdma")]
+    Rdma(crate::verbs::VerbsServer),
+}
+
+impl DataServer {
+    fn start(
+        kind: TransportKind,
+        addr: SocketAddr,
+        regions: Arc<RwLock<Regions>>,
+    ) -> Result<(DataServer, SocketAddr), String> {
+        match kind {
+            TransportKind::Tcp => {
+                let server = TcpReadServer::bind(addr, regions).map_err(|e| e.to_string())?;
+                let local = server.local_addr();
+                Ok((DataServer::Tcp(server), local))
+            }
+            #[cfg(feature = "rdma")]
+            TransportKind::Rdma => {
+                let server = crate::verbs::VerbsServer::bind(addr, regions).map_err(|e| e.to_string())?;
+                let local = server.local_addr();
+                Ok((DataServer::Rdma(server), local))
+            }
+            #[cfg(not(feature = "rdma"))]
+            TransportKind::Rdma => Err("this pdkv was built without the `rdma` feature".into()),
+        }
+    }
+
+    /// Makes a fence take effect on the wire: TCP checks the registry's fences on every read;
+    /// RDMA cannot fence part of a memory region, so the layer regions get new keys.
+    fn fenced(&self, _bases: &[u64]) -> Result<(), String> {
+        match self {
+            DataServer::Tcp(_) => Ok(()),
+            #[cfg(feature = "rdma")]
+            DataServer::Rdma(server) => {
+                for &base in _bases {
+                    server.rekey(base).map_err(|e| e.to_string())?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn shutdown(self) -> Result<(), String> {
+        match self {
+            DataServer::Tcp(server) => server.shutdown().map_err(|e| e.to_string()),
+            #[cfg(feature = "rdma")]
+            DataServer::Rdma(server) => server.shutdown().map_err(|e| e.to_string()),
+        }
+    }
+}
+
+/// Runs a prefill rank until shutdown.
+pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
+    match start(&mut ctx) {
+        Ok(started) => serve(ctx, started),
+        Err(error) => {
+            let _ = ctx.link.send(&FromRank::SetupFailed { error: error.clone() });
+            Err(ConnectorError::Setup(error))
+        }
+    }
+}
+
+struct Started {
+    worker: PrefillWorker,
+    kv: Kv,
+    server: DataServer,
+}
+
+fn start(ctx: &mut Context) -> Result<Started, String> {
+    let (setup, rank, d) = (&ctx.setup, ctx.rank, &ctx.deployment);
+    let layout = d.layout(rank.engine);
+    let model = &d.model;
+    let block_len = u64::from(model.block_size_tokens) * model.bytes_per_token_per_layer_per_rank(layout.tp);
+    let region_len = u64::from(setup.num_blocks) * block_len;
+    // Each rank and incarnation gets its own slice of the address space, so an address says
+    // whose memory it is, and a read meant for a dead incarnation finds nothing registered.
+    let index = d.rank_index(rank) as u64;
+    let rank_base = ((index + 1) << 44) + (u64::from(setup.incarnation % 64) << 38);
+    let mut regions = Regions::new();
+    let mut bases = Vec::new();
+    for layer in 0..u64::from(model.layers) {
+        let base = rank_base + layer * region_len;
+        regions.register(base, region_len).map_err(|e| format!("KV region of layer {layer}: {e}"))?;
+        // Peers may read only blocks that hold a live transfer: everything starts fenced, a
+        // prefill lifts the fence from its blocks and retiring the transfer puts it back. A
+        // read of blocks this incarnation never filled (a transfer prefilled by a process that
+        // died) is then refused instead of returning someone else's bytes.
+        regions.fence(base, region_len).map_err(|e| format!("KV region of layer {layer}: {e}"))?;
+        bases.push(base);
+    }
+    let regions = Arc::new(RwLock::new(regions));
+    let heads = heads_of_rank(model, layout.tp, rank.tp);
+    let kv = Kv { regions: regions.clone(), bases: bases.clone(), block_len, heads };
+
+    let address = &setup.address;
+    let host_addr = resolve(&pdkv_core::ports::Endpoint { host: address.host.clone(), port: 0 })?;
+    let (server, data_addr) = DataServer::start(setup.transport, host_addr, regions)?;
+    let descriptor = DataDescriptor { transport: setup.transport.to_string(), addr: data_addr.to_string() };
+    let metadata = HandshakeMetadata {
+        engine_id: address.engine_id(),
+        agent_metadata: descriptor.to_bytes(),
+        kv_caches_base_addr: bases.clone(),
+        num_blocks: setup.num_blocks,
+        block_len,
+        attn_backend_name: if model.use_mla { "FLASHMLA" } else { "FLASH_ATTN" }.into(),
+        rank: Some(RankInfo { dp_rank: rank.dp, tp_rank: rank.tp, tp_size: layout.tp }),
+    };
+    let layers = bases
+        .iter()
+        .enumerate()
+        .map(|(l, &base)| LayerMemoryDesc {
+            layer_name: format!("model.layers.{l}.self_attn.attn"),
+            descs: vec![[base.to_be_bytes(), region_len.to_be_bytes()].concat()],
+        })
+        .collect();
+    let worker = PrefillWorker::new(rank, metadata, layers, &setup.legacy);
+
+    // The listeners bind exactly where the core says this rank listens.
+    for (kind, serve) in [
+        (ListenerKind::Handshake, serve_handshake as fn(_, _, _)),
+        (ListenerKind::Notify, serve_notify as fn(_, _, _)),
+    ] {
+        let endpoint = address.listen(layout, rank, kind, &setup.legacy).map_err(|e| e.to_string())?;
+        let addr = resolve(&endpoint)?;
+        let listener =
+            RouterListener::bind(addr).map_err(|e| format!("{kind} listener at {endpoint}: {e}"))?;
+        spawn_listener(listener, ctx.tx.clone(), serve);
+    }
+    let memory = "host".to_string();
+    ctx.link
+        .send(&FromRank::Ready { data_addr: Some(data_addr.to_string()), memory })
+        .map_err(|e| e.to_string())?;
+    Ok(Started { worker, kv, server })
+}
+
+fn serve(mut ctx: Context, started: Started) -> Result<(), ConnectorError> {
+    let Started { mut worker, kv, server } = started;
+    let mut replies: BTreeMap<u64, Sender<Vec<Vec<u8>>>> = BTreeMap::new();
+    // Blocks of each transfer this incarnation filled, to fence again when it is retired.
+    let mut filled: BTreeMap<TransferId, Vec<u32>> = BTreeMap::new();
+    let (mut releases, mut handshakes) = (0u64, 0u64);
+    let mut out = Vec::new();
+    loop {
+        let Ok(input) = ctx.rx.recv() else { break };
+        let now = ctx.clock.now();
+        match input {
+            Input::Sched(ToRank::Prefill { transfer_id, blocks }) => {
+                if let Err(e) = kv.fill(&transfer_id, &blocks) {
+                    ctx.link.send(&FromRank::Problem {
+                        violation: false,
+                        detail: format!("prefill of {transfer_id}: {e}"),
+                    })?;
+                }
+                filled.insert(transfer_id.clone(), blocks);
+                ctx.link.send(&FromRank::Prefilled { transfer_id })?;
+            }
+            Input::Sched(ToRank::Register { transfer_id, quorum }) => {
+                worker.handle(now, WorkerEvent::Register { transfer_id, quorum }, &mut out);
+            }
+            Input::Sched(ToRank::GroupDone { transfer_id }) => {
+                worker.handle(now, WorkerEvent::GroupDone { transfer_id }, &mut out);
+            }
+            Input::Sched(ToRank::Retire { transfer_id }) => {
+                if let Some(blocks) = filled.remove(&transfer_id) {
+                    if let Err(e) = kv.fence(&blocks) {
+                        ctx.link.send(&FromRank::Problem {
+                            violation: false,
+                            detail: format!("retire of {transfer_id}: {e}"),
+                        })?;
+                    }
+                }
+                worker.handle(now, WorkerEvent::Retired { transfer_id }, &mut out);
+            }
+            Input::Sched(ToRank::Fence { transfer_id, blocks }) => {
+                if let Err(e) = kv.fence(&blocks).and_then(|()| server.fenced(&kv.bases)) {
+                    ctx.link.send(&FromRank::Problem {
+                        violation: false,
+                        detail: format!("fence of {transfer_id}: {e}"),
+                    })?;
+                }
+            }
+            Input::Sched(ToRank::Shutdown) => break,
+            Input::Sched(other) => {
+                ctx.link.send(&FromRank::Problem {
+                    violation: false,
+                    detail: format!("prefill rank got {other:?}"),
+                })?;
+            }
+            Input::SchedGone(e) => {
+                return Err(ConnectorError::Scheduler { op: "receive", detail: e.to_string() });
+            }
+            Input::HandshakeRequest { conn, reply } => {
+                handshakes += 1;
+                replies.insert(conn, reply);
+                worker.handle(now, WorkerEvent::HandshakeRequest { peer: conn }, &mut out);
+            }
+            Input::Notify(frame) => match wire::decode(&frame) {
+                Ok(ControlMessage::ReadLease(lease)) => {
+                    let event =
+                        WorkerEvent::Lease { transfer_id: lease.transfer_id, lease_ms: lease.lease_ms };
+                    worker.handle(now, event, &mut out);
+                }
+                Ok(message) => match message.as_release() {
+                    Some(release) => {
+                        releases += 1;
+                        worker.handle(now, WorkerEvent::Release(release), &mut out);
+                    }
+                    None => {
+                        let detail = format!("notify listener: unexpected {message:?}");
+                        ctx.link.send(&FromRank::Problem { violation: false, detail })?;
+                    }
+                },
+                Err(e) => ctx
+                    .link
+                    .send(&FromRank::Problem { violation: false, detail: format!("notify listener: {e}") })?,
+            },
+            Input::Problem(detail) => ctx.link.send(&FromRank::Problem { violation: false, detail })?,
+            Input::Dialled { .. } | Input::ReadDone(_) => {}
+        }
+        for action in out.drain(..) {
+            match action {
+                WorkerAction::SendHandshakeReply { peer, metadata, layers } => {
+                    let frames = vec![
+                        wire::encode(&ControlMessage::HandshakeMetadata(metadata)),
+                        wire::encode_layer_memory_descs(&layers),
+                    ];
+                    debug_assert_eq!(frames.len(), HANDSHAKE_FRAMES);
+                    if let Some(reply) = replies.remove(&peer) {
+                        let _ = reply.send(frames);
+                    }
+                }
+                WorkerAction::Finished { transfer_id, .. } => {
+                    ctx.link.send(&FromRank::Finished { transfer_id })?;
+                }
+                WorkerAction::Leased { transfer_id, until, .. } => {
+                    let remaining_ns = until.0.saturating_sub(now.0);
+                    ctx.link.send(&FromRank::Leased { transfer_id, remaining_ns })?;
+                }
+                WorkerAction::Ignored { .. } => {}
+                WorkerAction::Error(detail) => {
+                    ctx.link.send(&FromRank::Problem { violation: true, detail })?
+                }
+            }
+        }
+    }
+    let shutdown = server.shutdown();
+    if let Err(e) = shutdown {
+        ctx.link
+            .send(&FromRank::Problem { violation: false, detail: format!("data server shutdown: {e}") })?;
+    }
+    ctx.link.send(&FromRank::Bye { releases, dropped_releases: 0, handshakes })
+}

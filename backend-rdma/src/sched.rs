@@ -1,0 +1,330 @@
+//! The scheduler channel: how `pdkv cluster` (the engines' schedulers and the proxy) talks to
+//! each rank's connector process. It plays the part of vLLM's engine-core-to-worker channel, so
+//! it is pdkv's own: MessagePack values in length-prefixed frames over one TCP connection.
+//!
+//! The channel carries scheduling (prefill this, begin step N, the group voted) and the node
+//! events that cross a process boundary in vLLM too (a worker's finished transfer reaching the
+//! engine's ledger). It carries no KV and no MoRIIO message: those go over the ranks' own
+//! listeners and the data plane.
+
+use std::fmt;
+use std::io::{self, Read, Write};
+
+use pdkv_core::ids::{EngineId, RankId, RequestId, TransferId};
+use pdkv_core::legacy::LegacyOptions;
+use pdkv_core::params::KvTransferParams;
+use pdkv_core::ports::EngineAddress;
+use pdkv_core::release::Quorum;
+use pdkv_core::topology::ModelSpec;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+/// Largest frame either side accepts (a step of many requests with long block lists fits).
+pub const MAX_FRAME_BYTES: u32 = 64 << 20;
+
+/// Which data plane the ranks use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TransportKind {
+    /// [`crate::tcp`]: always built.
+    Tcp,
+    /// RDMA verbs: only with the `rdma` feature.
+    Rdma,
+}
+
+impl fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TransportKind::Tcp => "tcp",
+            TransportKind::Rdma => "rdma",
+        })
+    }
+}
+
+/// What a rank is told once it says hello: everything but its identity, which is on its command
+/// line.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Setup {
+    /// The served model (shapes of the KV cache).
+    pub model: ModelSpec,
+    /// Legacy behaviours switched on.
+    pub legacy: LegacyOptions,
+    /// Where this rank's engine listens (host and port bases).
+    pub address: EngineAddress,
+    /// Blocks in each prefill rank's KV pool.
+    pub num_blocks: u32,
+    /// Which data plane to use.
+    pub transport: TransportKind,
+    /// Decode: handshake timeout.
+    pub handshake_timeout_ms: u64,
+    /// Decode: transfer timeout.
+    pub transfer_timeout_ms: u64,
+    /// Decode: read every layer of a request in one read instead of one read per layer.
+    pub per_request_reads: bool,
+    /// Decode (fault injection): drop this many of the first releases instead of sending them.
+    pub drop_releases: u32,
+    /// Which start of this rank this is (0 first); prefill regions of each incarnation get
+    /// their own addresses, so a read meant for a dead incarnation cannot land in a new one.
+    pub incarnation: u32,
+}
+
+/// One request a decode group takes at a step (the core's `RecvRequest`, in wire form).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Recv {
+    /// The request.
+    pub request: RequestId,
+    /// The prefill engine that holds its KV.
+    pub prefill_engine: EngineId,
+    /// Where that engine's ranks listen.
+    pub prefill_address: EngineAddress,
+    /// The proxy's `kv_transfer_params`.
+    pub params: KvTransferParams,
+    /// Decode blocks the KV lands in.
+    pub local_block_ids: Vec<u32>,
+}
+
+/// Scheduler to rank.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ToRank {
+    /// The answer to [`FromRank::Hello`].
+    Setup(Setup),
+    /// Prefill: compute (fill) a request's KV into these blocks.
+    Prefill {
+        /// The transfer.
+        transfer_id: TransferId,
+        /// Its blocks, in request order.
+        blocks: Vec<u32>,
+    },
+    /// Prefill: the engine registered the transfer on this rank (`EngineAction::Register`).
+    Register {
+        /// The transfer.
+        transfer_id: TransferId,
+        /// Releases this rank waits for.
+        quorum: Quorum,
+    },
+    /// Prefill: another rank of the group was read and released (`EngineAction::GroupDone`).
+    GroupDone {
+        /// The transfer.
+        transfer_id: TransferId,
+    },
+    /// Prefill: the engine freed the transfer (`EngineAction::Retire`).
+    Retire {
+        /// The transfer.
+        transfer_id: TransferId,
+    },
+    /// Prefill: revoke remote access to these blocks (`EngineAction::Fence`).
+    Fence {
+        /// The transfer.
+        transfer_id: TransferId,
+        /// Its blocks.
+        blocks: Vec<u32>,
+    },
+    /// Decode: a scheduler step begins.
+    StepBegin {
+        /// Step number, the same on every rank of the group.
+        step: u64,
+        /// Requests new at this step.
+        requests: Vec<Recv>,
+    },
+    /// Decode: the MIN of the group's votes for `step`.
+    VoteResult {
+        /// The step.
+        step: u64,
+        /// True when every rank voted ok.
+        ok: bool,
+    },
+    /// Exit cleanly: close listeners, join threads, then reply [`FromRank::Bye`].
+    Shutdown,
+}
+
+/// Rank to scheduler.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FromRank {
+    /// The first message: who the rank is (from its command line).
+    Hello {
+        /// The rank.
+        rank: RankId,
+        /// Its process id.
+        pid: u32,
+    },
+    /// Listeners are bound and the data plane serves; or why not.
+    Ready {
+        /// The data-plane address peers read from (prefill), or `None` (decode).
+        data_addr: Option<String>,
+        /// Which memory holds the KV, in words (host, or a HIP device).
+        memory: String,
+    },
+    /// The rank could not start; it exits after sending this.
+    SetupFailed {
+        /// Why.
+        error: String,
+    },
+    /// Prefill: the request's KV is in its blocks.
+    Prefilled {
+        /// The transfer.
+        transfer_id: TransferId,
+    },
+    /// Prefill: `WorkerAction::Finished`.
+    Finished {
+        /// The transfer.
+        transfer_id: TransferId,
+    },
+    /// Prefill: `WorkerAction::Leased`; the lease ends `remaining_ns` after it was sent (clocks
+    /// of two processes are not comparable, durations are).
+    Leased {
+        /// The transfer.
+        transfer_id: TransferId,
+        /// Time left on the lease.
+        remaining_ns: u64,
+    },
+    /// Decode: `DecodeAction::CastVote`.
+    Vote {
+        /// The step.
+        step: u64,
+        /// Whether this rank's handshakes completed.
+        ok: bool,
+    },
+    /// Decode: `DecodeAction::StepReady`, or `StepFailed` with a group-wide error (both enter
+    /// the forward pass).
+    StepDone {
+        /// The step.
+        step: u64,
+        /// The group-wide failure, if the step failed.
+        error: Option<String>,
+    },
+    /// Decode: `StepFailed` with an error of this rank alone: it raises and never enters the
+    /// forward pass (a lazy-handshake divergence).
+    StepRaised {
+        /// The step.
+        step: u64,
+        /// Why.
+        error: String,
+    },
+    /// Decode: every read of a request arrived and verified.
+    Received {
+        /// The request.
+        request: RequestId,
+    },
+    /// Decode: a request's KV cannot be received.
+    RecvFailed {
+        /// The request.
+        request: RequestId,
+        /// Why, as the core words it.
+        error: String,
+    },
+    /// Decode: one read finished and its bytes verified.
+    ReadVerified {
+        /// The request read.
+        request: RequestId,
+        /// The layer, for a per-layer read.
+        layer: Option<u16>,
+        /// The prefill rank read.
+        source: RankId,
+        /// Bytes read.
+        bytes: u64,
+    },
+    /// Decode: a read returned bytes that differ from what prefill wrote.
+    Mismatch {
+        /// The request.
+        request: RequestId,
+        /// Where and what.
+        detail: String,
+    },
+    /// A protocol error the core reported, or a driver problem worth a line in the report.
+    Problem {
+        /// True when the core itself reported an inconsistency (a protocol error), which makes
+        /// the run a safety violation; false for a driver's note (a lost message, say).
+        violation: bool,
+        /// What.
+        detail: String,
+    },
+    /// Counters at shutdown, then the rank exits.
+    Bye {
+        /// Releases sent (decode) or counted (prefill).
+        releases: u64,
+        /// Releases dropped by fault injection (decode).
+        dropped_releases: u64,
+        /// Handshakes dialled (decode) or answered (prefill).
+        handshakes: u64,
+    },
+}
+
+/// Why a frame could not be read or written.
+#[derive(Debug)]
+pub enum FrameError {
+    /// The peer closed the connection between frames.
+    Closed,
+    /// An I/O error.
+    Io(io::Error),
+    /// A frame longer than [`MAX_FRAME_BYTES`].
+    TooLong(u32),
+    /// The frame is not a valid message.
+    Decode(String),
+}
+
+impl fmt::Display for FrameError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FrameError::Closed => f.write_str("connection closed"),
+            FrameError::Io(e) => write!(f, "i/o error: {e}"),
+            FrameError::TooLong(n) => write!(f, "frame of {n} bytes is longer than {MAX_FRAME_BYTES}"),
+            FrameError::Decode(e) => write!(f, "undecodable frame: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for FrameError {}
+
+/// Writes one frame: a 4-byte big-endian length and the MessagePack value.
+pub fn write_frame<T: Serialize>(w: &mut impl Write, value: &T) -> Result<(), FrameError> {
+    let body = rmp_serde::to_vec(value).map_err(|e| FrameError::Decode(e.to_string()))?;
+    let len = u32::try_from(body.len()).ok().filter(|&n| n <= MAX_FRAME_BYTES);
+    let len = len.ok_or(FrameError::TooLong(u32::MAX))?;
+    let mut buf = Vec::with_capacity(4 + body.len());
+    buf.extend_from_slice(&len.to_be_bytes());
+    buf.extend_from_slice(&body);
+    w.write_all(&buf).map_err(FrameError::Io)?;
+    w.flush().map_err(FrameError::Io)
+}
+
+/// Reads one frame written by [`write_frame`].
+pub fn read_frame<T: DeserializeOwned>(r: &mut impl Read) -> Result<T, FrameError> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(FrameError::Closed),
+        Err(e) => return Err(FrameError::Io(e)),
+    }
+    let len = u32::from_be_bytes(len);
+    if len > MAX_FRAME_BYTES {
+        return Err(FrameError::TooLong(len));
+    }
+    let mut body = vec![0u8; len as usize];
+    r.read_exact(&mut body).map_err(FrameError::Io)?;
+    rmp_serde::from_slice(&body).map_err(|e| FrameError::Decode(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Cursor;
+
+    #[test]
+    fn frames_round_trip_and_bad_frames_are_typed_errors() {
+        let msg = FromRank::Leased { transfer_id: TransferId::from_u128(5), remaining_ns: 42 };
+        let mut buf = Vec::new();
+        write_frame(&mut buf, &msg).unwrap();
+        write_frame(&mut buf, &ToRank::Shutdown).unwrap();
+        let mut r = Cursor::new(buf);
+        assert_eq!(read_frame::<FromRank>(&mut r).unwrap(), msg);
+        assert_eq!(read_frame::<ToRank>(&mut r).unwrap(), ToRank::Shutdown);
+        assert!(matches!(read_frame::<ToRank>(&mut r), Err(FrameError::Closed)));
+
+        let check = |bytes: &[u8], expected: &str| {
+            let err = read_frame::<ToRank>(&mut Cursor::new(bytes.to_vec())).unwrap_err();
+            assert!(err.to_string().starts_with(expected), "{err}");
+        };
+        check(&[0xff, 0xff, 0xff, 0xff], "frame of 4294967295 bytes");
+        check(&[0, 0, 0, 2, 0x81, 0xc0], "undecodable frame");
+        check(&[0, 0, 0, 9, 1], "i/o error");
+    }
+}

@@ -1,0 +1,272 @@
+//! `pdkv cluster`: starts one connector process per rank on this host and pushes requests
+//! through the real protocol, verifying every byte decode reads.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use pdkv_core::ids::RankId;
+use pdkv_core::legacy::{Legacy, LegacyOptions};
+use pdkv_rdma::cluster::{self, ClusterConfig, ClusterResult, Fault};
+use pdkv_rdma::sched::TransportKind;
+
+use crate::progress::Bar;
+
+const AFTER_HELP: &str = "\
+Examples:
+  pdkv cluster 1P_TP4:1D_TP8 --requests 32
+  pdkv cluster 2P_TP2:1D_DP2 --mla --requests 64 --json
+  pdkv cluster 1P_TP4:1D_TP8 --requests 40 --kill P0.dp0.tp1 --kill-after 10 --restart-after-ms 3000
+  pdkv cluster 1P_TP2:1D_TP2 --requests 8 --drop-releases D0.dp0.tp1=2
+  pdkv cluster 1P_TP4:1D_TP8 --requests 16 --transport rdma    (build with --features rdma)
+
+Every rank is a real `pdkv connector` process on 127.0.0.1 with its handshake and notify
+listeners at the ports the core computes; prefill fills each block with a pattern of (request,
+layer, block, head) and decode checks every byte it reads. With --json the result object goes
+to stdout in the simulator's result schema where it applies (outcome, requests, throughput,
+nic, ledger).
+
+Exit codes: 0 the run was clean (or, with faults, ended as designed: no hang, no violation,
+nothing held); 1 it was not; 2 bad arguments or the cluster could not start.";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum TransportArg {
+    Tcp,
+    Rdma,
+}
+
+/// Run a real cluster on this host and verify every byte.
+#[derive(Args, Debug)]
+#[command(after_help = AFTER_HELP)]
+pub struct ClusterArgs {
+    /// Deployment notation, e.g. 1P_TP4:1D_TP8.
+    deployment: String,
+    /// Requests to push through.
+    #[arg(long, default_value_t = 32)]
+    requests: u32,
+    /// Requests in flight at once.
+    #[arg(long, default_value_t = 8)]
+    concurrency: u32,
+    /// Data plane.
+    #[arg(long, value_enum, default_value_t = TransportArg::Tcp)]
+    transport: TransportArg,
+    /// Serve an MLA model (one latent per token, flexible reads) instead of 8-head GQA.
+    #[arg(long)]
+    mla: bool,
+    /// Transformer layers.
+    #[arg(long, default_value_t = 4)]
+    layers: u16,
+    /// Seed of prompt lengths and transfer ids.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Switch on a historical behaviour (repeatable).
+    #[arg(long, value_parser = crate::routes_cmd::legacy_parser())]
+    legacy: Vec<Legacy>,
+    /// Decode handshake timeout.
+    #[arg(long, default_value_t = 2_000)]
+    handshake_timeout_ms: u64,
+    /// Decode transfer timeout (and read lease).
+    #[arg(long, default_value_t = 4_000)]
+    transfer_timeout_ms: u64,
+    /// The prefill reaper's timeout.
+    #[arg(long, default_value_t = 6_000)]
+    defer_timeout_ms: u64,
+    /// Give up (outcome hang) after this long.
+    #[arg(long, default_value_t = 60_000)]
+    timeout_ms: u64,
+    /// Fault: kill this prefill rank's process (e.g. P0.dp0.tp1).
+    #[arg(long, value_parser = parse_rank)]
+    kill: Option<RankId>,
+    /// ... once this many requests have been prefilled.
+    #[arg(long, default_value_t = 8, requires = "kill")]
+    kill_after: u32,
+    /// ... and start it again this long after.
+    #[arg(long, requires = "kill")]
+    restart_after_ms: Option<u64>,
+    /// Fault: a decode rank drops its first N releases (RANK=N, e.g. D0.dp0.tp1=2; repeatable).
+    #[arg(long, value_parser = parse_drop)]
+    drop_releases: Vec<(RankId, u32)>,
+    /// Print the result as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Parses `P0.dp0.tp1` or `D1.dp2.tp3`.
+fn parse_rank(text: &str) -> Result<RankId, String> {
+    let bad = || format!("{text:?} is not a rank like P0.dp0.tp1 or D0.dp1.tp3");
+    let mut parts = text.split('.');
+    let (Some(engine), Some(dp), Some(tp), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(bad());
+    };
+    let number = |s: Option<&str>| s.and_then(|n| n.parse::<u16>().ok()).ok_or_else(bad);
+    let index = number(engine.get(1..))?;
+    let engine = match engine.chars().next() {
+        Some('P') => pdkv_core::ids::EngineId::prefill(index),
+        Some('D') => pdkv_core::ids::EngineId::decode(index),
+        _ => return Err(bad()),
+    };
+    let dp = number(dp.strip_prefix("dp"))?;
+    let tp = number(tp.strip_prefix("tp"))?;
+    Ok(RankId::new(engine, dp, tp))
+}
+
+fn parse_drop(text: &str) -> Result<(RankId, u32), String> {
+    let (rank, count) = text.split_once('=').ok_or_else(|| format!("{text:?}: expected RANK=N"))?;
+    let count = count.parse().map_err(|e| format!("{text:?}: count {count:?}: {e}"))?;
+    Ok((parse_rank(rank)?, count))
+}
+
+pub fn run(args: &ClusterArgs) -> ExitCode {
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => {
+            eprintln!("pdkv cluster: cannot find the pdkv executable: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut config = ClusterConfig::new(&args.deployment, args.requests, exe);
+    config.concurrency = args.concurrency;
+    config.transport = match args.transport {
+        TransportArg::Tcp => TransportKind::Tcp,
+        TransportArg::Rdma => TransportKind::Rdma,
+    };
+    config.mla = args.mla;
+    config.layers = args.layers;
+    config.seed = args.seed;
+    config.legacy = args.legacy.iter().fold(LegacyOptions::none(), |l, &o| l.with(o));
+    config.handshake_timeout_ms = args.handshake_timeout_ms;
+    config.transfer_timeout_ms = args.transfer_timeout_ms;
+    config.defer_timeout_ms = args.defer_timeout_ms;
+    config.timeout_ms = args.timeout_ms;
+    if let Some(rank) = args.kill {
+        config.faults.push(Fault::KillPrefill {
+            rank,
+            after: args.kill_after,
+            restart_after_ms: args.restart_after_ms,
+        });
+    }
+    for &(rank, count) in &args.drop_releases {
+        config.faults.push(Fault::DropReleases { rank, count });
+    }
+    let mut bar = Bar::new(format!("cluster {}", args.deployment), Duration::from_millis(500));
+    let result = cluster::run(config, &mut |p| bar.update(p.done, p.total, "requests".into()));
+    bar.finish();
+    match result {
+        Ok(result) => {
+            if args.json {
+                println!("{}", result.to_json());
+            } else {
+                print!("{}", render(&result));
+            }
+            if as_designed(&result) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("pdkv cluster: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Clean, or with faults: nothing hung, nothing violated, nothing still held, every process
+/// accounted for.
+pub fn as_designed(r: &ClusterResult) -> bool {
+    let processes_ok = r.processes.killed_at_shutdown == 0 && r.processes.failed == 0;
+    let outcome_ok = r.outcome == "clean"
+        || (!r.faults.is_empty()
+            && r.outcome != "hang"
+            && r.outcome != "safety_violation"
+            && r.ledger.held == 0);
+    processes_ok && outcome_ok
+}
+
+fn render(r: &ClusterResult) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let _ = writeln!(s, "pdkv cluster {} over {} ({})", r.deployment, r.transport, r.model);
+    let _ = writeln!(s, "  outcome        {}", r.outcome);
+    let q = &r.requests;
+    let _ = writeln!(
+        s,
+        "  requests       {} sent, {} finished, {} failed, {} unfinished in {:.2} s",
+        q.sent, q.finished, q.failed, q.unfinished, r.duration_s
+    );
+    let _ = writeln!(
+        s,
+        "  throughput     {:.0} tok/s ({:.0} output), {:.1} req/s, KV {:.1} MB/s",
+        r.throughput.total_tok_s,
+        r.throughput.output_tok_s,
+        r.throughput.requests_per_s,
+        r.throughput.kv_bytes_per_s / 1e6
+    );
+    let _ = writeln!(s, "  verified       {} KV bytes, byte for byte", r.bytes_verified);
+    let _ =
+        writeln!(s, "  reads          Jain {:.3} over {} prefill GPUs", r.nic.jain, r.nic.prefill_gpus.len());
+    for ((gpu, reads), bytes) in
+        r.nic.prefill_gpus.iter().zip(&r.nic.reads_per_prefill_gpu).zip(&r.nic.bytes_per_prefill_gpu)
+    {
+        let _ = writeln!(s, "    {gpu:<12} {reads:>6} reads {:>10.2} MB", *bytes as f64 / 1e6);
+    }
+    let l = &r.ledger;
+    let _ = writeln!(
+        s,
+        "  ledger         {} freed, {} reaped ({} after faults), {} held, {} fenced, {} double frees",
+        l.freed, l.reaped, l.reaped_excused, l.held, l.fenced, l.double_frees
+    );
+    let p = &r.processes;
+    let _ = writeln!(
+        s,
+        "  processes      {} started, {} exited cleanly, {} killed by faults, {} killed at shutdown, {} failed",
+        p.started, p.exited_cleanly, p.killed_by_fault, p.killed_at_shutdown, p.failed
+    );
+    for fault in &r.faults {
+        let _ = writeln!(s, "  fault          {fault}");
+    }
+    for f in r.failures.iter().take(10) {
+        let _ = writeln!(
+            s,
+            "  failed         {} ({} on {}): {}",
+            f.request,
+            f.transfer_id,
+            f.prefill,
+            f.errors.join("; ")
+        );
+    }
+    if r.failures.len() > 10 {
+        let _ = writeln!(s, "  failed         ... and {} more (see --json)", r.failures.len() - 10);
+    }
+    for v in &r.violations {
+        let _ = writeln!(s, "  VIOLATION      {}: {}", v.kind, v.detail);
+    }
+    for p in r.problems.iter().take(10) {
+        let _ = writeln!(s, "  note           {p}");
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranks_parse_or_say_why() {
+        let check = |text: &str, expected: Result<&str, &str>| {
+            let got = parse_rank(text).map(|r| r.to_string());
+            match expected {
+                Ok(e) => assert_eq!(got.as_deref(), Ok(e), "{text}"),
+                Err(e) => assert!(got.as_ref().is_err_and(|g| g.contains(e)), "{text}: {got:?}"),
+            }
+        };
+        check("P0.dp0.tp1", Ok("P0.dp0.tp1"));
+        check("D1.dp2.tp3", Ok("D1.dp2.tp3"));
+        check("X0.dp0.tp1", Err("is not a rank"));
+        check("P0.dp0", Err("is not a rank"));
+        check("P0.tp0.dp1", Err("is not a rank"));
+        assert_eq!(parse_drop("D0.dp0.tp1=2").map(|(r, n)| (r.to_string(), n)), Ok(("D0.dp0.tp1".into(), 2)));
+        assert!(parse_drop("D0.dp0.tp1").is_err());
+    }
+}

@@ -1,0 +1,191 @@
+//! Real clusters on loopback: one `pdkv connector` process per rank, the real protocol, every
+//! byte decode reads checked against the pattern prefill wrote; then the real faults (a killed
+//! prefill process, dropped releases, a restart).
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+
+use pdkv_core::ids::{EngineId, RankId};
+use pdkv_rdma::cluster::{self, ClusterConfig, ClusterResult, Fault};
+
+fn exe() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_pdkv"))
+}
+
+fn run(config: ClusterConfig) -> ClusterResult {
+    let what = format!("{} {:?}", config.deployment, config.faults);
+    let result = cluster::run(config, &mut |_| {}).unwrap_or_else(|e| panic!("{what}: {e}"));
+    // Every process exits cleanly or was killed by the fault itself.
+    let p = &result.processes;
+    assert_eq!(
+        (p.killed_at_shutdown, p.failed, p.exited_cleanly + p.killed_by_fault),
+        (0, 0, p.started),
+        "{what}: processes {p:?}\n{}",
+        result.to_json()
+    );
+    assert!(result.violations.is_empty(), "{what}: {:?}", result.violations);
+    result
+}
+
+/// Fault-free: every request finishes, every byte verified, every transfer freed by its
+/// releases (never by the reaper), and reads spread as the routing says.
+fn check(deployment: &str, mla: bool, requests: u32, reads_per_gpu: &[u64]) {
+    let mut config = ClusterConfig::new(deployment, requests, exe());
+    config.mla = mla;
+    let r = run(config);
+    let json = r.to_json();
+    assert_eq!(r.outcome, "clean", "{deployment}: {json}");
+    assert_eq!((r.requests.finished, r.requests.failed), (u64::from(requests), 0), "{deployment}");
+    assert_eq!((r.ledger.freed, r.ledger.reaped, r.ledger.held), (u64::from(requests), 0, 0), "{deployment}");
+    assert_eq!((r.ledger.fenced, r.ledger.double_frees), (0, 0), "{deployment}");
+    assert_eq!(r.nic.reads_per_prefill_gpu, reads_per_gpu, "{deployment}");
+    let total: u64 = r.nic.bytes_per_prefill_gpu.iter().sum();
+    assert!(total > 0 && r.bytes_verified == total, "{deployment}: {json}");
+}
+
+#[test]
+fn fault_free_clusters_verify_every_byte_and_free_every_block_once() {
+    // P4→D8: each prefill rank is read by the two decode ranks that share its heads.
+    check("1P_TP4:1D_TP8", false, 16, &[32, 32, 32, 32]);
+    // P8→D4: half the prefill ranks are never read; their zero quorums free them at once.
+    check("1P_TP8:1D_TP4", false, 16, &[16, 0, 16, 0, 16, 0, 16, 0]);
+    // MLA, flexible reads: one read per request, spread over every prefill rank.
+    check("2P_TP2:1D_DP2", true, 16, &[4, 4, 4, 4]);
+    // Two prefill DP groups: each request is read from its owner DP group only.
+    check("1P_DP2TP2:1D_TP4", false, 16, &[16, 16, 16, 16]);
+}
+
+#[test]
+fn a_cluster_leaves_no_listener_behind() {
+    let config = ClusterConfig::new("1P_TP2:1D_TP2", 4, exe());
+    let r = run(config);
+    assert_eq!(r.outcome, "clean");
+    // The data-plane and control ports were the ranks'; with every process gone, the ports a
+    // cluster used can be bound again at once (a fresh cluster binds them all).
+    let again = run(ClusterConfig::new("1P_TP2:1D_TP2", 4, exe()));
+    assert_eq!(again.outcome, "clean");
+    assert!(TcpListener::bind("127.0.0.1:0").is_ok());
+}
+
+fn rank(role_prefill: bool, dp: u16, tp: u16) -> RankId {
+    let engine = if role_prefill { EngineId::prefill(0) } else { EngineId::decode(0) };
+    RankId::new(engine, dp, tp)
+}
+
+/// Short timeouts so that the fault tests end within seconds.
+fn quick(deployment: &str, requests: u32) -> ClusterConfig {
+    let mut config = ClusterConfig::new(deployment, requests, exe());
+    config.handshake_timeout_ms = 1_000;
+    config.transfer_timeout_ms = 2_000;
+    config.defer_timeout_ms = 3_000;
+    config.timeout_ms = 40_000;
+    config
+}
+
+#[test]
+fn killing_a_prefill_process_fails_its_requests_and_nothing_hangs() {
+    let mut config = quick("1P_DP2TP2:1D_TP4", 24);
+    let killed = rank(true, 0, 1);
+    config.faults.push(Fault::KillPrefill { rank: killed, after: 6, restart_after_ms: None });
+    let r = run(config);
+    let json = r.to_json();
+    assert_eq!(r.outcome, "clean", "the reaper's frees are the designed recovery: {json}");
+    assert_eq!(r.requests.unfinished, 0, "{json}");
+    assert!(r.requests.failed > 0 && r.requests.finished > 0, "{json}");
+    // Only requests whose KV the dead DP group held fail; every one of them fails on the
+    // decode workers that needed the dead rank (or, once the dial fails, on all of them,
+    // with the same error).
+    for f in &r.failures {
+        assert_eq!(f.prefill, "P0.dp0", "{json}");
+        let errors: Vec<&str> = f.errors.iter().map(|e| e.split_once(": ").map_or("", |x| x.1)).collect();
+        let all_workers = errors.len() == 4 && errors.iter().all(|e| *e == errors[0]);
+        let readers_of_dead_rank =
+            f.errors.iter().all(|e| e.starts_with("D0.dp0.tp2") || e.starts_with("D0.dp0.tp3"));
+        assert!(all_workers || readers_of_dead_rank, "{json}");
+    }
+    // Every request of the live DP group finished.
+    let failed_dp1 = r.failures.iter().filter(|f| f.prefill == "P0.dp1").count();
+    assert_eq!(failed_dp1, 0);
+    // The dead rank's transfers are reaped (fenced first) and excused; nothing stays held.
+    assert_eq!(r.ledger.held, 0, "{json}");
+    assert!(r.ledger.reaped > 0 && r.ledger.reaped == r.ledger.reaped_excused, "{json}");
+    assert_eq!(r.ledger.fenced, r.ledger.reaped, "{json}");
+    assert_eq!(r.processes.killed_by_fault, 1);
+}
+
+#[test]
+fn a_restarted_prefill_process_is_handshaken_again_and_serves() {
+    let mut config = quick("1P_DP2TP2:1D_TP4", 40);
+    let killed = rank(true, 0, 1);
+    config.faults.push(Fault::KillPrefill { rank: killed, after: 6, restart_after_ms: Some(1_000) });
+    let r = run(config);
+    let json = r.to_json();
+    assert_eq!(r.outcome, "clean", "{json}");
+    assert_eq!(r.processes.started, 9, "8 ranks and one restart: {json}");
+    assert!(r.faults.iter().any(|f| f.contains("restarted")), "{json}");
+    // Requests of the restarted rank's group finish again: the rank served more reads than
+    // the few that finished before the kill, all verified.
+    let served = r.nic.reads_per_prefill_gpu[1];
+    assert!(served >= 10, "the restarted rank served {served} reads: {json}");
+    assert!(r.requests.finished >= 30, "{json}");
+    assert_eq!(r.ledger.held, 0, "{json}");
+}
+
+#[test]
+fn dropped_releases_are_reaped_and_the_ledger_says_so() {
+    let mut config = quick("1P_TP2:1D_TP2", 8);
+    config.faults.push(Fault::DropReleases { rank: rank(false, 0, 1), count: 2 });
+    let r = run(config);
+    let json = r.to_json();
+    assert_eq!(r.outcome, "clean", "{json}");
+    assert_eq!(r.requests.finished, 8, "{json}");
+    assert_eq!(
+        (r.ledger.freed, r.ledger.reaped, r.ledger.reaped_excused, r.ledger.held),
+        (6, 2, 2, 0),
+        "{json}"
+    );
+    assert!(r.problems.iter().filter(|p| p.contains("reaped")).count() == 2, "{json}");
+}
+
+#[test]
+fn cluster_cli_prints_the_result_and_refuses_bad_arguments() {
+    let out = std::process::Command::new(exe())
+        .args(["cluster", "1P_TP2:1D_TP4", "--requests", "4", "--json"])
+        .output()
+        .expect("pdkv runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    assert_eq!(json["outcome"], "clean");
+    assert_eq!(json["ledger"]["freed"], 4);
+    assert_eq!(json["requests"]["finished"], 4);
+
+    let check = |args: &[&str], code: i32, stderr: &str| {
+        let out = std::process::Command::new(exe()).args(args).output().expect("pdkv runs");
+        let text = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {text}");
+        assert!(text.contains(stderr), "{args:?}: {text}");
+    };
+    check(&["cluster", "1P_TP4:1D_TP8", "--mla", "--requests", "0"], 2, "at least 1");
+    check(&["cluster", "1P_TP4:1D_TQ8"], 2, "TQ8");
+    check(&["cluster", "1P_TP2:1D_TP2", "--kill", "D0.dp0.tp0"], 2, "has no Prefill rank D0.dp0.tp0");
+    check(&["cluster", "1P_TP2:1D_TP2", "--kill", "P0.tp0"], 2, "is not a rank");
+    check(
+        &[
+            "connector",
+            "--deployment",
+            "1P_TP2:1D_TP2",
+            "--role",
+            "prefill",
+            "--engine",
+            "0",
+            "--dp",
+            "0",
+            "--tp",
+            "5",
+            "--scheduler",
+            "127.0.0.1:9",
+        ],
+        2,
+        "has no rank P0.dp0.tp5",
+    );
+}
