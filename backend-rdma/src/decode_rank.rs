@@ -43,8 +43,9 @@ struct ReadJob {
     heads: (u16, u16),
 }
 
-/// Dials a prefill rank's handshake listener, asks for its metadata and decodes both frames.
-fn dial(
+/// Dials a prefill rank's handshake listener as MoRIIO does (a DEALER sending `get_meta_msg`),
+/// and decodes both reply frames.
+pub fn dial(
     endpoint: &Endpoint,
     identity: &str,
     timeout: Duration,

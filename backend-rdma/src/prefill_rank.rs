@@ -114,7 +114,9 @@ fn serve_handshake(mut conn: crate::zmtp::Connection, id: u64, tx: Sender<Input>
     }
 }
 
-fn serve_notify(mut conn: crate::zmtp::Connection, _id: u64, tx: Sender<Input>) {
+/// Serves one notify connection: every frame (a release, a lease, the legacy string) goes to the
+/// node thread as it arrived; the node decodes it.
+pub fn serve_notify(mut conn: crate::zmtp::Connection, _id: u64, tx: Sender<Input>) {
     while let Ok(frames) = conn.recv() {
         for frame in frames {
             if tx.send(Input::Notify(frame)).is_err() {

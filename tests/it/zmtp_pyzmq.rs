@@ -315,3 +315,64 @@ fn pyzmq_dealer_against_pdkv_router() {
     ];
     assert_eq!(lines, expected);
 }
+
+/// The connector's own handshake dial (`decode_rank::dial`) against a pyzmq ROUTER answering as
+/// a MoRIIO prefill rank: MoRIIO's metadata map, packed by Python, decodes in pdkv.
+#[test]
+fn connector_dial_decodes_a_moriio_handshake_reply() {
+    let agent = b"mori-engine-desc";
+    let mut peer = PyPeer::spawn(&["handshake-router", &hex(agent)]);
+    let port: u16 = peer.line().strip_prefix("port ").and_then(|p| p.parse().ok()).expect("a port line");
+    eprintln!("{}", peer.line()); // versions
+    let endpoint = pdkv_core::ports::Endpoint { host: "127.0.0.1".into(), port };
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let _ = tx.send(pdkv_rdma::decode_rank::dial(&endpoint, "D0.dp0.tp3", HANDSHAKE));
+    });
+    let dialled = peer.wait_for(&rx, "pdkv's handshake dial");
+    let (metadata, layers) = peer.check(dialled, "the handshake dial");
+    let lines = peer.finish();
+    assert_eq!(lines, ["request b'D0.dp0.tp3' [b'get_meta_msg']"]);
+    assert_eq!(
+        metadata,
+        HandshakeMetadata {
+            engine_id: "moriio-prefill:7100".into(),
+            agent_metadata: agent.to_vec(),
+            kv_caches_base_addr: vec![0x7F3A_0000_0000, 0x7F3A_4000_0000],
+            num_blocks: 21504,
+            block_len: 73728,
+            attn_backend_name: "FLASHMLA".into(),
+            rank: None,
+        }
+    );
+    let names: Vec<(&str, usize)> = layers.iter().map(|l| (l.layer_name.as_str(), l.descs.len())).collect();
+    assert_eq!(names, [("model.layers.0.self_attn.attn", 1), ("model.layers.1.self_attn.attn", 1)]);
+}
+
+/// A pyzmq DEALER sends what a MoRIIO decode rank sends a notify listener; the connector's own
+/// notify serving code hands both frames to its node, and both decode to releases.
+#[test]
+fn connector_notify_listener_takes_moriio_releases() {
+    let mut listener = RouterListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).expect("bind on loopback");
+    let port = listener.local_addr().expect("local address").port().to_string();
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        if let Ok(conn) = listener.accept() {
+            pdkv_rdma::prefill_rank::serve_notify(conn, 1, tx);
+        }
+    });
+    let mut peer = PyPeer::spawn(&["notify-dealer", &port, TRANSFER_ID]);
+    let mut frames = Vec::new();
+    let deadline = Instant::now() + READ;
+    while frames.len() < 2 {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(pdkv_rdma::connector::Input::Notify(frame)) => frames.push(frame),
+            Ok(_) => {}
+            Err(e) => peer.fail(&format!("no notify frame from the connector's listener: {e}")),
+        }
+    }
+    assert_eq!(peer.finish(), ["sent 2"]);
+    let release = Release { transfer_id: tid(), consumer_tp_size: Some(8), sender: None };
+    assert_eq!(decode(&frames[0]), Ok(ControlMessage::Release(release)));
+    assert_eq!(decode(&frames[1]), Ok(ControlMessage::LegacyCompletion(tid())));
+}
