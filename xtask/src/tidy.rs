@@ -17,6 +17,30 @@ const CORE_FORBIDDEN: [&str; 10] = [
     "println!",
 ];
 
+/// What the real backend must never call: the core's routing and release-counting decisions.
+/// The backend drives nodes and carries out their actions; which rank to read, which port a
+/// rank is at and how many releases free a transfer come from node actions (`DialHandshake`,
+/// `PostRead`, `SendRelease`, `Register`), so the code the simulator checks is the code that
+/// decides in production. Validation (`check_pair`) and the engine's own listen address are
+/// allowed: they decide nothing the nodes do not.
+const BACKEND_FORBIDDEN: [&str; 15] = [
+    "fixed_tp_source",
+    "is_flexible",
+    "ReadRouter",
+    "expected_releases",
+    "quorum_plan",
+    "QuorumPlan",
+    "RankLedger",
+    "Quorum::",
+    "port_offset",
+    "listener_offset",
+    "flat_index",
+    "session_key",
+    "ReadTarget",
+    "flat_slots",
+    "proxy::route",
+];
+
 /// Markers of disabled or panic-expecting tests, forbidden everywhere.
 const TEST_FORBIDDEN: [&str; 2] = ["#[ignore", "#[should_panic"];
 
@@ -67,6 +91,7 @@ pub fn check_file(rel: &Path, text: &str) -> Vec<String> {
         problems.push(format!("{shown}:1: file must start with a `//!` line saying what it is for"));
     }
     let in_core = rel.starts_with("core");
+    let in_backend = rel.starts_with("backend-rdma/src");
     for (i, line) in text.lines().enumerate() {
         let code = strip_comment(line);
         let n = i + 1;
@@ -74,6 +99,15 @@ pub fn check_file(rel: &Path, text: &str) -> Vec<String> {
             for word in CORE_FORBIDDEN {
                 if code.contains(word) {
                     problems.push(format!("{shown}:{n}: core/ must not use `{word}` (no I/O, clock, threads or hash-map iteration)"));
+                }
+            }
+        }
+        if in_backend {
+            for word in BACKEND_FORBIDDEN {
+                if code.contains(word) {
+                    problems.push(format!(
+                        "{shown}:{n}: the backend must not call `{word}`: routing and release counting come from the core's nodes"
+                    ));
                 }
             }
         }
@@ -140,6 +174,13 @@ mod tests {
         check("sim/src/a.rs", "//! Doc.\nuse std::collections::HashMap;\n", 0);
         check("sim/src/a.rs", "use std::fs;\n", 1);
         check("tests/it/a.rs", "//! Doc.\n#[ignore]\nfn t() {}\n", 1);
+        check("backend-rdma/src/a.rs", "//! Doc.\nlet q = Quorum::Exact(2);\n", 1);
+        check(
+            "backend-rdma/src/a.rs",
+            "//! Doc.\nlet tp = fixed_tp_source(8, 3, 4)?; // expected_releases\n",
+            1,
+        );
+        check("backend-rdma/examples/a.rs", "//! Doc.\nlet n = expected_releases(4, 8)?;\n", 0);
         check("tests/it/a.rs", "//! Doc.\n#[should_panic(expected = \"x\")]\nfn t() {}\n", 1);
     }
 }
