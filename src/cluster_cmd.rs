@@ -204,6 +204,9 @@ fn render(r: &ClusterResult) -> String {
         r.throughput.kv_bytes_per_s / 1e6
     );
     let _ = writeln!(s, "  verified       {} KV bytes, byte for byte", r.bytes_verified);
+    for memory in &r.memory {
+        let _ = writeln!(s, "  prefill KV in  {memory}");
+    }
     let _ =
         writeln!(s, "  reads          Jain {:.3} over {} prefill GPUs", r.nic.jain, r.nic.prefill_gpus.len());
     for ((gpu, reads), bytes) in

@@ -297,6 +297,8 @@ pub struct ClusterResult {
     pub ledger: Ledger,
     /// KV bytes decode read and verified against the pattern prefill wrote.
     pub bytes_verified: u64,
+    /// Where the prefill ranks kept their KV (host memory, or a HIP device), and why.
+    pub memory: Vec<String>,
     /// Failed requests.
     pub failures: Vec<Failure>,
     /// Safety violations.
@@ -305,7 +307,8 @@ pub struct ClusterResult {
     pub faults: Vec<String>,
     /// Connector processes.
     pub processes: Processes,
-    /// Notes from the ranks (lost notify messages, reap warnings), at most 64.
+    /// Notes from the ranks (lost notify messages, reap warnings), each once with its count, at
+    /// most 64 different ones.
     pub problems: Vec<String>,
 }
 
@@ -325,13 +328,9 @@ pub struct Progress {
     pub total: u64,
 }
 
+/// Jain's index as the simulator reports it (the core's, to three decimals).
 fn jain(values: &[u64]) -> f64 {
-    let sum: f64 = values.iter().map(|&v| v as f64).sum();
-    let squares: f64 = values.iter().map(|&v| (v as f64) * (v as f64)).sum();
-    if squares == 0.0 {
-        return 1.0;
-    }
-    ((sum * sum / (values.len() as f64 * squares)) * 1000.0).round() / 1000.0
+    (pdkv_core::routes::jain_index(values) * 1000.0).round() / 1000.0
 }
 
 /// A deterministic stream for lengths and ids (SplitMix64).
@@ -502,6 +501,8 @@ struct Cluster {
     failures: Vec<Failure>,
     violations: Vec<Violation>,
     problems: Vec<String>,
+    problem_counts: BTreeMap<String, u64>,
+    memory: BTreeSet<String>,
     faults_log: Vec<String>,
     ledger: Ledger,
     reads: BTreeMap<RankId, (u64, u64)>,
@@ -633,6 +634,8 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
         failures: Vec::new(),
         violations: Vec::new(),
         problems: Vec::new(),
+        problem_counts: BTreeMap::new(),
+        memory: BTreeSet::new(),
         faults_log: Vec::new(),
         ledger: Ledger::default(),
         reads: BTreeMap::new(),
@@ -755,8 +758,12 @@ impl Cluster {
         }
     }
 
+    /// Notes a problem line; repeats of a line are counted, not listed again.
     fn problem(&mut self, line: String) {
-        if self.problems.len() < MAX_PROBLEMS {
+        if let Some(count) = self.problem_counts.get_mut(&line) {
+            *count += 1;
+        } else if self.problem_counts.len() < MAX_PROBLEMS {
+            self.problem_counts.insert(line.clone(), 1);
             self.problems.push(line);
         }
     }
@@ -825,7 +832,10 @@ impl Cluster {
         let now = self.clock.now();
         match msg {
             FromRank::Hello { .. } => {}
-            FromRank::Ready { data_addr, .. } => {
+            FromRank::Ready { data_addr, memory } => {
+                if rank.engine.role == Role::Prefill {
+                    self.memory.insert(memory);
+                }
                 let proc = self.ranks.get_mut(&rank).expect("known rank");
                 proc.ready = true;
                 proc.data_addr = data_addr;
@@ -1488,7 +1498,14 @@ impl Cluster {
         } else {
             "clean"
         };
-        let mut problems = self.problems.clone();
+        let mut problems: Vec<String> = self
+            .problems
+            .iter()
+            .map(|p| match self.problem_counts.get(p) {
+                Some(&n) if n > 1 => format!("{p} ({n} times)"),
+                _ => p.clone(),
+            })
+            .collect();
         if let Some(hung) = &self.hung {
             problems.insert(0, format!("hung: {hung}"));
         }
@@ -1520,6 +1537,7 @@ impl Cluster {
             },
             ledger,
             bytes_verified: self.bytes_verified,
+            memory: self.memory.iter().cloned().collect(),
             failures: self.failures.clone(),
             violations: self.violations.clone(),
             faults: self.faults_log.clone(),

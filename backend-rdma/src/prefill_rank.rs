@@ -29,6 +29,10 @@ struct Kv {
     bases: Vec<u64>,
     block_len: u64,
     heads: (u16, u16),
+    /// With a HIP device, the KV's home: one device buffer per layer. Prefill writes each block
+    /// there and the host region (what the TCP data plane serves) is filled from the device.
+    #[cfg(feature = "hip")]
+    device: Option<std::sync::Mutex<Vec<crate::hip::DeviceBuffer>>>,
 }
 
 impl Kv {
@@ -53,6 +57,15 @@ impl Kv {
                     heads: self.heads.1,
                 };
                 key.fill(bytes);
+                #[cfg(feature = "hip")]
+                if let Some(device) = &self.device {
+                    // The block goes to device memory and the served copy comes back from it.
+                    let mut buffers = device.lock().unwrap_or_else(PoisonError::into_inner);
+                    let offset = (u64::from(block) * self.block_len) as usize;
+                    let buffer = &mut buffers[layer];
+                    buffer.copy_from_host(offset, bytes).map_err(|e| e.to_string())?;
+                    buffer.copy_to_host(offset, bytes).map_err(|e| e.to_string())?;
+                }
             }
         }
         Ok(())
@@ -221,7 +234,34 @@ fn start(ctx: &mut Context) -> Result<Started, String> {
     }
     let regions = Arc::new(RwLock::new(regions));
     let heads = heads_of_rank(model, layout.tp, rank.tp);
-    let kv = Kv { regions: regions.clone(), bases: bases.clone(), block_len, heads };
+    let (backing, note) = crate::memory::select_backing(true);
+    let memory = match &note {
+        Some(note) => format!("{backing} ({note})"),
+        None => backing.to_string(),
+    };
+    #[cfg(feature = "hip")]
+    let (device, memory) = match backing {
+        crate::memory::Backing::Hip { device } => {
+            let buffers: Result<Vec<_>, _> =
+                bases.iter().map(|_| crate::hip::DeviceBuffer::new(device, region_len as usize)).collect();
+            match buffers {
+                Ok(buffers) => (
+                    Some(std::sync::Mutex::new(buffers)),
+                    format!("{backing}, staged to host memory for the data plane"),
+                ),
+                Err(e) => (None, format!("host memory (HIP device {device} refused the KV: {e})")),
+            }
+        }
+        crate::memory::Backing::Host => (None, memory),
+    };
+    let kv = Kv {
+        regions: regions.clone(),
+        bases: bases.clone(),
+        block_len,
+        heads,
+        #[cfg(feature = "hip")]
+        device,
+    };
 
     let address = &setup.address;
     let host_addr = resolve(&pdkv_core::ports::Endpoint { host: address.host.clone(), port: 0 })?;
@@ -257,7 +297,6 @@ fn start(ctx: &mut Context) -> Result<Started, String> {
             RouterListener::bind(addr).map_err(|e| format!("{kind} listener at {endpoint}: {e}"))?;
         spawn_listener(listener, ctx.tx.clone(), serve);
     }
-    let memory = "host".to_string();
     ctx.link
         .send(&FromRank::Ready { data_addr: Some(data_addr.to_string()), memory })
         .map_err(|e| e.to_string())?;
