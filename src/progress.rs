@@ -1,4 +1,5 @@
-//! Progress bars on a terminal (indicatif), silent when output goes to a file or a CI log.
+//! Progress bars on a terminal (indicatif), silent when output goes to a file, a CI log or a
+//! terminal that says it is dumb (`TERM=dumb`).
 
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
@@ -23,7 +24,9 @@ impl Bar {
     /// Reports `done` of `total` with a short message.
     pub fn update(&mut self, done: u64, total: u64, message: String) {
         if self.bar.is_none() {
-            if !std::io::stderr().is_terminal() || self.started.elapsed() < self.delay {
+            // TERM=dumb marks a terminal that is really a log (a serial console, say).
+            let dumb = std::env::var_os("TERM").is_some_and(|t| t == "dumb");
+            if !std::io::stderr().is_terminal() || dumb || self.started.elapsed() < self.delay {
                 return;
             }
             let bar = ProgressBar::new(total);

@@ -167,7 +167,9 @@ fn transport(kind: TransportKind, io_timeout: Duration) -> Result<Box<dyn Transp
             Ok(Box::new(TcpTransport::with_timeouts(Duration::from_secs(2), Some(io_timeout))))
         }
         #[cfg(feature = "rdma")]
-        TransportKind::Rdma => Ok(Box::new(crate::verbs::VerbsTransport::new())),
+        TransportKind::Rdma => {
+            Ok(Box::new(crate::verbs::VerbsTransport::with_timeouts(Duration::from_secs(2), io_timeout)))
+        }
         #[cfg(not(feature = "rdma"))]
         TransportKind::Rdma => Err("this pdkv was built without the `rdma` feature".into()),
     }

@@ -27,4 +27,6 @@ pub mod prefill_rank;
 pub mod sched;
 pub mod tcp;
 pub mod transport;
+#[cfg(feature = "rdma")]
+pub mod verbs;
 pub mod zmtp;
