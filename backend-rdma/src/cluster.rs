@@ -1516,7 +1516,9 @@ impl Cluster {
             model: if self.d.model.use_mla {
                 format!("MLA, {} layers", self.d.model.layers)
             } else {
-                format!("GQA with {} KV heads, {} layers", self.d.model.kv_heads, self.d.model.layers)
+                let heads = self.d.model.kv_heads;
+                let plural = if heads == 1 { "" } else { "s" };
+                format!("GQA with {heads} KV head{plural}, {} layers", self.d.model.layers)
             },
             seed: self.config.seed,
             outcome: outcome.into(),
