@@ -149,7 +149,9 @@ impl TcpReadServer {
         let flag = Arc::clone(&stop);
         let accept = thread::Builder::new()
             .name(format!("pdkv-data-{}", local.port()))
-            .spawn(move || accept_loop(listener, regions, flag))
+            .spawn(move || {
+                accept_loop(listener, regions, flag, "pdkv-data-conn", MAX_CONNECTIONS, serve_connection)
+            })
             .map_err(|e| ServerError::Spawn { detail: e.to_string() })?;
         Ok(TcpReadServer { addr: local, stop, accept: Some(accept) })
     }
@@ -187,7 +189,18 @@ impl Drop for TcpReadServer {
     }
 }
 
-fn accept_loop(listener: TcpListener, regions: Arc<RwLock<Regions>>, stop: Arc<AtomicBool>) {
+/// Accepts connections until `stop` is set, serving each on its own thread named `name-ID` with
+/// `serve`, at most `max_connections` at once (more are closed on accept); on stop, closes the
+/// open connections under their threads' feet and joins them. Shared by the TCP and RDMA data
+/// planes, whose servers differ only in what a connection does.
+pub(crate) fn accept_loop<S: Send + Sync + 'static>(
+    listener: TcpListener,
+    shared: Arc<S>,
+    stop: Arc<AtomicBool>,
+    name: &'static str,
+    max_connections: usize,
+    serve: fn(&TcpStream, &S),
+) {
     // Clones of the open connections, so shutdown can close them under their threads' feet.
     let open: Arc<Mutex<BTreeMap<u64, TcpStream>>> = Arc::default();
     let mut threads: Vec<JoinHandle<()>> = Vec::new();
@@ -207,7 +220,7 @@ fn accept_loop(listener: TcpListener, regions: Arc<RwLock<Regions>>, stop: Arc<A
         };
         threads.retain(|t| !t.is_finished());
         let mut table = open.lock().unwrap_or_else(PoisonError::into_inner);
-        if table.len() >= MAX_CONNECTIONS {
+        if table.len() >= max_connections {
             continue;
         }
         let Ok(clone) = stream.try_clone() else { continue };
@@ -215,9 +228,9 @@ fn accept_loop(listener: TcpListener, regions: Arc<RwLock<Regions>>, stop: Arc<A
         next_id += 1;
         table.insert(id, clone);
         drop(table);
-        let (regions, open2) = (Arc::clone(&regions), Arc::clone(&open));
-        let spawned = thread::Builder::new().name(format!("pdkv-data-conn-{id}")).spawn(move || {
-            serve_connection(&stream, &regions);
+        let (shared, open2) = (Arc::clone(&shared), Arc::clone(&open));
+        let spawned = thread::Builder::new().name(format!("{name}-{id}")).spawn(move || {
+            serve(&stream, &shared);
             open2.lock().unwrap_or_else(PoisonError::into_inner).remove(&id);
         });
         match spawned {

@@ -841,7 +841,16 @@ impl VerbsServer {
         let (flag, shared2) = (Arc::clone(&stop), Arc::clone(&shared));
         let accept = thread::Builder::new()
             .name(format!("pdkv-verbs-{}", local.port()))
-            .spawn(move || accept_loop(listener, shared2, flag))
+            .spawn(move || {
+                crate::tcp::accept_loop(
+                    listener,
+                    shared2,
+                    flag,
+                    "pdkv-verbs-conn",
+                    MAX_CONNECTIONS,
+                    serve_connection,
+                )
+            })
             .map_err(|e| VerbsError::Spawn { detail: e.to_string() })?;
         Ok(VerbsServer { addr: local, stop, accept: Some(accept), shared })
     }
@@ -921,48 +930,6 @@ impl Drop for VerbsServer {
     fn drop(&mut self) {
         // Threads (and so QPs) first; `shared` (MRs, CQ, PD, context) is dropped after.
         let _ = self.stop_and_join();
-    }
-}
-
-fn accept_loop(listener: TcpListener, shared: Arc<ServerShared>, stop: Arc<AtomicBool>) {
-    let open: Arc<Mutex<BTreeMap<u64, TcpStream>>> = Arc::default();
-    let mut threads: Vec<JoinHandle<()>> = Vec::new();
-    let mut next_id = 0u64;
-    for incoming in listener.incoming() {
-        if stop.load(Ordering::SeqCst) {
-            break;
-        }
-        let Ok(stream) = incoming else {
-            thread::sleep(Duration::from_millis(10));
-            continue;
-        };
-        threads.retain(|t| !t.is_finished());
-        let mut table = open.lock().unwrap_or_else(PoisonError::into_inner);
-        if table.len() >= MAX_CONNECTIONS {
-            continue;
-        }
-        let Ok(clone) = stream.try_clone() else { continue };
-        let id = next_id;
-        next_id += 1;
-        table.insert(id, clone);
-        drop(table);
-        let (shared, open2) = (Arc::clone(&shared), Arc::clone(&open));
-        let spawned = thread::Builder::new().name(format!("pdkv-verbs-conn-{id}")).spawn(move || {
-            serve_connection(&stream, &shared);
-            open2.lock().unwrap_or_else(PoisonError::into_inner).remove(&id);
-        });
-        match spawned {
-            Ok(t) => threads.push(t),
-            Err(_) => {
-                open.lock().unwrap_or_else(PoisonError::into_inner).remove(&id);
-            }
-        }
-    }
-    for stream in open.lock().unwrap_or_else(PoisonError::into_inner).values() {
-        let _ = stream.shutdown(Shutdown::Both);
-    }
-    for t in threads {
-        let _ = t.join();
     }
 }
 
