@@ -328,6 +328,20 @@ pub struct Progress {
     pub total: u64,
 }
 
+/// How a run ended, by the simulator's rules: a violation trumps a hang, a hang trumps a leak;
+/// transfers the reaper freed after an injected fault are its designed recovery, not a leak.
+fn outcome(violated: bool, hung: bool, ledger: &Ledger) -> &'static str {
+    if violated {
+        "safety_violation"
+    } else if hung {
+        "hang"
+    } else if ledger.held > 0 || ledger.reaped > ledger.reaped_excused {
+        "leak"
+    } else {
+        "clean"
+    }
+}
+
 /// Jain's index as the simulator reports it (the core's, to three decimals).
 fn jain(values: &[u64]) -> f64 {
     (pdkv_core::routes::jain_index(values) * 1000.0).round() / 1000.0
@@ -1489,15 +1503,7 @@ impl Cluster {
         let reads: Vec<u64> = gpus.iter().map(|r| self.reads.get(r).map_or(0, |v| v.0)).collect();
         let bytes: Vec<u64> = gpus.iter().map(|r| self.reads.get(r).map_or(0, |v| v.1)).collect();
         let ledger = Ledger { held, ..self.ledger.clone() };
-        let outcome = if !self.violations.is_empty() {
-            "safety_violation"
-        } else if self.hung.is_some() || unfinished > 0 {
-            "hang"
-        } else if held > 0 || ledger.reaped > ledger.reaped_excused {
-            "leak"
-        } else {
-            "clean"
-        };
+        let outcome = outcome(!self.violations.is_empty(), self.hung.is_some() || unfinished > 0, &ledger);
         let mut problems: Vec<String> = self
             .problems
             .iter()
@@ -1546,5 +1552,59 @@ impl Cluster {
             processes: self.processes.clone(),
             problems,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcomes_follow_the_simulators_rules() {
+        let ledger =
+            |held, reaped, excused| Ledger { held, reaped, reaped_excused: excused, ..Ledger::default() };
+        let check = |violated, hung, l: Ledger, expected: &str| {
+            assert_eq!(outcome(violated, hung, &l), expected, "{violated} {hung} {l:?}");
+        };
+        check(false, false, ledger(0, 0, 0), "clean");
+        check(false, false, ledger(0, 3, 3), "clean");
+        check(false, false, ledger(0, 3, 2), "leak");
+        check(false, false, ledger(1, 0, 0), "leak");
+        check(false, true, ledger(1, 0, 0), "hang");
+        check(true, true, ledger(1, 0, 0), "safety_violation");
+    }
+
+    #[test]
+    fn the_model_replicates_heads_for_heterogeneous_tp() {
+        let check = |notation: &str, mla: bool, expected: (bool, u16, u32)| {
+            let mut config = ClusterConfig::new(notation, 1, PathBuf::from("pdkv"));
+            config.mla = mla;
+            let d = Deployment::parse(notation).unwrap();
+            let m = config.model(&d);
+            assert_eq!((m.use_mla, m.kv_heads, m.bytes_per_token_per_layer), expected, "{notation}");
+            for &decode in &d.decode {
+                for &prefill in &d.prefill {
+                    let pair = pdkv_core::routing::check_pair(decode, prefill, &m);
+                    assert!(pair.is_ok(), "{notation}: {pair:?}");
+                }
+            }
+        };
+        check("1P_TP4:1D_TP8", false, (false, 4, 512));
+        check("1P_TP8:1D_TP4", false, (false, 4, 512));
+        check("1P_DP2TP2:1D_TP4", false, (false, 2, 256));
+        check("1P_TP16:1D_TP16", false, (false, 8, 1024));
+        check("2P_TP2:1D_DP2", true, (true, 1, 576));
+    }
+
+    #[test]
+    fn request_lengths_stay_in_their_range_and_repeat_for_a_seed() {
+        let draw = |seed| {
+            let mut s = Stream(seed);
+            (0..1000).map(|_| s.range(48, 400)).collect::<Vec<_>>()
+        };
+        let a = draw(7);
+        assert!(a.iter().all(|&x| (48..=400).contains(&x)));
+        assert_eq!(a, draw(7));
+        assert_ne!(a, draw(8));
     }
 }
