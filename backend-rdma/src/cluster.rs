@@ -307,6 +307,8 @@ pub struct ClusterResult {
     pub faults: Vec<String>,
     /// Connector processes.
     pub processes: Processes,
+    /// Every handshake and notify port the ranks listened on (free again once the run ended).
+    pub listener_ports: Vec<u16>,
     /// Notes from the ranks (lost notify messages, reap warnings), each once with its count, at
     /// most 64 different ones.
     pub problems: Vec<String>,
@@ -1550,6 +1552,14 @@ impl Cluster {
             violations: self.violations.clone(),
             faults: self.faults_log.clone(),
             processes: self.processes.clone(),
+            listener_ports: self
+                .addresses
+                .iter()
+                .flat_map(|(engine, a)| {
+                    let ranks = self.d.layout(*engine).ranks() as u16;
+                    (0..ranks).flat_map(move |i| [a.handshake_port_base + i, a.notify_port_base + i])
+                })
+                .collect(),
             problems,
         }
     }
