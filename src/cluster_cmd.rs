@@ -16,15 +16,17 @@ const AFTER_HELP: &str = "\
 Examples:
   pdkv cluster 1P_TP4:1D_TP8 --requests 32
   pdkv cluster 2P_TP2:1D_DP2 --mla --requests 64 --json
-  pdkv cluster 1P_TP4:1D_TP8 --requests 40 --kill P0.dp0.tp1 --kill-after 10 --restart-after-ms 3000
-  pdkv cluster 1P_TP2:1D_TP2 --requests 8 --drop-releases D0.dp0.tp1=2
+  pdkv cluster 1P_DP2TP2:1D_TP4 --requests 40 --kill P0.dp0.tp1 --kill-after 6 \\
+      --restart-after-ms 1000 --handshake-timeout-ms 2000 --transfer-timeout-ms 5000 --defer-timeout-ms 6000
+  pdkv cluster 1P_TP2:1D_TP2 --requests 8 --drop-releases D0.dp0.tp1=2 --defer-timeout-ms 6000
   pdkv cluster 1P_TP4:1D_TP8 --requests 16 --transport rdma    (build with --features rdma)
 
 Every rank is a real `pdkv connector` process on 127.0.0.1 with its handshake and notify
 listeners at the ports the core computes; prefill fills each block with a pattern of (request,
 layer, block, head) and decode checks every byte it reads. With --json the result object goes
 to stdout in the simulator's result schema where it applies (outcome, requests, throughput,
-nic, ledger).
+nic, ledger). The timeouts default to MoRIIO's (10 s handshake, 30 s transfer, 60 s reaper);
+fault runs end sooner with shorter ones.
 
 Exit codes: 0 the run was clean (or, with faults, ended as designed: no hang, no violation,
 nothing held); 1 it was not; 2 bad arguments or the cluster could not start.";
@@ -63,16 +65,16 @@ pub struct ClusterArgs {
     #[arg(long, value_parser = crate::routes_cmd::legacy_parser())]
     legacy: Vec<Legacy>,
     /// Decode handshake timeout.
-    #[arg(long, default_value_t = 2_000)]
+    #[arg(long, default_value_t = 10_000)]
     handshake_timeout_ms: u64,
     /// Decode transfer timeout (and read lease).
-    #[arg(long, default_value_t = 4_000)]
+    #[arg(long, default_value_t = 30_000)]
     transfer_timeout_ms: u64,
     /// The prefill reaper's timeout.
-    #[arg(long, default_value_t = 6_000)]
+    #[arg(long, default_value_t = 60_000)]
     defer_timeout_ms: u64,
     /// Give up (outcome hang) after this long.
-    #[arg(long, default_value_t = 60_000)]
+    #[arg(long, default_value_t = 120_000)]
     timeout_ms: u64,
     /// Fault: kill this prefill rank's process (e.g. P0.dp0.tp1).
     #[arg(long, value_parser = parse_rank)]

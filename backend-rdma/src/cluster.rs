@@ -109,7 +109,8 @@ pub struct ClusterConfig {
 }
 
 impl ClusterConfig {
-    /// Defaults sized for a quick loopback run.
+    /// Defaults for a loopback run: 8 requests in flight, 4 layers, 512 blocks per prefill rank,
+    /// MoRIIO's timeouts.
     pub fn new(deployment: &str, requests: u32, exe: PathBuf) -> ClusterConfig {
         ClusterConfig {
             deployment: deployment.to_owned(),
@@ -123,10 +124,12 @@ impl ClusterConfig {
             host: "127.0.0.1".into(),
             seed: 0,
             num_blocks: 512,
-            handshake_timeout_ms: 2_000,
-            transfer_timeout_ms: 4_000,
-            defer_timeout_ms: 6_000,
-            timeout_ms: 60_000,
+            // MoRIIO's timeouts: a fault-free run never waits for them, and a loaded machine
+            // (CI) must not turn a slow read into a failure.
+            handshake_timeout_ms: 10_000,
+            transfer_timeout_ms: 30_000,
+            defer_timeout_ms: 60_000,
+            timeout_ms: 120_000,
             faults: Vec::new(),
         }
     }

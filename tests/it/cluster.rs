@@ -74,10 +74,10 @@ fn rank(role_prefill: bool, dp: u16, tp: u16) -> RankId {
 /// Short timeouts so that the fault tests end within seconds.
 fn quick(deployment: &str, requests: u32) -> ClusterConfig {
     let mut config = ClusterConfig::new(deployment, requests, exe());
-    config.handshake_timeout_ms = 1_000;
-    config.transfer_timeout_ms = 2_000;
-    config.defer_timeout_ms = 3_000;
-    config.timeout_ms = 40_000;
+    config.handshake_timeout_ms = 2_000;
+    config.transfer_timeout_ms = 5_000;
+    config.defer_timeout_ms = 6_000;
+    config.timeout_ms = 60_000;
     config
 }
 
