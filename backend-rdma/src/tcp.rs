@@ -134,9 +134,7 @@ impl std::error::Error for ServerError {}
 /// (one accepting, one per connection) until [`TcpReadServer::shutdown`] or drop.
 #[derive(Debug)]
 pub struct TcpReadServer {
-    addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-    accept: Option<JoinHandle<()>>,
+    accept: AcceptThread,
 }
 
 impl TcpReadServer {
@@ -144,30 +142,74 @@ impl TcpReadServer {
     pub fn bind(addr: SocketAddr, regions: Arc<RwLock<Regions>>) -> Result<TcpReadServer, ServerError> {
         let bind_err = |e: io::Error| ServerError::Bind { addr, kind: e.kind(), detail: e.to_string() };
         let listener = TcpListener::bind(addr).map_err(bind_err)?;
-        let local = listener.local_addr().map_err(bind_err)?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&stop);
-        let accept = thread::Builder::new()
-            .name(format!("pdkv-data-{}", local.port()))
-            .spawn(move || {
-                accept_loop(listener, regions, flag, "pdkv-data-conn", MAX_CONNECTIONS, serve_connection)
-            })
-            .map_err(|e| ServerError::Spawn { detail: e.to_string() })?;
-        Ok(TcpReadServer { addr: local, stop, accept: Some(accept) })
+        let accept = AcceptThread::spawn(listener, regions, "pdkv-data", MAX_CONNECTIONS, serve_connection)
+            .map_err(|e| match e {
+            AcceptError::Bind(e) => bind_err(e),
+            AcceptError::Spawn(e) => ServerError::Spawn { detail: e.to_string() },
+        })?;
+        Ok(TcpReadServer { accept })
     }
 
     /// The address the server listens on.
     pub fn local_addr(&self) -> SocketAddr {
-        self.addr
+        self.accept.addr
     }
 
     /// Stops accepting, closes every connection and joins every thread the server started.
     pub fn shutdown(mut self) -> Result<(), ServerError> {
-        self.stop_and_join()
+        self.accept.stop_and_join().map_err(|()| ServerError::Panicked)
+    }
+}
+
+impl Drop for TcpReadServer {
+    fn drop(&mut self) {
+        let _ = self.accept.stop_and_join();
+    }
+}
+
+/// Why an [`AcceptThread`] could not start.
+pub(crate) enum AcceptError {
+    /// The listener has no local address.
+    Bind(io::Error),
+    /// The thread could not be spawned.
+    Spawn(io::Error),
+}
+
+/// A data-plane server's accept thread ([`accept_loop`]) and how to stop it: the TCP and RDMA
+/// servers differ only in what a connection does.
+#[derive(Debug)]
+pub(crate) struct AcceptThread {
+    /// The address the listener is bound to.
+    pub(crate) addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl AcceptThread {
+    /// Starts accepting on `listener` in a thread named `name-PORT`, serving each connection
+    /// with `serve` on a thread of its own.
+    pub(crate) fn spawn<S: Send + Sync + 'static>(
+        listener: TcpListener,
+        shared: Arc<S>,
+        name: &'static str,
+        max_connections: usize,
+        serve: fn(&TcpStream, &S),
+    ) -> Result<AcceptThread, AcceptError> {
+        let addr = listener.local_addr().map_err(AcceptError::Bind)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let conn_name = format!("{name}-conn");
+        let handle = thread::Builder::new()
+            .name(format!("{name}-{}", addr.port()))
+            .spawn(move || accept_loop(listener, shared, flag, &conn_name, max_connections, serve))
+            .map_err(AcceptError::Spawn)?;
+        Ok(AcceptThread { addr, stop, handle: Some(handle) })
     }
 
-    fn stop_and_join(&mut self) -> Result<(), ServerError> {
-        let Some(accept) = self.accept.take() else { return Ok(()) };
+    /// Stops accepting, closes every connection and joins every thread; `Err` if a thread
+    /// panicked. Idempotent.
+    pub(crate) fn stop_and_join(&mut self) -> Result<(), ()> {
+        let Some(handle) = self.handle.take() else { return Ok(()) };
         self.stop.store(true, Ordering::SeqCst);
         // The accept thread is blocked in accept(); a connection of our own wakes it to see the
         // flag. An unspecified bind address is reached through loopback.
@@ -179,13 +221,7 @@ impl TcpReadServer {
             });
         }
         let _ = TcpStream::connect_timeout(&wake, Duration::from_secs(5));
-        accept.join().map_err(|_| ServerError::Panicked)
-    }
-}
-
-impl Drop for TcpReadServer {
-    fn drop(&mut self) {
-        let _ = self.stop_and_join();
+        handle.join().map_err(|_| ())
     }
 }
 
@@ -193,11 +229,11 @@ impl Drop for TcpReadServer {
 /// `serve`, at most `max_connections` at once (more are closed on accept); on stop, closes the
 /// open connections under their threads' feet and joins them. Shared by the TCP and RDMA data
 /// planes, whose servers differ only in what a connection does.
-pub(crate) fn accept_loop<S: Send + Sync + 'static>(
+fn accept_loop<S: Send + Sync + 'static>(
     listener: TcpListener,
     shared: Arc<S>,
     stop: Arc<AtomicBool>,
-    name: &'static str,
+    name: &str,
     max_connections: usize,
     serve: fn(&TcpStream, &S),
 ) {

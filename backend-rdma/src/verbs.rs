@@ -74,9 +74,9 @@ use std::ffi::{c_int, c_void, CStr};
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use std::thread::{self, JoinHandle};
+use std::thread;
 use std::time::{Duration, Instant};
 
 use rdma_sys as ffi;
@@ -805,16 +805,14 @@ impl ServerShared {
 /// queue pair per client over a TCP control connection (see the module doc), on its own threads
 /// (one accepting, one per connection), until [`VerbsServer::shutdown`] or drop.
 pub struct VerbsServer {
-    addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-    accept: Option<JoinHandle<()>>,
+    accept: crate::tcp::AcceptThread,
     shared: Arc<ServerShared>,
 }
 
 impl fmt::Debug for VerbsServer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("VerbsServer")
-            .field("addr", &self.addr)
+            .field("addr", &self.accept.addr)
             .field("device", &self.shared.dev.name)
             .field("port", &self.shared.dev.port)
             .finish_non_exhaustive()
@@ -830,34 +828,29 @@ impl VerbsServer {
         let cq = Cq::create(&dev, 16)?;
         let bind_err = |e: io::Error| VerbsError::Bind { addr, kind: e.kind(), detail: e.to_string() };
         let listener = TcpListener::bind(addr).map_err(bind_err)?;
-        let local = listener.local_addr().map_err(bind_err)?;
         let shared = Arc::new(ServerShared { regions, mrs: Mutex::new(BTreeMap::new()), cq, dev });
         // Register what is live now, so the first client does not pay for it.
         {
             let regions = shared.regions.read().unwrap_or_else(PoisonError::into_inner);
             shared.reconcile(&regions)?;
         }
-        let stop = Arc::new(AtomicBool::new(false));
-        let (flag, shared2) = (Arc::clone(&stop), Arc::clone(&shared));
-        let accept = thread::Builder::new()
-            .name(format!("pdkv-verbs-{}", local.port()))
-            .spawn(move || {
-                crate::tcp::accept_loop(
-                    listener,
-                    shared2,
-                    flag,
-                    "pdkv-verbs-conn",
-                    MAX_CONNECTIONS,
-                    serve_connection,
-                )
-            })
-            .map_err(|e| VerbsError::Spawn { detail: e.to_string() })?;
-        Ok(VerbsServer { addr: local, stop, accept: Some(accept), shared })
+        let accept = crate::tcp::AcceptThread::spawn(
+            listener,
+            Arc::clone(&shared),
+            "pdkv-verbs",
+            MAX_CONNECTIONS,
+            serve_connection,
+        )
+        .map_err(|e| match e {
+            crate::tcp::AcceptError::Bind(e) => bind_err(e),
+            crate::tcp::AcceptError::Spawn(e) => VerbsError::Spawn { detail: e.to_string() },
+        })?;
+        Ok(VerbsServer { accept, shared })
     }
 
     /// The address the control listener is bound to (what readers dial as the peer).
     pub fn local_addr(&self) -> SocketAddr {
-        self.addr
+        self.accept.addr
     }
 
     /// The RDMA device's name.
@@ -907,29 +900,14 @@ impl VerbsServer {
     /// thread; the MRs, CQ, protection domain and device context are freed when the last
     /// reference goes (right away, unless the caller still holds nothing else).
     pub fn shutdown(mut self) -> Result<(), VerbsError> {
-        self.stop_and_join()
-    }
-
-    fn stop_and_join(&mut self) -> Result<(), VerbsError> {
-        let Some(accept) = self.accept.take() else { return Ok(()) };
-        self.stop.store(true, Ordering::SeqCst);
-        // Wake the accept thread with a connection of our own so it sees the flag.
-        let mut wake = self.addr;
-        if wake.ip().is_unspecified() {
-            wake.set_ip(match wake {
-                SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
-                SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
-            });
-        }
-        let _ = TcpStream::connect_timeout(&wake, Duration::from_secs(5));
-        accept.join().map_err(|_| VerbsError::Panicked)
+        self.accept.stop_and_join().map_err(|()| VerbsError::Panicked)
     }
 }
 
 impl Drop for VerbsServer {
     fn drop(&mut self) {
         // Threads (and so QPs) first; `shared` (MRs, CQ, PD, context) is dropped after.
-        let _ = self.stop_and_join();
+        let _ = self.accept.stop_and_join();
     }
 }
 
