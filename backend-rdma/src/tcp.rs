@@ -140,13 +140,9 @@ pub struct TcpReadServer {
 impl TcpReadServer {
     /// Listens on `addr` (port 0 picks a free port) and starts serving `regions`.
     pub fn bind(addr: SocketAddr, regions: Arc<RwLock<Regions>>) -> Result<TcpReadServer, ServerError> {
-        let bind_err = |e: io::Error| ServerError::Bind { addr, kind: e.kind(), detail: e.to_string() };
-        let listener = TcpListener::bind(addr).map_err(bind_err)?;
-        let accept = AcceptThread::spawn(listener, regions, "pdkv-data", MAX_CONNECTIONS, serve_connection)
-            .map_err(|e| match e {
-            AcceptError::Bind(e) => bind_err(e),
-            AcceptError::Spawn(e) => ServerError::Spawn { detail: e.to_string() },
-        })?;
+        let listener = TcpListener::bind(addr).map_err(|e| ServerError::bind(addr, &e))?;
+        let accept =
+            AcceptThread::spawn(addr, listener, regions, "pdkv-data", MAX_CONNECTIONS, serve_connection)?;
         Ok(TcpReadServer { accept })
     }
 
@@ -167,12 +163,11 @@ impl Drop for TcpReadServer {
     }
 }
 
-/// Why an [`AcceptThread`] could not start.
-pub(crate) enum AcceptError {
-    /// The listener has no local address.
-    Bind(io::Error),
-    /// The thread could not be spawned.
-    Spawn(io::Error),
+impl ServerError {
+    /// The error for binding `addr`.
+    pub(crate) fn bind(addr: SocketAddr, e: &io::Error) -> ServerError {
+        ServerError::Bind { addr, kind: e.kind(), detail: e.to_string() }
+    }
 }
 
 /// A data-plane server's accept thread ([`accept_loop`]) and how to stop it: the TCP and RDMA
@@ -189,20 +184,21 @@ impl AcceptThread {
     /// Starts accepting on `listener` in a thread named `name-PORT`, serving each connection
     /// with `serve` on a thread of its own.
     pub(crate) fn spawn<S: Send + Sync + 'static>(
+        asked: SocketAddr,
         listener: TcpListener,
         shared: Arc<S>,
         name: &'static str,
         max_connections: usize,
         serve: fn(&TcpStream, &S),
-    ) -> Result<AcceptThread, AcceptError> {
-        let addr = listener.local_addr().map_err(AcceptError::Bind)?;
+    ) -> Result<AcceptThread, ServerError> {
+        let addr = listener.local_addr().map_err(|e| ServerError::bind(asked, &e))?;
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         let conn_name = format!("{name}-conn");
         let handle = thread::Builder::new()
             .name(format!("{name}-{}", addr.port()))
             .spawn(move || accept_loop(listener, shared, flag, &conn_name, max_connections, serve))
-            .map_err(AcceptError::Spawn)?;
+            .map_err(|e| ServerError::Spawn { detail: e.to_string() })?;
         Ok(AcceptThread { addr, stop, handle: Some(handle) })
     }
 

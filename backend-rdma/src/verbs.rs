@@ -177,22 +177,9 @@ pub enum VerbsError {
         /// Its value.
         value: String,
     },
-    /// The listening socket could not be bound.
-    Bind {
-        /// The address asked for.
-        addr: SocketAddr,
-        /// The error's kind.
-        kind: io::ErrorKind,
-        /// The error's text.
-        detail: String,
-    },
-    /// The accept thread could not be started.
-    Spawn {
-        /// The error's text.
-        detail: String,
-    },
-    /// The accept thread panicked (a bug).
-    Panicked,
+    /// The control listener could not start or stop (bind, thread, panic), as for the TCP
+    /// data plane.
+    Server(crate::tcp::ServerError),
     /// [`VerbsServer::rekey`] was given an address where no live region starts.
     UnknownRegion {
         /// The address.
@@ -226,9 +213,7 @@ impl fmt::Display for VerbsError {
             }
             VerbsError::Call { call, detail } => write!(f, "{call} failed: {detail}"),
             VerbsError::BadSetting { name, value } => write!(f, "cannot use {name}={value:?}"),
-            VerbsError::Bind { addr, detail, .. } => write!(f, "cannot listen on {addr}: {detail}"),
-            VerbsError::Spawn { detail } => write!(f, "cannot start the accept thread: {detail}"),
-            VerbsError::Panicked => f.write_str("the verbs accept thread panicked"),
+            VerbsError::Server(e) => write!(f, "verbs control listener: {e}"),
             VerbsError::UnknownRegion { base_addr } => write!(f, "no live region starts at {base_addr:#x}"),
             VerbsError::Memory(e) => e.fmt(f),
             VerbsError::TooManyRegions { live } => {
@@ -826,8 +811,8 @@ impl VerbsServer {
     pub fn bind(addr: SocketAddr, regions: Arc<RwLock<Regions>>) -> Result<VerbsServer, VerbsError> {
         let dev = Device::open()?;
         let cq = Cq::create(&dev, 16)?;
-        let bind_err = |e: io::Error| VerbsError::Bind { addr, kind: e.kind(), detail: e.to_string() };
-        let listener = TcpListener::bind(addr).map_err(bind_err)?;
+        let listener = TcpListener::bind(addr)
+            .map_err(|e| VerbsError::Server(crate::tcp::ServerError::bind(addr, &e)))?;
         let shared = Arc::new(ServerShared { regions, mrs: Mutex::new(BTreeMap::new()), cq, dev });
         // Register what is live now, so the first client does not pay for it.
         {
@@ -835,16 +820,14 @@ impl VerbsServer {
             shared.reconcile(&regions)?;
         }
         let accept = crate::tcp::AcceptThread::spawn(
+            addr,
             listener,
             Arc::clone(&shared),
             "pdkv-verbs",
             MAX_CONNECTIONS,
             serve_connection,
         )
-        .map_err(|e| match e {
-            crate::tcp::AcceptError::Bind(e) => bind_err(e),
-            crate::tcp::AcceptError::Spawn(e) => VerbsError::Spawn { detail: e.to_string() },
-        })?;
+        .map_err(VerbsError::Server)?;
         Ok(VerbsServer { accept, shared })
     }
 
@@ -900,7 +883,7 @@ impl VerbsServer {
     /// thread; the MRs, CQ, protection domain and device context are freed when the last
     /// reference goes (right away, unless the caller still holds nothing else).
     pub fn shutdown(mut self) -> Result<(), VerbsError> {
-        self.accept.stop_and_join().map_err(|()| VerbsError::Panicked)
+        self.accept.stop_and_join().map_err(|()| VerbsError::Server(crate::tcp::ServerError::Panicked))
     }
 }
 
