@@ -205,6 +205,12 @@ fn render(r: &ClusterResult) -> String {
         r.throughput.requests_per_s,
         r.throughput.kv_bytes_per_s / 1e6
     );
+    let (t, e) = (&r.latency_ms.ttft, &r.latency_ms.e2e);
+    let _ = writeln!(
+        s,
+        "  latency        TTFT p50 {:.1} ms, p99 {:.1} ms; end to end p50 {:.1} ms, p99 {:.1} ms",
+        t.p50, t.p99, e.p50, e.p99
+    );
     let _ = writeln!(s, "  verified       {} KV bytes, byte for byte", r.bytes_verified);
     for memory in &r.memory {
         let _ = writeln!(s, "  prefill KV in  {memory}");

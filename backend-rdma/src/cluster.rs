@@ -206,6 +206,39 @@ pub struct Throughput {
     pub kv_bytes_per_s: f64,
 }
 
+/// Mean and percentiles of one latency, in milliseconds (the simulator's `Summary`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Summary {
+    /// Mean.
+    pub mean: f64,
+    /// Median.
+    pub p50: f64,
+    /// 99th percentile.
+    pub p99: f64,
+}
+
+impl Summary {
+    fn of(values: &[f64]) -> Summary {
+        if values.is_empty() {
+            return Summary::default();
+        }
+        let mut sorted = values.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        let round = |x: f64| (x * 1000.0).round() / 1000.0;
+        let at = |q: f64| round(sorted[((sorted.len() - 1) as f64 * q).round() as usize]);
+        Summary { mean: round(sorted.iter().sum::<f64>() / sorted.len() as f64), p50: at(0.5), p99: at(0.99) }
+    }
+}
+
+/// Wall-clock latencies of finished requests.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Latencies {
+    /// From the client's request to the first decode step that included it.
+    pub ttft: Summary,
+    /// From the client's request to its last token.
+    pub e2e: Summary,
+}
+
 /// Reads and bytes per prefill GPU.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Nic {
@@ -294,6 +327,8 @@ pub struct ClusterResult {
     pub requests: Requests,
     /// Throughput.
     pub throughput: Throughput,
+    /// Latencies, in milliseconds.
+    pub latency_ms: Latencies,
     /// NIC balance over prefill GPUs.
     pub nic: Nic,
     /// Prefill blocks.
@@ -517,6 +552,7 @@ struct Cluster {
     tokens_in: u64,
     tokens_out: u64,
     ttft_ms: Vec<f64>,
+    e2e_ms: Vec<f64>,
     failures: Vec<Failure>,
     violations: Vec<Violation>,
     problems: Vec<String>,
@@ -650,6 +686,7 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
         tokens_in: 0,
         tokens_out: 0,
         ttft_ms: Vec::new(),
+        e2e_ms: Vec::new(),
         failures: Vec::new(),
         violations: Vec::new(),
         problems: Vec::new(),
@@ -1205,7 +1242,6 @@ impl Cluster {
         if self.dgroups[g].phase != Phase::Idle || !self.has_work(g) {
             return;
         }
-        let block = self.d.model.block_size_tokens;
         let group = &mut self.dgroups[g];
         group.step += 1;
         group.next_step = None;
@@ -1237,7 +1273,6 @@ impl Cluster {
                 req.local_blocks = recv.local_block_ids.clone();
             }
         }
-        let _ = block;
         for tp in 0..self.dgroups[g].tp {
             let rank = self.decode_rank(g, tp);
             self.send(rank, &ToRank::StepBegin { step, requests: new.clone() });
@@ -1313,6 +1348,7 @@ impl Cluster {
         match errors {
             None => {
                 self.finished += 1;
+                self.e2e_ms.push(req.started.elapsed().as_secs_f64() * 1e3);
                 self.tokens_in += u64::from(req.input);
                 self.tokens_out += u64::from(req.output);
             }
@@ -1541,6 +1577,7 @@ impl Cluster {
                 requests_per_s: per_s(self.finished as f64),
                 kv_bytes_per_s: per_s(self.bytes_verified as f64),
             },
+            latency_ms: Latencies { ttft: Summary::of(&self.ttft_ms), e2e: Summary::of(&self.e2e_ms) },
             nic: Nic {
                 prefill_gpus: gpus.iter().map(|r| r.to_string()).collect(),
                 jain: jain(&reads),

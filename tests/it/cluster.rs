@@ -41,6 +41,8 @@ fn check(deployment: &str, mla: bool, requests: u32, reads_per_gpu: &[u64]) {
     assert_eq!(r.nic.reads_per_prefill_gpu, reads_per_gpu, "{deployment}");
     let total: u64 = r.nic.bytes_per_prefill_gpu.iter().sum();
     assert!(total > 0 && r.bytes_verified == total, "{deployment}: {json}");
+    let (ttft, e2e) = (r.latency_ms.ttft, r.latency_ms.e2e);
+    assert!(ttft.p50 > 0.0 && ttft.p50 <= e2e.p50 && e2e.p50 <= e2e.p99, "{deployment}: {json}");
 }
 
 #[test]
