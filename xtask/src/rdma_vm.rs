@@ -32,6 +32,26 @@ use std::time::{Duration, Instant};
 const CLUSTER_COMMANDS: &[&[&str]] = &[
     &["cluster", "1P_TP4:1D_TP8", "--requests", "16", "--transport", "rdma"],
     &["cluster", "1P_DP2:1D_TP2", "--requests", "16", "--transport", "rdma"],
+    // A prefill process killed under RDMA: its group's requests fail, the others finish, the
+    // reaper frees the dead rank's transfers, nothing hangs.
+    &[
+        "cluster",
+        "1P_DP2TP2:1D_TP4",
+        "--requests",
+        "16",
+        "--transport",
+        "rdma",
+        "--kill",
+        "P0.dp0.tp1",
+        "--kill-after",
+        "4",
+        "--handshake-timeout-ms",
+        "2000",
+        "--transfer-timeout-ms",
+        "8000",
+        "--defer-timeout-ms",
+        "9000",
+    ],
 ];
 
 /// The test-name filter for the `pdkv-rdma` test binary in the guest.
