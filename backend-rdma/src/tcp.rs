@@ -324,7 +324,9 @@ fn serve_connection(stream: &TcpStream, regions: &RwLock<Regions>) {
     }
 }
 
-fn memory_status(e: &MemoryError) -> u8 {
+/// The status byte that reports an access error (shared with the RDMA data plane's control
+/// protocol, which refuses with the same codes).
+pub(crate) fn memory_status(e: &MemoryError) -> u8 {
     match e {
         MemoryError::Unregistered { .. } => STATUS_UNREGISTERED,
         MemoryError::Revoked { .. } => STATUS_REVOKED,
@@ -394,14 +396,21 @@ fn send_ok(out: &mut BufWriter<&TcpStream>, slices: &[&[u8]]) -> io::Result<()> 
     out.flush()
 }
 
-fn send_error(out: &mut BufWriter<&TcpStream>, status: u8, message: &str) -> io::Result<()> {
+/// Appends an error message as the wire carries it: a u32 length and at most
+/// [`MAX_MESSAGE_BYTES`] of UTF-8, cut at a character boundary.
+pub(crate) fn push_message(out: &mut Vec<u8>, message: &str) {
     let mut end = message.len().min(MAX_MESSAGE_BYTES as usize);
     while !message.is_char_boundary(end) {
         end -= 1;
     }
-    out.write_all(&[status])?;
-    out.write_all(&(end as u32).to_be_bytes())?;
-    out.write_all(&message.as_bytes()[..end])?;
+    out.extend_from_slice(&(end as u32).to_be_bytes());
+    out.extend_from_slice(&message.as_bytes()[..end]);
+}
+
+fn send_error(out: &mut BufWriter<&TcpStream>, status: u8, message: &str) -> io::Result<()> {
+    let mut answer = vec![status];
+    push_message(&mut answer, message);
+    out.write_all(&answer)?;
     out.flush()
 }
 
@@ -486,21 +495,28 @@ impl TcpTransport {
 }
 
 /// Validates ranges against `into` and the limits, and encodes the request into `buf`.
+/// Refuses a read whose ranges pass [`MAX_TOTAL_BYTES`] or do not fill `into_len` bytes
+/// exactly (both data planes check this before sending anything).
+pub(crate) fn check_total(ranges: &[(u64, u64)], into_len: usize) -> Result<(), TransportError> {
+    let invalid = |detail| Err(TransportError::InvalidRequest { detail });
+    let total = ranges.iter().try_fold(0u64, |t, &(_, len)| t.checked_add(len));
+    match total {
+        Some(t) if t > MAX_TOTAL_BYTES => {
+            invalid(format!("{t} bytes requested; the limit is {MAX_TOTAL_BYTES}"))
+        }
+        Some(t) if t == into_len as u64 => Ok(()),
+        Some(t) => invalid(format!("the ranges hold {t} bytes but the buffer {into_len}")),
+        None => invalid("the range lengths overflow u64".to_string()),
+    }
+}
+
 fn encode_request(ranges: &[(u64, u64)], into_len: usize, buf: &mut Vec<u8>) -> Result<(), TransportError> {
     let invalid = |detail| Err(TransportError::InvalidRequest { detail });
     let count = match u32::try_from(ranges.len()) {
         Ok(c) if c <= MAX_RANGES => c,
         _ => return invalid(format!("{} ranges; the limit is {MAX_RANGES}", ranges.len())),
     };
-    let total = ranges.iter().try_fold(0u64, |t, &(_, len)| t.checked_add(len));
-    match total {
-        Some(t) if t > MAX_TOTAL_BYTES => {
-            return invalid(format!("{t} bytes requested; the limit is {MAX_TOTAL_BYTES}"))
-        }
-        Some(t) if t == into_len as u64 => {}
-        Some(t) => return invalid(format!("the ranges hold {t} bytes but the buffer {into_len}")),
-        None => return invalid("the range lengths overflow u64".to_string()),
-    }
+    check_total(ranges, into_len)?;
     buf.clear();
     buf.push(MAGIC);
     buf.extend_from_slice(&count.to_be_bytes());

@@ -83,8 +83,8 @@ use rdma_sys as ffi;
 
 use crate::memory::{HostRegion, MemoryError, RegionId, Regions};
 use crate::tcp::{
-    remote_code, MAX_MESSAGE_BYTES, STATUS_INTERNAL, STATUS_MALFORMED, STATUS_OK, STATUS_OUT_OF_RANGE,
-    STATUS_REVOKED, STATUS_UNREGISTERED,
+    check_total, memory_status, push_message, remote_code, MAX_MESSAGE_BYTES, STATUS_INTERNAL,
+    STATUS_MALFORMED, STATUS_OK,
 };
 use crate::transport::{Endpoint, RemoteCode, Transport, TransportError};
 
@@ -894,29 +894,11 @@ impl Drop for VerbsServer {
     }
 }
 
-fn push_message(out: &mut Vec<u8>, message: &str) {
-    let mut end = message.len().min(MAX_MESSAGE_BYTES as usize);
-    while !message.is_char_boundary(end) {
-        end -= 1;
-    }
-    out.extend_from_slice(&(end as u32).to_be_bytes());
-    out.extend_from_slice(&message.as_bytes()[..end]);
-}
-
 fn send_refusal(mut stream: &TcpStream, status: u8, message: &str) {
     let mut out = vec![status];
     push_message(&mut out, message);
     let _ = stream.write_all(&out);
     let _ = stream.shutdown(Shutdown::Write);
-}
-
-fn memory_status(e: &MemoryError) -> u8 {
-    match e {
-        MemoryError::Unregistered { .. } => STATUS_UNREGISTERED,
-        MemoryError::Revoked { .. } => STATUS_REVOKED,
-        MemoryError::OutOfRange { .. } => STATUS_OUT_OF_RANGE,
-        _ => STATUS_INTERNAL,
-    }
 }
 
 /// Serves one control connection: the HELLO that connects its QP, then REFRESHes until the
@@ -1534,19 +1516,6 @@ fn read_table(stream: &TcpStream, peer: &Endpoint) -> Result<Vec<TableEntry>, Tr
 }
 
 /// Checks the ranges against `into` and the limits, as the TCP data plane does.
-fn check_request(ranges: &[(u64, u64)], into_len: usize) -> Result<(), TransportError> {
-    let invalid = |detail| Err(TransportError::InvalidRequest { detail });
-    let total = ranges.iter().try_fold(0u64, |t, &(_, len)| t.checked_add(len));
-    match total {
-        Some(t) if t > MAX_TOTAL_BYTES => {
-            invalid(format!("{t} bytes requested; the limit is {MAX_TOTAL_BYTES}"))
-        }
-        Some(t) if t == into_len as u64 => Ok(()),
-        Some(t) => invalid(format!("the ranges hold {t} bytes but the buffer {into_len}")),
-        None => invalid("the range lengths overflow u64".to_string()),
-    }
-}
-
 impl Transport for VerbsTransport {
     fn read(
         &mut self,
@@ -1554,7 +1523,7 @@ impl Transport for VerbsTransport {
         ranges: &[(u64, u64)],
         into: &mut [u8],
     ) -> Result<(), TransportError> {
-        check_request(ranges, into.len())?;
+        check_total(ranges, into.len())?;
         if ranges.is_empty() {
             return Ok(());
         }
