@@ -711,18 +711,21 @@ impl PrefillEngine {
         } else {
             self.totals.freed += 1;
         }
-        out.push(EngineAction::FreeBlocks {
-            transfer_id: id.clone(),
-            owner_dp: record.owner_dp,
-            blocks: record.blocks.clone(),
-            reaped,
-        });
+        // Every worker forgets the transfer (and a real rank fences its blocks) before the
+        // blocks return to the pool: a driver that hands freed blocks to the next prefill at
+        // once would otherwise let the old transfer's retirement fence the new one's blocks.
         for tp in 0..self.layout.tp {
             out.push(EngineAction::Retire {
                 rank: RankId::new(self.engine, record.owner_dp, tp),
                 transfer_id: id.clone(),
             });
         }
+        out.push(EngineAction::FreeBlocks {
+            transfer_id: id.clone(),
+            owner_dp: record.owner_dp,
+            blocks: record.blocks.clone(),
+            reaped,
+        });
         if self.records.len() == MAX_LEDGER_RECORDS {
             self.records.pop_front();
         }

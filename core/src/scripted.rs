@@ -651,3 +651,31 @@ fn read_lease_defers_the_reaper_until_the_read_can_no_longer_run() {
         assert_eq!(h.frees(), [(tx(1), reaped)], "{legacy:?}");
     }
 }
+
+/// Every worker retires a transfer before its blocks return to the pool, whether released or
+/// reaped: a driver that gives freed blocks to the next prefill at once (as `pdkv cluster` does)
+/// must not let the old transfer's retirement (which fences the blocks on a real rank) land
+/// after the new transfer's fill. Found at 34 requests in flight, when the pool first ran out.
+#[test]
+fn workers_retire_a_transfer_before_its_blocks_are_freed() {
+    for reap in [false, true] {
+        let mut h = Harness::new("1P_TP2:1D_TP2", LegacyOptions::none());
+        h.step_with_request(1, 0, &[3, 4], 0);
+        if reap {
+            h.advance(120 * NS_PER_S);
+        } else {
+            h.complete_reads(|_, _| ReadOutcome::Ok);
+            h.deliver_releases(1);
+        }
+        let kinds: Vec<&str> = h
+            .engine_log
+            .iter()
+            .filter_map(|a| match a {
+                EngineAction::Retire { .. } => Some("retire"),
+                EngineAction::FreeBlocks { .. } => Some("free"),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(kinds, ["retire", "retire", "free"], "reaped: {reap}");
+    }
+}
