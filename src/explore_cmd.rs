@@ -93,6 +93,8 @@ pub fn explore(
     swarm: bool,
     bar: &Mutex<Bar>,
 ) -> Exploration {
+    // The caller checked that `from + seeds` does not overflow; saturating keeps this total.
+    let end = from.saturating_add(seeds);
     let next = AtomicU64::new(from);
     let stop = AtomicBool::new(false);
     let done = AtomicU64::new(0);
@@ -106,10 +108,13 @@ pub fn explore(
                 if stop.load(Ordering::SeqCst) {
                     break;
                 }
-                let seed = next.fetch_add(1, Ordering::SeqCst);
-                if seed >= from + seeds {
+                // Hand out the next seed only while one is left, so the counter never passes `end`
+                // (and so never wraps, even when `end` is u64::MAX).
+                let Ok(seed) =
+                    next.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |s| (s < end).then_some(s + 1))
+                else {
                     break;
-                }
+                };
                 let scenario = scenario_for_seed(base, seed, swarm);
                 let Ok(run) = pdkv_sim::run(&scenario, RunOptions::default()) else { break };
                 let r = &run.result;
@@ -139,6 +144,19 @@ pub fn explore(
 }
 
 pub fn run(args: &ExploreArgs) -> ExitCode {
+    // Seeds are `from..from + seeds`; past u64::MAX there are no seeds to run, and exploring none
+    // must not look like a success.
+    if args.from.checked_add(args.seeds).is_none() {
+        eprintln!(
+            "error: --from {} --seeds {}: the last seed would be past {} (the largest seed); \
+             use --from {} at most",
+            args.from,
+            args.seeds,
+            u64::MAX,
+            u64::MAX - args.seeds
+        );
+        return ExitCode::from(2);
+    }
     let base = match crate::run_cmd::load(&args.scenario) {
         Ok(s) => s,
         Err(message) => {

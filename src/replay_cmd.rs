@@ -62,8 +62,13 @@ pub fn run(args: &ReplayArgs) -> ExitCode {
     }
 }
 
+/// Largest result file read, in bytes. A day-long run of a large deployment writes tens of
+/// megabytes (one NIC utilisation value per prefill GPU per second); the bound keeps
+/// `/dev/zero` or a wrong path from filling memory.
+const MAX_RESULT_BYTES: u64 = 256 << 20;
+
 fn read(args: &ReplayArgs) -> Result<RunResult, String> {
-    let text = std::fs::read_to_string(&args.result)
+    let text = pdkv_sim::load::read_capped(&args.result, MAX_RESULT_BYTES)
         .map_err(|e| format!("cannot read {}: {e}", args.result.display()))?;
     serde_json::from_str(&text).map_err(|e| format!("{}: not a pdkv result: {e}", args.result.display()))
 }

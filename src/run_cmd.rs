@@ -73,6 +73,28 @@ pub fn load(spec: &str) -> Result<Scenario, String> {
     Ok(scenario)
 }
 
+/// Checks a scenario after command-line overrides (`--concurrency`, `--requests`, ...), which
+/// the file's own validation has not seen; the error names the flags.
+pub fn check_overrides(scenario: &Scenario, flags: &str) -> Result<(), String> {
+    pdkv_sim::load::validate(scenario)
+        .map_err(|v| format!("{flags}: {} (scenario {}, field `{}`)", v.message, scenario.name, v.field))
+}
+
+/// The flags of `args` that change the scenario, as the user wrote them.
+fn override_flags(args: &RunArgs) -> String {
+    let mut flags = Vec::new();
+    if let Some(c) = args.concurrency {
+        flags.push(format!("--concurrency {c}"));
+    }
+    if let Some(n) = args.requests {
+        flags.push(format!("--requests {n}"));
+    }
+    if flags.is_empty() {
+        flags.push("the command-line options".into());
+    }
+    flags.join(" ")
+}
+
 /// Applies the command-line overrides to a scenario.
 fn apply(args: &RunArgs, mut scenario: Scenario) -> Scenario {
     if let Some(seed) = args.seed {
@@ -101,6 +123,10 @@ pub fn run(args: &RunArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Err(message) = check_overrides(&scenario, &override_flags(args)) {
+        eprintln!("error: {message}");
+        return ExitCode::from(2);
+    }
     let mut bar = Bar::new(format!("simulating {}", scenario.name), Duration::from_millis(700));
     let mut progress = |p: pdkv_sim::Progress| {
         bar.update(p.ended, p.total, format!("{:.0} s virtual", p.now_ns as f64 / 1e9));

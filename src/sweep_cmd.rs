@@ -60,10 +60,8 @@ pub fn run(args: &SweepArgs) -> ExitCode {
             }
         }
     }
-    let total = (scenarios.len() * args.concurrency.len()) as u64;
-    let mut bar = Bar::new("sweep", Duration::ZERO);
-    let mut points = Vec::new();
-    let mut all_expected = true;
+    // Every point is built and checked before the first runs, so a bad flag fails at once.
+    let mut grid = Vec::new();
     for scenario in &scenarios {
         for &c in &args.concurrency {
             let mut s = scenario.clone();
@@ -72,26 +70,38 @@ pub fn run(args: &SweepArgs) -> ExitCode {
             if let Some(seed) = args.seed {
                 s.seed = seed;
             }
-            bar.update(points.len() as u64, total, format!("{} at C = {c}", s.deployment));
-            let result = match pdkv_sim::run(&s, RunOptions::default()) {
-                Ok(run) => run.result,
-                Err(message) => {
-                    eprintln!("error: {}: {message}", s.name);
-                    return ExitCode::from(2);
-                }
-            };
-            // The sweep replaces the workload, so only the outcome is compared: a scenario's
-            // NIC-balance bounds belong to its own request count.
-            all_expected &= result.outcome == result.expected;
-            points.push(SweepPoint {
-                deployment: s.deployment.clone(),
-                concurrency: c,
-                total_tok_s: result.throughput.total_tok_s,
-                ttft_mean_ms: result.latency_ms.ttft.mean,
-                tpot_mean_ms: result.latency_ms.tpot.mean,
-                outcome: result.outcome.name().to_string(),
-            });
+            let flags = format!("--concurrency {c} --requests-per-client {}", args.requests_per_client);
+            if let Err(message) = crate::run_cmd::check_overrides(&s, &flags) {
+                eprintln!("error: {message}");
+                return ExitCode::from(2);
+            }
+            grid.push((s, c));
         }
+    }
+    let total = grid.len() as u64;
+    let mut bar = Bar::new("sweep", Duration::ZERO);
+    let mut points = Vec::new();
+    let mut all_expected = true;
+    for (s, c) in grid {
+        bar.update(points.len() as u64, total, format!("{} at C = {c}", s.deployment));
+        let result = match pdkv_sim::run(&s, RunOptions::default()) {
+            Ok(run) => run.result,
+            Err(message) => {
+                eprintln!("error: {}: {message}", s.name);
+                return ExitCode::from(2);
+            }
+        };
+        // The sweep replaces the workload, so only the outcome is compared: a scenario's
+        // NIC-balance bounds belong to its own request count.
+        all_expected &= result.outcome == result.expected;
+        points.push(SweepPoint {
+            deployment: s.deployment.clone(),
+            concurrency: c,
+            total_tok_s: result.throughput.total_tok_s,
+            ttft_mean_ms: result.latency_ms.ttft.mean,
+            tpot_mean_ms: result.latency_ms.tpot.mean,
+            outcome: result.outcome.name().to_string(),
+        });
     }
     bar.finish();
     let out = args.out.clone().unwrap_or_else(|| PathBuf::from("target/pdkv/sweep"));

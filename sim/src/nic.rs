@@ -116,7 +116,9 @@ impl Nics {
             Self::advance(&mut self.sent, flow, now_ns);
             flow.rate = rate;
             flow.version += 1;
-            let at_ns = now_ns + (flow.remaining / rate.max(1e-12)).ceil() as u64;
+            // A flow too slow to finish within u64 time saturates to "never" (the run's time
+            // budget ends first) instead of wrapping to a finish time in the past.
+            let at_ns = now_ns.saturating_add((flow.remaining / rate.max(1e-12)).ceil() as u64);
             out.push(Finish { id, at_ns, version: flow.version });
         }
     }

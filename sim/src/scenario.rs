@@ -10,6 +10,47 @@ use serde::{Deserialize, Serialize};
 /// Version of the scenario and result formats; bumped when a field changes meaning.
 pub const FORMAT_VERSION: u32 = 1;
 
+// Limits on every size, count and time a scenario can ask for. Each is far above any real
+// deployment, and low enough that the simulator's arithmetic (u64 nanoseconds, u32 blocks) and
+// memory stay bounded: a scenario past one is rejected at load with the field and the limit.
+
+/// Largest value of any `_ms` field: 10^10 ms, about 115 days. Times are u64 nanoseconds; at
+/// most 10^16 ns each, a thousand of them add up without overflow (u64 holds 1.8 · 10^19).
+pub const MAX_TIME_MS: u64 = 10_000_000_000;
+/// Largest `limits.max_virtual_time_s`: one day, twelve times the default. The result keeps one
+/// NIC utilisation value per prefill GPU per virtual second, so this also bounds its size.
+pub const MAX_VIRTUAL_TIME_S: u64 = 86_400;
+/// Largest value of any `_us` field (latencies, service times): the same 115 days.
+pub const MAX_TIME_US: f64 = 1e13;
+/// Most requests one run sends (each keeps a record until the end of the run).
+pub const MAX_REQUESTS: u32 = 1_000_000;
+/// Most closed-loop clients (requests in flight at once).
+pub const MAX_CONCURRENCY: u32 = 100_000;
+/// Longest prompt or output of one request, in tokens (a million-token context).
+pub const MAX_TOKENS: u32 = 1 << 20;
+/// Most entries of the fault timeline.
+pub const MAX_TIMELINE_FAULTS: usize = 1_000;
+/// Most `EngineCrash` entries of the timeline: every restart moves a prefill rank's memory to
+/// the next of 64 incarnation slots of its address range.
+pub const MAX_ENGINE_CRASHES: usize = 63;
+/// Largest `limits.max_events` (about an hour of simulation at 2.5 M events/s).
+pub const MAX_EVENTS: u64 = 10_000_000_000;
+/// Most KV bytes one GPU registers: every incarnation of a prefill rank gets a 256 GiB slice of
+/// the simulated address space, so a larger pool would overlap its neighbour.
+pub const MAX_KV_BYTES_PER_GPU: u64 = 1 << 38;
+/// Most KV blocks of every pool of a deployment together: the simulator keeps a 4-byte owner
+/// record per block it hands out, so this bounds that memory to 1 GiB.
+pub const MAX_TOTAL_KV_BLOCKS: u64 = 1 << 28;
+/// Smallest and largest value of a bandwidth, throughput or rate field, in its own unit (GB/s,
+/// TB/s, TFLOP/s, requests/s, billions of parameters, GB): outside these a float-to-integer
+/// conversion of a duration or a size would saturate or lose all precision.
+pub const RATE_RANGE: (f64, f64) = (1e-6, 1e9);
+/// Smallest `SlowNic` factor: a millionth of the bandwidth (a 48 GB/s NIC at 48 KB/s).
+pub const MIN_SLOW_NIC_FACTOR: f64 = 1e-6;
+/// Largest model dimension fields (`hidden_size`, `kv_bytes_per_token_per_layer`) and
+/// `block_size_tokens`.
+pub const MAX_MODEL_DIMENSION: u32 = 1 << 20;
+
 /// One simulation input.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -50,6 +50,18 @@ pub const MAX_TRACE_RECORDS: usize = 500_000;
 /// Delay before a decode engine with requests waiting on reads steps again.
 const IDLE_STEP_NS: u64 = 5 * NS_PER_MS;
 
+/// Nanoseconds of `ms` milliseconds. Loaded scenarios keep every time far below overflow
+/// (`MAX_TIME_MS`); a scenario built in code past that saturates, which means "never" here.
+fn ms_ns(ms: u64) -> u64 {
+    ms.saturating_mul(NS_PER_MS)
+}
+
+/// Nanoseconds of a float duration in microseconds; negative or `NaN` gives 0 and huge values
+/// saturate (Rust's float-to-integer conversion), which the load-time limits keep out of reach.
+fn us_ns(us: f64) -> u64 {
+    (us * 1e3) as u64
+}
+
 /// Events between two progress reports.
 const PROGRESS_EVERY: u64 = 8192;
 
@@ -440,8 +452,8 @@ fn build_decode_worker(
         legacy.clone(),
         book.engine_id(rank.engine),
     );
-    config.handshake_timeout_ns = sc.protocol.handshake_timeout_ms * NS_PER_MS;
-    config.transfer_timeout_ns = sc.protocol.transfer_timeout_ms * NS_PER_MS;
+    config.handshake_timeout_ns = ms_ns(sc.protocol.handshake_timeout_ms);
+    config.transfer_timeout_ns = ms_ns(sc.protocol.transfer_timeout_ms);
     config.granularity = match sc.protocol.reads {
         Reads::PerLayer => ReadGranularity::PerLayer,
         Reads::PerRequest => ReadGranularity::PerRequest,
@@ -503,7 +515,7 @@ impl World {
             }
             let engine =
                 PrefillEngine::new(EngineId::prefill(e as u16), layout, d.model.clone(), legacy.clone())
-                    .with_defer_timeout_ns(sc.protocol.defer_timeout_ms * NS_PER_MS);
+                    .with_defer_timeout_ns(ms_ns(sc.protocol.defer_timeout_ms));
             engines.push(engine);
         }
         let mut regions = BTreeMap::new();
@@ -647,7 +659,10 @@ impl World {
 
     fn at(&mut self, delay_ns: u64, ev: Ev) {
         self.seq += 1;
-        self.queue.push(Reverse(Scheduled { at: self.now + delay_ns, seq: self.seq, ev }));
+        // A delay that would pass the end of u64 time is "never": the event sorts after the
+        // run's time budget, so it is not run, instead of wrapping to the past.
+        let at = self.now.saturating_add(delay_ns);
+        self.queue.push(Reverse(Scheduled { at, seq: self.seq, ev }));
     }
 
     fn record(&mut self, cat: &'static str, name: &str, track: String, dur_ns: Option<u64>, detail: String) {
@@ -679,12 +694,13 @@ impl World {
         for (index, fault) in timeline.iter().enumerate() {
             self.faults.push(None);
             self.seq += 1;
-            let at = fault.at_ms * NS_PER_MS;
+            let at = ms_ns(fault.at_ms);
             self.queue.push(Reverse(Scheduled { at, seq: self.seq, ev: Ev::Fault { index, start: true } }));
             if let Some(duration) = fault.duration_ms {
                 self.seq += 1;
                 let ev = Ev::Fault { index, start: false };
-                self.queue.push(Reverse(Scheduled { at: at + duration * NS_PER_MS, seq: self.seq, ev }));
+                let end = at.saturating_add(ms_ns(duration));
+                self.queue.push(Reverse(Scheduled { at: end, seq: self.seq, ev }));
             }
         }
     }
@@ -848,7 +864,7 @@ impl World {
     }
 
     fn control_ns(&self) -> u64 {
-        (self.sc.hardware.control_latency_us * 1e3) as u64
+        us_ns(self.sc.hardware.control_latency_us)
     }
 
     /// A request ended (finished or failed): the closed-loop client sends its next one.
@@ -1016,7 +1032,7 @@ impl World {
         for action in actions {
             match action {
                 EngineAction::Register { rank, transfer_id, quorum } => {
-                    let delay = self.sc.engines.prefill_register_delay_ms * NS_PER_MS;
+                    let delay = ms_ns(self.sc.engines.prefill_register_delay_ms);
                     let event = WorkerEvent::Register { transfer_id, quorum };
                     if delay == 0 {
                         self.prefill_worker(rank, event);
@@ -1164,7 +1180,7 @@ impl World {
         }
         if !self.units[unit].watchdog {
             self.units[unit].watchdog = true;
-            let timeout = self.sc.protocol.collective_timeout_ms * NS_PER_MS;
+            let timeout = ms_ns(self.sc.protocol.collective_timeout_ms);
             self.at(timeout, Ev::CollectiveTimeout { unit, step });
         }
         self.maybe_compute(unit);
@@ -1509,7 +1525,7 @@ impl World {
             }
             match fault.kind {
                 FaultKind::LoseMessages => return None,
-                FaultKind::DelayMessages { delay_ms } => delay += delay_ms * NS_PER_MS,
+                FaultKind::DelayMessages { delay_ms } => delay = delay.saturating_add(ms_ns(delay_ms)),
                 FaultKind::DuplicateMessages => copies = 2,
                 _ => {}
             }
@@ -1519,7 +1535,7 @@ impl World {
             return None;
         }
         if swarm.delay > 0.0 && self.streams.chance(swarm.delay) {
-            delay += self.streams.below(swarm.max_delay_ms.max(1) * NS_PER_MS);
+            delay = delay.saturating_add(self.streams.below(ms_ns(swarm.max_delay_ms.max(1))));
         }
         if swarm.duplicate > 0.0 && self.streams.chance(swarm.duplicate) {
             copies = 2;
@@ -1529,14 +1545,14 @@ impl World {
 
     fn listener_service_ns(&self, listener: usize) -> Option<u64> {
         let l = &self.listeners[listener];
-        let mut service = (self.sc.hardware.listener_service_us * 1e3) as u64;
+        let mut service = us_ns(self.sc.hardware.listener_service_us);
         for fault in self.faults.iter().flatten() {
             if l.kind != ListenerKind::Handshake || !fault.pattern.matches(l.rank) {
                 continue;
             }
             match fault.kind {
                 FaultKind::DeadListener => return None,
-                FaultKind::SlowListener { service_ms } => service = service.max(service_ms * NS_PER_MS),
+                FaultKind::SlowListener { service_ms } => service = service.max(ms_ns(service_ms)),
                 _ => {}
             }
         }
@@ -1551,7 +1567,7 @@ impl World {
         };
         let l = &mut self.listeners[listener];
         let start = l.busy_until.max(self.now);
-        l.busy_until = start + service;
+        l.busy_until = start.saturating_add(service);
         let delay = l.busy_until - self.now;
         self.at(delay, Ev::Serve { listener, msg: Box::new(msg) });
     }
@@ -1573,7 +1589,7 @@ impl World {
                 for action in out {
                     if let WorkerAction::SendHandshakeReply { metadata, layers, .. } = action {
                         let Some(delays) = self.fate(&[self.d_ranks[from], rank]) else { continue };
-                        let latency = self.control_ns() + delays[0];
+                        let latency = self.control_ns().saturating_add(delays[0]);
                         let meta = DecodeEvent::HandshakeMetadata { session: session.clone(), metadata };
                         self.at(latency, Ev::ToDecode { worker: from, event: Box::new(meta) });
                         let desc = DecodeEvent::HandshakeDescriptors { session: session.clone(), layers };
@@ -1895,7 +1911,7 @@ impl World {
                 self.lost_in_crash += totals.held;
                 self.crashed_freed += totals.freed;
                 self.crashed_reaped += totals.reaped;
-                let defer = self.sc.protocol.defer_timeout_ms * NS_PER_MS;
+                let defer = ms_ns(self.sc.protocol.defer_timeout_ms);
                 self.engines[e] = PrefillEngine::new(engine, layout, self.d.model.clone(), self.legacy())
                     .with_defer_timeout_ns(defer);
                 self.engine_tick[e] = None;
@@ -2016,13 +2032,14 @@ impl World {
     /// step it was armed for completed, it re-arms for the step now waiting (if any).
     fn on_collective_timeout(&mut self, unit: usize, _armed_step: u64) {
         self.units[unit].watchdog = false;
-        let timeout = self.sc.protocol.collective_timeout_ms * NS_PER_MS;
+        let timeout = ms_ns(self.sc.protocol.collective_timeout_ms);
         let step = self.units[unit].step;
         let UnitState::Waiting { arrived, began } = &self.units[unit].state else { return };
         let (arrived, began) = (arrived.clone(), *began);
-        if self.now < began + timeout {
+        let deadline = began.saturating_add(timeout);
+        if self.now < deadline {
             self.units[unit].watchdog = true;
-            let delay = began + timeout - self.now;
+            let delay = deadline - self.now;
             self.at(delay, Ev::CollectiveTimeout { unit, step });
             return;
         }

@@ -1,5 +1,6 @@
 //! Integration tests of the whole workspace, one binary with a module per area.
 
+mod bounds_cli;
 mod cluster;
 mod docs;
 mod gallery;

@@ -1,0 +1,125 @@
+//! Hostile input to the simulator's commands: absurd sizes, overflowing numbers, endless files
+//! and doctored results each get exit code 2 and a message naming what is wrong, never a hang,
+//! a panic or Rust's debug formatting.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn pdkv(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pdkv")).args(args).output().expect("pdkv runs")
+}
+
+/// A fresh temporary folder for one test.
+fn temp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("pdkv-it-bounds-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp folder");
+    dir
+}
+
+/// Runs `args` and checks the exit code and that the output (stdout and stderr) says `text`,
+/// and never shows a Rust `Option` or panic.
+fn check(args: &[&str], expected: (i32, &str)) {
+    let (code, text) = expected;
+    let out = pdkv(args);
+    let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(code), "{}: {all}", args.join(" "));
+    assert!(all.contains(text), "{}: expected `{text}` in: {all}", args.join(" "));
+    for debug in ["Some(", "None", "panicked", "RUST_BACKTRACE"] {
+        assert!(!all.contains(debug), "{}: shows `{debug}`: {all}", args.join(" "));
+    }
+}
+
+/// A small scenario file in `dir` with `fields` added; returns its path.
+fn scenario(dir: &std::path::Path, name: &str, fields: &str) -> String {
+    let path = dir.join(format!("{name}.ron"));
+    let text = format!(
+        "(\n    name: \"{name}\",\n    deployment: \"1P_TP1:1D_TP1\",\n    workload: (clients: Closed(concurrency: 2, \
+         requests: 4), input_tokens: Fixed(8192), output_tokens: Fixed(4)),\n    {fields}\n)\n"
+    );
+    std::fs::write(&path, text).expect("scenario written");
+    path.display().to_string()
+}
+
+#[test]
+fn hostile_arguments_exit_2_with_a_precise_message() {
+    let dir = temp("args");
+    let out = dir.join("out").display().to_string();
+    let overflow = scenario(&dir, "overflow", "protocol: (collective_timeout_ms: 18446744073709),");
+    let huge = dir.join("huge.ron");
+    std::fs::write(&huge, vec![b' '; 5 << 20]).expect("huge file written");
+    let huge = huge.display().to_string();
+    let table: Vec<(Vec<&str>, (i32, &str))> = vec![
+        (
+            vec!["run", &overflow, "--out", &out],
+            (2, "overflow.ron:5:16: field `protocol.collective_timeout_ms`: must be at most 10000000000 ms"),
+        ),
+        (
+            vec!["run", "1P_TP8:1D_TP8", "--concurrency", "10000000", "--out", &out],
+            (2, "--concurrency 10000000: must be at most 100000, got 10000000"),
+        ),
+        (
+            vec!["run", "1P_TP8:1D_TP8", "--requests", "4000000000", "--out", &out],
+            (2, "--requests 4000000000: must be at most 1000000"),
+        ),
+        (vec!["run", "1P_TP8:1D_TP8", "--concurrency", "0"], (2, "invalid value '0'")),
+        (vec!["run", "1P_TP8:1D_TP8", "--seed", "-1"], (2, "unexpected argument")),
+        (vec!["run", &huge], (2, "larger than 4194304 bytes")),
+        (
+            vec!["sweep", "1P_TP8:1D_TP8", "--concurrency", "10000000", "--out", &out],
+            (2, "--concurrency 10000000 --requests-per-client 10: must be at most 100000"),
+        ),
+        (
+            vec!["sweep", "1P_TP8:1D_TP8", "--concurrency", "100000", "--requests-per-client", "4000000000"],
+            (2, "must be at most 1000000"),
+        ),
+        (vec!["sweep", "1P_TP8:1D_TP8", "--concurrency", "x"], (2, "invalid value 'x'")),
+        (
+            vec!["explore", "1P_TP1:1D_TP1", "--from", "18446744073709551610", "--seeds", "10"],
+            (2, "the last seed would be past 18446744073709551615"),
+        ),
+        (vec!["explore", "1P_TP1:1D_TP1", "--seeds", "0"], (2, "invalid value '0'")),
+        (vec!["explore", "1P_TP1:1D_TP1", "--jobs", "100000"], (2, "invalid value '100000'")),
+        (vec!["explore", &overflow, "--seeds", "1"], (2, "protocol.collective_timeout_ms")),
+        (vec!["replay", "/dev/zero"], (2, "cannot read /dev/zero: the file is larger than")),
+        (vec!["replay", &huge], (2, "not a pdkv result")),
+        (vec!["replay"], (2, "required")),
+        (vec!["routes", "1P_TP8"], (2, "error")),
+        (vec!["routes", "1P_TP8:1D_TP8", "--kv-heads", "0"], (2, "invalid value '0'")),
+        (vec!["routes", "1P_TP8:1D_TP8", "--rounds", "4294967295"], (2, "error")),
+        (vec!["run", "1P_TP8:1D_TP8", "--bogus"], (2, "unexpected argument")),
+    ];
+    for (args, expected) in &table {
+        check(args, *expected);
+    }
+}
+
+/// A result.json doctored to hold an absurd scenario is refused like the scenario file would be.
+#[test]
+fn replay_refuses_a_doctored_result() {
+    let dir = temp("doctored");
+    let out = dir.join("run");
+    let path = scenario(&dir, "small", "");
+    let run = pdkv(&["run", &path, "--out", &out.display().to_string()]);
+    assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));
+    let result = std::fs::read_to_string(out.join("result.json")).expect("result written");
+    let table = [
+        (
+            "concurrency: 2,",
+            "concurrency: 10000000,",
+            "workload.clients.concurrency`: must be at most 100000",
+        ),
+        (
+            "collective_timeout_ms: 600000",
+            "collective_timeout_ms: 18446744073709",
+            "protocol.collective_timeout_ms`: must be at most",
+        ),
+        ("nic_gb_s: 48.0", "nic_gb_s: 1e-15", "hardware.nic_gb_s`: must be between 1e-6 and 1e9, got 1e-15"),
+    ];
+    for (from, to, says) in table {
+        assert!(result.contains(from), "result.json lacks `{from}`");
+        let doctored = dir.join("doctored.json");
+        std::fs::write(&doctored, result.replace(from, to)).expect("doctored result written");
+        check(&["replay", &doctored.display().to_string()], (2, says));
+    }
+}
