@@ -219,7 +219,13 @@ pub fn summary(r: &RunResult, files: &[PathBuf], replay: &str) -> String {
     let n = &r.nic;
     if let Some(bounds) = r.expected_jain {
         let holds = if bounds.holds(n.jain) { "holds" } else { "DOES NOT HOLD" };
-        let _ = writeln!(s, "  expectation  Jain in [{:?}, {:?}]: {holds}", bounds.at_least, bounds.at_most);
+        let bound = |b: Option<f64>, open: &str| b.map_or(open.to_string(), |x| x.to_string());
+        let _ = writeln!(
+            s,
+            "  expectation  Jain in [{}, {}]: {holds}",
+            bound(bounds.at_least, "0"),
+            bound(bounds.at_most, "1")
+        );
     }
     if let Some(spread) = n.spread() {
         let _ = writeln!(

@@ -1350,7 +1350,10 @@ pub fn parse_target(text: &str) -> Option<TargetPattern> {
 
 fn check_target(field: &str, text: &str, deployment: &Deployment) -> Check {
     let Some(pattern) = parse_target(text) else {
-        return Err(violation(field, format!("{text:?} is not a rank pattern; expected {TARGET_SYNTAX}")));
+        return Err(violation(
+            field,
+            format!("`{}` is not a rank pattern; expected {TARGET_SYNTAX}", text.escape_debug()),
+        ));
     };
     let letter = pattern.role.letter();
     let side = match pattern.role {
@@ -1509,7 +1512,7 @@ mod tests {
             7,
             24,
             "faults.timeline[0].target",
-            "\"prefill0.tp3\" is not a rank pattern",
+            "`prefill0.tp3` is not a rank pattern",
         ),
         bad(
             "slow_nic_factor_above_one.ron",

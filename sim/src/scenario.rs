@@ -422,6 +422,23 @@ pub enum FaultKind {
     EngineCrash,
 }
 
+impl std::fmt::Display for FaultKind {
+    /// The fault as a scenario file writes it, e.g. `DelayMessages(delay_ms: 20)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FaultKind::LoseMessages => f.write_str("LoseMessages"),
+            FaultKind::DelayMessages { delay_ms } => write!(f, "DelayMessages(delay_ms: {delay_ms})"),
+            FaultKind::DuplicateMessages => f.write_str("DuplicateMessages"),
+            FaultKind::DeadListener => f.write_str("DeadListener"),
+            FaultKind::SlowListener { service_ms } => write!(f, "SlowListener(service_ms: {service_ms})"),
+            FaultKind::SlowNic { factor } => write!(f, "SlowNic(factor: {factor})"),
+            FaultKind::NicDown => f.write_str("NicDown"),
+            FaultKind::SendQueueFull => f.write_str("SendQueueFull"),
+            FaultKind::EngineCrash => f.write_str("EngineCrash"),
+        }
+    }
+}
+
 /// A rank a fault applies to, named as `P0.dp0.tp3` or `D0.dp2.tp0`; `*` matches any part.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(transparent)]

@@ -910,8 +910,12 @@ impl World {
                 let latency = self.control_ns();
                 self.at(latency, Ev::DecodeArrive { recv: Box::new(recv) });
             }
-            other => {
-                let detail = format!("proxy refused the prefill answer of {id}: {other:?}");
+            Ok(_) => {
+                let detail = format!("the proxy answered the prefill answer of {id} with no decode dispatch");
+                self.violation("protocol_error", vec![], detail);
+            }
+            Err(error) => {
+                let detail = format!("proxy refused the prefill answer of {id}: {error}");
                 self.violation("protocol_error", vec![], detail);
             }
         }
@@ -1059,7 +1063,7 @@ impl World {
                     let t = self.transfer_index.get(&transfer_id).copied().unwrap_or(FREE - 1);
                     let bad = self.pgroups[g].pool.release(&blocks, t);
                     if !bad.is_empty() {
-                        let detail = format!("{transfer_id}: blocks {bad:?} were not held by it");
+                        let detail = format!("{transfer_id}: blocks {} were not held by it", list(&bad));
                         self.violation("double_free", vec![format!("P{e}.dp{owner_dp}")], detail);
                     }
                     let name = if reaped { "reap" } else { "free" };
@@ -1079,8 +1083,9 @@ impl World {
                         self.reaped_excused += 1;
                     }
                     let detail = format!(
-                        "{transfer_id} held {} ms; unreleased TP ranks {unfinished_tp:?}",
-                        ms(held_ns)
+                        "{transfer_id} held {} ms; unreleased TP ranks {}",
+                        ms(held_ns),
+                        list(&unfinished_tp)
                     );
                     trace!(self, "prefill", "reap_warning", format!("P{e}"), None, detail);
                 }
@@ -1108,7 +1113,8 @@ impl World {
                 }
                 WorkerAction::Ignored { transfer_id, outcome } => {
                     let rank = self.p_ranks[i].to_string();
-                    trace!(self, "release", "ignored", rank, None, format!("{transfer_id}: {outcome:?}"));
+                    let why = release_outcome_words(&outcome);
+                    trace!(self, "release", "ignored", rank, None, format!("{transfer_id}: {why}"));
                 }
                 WorkerAction::Error(message) => {
                     self.violation("protocol_error", vec![self.p_ranks[i].to_string()], message);
@@ -1300,7 +1306,7 @@ impl World {
             self.violation(
                 "double_free",
                 vec![format!("D{engine}")],
-                format!("decode blocks {bad:?} freed twice"),
+                format!("decode blocks {} freed twice", list(&bad)),
             );
         }
     }
@@ -1806,7 +1812,7 @@ impl World {
             if start { "start" } else { "end" },
             spec.target.0.clone(),
             None,
-            format!("{:?}", spec.fault),
+            spec.fault.to_string(),
         );
         // The fault is in force (or over) before its effects are applied, so recomputed state
         // (a NIC's combined slow-down) sees it.
@@ -2267,6 +2273,27 @@ fn weighted_summary(samples: &mut [(u64, u64)]) -> Summary {
         samples.last().map_or(0.0, |(d, _)| *d as f64 / 1e6)
     };
     Summary { mean: round3(mean), p50: round3(at(0.5)), p99: round3(at(0.99)) }
+}
+
+/// `[1, 2, 3]` for messages and traces (not Rust's `Debug` form).
+fn list<T: std::fmt::Display>(items: &[T]) -> String {
+    let items: Vec<String> = items.iter().map(T::to_string).collect();
+    format!("[{}]", items.join(", "))
+}
+
+/// What the release ledger did, in words, for the trace.
+fn release_outcome_words(outcome: &pdkv_core::release::ReleaseOutcome) -> String {
+    use pdkv_core::release::ReleaseOutcome as O;
+    match outcome {
+        O::Counted { have, need } => format!("counted ({have} of {need})"),
+        O::Completed => "completed".into(),
+        O::DuplicateSender => "duplicate sender".into(),
+        O::Deduplicated => "deduplicated (legacy)".into(),
+        O::AfterCompletion => "after completion".into(),
+        O::Stale => "stale (transfer retired)".into(),
+        O::Buffered => "buffered (early)".into(),
+        O::Dropped => "dropped (legacy)".into(),
+    }
 }
 
 fn msg_name(msg: &Msg) -> &'static str {

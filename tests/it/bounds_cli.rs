@@ -123,3 +123,24 @@ fn replay_refuses_a_doctored_result() {
         check(&["replay", &doctored.display().to_string()], (2, says));
     }
 }
+
+/// Summaries and errors show values as the user writes them, not as Rust debug-prints them.
+#[test]
+fn messages_show_no_debug_formatting() {
+    let dir = temp("debug");
+    let out = dir.join("out").display().to_string();
+    let jain = scenario(&dir, "jain", "expect_jain: (at_most: 0.5),");
+    let target =
+        scenario(&dir, "target", "faults: (timeline: [(at_ms: 0, target: \"prefill0\", fault: NicDown)]),");
+    let name = dir.join("name.ron");
+    std::fs::write(&name, "(name: \"a\\tb\", deployment: \"1P_TP1:1D_TP1\")").unwrap();
+    let name = name.display().to_string();
+    let table: Vec<(&str, (i32, &str))> = vec![
+        (jain.as_str(), (1, "expectation  Jain in [0, 0.5]: DOES NOT HOLD")),
+        (target.as_str(), (2, "`prefill0` is not a rank pattern")),
+        (name.as_str(), (2, "must be a folder name, without `\\t`; got `a\\tb`")),
+    ];
+    for (path, expected) in &table {
+        check(&["run", path, "--out", &out], *expected);
+    }
+}
