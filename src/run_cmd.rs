@@ -204,9 +204,26 @@ pub fn summary(r: &RunResult, files: &[PathBuf], replay: &str) -> String {
     let q = &r.requests;
     let _ = writeln!(
         s,
-        "  requests     {} sent, {} finished, {} failed, {} unfinished in {:.1} s virtual ({} events)",
-        q.sent, q.finished, q.failed, q.unfinished, r.duration_s, r.events
+        "  requests     {} sent, {} finished, {} failed ({} excused by faults, {} unexcused), {} unfinished, \
+         {} unsent in {:.1} s virtual ({} events)",
+        q.sent,
+        q.finished,
+        q.failed,
+        q.failed_excused,
+        q.failed_unexcused,
+        q.unfinished,
+        q.unsent,
+        r.duration_s,
+        r.events
     );
+    if q.unsent > 0 {
+        let _ = writeln!(
+            s,
+            "  UNSENT       {} requests were never sent: the run's budget (limits.max_virtual_time_s or \
+             limits.max_events) ended first",
+            q.unsent
+        );
+    }
     let t = &r.throughput;
     let _ =
         writeln!(s, "  throughput   {:.0} tok/s total, {:.0} tok/s output", t.total_tok_s, t.output_tok_s);

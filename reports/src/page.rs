@@ -93,8 +93,8 @@ pub fn write_run_page(
         &mut html,
         "requests",
         &format!(
-            "{} sent, {} finished, {} failed, {} unfinished",
-            q.sent, q.finished, q.failed, q.unfinished
+            "{} sent, {} finished, {} failed ({} excused by faults, {} unexcused), {} unfinished, {} unsent",
+            q.sent, q.finished, q.failed, q.failed_excused, q.failed_unexcused, q.unfinished, q.unsent
         ),
     );
     row(&mut html, "duration", &format!("{:.1} s virtual, {} events", r.duration_s, r.events));

@@ -1539,7 +1539,7 @@ mod tests {
             5,
             13,
             "expect",
-            "clean, leak, hang, safety_violation",
+            "clean, incomplete, leak, failed_requests, hang, safety_violation",
         ),
     ];
 

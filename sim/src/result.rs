@@ -52,8 +52,18 @@ pub struct Requests {
     pub finished: u64,
     /// Requests that ended with an error (KV not received, prefill refused).
     pub failed: u64,
+    /// Of those, requests an injected fault excuses (`docs/sim.md`, "Excused failures").
+    #[serde(default)]
+    pub failed_excused: u64,
+    /// Of those, requests no injected fault excuses: the run is then not clean.
+    #[serde(default)]
+    pub failed_unexcused: u64,
     /// Requests still in flight when the run ended.
     pub unfinished: u64,
+    /// Requests the workload had not sent yet when the run's time or event budget ended (an
+    /// open loop whose arrivals fall after `limits.max_virtual_time_s`).
+    #[serde(default)]
+    pub unsent: u64,
 }
 
 /// Token throughput.

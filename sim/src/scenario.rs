@@ -116,15 +116,22 @@ impl JainBounds {
     }
 }
 
-/// How a run ended, from worst to best: a safety violation outranks a hang, which outranks a
-/// leak.
+/// How a run ended, from worst to best: a safety violation outranks a hang, which outranks
+/// unexcused request failures, which outrank a leak, which outranks an incomplete workload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
-    /// Every request finished, every block freed by its releases, no violation.
+    /// Every request was sent and ended; every failure was excused by an injected fault; every
+    /// block was freed by its releases; no violation.
     Clean,
+    /// The run's budget (`limits.max_virtual_time_s` or `limits.max_events`) ended before the
+    /// workload had sent every request.
+    Incomplete,
     /// Blocks were freed only by the reaper, or are still held at the end.
     Leak,
+    /// A request failed without an injected fault that excuses it (`docs/sim.md`, "Excused
+    /// failures").
+    FailedRequests,
     /// Something waited past its timeout (a collective), or requests never ended.
     Hang,
     /// A read of freed or foreign memory, a double free, or a message to a port nobody owns.
@@ -136,7 +143,9 @@ impl Outcome {
     pub fn name(self) -> &'static str {
         match self {
             Outcome::Clean => "clean",
+            Outcome::Incomplete => "incomplete",
             Outcome::Leak => "leak",
+            Outcome::FailedRequests => "failed_requests",
             Outcome::Hang => "hang",
             Outcome::SafetyViolation => "safety_violation",
         }

@@ -1,6 +1,6 @@
 //! Hostile input to the simulator's commands: absurd sizes, overflowing numbers, endless files
 //! and doctored results each get exit code 2 and a message naming what is wrong, never a hang,
-//! a panic or Rust's debug formatting.
+//! a panic or Rust's debug formatting; a run whose requests fail without a fault exits 1.
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -122,6 +122,51 @@ fn replay_refuses_a_doctored_result() {
         std::fs::write(&doctored, result.replace(from, to)).expect("doctored result written");
         check(&["replay", &doctored.display().to_string()], (2, says));
     }
+}
+
+/// A run is only clean when every request was sent and every failure was excused by a fault.
+#[test]
+fn failed_and_unsent_requests_are_not_clean() {
+    let dir = temp("honest");
+    let out = dir.join("out").display().to_string();
+    let handshake = scenario(
+        &dir,
+        "handshake",
+        "protocol: (handshake_timeout_ms: 1), hardware: (control_latency_us: 2000),",
+    );
+    let excused = scenario(
+        &dir,
+        "excused",
+        "faults: (timeline: [(at_ms: 0, target: \"D0.dp0.tp0\", fault: NicDown)]),",
+    );
+    let declared = scenario(
+        &dir,
+        "declared",
+        "protocol: (handshake_timeout_ms: 1), hardware: (control_latency_us: 2000), expect: failed_requests,",
+    );
+    let open = scenario(&dir, "open", "").replace(".ron", "");
+    let open_text = std::fs::read_to_string(format!("{open}.ron"))
+        .unwrap()
+        .replace("Closed(concurrency: 2, requests: 4)", "Open(rate_per_s: 0.002, requests: 40)");
+    std::fs::write(format!("{open}.ron"), open_text).unwrap();
+    let open = format!("{open}.ron");
+    let table: Vec<(&str, (i32, &str))> = vec![
+        (handshake.as_str(), (1, "outcome      failed_requests (expected clean: NOT AS EXPECTED)")),
+        (handshake.as_str(), (1, "4 failed (0 excused by faults, 4 unexcused)")),
+        (excused.as_str(), (0, "4 failed (4 excused by faults, 0 unexcused)")),
+        (declared.as_str(), (0, "outcome      failed_requests (expected failed_requests: as expected)")),
+        (open.as_str(), (1, "outcome      incomplete (expected clean: NOT AS EXPECTED)")),
+        (
+            open.as_str(),
+            (1, "16 sent, 16 finished, 0 failed (0 excused by faults, 0 unexcused), 0 unfinished, 24 unsent"),
+        ),
+        (open.as_str(), (1, "UNSENT       24 requests were never sent")),
+    ];
+    for (path, expected) in &table {
+        check(&["run", path, "--out", &out], *expected);
+    }
+    let json = std::fs::read_to_string(dir.join("out/result.json")).unwrap();
+    assert!(json.contains("\"unsent\": 24"), "{json}");
 }
 
 /// Summaries and errors show values as the user writes them, not as Rust debug-prints them.
