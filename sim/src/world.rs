@@ -1502,6 +1502,7 @@ impl World {
             // The port is known but its engine is down: the connection is refused, which is a
             // failure the protocol must handle, not an arithmetic bug.
             trace!(self, "fault", "refused", self.d_ranks[w].to_string(), None, format!("{owner} is down"));
+            self.touch(self.d_ranks[w], self.now, self.now);
             if let Msg::Dial { session, .. } = msg {
                 let event = DecodeEvent::HandshakeFailed {
                     session,
@@ -1606,7 +1607,15 @@ impl World {
     }
 
     fn on_at_listener(&mut self, listener: usize, msg: Msg) {
-        let Some(service) = self.listener_service_ns(listener) else {
+        let service = self.listener_service_ns(listener);
+        // A dead or slow listener holds up the dialling decode rank's whole step (its group vote
+        // waits for every dial), so the fault touches the dialler too.
+        if service.is_none_or(|ns| ns > us_ns(self.sc.hardware.listener_service_us)) {
+            if let Msg::Dial { from, .. } = msg {
+                self.touch(self.d_ranks[from], self.now, self.now);
+            }
+        }
+        let Some(service) = service else {
             let rank = self.listeners[listener].rank.to_string();
             trace!(self, "fault", "dead_listener", rank, None, msg_name(&msg).to_string());
             return;
@@ -1621,6 +1630,10 @@ impl World {
     fn on_serve(&mut self, listener: usize, msg: Msg) {
         let rank = self.listeners[listener].rank;
         if self.prefill_down[usize::from(rank.engine.index)] {
+            // Dropped by a crashed engine: the crash touches the dialler's step as well.
+            if let Msg::Dial { from, .. } = msg {
+                self.touch(self.d_ranks[from], self.now, self.now);
+            }
             return;
         }
         let i = self.pworker_index(rank);
@@ -2207,8 +2220,8 @@ impl World {
 
     /// A failed request is excused when its transfer was excused for reaping (its decode engine
     /// crashed, or a fault lost one of its releases or leases), or when an injected fault touched
-    /// one of its ranks (the TP ranks of its prefill DP group or of its decode DP group) between
-    /// its arrival and its end (see `touch` for the grace after each touch).
+    /// one of its ranks (the TP ranks of its prefill DP group, and of every DP group of its decode
+    /// unit) between its arrival and its end (see `touch` for the grace after each touch).
     fn failure_excused(&self, req: &Req, done: u64) -> bool {
         if self.excused.contains(&req.transfer) {
             return true;
@@ -2220,8 +2233,12 @@ impl World {
                 usize::from(rank.engine.index) == prefill.engine && rank.dp == prefill.dp
             })
             .collect();
-        let decode = &self.dgroups[req.decode_group];
-        slots.extend(decode.workers.iter().map(|&w| self.p_ranks.len() + w));
+        // Under EP every DP group of the engine steps together, so a fault that stalls one
+        // group's step stalls the whole unit's.
+        let unit = &self.units[self.dgroups[req.decode_group].unit];
+        for &g in &unit.groups {
+            slots.extend(self.dgroups[g].workers.iter().map(|&w| self.p_ranks.len() + w));
+        }
         self.touched_during(&slots, req.sent_ns, done)
     }
 
@@ -2543,6 +2560,20 @@ mod outcome_tests {
                 "NIC down everywhere",
                 with(small(""), &|sc| sc.faults.timeline = everywhere(FaultKind::NicDown)),
                 (Clean, [4, 0, 4, 0, 0, 0]),
+            ),
+            // A dead listener on one of two prefill engines: the requests routed to it fail,
+            // excused; those of the other engine finish.
+            (
+                "dead listener on P1",
+                crate::load::parse_scenario(
+                    "(name: \"t\", deployment: \"2P_TP4:1D_TP4\", workload: (clients: Closed(concurrency: 8, \
+                     requests: 48), input_tokens: Fixed(1024), output_tokens: Fixed(16)), protocol: \
+                     (handshake_timeout_ms: 1000, transfer_timeout_ms: 3000), faults: (timeline: [(at_ms: 0, \
+                     target: \"P1.dp0.tp*\", fault: DeadListener)]))",
+                    "<test>",
+                )
+                .unwrap_or_else(|e| panic!("{e}")),
+                (Clean, [48, 24, 24, 0, 0, 0]),
             ),
             // Open-loop arrivals after the time budget are unsent, and the run says so.
             (
