@@ -2605,6 +2605,17 @@ mod outcome_tests {
                 with(small(""), &|sc| sc.faults.timeline = everywhere(FaultKind::SlowNic { factor: 1e-300 })),
                 (Clean, [4, 0, 4, 0, 0, 0]),
             ),
+            // The slowest loadable NIC and slow-down behave the same way, through the loader.
+            (
+                "nic_gb_s at its lower limit",
+                small("hardware: (nic_gb_s: 0.000001)"),
+                (FailedRequests, [4, 0, 0, 4, 0, 0]),
+            ),
+            (
+                "SlowNic at its lower limit",
+                small("faults: (timeline: [(at_ms: 0, target: \"P0.dp0.tp0\", fault: SlowNic(factor: 0.000001))])"),
+                (Clean, [4, 0, 4, 0, 0, 0]),
+            ),
             (
                 "nic_gb_s 1e-15",
                 with(small(""), &|sc| sc.hardware.nic_gb_s = 1e-15),
