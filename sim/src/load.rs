@@ -236,6 +236,17 @@ fn ron_options() -> ron::Options {
 /// Parses and validates a scenario from RON text; `origin` (a path, or a name such as
 /// `<notation>`) is only used in error messages.
 pub fn parse_scenario(text: &str, origin: &str) -> Result<Scenario, ScenarioError> {
+    if let Some(offset) = scan(text, text.len(), &|_| false).too_deep {
+        return Err(ScenarioError::Syntax {
+            origin: origin.to_string(),
+            at: location_of(text, offset),
+            field: None,
+            message: format!(
+                "brackets nested more than {MAX_NESTING} deep; a scenario nests about six (faults, \
+                 timeline, a fault, its form)"
+            ),
+        });
+    }
     let text = raw_legacy_names(text);
     let scenario: Scenario =
         ron_options().from_str(&text).map_err(|err| from_ron_error(origin, &text, err))?;
@@ -250,7 +261,7 @@ pub fn parse_scenario(text: &str, origin: &str) -> Result<Scenario, ScenarioErro
 
 /// Largest scenario file read, in bytes: the largest useful scenario (a thousand timed faults)
 /// is a few hundred kilobytes, and a bound keeps `/dev/zero` or a wrong path from filling memory.
-pub const MAX_SCENARIO_BYTES: u64 = 4 << 20;
+pub const MAX_SCENARIO_BYTES: u64 = 1 << 20;
 
 /// Reads at most `limit` bytes of the file at `path` as UTF-8 text; a longer file (or an endless
 /// one such as `/dev/zero`) is an error naming the limit, so no input can fill memory.
@@ -292,14 +303,15 @@ fn from_ron_error(origin: &str, text: &str, err: SpannedError) -> ScenarioError 
     let reported = Location { line: err.span.start.line, column: err.span.start.col };
     let offset = value_start(text, offset_of(text, reported), &err.code);
     let at = location_of(text, offset);
-    let scanned = scan(text, offset);
+    let scanned = scan(text, offset, &|_| false);
     let origin = origin.to_string();
     let full = non_empty(scanned.path_at_stop.clone());
     match err.code {
         RonError::NoSuchStructField { expected, found, .. } => ScenarioError::UnknownField {
             origin,
             at,
-            field: join(&scanned.container_at_stop, &found),
+            // A name can be as long as the file; messages show its start.
+            field: join(&scanned.container_at_stop, &shorten(&found)),
             expected: expected.iter().map(|name| name.to_string()).collect(),
         },
         RonError::MissingStructField { field, .. } => {
@@ -315,7 +327,7 @@ fn from_ron_error(origin: &str, text: &str, err: SpannedError) -> ScenarioError 
             origin,
             at,
             field: full,
-            found,
+            found: shorten(&found),
             expected: expected.iter().map(|name| name.to_string()).collect(),
         },
         code => {
@@ -552,7 +564,8 @@ fn location_of(text: &str, offset: usize) -> Location {
 /// character. When the path is not in the text (the field keeps its default), the nearest
 /// enclosing field that is; `None` when not even the top-level field is written.
 fn locate(text: &str, path: &str) -> Option<Location> {
-    let scanned = scan(text, text.len());
+    // Only the anchors of `path` and its ancestors are kept: a large file has many others.
+    let scanned = scan(text, text.len(), &|anchor| path.starts_with(anchor));
     let mut wanted = path;
     loop {
         if let Some(anchor) = scanned.anchors.iter().find(|anchor| anchor.path == wanted) {
@@ -642,10 +655,21 @@ struct Scanned {
     /// Path of the struct being read at the stop offset, without its current field, e.g.
     /// `workload.clients` (unknown and missing fields are named relative to it).
     container_at_stop: String,
+    /// Where a bracket opened past [`MAX_NESTING`] levels, if one did; the scan stops there.
+    too_deep: Option<usize>,
 }
 
-/// Scans `text`, recording the paths at `stop` (a byte offset), and every anchor and atom.
-fn scan(text: &str, stop: usize) -> Scanned {
+/// Deepest bracket nesting a scenario may have. A scenario nests about six levels; the bound
+/// keeps the scanner's paths short, so its work stays linear in the size of the file.
+const MAX_NESTING: usize = 16;
+
+/// Longest field name kept in a scanned path, in bytes (the format's longest is 30); a longer
+/// name is cut, which only shortens the path in an error about that very name.
+const MAX_KEY_BYTES: usize = 64;
+
+/// Scans `text`, recording the paths at `stop` (a byte offset), and every anchor and atom whose
+/// path `keep` accepts. It stops at a bracket nested deeper than [`MAX_NESTING`].
+fn scan(text: &str, stop: usize, keep: &dyn Fn(&str) -> bool) -> Scanned {
     let bytes = text.as_bytes();
     let mut frames: Vec<Frame> = Vec::new();
     let mut out = Scanned::default();
@@ -662,21 +686,28 @@ fn scan(text: &str, stop: usize) -> Scanned {
             b' ' | b'\t' | b'\n' | b'\r' => i += 1,
             b'/' if matches!(bytes.get(i + 1), Some(b'/') | Some(b'*')) => i = skip_comment(bytes, i),
             b'"' => {
-                begin_value(&mut frames, &mut out, i);
+                begin_value(&mut frames, &mut out, i, keep);
                 let end = skip_string(bytes, i);
-                out.atoms.push(Atom { path: render(&frames), start: i, end, quoted: true });
+                let path = render(&frames);
+                if keep(&path) {
+                    out.atoms.push(Atom { path, start: i, end, quoted: true });
+                }
                 i = end;
             }
             b'\'' => {
-                begin_value(&mut frames, &mut out, i);
+                begin_value(&mut frames, &mut out, i, keep);
                 i = skip_char_literal(bytes, i);
             }
             b'r' if raw_string_hashes(bytes, i).is_some() => {
-                begin_value(&mut frames, &mut out, i);
+                begin_value(&mut frames, &mut out, i, keep);
                 i = skip_raw_string(bytes, i);
             }
             b'(' | b'[' | b'{' => {
-                begin_value(&mut frames, &mut out, i);
+                if frames.len() >= MAX_NESTING {
+                    out.too_deep = Some(i);
+                    break;
+                }
+                begin_value(&mut frames, &mut out, i, keep);
                 let bracket = match c {
                     b'(' => Bracket::Paren,
                     b'[' => Bracket::Square,
@@ -702,22 +733,32 @@ fn scan(text: &str, stop: usize) -> Scanned {
                 let after = skip_blank(bytes, end);
                 let in_struct = frames.last().is_some_and(|frame| frame.bracket == Bracket::Paren);
                 if in_struct && bytes.get(after) == Some(&b':') {
-                    let name = text[i..end].trim_start_matches("r#").to_string();
-                    if let Some(frame) = frames.last_mut() {
-                        frame.key = Some(name);
+                    let name = text[i..end].trim_start_matches("r#");
+                    let mut cut = name.len().min(MAX_KEY_BYTES);
+                    while !name.is_char_boundary(cut) {
+                        cut -= 1;
                     }
-                    out.anchors.push(Anchor { path: render(&frames), offset: i });
+                    if let Some(frame) = frames.last_mut() {
+                        frame.key = Some(name[..cut].to_string());
+                    }
+                    let path = render(&frames);
+                    if keep(&path) {
+                        out.anchors.push(Anchor { path, offset: i });
+                    }
                     i = after + 1;
                 } else {
-                    begin_value(&mut frames, &mut out, i);
+                    begin_value(&mut frames, &mut out, i, keep);
                     if bytes[i..].starts_with(b"r#") {
-                        out.atoms.push(Atom { path: render(&frames), start: i, end, quoted: false });
+                        let path = render(&frames);
+                        if keep(&path) {
+                            out.atoms.push(Atom { path, start: i, end, quoted: false });
+                        }
                     }
                     i = end;
                 }
             }
             _ => {
-                begin_value(&mut frames, &mut out, i);
+                begin_value(&mut frames, &mut out, i, keep);
                 i += 1;
             }
         }
@@ -726,11 +767,14 @@ fn scan(text: &str, stop: usize) -> Scanned {
 }
 
 /// Notes the start of a list element (its first character) as that element's anchor.
-fn begin_value(frames: &mut [Frame], out: &mut Scanned, offset: usize) {
+fn begin_value(frames: &mut [Frame], out: &mut Scanned, offset: usize, keep: &dyn Fn(&str) -> bool) {
     if let Some(frame) = frames.last_mut() {
         if frame.bracket == Bracket::Square && !frame.started {
             frame.started = true;
-            out.anchors.push(Anchor { path: render(frames), offset });
+            let path = render(frames);
+            if keep(&path) {
+                out.anchors.push(Anchor { path, offset });
+            }
         }
     }
 }
@@ -844,7 +888,7 @@ fn ident_end(bytes: &[u8], i: usize) -> usize {
 /// Rewrites each string in `protocol.legacy` that is a valid raw identifier (`"lazy-handshake"`)
 /// to that identifier (`r#lazy-handshake`): same length, so positions stay exact.
 fn raw_legacy_names(text: &str) -> String {
-    let scanned = scan(text, text.len());
+    let scanned = scan(text, text.len(), &is_legacy_path);
     let mut out = text.to_string();
     for atom in scanned.atoms.iter().filter(|atom| atom.quoted && is_legacy_path(&atom.path)) {
         let Some(name) = text.get(atom.start + 1..atom.end - 1) else { continue };
@@ -860,7 +904,7 @@ fn raw_legacy_names(text: &str) -> String {
 
 /// The reverse for printing: `r#lazy-handshake` in `protocol.legacy` becomes `"lazy-handshake"`.
 fn quoted_legacy_names(text: &str) -> String {
-    let scanned = scan(text, text.len());
+    let scanned = scan(text, text.len(), &is_legacy_path);
     let mut out = text.to_string();
     for atom in scanned.atoms.iter().filter(|atom| !atom.quoted && is_legacy_path(&atom.path)) {
         let name = &text[atom.start + 2..atom.end];
@@ -1856,6 +1900,34 @@ mod tests {
         }
     }
 
+    /// Text built to make the scanner quadratic (deep brackets, long field names on a path
+    /// above many fields) or too large is refused, or read, in time linear in its size.
+    #[test]
+    fn load_hostile_text_is_refused_in_linear_time() {
+        let head = "(name: \"x\", deployment: \"1P_TP8:1D_TP8\", ";
+        let deep = format!("{head}description: {})", "[".repeat(200_000));
+        let long_keys = format!(
+            "{head}{}{}{})",
+            format!("{}: (", "k".repeat(40_000)).repeat(10),
+            "a: 1, ".repeat(90_000),
+            ")".repeat(10)
+        );
+        let table: Vec<(&str, &str, &str)> = vec![
+            (&deep, "<table>:1:70:", "brackets nested more than 16 deep"),
+            (&long_keys, "<table>:1:42: unknown field `kkkk", "expected one of: name, description"),
+        ];
+        for (text, at, says) in table {
+            assert!(text.len() < MAX_SCENARIO_BYTES as usize, "{} bytes", text.len());
+            let shown = parse_scenario(text, "<table>").map(|_| ()).unwrap_err().to_string();
+            assert!(shown.starts_with(at) && shown.contains(says) && shown.len() < 400, "{shown}");
+        }
+        let big = std::env::temp_dir().join(format!("pdkv-big-{}.ron", std::process::id()));
+        std::fs::write(&big, " ".repeat(MAX_SCENARIO_BYTES as usize + 1)).unwrap();
+        let shown = load_scenario(&big).unwrap_err().to_string();
+        let _ = std::fs::remove_file(&big);
+        assert!(shown.ends_with("cannot read the scenario file: the file is larger than 1048576 bytes, the most this command reads"), "{shown}");
+    }
+
     #[test]
     fn load_reading_errors_name_the_field() {
         use Kind::{MissingField, Syntax, UnknownVariant, WrongType};
@@ -2071,7 +2143,7 @@ mod tests {
     fn check_scan(marked: &str, expected: (&str, &str)) {
         let stop = marked.find('‸').unwrap_or(marked.len());
         let text = marked.replacen('‸', "", 1);
-        let scanned = scan(&text, stop);
+        let scanned = scan(&text, stop, &|_| true);
         assert_eq!((scanned.path_at_stop.as_str(), scanned.container_at_stop.as_str()), expected, "{marked}");
     }
 
@@ -2173,7 +2245,7 @@ mod tests {
             });
         }
         let printed = scenario_to_ron(&every) + &scenario_to_ron(&Scenario::from_notation("1P_TP8:1D_TP8"));
-        let scanned = scan(&printed, printed.len());
+        let scanned = scan(&printed, printed.len(), &|_| true);
         for anchor in &scanned.anchors {
             let name = anchor.path.rsplit(['.', ']']).next().unwrap_or_default();
             if !name.is_empty() {
@@ -2251,7 +2323,7 @@ mod tests {
         assert!(rows.len() > 40, "{rows:?}");
         let minimal = parse_scenario("(name: \"x\", deployment: \"1P_TP8:1D_TP8\")", "<min>");
         let printed = scenario_to_ron(&minimal.unwrap_or_else(|err| panic!("{err}")));
-        let scanned = scan(&printed, printed.len());
+        let scanned = scan(&printed, printed.len(), &|_| true);
         let mut compared = 0;
         for anchor in &scanned.anchors {
             let name = anchor.path.rsplit(['.', ']']).next().unwrap_or_default();

@@ -64,7 +64,7 @@ fn hostile_arguments_exit_2_with_a_precise_message() {
         ),
         (vec!["run", "1P_TP8:1D_TP8", "--concurrency", "0"], (2, "invalid value '0'")),
         (vec!["run", "1P_TP8:1D_TP8", "--seed", "-1"], (2, "unexpected argument")),
-        (vec!["run", &huge], (2, "larger than 4194304 bytes")),
+        (vec!["run", &huge], (2, "larger than 1048576 bytes")),
         (
             vec!["sweep", "1P_TP8:1D_TP8", "--concurrency", "10000000", "--out", &out],
             (2, "--concurrency 10000000 --requests-per-client 10: must be at most 100000"),
