@@ -31,6 +31,12 @@ pub fn run(args: &ReplayArgs) -> ExitCode {
         }
     };
     let origin = format!("{} (scenario_ron)", args.result.display());
+    // The stored scenario gets the same size bound as a scenario file.
+    let limit = pdkv_sim::load::MAX_SCENARIO_BYTES;
+    if recorded.scenario_ron.len() as u64 > limit {
+        eprintln!("error: {origin}: the scenario is larger than {limit} bytes, the most a scenario may be");
+        return ExitCode::from(2);
+    }
     let mut scenario = match pdkv_sim::load::parse_scenario(&recorded.scenario_ron, &origin) {
         Ok(s) => s,
         Err(e) => {

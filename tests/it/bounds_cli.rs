@@ -116,6 +116,17 @@ fn replay_refuses_a_doctored_result() {
         ),
         ("nic_gb_s: 48.0", "nic_gb_s: 1e-15", "hardware.nic_gb_s`: must be between 1e-6 and 1e9, got 1e-15"),
     ];
+    let padding = format!("description: \\\"{}\\\",", "x".repeat(1 << 20));
+    let table = [
+        table[0],
+        table[1],
+        table[2],
+        (
+            "description: \\\"\\\",",
+            padding.as_str(),
+            "(scenario_ron): the scenario is larger than 1048576 bytes",
+        ),
+    ];
     for (from, to, says) in table {
         assert!(result.contains(from), "result.json lacks `{from}`");
         let doctored = dir.join("doctored.json");
