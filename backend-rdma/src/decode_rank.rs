@@ -2,8 +2,9 @@
 //! go through a [`Transport`] and are verified byte for byte, and whose releases and leases go to
 //! the prefill ranks' notify listeners.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
@@ -69,12 +70,38 @@ pub fn dial(
     Ok((metadata, layers))
 }
 
-/// The reader thread: posts each read through the transport, then checks every byte.
-fn reader(jobs: Receiver<ReadJob>, tx: Sender<Input>, mut transport: Box<dyn Transport + Send>) {
+/// Requests whose reads the worker aborted ([`DecodeAction::AbortReads`]), shared with the
+/// reader thread; an id leaves when the worker reports the request ended, which it does only
+/// after every read of it was answered.
+type Aborted = Arc<Mutex<BTreeSet<RequestId>>>;
+
+/// The reader thread: posts each read through the transport, then checks every byte. A read of
+/// an aborted request that has not started is answered aborted without touching the peer; one
+/// that has started runs to its end (or its I/O timeout), and the worker's release waits for it.
+fn reader(
+    jobs: Receiver<ReadJob>,
+    tx: Sender<Input>,
+    mut transport: Box<dyn Transport + Send>,
+    aborted: Aborted,
+) {
     let mut buffer = Vec::new();
     for job in jobs {
         let op = &job.op;
         let bytes = op.bytes();
+        if aborted.lock().is_ok_and(|set| set.contains(&op.request())) {
+            let result = ReadResult {
+                request: op.request(),
+                layer: op.layer,
+                source: op.plan.source,
+                bytes: 0,
+                outcome: ReadOutcome::Aborted,
+                mismatch: None,
+            };
+            if tx.send(Input::ReadDone(result)).is_err() {
+                return;
+            }
+            continue;
+        }
         buffer.resize(bytes as usize, 0);
         let ranges = op.remote_ranges();
         let (outcome, mismatch) = match transport.read(&job.data, &ranges, &mut buffer) {
@@ -203,7 +230,9 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
     };
     let (jobs_tx, jobs_rx) = mpsc::channel();
     let tx = ctx.tx.clone();
-    thread::spawn(move || reader(jobs_rx, tx, transport));
+    let aborted: Aborted = Arc::default();
+    let reader_aborted = aborted.clone();
+    thread::spawn(move || reader(jobs_rx, tx, transport, reader_aborted));
     let (notify_tx, notify_rx) = mpsc::channel();
     let (tx, identity) = (ctx.tx.clone(), rank.to_string());
     thread::spawn(move || notifier(notify_rx, identity, tx));
@@ -358,9 +387,17 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
                     ctx.link.send(&FromRank::Received { request })?
                 }
                 DecodeAction::RequestFailed { request, error } => {
+                    if let Ok(mut set) = aborted.lock() {
+                        set.remove(&request);
+                    }
                     ctx.link.send(&FromRank::RecvFailed { request, error: error.to_string() })?;
                 }
                 DecodeAction::InvalidateBlocks { .. } => {}
+                DecodeAction::AbortReads { request } => {
+                    if let Ok(mut set) = aborted.lock() {
+                        set.insert(request);
+                    }
+                }
             }
         }
     }

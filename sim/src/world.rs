@@ -1398,10 +1398,43 @@ impl World {
                     self.report(w, request, true);
                 }
                 DecodeAction::InvalidateBlocks { .. } => {}
+                DecodeAction::AbortReads { request } => self.abort_reads(w, request),
             }
         }
         if !reads.is_empty() {
             self.post_reads(w, reads);
+        }
+    }
+
+    /// The worker aborts a request's posted reads, as a verbs driver does by moving the queue
+    /// pair to the error state: the NIC stops the flows at once and, one NIC latency later,
+    /// answers each read aborted (its flushed completion). Reads not on the NIC yet (refused
+    /// with a full send queue, or failing at posting) are answered by their own pending events.
+    fn abort_reads(&mut self, w: usize, request: RequestId) {
+        let ids: Vec<FlowId> = self
+            .flows
+            .iter()
+            .filter(|(_, info)| info.worker == w && info.ops.iter().any(|(r, _)| *r == request))
+            .map(|(id, _)| *id)
+            .collect();
+        let latency = (self.sc.hardware.nic_latency_us * 1e3) as u64;
+        for id in ids {
+            if let Some((_, finishes)) = self.nics.abort(self.now, id) {
+                self.schedule_flows(finishes);
+            }
+            let Some(info) = self.flows.remove(&id) else { continue };
+            trace!(
+                self,
+                "nic",
+                "read_aborted",
+                self.p_ranks[info.server].to_string(),
+                Some(self.now - info.started),
+                format!("to {} layers={}", self.d_ranks[w], info.ops.len()),
+            );
+            for (request, layer) in info.ops {
+                let outcome = Box::new(ReadOutcome::Aborted);
+                self.at(latency, Ev::ReadLater { worker: w, request, layer, outcome });
+            }
         }
     }
 
