@@ -139,6 +139,15 @@ pub enum DecodeEvent {
         /// Requests of this step that need remote KV (new ones; queued ones are kept).
         requests: Vec<RecvRequest>,
     },
+    /// Requests the engine queued for a later step (its batch or its KV pool is full). The
+    /// worker routes them now and keeps their source rank leased until they arrive in a
+    /// [`DecodeEvent::StepBegin`], so the producer's reaper does not free KV a queued request
+    /// will read. Their `local_block_ids` may still be empty; a request the worker cannot route
+    /// is left alone (it fails when it is admitted).
+    Queued {
+        /// The queued requests, in queue order.
+        requests: Vec<RecvRequest>,
+    },
     /// The first handshake reply frame from the rank dialled under `session`.
     HandshakeMetadata {
         /// The session key of the dial.
@@ -521,6 +530,14 @@ struct Recv {
     phase: RecvPhase,
 }
 
+/// A request queued by the engine: routed, its source leased until admission.
+#[derive(Clone, Debug)]
+struct Waiting {
+    recv: Recv,
+    /// When to send the next lease.
+    renew_at: Instant,
+}
+
 /// What the worker is doing for the current step.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum StepState {
@@ -541,6 +558,8 @@ pub struct DecodeWorker {
     router: ReadRouter,
     sessions: BTreeMap<SessionKey, SessionEntry>,
     requests: BTreeMap<RequestId, Recv>,
+    /// Requests queued by the engine, not admitted to a step yet.
+    waiting: BTreeMap<RequestId, Waiting>,
     step: StepState,
     lazy: bool,
     release_during_reads: bool,
@@ -560,6 +579,7 @@ impl DecodeWorker {
             router,
             sessions: BTreeMap::new(),
             requests: BTreeMap::new(),
+            waiting: BTreeMap::new(),
             step: StepState::Idle,
             lazy,
             release_during_reads,
@@ -575,6 +595,11 @@ impl DecodeWorker {
     /// Requests waiting for or receiving KV.
     pub fn pending_requests(&self) -> usize {
         self.requests.len()
+    }
+
+    /// Requests the engine queued that this worker keeps leased.
+    pub fn queued_requests(&self) -> usize {
+        self.waiting.len()
     }
 
     /// True while the worker is blocked in a lazy handshake (it cannot join a collective).
@@ -596,6 +621,9 @@ impl DecodeWorker {
     /// The earliest time the worker must be ticked, if any timer is armed.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let mut next = None;
+        for waiting in self.waiting.values() {
+            next = earliest(next, Some(waiting.renew_at));
+        }
         for entry in self.sessions.values() {
             next = earliest(next, entry.state.deadline());
         }
@@ -618,6 +646,7 @@ impl DecodeWorker {
     pub fn handle(&mut self, now: Instant, event: DecodeEvent, out: &mut Vec<DecodeAction>) {
         match event {
             DecodeEvent::StepBegin { step, requests } => self.on_step_begin(now, step, requests, out),
+            DecodeEvent::Queued { requests } => self.on_queued(now, requests, out),
             DecodeEvent::HandshakeMetadata { session, metadata } => {
                 self.on_handshake(now, session, HandshakeEvent::Metadata(metadata), out)
             }
@@ -654,21 +683,33 @@ impl DecodeWorker {
                 continue;
             }
             if self.requests.len() >= MAX_WORKER_REQUESTS {
+                self.waiting.remove(&id);
                 self.fail_unrouted(id, &request.local_block_ids, RecvError::TooManyRequests, out);
                 continue;
             }
-            match self.admit(now, &request) {
+            // A queued request was routed when it was queued: the flexible pick is made once.
+            let admitted = match self.waiting.remove(&id) {
+                Some(waiting) => Ok(waiting.recv),
+                None => self.route(now, &request),
+            };
+            let admitted = admitted.and_then(|mut recv| {
+                if recv.remote_block_ids.len() != request.local_block_ids.len() {
+                    return Err(RecvError::BlockCountMismatch {
+                        remote: recv.remote_block_ids.len(),
+                        local: request.local_block_ids.len(),
+                    });
+                }
+                recv.local_block_ids = request.local_block_ids.as_slice().into();
+                recv.arrived = now;
+                recv.deadline = now.add_ns(self.config.transfer_timeout_ns);
+                Ok(recv)
+            });
+            match admitted {
                 Ok(recv) => {
                     // Lease the transfer as soon as the worker takes the request: its handshake
                     // may take a while (a lost reply costs a handshake timeout and a step), and
                     // its reads end by its deadline at the latest, when it fails and releases.
-                    let lease_ms =
-                        self.config.transfer_timeout_ns.div_ceil(NS_PER_MS).clamp(1, u64::from(u32::MAX));
-                    out.push(DecodeAction::SendLease {
-                        rank: recv.target.source,
-                        endpoint: recv.target.notify.clone(),
-                        lease: ReadLease { transfer_id: recv.transfer_id.clone(), lease_ms: lease_ms as u32 },
-                    });
+                    out.push(self.lease(&recv));
                     self.requests.insert(id, recv);
                 }
                 Err(error) => self.fail_unrouted(id, &request.local_block_ids, error, out),
@@ -697,8 +738,54 @@ impl DecodeWorker {
         self.maybe_vote(out);
     }
 
-    /// Resolves the source of a new request and derives every address from it.
-    fn admit(&mut self, now: Instant, request: &RecvRequest) -> Result<Recv, RecvError> {
+    /// The lease of `recv`'s transfer at its source, for the transfer timeout.
+    fn lease(&self, recv: &Recv) -> DecodeAction {
+        let lease_ms = self.config.transfer_timeout_ns.div_ceil(NS_PER_MS).clamp(1, u64::from(u32::MAX));
+        DecodeAction::SendLease {
+            rank: recv.target.source,
+            endpoint: recv.target.notify.clone(),
+            lease: ReadLease { transfer_id: recv.transfer_id.clone(), lease_ms: lease_ms as u32 },
+        }
+    }
+
+    /// How often a queued request's lease is renewed: half the lease, so a renewal delayed by up
+    /// to half a lease still arrives before the previous one ends.
+    fn renew_every_ns(&self) -> u64 {
+        (self.config.transfer_timeout_ns / 2).max(NS_PER_MS)
+    }
+
+    fn on_queued(&mut self, now: Instant, requests: Vec<RecvRequest>, out: &mut Vec<DecodeAction>) {
+        for request in requests {
+            let id = request.request;
+            if self.requests.contains_key(&id)
+                || self.waiting.contains_key(&id)
+                || self.waiting.len() >= MAX_WORKER_REQUESTS
+            {
+                continue;
+            }
+            if let Ok(recv) = self.route(now, &request) {
+                out.push(self.lease(&recv));
+                let renew_at = now.add_ns(self.renew_every_ns());
+                self.waiting.insert(id, Waiting { recv, renew_at });
+            }
+        }
+    }
+
+    /// Renews the leases of queued requests that are due.
+    fn renew_leases(&mut self, now: Instant, out: &mut Vec<DecodeAction>) {
+        let due: Vec<RequestId> =
+            self.waiting.iter().filter(|(_, w)| w.renew_at <= now).map(|(id, _)| *id).collect();
+        let every = self.renew_every_ns();
+        for id in due {
+            let lease = self.lease(&self.waiting[&id].recv);
+            out.push(lease);
+            self.waiting.get_mut(&id).expect("listed above").renew_at = now.add_ns(every);
+        }
+    }
+
+    /// Resolves the source of a request and derives every address from it, without looking at
+    /// its local blocks (a queued request has none yet).
+    fn route(&mut self, now: Instant, request: &RecvRequest) -> Result<Recv, RecvError> {
         let legacy = &self.config.legacy;
         let params = &request.params;
         let transfer_id = TransferId(params.transfer_id.clone().ok_or(RecvError::MissingTransferId)?);
@@ -709,12 +796,6 @@ impl DecodeWorker {
             .iter()
             .map(|&b| u32::try_from(b).map_err(|_| RecvError::BlockIdTooLarge(b)))
             .collect::<Result<_, _>>()?;
-        if remote_block_ids.len() != request.local_block_ids.len() {
-            return Err(RecvError::BlockCountMismatch {
-                remote: remote_block_ids.len(),
-                local: request.local_block_ids.len(),
-            });
-        }
         let source =
             self.router.resolve(request.prefill_engine, remote, owner).map_err(RecvError::Routing)?;
         let address = &request.prefill_address;
@@ -1057,6 +1138,7 @@ impl DecodeWorker {
     }
 
     fn on_tick(&mut self, now: Instant, out: &mut Vec<DecodeAction>) {
+        self.renew_leases(now, out);
         let due_sessions: Vec<SessionKey> = self
             .sessions
             .iter()

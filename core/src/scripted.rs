@@ -738,3 +738,35 @@ fn a_failing_request_releases_only_after_its_posted_reads_are_answered() {
         assert_eq!(expected_timeout, timeout, "{case}: {}", h.failed[0].2);
     }
 }
+
+/// A request queued behind a full decode batch keeps its source leased until a step admits it:
+/// the 60 s reaper would otherwise free KV the request has yet to read (found with
+/// `decode_max_batch: 1`, where requests wait minutes for their turn).
+#[test]
+fn a_queued_request_keeps_its_source_leased_until_admission() {
+    for told in [true, false] {
+        let mut h = Harness::new("1P_TP1:1D_TP1", LegacyOptions::none());
+        let request = h.prefill_done(1, 0, 0, &[7]);
+        let rank = RankId::new(EngineId::decode(0), 0, 0);
+        if told {
+            let queued = RecvRequest { local_block_ids: Vec::new(), ..request.clone() };
+            h.decode_event(rank, DecodeEvent::Queued { requests: vec![queued] });
+        }
+        // Five minutes in the queue, a second at a time.
+        for _ in 0..300 {
+            h.advance(NS_PER_S);
+        }
+        assert_eq!(h.frees().is_empty(), told, "told the worker it is queued: {told}");
+        if !told {
+            continue;
+        }
+        assert!(h.leases >= 10, "renewed every 15 s: {} leases", h.leases);
+        h.begin_step(0, 1, &[request]);
+        h.deliver_dials(|_| true);
+        h.deliver_votes();
+        h.complete_reads(|_, _| ReadOutcome::Ok);
+        h.deliver_releases(1);
+        assert_eq!(h.frees(), [(tx(1), false)], "freed by its release, not reaped");
+        assert_eq!(h.decoders[&rank].queued_requests(), 0);
+    }
+}
