@@ -20,7 +20,7 @@ use crate::connector::{resolve, ConnectorError, Context, DataDescriptor, Input, 
 use crate::pattern::{heads_of_rank, transfer_key, BlockKey};
 use crate::sched::{FromRank, ToRank, TransportKind};
 use crate::tcp::TcpTransport;
-use crate::transport::Transport;
+use crate::transport::{Transport, TransportError};
 use crate::zmtp::{Connection, SocketType};
 
 const NS_PER_MS: u64 = 1_000_000;
@@ -76,8 +76,10 @@ pub fn dial(
 type Aborted = Arc<Mutex<BTreeSet<RequestId>>>;
 
 /// The reader thread: posts each read through the transport, then checks every byte. A read of
-/// an aborted request that has not started is answered aborted without touching the peer; one
-/// that has started runs to its end (or its I/O timeout), and the worker's release waits for it.
+/// an aborted request is cancelled ([`Transport::read_cancellable`]): one that has not started
+/// is answered aborted without touching the peer; a started one is stopped where the data plane
+/// can (verbs) or runs to its end or its I/O timeout (TCP); the worker's release waits for the
+/// answer either way.
 fn reader(
     jobs: Receiver<ReadJob>,
     tx: Sender<Input>,
@@ -88,31 +90,21 @@ fn reader(
     for job in jobs {
         let op = &job.op;
         let bytes = op.bytes();
-        if aborted.lock().is_ok_and(|set| set.contains(&op.request())) {
-            let result = ReadResult {
-                request: op.request(),
-                layer: op.layer,
-                source: op.plan.source,
-                bytes: 0,
-                outcome: ReadOutcome::Aborted,
-                mismatch: None,
-            };
-            if tx.send(Input::ReadDone(result)).is_err() {
-                return;
-            }
-            continue;
-        }
         buffer.resize(bytes as usize, 0);
         let ranges = op.remote_ranges();
-        let (outcome, mismatch) = match transport.read(&job.data, &ranges, &mut buffer) {
-            Ok(()) => match verify(op, job.heads, &buffer) {
-                None => (ReadOutcome::Ok, None),
-                Some(detail) => {
-                    (ReadOutcome::Failed(format!("bytes differ from prefill's: {detail}")), Some(detail))
-                }
-            },
-            Err(e) => (ReadOutcome::Failed(e.to_string()), None),
-        };
+        let request = op.request();
+        let cancelled = || aborted.lock().is_ok_and(|set| set.contains(&request));
+        let (outcome, mismatch) =
+            match transport.read_cancellable(&job.data, &ranges, &mut buffer, &cancelled) {
+                Ok(()) => match verify(op, job.heads, &buffer) {
+                    None => (ReadOutcome::Ok, None),
+                    Some(detail) => {
+                        (ReadOutcome::Failed(format!("bytes differ from prefill's: {detail}")), Some(detail))
+                    }
+                },
+                Err(TransportError::Aborted { .. }) => (ReadOutcome::Aborted, None),
+                Err(e) => (ReadOutcome::Failed(e.to_string()), None),
+            };
         let result = ReadResult {
             request: op.request(),
             layer: op.layer,
