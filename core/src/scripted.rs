@@ -770,3 +770,42 @@ fn a_queued_request_keeps_its_source_leased_until_admission() {
         assert_eq!(h.decoders[&rank].queued_requests(), 0);
     }
 }
+
+/// A prefill worker that dies for good: its part of every transfer it holds counts as done, so
+/// the group's blocks are freed once the live workers are released, long before the reaper.
+/// A flexible transfer is not completed by a loss (another rank may be the one being read).
+#[test]
+fn a_lost_prefill_worker_does_not_hold_its_group_until_the_reaper() {
+    let mut h = Harness::new("1P_TP2:1D_TP2", LegacyOptions::none());
+    h.step_with_request(1, 0, &[3], 0);
+    let dead = RankId::new(EngineId::prefill(0), 0, 1);
+    // The decode rank reading the dead rank fails its reads; its release goes nowhere.
+    h.complete_reads(|_, op| {
+        if op.plan.source == dead {
+            ReadOutcome::Failed("connection refused".into())
+        } else {
+            ReadOutcome::Ok
+        }
+    });
+    h.releases.retain(|(to, _)| *to != dead);
+    h.deliver_releases(1);
+    assert!(h.frees().is_empty(), "the dead rank's part is still owed");
+    let mut out = Vec::new();
+    h.engines[0].handle(h.now, EngineEvent::WorkerLost { rank: dead }, &mut out).unwrap();
+    h.route_engine(out);
+    assert_eq!(h.frees(), [(tx(1), false)], "freed by the live release and the loss, not reaped");
+
+    // Flexible: TP1 decode reads one of eight replicated ranks; losing another rank completes
+    // nothing, the read rank's release does.
+    let mut h = Harness::new("1P_TP8:1D_DP8EP", LegacyOptions::none());
+    h.step_with_request(1, 0, &[6], 3);
+    let read = h.reads[0].1.plan.source;
+    let other = RankId::new(EngineId::prefill(0), 0, (read.tp + 1) % 8);
+    let mut out = Vec::new();
+    h.engines[0].handle(h.now, EngineEvent::WorkerLost { rank: other }, &mut out).unwrap();
+    h.route_engine(out);
+    assert!(h.frees().is_empty(), "a loss is never the read of a flexible transfer");
+    h.complete_reads(|_, _| ReadOutcome::Ok);
+    h.deliver_releases(1);
+    assert_eq!(h.frees(), [(tx(1), false)]);
+}

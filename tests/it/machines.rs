@@ -98,7 +98,7 @@ fn handshake_machine_is_current() {
 #[test]
 fn transfer_lifecycle_is_current() {
     let rows = lifecycle_rows();
-    assert_eq!(rows.len(), 6 * 4, "six states times four events");
+    assert_eq!(rows.len(), 8 * 5, "eight states times five events");
     expect_file("docs/machines/transfer.txt", &render_table("Transfer lifecycle (prefill engine)", &rows));
     expect_file("docs/machines/transfer.dot", &render_dot("transfer", &rows));
 }
