@@ -331,6 +331,8 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
                 DecodeAction::SendRelease { endpoint, release, .. } => {
                     if dropped < u64::from(setup.drop_releases) {
                         dropped += 1;
+                        let transfer_id = release.transfer_id;
+                        ctx.link.send(&FromRank::ReleaseDropped { transfer_id })?;
                         continue;
                     }
                     releases += 1;

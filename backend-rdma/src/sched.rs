@@ -237,6 +237,12 @@ pub enum FromRank {
         /// What.
         detail: String,
     },
+    /// Decode (fault injection): a release of this transfer was dropped instead of sent, so
+    /// the reaper will free it; the report excuses that.
+    ReleaseDropped {
+        /// The transfer.
+        transfer_id: TransferId,
+    },
     /// Counters at shutdown, then the rank exits.
     Bye {
         /// Releases sent (decode) or counted (prefill).

@@ -57,6 +57,44 @@ fn fault_free_clusters_verify_every_byte_and_free_every_block_once() {
     check("1P_DP2TP2:1D_TP4", false, 16, &[16, 16, 16, 16]);
 }
 
+/// Many requests in flight: every request finishes, nothing fails, every transfer is freed by
+/// its releases, and decode verified exactly `copies` times the KV of the finished prompts (each
+/// KV head is read once by every decode rank that needs it).
+fn check_loaded(deployment: &str, mla: bool, requests: u32, concurrency: u32, copies: u64) {
+    let mut config = ClusterConfig::new(deployment, requests, exe());
+    config.mla = mla;
+    config.concurrency = concurrency;
+    let what = format!("{deployment} at concurrency {concurrency}");
+    let r = run(config);
+    let json = r.to_json();
+    assert_eq!(r.outcome, "clean", "{what}: {json}");
+    let q = &r.requests;
+    let all = u64::from(requests);
+    assert_eq!((q.sent, q.finished, q.failed, q.unfinished), (all, all, 0, 0), "{what}: {json}");
+    let l = &r.ledger;
+    assert_eq!((l.freed, l.held, l.reaped, l.double_frees), (all, 0, 0, 0), "{what}: {json}");
+    assert!(r.prompt_kv_bytes > 0, "{what}: {json}");
+    assert_eq!(r.bytes_verified, copies * r.prompt_kv_bytes, "{what}: {json}");
+    assert_eq!(r.nic.bytes_per_prefill_gpu.iter().sum::<u64>(), r.bytes_verified, "{what}: {json}");
+}
+
+#[test]
+fn clusters_under_load_finish_every_request_and_verify_every_byte() {
+    // TP fan-in: two decode ranks share each prefill rank's head, so each head is read twice.
+    check_loaded("1P_TP4:1D_TP8", false, 300, 256, 2);
+    // TP fan-out: each decode rank reads its two heads from one prefill rank.
+    check_loaded("1P_TP4:1D_TP2", false, 300, 128, 1);
+    check_loaded("1P_TP8:1D_TP4", false, 200, 64, 1);
+    // DP×TP prefill: each request is read from its owner DP group; two KV heads over four
+    // decode ranks, so each head twice.
+    check_loaded("1P_DP2TP2:1D_TP4", false, 300, 128, 2);
+    // MLA, flexible reads: one decode rank per request reads the latent once.
+    check_loaded("2P_TP2:1D_DP2", true, 300, 256, 1);
+    // The two reproductions of the bug fixed by retiring a transfer before freeing its blocks.
+    check_loaded("1P_TP2:1D_TP2", false, 200, 50, 1);
+    check_loaded("1P_TP1:1D_TP1", false, 300, 100, 1);
+}
+
 #[test]
 fn a_cluster_leaves_no_process_or_listener_behind() {
     let r = run(ClusterConfig::new("1P_TP2:1D_TP2", 4, exe()));
@@ -90,19 +128,22 @@ fn killing_a_prefill_process_fails_its_requests_and_nothing_hangs() {
     config.faults.push(Fault::KillPrefill { rank: killed, after: 6, restart_after_ms: None });
     let r = run(config);
     let json = r.to_json();
-    assert_eq!(r.outcome, "clean", "the reaper's frees are the designed recovery: {json}");
+    assert_eq!(r.outcome, "clean", "the failures and the reaper's frees are the fault's: {json}");
     assert_eq!(r.requests.unfinished, 0, "{json}");
     assert!(r.requests.failed > 0 && r.requests.finished > 0, "{json}");
-    // Only requests whose KV the dead DP group held fail; every one of them fails on the
-    // decode workers that needed the dead rank (or, once the dial fails, on all of them,
-    // with the same error).
+    assert_eq!(r.requests.failed_excused, r.requests.failed, "{json}");
+    // Only requests whose KV the dead DP group held fail. Those prefilled before the kill fail
+    // on the decode workers that needed the dead rank (or, once the dial fails, on all of them,
+    // with the same error); the group's later ones fail at once, before prefill, since the rank
+    // is gone for good.
     for f in &r.failures {
         assert_eq!(f.prefill, "P0.dp0", "{json}");
         let errors: Vec<&str> = f.errors.iter().map(|e| e.split_once(": ").map_or("", |x| x.1)).collect();
         let all_workers = errors.len() == 4 && errors.iter().all(|e| *e == errors[0]);
         let readers_of_dead_rank =
             f.errors.iter().all(|e| e.starts_with("D0.dp0.tp2") || e.starts_with("D0.dp0.tp3"));
-        assert!(all_workers || readers_of_dead_rank, "{json}");
+        let at_once = f.errors == ["P0.dp0.tp1 is gone"];
+        assert!(all_workers || readers_of_dead_rank || at_once, "{json}");
     }
     // Every request of the live DP group finished.
     let failed_dp1 = r.failures.iter().filter(|f| f.prefill == "P0.dp1").count();
