@@ -97,7 +97,7 @@ pub struct ClusterArgs {
 
 /// Parses `P0.dp0.tp1` or `D1.dp2.tp3`.
 fn parse_rank(text: &str) -> Result<RankId, String> {
-    let bad = || format!("{text:?} is not a rank like P0.dp0.tp1 or D0.dp1.tp3");
+    let bad = || format!("'{text}' is not a rank like P0.dp0.tp1 or D0.dp1.tp3");
     let mut parts = text.split('.');
     let (Some(engine), Some(dp), Some(tp), None) = (parts.next(), parts.next(), parts.next(), parts.next())
     else {
@@ -116,8 +116,8 @@ fn parse_rank(text: &str) -> Result<RankId, String> {
 }
 
 fn parse_drop(text: &str) -> Result<(RankId, u32), String> {
-    let (rank, count) = text.split_once('=').ok_or_else(|| format!("{text:?}: expected RANK=N"))?;
-    let count = count.parse().map_err(|e| format!("{text:?}: count {count:?}: {e}"))?;
+    let (rank, count) = text.split_once('=').ok_or_else(|| format!("'{text}': expected RANK=N"))?;
+    let count = count.parse().map_err(|e| format!("'{text}': count '{count}': {e}"))?;
     Ok((parse_rank(rank)?, count))
 }
 

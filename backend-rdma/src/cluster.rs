@@ -108,7 +108,90 @@ pub struct ClusterConfig {
     pub faults: Vec<Fault>,
 }
 
+/// Most requests one run sends (each keeps a few hundred bytes of bookkeeping).
+pub const MAX_REQUESTS: u32 = 1_000_000;
+/// Most requests in flight at once: far more than the prefill pools and decode batches hold,
+/// so the rest queue in the schedulers, as they would in vLLM.
+pub const MAX_CONCURRENCY: u32 = 4096;
+/// Most layers a cluster's model has (DeepSeek-R1 has 61): every prefill rank keeps
+/// `num_blocks` blocks of every layer in memory, which is 300 MB per rank for MLA at 64.
+pub const MAX_LAYERS: u16 = 64;
+/// Most ranks (processes) one cluster starts on this host.
+pub const MAX_CLUSTER_RANKS: usize = 128;
+/// Shortest timeout accepted: less fails every request on a loaded host before its KV can
+/// move, which tests nothing.
+pub const MIN_TIMEOUT_MS: u64 = 100;
+/// Longest timeout or delay accepted (a day); longer ones overflow the clocks' arithmetic.
+pub const MAX_TIMEOUT_MS: u64 = 86_400_000;
+
 impl ClusterConfig {
+    /// Checks what the command line can get wrong before any process starts; the error names
+    /// the flag. `d` is the parsed deployment.
+    pub fn validate(&self, d: &Deployment) -> Result<(), String> {
+        let count = |flag: &str, value: u32, max: u32| {
+            if (1..=max).contains(&value) {
+                Ok(())
+            } else {
+                Err(format!("{flag} {value}: must be between 1 and {max}"))
+            }
+        };
+        count("--requests", self.requests, MAX_REQUESTS)?;
+        count("--concurrency", self.concurrency, MAX_CONCURRENCY)?;
+        count("--layers", u32::from(self.layers), u32::from(MAX_LAYERS))?;
+        let timeouts = [
+            ("--handshake-timeout-ms", self.handshake_timeout_ms),
+            ("--transfer-timeout-ms", self.transfer_timeout_ms),
+            ("--defer-timeout-ms", self.defer_timeout_ms),
+            ("--timeout-ms", self.timeout_ms),
+        ];
+        for (flag, ms) in timeouts {
+            if !(MIN_TIMEOUT_MS..=MAX_TIMEOUT_MS).contains(&ms) {
+                return Err(format!("{flag} {ms}: must be between {MIN_TIMEOUT_MS} and {MAX_TIMEOUT_MS}"));
+            }
+        }
+        let ranks = d.ranks(Role::Prefill).len() + d.ranks(Role::Decode).len();
+        if ranks > MAX_CLUSTER_RANKS {
+            return Err(format!(
+                "{}: {ranks} ranks, but a cluster on one host starts at most {MAX_CLUSTER_RANKS} processes",
+                self.deployment
+            ));
+        }
+        if self.transport == TransportKind::Rdma && !cfg!(feature = "rdma") {
+            return Err("--transport rdma: this pdkv was built without the rdma feature (cargo build \
+                        --features rdma)"
+                .into());
+        }
+        for fault in &self.faults {
+            match *fault {
+                Fault::KillPrefill { rank, after, restart_after_ms } => {
+                    if rank.engine.role != Role::Prefill || !d.ranks(Role::Prefill).contains(&rank) {
+                        return Err(format!("--kill {rank}: {} has no prefill rank {rank}", self.deployment));
+                    }
+                    if after >= self.requests {
+                        return Err(format!(
+                            "--kill-after {after}: the run prefills only {} requests, so the kill would \
+                             come after the last one (use 0 to {})",
+                            self.requests,
+                            self.requests - 1
+                        ));
+                    }
+                    if let Some(ms) = restart_after_ms.filter(|&ms| ms > MAX_TIMEOUT_MS) {
+                        return Err(format!("--restart-after-ms {ms}: must be at most {MAX_TIMEOUT_MS}"));
+                    }
+                }
+                Fault::DropReleases { rank, count } => {
+                    if rank.engine.role != Role::Decode || !d.ranks(Role::Decode).contains(&rank) {
+                        return Err(format!(
+                            "--drop-releases {rank}={count}: {} has no decode rank {rank}",
+                            self.deployment
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Defaults for a loopback run: 8 requests in flight, 4 layers, 512 blocks per prefill rank,
     /// MoRIIO's timeouts.
     pub fn new(deployment: &str, requests: u32, exe: PathBuf) -> ClusterConfig {
@@ -605,21 +688,7 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
                 .map_err(|e| ClusterError::Config(e.to_string()))?;
         }
     }
-    if config.requests == 0 || config.concurrency == 0 {
-        return Err(ClusterError::Config("--requests and --concurrency must be at least 1".into()));
-    }
-    for fault in &config.faults {
-        let (rank, role) = match fault {
-            Fault::KillPrefill { rank, .. } => (rank, Role::Prefill),
-            Fault::DropReleases { rank, .. } => (rank, Role::Decode),
-        };
-        if rank.engine.role != role || !d.ranks(role).contains(rank) {
-            return Err(ClusterError::Config(format!(
-                "fault {fault:?}: {} has no {role:?} rank {rank}",
-                config.deployment
-            )));
-        }
-    }
+    config.validate(&d).map_err(ClusterError::Config)?;
     // Port bases: each engine gets a handshake and a notify block as wide as its ranks.
     let widths: Vec<(EngineId, u16)> = [Role::Prefill, Role::Decode]
         .into_iter()
@@ -821,7 +890,11 @@ impl Cluster {
                 Err(_) => {
                     let missing: Vec<String> =
                         self.ranks.iter().filter(|(_, r)| !r.ready).map(|(k, _)| k.to_string()).collect();
-                    return Err(format!("ranks not ready after {START_TIMEOUT:?}: {}", missing.join(", ")));
+                    return Err(format!(
+                        "ranks not ready after {} s: {}",
+                        START_TIMEOUT.as_secs(),
+                        missing.join(", ")
+                    ));
                 }
             }
         }
@@ -1240,7 +1313,10 @@ impl Cluster {
                 self.begin_step(g);
             }
             other => {
-                let detail = format!("proxy refused the prefill answer of {id}: {other:?}");
+                let detail = match other {
+                    Ok(_) => format!("proxy answered the prefill response of {id} with no decode dispatch"),
+                    Err(e) => format!("proxy refused the prefill response of {id}: {e}"),
+                };
                 self.violations.push(Violation { kind: "protocol_error".into(), detail });
             }
         }
@@ -1298,8 +1374,10 @@ impl Cluster {
                 }
                 EngineAction::ReapWarning { transfer_id, held_ns, unfinished_tp } => {
                     let ms = held_ns / NS_PER_MS;
+                    let unreleased: Vec<String> = unfinished_tp.iter().map(u16::to_string).collect();
                     self.problem(format!(
-                        "P{e} reaped {transfer_id} after {ms} ms; unreleased TP ranks {unfinished_tp:?}"
+                        "P{e} reaped {transfer_id} after {ms} ms; unreleased TP ranks {}",
+                        unreleased.join(", ")
                     ));
                 }
             }

@@ -127,7 +127,7 @@ pub fn run(deployment: &str, rank: RankId, scheduler: SocketAddr) -> Result<(), 
     let setup = match read_frame::<ToRank>(&mut reader) {
         Ok(ToRank::Setup(setup)) => setup,
         Ok(other) => {
-            let detail = format!("expected setup, got {other:?}");
+            let detail = format!("expected setup, got {}", other.name());
             return Err(ConnectorError::Scheduler { op: "join", detail });
         }
         Err(e) => return Err(ConnectorError::Scheduler { op: "join", detail: e.to_string() }),
@@ -200,6 +200,20 @@ pub enum Input {
     ReadDone(crate::decode_rank::ReadResult),
     /// Something an I/O thread wants reported.
     Problem(String),
+}
+
+/// A control message's name, for reports (its fields can be long and are not for people).
+pub fn message_name(message: &pdkv_core::wire::ControlMessage) -> &'static str {
+    use pdkv_core::wire::ControlMessage;
+    match message {
+        ControlMessage::Release(_) => "release",
+        ControlMessage::LegacyCompletion(_) => "legacy completion",
+        ControlMessage::RemoteBlocks(_) => "remote blocks",
+        ControlMessage::WriteDone(_) => "write done",
+        ControlMessage::ReadLease(_) => "read lease",
+        ControlMessage::HandshakeRequest => "handshake request",
+        ControlMessage::HandshakeMetadata(_) => "handshake metadata",
+    }
 }
 
 /// The handshake reply frames a prefill rank sends, and what a decode rank expects.

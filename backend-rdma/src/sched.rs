@@ -136,6 +136,23 @@ pub enum ToRank {
     Shutdown,
 }
 
+impl ToRank {
+    /// The message's name, for reports.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ToRank::Setup(_) => "setup",
+            ToRank::Prefill { .. } => "prefill",
+            ToRank::Register { .. } => "register",
+            ToRank::GroupDone { .. } => "group_done",
+            ToRank::Retire { .. } => "retire",
+            ToRank::Fence { .. } => "fence",
+            ToRank::StepBegin { .. } => "step_begin",
+            ToRank::VoteResult { .. } => "vote_result",
+            ToRank::Shutdown => "shutdown",
+        }
+    }
+}
+
 /// Rank to scheduler.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum FromRank {

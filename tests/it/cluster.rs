@@ -207,10 +207,47 @@ fn cluster_cli_prints_the_result_and_refuses_bad_arguments() {
         assert_eq!(out.status.code(), Some(code), "{args:?}: {text}");
         assert!(text.contains(stderr), "{args:?}: {text}");
     };
-    check(&["cluster", "1P_TP4:1D_TP8", "--mla", "--requests", "0"], 2, "at least 1");
     check(&["cluster", "1P_TP4:1D_TQ8"], 2, "TQ8");
-    check(&["cluster", "1P_TP2:1D_TP2", "--kill", "D0.dp0.tp0"], 2, "has no Prefill rank D0.dp0.tp0");
-    check(&["cluster", "1P_TP2:1D_TP2", "--kill", "P0.tp0"], 2, "is not a rank");
+    check(&["cluster", "1P_TP2:1D_TP2", "--kill", "P0.tp0"], 2, "'P0.tp0' is not a rank");
+    check(&["cluster", "1P_TP2:1D_TP2", "--drop-releases", "D0.dp0.tp0=x"], 2, "count 'x'");
+    // Arguments that parse but would start a cluster that fails everything (or overflows a
+    // clock): refused before any process starts, naming the flag, without Debug quoting.
+    let tp2 = |extra: &[&'static str]| [&["cluster", "1P_TP2:1D_TP2"], extra].concat();
+    for (extra, stderr) in [
+        (&["--requests", "0"][..], "--requests 0: must be between 1 and 1000000"),
+        (&["--requests", "1000001"], "--requests 1000001: must be between 1 and 1000000"),
+        (&["--concurrency", "0"], "--concurrency 0: must be between 1 and 4096"),
+        (&["--concurrency", "4097"], "--concurrency 4097: must be between 1 and 4096"),
+        (&["--layers", "0"], "--layers 0: must be between 1 and 64"),
+        (&["--layers", "65535"], "--layers 65535: must be between 1 and 64"),
+        (&["--handshake-timeout-ms", "0"], "--handshake-timeout-ms 0: must be between 100 and"),
+        (&["--transfer-timeout-ms", "18446744073709551615"], "--transfer-timeout-ms 18446744073709551615"),
+        (&["--defer-timeout-ms", "0"], "--defer-timeout-ms 0: must be between"),
+        (&["--timeout-ms", "99"], "--timeout-ms 99: must be between"),
+        (&["--kill", "D0.dp0.tp0"], "--kill D0.dp0.tp0: 1P_TP2:1D_TP2 has no prefill rank D0.dp0.tp0"),
+        (&["--kill", "P0.dp0.tp2"], "--kill P0.dp0.tp2: 1P_TP2:1D_TP2 has no prefill rank P0.dp0.tp2"),
+        // The default --kill-after is 8: with 4 requests the kill could never happen.
+        (&["--requests", "4", "--kill", "P0.dp0.tp0"], "--kill-after 8: the run prefills only 4 requests"),
+        (&["--kill", "P0.dp0.tp0", "--restart-after-ms", "99999999999"], "--restart-after-ms 99999999999"),
+        (
+            &["--drop-releases", "P0.dp0.tp0=1"],
+            "--drop-releases P0.dp0.tp0=1: 1P_TP2:1D_TP2 has no decode rank",
+        ),
+    ] {
+        check(&tp2(extra), 2, stderr);
+    }
+    check(&["cluster", "1P_TP128:1D_TP64"], 2, "192 ranks, but a cluster on one host starts at most 128");
+    if !cfg!(feature = "rdma") {
+        // Said once, before any rank starts (not once per rank process).
+        let out = std::process::Command::new(exe())
+            .args(["cluster", "1P_TP2:1D_TP2", "--transport", "rdma"])
+            .output()
+            .expect("pdkv runs");
+        let text = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{text}");
+        assert_eq!(text.lines().filter(|l| !l.trim().is_empty()).count(), 1, "{text}");
+        assert!(text.contains("--transport rdma: this pdkv was built without the rdma feature"), "{text}");
+    }
     check(
         &[
             "connector",
@@ -230,4 +267,21 @@ fn cluster_cli_prints_the_result_and_refuses_bad_arguments() {
         2,
         "has no rank P0.dp0.tp5",
     );
+}
+
+#[test]
+fn a_kill_after_zero_prefills_happens_before_the_first_request() {
+    // Gone for good before anything was sent: every request of its group fails at once, each
+    // excused by the kill, and the other group serves everything.
+    let mut config = quick("1P_DP2TP2:1D_TP4", 16);
+    config.faults.push(Fault::KillPrefill { rank: rank(true, 0, 1), after: 0, restart_after_ms: None });
+    let r = run(config);
+    let json = r.to_json();
+    assert_eq!(r.outcome, "clean", "{json}");
+    assert!(r.faults[0].contains("after 0 prefills"), "{json}");
+    let q = &r.requests;
+    assert_eq!((q.finished, q.failed, q.failed_excused, q.unfinished), (8, 8, 8, 0), "{json}");
+    assert!(r.failures.iter().all(|f| f.prefill == "P0.dp0" && f.errors == ["P0.dp0.tp1 is gone"]), "{json}");
+    assert_eq!((r.ledger.freed, r.ledger.reaped, r.ledger.held), (8, 0, 0), "{json}");
+    assert!(r.duration_s < 2.0, "nothing waited for a timeout: {json}");
 }
