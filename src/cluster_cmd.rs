@@ -228,8 +228,9 @@ fn render(r: &ClusterResult) -> String {
     let p = &r.processes;
     let _ = writeln!(
         s,
-        "  processes      {} started, {} exited cleanly, {} killed by faults, {} killed at shutdown, {} failed",
-        p.started, p.exited_cleanly, p.killed_by_fault, p.killed_at_shutdown, p.failed
+        "  processes      {} started, {} exited cleanly, {} killed by faults, {} killed at shutdown, {} failed, \
+         {} strangers refused",
+        p.started, p.exited_cleanly, p.killed_by_fault, p.killed_at_shutdown, p.failed, p.refused
     );
     for fault in &r.faults {
         let _ = writeln!(s, "  fault          {fault}");

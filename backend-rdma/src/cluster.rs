@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
@@ -32,7 +32,7 @@ use pdkv_core::topology::{Deployment, Layout, ModelSpec};
 use serde::Serialize;
 
 use crate::connector::Clock;
-use crate::sched::{read_frame, write_frame, FromRank, Recv, Setup, ToRank, TransportKind};
+use crate::sched::{read_frame, write_frame, FromRank, Recv, Setup, ToRank, TransportKind, TOKEN_ENV};
 
 const NS_PER_MS: u64 = 1_000_000;
 /// Decode blocks per decode DP group (the KV lands there; only ids are tracked here).
@@ -392,6 +392,9 @@ pub struct Processes {
     pub killed_at_shutdown: u64,
     /// Exited with an error status.
     pub failed: u64,
+    /// Connectors refused at join: not started by this run (no or a wrong token), or claiming
+    /// the id of a rank that is running. Not counted in `started`.
+    pub refused: u64,
 }
 
 /// What a cluster run measured, in the simulator's result schema where it applies.
@@ -502,6 +505,7 @@ impl Stream {
 
 enum Ev {
     Joined { rank: RankId, stream: TcpStream },
+    Refused { rank: RankId, pid: u32, reason: String },
     Msg { rank: RankId, incarnation: u32, msg: FromRank },
     Gone { rank: RankId, incarnation: u32 },
 }
@@ -517,7 +521,55 @@ struct RankProc {
     killed_by_fault: bool,
 }
 
-/// Accepts connector connections and hands each one's `Hello` to the main loop.
+/// Who may join a run: a process this run started, once, holding the run's token. A stray
+/// `pdkv connector` (another run's, a user's, a second one with the id of a live rank) would
+/// otherwise take the rank's place: the scheduler would talk to it and the rank it displaced
+/// would hang, or serve another incarnation's bytes.
+#[derive(Default)]
+struct Admission {
+    /// The run's random token, handed to its processes in [`TOKEN_ENV`].
+    token: String,
+    /// The process this run started for each rank (its latest incarnation).
+    expected: BTreeMap<RankId, u32>,
+    /// Processes admitted so far: each joins once.
+    admitted: BTreeSet<u32>,
+}
+
+impl Admission {
+    /// Admits `pid` as `rank` or says why not.
+    fn admit(&mut self, rank: RankId, pid: u32, token: &str) -> Result<(), String> {
+        if token.is_empty() {
+            return Err(format!("no membership token (the run hands it out in {TOKEN_ENV})"));
+        }
+        if token != self.token {
+            return Err("wrong membership token: not a process of this run".into());
+        }
+        match self.expected.get(&rank) {
+            None => Err(format!("this run has no rank {rank}")),
+            Some(&running) if running != pid => {
+                Err(format!("{rank} is already running as process {running}; process {pid} is not it"))
+            }
+            Some(_) if !self.admitted.insert(pid) => {
+                Err(format!("{rank} (process {pid}) has joined already"))
+            }
+            Some(_) => Ok(()),
+        }
+    }
+}
+
+/// A new random token for a run's membership (16 bytes of the system's randomness, in hex).
+fn new_token() -> Result<String, String> {
+    use std::io::Read as _;
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(|e| format!("membership token: /dev/urandom: {e}"))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Accepts connector connections, admits each one's `Hello` ([`Admission`]) and hands admitted
+/// ones to the main loop. Refusing here, not in the main loop, answers a stray connector even
+/// while the main loop is busy.
 struct Acceptor {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
@@ -525,7 +577,11 @@ struct Acceptor {
 }
 
 impl Acceptor {
-    fn start(listener: TcpListener, tx: Sender<Ev>) -> Result<Acceptor, String> {
+    fn start(
+        listener: TcpListener,
+        tx: Sender<Ev>,
+        admission: Arc<Mutex<Admission>>,
+    ) -> Result<Acceptor, String> {
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
@@ -535,13 +591,25 @@ impl Acceptor {
                     return;
                 }
                 let Ok(stream) = stream else { continue };
-                let tx = tx.clone();
+                let (tx, admission) = (tx.clone(), admission.clone());
                 thread::spawn(move || {
                     let _ = stream.set_read_timeout(Some(START_TIMEOUT));
                     let mut reader = BufReader::new(&stream);
-                    if let Ok(FromRank::Hello { rank, .. }) = read_frame::<FromRank>(&mut reader) {
-                        let _ = stream.set_read_timeout(None);
-                        let _ = tx.send(Ev::Joined { rank, stream });
+                    // Anything but a hello is not a connector; it gets nothing.
+                    let Ok(FromRank::Hello { rank, pid, token }) = read_frame::<FromRank>(&mut reader) else {
+                        return;
+                    };
+                    let verdict =
+                        admission.lock().unwrap_or_else(PoisonError::into_inner).admit(rank, pid, &token);
+                    match verdict {
+                        Ok(()) => {
+                            let _ = stream.set_read_timeout(None);
+                            let _ = tx.send(Ev::Joined { rank, stream });
+                        }
+                        Err(reason) => {
+                            let _ = write_frame(&mut &stream, &ToRank::Refused { reason: reason.clone() });
+                            let _ = tx.send(Ev::Refused { rank, pid, reason });
+                        }
                     }
                 });
             }
@@ -673,6 +741,9 @@ struct Cluster {
     restart_at: Option<(std::time::Instant, RankId)>,
     hung: Option<String>,
     scheduler_addr: SocketAddr,
+    /// The run's membership token and who may join ([`Admission`]).
+    token: String,
+    admission: Arc<Mutex<Admission>>,
     processes: Processes,
     started_at: std::time::Instant,
 }
@@ -717,7 +788,10 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
     let listener = TcpListener::bind((config.host.as_str(), 0))
         .map_err(|e| ClusterError::Start(format!("scheduler listener: {e}")))?;
     let (tx, rx) = mpsc::channel();
-    let mut acceptor = Acceptor::start(listener, tx.clone()).map_err(ClusterError::Start)?;
+    let token = new_token().map_err(ClusterError::Start)?;
+    let admission = Arc::new(Mutex::new(Admission { token: token.clone(), ..Admission::default() }));
+    let mut acceptor =
+        Acceptor::start(listener, tx.clone(), admission.clone()).map_err(ClusterError::Start)?;
     let legacy = config.legacy.clone();
     let engines = d
         .prefill
@@ -796,6 +870,8 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
         restart_at: None,
         hung: None,
         scheduler_addr: acceptor.addr,
+        token,
+        admission,
         processes: Processes::default(),
         started_at: std::time::Instant::now(),
         addresses,
@@ -825,15 +901,22 @@ impl Cluster {
             Role::Prefill => "prefill",
             Role::Decode => "decode",
         };
+        // Hold the admission while the child starts: its hello may come before this thread
+        // runs again, and must find the process expected.
+        let admission = self.admission.clone();
+        let mut admission = admission.lock().unwrap_or_else(PoisonError::into_inner);
         let child = Command::new(&self.config.exe)
             .args(["connector", "--deployment", &self.config.deployment, "--role", role])
             .args(["--engine", &rank.engine.index.to_string(), "--dp", &rank.dp.to_string()])
             .args(["--tp", &rank.tp.to_string(), "--scheduler", &self.scheduler_addr.to_string()])
+            .env(TOKEN_ENV, &self.token)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .spawn()
             .map_err(|e| format!("cannot start {} connector: {e}", self.config.exe.display()))?;
         self.processes.started += 1;
+        admission.expected.insert(rank, child.id());
+        drop(admission);
         let proc = RankProc {
             child: Some(child),
             writer: None,
@@ -943,6 +1026,12 @@ impl Cluster {
                 });
                 let setup = self.setup_for(rank, incarnation);
                 self.send(rank, &ToRank::Setup(setup));
+            }
+            Ev::Refused { rank, pid, reason } => {
+                self.processes.refused += 1;
+                self.problem(format!(
+                    "refused a connector that claimed to be {rank} (process {pid}): {reason}"
+                ));
             }
             Ev::Msg { rank, incarnation, msg } => {
                 if self.ranks.get(&rank).is_none_or(|p| p.incarnation != incarnation) {
@@ -1852,6 +1941,32 @@ mod tests {
         check(false, false, requests(6, 5), ledger(0, 4, 4), "failed_requests");
         check(false, false, requests(6, 5), ledger(0, 4, 3), "failed_requests");
         check(false, true, requests(6, 5), ledger(0, 0, 0), "hang");
+    }
+
+    #[test]
+    fn only_the_process_started_for_a_rank_joins_and_only_once() {
+        let p0 = RankId::new(EngineId::prefill(0), 0, 0);
+        let d1 = RankId::new(EngineId::decode(0), 0, 1);
+        let mut admission = Admission { token: "t0k3n".into(), ..Admission::default() };
+        admission.expected.insert(p0, 100);
+        admission.expected.insert(d1, 101);
+        let mut check = |rank, pid, token: &str, expected: Result<(), &str>| {
+            let got = admission.admit(rank, pid, token);
+            match expected {
+                Ok(()) => assert_eq!(got, Ok(()), "{rank} {pid} {token}"),
+                Err(e) => {
+                    assert!(got.as_ref().is_err_and(|g| g.contains(e)), "{rank} {pid} {token}: {got:?}")
+                }
+            }
+        };
+        check(p0, 100, "", Err("no membership token"));
+        check(p0, 100, "guess", Err("wrong membership token"));
+        // A second connector with the id of a live rank, even holding the token.
+        check(p0, 999, "t0k3n", Err("P0.dp0.tp0 is already running as process 100; process 999 is not it"));
+        check(RankId::new(EngineId::prefill(0), 0, 7), 100, "t0k3n", Err("this run has no rank P0.dp0.tp7"));
+        check(p0, 100, "t0k3n", Ok(()));
+        check(p0, 100, "t0k3n", Err("has joined already"));
+        check(d1, 101, "t0k3n", Ok(()));
     }
 
     #[test]

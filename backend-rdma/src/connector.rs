@@ -47,6 +47,8 @@ pub enum ConnectorError {
     },
     /// A listener or the data plane could not start.
     Setup(String),
+    /// The scheduler did not admit this process (see [`crate::sched::ToRank::Refused`]).
+    Refused(String),
 }
 
 impl fmt::Display for ConnectorError {
@@ -57,6 +59,7 @@ impl fmt::Display for ConnectorError {
             }
             ConnectorError::Scheduler { op, detail } => write!(f, "scheduler: {op}: {detail}"),
             ConnectorError::Setup(detail) => write!(f, "cannot start: {detail}"),
+            ConnectorError::Refused(reason) => write!(f, "the scheduler refused this connector: {reason}"),
         }
     }
 }
@@ -121,11 +124,13 @@ pub fn run(deployment: &str, rank: RankId, scheduler: SocketAddr) -> Result<(), 
     let stream = TcpStream::connect_timeout(&scheduler, JOIN_TIMEOUT).map_err(sched_err("connect"))?;
     stream.set_nodelay(true).map_err(sched_err("configure"))?;
     let mut link = SchedLink { stream: stream.try_clone().map_err(sched_err("configure"))? };
-    link.send(&FromRank::Hello { rank, pid: std::process::id() })?;
+    let token = std::env::var(crate::sched::TOKEN_ENV).unwrap_or_default();
+    link.send(&FromRank::Hello { rank, pid: std::process::id(), token })?;
     let mut reader = BufReader::new(stream);
     reader.get_ref().set_read_timeout(Some(JOIN_TIMEOUT)).map_err(sched_err("configure"))?;
     let setup = match read_frame::<ToRank>(&mut reader) {
         Ok(ToRank::Setup(setup)) => setup,
+        Ok(ToRank::Refused { reason }) => return Err(ConnectorError::Refused(reason)),
         Ok(other) => {
             let detail = format!("expected setup, got {}", other.name());
             return Err(ConnectorError::Scheduler { op: "join", detail });

@@ -19,6 +19,10 @@ use pdkv_core::topology::ModelSpec;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+/// The environment variable that carries a run's membership token to its connectors (the
+/// environment, unlike the command line, is not shown to other users by `ps`).
+pub const TOKEN_ENV: &str = "PDKV_CLUSTER_TOKEN";
+
 /// Largest frame either side accepts (a step of many requests with long block lists fits).
 pub const MAX_FRAME_BYTES: u32 = 64 << 20;
 
@@ -134,6 +138,12 @@ pub enum ToRank {
     },
     /// Exit cleanly: close listeners, join threads, then reply [`FromRank::Bye`].
     Shutdown,
+    /// The answer to a [`FromRank::Hello`] the scheduler does not admit (a wrong token, a rank
+    /// that is already running); the connection closes after it.
+    Refused {
+        /// Why.
+        reason: String,
+    },
 }
 
 impl ToRank {
@@ -149,6 +159,7 @@ impl ToRank {
             ToRank::StepBegin { .. } => "step_begin",
             ToRank::VoteResult { .. } => "vote_result",
             ToRank::Shutdown => "shutdown",
+            ToRank::Refused { .. } => "refused",
         }
     }
 }
@@ -162,6 +173,9 @@ pub enum FromRank {
         rank: RankId,
         /// Its process id.
         pid: u32,
+        /// The run's membership token, handed to the process at launch in
+        /// [`TOKEN_ENV`]: proves the process was started by this run.
+        token: String,
     },
     /// Listeners are bound and the data plane serves; or why not.
     Ready {

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use pdkv_core::ids::{EngineId, RankId};
 use pdkv_rdma::cluster::{self, ClusterConfig, ClusterResult, Fault};
+use pdkv_rdma::sched::TOKEN_ENV;
 
 fn exe() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_pdkv"))
@@ -284,4 +285,98 @@ fn a_kill_after_zero_prefills_happens_before_the_first_request() {
     assert!(r.failures.iter().all(|f| f.prefill == "P0.dp0" && f.errors == ["P0.dp0.tp1 is gone"]), "{json}");
     assert_eq!((r.ledger.freed, r.ledger.reaped, r.ledger.held), (8, 0, 0), "{json}");
     assert!(r.duration_s < 2.0, "nothing waited for a timeout: {json}");
+}
+
+/// The `pdkv connector` processes this test process started for `deployment`, with their
+/// command lines (Linux's /proc).
+fn connectors_of(deployment: &str) -> Vec<(u32, Vec<String>)> {
+    let me = std::process::id();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        // The parent is the second field after the command name, which is in parentheses.
+        let ppid =
+            stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
+        if ppid != Some(me) {
+            continue;
+        }
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { continue };
+        let args: Vec<String> = cmdline
+            .split(|&b| b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if args.iter().any(|a| a == "connector") && args.iter().any(|a| a == deployment) {
+            found.push((pid, args));
+        }
+    }
+    found
+}
+
+fn arg_after(args: &[String], flag: &str) -> String {
+    let at = args.iter().position(|a| a == flag).unwrap_or_else(|| panic!("{flag} in {args:?}"));
+    args[at + 1].clone()
+}
+
+fn env_of(pid: u32, name: &str) -> Option<String> {
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let prefix = format!("{name}=");
+    environ
+        .split(|&b| b == 0)
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+        .find_map(|v| v.strip_prefix(&prefix).map(str::to_owned))
+}
+
+#[test]
+fn strangers_and_doubles_are_refused_and_the_run_goes_on() {
+    // A deployment no other test uses, so that its connectors are this test's.
+    let deployment = "1P_TP1:1D_TP2";
+    let mut config = ClusterConfig::new(deployment, 60, exe());
+    config.concurrency = 2;
+    let mut intruders = Vec::new();
+    let mut fired = false;
+    // Mid-run (the progress callback runs in the scheduler's loop, which goes on once it
+    // returns), start two connectors claiming the live prefill rank: one with a wrong token,
+    // one with the run's own token, as a user who read it from /proc could.
+    let result = cluster::run(config, &mut |p| {
+        if fired || p.done < 3 {
+            return;
+        }
+        fired = true;
+        let ranks = connectors_of(deployment);
+        let (pid, args) =
+            ranks.iter().find(|(_, a)| a.iter().any(|x| x == "prefill")).expect("a prefill rank");
+        let scheduler = arg_after(args, "--scheduler");
+        let token = env_of(*pid, TOKEN_ENV).expect("the rank has the run's token");
+        let join = |token: &str| {
+            let ids = ["--role", "prefill", "--engine", "0", "--dp", "0", "--tp", "0"];
+            std::process::Command::new(exe())
+                .args(["connector", "--deployment", deployment, "--scheduler", &scheduler])
+                .args(ids)
+                .env(TOKEN_ENV, token)
+                .output()
+                .expect("pdkv runs")
+        };
+        intruders.push(("wrong membership token", join("0123")));
+        intruders.push(("P0.dp0.tp0 is already running as process", join(&token)));
+    })
+    .expect("the cluster runs");
+    let json = result.to_json();
+    assert!(fired, "{json}");
+    for (reason, out) in &intruders {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains("the scheduler refused this connector") && stderr.contains(reason),
+            "{stderr}"
+        );
+        let reported = "refused a connector that claimed to be P0.dp0.tp0 (process ";
+        assert!(result.problems.iter().any(|p| p.starts_with(reported) && p.contains(reason)), "{json}");
+    }
+    // The live rank was not displaced: every request finished, every byte verified.
+    assert_eq!(result.outcome, "clean", "{json}");
+    assert_eq!((result.requests.finished, result.processes.refused), (60, 2), "{json}");
+    let p = &result.processes;
+    assert_eq!((p.started, p.exited_cleanly, p.failed), (3, 3, 0), "{json}");
 }
