@@ -31,7 +31,8 @@ fault runs end sooner with shorter ones.
 Exit codes: 0 the run was clean: no violation, no hang, no request failed unless an injected
 fault excuses it, nothing held or reaped unless a fault excuses it, every process accounted for
 (docs/backend.md says exactly what a fault excuses); 1 it was not; 2 bad arguments or the
-cluster could not start.";
+cluster could not start; 130 (SIGINT) or 143 (SIGTERM) when a signal stopped it: the ranks are
+shut down and the partial result, outcome interrupted, is still written.";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum TransportArg {
@@ -153,6 +154,10 @@ pub fn run(args: &ClusterArgs) -> ExitCode {
     for &(rank, count) in &args.drop_releases {
         config.faults.push(Fault::DropReleases { rank, count });
     }
+    // Ctrl-C or a SIGTERM stops the run in order: the ranks shut down and the partial result is
+    // still written.
+    pdkv_rdma::signals::install();
+    config.stop = Some(&pdkv_rdma::signals::CAUGHT);
     let mut bar = Bar::new(format!("cluster {}", args.deployment), Duration::from_millis(500));
     let result = cluster::run(config, &mut |p| bar.update(p.done, p.total, "requests".into()));
     bar.finish();
@@ -163,7 +168,11 @@ pub fn run(args: &ClusterArgs) -> ExitCode {
             } else {
                 print!("{}", render(&result));
             }
-            if as_designed(&result) {
+            let signal = pdkv_rdma::signals::CAUGHT.load(std::sync::atomic::Ordering::SeqCst);
+            if result.outcome == "interrupted" {
+                // The shell's convention for a process a signal ended.
+                ExitCode::from(128u8.saturating_add(u8::try_from(signal).unwrap_or(0)))
+            } else if as_designed(&result) {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::FAILURE

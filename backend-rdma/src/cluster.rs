@@ -13,9 +13,10 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 use std::io::BufReader;
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
@@ -46,6 +47,12 @@ const IDLE_STEP: Duration = Duration::from_millis(2);
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long ranks get to say goodbye and exit after shutdown.
 const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often the loop looks at [`ClusterConfig::stop`] and at the ranks' heartbeats.
+const POLL: Duration = Duration::from_millis(50);
+/// How long a rank may say nothing (not even its heartbeat, every
+/// [`crate::sched::HEARTBEAT_INTERVAL`]) before it counts as lost: a stopped process keeps its
+/// connection open, so only silence shows it.
+const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Most problem lines kept for the report.
 const MAX_PROBLEMS: usize = 64;
 
@@ -106,6 +113,10 @@ pub struct ClusterConfig {
     pub timeout_ms: u64,
     /// Faults to inject.
     pub faults: Vec<Fault>,
+    /// Where to look for a stop request: a signal number (nonzero) stops the run in order,
+    /// with a partial result whose outcome is `interrupted` ([`crate::signals::CAUGHT`] for the
+    /// command line).
+    pub stop: Option<&'static AtomicI32>,
 }
 
 /// Most requests one run sends (each keeps a few hundred bytes of bookkeeping).
@@ -214,6 +225,7 @@ impl ClusterConfig {
             defer_timeout_ms: 60_000,
             timeout_ms: 120_000,
             faults: Vec::new(),
+            stop: None,
         }
     }
 
@@ -461,13 +473,22 @@ pub struct Progress {
     pub total: u64,
 }
 
-/// How a run ended, by the simulator's rules plus one of the cluster's own: a violation trumps
-/// a hang, a hang trumps failed requests, failed requests trump a leak. Requests that failed and
-/// transfers the reaper freed after an injected fault they were exposed to are the fault's
-/// designed effect and recovery, not a failure of the run; any other failed request is.
-fn outcome(violated: bool, hung: bool, requests: &Requests, ledger: &Ledger) -> &'static str {
+/// How a run ended, by the simulator's rules plus two of the cluster's own: a violation trumps
+/// an interruption (a signal stopped the run, so the rest is partial), which trumps a hang; a
+/// hang trumps failed requests, failed requests trump a leak. Requests that failed and transfers
+/// the reaper freed after an injected fault they were exposed to are the fault's designed
+/// effect and recovery, not a failure of the run; any other failed request is.
+fn outcome(
+    violated: bool,
+    interrupted: bool,
+    hung: bool,
+    requests: &Requests,
+    ledger: &Ledger,
+) -> &'static str {
     if violated {
         "safety_violation"
+    } else if interrupted {
+        "interrupted"
     } else if hung {
         "hang"
     } else if requests.failed > requests.failed_excused {
@@ -519,6 +540,8 @@ struct RankProc {
     data_addr: Option<String>,
     said_bye: bool,
     killed_by_fault: bool,
+    /// When the scheduler last heard from the process.
+    last_heard: std::time::Instant,
 }
 
 /// Who may join a run: a process this run started, once, holding the run's token. A stray
@@ -740,6 +763,8 @@ struct Cluster {
     submitting: bool,
     restart_at: Option<(std::time::Instant, RankId)>,
     hung: Option<String>,
+    /// The signal that stopped the run, if one did.
+    interrupted: Option<i32>,
     scheduler_addr: SocketAddr,
     /// The run's membership token and who may join ([`Admission`]).
     token: String,
@@ -869,6 +894,7 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
         submitting: false,
         restart_at: None,
         hung: None,
+        interrupted: None,
         scheduler_addr: acceptor.addr,
         token,
         admission,
@@ -910,6 +936,9 @@ impl Cluster {
             .args(["--engine", &rank.engine.index.to_string(), "--dp", &rank.dp.to_string()])
             .args(["--tp", &rank.tp.to_string(), "--scheduler", &self.scheduler_addr.to_string()])
             .env(TOKEN_ENV, &self.token)
+            // Its own process group: a Ctrl-C in the terminal reaches only `pdkv cluster`, which
+            // then stops its ranks in order and still writes its result.
+            .process_group(0)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .spawn()
@@ -926,6 +955,7 @@ impl Cluster {
             data_addr: None,
             said_bye: false,
             killed_by_fault: false,
+            last_heard: std::time::Instant::now(),
         };
         self.ranks.insert(rank, proc);
         Ok(())
@@ -963,13 +993,18 @@ impl Cluster {
         }
         let deadline = std::time::Instant::now() + START_TIMEOUT;
         while self.ranks.values().any(|r| !r.ready) {
+            if self.stop_requested() {
+                // The main loop ends at once; the result says interrupted.
+                return Ok(());
+            }
             let left = deadline.saturating_duration_since(std::time::Instant::now());
-            match rx.recv_timeout(left) {
+            match rx.recv_timeout(left.min(POLL)) {
                 Ok(ev) => {
                     if let Some(error) = self.on_event(ev, tx) {
                         return Err(error);
                     }
                 }
+                Err(RecvTimeoutError::Timeout) if !left.is_zero() => {}
                 Err(_) => {
                     let missing: Vec<String> =
                         self.ranks.iter().filter(|(_, r)| !r.ready).map(|(k, _)| k.to_string()).collect();
@@ -1034,14 +1069,15 @@ impl Cluster {
                 ));
             }
             Ev::Msg { rank, incarnation, msg } => {
-                if self.ranks.get(&rank).is_none_or(|p| p.incarnation != incarnation) {
-                    return None;
-                }
+                let proc = self.ranks.get_mut(&rank).filter(|p| p.incarnation == incarnation)?;
+                proc.last_heard = std::time::Instant::now();
                 return self.on_message(rank, msg);
             }
             Ev::Gone { rank, incarnation } => {
                 let proc = self.ranks.get_mut(&rank)?;
-                if proc.incarnation != incarnation {
+                // A rank already counted as lost (killed by a fault, or for its silence) is
+                // not lost twice.
+                if proc.incarnation != incarnation || !proc.alive {
                     return None;
                 }
                 let expected = proc.said_bye || proc.killed_by_fault;
@@ -1119,7 +1155,7 @@ impl Cluster {
     fn on_message(&mut self, rank: RankId, msg: FromRank) -> Option<String> {
         let now = self.clock.now();
         match msg {
-            FromRank::Hello { .. } => {}
+            FromRank::Hello { .. } | FromRank::Heartbeat => {}
             FromRank::Ready { data_addr, memory } => {
                 if rank.engine.role == Role::Prefill {
                     self.memory.insert(memory);
@@ -1704,6 +1740,48 @@ impl Cluster {
 
     // -------------------------------------------------------------------------- the loop
 
+    /// Whether [`ClusterConfig::stop`] asks the run to stop; notes the signal once.
+    fn stop_requested(&mut self) -> bool {
+        if self.interrupted.is_some() {
+            return true;
+        }
+        let Some(flag) = self.config.stop else { return false };
+        let signal = flag.load(Ordering::SeqCst);
+        if signal == 0 {
+            return false;
+        }
+        self.interrupted = Some(signal);
+        if std::ptr::eq(flag, &crate::signals::CAUGHT) {
+            // A second Ctrl-C during the orderly stop ends the process at once.
+            crate::signals::restore();
+        }
+        true
+    }
+
+    /// Ranks that said nothing, not even a heartbeat, for [`HEARTBEAT_TIMEOUT`]: stopped or
+    /// hung processes, whose connection stays open. Each is killed and lost like a dead one.
+    fn check_heartbeats(&mut self) {
+        let silent: Vec<RankId> = self
+            .ranks
+            .iter()
+            .filter(|(_, p)| p.alive && p.ready && p.last_heard.elapsed() > HEARTBEAT_TIMEOUT)
+            .map(|(&r, _)| r)
+            .collect();
+        for rank in silent {
+            let proc = self.ranks.get_mut(&rank).expect("listed above");
+            if let Some(child) = proc.child.as_mut() {
+                let _ = child.kill();
+            }
+            proc.alive = false;
+            proc.writer = None;
+            let secs = HEARTBEAT_TIMEOUT.as_secs();
+            self.problem(format!(
+                "{rank} stopped answering (nothing for {secs} s, not even a heartbeat); killed it"
+            ));
+            self.rank_lost(rank);
+        }
+    }
+
     fn held(&self) -> u64 {
         self.engines.iter().map(|e| e.held().count() as u64).sum()
     }
@@ -1722,6 +1800,10 @@ impl Cluster {
         let total = u64::from(self.config.requests);
         let mut reported = u64::MAX;
         loop {
+            if self.stop_requested() {
+                return;
+            }
+            self.check_heartbeats();
             let done = self.finished + self.failed;
             if done != reported {
                 reported = done;
@@ -1755,7 +1837,7 @@ impl Cluster {
             if let Some((at, _)) = self.restart_at {
                 wake = wake.min(at);
             }
-            match rx.recv_timeout(wake.saturating_duration_since(now)) {
+            match rx.recv_timeout(wake.saturating_duration_since(now).min(POLL)) {
                 Ok(ev) => {
                     if let Some(error) = self.on_event(ev, tx) {
                         self.problem(error);
@@ -1852,7 +1934,8 @@ impl Cluster {
             unfinished,
         };
         let hung = self.hung.is_some() || unfinished > 0;
-        let outcome = outcome(!self.violations.is_empty(), hung, &requests, &ledger);
+        let outcome =
+            outcome(!self.violations.is_empty(), self.interrupted.is_some(), hung, &requests, &ledger);
         let mut problems: Vec<String> = self
             .problems
             .iter()
@@ -1861,6 +1944,10 @@ impl Cluster {
                 _ => p.clone(),
             })
             .collect();
+        if let Some(signal) = self.interrupted {
+            problems
+                .insert(0, format!("interrupted by {}: the result is partial", crate::signals::name(signal)));
+        }
         if let Some(hung) = &self.hung {
             problems.insert(0, format!("hung: {hung}"));
         }
@@ -1925,7 +2012,7 @@ mod tests {
         // `sent` and `finished` do not matter: only failures without an excuse do.
         let requests = |failed, excused| Requests { failed, failed_excused: excused, ..Requests::default() };
         let check = |violated, hung, r: Requests, l: Ledger, expected: &str| {
-            assert_eq!(outcome(violated, hung, &r, &l), expected, "{violated} {hung} {r:?} {l:?}");
+            assert_eq!(outcome(violated, false, hung, &r, &l), expected, "{violated} {hung} {r:?} {l:?}");
         };
         check(false, false, requests(0, 0), ledger(0, 0, 0), "clean");
         check(false, false, requests(0, 0), ledger(0, 3, 3), "clean");
@@ -1941,6 +2028,13 @@ mod tests {
         check(false, false, requests(6, 5), ledger(0, 4, 4), "failed_requests");
         check(false, false, requests(6, 5), ledger(0, 4, 3), "failed_requests");
         check(false, true, requests(6, 5), ledger(0, 0, 0), "hang");
+        // A stopped run is partial: unfinished requests and held transfers are expected of it;
+        // only a violation seen before the stop says more.
+        let stopped = |violated, expected: &str| {
+            assert_eq!(outcome(violated, true, true, &requests(3, 0), &ledger(2, 0, 0)), expected);
+        };
+        stopped(false, "interrupted");
+        stopped(true, "safety_violation");
     }
 
     #[test]

@@ -23,6 +23,9 @@ use serde::{Deserialize, Serialize};
 /// environment, unlike the command line, is not shown to other users by `ps`).
 pub const TOKEN_ENV: &str = "PDKV_CLUSTER_TOKEN";
 
+/// How often a connector tells its scheduler it is alive ([`FromRank::Heartbeat`]).
+pub const HEARTBEAT_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// Largest frame either side accepts (a step of many requests with long block lists fits).
 pub const MAX_FRAME_BYTES: u32 = 64 << 20;
 
@@ -274,6 +277,9 @@ pub enum FromRank {
         /// The transfer.
         transfer_id: TransferId,
     },
+    /// Sent every [`HEARTBEAT_INTERVAL`] from a thread of its own, so that a stopped process
+    /// (whose connection stays open) is told apart from a busy one.
+    Heartbeat,
     /// Counters at shutdown, then the rank exits.
     Bye {
         /// Releases sent (decode) or counted (prefill).

@@ -380,3 +380,127 @@ fn strangers_and_doubles_are_refused_and_the_run_goes_on() {
     let p = &result.processes;
     assert_eq!((p.started, p.exited_cleanly, p.failed), (3, 3, 0), "{json}");
 }
+
+/// Sends `signal` (`-KILL`, `-STOP`, ...) to a process with the system's `kill`.
+fn send_signal(pid: u32, signal: &str) {
+    let status =
+        std::process::Command::new("kill").args([signal, &pid.to_string()]).status().expect("kill runs");
+    assert!(status.success(), "kill {signal} {pid}");
+}
+
+/// Runs `deployment` and, once a few requests ended, sends `signal` to the connector of
+/// `victim` (by its command line's role and ids) from outside, as an operator or a crash would.
+fn run_and_hit(deployment: &str, victim: [&str; 4], signal: &str) -> ClusterResult {
+    let mut config = quick(deployment, 400);
+    config.concurrency = 4;
+    let mut hit = false;
+    let result = cluster::run(config, &mut |p| {
+        if hit || p.done < 5 {
+            return;
+        }
+        hit = true;
+        let [role, engine, dp, tp] = victim;
+        let ranks = connectors_of(deployment);
+        let is_victim = |a: &[String]| {
+            arg_after(a, "--role") == role
+                && arg_after(a, "--engine") == engine
+                && arg_after(a, "--dp") == dp
+                && arg_after(a, "--tp") == tp
+        };
+        let (pid, _) = ranks.iter().find(|(_, a)| is_victim(a)).expect("the victim runs");
+        send_signal(*pid, signal);
+    })
+    .expect("the cluster runs");
+    assert!(hit, "{}", result.to_json());
+    result
+}
+
+#[test]
+fn a_rank_that_dies_or_stops_without_an_injected_fault_fails_its_group_fast_and_the_run_is_not_clean() {
+    // (deployment, victim, signal, the group's failures, what the report says)
+    let cases = [
+        (
+            "1P_TP2:1D_TP1",
+            ["decode", "0", "0", "0"],
+            "-KILL",
+            "D0.dp0.tp0 is gone",
+            "disconnected unexpectedly",
+        ),
+        (
+            "1P_DP2TP1:1D_TP1",
+            ["prefill", "0", "1", "0"],
+            "-KILL",
+            "P0.dp1.tp0 is gone",
+            "disconnected unexpectedly",
+        ),
+        ("1P_TP1:1D_DP2", ["decode", "0", "1", "0"], "-STOP", "D0.dp1.tp0 is gone", "stopped answering"),
+    ];
+    for (deployment, victim, signal, error, problem) in cases {
+        let r = run_and_hit(deployment, victim, signal);
+        let json = r.to_json();
+        // Nothing excuses the failures: the run is not clean.
+        assert_eq!(r.outcome, "failed_requests", "{deployment}: {json}");
+        let q = &r.requests;
+        assert!(q.failed > 0 && q.failed_excused == 0 && q.unfinished == 0, "{deployment}: {json}");
+        assert!(r.failures.iter().any(|f| f.errors == [error]), "{deployment}: {json}");
+        assert!(r.problems.iter().any(|p| p.contains(problem)), "{deployment}: {json}");
+        // Ended long before the run's timeout (60 s), with nothing held: the dead group's
+        // transfers were reaped after --defer-timeout-ms (6 s) and the leases.
+        assert!(r.duration_s < 30.0, "{deployment}: {json}");
+        assert_eq!((r.ledger.held, r.ledger.double_frees), (0, 0), "{deployment}: {json}");
+        assert_eq!((r.processes.failed, r.processes.killed_at_shutdown), (1, 0), "{deployment}: {json}");
+        assert!(r.violations.is_empty(), "{deployment}: {json}");
+    }
+}
+
+#[test]
+fn sigint_and_sigterm_stop_the_ranks_and_write_a_partial_result() {
+    for (signal, code, name) in [("-INT", 130, "SIGINT"), ("-TERM", 143, "SIGTERM")] {
+        let child = std::process::Command::new(exe())
+            .args(["cluster", "1P_TP2:1D_TP2", "--requests", "1000000", "--concurrency", "4", "--json"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("pdkv runs");
+        // Wait until its four ranks run, then a little, so that requests are in flight.
+        let me = child.id();
+        let ranks = || {
+            std::fs::read_dir("/proc")
+                .expect("/proc")
+                .flatten()
+                .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+                .filter(|pid| {
+                    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+                    let ppid =
+                        stat.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().nth(1)?.parse().ok());
+                    ppid == Some(me)
+                })
+                .collect::<Vec<u32>>()
+        };
+        let start = std::time::Instant::now();
+        while ranks().len() < 4 && start.elapsed() < std::time::Duration::from_secs(30) {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let pids = ranks();
+        assert_eq!(pids.len(), 4, "{name}: ranks {pids:?}");
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        send_signal(me, signal);
+        let out = child.wait_with_output().expect("pdkv ends");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{name}: {stderr}");
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a result on stdout");
+        assert_eq!(json["outcome"], "interrupted", "{name}: {json}");
+        assert!(json["problems"][0].as_str().is_some_and(|p| p.contains(name)), "{name}: {json}");
+        assert!(json["requests"]["unfinished"].as_u64() > Some(0), "{name}: {json}");
+        // Every rank was told to shut down and exited cleanly; none is left.
+        let p = &json["processes"];
+        assert_eq!(
+            (p["started"].as_u64(), p["exited_cleanly"].as_u64()),
+            (Some(4), Some(4)),
+            "{name}: {json}"
+        );
+        for pid in pids {
+            assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "{name}: rank {pid} is left");
+        }
+    }
+}
