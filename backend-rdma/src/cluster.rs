@@ -1086,11 +1086,13 @@ impl Cluster {
                 proc.writer = None;
                 if !expected {
                     self.problem(format!("{rank} disconnected unexpectedly"));
-                    if !ready {
-                        return Some(format!("{rank} exited before it was ready"));
-                    }
                 }
+                // Lost even when it never became ready (a restart that failed), so that its
+                // group's queue fails instead of waiting for it.
                 self.rank_lost(rank);
+                if !expected && !ready {
+                    return Some(format!("{rank} exited before it was ready"));
+                }
             }
         }
         None
@@ -1139,6 +1141,12 @@ impl Cluster {
             }
             Role::Decode => {
                 let g = self.dgroup_of(rank);
+                // A dead member votes no, as a failed collective would: the live ranks fail
+                // the step's requests at once and release their transfers, instead of waiting
+                // for a result that would never come.
+                if let Phase::Running { step, .. } = self.dgroups[g].phase {
+                    self.vote(rank, step, false);
+                }
                 let group = &mut self.dgroups[g];
                 group.phase = Phase::Idle;
                 group.next_step = None;
@@ -1183,20 +1191,7 @@ impl Cluster {
                 let e = usize::from(rank.engine.index);
                 self.engine(e, EngineEvent::Leased { transfer_id, until: Instant(now.0 + remaining_ns) });
             }
-            FromRank::Vote { step, ok } => {
-                let g = self.dgroup_of(rank);
-                let group = &mut self.dgroups[g];
-                let votes = group.votes.entry(step).or_default();
-                votes.insert(rank.tp, ok);
-                if votes.len() == usize::from(group.tp) {
-                    let all = votes.values().all(|&v| v);
-                    group.votes.remove(&step);
-                    for tp in 0..self.dgroups[g].tp {
-                        let r = self.decode_rank(g, tp);
-                        self.send(r, &ToRank::VoteResult { step, ok: all });
-                    }
-                }
-            }
+            FromRank::Vote { step, ok } => self.vote(rank, step, ok),
             FromRank::StepDone { step, .. } => {
                 let g = self.dgroup_of(rank);
                 if let Phase::Running { step: s, done, .. } = &mut self.dgroups[g].phase {
@@ -1252,6 +1247,22 @@ impl Cluster {
             }
         }
         None
+    }
+
+    /// Counts `rank`'s vote for `step`; once the whole TP group voted, tells every rank the MIN.
+    fn vote(&mut self, rank: RankId, step: u64, ok: bool) {
+        let g = self.dgroup_of(rank);
+        let group = &mut self.dgroups[g];
+        let votes = group.votes.entry(step).or_default();
+        votes.insert(rank.tp, ok);
+        if votes.len() == usize::from(group.tp) {
+            let all = votes.values().all(|&v| v);
+            group.votes.remove(&step);
+            for tp in 0..self.dgroups[g].tp {
+                let r = self.decode_rank(g, tp);
+                self.send(r, &ToRank::VoteResult { step, ok: all });
+            }
+        }
     }
 
     fn request_of(&self, transfer_id: &TransferId) -> Option<RequestId> {
@@ -1332,6 +1343,14 @@ impl Cluster {
             for id in queued {
                 self.end(id, Some(vec![format!("{gone} is gone")]));
             }
+            return;
+        }
+        // A killed rank that a restart brings back: the group's prefills wait for it, since
+        // KV prefilled without it could not be read from it.
+        let tp = self.d.layout(engine).tp;
+        let incomplete = (0..tp)
+            .any(|tp| self.ranks.get(&RankId::new(engine, dp, tp)).is_some_and(|p| !(p.alive && p.ready)));
+        if incomplete {
             return;
         }
         let block = self.d.model.block_size_tokens;
