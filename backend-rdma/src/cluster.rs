@@ -1041,6 +1041,12 @@ impl Cluster {
         }
     }
 
+    /// The acceptor refused a connector ([`Admission`]): counted and reported.
+    fn refused(&mut self, rank: RankId, pid: u32, reason: &str) {
+        self.processes.refused += 1;
+        self.problem(format!("refused a connector that claimed to be {rank} (process {pid}): {reason}"));
+    }
+
     /// Handles one event; returns a start-up error when a rank cannot start.
     fn on_event(&mut self, ev: Ev, tx: &Sender<Ev>) -> Option<String> {
         match ev {
@@ -1062,12 +1068,7 @@ impl Cluster {
                 let setup = self.setup_for(rank, incarnation);
                 self.send(rank, &ToRank::Setup(setup));
             }
-            Ev::Refused { rank, pid, reason } => {
-                self.processes.refused += 1;
-                self.problem(format!(
-                    "refused a connector that claimed to be {rank} (process {pid}): {reason}"
-                ));
-            }
+            Ev::Refused { rank, pid, reason } => self.refused(rank, pid, &reason),
             Ev::Msg { rank, incarnation, msg } => {
                 let proc = self.ranks.get_mut(&rank).filter(|p| p.incarnation == incarnation)?;
                 proc.last_heard = std::time::Instant::now();
@@ -1908,6 +1909,7 @@ impl Cluster {
                         p.alive = false;
                     }
                 }
+                Ok(Ev::Refused { rank, pid, reason }) => self.refused(rank, pid, &reason),
                 Ok(_) => {}
                 Err(_) => break,
             }
