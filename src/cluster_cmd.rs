@@ -254,8 +254,9 @@ fn render(r: &ClusterResult) -> String {
             f.errors.join("; ")
         );
     }
-    if r.failures.len() > 10 {
-        let _ = writeln!(s, "  failed         ... and {} more (see --json)", r.failures.len() - 10);
+    let listed = r.failures.len().min(10) as u64;
+    if r.requests.failed > listed {
+        let _ = writeln!(s, "  failed         ... and {} more (see --json)", r.requests.failed - listed);
     }
     for v in &r.violations {
         let _ = writeln!(s, "  VIOLATION      {}: {}", v.kind, v.detail);

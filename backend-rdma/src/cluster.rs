@@ -33,7 +33,10 @@ use pdkv_core::topology::{Deployment, Layout, ModelSpec};
 use serde::Serialize;
 
 use crate::connector::Clock;
-use crate::sched::{read_frame, write_frame, FromRank, Recv, Setup, ToRank, TransportKind, TOKEN_ENV};
+use crate::sched::{
+    read_frame, read_frame_within, write_frame, FromRank, Recv, Setup, ToRank, TransportKind,
+    MAX_HELLO_BYTES, TOKEN_ENV,
+};
 
 const NS_PER_MS: u64 = 1_000_000;
 /// Decode blocks per decode DP group (the KV lands there; only ids are tracked here).
@@ -53,6 +56,9 @@ const POLL: Duration = Duration::from_millis(50);
 /// [`crate::sched::HEARTBEAT_INTERVAL`]) before it counts as lost: a stopped process keeps its
 /// connection open, so only silence shows it.
 const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Most failed requests listed in the result: a run whose decode group died can fail a
+/// million requests, and a listing of each would make a result of hundreds of megabytes.
+pub const MAX_FAILURES_LISTED: usize = 1000;
 /// Most problem lines kept for the report.
 const MAX_PROBLEMS: usize = 64;
 
@@ -442,7 +448,7 @@ pub struct ClusterResult {
     pub prompt_kv_bytes: u64,
     /// Where the prefill ranks kept their KV (host memory, or a HIP device), and why.
     pub memory: Vec<String>,
-    /// Failed requests.
+    /// Failed requests, the first [`MAX_FAILURES_LISTED`] (`requests.failed` counts them all).
     pub failures: Vec<Failure>,
     /// Safety violations.
     pub violations: Vec<Violation>,
@@ -618,8 +624,10 @@ impl Acceptor {
                 thread::spawn(move || {
                     let _ = stream.set_read_timeout(Some(START_TIMEOUT));
                     let mut reader = BufReader::new(&stream);
-                    // Anything but a hello is not a connector; it gets nothing.
-                    let Ok(FromRank::Hello { rank, pid, token }) = read_frame::<FromRank>(&mut reader) else {
+                    // Anything but a hello is not a connector; it gets nothing. A hello is small,
+                    // so a stranger cannot make this thread allocate a long frame.
+                    let hello = read_frame_within::<FromRank>(&mut reader, MAX_HELLO_BYTES);
+                    let Ok(FromRank::Hello { rank, pid, token }) = hello else {
                         return;
                     };
                     let verdict =
@@ -1683,12 +1691,14 @@ impl Cluster {
                 if req.exposed {
                     self.failed_excused += 1;
                 }
-                self.failures.push(Failure {
-                    request: id.0,
-                    transfer_id: req.transfer_id.0.clone(),
-                    prefill: format!("P{}.dp{}", req.prefill.0, req.prefill.1),
-                    errors,
-                });
+                if self.failures.len() < MAX_FAILURES_LISTED {
+                    self.failures.push(Failure {
+                        request: id.0,
+                        transfer_id: req.transfer_id.0.clone(),
+                        prefill: format!("P{}.dp{}", req.prefill.0, req.prefill.1),
+                        errors,
+                    });
+                }
             }
         }
         self.owed += 1;

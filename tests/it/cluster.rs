@@ -285,6 +285,13 @@ fn a_kill_after_zero_prefills_happens_before_the_first_request() {
     assert!(r.failures.iter().all(|f| f.prefill == "P0.dp0" && f.errors == ["P0.dp0.tp1 is gone"]), "{json}");
     assert_eq!((r.ledger.freed, r.ledger.reaped, r.ledger.held), (8, 0, 0), "{json}");
     assert!(r.duration_s < 2.0, "nothing waited for a timeout: {json}");
+
+    // Every request fails at once; the result lists the first 1000 and counts them all.
+    let mut config = quick("1P_TP1:1D_TP1", 1500);
+    config.faults.push(Fault::KillPrefill { rank: rank(true, 0, 0), after: 0, restart_after_ms: None });
+    let r = run(config);
+    assert_eq!((r.outcome.as_str(), r.requests.failed, r.requests.failed_excused), ("clean", 1500, 1500));
+    assert_eq!(r.failures.len(), cluster::MAX_FAILURES_LISTED);
 }
 
 /// The `pdkv connector` processes this test process started for `deployment`, with their
