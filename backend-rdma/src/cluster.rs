@@ -667,14 +667,37 @@ fn free_ports(host: &str, count: u16) -> Result<u16, String> {
     let nanos =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
     let seed = u64::from(std::process::id()) * 7919 + n * 4999 + u64::from(nanos / 1000);
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok().and_then(|text| {
+        let mut bounds = text.split_whitespace().map(|n| n.parse::<u16>().ok());
+        Some((bounds.next()??, bounds.next()??))
+    });
+    let (lo, hi) = probe_window(ephemeral, count);
+    let width = u64::from(hi - lo - count + 1);
     for attempt in 0..200u64 {
-        let start = 20_000 + ((seed + attempt * 1009) % 30_000) as u16;
+        let start = lo + ((seed + attempt * 1009) % width) as u16;
         let ok = (0..count).all(|i| TcpListener::bind((host, start + i)).is_ok());
         if ok {
             return Ok(start);
         }
     }
     Err(format!("no {count} consecutive free ports on {host}"))
+}
+
+/// Where to look for listener ports, `lo..=hi`: outside the system's ephemeral range (Linux's
+/// `ip_local_port_range`, 32768-60999 by default), since every outgoing connection (a data-plane
+/// read, a release, another cluster's) takes a port from it, and one could take a rank's port
+/// between the probe and the rank's bind. Below it when there is room, else above it.
+fn probe_window(ephemeral: Option<(u16, u16)>, count: u16) -> (u16, u16) {
+    const LOWEST: u16 = 10_000;
+    let (first, last) = ephemeral.unwrap_or((32_768, 60_999));
+    if first > LOWEST && first - LOWEST > count.saturating_mul(16) {
+        (LOWEST, first - 1)
+    } else if last < u16::MAX && u16::MAX - last > count.saturating_mul(16) {
+        (last + 1, u16::MAX)
+    } else {
+        // No room outside it (a system that made everything ephemeral): probe it all.
+        (LOWEST, u16::MAX)
+    }
 }
 
 // ------------------------------------------------------------------------------ scheduling
@@ -2092,6 +2115,15 @@ mod tests {
         check(p0, 100, "t0k3n", Ok(()));
         check(p0, 100, "t0k3n", Err("has joined already"));
         check(d1, 101, "t0k3n", Ok(()));
+    }
+
+    #[test]
+    fn listener_ports_are_probed_outside_the_ephemeral_range() {
+        let check = |ephemeral, count, expected| assert_eq!(probe_window(ephemeral, count), expected);
+        check(Some((32_768, 60_999)), 24, (10_000, 32_767));
+        check(None, 24, (10_000, 32_767));
+        check(Some((1_024, 49_999)), 24, (50_000, 65_535));
+        check(Some((1_024, 65_535)), 24, (10_000, 65_535));
     }
 
     #[test]
