@@ -1431,6 +1431,17 @@ impl Cluster {
         self.maybe_kill();
         let req = &self.requests[&id];
         let (e, dp) = req.prefill;
+        let decode_engine = EngineId::decode(req.decode.0 as u16);
+        if let Some(gone) = self.gone_rank_of_group(decode_engine, req.decode.1) {
+            // Its decode group died while it was prefilled: nobody will read or release it,
+            // so it is not registered, and its blocks go back to the pool now rather than to
+            // the reaper later.
+            let (transfer_id, blocks) = (req.transfer_id.clone(), req.prefill_blocks.clone());
+            self.free_prefill_blocks(e, dp, &transfer_id, &blocks);
+            self.end(id, Some(vec![format!("{gone} is gone")]));
+            return;
+        }
+        let req = &self.requests[&id];
         let decode_layout = self.d.decode[req.decode.0];
         let event = EngineEvent::PrefillDone {
             request: id,
