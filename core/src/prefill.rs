@@ -12,9 +12,9 @@
 //!    from its handshake listener as [`WorkerEvent::HandshakeRequest`].
 //! 4. A worker reports [`WorkerAction::Finished`] when its part of a transfer is done; deliver
 //!    that to the engine as [`EngineEvent::WorkerFinished`]. When every worker of the group has
-//!    finished, the engine reports the request finished sending, frees its blocks
-//!    ([`EngineAction::FreeBlocks`]) and retires the transfer on its workers
-//!    ([`EngineAction::Retire`], delivered as [`WorkerEvent::Retired`]).
+//!    finished, the engine reports the request finished sending, retires the transfer on its
+//!    workers ([`EngineAction::Retire`], delivered as [`WorkerEvent::Retired`]) and then frees
+//!    its blocks ([`EngineAction::FreeBlocks`]), in that order.
 //! 5. Tick the engine ([`EngineEvent::Tick`]) when [`PrefillEngine::poll_timeout`] comes: the
 //!    deferred-free reaper frees whatever is still held `defer_timeout` after registration, with a
 //!    warning. A decode rank leases a transfer before reading it ([`WorkerEvent::Lease`], relayed
