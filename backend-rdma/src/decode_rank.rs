@@ -62,7 +62,12 @@ pub fn dial(
     }
     let metadata = match wire::decode(&frames[0]) {
         Ok(ControlMessage::HandshakeMetadata(m)) => m,
-        Ok(other) => return Err(format!("{endpoint} replied {other:?} instead of metadata")),
+        Ok(other) => {
+            return Err(format!(
+                "{endpoint} replied {} instead of metadata",
+                crate::connector::message_name(&other)
+            ))
+        }
         Err(e) => return Err(format!("metadata from {endpoint}: {e}")),
     };
     let layers = wire::decode_layer_memory_descs(&frames[1])
@@ -269,7 +274,7 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
             Some(Input::Sched(other)) => {
                 ctx.link.send(&FromRank::Problem {
                     violation: false,
-                    detail: format!("decode rank got {other:?}"),
+                    detail: format!("decode rank got {}", other.name()),
                 })?;
             }
             Some(Input::SchedGone(e)) => {
@@ -279,7 +284,7 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
                 Ok((metadata, layers)) => {
                     match DataDescriptor::from_bytes(&metadata.agent_metadata).and_then(|desc| {
                         let (host, port) = desc.addr.rsplit_once(':').ok_or("no port in the data address")?;
-                        let port = port.parse().map_err(|e| format!("data port {port:?}: {e}"))?;
+                        let port = port.parse().map_err(|e| format!("data port '{port}': {e}"))?;
                         Ok(Endpoint { host: host.to_owned(), port })
                     }) {
                         Ok(endpoint) => {
@@ -352,6 +357,8 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
                 DecodeAction::SendRelease { endpoint, release, .. } => {
                     if dropped < u64::from(setup.drop_releases) {
                         dropped += 1;
+                        let transfer_id = release.transfer_id;
+                        ctx.link.send(&FromRank::ReleaseDropped { transfer_id })?;
                         continue;
                     }
                     releases += 1;
