@@ -1150,6 +1150,15 @@ impl Cluster {
     /// timeouts, and so do the requests of a decode group that lost a rank, since its TP group
     /// can never vote or step again.
     fn rank_lost(&mut self, rank: RankId) {
+        if rank.engine.role == Role::Prefill && self.gone_for_good(rank) {
+            // Its memory died with it and it will not come back: on the transfers it holds (and
+            // any registered later) its part counts as done, so its group's blocks are freed
+            // once the live ranks are released instead of at the reaper. The engine decides;
+            // the driver only reports the loss. A rank that will restart is not reported: its
+            // new incarnation could reuse the freed block ids while a reader still reads the old
+            // transfer from it, so its old transfers wait for the reaper, fenced meanwhile.
+            self.engine(usize::from(rank.engine.index), EngineEvent::WorkerLost { rank });
+        }
         let waiting: Vec<RequestId> =
             self.requests.iter().filter(|(_, r)| r.acks_needed.contains(&rank)).map(|(&id, _)| id).collect();
         if !self.gone_for_good(rank) {
@@ -1203,9 +1212,10 @@ impl Cluster {
                 let proc = self.ranks.get_mut(&rank).expect("known rank");
                 proc.ready = true;
                 proc.data_addr = data_addr;
-                if proc.incarnation > 0 {
+                let incarnation = proc.incarnation;
+                if incarnation > 0 {
                     self.down_by_fault.remove(&rank);
-                    self.faults_log.push(format!("{rank} restarted (incarnation {})", proc.incarnation));
+                    self.faults_log.push(format!("{rank} restarted (incarnation {incarnation})"));
                     self.pump_prefill(rank.engine, rank.dp);
                 }
             }

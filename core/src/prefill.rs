@@ -444,11 +444,13 @@ pub enum EngineEvent {
         /// The transfer.
         transfer_id: TransferId,
     },
-    /// A worker's process died for good (the driver saw its connection close, or its heartbeat
-    /// stop): every transfer it holds now counts its part as finished, so the group's blocks are
-    /// freed once the live workers are released instead of waiting for the reaper. Its memory
-    /// went with it, so no read of it can complete from freed blocks. Transfers registered later
-    /// (on a restarted worker) are not affected.
+    /// A worker's process died and will not come back (the driver saw its connection close,
+    /// or its heartbeat stop, and restarts nothing in its place): every transfer it holds counts
+    /// its part as finished, so the group's blocks are freed once the live workers are released
+    /// instead of waiting for the reaper, and so do transfers registered on its group later. Its
+    /// memory went with it, so no read of it can complete from freed blocks. Not for a worker
+    /// that will restart at the same address: its new memory could reuse freed block ids while
+    /// a reader still reads an old transfer from it (let the reaper fence and free those).
     WorkerLost {
         /// The worker.
         rank: RankId,
@@ -545,6 +547,8 @@ pub struct PrefillEngine {
     legacy: LegacyOptions,
     defer_timeout_ns: u64,
     held: BTreeMap<TransferId, Held>,
+    /// Workers lost for good.
+    lost: BTreeSet<RankId>,
     /// Reaper deadlines in order, so the next one is found without scanning.
     deadlines: BTreeSet<(Instant, TransferId)>,
     records: std::collections::VecDeque<TransferRecord>,
@@ -561,6 +565,7 @@ impl PrefillEngine {
             legacy,
             defer_timeout_ns: 60 * NS_PER_S,
             held: BTreeMap::new(),
+            lost: BTreeSet::new(),
             deadlines: BTreeSet::new(),
             records: std::collections::VecDeque::new(),
             totals: LedgerTotals::default(),
@@ -616,6 +621,7 @@ impl PrefillEngine {
             }
             EngineEvent::WorkerLost { rank } => {
                 debug_assert_eq!(rank.engine, self.engine, "lost worker reported to the wrong engine");
+                self.lost.insert(rank);
                 let held: Vec<TransferId> = self
                     .held
                     .iter()
@@ -689,9 +695,14 @@ impl PrefillEngine {
             ended_at: None,
             reaped: false,
         };
+        // Workers lost before the registration hold nothing of it: their part counts as done.
+        let lost: BTreeSet<u16> = (0..self.layout.tp)
+            .filter(|&tp| self.lost.contains(&RankId::new(self.engine, owner_dp, tp)))
+            .collect();
+        let all_lost = lost.len() == usize::from(self.layout.tp);
         let state = TransferState::Held {
             finished: BTreeSet::new(),
-            lost: BTreeSet::new(),
+            lost,
             group: self.layout.tp,
             flexible: plan.flexible,
         };
@@ -700,6 +711,10 @@ impl PrefillEngine {
         for (tp, quorum) in plan.per_tp_rank.into_iter().enumerate() {
             let rank = RankId::new(self.engine, owner_dp, tp as u16);
             out.push(EngineAction::Register { rank, transfer_id: transfer_id.clone(), quorum });
+        }
+        if all_lost {
+            // Nobody holds the KV: nothing to wait for.
+            self.end(now, &transfer_id, false, out);
         }
         Ok(())
     }

@@ -125,6 +125,9 @@ fn quick(deployment: &str, requests: u32) -> ClusterConfig {
 #[test]
 fn killing_a_prefill_process_fails_its_requests_and_nothing_hangs() {
     let mut config = quick("1P_DP2TP2:1D_TP4", 24);
+    // A reaper far beyond the run: the dead rank's transfers must be freed by its loss and the
+    // live ranks' releases, within the handshake and transfer timeouts.
+    config.defer_timeout_ms = 60_000;
     let killed = rank(true, 0, 1);
     config.faults.push(Fault::KillPrefill { rank: killed, after: 6, restart_after_ms: None });
     let r = run(config);
@@ -149,10 +152,12 @@ fn killing_a_prefill_process_fails_its_requests_and_nothing_hangs() {
     // Every request of the live DP group finished.
     let failed_dp1 = r.failures.iter().filter(|f| f.prefill == "P0.dp1").count();
     assert_eq!(failed_dp1, 0);
-    // The dead rank's transfers are reaped (fenced first) and excused; nothing stays held.
+    // The dead rank's part of its transfers counts as done (EngineEvent::WorkerLost): they are
+    // freed by the live ranks' releases, none is reaped, nothing stays held, and the run ends
+    // within the handshake and transfer timeouts (2 s + 5 s) though the reaper waits 60 s.
     assert_eq!(r.ledger.held, 0, "{json}");
-    assert!(r.ledger.reaped > 0 && r.ledger.reaped == r.ledger.reaped_excused, "{json}");
-    assert_eq!(r.ledger.fenced, r.ledger.reaped, "{json}");
+    assert_eq!(r.ledger.reaped, 0, "{json}");
+    assert!(r.duration_s < 7.0 + 1.0, "{json}");
     assert_eq!(r.processes.killed_by_fault, 1);
 }
 
