@@ -15,6 +15,7 @@ use std::fmt;
 use std::io::BufReader;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
 use std::time::Duration;
 
@@ -23,7 +24,7 @@ use pdkv_core::ports::Endpoint;
 use pdkv_core::time::Instant;
 use pdkv_core::topology::Deployment;
 
-use crate::sched::{read_frame, write_frame, FrameError, FromRank, Setup, ToRank};
+use crate::sched::{read_frame, write_frame, FrameError, FromRank, Setup, ToRank, HEARTBEAT_INTERVAL};
 
 /// How long a connector waits to reach its scheduler and hear its setup.
 pub const JOIN_TIMEOUT: Duration = Duration::from_secs(20);
@@ -47,6 +48,8 @@ pub enum ConnectorError {
     },
     /// A listener or the data plane could not start.
     Setup(String),
+    /// The scheduler did not admit this process (see [`crate::sched::ToRank::Refused`]).
+    Refused(String),
 }
 
 impl fmt::Display for ConnectorError {
@@ -57,6 +60,7 @@ impl fmt::Display for ConnectorError {
             }
             ConnectorError::Scheduler { op, detail } => write!(f, "scheduler: {op}: {detail}"),
             ConnectorError::Setup(detail) => write!(f, "cannot start: {detail}"),
+            ConnectorError::Refused(reason) => write!(f, "the scheduler refused this connector: {reason}"),
         }
     }
 }
@@ -84,16 +88,30 @@ impl Clock {
     }
 }
 
-/// The write half of the scheduler connection.
+/// The write half of the scheduler connection, shared by the node thread and the heartbeat
+/// thread (a lock keeps their frames whole).
 pub struct SchedLink {
-    stream: TcpStream,
+    stream: Arc<Mutex<TcpStream>>,
 }
 
 impl SchedLink {
     /// Sends one message; an error means the scheduler is gone, and the caller exits.
     pub fn send(&mut self, msg: &FromRank) -> Result<(), ConnectorError> {
-        write_frame(&mut self.stream, msg)
+        let mut stream = self.stream.lock().unwrap_or_else(PoisonError::into_inner);
+        write_frame(&mut *stream, msg)
             .map_err(|e| ConnectorError::Scheduler { op: "send", detail: e.to_string() })
+    }
+
+    /// Sends a heartbeat every [`HEARTBEAT_INTERVAL`] from a thread of its own until the
+    /// scheduler is gone (the process then exits anyway).
+    fn start_heartbeat(&self) {
+        let mut link = SchedLink { stream: self.stream.clone() };
+        thread::spawn(move || loop {
+            thread::sleep(HEARTBEAT_INTERVAL);
+            if link.send(&FromRank::Heartbeat).is_err() {
+                return;
+            }
+        });
     }
 }
 
@@ -120,19 +138,23 @@ pub fn run(deployment: &str, rank: RankId, scheduler: SocketAddr) -> Result<(), 
     let sched_err = |op| move |e: std::io::Error| ConnectorError::Scheduler { op, detail: e.to_string() };
     let stream = TcpStream::connect_timeout(&scheduler, JOIN_TIMEOUT).map_err(sched_err("connect"))?;
     stream.set_nodelay(true).map_err(sched_err("configure"))?;
-    let mut link = SchedLink { stream: stream.try_clone().map_err(sched_err("configure"))? };
-    link.send(&FromRank::Hello { rank, pid: std::process::id() })?;
+    let mut link =
+        SchedLink { stream: Arc::new(Mutex::new(stream.try_clone().map_err(sched_err("configure"))?)) };
+    let token = std::env::var(crate::sched::TOKEN_ENV).unwrap_or_default();
+    link.send(&FromRank::Hello { rank, pid: std::process::id(), token })?;
     let mut reader = BufReader::new(stream);
     reader.get_ref().set_read_timeout(Some(JOIN_TIMEOUT)).map_err(sched_err("configure"))?;
     let setup = match read_frame::<ToRank>(&mut reader) {
         Ok(ToRank::Setup(setup)) => setup,
+        Ok(ToRank::Refused { reason }) => return Err(ConnectorError::Refused(reason)),
         Ok(other) => {
-            let detail = format!("expected setup, got {other:?}");
+            let detail = format!("expected setup, got {}", other.name());
             return Err(ConnectorError::Scheduler { op: "join", detail });
         }
         Err(e) => return Err(ConnectorError::Scheduler { op: "join", detail: e.to_string() }),
     };
     reader.get_ref().set_read_timeout(None).map_err(sched_err("configure"))?;
+    link.start_heartbeat();
     let deployment = parsed.with_model(setup.model.clone());
     let (tx, rx) = mpsc::channel();
     let sched_tx = tx.clone();
@@ -200,6 +222,20 @@ pub enum Input {
     ReadDone(crate::decode_rank::ReadResult),
     /// Something an I/O thread wants reported.
     Problem(String),
+}
+
+/// A control message's name, for reports (its fields can be long and are not for people).
+pub fn message_name(message: &pdkv_core::wire::ControlMessage) -> &'static str {
+    use pdkv_core::wire::ControlMessage;
+    match message {
+        ControlMessage::Release(_) => "release",
+        ControlMessage::LegacyCompletion(_) => "legacy completion",
+        ControlMessage::RemoteBlocks(_) => "remote blocks",
+        ControlMessage::WriteDone(_) => "write done",
+        ControlMessage::ReadLease(_) => "read lease",
+        ControlMessage::HandshakeRequest => "handshake request",
+        ControlMessage::HandshakeMetadata(_) => "handshake metadata",
+    }
 }
 
 /// The handshake reply frames a prefill rank sends, and what a decode rank expects.

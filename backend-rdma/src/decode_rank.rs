@@ -2,8 +2,9 @@
 //! go through a [`Transport`] and are verified byte for byte, and whose releases and leases go to
 //! the prefill ranks' notify listeners.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
@@ -19,7 +20,7 @@ use crate::connector::{resolve, ConnectorError, Context, DataDescriptor, Input, 
 use crate::pattern::{heads_of_rank, transfer_key, BlockKey};
 use crate::sched::{FromRank, ToRank, TransportKind};
 use crate::tcp::TcpTransport;
-use crate::transport::Transport;
+use crate::transport::{Transport, TransportError};
 use crate::zmtp::{Connection, SocketType};
 
 const NS_PER_MS: u64 = 1_000_000;
@@ -61,7 +62,12 @@ pub fn dial(
     }
     let metadata = match wire::decode(&frames[0]) {
         Ok(ControlMessage::HandshakeMetadata(m)) => m,
-        Ok(other) => return Err(format!("{endpoint} replied {other:?} instead of metadata")),
+        Ok(other) => {
+            return Err(format!(
+                "{endpoint} replied {} instead of metadata",
+                crate::connector::message_name(&other)
+            ))
+        }
         Err(e) => return Err(format!("metadata from {endpoint}: {e}")),
     };
     let layers = wire::decode_layer_memory_descs(&frames[1])
@@ -69,23 +75,41 @@ pub fn dial(
     Ok((metadata, layers))
 }
 
-/// The reader thread: posts each read through the transport, then checks every byte.
-fn reader(jobs: Receiver<ReadJob>, tx: Sender<Input>, mut transport: Box<dyn Transport + Send>) {
+/// Requests whose reads the worker aborted ([`DecodeAction::AbortReads`]), shared with the
+/// reader thread; an id leaves when the worker reports the request ended, which it does only
+/// after every read of it was answered.
+type Aborted = Arc<Mutex<BTreeSet<RequestId>>>;
+
+/// The reader thread: posts each read through the transport, then checks every byte. A read of
+/// an aborted request is cancelled ([`Transport::read_cancellable`]): one that has not started
+/// is answered aborted without touching the peer; a started one is stopped where the data plane
+/// can (verbs) or runs to its end or its I/O timeout (TCP); the worker's release waits for the
+/// answer either way.
+fn reader(
+    jobs: Receiver<ReadJob>,
+    tx: Sender<Input>,
+    mut transport: Box<dyn Transport + Send>,
+    aborted: Aborted,
+) {
     let mut buffer = Vec::new();
     for job in jobs {
         let op = &job.op;
         let bytes = op.bytes();
         buffer.resize(bytes as usize, 0);
         let ranges = op.remote_ranges();
-        let (outcome, mismatch) = match transport.read(&job.data, &ranges, &mut buffer) {
-            Ok(()) => match verify(op, job.heads, &buffer) {
-                None => (ReadOutcome::Ok, None),
-                Some(detail) => {
-                    (ReadOutcome::Failed(format!("bytes differ from prefill's: {detail}")), Some(detail))
-                }
-            },
-            Err(e) => (ReadOutcome::Failed(e.to_string()), None),
-        };
+        let request = op.request();
+        let cancelled = || aborted.lock().is_ok_and(|set| set.contains(&request));
+        let (outcome, mismatch) =
+            match transport.read_cancellable(&job.data, &ranges, &mut buffer, &cancelled) {
+                Ok(()) => match verify(op, job.heads, &buffer) {
+                    None => (ReadOutcome::Ok, None),
+                    Some(detail) => {
+                        (ReadOutcome::Failed(format!("bytes differ from prefill's: {detail}")), Some(detail))
+                    }
+                },
+                Err(TransportError::Aborted { .. }) => (ReadOutcome::Aborted, None),
+                Err(e) => (ReadOutcome::Failed(e.to_string()), None),
+            };
         let result = ReadResult {
             request: op.request(),
             layer: op.layer,
@@ -203,7 +227,9 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
     };
     let (jobs_tx, jobs_rx) = mpsc::channel();
     let tx = ctx.tx.clone();
-    thread::spawn(move || reader(jobs_rx, tx, transport));
+    let aborted: Aborted = Arc::default();
+    let reader_aborted = aborted.clone();
+    thread::spawn(move || reader(jobs_rx, tx, transport, reader_aborted));
     let (notify_tx, notify_rx) = mpsc::channel();
     let (tx, identity) = (ctx.tx.clone(), rank.to_string());
     thread::spawn(move || notifier(notify_rx, identity, tx));
@@ -248,7 +274,7 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
             Some(Input::Sched(other)) => {
                 ctx.link.send(&FromRank::Problem {
                     violation: false,
-                    detail: format!("decode rank got {other:?}"),
+                    detail: format!("decode rank got {}", other.name()),
                 })?;
             }
             Some(Input::SchedGone(e)) => {
@@ -258,7 +284,7 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
                 Ok((metadata, layers)) => {
                     match DataDescriptor::from_bytes(&metadata.agent_metadata).and_then(|desc| {
                         let (host, port) = desc.addr.rsplit_once(':').ok_or("no port in the data address")?;
-                        let port = port.parse().map_err(|e| format!("data port {port:?}: {e}"))?;
+                        let port = port.parse().map_err(|e| format!("data port '{port}': {e}"))?;
                         Ok(Endpoint { host: host.to_owned(), port })
                     }) {
                         Ok(endpoint) => {
@@ -331,6 +357,8 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
                 DecodeAction::SendRelease { endpoint, release, .. } => {
                     if dropped < u64::from(setup.drop_releases) {
                         dropped += 1;
+                        let transfer_id = release.transfer_id;
+                        ctx.link.send(&FromRank::ReleaseDropped { transfer_id })?;
                         continue;
                     }
                     releases += 1;
@@ -358,9 +386,17 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
                     ctx.link.send(&FromRank::Received { request })?
                 }
                 DecodeAction::RequestFailed { request, error } => {
+                    if let Ok(mut set) = aborted.lock() {
+                        set.remove(&request);
+                    }
                     ctx.link.send(&FromRank::RecvFailed { request, error: error.to_string() })?;
                 }
                 DecodeAction::InvalidateBlocks { .. } => {}
+                DecodeAction::AbortReads { request } => {
+                    if let Ok(mut set) = aborted.lock() {
+                        set.insert(request);
+                    }
+                }
             }
         }
     }

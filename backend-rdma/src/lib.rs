@@ -12,7 +12,8 @@
 //!   driving a core node over the pieces above; [`sched`] is its channel to the cluster's
 //!   scheduler and [`pattern`] the KV bytes prefill writes and decode verifies.
 //! - [`cluster`]: `pdkv cluster`: the proxy and the engines' schedulers, which start one
-//!   connector process per rank on one host and push requests through them.
+//!   connector process per rank on one host and push requests through them; [`signals`] lets
+//!   its command line stop it in order on SIGINT or SIGTERM.
 
 #![deny(missing_docs)]
 
@@ -25,6 +26,7 @@ pub mod memory;
 pub mod pattern;
 pub mod prefill_rank;
 pub mod sched;
+pub mod signals;
 pub mod tcp;
 pub mod transport;
 #[cfg(feature = "rdma")]

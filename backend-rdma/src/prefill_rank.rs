@@ -353,7 +353,7 @@ fn serve(mut ctx: Context, started: Started) -> Result<(), ConnectorError> {
             Input::Sched(other) => {
                 ctx.link.send(&FromRank::Problem {
                     violation: false,
-                    detail: format!("prefill rank got {other:?}"),
+                    detail: format!("prefill rank got {}", other.name()),
                 })?;
             }
             Input::SchedGone(e) => {
@@ -376,7 +376,10 @@ fn serve(mut ctx: Context, started: Started) -> Result<(), ConnectorError> {
                         worker.handle(now, WorkerEvent::Release(release), &mut out);
                     }
                     None => {
-                        let detail = format!("notify listener: unexpected {message:?}");
+                        let detail = format!(
+                            "notify listener: unexpected {}",
+                            crate::connector::message_name(&message)
+                        );
                         ctx.link.send(&FromRank::Problem { violation: false, detail })?;
                     }
                 },

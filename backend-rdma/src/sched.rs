@@ -19,6 +19,16 @@ use pdkv_core::topology::ModelSpec;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+/// The environment variable that carries a run's membership token to its connectors (the
+/// environment, unlike the command line, is not shown to other users by `ps`).
+pub const TOKEN_ENV: &str = "PDKV_CLUSTER_TOKEN";
+
+/// How often a connector tells its scheduler it is alive ([`FromRank::Heartbeat`]).
+pub const HEARTBEAT_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Largest hello the scheduler reads from a connection it has not admitted yet.
+pub const MAX_HELLO_BYTES: u32 = 4096;
+
 /// Largest frame either side accepts (a step of many requests with long block lists fits).
 pub const MAX_FRAME_BYTES: u32 = 64 << 20;
 
@@ -134,6 +144,30 @@ pub enum ToRank {
     },
     /// Exit cleanly: close listeners, join threads, then reply [`FromRank::Bye`].
     Shutdown,
+    /// The answer to a [`FromRank::Hello`] the scheduler does not admit (a wrong token, a rank
+    /// that is already running); the connection closes after it.
+    Refused {
+        /// Why.
+        reason: String,
+    },
+}
+
+impl ToRank {
+    /// The message's name, for reports.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ToRank::Setup(_) => "setup",
+            ToRank::Prefill { .. } => "prefill",
+            ToRank::Register { .. } => "register",
+            ToRank::GroupDone { .. } => "group_done",
+            ToRank::Retire { .. } => "retire",
+            ToRank::Fence { .. } => "fence",
+            ToRank::StepBegin { .. } => "step_begin",
+            ToRank::VoteResult { .. } => "vote_result",
+            ToRank::Shutdown => "shutdown",
+            ToRank::Refused { .. } => "refused",
+        }
+    }
 }
 
 /// Rank to scheduler.
@@ -145,6 +179,9 @@ pub enum FromRank {
         rank: RankId,
         /// Its process id.
         pid: u32,
+        /// The run's membership token, handed to the process at launch in
+        /// [`TOKEN_ENV`]: proves the process was started by this run.
+        token: String,
     },
     /// Listeners are bound and the data plane serves; or why not.
     Ready {
@@ -237,6 +274,15 @@ pub enum FromRank {
         /// What.
         detail: String,
     },
+    /// Decode (fault injection): a release of this transfer was dropped instead of sent, so
+    /// the reaper will free it; the report excuses that.
+    ReleaseDropped {
+        /// The transfer.
+        transfer_id: TransferId,
+    },
+    /// Sent every [`HEARTBEAT_INTERVAL`] from a thread of its own, so that a stopped process
+    /// (whose connection stays open) is told apart from a busy one.
+    Heartbeat,
     /// Counters at shutdown, then the rank exits.
     Bye {
         /// Releases sent (decode) or counted (prefill).
@@ -255,8 +301,13 @@ pub enum FrameError {
     Closed,
     /// An I/O error.
     Io(io::Error),
-    /// A frame longer than [`MAX_FRAME_BYTES`].
-    TooLong(u32),
+    /// A frame longer than the reader's limit ([`MAX_FRAME_BYTES`] at most).
+    TooLong {
+        /// The frame's length.
+        len: u32,
+        /// The limit.
+        max: u32,
+    },
     /// The frame is not a valid message.
     Decode(String),
 }
@@ -266,7 +317,7 @@ impl fmt::Display for FrameError {
         match self {
             FrameError::Closed => f.write_str("connection closed"),
             FrameError::Io(e) => write!(f, "i/o error: {e}"),
-            FrameError::TooLong(n) => write!(f, "frame of {n} bytes is longer than {MAX_FRAME_BYTES}"),
+            FrameError::TooLong { len, max } => write!(f, "frame of {len} bytes is longer than {max}"),
             FrameError::Decode(e) => write!(f, "undecodable frame: {e}"),
         }
     }
@@ -278,7 +329,7 @@ impl std::error::Error for FrameError {}
 pub fn write_frame<T: Serialize>(w: &mut impl Write, value: &T) -> Result<(), FrameError> {
     let body = rmp_serde::to_vec(value).map_err(|e| FrameError::Decode(e.to_string()))?;
     let len = u32::try_from(body.len()).ok().filter(|&n| n <= MAX_FRAME_BYTES);
-    let len = len.ok_or(FrameError::TooLong(u32::MAX))?;
+    let len = len.ok_or(FrameError::TooLong { len: u32::MAX, max: MAX_FRAME_BYTES })?;
     let mut buf = Vec::with_capacity(4 + body.len());
     buf.extend_from_slice(&len.to_be_bytes());
     buf.extend_from_slice(&body);
@@ -288,6 +339,12 @@ pub fn write_frame<T: Serialize>(w: &mut impl Write, value: &T) -> Result<(), Fr
 
 /// Reads one frame written by [`write_frame`].
 pub fn read_frame<T: DeserializeOwned>(r: &mut impl Read) -> Result<T, FrameError> {
+    read_frame_within(r, MAX_FRAME_BYTES)
+}
+
+/// Reads one frame of at most `max` bytes (a hello from a connector not yet admitted is held
+/// to [`MAX_HELLO_BYTES`]).
+pub fn read_frame_within<T: DeserializeOwned>(r: &mut impl Read, max: u32) -> Result<T, FrameError> {
     let mut len = [0u8; 4];
     match r.read_exact(&mut len) {
         Ok(()) => {}
@@ -295,8 +352,8 @@ pub fn read_frame<T: DeserializeOwned>(r: &mut impl Read) -> Result<T, FrameErro
         Err(e) => return Err(FrameError::Io(e)),
     }
     let len = u32::from_be_bytes(len);
-    if len > MAX_FRAME_BYTES {
-        return Err(FrameError::TooLong(len));
+    if len > max {
+        return Err(FrameError::TooLong { len, max });
     }
     let mut body = vec![0u8; len as usize];
     r.read_exact(&mut body).map_err(FrameError::Io)?;
@@ -323,8 +380,11 @@ mod tests {
             let err = read_frame::<ToRank>(&mut Cursor::new(bytes.to_vec())).unwrap_err();
             assert!(err.to_string().starts_with(expected), "{err}");
         };
-        check(&[0xff, 0xff, 0xff, 0xff], "frame of 4294967295 bytes");
+        check(&[0xff, 0xff, 0xff, 0xff], "frame of 4294967295 bytes is longer than 67108864");
         check(&[0, 0, 0, 2, 0x81, 0xc0], "undecodable frame");
         check(&[0, 0, 0, 9, 1], "i/o error");
+        // A hello is held to its own limit.
+        let long = read_frame_within::<FromRank>(&mut Cursor::new(vec![0, 0, 16, 1]), MAX_HELLO_BYTES);
+        assert_eq!(long.unwrap_err().to_string(), "frame of 4097 bytes is longer than 4096");
     }
 }

@@ -18,6 +18,25 @@ pub trait Transport {
     /// one remote region. On error the contents of `into` are unspecified.
     fn read(&mut self, peer: &Endpoint, ranges: &[(u64, u64)], into: &mut [u8])
         -> Result<(), TransportError>;
+
+    /// [`Transport::read`], abandoned when `cancelled` turns true: the read then fails with
+    /// [`TransportError::Aborted`], and by the time it returns it touches no memory any more
+    /// (local or remote), so the caller may release what it read. The default checks before
+    /// the read starts and lets a started read run to its end or its I/O timeout; the verbs
+    /// plane also stops a read in flight (queue pair to the error state, flushed completions
+    /// drained).
+    fn read_cancellable(
+        &mut self,
+        peer: &Endpoint,
+        ranges: &[(u64, u64)],
+        into: &mut [u8],
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<(), TransportError> {
+        if cancelled() {
+            return Err(TransportError::Aborted { peer: peer.to_string() });
+        }
+        self.read(peer, ranges, into)
+    }
 }
 
 /// Why the remote side refused a read, as it reported it.
@@ -104,6 +123,11 @@ pub enum TransportError {
         /// What was being done.
         op: &'static str,
     },
+    /// The caller cancelled the read; nothing of it runs any more.
+    Aborted {
+        /// The peer, as `host:port`.
+        peer: String,
+    },
 }
 
 impl TransportError {
@@ -129,6 +153,7 @@ impl fmt::Display for TransportError {
             TransportError::Protocol { peer, detail } => write!(f, "bad response from {peer}: {detail}"),
             TransportError::Io { peer, op, detail, .. } => write!(f, "{op} with {peer} failed: {detail}"),
             TransportError::Timeout { peer, op } => write!(f, "{op} with {peer} timed out"),
+            TransportError::Aborted { peer } => write!(f, "read from {peer} aborted"),
         }
     }
 }

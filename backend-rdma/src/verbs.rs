@@ -131,6 +131,9 @@ const RETRY_COUNT: u8 = 6;
 const MAX_RD_ATOMIC: u8 = 16;
 /// Work completions taken from the CQ per poll.
 const POLL_BATCH: usize = 32;
+/// How long an abort waits for the flushed completions of the reads it stopped (a flush takes
+/// microseconds; past this the QP is destroyed, which stops the device as well).
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Why the verbs data plane could not start, or a server operation failed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -1215,13 +1218,16 @@ impl VerbsTransport {
         Ok(segs)
     }
 
-    /// Posts the segments and waits for every completion.
+    /// Posts the segments and waits for every completion. When `cancelled` turns true, moves
+    /// the QP to the error state and drains the flushed completions of everything posted, so
+    /// the device touches none of the buffers afterwards.
     fn post_and_poll(
         conn: &Conn,
         peer: &Endpoint,
         segs: &[Segment],
         lkey: u32,
         timeout: Duration,
+        cancelled: &dyn Fn() -> bool,
     ) -> Result<(), TransportError> {
         let depth = SEND_QUEUE_DEPTH.min(conn.qp.dev().max_qp_wr) as usize;
         let deadline = Instant::now() + timeout;
@@ -1229,8 +1235,16 @@ impl VerbsTransport {
         // SAFETY: ibv_wc is plain old data (integers and a union of integers); zero is valid.
         let mut wcs: Vec<ffi::ibv_wc> = (0..POLL_BATCH).map(|_| unsafe { std::mem::zeroed() }).collect();
         let mut idle = 0u32;
+        let mut turns = 0u32;
         let started = Instant::now();
         while completed < segs.len() {
+            // Checked every few turns whether completions arrive or not: a steady stream of
+            // them must not hide a cancellation until the read ends.
+            turns = turns.wrapping_add(1);
+            if turns & 63 == 0 && cancelled() {
+                Self::flush(conn, peer, posted - completed, &mut wcs)?;
+                return Err(TransportError::Aborted { peer: peer.to_string() });
+            }
             let room = depth - (posted - completed);
             if posted < segs.len() && room > 0 {
                 let batch = &segs[posted..segs.len().min(posted + room)];
@@ -1280,11 +1294,45 @@ impl VerbsTransport {
         Ok(())
     }
 
+    /// Aborts the reads still posted on `conn`: moves its QP to the error state and polls until
+    /// each of the `outstanding` work requests has completed (flushed, or finished just before),
+    /// or [`FLUSH_TIMEOUT`] passes. The caller drops the connection afterwards either way
+    /// (destroying the QP also stops the device).
+    fn flush(
+        conn: &Conn,
+        peer: &Endpoint,
+        mut outstanding: usize,
+        wcs: &mut [ffi::ibv_wc],
+    ) -> Result<(), TransportError> {
+        let mut attr = zeroed_qp_attr();
+        attr.qp_state = ffi::ibv_qp_state::IBV_QPS_ERR;
+        conn.qp.modify(&mut attr, ffi::ibv_qp_attr_mask::IBV_QP_STATE).map_err(|e| TransportError::Io {
+            peer: peer.to_string(),
+            op: "abort rdma reads",
+            kind: io::ErrorKind::Other,
+            detail: e.to_string(),
+        })?;
+        let deadline = Instant::now() + FLUSH_TIMEOUT;
+        while outstanding > 0 && Instant::now() < deadline {
+            // SAFETY: a live CQ and an array of at least POLL_BATCH entries.
+            let got = unsafe { ffi::ibv_poll_cq(conn.qp.cq.raw, POLL_BATCH as c_int, wcs.as_mut_ptr()) };
+            if got < 0 {
+                break;
+            }
+            outstanding = outstanding.saturating_sub(got as usize);
+            if got == 0 {
+                thread::sleep(Duration::from_micros(20));
+            }
+        }
+        Ok(())
+    }
+
     fn read_inner(
         &mut self,
         peer: &Endpoint,
         ranges: &[(u64, u64)],
         into: &mut [u8],
+        cancelled: &dyn Fn() -> bool,
     ) -> Result<(), TransportError> {
         let dev = self.device(peer)?;
         if self.conns.get(peer).is_some_and(Conn::closed) {
@@ -1356,7 +1404,7 @@ impl VerbsTransport {
                 return Err(e);
             }
         };
-        if let Err(e) = Self::post_and_poll(conn, peer, &segs, lkey, self.io_timeout) {
+        if let Err(e) = Self::post_and_poll(conn, peer, &segs, lkey, self.io_timeout, cancelled) {
             // After a failed completion the QP is in the error state; after a timeout reads
             // may still be running. Destroying the QP stops the device before the buffers are
             // released (the direct MR below, or the bounce buffer later); the next read
@@ -1523,11 +1571,24 @@ impl Transport for VerbsTransport {
         ranges: &[(u64, u64)],
         into: &mut [u8],
     ) -> Result<(), TransportError> {
+        self.read_cancellable(peer, ranges, into, &|| false)
+    }
+
+    fn read_cancellable(
+        &mut self,
+        peer: &Endpoint,
+        ranges: &[(u64, u64)],
+        into: &mut [u8],
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<(), TransportError> {
         check_total(ranges, into.len())?;
         if ranges.is_empty() {
             return Ok(());
         }
-        self.read_inner(peer, ranges, into)
+        if cancelled() {
+            return Err(TransportError::Aborted { peer: peer.to_string() });
+        }
+        self.read_inner(peer, ranges, into, cancelled)
     }
 }
 
@@ -1594,6 +1655,41 @@ mod tests {
     fn read_ok(t: &mut VerbsTransport, peer: &Endpoint, ranges: &[(u64, u64)]) {
         let got = read(t, peer, ranges).expect("read");
         assert!(got == expect(ranges), "bytes differ for {ranges:x?}");
+    }
+
+    /// The drain rule's abort: a cancelled read is refused before it starts, and one cancelled
+    /// in flight moves the QP to the error state, drains its flushed completions and fails
+    /// `Aborted`; the next read gets a fresh queue pair and the right bytes.
+    #[test]
+    fn verbs_cancelled_read_stops_in_flight_and_the_next_read_reconnects() {
+        if !device_present("verbs_cancelled_read_stops_in_flight_and_the_next_read_reconnects") {
+            return;
+        }
+        let (server, _regions, peer) = setup();
+        let mut t = VerbsTransport::new();
+        let mut buf = vec![0u8; 16];
+        let before = t.read_cancellable(&peer, &[(A.0, 16)], &mut buf, &|| true);
+        assert_eq!(before, Err(TransportError::Aborted { peer: peer.to_string() }));
+        // Many small ranges (one work request each, more than the send queue holds), cancelled
+        // at the first check inside the poll loop (after 64 turns of it).
+        let many: Vec<(u64, u64)> = (0..4000u64).map(|i| (B.0 + (i * 1499) % (B.1 - 64), 64)).collect();
+        let mut aborted = 0;
+        for _ in 0..5 {
+            let calls = std::cell::Cell::new(0u32);
+            let cancelled = || {
+                calls.set(calls.get() + 1);
+                calls.get() > 1
+            };
+            let mut buf = vec![0u8; many.len() * 64];
+            match t.read_cancellable(&peer, &many, &mut buf, &cancelled) {
+                Err(TransportError::Aborted { .. }) => aborted += 1,
+                Ok(()) => {}
+                Err(other) => panic!("a cancelled read failed otherwise: {other}"),
+            }
+            read_ok(&mut t, &peer, &[(A.0, 4096), (C.0, 64)]);
+        }
+        assert!(aborted > 0, "no read was still in flight at its first poll check in 5 tries");
+        server.shutdown().expect("clean shutdown");
     }
 
     #[test]

@@ -17,6 +17,10 @@
 //! 5. A step ends for this worker with exactly one [`DecodeAction::StepReady`] or
 //!    [`DecodeAction::StepFailed`]; only then may the driver enter the forward collective, and
 //!    only then may it begin the next step.
+//! 6. Answer every posted read with exactly one [`DecodeEvent::ReadDone`], also after
+//!    [`DecodeAction::AbortReads`] asked to abort it (an aborted or flushed read is answered
+//!    [`ReadOutcome::Aborted`] or [`ReadOutcome::Failed`]). The worker releases a transfer only
+//!    once none of its reads can still complete: see [`crate::recv`] for the rule.
 //!
 //! # Handshake modes
 //!
@@ -40,6 +44,7 @@ use crate::ids::{EngineId, RankId, RequestId, TransferId};
 use crate::legacy::{Legacy, LegacyOptions};
 use crate::params::{KvTransferParams, ParamsError};
 use crate::ports::{Endpoint, EngineAddress, ListenerKind, PortError, ReadTarget, SessionKey};
+use crate::recv::{self, RecvEvent, RecvOutput, RecvState};
 use crate::release::{Release, ReleaseSender};
 use crate::routing::{self, ReadRouter, RoutingError};
 use crate::time::{earliest, Instant, NS_PER_MS, NS_PER_S};
@@ -134,6 +139,15 @@ pub enum DecodeEvent {
         /// Requests of this step that need remote KV (new ones; queued ones are kept).
         requests: Vec<RecvRequest>,
     },
+    /// Requests the engine queued for a later step (its batch or its KV pool is full). The
+    /// worker routes them now and keeps their source rank leased until they arrive in a
+    /// [`DecodeEvent::StepBegin`], so the producer's reaper does not free KV a queued request
+    /// will read. Their `local_block_ids` may still be empty; a request the worker cannot route
+    /// is left alone (it fails when it is admitted).
+    Queued {
+        /// The queued requests, in queue order.
+        requests: Vec<RecvRequest>,
+    },
     /// The first handshake reply frame from the rank dialled under `session`.
     HandshakeMetadata {
         /// The session key of the dial.
@@ -184,6 +198,9 @@ pub enum ReadOutcome {
     Failed(String),
     /// The send queue was full; the read was not posted and may be retried.
     SendQueueFull,
+    /// The read was aborted at the worker's request ([`DecodeAction::AbortReads`]) or flushed,
+    /// and will touch no memory any more.
+    Aborted,
 }
 
 /// What every read of one request shares: where from and which blocks. Built once per request
@@ -369,6 +386,13 @@ pub enum DecodeAction {
     },
     /// Post one read.
     PostRead(ReadOp),
+    /// Abort every read of `request` still posted (over verbs: move the queue pair to the error
+    /// state and drain the flushed completions). Each of them must still be answered with one
+    /// [`DecodeEvent::ReadDone`]; the release waits for those answers.
+    AbortReads {
+        /// The request whose reads to abort.
+        request: RequestId,
+    },
     /// Send a release to a prefill rank's notify listener.
     SendRelease {
         /// The rank the release is meant for.
@@ -447,6 +471,41 @@ enum RecvPhase {
     /// reads as posted, kept for retries (the session may be dropped meanwhile by another
     /// request's failed read, but these reads' memory keys were taken when they were posted).
     Reading { outstanding: BTreeSet<Option<u16>>, retries: BTreeMap<Option<u16>, Retry>, ops: Vec<ReadOp> },
+    /// Failed with reads posted: they were aborted, and `in_flight` lists the ones whose answer
+    /// is still owed; the release (reporting `error`) waits for them.
+    Draining { in_flight: BTreeSet<Option<u16>>, error: RecvError },
+}
+
+impl RecvPhase {
+    /// The phase as the request machine of [`crate::recv`] sees it.
+    fn machine(&self) -> RecvState {
+        match self {
+            RecvPhase::AwaitingSession => RecvState::AwaitingSession,
+            RecvPhase::Reading { outstanding, retries, .. } => {
+                let retrying = retries.values().filter(|r| r.due.is_some()).count();
+                RecvState::Reading {
+                    in_flight: (outstanding.len() - retrying) as u32,
+                    retrying: retrying as u32,
+                }
+            }
+            RecvPhase::Draining { in_flight, .. } => {
+                RecvState::Draining { in_flight: in_flight.len() as u32 }
+            }
+        }
+    }
+
+    /// Posted reads not answered yet (a read waiting for its retry is not posted).
+    fn in_flight(&self) -> BTreeSet<Option<u16>> {
+        match self {
+            RecvPhase::AwaitingSession => BTreeSet::new(),
+            RecvPhase::Reading { outstanding, retries, .. } => outstanding
+                .iter()
+                .filter(|l| retries.get(*l).is_none_or(|r| r.due.is_none()))
+                .copied()
+                .collect(),
+            RecvPhase::Draining { in_flight, .. } => in_flight.clone(),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -471,6 +530,14 @@ struct Recv {
     phase: RecvPhase,
 }
 
+/// A request queued by the engine: routed, its source leased until admission.
+#[derive(Clone, Debug)]
+struct Waiting {
+    recv: Recv,
+    /// When to send the next lease.
+    renew_at: Instant,
+}
+
 /// What the worker is doing for the current step.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum StepState {
@@ -491,8 +558,11 @@ pub struct DecodeWorker {
     router: ReadRouter,
     sessions: BTreeMap<SessionKey, SessionEntry>,
     requests: BTreeMap<RequestId, Recv>,
+    /// Requests queued by the engine, not admitted to a step yet.
+    waiting: BTreeMap<RequestId, Waiting>,
     step: StepState,
     lazy: bool,
+    release_during_reads: bool,
     handshake_timeout_ns: Option<u64>,
 }
 
@@ -501,6 +571,7 @@ impl DecodeWorker {
     pub fn new(config: DecodeConfig) -> DecodeWorker {
         let router = ReadRouter::new(config.rank, config.layout, config.model.clone(), config.legacy.clone());
         let lazy = config.legacy.has(Legacy::LazyHandshake);
+        let release_during_reads = config.legacy.has(Legacy::ReleaseDuringReads);
         let handshake_timeout_ns =
             (!config.legacy.has(Legacy::NoHandshakeTimeout)).then_some(config.handshake_timeout_ns);
         DecodeWorker {
@@ -508,8 +579,10 @@ impl DecodeWorker {
             router,
             sessions: BTreeMap::new(),
             requests: BTreeMap::new(),
+            waiting: BTreeMap::new(),
             step: StepState::Idle,
             lazy,
+            release_during_reads,
             handshake_timeout_ns,
         }
     }
@@ -522,6 +595,11 @@ impl DecodeWorker {
     /// Requests waiting for or receiving KV.
     pub fn pending_requests(&self) -> usize {
         self.requests.len()
+    }
+
+    /// Requests the engine queued that this worker keeps leased.
+    pub fn queued_requests(&self) -> usize {
+        self.waiting.len()
     }
 
     /// True while the worker is blocked in a lazy handshake (it cannot join a collective).
@@ -543,10 +621,17 @@ impl DecodeWorker {
     /// The earliest time the worker must be ticked, if any timer is armed.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let mut next = None;
+        for waiting in self.waiting.values() {
+            next = earliest(next, Some(waiting.renew_at));
+        }
         for entry in self.sessions.values() {
             next = earliest(next, entry.state.deadline());
         }
         for recv in self.requests.values() {
+            if matches!(recv.phase, RecvPhase::Draining { .. }) {
+                // Draining waits for the driver's answers only: no timer.
+                continue;
+            }
             next = earliest(next, Some(recv.deadline));
             if let RecvPhase::Reading { retries, .. } = &recv.phase {
                 for retry in retries.values() {
@@ -561,6 +646,7 @@ impl DecodeWorker {
     pub fn handle(&mut self, now: Instant, event: DecodeEvent, out: &mut Vec<DecodeAction>) {
         match event {
             DecodeEvent::StepBegin { step, requests } => self.on_step_begin(now, step, requests, out),
+            DecodeEvent::Queued { requests } => self.on_queued(now, requests, out),
             DecodeEvent::HandshakeMetadata { session, metadata } => {
                 self.on_handshake(now, session, HandshakeEvent::Metadata(metadata), out)
             }
@@ -597,21 +683,33 @@ impl DecodeWorker {
                 continue;
             }
             if self.requests.len() >= MAX_WORKER_REQUESTS {
+                self.waiting.remove(&id);
                 self.fail_unrouted(id, &request.local_block_ids, RecvError::TooManyRequests, out);
                 continue;
             }
-            match self.admit(now, &request) {
+            // A queued request was routed when it was queued: the flexible pick is made once.
+            let admitted = match self.waiting.remove(&id) {
+                Some(waiting) => Ok(waiting.recv),
+                None => self.route(now, &request),
+            };
+            let admitted = admitted.and_then(|mut recv| {
+                if recv.remote_block_ids.len() != request.local_block_ids.len() {
+                    return Err(RecvError::BlockCountMismatch {
+                        remote: recv.remote_block_ids.len(),
+                        local: request.local_block_ids.len(),
+                    });
+                }
+                recv.local_block_ids = request.local_block_ids.as_slice().into();
+                recv.arrived = now;
+                recv.deadline = now.add_ns(self.config.transfer_timeout_ns);
+                Ok(recv)
+            });
+            match admitted {
                 Ok(recv) => {
                     // Lease the transfer as soon as the worker takes the request: its handshake
                     // may take a while (a lost reply costs a handshake timeout and a step), and
                     // its reads end by its deadline at the latest, when it fails and releases.
-                    let lease_ms =
-                        self.config.transfer_timeout_ns.div_ceil(NS_PER_MS).clamp(1, u64::from(u32::MAX));
-                    out.push(DecodeAction::SendLease {
-                        rank: recv.target.source,
-                        endpoint: recv.target.notify.clone(),
-                        lease: ReadLease { transfer_id: recv.transfer_id.clone(), lease_ms: lease_ms as u32 },
-                    });
+                    out.push(self.lease(&recv));
                     self.requests.insert(id, recv);
                 }
                 Err(error) => self.fail_unrouted(id, &request.local_block_ids, error, out),
@@ -640,8 +738,54 @@ impl DecodeWorker {
         self.maybe_vote(out);
     }
 
-    /// Resolves the source of a new request and derives every address from it.
-    fn admit(&mut self, now: Instant, request: &RecvRequest) -> Result<Recv, RecvError> {
+    /// The lease of `recv`'s transfer at its source, for the transfer timeout.
+    fn lease(&self, recv: &Recv) -> DecodeAction {
+        let lease_ms = self.config.transfer_timeout_ns.div_ceil(NS_PER_MS).clamp(1, u64::from(u32::MAX));
+        DecodeAction::SendLease {
+            rank: recv.target.source,
+            endpoint: recv.target.notify.clone(),
+            lease: ReadLease { transfer_id: recv.transfer_id.clone(), lease_ms: lease_ms as u32 },
+        }
+    }
+
+    /// How often a queued request's lease is renewed: half the lease, so a renewal delayed by up
+    /// to half a lease still arrives before the previous one ends.
+    fn renew_every_ns(&self) -> u64 {
+        (self.config.transfer_timeout_ns / 2).max(NS_PER_MS)
+    }
+
+    fn on_queued(&mut self, now: Instant, requests: Vec<RecvRequest>, out: &mut Vec<DecodeAction>) {
+        for request in requests {
+            let id = request.request;
+            if self.requests.contains_key(&id)
+                || self.waiting.contains_key(&id)
+                || self.waiting.len() >= MAX_WORKER_REQUESTS
+            {
+                continue;
+            }
+            if let Ok(recv) = self.route(now, &request) {
+                out.push(self.lease(&recv));
+                let renew_at = now.add_ns(self.renew_every_ns());
+                self.waiting.insert(id, Waiting { recv, renew_at });
+            }
+        }
+    }
+
+    /// Renews the leases of queued requests that are due.
+    fn renew_leases(&mut self, now: Instant, out: &mut Vec<DecodeAction>) {
+        let due: Vec<RequestId> =
+            self.waiting.iter().filter(|(_, w)| w.renew_at <= now).map(|(id, _)| *id).collect();
+        let every = self.renew_every_ns();
+        for id in due {
+            let lease = self.lease(&self.waiting[&id].recv);
+            out.push(lease);
+            self.waiting.get_mut(&id).expect("listed above").renew_at = now.add_ns(every);
+        }
+    }
+
+    /// Resolves the source of a request and derives every address from it, without looking at
+    /// its local blocks (a queued request has none yet).
+    fn route(&mut self, now: Instant, request: &RecvRequest) -> Result<Recv, RecvError> {
         let legacy = &self.config.legacy;
         let params = &request.params;
         let transfer_id = TransferId(params.transfer_id.clone().ok_or(RecvError::MissingTransferId)?);
@@ -652,12 +796,6 @@ impl DecodeWorker {
             .iter()
             .map(|&b| u32::try_from(b).map_err(|_| RecvError::BlockIdTooLarge(b)))
             .collect::<Result<_, _>>()?;
-        if remote_block_ids.len() != request.local_block_ids.len() {
-            return Err(RecvError::BlockCountMismatch {
-                remote: remote_block_ids.len(),
-                local: request.local_block_ids.len(),
-            });
-        }
         let source =
             self.router.resolve(request.prefill_engine, remote, owner).map_err(RecvError::Routing)?;
         let address = &request.prefill_address;
@@ -880,15 +1018,21 @@ impl DecodeWorker {
             .map(|(id, _)| *id)
             .collect();
         for id in ready {
+            let before = RecvState::AwaitingSession;
             match self.read_ops(id) {
                 Ok(ops) => {
                     let outstanding = ops.iter().map(|op| op.layer).collect();
                     let recv = self.requests.get_mut(&id).expect("listed above");
                     recv.phase =
                         RecvPhase::Reading { outstanding, retries: BTreeMap::new(), ops: ops.clone() };
-                    out.extend(ops.into_iter().map(DecodeAction::PostRead));
+                    let posted = RecvEvent::ReadsPosted(ops.len() as u32);
+                    if self.transition(now, id, before, posted, None, out) == RecvOutput::PostReads {
+                        out.extend(ops.into_iter().map(DecodeAction::PostRead));
+                    }
                 }
-                Err(error) => self.fail_request(now, id, error, out),
+                Err(error) => {
+                    self.transition(now, id, before, RecvEvent::Unreadable, Some(error), out);
+                }
             }
         }
     }
@@ -932,47 +1076,69 @@ impl DecodeWorker {
         out: &mut Vec<DecodeAction>,
     ) {
         let Some(recv) = self.requests.get_mut(&id) else { return };
-        let RecvPhase::Reading { outstanding, retries, .. } = &mut recv.phase else { return };
-        if !outstanding.contains(&layer) {
+        // Only a posted read that has not been answered yet can be answered.
+        if !recv.phase.in_flight().contains(&layer) {
             return;
         }
-        match outcome {
-            ReadOutcome::Ok => {
-                outstanding.remove(&layer);
-                retries.remove(&layer);
-                if outstanding.is_empty() {
-                    self.finish_request(id, None, out);
-                }
+        let before = recv.phase.machine();
+        let deadline = recv.deadline;
+        let waited_ns = now.since_ns(recv.arrived);
+        let session = recv.target.session.clone();
+        let (event, error) = match &mut recv.phase {
+            RecvPhase::AwaitingSession => unreachable!("no read is in flight before the session"),
+            RecvPhase::Draining { in_flight, .. } => {
+                in_flight.remove(&layer);
+                (RecvEvent::ReadFailed, None)
             }
-            ReadOutcome::Failed(reason) => {
-                // The session may be stale (the remote rank restarted and its memory keys are
-                // gone): forget it, so the next step that needs the rank handshakes again.
-                let key = recv.target.session.clone();
-                if let Some(entry) = self.sessions.get_mut(&key) {
-                    if entry.state.session().is_some() {
-                        let error = HandshakeError::Transport(format!("read failed: {reason}"));
-                        entry.state = HandshakeState::Failed { error, at: now };
+            RecvPhase::Reading { outstanding, retries, .. } => match outcome {
+                ReadOutcome::Ok => {
+                    outstanding.remove(&layer);
+                    retries.remove(&layer);
+                    (RecvEvent::ReadOk, None)
+                }
+                ReadOutcome::Failed(reason) => {
+                    outstanding.remove(&layer);
+                    retries.remove(&layer);
+                    // The session may be stale (the remote rank restarted and its memory keys
+                    // are gone): forget it, so the next step that needs the rank handshakes again.
+                    if let Some(entry) = self.sessions.get_mut(&session) {
+                        if entry.state.session().is_some() {
+                            let error = HandshakeError::Transport(format!("read failed: {reason}"));
+                            entry.state = HandshakeState::Failed { error, at: now };
+                        }
                     }
+                    (RecvEvent::ReadFailed, Some(RecvError::ReadFailed(reason)))
                 }
-                self.fail_request(now, id, RecvError::ReadFailed(reason), out)
-            }
-            ReadOutcome::SendQueueFull => {
-                let retry = retries.entry(layer).or_insert(Retry { attempts: 0, due: None });
-                let shift = retry.attempts.min(20);
-                let delay = (self.config.backoff_initial_ns << shift).min(self.config.backoff_cap_ns);
-                retry.attempts += 1;
-                let due = now.add_ns(delay);
-                if due > recv.deadline {
-                    let waited_ns = now.since_ns(recv.arrived);
-                    self.fail_request(now, id, RecvError::Timeout { waited_ns }, out);
-                } else {
+                ReadOutcome::Aborted => {
+                    // Nobody asked for this abort (the request is not draining): the read is
+                    // lost all the same.
+                    outstanding.remove(&layer);
+                    retries.remove(&layer);
+                    (RecvEvent::ReadFailed, Some(RecvError::ReadFailed("read aborted".into())))
+                }
+                ReadOutcome::SendQueueFull => {
+                    let retry = retries.entry(layer).or_insert(Retry { attempts: 0, due: None });
+                    let shift = retry.attempts.min(20);
+                    let delay = (self.config.backoff_initial_ns << shift).min(self.config.backoff_cap_ns);
+                    retry.attempts += 1;
+                    let due = now.add_ns(delay);
                     retry.due = Some(due);
+                    self.transition(now, id, before, RecvEvent::ReadRefused, None, out);
+                    if due > deadline {
+                        // The retry would come after the deadline: fail now.
+                        let before = self.requests[&id].phase.machine();
+                        let error = RecvError::Timeout { waited_ns };
+                        self.transition(now, id, before, RecvEvent::Deadline, Some(error), out);
+                    }
+                    return;
                 }
-            }
-        }
+            },
+        };
+        self.transition(now, id, before, event, error, out);
     }
 
     fn on_tick(&mut self, now: Instant, out: &mut Vec<DecodeAction>) {
+        self.renew_leases(now, out);
         let due_sessions: Vec<SessionKey> = self
             .sessions
             .iter()
@@ -985,22 +1151,69 @@ impl DecodeWorker {
         let ids: Vec<RequestId> = self.requests.keys().copied().collect();
         for id in ids {
             let Some(recv) = self.requests.get_mut(&id) else { continue };
-            if recv.deadline <= now {
-                let waited_ns = now.since_ns(recv.arrived);
-                self.fail_request(now, id, RecvError::Timeout { waited_ns }, out);
+            if matches!(recv.phase, RecvPhase::Draining { .. }) {
                 continue;
             }
-            if let RecvPhase::Reading { retries, ops, .. } = &mut recv.phase {
-                for (layer, retry) in retries.iter_mut() {
-                    if retry.due.is_some_and(|d| d <= now) {
-                        retry.due = None;
-                        let op =
-                            ops.iter().find(|op| op.layer == *layer).expect("retries are of posted reads");
-                        out.push(DecodeAction::PostRead(op.clone()));
-                    }
-                }
+            if recv.deadline <= now {
+                let before = recv.phase.machine();
+                let error = RecvError::Timeout { waited_ns: now.since_ns(recv.arrived) };
+                self.transition(now, id, before, RecvEvent::Deadline, Some(error), out);
+                continue;
+            }
+            let RecvPhase::Reading { retries, .. } = &recv.phase else { continue };
+            let due: Vec<Option<u16>> =
+                retries.iter().filter(|(_, r)| r.due.is_some_and(|d| d <= now)).map(|(l, _)| *l).collect();
+            for layer in due {
+                let before = self.requests[&id].phase.machine();
+                let recv = self.requests.get_mut(&id).expect("listed above");
+                let RecvPhase::Reading { retries, ops, .. } = &mut recv.phase else { break };
+                retries.get_mut(&layer).expect("listed above").due = None;
+                let op =
+                    ops.iter().find(|op| op.layer == layer).expect("retries are of posted reads").clone();
+                self.transition(now, id, before, RecvEvent::RetryPosted, None, out);
+                out.push(DecodeAction::PostRead(op));
             }
         }
+    }
+
+    /// Runs the request machine of [`crate::recv`] for one event whose effect on the request's
+    /// reads the caller has applied already, and carries out its output. `before` is the
+    /// machine's state before the event; `error` is why the request fails, for events that fail
+    /// it. Returns the machine's output.
+    fn transition(
+        &mut self,
+        _now: Instant,
+        id: RequestId,
+        before: RecvState,
+        event: RecvEvent,
+        error: Option<RecvError>,
+        out: &mut Vec<DecodeAction>,
+    ) -> RecvOutput {
+        let (after, output) = recv::step(before, event, self.release_during_reads);
+        let recv = self.requests.get_mut(&id).expect("transitions are of held requests");
+        match output {
+            RecvOutput::None | RecvOutput::Ignored | RecvOutput::PostReads => {}
+            RecvOutput::Abort => {
+                let in_flight = recv.phase.in_flight();
+                let error = error.expect("a failing event carries its error");
+                recv.phase = RecvPhase::Draining { in_flight, error };
+                out.push(DecodeAction::AbortReads { request: id });
+            }
+            RecvOutput::Release { received: true } => self.finish_request(id, None, out),
+            RecvOutput::Release { received: false } => {
+                let error = match &recv.phase {
+                    RecvPhase::Draining { error, .. } => error.clone(),
+                    _ => error.expect("a failing event carries its error"),
+                };
+                self.finish_request(id, Some(error), out);
+            }
+        }
+        // The worker's own bookkeeping must agree with the machine (the table is the spec).
+        match self.requests.get(&id) {
+            Some(recv) => debug_assert_eq!(recv.phase.machine(), after, "{id}: {before:?} + {event:?}"),
+            None => debug_assert_eq!(after, RecvState::Ended, "{id}: {before:?} + {event:?}"),
+        }
+        output
     }
 
     /// The request's reads all completed: release the source and report it received.
@@ -1028,14 +1241,6 @@ impl DecodeWorker {
                 });
                 out.push(DecodeAction::RequestFailed { request: id, error });
             }
-        }
-    }
-
-    /// A request failed after its source was chosen: the producer still gets its release so it
-    /// frees the blocks, and the local blocks are marked invalid.
-    fn fail_request(&mut self, _now: Instant, id: RequestId, error: RecvError, out: &mut Vec<DecodeAction>) {
-        if self.requests.contains_key(&id) {
-            self.finish_request(id, Some(error), out);
         }
     }
 }

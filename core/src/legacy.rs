@@ -46,11 +46,15 @@ pub enum Legacy {
     /// The flexible round-robin is off: a TP1 decode worker reading a TP-replicated MLA
     /// prefill uses the fixed mapping, so every read lands on TP rank 0 of the prefill engine.
     NoFlexibleReads,
+    /// A request that fails while its reads are posted (its transfer timeout passed, or one of
+    /// its reads failed) is released at once, without aborting and draining the other reads:
+    /// the producer frees blocks that a posted read then completes from.
+    ReleaseDuringReads,
 }
 
 impl Legacy {
     /// Every legacy option once, in declaration order (the order [`LegacyOptions::iter`] yields).
-    pub const ALL: [Legacy; 13] = [
+    pub const ALL: [Legacy; 14] = [
         Legacy::ReadFromDp0,
         Legacy::ListenerOffsetDpPlusTp,
         Legacy::SessionKeyWithoutTp,
@@ -64,6 +68,7 @@ impl Legacy {
         Legacy::NotifyOtherRank,
         Legacy::ReaperIgnoresReads,
         Legacy::NoFlexibleReads,
+        Legacy::ReleaseDuringReads,
     ];
 
     /// The kebab-case name used on the command line and in scenario files.
@@ -82,6 +87,7 @@ impl Legacy {
             Legacy::NotifyOtherRank => "notify-other-rank",
             Legacy::ReaperIgnoresReads => "reaper-ignores-reads",
             Legacy::NoFlexibleReads => "no-flexible-reads",
+            Legacy::ReleaseDuringReads => "release-during-reads",
         }
     }
 
@@ -138,6 +144,10 @@ impl Legacy {
             Legacy::NoFlexibleReads => {
                 "TP1 decode workers reading a TP-replicated MLA prefill all use the fixed mapping; \
                  every read lands on prefill TP rank 0, one NIC of eight carries the traffic"
+            }
+            Legacy::ReleaseDuringReads => {
+                "a request that times out (or whose read fails) is released while its other reads \
+                 are still posted; prefill frees the blocks and a read completes from freed memory"
             }
         }
     }

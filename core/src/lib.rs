@@ -14,6 +14,7 @@ pub mod params;
 pub mod ports;
 pub mod prefill;
 pub mod proxy;
+pub mod recv;
 pub mod registry;
 pub mod release;
 pub mod routes;

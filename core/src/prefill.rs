@@ -12,9 +12,9 @@
 //!    from its handshake listener as [`WorkerEvent::HandshakeRequest`].
 //! 4. A worker reports [`WorkerAction::Finished`] when its part of a transfer is done; deliver
 //!    that to the engine as [`EngineEvent::WorkerFinished`]. When every worker of the group has
-//!    finished, the engine reports the request finished sending, frees its blocks
-//!    ([`EngineAction::FreeBlocks`]) and retires the transfer on its workers
-//!    ([`EngineAction::Retire`], delivered as [`WorkerEvent::Retired`]).
+//!    finished, the engine reports the request finished sending, retires the transfer on its
+//!    workers ([`EngineAction::Retire`], delivered as [`WorkerEvent::Retired`]) and then frees
+//!    its blocks ([`EngineAction::FreeBlocks`]), in that order.
 //! 5. Tick the engine ([`EngineEvent::Tick`]) when [`PrefillEngine::poll_timeout`] comes: the
 //!    deferred-free reaper frees whatever is still held `defer_timeout` after registration, with a
 //!    warning. A decode rank leases a transfer before reading it ([`WorkerEvent::Lease`], relayed
@@ -202,6 +202,8 @@ pub enum TransferState {
     Held {
         /// TP ranks that finished.
         finished: BTreeSet<u16>,
+        /// TP ranks whose worker died for good before it finished.
+        lost: BTreeSet<u16>,
         /// TP ranks in the group.
         group: u16,
         /// Whether the group completes as a whole on one rank's release (flexible read).
@@ -215,14 +217,18 @@ pub enum TransferState {
 
 impl TransferState {
     /// The state's name without its data, as in the transition table.
-    pub fn kind(&self) -> &'static str {
-        match self {
+    pub fn kind(&self) -> String {
+        let base = match self {
             TransferState::Held { finished, flexible: false, .. } if finished.is_empty() => "Held",
             TransferState::Held { flexible: false, .. } => "PartlyFinished",
             TransferState::Held { finished, flexible: true, .. } if finished.is_empty() => "HeldFlexible",
             TransferState::Held { flexible: true, .. } => "GroupDoneSent",
             TransferState::Freed => "Freed",
             TransferState::Reaped => "Reaped",
+        };
+        match self {
+            TransferState::Held { lost, .. } if !lost.is_empty() => format!("{base}+Lost"),
+            _ => base.to_string(),
         }
     }
 }
@@ -232,6 +238,9 @@ impl TransferState {
 pub enum TransferEvent {
     /// The worker with this TP rank finished its part.
     WorkerFinished(u16),
+    /// The worker with this TP rank died for good: its memory is gone with it, so no read of it
+    /// can complete and no release for it will come; its part counts as finished.
+    WorkerLost(u16),
     /// `defer_timeout` passed since registration.
     ReaperDeadline,
 }
@@ -254,16 +263,28 @@ pub enum TransferOutput {
 /// One lifecycle transition. Pure, total, never panics.
 pub fn transfer_step(state: TransferState, event: TransferEvent) -> (TransferState, TransferOutput) {
     match (state, event) {
-        (TransferState::Held { mut finished, group, flexible }, TransferEvent::WorkerFinished(tp)) => {
-            if tp >= group || !finished.insert(tp) {
-                return (TransferState::Held { finished, group, flexible }, TransferOutput::Ignored);
+        (TransferState::Held { mut finished, lost, group, flexible }, TransferEvent::WorkerFinished(tp)) => {
+            if tp >= group || lost.contains(&tp) || !finished.insert(tp) {
+                return (TransferState::Held { finished, lost, group, flexible }, TransferOutput::Ignored);
             }
-            if finished.len() == usize::from(group) {
+            if finished.len() + lost.len() == usize::from(group) {
                 (TransferState::Freed, TransferOutput::Free)
             } else if flexible && finished.len() == 1 {
-                (TransferState::Held { finished, group, flexible }, TransferOutput::GroupDone)
+                (TransferState::Held { finished, lost, group, flexible }, TransferOutput::GroupDone)
             } else {
-                (TransferState::Held { finished, group, flexible }, TransferOutput::None)
+                (TransferState::Held { finished, lost, group, flexible }, TransferOutput::None)
+            }
+        }
+        // A lost worker's part counts as done, but never as the read of a flexible transfer:
+        // another rank may be the one being read, so only a real release completes the group.
+        (TransferState::Held { finished, mut lost, group, flexible }, TransferEvent::WorkerLost(tp)) => {
+            if tp >= group || finished.contains(&tp) || !lost.insert(tp) {
+                return (TransferState::Held { finished, lost, group, flexible }, TransferOutput::Ignored);
+            }
+            if finished.len() + lost.len() == usize::from(group) {
+                (TransferState::Freed, TransferOutput::Free)
+            } else {
+                (TransferState::Held { finished, lost, group, flexible }, TransferOutput::None)
             }
         }
         (TransferState::Held { .. }, TransferEvent::ReaperDeadline) => {
@@ -277,11 +298,11 @@ pub fn transfer_step(state: TransferState, event: TransferEvent) -> (TransferSta
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LifecycleRow {
     /// State before.
-    pub from: &'static str,
+    pub from: String,
     /// Event.
     pub event: &'static str,
     /// State after.
-    pub to: &'static str,
+    pub to: String,
     /// Output.
     pub output: String,
 }
@@ -289,16 +310,20 @@ pub struct LifecycleRow {
 /// Applies every event to every state of a TP group of two, with fixed-mapping and flexible
 /// quorums (rank 0 having finished in the partly finished states), and records the result.
 pub fn lifecycle_table() -> Vec<LifecycleRow> {
-    let held = |finished: &[u16], flexible: bool| TransferState::Held {
+    let state = |finished: &[u16], lost: &[u16], flexible: bool| TransferState::Held {
         finished: finished.iter().copied().collect(),
+        lost: lost.iter().copied().collect(),
         group: 2,
         flexible,
     };
+    let held = |finished: &[u16], flexible: bool| state(finished, &[], flexible);
     let states = [
         held(&[], false),
         held(&[], true),
         held(&[0], false),
         held(&[0], true),
+        state(&[], &[1], false),
+        state(&[], &[1], true),
         TransferState::Freed,
         TransferState::Reaped,
     ];
@@ -306,6 +331,7 @@ pub fn lifecycle_table() -> Vec<LifecycleRow> {
         ("WorkerFinished(rank 0)", TransferEvent::WorkerFinished(0)),
         ("WorkerFinished(rank 1)", TransferEvent::WorkerFinished(1)),
         ("WorkerFinished(rank outside group)", TransferEvent::WorkerFinished(7)),
+        ("WorkerLost(rank 1)", TransferEvent::WorkerLost(1)),
         ("ReaperDeadline", TransferEvent::ReaperDeadline),
     ];
     let mut rows = Vec::new();
@@ -418,6 +444,17 @@ pub enum EngineEvent {
         /// The transfer.
         transfer_id: TransferId,
     },
+    /// A worker's process died and will not come back (the driver saw its connection close,
+    /// or its heartbeat stop, and restarts nothing in its place): every transfer it holds counts
+    /// its part as finished, so the group's blocks are freed once the live workers are released
+    /// instead of waiting for the reaper, and so do transfers registered on its group later. Its
+    /// memory went with it, so no read of it can complete from freed blocks. Not for a worker
+    /// that will restart at the same address: its new memory could reuse freed block ids while
+    /// a reader still reads an old transfer from it (let the reaper fence and free those).
+    WorkerLost {
+        /// The worker.
+        rank: RankId,
+    },
     /// A decode rank leased a transfer until `until` (from [`WorkerAction::Leased`]).
     Leased {
         /// The transfer.
@@ -510,6 +547,8 @@ pub struct PrefillEngine {
     legacy: LegacyOptions,
     defer_timeout_ns: u64,
     held: BTreeMap<TransferId, Held>,
+    /// Workers lost for good.
+    lost: BTreeSet<RankId>,
     /// Reaper deadlines in order, so the next one is found without scanning.
     deadlines: BTreeSet<(Instant, TransferId)>,
     records: std::collections::VecDeque<TransferRecord>,
@@ -526,6 +565,7 @@ impl PrefillEngine {
             legacy,
             defer_timeout_ns: 60 * NS_PER_S,
             held: BTreeMap::new(),
+            lost: BTreeSet::new(),
             deadlines: BTreeSet::new(),
             records: std::collections::VecDeque::new(),
             totals: LedgerTotals::default(),
@@ -577,6 +617,20 @@ impl PrefillEngine {
             }
             EngineEvent::Leased { transfer_id, until } => {
                 self.extend_lease(&transfer_id, until);
+                Ok(())
+            }
+            EngineEvent::WorkerLost { rank } => {
+                debug_assert_eq!(rank.engine, self.engine, "lost worker reported to the wrong engine");
+                self.lost.insert(rank);
+                let held: Vec<TransferId> = self
+                    .held
+                    .iter()
+                    .filter(|(_, h)| h.record.owner_dp == rank.dp)
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                for id in held {
+                    self.apply(now, &id, TransferEvent::WorkerLost(rank.tp), out);
+                }
                 Ok(())
             }
             EngineEvent::Tick => {
@@ -641,13 +695,26 @@ impl PrefillEngine {
             ended_at: None,
             reaped: false,
         };
-        let state =
-            TransferState::Held { finished: BTreeSet::new(), group: self.layout.tp, flexible: plan.flexible };
+        // Workers lost before the registration hold nothing of it: their part counts as done.
+        let lost: BTreeSet<u16> = (0..self.layout.tp)
+            .filter(|&tp| self.lost.contains(&RankId::new(self.engine, owner_dp, tp)))
+            .collect();
+        let all_lost = lost.len() == usize::from(self.layout.tp);
+        let state = TransferState::Held {
+            finished: BTreeSet::new(),
+            lost,
+            group: self.layout.tp,
+            flexible: plan.flexible,
+        };
         self.held.insert(transfer_id.clone(), Held { state, record, deadline });
         self.deadlines.insert((deadline, transfer_id.clone()));
         for (tp, quorum) in plan.per_tp_rank.into_iter().enumerate() {
             let rank = RankId::new(self.engine, owner_dp, tp as u16);
             out.push(EngineAction::Register { rank, transfer_id: transfer_id.clone(), quorum });
+        }
+        if all_lost {
+            // Nobody holds the KV: nothing to wait for.
+            self.end(now, &transfer_id, false, out);
         }
         Ok(())
     }
@@ -656,8 +723,8 @@ impl PrefillEngine {
         let Some(held) = self.held.get_mut(id) else { return };
         let (next, output) = transfer_step(held.state.clone(), event);
         let unfinished: Vec<u16> = match &held.state {
-            TransferState::Held { finished, group, .. } => {
-                (0..*group).filter(|t| !finished.contains(t)).collect()
+            TransferState::Held { finished, lost, group, .. } => {
+                (0..*group).filter(|t| !finished.contains(t) && !lost.contains(t)).collect()
             }
             _ => Vec::new(),
         };
@@ -666,8 +733,8 @@ impl PrefillEngine {
         match output {
             TransferOutput::None | TransferOutput::Ignored => {}
             TransferOutput::GroupDone => {
-                let TransferState::Held { finished, group, .. } = &held.state else { return };
-                for tp in (0..*group).filter(|t| !finished.contains(t)) {
+                let TransferState::Held { finished, lost, group, .. } = &held.state else { return };
+                for tp in (0..*group).filter(|t| !finished.contains(t) && !lost.contains(t)) {
                     let rank = RankId::new(self.engine, owner_dp, tp);
                     out.push(EngineAction::GroupDone { rank, transfer_id: id.clone() });
                 }

@@ -71,6 +71,8 @@ struct Harness {
     received: Vec<(RankId, RequestId)>,
     failed: Vec<(RankId, RequestId, RecvError)>,
     invalidated: Vec<(RankId, RequestId)>,
+    /// Requests whose reads a worker asked to abort.
+    aborts: Vec<(RankId, RequestId)>,
     engine_log: Vec<EngineAction>,
     worker_log: Vec<WorkerAction>,
     /// Read leases sent (delivered at once: they leave before the reads).
@@ -120,6 +122,7 @@ impl Harness {
             received: Vec::new(),
             failed: Vec::new(),
             invalidated: Vec::new(),
+            aborts: Vec::new(),
             engine_log: Vec::new(),
             worker_log: Vec::new(),
             leases: 0,
@@ -208,6 +211,7 @@ impl Harness {
                 DecodeAction::RequestReceived { request } => self.received.push((rank, request)),
                 DecodeAction::RequestFailed { request, error } => self.failed.push((rank, request, error)),
                 DecodeAction::InvalidateBlocks { request, .. } => self.invalidated.push((rank, request)),
+                DecodeAction::AbortReads { request } => self.aborts.push((rank, request)),
             }
         }
     }
@@ -533,7 +537,7 @@ fn read_failure_still_frees_the_producer() {
 fn send_queue_full_backs_off_until_transfer_timeout() {
     let mut h = Harness::new("1P_TP1:1D_TP1", LegacyOptions::none());
     h.step_with_request(1, 0, &[0], 0);
-    h.reads.retain(|(_, op)| op.layer == Some(0));
+    h.reads.retain(|(_, op)| op.layer != Some(1));
     h.complete_reads(|_, _| ReadOutcome::Ok);
     let rank = RankId::new(EngineId::decode(0), 0, 0);
     let mut delays = Vec::new();
@@ -557,6 +561,12 @@ fn send_queue_full_backs_off_until_transfer_timeout() {
     assert_eq!(delays, [1, 2, 4, 8, 16, 32, 50, 50]);
     assert!(h.failed.is_empty());
     h.advance(30 * NS_PER_S);
+    // The last retry is posted and unanswered at the deadline: it is aborted and drained first.
+    assert_eq!(h.aborts, [(rank, RequestId(1))]);
+    assert!(h.failed.is_empty() && h.releases.is_empty(), "nothing ends while the read is posted");
+    let aborted =
+        DecodeEvent::ReadDone { request: RequestId(1), layer: Some(1), outcome: ReadOutcome::Aborted };
+    h.decode_event(rank, aborted);
     assert!(matches!(h.failed.as_slice(), [(_, RequestId(1), RecvError::Timeout { .. })]), "{:?}", h.failed);
     assert_eq!(h.releases.len(), 1, "a timed-out request still releases");
 }
@@ -678,4 +688,124 @@ fn workers_retire_a_transfer_before_its_blocks_are_freed() {
             .collect();
         assert_eq!(kinds, ["retire", "retire", "free"], "reaped: {reap}");
     }
+}
+
+/// The drain rule: a request whose transfer timeout passes (or one of whose reads fails) while
+/// reads are posted aborts them and releases only once every one was answered, so the producer
+/// never frees blocks a posted read may still complete from. The legacy option releases at once.
+#[test]
+fn a_failing_request_releases_only_after_its_posted_reads_are_answered() {
+    // (legacy on, how the request fails)
+    for (legacy_on, timeout) in [(false, true), (false, false), (true, true), (true, false)] {
+        let legacy = if legacy_on {
+            LegacyOptions::none().with(Legacy::ReleaseDuringReads)
+        } else {
+            LegacyOptions::none()
+        };
+        let mut h = Harness::new("1P_TP1:1D_TP1", legacy);
+        h.step_with_request(1, 0, &[2], 0);
+        let reads = std::mem::take(&mut h.reads);
+        assert!(reads.len() >= 2, "per-layer reads: {}", reads.len());
+        let rank = reads[0].0;
+        if timeout {
+            h.advance(31 * NS_PER_S);
+        } else {
+            let op = &reads[0].1;
+            let failed = ReadOutcome::Failed("remote access error".into());
+            h.decode_event(
+                rank,
+                DecodeEvent::ReadDone { request: op.request(), layer: op.layer, outcome: failed },
+            );
+        }
+        let case = format!("legacy {legacy_on}, timeout {timeout}");
+        if legacy_on {
+            assert_eq!(h.releases.len(), 1, "{case}: released under the posted reads");
+            assert!(h.aborts.is_empty(), "{case}");
+            continue;
+        }
+        assert!(h.releases.is_empty() && h.failed.is_empty(), "{case}: nothing ends before the drain");
+        assert_eq!(h.aborts, [(rank, RequestId(1))], "{case}");
+        // Answer the remaining reads (the first one already answered when it failed).
+        let left: Vec<&(RankId, ReadOp)> = reads.iter().skip(usize::from(!timeout)).collect();
+        for (i, (rank, op)) in left.iter().enumerate() {
+            assert!(h.releases.is_empty(), "{case}: released with {} reads unanswered", left.len() - i);
+            let outcome = if i == 0 { ReadOutcome::Ok } else { ReadOutcome::Aborted };
+            h.decode_event(*rank, DecodeEvent::ReadDone { request: op.request(), layer: op.layer, outcome });
+        }
+        assert_eq!(h.releases.len(), 1, "{case}: one release after the drain");
+        assert_eq!(h.failed.len(), 1, "{case}: the request fails once");
+        let expected_timeout = matches!(h.failed[0].2, RecvError::Timeout { .. });
+        assert_eq!(expected_timeout, timeout, "{case}: {}", h.failed[0].2);
+    }
+}
+
+/// A request queued behind a full decode batch keeps its source leased until a step admits it:
+/// the 60 s reaper would otherwise free KV the request has yet to read (found with
+/// `decode_max_batch: 1`, where requests wait minutes for their turn).
+#[test]
+fn a_queued_request_keeps_its_source_leased_until_admission() {
+    for told in [true, false] {
+        let mut h = Harness::new("1P_TP1:1D_TP1", LegacyOptions::none());
+        let request = h.prefill_done(1, 0, 0, &[7]);
+        let rank = RankId::new(EngineId::decode(0), 0, 0);
+        if told {
+            let queued = RecvRequest { local_block_ids: Vec::new(), ..request.clone() };
+            h.decode_event(rank, DecodeEvent::Queued { requests: vec![queued] });
+        }
+        // Five minutes in the queue, a second at a time.
+        for _ in 0..300 {
+            h.advance(NS_PER_S);
+        }
+        assert_eq!(h.frees().is_empty(), told, "told the worker it is queued: {told}");
+        if !told {
+            continue;
+        }
+        assert!(h.leases >= 10, "renewed every 15 s: {} leases", h.leases);
+        h.begin_step(0, 1, &[request]);
+        h.deliver_dials(|_| true);
+        h.deliver_votes();
+        h.complete_reads(|_, _| ReadOutcome::Ok);
+        h.deliver_releases(1);
+        assert_eq!(h.frees(), [(tx(1), false)], "freed by its release, not reaped");
+        assert_eq!(h.decoders[&rank].queued_requests(), 0);
+    }
+}
+
+/// A prefill worker that dies for good: its part of every transfer it holds counts as done, so
+/// the group's blocks are freed once the live workers are released, long before the reaper.
+/// A flexible transfer is not completed by a loss (another rank may be the one being read).
+#[test]
+fn a_lost_prefill_worker_does_not_hold_its_group_until_the_reaper() {
+    let mut h = Harness::new("1P_TP2:1D_TP2", LegacyOptions::none());
+    h.step_with_request(1, 0, &[3], 0);
+    let dead = RankId::new(EngineId::prefill(0), 0, 1);
+    // The decode rank reading the dead rank fails its reads; its release goes nowhere.
+    h.complete_reads(|_, op| {
+        if op.plan.source == dead {
+            ReadOutcome::Failed("connection refused".into())
+        } else {
+            ReadOutcome::Ok
+        }
+    });
+    h.releases.retain(|(to, _)| *to != dead);
+    h.deliver_releases(1);
+    assert!(h.frees().is_empty(), "the dead rank's part is still owed");
+    let mut out = Vec::new();
+    h.engines[0].handle(h.now, EngineEvent::WorkerLost { rank: dead }, &mut out).unwrap();
+    h.route_engine(out);
+    assert_eq!(h.frees(), [(tx(1), false)], "freed by the live release and the loss, not reaped");
+
+    // Flexible: TP1 decode reads one of eight replicated ranks; losing another rank completes
+    // nothing, the read rank's release does.
+    let mut h = Harness::new("1P_TP8:1D_DP8EP", LegacyOptions::none());
+    h.step_with_request(1, 0, &[6], 3);
+    let read = h.reads[0].1.plan.source;
+    let other = RankId::new(EngineId::prefill(0), 0, (read.tp + 1) % 8);
+    let mut out = Vec::new();
+    h.engines[0].handle(h.now, EngineEvent::WorkerLost { rank: other }, &mut out).unwrap();
+    h.route_engine(out);
+    assert!(h.frees().is_empty(), "a loss is never the read of a flexible transfer");
+    h.complete_reads(|_, _| ReadOutcome::Ok);
+    h.deliver_releases(1);
+    assert_eq!(h.frees(), [(tx(1), false)]);
 }

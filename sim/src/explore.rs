@@ -8,7 +8,7 @@ use std::fmt;
 
 use crate::result::RunResult;
 use crate::rng::Streams;
-use crate::scenario::{Clients, Length, Scenario, Swarm};
+use crate::scenario::{Clients, FaultKind, Length, Scenario, Swarm, Target, TimedFault};
 use crate::RunOptions;
 
 /// A property of the fixed protocol that a run broke.
@@ -128,14 +128,75 @@ pub fn swarm_for_seed(seed: u64) -> Swarm {
     }
 }
 
-/// The scenario run for `seed`: the base with that seed and, if `swarm`, its swarm faults.
+/// The scenario run for `seed`: the base with that seed and, if `swarm`, its swarm faults and
+/// its storm (see [`storm_for_seed`]).
 pub fn scenario_for_seed(base: &Scenario, seed: u64, swarm: bool) -> Scenario {
     let mut scenario = base.clone();
     scenario.seed = seed;
     if swarm {
         scenario.faults.swarm = swarm_for_seed(seed);
+        storm_for_seed(&mut scenario, seed);
     }
     scenario
+}
+
+/// Timing faults and degenerate limits for a swarm seed, on top of the message faults: each is
+/// drawn independently, so most seeds get one or two of them. They put reads, messages and
+/// handshakes across the protocol's timeout boundaries (a read slower than the transfer timeout,
+/// a message late by about a timeout, a listener as slow as the handshake timeout) and run the
+/// engines at degenerate limits (a decode batch of one request, timeouts of a few
+/// milliseconds), the conditions under which a release may race a read still in flight.
+pub fn storm_for_seed(scenario: &mut Scenario, seed: u64) {
+    let mut streams = Streams::new(seed ^ 0x5354_4f52_4d00_0000);
+    let handshake_ms = scenario.protocol.handshake_timeout_ms;
+    let transfer_ms = scenario.protocol.transfer_timeout_ms;
+    // Within 10 % either side of a timeout.
+    let near = |streams: &mut Streams, timeout_ms: u64| {
+        let tenth = (timeout_ms / 10).max(1);
+        timeout_ms.saturating_sub(tenth).saturating_add(streams.below(2 * tenth + 1))
+    };
+    let fault = |at_ms: u64, target: &str, fault: FaultKind, duration_ms: Option<u64>, count: Option<u32>| {
+        TimedFault { at_ms, target: Target(target.into()), fault, duration_ms, count }
+    };
+    let targets = ["P*.dp*.tp*", "P0.dp0.tp0", "P*.dp0.tp*"];
+    if streams.chance(0.3) {
+        // From a tenth of the bandwidth (a read of a long prompt nears the timeout) to a
+        // fifty-thousandth (every read outlives it).
+        let factor = [0.1, 0.001, 0.00002][streams.below(3) as usize];
+        let target = targets[streams.below(targets.len() as u64) as usize];
+        let at_ms = [0, 200, 2000][streams.below(3) as usize];
+        let duration = [None, Some(near(&mut streams, transfer_ms))][streams.below(2) as usize];
+        scenario.faults.timeline.push(fault(at_ms, target, FaultKind::SlowNic { factor }, duration, None));
+    }
+    if streams.chance(0.25) {
+        let delay_ms = if streams.chance(0.5) {
+            near(&mut streams, handshake_ms)
+        } else {
+            near(&mut streams, transfer_ms)
+        };
+        let target = targets[streams.below(targets.len() as u64) as usize];
+        let count = Some(1 + streams.below(4) as u32);
+        scenario.faults.timeline.push(fault(0, target, FaultKind::DelayMessages { delay_ms }, None, count));
+    }
+    if streams.chance(0.15) {
+        let service_ms = near(&mut streams, handshake_ms);
+        scenario.faults.timeline.push(fault(
+            0,
+            "P*.dp*.tp*",
+            FaultKind::SlowListener { service_ms },
+            None,
+            None,
+        ));
+    }
+    if streams.chance(0.15) {
+        scenario.engines.decode_max_batch = 1;
+    }
+    if streams.chance(0.15) {
+        scenario.protocol.transfer_timeout_ms = [1, 5, 50][streams.below(3) as usize];
+    }
+    if streams.chance(0.1) {
+        scenario.protocol.handshake_timeout_ms = [1, 5][streams.below(2) as usize];
+    }
 }
 
 /// A measure of a scenario's size: requests, concurrency, tokens and faults.

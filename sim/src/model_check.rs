@@ -1,13 +1,17 @@
 //! Bounded model checking of the protocol nodes: every interleaving of message deliveries,
-//! message losses (from a budget) and timer firings, for a tiny deployment and two requests,
-//! breadth first with state hashing, so a violation comes with the shortest trace to it.
+//! read completions, message losses and read failures (from a budget) and timer firings, for a
+//! tiny deployment and two requests, breadth first with state hashing, so a violation comes with
+//! the shortest trace to it.
 //!
 //! The world here is abstract: no NICs or compute times, only the nodes of one decode DP group
-//! (its TP workers), the prefill owner group and its engine, and the messages between them.
-//! Each state is checked when it has nothing left to do: every step reported uniformly by the
-//! group (no worker raised alone or stayed blocked while its peers went on), every request
-//! received or failed on every worker, every prefill transfer freed (by the reaper only if a
-//! message was lost).
+//! (its TP workers), the prefill owner group and its engine, the messages between them and the
+//! reads in flight. A timer may fire at any point, also while messages and reads are in flight
+//! (a message still in flight then arrives late, which excuses a reaped transfer as a loss
+//! does). A read that completes from blocks the engine has freed (and not fenced) is a safety
+//! violation at once; every other state is checked when it has nothing left to do: every step
+//! reported uniformly by the group (no worker raised alone or stayed blocked while its peers
+//! went on), every request received or failed on every worker, every prefill transfer freed (by
+//! the reaper only if a message was lost or late).
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, HashSet, VecDeque};
@@ -72,12 +76,56 @@ pub struct ModelReport {
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Msg {
-    Dial { from: usize, session: SessionKey, to: usize },
-    Reply { to: usize, session: SessionKey, from: usize },
-    Lease { to: usize, transfer: TransferId, lease_ms: u32 },
-    Release { to: usize, transfer: TransferId, sender_tp: u16 },
-    Vote { to: usize, step: u64, ok: bool },
-    ReadDone { to: usize, request: RequestId, layer: Option<u16> },
+    Dial {
+        from: usize,
+        session: SessionKey,
+        to: usize,
+    },
+    Reply {
+        to: usize,
+        session: SessionKey,
+        from: usize,
+    },
+    Lease {
+        to: usize,
+        transfer: TransferId,
+        lease_ms: u32,
+    },
+    Release {
+        to: usize,
+        transfer: TransferId,
+        sender_tp: u16,
+    },
+    Vote {
+        to: usize,
+        step: u64,
+        ok: bool,
+    },
+    /// A read posted by decode worker `to` from prefill rank `from`, in flight until delivered
+    /// (it completes) or lost (it fails).
+    Read {
+        to: usize,
+        request: RequestId,
+        layer: Option<u16>,
+        from: usize,
+        transfer: TransferId,
+    },
+    /// The answer to a read, delivered locally to the worker that posted it.
+    ReadDone {
+        to: usize,
+        request: RequestId,
+        layer: Option<u16>,
+        answer: Answer,
+    },
+}
+
+/// How a read ended, as the driver answers it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Answer {
+    Ok,
+    Failed,
+    Fenced,
+    Aborted,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -98,7 +146,13 @@ struct State {
     reports: BTreeMap<u64, BTreeMap<usize, StepReport>>,
     votes: BTreeMap<u64, Vec<(usize, bool)>>,
     lost: u32,
+    /// True once a timer fired while a message was in flight (that message arrives late).
+    late: bool,
     frees: BTreeMap<TransferId, (u32, bool)>,
+    /// Transfers whose blocks the reaper fenced (remote access revoked).
+    fenced: Vec<TransferId>,
+    /// The first safety violation (a read completed from freed memory).
+    violation: Option<String>,
     /// Local completions (vote results, reads) delivered at once, in order, after each
     /// transition: their order is not a network choice, so exploring it would only multiply
     /// equivalent states.
@@ -118,8 +172,20 @@ struct World {
 fn fingerprint(s: &State) -> u64 {
     let mut h = DefaultHasher::new();
     format!(
-        "{:?}|{:?}|{:?}|{:?}|{:?}|{}|{:?}|{:?}|{}|{:?}",
-        s.now, s.decoders, s.workers, s.engine, s.msgs, s.step, s.reports, s.votes, s.lost, s.frees
+        "{:?}|{:?}|{:?}|{:?}|{:?}|{}|{:?}|{:?}|{}|{}|{:?}|{:?}|{:?}",
+        s.now,
+        s.decoders,
+        s.workers,
+        s.engine,
+        s.msgs,
+        s.step,
+        s.reports,
+        s.votes,
+        s.lost,
+        s.late,
+        s.frees,
+        s.fenced,
+        s.violation
     )
     .hash(&mut h);
     h.finish()
@@ -162,8 +228,35 @@ impl World {
                         }
                     }
                 }
-                DecodeAction::PostRead(op) => {
-                    s.local.push_back(Msg::ReadDone { to: w, request: op.request(), layer: op.layer });
+                DecodeAction::PostRead(op) => match self.prefill_index(op.plan.source) {
+                    Some(from) => s.msgs.push(Msg::Read {
+                        to: w,
+                        request: op.request(),
+                        layer: op.layer,
+                        from,
+                        transfer: op.plan.transfer_id.clone(),
+                    }),
+                    None => s.local.push_back(Msg::ReadDone {
+                        to: w,
+                        request: op.request(),
+                        layer: op.layer,
+                        answer: Answer::Failed,
+                    }),
+                },
+                DecodeAction::AbortReads { request } => {
+                    // The driver flushes the request's posted reads: each is answered aborted
+                    // and touches no memory any more.
+                    let mut aborted = Vec::new();
+                    s.msgs.retain(|m| match m {
+                        Msg::Read { to, request: r, layer, .. } if *to == w && *r == request => {
+                            aborted.push(*layer);
+                            false
+                        }
+                        _ => true,
+                    });
+                    for layer in aborted {
+                        s.local.push_back(Msg::ReadDone { to: w, request, layer, answer: Answer::Aborted });
+                    }
                 }
                 DecodeAction::StepReady { step } => {
                     s.reports.entry(step).or_default().insert(w, StepReport::Ready);
@@ -225,9 +318,8 @@ impl World {
                     entry.0 += 1;
                     entry.1 |= reaped;
                 }
-                EngineAction::FinishedSending { .. }
-                | EngineAction::Fence { .. }
-                | EngineAction::ReapWarning { .. } => {}
+                EngineAction::Fence { transfer_id, .. } => s.fenced.push(transfer_id),
+                EngineAction::FinishedSending { .. } | EngineAction::ReapWarning { .. } => {}
             }
         }
     }
@@ -235,6 +327,9 @@ impl World {
     /// Every transition out of `s`, with a line describing it.
     fn successors(&self, s: &State) -> Vec<(String, State)> {
         let mut out = Vec::new();
+        if s.violation.is_some() {
+            return out;
+        }
         let mut seen_msgs: Vec<&Msg> = Vec::new();
         for (i, msg) in s.msgs.iter().enumerate() {
             if seen_msgs.contains(&msg) || (self.reduce && i > 0) {
@@ -249,17 +344,25 @@ impl World {
                 let mut lost = s.clone();
                 lost.msgs.remove(i);
                 lost.lost += 1;
-                out.push((format!("LOSE {}", self.describe(msg)), lost));
+                if let Msg::Read { to, request, layer, .. } = msg {
+                    // A read is never lost silently: it fails at the NIC.
+                    let answer = Answer::Failed;
+                    lost.local.push_back(Msg::ReadDone { to: *to, request: *request, layer: *layer, answer });
+                    out.push((format!("FAIL {}", self.describe(msg)), lost));
+                } else {
+                    out.push((format!("LOSE {}", self.describe(msg)), lost));
+                }
             }
         }
-        // Time passes until the earliest timer, firing every timer due then. Timers fire only
-        // when the network is quiet: a message that would arrive after its timeout is modelled
-        // by losing it, which keeps the interleavings of equivalent late deliveries out.
+        // Time passes until the earliest timer, firing every timer due then, at any point: with
+        // messages or reads still in flight too, which then arrive late (a read that outlives its
+        // request's transfer timeout is exactly the case the drain rule exists for).
         let deadline =
             s.decoders.iter().filter_map(DecodeWorker::poll_timeout).chain(s.engine.poll_timeout()).min();
-        if let (Some(t), true) = (deadline, s.msgs.is_empty()) {
+        if let Some(t) = deadline {
             let mut next = s.clone();
             next.now = t.max(s.now);
+            next.late |= !s.msgs.is_empty();
             for w in 0..next.decoders.len() {
                 if next.decoders[w].poll_timeout().is_some_and(|d| d <= next.now) {
                     self.decode(&mut next, w, DecodeEvent::Tick);
@@ -307,8 +410,11 @@ impl World {
                 format!("release of {transfer} from tp{sender_tp} -> {}", p(*to))
             }
             Msg::Vote { to, step, ok } => format!("vote result of step {step} (ok={ok}) -> {}", d(*to)),
-            Msg::ReadDone { to, request, layer } => {
-                format!("read of {request} layer {layer:?} done at {}", d(*to))
+            Msg::Read { to, request, layer, from, .. } => {
+                format!("read of {request} layer {layer:?} from {} by {}", p(*from), d(*to))
+            }
+            Msg::ReadDone { to, request, layer, answer } => {
+                format!("read of {request} layer {layer:?} answered {answer:?} at {}", d(*to))
             }
         }
     }
@@ -341,8 +447,28 @@ impl World {
                 self.prefill(s, to, WorkerEvent::Release(release));
             }
             Msg::Vote { to, step, ok } => self.decode(s, to, DecodeEvent::VoteResult { step, ok }),
-            Msg::ReadDone { to, request, layer } => {
-                self.decode(s, to, DecodeEvent::ReadDone { request, layer, outcome: ReadOutcome::Ok })
+            Msg::Read { to, request, layer, from, transfer } => {
+                let answer = if s.fenced.contains(&transfer) {
+                    Answer::Fenced
+                } else {
+                    if s.frees.contains_key(&transfer) && s.violation.is_none() {
+                        s.violation = Some(format!(
+                            "read of {transfer} by {} completed from blocks {} had freed (read after free)",
+                            self.decode_ranks[to], self.prefill_ranks[from]
+                        ));
+                    }
+                    Answer::Ok
+                };
+                s.local.push_back(Msg::ReadDone { to, request, layer, answer });
+            }
+            Msg::ReadDone { to, request, layer, answer } => {
+                let outcome = match answer {
+                    Answer::Ok => ReadOutcome::Ok,
+                    Answer::Failed => ReadOutcome::Failed("read failed".into()),
+                    Answer::Fenced => ReadOutcome::Failed("remote access revoked (fenced)".into()),
+                    Answer::Aborted => ReadOutcome::Aborted,
+                };
+                self.decode(s, to, DecodeEvent::ReadDone { request, layer, outcome })
             }
         }
         line
@@ -350,6 +476,9 @@ impl World {
 
     /// The violation of a state with nothing left to do, if any.
     fn check_final(&self, s: &State) -> Option<String> {
+        if let Some(violation) = &s.violation {
+            return Some(violation.clone());
+        }
         for (step, reports) in &s.reports {
             let ready: Vec<String> = reports
                 .iter()
@@ -394,8 +523,8 @@ impl World {
             if *count != 1 {
                 return Some(format!("{transfer} freed {count} times"));
             }
-            if *reaped && s.lost == 0 {
-                return Some(format!("{transfer} freed by the reaper though no message was lost"));
+            if *reaped && s.lost == 0 && !s.late {
+                return Some(format!("{transfer} freed by the reaper though no message was lost or late"));
             }
         }
         None
@@ -466,7 +595,10 @@ pub fn check(config: &ModelConfig) -> Result<ModelReport, String> {
         reports: BTreeMap::new(),
         votes: BTreeMap::new(),
         lost: 0,
+        late: false,
         frees: BTreeMap::new(),
+        fenced: Vec::new(),
+        violation: None,
         local: VecDeque::new(),
     };
     let mut requests = Vec::new();
@@ -576,12 +708,36 @@ mod tests {
     /// full search still fits: same verdict, fewer states.
     #[test]
     fn reduction_agrees_with_full_interleaving() {
-        let reduced = check(&config("1P_DP2:1D_TP2", LegacyOptions::none(), 1)).unwrap();
-        let full = check(&ModelConfig { reduce: false, ..config("1P_DP2:1D_TP2", LegacyOptions::none(), 1) })
-            .unwrap();
-        assert!(full.complete && reduced.complete);
-        assert_eq!((full.violation.is_none(), reduced.violation.is_none()), (true, true));
-        assert!(reduced.states < full.states, "{} !< {}", reduced.states, full.states);
+        // One request keeps the full search small enough to finish; both the fixed protocol and
+        // the legacy read-after-free must get the same verdict either way.
+        for (legacy, violation) in
+            [(LegacyOptions::none(), false), (LegacyOptions::none().with(Legacy::ReleaseDuringReads), true)]
+        {
+            let small = ModelConfig { requests: 1, ..config("1P_TP1:1D_TP2", legacy.clone(), 1) };
+            let reduced = check(&small).unwrap();
+            let full = check(&ModelConfig { reduce: false, ..small }).unwrap();
+            assert_eq!(full.violation.is_some(), violation, "{legacy:?} full: {:?}", full.violation);
+            assert_eq!(reduced.violation.is_some(), violation, "{legacy:?} reduced: {:?}", reduced.violation);
+            if !violation {
+                assert!(full.complete && reduced.complete);
+                assert!(reduced.states < full.states, "{} !< {}", reduced.states, full.states);
+            }
+        }
+    }
+
+    /// A request that times out while its reads are posted: released at once (the legacy
+    /// behaviour) the prefill frees the blocks under the read; the default drains first.
+    #[test]
+    fn read_after_free_is_found_with_the_drain_rule_off() {
+        let legacy = LegacyOptions::none().with(Legacy::ReleaseDuringReads);
+        for deployment in ["1P_TP1:1D_TP1", "1P_TP2:1D_TP4"] {
+            let report = check(&config(deployment, legacy.clone(), 0)).unwrap();
+            let (violation, trace) = report.violation.expect("the read after free is found");
+            assert!(violation.contains("read after free"), "{deployment}: {violation}");
+            assert!(trace.iter().any(|l| l.starts_with("time passes")), "{deployment}: {trace:#?}");
+        }
+        let report = check(&config("1P_TP1:1D_TP1", LegacyOptions::none(), 1)).unwrap();
+        assert!(report.violation.is_none() && report.complete, "{:?}", report.violation);
     }
 
     #[test]

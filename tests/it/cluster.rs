@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use pdkv_core::ids::{EngineId, RankId};
 use pdkv_rdma::cluster::{self, ClusterConfig, ClusterResult, Fault};
+use pdkv_rdma::sched::TOKEN_ENV;
 
 fn exe() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_pdkv"))
@@ -57,6 +58,44 @@ fn fault_free_clusters_verify_every_byte_and_free_every_block_once() {
     check("1P_DP2TP2:1D_TP4", false, 16, &[16, 16, 16, 16]);
 }
 
+/// Many requests in flight: every request finishes, nothing fails, every transfer is freed by
+/// its releases, and decode verified exactly `copies` times the KV of the finished prompts (each
+/// KV head is read once by every decode rank that needs it).
+fn check_loaded(deployment: &str, mla: bool, requests: u32, concurrency: u32, copies: u64) {
+    let mut config = ClusterConfig::new(deployment, requests, exe());
+    config.mla = mla;
+    config.concurrency = concurrency;
+    let what = format!("{deployment} at concurrency {concurrency}");
+    let r = run(config);
+    let json = r.to_json();
+    assert_eq!(r.outcome, "clean", "{what}: {json}");
+    let q = &r.requests;
+    let all = u64::from(requests);
+    assert_eq!((q.sent, q.finished, q.failed, q.unfinished), (all, all, 0, 0), "{what}: {json}");
+    let l = &r.ledger;
+    assert_eq!((l.freed, l.held, l.reaped, l.double_frees), (all, 0, 0, 0), "{what}: {json}");
+    assert!(r.prompt_kv_bytes > 0, "{what}: {json}");
+    assert_eq!(r.bytes_verified, copies * r.prompt_kv_bytes, "{what}: {json}");
+    assert_eq!(r.nic.bytes_per_prefill_gpu.iter().sum::<u64>(), r.bytes_verified, "{what}: {json}");
+}
+
+#[test]
+fn clusters_under_load_finish_every_request_and_verify_every_byte() {
+    // TP fan-in: two decode ranks share each prefill rank's head, so each head is read twice.
+    check_loaded("1P_TP4:1D_TP8", false, 300, 256, 2);
+    // TP fan-out: each decode rank reads its two heads from one prefill rank.
+    check_loaded("1P_TP4:1D_TP2", false, 300, 128, 1);
+    check_loaded("1P_TP8:1D_TP4", false, 200, 64, 1);
+    // DP×TP prefill: each request is read from its owner DP group; two KV heads over four
+    // decode ranks, so each head twice.
+    check_loaded("1P_DP2TP2:1D_TP4", false, 300, 128, 2);
+    // MLA, flexible reads: one decode rank per request reads the latent once.
+    check_loaded("2P_TP2:1D_DP2", true, 300, 256, 1);
+    // The two reproductions of the bug fixed by retiring a transfer before freeing its blocks.
+    check_loaded("1P_TP2:1D_TP2", false, 200, 50, 1);
+    check_loaded("1P_TP1:1D_TP1", false, 300, 100, 1);
+}
+
 #[test]
 fn a_cluster_leaves_no_process_or_listener_behind() {
     let r = run(ClusterConfig::new("1P_TP2:1D_TP2", 4, exe()));
@@ -86,31 +125,39 @@ fn quick(deployment: &str, requests: u32) -> ClusterConfig {
 #[test]
 fn killing_a_prefill_process_fails_its_requests_and_nothing_hangs() {
     let mut config = quick("1P_DP2TP2:1D_TP4", 24);
+    // A reaper far beyond the run: the dead rank's transfers must be freed by its loss and the
+    // live ranks' releases, within the handshake and transfer timeouts.
+    config.defer_timeout_ms = 60_000;
     let killed = rank(true, 0, 1);
     config.faults.push(Fault::KillPrefill { rank: killed, after: 6, restart_after_ms: None });
     let r = run(config);
     let json = r.to_json();
-    assert_eq!(r.outcome, "clean", "the reaper's frees are the designed recovery: {json}");
+    assert_eq!(r.outcome, "clean", "the failures and the reaper's frees are the fault's: {json}");
     assert_eq!(r.requests.unfinished, 0, "{json}");
     assert!(r.requests.failed > 0 && r.requests.finished > 0, "{json}");
-    // Only requests whose KV the dead DP group held fail; every one of them fails on the
-    // decode workers that needed the dead rank (or, once the dial fails, on all of them,
-    // with the same error).
+    assert_eq!(r.requests.failed_excused, r.requests.failed, "{json}");
+    // Only requests whose KV the dead DP group held fail. Those prefilled before the kill fail
+    // on the decode workers that needed the dead rank (or, once the dial fails, on all of them,
+    // with the same error); the group's later ones fail at once, before prefill, since the rank
+    // is gone for good.
     for f in &r.failures {
         assert_eq!(f.prefill, "P0.dp0", "{json}");
         let errors: Vec<&str> = f.errors.iter().map(|e| e.split_once(": ").map_or("", |x| x.1)).collect();
         let all_workers = errors.len() == 4 && errors.iter().all(|e| *e == errors[0]);
         let readers_of_dead_rank =
             f.errors.iter().all(|e| e.starts_with("D0.dp0.tp2") || e.starts_with("D0.dp0.tp3"));
-        assert!(all_workers || readers_of_dead_rank, "{json}");
+        let at_once = f.errors == ["P0.dp0.tp1 is gone"];
+        assert!(all_workers || readers_of_dead_rank || at_once, "{json}");
     }
     // Every request of the live DP group finished.
     let failed_dp1 = r.failures.iter().filter(|f| f.prefill == "P0.dp1").count();
     assert_eq!(failed_dp1, 0);
-    // The dead rank's transfers are reaped (fenced first) and excused; nothing stays held.
+    // The dead rank's part of its transfers counts as done (EngineEvent::WorkerLost): they are
+    // freed by the live ranks' releases, none is reaped, nothing stays held, and the run ends
+    // within the handshake and transfer timeouts (2 s + 5 s) though the reaper waits 60 s.
     assert_eq!(r.ledger.held, 0, "{json}");
-    assert!(r.ledger.reaped > 0 && r.ledger.reaped == r.ledger.reaped_excused, "{json}");
-    assert_eq!(r.ledger.fenced, r.ledger.reaped, "{json}");
+    assert_eq!(r.ledger.reaped, 0, "{json}");
+    assert!(r.duration_s < 7.0 + 1.0, "{json}");
     assert_eq!(r.processes.killed_by_fault, 1);
 }
 
@@ -166,10 +213,47 @@ fn cluster_cli_prints_the_result_and_refuses_bad_arguments() {
         assert_eq!(out.status.code(), Some(code), "{args:?}: {text}");
         assert!(text.contains(stderr), "{args:?}: {text}");
     };
-    check(&["cluster", "1P_TP4:1D_TP8", "--mla", "--requests", "0"], 2, "at least 1");
     check(&["cluster", "1P_TP4:1D_TQ8"], 2, "TQ8");
-    check(&["cluster", "1P_TP2:1D_TP2", "--kill", "D0.dp0.tp0"], 2, "has no Prefill rank D0.dp0.tp0");
-    check(&["cluster", "1P_TP2:1D_TP2", "--kill", "P0.tp0"], 2, "is not a rank");
+    check(&["cluster", "1P_TP2:1D_TP2", "--kill", "P0.tp0"], 2, "'P0.tp0' is not a rank");
+    check(&["cluster", "1P_TP2:1D_TP2", "--drop-releases", "D0.dp0.tp0=x"], 2, "count 'x'");
+    // Arguments that parse but would start a cluster that fails everything (or overflows a
+    // clock): refused before any process starts, naming the flag, without Debug quoting.
+    let tp2 = |extra: &[&'static str]| [&["cluster", "1P_TP2:1D_TP2"], extra].concat();
+    for (extra, stderr) in [
+        (&["--requests", "0"][..], "--requests 0: must be between 1 and 1000000"),
+        (&["--requests", "1000001"], "--requests 1000001: must be between 1 and 1000000"),
+        (&["--concurrency", "0"], "--concurrency 0: must be between 1 and 4096"),
+        (&["--concurrency", "4097"], "--concurrency 4097: must be between 1 and 4096"),
+        (&["--layers", "0"], "--layers 0: must be between 1 and 64"),
+        (&["--layers", "65535"], "--layers 65535: must be between 1 and 64"),
+        (&["--handshake-timeout-ms", "0"], "--handshake-timeout-ms 0: must be between 100 and"),
+        (&["--transfer-timeout-ms", "18446744073709551615"], "--transfer-timeout-ms 18446744073709551615"),
+        (&["--defer-timeout-ms", "0"], "--defer-timeout-ms 0: must be between"),
+        (&["--timeout-ms", "99"], "--timeout-ms 99: must be between"),
+        (&["--kill", "D0.dp0.tp0"], "--kill D0.dp0.tp0: 1P_TP2:1D_TP2 has no prefill rank D0.dp0.tp0"),
+        (&["--kill", "P0.dp0.tp2"], "--kill P0.dp0.tp2: 1P_TP2:1D_TP2 has no prefill rank P0.dp0.tp2"),
+        // The default --kill-after is 8: with 4 requests the kill could never happen.
+        (&["--requests", "4", "--kill", "P0.dp0.tp0"], "--kill-after 8: the run prefills only 4 requests"),
+        (&["--kill", "P0.dp0.tp0", "--restart-after-ms", "99999999999"], "--restart-after-ms 99999999999"),
+        (
+            &["--drop-releases", "P0.dp0.tp0=1"],
+            "--drop-releases P0.dp0.tp0=1: 1P_TP2:1D_TP2 has no decode rank",
+        ),
+    ] {
+        check(&tp2(extra), 2, stderr);
+    }
+    check(&["cluster", "1P_TP128:1D_TP64"], 2, "192 ranks, but a cluster on one host starts at most 128");
+    if !cfg!(feature = "rdma") {
+        // Said once, before any rank starts (not once per rank process).
+        let out = std::process::Command::new(exe())
+            .args(["cluster", "1P_TP2:1D_TP2", "--transport", "rdma"])
+            .output()
+            .expect("pdkv runs");
+        let text = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{text}");
+        assert_eq!(text.lines().filter(|l| !l.trim().is_empty()).count(), 1, "{text}");
+        assert!(text.contains("--transport rdma: this pdkv was built without the rdma feature"), "{text}");
+    }
     check(
         &[
             "connector",
@@ -189,4 +273,239 @@ fn cluster_cli_prints_the_result_and_refuses_bad_arguments() {
         2,
         "has no rank P0.dp0.tp5",
     );
+}
+
+#[test]
+fn a_kill_after_zero_prefills_happens_before_the_first_request() {
+    // Gone for good before anything was sent: every request of its group fails at once, each
+    // excused by the kill, and the other group serves everything.
+    let mut config = quick("1P_DP2TP2:1D_TP4", 16);
+    config.faults.push(Fault::KillPrefill { rank: rank(true, 0, 1), after: 0, restart_after_ms: None });
+    let r = run(config);
+    let json = r.to_json();
+    assert_eq!(r.outcome, "clean", "{json}");
+    assert!(r.faults[0].contains("after 0 prefills"), "{json}");
+    let q = &r.requests;
+    assert_eq!((q.finished, q.failed, q.failed_excused, q.unfinished), (8, 8, 8, 0), "{json}");
+    assert!(r.failures.iter().all(|f| f.prefill == "P0.dp0" && f.errors == ["P0.dp0.tp1 is gone"]), "{json}");
+    assert_eq!((r.ledger.freed, r.ledger.reaped, r.ledger.held), (8, 0, 0), "{json}");
+    assert!(r.duration_s < 2.0, "nothing waited for a timeout: {json}");
+
+    // Every request fails at once; the result lists the first 1000 and counts them all.
+    let mut config = quick("1P_TP1:1D_TP1", 1500);
+    config.faults.push(Fault::KillPrefill { rank: rank(true, 0, 0), after: 0, restart_after_ms: None });
+    let r = run(config);
+    assert_eq!((r.outcome.as_str(), r.requests.failed, r.requests.failed_excused), ("clean", 1500, 1500));
+    assert_eq!(r.failures.len(), cluster::MAX_FAILURES_LISTED);
+}
+
+/// The `pdkv connector` processes this test process started for `deployment`, with their
+/// command lines (Linux's /proc).
+fn connectors_of(deployment: &str) -> Vec<(u32, Vec<String>)> {
+    let me = std::process::id();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        // The parent is the second field after the command name, which is in parentheses.
+        let ppid =
+            stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
+        if ppid != Some(me) {
+            continue;
+        }
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { continue };
+        let args: Vec<String> = cmdline
+            .split(|&b| b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if args.iter().any(|a| a == "connector") && args.iter().any(|a| a == deployment) {
+            found.push((pid, args));
+        }
+    }
+    found
+}
+
+fn arg_after(args: &[String], flag: &str) -> String {
+    let at = args.iter().position(|a| a == flag).unwrap_or_else(|| panic!("{flag} in {args:?}"));
+    args[at + 1].clone()
+}
+
+fn env_of(pid: u32, name: &str) -> Option<String> {
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let prefix = format!("{name}=");
+    environ
+        .split(|&b| b == 0)
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+        .find_map(|v| v.strip_prefix(&prefix).map(str::to_owned))
+}
+
+#[test]
+fn strangers_and_doubles_are_refused_and_the_run_goes_on() {
+    // A deployment no other test uses, so that its connectors are this test's.
+    let deployment = "1P_TP1:1D_TP2";
+    let mut config = ClusterConfig::new(deployment, 60, exe());
+    config.concurrency = 2;
+    let mut intruders = Vec::new();
+    let mut fired = false;
+    // Mid-run (the progress callback runs in the scheduler's loop, which goes on once it
+    // returns), start two connectors claiming the live prefill rank: one with a wrong token,
+    // one with the run's own token, as a user who read it from /proc could.
+    let result = cluster::run(config, &mut |p| {
+        if fired || p.done < 3 {
+            return;
+        }
+        fired = true;
+        let ranks = connectors_of(deployment);
+        let (pid, args) =
+            ranks.iter().find(|(_, a)| a.iter().any(|x| x == "prefill")).expect("a prefill rank");
+        let scheduler = arg_after(args, "--scheduler");
+        let token = env_of(*pid, TOKEN_ENV).expect("the rank has the run's token");
+        let join = |token: &str| {
+            let ids = ["--role", "prefill", "--engine", "0", "--dp", "0", "--tp", "0"];
+            std::process::Command::new(exe())
+                .args(["connector", "--deployment", deployment, "--scheduler", &scheduler])
+                .args(ids)
+                .env(TOKEN_ENV, token)
+                .output()
+                .expect("pdkv runs")
+        };
+        intruders.push(("wrong membership token", join("0123")));
+        intruders.push(("P0.dp0.tp0 is already running as process", join(&token)));
+    })
+    .expect("the cluster runs");
+    let json = result.to_json();
+    assert!(fired, "{json}");
+    for (reason, out) in &intruders {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains("the scheduler refused this connector") && stderr.contains(reason),
+            "{stderr}"
+        );
+        let reported = "refused a connector that claimed to be P0.dp0.tp0 (process ";
+        assert!(result.problems.iter().any(|p| p.starts_with(reported) && p.contains(reason)), "{json}");
+    }
+    // The live rank was not displaced: every request finished, every byte verified.
+    assert_eq!(result.outcome, "clean", "{json}");
+    assert_eq!((result.requests.finished, result.processes.refused), (60, 2), "{json}");
+    let p = &result.processes;
+    assert_eq!((p.started, p.exited_cleanly, p.failed), (3, 3, 0), "{json}");
+}
+
+/// Sends `signal` (`-KILL`, `-STOP`, ...) to a process with the system's `kill`.
+fn send_signal(pid: u32, signal: &str) {
+    let status =
+        std::process::Command::new("kill").args([signal, &pid.to_string()]).status().expect("kill runs");
+    assert!(status.success(), "kill {signal} {pid}");
+}
+
+/// Runs `deployment` and, once a few requests ended, sends `signal` to the connector of
+/// `victim` (by its command line's role and ids) from outside, as an operator or a crash would.
+fn run_and_hit(deployment: &str, victim: [&str; 4], signal: &str) -> ClusterResult {
+    let mut config = quick(deployment, 400);
+    config.concurrency = 4;
+    let mut hit = false;
+    let result = cluster::run(config, &mut |p| {
+        if hit || p.done < 5 {
+            return;
+        }
+        hit = true;
+        let [role, engine, dp, tp] = victim;
+        let ranks = connectors_of(deployment);
+        let is_victim = |a: &[String]| {
+            arg_after(a, "--role") == role
+                && arg_after(a, "--engine") == engine
+                && arg_after(a, "--dp") == dp
+                && arg_after(a, "--tp") == tp
+        };
+        let (pid, _) = ranks.iter().find(|(_, a)| is_victim(a)).expect("the victim runs");
+        send_signal(*pid, signal);
+    })
+    .expect("the cluster runs");
+    assert!(hit, "{}", result.to_json());
+    result
+}
+
+#[test]
+fn a_rank_that_dies_or_stops_without_an_injected_fault_fails_its_group_fast_and_the_run_is_not_clean() {
+    // (deployment, victim, signal, the group's failures, what the report says). Each
+    // deployment's spelling is this test's alone, so that its connectors are.
+    let gone = "disconnected unexpectedly";
+    let cases = [
+        ("1P_TP2:1D_TP1", ["decode", "0", "0", "0"], "-KILL", "D0.dp0.tp0 is gone", gone),
+        ("1P_DP2TP1:1D_TP1", ["prefill", "0", "1", "0"], "-KILL", "P0.dp1.tp0 is gone", gone),
+        ("1P_TP1:1D_DP2", ["decode", "0", "1", "0"], "-STOP", "D0.dp1.tp0 is gone", "stopped answering"),
+        // A TP group with a live member: the dead rank's vote counts as a no, so a step it
+        // left open ends instead of waiting for it.
+        ("1P_DP1TP2:1D_DP1TP2", ["decode", "0", "0", "1"], "-KILL", "D0.dp0.tp1 is gone", gone),
+    ];
+    for (deployment, victim, signal, error, problem) in cases {
+        let r = run_and_hit(deployment, victim, signal);
+        let json = r.to_json();
+        // Nothing excuses the failures: the run is not clean.
+        assert_eq!(r.outcome, "failed_requests", "{deployment}: {json}");
+        let q = &r.requests;
+        assert!(q.failed > 0 && q.failed_excused == 0 && q.unfinished == 0, "{deployment}: {json}");
+        assert!(r.failures.iter().any(|f| f.errors == [error]), "{deployment}: {json}");
+        assert!(r.problems.iter().any(|p| p.contains(problem)), "{deployment}: {json}");
+        // Ended long before the run's timeout (60 s), with nothing held: the dead group's
+        // transfers were reaped after --defer-timeout-ms (6 s) and the leases.
+        assert!(r.duration_s < 30.0, "{deployment}: {json}");
+        assert_eq!((r.ledger.held, r.ledger.double_frees), (0, 0), "{deployment}: {json}");
+        assert_eq!((r.processes.failed, r.processes.killed_at_shutdown), (1, 0), "{deployment}: {json}");
+        assert!(r.violations.is_empty(), "{deployment}: {json}");
+    }
+}
+
+#[test]
+fn sigint_and_sigterm_stop_the_ranks_and_write_a_partial_result() {
+    for (signal, code, name) in [("-INT", 130, "SIGINT"), ("-TERM", 143, "SIGTERM")] {
+        let child = std::process::Command::new(exe())
+            .args(["cluster", "1P_TP2:1D_TP2", "--requests", "1000000", "--concurrency", "4", "--json"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("pdkv runs");
+        // Wait until its four ranks run, then a little, so that requests are in flight.
+        let me = child.id();
+        let ranks = || {
+            std::fs::read_dir("/proc")
+                .expect("/proc")
+                .flatten()
+                .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+                .filter(|pid| {
+                    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+                    let ppid =
+                        stat.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().nth(1)?.parse().ok());
+                    ppid == Some(me)
+                })
+                .collect::<Vec<u32>>()
+        };
+        let start = std::time::Instant::now();
+        while ranks().len() < 4 && start.elapsed() < std::time::Duration::from_secs(30) {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let pids = ranks();
+        assert_eq!(pids.len(), 4, "{name}: ranks {pids:?}");
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        send_signal(me, signal);
+        let out = child.wait_with_output().expect("pdkv ends");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{name}: {stderr}");
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a result on stdout");
+        assert_eq!(json["outcome"], "interrupted", "{name}: {json}");
+        assert!(json["problems"][0].as_str().is_some_and(|p| p.contains(name)), "{name}: {json}");
+        assert!(json["requests"]["unfinished"].as_u64() > Some(0), "{name}: {json}");
+        // Every rank was told to shut down and exited cleanly; none is left.
+        let p = &json["processes"];
+        assert_eq!(
+            (p["started"].as_u64(), p["exited_cleanly"].as_u64()),
+            (Some(4), Some(4)),
+            "{name}: {json}"
+        );
+        for pid in pids {
+            assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "{name}: rank {pid} is left");
+        }
+    }
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use pdkv_core::{handshake, prefill};
+use pdkv_core::{handshake, prefill, recv};
 
 /// One row of any machine's table: from, event, to, output.
 type Row = (String, String, String, String);
@@ -22,6 +22,10 @@ fn lifecycle_rows() -> Vec<Row> {
         .into_iter()
         .map(|r| (r.from.to_string(), r.event.to_string(), r.to.to_string(), r.output))
         .collect()
+}
+
+fn recv_rows() -> Vec<Row> {
+    recv::transition_table().into_iter().map(|r| (r.from, r.event, r.to, r.output)).collect()
 }
 
 /// The table as aligned text: every state, every event, the state after and the output.
@@ -60,10 +64,10 @@ fn render_dot(name: &str, rows: &[Row]) -> String {
     out.push_str("  rankdir=LR;\n  node [shape=box, style=rounded, fontname=\"DejaVu Sans\"];\n");
     out.push_str("  edge [fontname=\"DejaVu Sans\", fontsize=10];\n");
     for s in states {
-        let _ = writeln!(out, "  {s};");
+        let _ = writeln!(out, "  \"{s}\";");
     }
     for ((from, to), events) in edges {
-        let _ = writeln!(out, "  {from} -> {to} [label=\"{}\"];", events.join("\\n"));
+        let _ = writeln!(out, "  \"{from}\" -> \"{to}\" [label=\"{}\"];", events.join("\\n"));
     }
     out.push_str("}\n");
     out
@@ -94,7 +98,18 @@ fn handshake_machine_is_current() {
 #[test]
 fn transfer_lifecycle_is_current() {
     let rows = lifecycle_rows();
-    assert_eq!(rows.len(), 6 * 4, "six states times four events");
+    assert_eq!(rows.len(), 8 * 5, "eight states times five events");
     expect_file("docs/machines/transfer.txt", &render_table("Transfer lifecycle (prefill engine)", &rows));
     expect_file("docs/machines/transfer.dot", &render_dot("transfer", &rows));
+}
+
+#[test]
+fn request_machine_is_current() {
+    let rows = recv_rows();
+    assert_eq!(rows.len(), 8 * 7, "eight representative states times seven events");
+    expect_file(
+        "docs/machines/recv.txt",
+        &render_table("Request machine (decode worker; the drain rule)", &rows),
+    );
+    expect_file("docs/machines/recv.dot", &render_dot("recv", &rows));
 }

@@ -112,13 +112,16 @@ fn check_model() -> ExitCode {
         ("1P_TP4:1D_TP2", LegacyOptions::none(), 2, false),
         ("1P_TP2:1D_TP2", LegacyOptions::none().with(Legacy::LazyHandshake), 1, true),
         ("1P_TP2:1D_TP2", LegacyOptions::none().with(Legacy::NoHandshakeTimeout), 1, true),
+        ("1P_TP2:1D_TP4", LegacyOptions::none().with(Legacy::ReleaseDuringReads), 0, true),
     ];
     for (deployment, legacy, loss_budget, expect_violation) in runs {
         let names: Vec<&str> = legacy.iter().map(|l| l.name()).collect();
         let config = ModelConfig {
             deployment: deployment.into(),
             legacy,
-            requests: 3,
+            // Two requests: with timers firing at any point (also while messages and reads are
+            // in flight) three requests and two losses did not finish within 15 minutes.
+            requests: 2,
             loss_budget,
             max_steps: 4,
             max_states: 2_000_000,
