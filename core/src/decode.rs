@@ -755,6 +755,10 @@ impl DecodeWorker {
     }
 
     fn on_queued(&mut self, now: Instant, requests: Vec<RecvRequest>, out: &mut Vec<DecodeAction>) {
+        if self.config.legacy.has(Legacy::NoQueuedLease) {
+            // The historical worker hears of a request only when a step admits it.
+            return;
+        }
         for request in requests {
             let id = request.request;
             if self.requests.contains_key(&id)

@@ -50,11 +50,15 @@ pub enum Legacy {
     /// its reads failed) is released at once, without aborting and draining the other reads:
     /// the producer frees blocks that a posted read then completes from.
     ReleaseDuringReads,
+    /// A request the decode engine queued (its batch or KV pool full) is leased only when a
+    /// step admits it, so one that waits longer than the producer's `defer_timeout` is reaped
+    /// before it is read (pdkv before its queued leases; MoRIIO leases nothing at all).
+    NoQueuedLease,
 }
 
 impl Legacy {
     /// Every legacy option once, in declaration order (the order [`LegacyOptions::iter`] yields).
-    pub const ALL: [Legacy; 14] = [
+    pub const ALL: [Legacy; 15] = [
         Legacy::ReadFromDp0,
         Legacy::ListenerOffsetDpPlusTp,
         Legacy::SessionKeyWithoutTp,
@@ -69,6 +73,7 @@ impl Legacy {
         Legacy::ReaperIgnoresReads,
         Legacy::NoFlexibleReads,
         Legacy::ReleaseDuringReads,
+        Legacy::NoQueuedLease,
     ];
 
     /// The kebab-case name used on the command line and in scenario files.
@@ -88,6 +93,7 @@ impl Legacy {
             Legacy::ReaperIgnoresReads => "reaper-ignores-reads",
             Legacy::NoFlexibleReads => "no-flexible-reads",
             Legacy::ReleaseDuringReads => "release-during-reads",
+            Legacy::NoQueuedLease => "no-queued-lease",
         }
     }
 
@@ -148,6 +154,10 @@ impl Legacy {
             Legacy::ReleaseDuringReads => {
                 "a request that times out (or whose read fails) is released while its other reads \
                  are still posted; prefill frees the blocks and a read completes from freed memory"
+            }
+            Legacy::NoQueuedLease => {
+                "a request waiting in the decode queue holds no lease; after defer_timeout the \
+                 prefill reaper frees its KV and its reads are refused when a step admits it"
             }
         }
     }

@@ -104,6 +104,23 @@ fn every_legacy_option_is_caught_within_its_budget() {
         // No tweak: the swarm's storm (slow NICs across the transfer timeout, tiny timeouts)
         // must find the release that races a posted read by itself.
         (Legacy::ReleaseDuringReads, "1P_TP2:1D_TP2", none, P(Safety), true, 200, 60),
+        (
+            Legacy::NoQueuedLease,
+            "1P_TP2:1D_TP2",
+            |s| {
+                // One request decodes at a time for about 5 s; the others queue far longer than
+                // the 2 s reaper.
+                s.engines.decode_max_batch = 1;
+                s.workload.output_tokens = Length::Fixed(200);
+                s.protocol.defer_timeout_ms = 2000;
+                s.protocol.transfer_timeout_ms = 1000;
+                s.protocol.handshake_timeout_ms = 500;
+            },
+            P(FreedByReleases),
+            false,
+            4,
+            40,
+        ),
     ];
     assert_eq!(table.len(), Legacy::ALL.len(), "every legacy option has a row");
     let mut missed = Vec::new();
