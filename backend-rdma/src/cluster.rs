@@ -488,6 +488,7 @@ fn outcome(
     violated: bool,
     interrupted: bool,
     hung: bool,
+    incomplete: bool,
     requests: &Requests,
     ledger: &Ledger,
 ) -> &'static str {
@@ -499,6 +500,10 @@ fn outcome(
         "hang"
     } else if requests.failed > requests.failed_excused {
         "failed_requests"
+    } else if incomplete {
+        // The budget ended while requests were still finishing: transfers in flight are held,
+        // which is not a leak.
+        "incomplete"
     } else if ledger.held > 0 || ledger.reaped > ledger.reaped_excused {
         "leak"
     } else {
@@ -794,6 +799,8 @@ struct Cluster {
     submitting: bool,
     restart_at: Option<(std::time::Instant, RankId)>,
     hung: Option<String>,
+    /// The run's budget (`--timeout-ms`) ended while requests were still finishing.
+    budget_ended: Option<String>,
     /// The signal that stopped the run, if one did.
     interrupted: Option<i32>,
     scheduler_addr: SocketAddr,
@@ -925,6 +932,7 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
         submitting: false,
         restart_at: None,
         hung: None,
+        budget_ended: None,
         interrupted: None,
         scheduler_addr: acceptor.addr,
         token,
@@ -1873,6 +1881,13 @@ impl Cluster {
         let deadline = self.started_at + Duration::from_millis(self.config.timeout_ms);
         let total = u64::from(self.config.requests);
         let mut reported = u64::MAX;
+        let mut last_done_at = std::time::Instant::now();
+        // A healthy request ends within a handshake and a transfer timeout of its arrival, so a
+        // run in which nothing ended for that long is stuck; one that ends its budget sooner
+        // after its last finished request was only too short.
+        let stall = Duration::from_millis(
+            self.config.handshake_timeout_ms.saturating_add(self.config.transfer_timeout_ms),
+        );
         loop {
             if self.stop_requested() {
                 return;
@@ -1881,6 +1896,7 @@ impl Cluster {
             let done = self.finished + self.failed;
             if done != reported {
                 reported = done;
+                last_done_at = std::time::Instant::now();
                 progress(Progress { done, total });
             }
             if done >= total && self.held() == 0 {
@@ -1889,11 +1905,23 @@ impl Cluster {
             let now = std::time::Instant::now();
             if now >= deadline {
                 let held = self.held();
-                self.hung = Some(format!(
-                    "after {} ms: {} requests unfinished, {held} transfers still held",
-                    self.config.timeout_ms,
-                    total - done
-                ));
+                let quiet_ms = now.duration_since(last_done_at).as_millis();
+                if done > 0 && now.duration_since(last_done_at) < stall {
+                    self.budget_ended = Some(format!(
+                        "the run's budget (--timeout-ms {}) ended with {} of {total} requests \
+                         unfinished while they were still finishing (the last {quiet_ms} ms \
+                         ago); raise --timeout-ms",
+                        self.config.timeout_ms,
+                        total - done
+                    ));
+                } else {
+                    self.hung = Some(format!(
+                        "after {} ms: {} requests unfinished, {held} transfers still held; none \
+                         finished in the last {quiet_ms} ms",
+                        self.config.timeout_ms,
+                        total - done
+                    ));
+                }
                 return;
             }
             // The next timer: an engine's reaper, a group's idle step, a restart, the deadline.
@@ -2008,9 +2036,16 @@ impl Cluster {
             failed_excused: self.failed_excused,
             unfinished,
         };
-        let hung = self.hung.is_some() || unfinished > 0;
-        let outcome =
-            outcome(!self.violations.is_empty(), self.interrupted.is_some(), hung, &requests, &ledger);
+        let incomplete = self.budget_ended.is_some();
+        let hung = self.hung.is_some() || (unfinished > 0 && !incomplete);
+        let outcome = outcome(
+            !self.violations.is_empty(),
+            self.interrupted.is_some(),
+            hung,
+            incomplete,
+            &requests,
+            &ledger,
+        );
         let mut problems: Vec<String> = self
             .problems
             .iter()
@@ -2025,6 +2060,9 @@ impl Cluster {
         }
         if let Some(hung) = &self.hung {
             problems.insert(0, format!("hung: {hung}"));
+        }
+        if let Some(ended) = &self.budget_ended {
+            problems.insert(0, format!("incomplete: {ended}"));
         }
         let per_s = |x: f64| if duration_s > 0.0 { (x / duration_s * 10.0).round() / 10.0 } else { 0.0 };
         ClusterResult {
@@ -2087,7 +2125,11 @@ mod tests {
         // `sent` and `finished` do not matter: only failures without an excuse do.
         let requests = |failed, excused| Requests { failed, failed_excused: excused, ..Requests::default() };
         let check = |violated, hung, r: Requests, l: Ledger, expected: &str| {
-            assert_eq!(outcome(violated, false, hung, &r, &l), expected, "{violated} {hung} {r:?} {l:?}");
+            assert_eq!(
+                outcome(violated, false, hung, false, &r, &l),
+                expected,
+                "{violated} {hung} {r:?} {l:?}"
+            );
         };
         check(false, false, requests(0, 0), ledger(0, 0, 0), "clean");
         check(false, false, requests(0, 0), ledger(0, 3, 3), "clean");
@@ -2103,10 +2145,15 @@ mod tests {
         check(false, false, requests(6, 5), ledger(0, 4, 4), "failed_requests");
         check(false, false, requests(6, 5), ledger(0, 4, 3), "failed_requests");
         check(false, true, requests(6, 5), ledger(0, 0, 0), "hang");
+        // A budget that ends while requests still finish: transfers in flight are held, and
+        // that is neither a hang nor a leak; unexcused failures still say more.
+        let ended = |r: Requests, l: Ledger| outcome(false, false, false, true, &r, &l);
+        assert_eq!(ended(requests(0, 0), ledger(36, 0, 0)), "incomplete");
+        assert_eq!(ended(requests(2, 0), ledger(36, 0, 0)), "failed_requests");
         // A stopped run is partial: unfinished requests and held transfers are expected of it;
         // only a violation seen before the stop says more.
         let stopped = |violated, expected: &str| {
-            assert_eq!(outcome(violated, true, true, &requests(3, 0), &ledger(2, 0, 0)), expected);
+            assert_eq!(outcome(violated, true, true, false, &requests(3, 0), &ledger(2, 0, 0)), expected);
         };
         stopped(false, "interrupted");
         stopped(true, "safety_violation");
