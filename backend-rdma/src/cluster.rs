@@ -1189,6 +1189,12 @@ impl Cluster {
                 self.pump_prefill(rank.engine, rank.dp);
             }
             Role::Decode => {
+                // Its group's transfers are reaped (fenced first) once their read leases end,
+                // not at the reaper's full delay: its releases will never come. The engines
+                // decide; the driver only reports the loss.
+                for e in 0..self.engines.len() {
+                    self.engine(e, EngineEvent::ReaderLost { rank });
+                }
                 let g = self.dgroup_of(rank);
                 // A dead member votes no, as a failed collective would: the live ranks fail
                 // the step's requests at once and release their transfers, instead of waiting
@@ -1467,6 +1473,7 @@ impl Cluster {
             owner_dp: dp,
             blocks: req.prefill_blocks.clone(),
             decode: decode_layout,
+            reader: Some((EngineId::decode(req.decode.0 as u16), req.decode.1)),
         };
         let mut out = Vec::new();
         let now = self.clock.now();

@@ -436,6 +436,9 @@ pub enum EngineEvent {
         blocks: Vec<u32>,
         /// The decode engine's layout (`remote_dp_size`, `remote_tp_size` of the request).
         decode: Layout,
+        /// The decode engine and DP rank the proxy sent the request to, when the driver knows
+        /// it (for [`EngineEvent::ReaderLost`]).
+        reader: Option<(EngineId, u16)>,
     },
     /// A worker finished its part of a transfer.
     WorkerFinished {
@@ -453,6 +456,15 @@ pub enum EngineEvent {
     /// a reader still reads an old transfer from it (let the reaper fence and free those).
     WorkerLost {
         /// The worker.
+        rank: RankId,
+    },
+    /// A decode rank died for good. Its DP group cannot run its forward pass any more and its
+    /// releases will never come, so the transfers that group was to read are reaped as soon as
+    /// their read leases (plus [`LEASE_GRACE_NS`]) end, instead of `defer_timeout` after
+    /// registration. The reaper fences before it frees, so a read still in flight from a live
+    /// peer of the group fails rather than reading reused memory.
+    ReaderLost {
+        /// The decode rank.
         rank: RankId,
     },
     /// A decode rank leased a transfer until `until` (from [`WorkerAction::Leased`]).
@@ -536,6 +548,10 @@ struct Held {
     state: TransferState,
     record: TransferRecord,
     deadline: Instant,
+    /// The decode engine and DP rank reading it, if the driver said.
+    reader: Option<(EngineId, u16)>,
+    /// The end of the latest read lease.
+    leased_until: Option<Instant>,
 }
 
 /// One prefill engine: registers transfers on its workers, frees blocks once, reaps leftovers.
@@ -607,8 +623,34 @@ impl PrefillEngine {
         out: &mut Vec<EngineAction>,
     ) -> Result<(), EngineError> {
         match event {
-            EngineEvent::PrefillDone { request, transfer_id, owner_dp, blocks, decode } => {
-                self.on_prefill_done(now, request, transfer_id, owner_dp, blocks, decode, out)
+            EngineEvent::PrefillDone { request, transfer_id, owner_dp, blocks, decode, reader } => {
+                let id = transfer_id.clone();
+                self.on_prefill_done(now, request, transfer_id, owner_dp, blocks, decode, out)?;
+                if let Some(held) = self.held.get_mut(&id) {
+                    held.reader = reader;
+                }
+                Ok(())
+            }
+            EngineEvent::ReaderLost { rank } => {
+                let lost: Vec<TransferId> = self
+                    .held
+                    .iter()
+                    .filter(|(_, h)| h.reader == Some((rank.engine, rank.dp)))
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                let ignore_leases = self.legacy.has(Legacy::ReaperIgnoresReads);
+                for id in lost {
+                    let held = self.held.get_mut(&id).expect("listed above");
+                    let lease_end =
+                        held.leased_until.filter(|_| !ignore_leases).map(|t| t.add_ns(LEASE_GRACE_NS));
+                    let wanted = lease_end.map_or(now, |t| t.max(now));
+                    if wanted < held.deadline {
+                        self.deadlines.remove(&(held.deadline, id.clone()));
+                        held.deadline = wanted;
+                        self.deadlines.insert((wanted, id));
+                    }
+                }
+                Ok(())
             }
             EngineEvent::WorkerFinished { rank, transfer_id } => {
                 debug_assert_eq!(rank.engine, self.engine, "finished reported to the wrong engine");
@@ -652,6 +694,7 @@ impl PrefillEngine {
             return;
         }
         let Some(held) = self.held.get_mut(id) else { return };
+        held.leased_until = held.leased_until.max(Some(until));
         let wanted = until.add_ns(LEASE_GRACE_NS);
         if wanted > held.deadline {
             self.deadlines.remove(&(held.deadline, id.clone()));
@@ -706,7 +749,8 @@ impl PrefillEngine {
             group: self.layout.tp,
             flexible: plan.flexible,
         };
-        self.held.insert(transfer_id.clone(), Held { state, record, deadline });
+        self.held
+            .insert(transfer_id.clone(), Held { state, record, deadline, reader: None, leased_until: None });
         self.deadlines.insert((deadline, transfer_id.clone()));
         for (tp, quorum) in plan.per_tp_rank.into_iter().enumerate() {
             let rank = RankId::new(self.engine, owner_dp, tp as u16);

@@ -141,6 +141,7 @@ impl Harness {
             owner_dp,
             blocks: blocks.to_vec(),
             decode,
+            reader: Some((EngineId::decode(0), 0)),
         };
         let mut out = Vec::new();
         self.engines[usize::from(engine)].handle(self.now, event, &mut out).unwrap();
@@ -808,4 +809,31 @@ fn a_lost_prefill_worker_does_not_hold_its_group_until_the_reaper() {
     h.complete_reads(|_, _| ReadOutcome::Ok);
     h.deliver_releases(1);
     assert_eq!(h.frees(), [(tx(1), false)]);
+}
+
+/// A decode rank that dies for good never releases: the transfers its group was to read are
+/// reaped (fenced first) as soon as their read leases end, not `defer_timeout` after
+/// registration.
+#[test]
+fn a_lost_reader_has_its_transfers_reaped_when_their_leases_end() {
+    let mut h = Harness::new("1P_TP2:1D_TP2", LegacyOptions::none());
+    let engines = std::mem::take(&mut h.engines);
+    h.engines = engines.into_iter().map(|e| e.with_defer_timeout_ns(600 * NS_PER_S)).collect();
+    h.step_with_request(1, 0, &[3], 0);
+    let dead = RankId::new(EngineId::decode(0), 0, 1);
+    // The live rank reads and releases; the dead one never does.
+    h.complete_reads(|rank, _| if rank == dead { ReadOutcome::Aborted } else { ReadOutcome::Ok });
+    let live_releases: Vec<_> = h.releases.iter().filter(|(to, _)| to.tp == 0).cloned().collect();
+    h.releases = live_releases;
+    h.deliver_releases(1);
+    let mut out = Vec::new();
+    h.engines[0].handle(h.now, EngineEvent::ReaderLost { rank: dead }, &mut out).unwrap();
+    h.route_engine(out);
+    assert!(h.frees().is_empty(), "the lease (30 s) still covers the reads");
+    h.advance(32 * NS_PER_S);
+    assert_eq!(h.frees(), [(tx(1), true)], "reaped after the lease and its grace, not after 600 s");
+    assert!(
+        h.engine_log.iter().any(|a| matches!(a, EngineAction::Fence { .. })),
+        "fenced before it was freed"
+    );
 }

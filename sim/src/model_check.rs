@@ -611,6 +611,7 @@ pub fn check(config: &ModelConfig) -> Result<ModelReport, String> {
             owner_dp: owner,
             blocks: vec![n as u32],
             decode: dl,
+            reader: None,
         };
         world.engine(&mut initial, event);
         requests.push(RecvRequest {

@@ -1007,6 +1007,8 @@ impl World {
                 owner_dp: dp,
                 blocks: blocks.clone(),
                 decode,
+                // A decode engine crashes whole in the simulator; no lone reader is lost.
+                reader: None,
             };
             let transfer = req.transfer;
             let mut out = Vec::new();
