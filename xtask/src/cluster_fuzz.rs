@@ -348,22 +348,53 @@ struct Proc {
     start: u64,
 }
 
-/// `(ppid, start time, state)` from `/proc/PID/stat`; the command name, in parentheses, may
-/// hold spaces, so the fields are read after its closing parenthesis.
-fn stat(pid: u32) -> Option<(u32, u64, char)> {
+/// One line of `/proc/PID/stat`.
+struct Stat {
+    ppid: u32,
+    start: u64,
+    state: char,
+    /// The wait status (field 52), meaningful once the process is a zombie.
+    exit_code: Option<i32>,
+}
+
+/// Reads `/proc/PID/stat`; the command name, in parentheses, may hold spaces, so the fields
+/// are read after its closing parenthesis.
+fn stat(pid: u32) -> Option<Stat> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let rest = &text[text.rfind(')')? + 1..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    // After the name: state (3), ppid (4), ..., starttime (22); fields[0] is field 3.
-    let state = fields.first()?.chars().next()?;
-    let ppid = fields.get(1)?.parse().ok()?;
-    let start = fields.get(19)?.parse().ok()?;
-    Some((ppid, start, state))
+    // Field n of proc(5) is fields[n - 3]: state (3), ppid (4), starttime (22), exit_code (52).
+    Some(Stat {
+        state: fields.first()?.chars().next()?,
+        ppid: fields.get(1)?.parse().ok()?,
+        start: fields.get(19)?.parse().ok()?,
+        exit_code: fields.get(49).and_then(|f| f.parse().ok()),
+    })
+}
+
+/// How a wait status reads: `exit 1`, `signal 11 (core dumped)`.
+fn describe_status(status: i32) -> String {
+    let signal = status & 0x7f;
+    if signal == 0 {
+        format!("exit {}", (status >> 8) & 0xff)
+    } else if status & 0x80 != 0 {
+        format!("signal {signal} (core dumped)")
+    } else {
+        format!("signal {signal}")
+    }
+}
+
+/// A connector ended this way on its own: killed by a signal other than SIGKILL (which the
+/// cluster's faults, its heartbeat check, its shutdown and this task send), or a panic (exit
+/// 101). Exit 1 is a connector's reported error, which the cluster accounts for.
+fn crashed(status: i32) -> bool {
+    let signal = status & 0x7f;
+    (signal != 0 && signal != 9) || (signal == 0 && (status >> 8) & 0xff == 101)
 }
 
 /// Running (not a zombie) and still the same process.
 fn alive(p: Proc) -> bool {
-    matches!(stat(p.pid), Some((_, start, state)) if start == p.start && state != 'Z')
+    stat(p.pid).is_some_and(|s| s.start == p.start && s.state != 'Z')
 }
 
 /// The connector children of `parent`, each with the rank its command line names.
@@ -372,7 +403,7 @@ fn connectors(parent: u32) -> Vec<(Proc, String)> {
     let Ok(entries) = std::fs::read_dir("/proc") else { return out };
     for entry in entries.flatten() {
         let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
-        let Some((ppid, start, state)) = stat(pid) else { continue };
+        let Some(Stat { ppid, start, state, .. }) = stat(pid) else { continue };
         if ppid != parent || state == 'Z' {
             continue;
         }
@@ -420,6 +451,10 @@ struct Ran {
     missed: Vec<String>,
     /// Connectors still running after the cluster exited and the grace passed.
     orphans: Vec<String>,
+    /// How connectors that ended during the run ended, where it could be seen.
+    ends: Vec<String>,
+    /// Of those, the ones that crashed (see [`crashed`]).
+    crashes: Vec<String>,
 }
 
 fn execute(plan: &Plan, exe: &Path, dir: &Path) -> Result<Ran, String> {
@@ -440,6 +475,9 @@ fn execute(plan: &Plan, exe: &Path, dir: &Path) -> Result<Ran, String> {
     // SIGCONTs owed: (when, process, rank).
     let mut resume: Vec<(Duration, Proc, String)> = vec![];
     let mut seen: BTreeMap<Proc, String> = BTreeMap::new();
+    // How each connector that ended during the run ended, read from its zombie before the
+    // cluster reaps it (a rank the cluster kills and reaps at once may be missed).
+    let mut ended: BTreeMap<Proc, i32> = BTreeMap::new();
     let (mut delivered, mut missed) = (vec![], vec![]);
     let mut hung = false;
     let status = loop {
@@ -449,6 +487,16 @@ fn execute(plan: &Plan, exe: &Path, dir: &Path) -> Result<Ran, String> {
         let now = started.elapsed();
         for (p, rank) in connectors(cluster) {
             seen.insert(p, rank);
+        }
+        for p in seen.keys() {
+            if ended.contains_key(p) {
+                continue;
+            }
+            if let Some(Stat { start, state: 'Z', exit_code: Some(code), .. }) = stat(p.pid) {
+                if start == p.start {
+                    ended.insert(*p, code);
+                }
+            }
         }
         let (due, later): (Vec<Outside>, Vec<Outside>) =
             pending.into_iter().partition(|o| Duration::from_millis(o.at_ms) <= now);
@@ -490,7 +538,8 @@ fn execute(plan: &Plan, exe: &Path, dir: &Path) -> Result<Ran, String> {
         signal(*p, "CONT");
     }
     let deadline = Instant::now() + ORPHAN_GRACE;
-    let mut orphans: Vec<(Proc, String)> = seen.into_iter().filter(|(p, _)| alive(*p)).collect();
+    let mut orphans: Vec<(Proc, String)> =
+        seen.iter().filter(|(p, _)| alive(**p)).map(|(p, r)| (*p, r.clone())).collect();
     while !orphans.is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
         orphans.retain(|(p, _)| alive(*p));
@@ -499,7 +548,16 @@ fn execute(plan: &Plan, exe: &Path, dir: &Path) -> Result<Ran, String> {
         signal(*p, "KILL");
     }
     let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
+    let name = |p: &Proc| format!("{} (pid {})", seen.get(p).map(String::as_str).unwrap_or("?"), p.pid);
+    let ends = ended.iter().map(|(p, &code)| format!("{}: {}", name(p), describe_status(code))).collect();
+    let crashes = ended
+        .iter()
+        .filter(|(_, &code)| crashed(code))
+        .map(|(p, &code)| format!("{}: {}", name(p), describe_status(code)))
+        .collect();
     Ok(Ran {
+        ends,
+        crashes,
         exit: status.and_then(|s| s.code()),
         hung,
         stdout: read(&out_path),
@@ -534,6 +592,9 @@ fn judge(plan: &Plan, ran: &Ran) -> Result<Figures, Vec<String>> {
             "connector {o} still running {} s after its cluster exited",
             ORPHAN_GRACE.as_secs()
         ));
+    }
+    for c in &ran.crashes {
+        bad.push(format!("connector {c}: it crashed"));
     }
     if ran.hung {
         return Err(bad);
@@ -792,6 +853,12 @@ fn report_failure(
         let _ = writeln!(s, "outside faults (offsets from the start of pdkv cluster):");
         for d in ran.delivered.iter().chain(&ran.missed) {
             let _ = writeln!(s, "  {d}");
+        }
+    }
+    if !ran.ends.is_empty() {
+        let _ = writeln!(s, "connectors that ended during the run, as their zombies showed:");
+        for e in &ran.ends {
+            let _ = writeln!(s, "  {e}");
         }
     }
     let legacy: String = options.legacy.iter().map(|l| format!(" --legacy {l}")).collect();
