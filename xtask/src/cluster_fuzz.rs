@@ -449,6 +449,8 @@ struct Ran {
     delivered: Vec<String>,
     /// Outside faults whose rank had no process at their moment.
     missed: Vec<String>,
+    /// Outside faults whose moment came after the run had ended.
+    not_due: Vec<String>,
     /// Connectors still running after the cluster exited and the grace passed.
     orphans: Vec<String>,
     /// How connectors that ended during the run ended, where it could be seen.
@@ -555,7 +557,9 @@ fn execute(plan: &Plan, exe: &Path, dir: &Path) -> Result<Ran, String> {
         .filter(|(_, &code)| crashed(code))
         .map(|(p, &code)| format!("{}: {}", name(p), describe_status(code)))
         .collect();
+    let not_due = pending.iter().map(|o| format!("{} (not due: the run had ended)", o.describe())).collect();
     Ok(Ran {
+        not_due,
         ends,
         crashes,
         exit: status.and_then(|s| s.code()),
@@ -847,11 +851,11 @@ fn report_failure(
         let _ = writeln!(s, "  - {p}");
     }
     let _ = writeln!(s, "command:\n  {}", plan.command_line(exe));
-    if ran.delivered.is_empty() && ran.missed.is_empty() {
+    if ran.delivered.is_empty() && ran.missed.is_empty() && ran.not_due.is_empty() {
         let _ = writeln!(s, "outside faults: none");
     } else {
         let _ = writeln!(s, "outside faults (offsets from the start of pdkv cluster):");
-        for d in ran.delivered.iter().chain(&ran.missed) {
+        for d in ran.delivered.iter().chain(&ran.missed).chain(&ran.not_due) {
             let _ = writeln!(s, "  {d}");
         }
     }
