@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
+mod cluster_fuzz;
 mod rdma_vm;
 mod tidy;
 
@@ -19,6 +20,11 @@ tasks:
   gallery  regenerate the README's report pictures under docs/gallery
   check-model  bounded model checking of the protocol nodes on tiny deployments
   rdma-vm  the RDMA verbs tests (feature `rdma`) in a qemu guest with Soft-RoCE (rdma_rxe)
+  cluster-fuzz [--for 60s] [--seed N] [--max-runs N] [--legacy NAME]...
+           random real clusters (`pdkv cluster`, release build) with random faults: the
+           cluster's own kills and dropped releases, outside SIGKILLs and SIGSTOPs of
+           connectors; every run is judged by invariants, the first failure is saved under
+           target/cluster-fuzz/ with its replay command
   ci       the Rust part of CI without installing anything: fmt check, clippy -D warnings (also
            with every feature, which needs the Debian packages .ci/run installs), the test
            suite; `.ci/run` adds the packages and `cargo xtask rdma-vm`";
@@ -43,6 +49,10 @@ fn main() -> ExitCode {
         Some("codegen") => codegen(),
         Some("check-model") => check_model(),
         Some("rdma-vm") => rdma_vm::run(),
+        Some("cluster-fuzz") => {
+            let args: Vec<String> = std::env::args().skip(2).collect();
+            cluster_fuzz::run(&args, &workspace_root())
+        }
         Some("gallery") => {
             let root = workspace_root();
             match pdkv_reports::gallery::render(&root.join("scenarios"), &root.join("docs/gallery")) {
