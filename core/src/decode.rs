@@ -656,7 +656,7 @@ impl DecodeWorker {
             DecodeEvent::HandshakeFailed { session, reason } => {
                 self.on_handshake(now, session, HandshakeEvent::TransportFailed(reason), out)
             }
-            DecodeEvent::VoteResult { step, ok } => self.on_vote(now, step, ok, out),
+            DecodeEvent::VoteResult { step, ok } => self.on_vote(step, ok, out),
             DecodeEvent::ReadDone { request, layer, outcome } => {
                 self.on_read_done(now, request, layer, outcome, out)
             }
@@ -927,7 +927,7 @@ impl DecodeWorker {
             }
         }
         self.step = StepState::Idle;
-        self.post_ready_reads(now, out);
+        self.post_ready_reads(out);
         out.push(DecodeAction::StepReady { step });
     }
 
@@ -993,7 +993,7 @@ impl DecodeWorker {
         out.push(DecodeAction::CastVote { step, ok });
     }
 
-    fn on_vote(&mut self, now: Instant, step: u64, ok: bool, out: &mut Vec<DecodeAction>) {
+    fn on_vote(&mut self, step: u64, ok: bool, out: &mut Vec<DecodeAction>) {
         if self.step != (StepState::Voting { step }) {
             return;
         }
@@ -1002,7 +1002,7 @@ impl DecodeWorker {
         // the step, so they cannot make the group diverge, and holding them back while a dead
         // peer's dial fails step after step would starve every request of the group until its
         // deadline (found by killing a prefill process under `pdkv cluster`).
-        self.post_ready_reads(now, out);
+        self.post_ready_reads(out);
         if ok {
             out.push(DecodeAction::StepReady { step });
         } else {
@@ -1011,7 +1011,7 @@ impl DecodeWorker {
     }
 
     /// Posts the reads of every request whose session is complete.
-    fn post_ready_reads(&mut self, now: Instant, out: &mut Vec<DecodeAction>) {
+    fn post_ready_reads(&mut self, out: &mut Vec<DecodeAction>) {
         let ready: Vec<RequestId> = self
             .requests
             .iter()
@@ -1030,12 +1030,12 @@ impl DecodeWorker {
                     recv.phase =
                         RecvPhase::Reading { outstanding, retries: BTreeMap::new(), ops: ops.clone() };
                     let posted = RecvEvent::ReadsPosted(ops.len() as u32);
-                    if self.transition(now, id, before, posted, None, out) == RecvOutput::PostReads {
+                    if self.transition(id, before, posted, None, out) == RecvOutput::PostReads {
                         out.extend(ops.into_iter().map(DecodeAction::PostRead));
                     }
                 }
                 Err(error) => {
-                    self.transition(now, id, before, RecvEvent::Unreadable, Some(error), out);
+                    self.transition(id, before, RecvEvent::Unreadable, Some(error), out);
                 }
             }
         }
@@ -1127,18 +1127,18 @@ impl DecodeWorker {
                     retry.attempts += 1;
                     let due = now.add_ns(delay);
                     retry.due = Some(due);
-                    self.transition(now, id, before, RecvEvent::ReadRefused, None, out);
+                    self.transition(id, before, RecvEvent::ReadRefused, None, out);
                     if due > deadline {
                         // The retry would come after the deadline: fail now.
                         let before = self.requests[&id].phase.machine();
                         let error = RecvError::Timeout { waited_ns };
-                        self.transition(now, id, before, RecvEvent::Deadline, Some(error), out);
+                        self.transition(id, before, RecvEvent::Deadline, Some(error), out);
                     }
                     return;
                 }
             },
         };
-        self.transition(now, id, before, event, error, out);
+        self.transition(id, before, event, error, out);
     }
 
     fn on_tick(&mut self, now: Instant, out: &mut Vec<DecodeAction>) {
@@ -1161,7 +1161,7 @@ impl DecodeWorker {
             if recv.deadline <= now {
                 let before = recv.phase.machine();
                 let error = RecvError::Timeout { waited_ns: now.since_ns(recv.arrived) };
-                self.transition(now, id, before, RecvEvent::Deadline, Some(error), out);
+                self.transition(id, before, RecvEvent::Deadline, Some(error), out);
                 continue;
             }
             let RecvPhase::Reading { retries, .. } = &recv.phase else { continue };
@@ -1174,7 +1174,7 @@ impl DecodeWorker {
                 retries.get_mut(&layer).expect("listed above").due = None;
                 let op =
                     ops.iter().find(|op| op.layer == layer).expect("retries are of posted reads").clone();
-                self.transition(now, id, before, RecvEvent::RetryPosted, None, out);
+                self.transition(id, before, RecvEvent::RetryPosted, None, out);
                 out.push(DecodeAction::PostRead(op));
             }
         }
@@ -1186,7 +1186,6 @@ impl DecodeWorker {
     /// it. Returns the machine's output.
     fn transition(
         &mut self,
-        _now: Instant,
         id: RequestId,
         before: RecvState,
         event: RecvEvent,

@@ -624,12 +624,7 @@ impl PrefillEngine {
     ) -> Result<(), EngineError> {
         match event {
             EngineEvent::PrefillDone { request, transfer_id, owner_dp, blocks, decode, reader } => {
-                let id = transfer_id.clone();
-                self.on_prefill_done(now, request, transfer_id, owner_dp, blocks, decode, out)?;
-                if let Some(held) = self.held.get_mut(&id) {
-                    held.reader = reader;
-                }
-                Ok(())
+                self.on_prefill_done(now, request, transfer_id, owner_dp, blocks, decode, reader, out)
             }
             EngineEvent::ReaderLost { rank } => {
                 let lost: Vec<TransferId> = self
@@ -712,6 +707,7 @@ impl PrefillEngine {
         owner_dp: u16,
         blocks: Vec<u32>,
         decode: Layout,
+        reader: Option<(EngineId, u16)>,
         out: &mut Vec<EngineAction>,
     ) -> Result<(), EngineError> {
         if owner_dp >= self.layout.dp {
@@ -749,8 +745,7 @@ impl PrefillEngine {
             group: self.layout.tp,
             flexible: plan.flexible,
         };
-        self.held
-            .insert(transfer_id.clone(), Held { state, record, deadline, reader: None, leased_until: None });
+        self.held.insert(transfer_id.clone(), Held { state, record, deadline, reader, leased_until: None });
         self.deadlines.insert((deadline, transfer_id.clone()));
         for (tp, quorum) in plan.per_tp_rank.into_iter().enumerate() {
             let rank = RankId::new(self.engine, owner_dp, tp as u16);
