@@ -2214,7 +2214,7 @@ mod tests {
     }
 
     #[test]
-    fn load_docs_examples_parse_and_every_field_is_documented() {
+    fn load_docs_examples_parse_run_as_declared_and_every_field_is_documented() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/scenarios.md");
         let doc = match std::fs::read_to_string(&path) {
             Ok(doc) => doc,
@@ -2223,9 +2223,28 @@ mod tests {
         let examples = doc_examples(&doc);
         assert!(!examples.is_empty(), "docs/scenarios.md has no ```ron example");
         for example in &examples {
-            if let Err(err) = parse_scenario(example, "docs/scenarios.md") {
-                panic!("{err}\n{example}");
-            }
+            let scenario = match parse_scenario(example, "docs/scenarios.md") {
+                Ok(scenario) => scenario,
+                Err(err) => panic!("{err}\n{example}"),
+            };
+            // An example runs to the outcome it declares (clean when it declares none), so one
+            // that says "expected to hang" does hang.
+            let run = match crate::run(&scenario, crate::RunOptions::default()) {
+                Ok(run) => run,
+                Err(err) => panic!("docs/scenarios.md: example `{}`: {err}", scenario.name),
+            };
+            let r = &run.result;
+            assert!(
+                r.as_expected(),
+                "docs/scenarios.md: example `{}` declares `expect: {}` but runs to {} ({} finished, {} failed, \
+                 {} hangs); save the block as a file and `pdkv run` it",
+                scenario.name,
+                r.expected.name(),
+                r.outcome.name(),
+                r.requests.finished,
+                r.requests.failed,
+                r.hangs.len()
+            );
         }
         // Every field name a printed scenario has (with every enum form) appears in the docs.
         let mut every = full_expected();
