@@ -22,7 +22,7 @@ pub enum ReportError {
     },
     /// The embedded font could not be loaded (a build problem, not an input problem).
     Font,
-    /// An input (a scenario for the gallery) could not be read or run.
+    /// An input (the gallery table, or a gallery command) could not be read or run.
     Input {
         /// The file.
         path: PathBuf,

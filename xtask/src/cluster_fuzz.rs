@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
@@ -767,8 +767,7 @@ pub fn run(args: &[String], root: &Path) -> ExitCode {
     if !crate::cargo(&["build", "--release", "--quiet", "--package", "pdkv"], &[]) {
         return ExitCode::FAILURE;
     }
-    let target =
-        std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target"));
+    let target = crate::target_dir(root);
     let exe = target.join("release/pdkv");
     let dir = target.join("cluster-fuzz");
     if let Err(e) = std::fs::create_dir_all(&dir) {

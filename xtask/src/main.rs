@@ -17,7 +17,8 @@ tasks:
            states/s, TCP data-plane throughput against a plain socket copy, control-plane
            release round trip (ZMTP notify listener on loopback)
   calibrate  the cost model against REFERENCE.md's published measurements (release build)
-  gallery  regenerate the README's report pictures under docs/gallery
+  gallery  rerun the commands of docs/gallery/gallery.txt (release build) and copy their
+           pictures into docs/gallery, where the README shows them
   check-model  bounded model checking of the protocol nodes on tiny deployments
   rdma-vm  the RDMA verbs tests (feature `rdma`) in a qemu guest with Soft-RoCE (rdma_rxe)
   cluster-fuzz [--for 60s] [--seed N] [--max-runs N] [--legacy NAME]...
@@ -53,21 +54,7 @@ fn main() -> ExitCode {
             let args: Vec<String> = std::env::args().skip(2).collect();
             cluster_fuzz::run(&args, &workspace_root())
         }
-        Some("gallery") => {
-            let root = workspace_root();
-            match pdkv_reports::gallery::render(&root.join("scenarios"), &root.join("docs/gallery")) {
-                Ok(files) => {
-                    for file in files {
-                        println!("wrote {}", file.display());
-                    }
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("gallery: {e}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
+        Some("gallery") => gallery(),
         Some("calibrate") => {
             let args = ["run", "--release", "--quiet", "--package", "pdkv-sim", "--example", "calibrate"];
             if cargo(&args, &[]) {
@@ -93,6 +80,50 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// Runs the gallery's commands with the release binary and copies their pictures into
+/// docs/gallery.
+fn gallery() -> ExitCode {
+    let root = workspace_root();
+    if !cargo(&["build", "--release", "--quiet", "--package", "pdkv", "--bin", "pdkv"], &[]) {
+        return ExitCode::FAILURE;
+    }
+    let pdkv = target_dir(&root).join("release/pdkv");
+    let drawn = pdkv_reports::gallery::table(&root).and_then(|pictures| {
+        pdkv_reports::gallery::render(&pictures, &root.join("docs/gallery"), |args, folder| {
+            println!("pdkv {}", args.join(" "));
+            let status = Command::new(&pdkv)
+                .args(args)
+                .arg("--out")
+                .arg(folder)
+                .stdout(std::process::Stdio::null())
+                .status()
+                .map_err(|e| format!("cannot run {}: {e}", pdkv.display()))?;
+            if status.success() {
+                Ok(())
+            } else {
+                Err(format!("exited with {status}: the run did not end as its scenario expects"))
+            }
+        })
+    });
+    match drawn {
+        Ok(files) => {
+            for file in files {
+                println!("wrote {}", file.display());
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("gallery: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Cargo's target directory (CARGO_TARGET_DIR, else `target/` in the workspace).
+fn target_dir(root: &Path) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target"))
 }
 
 fn workspace_root() -> PathBuf {
