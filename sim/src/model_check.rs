@@ -128,6 +128,23 @@ enum Answer {
     Aborted,
 }
 
+impl Answer {
+    /// How a trace line names the answer.
+    fn name(self) -> &'static str {
+        match self {
+            Answer::Ok => "ok",
+            Answer::Failed => "failed",
+            Answer::Fenced => "fenced (the blocks were freed)",
+            Answer::Aborted => "aborted",
+        }
+    }
+}
+
+/// How a trace line names the layers of a read: one layer, or every layer at once.
+fn layers(layer: Option<u16>) -> String {
+    layer.map_or_else(|| "all layers".to_string(), |l| format!("layer {l}"))
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum StepReport {
     Ready,
@@ -411,10 +428,10 @@ impl World {
             }
             Msg::Vote { to, step, ok } => format!("vote result of step {step} (ok={ok}) -> {}", d(*to)),
             Msg::Read { to, request, layer, from, .. } => {
-                format!("read of {request} layer {layer:?} from {} by {}", p(*from), d(*to))
+                format!("read of {request} {} from {} by {}", layers(*layer), p(*from), d(*to))
             }
             Msg::ReadDone { to, request, layer, answer } => {
-                format!("read of {request} layer {layer:?} answered {answer:?} at {}", d(*to))
+                format!("read of {request} {} answered {} at {}", layers(*layer), answer.name(), d(*to))
             }
         }
     }

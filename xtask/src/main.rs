@@ -176,8 +176,8 @@ fn check_model() -> ExitCode {
             }
         };
         println!(
-            "{deployment} legacy [{}] losses <= {loss_budget}: {} states, {} transitions, depth {}, {:.2} s, {} ({:.0} states/s)",
-            names.join(", "),
+            "{deployment} {} losses <= {loss_budget}: {} states, {} transitions, depth {}, {:.2} s, {} ({:.0} states/s)",
+            if names.is_empty() { "fixed protocol,".to_string() } else { format!("legacy {},", names.join(" + ")) },
             report.states,
             report.transitions,
             report.max_depth,
