@@ -8,8 +8,10 @@
 //!     packs must decode in pdkv.
 //!
 //! Both keep libzmq's heartbeats on, so pdkv must answer PINGs. Python and its packages are
-//! required, not optional: a missing one fails the test with its name (CI installs them).
-//! Every wait is bounded; the Python child is killed after [`CHILD_LIMIT`].
+//! required, not optional: the Python is `$PDKV_PYTHON`, which `cargo xtask test` points at
+//! target/pyenv (pinned pyzmq and msgpack), else `python3`; a missing package fails the test
+//! with its name and says to run `cargo xtask test`. Every wait is bounded; the Python child is
+//! killed after [`CHILD_LIMIT`].
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
@@ -33,6 +35,18 @@ const HANDSHAKE: Duration = Duration::from_secs(5);
 /// Read timeout of the pdkv end: longer than the Python side's own waits.
 const READ: Duration = Duration::from_secs(10);
 const TRANSFER_ID: &str = "tx-0c5f2a9e-3b7d-4e21-9a64-8f1d2c3b4a5e";
+/// zmq_peer.py's exit status when it cannot import a package.
+const MISSING_PACKAGE: i32 = 3;
+/// What to do when the Python lacks pyzmq or msgpack.
+const SETUP_HINT: &str =
+    "the pyzmq conformance tests need a Python with pyzmq and msgpack: run the tests with \
+                          `cargo xtask test`, which sets one up under target/pyenv (or set PDKV_PYTHON to a \
+                          Python that has both)";
+
+/// The Python the peers run with: `$PDKV_PYTHON` (set by `cargo xtask test`), else `python3`.
+fn python() -> std::ffi::OsString {
+    std::env::var_os("PDKV_PYTHON").filter(|p| !p.is_empty()).unwrap_or_else(|| "python3".into())
+}
 
 /// A running `zmq_peer.py`: its stdout lines arrive on a channel, its stderr is kept for the
 /// failure message, and it is killed when dropped.
@@ -46,7 +60,8 @@ struct PyPeer {
 impl PyPeer {
     fn spawn(args: &[&str]) -> PyPeer {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/zmq_peer.py");
-        let mut child = Command::new("python3")
+        let python = python();
+        let mut child = Command::new(&python)
             .arg("-u")
             .arg(script)
             .args(args)
@@ -54,12 +69,7 @@ impl PyPeer {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot run python3 ({e}): the pyzmq conformance test needs python3 with the \
-                     pyzmq and msgpack packages (python3 -m pip install pyzmq msgpack)"
-                )
-            });
+            .unwrap_or_else(|e| panic!("cannot run {} ({e}): {SETUP_HINT}", python.to_string_lossy()));
         let (tx, lines) = mpsc::channel();
         let stdout = child.stdout.take().expect("stdout is piped");
         thread::spawn(move || {
@@ -80,12 +90,15 @@ impl PyPeer {
     }
 
     /// Kills the child and fails the test with `why` and everything Python wrote to stderr
-    /// (which names a missing package, if that is the cause).
+    /// (which names a missing package, if that is the cause, and then how to get it).
     fn fail(&mut self, why: &str) -> ! {
         let _ = self.child.kill();
-        let status = self.child.wait().map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
+        let status = self.child.wait();
+        let missing = matches!(&status, Ok(s) if s.code() == Some(MISSING_PACKAGE));
+        let status = status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
         let stderr = self.stderr.take().and_then(|h| h.join().ok()).unwrap_or_default();
-        panic!("{why}\npython peer exit: {status}\n--- python stderr ---\n{stderr}");
+        let hint = if missing { format!("\n{SETUP_HINT}") } else { String::new() };
+        panic!("{why}\npython peer exit: {status}\n--- python stderr ---\n{stderr}{hint}");
     }
 
     /// The next stdout line, within the child's deadline.
@@ -363,12 +376,13 @@ fn connector_notify_listener_takes_moriio_releases() {
     });
     let mut peer = PyPeer::spawn(&["notify-dealer", &port, TRANSFER_ID]);
     let mut frames = Vec::new();
-    let deadline = Instant::now() + READ;
+    // `wait_for` fails at once when Python exits with an error (a missing package, say), and
+    // otherwise at the child's deadline.
     while frames.len() < 2 {
-        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(pdkv_rdma::connector::Input::Notify(frame)) => frames.push(frame),
-            Ok(_) => {}
-            Err(e) => peer.fail(&format!("no notify frame from the connector's listener: {e}")),
+        if let pdkv_rdma::connector::Input::Notify(frame) =
+            peer.wait_for(&rx, "a notify frame from the connector's listener")
+        {
+            frames.push(frame);
         }
     }
     assert_eq!(peer.finish(), ["sent 2"]);

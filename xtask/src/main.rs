@@ -1,16 +1,24 @@
-//! `cargo xtask`: project automation (tidy checks, generated files, benchmarks, the CI sequence).
+//! `cargo xtask`: project automation (the test command, tidy checks, generated files, benchmarks,
+//! the CI sequence).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 mod cluster_fuzz;
+mod pyenv;
 mod rdma_vm;
+mod suite;
 mod tidy;
 
 const USAGE: &str = "\
 usage: cargo xtask <task>
 
 tasks:
+  test [ARGS]...
+           the test suite: sets up target/pyenv (a Python virtual environment with the pinned
+           pyzmq and msgpack of the conformance tests; PDKV_PYTHON=<python> uses that one
+           instead), runs `cargo test --workspace --no-fail-fast [ARGS]...` and prints the total
+           over every test run as its last line
   tidy     check the source rules (core purity, //! headers, no disabled tests)
   codegen  regenerate the checked-in state-machine tables and Graphviz files under docs/machines
   bench    benchmarks (release build): simulator events/s, explore seeds/s, model-checker
@@ -26,9 +34,9 @@ tasks:
            cluster's own kills and dropped releases, outside SIGKILLs and SIGSTOPs of
            connectors; every run is judged by invariants, the first failure is saved under
            target/cluster-fuzz/ with its replay command
-  ci       the Rust part of CI without installing anything: fmt check, clippy -D warnings (also
-           with every feature, which needs the Debian packages .ci/run installs), the test
-           suite; `.ci/run` adds the packages and `cargo xtask rdma-vm`";
+  ci       the Rust part of CI without installing system packages: fmt check, clippy -D warnings
+           (also with every feature, which needs the Debian packages .ci/run installs), the test
+           suite (`cargo xtask test`); `.ci/run` adds the packages and `cargo xtask rdma-vm`";
 
 fn main() -> ExitCode {
     let task = std::env::args().nth(1);
@@ -46,6 +54,10 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Some("test") => {
+            let args: Vec<String> = std::env::args().skip(2).collect();
+            suite::run(&workspace_root(), &args)
+        }
         Some("ci") => ci(),
         Some("codegen") => codegen(),
         Some("check-model") => check_model(),
@@ -211,14 +223,13 @@ fn check_model() -> ExitCode {
 }
 
 fn ci() -> ExitCode {
-    let steps: [&[&str]; 4] = [
+    let steps: [&[&str]; 3] = [
         &["fmt", "--all", "--check"],
         &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"],
         &["clippy", "--workspace", "--all-targets", "--all-features", "--", "-D", "warnings"],
-        &["test", "--workspace"],
     ];
     if steps.iter().all(|args| cargo(args, &[("HIP_PATH", "/usr")])) {
-        ExitCode::SUCCESS
+        suite::run(&workspace_root(), &[])
     } else {
         ExitCode::FAILURE
     }
