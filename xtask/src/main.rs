@@ -133,9 +133,12 @@ fn gallery() -> ExitCode {
     }
 }
 
-/// Cargo's target directory (CARGO_TARGET_DIR, else `target/` in the workspace).
-fn target_dir(root: &Path) -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target"))
+/// The workspace's target directory: `CARGO_TARGET_DIR` when set, as cargo does.
+pub(crate) fn target_dir(root: &Path) -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR").filter(|d| !d.is_empty()) {
+        Some(dir) => std::env::current_dir().map(|cwd| cwd.join(&dir)).unwrap_or_else(|_| PathBuf::from(dir)),
+        None => root.join("target"),
+    }
 }
 
 fn workspace_root() -> PathBuf {

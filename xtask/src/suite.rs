@@ -27,7 +27,7 @@ pub fn run(root: &Path, extra: &[String]) -> ExitCode {
             eprintln!("test: {PYTHON_VAR}={} given, so target/pyenv is not used", Path::new(&p).display());
             PathBuf::from(p)
         }
-        None => match pyenv::ensure(&target_dir(root), "python3") {
+        None => match pyenv::ensure(&crate::target_dir(root), "python3") {
             Ok(python) => python,
             Err(e) => {
                 eprintln!("test: cannot set up the Python environment of the pyzmq conformance tests: {e}");
@@ -90,14 +90,6 @@ fn spawn_merged(mut cmd: Command) -> io::Result<(UnixStream, Child)> {
     // Our copies of the write end must close, or the reader never sees the end.
     drop(cmd);
     Ok((reader, child))
-}
-
-/// The workspace's target directory: `CARGO_TARGET_DIR` when set, as cargo does.
-fn target_dir(root: &Path) -> PathBuf {
-    match std::env::var_os("CARGO_TARGET_DIR").filter(|d| !d.is_empty()) {
-        Some(dir) => std::env::current_dir().map(|cwd| cwd.join(&dir)).unwrap_or_else(|_| PathBuf::from(dir)),
-        None => root.join("target"),
-    }
 }
 
 /// Copies `from` to our stdout as it arrives (so a slow test shows up live) and counts every
