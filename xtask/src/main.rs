@@ -16,7 +16,8 @@ tasks:
   bench    benchmarks (release build): simulator events/s, explore seeds/s, model-checker
            states/s, TCP data-plane throughput against a plain socket copy, control-plane
            release round trip (ZMTP notify listener on loopback)
-  calibrate  the cost model against REFERENCE.md's published measurements (release build)
+  calibrate  the cost model against the published measurements in docs/reference.md
+             (release build)
   gallery  regenerate the README's report pictures under docs/gallery
   check-model  bounded model checking of the protocol nodes on tiny deployments
   rdma-vm  the RDMA verbs tests (feature `rdma`) in a qemu guest with Soft-RoCE (rdma_rxe)
