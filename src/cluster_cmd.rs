@@ -18,15 +18,18 @@ Examples:
   pdkv cluster 2P_TP2:1D_DP2 --mla --requests 64 --json
   pdkv cluster 1P_DP2TP2:1D_TP4 --requests 40 --kill P0.dp0.tp1 --kill-after 6 \\
       --restart-after-ms 1000 --handshake-timeout-ms 2000 --transfer-timeout-ms 5000 --defer-timeout-ms 6000
-  pdkv cluster 1P_TP2:1D_TP2 --requests 8 --drop-releases D0.dp0.tp1=2 --defer-timeout-ms 6000
+  pdkv cluster 1P_TP2:1D_TP2 --requests 8 --drop-releases D0.dp0.tp1=2 \\
+      --transfer-timeout-ms 2000 --defer-timeout-ms 3000
   pdkv cluster 1P_TP4:1D_TP8 --requests 16 --transport rdma    (build with --features rdma)
 
 Every rank is a real `pdkv connector` process on 127.0.0.1 with its handshake and notify
 listeners at the ports the core computes; prefill fills each block with a pattern of (request,
 layer, block, head) and decode checks every byte it reads. With --json the result object goes
 to stdout in the simulator's result schema where it applies (outcome, requests, throughput,
-nic, ledger). The timeouts default to MoRIIO's (10 s handshake, 30 s transfer, 60 s reaper);
-fault runs end sooner with shorter ones.
+nic, ledger). The timeouts default to a 10 s handshake and MoRIIO's 30 s transfer and 60 s
+reaper. A transfer whose releases were dropped is freed by the reaper only once its read
+lease (--transfer-timeout-ms, plus 1 s) and --defer-timeout-ms have both passed, so fault runs
+set both shorter: with the defaults the --drop-releases example would wait 31 s.
 
 Exit codes: 0 the run was clean: no violation, no hang, no request failed unless an injected
 fault excuses it, nothing held or reaped unless a fault excuses it, every process accounted for
@@ -55,7 +58,9 @@ pub struct ClusterArgs {
     /// Data plane.
     #[arg(long, value_enum, default_value_t = TransportArg::Tcp)]
     transport: TransportArg,
-    /// Serve an MLA model (one latent per token, flexible reads) instead of 8-head GQA.
+    /// Serve an MLA model (DeepSeek-R1's 576-byte latent, the same on every TP rank; TP1
+    /// decode ranks read flexibly) instead of GQA with as many KV heads as the smallest TP size
+    /// of the deployment, at most 8 (so heterogeneous TP reads whole heads).
     #[arg(long)]
     mla: bool,
     /// Transformer layers.

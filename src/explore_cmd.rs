@@ -17,9 +17,15 @@ use crate::progress::Bar;
 
 const EXAMPLES: &str = "\
 Examples:
-  pdkv explore 1P_TP4:1D_TP8 --seeds 10000 --faults swarm
+  pdkv explore 1P_TP4:1D_TP8 --requests 16 --concurrency 4 --seeds 2000 --faults swarm
   pdkv explore notify-drift --seeds 100          (finds the leak at once)
-  pdkv explore notify-drift-fixed --seeds 10000 --faults swarm --jobs 2
+  pdkv explore notify-drift-fixed --seeds 2000 --faults swarm --jobs 2
+
+A bare notation runs the default workload (1,280 requests of 8K in / 1K out): about a second
+of work per seed, and with --faults swarm the seeds that draw a decode batch of one need more
+virtual time than a run's budget (7,200 s), so they end as hangs. --requests and --concurrency
+keep each seed small, as a search of thousands of seeds needs. On a terminal a bar shows seeds
+per second and the time left.
 
 Each seed runs the scenario with that seed (and, with --faults swarm, message loss,
 duplication, delay and send-queue-full drawn from the seed). The properties checked: safety
@@ -46,6 +52,8 @@ pub enum FaultMode {
 pub struct ExploreArgs {
     /// A scenario file, a built-in scenario name, or a deployment notation.
     scenario: String,
+    #[command(flatten)]
+    workload: crate::run_cmd::WorkloadArgs,
     /// How many seeds to run.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
     seeds: u64,
@@ -102,6 +110,7 @@ pub fn explore(
     let seen: Mutex<std::collections::BTreeSet<Behaviour>> = Mutex::new(std::collections::BTreeSet::new());
     let outcomes: Mutex<BTreeMap<&'static str, u64>> = Mutex::new(BTreeMap::new());
     let ideal = ideal_jain(base);
+    let started = Instant::now();
     std::thread::scope(|scope| {
         for _ in 0..jobs {
             scope.spawn(|| loop {
@@ -128,7 +137,8 @@ pub fn explore(
                 }
                 let n = done.fetch_add(1, Ordering::SeqCst) + 1;
                 if let Ok(mut bar) = bar.try_lock() {
-                    bar.update(n, seeds, format!("seed {seed}"));
+                    let rate = n as f64 / started.elapsed().as_secs_f64().max(1e-9);
+                    bar.update(n, seeds, format!("seeds, {rate:.1}/s"));
                 }
             });
         }
@@ -158,12 +168,19 @@ pub fn run(args: &ExploreArgs) -> ExitCode {
         return ExitCode::from(2);
     }
     let base = match crate::run_cmd::load(&args.scenario) {
-        Ok(s) => s,
+        Ok(mut s) => {
+            args.workload.apply(&mut s);
+            s
+        }
         Err(message) => {
             eprintln!("error: {message}");
             return ExitCode::from(2);
         }
     };
+    if let Err(message) = crate::run_cmd::check_overrides(&base, &args.workload.flags()) {
+        eprintln!("error: {message}");
+        return ExitCode::from(2);
+    }
     if let Err(message) = pdkv_sim::run(&scenario_for_seed(&base, args.from, false), RunOptions::default()) {
         eprintln!("error: {}: {message}", args.scenario);
         return ExitCode::from(2);
@@ -181,11 +198,12 @@ pub fn run(args: &ExploreArgs) -> ExitCode {
     let histogram: Vec<String> = found.outcomes.iter().map(|(name, n)| format!("{name} {n}")).collect();
     let Some((seed, broken)) = found.failure else {
         println!(
-            "explored {} seeds of {} ({} faults) on {jobs} threads in {seconds:.1} s: no property broken; \
-             outcomes: {}; {} distinct behaviours",
+            "explored {} seeds of {} ({} faults) on {jobs} threads in {seconds:.1} s ({:.1} seeds/s): \
+             no property broken; outcomes: {}; {} distinct behaviours",
             found.runs,
             base.name,
             if swarm { "swarm" } else { "scenario" },
+            found.runs as f64 / seconds.max(1e-9),
             histogram.join(", "),
             found.behaviours
         );

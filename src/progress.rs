@@ -30,9 +30,13 @@ impl Bar {
                 return;
             }
             let bar = ProgressBar::new(total);
-            let style = ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg} ({elapsed})")
-                .unwrap_or_else(|_| ProgressStyle::default_bar())
-                .progress_chars("=> ");
+            // The time left is indicatif's estimate from the recent rate: a long search or run
+            // says when it will end, not only how far it got.
+            let style = ProgressStyle::with_template(
+                "{prefix} [{bar:30}] {pos}/{len} {msg} ({elapsed}, ~{eta} left)",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> ");
             bar.set_style(style);
             bar.set_prefix(self.label.clone());
             self.bar = Some(bar);

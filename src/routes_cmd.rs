@@ -110,16 +110,24 @@ pub fn render(r: &RoutesReport) -> String {
         let note = if p.flexible { " (on the rank picked; the others complete with it)" } else { "" };
         let _ = writeln!(
             out,
-            "      releases per prefill TP rank: [{}]{note}; MoRIIO expects {} on every rank",
+            "      releases per request, per prefill TP rank: [{}]{note}; MoRIIO expects {} on every rank",
             quorum.join(", "),
             p.moriio_expected_releases
         );
     }
     let _ = writeln!(out, "\nPrefill GPUs (listen port; a different dial port means no listener there)");
+    // Two kinds of number share the table: what each GPU saw over the whole run, and what it
+    // waits for on every request. The header and a sentence say which is which.
     let _ = writeln!(
         out,
-        "  {:<14} {:>11} {:>13} {:>8} {:>10} {:>9}",
-        "rank", "handshake", "notify", "reads", "requests", "releases"
+        "  reads and requests are totals over all {} requests (a read: one decode rank reads one\n  \
+         request's KV); releases are what the GPU waits for on each request it holds",
+        r.requests
+    );
+    let _ = writeln!(
+        out,
+        "  {:<14} {:>11} {:>13} {:>12} {:>15} {:>21}",
+        "rank", "handshake", "notify", "reads total", "requests total", "releases per request"
     );
     for (row, expected) in r.prefill_ranks.iter().zip(&r.expected_releases_per_prefill_rank) {
         let port = |listen: u16, dial: u16| {
@@ -131,7 +139,7 @@ pub fn render(r: &RoutesReport) -> String {
         };
         let _ = writeln!(
             out,
-            "  {:<14} {:>11} {:>13} {:>8} {:>10} {:>9}",
+            "  {:<14} {:>11} {:>13} {:>12} {:>15} {:>21}",
             row.rank,
             port(row.handshake_listen_port, row.handshake_dial_port),
             port(row.notify_listen_port, row.notify_dial_port),

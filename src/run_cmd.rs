@@ -44,12 +44,8 @@ pub struct RunArgs {
     /// Switch on a historical bug (repeatable), on top of the scenario's own.
     #[arg(long = "legacy", value_name = "NAME", value_parser = legacy_parser())]
     legacy: Vec<Legacy>,
-    /// Closed-loop concurrency (replaces the scenario's clients; requests default to 10 x C).
-    #[arg(long, value_name = "C", value_parser = clap::value_parser!(u32).range(1..))]
-    concurrency: Option<u32>,
-    /// Requests in total (with --concurrency, or replacing the scenario's count).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
-    requests: Option<u32>,
+    #[command(flatten)]
+    workload: WorkloadArgs,
     /// Print the result object as JSON on stdout instead of the summary.
     #[arg(long)]
     json: bool,
@@ -80,19 +76,47 @@ pub fn check_overrides(scenario: &Scenario, flags: &str) -> Result<(), String> {
         .map_err(|v| format!("{flags}: {} (scenario {}, field `{}`)", v.message, scenario.name, v.field))
 }
 
-/// The flags of `args` that change the scenario, as the user wrote them.
-fn override_flags(args: &RunArgs) -> String {
-    let mut flags = Vec::new();
-    if let Some(c) = args.concurrency {
-        flags.push(format!("--concurrency {c}"));
+/// The workload flags `pdkv run` and `pdkv explore` share: `--concurrency C` replaces the
+/// scenario's clients with a closed loop of C (and 10 x C requests unless `--requests` says
+/// otherwise); `--requests N` alone keeps the clients and changes only their count.
+#[derive(Args, Debug, Clone, Copy, Default)]
+pub struct WorkloadArgs {
+    /// Closed-loop concurrency (replaces the scenario's clients; requests default to 10 x C).
+    #[arg(long, value_name = "C", value_parser = clap::value_parser!(u32).range(1..))]
+    pub concurrency: Option<u32>,
+    /// Requests in total (with --concurrency, or replacing the scenario's count).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub requests: Option<u32>,
+}
+
+impl WorkloadArgs {
+    /// The flags that change the scenario, as the user wrote them (for error messages).
+    pub fn flags(&self) -> String {
+        let mut flags = Vec::new();
+        if let Some(c) = self.concurrency {
+            flags.push(format!("--concurrency {c}"));
+        }
+        if let Some(n) = self.requests {
+            flags.push(format!("--requests {n}"));
+        }
+        if flags.is_empty() {
+            flags.push("the command-line options".into());
+        }
+        flags.join(" ")
     }
-    if let Some(n) = args.requests {
-        flags.push(format!("--requests {n}"));
+
+    /// Applies the flags to a scenario's clients.
+    pub fn apply(&self, scenario: &mut Scenario) {
+        match (self.concurrency, self.requests, &mut scenario.workload.clients) {
+            (Some(c), n, clients) => {
+                *clients = Clients::Closed { concurrency: c, requests: n.unwrap_or(c.saturating_mul(10)) };
+            }
+            (None, Some(n), Clients::Closed { requests, .. } | Clients::Open { requests, .. }) => {
+                *requests = n
+            }
+            (None, None, _) => {}
+        }
     }
-    if flags.is_empty() {
-        flags.push("the command-line options".into());
-    }
-    flags.join(" ")
 }
 
 /// Applies the command-line overrides to a scenario.
@@ -105,13 +129,7 @@ fn apply(args: &RunArgs, mut scenario: Scenario) -> Scenario {
             scenario.protocol.legacy.push(option);
         }
     }
-    match (args.concurrency, args.requests, &mut scenario.workload.clients) {
-        (Some(c), n, clients) => {
-            *clients = Clients::Closed { concurrency: c, requests: n.unwrap_or(c.saturating_mul(10)) };
-        }
-        (None, Some(n), Clients::Closed { requests, .. } | Clients::Open { requests, .. }) => *requests = n,
-        (None, None, _) => {}
-    }
+    args.workload.apply(&mut scenario);
     scenario
 }
 
@@ -123,7 +141,7 @@ pub fn run(args: &RunArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Err(message) = check_overrides(&scenario, &override_flags(args)) {
+    if let Err(message) = check_overrides(&scenario, &args.workload.flags()) {
         eprintln!("error: {message}");
         return ExitCode::from(2);
     }
@@ -186,10 +204,10 @@ fn replay_command(args: &RunArgs, scenario: &Scenario) -> String {
     for option in &args.legacy {
         let _ = write!(cmd, " --legacy {option}");
     }
-    if let Some(c) = args.concurrency {
+    if let Some(c) = args.workload.concurrency {
         let _ = write!(cmd, " --concurrency {c}");
     }
-    if let Some(n) = args.requests {
+    if let Some(n) = args.workload.requests {
         let _ = write!(cmd, " --requests {n}");
     }
     cmd

@@ -210,7 +210,7 @@ impl ClusterConfig {
     }
 
     /// Defaults for a loopback run: 8 requests in flight, 4 layers, 512 blocks per prefill rank,
-    /// MoRIIO's timeouts.
+    /// a 10 s handshake timeout and MoRIIO's transfer and reaper timeouts.
     pub fn new(deployment: &str, requests: u32, exe: PathBuf) -> ClusterConfig {
         ClusterConfig {
             deployment: deployment.to_owned(),
@@ -224,8 +224,9 @@ impl ClusterConfig {
             host: "127.0.0.1".into(),
             seed: 0,
             num_blocks: 512,
-            // MoRIIO's timeouts: a fault-free run never waits for them, and a loaded machine
-            // (CI) must not turn a slow read into a failure.
+            // The core's defaults (docs/reference.md says which are MoRIIO's): a fault-free run
+            // never waits for them, and a loaded machine (CI) must not turn a slow read into a
+            // failure.
             handshake_timeout_ms: 10_000,
             transfer_timeout_ms: 30_000,
             defer_timeout_ms: 60_000,

@@ -4,6 +4,7 @@ mod bounds_cli;
 mod cluster;
 mod docs;
 mod gallery;
+mod help_examples;
 mod legacy_caught;
 mod machines;
 mod properties;

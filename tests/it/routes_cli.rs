@@ -51,7 +51,11 @@ fn exit_codes_and_messages_table() {
         assert_eq!(out.status.code(), Some(code), "{args:?}: {all}");
         assert!(all.contains(text), "{args:?}: {all}");
     };
-    check(&["routes", "1P_TP8:1D_TP4"], 0, "releases per prefill TP rank: [1, 0, 1, 0, 1, 0, 1, 0]");
+    check(
+        &["routes", "1P_TP8:1D_TP4"],
+        0,
+        "releases per request, per prefill TP rank: [1, 0, 1, 0, 1, 0, 1, 0]",
+    );
     check(&["routes", "2P_DP8EP:4D_TP8", "--rounds", "1"], 0, "Jain index 1.0000");
     check(&["routes", "2P_XP8:1D_TP8"], 2, "bad token \"XP8\" at column 4");
     check(&["routes", "2P_XP8:1D_TP8", "--json"], 2, "\"error\"");
@@ -65,6 +69,42 @@ fn exit_codes_and_messages_table() {
         "WARNING: P0.dp0.tp1 and P0.dp1.tp0 both listen on notify port 61006",
     );
     check(&["routes", "--help"], 0, "Examples:");
+}
+
+/// (arguments, requests routed, prefill rows with whitespace collapsed) -> the table says which
+/// columns are totals over the run and which are per request, and the numbers are what those
+/// words promise: a TP8 decode reads each rank of a TP4 prefill twice per request (2 x 16
+/// reads in all, 2 releases per request); a TP4 decode reads every other rank of a TP8 prefill
+/// (the unread ranks expect no release).
+#[test]
+fn prefill_table_says_which_columns_are_totals_and_which_per_request() {
+    let check = |args: &[&str], requests: u32, rows: &[&str]| {
+        let out = pdkv(args);
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        let text = String::from_utf8(out.stdout).expect("utf-8 stdout");
+        let lines: Vec<String> =
+            text.lines().map(|l| l.split_whitespace().collect::<Vec<_>>().join(" ")).collect();
+        let has = |wanted: &str| lines.iter().any(|l| l == wanted);
+        let sentence = format!(
+            "reads and requests are totals over all {requests} requests (a read: one decode rank reads one"
+        );
+        assert!(has(&sentence), "{args:?}: no sentence {sentence:?} in\n{text}");
+        let header = "rank handshake notify reads total requests total releases per request";
+        assert!(has(header), "{args:?}: no header {header:?} in\n{text}");
+        for row in rows {
+            assert!(has(row), "{args:?}: no row {row:?} in\n{text}");
+        }
+    };
+    check(
+        &["routes", "1P_TP4:1D_TP8"],
+        16,
+        &["P0.dp0.tp0 6301 61005 32 16 2", "P0.dp0.tp3 6304 61008 32 16 2"],
+    );
+    check(
+        &["routes", "1P_TP8:1D_TP4", "--rounds", "4"],
+        4,
+        &["P0.dp0.tp0 6301 61005 4 4 1", "P0.dp0.tp1 6302 61006 0 4 0"],
+    );
 }
 
 #[test]

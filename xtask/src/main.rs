@@ -24,7 +24,8 @@ tasks:
   bench    benchmarks (release build): simulator events/s, explore seeds/s, model-checker
            states/s, TCP data-plane throughput against a plain socket copy, control-plane
            release round trip (ZMTP notify listener on loopback)
-  calibrate  the cost model against REFERENCE.md's published measurements (release build)
+  calibrate  the cost model against the published measurements in docs/reference.md
+             (release build)
   gallery  rerun the commands of docs/gallery/gallery.txt (release build) and copy their
            pictures into docs/gallery, where the README shows them
   check-model  bounded model checking of the protocol nodes on tiny deployments

@@ -1,4 +1,5 @@
-//! Tidy checks that run as tests: the core's purity rules, `//!` headers, no disabled tests.
+//! Tidy checks that run as tests: the core's purity rules, `//!` headers, no disabled tests, and
+//! no citation of a file the repository lacks.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -44,7 +45,8 @@ const BACKEND_FORBIDDEN: [&str; 15] = [
 /// Markers of disabled or panic-expecting tests, forbidden everywhere.
 const TEST_FORBIDDEN: [&str; 2] = ["#[ignore", "#[should_panic"];
 
-/// Checks every `.rs` file under `root` (skipping `target/` and hidden folders). Returns the
+/// Checks every `.rs` and `.md` file under `root` (skipping `target/` and hidden folders):
+/// the source rules on `.rs` files, and on both that every file they cite exists. Returns the
 /// number of files checked, or one line per problem as `path:line: what`.
 pub fn check(root: &Path) -> Result<usize, Vec<String>> {
     let mut files = Vec::new();
@@ -57,7 +59,10 @@ pub fn check(root: &Path) -> Result<usize, Vec<String>> {
             continue;
         };
         let rel = path.strip_prefix(root).unwrap_or(path);
-        problems.extend(check_file(rel, &text));
+        if rel.extension().is_some_and(|e| e == "rs") {
+            problems.extend(check_file(rel, &text));
+        }
+        problems.extend(check_citations(rel, &text, |cited| root.join(cited).exists()));
     }
     if problems.is_empty() {
         Ok(files.len())
@@ -77,10 +82,113 @@ fn collect(dir: &Path, out: &mut Vec<PathBuf>) {
         }
         if path.is_dir() {
             collect(&path, out);
-        } else if name.ends_with(".rs") {
+        } else if name.ends_with(".rs") || name.ends_with(".md") {
             out.push(path);
         }
     }
+}
+
+/// The files a document (`.md`) or the doc comments (`//!`, `///`) of a `.rs` file cite that
+/// `exists` (given a path relative to the workspace root) says are missing, one problem each.
+///
+/// A citation is the target of a relative Markdown link (up to any `#`; in a `.rs` file only a
+/// target with a `/` or a `.` and no `::`, since rustdoc links name items), a word starting
+/// `docs/`, or a word ending `.md`. A link resolves against the citing file's folder; a `docs/`
+/// word against the workspace root; a `.md` word against either (a page names its neighbours
+/// by file name alone). Web addresses and links to them are skipped, with their text: a page on
+/// GitHub may name a file of another repository. The repository must stand alone, so a document
+/// pointing at a file that is not in it (a private note, a file since renamed) fails the check.
+pub fn check_citations(rel: &Path, text: &str, exists: impl Fn(&Path) -> bool) -> Vec<String> {
+    let markdown = rel.extension().is_some_and(|e| e == "md");
+    let dir = rel.parent().unwrap_or(Path::new(""));
+    let mut problems = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let prose = if markdown {
+            line
+        } else {
+            match line.trim_start().strip_prefix("//!").or_else(|| line.trim_start().strip_prefix("///")) {
+                Some(doc) => doc,
+                None => continue,
+            }
+        };
+        for (cited, candidates) in citations(prose, dir, markdown) {
+            if !candidates.iter().any(|c| exists(c)) {
+                problems.push(format!(
+                    "{}:{}: cites `{cited}`, which is not in the repository",
+                    rel.display(),
+                    i + 1
+                ));
+            }
+        }
+    }
+    problems
+}
+
+/// The citations in one line of prose, each with the workspace-relative paths it may mean.
+fn citations(prose: &str, dir: &Path, markdown: bool) -> Vec<(String, Vec<PathBuf>)> {
+    let mut found = Vec::new();
+    let mut rest = String::with_capacity(prose.len());
+    // Links first: a relative target is a citation; the whole link, text included, is then
+    // blanked so that its words are not read again (nor those of a link to the web).
+    let mut tail = prose;
+    while let Some(mid) = tail.find("](") {
+        let Some(open) = tail[..mid].rfind('[') else {
+            rest.push_str(&tail[..mid + 2]);
+            tail = &tail[mid + 2..];
+            continue;
+        };
+        let Some(close) = tail[mid + 2..].find(')') else { break };
+        let target = &tail[mid + 2..mid + 2 + close];
+        rest.push_str(&tail[..open]);
+        rest.push(' ');
+        let path = target.split('#').next().unwrap_or("").trim();
+        let file_like = markdown || ((path.contains('/') || path.contains('.')) && !path.contains("::"));
+        if file_like && !path.is_empty() && !target.contains("://") && !target.starts_with("mailto:") {
+            found.push((path.to_string(), vec![normalise(&dir.join(path))]));
+        }
+        tail = &tail[mid + 3 + close..];
+    }
+    rest.push_str(tail);
+    let mut words = String::with_capacity(rest.len());
+    let mut web = false;
+    for (i, c) in rest.char_indices() {
+        if rest[i..].starts_with("http://") || rest[i..].starts_with("https://") {
+            web = true;
+        }
+        if web && (c.is_whitespace() || matches!(c, ')' | '>' | '|' | '`')) {
+            web = false;
+        }
+        words.push(if web { ' ' } else { c });
+    }
+    let is_word = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '/' | '-');
+    for word in words.split(|c: char| !is_word(c)) {
+        let word = word.trim_end_matches(['.', ',', ':', ';']);
+        if word.starts_with("docs/") {
+            found.push((word.to_string(), vec![normalise(Path::new(word))]));
+        } else if word.len() > ".md".len() && word.ends_with(".md") {
+            let candidates = vec![normalise(Path::new(word)), normalise(&dir.join(word))];
+            found.push((word.to_string(), candidates));
+        }
+    }
+    found
+}
+
+/// `a/../b` as `b` and `./a` as `a`, without touching the file system; a path that climbs out
+/// of the workspace keeps its `..` and so never exists inside it.
+fn normalise(path: &Path) -> PathBuf {
+    let mut parts: Vec<std::path::Component> = Vec::new();
+    for part in path.components() {
+        match part {
+            std::path::Component::CurDir => {}
+            std::path::Component::ParentDir
+                if matches!(parts.last(), Some(std::path::Component::Normal(_))) =>
+            {
+                parts.pop();
+            }
+            other => parts.push(other),
+        }
+    }
+    parts.iter().collect()
 }
 
 /// The problems of one file, given its path relative to the workspace root.
@@ -182,5 +290,72 @@ mod tests {
         );
         check("backend-rdma/examples/a.rs", "//! Doc.\nlet n = expected_releases(4, 8)?;\n", 0);
         check("tests/it/a.rs", "//! Doc.\n#[should_panic(expected = \"x\")]\nfn t() {}\n", 1);
+    }
+
+    /// (citing file, text) -> the cited files reported missing, against a small fake tree.
+    #[test]
+    fn citation_table() {
+        let tree = ["README.md", "docs/sim.md", "docs/legacy.md", "docs/machines", "scenarios/README.md"];
+        let check = |path: &str, text: &str, missing: &[&str]| {
+            let problems = check_citations(Path::new(path), text, |p| tree.iter().any(|t| Path::new(t) == p));
+            let named: Vec<String> = missing.iter().map(|m| format!("cites `{m}`")).collect();
+            assert_eq!(problems.len(), missing.len(), "{path}: {text:?}: {problems:?}");
+            for (problem, name) in problems.iter().zip(&named) {
+                assert!(problem.contains(name), "{path}: {problem} should name {name}");
+            }
+        };
+        // Present files, cited every way.
+        check("docs/sim.md", "See [legacy](legacy.md#names) and docs/machines.", &[]);
+        check("docs/sim.md", "Formats are in legacy.md, scenarios in `scenarios/README.md`.", &[]);
+        check("README.md", "Read [the simulator](docs/sim.md) and [top](#top).", &[]);
+        check("scenarios/README.md", "Back to [the docs](../docs/sim.md).", &[]);
+        check("sim/src/a.rs", "//! Calibrated as docs/sim.md says.\nfn f() {}\n", &[]);
+        check(
+            "core/src/a.rs",
+            "//! Off under [`Legacy::X`](crate::legacy::Legacy::X), see [`f`](Self::f).\n",
+            &[],
+        );
+        check(
+            "core/src/a.rs",
+            "//! The [table](../../docs/legacy.md) and [gone](../../docs/gone.md).\n",
+            &["../../docs/gone.md"],
+        );
+        // Missing files: a private note, a renamed page, a bad relative link.
+        check(
+            "sim/examples/c.rs",
+            "//! Against the figures in REFERENCE.md; see docs/sim.md.\n",
+            &["REFERENCE.md"],
+        );
+        check("sim/src/a.rs", "/// As docs/calibration.md shows.\nfn f() {}\n", &["docs/calibration.md"]);
+        check(
+            "docs/sim.md",
+            "See [the model](model.md) and [old](../REFERENCE.md).",
+            &["model.md", "../REFERENCE.md"],
+        );
+        check("README.md", "The [backend](docs/backend.md).", &["docs/backend.md"]);
+        // Plain comments, web addresses and links to the web are not citations of this repository.
+        check("sim/src/a.rs", "//! Doc.\n// REFERENCE.md is gone.\nfn f() {}\n", &[]);
+        check(
+            "docs/sim.md",
+            "Source: https://github.com/ROCm/mori/blob/main/docs/MORI-IO-BENCHMARK.md.",
+            &[],
+        );
+        check("docs/sim.md", "| [ROCm/mori docs/MORI-IO-BENCHMARK.md](https://github.com/ROCm/mori) |", &[]);
+        check("docs/sim.md", "Not a file: `*.md`, `.md`.", &[]);
+    }
+
+    /// The real tree: the check sees the citations of this very repository and finds them all.
+    #[test]
+    fn citations_of_the_repository_resolve() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let text = fs::read_to_string(root.join("docs/sim.md")).expect("docs/sim.md exists");
+        assert!(text.contains("reference.md"), "docs/sim.md no longer cites reference.md; pick another page");
+        assert_eq!(
+            check_citations(Path::new("docs/sim.md"), &text, |p| root.join(p).exists()),
+            Vec::<String>::new()
+        );
+        let broken = text.replace("reference.md", "REFERENCE.md");
+        let problems = check_citations(Path::new("docs/sim.md"), &broken, |p| root.join(p).exists());
+        assert!(!problems.is_empty() && problems.iter().all(|p| p.contains("REFERENCE.md")), "{problems:?}");
     }
 }
