@@ -242,6 +242,14 @@ pub fn summary(r: &RunResult, files: &[PathBuf], replay: &str) -> String {
             q.unsent
         );
     }
+    if q.cut_off > 0 {
+        let _ = writeln!(
+            s,
+            "  CUT OFF      {} requests were in flight when the run's budget ended, and requests were still \
+             ending: the run was progressing, not hung",
+            q.cut_off
+        );
+    }
     let t = &r.throughput;
     let _ =
         writeln!(s, "  throughput   {:.0} tok/s total, {:.0} tok/s output", t.total_tok_s, t.output_tok_s);

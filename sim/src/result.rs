@@ -60,6 +60,11 @@ pub struct Requests {
     pub failed_unexcused: u64,
     /// Requests still in flight when the run ended.
     pub unfinished: u64,
+    /// Of those, requests the run's time or event budget cut off while the run was still
+    /// progressing (a request had ended within the stall window before the end, `docs/sim.md`);
+    /// they make the run incomplete, not hung. The others are a hang.
+    #[serde(default)]
+    pub cut_off: u64,
     /// Requests the workload had not sent yet when the run's time or event budget ended (an
     /// open loop whose arrivals fall after `limits.max_virtual_time_s`).
     #[serde(default)]

@@ -404,6 +404,11 @@ pub struct World {
     /// Decode workers whose step raised on their own (they never reach the collective).
     raised: BTreeSet<usize>,
     stopped: bool,
+    /// The run's time or event budget ended with events still to run (not a natural end).
+    budget_ended: bool,
+    /// When a request last ended (finished or failed): whether the run was still progressing
+    /// when its budget ended.
+    last_end_ns: u64,
     max_hold_ns: u64,
     trace_on: bool,
     trace: Vec<TraceRecord>,
@@ -665,6 +670,8 @@ impl World {
             crashed_reaped: 0,
             pgroup_generation: vec![0; prefill_group_count],
             stopped: false,
+            budget_ended: false,
+            last_end_ns: 0,
             max_hold_ns: 0,
             trace_on: options.trace,
             trace: Vec::new(),
@@ -733,6 +740,7 @@ impl World {
         while let Some(Reverse(next)) = self.queue.pop() {
             if next.at > limit_ns || self.events >= self.sc.limits.max_events {
                 self.now = self.now.max(next.at.min(limit_ns));
+                self.budget_ended = true;
                 break;
             }
             self.now = next.at;
@@ -888,6 +896,16 @@ impl World {
     }
 
     /// A request ended (finished or failed): the closed-loop client sends its next one.
+    /// The longest a progressing run may go without a request ending: the collective timeout,
+    /// or a transfer's handshake, transfer and defer timeouts in a row, whichever is longer.
+    fn stall_window_ns(&self) -> u64 {
+        let p = &self.sc.protocol;
+        let transfer = ms_ns(p.handshake_timeout_ms)
+            .saturating_add(ms_ns(p.transfer_timeout_ms))
+            .saturating_add(ms_ns(p.defer_timeout_ms));
+        ms_ns(p.collective_timeout_ms).max(transfer)
+    }
+
     fn end_request(&mut self, id: RequestId, failed: bool) {
         let Some(req) = self.requests.get_mut(&id) else { return };
         if req.done_ns.is_some() {
@@ -895,6 +913,7 @@ impl World {
         }
         req.done_ns = Some(self.now);
         req.failed = failed;
+        self.last_end_ns = self.now;
         // Its decode blocks were freed before it ended (or went with a crashed engine), and its
         // prefill blocks are the engine's to free; dropping the copies keeps memory in line with
         // the requests in flight rather than with every request of the run.
@@ -2400,8 +2419,17 @@ impl World {
         ledger.prefill_stall_s = round3(self.pgroups.iter().map(|g| g.stall_ns).sum::<u64>() as f64 / 1e9);
         result.ledger = ledger;
 
+        // Requests in flight when the budget ended are cut off, not hung, if the run was still
+        // progressing: a request ended within the stall window, the longest any protocol wait
+        // may legitimately last (a collective, or a transfer with its defer and handshake
+        // timeouts). A run whose requests stopped ending for longer than that is hung.
+        let stall_window_ns = self.stall_window_ns();
+        let progressing = self.budget_ended && now.saturating_sub(self.last_end_ns) <= stall_window_ns;
+        if progressing {
+            result.requests.cut_off = result.requests.unfinished;
+        }
         // Requests that never ended are a hang even when no collective timed out.
-        if result.requests.unfinished > 0 && self.hangs.is_empty() {
+        if result.requests.unfinished > result.requests.cut_off && self.hangs.is_empty() {
             let mut graph = WaitFor::default();
             let mut ranks = Vec::new();
             for (w, worker) in self.dworkers.iter().enumerate() {
@@ -2432,9 +2460,12 @@ impl World {
             Outcome::Hang
         } else if result.requests.failed_unexcused > 0 {
             Outcome::FailedRequests
-        } else if result.ledger.reaped > result.ledger.reaped_excused || result.ledger.held > 0 {
+        } else if result.ledger.reaped > result.ledger.reaped_excused
+            || (result.ledger.held > 0 && result.requests.cut_off == 0)
+        {
+            // Blocks still held by requests the budget cut off are theirs, not leaked.
             Outcome::Leak
-        } else if result.requests.unsent > 0 {
+        } else if result.requests.unsent > 0 || result.requests.cut_off > 0 {
             Outcome::Incomplete
         } else {
             Outcome::Clean
@@ -2571,14 +2602,16 @@ mod outcome_tests {
     }
 
     /// What a run is judged by: outcome; sent, finished, failed excused, failed unexcused,
-    /// unfinished, unsent.
-    type Verdict = (Outcome, [u64; 6]);
+    /// unfinished, unsent, cut off.
+    type Verdict = (Outcome, [u64; 7]);
 
     fn check(name: &str, scenario: &Scenario, expected: Verdict) {
         let r = crate::run(scenario, RunOptions::default()).unwrap_or_else(|e| panic!("{name}: {e}")).result;
         let q = &r.requests;
-        let got =
-            (r.outcome, [q.sent, q.finished, q.failed_excused, q.failed_unexcused, q.unfinished, q.unsent]);
+        let got = (
+            r.outcome,
+            [q.sent, q.finished, q.failed_excused, q.failed_unexcused, q.unfinished, q.unsent, q.cut_off],
+        );
         let hangs: Vec<&str> = r.hangs.iter().map(|h| h.what.as_str()).collect();
         assert_eq!(got, expected, "{name}: hangs {hangs:?}");
         assert_eq!(q.failed, q.failed_excused + q.failed_unexcused, "{name}");
@@ -2592,25 +2625,25 @@ mod outcome_tests {
             sc
         };
         let table: Vec<(&str, Scenario, Verdict)> = vec![
-            ("baseline", small(""), (Clean, [4, 4, 0, 0, 0, 0])),
+            ("baseline", small(""), (Clean, [4, 4, 0, 0, 0, 0, 0])),
             // Requests that fail with no fault to excuse them: the run is not clean. Their
             // reads were still posted at the 1 ms deadline: they are aborted and drained before
             // the release, so no read completes from freed blocks (it did before the drain rule).
             (
                 "transfer timeout 1 ms",
                 small("protocol: (transfer_timeout_ms: 1)"),
-                (FailedRequests, [4, 0, 0, 4, 0, 0]),
+                (FailedRequests, [4, 0, 0, 4, 0, 0, 0]),
             ),
             (
                 "handshake timeout 1 ms over a 2 ms network",
                 small("protocol: (handshake_timeout_ms: 1), hardware: (control_latency_us: 2000)"),
-                (FailedRequests, [4, 0, 0, 4, 0, 0]),
+                (FailedRequests, [4, 0, 0, 4, 0, 0, 0]),
             ),
             // The same failures while a fault takes the NICs down are the fault's doing.
             (
                 "NIC down everywhere",
                 with(small(""), &|sc| sc.faults.timeline = everywhere(FaultKind::NicDown)),
-                (Clean, [4, 0, 4, 0, 0, 0]),
+                (Clean, [4, 0, 4, 0, 0, 0, 0]),
             ),
             // A dead listener on one of two prefill engines: the requests routed to it fail,
             // excused; those of the other engine finish.
@@ -2624,7 +2657,7 @@ mod outcome_tests {
                     "<test>",
                 )
                 .unwrap_or_else(|e| panic!("{e}")),
-                (Clean, [48, 24, 24, 0, 0, 0]),
+                (Clean, [48, 24, 24, 0, 0, 0, 0]),
             ),
             // Open-loop arrivals after the time budget are unsent, and the run says so.
             (
@@ -2632,14 +2665,36 @@ mod outcome_tests {
                 with(small(""), &|sc| {
                     sc.workload.clients = Clients::Open { rate_per_s: 0.002, requests: 40 }
                 }),
-                (Incomplete, [16, 16, 0, 0, 0, 24]),
+                (Incomplete, [16, 16, 0, 0, 0, 24, 0]),
+            ),
+            // A closed loop through a decode batch of one, past its time budget: requests still
+            // end every few seconds when it is cut, so the ones in flight are cut off, and the
+            // blocks they hold are no leak.
+            (
+                "decode batch of one past the time budget",
+                with(small("engines: (decode_max_batch: 1), limits: (max_virtual_time_s: 60)"), &|sc| {
+                    sc.workload.clients = Clients::Closed { concurrency: 4, requests: 40 };
+                    sc.workload.output_tokens = crate::scenario::Length::Fixed(50);
+                }),
+                (Incomplete, [9, 5, 0, 0, 4, 31, 4]),
+            ),
+            // A cut when requests stopped ending longer ago than the stall window cuts off
+            // nothing: one lost dial without a handshake timeout blocks the only decode worker
+            // for good, its collective times out, and the run is a hang.
+            (
+                "stuck for longer than the stall window before the budget ended",
+                small(
+                    "protocol: (legacy: [\"no-handshake-timeout\"], collective_timeout_ms: 1000), faults: (timeline: \
+                     [(at_ms: 0, target: \"P0.dp0.tp0\", fault: LoseMessages, count: 2)]), limits: (max_virtual_time_s: 3600)",
+                ),
+                (Hang, [2, 0, 0, 0, 2, 2, 0]),
             ),
             // Scenarios built in code skip the load-time limits: their times saturate (never),
             // they do not wrap. A collective timeout of 2^64 ns is no false hang at 621 ms.
             (
                 "collective timeout past u64 nanoseconds",
                 with(small(""), &|sc| sc.protocol.collective_timeout_ms = 18_446_744_073_709),
-                (Clean, [4, 4, 0, 0, 0, 0]),
+                (Clean, [4, 4, 0, 0, 0, 0, 0]),
             ),
             // A message delayed past the end of time never arrives: the dials time out.
             (
@@ -2647,30 +2702,30 @@ mod outcome_tests {
                 with(small(""), &|sc| {
                     sc.faults.timeline = everywhere(FaultKind::DelayMessages { delay_ms: u64::MAX })
                 }),
-                (Clean, [4, 0, 4, 0, 0, 0]),
+                (Clean, [4, 0, 4, 0, 0, 0, 0]),
             ),
             // A NIC too slow to finish a read within the run: the reads time out, excused by the
             // fault; without a fault the same slowness fails requests unexcused.
             (
                 "SlowNic factor 1e-300",
                 with(small(""), &|sc| sc.faults.timeline = everywhere(FaultKind::SlowNic { factor: 1e-300 })),
-                (Clean, [4, 0, 4, 0, 0, 0]),
+                (Clean, [4, 0, 4, 0, 0, 0, 0]),
             ),
             // The slowest loadable NIC and slow-down behave the same way, through the loader.
             (
                 "nic_gb_s at its lower limit",
                 small("hardware: (nic_gb_s: 0.000001)"),
-                (FailedRequests, [4, 0, 0, 4, 0, 0]),
+                (FailedRequests, [4, 0, 0, 4, 0, 0, 0]),
             ),
             (
                 "SlowNic at its lower limit",
                 small("faults: (timeline: [(at_ms: 0, target: \"P0.dp0.tp0\", fault: SlowNic(factor: 0.000001))])"),
-                (Clean, [4, 0, 4, 0, 0, 0]),
+                (Clean, [4, 0, 4, 0, 0, 0, 0]),
             ),
             (
                 "nic_gb_s 1e-15",
                 with(small(""), &|sc| sc.hardware.nic_gb_s = 1e-15),
-                (FailedRequests, [4, 0, 0, 4, 0, 0]),
+                (FailedRequests, [4, 0, 0, 4, 0, 0, 0]),
             ),
         ];
         for (name, scenario, expected) in &table {
