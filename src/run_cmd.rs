@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::Args;
 use pdkv_core::legacy::Legacy;
 use pdkv_sim::scenario::{Clients, Scenario};
-use pdkv_sim::{Run, RunOptions, RunResult};
+use pdkv_sim::{Run, RunIdentity, RunOptions, RunResult};
 
 use crate::progress::Bar;
 use crate::routes_cmd::legacy_parser;
@@ -24,7 +24,9 @@ Examples:
 A bare notation runs the default profile (DeepSeek-R1 on MI300X-class GPUs) and workload
 (closed loop, C = 128, 10 x C requests, 8K in / 1K out).
 
-Writes the report to --out (default target/pdkv/<scenario name>/): index.html with the
+Writes the report to --out (default target/pdkv/<run>/, named after what the run is: the
+scenario name or the notation, and the workload, seed and legacy options given here, e.g.
+target/pdkv/2P_TP8-1D_DP8EP_C128-x1280-8K-1K_legacy-no-flexible-reads/): index.html with the
 summary, NIC balance, NIC utilisation and latency CDF pictures (PNG and SVG), a wait-for
 graph for every hang, result.json, trace.txt and trace.json (Chrome/Perfetto).
 
@@ -61,16 +63,22 @@ pub struct RunArgs {
 /// Reads a scenario file or a built-in scenario, or builds one from a notation; errors are
 /// for the user.
 pub fn load(spec: &str) -> Result<Scenario, String> {
+    load_with_notation(spec).map(|(scenario, _)| scenario)
+}
+
+/// [`load`], and the notation as typed when `spec` is a bare notation (`None` for a scenario
+/// file or a built-in scenario): the run's identity names a notation run by what was typed.
+pub fn load_with_notation(spec: &str) -> Result<(Scenario, Option<&str>), String> {
     let path = Path::new(spec);
     if spec.ends_with(".ron") || path.is_file() {
-        return pdkv_sim::load::load_scenario(path).map_err(|e| e.to_string());
+        return pdkv_sim::load::load_scenario(path).map(|s| (s, None)).map_err(|e| e.to_string());
     }
     if let Some(scenario) = crate::builtin::find(spec) {
-        return scenario;
+        return scenario.map(|s| (s, None));
     }
     let scenario = Scenario::from_notation(spec);
     pdkv_sim::load::validate(&scenario).map_err(|v| format!("{spec}: {}: {}", v.field, v.message))?;
-    Ok(scenario)
+    Ok((scenario, Some(spec)))
 }
 
 /// Checks a scenario after command-line overrides (`--concurrency`, `--requests`, ...), which
@@ -116,8 +124,12 @@ fn apply(args: &RunArgs, mut scenario: Scenario) -> Scenario {
 }
 
 pub fn run(args: &RunArgs) -> ExitCode {
-    let scenario = match load(&args.scenario) {
-        Ok(s) => apply(args, s),
+    let (scenario, identity) = match load_with_notation(&args.scenario) {
+        Ok((base, notation)) => {
+            let scenario = apply(args, base.clone());
+            let identity = RunIdentity::new(&base, &scenario, notation);
+            (scenario, identity)
+        }
         Err(message) => {
             eprintln!("error: {message}");
             return ExitCode::from(2);
@@ -127,20 +139,21 @@ pub fn run(args: &RunArgs) -> ExitCode {
         eprintln!("error: {message}");
         return ExitCode::from(2);
     }
-    let mut bar = Bar::new(format!("simulating {}", scenario.name), Duration::from_millis(700));
+    let mut bar = Bar::new(format!("simulating {}", identity.label()), Duration::from_millis(700));
     let mut progress = |p: pdkv_sim::Progress| {
         bar.update(p.ended, p.total, format!("{:.0} s virtual", p.now_ns as f64 / 1e9));
     };
     let simulated = pdkv_sim::run_with_progress(&scenario, RunOptions { trace: true }, &mut progress);
     bar.finish();
-    let run = match simulated {
+    let mut run = match simulated {
         Ok(run) => run,
         Err(message) => {
             eprintln!("error: {}: {message}", args.scenario);
             return ExitCode::from(2);
         }
     };
-    let out = args.out.clone().unwrap_or_else(|| PathBuf::from("target/pdkv").join(&scenario.name));
+    run.result.label = identity.label();
+    let out = args.out.clone().unwrap_or_else(|| PathBuf::from("target/pdkv").join(identity.slug()));
     let written = match write_files(&out, &run, &replay_command(args, &scenario)) {
         Ok(files) => files,
         Err(message) => {
@@ -199,7 +212,7 @@ fn replay_command(args: &RunArgs, scenario: &Scenario) -> String {
 pub fn summary(r: &RunResult, files: &[PathBuf], replay: &str) -> String {
     let mut s = String::new();
     let verdict = if r.as_expected() { "as expected" } else { "NOT AS EXPECTED" };
-    let _ = writeln!(s, "pdkv run {} ({}), seed {}", r.scenario, r.deployment, r.seed);
+    let _ = writeln!(s, "pdkv run {}", r.title());
     let _ = writeln!(s, "  outcome      {} (expected {}: {verdict})", r.outcome.name(), r.expected.name());
     let q = &r.requests;
     let _ = writeln!(

@@ -39,7 +39,7 @@ impl Picture for Cdf<'_> {
         let l = &r.latency_ms;
         title(
             root,
-            &format!("Latency distribution: {} ({})", r.scenario, r.deployment),
+            &format!("Latency distribution: {}", r.title()),
             &if l.ttft_percentiles.is_empty() {
                 format!("{} of {} requests finished", r.requests.finished, r.requests.sent)
             } else {

@@ -34,7 +34,7 @@ pub fn run_pictures(
     files.extend(nic_utilisation(result, dir)?);
     files.extend(latency_cdf(result, dir)?);
     for (i, hang) in result.hangs.iter().enumerate() {
-        files.extend(wait_for_graph(hang, i, dir)?);
+        files.extend(wait_for_graph(hang, i, &result.title(), dir)?);
     }
     Ok(files)
 }

@@ -150,7 +150,7 @@ impl Picture for Balance<'_> {
         let n = gpus.len();
         title(
             root,
-            &format!("NIC balance per prefill GPU: {} ({})", r.scenario, r.deployment),
+            &format!("NIC balance per prefill GPU: {}", r.title()),
             &format!(
                 "Jain index: reads {:.3}, bytes {:.3} (1.000 = perfectly even) · {} prefill GPUs in rank order, {}",
                 r.nic.jain, r.nic.jain_bytes, n, gpus.labelled
@@ -362,7 +362,7 @@ impl Picture for Utilisation<'_> {
         let binned = if bin > 1 { format!(" · {bin}-second bins") } else { String::new() };
         title(
             root,
-            &format!("NIC utilisation per prefill GPU: {} ({})", r.scenario, r.deployment),
+            &format!("NIC utilisation per prefill GPU: {}", r.title()),
             &format!(
                 "Share of each NIC's bandwidth used per virtual second · peak {}, mean {}{binned}",
                 percent(peak),

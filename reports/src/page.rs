@@ -79,7 +79,7 @@ pub fn write_run_page(
     command: &str,
 ) -> std::io::Result<PathBuf> {
     let r = result;
-    let mut html = head(&format!("pdkv run {} ({})", r.scenario, r.deployment));
+    let mut html = head(&format!("pdkv run {}", r.title()));
     let verdict = if r.as_expected() {
         "<span class=\"good\">as expected</span>"
     } else {

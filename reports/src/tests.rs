@@ -11,6 +11,9 @@ use crate::{
     latency_cdf, nic_balance, nic_utilisation, sweep_charts, wait_for_graph, ReportError, SweepPoint,
 };
 
+/// The title of the run the synthetic hangs belong to.
+const RUN: &str = "test-run (1P_TP8:1D_TP8)";
+
 /// A fresh folder for one test under the system temp folder.
 fn out_dir(test: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("pdkv-reports-{test}-{}", std::process::id()));
@@ -269,6 +272,15 @@ fn nic_balance_writes_a_png_and_an_svg() {
     }
     let paths = nic_balance(&empty_result(), &dir).expect("draws");
     assert!(check_svg(&paths[1]).contains("no reads served"));
+    // The title names the run in full: a long label shrinks the title rather than losing its end.
+    let mut labelled = result("2P_TP8:1D_DP8EP");
+    labelled.label =
+        "2P_TP8:1D_DP8EP, C128 x1280 8K/1K, seed 12345, legacy no-flexible-reads+proxy-aliasing".into();
+    let svg = check_svg(&nic_balance(&labelled, &dir).expect("draws")[1]);
+    assert!(says(&svg, &format!("NIC balance per prefill GPU: {}", labelled.label)), "full title");
+    labelled.label = "proxy-aliasing".into();
+    let svg = check_svg(&nic_balance(&labelled, &dir).expect("draws")[1]);
+    assert!(says(&svg, "NIC balance per prefill GPU: proxy-aliasing (2P_TP8:1D_DP8EP)"), "deployment added");
     done(&dir);
 }
 
@@ -318,12 +330,13 @@ fn latency_cdf_marks_mean_and_p99_or_says_nothing_finished() {
 fn wait_for_graph_writes_pictures_and_the_dot_as_is() {
     let dir = out_dir("wait-for");
     let hang = lost_reply_hang();
-    let paths = wait_for_graph(&hang, 3, &dir).expect("draws");
+    let paths = wait_for_graph(&hang, 3, RUN, &dir).expect("draws");
     assert_eq!(names(&paths), ["wait_for_3.png", "wait_for_3.svg", "wait_for_3.dot"]);
     check_png(&paths[0]);
     let svg = check_svg(&paths[1]);
     for text in [
-        "TP collective D0 step 1 waited 600 s (timeout)",
+        "Hang: test-run (1P_TP8:1D_TP8)",
+        "TP collective D0 step 1 waited 600 s (timeout), detected at t = 600.3 s",
         "not arrived ×8",
         "waiting for the MIN vote ×7",
         "has not voted",
@@ -339,7 +352,7 @@ fn wait_for_graph_writes_pictures_and_the_dot_as_is() {
 #[test]
 fn wait_for_graph_with_a_cycle_renders_it_red() {
     let dir = out_dir("wait-for-cycle");
-    let paths = wait_for_graph(&deadlock(), 0, &dir).expect("draws");
+    let paths = wait_for_graph(&deadlock(), 0, RUN, &dir).expect("draws");
     check_png(&paths[0]);
     let svg = check_svg(&paths[1]);
     assert!(svg.contains("cycle (deadlock) among: A, B, C"));
@@ -350,10 +363,10 @@ fn wait_for_graph_with_a_cycle_renders_it_red() {
     let mut lone = deadlock();
     lone.wait_for = vec!["x -> x (self)".into(), "not an edge".into()];
     lone.cycle = Some(vec!["x".into()]);
-    let svg = check_svg(&wait_for_graph(&lone, 1, &dir).expect("draws")[1]);
+    let svg = check_svg(&wait_for_graph(&lone, 1, RUN, &dir).expect("draws")[1]);
     assert!(svg.contains("1 unreadable lines skipped"));
     lone.wait_for.clear();
-    let svg = check_svg(&wait_for_graph(&lone, 2, &dir).expect("draws")[1]);
+    let svg = check_svg(&wait_for_graph(&lone, 2, RUN, &dir).expect("draws")[1]);
     assert!(svg.contains("no wait-for edges recorded"));
     done(&dir);
 }
@@ -397,8 +410,8 @@ fn rendering_twice_gives_identical_bytes() {
         nic_balance(&r, dir).expect("draws");
         nic_utilisation(&r, dir).expect("draws");
         latency_cdf(&r, dir).expect("draws");
-        wait_for_graph(&r.hangs[0], 0, dir).expect("draws");
-        wait_for_graph(&deadlock(), 1, dir).expect("draws");
+        wait_for_graph(&r.hangs[0], 0, &r.title(), dir).expect("draws");
+        wait_for_graph(&deadlock(), 1, RUN, dir).expect("draws");
         sweep_charts(&sweep(), dir).expect("draws");
     }
     let mut files: Vec<String> = fs::read_dir(&a)
@@ -433,7 +446,7 @@ fn errors_name_the_file() {
     assert!(matches!(&err, ReportError::Io { path, .. } if path.ends_with("latency_cdf.png")), "{err:?}");
     // The DOT file is written after the pictures; a folder in its place fails on it alone.
     fs::create_dir_all(dir.join("g").join("wait_for_0.dot")).expect("made");
-    let err = wait_for_graph(&deadlock(), 0, &dir.join("g")).expect_err("dot path is a folder");
+    let err = wait_for_graph(&deadlock(), 0, RUN, &dir.join("g")).expect_err("dot path is a folder");
     assert!(matches!(&err, ReportError::Io { path, .. } if path.ends_with("wait_for_0.dot")), "{err:?}");
     done(&dir);
 }

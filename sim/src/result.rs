@@ -11,6 +11,11 @@ pub struct RunResult {
     pub version: u32,
     /// The scenario's name.
     pub scenario: String,
+    /// What tells this run apart from others ([`crate::RunIdentity::label`]): the scenario's
+    /// name, or the notation as typed, with the workload, seed and legacy options the command
+    /// line changed. Results written before it existed read as empty.
+    #[serde(default)]
+    pub label: String,
     /// Its deployment notation.
     pub deployment: String,
     /// The seed the run used.
@@ -224,6 +229,8 @@ impl RunResult {
         RunResult {
             version: FORMAT_VERSION,
             scenario: scenario.name.clone(),
+            // A run of the scenario as it is; the command that changed it relabels the result.
+            label: crate::RunIdentity::of_scenario(scenario).label(),
             deployment: scenario.deployment.clone(),
             seed: scenario.seed,
             outcome: Outcome::Clean,
@@ -239,6 +246,17 @@ impl RunResult {
             violations: Vec::new(),
             events: 0,
             scenario_ron,
+        }
+    }
+
+    /// The run's title for pages and pictures: its label, then the deployment in parentheses
+    /// unless the label starts with it (a bare notation), e.g. `proxy-aliasing (2P_DP8EP:1D_TP8)`.
+    pub fn title(&self) -> String {
+        let label = if self.label.is_empty() { &self.scenario } else { &self.label };
+        if label == &self.deployment || label.starts_with(&format!("{}, ", self.deployment)) {
+            label.clone()
+        } else {
+            format!("{label} ({})", self.deployment)
         }
     }
 

@@ -92,6 +92,67 @@ fn run_writes_a_report_and_replay_confirms_it() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// `pdkv` run in the folder `cwd`, so its default output lands under `cwd/target/pdkv/`.
+fn pdkv_in(cwd: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pdkv")).args(args).current_dir(cwd).output().expect("pdkv runs")
+}
+
+#[test]
+fn runs_that_differ_leave_reports_side_by_side_each_titled_with_what_it_ran() {
+    let cwd = out_dir("identity");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let small = ["--concurrency", "4", "--requests", "8"];
+    let plain = [&["run", "2P_TP8:1D_DP8EP"][..], &small].concat();
+    let legacy = [&plain[..], &["--legacy", "no-flexible-reads"]].concat();
+    let seeded: Vec<&str> = vec!["run", "notify-drift-fixed", "--seed", "3"];
+    // (arguments) -> (folder under target/pdkv, label)
+    let runs = [
+        (&plain, "2P_TP8-1D_DP8EP_C4-x8-8K-1K", "2P_TP8:1D_DP8EP, C4 x8 8K/1K"),
+        (
+            &legacy,
+            "2P_TP8-1D_DP8EP_C4-x8-8K-1K_legacy-no-flexible-reads",
+            "2P_TP8:1D_DP8EP, C4 x8 8K/1K, legacy no-flexible-reads",
+        ),
+        (&seeded, "notify-drift-fixed_seed-3", "notify-drift-fixed, seed 3"),
+    ];
+    for (args, folder, label) in runs {
+        let out = pdkv_in(&cwd, args);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {text}{}", String::from_utf8_lossy(&out.stderr));
+        let dir = cwd.join("target/pdkv").join(folder);
+        let title = if label.starts_with("2P_TP8:1D_DP8EP") {
+            label.to_string()
+        } else {
+            format!("{label} (1P_DP2:1D_TP2)")
+        };
+        assert_eq!(text.lines().next(), Some(format!("pdkv run {title}").as_str()), "{args:?}");
+        assert!(text.contains(&format!("target/pdkv/{folder}/index.html")), "{args:?}: {text}");
+        let index = std::fs::read_to_string(dir.join("index.html")).expect("index.html");
+        assert!(index.contains(&format!("<title>pdkv run {}</title>", title)), "{args:?}");
+        assert!(index.contains(&format!("<h1>pdkv run {}</h1>", title)), "{args:?}");
+        let svg = std::fs::read_to_string(dir.join("nic_balance.svg")).expect("nic_balance.svg");
+        assert!(svg.contains(&format!("NIC balance per prefill GPU: {title}")), "{args:?}");
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("result.json")).unwrap()).unwrap();
+        assert_eq!(json["label"], *label, "{args:?}");
+    }
+    let mut folders: Vec<String> = std::fs::read_dir(cwd.join("target/pdkv"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    folders.sort();
+    let mut expected: Vec<&str> = runs.iter().map(|r| r.1).collect();
+    expected.sort();
+    assert_eq!(folders, expected, "one folder per run");
+    // The same run again writes the same folder, byte for byte.
+    let first = std::fs::read(cwd.join("target/pdkv").join(runs[0].1).join("result.json")).unwrap();
+    assert_eq!(pdkv_in(&cwd, &plain).status.code(), Some(0));
+    let again = std::fs::read(cwd.join("target/pdkv").join(runs[0].1).join("result.json")).unwrap();
+    assert!(first == again, "the same run gives the same result.json");
+    assert_eq!(std::fs::read_dir(cwd.join("target/pdkv")).unwrap().count(), 3, "and no new folder");
+    std::fs::remove_dir_all(&cwd).ok();
+}
+
 #[test]
 fn sweep_compares_deployments_across_concurrency() {
     let dir = out_dir("sweep");
