@@ -154,6 +154,32 @@ fn runs_that_differ_leave_reports_side_by_side_each_titled_with_what_it_ran() {
 }
 
 #[test]
+fn a_shrunk_scenario_is_a_run_of_its_own_and_not_as_expected() {
+    let cwd = out_dir("shrunk");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let out = pdkv_in(&cwd, &["explore", "notify-drift", "--seeds", "1", "--jobs", "1", "--out", "found"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let file = cwd.join("found/notify-drift-seed0-shrunk.ron");
+    let ron = std::fs::read_to_string(&file).expect("the shrunk scenario is written under its own name");
+    assert!(ron.contains("name: \"notify-drift-seed0-shrunk\""), "{ron}");
+    assert!(ron.contains("It breaks the property freed-by-releases"), "{ron}");
+    assert!(ron.contains("its outcome is leak"), "{ron}");
+    assert!(ron.contains("    expect: None,\n"), "no stale expectation: {ron}");
+    // The original keeps its report; the shrunk run gets its own and says it is not clean.
+    assert_eq!(pdkv_in(&cwd, &["run", "notify-drift"]).status.code(), Some(0));
+    let out = pdkv_in(&cwd, &["run", "found/notify-drift-seed0-shrunk.ron"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.starts_with("pdkv run notify-drift-seed0-shrunk (1P_DP2:1D_TP2)\n"), "{text}");
+    assert!(text.contains("outcome      leak (expected clean: NOT AS EXPECTED)"), "{text}");
+    for folder in ["notify-drift", "notify-drift-seed0-shrunk"] {
+        assert!(cwd.join("target/pdkv").join(folder).join("index.html").exists(), "{folder}");
+    }
+    std::fs::remove_dir_all(&cwd).ok();
+}
+
+#[test]
 fn sweep_compares_deployments_across_concurrency() {
     let dir = out_dir("sweep");
     let args = [
