@@ -91,6 +91,7 @@ fn main() {
             s.workload.clients = Clients::Closed { concurrency, requests: concurrency * 2 };
             let r = pdkv_sim::run(&s, RunOptions::default()).expect("runs").result;
             points.push(SweepPoint {
+                run: notation.to_string(),
                 deployment: notation.to_string(),
                 concurrency,
                 total_tok_s: r.throughput.total_tok_s,

@@ -185,13 +185,14 @@ pub fn write_sweep_page(
 ) -> std::io::Result<PathBuf> {
     let mut html = head("pdkv sweep");
     html.push_str(
-        "<table>\n<tr><th>deployment</th><th>concurrency</th><th>total tok/s</th><th>mean TTFT (ms)</th>",
+        "<table>\n<tr><th>run</th><th>deployment</th><th>concurrency</th><th>total tok/s</th><th>mean TTFT (ms)</th>",
     );
     html.push_str("<th>mean TPOT (ms)</th><th>outcome</th></tr>\n");
     for p in points {
         let _ = writeln!(
             html,
-            "<tr><td>{}</td><td>{}</td><td>{:.0}</td><td>{:.0}</td><td>{:.1}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.0}</td><td>{:.0}</td><td>{:.1}</td><td>{}</td></tr>",
+            escape(&p.run),
             escape(&p.deployment),
             p.concurrency,
             p.total_tok_s,

@@ -1,4 +1,5 @@
-//! Sweep charts: throughput, TTFT and TPOT against concurrency, one line per deployment.
+//! Sweep charts: throughput, TTFT and TPOT against concurrency, one line per run (a scenario or
+//! a notation, with its seed when the sweep sets one).
 
 use std::path::{Path, PathBuf};
 
@@ -14,7 +15,10 @@ use crate::render::{
 /// One point of a sweep.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SweepPoint {
-    /// The deployment notation (one line per distinct value).
+    /// The run's label without its workload ([`pdkv_sim::RunIdentity`]): one line per distinct
+    /// value, so two scenarios of one deployment (a bug and its fix) are two lines.
+    pub run: String,
+    /// The deployment notation.
     pub deployment: String,
     /// Clients in flight.
     pub concurrency: u32,
@@ -28,7 +32,7 @@ pub struct SweepPoint {
     pub outcome: String,
 }
 
-/// Three line charts against concurrency, one line per deployment: sweep_throughput,
+/// Three line charts against concurrency, one line per run: sweep_throughput,
 /// sweep_ttft, sweep_tpot (.png/.svg each). Concurrency values are evenly spaced categories in
 /// ascending order; latencies of 0 (no finished request) are left out; a red cross marks a
 /// run whose outcome is not `clean`. Returns the six paths (PNG before SVG for each chart).
@@ -94,10 +98,10 @@ impl Chart<'_> {
 impl Picture for Chart<'_> {
     fn draw<DB: DrawingBackend>(&self, root: &Area<DB>) -> Drawn {
         root.fill(&WHITE).msg()?;
-        let mut deployments: Vec<&str> = Vec::new();
+        let mut runs: Vec<&str> = Vec::new();
         for p in self.points {
-            if !deployments.contains(&p.deployment.as_str()) {
-                deployments.push(&p.deployment);
+            if !runs.contains(&p.run.as_str()) {
+                runs.push(&p.run);
             }
         }
         let mut levels: Vec<u32> = self.points.iter().map(|p| p.concurrency).collect();
@@ -113,9 +117,10 @@ impl Picture for Chart<'_> {
             root,
             self.metric.title,
             &format!(
-                "{} runs · {} deployments · concurrency = clients in flight{}",
+                "{} points · {} {} · concurrency = clients in flight{}",
                 self.points.len(),
-                deployments.len(),
+                runs.len(),
+                if runs.len() == 1 { "line" } else { "lines" },
                 if self.metric.log_ratio.is_finite() {
                     " · log scale when the values span 20× or more"
                 } else {
@@ -136,10 +141,10 @@ impl Picture for Chart<'_> {
             levels.iter().filter_map(|&c| x_of(c).map(|x| (x, c.to_string()))).collect();
         x_ticks(root, &xt, f.y1, Some(f.y0))?;
         let mut legend: Vec<(Swatch, String)> = Vec::new();
-        for (d, name) in deployments.iter().enumerate() {
+        for (d, name) in runs.iter().enumerate() {
             let colour = series_colour(d);
             let shape = Marker::nth(d);
-            let mut mine: Vec<&SweepPoint> = self.points.iter().filter(|p| p.deployment == *name).collect();
+            let mut mine: Vec<&SweepPoint> = self.points.iter().filter(|p| p.run == *name).collect();
             mine.sort_by_key(|p| p.concurrency);
             let at = |p: &SweepPoint| -> Option<(i32, i32)> {
                 let c = scale.at(self.value(p)?)?;
@@ -173,7 +178,7 @@ impl Picture for Chart<'_> {
             self.metric.y_desc.into()
         };
         f.descs(root, "concurrency (clients in flight)", &desc, 72)?;
-        text(root, "deployment", (980, f.y0 - 6), &style(TICK, MUTED, HPos::Left, VPos::Center))?;
+        text(root, "run", (980, f.y0 - 6), &style(TICK, MUTED, HPos::Left, VPos::Center))?;
         legend_column(root, &legend, 980, f.y0 + 18, 280)
     }
 }

@@ -245,6 +245,7 @@ fn sweep() -> Vec<SweepPoint> {
             let k = (d * 3 + i) as f64;
             let hung = d == 2 && i == 2;
             points.push(SweepPoint {
+                run: deployment.to_string(),
                 deployment: deployment.to_string(),
                 concurrency: *concurrency,
                 total_tok_s: if hung { 0.0 } else { 8000.0 * (1.0 + i as f64) + 900.0 * k },
@@ -399,6 +400,21 @@ fn sweep_charts_write_three_charts() {
     assert!(check_svg(&paths[3]).contains("mean TTFT (ms), log scale"));
     let svg = check_svg(&sweep_charts(&[], &dir).expect("draws")[1]);
     assert!(svg.contains("no sweep points"));
+    // A bug and its fix on one deployment are two lines, each named by its run.
+    let mut twins = sweep();
+    twins.retain(|p| p.deployment == "2P_TP8:1D_DP8EP");
+    let mut fixed = twins.clone();
+    for (p, run) in twins
+        .iter_mut()
+        .map(|p| (p, "proxy-aliasing"))
+        .chain(fixed.iter_mut().map(|p| (p, "proxy-aliasing-fixed")))
+    {
+        p.run = run.to_string();
+    }
+    twins.extend(fixed);
+    let svg = check_svg(&sweep_charts(&twins, &dir).expect("draws")[1]);
+    assert!(says(&svg, "proxy-aliasing") && says(&svg, "proxy-aliasing-fixed"));
+    assert!(svg.contains("6 points · 2 lines"));
     done(&dir);
 }
 

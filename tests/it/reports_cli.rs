@@ -204,6 +204,43 @@ fn sweep_compares_deployments_across_concurrency() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+#[test]
+fn sweep_of_a_bug_and_its_fix_draws_one_line_each() {
+    let dir = out_dir("sweep-twins");
+    let args = [
+        "sweep",
+        "proxy-aliasing",
+        "proxy-aliasing-fixed",
+        "--concurrency",
+        "4,8",
+        "--requests-per-client",
+        "2",
+        "--out",
+        dir.to_str().unwrap(),
+    ];
+    let out = pdkv(&args);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let rows: Vec<&str> = text.lines().filter(|l| l.contains(" C=")).collect();
+    assert_eq!(rows.len(), 4, "{text}");
+    assert!(rows[..2].iter().all(|r| r.starts_with("proxy-aliasing ")), "{text}");
+    assert!(rows[2..].iter().all(|r| r.starts_with("proxy-aliasing-fixed ")), "{text}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("sweep.json")).unwrap()).unwrap();
+    let runs: Vec<&str> = json.as_array().unwrap().iter().map(|p| p["run"].as_str().unwrap()).collect();
+    assert_eq!(runs, ["proxy-aliasing", "proxy-aliasing", "proxy-aliasing-fixed", "proxy-aliasing-fixed"]);
+    assert!(json.as_array().unwrap().iter().all(|p| p["deployment"] == "2P_DP8EP:1D_TP8"));
+    let svg = std::fs::read_to_string(dir.join("sweep_throughput.svg")).unwrap();
+    assert!(svg.contains("4 points · 2 lines"), "one line per scenario");
+    let index = std::fs::read_to_string(dir.join("index.html")).unwrap();
+    assert!(index.contains("<tr><td>proxy-aliasing-fixed</td><td>2P_DP8EP:1D_TP8</td><td>8</td>"), "{index}");
+    // The same scenario twice would draw one line over the other.
+    let twice = pdkv(&["sweep", "proxy-aliasing", "proxy-aliasing", "--out", dir.to_str().unwrap()]);
+    assert_eq!(twice.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&twice.stderr).contains("proxy-aliasing is in the sweep twice"));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// (arguments) -> (exit code, text the output must contain).
 #[test]
 fn scenarios_and_bad_input_table() {
