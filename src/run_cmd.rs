@@ -241,29 +241,39 @@ pub fn summary(r: &RunResult, files: &[PathBuf], replay: &str) -> String {
     let _ =
         writeln!(s, "  throughput   {:.0} tok/s total, {:.0} tok/s output", t.total_tok_s, t.output_tok_s);
     let l = &r.latency_ms;
-    let _ = writeln!(
-        s,
-        "  latency      TTFT mean {:.0} ms (p99 {:.0}), TPOT mean {:.1} ms (p99 {:.1}), ITL p99 {:.1} ms",
-        l.ttft.mean, l.ttft.p99, l.tpot.mean, l.tpot.p99, l.itl.p99
-    );
+    let na = |what: &str| {
+        if q.finished == 0 {
+            "n/a (no request finished)".to_string()
+        } else {
+            format!("{what} n/a")
+        }
+    };
+    let ttft =
+        l.ttft.map_or_else(|| na("TTFT"), |t| format!("TTFT mean {:.0} ms (p99 {:.0})", t.mean, t.p99));
+    let latency = match (l.ttft, l.tpot, l.itl) {
+        (None, ..) => ttft,
+        (Some(_), tpot, itl) => format!(
+            "{ttft}, {}, {}",
+            tpot.map_or_else(|| na("TPOT"), |t| format!("TPOT mean {:.1} ms (p99 {:.1})", t.mean, t.p99)),
+            itl.map_or_else(|| na("ITL"), |t| format!("ITL p99 {:.1} ms", t.p99))
+        ),
+    };
+    let _ = writeln!(s, "  latency      {latency}");
     let n = &r.nic;
     if let Some(bounds) = r.expected_jain {
-        let holds = if bounds.holds(n.jain) { "holds" } else { "DOES NOT HOLD" };
-        let bound = |b: Option<f64>, open: &str| b.map_or(open.to_string(), |x| x.to_string());
-        let _ = writeln!(
-            s,
-            "  expectation  Jain in [{}, {}]: {holds}",
-            bound(bounds.at_least, "0"),
-            bound(bounds.at_most, "1")
-        );
+        let holds = match n.jain {
+            Some(jain) if bounds.holds(jain) => "holds",
+            Some(_) => "DOES NOT HOLD",
+            None => "DOES NOT HOLD (no reads, so no Jain index)",
+        };
+        let _ = writeln!(s, "  expectation  Jain {bounds}: {holds}");
     }
     if let Some(spread) = n.spread() {
-        let _ = writeln!(
-            s,
-            "  NIC balance  Jain {:.3} over {} prefill GPUs; {spread}",
-            n.jain,
-            n.reads_per_prefill_gpu.len()
-        );
+        let gpus = n.reads_per_prefill_gpu.len();
+        let _ = match n.jain {
+            Some(jain) => writeln!(s, "  NIC balance  Jain {jain:.3} over {gpus} prefill GPUs; {spread}"),
+            None => writeln!(s, "  NIC balance  Jain n/a: no prefill GPU served a read"),
+        };
     }
     let g = &r.ledger;
     let _ = writeln!(
@@ -294,4 +304,70 @@ pub fn summary(r: &RunResult, files: &[PathBuf], replay: &str) -> String {
     }
     let _ = writeln!(s, "  replay       {replay}");
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pdkv_sim::result::Summary;
+
+    #[test]
+    fn summary_says_na_where_nothing_was_measured() {
+        let some = |mean| Some(Summary { mean, p50: mean, p99: mean });
+        // (requests finished, TTFT, TPOT, reads per GPU) -> (latency line, NIC balance line)
+        let check = |finished, ttft, tpot, reads: [u64; 2], expected: [&str; 2]| {
+            let mut r = RunResult::empty(&Scenario::from_notation("1P_TP2:1D_TP2"), String::new());
+            r.requests.finished = finished;
+            (r.latency_ms.ttft, r.latency_ms.tpot, r.latency_ms.itl) = (ttft, tpot, tpot);
+            r.nic.prefill_gpus = vec!["P0.dp0.tp0".into(), "P0.dp0.tp1".into()];
+            r.nic.reads_per_prefill_gpu = reads.to_vec();
+            r.nic.jain = pdkv_sim::result::jain(&reads);
+            let text = summary(&r, &[], "pdkv run x");
+            let line =
+                |start: &str| text.lines().find(|l| l.starts_with(start)).unwrap_or_default().to_string();
+            assert_eq!([line("  latency"), line("  NIC balance")], expected, "{text}");
+        };
+        check(
+            0,
+            None,
+            None,
+            [0, 0],
+            [
+                "  latency      n/a (no request finished)",
+                "  NIC balance  Jain n/a: no prefill GPU served a read",
+            ],
+        );
+        check(
+            4,
+            some(900.0),
+            None,
+            [4, 4],
+            [
+                "  latency      TTFT mean 900 ms (p99 900), TPOT n/a, ITL n/a",
+                "  NIC balance  Jain 1.000 over 2 prefill GPUs; every GPU read 4 times",
+            ],
+        );
+        check(
+            4,
+            some(900.0),
+            some(25.0),
+            [8, 0],
+            [
+                "  latency      TTFT mean 900 ms (p99 900), TPOT mean 25.0 ms (p99 25.0), ITL p99 25.0 ms",
+                "  NIC balance  Jain 0.500 over 2 prefill GPUs; most read P0.dp0.tp0 (8), least read P0.dp0.tp1 (0)",
+            ],
+        );
+    }
+
+    #[test]
+    fn jain_bounds_without_reads_do_not_hold_and_read_as_words() {
+        let mut r = RunResult::empty(&Scenario::from_notation("1P_TP2:1D_TP2"), String::new());
+        r.expected_jain = Some(pdkv_sim::scenario::JainBounds { at_least: None, at_most: Some(0.5) });
+        let text = summary(&r, &[], "pdkv run x");
+        assert!(
+            text.contains("  expectation  Jain at most 0.5: DOES NOT HOLD (no reads, so no Jain index)\n"),
+            "{text}"
+        );
+        assert!(!text.contains("Some(") && !text.contains("None"), "{text}");
+    }
 }

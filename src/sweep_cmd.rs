@@ -111,8 +111,8 @@ pub fn run(args: &SweepArgs) -> ExitCode {
             deployment: s.deployment.clone(),
             concurrency: c,
             total_tok_s: result.throughput.total_tok_s,
-            ttft_mean_ms: result.latency_ms.ttft.mean,
-            tpot_mean_ms: result.latency_ms.tpot.mean,
+            ttft_mean_ms: result.latency_ms.ttft.map(|t| t.mean),
+            tpot_mean_ms: result.latency_ms.tpot.map(|t| t.mean),
             outcome: result.outcome.name().to_string(),
         });
     }
@@ -121,10 +121,19 @@ pub fn run(args: &SweepArgs) -> ExitCode {
     match write(&out, &points, &command(args)) {
         Ok(page) => {
             let width = points.iter().map(|p| p.run.chars().count()).max().unwrap_or(0).max(24);
+            // A run without finished requests has no latency: "n/a", in the numbers' columns.
+            let ms = |v: Option<f64>, width: usize, decimals: usize| {
+                v.map_or_else(|| format!("{:>width$}   ", "n/a"), |v| format!("{v:>width$.decimals$} ms"))
+            };
             for p in &points {
                 println!(
-                    "{:<width$} C={:<5} {:>9.0} tok/s  TTFT {:>9.0} ms  TPOT {:>6.1} ms  {}",
-                    p.run, p.concurrency, p.total_tok_s, p.ttft_mean_ms, p.tpot_mean_ms, p.outcome
+                    "{:<width$} C={:<5} {:>9.0} tok/s  TTFT {}  TPOT {}  {}",
+                    p.run,
+                    p.concurrency,
+                    p.total_tok_s,
+                    ms(p.ttft_mean_ms, 9, 0),
+                    ms(p.tpot_mean_ms, 6, 1),
+                    p.outcome
                 );
             }
             println!("report: {}", page.display());

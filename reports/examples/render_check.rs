@@ -95,8 +95,8 @@ fn main() {
                 deployment: notation.to_string(),
                 concurrency,
                 total_tok_s: r.throughput.total_tok_s,
-                ttft_mean_ms: r.latency_ms.ttft.mean,
-                tpot_mean_ms: r.latency_ms.tpot.mean,
+                ttft_mean_ms: r.latency_ms.ttft.map(|t| t.mean),
+                tpot_mean_ms: r.latency_ms.tpot.map(|t| t.mean),
                 outcome: r.outcome.name().to_string(),
             });
         }
@@ -108,8 +108,8 @@ fn main() {
     let mut marked = points.clone();
     marked[8].outcome = "hang".to_string();
     marked[8].total_tok_s = 0.0;
-    marked[8].ttft_mean_ms = 0.0;
-    marked[8].tpot_mean_ms = 0.0;
+    marked[8].ttft_mean_ms = None;
+    marked[8].tpot_mean_ms = None;
     pdkv_reports::sweep_charts(&marked, &out.join("extra").join("sweep-with-hang")).expect("sweep_charts");
     for p in &points {
         eprintln!("{p:?}");

@@ -105,25 +105,35 @@ pub fn write_run_page(
         &format!("{:.0} tok/s total, {:.0} tok/s output", t.total_tok_s, t.output_tok_s),
     );
     let l = &r.latency_ms;
-    row(
-        &mut html,
-        "TTFT",
-        &format!("mean {:.0} ms, p50 {:.0} ms, p99 {:.0} ms", l.ttft.mean, l.ttft.p50, l.ttft.p99),
+    let missing = |what: &str| match r.requests.finished {
+        0 => "n/a (no request finished)".to_string(),
+        _ => format!("n/a (no finished request {what})"),
+    };
+    let ttft = l.ttft.map_or_else(
+        || missing("measured one"),
+        |t| format!("mean {:.0} ms, p50 {:.0} ms, p99 {:.0} ms", t.mean, t.p50, t.p99),
     );
-    row(
-        &mut html,
-        "TPOT",
-        &format!("mean {:.1} ms, p50 {:.1} ms, p99 {:.1} ms", l.tpot.mean, l.tpot.p50, l.tpot.p99),
+    row(&mut html, "TTFT", &ttft);
+    let tpot = l.tpot.map_or_else(
+        || missing("produced a second token"),
+        |t| format!("mean {:.1} ms, p50 {:.1} ms, p99 {:.1} ms", t.mean, t.p50, t.p99),
     );
-    row(&mut html, "ITL", &format!("mean {:.1} ms, p99 {:.1} ms", l.itl.mean, l.itl.p99));
+    row(&mut html, "TPOT", &tpot);
+    let itl = l.itl.map_or_else(
+        || missing("produced a second token"),
+        |t| format!("mean {:.1} ms, p99 {:.1} ms", t.mean, t.p99),
+    );
+    row(&mut html, "ITL", &itl);
     let n = &r.nic;
     if let Some(spread) = n.spread().map(|text| escape(&text)) {
-        let text = format!(
-            "Jain {:.3} (bytes {:.3}) over {} prefill GPUs; {spread}",
-            n.jain,
-            n.jain_bytes,
-            n.reads_per_prefill_gpu.len()
-        );
+        let gpus = n.reads_per_prefill_gpu.len();
+        let text = match (n.jain, n.jain_bytes) {
+            (Some(jain), bytes) => format!(
+                "Jain {jain:.3} (bytes {}) over {gpus} prefill GPUs; {spread}",
+                bytes.map_or("n/a".to_string(), |b| format!("{b:.3}"))
+            ),
+            (None, _) => "Jain n/a: no prefill GPU served a read".to_string(),
+        };
         row(&mut html, "NIC balance", &text);
     }
     let g = &r.ledger;
@@ -191,13 +201,13 @@ pub fn write_sweep_page(
     for p in points {
         let _ = writeln!(
             html,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.0}</td><td>{:.0}</td><td>{:.1}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.0}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             escape(&p.run),
             escape(&p.deployment),
             p.concurrency,
             p.total_tok_s,
-            p.ttft_mean_ms,
-            p.tpot_mean_ms,
+            p.ttft_mean_ms.map_or("n/a".to_string(), |v| format!("{v:.0}")),
+            p.tpot_mean_ms.map_or("n/a".to_string(), |v| format!("{v:.1}")),
             escape(&p.outcome)
         );
     }

@@ -24,17 +24,18 @@ pub struct SweepPoint {
     pub concurrency: u32,
     /// Prompt plus generated tokens per second.
     pub total_tok_s: f64,
-    /// Mean time to first token, in milliseconds (0 when no request finished).
-    pub ttft_mean_ms: f64,
-    /// Mean time per output token, in milliseconds (0 when no request finished).
-    pub tpot_mean_ms: f64,
+    /// Mean time to first token, in milliseconds (`None` when no request finished).
+    pub ttft_mean_ms: Option<f64>,
+    /// Mean time per output token, in milliseconds (`None` when no finished request produced a
+    /// second token).
+    pub tpot_mean_ms: Option<f64>,
     /// How the run ended (`clean` or the outcome's name).
     pub outcome: String,
 }
 
 /// Three line charts against concurrency, one line per run: sweep_throughput,
 /// sweep_ttft, sweep_tpot (.png/.svg each). Concurrency values are evenly spaced categories in
-/// ascending order; latencies of 0 (no finished request) are left out; a red cross marks a
+/// ascending order; runs without a value (no finished request) are left out; a red cross marks a
 /// run whose outcome is not `clean`. Returns the six paths (PNG before SVG for each chart).
 pub fn sweep_charts(points: &[SweepPoint], dir: &Path) -> Result<Vec<PathBuf>, ReportError> {
     let charts = [
@@ -42,8 +43,7 @@ pub fn sweep_charts(points: &[SweepPoint], dir: &Path) -> Result<Vec<PathBuf>, R
             stem: "sweep_throughput",
             title: "Total token throughput against concurrency",
             y_desc: "total throughput (tok/s)",
-            value: |p| p.total_tok_s,
-            positive_only: false,
+            value: |p| Some(p.total_tok_s),
             log_ratio: f64::INFINITY,
         },
         Metric {
@@ -51,7 +51,6 @@ pub fn sweep_charts(points: &[SweepPoint], dir: &Path) -> Result<Vec<PathBuf>, R
             title: "Mean time to first token against concurrency",
             y_desc: "mean TTFT (ms)",
             value: |p| p.ttft_mean_ms,
-            positive_only: true,
             log_ratio: 20.0,
         },
         Metric {
@@ -59,7 +58,6 @@ pub fn sweep_charts(points: &[SweepPoint], dir: &Path) -> Result<Vec<PathBuf>, R
             title: "Mean time per output token against concurrency",
             y_desc: "mean TPOT (ms)",
             value: |p| p.tpot_mean_ms,
-            positive_only: true,
             log_ratio: f64::INFINITY,
         },
     ];
@@ -76,9 +74,8 @@ struct Metric {
     stem: &'static str,
     title: &'static str,
     y_desc: &'static str,
-    value: fn(&SweepPoint) -> f64,
-    /// Leave out values of zero or less (latencies of runs without finished requests).
-    positive_only: bool,
+    /// The value, `None` when the run measured none (latencies without finished requests).
+    value: fn(&SweepPoint) -> Option<f64>,
     /// Use a log axis when the largest value is at least this many times the smallest.
     log_ratio: f64,
 }
@@ -90,8 +87,7 @@ struct Chart<'a> {
 
 impl Chart<'_> {
     fn value(&self, p: &SweepPoint) -> Option<f64> {
-        let v = (self.metric.value)(p);
-        (v.is_finite() && (!self.metric.positive_only || v > 0.0)).then_some(v)
+        (self.metric.value)(p).filter(|v| v.is_finite())
     }
 }
 

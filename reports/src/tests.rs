@@ -210,8 +210,8 @@ fn result(notation: &str) -> RunResult {
     r.nic.reads_per_prefill_gpu = (0..n).map(|i| 60 + (i * 7) % 41).collect();
     r.nic.bytes_per_prefill_gpu = r.nic.reads_per_prefill_gpu.iter().map(|r| r * 287_834_112).collect();
     r.nic.prefill_gpus = gpus;
-    r.nic.jain = 0.962;
-    r.nic.jain_bytes = 0.962;
+    r.nic.jain = Some(0.962);
+    r.nic.jain_bytes = Some(0.962);
     r.nic.utilisation = (0..n as usize)
         .map(|i| {
             (0..280 + i % 9)
@@ -219,8 +219,8 @@ fn result(notation: &str) -> RunResult {
                 .collect()
         })
         .collect();
-    r.latency_ms.ttft = Summary { mean: 3240.198, p50: 1938.709, p99: 26718.338 };
-    r.latency_ms.tpot = Summary { mean: 26.165, p50: 26.228, p99: 26.229 };
+    r.latency_ms.ttft = Some(Summary { mean: 3240.198, p50: 1938.709, p99: 26718.338 });
+    r.latency_ms.tpot = Some(Summary { mean: 26.165, p50: 26.228, p99: 26.229 });
     r.latency_ms.ttft_percentiles = percentiles(670.0, 27_000.0);
     r.latency_ms.tpot_percentiles = percentiles(25.2, 1.0);
     r.hangs = vec![lost_reply_hang()];
@@ -249,8 +249,8 @@ fn sweep() -> Vec<SweepPoint> {
                 deployment: deployment.to_string(),
                 concurrency: *concurrency,
                 total_tok_s: if hung { 0.0 } else { 8000.0 * (1.0 + i as f64) + 900.0 * k },
-                ttft_mean_ms: if hung { 0.0 } else { 3000.0 * 6f64.powi(i as i32) + 100.0 * k },
-                tpot_mean_ms: if hung { 0.0 } else { 25.0 + k },
+                ttft_mean_ms: if hung { None } else { Some(3000.0 * 6f64.powi(i as i32) + 100.0 * k) },
+                tpot_mean_ms: if hung { None } else { Some(25.0 + k) },
                 outcome: if hung { "hang".to_string() } else { "clean".to_string() },
             });
         }

@@ -126,7 +126,7 @@ pub fn broken_properties_of(result: &RunResult, ideal: Option<Ideal>) -> Vec<Pro
     if let Some(ideal) = ideal {
         let enough =
             result.requests.sent >= 4 * ideal.requests_per_round.max(1) && result.requests.failed == 0;
-        if enough && result.nic.jain < ideal.jain - BALANCE_SLACK {
+        if enough && result.nic.jain.is_some_and(|jain| jain < ideal.jain - BALANCE_SLACK) {
             broken.push(Property::Balanced);
         }
     }

@@ -94,16 +94,23 @@ pub struct Summary {
 }
 
 impl Summary {
-    /// Summarises `values` (milliseconds); all zero when there are none.
-    pub fn of(values: &mut [f64]) -> Summary {
+    /// Summarises `values` (milliseconds), sorting them; `None` when there are none (no request
+    /// finished: a mean of 0 ms would be a number nobody measured).
+    pub fn of(values: &mut [f64]) -> Option<Summary> {
         if values.is_empty() {
-            return Summary::default();
+            return None;
         }
         values.sort_by(f64::total_cmp);
         let mean = values.iter().sum::<f64>() / values.len() as f64;
         let at = |q: f64| values[((values.len() - 1) as f64 * q).round() as usize];
-        Summary { mean: round3(mean), p50: round3(at(0.5)), p99: round3(at(0.99)) }
+        Some(Summary { mean: round3(mean), p50: round3(at(0.5)), p99: round3(at(0.99)) })
     }
+}
+
+/// Jain's fairness index of `values`, rounded to three decimals; `None` when there are no
+/// values or all are zero.
+pub fn jain(values: &[u64]) -> Option<f64> {
+    values.iter().any(|&v| v > 0).then(|| round3(pdkv_core::routes::jain_index(values)))
 }
 
 /// Rounds to three decimals so results stay readable (and byte-stable).
@@ -111,17 +118,18 @@ pub fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 
-/// The four latencies of `vllm bench serve`.
+/// The four latencies of `vllm bench serve`; each is `None` (`null` in JSON) when nothing was
+/// measured: no request finished, or none produced a second token (TPOT, ITL).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Latencies {
     /// Time to first token.
-    pub ttft: Summary,
+    pub ttft: Option<Summary>,
     /// Time per output token after the first, per request.
-    pub tpot: Summary,
+    pub tpot: Option<Summary>,
     /// Inter-token latency, per token.
-    pub itl: Summary,
+    pub itl: Option<Summary>,
     /// End to end.
-    pub e2e: Summary,
+    pub e2e: Option<Summary>,
     /// TTFT at every percentile 0, 1, ..., 100 (for CDF plots); empty without finished requests.
     pub ttft_percentiles: Vec<f64>,
     /// TPOT at every percentile 0, 1, ..., 100.
@@ -147,10 +155,11 @@ pub struct NicStats {
     pub reads_per_prefill_gpu: Vec<u64>,
     /// Bytes each prefill GPU sent.
     pub bytes_per_prefill_gpu: Vec<u64>,
-    /// Jain's fairness index of the reads.
-    pub jain: f64,
-    /// Jain's index of the bytes.
-    pub jain_bytes: f64,
+    /// Jain's fairness index of the reads; `None` (`null`) when no GPU served a read, since
+    /// evenness is undefined without reads.
+    pub jain: Option<f64>,
+    /// Jain's index of the bytes; `None` when no GPU sent a byte.
+    pub jain_bytes: Option<f64>,
     /// Per prefill GPU, the fraction of NIC bandwidth used in each virtual second of the run
     /// (six decimals; every row has one value per second).
     pub utilisation: Vec<Vec<f64>>,
@@ -260,9 +269,11 @@ impl RunResult {
         }
     }
 
-    /// True when the outcome and the NIC balance are what the scenario declared.
+    /// True when the outcome and the NIC balance are what the scenario declared (bounds on the
+    /// Jain index do not hold for a run without reads: there is no balance to bound).
     pub fn as_expected(&self) -> bool {
-        self.outcome == self.expected && self.expected_jain.is_none_or(|b| b.holds(self.nic.jain))
+        self.outcome == self.expected
+            && self.expected_jain.is_none_or(|b| self.nic.jain.is_some_and(|jain| b.holds(jain)))
     }
 
     /// Pretty JSON; byte-identical for identical runs.

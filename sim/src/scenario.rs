@@ -116,6 +116,19 @@ impl JainBounds {
     }
 }
 
+impl std::fmt::Display for JainBounds {
+    /// The bounds as a person reads them: `at least 0.99`, `at most 0.5`, `in [0.2, 0.8]`, or
+    /// `unbounded`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.at_least, self.at_most) {
+            (Some(lo), Some(hi)) => write!(f, "in [{lo}, {hi}]"),
+            (Some(lo), None) => write!(f, "at least {lo}"),
+            (None, Some(hi)) => write!(f, "at most {hi}"),
+            (None, None) => f.write_str("unbounded"),
+        }
+    }
+}
+
 /// How a run ended, from worst to best: a safety violation outranks a hang, which outranks
 /// unexcused request failures, which outrank a leak, which outranks an incomplete workload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -532,5 +545,21 @@ impl Scenario {
             expect: None,
             expect_jain: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jain_bounds_read_as_words() {
+        let check = |at_least: Option<f64>, at_most: Option<f64>, expected: &str| {
+            assert_eq!(JainBounds { at_least, at_most }.to_string(), expected);
+        };
+        check(Some(0.99), None, "at least 0.99");
+        check(None, Some(0.5), "at most 0.5");
+        check(Some(0.2), Some(0.8), "in [0.2, 0.8]");
+        check(None, None, "unbounded");
     }
 }
