@@ -90,10 +90,10 @@ pub struct Scenario {
     #[serde(default)]
     pub limits: Limits,
     /// The outcome this scenario is expected to have (`clean` when absent).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expect: Option<Outcome>,
     /// Bounds the NIC balance (Jain index of reads per prefill GPU) must meet, if any.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expect_jain: Option<JainBounds>,
 }
 
@@ -102,10 +102,10 @@ pub struct Scenario {
 #[serde(deny_unknown_fields)]
 pub struct JainBounds {
     /// Lowest acceptable index.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at_least: Option<f64>,
     /// Highest acceptable index.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at_most: Option<f64>,
 }
 
@@ -477,10 +477,10 @@ pub struct TimedFault {
     /// What happens.
     pub fault: FaultKind,
     /// How long; absent means until the end of the run.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration_ms: Option<u64>,
     /// At most this many messages are affected (message faults only); absent means all.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub count: Option<u32>,
 }
 
