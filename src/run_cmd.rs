@@ -27,8 +27,9 @@ A bare notation runs the default profile (DeepSeek-R1 on MI300X-class GPUs) and 
 Writes the report to --out (default target/pdkv/<run>/, named after what the run is: the
 scenario name or the notation, and the workload, seed and legacy options given here, e.g.
 target/pdkv/2P_TP8-1D_DP8EP_C128-x1280-8K-1K_legacy-no-flexible-reads/): index.html with the
-summary, NIC balance, NIC utilisation and latency CDF pictures (PNG and SVG), a wait-for
-graph for every hang, result.json, trace.txt and trace.json (Chrome/Perfetto).
+summary, a wait-for graph for every hang, NIC balance, NIC utilisation and latency CDF pictures
+(PNG and SVG; left out, with a sentence, when the run has no data for them), result.json,
+trace.txt and trace.json (Chrome/Perfetto).
 
 Exit codes: 0 the outcome is the scenario's expected one (clean when none is declared);
 1 it is not; 2 bad input (unreadable or invalid scenario, bad flags).";
@@ -176,8 +177,8 @@ pub fn run(args: &RunArgs) -> ExitCode {
 /// Writes the result, the traces, the pictures and the index page; returns the page first.
 fn write_files(out: &Path, run: &Run, command: &str) -> Result<Vec<PathBuf>, String> {
     std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
-    let images = pdkv_reports::run_pictures(&run.result, out).map_err(|e| e.to_string())?;
-    let page = pdkv_reports::page::write_run_page(out, &run.result, &images, command)
+    let pictures = pdkv_reports::run_pictures(&run.result, out).map_err(|e| e.to_string())?;
+    let page = pdkv_reports::page::write_run_page(out, &run.result, &pictures, command)
         .map_err(|e| format!("cannot write {}: {e}", out.join("index.html").display()))?;
     let files = [
         ("result.json", run.result.to_json()),

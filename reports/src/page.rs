@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use pdkv_sim::result::RunResult;
 
-use crate::SweepPoint;
+use crate::{RunPictures, SweepPoint};
 
 /// Escapes text for HTML element content and attribute values.
 pub fn escape(text: &str) -> String {
@@ -70,14 +70,18 @@ fn row(out: &mut String, key: &str, value: &str) {
     let _ = writeln!(out, "<tr><th>{}</th><td>{}</td></tr>", escape(key), value);
 }
 
-/// Writes `dir/index.html` for one run: summary table, hangs and violations, pictures, the
-/// scenario text and the command that reproduces the run.
+/// Writes `dir/index.html` for one run: summary table; each hang with its wait-for graph (first,
+/// since a hung run has little else to show) and its edges; violations; the other pictures, and
+/// a sentence for each left out for want of data; the scenario text and the command that
+/// reproduces the run.
 pub fn write_run_page(
     dir: &Path,
     result: &RunResult,
-    images: &[PathBuf],
+    pictures_of_run: &RunPictures,
     command: &str,
 ) -> std::io::Result<PathBuf> {
+    let images = &pictures_of_run.files;
+    let is_hang = |p: &PathBuf| name(p).starts_with("wait_for_");
     let r = result;
     let mut html = head(&format!("pdkv run {}", r.title()));
     let verdict = if r.as_expected() {
@@ -148,7 +152,11 @@ pub fn write_run_page(
     );
     html.push_str("</table>\n");
     for (i, hang) in r.hangs.iter().enumerate() {
-        let _ = writeln!(html, "<h2 class=\"bad\">Hang {}: {}</h2>\n<pre>", i + 1, escape(&hang.what));
+        let _ = writeln!(html, "<h2 class=\"bad\">Hang {}: {}</h2>", i + 1, escape(&hang.what));
+        let stem = format!("wait_for_{i}.");
+        let graph: Vec<PathBuf> = images.iter().filter(|p| name(p).starts_with(&stem)).cloned().collect();
+        html.push_str(&pictures(&graph));
+        html.push_str("<pre>");
         for edge in &hang.wait_for {
             let _ = writeln!(html, "{}", escape(edge));
         }
@@ -172,7 +180,11 @@ pub fn write_run_page(
         html.push_str("</table>\n");
     }
     html.push_str("<h2>Pictures</h2>\n");
-    html.push_str(&pictures(images));
+    let others: Vec<PathBuf> = images.iter().filter(|p| !is_hang(p)).cloned().collect();
+    html.push_str(&pictures(&others));
+    for sentence in &pictures_of_run.omitted {
+        let _ = writeln!(html, "<p>{}</p>", escape(sentence));
+    }
     html.push_str(
         "<h2>Files</h2>\n<ul>\n<li><a href=\"result.json\">result.json</a> (the versioned result)</li>\n",
     );

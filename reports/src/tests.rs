@@ -445,6 +445,45 @@ fn rendering_twice_gives_identical_bytes() {
 }
 
 #[test]
+fn run_pictures_lead_with_hangs_and_leave_out_charts_without_data() {
+    let dir = out_dir("run-pictures");
+    // A hung run in which nothing finished and nothing was read.
+    let mut hung = empty_result();
+    hung.hangs = vec![lost_reply_hang()];
+    let pictures = crate::run_pictures(&hung, &dir).expect("draws");
+    assert_eq!(names(&pictures.files), ["wait_for_0.png", "wait_for_0.svg", "wait_for_0.dot"]);
+    assert_eq!(
+        pictures.omitted,
+        [
+            "No NIC balance chart: no prefill GPU served a read.",
+            "No NIC utilisation chart: no NIC carried any traffic.",
+            "No latency chart: no request finished, so there is no TTFT or TPOT to plot.",
+        ]
+    );
+    let page = crate::page::write_run_page(&dir, &hung, &pictures, "pdkv run x").expect("written");
+    let html = fs::read_to_string(page).expect("read");
+    let first = html.find("<img").map(|at| &html[at..]).unwrap_or_default();
+    assert!(first.starts_with("<img src=\"wait_for_0.png\""), "{html}");
+    let heading = html.find("<h2 class=\"bad\">Hang 1").expect("a heading for the hang");
+    assert!(heading < html.find("<img").expect("a picture"), "the hang's heading comes first");
+    assert!(html.contains("<p>No NIC balance chart: no prefill GPU served a read.</p>"), "{html}");
+    for row in [
+        "<tr><th>TTFT</th><td>n/a (no request finished)</td></tr>",
+        "<tr><th>TPOT</th><td>n/a (no request finished)</td></tr>",
+        "<tr><th>ITL</th><td>n/a (no request finished)</td></tr>",
+        "<tr><th>NIC balance</th><td>Jain n/a: no prefill GPU served a read</td></tr>",
+    ] {
+        assert!(html.contains(row), "{row}");
+    }
+    // A run with data draws every chart, its wait-for graphs first.
+    let pictures = crate::run_pictures(&result("1P_TP8:1D_TP8"), &dir).expect("draws");
+    let pngs: Vec<String> = names(&pictures.files).into_iter().filter(|n| n.ends_with(".png")).collect();
+    assert_eq!(pngs, ["wait_for_0.png", "nic_balance.png", "nic_utilisation.png", "latency_cdf.png"]);
+    assert!(pictures.omitted.is_empty());
+    done(&dir);
+}
+
+#[test]
 fn errors_name_the_file() {
     let dir = out_dir("errors");
     fs::create_dir_all(&dir).expect("made");

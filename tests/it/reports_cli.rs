@@ -73,15 +73,31 @@ fn check_report(dir: &Path, expected: &[&str]) {
 }
 
 #[test]
-fn run_writes_a_report_and_replay_confirms_it() {
+fn a_hang_report_leads_with_its_wait_for_graph_and_says_n_a_and_replay_confirms_it() {
     let dir = out_dir("run");
     let out = pdkv(&["run", "no-handshake-timeout-lost-reply", "--out", dir.to_str().unwrap()]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&out.stderr));
     assert!(text.contains("outcome      hang (expected hang: as expected)"), "{text}");
-    check_report(&dir, &["nic_balance", "nic_utilisation", "latency_cdf", "wait_for_0"]);
+    // Nothing finished and nothing was read: the figures say so instead of showing zeros.
+    assert!(text.contains("\n  latency      n/a (no request finished)\n"), "{text}");
+    assert!(text.contains("\n  NIC balance  Jain n/a: no prefill GPU served a read\n"), "{text}");
+    check_report(&dir, &["wait_for_0"]);
     assert!(dir.join("wait_for_0.dot").exists());
     let index = std::fs::read_to_string(dir.join("index.html")).unwrap();
+    // The wait-for graph is the page's first figure; charts without data are left out, with a
+    // sentence each, rather than drawn as empty axes.
+    let first = index.find("<img").map(|at| &index[at..]).unwrap_or_default();
+    assert!(first.starts_with("<img src=\"wait_for_0.png\""), "{index}");
+    assert_eq!(index.matches("<img").count(), 1, "{index}");
+    for absent in ["nic_balance", "nic_utilisation", "latency_cdf"] {
+        assert!(!dir.join(format!("{absent}.png")).exists(), "{absent} drawn without data");
+    }
+    assert!(index.contains("<p>No latency chart: no request finished"), "{index}");
+    assert!(index.contains("<tr><th>TTFT</th><td>n/a (no request finished)</td></tr>"), "{index}");
+    for debug in ["Some(", "None", "0.000"] {
+        assert!(!text.contains(debug) && !index.contains(debug), "shows {debug}");
+    }
     assert!(index.contains("pdkv run no-handshake-timeout-lost-reply --seed 0"), "command shown");
     assert!(index.contains("no-handshake-timeout"), "scenario text shown");
 
