@@ -128,6 +128,23 @@ enum Answer {
     Aborted,
 }
 
+impl Answer {
+    /// The answer in words, for counterexample traces.
+    fn name(self) -> &'static str {
+        match self {
+            Answer::Ok => "ok",
+            Answer::Failed => "failed",
+            Answer::Fenced => "fenced",
+            Answer::Aborted => "aborted",
+        }
+    }
+}
+
+/// `layer 3`, or `all layers` for a per-request read.
+fn layer_text(layer: Option<u16>) -> String {
+    layer.map_or_else(|| "all layers".to_string(), |l| format!("layer {l}"))
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum StepReport {
     Ready,
@@ -411,10 +428,10 @@ impl World {
             }
             Msg::Vote { to, step, ok } => format!("vote result of step {step} (ok={ok}) -> {}", d(*to)),
             Msg::Read { to, request, layer, from, .. } => {
-                format!("read of {request} layer {layer:?} from {} by {}", p(*from), d(*to))
+                format!("read of {request} {} from {} by {}", layer_text(*layer), p(*from), d(*to))
             }
             Msg::ReadDone { to, request, layer, answer } => {
-                format!("read of {request} layer {layer:?} answered {answer:?} at {}", d(*to))
+                format!("read of {request} {} answered {} at {}", layer_text(*layer), answer.name(), d(*to))
             }
         }
     }
@@ -736,6 +753,9 @@ mod tests {
             let (violation, trace) = report.violation.expect("the read after free is found");
             assert!(violation.contains("read after free"), "{deployment}: {violation}");
             assert!(trace.iter().any(|l| l.starts_with("time passes")), "{deployment}: {trace:#?}");
+            // The trace is for people: reads name their layer in words, not as Rust's Option.
+            assert!(trace.iter().any(|l| l.contains("read of req-1 layer 0 ")), "{deployment}: {trace:#?}");
+            assert!(!trace.iter().any(|l| l.contains("Some(") || l.contains("None")), "{trace:#?}");
         }
         let report = check(&config("1P_TP1:1D_TP1", LegacyOptions::none(), 1)).unwrap();
         assert!(report.violation.is_none() && report.complete, "{:?}", report.violation);

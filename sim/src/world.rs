@@ -1883,7 +1883,7 @@ impl World {
         } else {
             String::new()
         };
-        let detail = format!("read of {name} {when}: blocks {shown:?}{more} on {rank} are {what}");
+        let detail = format!("read of {name} {when}: blocks {}{more} on {rank} are {what}", list(&shown));
         self.violation("read_freed_block", vec![me.to_string(), rank.to_string()], detail);
     }
 
