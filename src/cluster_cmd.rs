@@ -217,17 +217,26 @@ fn render(r: &ClusterResult) -> String {
         r.throughput.kv_bytes_per_s / 1e6
     );
     let (t, e) = (&r.latency_ms.ttft, &r.latency_ms.e2e);
-    let _ = writeln!(
-        s,
-        "  latency        TTFT p50 {:.1} ms, p99 {:.1} ms; end to end p50 {:.1} ms, p99 {:.1} ms",
-        t.p50, t.p99, e.p50, e.p99
-    );
+    // Latencies are over finished requests: without one there is nothing to show but "n/a".
+    if q.finished == 0 {
+        let _ = writeln!(s, "  latency        n/a (no request finished)");
+    } else {
+        let _ = writeln!(
+            s,
+            "  latency        TTFT p50 {:.1} ms, p99 {:.1} ms; end to end p50 {:.1} ms, p99 {:.1} ms",
+            t.p50, t.p99, e.p50, e.p99
+        );
+    }
     let _ = writeln!(s, "  verified       {} KV bytes, byte for byte", r.bytes_verified);
     for memory in &r.memory {
         let _ = writeln!(s, "  prefill KV in  {memory}");
     }
-    let _ =
-        writeln!(s, "  reads          Jain {:.3} over {} prefill GPUs", r.nic.jain, r.nic.prefill_gpus.len());
+    let gpus = r.nic.prefill_gpus.len();
+    let _ = if r.nic.reads_per_prefill_gpu.iter().all(|&reads| reads == 0) {
+        writeln!(s, "  reads          Jain n/a: no prefill GPU served a read")
+    } else {
+        writeln!(s, "  reads          Jain {:.3} over {gpus} prefill GPUs", r.nic.jain)
+    };
     for ((gpu, reads), bytes) in
         r.nic.prefill_gpus.iter().zip(&r.nic.reads_per_prefill_gpu).zip(&r.nic.bytes_per_prefill_gpu)
     {

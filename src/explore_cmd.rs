@@ -214,13 +214,15 @@ pub fn run(args: &ExploreArgs) -> ExitCode {
     let failing = scenario_for_seed(&base, seed, swarm);
     let small = shrink(&failing, broken[0], args.shrink_budget);
     let dir = args.out.clone().unwrap_or_else(|| PathBuf::from("target/pdkv/explore"));
-    let file = dir.join(format!("{}-seed{seed}.ron", base.name));
-    let text = format!(
-        "// Shrunk from seed {seed} of {} by pdkv explore; breaks {}.\n{}",
-        base.name,
-        broken[0],
-        pdkv_sim::load::scenario_to_ron(&small)
-    );
+    let shrunk = match pdkv_sim::explore::shrunk_file(&base, seed, broken[0], &small) {
+        Ok(shrunk) => shrunk,
+        Err(message) => {
+            eprintln!("error: seed {seed} of {}, shrunk: {message}", base.name);
+            return ExitCode::from(2);
+        }
+    };
+    let file = dir.join(format!("{}.ron", shrunk.scenario.name));
+    let text = shrunk.text;
     if let Err(e) = std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&file, &text)) {
         eprintln!("error: cannot write {}: {e}", file.display());
         return ExitCode::from(2);

@@ -22,7 +22,7 @@ Examples:
   pdkv scenarios                              list the built-in scenarios
   pdkv run lazy-handshake-delayed-reply       reproduce a historical hang
   pdkv sweep 2P_TP8:1D_TP8 2P_TP8:1D_DP8EP --concurrency 32,128,512
-  pdkv replay target/pdkv/2P_TP8-1D_DP8EP/result.json
+  pdkv replay target/pdkv/2P_TP8-1D_DP8EP_C128-x1280-8K-1K/result.json
   pdkv explore notify-drift-fixed --seeds 2000 --faults swarm    search seeds for bugs
   pdkv routes 2P_TP8:1D_DP8EP --json          who reads whom, ports, quorums
   pdkv cluster 1P_TP4:1D_TP8 --requests 32    real processes on 127.0.0.1, every byte verified

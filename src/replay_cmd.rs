@@ -45,17 +45,20 @@ pub fn run(args: &ReplayArgs) -> ExitCode {
         }
     };
     scenario.seed = recorded.seed;
-    let rerun = match pdkv_sim::run(&scenario, RunOptions::default()) {
+    let mut rerun = match pdkv_sim::run(&scenario, RunOptions::default()) {
         Ok(run) => run.result,
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::from(2);
         }
     };
+    // The label says how the run was asked for (a notation, flags on the command line), which
+    // the stored scenario does not hold; it is the recorded run's, not an output to compare.
+    rerun.label.clone_from(&recorded.label);
     let identical = rerun.to_json() == recorded.to_json();
     println!(
-        "replayed {} seed {}: outcome {} (recorded {}){}",
-        recorded.scenario,
+        "replayed {}, seed {}: outcome {} (recorded {}){}",
+        recorded.title(),
         recorded.seed,
         rerun.outcome.name(),
         recorded.outcome.name(),

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::Args;
 use pdkv_core::legacy::Legacy;
 use pdkv_sim::scenario::{Clients, Scenario};
-use pdkv_sim::{Run, RunOptions, RunResult};
+use pdkv_sim::{Run, RunIdentity, RunOptions, RunResult};
 
 use crate::progress::Bar;
 use crate::routes_cmd::legacy_parser;
@@ -24,9 +24,12 @@ Examples:
 A bare notation runs the default profile (DeepSeek-R1 on MI300X-class GPUs) and workload
 (closed loop, C = 128, 10 x C requests, 8K in / 1K out).
 
-Writes the report to --out (default target/pdkv/<scenario name>/): index.html with the
-summary, NIC balance, NIC utilisation and latency CDF pictures (PNG and SVG), a wait-for
-graph for every hang, result.json, trace.txt and trace.json (Chrome/Perfetto).
+Writes the report to --out (default target/pdkv/<run>/, named after what the run is: the
+scenario name or the notation, and the workload, seed and legacy options given here, e.g.
+target/pdkv/2P_TP8-1D_DP8EP_C128-x1280-8K-1K_legacy-no-flexible-reads/): index.html with the
+summary, a wait-for graph for every hang, NIC balance, NIC utilisation and latency CDF pictures
+(PNG and SVG; left out, with a sentence, when the run has no data for them), result.json,
+trace.txt and trace.json (Chrome/Perfetto).
 
 Exit codes: 0 the outcome is the scenario's expected one (clean when none is declared);
 1 it is not; 2 bad input (unreadable or invalid scenario, bad flags).";
@@ -57,16 +60,22 @@ pub struct RunArgs {
 /// Reads a scenario file or a built-in scenario, or builds one from a notation; errors are
 /// for the user.
 pub fn load(spec: &str) -> Result<Scenario, String> {
+    load_with_notation(spec).map(|(scenario, _)| scenario)
+}
+
+/// [`load`], and the notation as typed when `spec` is a bare notation (`None` for a scenario
+/// file or a built-in scenario): the run's identity names a notation run by what was typed.
+pub fn load_with_notation(spec: &str) -> Result<(Scenario, Option<&str>), String> {
     let path = Path::new(spec);
     if spec.ends_with(".ron") || path.is_file() {
-        return pdkv_sim::load::load_scenario(path).map_err(|e| e.to_string());
+        return pdkv_sim::load::load_scenario(path).map(|s| (s, None)).map_err(|e| e.to_string());
     }
     if let Some(scenario) = crate::builtin::find(spec) {
-        return scenario;
+        return scenario.map(|s| (s, None));
     }
     let scenario = Scenario::from_notation(spec);
     pdkv_sim::load::validate(&scenario).map_err(|v| format!("{spec}: {}: {}", v.field, v.message))?;
-    Ok(scenario)
+    Ok((scenario, Some(spec)))
 }
 
 /// Checks a scenario after command-line overrides (`--concurrency`, `--requests`, ...), which
@@ -134,8 +143,12 @@ fn apply(args: &RunArgs, mut scenario: Scenario) -> Scenario {
 }
 
 pub fn run(args: &RunArgs) -> ExitCode {
-    let scenario = match load(&args.scenario) {
-        Ok(s) => apply(args, s),
+    let (scenario, identity) = match load_with_notation(&args.scenario) {
+        Ok((base, notation)) => {
+            let scenario = apply(args, base.clone());
+            let identity = RunIdentity::new(&base, &scenario, notation);
+            (scenario, identity)
+        }
         Err(message) => {
             eprintln!("error: {message}");
             return ExitCode::from(2);
@@ -145,20 +158,21 @@ pub fn run(args: &RunArgs) -> ExitCode {
         eprintln!("error: {message}");
         return ExitCode::from(2);
     }
-    let mut bar = Bar::new(format!("simulating {}", scenario.name), Duration::from_millis(700));
+    let mut bar = Bar::new(format!("simulating {}", identity.label()), Duration::from_millis(700));
     let mut progress = |p: pdkv_sim::Progress| {
         bar.update(p.ended, p.total, format!("{:.0} s virtual", p.now_ns as f64 / 1e9));
     };
     let simulated = pdkv_sim::run_with_progress(&scenario, RunOptions { trace: true }, &mut progress);
     bar.finish();
-    let run = match simulated {
+    let mut run = match simulated {
         Ok(run) => run,
         Err(message) => {
             eprintln!("error: {}: {message}", args.scenario);
             return ExitCode::from(2);
         }
     };
-    let out = args.out.clone().unwrap_or_else(|| PathBuf::from("target/pdkv").join(&scenario.name));
+    run.result.label = identity.label();
+    let out = args.out.clone().unwrap_or_else(|| PathBuf::from("target/pdkv").join(identity.slug()));
     let written = match write_files(&out, &run, &replay_command(args, &scenario)) {
         Ok(files) => files,
         Err(message) => {
@@ -181,8 +195,8 @@ pub fn run(args: &RunArgs) -> ExitCode {
 /// Writes the result, the traces, the pictures and the index page; returns the page first.
 fn write_files(out: &Path, run: &Run, command: &str) -> Result<Vec<PathBuf>, String> {
     std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
-    let images = pdkv_reports::run_pictures(&run.result, out).map_err(|e| e.to_string())?;
-    let page = pdkv_reports::page::write_run_page(out, &run.result, &images, command)
+    let pictures = pdkv_reports::run_pictures(&run.result, out).map_err(|e| e.to_string())?;
+    let page = pdkv_reports::page::write_run_page(out, &run.result, &pictures, command)
         .map_err(|e| format!("cannot write {}: {e}", out.join("index.html").display()))?;
     let files = [
         ("result.json", run.result.to_json()),
@@ -217,7 +231,7 @@ fn replay_command(args: &RunArgs, scenario: &Scenario) -> String {
 pub fn summary(r: &RunResult, files: &[PathBuf], replay: &str) -> String {
     let mut s = String::new();
     let verdict = if r.as_expected() { "as expected" } else { "NOT AS EXPECTED" };
-    let _ = writeln!(s, "pdkv run {} ({}), seed {}", r.scenario, r.deployment, r.seed);
+    let _ = writeln!(s, "pdkv run {}", r.title());
     let _ = writeln!(s, "  outcome      {} (expected {}: {verdict})", r.outcome.name(), r.expected.name());
     let q = &r.requests;
     let _ = writeln!(
@@ -254,29 +268,39 @@ pub fn summary(r: &RunResult, files: &[PathBuf], replay: &str) -> String {
     let _ =
         writeln!(s, "  throughput   {:.0} tok/s total, {:.0} tok/s output", t.total_tok_s, t.output_tok_s);
     let l = &r.latency_ms;
-    let _ = writeln!(
-        s,
-        "  latency      TTFT mean {:.0} ms (p99 {:.0}), TPOT mean {:.1} ms (p99 {:.1}), ITL p99 {:.1} ms",
-        l.ttft.mean, l.ttft.p99, l.tpot.mean, l.tpot.p99, l.itl.p99
-    );
+    let na = |what: &str| {
+        if q.finished == 0 {
+            "n/a (no request finished)".to_string()
+        } else {
+            format!("{what} n/a")
+        }
+    };
+    let ttft =
+        l.ttft.map_or_else(|| na("TTFT"), |t| format!("TTFT mean {:.0} ms (p99 {:.0})", t.mean, t.p99));
+    let latency = match (l.ttft, l.tpot, l.itl) {
+        (None, ..) => ttft,
+        (Some(_), tpot, itl) => format!(
+            "{ttft}, {}, {}",
+            tpot.map_or_else(|| na("TPOT"), |t| format!("TPOT mean {:.1} ms (p99 {:.1})", t.mean, t.p99)),
+            itl.map_or_else(|| na("ITL"), |t| format!("ITL p99 {:.1} ms", t.p99))
+        ),
+    };
+    let _ = writeln!(s, "  latency      {latency}");
     let n = &r.nic;
     if let Some(bounds) = r.expected_jain {
-        let holds = if bounds.holds(n.jain) { "holds" } else { "DOES NOT HOLD" };
-        let bound = |b: Option<f64>, open: &str| b.map_or(open.to_string(), |x| x.to_string());
-        let _ = writeln!(
-            s,
-            "  expectation  Jain in [{}, {}]: {holds}",
-            bound(bounds.at_least, "0"),
-            bound(bounds.at_most, "1")
-        );
+        let holds = match n.jain {
+            Some(jain) if bounds.holds(jain) => "holds",
+            Some(_) => "DOES NOT HOLD",
+            None => "DOES NOT HOLD (no reads, so no Jain index)",
+        };
+        let _ = writeln!(s, "  expectation  Jain {bounds}: {holds}");
     }
     if let Some(spread) = n.spread() {
-        let _ = writeln!(
-            s,
-            "  NIC balance  Jain {:.3} over {} prefill GPUs; {spread}",
-            n.jain,
-            n.reads_per_prefill_gpu.len()
-        );
+        let gpus = n.reads_per_prefill_gpu.len();
+        let _ = match n.jain {
+            Some(jain) => writeln!(s, "  NIC balance  Jain {jain:.3} over {gpus} prefill GPUs; {spread}"),
+            None => writeln!(s, "  NIC balance  Jain n/a: no prefill GPU served a read"),
+        };
     }
     let g = &r.ledger;
     let _ = writeln!(
@@ -307,4 +331,70 @@ pub fn summary(r: &RunResult, files: &[PathBuf], replay: &str) -> String {
     }
     let _ = writeln!(s, "  replay       {replay}");
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pdkv_sim::result::Summary;
+
+    #[test]
+    fn summary_says_na_where_nothing_was_measured() {
+        let some = |mean| Some(Summary { mean, p50: mean, p99: mean });
+        // (requests finished, TTFT, TPOT, reads per GPU) -> (latency line, NIC balance line)
+        let check = |finished, ttft, tpot, reads: [u64; 2], expected: [&str; 2]| {
+            let mut r = RunResult::empty(&Scenario::from_notation("1P_TP2:1D_TP2"), String::new());
+            r.requests.finished = finished;
+            (r.latency_ms.ttft, r.latency_ms.tpot, r.latency_ms.itl) = (ttft, tpot, tpot);
+            r.nic.prefill_gpus = vec!["P0.dp0.tp0".into(), "P0.dp0.tp1".into()];
+            r.nic.reads_per_prefill_gpu = reads.to_vec();
+            r.nic.jain = pdkv_sim::result::jain(&reads);
+            let text = summary(&r, &[], "pdkv run x");
+            let line =
+                |start: &str| text.lines().find(|l| l.starts_with(start)).unwrap_or_default().to_string();
+            assert_eq!([line("  latency"), line("  NIC balance")], expected, "{text}");
+        };
+        check(
+            0,
+            None,
+            None,
+            [0, 0],
+            [
+                "  latency      n/a (no request finished)",
+                "  NIC balance  Jain n/a: no prefill GPU served a read",
+            ],
+        );
+        check(
+            4,
+            some(900.0),
+            None,
+            [4, 4],
+            [
+                "  latency      TTFT mean 900 ms (p99 900), TPOT n/a, ITL n/a",
+                "  NIC balance  Jain 1.000 over 2 prefill GPUs; every GPU read 4 times",
+            ],
+        );
+        check(
+            4,
+            some(900.0),
+            some(25.0),
+            [8, 0],
+            [
+                "  latency      TTFT mean 900 ms (p99 900), TPOT mean 25.0 ms (p99 25.0), ITL p99 25.0 ms",
+                "  NIC balance  Jain 0.500 over 2 prefill GPUs; most read P0.dp0.tp0 (8), least read P0.dp0.tp1 (0)",
+            ],
+        );
+    }
+
+    #[test]
+    fn jain_bounds_without_reads_do_not_hold_and_read_as_words() {
+        let mut r = RunResult::empty(&Scenario::from_notation("1P_TP2:1D_TP2"), String::new());
+        r.expected_jain = Some(pdkv_sim::scenario::JainBounds { at_least: None, at_most: Some(0.5) });
+        let text = summary(&r, &[], "pdkv run x");
+        assert!(
+            text.contains("  expectation  Jain at most 0.5: DOES NOT HOLD (no reads, so no Jain index)\n"),
+            "{text}"
+        );
+        assert!(!text.contains("Some(") && !text.contains("None"), "{text}");
+    }
 }

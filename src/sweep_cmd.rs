@@ -1,4 +1,5 @@
-//! `pdkv sweep`: a grid of runs (deployments × concurrency) and one report comparing them.
+//! `pdkv sweep`: a grid of runs (scenarios or notations × concurrency) and one report comparing
+//! them, one line per scenario.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -6,8 +7,8 @@ use std::time::Duration;
 
 use clap::Args;
 use pdkv_reports::SweepPoint;
-use pdkv_sim::scenario::Clients;
-use pdkv_sim::RunOptions;
+use pdkv_sim::scenario::{Clients, Scenario};
+use pdkv_sim::{RunIdentity, RunOptions};
 
 use crate::progress::Bar;
 
@@ -18,8 +19,8 @@ Examples:
 
 Each point runs the scenario (or the default profile for a notation) with a closed loop of C
 clients and C x requests-per-client requests. Writes index.html, sweep.json and the charts
-(throughput, mean TTFT and mean TPOT against concurrency, one line per deployment) to --out
-(default target/pdkv/sweep/).
+(throughput, mean TTFT and mean TPOT against concurrency, one line per scenario or notation,
+so a bug and its fix on one deployment are two lines) to --out (default target/pdkv/sweep/).
 
 Exit codes: 0 every run had its expected outcome (NIC-balance bounds of a scenario file are
 not checked, since the sweep changes its workload); 1 some did not; 2 bad input.";
@@ -50,40 +51,51 @@ pub fn run(args: &SweepArgs) -> ExitCode {
         eprintln!("error: --concurrency values must be at least 1");
         return ExitCode::from(2);
     }
-    let mut scenarios = Vec::new();
+    // Each line is one scenario, labelled by its identity without the workload: the sweep sets
+    // the workload, and concurrency is the chart's x axis.
+    let mut scenarios: Vec<(Scenario, String)> = Vec::new();
     for spec in &args.deployments {
-        match crate::run_cmd::load(spec) {
-            Ok(s) => scenarios.push(s),
+        let (base, notation) = match crate::run_cmd::load_with_notation(spec) {
+            Ok(loaded) => loaded,
             Err(message) => {
                 eprintln!("error: {message}");
                 return ExitCode::from(2);
             }
+        };
+        let mut scenario = base.clone();
+        if let Some(seed) = args.seed {
+            scenario.seed = seed;
         }
+        let mut identity = RunIdentity::new(&base, &scenario, notation);
+        identity.workload = None;
+        let label = identity.label();
+        if scenarios.iter().any(|(_, other)| *other == label) {
+            eprintln!("error: {spec}: {label} is in the sweep twice; each line is one scenario or notation");
+            return ExitCode::from(2);
+        }
+        scenarios.push((scenario, label));
     }
     // Every point is built and checked before the first runs, so a bad flag fails at once.
     let mut grid = Vec::new();
-    for scenario in &scenarios {
+    for (scenario, label) in &scenarios {
         for &c in &args.concurrency {
             let mut s = scenario.clone();
             s.workload.clients =
                 Clients::Closed { concurrency: c, requests: c.saturating_mul(args.requests_per_client) };
-            if let Some(seed) = args.seed {
-                s.seed = seed;
-            }
             let flags = format!("--concurrency {c} --requests-per-client {}", args.requests_per_client);
             if let Err(message) = crate::run_cmd::check_overrides(&s, &flags) {
                 eprintln!("error: {message}");
                 return ExitCode::from(2);
             }
-            grid.push((s, c));
+            grid.push((s, label, c));
         }
     }
     let total = grid.len() as u64;
     let mut bar = Bar::new("sweep", Duration::ZERO);
     let mut points = Vec::new();
     let mut all_expected = true;
-    for (s, c) in grid {
-        bar.update(points.len() as u64, total, format!("{} at C = {c}", s.deployment));
+    for (s, label, c) in grid {
+        bar.update(points.len() as u64, total, format!("{label} at C = {c}"));
         let result = match pdkv_sim::run(&s, RunOptions::default()) {
             Ok(run) => run.result,
             Err(message) => {
@@ -95,11 +107,12 @@ pub fn run(args: &SweepArgs) -> ExitCode {
         // NIC-balance bounds belong to its own request count.
         all_expected &= result.outcome == result.expected;
         points.push(SweepPoint {
+            run: label.clone(),
             deployment: s.deployment.clone(),
             concurrency: c,
             total_tok_s: result.throughput.total_tok_s,
-            ttft_mean_ms: result.latency_ms.ttft.mean,
-            tpot_mean_ms: result.latency_ms.tpot.mean,
+            ttft_mean_ms: result.latency_ms.ttft.map(|t| t.mean),
+            tpot_mean_ms: result.latency_ms.tpot.map(|t| t.mean),
             outcome: result.outcome.name().to_string(),
         });
     }
@@ -107,10 +120,20 @@ pub fn run(args: &SweepArgs) -> ExitCode {
     let out = args.out.clone().unwrap_or_else(|| PathBuf::from("target/pdkv/sweep"));
     match write(&out, &points, &command(args)) {
         Ok(page) => {
+            let width = points.iter().map(|p| p.run.chars().count()).max().unwrap_or(0).max(24);
+            // A run without finished requests has no latency: "n/a", in the numbers' columns.
+            let ms = |v: Option<f64>, width: usize, decimals: usize| {
+                v.map_or_else(|| format!("{:>width$}   ", "n/a"), |v| format!("{v:>width$.decimals$} ms"))
+            };
             for p in &points {
                 println!(
-                    "{:<24} C={:<5} {:>9.0} tok/s  TTFT {:>9.0} ms  TPOT {:>6.1} ms  {}",
-                    p.deployment, p.concurrency, p.total_tok_s, p.ttft_mean_ms, p.tpot_mean_ms, p.outcome
+                    "{:<width$} C={:<5} {:>9.0} tok/s  TTFT {}  TPOT {}  {}",
+                    p.run,
+                    p.concurrency,
+                    p.total_tok_s,
+                    ms(p.ttft_mean_ms, 9, 0),
+                    ms(p.tpot_mean_ms, 6, 1),
+                    p.outcome
                 );
             }
             println!("report: {}", page.display());
@@ -139,6 +162,7 @@ fn write(out: &std::path::Path, points: &[SweepPoint], command: &str) -> Result<
 
 fn point_json(p: &SweepPoint) -> serde_json::Value {
     serde_json::json!({
+        "run": p.run,
         "deployment": p.deployment,
         "concurrency": p.concurrency,
         "total_tok_s": p.total_tok_s,

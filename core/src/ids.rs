@@ -21,6 +21,14 @@ impl Role {
             Role::Decode => 'D',
         }
     }
+
+    /// The role in words, for messages: `prefill` or `decode`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+        }
+    }
 }
 
 /// An engine (one serving instance) of a role, numbered from 0 within that role.

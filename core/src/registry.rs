@@ -120,10 +120,10 @@ impl fmt::Display for RegistrationError {
                 write!(f, "engine {http_address} is registered already")
             }
             RegistrationError::TooManyRanks { role, ranks } => {
-                write!(f, "{role:?} side would have {ranks} GPUs, more than {MAX_RANKS_PER_ROLE}")
+                write!(f, "the {} side would have {ranks} GPUs, more than {MAX_RANKS_PER_ROLE}", role.name())
             }
             RegistrationError::TooManyEngines { role } => {
-                write!(f, "more than {MAX_ENGINES_PER_ROLE} {role:?} engines")
+                write!(f, "more than {MAX_ENGINES_PER_ROLE} {} engines", role.name())
             }
         }
     }
@@ -313,6 +313,23 @@ mod tests {
             reg(Role::Prefill, "taken:1", 1, 8, TransferMode::Read),
             RegistrationError::Duplicate { http_address: "taken:1".into() },
             "registered already",
+        );
+    }
+
+    /// Limit errors name the role in words, not as Rust's variant name.
+    #[test]
+    fn limit_errors_name_the_role_in_words() {
+        let check = |err: RegistrationError, expected: String| assert_eq!(err.to_string(), expected);
+        check(
+            RegistrationError::TooManyRanks { role: Role::Decode, ranks: MAX_RANKS_PER_ROLE + 1 },
+            format!(
+                "the decode side would have {} GPUs, more than {MAX_RANKS_PER_ROLE}",
+                MAX_RANKS_PER_ROLE + 1
+            ),
+        );
+        check(
+            RegistrationError::TooManyEngines { role: Role::Prefill },
+            format!("more than {MAX_ENGINES_PER_ROLE} prefill engines"),
         );
     }
 }

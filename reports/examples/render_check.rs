@@ -15,7 +15,7 @@ fn report(r: &pdkv_sim::RunResult, dir: &Path) {
     written.extend(pdkv_reports::nic_utilisation(r, dir).expect("nic_utilisation"));
     written.extend(pdkv_reports::latency_cdf(r, dir).expect("latency_cdf"));
     for (i, h) in r.hangs.iter().enumerate() {
-        written.extend(pdkv_reports::wait_for_graph(h, i, dir).expect("wait_for_graph"));
+        written.extend(pdkv_reports::wait_for_graph(h, i, &r.title(), dir).expect("wait_for_graph"));
     }
     for p in written {
         println!("{:>7} {}", std::fs::metadata(&p).map(|m| m.len()).unwrap_or(0), p.display());
@@ -67,7 +67,7 @@ fn main() {
     ];
     let members = vec!["D0.dp0.tp0".to_string(), "D0.dp0.tp1 notify listener".into(), "P0.dp0.tp1".into()];
     let extra = out.join("extra").join("graphs");
-    pdkv_reports::wait_for_graph(&hang("Synthetic deadlock", &cycle, Some(members)), 0, &extra)
+    pdkv_reports::wait_for_graph(&hang("Synthetic deadlock", &cycle, Some(members)), 0, "synthetic", &extra)
         .expect("cycle");
     let mut big: Vec<String> = Vec::new();
     for t in 0..16 {
@@ -82,7 +82,8 @@ fn main() {
         }
     }
     big.push("vote D1 group 0 step 9 -> D1.dp0.tp2 (has not voted)".into());
-    pdkv_reports::wait_for_graph(&hang("Synthetic 16-rank hang", &big, None), 1, &extra).expect("big");
+    pdkv_reports::wait_for_graph(&hang("Synthetic 16-rank hang", &big, None), 1, "synthetic", &extra)
+        .expect("big");
     let mut points = Vec::new();
     for notation in ["1P_TP8:1D_TP8", "2P_TP8:1D_DP8EP", "1P_TP4:1D_TP8"] {
         for concurrency in [32u32, 128, 512] {
@@ -90,11 +91,12 @@ fn main() {
             s.workload.clients = Clients::Closed { concurrency, requests: concurrency * 2 };
             let r = pdkv_sim::run(&s, RunOptions::default()).expect("runs").result;
             points.push(SweepPoint {
+                run: notation.to_string(),
                 deployment: notation.to_string(),
                 concurrency,
                 total_tok_s: r.throughput.total_tok_s,
-                ttft_mean_ms: r.latency_ms.ttft.mean,
-                tpot_mean_ms: r.latency_ms.tpot.mean,
+                ttft_mean_ms: r.latency_ms.ttft.map(|t| t.mean),
+                tpot_mean_ms: r.latency_ms.tpot.map(|t| t.mean),
                 outcome: r.outcome.name().to_string(),
             });
         }
@@ -106,8 +108,8 @@ fn main() {
     let mut marked = points.clone();
     marked[8].outcome = "hang".to_string();
     marked[8].total_tok_s = 0.0;
-    marked[8].ttft_mean_ms = 0.0;
-    marked[8].tpot_mean_ms = 0.0;
+    marked[8].ttft_mean_ms = None;
+    marked[8].tpot_mean_ms = None;
     pdkv_reports::sweep_charts(&marked, &out.join("extra").join("sweep-with-hang")).expect("sweep_charts");
     for p in &points {
         eprintln!("{p:?}");

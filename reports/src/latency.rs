@@ -29,7 +29,8 @@ struct Panel<'a> {
     caption: &'a str,
     x_desc: &'a str,
     percentiles: &'a [f64],
-    summary: Summary,
+    /// `None` when nothing was measured.
+    summary: Option<Summary>,
 }
 
 impl Picture for Cdf<'_> {
@@ -39,17 +40,16 @@ impl Picture for Cdf<'_> {
         let l = &r.latency_ms;
         title(
             root,
-            &format!("Latency distribution: {} ({})", r.scenario, r.deployment),
-            &if l.ttft_percentiles.is_empty() {
-                format!("{} of {} requests finished", r.requests.finished, r.requests.sent)
-            } else {
-                format!(
+            &format!("Latency distribution: {}", r.title()),
+            &match l.ttft {
+                None => format!("{} of {} requests finished", r.requests.finished, r.requests.sent),
+                Some(ttft) => format!(
                     "{} of {} requests finished · TTFT median {} · TPOT median {}",
                     r.requests.finished,
                     r.requests.sent,
-                    ms(l.ttft.p50),
-                    ms(l.tpot.p50)
-                )
+                    ms(ttft.p50),
+                    l.tpot.map_or("n/a".to_string(), |tpot| ms(tpot.p50))
+                ),
             },
         )?;
         let ttft = Panel {
@@ -97,8 +97,9 @@ fn draw_panel<DB: DrawingBackend>(root: &Area<DB>, p: &Panel, f: Frame) -> Drawn
         f.descs(root, &format!("{} (no data)", p.x_desc), "fraction of requests ≤ x", 60)?;
         return note(root, "no finished requests", f.centre());
     }
+    let (mean, p99) = (p.summary.map(|s| s.mean), p.summary.map(|s| s.p99));
     let mut span = values.clone();
-    span.extend([p.summary.mean, p.summary.p99].iter().filter(|v| v.is_finite()));
+    span.extend([mean, p99].iter().flatten().filter(|v| v.is_finite()));
     let scale = Scale::fit(&span, 20.0, false);
     let xr = scale.range();
     let x_of = |v: f64| scale.at(v).map(|c| f.px(&xr, c));
@@ -116,31 +117,25 @@ fn draw_panel<DB: DrawingBackend>(root: &Area<DB>, p: &Panel, f: Frame) -> Drawn
     let mean_colour = series_colour(2);
     let line = series_colour(0);
     let mut legend = vec![(Swatch::Line { colour: line, dashed: false, marker: None }, "CDF".to_string())];
-    if let Some(x) = x_of(p.summary.mean) {
+    if let Some((mean, x)) = mean.and_then(|m| Some((m, x_of(m)?))) {
         dashed_v(root, x, f.y0, f.y1, mean_colour.stroke_width(2))?;
         legend.push((
             Swatch::Line { colour: mean_colour, dashed: true, marker: Some(Marker::Circle) },
-            format!("mean {}", ms(p.summary.mean)),
+            format!("mean {}", ms(mean)),
         ));
     }
-    if let Some(x) = x_of(p.summary.p99) {
+    if let Some((p99, x)) = p99.and_then(|v| Some((v, x_of(v)?))) {
         dashed_v(root, x, f.y0, f.y1, ALERT.stroke_width(2))?;
         legend.push((
             Swatch::Line { colour: ALERT, dashed: true, marker: Some(Marker::Triangle) },
-            format!("p99 {}", ms(p.summary.p99)),
+            format!("p99 {}", ms(p99)),
         ));
     }
     polyline(root, points, line.stroke_width(3))?;
-    if let Some(x) = x_of(p.summary.mean) {
-        marker(
-            root,
-            Marker::Circle,
-            (x, f.py(&yr, fraction_at(p.percentiles, p.summary.mean))),
-            6,
-            mean_colour,
-        )?;
+    if let Some((mean, x)) = mean.and_then(|m| Some((m, x_of(m)?))) {
+        marker(root, Marker::Circle, (x, f.py(&yr, fraction_at(p.percentiles, mean))), 6, mean_colour)?;
     }
-    if let Some(x) = x_of(p.summary.p99) {
+    if let Some(x) = p99.and_then(x_of) {
         marker(root, Marker::Triangle, (x, f.py(&yr, 0.99)), 6, ALERT)?;
     }
     f.axes(root)?;

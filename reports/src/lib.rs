@@ -24,17 +24,42 @@ pub use nic::{nic_balance, nic_utilisation};
 pub use sweep::{sweep_charts, SweepPoint};
 pub use waitfor::wait_for_graph;
 
-/// Every picture of one run: NIC balance, NIC utilisation, latency CDFs, and a wait-for graph
-/// for each hang; returns the files written (PNG, SVG and DOT).
-pub fn run_pictures(
-    result: &pdkv_sim::RunResult,
-    dir: &std::path::Path,
-) -> Result<Vec<std::path::PathBuf>, ReportError> {
-    let mut files = nic_balance(result, dir)?;
-    files.extend(nic_utilisation(result, dir)?);
-    files.extend(latency_cdf(result, dir)?);
+/// The pictures of one run.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RunPictures {
+    /// The files written (PNG, SVG and DOT), wait-for graphs first.
+    pub files: Vec<std::path::PathBuf>,
+    /// One sentence for each picture left out because the run has no data for it.
+    pub omitted: Vec<String>,
+}
+
+/// Every picture of one run: a wait-for graph for each hang first (when a run hangs, that is
+/// what there is to see), then NIC balance, NIC utilisation and latency CDFs. A chart the run
+/// has no data for (no reads, no NIC traffic, no finished request) is not drawn as empty axes:
+/// it is left out, with a sentence saying why.
+pub fn run_pictures(result: &pdkv_sim::RunResult, dir: &std::path::Path) -> Result<RunPictures, ReportError> {
+    let mut pictures = RunPictures::default();
+    let title = result.title();
     for (i, hang) in result.hangs.iter().enumerate() {
-        files.extend(wait_for_graph(hang, i, dir)?);
+        pictures.files.extend(wait_for_graph(hang, i, &title, dir)?);
     }
-    Ok(files)
+    let nic = &result.nic;
+    if nic.reads_per_prefill_gpu.iter().chain(&nic.bytes_per_prefill_gpu).any(|&n| n > 0) {
+        pictures.files.extend(nic_balance(result, dir)?);
+    } else {
+        pictures.omitted.push("No NIC balance chart: no prefill GPU served a read.".into());
+    }
+    if nic.utilisation.iter().flatten().any(|&u| u > 0.0) {
+        pictures.files.extend(nic_utilisation(result, dir)?);
+    } else {
+        pictures.omitted.push("No NIC utilisation chart: no NIC carried any traffic.".into());
+    }
+    if result.latency_ms.ttft_percentiles.is_empty() {
+        pictures
+            .omitted
+            .push("No latency chart: no request finished, so there is no TTFT or TPOT to plot.".into());
+    } else {
+        pictures.files.extend(latency_cdf(result, dir)?);
+    }
+    Ok(pictures)
 }

@@ -150,10 +150,13 @@ impl Picture for Balance<'_> {
         let n = gpus.len();
         title(
             root,
-            &format!("NIC balance per prefill GPU: {} ({})", r.scenario, r.deployment),
+            &format!("NIC balance per prefill GPU: {}", r.title()),
             &format!(
-                "Jain index: reads {:.3}, bytes {:.3} (1.000 = perfectly even) · {} prefill GPUs in rank order, {}",
-                r.nic.jain, r.nic.jain_bytes, n, gpus.labelled
+                "Jain index: reads {}, bytes {} (1.000 = perfectly even) · {} prefill GPUs in rank order, {}",
+                three(r.nic.jain),
+                three(r.nic.jain_bytes),
+                n,
+                gpus.labelled
             ),
         )?;
         let reads: Vec<f64> =
@@ -188,6 +191,11 @@ impl Picture for Balance<'_> {
         }
         legend_row(root, &legend, 640, 692, 1200)
     }
+}
+
+/// `0.962`, or `n/a` for an index without data.
+fn three(value: Option<f64>) -> String {
+    value.map_or("n/a".to_string(), |v| format!("{v:.3}"))
 }
 
 /// `mean 80, min 80, max 80`.
@@ -362,7 +370,7 @@ impl Picture for Utilisation<'_> {
         let binned = if bin > 1 { format!(" · {bin}-second bins") } else { String::new() };
         title(
             root,
-            &format!("NIC utilisation per prefill GPU: {} ({})", r.scenario, r.deployment),
+            &format!("NIC utilisation per prefill GPU: {}", r.title()),
             &format!(
                 "Share of each NIC's bandwidth used per virtual second · peak {}, mean {}{binned}",
                 percent(peak),

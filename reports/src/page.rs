@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use pdkv_sim::result::RunResult;
 
-use crate::SweepPoint;
+use crate::{RunPictures, SweepPoint};
 
 /// Escapes text for HTML element content and attribute values.
 pub fn escape(text: &str) -> String {
@@ -70,16 +70,20 @@ fn row(out: &mut String, key: &str, value: &str) {
     let _ = writeln!(out, "<tr><th>{}</th><td>{}</td></tr>", escape(key), value);
 }
 
-/// Writes `dir/index.html` for one run: summary table, hangs and violations, pictures, the
-/// scenario text and the command that reproduces the run.
+/// Writes `dir/index.html` for one run: summary table; each hang with its wait-for graph (first,
+/// since a hung run has little else to show) and its edges; violations; the other pictures, and
+/// a sentence for each left out for want of data; the scenario text and the command that
+/// reproduces the run.
 pub fn write_run_page(
     dir: &Path,
     result: &RunResult,
-    images: &[PathBuf],
+    pictures_of_run: &RunPictures,
     command: &str,
 ) -> std::io::Result<PathBuf> {
+    let images = &pictures_of_run.files;
+    let is_hang = |p: &PathBuf| name(p).starts_with("wait_for_");
     let r = result;
-    let mut html = head(&format!("pdkv run {} ({})", r.scenario, r.deployment));
+    let mut html = head(&format!("pdkv run {}", r.title()));
     let verdict = if r.as_expected() {
         "<span class=\"good\">as expected</span>"
     } else {
@@ -105,25 +109,35 @@ pub fn write_run_page(
         &format!("{:.0} tok/s total, {:.0} tok/s output", t.total_tok_s, t.output_tok_s),
     );
     let l = &r.latency_ms;
-    row(
-        &mut html,
-        "TTFT",
-        &format!("mean {:.0} ms, p50 {:.0} ms, p99 {:.0} ms", l.ttft.mean, l.ttft.p50, l.ttft.p99),
+    let missing = |what: &str| match r.requests.finished {
+        0 => "n/a (no request finished)".to_string(),
+        _ => format!("n/a (no finished request {what})"),
+    };
+    let ttft = l.ttft.map_or_else(
+        || missing("measured one"),
+        |t| format!("mean {:.0} ms, p50 {:.0} ms, p99 {:.0} ms", t.mean, t.p50, t.p99),
     );
-    row(
-        &mut html,
-        "TPOT",
-        &format!("mean {:.1} ms, p50 {:.1} ms, p99 {:.1} ms", l.tpot.mean, l.tpot.p50, l.tpot.p99),
+    row(&mut html, "TTFT", &ttft);
+    let tpot = l.tpot.map_or_else(
+        || missing("produced a second token"),
+        |t| format!("mean {:.1} ms, p50 {:.1} ms, p99 {:.1} ms", t.mean, t.p50, t.p99),
     );
-    row(&mut html, "ITL", &format!("mean {:.1} ms, p99 {:.1} ms", l.itl.mean, l.itl.p99));
+    row(&mut html, "TPOT", &tpot);
+    let itl = l.itl.map_or_else(
+        || missing("produced a second token"),
+        |t| format!("mean {:.1} ms, p99 {:.1} ms", t.mean, t.p99),
+    );
+    row(&mut html, "ITL", &itl);
     let n = &r.nic;
     if let Some(spread) = n.spread().map(|text| escape(&text)) {
-        let text = format!(
-            "Jain {:.3} (bytes {:.3}) over {} prefill GPUs; {spread}",
-            n.jain,
-            n.jain_bytes,
-            n.reads_per_prefill_gpu.len()
-        );
+        let gpus = n.reads_per_prefill_gpu.len();
+        let text = match (n.jain, n.jain_bytes) {
+            (Some(jain), bytes) => format!(
+                "Jain {jain:.3} (bytes {}) over {gpus} prefill GPUs; {spread}",
+                bytes.map_or("n/a".to_string(), |b| format!("{b:.3}"))
+            ),
+            (None, _) => "Jain n/a: no prefill GPU served a read".to_string(),
+        };
         row(&mut html, "NIC balance", &text);
     }
     let g = &r.ledger;
@@ -138,7 +152,11 @@ pub fn write_run_page(
     );
     html.push_str("</table>\n");
     for (i, hang) in r.hangs.iter().enumerate() {
-        let _ = writeln!(html, "<h2 class=\"bad\">Hang {}: {}</h2>\n<pre>", i + 1, escape(&hang.what));
+        let _ = writeln!(html, "<h2 class=\"bad\">Hang {}: {}</h2>", i + 1, escape(&hang.what));
+        let stem = format!("wait_for_{i}.");
+        let graph: Vec<PathBuf> = images.iter().filter(|p| name(p).starts_with(&stem)).cloned().collect();
+        html.push_str(&pictures(&graph));
+        html.push_str("<pre>");
         for edge in &hang.wait_for {
             let _ = writeln!(html, "{}", escape(edge));
         }
@@ -162,7 +180,11 @@ pub fn write_run_page(
         html.push_str("</table>\n");
     }
     html.push_str("<h2>Pictures</h2>\n");
-    html.push_str(&pictures(images));
+    let others: Vec<PathBuf> = images.iter().filter(|p| !is_hang(p)).cloned().collect();
+    html.push_str(&pictures(&others));
+    for sentence in &pictures_of_run.omitted {
+        let _ = writeln!(html, "<p>{}</p>", escape(sentence));
+    }
     html.push_str(
         "<h2>Files</h2>\n<ul>\n<li><a href=\"result.json\">result.json</a> (the versioned result)</li>\n",
     );
@@ -185,18 +207,19 @@ pub fn write_sweep_page(
 ) -> std::io::Result<PathBuf> {
     let mut html = head("pdkv sweep");
     html.push_str(
-        "<table>\n<tr><th>deployment</th><th>concurrency</th><th>total tok/s</th><th>mean TTFT (ms)</th>",
+        "<table>\n<tr><th>run</th><th>deployment</th><th>concurrency</th><th>total tok/s</th><th>mean TTFT (ms)</th>",
     );
     html.push_str("<th>mean TPOT (ms)</th><th>outcome</th></tr>\n");
     for p in points {
         let _ = writeln!(
             html,
-            "<tr><td>{}</td><td>{}</td><td>{:.0}</td><td>{:.0}</td><td>{:.1}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.0}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            escape(&p.run),
             escape(&p.deployment),
             p.concurrency,
             p.total_tok_s,
-            p.ttft_mean_ms,
-            p.tpot_mean_ms,
+            p.ttft_mean_ms.map_or("n/a".to_string(), |v| format!("{v:.0}")),
+            p.tpot_mean_ms.map_or("n/a".to_string(), |v| format!("{v:.1}")),
             escape(&p.outcome)
         );
     }

@@ -309,11 +309,25 @@ pub(crate) fn text<DB: DrawingBackend>(
     }
 }
 
+/// Smallest size a long title shrinks to before it is cut short.
+const TITLE_MIN: f64 = 20.0;
+
+/// The size at which `title` fits in `max` pixels: [`TITLE`], or smaller down to [`TITLE_MIN`]
+/// (a title names the run, so shrinking keeps all of it where cutting would lose the end).
+fn title_size(title: &str, max: i32) -> f64 {
+    let mut size = TITLE;
+    while size > TITLE_MIN && text_width(title, size) > max {
+        size -= 2.0;
+    }
+    size
+}
+
 /// The title (and a subtitle line under it), centred at the top.
 pub(crate) fn title<DB: DrawingBackend>(root: &Area<DB>, title: &str, subtitle: &str) -> Drawn {
     let (w, _) = root.dim_in_pixel();
     let w = w as i32;
-    text(root, &fit(title, TITLE, w - 40), (w / 2, 12), &style(TITLE, INK, HPos::Center, VPos::Top))?;
+    let size = title_size(title, w - 40);
+    text(root, &fit(title, size, w - 40), (w / 2, 12), &style(size, INK, HPos::Center, VPos::Top))?;
     text(
         root,
         &fit(subtitle, SUBTITLE, w - 40),

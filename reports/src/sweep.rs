@@ -1,4 +1,5 @@
-//! Sweep charts: throughput, TTFT and TPOT against concurrency, one line per deployment.
+//! Sweep charts: throughput, TTFT and TPOT against concurrency, one line per run (a scenario or
+//! a notation, with its seed when the sweep sets one).
 
 use std::path::{Path, PathBuf};
 
@@ -14,23 +15,27 @@ use crate::render::{
 /// One point of a sweep.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SweepPoint {
-    /// The deployment notation (one line per distinct value).
+    /// The run's label without its workload ([`pdkv_sim::RunIdentity`]): one line per distinct
+    /// value, so two scenarios of one deployment (a bug and its fix) are two lines.
+    pub run: String,
+    /// The deployment notation.
     pub deployment: String,
     /// Clients in flight.
     pub concurrency: u32,
     /// Prompt plus generated tokens per second.
     pub total_tok_s: f64,
-    /// Mean time to first token, in milliseconds (0 when no request finished).
-    pub ttft_mean_ms: f64,
-    /// Mean time per output token, in milliseconds (0 when no request finished).
-    pub tpot_mean_ms: f64,
+    /// Mean time to first token, in milliseconds (`None` when no request finished).
+    pub ttft_mean_ms: Option<f64>,
+    /// Mean time per output token, in milliseconds (`None` when no finished request produced a
+    /// second token).
+    pub tpot_mean_ms: Option<f64>,
     /// How the run ended (`clean` or the outcome's name).
     pub outcome: String,
 }
 
-/// Three line charts against concurrency, one line per deployment: sweep_throughput,
+/// Three line charts against concurrency, one line per run: sweep_throughput,
 /// sweep_ttft, sweep_tpot (.png/.svg each). Concurrency values are evenly spaced categories in
-/// ascending order; latencies of 0 (no finished request) are left out; a red cross marks a
+/// ascending order; runs without a value (no finished request) are left out; a red cross marks a
 /// run whose outcome is not `clean`. Returns the six paths (PNG before SVG for each chart).
 pub fn sweep_charts(points: &[SweepPoint], dir: &Path) -> Result<Vec<PathBuf>, ReportError> {
     let charts = [
@@ -38,8 +43,7 @@ pub fn sweep_charts(points: &[SweepPoint], dir: &Path) -> Result<Vec<PathBuf>, R
             stem: "sweep_throughput",
             title: "Total token throughput against concurrency",
             y_desc: "total throughput (tok/s)",
-            value: |p| p.total_tok_s,
-            positive_only: false,
+            value: |p| Some(p.total_tok_s),
             log_ratio: f64::INFINITY,
         },
         Metric {
@@ -47,7 +51,6 @@ pub fn sweep_charts(points: &[SweepPoint], dir: &Path) -> Result<Vec<PathBuf>, R
             title: "Mean time to first token against concurrency",
             y_desc: "mean TTFT (ms)",
             value: |p| p.ttft_mean_ms,
-            positive_only: true,
             log_ratio: 20.0,
         },
         Metric {
@@ -55,7 +58,6 @@ pub fn sweep_charts(points: &[SweepPoint], dir: &Path) -> Result<Vec<PathBuf>, R
             title: "Mean time per output token against concurrency",
             y_desc: "mean TPOT (ms)",
             value: |p| p.tpot_mean_ms,
-            positive_only: true,
             log_ratio: f64::INFINITY,
         },
     ];
@@ -72,9 +74,8 @@ struct Metric {
     stem: &'static str,
     title: &'static str,
     y_desc: &'static str,
-    value: fn(&SweepPoint) -> f64,
-    /// Leave out values of zero or less (latencies of runs without finished requests).
-    positive_only: bool,
+    /// The value, `None` when the run measured none (latencies without finished requests).
+    value: fn(&SweepPoint) -> Option<f64>,
     /// Use a log axis when the largest value is at least this many times the smallest.
     log_ratio: f64,
 }
@@ -86,18 +87,17 @@ struct Chart<'a> {
 
 impl Chart<'_> {
     fn value(&self, p: &SweepPoint) -> Option<f64> {
-        let v = (self.metric.value)(p);
-        (v.is_finite() && (!self.metric.positive_only || v > 0.0)).then_some(v)
+        (self.metric.value)(p).filter(|v| v.is_finite())
     }
 }
 
 impl Picture for Chart<'_> {
     fn draw<DB: DrawingBackend>(&self, root: &Area<DB>) -> Drawn {
         root.fill(&WHITE).msg()?;
-        let mut deployments: Vec<&str> = Vec::new();
+        let mut runs: Vec<&str> = Vec::new();
         for p in self.points {
-            if !deployments.contains(&p.deployment.as_str()) {
-                deployments.push(&p.deployment);
+            if !runs.contains(&p.run.as_str()) {
+                runs.push(&p.run);
             }
         }
         let mut levels: Vec<u32> = self.points.iter().map(|p| p.concurrency).collect();
@@ -113,9 +113,10 @@ impl Picture for Chart<'_> {
             root,
             self.metric.title,
             &format!(
-                "{} runs · {} deployments · concurrency = clients in flight{}",
+                "{} points · {} {} · concurrency = clients in flight{}",
                 self.points.len(),
-                deployments.len(),
+                runs.len(),
+                if runs.len() == 1 { "line" } else { "lines" },
                 if self.metric.log_ratio.is_finite() {
                     " · log scale when the values span 20× or more"
                 } else {
@@ -136,10 +137,10 @@ impl Picture for Chart<'_> {
             levels.iter().filter_map(|&c| x_of(c).map(|x| (x, c.to_string()))).collect();
         x_ticks(root, &xt, f.y1, Some(f.y0))?;
         let mut legend: Vec<(Swatch, String)> = Vec::new();
-        for (d, name) in deployments.iter().enumerate() {
+        for (d, name) in runs.iter().enumerate() {
             let colour = series_colour(d);
             let shape = Marker::nth(d);
-            let mut mine: Vec<&SweepPoint> = self.points.iter().filter(|p| p.deployment == *name).collect();
+            let mut mine: Vec<&SweepPoint> = self.points.iter().filter(|p| p.run == *name).collect();
             mine.sort_by_key(|p| p.concurrency);
             let at = |p: &SweepPoint| -> Option<(i32, i32)> {
                 let c = scale.at(self.value(p)?)?;
@@ -173,7 +174,7 @@ impl Picture for Chart<'_> {
             self.metric.y_desc.into()
         };
         f.descs(root, "concurrency (clients in flight)", &desc, 72)?;
-        text(root, "deployment", (980, f.y0 - 6), &style(TICK, MUTED, HPos::Left, VPos::Center))?;
+        text(root, "run", (980, f.y0 - 6), &style(TICK, MUTED, HPos::Left, VPos::Center))?;
         legend_column(root, &legend, 980, f.y0 + 18, 280)
     }
 }

@@ -11,6 +11,9 @@ use crate::{
     latency_cdf, nic_balance, nic_utilisation, sweep_charts, wait_for_graph, ReportError, SweepPoint,
 };
 
+/// The title of the run the synthetic hangs belong to.
+const RUN: &str = "test-run (1P_TP8:1D_TP8)";
+
 /// A fresh folder for one test under the system temp folder.
 fn out_dir(test: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("pdkv-reports-{test}-{}", std::process::id()));
@@ -207,8 +210,8 @@ fn result(notation: &str) -> RunResult {
     r.nic.reads_per_prefill_gpu = (0..n).map(|i| 60 + (i * 7) % 41).collect();
     r.nic.bytes_per_prefill_gpu = r.nic.reads_per_prefill_gpu.iter().map(|r| r * 287_834_112).collect();
     r.nic.prefill_gpus = gpus;
-    r.nic.jain = 0.962;
-    r.nic.jain_bytes = 0.962;
+    r.nic.jain = Some(0.962);
+    r.nic.jain_bytes = Some(0.962);
     r.nic.utilisation = (0..n as usize)
         .map(|i| {
             (0..280 + i % 9)
@@ -216,8 +219,8 @@ fn result(notation: &str) -> RunResult {
                 .collect()
         })
         .collect();
-    r.latency_ms.ttft = Summary { mean: 3240.198, p50: 1938.709, p99: 26718.338 };
-    r.latency_ms.tpot = Summary { mean: 26.165, p50: 26.228, p99: 26.229 };
+    r.latency_ms.ttft = Some(Summary { mean: 3240.198, p50: 1938.709, p99: 26718.338 });
+    r.latency_ms.tpot = Some(Summary { mean: 26.165, p50: 26.228, p99: 26.229 });
     r.latency_ms.ttft_percentiles = percentiles(670.0, 27_000.0);
     r.latency_ms.tpot_percentiles = percentiles(25.2, 1.0);
     r.hangs = vec![lost_reply_hang()];
@@ -242,11 +245,12 @@ fn sweep() -> Vec<SweepPoint> {
             let k = (d * 3 + i) as f64;
             let hung = d == 2 && i == 2;
             points.push(SweepPoint {
+                run: deployment.to_string(),
                 deployment: deployment.to_string(),
                 concurrency: *concurrency,
                 total_tok_s: if hung { 0.0 } else { 8000.0 * (1.0 + i as f64) + 900.0 * k },
-                ttft_mean_ms: if hung { 0.0 } else { 3000.0 * 6f64.powi(i as i32) + 100.0 * k },
-                tpot_mean_ms: if hung { 0.0 } else { 25.0 + k },
+                ttft_mean_ms: if hung { None } else { Some(3000.0 * 6f64.powi(i as i32) + 100.0 * k) },
+                tpot_mean_ms: if hung { None } else { Some(25.0 + k) },
                 outcome: if hung { "hang".to_string() } else { "clean".to_string() },
             });
         }
@@ -269,6 +273,15 @@ fn nic_balance_writes_a_png_and_an_svg() {
     }
     let paths = nic_balance(&empty_result(), &dir).expect("draws");
     assert!(check_svg(&paths[1]).contains("no reads served"));
+    // The title names the run in full: a long label shrinks the title rather than losing its end.
+    let mut labelled = result("2P_TP8:1D_DP8EP");
+    labelled.label =
+        "2P_TP8:1D_DP8EP, C128 x1280 8K/1K, seed 12345, legacy no-flexible-reads+proxy-aliasing".into();
+    let svg = check_svg(&nic_balance(&labelled, &dir).expect("draws")[1]);
+    assert!(says(&svg, &format!("NIC balance per prefill GPU: {}", labelled.label)), "full title");
+    labelled.label = "proxy-aliasing".into();
+    let svg = check_svg(&nic_balance(&labelled, &dir).expect("draws")[1]);
+    assert!(says(&svg, "NIC balance per prefill GPU: proxy-aliasing (2P_TP8:1D_DP8EP)"), "deployment added");
     done(&dir);
 }
 
@@ -318,12 +331,13 @@ fn latency_cdf_marks_mean_and_p99_or_says_nothing_finished() {
 fn wait_for_graph_writes_pictures_and_the_dot_as_is() {
     let dir = out_dir("wait-for");
     let hang = lost_reply_hang();
-    let paths = wait_for_graph(&hang, 3, &dir).expect("draws");
+    let paths = wait_for_graph(&hang, 3, RUN, &dir).expect("draws");
     assert_eq!(names(&paths), ["wait_for_3.png", "wait_for_3.svg", "wait_for_3.dot"]);
     check_png(&paths[0]);
     let svg = check_svg(&paths[1]);
     for text in [
-        "TP collective D0 step 1 waited 600 s (timeout)",
+        "Hang: test-run (1P_TP8:1D_TP8)",
+        "TP collective D0 step 1 waited 600 s (timeout), detected at t = 600.3 s",
         "not arrived ×8",
         "waiting for the MIN vote ×7",
         "has not voted",
@@ -339,7 +353,7 @@ fn wait_for_graph_writes_pictures_and_the_dot_as_is() {
 #[test]
 fn wait_for_graph_with_a_cycle_renders_it_red() {
     let dir = out_dir("wait-for-cycle");
-    let paths = wait_for_graph(&deadlock(), 0, &dir).expect("draws");
+    let paths = wait_for_graph(&deadlock(), 0, RUN, &dir).expect("draws");
     check_png(&paths[0]);
     let svg = check_svg(&paths[1]);
     assert!(svg.contains("cycle (deadlock) among: A, B, C"));
@@ -350,10 +364,10 @@ fn wait_for_graph_with_a_cycle_renders_it_red() {
     let mut lone = deadlock();
     lone.wait_for = vec!["x -> x (self)".into(), "not an edge".into()];
     lone.cycle = Some(vec!["x".into()]);
-    let svg = check_svg(&wait_for_graph(&lone, 1, &dir).expect("draws")[1]);
+    let svg = check_svg(&wait_for_graph(&lone, 1, RUN, &dir).expect("draws")[1]);
     assert!(svg.contains("1 unreadable lines skipped"));
     lone.wait_for.clear();
-    let svg = check_svg(&wait_for_graph(&lone, 2, &dir).expect("draws")[1]);
+    let svg = check_svg(&wait_for_graph(&lone, 2, RUN, &dir).expect("draws")[1]);
     assert!(svg.contains("no wait-for edges recorded"));
     done(&dir);
 }
@@ -386,6 +400,21 @@ fn sweep_charts_write_three_charts() {
     assert!(check_svg(&paths[3]).contains("mean TTFT (ms), log scale"));
     let svg = check_svg(&sweep_charts(&[], &dir).expect("draws")[1]);
     assert!(svg.contains("no sweep points"));
+    // A bug and its fix on one deployment are two lines, each named by its run.
+    let mut twins = sweep();
+    twins.retain(|p| p.deployment == "2P_TP8:1D_DP8EP");
+    let mut fixed = twins.clone();
+    for (p, run) in twins
+        .iter_mut()
+        .map(|p| (p, "proxy-aliasing"))
+        .chain(fixed.iter_mut().map(|p| (p, "proxy-aliasing-fixed")))
+    {
+        p.run = run.to_string();
+    }
+    twins.extend(fixed);
+    let svg = check_svg(&sweep_charts(&twins, &dir).expect("draws")[1]);
+    assert!(says(&svg, "proxy-aliasing") && says(&svg, "proxy-aliasing-fixed"));
+    assert!(svg.contains("6 points · 2 lines"));
     done(&dir);
 }
 
@@ -397,8 +426,8 @@ fn rendering_twice_gives_identical_bytes() {
         nic_balance(&r, dir).expect("draws");
         nic_utilisation(&r, dir).expect("draws");
         latency_cdf(&r, dir).expect("draws");
-        wait_for_graph(&r.hangs[0], 0, dir).expect("draws");
-        wait_for_graph(&deadlock(), 1, dir).expect("draws");
+        wait_for_graph(&r.hangs[0], 0, &r.title(), dir).expect("draws");
+        wait_for_graph(&deadlock(), 1, RUN, dir).expect("draws");
         sweep_charts(&sweep(), dir).expect("draws");
     }
     let mut files: Vec<String> = fs::read_dir(&a)
@@ -413,6 +442,45 @@ fn rendering_twice_gives_identical_bytes() {
     }
     done(&a);
     done(&b);
+}
+
+#[test]
+fn run_pictures_lead_with_hangs_and_leave_out_charts_without_data() {
+    let dir = out_dir("run-pictures");
+    // A hung run in which nothing finished and nothing was read.
+    let mut hung = empty_result();
+    hung.hangs = vec![lost_reply_hang()];
+    let pictures = crate::run_pictures(&hung, &dir).expect("draws");
+    assert_eq!(names(&pictures.files), ["wait_for_0.png", "wait_for_0.svg", "wait_for_0.dot"]);
+    assert_eq!(
+        pictures.omitted,
+        [
+            "No NIC balance chart: no prefill GPU served a read.",
+            "No NIC utilisation chart: no NIC carried any traffic.",
+            "No latency chart: no request finished, so there is no TTFT or TPOT to plot.",
+        ]
+    );
+    let page = crate::page::write_run_page(&dir, &hung, &pictures, "pdkv run x").expect("written");
+    let html = fs::read_to_string(page).expect("read");
+    let first = html.find("<img").map(|at| &html[at..]).unwrap_or_default();
+    assert!(first.starts_with("<img src=\"wait_for_0.png\""), "{html}");
+    let heading = html.find("<h2 class=\"bad\">Hang 1").expect("a heading for the hang");
+    assert!(heading < html.find("<img").expect("a picture"), "the hang's heading comes first");
+    assert!(html.contains("<p>No NIC balance chart: no prefill GPU served a read.</p>"), "{html}");
+    for row in [
+        "<tr><th>TTFT</th><td>n/a (no request finished)</td></tr>",
+        "<tr><th>TPOT</th><td>n/a (no request finished)</td></tr>",
+        "<tr><th>ITL</th><td>n/a (no request finished)</td></tr>",
+        "<tr><th>NIC balance</th><td>Jain n/a: no prefill GPU served a read</td></tr>",
+    ] {
+        assert!(html.contains(row), "{row}");
+    }
+    // A run with data draws every chart, its wait-for graphs first.
+    let pictures = crate::run_pictures(&result("1P_TP8:1D_TP8"), &dir).expect("draws");
+    let pngs: Vec<String> = names(&pictures.files).into_iter().filter(|n| n.ends_with(".png")).collect();
+    assert_eq!(pngs, ["wait_for_0.png", "nic_balance.png", "nic_utilisation.png", "latency_cdf.png"]);
+    assert!(pictures.omitted.is_empty());
+    done(&dir);
 }
 
 #[test]
@@ -433,7 +501,7 @@ fn errors_name_the_file() {
     assert!(matches!(&err, ReportError::Io { path, .. } if path.ends_with("latency_cdf.png")), "{err:?}");
     // The DOT file is written after the pictures; a folder in its place fails on it alone.
     fs::create_dir_all(dir.join("g").join("wait_for_0.dot")).expect("made");
-    let err = wait_for_graph(&deadlock(), 0, &dir.join("g")).expect_err("dot path is a folder");
+    let err = wait_for_graph(&deadlock(), 0, RUN, &dir.join("g")).expect_err("dot path is a folder");
     assert!(matches!(&err, ReportError::Io { path, .. } if path.ends_with("wait_for_0.dot")), "{err:?}");
     done(&dir);
 }

@@ -11,17 +11,18 @@ use plotters::style::text_anchor::{HPos, VPos};
 
 use crate::error::ReportError;
 use crate::render::{
-    dashed_h, dashed_v, legend_row, note, render, style, text, text_width, title, wrap, Area, Drawn, Msg,
-    Picture, Swatch, ALERT, GRID, INK,
+    dashed_h, dashed_v, fit, legend_row, note, render, style, text, text_width, title, wrap, Area, Drawn,
+    Msg, Picture, Swatch, ALERT, GRID, INK, MUTED, SUBTITLE,
 };
 
-/// For a hang: writes wait_for_<i>.png/.svg (the graph drawn as boxes and arrows) and
-/// wait_for_<i>.dot (hang.dot as is). An arrow `a → b` means a waits for b, labelled with the
-/// reason; members of `hang.cycle` are red and boxed as "cycle"; nodes that wait for nothing
-/// (where the waits end) are orange. Returns the paths written: PNG, SVG, then DOT.
-pub fn wait_for_graph(hang: &Hang, index: usize, dir: &Path) -> Result<Vec<PathBuf>, ReportError> {
+/// For a hang of the run titled `run` ([`pdkv_sim::RunResult::title`]): writes
+/// wait_for_<i>.png/.svg (the graph drawn as boxes and arrows) and wait_for_<i>.dot (hang.dot
+/// as is). An arrow `a → b` means a waits for b, labelled with the reason; members of
+/// `hang.cycle` are red and boxed as "cycle"; nodes that wait for nothing (where the waits end)
+/// are orange. Returns the paths written: PNG, SVG, then DOT.
+pub fn wait_for_graph(hang: &Hang, index: usize, run: &str, dir: &Path) -> Result<Vec<PathBuf>, ReportError> {
     let stem = format!("wait_for_{index}");
-    let mut paths = render(dir, &stem, &WaitFor { hang })?;
+    let mut paths = render(dir, &stem, &WaitFor { hang, run })?;
     let dot = dir.join(format!("{stem}.dot"));
     fs::write(&dot, &hang.dot).map_err(|e| ReportError::io(&dot, e))?;
     paths.push(dot);
@@ -469,6 +470,8 @@ fn label_specs(g: &Graph, layout: &Layout, red: &[bool]) -> Vec<Spec> {
 
 struct WaitFor<'a> {
     hang: &'a Hang,
+    /// The run's title.
+    run: &'a str,
 }
 
 /// Box fill and border of a waiter.
@@ -713,15 +716,20 @@ impl Picture for WaitFor<'_> {
         };
         let skipped =
             if g.skipped > 0 { format!(" · {} unreadable lines skipped", g.skipped) } else { String::new() };
+        // The title names the run; what hung and the graph's summary take a line each, since
+        // together they are often too long for one.
         title(
             root,
-            &hang.what,
-            &format!(
-                "detected at t = {:.1} s · {} waiters, {} waits · {summary}{skipped}",
-                hang.t_ms / 1000.0,
-                n,
-                g.edges.len()
-            ),
+            &format!("Hang: {}", self.run),
+            &format!("{}, detected at t = {:.1} s", hang.what, hang.t_ms / 1000.0),
+        )?;
+        let (w, _) = root.dim_in_pixel();
+        let w = w as i32;
+        text(
+            root,
+            &fit(&format!("{n} waiters, {} waits · {summary}{skipped}", g.edges.len()), SUBTITLE, w - 40),
+            (w / 2, 70),
+            &style(SUBTITLE, MUTED, HPos::Center, VPos::Top),
         )?;
         if n == 0 {
             return note(root, "no wait-for edges recorded", (640, 380));

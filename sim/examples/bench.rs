@@ -25,11 +25,11 @@ fn main() {
         walls.push(start.elapsed().as_secs_f64());
         events = run.result.events;
         outcome = format!(
-            "{} ({} requests finished, {:.0} tok/s, Jain {:.3})",
+            "{} ({} requests finished, {:.0} tok/s, Jain {})",
             run.result.outcome.name(),
             run.result.requests.finished,
             run.result.throughput.total_tok_s,
-            run.result.nic.jain
+            run.result.nic.jain.map_or("n/a".to_string(), |j| format!("{j:.3}"))
         );
     }
     walls.sort_by(f64::total_cmp);

@@ -44,6 +44,22 @@ impl Property {
     }
 }
 
+impl Property {
+    /// What the property asks, in a few words, for the header of a shrunk scenario file.
+    pub fn meaning(self) -> &'static str {
+        match self {
+            Property::Safety => "no read of freed or foreign memory, no double free, no protocol error",
+            Property::ListenerExists => "every control message goes to a port some listener owns",
+            Property::NoHang => "no collective waits past its timeout",
+            Property::EveryRequestEnds => "every request finishes or fails with a reported error",
+            Property::FreedByReleases => "every prefill block is freed exactly once, by its releases",
+            Property::Balanced => {
+                "reads spread over the prefill GPUs as evenly as the fixed routing spreads them"
+            }
+        }
+    }
+}
+
 impl fmt::Display for Property {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
@@ -113,7 +129,7 @@ pub fn broken_properties_of(result: &RunResult, ideal: Option<Ideal>) -> Vec<Pro
     if let Some(ideal) = ideal {
         let enough =
             result.requests.sent >= 4 * ideal.requests_per_round.max(1) && result.requests.failed == 0;
-        if enough && result.nic.jain < ideal.jain - BALANCE_SLACK {
+        if enough && result.nic.jain.is_some_and(|jain| jain < ideal.jain - BALANCE_SLACK) {
             broken.push(Property::Balanced);
         }
     }
@@ -287,6 +303,49 @@ pub fn shrink(failing: &Scenario, property: Property, budget: usize) -> Scenario
     current
 }
 
+/// A shrunk failure made a scenario of its own, and the text of its file.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ShrunkFile {
+    /// The scenario: named `<base>-seed<seed>-shrunk`, without expectations.
+    pub scenario: Scenario,
+    /// The RON file: a header saying where it comes from and what it breaks, then the scenario.
+    pub text: String,
+}
+
+/// Turns `small`, shrunk from seed `seed` of `base` because it broke `property`, into a
+/// scenario file of its own. It gets its own name, so its report does not overwrite the
+/// original's. It drops the original's `expect` and `expect_jain`: those describe the original
+/// run, and a stale `expect: leak` would call a shrunk leak "as expected". Without them it is
+/// expected to be clean, which a run that breaks a property is not: `pdkv run` of the file
+/// exits 1 for as long as the failure lasts, and 0 once a fix makes it pass. The header says
+/// which property it breaks and the outcome it has (`small` runs once more to learn it); an
+/// error says why it cannot run.
+pub fn shrunk_file(
+    base: &Scenario,
+    seed: u64,
+    property: Property,
+    small: &Scenario,
+) -> Result<ShrunkFile, String> {
+    let mut scenario = small.clone();
+    scenario.name = format!("{}-seed{seed}-shrunk", base.name);
+    scenario.description =
+        format!("Shrunk by pdkv explore from seed {seed} of {}: breaks {property}", base.name);
+    scenario.expect = None;
+    scenario.expect_jain = None;
+    let outcome = crate::run(&scenario, RunOptions::default())?.result.outcome;
+    let text = format!(
+        "// Shrunk by `pdkv explore` from seed {seed} of {}; its outcome is {}.\n\
+         // It breaks the property {property}: {}.\n\
+         // It declares no `expect`, so `pdkv run` expects it clean and exits 1 (NOT AS EXPECTED)\n\
+         // while it breaks the property, and 0 once a fix makes it pass.\n{}",
+        base.name,
+        outcome.name(),
+        property.meaning(),
+        crate::load::scenario_to_ron(&scenario)
+    );
+    Ok(ShrunkFile { scenario, text })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -311,5 +370,26 @@ mod tests {
         let again = crate::run(&small, RunOptions::default()).unwrap();
         assert!(broken_properties(&again.result).contains(&Property::FreedByReleases));
         assert_eq!(small.workload.clients, Clients::Closed { concurrency: 1, requests: 1 });
+
+        // As a file, it has a name of its own, no stale expectation, and a header that says what
+        // it breaks; the file reads back as the same scenario.
+        let file = shrunk_file(&scenario, 0, Property::FreedByReleases, &small).unwrap();
+        assert_eq!(file.scenario.name, "no-zero-quorum-p8-d4-seed0-shrunk");
+        assert_eq!((scenario.expect, file.scenario.expect), (Some(crate::Outcome::Leak), None));
+        assert_eq!(file.scenario.expect_jain, None);
+        assert_eq!(file.scenario.workload, small.workload);
+        assert!(
+            file.text.starts_with(
+                "// Shrunk by `pdkv explore` from seed 0 of no-zero-quorum-p8-d4; its outcome is leak.\n\
+                 // It breaks the property freed-by-releases: every prefill block is freed exactly once, \
+                 by its releases.\n"
+            ),
+            "{}",
+            file.text
+        );
+        let back = crate::load::parse_scenario(&file.text, "shrunk").unwrap();
+        assert_eq!(back, file.scenario);
+        let rerun = crate::run(&back, RunOptions::default()).unwrap().result;
+        assert!(!rerun.as_expected(), "expected clean, and it leaks");
     }
 }

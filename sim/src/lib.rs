@@ -7,6 +7,7 @@
 
 pub mod cost;
 pub mod explore;
+pub mod identity;
 pub mod load;
 pub mod model_check;
 pub mod nic;
@@ -17,6 +18,7 @@ pub mod trace;
 pub mod waitfor;
 pub mod world;
 
+pub use identity::RunIdentity;
 pub use result::RunResult;
 pub use scenario::{Outcome, Scenario};
 pub use world::{Progress, Run, RunOptions};

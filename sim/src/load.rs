@@ -286,8 +286,10 @@ pub fn load_scenario(path: &Path) -> Result<Scenario, ScenarioError> {
     }
 }
 
-/// The scenario as pretty RON without struct names, with legacy names as strings; reading the
-/// result with [`parse_scenario`] gives the same scenario back.
+/// The scenario as pretty RON without struct names, with legacy names as strings, and without
+/// the optional fields that are absent (RON would print them as `None`, which reads as Rust
+/// rather than as a scenario; each defaults to absent when read); reading the result with
+/// [`parse_scenario`] gives the same scenario back.
 pub fn scenario_to_ron(scenario: &Scenario) -> String {
     let config = ron::ser::PrettyConfig::default().indentor("    ");
     // ron fails only when the writer fails (a String never does) or nesting exceeds the
@@ -2110,6 +2112,8 @@ mod tests {
             assert_eq!(scenario_to_ron(&scenario), text);
             assert!(text.starts_with("(\n    name: "), "{text}");
             assert!(!text.contains("r#"), "{text}");
+            // Absent options are left out rather than printed as Rust's `None`.
+            assert!(!text.contains("None"), "{text}");
         }
         let text = scenario_to_ron(&full_expected());
         assert!(text.contains("        legacy: [\n            \"lazy-handshake\",\n"), "{text}");

@@ -753,6 +753,9 @@ mod tests {
             let (violation, trace) = report.violation.expect("the read after free is found");
             assert!(violation.contains("read after free"), "{deployment}: {violation}");
             assert!(trace.iter().any(|l| l.starts_with("time passes")), "{deployment}: {trace:#?}");
+            // The trace is for people: reads name their layer in words, not as Rust's Option.
+            assert!(trace.iter().any(|l| l.contains("read of req-1 layer 0 ")), "{deployment}: {trace:#?}");
+            assert!(!trace.iter().any(|l| l.contains("Some(") || l.contains("None")), "{trace:#?}");
         }
         let report = check(&config("1P_TP1:1D_TP1", LegacyOptions::none(), 1)).unwrap();
         assert!(report.violation.is_none() && report.complete, "{:?}", report.violation);

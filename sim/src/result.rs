@@ -11,6 +11,11 @@ pub struct RunResult {
     pub version: u32,
     /// The scenario's name.
     pub scenario: String,
+    /// What tells this run apart from others ([`crate::RunIdentity::label`]): the scenario's
+    /// name, or the notation as typed, with the workload, seed and legacy options the command
+    /// line changed. Results written before it existed read as empty.
+    #[serde(default)]
+    pub label: String,
     /// Its deployment notation.
     pub deployment: String,
     /// The seed the run used.
@@ -94,16 +99,23 @@ pub struct Summary {
 }
 
 impl Summary {
-    /// Summarises `values` (milliseconds); all zero when there are none.
-    pub fn of(values: &mut [f64]) -> Summary {
+    /// Summarises `values` (milliseconds), sorting them; `None` when there are none (no request
+    /// finished: a mean of 0 ms would be a number nobody measured).
+    pub fn of(values: &mut [f64]) -> Option<Summary> {
         if values.is_empty() {
-            return Summary::default();
+            return None;
         }
         values.sort_by(f64::total_cmp);
         let mean = values.iter().sum::<f64>() / values.len() as f64;
         let at = |q: f64| values[((values.len() - 1) as f64 * q).round() as usize];
-        Summary { mean: round3(mean), p50: round3(at(0.5)), p99: round3(at(0.99)) }
+        Some(Summary { mean: round3(mean), p50: round3(at(0.5)), p99: round3(at(0.99)) })
     }
+}
+
+/// Jain's fairness index of `values`, rounded to three decimals; `None` when there are no
+/// values or all are zero.
+pub fn jain(values: &[u64]) -> Option<f64> {
+    values.iter().any(|&v| v > 0).then(|| round3(pdkv_core::routes::jain_index(values)))
 }
 
 /// Rounds to three decimals so results stay readable (and byte-stable).
@@ -111,17 +123,18 @@ pub fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 
-/// The four latencies of `vllm bench serve`.
+/// The four latencies of `vllm bench serve`; each is `None` (`null` in JSON) when nothing was
+/// measured: no request finished, or none produced a second token (TPOT, ITL).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Latencies {
     /// Time to first token.
-    pub ttft: Summary,
+    pub ttft: Option<Summary>,
     /// Time per output token after the first, per request.
-    pub tpot: Summary,
+    pub tpot: Option<Summary>,
     /// Inter-token latency, per token.
-    pub itl: Summary,
+    pub itl: Option<Summary>,
     /// End to end.
-    pub e2e: Summary,
+    pub e2e: Option<Summary>,
     /// TTFT at every percentile 0, 1, ..., 100 (for CDF plots); empty without finished requests.
     pub ttft_percentiles: Vec<f64>,
     /// TPOT at every percentile 0, 1, ..., 100.
@@ -147,10 +160,11 @@ pub struct NicStats {
     pub reads_per_prefill_gpu: Vec<u64>,
     /// Bytes each prefill GPU sent.
     pub bytes_per_prefill_gpu: Vec<u64>,
-    /// Jain's fairness index of the reads.
-    pub jain: f64,
-    /// Jain's index of the bytes.
-    pub jain_bytes: f64,
+    /// Jain's fairness index of the reads; `None` (`null`) when no GPU served a read, since
+    /// evenness is undefined without reads.
+    pub jain: Option<f64>,
+    /// Jain's index of the bytes; `None` when no GPU sent a byte.
+    pub jain_bytes: Option<f64>,
     /// Per prefill GPU, the fraction of NIC bandwidth used in each virtual second of the run
     /// (six decimals; every row has one value per second).
     pub utilisation: Vec<Vec<f64>>,
@@ -229,6 +243,8 @@ impl RunResult {
         RunResult {
             version: FORMAT_VERSION,
             scenario: scenario.name.clone(),
+            // A run of the scenario as it is; the command that changed it relabels the result.
+            label: crate::RunIdentity::of_scenario(scenario).label(),
             deployment: scenario.deployment.clone(),
             seed: scenario.seed,
             outcome: Outcome::Clean,
@@ -247,9 +263,22 @@ impl RunResult {
         }
     }
 
-    /// True when the outcome and the NIC balance are what the scenario declared.
+    /// The run's title for pages and pictures: its label, then the deployment in parentheses
+    /// unless the label starts with it (a bare notation), e.g. `proxy-aliasing (2P_DP8EP:1D_TP8)`.
+    pub fn title(&self) -> String {
+        let label = if self.label.is_empty() { &self.scenario } else { &self.label };
+        if label == &self.deployment || label.starts_with(&format!("{}, ", self.deployment)) {
+            label.clone()
+        } else {
+            format!("{label} ({})", self.deployment)
+        }
+    }
+
+    /// True when the outcome and the NIC balance are what the scenario declared (bounds on the
+    /// Jain index do not hold for a run without reads: there is no balance to bound).
     pub fn as_expected(&self) -> bool {
-        self.outcome == self.expected && self.expected_jain.is_none_or(|b| b.holds(self.nic.jain))
+        self.outcome == self.expected
+            && self.expected_jain.is_none_or(|b| self.nic.jain.is_some_and(|jain| b.holds(jain)))
     }
 
     /// Pretty JSON; byte-identical for identical runs.

@@ -90,10 +90,10 @@ pub struct Scenario {
     #[serde(default)]
     pub limits: Limits,
     /// The outcome this scenario is expected to have (`clean` when absent).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expect: Option<Outcome>,
     /// Bounds the NIC balance (Jain index of reads per prefill GPU) must meet, if any.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expect_jain: Option<JainBounds>,
 }
 
@@ -102,10 +102,10 @@ pub struct Scenario {
 #[serde(deny_unknown_fields)]
 pub struct JainBounds {
     /// Lowest acceptable index.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at_least: Option<f64>,
     /// Highest acceptable index.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at_most: Option<f64>,
 }
 
@@ -113,6 +113,19 @@ impl JainBounds {
     /// True when `jain` is within the bounds.
     pub fn holds(&self, jain: f64) -> bool {
         self.at_least.is_none_or(|lo| jain >= lo) && self.at_most.is_none_or(|hi| jain <= hi)
+    }
+}
+
+impl std::fmt::Display for JainBounds {
+    /// The bounds as a person reads them: `at least 0.99`, `at most 0.5`, `in [0.2, 0.8]`, or
+    /// `unbounded`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.at_least, self.at_most) {
+            (Some(lo), Some(hi)) => write!(f, "in [{lo}, {hi}]"),
+            (Some(lo), None) => write!(f, "at least {lo}"),
+            (None, Some(hi)) => write!(f, "at most {hi}"),
+            (None, None) => f.write_str("unbounded"),
+        }
     }
 }
 
@@ -464,10 +477,10 @@ pub struct TimedFault {
     /// What happens.
     pub fault: FaultKind,
     /// How long; absent means until the end of the run.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration_ms: Option<u64>,
     /// At most this many messages are affected (message faults only); absent means all.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub count: Option<u32>,
 }
 
@@ -532,5 +545,21 @@ impl Scenario {
             expect: None,
             expect_jain: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jain_bounds_read_as_words() {
+        let check = |at_least: Option<f64>, at_most: Option<f64>, expected: &str| {
+            assert_eq!(JainBounds { at_least, at_most }.to_string(), expected);
+        };
+        check(Some(0.99), None, "at least 0.99");
+        check(None, Some(0.5), "at most 0.5");
+        check(Some(0.2), Some(0.8), "in [0.2, 0.8]");
+        check(None, None, "unbounded");
     }
 }

@@ -1902,7 +1902,7 @@ impl World {
         } else {
             String::new()
         };
-        let detail = format!("read of {name} {when}: blocks {shown:?}{more} on {rank} are {what}");
+        let detail = format!("read of {name} {when}: blocks {}{more} on {rank} are {what}", list(&shown));
         self.violation("read_freed_block", vec![me.to_string(), rank.to_string()], detail);
     }
 
@@ -2384,8 +2384,8 @@ impl World {
         let bucket_bytes = self.sc.hardware.nic_gb_s * 1e9 * (BUCKET_NS as f64 / 1e9);
         result.nic = NicStats {
             prefill_gpus: self.p_ranks.iter().map(|r| r.to_string()).collect(),
-            jain: round3(pdkv_core::routes::jain_index(&self.reads)),
-            jain_bytes: round3(pdkv_core::routes::jain_index(&self.bytes)),
+            jain: crate::result::jain(&self.reads),
+            jain_bytes: crate::result::jain(&self.bytes),
             reads_per_prefill_gpu: self.reads.clone(),
             bytes_per_prefill_gpu: self.bytes.clone(),
             // One value per second of the run for every GPU (idle seconds are 0), with enough
@@ -2488,10 +2488,10 @@ impl World {
 }
 
 /// Mean and percentiles (ms) of step gaps `(ns, tokens)`, each gap counted once per token.
-fn weighted_summary(samples: &mut [(u64, u64)]) -> Summary {
+fn weighted_summary(samples: &mut [(u64, u64)]) -> Option<Summary> {
     let total: u64 = samples.iter().map(|(_, n)| n).sum();
     if total == 0 {
-        return Summary::default();
+        return None;
     }
     samples.sort_unstable();
     let mean = samples.iter().map(|(d, n)| *d as f64 * *n as f64).sum::<f64>() / total as f64 / 1e6;
@@ -2506,7 +2506,7 @@ fn weighted_summary(samples: &mut [(u64, u64)]) -> Summary {
         }
         samples.last().map_or(0.0, |(d, _)| *d as f64 / 1e6)
     };
-    Summary { mean: round3(mean), p50: round3(at(0.5)), p99: round3(at(0.99)) }
+    Some(Summary { mean: round3(mean), p50: round3(at(0.5)), p99: round3(at(0.99)) })
 }
 
 /// `[1, 2, 3]` for messages and traces (not Rust's `Debug` form).

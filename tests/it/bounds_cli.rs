@@ -192,7 +192,7 @@ fn messages_show_no_debug_formatting() {
     std::fs::write(&name, "(name: \"a\\tb\", deployment: \"1P_TP1:1D_TP1\")").unwrap();
     let name = name.display().to_string();
     let table: Vec<(&str, (i32, &str))> = vec![
-        (jain.as_str(), (1, "expectation  Jain in [0, 0.5]: DOES NOT HOLD")),
+        (jain.as_str(), (1, "expectation  Jain at most 0.5: DOES NOT HOLD")),
         (target.as_str(), (2, "`prefill0` is not a rank pattern")),
         (name.as_str(), (2, "must be a folder name, without `\\t`; got `a\\tb`")),
     ];

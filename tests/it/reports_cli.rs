@@ -73,15 +73,31 @@ fn check_report(dir: &Path, expected: &[&str]) {
 }
 
 #[test]
-fn run_writes_a_report_and_replay_confirms_it() {
+fn a_hang_report_leads_with_its_wait_for_graph_and_says_n_a_and_replay_confirms_it() {
     let dir = out_dir("run");
     let out = pdkv(&["run", "no-handshake-timeout-lost-reply", "--out", dir.to_str().unwrap()]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&out.stderr));
     assert!(text.contains("outcome      hang (expected hang: as expected)"), "{text}");
-    check_report(&dir, &["nic_balance", "nic_utilisation", "latency_cdf", "wait_for_0"]);
+    // Nothing finished and nothing was read: the figures say so instead of showing zeros.
+    assert!(text.contains("\n  latency      n/a (no request finished)\n"), "{text}");
+    assert!(text.contains("\n  NIC balance  Jain n/a: no prefill GPU served a read\n"), "{text}");
+    check_report(&dir, &["wait_for_0"]);
     assert!(dir.join("wait_for_0.dot").exists());
     let index = std::fs::read_to_string(dir.join("index.html")).unwrap();
+    // The wait-for graph is the page's first figure; charts without data are left out, with a
+    // sentence each, rather than drawn as empty axes.
+    let first = index.find("<img").map(|at| &index[at..]).unwrap_or_default();
+    assert!(first.starts_with("<img src=\"wait_for_0.png\""), "{index}");
+    assert_eq!(index.matches("<img").count(), 1, "{index}");
+    for absent in ["nic_balance", "nic_utilisation", "latency_cdf"] {
+        assert!(!dir.join(format!("{absent}.png")).exists(), "{absent} drawn without data");
+    }
+    assert!(index.contains("<p>No latency chart: no request finished"), "{index}");
+    assert!(index.contains("<tr><th>TTFT</th><td>n/a (no request finished)</td></tr>"), "{index}");
+    for debug in ["Some(", "None", "0.000"] {
+        assert!(!text.contains(debug) && !index.contains(debug), "shows {debug}");
+    }
     assert!(index.contains("pdkv run no-handshake-timeout-lost-reply --seed 0"), "command shown");
     assert!(index.contains("no-handshake-timeout"), "scenario text shown");
 
@@ -90,6 +106,93 @@ fn run_writes_a_report_and_replay_confirms_it() {
     assert_eq!(replay.status.code(), Some(0), "{text}");
     assert!(text.contains("outcome hang (recorded hang); result byte-identical"), "{text}");
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `pdkv` run in the folder `cwd`, so its default output lands under `cwd/target/pdkv/`.
+fn pdkv_in(cwd: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pdkv")).args(args).current_dir(cwd).output().expect("pdkv runs")
+}
+
+#[test]
+fn runs_that_differ_leave_reports_side_by_side_each_titled_with_what_it_ran() {
+    let cwd = out_dir("identity");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let small = ["--concurrency", "4", "--requests", "8"];
+    let plain = [&["run", "2P_TP8:1D_DP8EP"][..], &small].concat();
+    let legacy = [&plain[..], &["--legacy", "no-flexible-reads"]].concat();
+    let seeded: Vec<&str> = vec!["run", "notify-drift-fixed", "--seed", "3"];
+    // (arguments) -> (folder under target/pdkv, label)
+    let runs = [
+        (&plain, "2P_TP8-1D_DP8EP_C4-x8-8K-1K", "2P_TP8:1D_DP8EP, C4 x8 8K/1K"),
+        (
+            &legacy,
+            "2P_TP8-1D_DP8EP_C4-x8-8K-1K_legacy-no-flexible-reads",
+            "2P_TP8:1D_DP8EP, C4 x8 8K/1K, legacy no-flexible-reads",
+        ),
+        (&seeded, "notify-drift-fixed_seed-3", "notify-drift-fixed, seed 3"),
+    ];
+    for (args, folder, label) in runs {
+        let out = pdkv_in(&cwd, args);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {text}{}", String::from_utf8_lossy(&out.stderr));
+        let dir = cwd.join("target/pdkv").join(folder);
+        let title = if label.starts_with("2P_TP8:1D_DP8EP") {
+            label.to_string()
+        } else {
+            format!("{label} (1P_DP2:1D_TP2)")
+        };
+        assert_eq!(text.lines().next(), Some(format!("pdkv run {title}").as_str()), "{args:?}");
+        assert!(text.contains(&format!("target/pdkv/{folder}/index.html")), "{args:?}: {text}");
+        let index = std::fs::read_to_string(dir.join("index.html")).expect("index.html");
+        assert!(index.contains(&format!("<title>pdkv run {}</title>", title)), "{args:?}");
+        assert!(index.contains(&format!("<h1>pdkv run {}</h1>", title)), "{args:?}");
+        let svg = std::fs::read_to_string(dir.join("nic_balance.svg")).expect("nic_balance.svg");
+        assert!(svg.contains(&format!("NIC balance per prefill GPU: {title}")), "{args:?}");
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("result.json")).unwrap()).unwrap();
+        assert_eq!(json["label"], *label, "{args:?}");
+    }
+    let mut folders: Vec<String> = std::fs::read_dir(cwd.join("target/pdkv"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    folders.sort();
+    let mut expected: Vec<&str> = runs.iter().map(|r| r.1).collect();
+    expected.sort();
+    assert_eq!(folders, expected, "one folder per run");
+    // The same run again writes the same folder, byte for byte.
+    let first = std::fs::read(cwd.join("target/pdkv").join(runs[0].1).join("result.json")).unwrap();
+    assert_eq!(pdkv_in(&cwd, &plain).status.code(), Some(0));
+    let again = std::fs::read(cwd.join("target/pdkv").join(runs[0].1).join("result.json")).unwrap();
+    assert!(first == again, "the same run gives the same result.json");
+    assert_eq!(std::fs::read_dir(cwd.join("target/pdkv")).unwrap().count(), 3, "and no new folder");
+    std::fs::remove_dir_all(&cwd).ok();
+}
+
+#[test]
+fn a_shrunk_scenario_is_a_run_of_its_own_and_not_as_expected() {
+    let cwd = out_dir("shrunk");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let out = pdkv_in(&cwd, &["explore", "notify-drift", "--seeds", "1", "--jobs", "1", "--out", "found"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let file = cwd.join("found/notify-drift-seed0-shrunk.ron");
+    let ron = std::fs::read_to_string(&file).expect("the shrunk scenario is written under its own name");
+    assert!(ron.contains("name: \"notify-drift-seed0-shrunk\""), "{ron}");
+    assert!(ron.contains("It breaks the property freed-by-releases"), "{ron}");
+    assert!(ron.contains("its outcome is leak"), "{ron}");
+    assert!(!ron.contains("expect:") && !ron.contains("expect_jain:"), "no stale expectation: {ron}");
+    // The original keeps its report; the shrunk run gets its own and says it is not clean.
+    assert_eq!(pdkv_in(&cwd, &["run", "notify-drift"]).status.code(), Some(0));
+    let out = pdkv_in(&cwd, &["run", "found/notify-drift-seed0-shrunk.ron"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.starts_with("pdkv run notify-drift-seed0-shrunk (1P_DP2:1D_TP2)\n"), "{text}");
+    assert!(text.contains("outcome      leak (expected clean: NOT AS EXPECTED)"), "{text}");
+    for folder in ["notify-drift", "notify-drift-seed0-shrunk"] {
+        assert!(cwd.join("target/pdkv").join(folder).join("index.html").exists(), "{folder}");
+    }
+    std::fs::remove_dir_all(&cwd).ok();
 }
 
 #[test]
@@ -114,6 +217,43 @@ fn sweep_compares_deployments_across_concurrency() {
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("sweep.json")).unwrap()).unwrap();
     assert_eq!(json.as_array().unwrap().len(), 4);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn sweep_of_a_bug_and_its_fix_draws_one_line_each() {
+    let dir = out_dir("sweep-twins");
+    let args = [
+        "sweep",
+        "proxy-aliasing",
+        "proxy-aliasing-fixed",
+        "--concurrency",
+        "4,8",
+        "--requests-per-client",
+        "2",
+        "--out",
+        dir.to_str().unwrap(),
+    ];
+    let out = pdkv(&args);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let rows: Vec<&str> = text.lines().filter(|l| l.contains(" C=")).collect();
+    assert_eq!(rows.len(), 4, "{text}");
+    assert!(rows[..2].iter().all(|r| r.starts_with("proxy-aliasing ")), "{text}");
+    assert!(rows[2..].iter().all(|r| r.starts_with("proxy-aliasing-fixed ")), "{text}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("sweep.json")).unwrap()).unwrap();
+    let runs: Vec<&str> = json.as_array().unwrap().iter().map(|p| p["run"].as_str().unwrap()).collect();
+    assert_eq!(runs, ["proxy-aliasing", "proxy-aliasing", "proxy-aliasing-fixed", "proxy-aliasing-fixed"]);
+    assert!(json.as_array().unwrap().iter().all(|p| p["deployment"] == "2P_DP8EP:1D_TP8"));
+    let svg = std::fs::read_to_string(dir.join("sweep_throughput.svg")).unwrap();
+    assert!(svg.contains("4 points · 2 lines"), "one line per scenario");
+    let index = std::fs::read_to_string(dir.join("index.html")).unwrap();
+    assert!(index.contains("<tr><td>proxy-aliasing-fixed</td><td>2P_DP8EP:1D_TP8</td><td>8</td>"), "{index}");
+    // The same scenario twice would draw one line over the other.
+    let twice = pdkv(&["sweep", "proxy-aliasing", "proxy-aliasing", "--out", dir.to_str().unwrap()]);
+    assert_eq!(twice.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&twice.stderr).contains("proxy-aliasing is in the sweep twice"));
     std::fs::remove_dir_all(&dir).ok();
 }
 

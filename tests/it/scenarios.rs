@@ -36,12 +36,12 @@ fn every_scenario_has_its_declared_outcome() {
         let result = run(path, None);
         if !result.as_expected() {
             wrong.push(format!(
-                "{}: outcome {} (expected {}), jain {} (bounds {:?}); replay: pdkv run {} --seed {}",
+                "{}: outcome {} (expected {}), Jain {} (expected {}); replay: pdkv run {} --seed {}",
                 path.display(),
                 result.outcome.name(),
                 result.expected.name(),
-                result.nic.jain,
-                result.expected_jain,
+                result.nic.jain.map_or("n/a".to_string(), |jain| jain.to_string()),
+                result.expected_jain.map_or("anything".to_string(), |bounds| bounds.to_string()),
                 path.display(),
                 result.seed
             ));
