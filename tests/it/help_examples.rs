@@ -10,7 +10,7 @@
 //! checked to exist.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn pdkv(args: &[&str]) -> Output {
@@ -102,12 +102,15 @@ fn syntax(help: &str) -> Syntax {
     s
 }
 
-/// The CLI as its help describes it, plus what the examples checked so far wrote.
+/// The CLI as its help describes it, and a folder to run examples in.
 struct Cli {
     helps: BTreeMap<String, String>,
     scenarios: BTreeSet<String>,
-    /// Files the earlier examples of the same help text write (`pdkv run` results).
-    written: BTreeSet<String>,
+    /// Where `pdkv run` examples run when a later example replays what they write: a temporary
+    /// folder with `scenarios/` linked in, so default report folders land there.
+    workdir: PathBuf,
+    /// Whether `pdkv run` examples are run for real (their help also has a replay example).
+    execute_runs: bool,
 }
 
 impl Cli {
@@ -124,7 +127,17 @@ impl Cli {
         let listing = stdout(&["scenarios"]);
         let scenarios =
             listing.lines().skip(1).filter_map(|l| l.split_whitespace().next()).map(str::to_string);
-        Cli { helps, scenarios: scenarios.collect(), written: BTreeSet::new() }
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let workdir = std::env::temp_dir().join(format!("pdkv-it-help-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&workdir);
+        std::fs::create_dir_all(&workdir).expect("a temporary folder");
+        std::os::unix::fs::symlink(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios"),
+            workdir.join("scenarios"),
+        )
+        .expect("scenarios/ linked into the temporary folder");
+        Cli { helps, scenarios: scenarios.collect(), workdir, execute_runs: false }
     }
 
     /// Whether `spec` is what `pdkv run` accepts: a built-in scenario, a file, or a notation.
@@ -194,35 +207,91 @@ impl Cli {
         }
         if sub == "replay" {
             for file in &positionals {
-                let exists = Path::new(env!("CARGO_MANIFEST_DIR")).join(file).is_file();
-                if !exists && !self.written.contains(*file) {
+                let exists = Path::new(env!("CARGO_MANIFEST_DIR")).join(file).is_file()
+                    || self.workdir.join(file).is_file();
+                if !exists {
                     problems
                         .push(format!("`{shown}`: `{file}` exists nowhere and no earlier example writes it"));
                 }
             }
         }
-        if sub == "run" {
-            if let Some(spec) = positionals.first() {
-                let dir = match values.get("--out").and_then(|v| v.first()) {
-                    Some(out) => out.to_string(),
-                    None => format!("target/pdkv/{}", scenario_name(spec)),
-                };
-                self.written.insert(format!("{dir}/result.json"));
+        // A run whose result a later example replays is run for real, where its report lands
+        // by default, so the replayed path is checked against what pdkv writes.
+        if sub == "run" && self.execute_runs {
+            let out = Command::new(env!("CARGO_BIN_EXE_pdkv"))
+                .current_dir(&self.workdir)
+                .args(&words[1..])
+                .output()
+                .expect("pdkv runs");
+            if out.status.code() != Some(0) {
+                problems.push(format!("`{shown}` exits with {}", out.status));
             }
         }
         problems
     }
 }
 
-/// The name `pdkv run` gives a scenario, hence its default report folder: a built-in's or a
-/// file's stem, or the notation with `:` written as `-`.
-fn scenario_name(spec: &str) -> String {
-    let stem = Path::new(spec).file_stem().and_then(|s| s.to_str()).unwrap_or(spec);
-    if spec.ends_with(".ron") {
-        stem.to_string()
-    } else {
-        spec.replace(':', "-")
+impl Drop for Cli {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.workdir);
     }
+}
+
+/// The pdkv commands of a README: the lines of its `sh` blocks that start with `pdkv ` or
+/// `cargo run --release -- ` (read as `pdkv ...`), without a trailing `# comment`.
+fn readme_commands(readme: &str) -> Vec<Vec<String>> {
+    let mut commands = Vec::new();
+    let mut in_sh = false;
+    for line in readme.lines() {
+        match line.trim() {
+            "```sh" => in_sh = true,
+            "```" => in_sh = false,
+            text if in_sh => {
+                let text = text.split(" #").next().unwrap_or_default();
+                let command = match text.strip_prefix("cargo run --release -- ") {
+                    Some(args) => format!("pdkv {args}"),
+                    None if text.starts_with("pdkv ") => text.to_string(),
+                    None => continue,
+                };
+                commands.push(command.split_whitespace().map(str::to_string).collect());
+            }
+            _ => {}
+        }
+    }
+    commands
+}
+
+/// The README's commands are held to the same rules as the help examples.
+#[test]
+fn every_readme_command_parses_and_names_what_exists() {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+        .expect("README.md exists");
+    let commands = readme_commands(&readme);
+    assert!(commands.len() >= 8, "only {} pdkv commands found in README.md's sh blocks", commands.len());
+    let mut cli = Cli::new();
+    let problems: Vec<String> = commands.iter().flat_map(|words| cli.problems(words)).collect();
+    assert!(problems.is_empty(), "README.md: {}", problems.join("\nREADME.md: "));
+    // The folder the README says the main command writes is the one it writes.
+    let main_job = readme.split("The main job").nth(1).expect("README.md has \"The main job\"");
+    let folder = main_job
+        .split('`')
+        .find(|part| part.starts_with("target/pdkv/"))
+        .expect("the main job names its report folder `target/pdkv/...`");
+    cli.execute_runs = true;
+    assert_eq!(cli.problems(&commands[0]), Vec::<String>::new());
+    assert!(
+        cli.workdir.join(folder).join("index.html").is_file(),
+        "README.md says `{}` writes its report to {folder}, but it does not",
+        commands[0].join(" ")
+    );
+    let check = |readme: &str, expected: &[&str]| {
+        let got: Vec<String> = readme_commands(readme).iter().map(|w| w.join(" ")).collect();
+        assert_eq!(got, expected, "{readme:?}");
+    };
+    check(
+        "x\n```sh\ncargo run --release -- run a\npdkv run b   # a comment\ncargo xtask test\n```\npdkv run c\n",
+        &["pdkv run a", "pdkv run b"],
+    );
 }
 
 /// Whether `pdkv routes` accepts `text` as a deployment.
@@ -242,7 +311,7 @@ fn every_help_example_parses_and_names_what_exists() {
         if list.is_empty() {
             problems.push(format!("`pdkv {sub} --help` has no examples"));
         }
-        cli.written.clear();
+        cli.execute_runs = list.iter().any(|w| w.get(1).is_some_and(|s| s == "replay"));
         for words in list {
             count += 1;
             problems.extend(cli.problems(&words).into_iter().map(|p| format!("pdkv {sub} --help: {p}")));
@@ -306,9 +375,18 @@ fn a_bad_example_is_caught() {
         "pdkv replay /tmp/nobody-writes-this/result.json",
         "exists nowhere and no earlier example writes it",
     );
-    // A replay of what an earlier `pdkv run` example wrote is fine.
-    cli.written.clear();
+    check("pdkv replay target/pdkv/notify-drift/result.json", "exists nowhere");
+    // A replay of what an earlier `pdkv run` example wrote is fine, with or without --out.
+    cli.execute_runs = true;
     let words = |s: &str| s.split_whitespace().map(str::to_string).collect::<Vec<_>>();
-    assert_eq!(cli.problems(&words("pdkv run notify-drift --out /tmp/ex")), Vec::<String>::new());
-    assert_eq!(cli.problems(&words("pdkv replay /tmp/ex/result.json")), Vec::<String>::new());
+    let out = cli.workdir.join("ex");
+    let run = format!("pdkv run notify-drift --out {}", out.display());
+    assert_eq!(cli.problems(&words(&run)), Vec::<String>::new());
+    let replay = format!("pdkv replay {}/result.json", out.display());
+    assert_eq!(cli.problems(&words(&replay)), Vec::<String>::new());
+    assert_eq!(cli.problems(&words("pdkv run notify-drift --seed 7")), Vec::<String>::new());
+    assert_eq!(
+        cli.problems(&words("pdkv replay target/pdkv/notify-drift_seed-7/result.json")),
+        Vec::<String>::new()
+    );
 }
