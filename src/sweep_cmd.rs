@@ -20,7 +20,8 @@ Examples:
 Each point runs the scenario (or the default profile for a notation) with a closed loop of C
 clients and C x requests-per-client requests. Writes index.html, sweep.json and the charts
 (throughput, mean TTFT and mean TPOT against concurrency, one line per scenario or notation,
-so a bug and its fix on one deployment are two lines) to --out (default target/pdkv/sweep/).
+so a bug and its fix on one deployment are two lines) to --out (default
+target/pdkv/sweep_<lines>_<concurrencies>/, so different sweeps keep their own reports).
 
 Exit codes: 0 every run had its expected outcome (NIC-balance bounds of a scenario file are
 not checked, since the sweep changes its workload); 1 some did not; 2 bad input.";
@@ -44,6 +45,19 @@ pub struct SweepArgs {
     /// Folder of the sweep report.
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
+}
+
+/// The sweep's own folder: its lines, its concurrency levels and, when not the usual ten, its
+/// requests per client, e.g. `target/pdkv/sweep_proxy-aliasing_proxy-aliasing-fixed_C8-16`.
+fn default_folder(scenarios: &[(Scenario, String)], args: &SweepArgs) -> PathBuf {
+    let mut parts = vec!["sweep".to_string()];
+    parts.extend(scenarios.iter().map(|(_, label)| label.clone()));
+    let levels: Vec<String> = args.concurrency.iter().map(u32::to_string).collect();
+    parts.push(format!("C{}", levels.join("-")));
+    if args.requests_per_client != 10 {
+        parts.push(format!("x{} per client", args.requests_per_client));
+    }
+    PathBuf::from("target/pdkv").join(pdkv_sim::identity::slug(&parts.join(", ")))
 }
 
 pub fn run(args: &SweepArgs) -> ExitCode {
@@ -117,7 +131,7 @@ pub fn run(args: &SweepArgs) -> ExitCode {
         });
     }
     bar.finish();
-    let out = args.out.clone().unwrap_or_else(|| PathBuf::from("target/pdkv/sweep"));
+    let out = args.out.clone().unwrap_or_else(|| default_folder(&scenarios, args));
     match write(&out, &points, &command(args)) {
         Ok(page) => {
             let width = points.iter().map(|p| p.run.chars().count()).max().unwrap_or(0).max(24);

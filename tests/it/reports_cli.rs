@@ -113,6 +113,29 @@ fn pdkv_in(cwd: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_pdkv")).args(args).current_dir(cwd).output().expect("pdkv runs")
 }
 
+/// Two different sweeps keep their own reports.
+#[test]
+fn sweeps_that_differ_leave_reports_side_by_side() {
+    let cwd = out_dir("sweep-folders");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let small = ["--concurrency", "2,4", "--requests-per-client", "1"];
+    let sweeps = [
+        (
+            vec!["sweep", "proxy-aliasing", "proxy-aliasing-fixed"],
+            "sweep_proxy-aliasing_proxy-aliasing-fixed_C2-4_x1-per-client",
+        ),
+        (vec!["sweep", "1P_TP8:1D_TP8"], "sweep_1P_TP8-1D_TP8_C2-4_x1-per-client"),
+    ];
+    for (args, folder) in &sweeps {
+        let args = [&args[..], &small].concat();
+        let out = pdkv_in(&cwd, &args);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(cwd.join("target/pdkv").join(folder).join("sweep.json").is_file(), "{args:?} wrote {folder}");
+    }
+    assert_eq!(std::fs::read_dir(cwd.join("target/pdkv")).unwrap().count(), 2, "one folder per sweep");
+    std::fs::remove_dir_all(&cwd).ok();
+}
+
 #[test]
 fn runs_that_differ_leave_reports_side_by_side_each_titled_with_what_it_ran() {
     let cwd = out_dir("identity");
