@@ -249,12 +249,13 @@ pub fn summary(r: &RunResult, files: &[PathBuf], replay: &str) -> String {
         r.events
     );
     if q.unsent > 0 {
-        let _ = writeln!(
-            s,
-            "  UNSENT       {} requests were never sent: the run's budget (limits.max_virtual_time_s or \
-             limits.max_events) ended first",
-            q.unsent
-        );
+        // A hang stops the run at once; otherwise only the budget ends it with requests unsent.
+        let why = if r.hangs.is_empty() {
+            "the run's budget (limits.max_virtual_time_s or limits.max_events) ended first"
+        } else {
+            "the run stopped at the hang first"
+        };
+        let _ = writeln!(s, "  UNSENT       {} requests were never sent: {why}", q.unsent);
     }
     if q.cut_off > 0 {
         let _ = writeln!(
