@@ -218,54 +218,36 @@ fn a_shrunk_scenario_is_a_run_of_its_own_and_not_as_expected() {
     std::fs::remove_dir_all(&cwd).ok();
 }
 
+/// Sweeps `specs` at C = 4 and 8 with two requests per client into a fresh folder; returns the
+/// folder, the printed table and sweep.json.
+fn sweep_small(name: &str, specs: &[&str]) -> (PathBuf, String, serde_json::Value) {
+    let dir = out_dir(name);
+    let mut args = vec!["sweep"];
+    args.extend_from_slice(specs);
+    args.extend(["--concurrency", "4,8", "--requests-per-client", "2", "--out", dir.to_str().unwrap()]);
+    let out = pdkv(&args);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(out.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let json = serde_json::from_str(&std::fs::read_to_string(dir.join("sweep.json")).unwrap()).unwrap();
+    (dir, text, json)
+}
+
 #[test]
 fn sweep_compares_deployments_across_concurrency() {
-    let dir = out_dir("sweep");
-    let args = [
-        "sweep",
-        "1P_TP8-1D_TP8",
-        "2P_TP8-1D_DP8EP",
-        "--concurrency",
-        "4,8",
-        "--requests-per-client",
-        "2",
-        "--out",
-        dir.to_str().unwrap(),
-    ];
-    let out = pdkv(&args);
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let (dir, text, json) = sweep_small("sweep", &["1P_TP8-1D_TP8", "2P_TP8-1D_DP8EP"]);
     assert_eq!(text.lines().filter(|l| l.contains(" C=")).count(), 4, "{text}");
     check_report(&dir, &["sweep_throughput", "sweep_ttft", "sweep_tpot"]);
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("sweep.json")).unwrap()).unwrap();
     assert_eq!(json.as_array().unwrap().len(), 4);
     std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
 fn sweep_of_a_bug_and_its_fix_draws_one_line_each() {
-    let dir = out_dir("sweep-twins");
-    let args = [
-        "sweep",
-        "proxy-aliasing",
-        "proxy-aliasing-fixed",
-        "--concurrency",
-        "4,8",
-        "--requests-per-client",
-        "2",
-        "--out",
-        dir.to_str().unwrap(),
-    ];
-    let out = pdkv(&args);
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let (dir, text, json) = sweep_small("sweep-twins", &["proxy-aliasing", "proxy-aliasing-fixed"]);
     let rows: Vec<&str> = text.lines().filter(|l| l.contains(" C=")).collect();
     assert_eq!(rows.len(), 4, "{text}");
     assert!(rows[..2].iter().all(|r| r.starts_with("proxy-aliasing ")), "{text}");
     assert!(rows[2..].iter().all(|r| r.starts_with("proxy-aliasing-fixed ")), "{text}");
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("sweep.json")).unwrap()).unwrap();
     let runs: Vec<&str> = json.as_array().unwrap().iter().map(|p| p["run"].as_str().unwrap()).collect();
     assert_eq!(runs, ["proxy-aliasing", "proxy-aliasing", "proxy-aliasing-fixed", "proxy-aliasing-fixed"]);
     assert!(json.as_array().unwrap().iter().all(|p| p["deployment"] == "2P_DP8EP:1D_TP8"));
