@@ -198,11 +198,12 @@ pub fn run(args: &ExploreArgs) -> ExitCode {
     let histogram: Vec<String> = found.outcomes.iter().map(|(name, n)| format!("{name} {n}")).collect();
     let Some((seed, broken)) = found.failure else {
         println!(
-            "explored {} seeds of {} ({} faults) on {jobs} threads in {seconds:.1} s ({:.1} seeds/s): \
+            "explored {} seeds of {} ({} faults) on {jobs} thread{} in {seconds:.1} s ({:.1} seeds/s): \
              no property broken; outcomes: {}; {} distinct behaviours",
             found.runs,
             base.name,
             if swarm { "swarm" } else { "scenario" },
+            if jobs == 1 { "" } else { "s" },
             found.runs as f64 / seconds.max(1e-9),
             histogram.join(", "),
             found.behaviours
@@ -234,6 +235,7 @@ pub fn run(args: &ExploreArgs) -> ExitCode {
         found.runs
     );
     println!("{text}");
-    println!("replay: pdkv run {} --seed {seed}", file.display());
+    // The file carries the seed, so running it is the whole replay.
+    println!("replay: pdkv run {}", file.display());
     ExitCode::from(1)
 }

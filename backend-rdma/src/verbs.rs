@@ -206,7 +206,8 @@ impl fmt::Display for VerbsError {
                  IFACE` (Soft-RoCE), or load the driver of an RDMA NIC"
             ),
             VerbsError::NoSuchDevice { name, available } => {
-                write!(f, "no RDMA device named {name:?} (PDKV_RDMA_DEVICE); present: {available:?}")
+                let present = if available.is_empty() { "none".to_string() } else { available.join(", ") };
+                write!(f, "no RDMA device named {name:?} (PDKV_RDMA_DEVICE); present: {present}")
             }
             VerbsError::PortNotActive { device, port, state } => {
                 write!(f, "port {port} of RDMA device {device} is not active (state {state})")
