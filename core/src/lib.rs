@@ -17,6 +17,7 @@ pub mod proxy;
 pub mod recv;
 pub mod registry;
 pub mod release;
+pub mod rng;
 pub mod routes;
 pub mod routing;
 #[cfg(test)]

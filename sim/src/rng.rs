@@ -1,33 +1,23 @@
-//! Seeded random streams, one per subsystem, all derived from the scenario seed.
+//! The simulator's random streams, one per subsystem, all derived from the scenario seed with
+//! the core's seeded generator (`pdkv_core::rng`).
 //!
 //! Separate streams keep subsystems independent: adding a fault draw does not shift the
-//! workload's request lengths. Every stream is ChaCha8, seeded from the scenario seed and the
-//! stream's fixed number through SplitMix64.
+//! workload's request lengths.
 
-use rand_chacha::rand_core::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use pdkv_core::rng::Stream;
 
 /// The random streams of one run.
 #[derive(Clone, Debug)]
 pub struct Streams {
-    workload: ChaCha8Rng,
-    proxy: ChaCha8Rng,
-    faults: ChaCha8Rng,
-}
-
-/// SplitMix64: spreads `seed + stream` over all 64 bits so nearby seeds give unrelated streams.
-fn derive(seed: u64, stream: u64) -> u64 {
-    let mut z = seed.wrapping_add(stream.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+    workload: Stream,
+    proxy: Stream,
+    faults: Stream,
 }
 
 impl Streams {
     /// The streams of `seed`.
     pub fn new(seed: u64) -> Streams {
-        let stream = |n| ChaCha8Rng::seed_from_u64(derive(seed, n));
-        Streams { workload: stream(1), proxy: stream(2), faults: stream(3) }
+        Streams { workload: Stream::new(seed, 1), proxy: Stream::new(seed, 2), faults: Stream::new(seed, 3) }
     }
 
     /// A uniform draw in `min..=max` from the workload stream.
@@ -38,7 +28,7 @@ impl Streams {
 
     /// An exponential gap (nanoseconds) for Poisson arrivals at `rate_per_s`.
     pub fn exponential_ns(&mut self, rate_per_s: f64) -> u64 {
-        let u = (self.workload.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+        let u = self.workload.unit();
         (-(1.0 - u).ln() / rate_per_s * 1e9) as u64
     }
 
@@ -49,12 +39,12 @@ impl Streams {
 
     /// True with probability `p`, from the fault stream.
     pub fn chance(&mut self, p: f64) -> bool {
-        ((self.faults.next_u64() >> 11) as f64 / (1u64 << 53) as f64) < p
+        self.faults.chance(p)
     }
 
     /// A uniform draw below `n` from the fault stream.
     pub fn below(&mut self, n: u64) -> u64 {
-        self.faults.next_u64() % n.max(1)
+        self.faults.below(n)
     }
 }
 

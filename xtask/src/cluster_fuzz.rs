@@ -1,8 +1,8 @@
 //! `cargo xtask cluster-fuzz`: seeded random `pdkv cluster` runs with random faults, each judged
 //! by invariants that must hold whatever the faults did.
 //!
-//! Every run draws, from a splitmix64 stream seeded with the run's own seed, a deployment, a
-//! workload, short timeouts and up to a few faults: the cluster's own (`--kill`,
+//! Every run draws, from the project's seeded stream (`pdkv_core::rng`) of the run's own seed,
+//! a deployment, a workload, short timeouts and up to a few faults: the cluster's own (`--kill`,
 //! `--drop-releases`, which it excuses) and outside ones that this task delivers itself at a
 //! wall-clock moment (SIGKILL of a connector, SIGSTOP for a while then SIGCONT). Run `i` of a
 //! fuzz started with `--seed S` has seed `S + i`, so `--seed S+i --max-runs 1` replays it (the
@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use pdkv_core::ids::Role;
 use pdkv_core::legacy::Legacy;
+use pdkv_core::rng::Stream;
 use pdkv_core::topology::Deployment;
 
 const USAGE: &str = "\
@@ -127,26 +128,19 @@ fn clock_seed() -> u64 {
     (nanos as u64) % 1_000_000_000
 }
 
-/// splitmix64: tiny, seedable, and good enough to draw test parameters.
-struct Rng(u64);
+/// The fuzzer's draws: the project's seeded stream (`pdkv_core::rng`), so a printed seed
+/// replays the same run, plus the shapes the fuzzer needs.
+struct Rng(Stream);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `lo..=hi` (the tiny modulo bias does not matter here).
+    /// Uniform in `lo..=hi`.
     fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo + 1)
+        self.0.range(lo, hi)
     }
 
     /// True with probability `percent`/100.
     fn chance(&mut self, percent: u64) -> bool {
-        self.next() % 100 < percent
+        self.0.below(100) < percent
     }
 
     /// Log-uniform in `1..=max`: small values as often as large ones, so most runs stay short
@@ -158,7 +152,7 @@ impl Rng {
     }
 
     fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.range(0, items.len() as u64 - 1) as usize]
+        self.0.pick(items)
     }
 }
 
@@ -204,7 +198,7 @@ struct Plan {
 
 impl Plan {
     fn draw(seed: u64, legacy: &[String]) -> Plan {
-        let mut rng = Rng(seed);
+        let mut rng = Rng(Stream::new(seed, 0));
         let deployment = *rng.pick(&DEPLOYMENTS);
         let mla = rng.chance(40);
         let parsed = Deployment::parse(deployment).expect("the fuzzer's deployments parse");
