@@ -1,0 +1,119 @@
+//! The invariants every fuzz run is judged by, whatever its faults did.
+
+use super::*;
+
+/// The figures of a run that passed.
+pub(super) struct Figures {
+    pub(super) outcome: String,
+    pub(super) exit: i32,
+    pub(super) sent: u64,
+    pub(super) failed: u64,
+    pub(super) bytes: u64,
+}
+
+/// Checks the invariants; the error lists every one that failed.
+pub(super) fn judge(plan: &Plan, ran: &Ran) -> Result<Figures, Vec<String>> {
+    let mut bad = vec![];
+    if ran.hung {
+        bad.push(format!(
+            "hang: pdkv cluster had not exited {} s after its own --timeout-ms; killed",
+            EXIT_GRACE_MS / 1000
+        ));
+    }
+    for o in &ran.orphans {
+        bad.push(format!(
+            "connector {o} still running {} s after its cluster exited",
+            ORPHAN_GRACE.as_secs()
+        ));
+    }
+    for c in &ran.crashes {
+        bad.push(format!("connector {c}: it crashed"));
+    }
+    if ran.hung {
+        return Err(bad);
+    }
+    let Some(exit) = ran.exit else {
+        bad.push("pdkv cluster was ended by a signal nobody sent it".into());
+        return Err(bad);
+    };
+    if exit == 2 {
+        bad.push("pdkv cluster exited 2: it refused the arguments or could not start (see stderr)".into());
+        return Err(bad);
+    }
+    let json: serde_json::Value = match serde_json::from_str(&ran.stdout) {
+        Ok(v) => v,
+        Err(e) => {
+            bad.push(format!("exit {exit} and no JSON result on stdout: {e}"));
+            return Err(bad);
+        }
+    };
+    let num = |path: &[&str]| path.iter().fold(&json, |v, k| &v[*k]).as_u64().unwrap_or(u64::MAX);
+    let outcome = json["outcome"].as_str().unwrap_or("(missing)").to_string();
+    let (sent, finished, failed) =
+        (num(&["requests", "sent"]), num(&["requests", "finished"]), num(&["requests", "failed"]));
+    let (excused, unfinished) = (num(&["requests", "failed_excused"]), num(&["requests", "unfinished"]));
+    let bytes = num(&["bytes_verified"]);
+    if let Some(violations) = json["violations"].as_array() {
+        for v in violations {
+            bad.push(format!(
+                "violation {}: {}",
+                v["kind"].as_str().unwrap_or("?"),
+                v["detail"].as_str().unwrap_or("?")
+            ));
+        }
+    }
+    for (what, value) in [
+        ("ledger.held", num(&["ledger", "held"])),
+        ("ledger.double_frees", num(&["ledger", "double_frees"])),
+        ("requests.unfinished", unfinished),
+        ("processes.refused", num(&["processes", "refused"])),
+    ] {
+        if value != 0 {
+            bad.push(format!("{what} is {value}, must be 0"));
+        }
+    }
+    if matches!(outcome.as_str(), "safety_violation" | "hang" | "interrupted") {
+        bad.push(format!("outcome {outcome}"));
+    }
+    if sent != plan.requests || finished.saturating_add(failed).saturating_add(unfinished) != sent {
+        bad.push(format!(
+            "requests do not add up: {sent} sent of {}, {finished} finished + {failed} failed + {unfinished} unfinished",
+            plan.requests
+        ));
+    }
+    // pdkv cluster's own rule (src/cluster_cmd.rs `as_designed`): 0 exactly for a clean run with
+    // every process accounted for.
+    let processes_ok = num(&["processes", "killed_at_shutdown"]) == 0 && num(&["processes", "failed"]) == 0;
+    let expected_exit = if outcome == "clean" && processes_ok { 0 } else { 1 };
+    if exit != expected_exit {
+        bad.push(format!("exit code {exit} with outcome {outcome}; expected {expected_exit}"));
+    }
+    // With no outside fault every fault is the cluster's own, which it excuses by design.
+    if ran.delivered.is_empty() {
+        if outcome != "clean" {
+            bad.push(format!("outcome {outcome} with no outside fault; expected clean"));
+        }
+        if failed != excused {
+            bad.push(format!("{failed} requests failed, only {excused} excused, with no outside fault"));
+        }
+        if !processes_ok {
+            bad.push("a process failed or was killed at shutdown with no outside fault".into());
+        }
+        let faultless = plan.kill.is_none() && plan.drops.is_empty();
+        if faultless && (failed != 0 || num(&["ledger", "reaped"]) != 0) {
+            bad.push("a run with no fault at all failed requests or reaped transfers".into());
+        }
+        // Each finished request's prompt KV is read at least once in a fault-free run.
+        if faultless && bytes < num(&["prompt_kv_bytes"]) {
+            bad.push(format!(
+                "{bytes} bytes verified, fewer than the {} bytes of the prompts",
+                num(&["prompt_kv_bytes"])
+            ));
+        }
+    }
+    if bad.is_empty() {
+        Ok(Figures { outcome, exit, sent, failed, bytes })
+    } else {
+        Err(bad)
+    }
+}

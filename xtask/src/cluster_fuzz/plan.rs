@@ -1,0 +1,232 @@
+//! What one fuzz run does, drawn from its seed: the deployment, workload, timeouts and faults,
+//! and the `pdkv cluster` arguments and outside signals that carry them out.
+
+use super::*;
+use pdkv_core::ids::Role;
+use pdkv_core::rng::Stream;
+use pdkv_core::topology::Deployment;
+use std::path::Path;
+
+/// Deployments the runs draw from, each checked to be accepted by `pdkv cluster` with and
+/// without `--mla` (its GQA model has as many KV heads as the smallest TP, so the head guard
+/// accepts every pair).
+pub(super) const DEPLOYMENTS: [&str; 11] = [
+    "1P_TP1:1D_TP1",
+    "1P_TP2:1D_TP2",
+    "1P_TP4:1D_TP8",
+    "1P_TP8:1D_TP4",
+    "1P_TP4:1D_TP2",
+    "1P_TP2:1D_TP4",
+    "1P_DP2TP2:1D_TP4",
+    "1P_DP2:1D_TP2",
+    "1P_DP2:1D_DP2",
+    "2P_TP2:1D_DP2",
+    "2P_TP2:1D_TP4",
+];
+
+/// The fuzzer's draws: the project's seeded stream (`pdkv_core::rng`), so a printed seed
+/// replays the same run, plus the shapes the fuzzer needs.
+pub(super) struct Rng(Stream);
+
+impl Rng {
+    /// Uniform in `lo..=hi`.
+    pub(super) fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        self.0.range(lo, hi)
+    }
+
+    /// True with probability `percent`/100.
+    pub(super) fn chance(&mut self, percent: u64) -> bool {
+        self.0.below(100) < percent
+    }
+
+    /// Log-uniform in `1..=max`: small values as often as large ones, so most runs stay short
+    /// while some push hundreds of requests.
+    pub(super) fn log_uniform(&mut self, max: u64) -> u64 {
+        let bits = 64 - max.leading_zeros() as u64;
+        let top = 1u64 << self.range(0, bits - 1);
+        self.range(top, (2 * top - 1).min(max)).max(1)
+    }
+
+    pub(super) fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        self.0.pick(items)
+    }
+}
+
+/// A fault this task delivers to a connector process from outside.
+#[derive(Clone)]
+pub(super) struct Outside {
+    /// Milliseconds after `pdkv cluster` started.
+    pub(super) at_ms: u64,
+    /// The rank whose process gets it (the incarnation running at that moment).
+    pub(super) rank: String,
+    /// `None` for SIGKILL; `Some(ms)` for SIGSTOP, then SIGCONT this long after.
+    pub(super) stop_ms: Option<u64>,
+}
+
+impl Outside {
+    pub(super) fn describe(&self) -> String {
+        match self.stop_ms {
+            None => format!("at {} ms: SIGKILL {}", self.at_ms, self.rank),
+            Some(ms) => format!("at {} ms: SIGSTOP {} for {ms} ms, then SIGCONT", self.at_ms, self.rank),
+        }
+    }
+}
+
+/// Everything one run does, drawn from its seed.
+pub(super) struct Plan {
+    pub(super) seed: u64,
+    pub(super) deployment: &'static str,
+    pub(super) mla: bool,
+    pub(super) requests: u64,
+    pub(super) concurrency: u64,
+    pub(super) layers: u64,
+    pub(super) handshake_ms: u64,
+    pub(super) transfer_ms: u64,
+    pub(super) defer_ms: u64,
+    pub(super) timeout_ms: u64,
+    /// `--kill RANK --kill-after N [--restart-after-ms T]`.
+    pub(super) kill: Option<(String, u64, Option<u64>)>,
+    /// `--drop-releases RANK=N`.
+    pub(super) drops: Vec<(String, u64)>,
+    pub(super) outside: Vec<Outside>,
+    pub(super) legacy: Vec<String>,
+}
+
+impl Plan {
+    pub(super) fn draw(seed: u64, legacy: &[String]) -> Plan {
+        let mut rng = Rng(Stream::new(seed, 0));
+        let deployment = *rng.pick(&DEPLOYMENTS);
+        let mla = rng.chance(40);
+        let parsed = Deployment::parse(deployment).expect("the fuzzer's deployments parse");
+        let prefill: Vec<String> = parsed.ranks(Role::Prefill).iter().map(|r| r.to_string()).collect();
+        let decode: Vec<String> = parsed.ranks(Role::Decode).iter().map(|r| r.to_string()).collect();
+        let requests = rng.log_uniform(256);
+        let concurrency = rng.log_uniform(256);
+        let layers = rng.range(1, 6);
+        // Short timeouts, so a faulted run ends in seconds; handshake < transfer < defer, as
+        // docs/verification.md says they must be.
+        let (handshake_ms, transfer_ms, defer_ms) =
+            *rng.pick(&[(1_000, 3_000, 4_000), (2_000, 5_000, 6_000)]);
+        let mut kill = None;
+        if rng.chance(35) && requests > 1 {
+            let rank = rng.pick(&prefill).clone();
+            let after = rng.range(0, requests - 1);
+            let restart = rng.chance(60).then(|| rng.range(100, 3_000));
+            kill = Some((rank, after, restart));
+        }
+        let mut drops = vec![];
+        if rng.chance(25) {
+            drops.push((rng.pick(&decode).clone(), rng.range(1, requests.min(8))));
+        }
+        let mut outside = vec![];
+        // A run here takes about 50 ms per round of a few requests (measured: 256 requests take
+        // 13 s one at a time, 2.2 s 256 at a time), so a moment drawn up to this estimate lands
+        // before, during or after the traffic.
+        let horizon_ms = 50 + 40 * requests.div_ceil(concurrency.min(8));
+        for _ in 0..rng.range(0, 2) {
+            if !rng.chance(45) {
+                continue;
+            }
+            let all = [prefill.as_slice(), decode.as_slice()].concat();
+            let rank = rng.pick(&all).clone();
+            let at_ms = rng.range(0, horizon_ms);
+            let stop_ms = if rng.chance(50) {
+                None
+            } else if rng.chance(70) {
+                Some(rng.range(50, HEARTBEAT_LOSS_MS - 1_000))
+            } else {
+                Some(rng.range(HEARTBEAT_LOSS_MS + 500, HEARTBEAT_LOSS_MS + 3_000))
+            };
+            outside.push(Outside { at_ms, rank, stop_ms });
+        }
+        Plan {
+            seed,
+            deployment,
+            mla,
+            requests,
+            concurrency,
+            layers,
+            handshake_ms,
+            transfer_ms,
+            defer_ms,
+            // Long enough for a lost rank's transfers to be reaped (defer plus lease) after the
+            // heartbeat finds it, on a loaded 2-core machine.
+            timeout_ms: 60_000,
+            kill,
+            drops,
+            outside,
+            legacy: legacy.to_vec(),
+        }
+    }
+
+    /// The arguments of `pdkv cluster`.
+    pub(super) fn args(&self) -> Vec<String> {
+        let mut a: Vec<String> = vec!["cluster".into(), self.deployment.into()];
+        let mut flag = |name: &str, value: String| {
+            a.push(name.into());
+            a.push(value);
+        };
+        flag("--requests", self.requests.to_string());
+        flag("--concurrency", self.concurrency.to_string());
+        flag("--layers", self.layers.to_string());
+        flag("--seed", self.seed.to_string());
+        flag("--handshake-timeout-ms", self.handshake_ms.to_string());
+        flag("--transfer-timeout-ms", self.transfer_ms.to_string());
+        flag("--defer-timeout-ms", self.defer_ms.to_string());
+        flag("--timeout-ms", self.timeout_ms.to_string());
+        if let Some((rank, after, restart)) = &self.kill {
+            flag("--kill", rank.clone());
+            flag("--kill-after", after.to_string());
+            if let Some(ms) = restart {
+                flag("--restart-after-ms", ms.to_string());
+            }
+        }
+        for (rank, n) in &self.drops {
+            flag("--drop-releases", format!("{rank}={n}"));
+        }
+        for name in &self.legacy {
+            flag("--legacy", name.clone());
+        }
+        if self.mla {
+            a.push("--mla".into());
+        }
+        a.push("--json".into());
+        a
+    }
+
+    pub(super) fn command_line(&self, exe: &Path) -> String {
+        format!("{} {}", exe.display(), self.args().join(" "))
+    }
+
+    /// Short description for the progress line.
+    pub(super) fn brief(&self) -> String {
+        let mut s = format!(
+            "{}{} req {} conc {} layers {}",
+            self.deployment,
+            if self.mla { " mla" } else { "" },
+            self.requests,
+            self.concurrency,
+            self.layers
+        );
+        if let Some((rank, after, restart)) = &self.kill {
+            let _ = write!(s, ", kill {rank} after {after}");
+            if let Some(ms) = restart {
+                let _ = write!(s, " restart {ms} ms");
+            }
+        }
+        for (rank, n) in &self.drops {
+            let _ = write!(s, ", drop {rank}={n}");
+        }
+        for o in &self.outside {
+            match o.stop_ms {
+                None => {
+                    let _ = write!(s, ", SIGKILL {} at {} ms", o.rank, o.at_ms);
+                }
+                Some(ms) => {
+                    let _ = write!(s, ", SIGSTOP {} at {} ms for {ms} ms", o.rank, o.at_ms);
+                }
+            }
+        }
+        s
+    }
+}
