@@ -428,12 +428,8 @@ impl Header {
     }
 }
 
-/// Reads a frame's flags and size; `boundary` when no frame of a message is pending, so a
-/// clean close before the flags byte is [`ZmtpError::Closed`].
-fn read_header<R: Read>(r: &mut R, boundary: bool) -> Result<Header, ZmtpError> {
-    let mut buf = [0u8; 9];
-    fill(r, &mut buf[..1], 0, 1, "frame header", boundary)?;
-    let flags = buf[0];
+/// Checks a frame's flags byte: no reserved bits, and no MORE on a command.
+fn check_flags(flags: u8) -> Result<(), ZmtpError> {
     if flags & !(FLAG_MORE | FLAG_LONG | FLAG_COMMAND) != 0 {
         return Err(ZmtpError::ProtocolViolation {
             detail: format!("frame flags {flags:#04x} set reserved bits 7-3, which must be zero"),
@@ -444,6 +440,16 @@ fn read_header<R: Read>(r: &mut R, boundary: bool) -> Result<Header, ZmtpError> 
             detail: format!("frame flags {flags:#04x} mark a command with MORE, which commands never carry"),
         });
     }
+    Ok(())
+}
+
+/// Reads a frame's flags and size; `boundary` when no frame of a message is pending, so a
+/// clean close before the flags byte is [`ZmtpError::Closed`].
+fn read_header<R: Read>(r: &mut R, boundary: bool) -> Result<Header, ZmtpError> {
+    let mut buf = [0u8; 9];
+    fill(r, &mut buf[..1], 0, 1, "frame header", boundary)?;
+    let flags = buf[0];
+    check_flags(flags)?;
     let size = if flags & FLAG_LONG != 0 {
         fill(r, &mut buf, 1, 9, "frame header", false)?;
         let mut size = [0u8; 8];
@@ -498,22 +504,40 @@ fn read_greeting<R: Read>(r: &mut R) -> Result<(u8, u8), ZmtpError> {
     // The signature first: an unversioned ZMTP 1.0 peer never sends more than this before
     // waiting for us.
     fill(r, &mut g, 0, 10, "greeting", true)?;
-    if g[0] != 0xFF || g[9] != 0x7F {
-        return Err(ZmtpError::BadSignature { first: g[0], tenth: g[9] });
-    }
+    check_signature(&g)?;
     // Then the major version alone: a ZMTP 2.0 peer sends 12 bytes in all and waits.
     fill(r, &mut g, 10, 11, "greeting", false)?;
     let major = g[10];
+    check_major(major)?;
+    fill(r, &mut g, 11, GREETING_LEN, "greeting", false)?;
+    check_mechanism(&g)?;
+    Ok((major, g[11]))
+}
+
+/// Checks a greeting's signature, its bytes 0 and 9 (the padding between means nothing).
+fn check_signature(g: &[u8; GREETING_LEN]) -> Result<(), ZmtpError> {
+    if g[0] != 0xFF || g[9] != 0x7F {
+        return Err(ZmtpError::BadSignature { first: g[0], tenth: g[9] });
+    }
+    Ok(())
+}
+
+/// Checks a greeting's major version (byte 10): ZMTP 3.0 or later.
+fn check_major(major: u8) -> Result<(), ZmtpError> {
     if major < 3 {
         return Err(ZmtpError::UnsupportedVersion { major });
     }
-    fill(r, &mut g, 11, GREETING_LEN, "greeting", false)?;
+    Ok(())
+}
+
+/// Checks a greeting's mechanism (bytes 12 to 31): exactly NULL.
+fn check_mechanism(g: &[u8; GREETING_LEN]) -> Result<(), ZmtpError> {
     let mechanism = &g[12..32];
     if mechanism != NULL_MECHANISM {
         let end = mechanism.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
         return Err(ZmtpError::UnsupportedMechanism { mechanism: shown(&mechanism[..end]) });
     }
-    Ok((major, g[11]))
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -696,7 +720,13 @@ fn read_ready<R: Read>(r: &mut R) -> Result<Ready, ZmtpError> {
         return Err(ZmtpError::FrameTooLarge { what: "command", size: header.size, max: MAX_COMMAND_BYTES });
     }
     let body = read_body(r, header.size, "command body")?;
-    let (name, data) = parse_command(&body)?;
+    handshake_command(&body)
+}
+
+/// The peer's READY metadata from the body of the first command it sends, or the error its
+/// ERROR (or any other command) means.
+fn handshake_command(body: &[u8]) -> Result<Ready, ZmtpError> {
+    let (name, data) = parse_command(body)?;
     match name {
         b"READY" => parse_ready(data),
         b"ERROR" => Err(ZmtpError::PeerError { reason: parse_error_reason(data)? }),
@@ -806,31 +836,10 @@ fn read_message<S: Read + Write>(
                 });
             }
             let body = read_body(s, header.size, "command body")?;
-            let (name, data) = parse_command(&body)?;
-            match name {
-                b"PING" => {
-                    // ping = "PING" ttl(2 bytes) context(0..16 bytes); the TTL is a hint for
-                    // peers that police heartbeats, which pdkv does not.
-                    let Some(context) = data.get(2..) else {
-                        return Err(ZmtpError::MalformedCommand {
-                            command: "PING".to_owned(),
-                            detail: format!("{} bytes of data, shorter than the 2-byte TTL", data.len()),
-                        });
-                    };
-                    let context = &context[..context.len().min(MAX_PING_CONTEXT)];
-                    *clean = None;
-                    write_all(s, &command_frame(b"PONG", context), "PONG command")?;
-                    *pongs += 1;
-                }
-                b"ERROR" => return Err(ZmtpError::PeerError { reason: parse_error_reason(data)? }),
-                b"READY" => {
-                    return Err(ZmtpError::ProtocolViolation {
-                        detail: "a second READY command arrived after the handshake".to_owned(),
-                    })
-                }
-                // PONG (pdkv never pings), SUBSCRIBE/CANCEL/JOIN/LEAVE (meaningless between a
-                // DEALER and a ROUTER) and unknown commands are skipped, as libzmq does.
-                _ => {}
+            if let Some(pong) = traffic_command(&body)? {
+                *clean = None;
+                write_all(s, &pong, "PONG command")?;
+                *pongs += 1;
             }
             continue;
         }
@@ -852,6 +861,34 @@ fn read_message<S: Read + Write>(
         if !header.more() {
             return Ok(frames);
         }
+    }
+}
+
+/// What a command from the peer after the handshake asks for, given its body: the PONG frame
+/// to answer a PING with, nothing for a command to skip, or the error an ERROR or a second
+/// READY means.
+fn traffic_command(body: &[u8]) -> Result<Option<Vec<u8>>, ZmtpError> {
+    let (name, data) = parse_command(body)?;
+    match name {
+        b"PING" => {
+            // ping = "PING" ttl(2 bytes) context(0..16 bytes); the TTL is a hint for
+            // peers that police heartbeats, which pdkv does not.
+            let Some(context) = data.get(2..) else {
+                return Err(ZmtpError::MalformedCommand {
+                    command: "PING".to_owned(),
+                    detail: format!("{} bytes of data, shorter than the 2-byte TTL", data.len()),
+                });
+            };
+            let context = &context[..context.len().min(MAX_PING_CONTEXT)];
+            Ok(Some(command_frame(b"PONG", context)))
+        }
+        b"ERROR" => Err(ZmtpError::PeerError { reason: parse_error_reason(data)? }),
+        b"READY" => Err(ZmtpError::ProtocolViolation {
+            detail: "a second READY command arrived after the handshake".to_owned(),
+        }),
+        // PONG (pdkv never pings), SUBSCRIBE/CANCEL/JOIN/LEAVE (meaningless between a
+        // DEALER and a ROUTER) and unknown commands are skipped, as libzmq does.
+        _ => Ok(None),
     }
 }
 
