@@ -1,0 +1,162 @@
+//! A prefill worker, one per prefill rank: answers handshakes with its metadata and counts the
+//! releases of the transfers registered on it until each one's quorum is met.
+
+use crate::ids::{RankId, TransferId};
+use crate::legacy::LegacyOptions;
+use crate::release::{Quorum, RankLedger, Release, ReleaseOutcome};
+use crate::time::{Instant, NS_PER_MS};
+use crate::wire::{HandshakeMetadata, LayerMemoryDesc};
+
+/// An input to a prefill worker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WorkerEvent {
+    /// A peer sent the handshake request; `peer` is the driver's handle to answer it.
+    HandshakeRequest {
+        /// Opaque reply handle (a ZMQ ROUTER identity, a simulator node id).
+        peer: u64,
+    },
+    /// The engine registered a transfer this rank holds blocks of.
+    Register {
+        /// The transfer.
+        transfer_id: TransferId,
+        /// Releases this rank waits for.
+        quorum: Quorum,
+    },
+    /// A release arrived on this rank's notify listener.
+    Release(Release),
+    /// Flexible read: another rank of the group was read and released.
+    GroupDone {
+        /// The transfer.
+        transfer_id: TransferId,
+    },
+    /// A decode rank leased the transfer for `lease_ms` from now: it is about to read it.
+    Lease {
+        /// The transfer.
+        transfer_id: TransferId,
+        /// Lease length in milliseconds.
+        lease_ms: u32,
+    },
+    /// The engine freed the transfer's blocks; forget it.
+    Retired {
+        /// The transfer.
+        transfer_id: TransferId,
+    },
+}
+
+/// What a prefill worker asks its driver to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WorkerAction {
+    /// Answer a handshake request with both reply frames.
+    SendHandshakeReply {
+        /// The reply handle from the request.
+        peer: u64,
+        /// First frame.
+        metadata: HandshakeMetadata,
+        /// Second frame.
+        layers: Vec<LayerMemoryDesc>,
+    },
+    /// This rank's part of the transfer is done (deliver to the engine).
+    Finished {
+        /// This rank.
+        rank: RankId,
+        /// The transfer.
+        transfer_id: TransferId,
+    },
+    /// A decode rank will read the transfer until `until` (deliver to the engine).
+    Leased {
+        /// This rank.
+        rank: RankId,
+        /// The transfer.
+        transfer_id: TransferId,
+        /// When the lease ends.
+        until: Instant,
+    },
+    /// A release or event that changed nothing, with why (for traces and counters).
+    Ignored {
+        /// The transfer it named.
+        transfer_id: TransferId,
+        /// What the ledger did with it.
+        outcome: ReleaseOutcome,
+    },
+    /// The engine sent something inconsistent (a bug in the driver or the engine).
+    Error(String),
+}
+
+/// One prefill rank: answers handshakes and counts releases.
+#[derive(Clone, Debug)]
+pub struct PrefillWorker {
+    rank: RankId,
+    metadata: HandshakeMetadata,
+    layers: Vec<LayerMemoryDesc>,
+    ledger: RankLedger,
+}
+
+impl PrefillWorker {
+    /// A worker that answers handshakes with `metadata` and `layers`.
+    pub fn new(
+        rank: RankId,
+        metadata: HandshakeMetadata,
+        layers: Vec<LayerMemoryDesc>,
+        legacy: &LegacyOptions,
+    ) -> Self {
+        PrefillWorker { rank, metadata, layers, ledger: RankLedger::new(legacy) }
+    }
+
+    /// This worker's rank.
+    pub fn rank(&self) -> RankId {
+        self.rank
+    }
+
+    /// The memory regions this rank registered: base address of each layer's KV region.
+    pub fn regions(&self) -> &[u64] {
+        &self.metadata.kv_caches_base_addr
+    }
+
+    /// The release ledger (for queries).
+    pub fn ledger(&self) -> &RankLedger {
+        &self.ledger
+    }
+
+    /// Applies one event; actions are appended to `out`.
+    pub fn handle(&mut self, now: Instant, event: WorkerEvent, out: &mut Vec<WorkerAction>) {
+        let rank = self.rank;
+        let report = |transfer_id: TransferId, outcome: ReleaseOutcome, out: &mut Vec<WorkerAction>| {
+            if outcome == ReleaseOutcome::Completed {
+                out.push(WorkerAction::Finished { rank, transfer_id });
+            } else if !matches!(outcome, ReleaseOutcome::Counted { .. }) {
+                out.push(WorkerAction::Ignored { transfer_id, outcome });
+            }
+        };
+        match event {
+            WorkerEvent::HandshakeRequest { peer } => out.push(WorkerAction::SendHandshakeReply {
+                peer,
+                metadata: self.metadata.clone(),
+                layers: self.layers.clone(),
+            }),
+            WorkerEvent::Register { transfer_id, quorum } => {
+                match self.ledger.handle_transfer(&transfer_id, quorum) {
+                    Ok(outcome) => report(transfer_id, outcome, out),
+                    Err(e) => out.push(WorkerAction::Error(format!("{rank}: {e}"))),
+                }
+            }
+            WorkerEvent::Release(release) => {
+                let id = release.transfer_id.clone();
+                let outcome = self.ledger.handle_release(release);
+                report(id, outcome, out);
+            }
+            WorkerEvent::GroupDone { transfer_id } => match self.ledger.handle_group_done(&transfer_id) {
+                Ok(outcome) => report(transfer_id, outcome, out),
+                Err(e) => out.push(WorkerAction::Error(format!("{rank}: {e}"))),
+            },
+            WorkerEvent::Lease { transfer_id, lease_ms } => {
+                let until = now.add_ns(u64::from(lease_ms) * NS_PER_MS);
+                out.push(WorkerAction::Leased { rank, transfer_id, until });
+            }
+            WorkerEvent::Retired { transfer_id } => {
+                if let Err(e) = self.ledger.handle_retired(&transfer_id) {
+                    out.push(WorkerAction::Error(format!("{rank}: {e}")));
+                }
+            }
+        }
+    }
+}

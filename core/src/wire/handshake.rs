@@ -1,0 +1,181 @@
+//! The handshake socket's reply: MoRIIO's agent metadata with pdkv's optional ranks (first
+//! frame) and the per-layer memory descriptors (second frame), with their wire mirrors and
+//! decoders. The request is the raw bytes [`HANDSHAKE_REQUEST`](super::HANDSHAKE_REQUEST).
+
+use std::collections::BTreeSet;
+
+use serde::ser::{SerializeMap, SerializeSeq};
+use serde::{Serialize, Serializer};
+
+use super::fields::{blob, group, narrow, string, Fields, U16_MAX, U32_MAX, U64_MAX};
+use super::msgpack::{check_size, parse_whole, Value};
+use super::{named, ControlMessage, WireError, MAX_DESCS_PER_LAYER, MAX_LAYERS, MAX_REGIONS};
+
+/// Where a rank sits in its engine: pdkv's optional extension of the handshake metadata.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RankInfo {
+    /// The rank's DP rank in its engine.
+    pub dp_rank: u16,
+    /// The rank's TP rank in its DP group; always below `tp_size`.
+    pub tp_rank: u16,
+    /// TP size of the rank's engine, at least 1.
+    pub tp_size: u16,
+}
+
+/// The first frame of the handshake reply: MoRIIO's `MoRIIOAgentMetadata`, plus pdkv's ranks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HandshakeMetadata {
+    /// `"<host>:<handshake port base>"`.
+    pub engine_id: String,
+    /// Packed MoRI `EngineDesc`, opaque here (MessagePack bin).
+    pub agent_metadata: Vec<u8>,
+    /// Device address of each registered memory region.
+    pub kv_caches_base_addr: Vec<u64>,
+    /// Blocks in the rank's KV pool, at least 1.
+    pub num_blocks: u32,
+    /// Bytes per block, at least 1.
+    pub block_len: u64,
+    /// vLLM's attention backend on the rank (e.g. `FLASHMLA`), which decides the KV layout.
+    pub attn_backend_name: String,
+    /// `dp_rank`, `tp_rank`, `tp_size`: sent by pdkv, absent from MoRIIO.
+    pub rank: Option<RankInfo>,
+}
+
+/// One entry of the second handshake reply frame: a layer and its packed MoRI memory descriptors.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayerMemoryDesc {
+    /// vLLM's name of the attention layer, e.g. `model.layers.0.self_attn.attn`.
+    pub layer_name: String,
+    /// Opaque blobs (MessagePack bin), at least one.
+    pub descs: Vec<Vec<u8>>,
+}
+
+/// A byte slice that serializes as MessagePack bin rather than as an array of integers.
+pub(super) struct Bin<'a>(pub(super) &'a [u8]);
+
+impl Serialize for Bin<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_bytes(self.0)
+    }
+}
+
+/// A list of blobs, each as bin.
+struct BinList<'a>(&'a [Vec<u8>]);
+
+impl Serialize for BinList<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut seq = serializer.serialize_seq(Some(self.0.len()))?;
+        for blob in self.0 {
+            seq.serialize_element(&Bin(blob))?;
+        }
+        seq.end()
+    }
+}
+
+/// The per-layer descriptor map, in the caller's layer order.
+struct LayerMap<'a>(&'a [LayerMemoryDesc]);
+
+impl Serialize for LayerMap<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for layer in self.0 {
+            map.serialize_entry(&layer.layer_name, &BinList(&layer.descs))?;
+        }
+        map.end()
+    }
+}
+
+#[derive(Serialize)]
+pub(super) struct MetadataWire<'a> {
+    pub(super) engine_id: &'a str,
+    pub(super) agent_metadata: Bin<'a>,
+    pub(super) kv_caches_base_addr: &'a [u64],
+    pub(super) num_blocks: u32,
+    pub(super) block_len: u64,
+    pub(super) attn_backend_name: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) dp_rank: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) tp_rank: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) tp_size: Option<u16>,
+}
+
+/// Encodes the second handshake reply frame: `{layer_name: [descriptor, ...]}` in the given order.
+pub fn encode_layer_memory_descs(layers: &[LayerMemoryDesc]) -> Vec<u8> {
+    named(&LayerMap(layers))
+}
+
+pub(super) fn metadata(mut f: Fields) -> Result<ControlMessage, WireError> {
+    let engine_id = f.str("engine_id")?;
+    let agent_metadata = blob("agent_metadata", f.required("agent_metadata")?)?;
+    let kv_caches_base_addr =
+        f.int_list("kv_caches_base_addr", MAX_REGIONS, 0, U64_MAX)?.into_iter().map(narrow).collect();
+    let num_blocks = narrow(f.int("num_blocks", 1, U32_MAX)?);
+    let block_len = narrow(f.int("block_len", 1, U64_MAX)?);
+    let attn_backend_name = f.str("attn_backend_name")?;
+    let rank = group(
+        "rank",
+        ["dp_rank", "tp_rank", "tp_size"],
+        (
+            f.opt_int("dp_rank", 0, U16_MAX)?,
+            f.opt_int("tp_rank", 0, U16_MAX)?,
+            f.opt_int("tp_size", 1, U16_MAX)?,
+        ),
+    )?
+    .map(|(dp, tp, size)| RankInfo { dp_rank: narrow(dp), tp_rank: narrow(tp), tp_size: narrow(size) });
+    if let Some(r) = rank {
+        if r.tp_rank >= r.tp_size {
+            return Err(WireError::RankOutOfGroup { field: "tp_rank", rank: r.tp_rank, size: r.tp_size });
+        }
+    }
+    Ok(ControlMessage::HandshakeMetadata(HandshakeMetadata {
+        engine_id,
+        agent_metadata,
+        kv_caches_base_addr,
+        num_blocks,
+        block_len,
+        attn_backend_name,
+        rank,
+    }))
+}
+
+/// Decodes the second handshake reply frame, `{layer_name: [descriptor, ...]}`, keeping the
+/// peer's layer order (MoRIIO opens one session per layer in that order).
+pub fn decode_layer_memory_descs(bytes: &[u8]) -> Result<Vec<LayerMemoryDesc>, WireError> {
+    const FIELD: &str = "layer memory descriptors";
+    check_size(bytes)?;
+    let entries = match parse_whole(bytes)? {
+        Value::Map(entries) => entries,
+        other => return Err(WireError::WrongType { field: FIELD, expected: "map", found: other.kind() }),
+    };
+    if entries.is_empty() {
+        return Err(WireError::EmptyField { field: FIELD });
+    }
+    if entries.len() > MAX_LAYERS {
+        return Err(WireError::TooMany { field: FIELD, len: entries.len(), max: MAX_LAYERS });
+    }
+    let mut seen = BTreeSet::new();
+    let mut layers = Vec::with_capacity(entries.len());
+    for (key, value) in entries {
+        let layer_name = string("layer name", key)?;
+        if !seen.insert(layer_name.clone()) {
+            return Err(WireError::DuplicateKey { key: layer_name });
+        }
+        let items = match value {
+            Value::Array(items) => items,
+            other => {
+                return Err(WireError::WrongType { field: FIELD, expected: "array", found: other.kind() })
+            }
+        };
+        if items.is_empty() {
+            return Err(WireError::EmptyField { field: FIELD });
+        }
+        if items.len() > MAX_DESCS_PER_LAYER {
+            return Err(WireError::TooMany { field: FIELD, len: items.len(), max: MAX_DESCS_PER_LAYER });
+        }
+        let descs = items.into_iter().map(|v| blob(FIELD, v)).collect::<Result<_, _>>()?;
+        layers.push(LayerMemoryDesc { layer_name, descs });
+    }
+    Ok(layers)
+}

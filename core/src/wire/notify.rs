@@ -1,0 +1,131 @@
+//! The notify socket's messages: the release map (MoRIIO's, with pdkv's optional sender keys),
+//! pdkv's read lease, and WRITE mode's `remote_blocks` and `write_done`, each with its wire mirror
+//! and its decoder. The legacy plain-string completion has no map and is decoded in `wire`.
+
+use serde::Serialize;
+
+use super::fields::{group, narrow, Fields, U16_MAX, U32_MAX};
+use super::{ControlMessage, WireError, MAX_BLOCK_IDS};
+use crate::ids::TransferId;
+use crate::release::{Release, ReleaseSender};
+
+/// A decode rank's notice of which of its blocks a prefill rank should write into (WRITE mode).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RemoteBlocks {
+    /// vLLM's request id on the decode side (`req_id` on the wire).
+    pub req_id: String,
+    /// The transfer the blocks are for.
+    pub transfer_id: TransferId,
+    /// Decode-side block ids (`block_notify_list`), never empty.
+    pub block_ids: Vec<u32>,
+    /// The decode DP rank, global across pods (`decode_rank`).
+    pub decode_dp_rank: u16,
+}
+
+/// A prefill rank's notice that all its writes of a transfer landed (WRITE mode).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WriteDone {
+    /// The transfer whose writes landed.
+    pub transfer_id: TransferId,
+}
+
+/// A decode rank's promise that its reads of a transfer end within `lease_ms` (pdkv's own
+/// message, `{"type": "read_lease", "transfer_id", "lease_ms"}`; a MoRIIO peer never sends it and
+/// is never sent it). The producer's reaper does not free the transfer's blocks before the lease
+/// ends, because a read may still be in flight until then.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadLease {
+    /// The transfer about to be read.
+    pub transfer_id: TransferId,
+    /// How long the reads may last, from when the lease is sent, in milliseconds (at least 1).
+    pub lease_ms: u32,
+}
+
+#[derive(Serialize)]
+pub(super) struct ReleaseWire<'a> {
+    #[serde(rename = "type")]
+    pub(super) kind: &'static str,
+    pub(super) transfer_id: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) consumer_tp_size: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) sender_engine_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) sender_dp_rank: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) sender_tp_rank: Option<u16>,
+}
+
+#[derive(Serialize)]
+pub(super) struct RemoteBlocksWire<'a> {
+    pub(super) req_id: &'a str,
+    pub(super) transfer_id: &'a str,
+    pub(super) block_notify_list: &'a [u32],
+    pub(super) decode_rank: u16,
+    #[serde(rename = "type")]
+    pub(super) kind: &'static str,
+}
+
+#[derive(Serialize)]
+pub(super) struct ReadLeaseWire<'a> {
+    #[serde(rename = "type")]
+    pub(super) kind: &'static str,
+    pub(super) transfer_id: &'a str,
+    pub(super) lease_ms: u32,
+}
+
+#[derive(Serialize)]
+pub(super) struct WriteDoneWire<'a> {
+    #[serde(rename = "type")]
+    pub(super) kind: &'static str,
+    pub(super) transfer_id: &'a str,
+}
+
+fn transfer_id(fields: &mut Fields) -> Result<TransferId, WireError> {
+    fields.str("transfer_id").map(TransferId)
+}
+
+pub(super) fn release(mut f: Fields) -> Result<ControlMessage, WireError> {
+    let transfer_id = transfer_id(&mut f)?;
+    let consumer_tp_size = f.opt_int("consumer_tp_size", 1, U16_MAX)?.map(narrow::<u16>);
+    let sender = group(
+        "sender",
+        ["sender_engine_id", "sender_dp_rank", "sender_tp_rank"],
+        (
+            f.opt_str("sender_engine_id")?,
+            f.opt_int("sender_dp_rank", 0, U16_MAX)?,
+            f.opt_int("sender_tp_rank", 0, U16_MAX)?,
+        ),
+    )?
+    .map(|(engine_id, dp, tp)| ReleaseSender { engine_id, dp_rank: narrow(dp), tp_rank: narrow(tp) });
+    // The sender is one of the `consumer_tp_size` decode ranks, so its TP rank must lie below.
+    if let (Some(size), Some(s)) = (consumer_tp_size, &sender) {
+        if s.tp_rank >= size {
+            return Err(WireError::RankOutOfGroup { field: "sender_tp_rank", rank: s.tp_rank, size });
+        }
+    }
+    Ok(ControlMessage::Release(Release { transfer_id, consumer_tp_size, sender }))
+}
+
+pub(super) fn remote_blocks(mut f: Fields) -> Result<ControlMessage, WireError> {
+    let req_id = f.str("req_id")?;
+    let transfer_id = transfer_id(&mut f)?;
+    let block_ids: Vec<u32> =
+        f.int_list("block_notify_list", MAX_BLOCK_IDS, 0, U32_MAX)?.into_iter().map(narrow).collect();
+    // MoRIIO raises on an empty list: there is nothing to write into.
+    if block_ids.is_empty() {
+        return Err(WireError::EmptyField { field: "block_notify_list" });
+    }
+    let decode_dp_rank = f.opt_int("decode_rank", 0, U16_MAX)?.map_or(0, narrow);
+    Ok(ControlMessage::RemoteBlocks(RemoteBlocks { req_id, transfer_id, block_ids, decode_dp_rank }))
+}
+
+pub(super) fn read_lease(mut f: Fields) -> Result<ControlMessage, WireError> {
+    let transfer_id = transfer_id(&mut f)?;
+    let lease_ms = narrow::<u32>(f.int("lease_ms", 1, i128::from(u32::MAX))?);
+    Ok(ControlMessage::ReadLease(ReadLease { transfer_id, lease_ms }))
+}
+
+pub(super) fn write_done(mut f: Fields) -> Result<ControlMessage, WireError> {
+    Ok(ControlMessage::WriteDone(WriteDone { transfer_id: transfer_id(&mut f)? }))
+}

@@ -1,0 +1,497 @@
+//! The wire codec's tests: every message round-trips, the bytes match what MoRIIO's Python packs,
+//! older forms decode, and malformed input (tables and a mutation property) gives typed errors.
+
+use proptest::prelude::*;
+use serde::ser::{SerializeMap, SerializeSeq};
+use serde::{Serialize, Serializer};
+
+use super::fields::U32_MAX;
+use super::*;
+use crate::release::ReleaseSender;
+
+/// A test-only MessagePack value, serialized by rmp-serde, to build malformed maps.
+#[derive(Clone, Debug)]
+enum V {
+    U(u64),
+    I(i64),
+    S(String),
+    B(Vec<u8>),
+    A(Vec<V>),
+    M(Vec<(&'static str, V)>),
+    Nil,
+    F(f64),
+}
+
+impl Serialize for V {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            V::U(v) => s.serialize_u64(*v),
+            V::I(v) => s.serialize_i64(*v),
+            V::S(v) => s.serialize_str(v),
+            V::B(v) => s.serialize_bytes(v),
+            V::A(items) => {
+                let mut seq = s.serialize_seq(Some(items.len()))?;
+                for item in items {
+                    seq.serialize_element(item)?;
+                }
+                seq.end()
+            }
+            V::M(entries) => {
+                let mut map = s.serialize_map(Some(entries.len()))?;
+                for (k, v) in entries {
+                    map.serialize_entry(k, v)?;
+                }
+                map.end()
+            }
+            V::Nil => s.serialize_unit(),
+            V::F(v) => s.serialize_f64(*v),
+        }
+    }
+}
+
+fn s(v: &str) -> V {
+    V::S(v.to_owned())
+}
+
+fn pack(entries: Vec<(&'static str, V)>) -> Vec<u8> {
+    rmp_serde::to_vec_named(&V::M(entries)).unwrap()
+}
+
+const TID: &str = "tx-0c5f2a9e-3b7d-4e21-9a64-8f1d2c3b4a5e";
+
+fn tid() -> TransferId {
+    TransferId(TID.to_owned())
+}
+
+fn release_map(extra: Vec<(&'static str, V)>) -> Vec<u8> {
+    let mut entries = vec![("type", s("release")), ("transfer_id", s(TID))];
+    entries.extend(extra);
+    pack(entries)
+}
+
+fn release(consumer_tp_size: Option<u16>, sender: Option<(&str, u16, u16)>) -> ControlMessage {
+    ControlMessage::Release(Release {
+        transfer_id: tid(),
+        consumer_tp_size,
+        sender: sender.map(|(engine_id, dp_rank, tp_rank)| ReleaseSender {
+            engine_id: engine_id.to_owned(),
+            dp_rank,
+            tp_rank,
+        }),
+    })
+}
+
+fn metadata(rank: Option<RankInfo>) -> ControlMessage {
+    ControlMessage::HandshakeMetadata(HandshakeMetadata {
+        engine_id: "prefill-0:6301".to_owned(),
+        agent_metadata: vec![0, 1, 2, 0xff],
+        kv_caches_base_addr: vec![0x7f3a_0000_0000, 5],
+        num_blocks: 21504,
+        block_len: 73728,
+        attn_backend_name: "FLASHMLA".to_owned(),
+        rank,
+    })
+}
+
+fn check(input: &[u8], expected: Result<ControlMessage, WireError>) {
+    assert_eq!(decode(input), expected, "input {input:02x?}");
+}
+
+/// Every message kind survives encode then decode, and the bytes start as MoRIIO's do.
+#[test]
+fn every_message_round_trips() {
+    let messages = [
+        release(Some(8), None),
+        release(None, None),
+        release(Some(8), Some(("decode-0:6301", 3, 5))),
+        release(None, Some(("d", 0, 9))),
+        ControlMessage::LegacyCompletion(tid()),
+        ControlMessage::RemoteBlocks(RemoteBlocks {
+            req_id: "cmpl-1".to_owned(),
+            transfer_id: tid(),
+            block_ids: vec![0, 127, 128, 65536, u32::MAX],
+            decode_dp_rank: 7,
+        }),
+        ControlMessage::WriteDone(WriteDone { transfer_id: tid() }),
+        ControlMessage::ReadLease(ReadLease { transfer_id: tid(), lease_ms: 30_000 }),
+        ControlMessage::HandshakeRequest,
+        metadata(None),
+        metadata(Some(RankInfo { dp_rank: 1, tp_rank: 3, tp_size: 8 })),
+    ];
+    for msg in messages {
+        let bytes = encode(&msg);
+        check(&bytes, Ok(msg));
+    }
+}
+
+/// Exact bytes of the release Python's `msgpack.packb` builds (key order type, transfer_id,
+/// consumer_tp_size), and the raw bytes of the legacy completion.
+#[test]
+fn encodes_the_bytes_moriio_sends() {
+    let check_bytes = |msg: ControlMessage, expected: &[u8]| assert_eq!(encode(&msg), expected);
+    let mut release_bytes = vec![0x83, 0xa4];
+    release_bytes.extend(b"type\xa7release\xabtransfer_id\xd9\x27");
+    release_bytes.extend(TID.as_bytes());
+    release_bytes.extend(b"\xb0consumer_tp_size\x08");
+    check_bytes(release(Some(8), None), &release_bytes);
+    check_bytes(ControlMessage::LegacyCompletion(tid()), TID.as_bytes());
+    check_bytes(ControlMessage::HandshakeRequest, b"get_meta_msg");
+    check_bytes(
+        ControlMessage::WriteDone(WriteDone { transfer_id: TransferId("t".to_owned()) }),
+        b"\x82\xa4type\xaawrite_done\xabtransfer_id\xa1t",
+    );
+}
+
+/// Forms a MoRIIO peer produces that pdkv accepts without producing them itself.
+#[test]
+fn accepts_older_and_tolerated_forms() {
+    // A msgpack str as a legacy completion; raw ASCII text including a single digit.
+    check(b"\xa4tx-1", Ok(ControlMessage::LegacyCompletion(TransferId("tx-1".to_owned()))));
+    check(b"7", Ok(ControlMessage::LegacyCompletion(TransferId("7".to_owned()))));
+    // remote_blocks without `type` (MoRIIO infers it from `req_id`) or `decode_rank`.
+    check(
+        &pack(vec![("req_id", s("r")), ("transfer_id", s(TID)), ("block_notify_list", V::A(vec![V::U(4)]))]),
+        Ok(ControlMessage::RemoteBlocks(RemoteBlocks {
+            req_id: "r".to_owned(),
+            transfer_id: tid(),
+            block_ids: vec![4],
+            decode_dp_rank: 0,
+        })),
+    );
+    // Unknown keys anywhere, holding any well-formed value, are ignored.
+    check(
+        &release_map(vec![
+            ("consumer_tp_size", V::U(2)),
+            ("future", V::M(vec![("x", V::A(vec![V::F(1.5), V::Nil, V::B(vec![0xff])]))])),
+        ]),
+        Ok(release(Some(2), None)),
+    );
+    // Python packs small ints as fixints, but a signed or wider int is the same number.
+    check(&release_map(vec![("consumer_tp_size", V::I(4))]), Ok(release(Some(4), None)));
+}
+
+/// Malformed inputs, each with the exact error.
+#[test]
+fn rejects_malformed_input_with_typed_errors() {
+    use WireError::*;
+    let mut too_deep = V::Nil;
+    for _ in 0..MAX_DEPTH {
+        too_deep = V::A(vec![too_deep]);
+    }
+    let valid = release_map(vec![("consumer_tp_size", V::U(8))]);
+    let mut trailing = valid.clone();
+    trailing.push(0x00);
+    let cases: Vec<(Vec<u8>, WireError)> = vec![
+        (vec![], Empty),
+        (vec![b'a'; MAX_MESSAGE_BYTES + 1], TooLarge { len: MAX_MESSAGE_BYTES + 1, max: MAX_MESSAGE_BYTES }),
+        (valid[..valid.len() - 1].to_vec(), Truncated { offset: valid.len() - 1 }),
+        (trailing, TrailingBytes { offset: valid.len(), len: valid.len() + 1 }),
+        (vec![0xdf, 0xff, 0xff, 0xff, 0xff], Truncated { offset: 0 }),
+        (vec![0x81, 0xa1, b'x', 0xc1], ReservedMarker { offset: 3 }),
+        (pack(vec![("deep", too_deep)]), TooDeep { max: MAX_DEPTH }),
+        (vec![0xc0], Unrecognized { first_byte: 0xc0 }),
+        (b"tx-\xff".to_vec(), InvalidUtf8 { field: "transfer_id" }),
+        (vec![0xa2, 0xff, 0xfe], InvalidUtf8 { field: "transfer_id" }),
+        (vec![0xa0], EmptyField { field: "transfer_id" }),
+        (
+            b"\x82\xa4type\xa7release\xabtransfer_id\xa2\xff\xfe".to_vec(),
+            InvalidUtf8 { field: "transfer_id" },
+        ),
+        (vec![0x81, 0x01, 0x02], WrongType { field: "map key", expected: "str", found: "int" }),
+        (release_map(vec![("transfer_id", s("again"))]), DuplicateKey { key: "transfer_id".to_owned() }),
+        (
+            pack(vec![("type", s("ack")), ("transfer_id", s(TID))]),
+            UnknownType { type_name: "ack".to_owned() },
+        ),
+        (pack(vec![("type", V::U(1))]), WrongType { field: "type", expected: "str", found: "int" }),
+        (pack(vec![("transfer_id", s(TID))]), MissingField { field: "type" }),
+        (pack(vec![("type", s("release"))]), MissingField { field: "transfer_id" }),
+        (
+            pack(vec![("type", s("read_lease")), ("transfer_id", s(TID)), ("lease_ms", V::U(0))]),
+            OutOfRange { field: "lease_ms", value: 0, min: 1, max: i128::from(u32::MAX) },
+        ),
+        (pack(vec![("type", s("read_lease")), ("transfer_id", s(TID))]), MissingField { field: "lease_ms" }),
+        (pack(vec![("type", s("release")), ("transfer_id", s(""))]), EmptyField { field: "transfer_id" }),
+        (
+            pack(vec![("type", s("release")), ("transfer_id", V::S("x".repeat(MAX_STR_BYTES + 1)))]),
+            TooLong { field: "transfer_id", len: MAX_STR_BYTES + 1, max: MAX_STR_BYTES },
+        ),
+        (
+            pack(vec![("type", s("release")), ("transfer_id", V::B(TID.as_bytes().to_vec()))]),
+            WrongType { field: "transfer_id", expected: "str", found: "bin" },
+        ),
+        (
+            release_map(vec![("consumer_tp_size", V::U(0))]),
+            OutOfRange { field: "consumer_tp_size", value: 0, min: 1, max: 65535 },
+        ),
+        (
+            release_map(vec![("consumer_tp_size", V::I(-1))]),
+            OutOfRange { field: "consumer_tp_size", value: -1, min: 1, max: 65535 },
+        ),
+        (
+            release_map(vec![("consumer_tp_size", V::U(65536))]),
+            OutOfRange { field: "consumer_tp_size", value: 65536, min: 1, max: 65535 },
+        ),
+        (
+            release_map(vec![("consumer_tp_size", s("8"))]),
+            WrongType { field: "consumer_tp_size", expected: "int", found: "str" },
+        ),
+        (
+            release_map(vec![("consumer_tp_size", V::Nil)]),
+            WrongType { field: "consumer_tp_size", expected: "int", found: "nil" },
+        ),
+        (
+            release_map(vec![("sender_engine_id", s("d:1"))]),
+            PartialGroup { group: "sender", missing: "sender_dp_rank" },
+        ),
+        (
+            release_map(vec![("sender_engine_id", s("d:1")), ("sender_dp_rank", V::U(0))]),
+            PartialGroup { group: "sender", missing: "sender_tp_rank" },
+        ),
+        (
+            release_map(vec![
+                ("consumer_tp_size", V::U(4)),
+                ("sender_engine_id", s("d:1")),
+                ("sender_dp_rank", V::U(0)),
+                ("sender_tp_rank", V::U(4)),
+            ]),
+            RankOutOfGroup { field: "sender_tp_rank", rank: 4, size: 4 },
+        ),
+        (
+            pack(vec![
+                ("type", s("remote_blocks")),
+                ("req_id", s("r")),
+                ("transfer_id", s(TID)),
+                ("block_notify_list", V::A(vec![])),
+            ]),
+            EmptyField { field: "block_notify_list" },
+        ),
+        (
+            pack(vec![
+                ("req_id", s("r")),
+                ("transfer_id", s(TID)),
+                ("block_notify_list", V::A(vec![V::U(0); MAX_BLOCK_IDS + 1])),
+            ]),
+            TooMany { field: "block_notify_list", len: MAX_BLOCK_IDS + 1, max: MAX_BLOCK_IDS },
+        ),
+        (
+            pack(vec![
+                ("req_id", s("r")),
+                ("transfer_id", s(TID)),
+                ("block_notify_list", V::A(vec![V::I(-3)])),
+            ]),
+            OutOfRange { field: "block_notify_list", value: -3, min: 0, max: U32_MAX },
+        ),
+        (
+            pack(vec![("engine_id", s("e")), ("agent_metadata", s("not bin"))]),
+            WrongType { field: "agent_metadata", expected: "bin", found: "str" },
+        ),
+        (
+            {
+                let mut bytes = encode(&metadata(Some(RankInfo { dp_rank: 0, tp_rank: 0, tp_size: 1 })));
+                // The last value is `tp_size: 1`; make it 0.
+                let last = bytes.len() - 1;
+                bytes[last] = 0;
+                bytes
+            },
+            OutOfRange { field: "tp_size", value: 0, min: 1, max: 65535 },
+        ),
+        (
+            encode(&metadata(Some(RankInfo { dp_rank: 0, tp_rank: 8, tp_size: 8 }))),
+            RankOutOfGroup { field: "tp_rank", rank: 8, size: 8 },
+        ),
+    ];
+    assert!(cases.len() >= 12);
+    for (input, expected) in cases {
+        check(&input, Err(expected));
+    }
+}
+
+#[test]
+fn errors_name_the_field() {
+    let text = |e: WireError| e.to_string();
+    assert_eq!(
+        text(WireError::OutOfRange { field: "consumer_tp_size", value: 0, min: 1, max: 65535 }),
+        "field `consumer_tp_size` is 0, outside 1..=65535"
+    );
+    assert_eq!(
+        text(WireError::PartialGroup { group: "sender", missing: "sender_dp_rank" }),
+        "the sender fields come all together or not at all, but `sender_dp_rank` is missing"
+    );
+    assert_eq!(
+        text(WireError::TrailingBytes { offset: 3, len: 5 }),
+        "2 trailing bytes after the message, which ends at byte 3"
+    );
+}
+
+#[test]
+fn legacy_completion_counts_as_one_plain_release() {
+    let plain = Release { transfer_id: tid(), consumer_tp_size: None, sender: None };
+    assert_eq!(decode(TID.as_bytes()).map(|m| m.as_release()), Ok(Some(plain)));
+    assert_eq!(ControlMessage::HandshakeRequest.as_release(), None);
+}
+
+fn layers() -> Vec<LayerMemoryDesc> {
+    (0..3)
+        .map(|i| LayerMemoryDesc {
+            layer_name: format!("model.layers.{i}.self_attn.attn"),
+            descs: vec![vec![i as u8; i + 1]],
+        })
+        .collect()
+}
+
+#[test]
+fn layer_memory_descs_round_trip_and_reject_malformed() {
+    let bytes = encode_layer_memory_descs(&layers());
+    assert_eq!(decode_layer_memory_descs(&bytes), Ok(layers()));
+    const FIELD: &str = "layer memory descriptors";
+    let check_layers = |input: Vec<u8>, expected: WireError| {
+        assert_eq!(decode_layer_memory_descs(&input), Err(expected), "input {input:02x?}");
+    };
+    check_layers(vec![0x80], WireError::EmptyField { field: FIELD });
+    check_layers(vec![0x90], WireError::WrongType { field: FIELD, expected: "map", found: "array" });
+    check_layers(pack(vec![("l", V::A(vec![]))]), WireError::EmptyField { field: FIELD });
+    check_layers(
+        pack(vec![("l", V::A(vec![s("x")]))]),
+        WireError::WrongType { field: FIELD, expected: "bin", found: "str" },
+    );
+    check_layers(
+        pack(vec![("l", V::A(vec![V::B(vec![1])])), ("l", V::A(vec![V::B(vec![2])]))]),
+        WireError::DuplicateKey { key: "l".to_owned() },
+    );
+    check_layers(
+        pack(vec![("l", V::A(vec![V::B(vec![0; MAX_BLOB_BYTES + 1])]))]),
+        WireError::TooLong { field: FIELD, len: MAX_BLOB_BYTES + 1, max: MAX_BLOB_BYTES },
+    );
+}
+
+fn arb_id() -> impl Strategy<Value = String> {
+    "[a-z][a-z0-9:.-]{0,40}"
+}
+
+fn arb_message() -> impl Strategy<Value = ControlMessage> {
+    let sender = (arb_id(), any::<u16>(), any::<u16>());
+    let release = (arb_id(), prop::option::of(1..=u16::MAX), prop::option::of(sender)).prop_map(
+        |(id, size, sender)| {
+            ControlMessage::Release(Release {
+                transfer_id: TransferId(id),
+                consumer_tp_size: size,
+                sender: sender.map(|(engine_id, dp_rank, tp_rank)| ReleaseSender {
+                    engine_id,
+                    dp_rank,
+                    // The sender's TP rank lies below the TP size it reports.
+                    tp_rank: size.map_or(tp_rank, |n| tp_rank % n),
+                }),
+            })
+        },
+    );
+    let legacy = "[!-~][ -~é中]{0,40}"
+        .prop_filter("the handshake request is not a transfer id", |id| id.as_bytes() != HANDSHAKE_REQUEST)
+        .prop_map(|id| ControlMessage::LegacyCompletion(TransferId(id)));
+    let blocks = (arb_id(), arb_id(), prop::collection::vec(any::<u32>(), 1..64), any::<u16>()).prop_map(
+        |(req_id, id, block_ids, decode_dp_rank)| {
+            ControlMessage::RemoteBlocks(RemoteBlocks {
+                req_id,
+                transfer_id: TransferId(id),
+                block_ids,
+                decode_dp_rank,
+            })
+        },
+    );
+    let done = arb_id().prop_map(|id| ControlMessage::WriteDone(WriteDone { transfer_id: TransferId(id) }));
+    let rank = (any::<u16>(), any::<u16>(), 1..=u16::MAX).prop_map(|(dp_rank, tp_rank, tp_size)| RankInfo {
+        dp_rank,
+        tp_rank: tp_rank % tp_size,
+        tp_size,
+    });
+    let meta = (
+        arb_id(),
+        prop::collection::vec(any::<u8>(), 0..64),
+        prop::collection::vec(any::<u64>(), 0..8),
+        1..=u32::MAX,
+        1..=u64::MAX,
+        "[A-Z_]{1,16}",
+        prop::option::of(rank),
+    )
+        .prop_map(
+            |(engine_id, agent_metadata, kv_caches_base_addr, num_blocks, block_len, attn, rank)| {
+                ControlMessage::HandshakeMetadata(HandshakeMetadata {
+                    engine_id,
+                    agent_metadata,
+                    kv_caches_base_addr,
+                    num_blocks,
+                    block_len,
+                    attn_backend_name: attn,
+                    rank,
+                })
+            },
+        );
+    let lease = (arb_id(), 1..=u32::MAX).prop_map(|(id, lease_ms)| {
+        ControlMessage::ReadLease(ReadLease { transfer_id: TransferId(id), lease_ms })
+    });
+    prop_oneof![release, legacy, blocks, done, lease, Just(ControlMessage::HandshakeRequest), meta]
+}
+
+/// How a valid encoding is damaged: overwrite, insert or delete a byte, or cut the end.
+#[derive(Clone, Debug)]
+enum Mutation {
+    Set(usize, u8),
+    Insert(usize, u8),
+    Delete(usize),
+    Truncate(usize),
+}
+
+fn arb_mutation() -> impl Strategy<Value = Mutation> {
+    prop_oneof![
+        (any::<usize>(), any::<u8>()).prop_map(|(i, b)| Mutation::Set(i, b)),
+        (any::<usize>(), any::<u8>()).prop_map(|(i, b)| Mutation::Insert(i, b)),
+        any::<usize>().prop_map(Mutation::Delete),
+        any::<usize>().prop_map(Mutation::Truncate),
+    ]
+}
+
+fn mutate(bytes: &mut Vec<u8>, mutation: &Mutation) {
+    let n = bytes.len();
+    match *mutation {
+        Mutation::Set(i, b) if n > 0 => bytes[i % n] = b,
+        Mutation::Insert(i, b) => bytes.insert(i % (n + 1), b),
+        Mutation::Delete(i) if n > 0 => {
+            bytes.remove(i % n);
+        }
+        Mutation::Truncate(i) => bytes.truncate(i % (n + 1)),
+        _ => {}
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn decode_is_total_on_arbitrary_bytes(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+        // Returning at all, error or not, is the property.
+        let _ = decode(&bytes);
+        let _ = decode_layer_memory_descs(&bytes);
+    }
+
+    #[test]
+    fn decode_is_total_on_damaged_messages(
+        msg in arb_message(),
+        mutations in prop::collection::vec(arb_mutation(), 1..4),
+    ) {
+        let mut bytes = encode(&msg);
+        for mutation in &mutations {
+            mutate(&mut bytes, mutation);
+        }
+        let _ = decode(&bytes);
+        let mut layer_bytes = encode_layer_memory_descs(&layers());
+        for mutation in &mutations {
+            mutate(&mut layer_bytes, mutation);
+        }
+        let _ = decode_layer_memory_descs(&layer_bytes);
+    }
+
+    #[test]
+    fn valid_messages_round_trip(msg in arb_message()) {
+        prop_assert_eq!(decode(&encode(&msg)), Ok(msg));
+    }
+}
