@@ -5,6 +5,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 mod cluster_fuzz;
+#[cfg(test)]
+mod core_lints;
 mod pyenv;
 mod rdma_vm;
 mod suite;
