@@ -5,6 +5,8 @@
 //! number), randomness comes from seeded ChaCha streams, nothing reads a clock or spawns a
 //! thread. [`run`] is the entry point.
 
+#![forbid(unsafe_code)]
+
 pub mod cost;
 pub mod explore;
 pub mod identity;

@@ -1,6 +1,8 @@
 //! `cargo xtask`: project automation (the test command, tidy checks, generated files, benchmarks,
 //! the CI sequence).
 
+#![forbid(unsafe_code)]
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
