@@ -2,9 +2,10 @@
 //!
 //! A scenario read from a file has passed [`crate::load::validate`], whose rules include these
 //! (with the file's line and column); `run` checks again only what it needs to build a world,
-//! because scenarios are also made in code (sweeps, exploration's storms and shrinking) and
-//! those are not all validated: a storm may ask for a 0 ms listener service time, which the
-//! format rejects but the simulator runs fine.
+//! because scenarios are also made in code and not all of them are validated: exploration's
+//! storms and shrinking, and tests. A storm on a scenario whose handshake timeout is under
+//! 10 ms may ask for a 0 ms listener service time, which the format rejects but the simulator
+//! runs fine, so validating in `run` would change what exploration finds.
 
 use std::fmt;
 
