@@ -300,6 +300,14 @@ pub fn check_file(rel: &Path, text: &str) -> Vec<String> {
                 }
             }
         }
+        // Only the backend's root lifts its `deny(unsafe_code)`, on the FFI modules' `mod` lines,
+        // so the list of code allowed `unsafe` is in one place (tidy's own tests name it).
+        let names_allow = code.contains("allow(unsafe_code)") && !rel.ends_with("tidy.rs");
+        if names_allow && rel != Path::new(BACKEND_ROOT) {
+            problems.push(format!(
+                "{shown}:{n}: `allow(unsafe_code)` only on the FFI modules' `mod` lines in {BACKEND_ROOT}"
+            ));
+        }
         // The tidy module names the markers it looks for; skip its own constant.
         if !rel.ends_with("tidy.rs") {
             for word in TEST_FORBIDDEN {
@@ -372,6 +380,10 @@ mod tests {
         );
         check("backend-rdma/examples/a.rs", "//! Doc.\nlet n = expected_releases(4, 8)?;\n", 0);
         check("tests/it/a.rs", "//! Doc.\n#[should_panic(expected = \"x\")]\nfn t() {}\n", 1);
+        check("backend-rdma/src/lib.rs", "//! Doc.\n#[allow(unsafe_code)]\npub mod verbs;\n", 0);
+        check("backend-rdma/src/memory.rs", "//! Doc.\n#[allow(unsafe_code)]\nfn f() {}\n", 1);
+        check("backend-rdma/src/verbs/mod.rs", "//! Doc.\n#![allow(unsafe_code)]\n", 1);
+        check("sim/src/lib.rs", "//! Doc.\n#![allow(unsafe_code)] // with a reason\n", 1);
     }
 
     /// (crate root, text) -> whether the `unsafe` rule complains.
