@@ -1,6 +1,8 @@
 //! Embeds the scenario files under `scenarios/` in the `pdkv` binary, so `pdkv scenarios` and
 //! `pdkv run <name>` work from any directory.
 
+#![forbid(unsafe_code)]
+
 use std::fmt::Write as _;
 use std::path::Path;
 

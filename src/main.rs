@@ -1,6 +1,8 @@
 //! The `pdkv` command line: routing tables, simulation runs, sweeps and replays, and the real
 //! connector processes and clusters.
 
+#![forbid(unsafe_code)]
+
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};

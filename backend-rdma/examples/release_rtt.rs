@@ -27,6 +27,8 @@
 //!
 //! Run with `cargo run --release -p pdkv-rdma --example release_rtt`.
 
+#![forbid(unsafe_code)]
+
 use std::hint::black_box;
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};

@@ -4,6 +4,8 @@
 //!
 //! Run with `cargo run --release -p pdkv-rdma --example tcp_bench`.
 
+#![forbid(unsafe_code)]
+
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, RwLock};

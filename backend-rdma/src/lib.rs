@@ -1,5 +1,6 @@
 //! The real driver of `pdkv-core`: control plane over TCP, data plane over RDMA verbs or TCP,
-//! memory from HIP or the host (filled in by the backend issue; the only crate allowed `unsafe`).
+//! memory from HIP or the host. The only crate allowed `unsafe`, and only in its FFI modules
+//! (`verbs`, `hip`, [`signals`]), which the crate root's `#![deny(unsafe_code)]` exempts by name.
 //!
 //! - [`zmtp`]: ZeroMQ's wire protocol (ZMTP 3.1, NULL mechanism) over blocking TCP, the
 //!   framing MoRIIO's control sockets speak: pdkv dials as a DEALER and listens as a ROUTER.
@@ -15,20 +16,29 @@
 //!   connector process per rank on one host and push requests through them; [`signals`] lets
 //!   its command line stop it in order on SIGINT or SIGTERM.
 
+// `unsafe` only in the FFI modules that name it below (libibverbs, HIP, signal handlers): deny,
+// not forbid, at the root, because a forbid could not be lifted for them.
+#![deny(unsafe_code)]
 #![deny(missing_docs)]
 
 pub mod cluster;
 pub mod connector;
 pub mod decode_rank;
 #[cfg(feature = "hip")]
+// FFI: the HIP runtime's C API.
+#[allow(unsafe_code)]
 pub mod hip;
 pub mod memory;
 pub mod pattern;
 pub mod prefill_rank;
 pub mod sched;
+// FFI: installs the SIGINT and SIGTERM handlers through libc's `signal`.
+#[allow(unsafe_code)]
 pub mod signals;
 pub mod tcp;
 pub mod transport;
 #[cfg(feature = "rdma")]
+// FFI: libibverbs and librdmacm through rdma-sys.
+#[allow(unsafe_code)]
 pub mod verbs;
 pub mod zmtp;

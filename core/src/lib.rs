@@ -4,6 +4,7 @@
 //! unseeded randomness or iterates a hash map; time comes in as a value and effects leave as
 //! values. The simulator and the real backend drive the same code.
 
+#![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
 pub mod decode;

@@ -2,6 +2,8 @@
 //! given as the first argument), for looking at them: `cargo run --release -p pdkv-reports
 //! --example render_check`.
 
+#![forbid(unsafe_code)]
+
 use std::path::{Path, PathBuf};
 
 use pdkv_reports::SweepPoint;

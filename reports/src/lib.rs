@@ -6,6 +6,8 @@
 //! support, so nothing needs fontconfig or system fonts. Pictures are byte-identical for
 //! identical input: no clock, no randomness, no hash-map iteration.
 
+#![forbid(unsafe_code)]
+
 mod error;
 pub mod gallery;
 mod latency;

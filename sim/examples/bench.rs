@@ -4,6 +4,8 @@
 //! - exploration: seeds per second on one core for a small deadlock scenario (target 5,000);
 //! - the model checker: states per second on `1P_TP2:1D_TP4`.
 
+#![forbid(unsafe_code)]
+
 use std::time::Instant;
 
 use pdkv_sim::explore::{broken_properties, scenario_for_seed};

@@ -3,6 +3,8 @@
 //! prints each figure, the published one and the relative error, and fails if any is off by
 //! more than 25 %. Run with `cargo xtask calibrate`.
 
+#![forbid(unsafe_code)]
+
 use std::process::ExitCode;
 
 use pdkv_sim::scenario::{Clients, Length, Scenario};

@@ -1,4 +1,7 @@
 //! Quick manual run of a notation: `cargo run -p pdkv-sim --example quick -- 1P_TP8:1D_TP8 32 320`.
+
+#![forbid(unsafe_code)]
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let mut sc = pdkv_sim::Scenario::from_notation(&args[1]);

@@ -325,7 +325,7 @@ pub fn shrunk_file(
     seed: u64,
     property: Property,
     small: &Scenario,
-) -> Result<ShrunkFile, String> {
+) -> Result<ShrunkFile, crate::SimError> {
     let mut scenario = small.clone();
     scenario.name = format!("{}-seed{seed}-shrunk", base.name);
     scenario.description =

@@ -5,7 +5,10 @@
 //! number), randomness comes from seeded ChaCha streams, nothing reads a clock or spawns a
 //! thread. [`run`] is the entry point.
 
+#![forbid(unsafe_code)]
+
 pub mod cost;
+pub mod error;
 pub mod explore;
 pub mod identity;
 pub mod load;
@@ -18,13 +21,14 @@ pub mod trace;
 pub mod waitfor;
 pub mod world;
 
+pub use error::SimError;
 pub use identity::RunIdentity;
 pub use result::RunResult;
 pub use scenario::{Outcome, Scenario};
 pub use world::{Progress, Run, RunOptions};
 
 /// Runs `scenario` to its end; an error names why the scenario cannot run at all.
-pub fn run(scenario: &Scenario, options: RunOptions) -> Result<Run, String> {
+pub fn run(scenario: &Scenario, options: RunOptions) -> Result<Run, SimError> {
     Ok(world::World::new(scenario, options)?.run())
 }
 
@@ -33,6 +37,6 @@ pub fn run_with_progress(
     scenario: &Scenario,
     options: RunOptions,
     progress: &mut dyn FnMut(Progress),
-) -> Result<Run, String> {
+) -> Result<Run, SimError> {
     Ok(world::World::new(scenario, options)?.run_with_progress(progress))
 }

@@ -490,14 +490,9 @@ pub fn model_spec(sc: &Scenario) -> ModelSpec {
 }
 
 impl World {
-    /// Builds the world of `sc`; fails with a message if the scenario cannot run.
-    pub fn new(sc: &Scenario, options: RunOptions) -> Result<World, String> {
-        let d = Deployment::parse(&sc.deployment).map_err(|e| e.to_string())?.with_model(model_spec(sc));
-        for &decode in &d.decode {
-            for &prefill in &d.prefill {
-                pdkv_core::routing::check_pair(decode, prefill, &d.model).map_err(|e| e.to_string())?;
-            }
-        }
+    /// Builds the world of `sc`; fails if the scenario cannot run.
+    pub fn new(sc: &Scenario, options: RunOptions) -> Result<World, crate::SimError> {
+        let d = crate::error::routable_deployment(sc)?;
         let legacy: LegacyOptions = sc.protocol.legacy.iter().copied().collect();
         let cost = Cost::new(&sc.model, &sc.hardware, &sc.cost);
         let book = AddressBook::one_host_per_engine(&d);

@@ -1,5 +1,7 @@
 //! Integration tests of the whole workspace, one binary with a module per area.
 
+#![forbid(unsafe_code)]
+
 mod bounds_cli;
 mod cluster;
 mod docs;

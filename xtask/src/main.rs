@@ -1,10 +1,14 @@
 //! `cargo xtask`: project automation (the test command, tidy checks, generated files, benchmarks,
 //! the CI sequence).
 
+#![forbid(unsafe_code)]
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 mod cluster_fuzz;
+#[cfg(test)]
+mod core_lints;
 mod pyenv;
 mod rdma_vm;
 mod suite;

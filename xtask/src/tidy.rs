@@ -1,22 +1,19 @@
-//! Tidy checks that run as tests: the core's purity rules, `//!` headers, no disabled tests, and
-//! no citation of a file the repository lacks.
+//! Tidy checks that run as tests: the core's purity rules (the textual part), `//!` headers, no
+//! disabled tests, `unsafe` forbidden in every crate root but the backend's, and no citation of a
+//! file the repository lacks.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
-/// What `core/` must never mention in code (comments are exempt, so docs can explain why).
-const CORE_FORBIDDEN: [&str; 10] = [
-    "std::net",
-    "std::fs",
-    "std::thread",
-    "std::process",
-    "std::time",
-    "Instant::now",
-    "SystemTime",
-    "HashMap",
-    "HashSet",
-    "println!",
-];
+/// Standard-library modules `core/` must never name in code (comments are exempt, so docs can
+/// explain why). This is the coarse, textual half of the core's purity rules: it catches any item
+/// of these modules written with its path, including ones no list names. The precise half is
+/// `core/clippy.toml` (`disallowed-types`, `-methods`, `-macros`), which clippy applies to the
+/// core only: it catches `HashMap`, `HashSet`, clocks, sockets, files, processes, threads,
+/// `println!` and unseeded randomness however they are imported (`use std::{fs, net}` then
+/// `net::TcpStream`), which text matching cannot.
+const CORE_FORBIDDEN: [&str; 6] =
+    ["std::net", "std::fs", "std::thread", "std::process", "std::time", "std::env"];
 
 /// What the real backend must never call: the core's routing and release-counting decisions.
 /// The backend drives nodes and carries out their actions; which rank to read, which port a
@@ -42,6 +39,17 @@ const BACKEND_FORBIDDEN: [&str; 15] = [
     "proxy::route",
 ];
 
+/// The attribute every crate root carries, so that the compiler rejects `unsafe` anywhere in the
+/// crate (a `forbid` cannot be lifted further down).
+const FORBID_UNSAFE: &str = "#![forbid(unsafe_code)]";
+
+/// What the backend's library root carries instead: its FFI modules (`verbs`, `hip`, `signals`)
+/// lift it by name with `#[allow(unsafe_code)]`, which a `forbid` would not allow.
+const DENY_UNSAFE: &str = "#![deny(unsafe_code)]";
+
+/// The one crate root that denies rather than forbids `unsafe`.
+const BACKEND_ROOT: &str = "backend-rdma/src/lib.rs";
+
 /// Markers of disabled or panic-expecting tests, forbidden everywhere.
 const TEST_FORBIDDEN: [&str; 2] = ["#[ignore", "#[should_panic"];
 
@@ -63,6 +71,12 @@ pub fn check(root: &Path) -> Result<usize, Vec<String>> {
             problems.extend(check_file(rel, &text));
         }
         problems.extend(check_citations(rel, &text, |cited| root.join(cited).exists()));
+    }
+    for rel in crate_roots(root) {
+        match fs::read_to_string(root.join(&rel)) {
+            Ok(text) => problems.extend(check_unsafe_attribute(&rel, &text)),
+            Err(err) => problems.push(format!("{}: cannot be read: {err}", rel.display())),
+        }
     }
     if problems.is_empty() {
         Ok(files.len())
@@ -86,6 +100,71 @@ fn collect(dir: &Path, out: &mut Vec<PathBuf>) {
             out.push(path);
         }
     }
+}
+
+/// Every crate root of every package under `root` (a folder whose `Cargo.toml` has a
+/// `[package]`, skipping `target/` and hidden folders), relative to `root`, sorted: the build
+/// script, `src/lib.rs`, `src/main.rs`, and each target cargo finds by itself under `src/bin/`,
+/// `examples/`, `tests/` and `benches/` (a file there, or a folder's `main.rs`). Found by walking,
+/// not from the workspace's member list, so a new crate or example cannot go unchecked.
+pub fn crate_roots(root: &Path) -> Vec<PathBuf> {
+    let mut packages = Vec::new();
+    collect_packages(root, &mut packages);
+    let mut roots = Vec::new();
+    for package in packages {
+        for fixed in ["build.rs", "src/lib.rs", "src/main.rs"] {
+            if package.join(fixed).is_file() {
+                roots.push(package.join(fixed));
+            }
+        }
+        for folder in ["src/bin", "examples", "tests", "benches"] {
+            let Ok(entries) = fs::read_dir(package.join(folder)) else { continue };
+            for entry in entries.flatten() {
+                let path = entry.path();
+                if path.is_dir() && path.join("main.rs").is_file() {
+                    roots.push(path.join("main.rs"));
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    roots.push(path);
+                }
+            }
+        }
+    }
+    let mut roots: Vec<PathBuf> = roots
+        .into_iter()
+        .map(|path| path.strip_prefix(root).map(Path::to_path_buf).unwrap_or(path))
+        .collect();
+    roots.sort();
+    roots
+}
+
+fn collect_packages(dir: &Path, out: &mut Vec<PathBuf>) {
+    if fs::read_to_string(dir.join("Cargo.toml")).is_ok_and(|manifest| manifest.contains("[package]")) {
+        out.push(dir.to_path_buf());
+    }
+    let Ok(entries) = fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if !name.starts_with('.') && name != "target" && entry.path().is_dir() {
+            collect_packages(&entry.path(), out);
+        }
+    }
+}
+
+/// The problem of a crate root (path relative to the workspace root) that lacks its `unsafe`
+/// attribute: [`FORBID_UNSAFE`] everywhere but [`BACKEND_ROOT`], which has [`DENY_UNSAFE`]. The
+/// attribute must stand on a line of its own, so a commented-out one does not count.
+pub fn check_unsafe_attribute(rel: &Path, text: &str) -> Option<String> {
+    let wanted = if rel == Path::new(BACKEND_ROOT) { DENY_UNSAFE } else { FORBID_UNSAFE };
+    if text.lines().any(|line| line.trim() == wanted) {
+        return None;
+    }
+    let why = if wanted == DENY_UNSAFE {
+        "the backend's FFI modules allow `unsafe` by name; nothing else may"
+    } else {
+        "only the backend's FFI modules may use `unsafe`"
+    };
+    Some(format!("{}:1: a crate root must carry `{wanted}`: {why}", rel.display()))
 }
 
 /// The files a document (`.md`) or the doc comments (`//!`, `///`) of a `.rs` file cite that
@@ -206,7 +285,9 @@ pub fn check_file(rel: &Path, text: &str) -> Vec<String> {
         if in_core {
             for word in CORE_FORBIDDEN {
                 if code.contains(word) {
-                    problems.push(format!("{shown}:{n}: core/ must not use `{word}` (no I/O, clock, threads or hash-map iteration)"));
+                    problems.push(format!(
+                        "{shown}:{n}: core/ must not use `{word}` (no I/O, clock, threads or global state)"
+                    ));
                 }
             }
         }
@@ -218,6 +299,14 @@ pub fn check_file(rel: &Path, text: &str) -> Vec<String> {
                     ));
                 }
             }
+        }
+        // Only the backend's root lifts its `deny(unsafe_code)`, on the FFI modules' `mod` lines,
+        // so the list of code allowed `unsafe` is in one place (tidy's own tests name it).
+        let names_allow = code.contains("allow(unsafe_code)") && !rel.ends_with("tidy.rs");
+        if names_allow && rel != Path::new(BACKEND_ROOT) {
+            problems.push(format!(
+                "{shown}:{n}: `allow(unsafe_code)` only on the FFI modules' `mod` lines in {BACKEND_ROOT}"
+            ));
         }
         // The tidy module names the markers it looks for; skip its own constant.
         if !rel.ends_with("tidy.rs") {
@@ -272,13 +361,14 @@ mod tests {
             assert_eq!(problems.len(), expected, "{path}: {text:?}: {problems:?}");
         };
         check("core/src/a.rs", "//! Doc.\nuse std::collections::BTreeMap;\n", 0);
-        check("core/src/a.rs", "//! Doc.\nuse std::collections::HashMap;\n", 1);
-        check("core/src/a.rs", "//! Doc.\nlet t = std::time::Instant::now();\n", 2);
-        check("core/src/a.rs", "//! Doc.\n// A HashMap would be iterated in random order.\n", 0);
-        check("core/src/a.rs", "//! Doc.\nfn f() { println!(\"x\"); } // HashSet\n", 1);
+        // HashMap, println! and the like are core/clippy.toml's (see CORE_FORBIDDEN).
+        check("core/src/a.rs", "//! Doc.\nuse std::collections::HashMap;\n", 0);
+        check("core/src/a.rs", "//! Doc.\nlet t = std::time::Instant::now();\n", 1);
+        check("core/src/a.rs", "//! Doc.\n// std::fs would do I/O.\n", 0);
+        check("core/src/a.rs", "//! Doc.\nfn f() { g(); } // std::thread::spawn\n", 0);
         check("core/src/a.rs", "//! Doc.\nuse std::net::TcpStream;\nuse std::fs;\n", 2);
         check("core/src/a.rs", "//! Doc.\nstd::thread::spawn(f); std::process::exit(1);\n", 2);
-        check("core/src/a.rs", "//! Doc.\nlet s = \"http://x\"; let t = SystemTime::UNIX_EPOCH;\n", 1);
+        check("core/src/a.rs", "//! Doc.\nlet s = \"http://x\"; let v = std::env::var(\"X\");\n", 1);
         check("sim/src/a.rs", "//! Doc.\nuse std::collections::HashMap;\n", 0);
         check("sim/src/a.rs", "use std::fs;\n", 1);
         check("tests/it/a.rs", "//! Doc.\n#[ignore]\nfn t() {}\n", 1);
@@ -290,6 +380,91 @@ mod tests {
         );
         check("backend-rdma/examples/a.rs", "//! Doc.\nlet n = expected_releases(4, 8)?;\n", 0);
         check("tests/it/a.rs", "//! Doc.\n#[should_panic(expected = \"x\")]\nfn t() {}\n", 1);
+        check("backend-rdma/src/lib.rs", "//! Doc.\n#[allow(unsafe_code)]\npub mod verbs;\n", 0);
+        check("backend-rdma/src/memory.rs", "//! Doc.\n#[allow(unsafe_code)]\nfn f() {}\n", 1);
+        check("backend-rdma/src/verbs/mod.rs", "//! Doc.\n#![allow(unsafe_code)]\n", 1);
+        check("sim/src/lib.rs", "//! Doc.\n#![allow(unsafe_code)] // with a reason\n", 1);
+    }
+
+    /// (crate root, text) -> whether the `unsafe` rule complains.
+    #[test]
+    fn unsafe_attribute_table() {
+        let forbid = "//! Doc.\n\n#![forbid(unsafe_code)]\n\nmod a;\n";
+        let deny = "//! Doc.\n\n#![deny(unsafe_code)]\n#![deny(missing_docs)]\n";
+        let neither = "//! Doc.\n\n#![deny(missing_docs)]\n";
+        let commented = "//! Doc.\n\n// #![forbid(unsafe_code)]\n";
+        let table = [
+            ("sim/src/lib.rs", forbid, false),
+            ("sim/src/lib.rs", neither, true),
+            ("sim/src/lib.rs", deny, true),
+            ("sim/src/lib.rs", commented, true),
+            ("src/main.rs", neither, true),
+            ("sim/examples/quick.rs", neither, true),
+            ("backend-rdma/examples/tcp_bench.rs", forbid, false),
+            ("backend-rdma/examples/tcp_bench.rs", deny, true),
+            ("backend-rdma/src/lib.rs", deny, false),
+            ("backend-rdma/src/lib.rs", forbid, true),
+            ("backend-rdma/src/lib.rs", neither, true),
+        ];
+        for (path, text, complains) in table {
+            let problem = check_unsafe_attribute(Path::new(path), text);
+            assert_eq!(problem.is_some(), complains, "{path}: {text:?}: {problem:?}");
+        }
+    }
+
+    /// A new package, with a library, a binary, an example folder and an integration test, is
+    /// found by the walk; each of its roots without the attribute is reported by `check`.
+    #[test]
+    fn a_new_crate_without_the_forbid_fails_tidy() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().join("target/tmp/tidy-new-crate");
+        let _ = fs::remove_dir_all(&root);
+        let files = [
+            ("newcrate/Cargo.toml", "[package]\nname = \"newcrate\"\n"),
+            ("newcrate/src/lib.rs", "//! A new library.\n\npub fn f() {}\n"),
+            ("newcrate/src/main.rs", "//! A new binary.\n\n#![forbid(unsafe_code)]\n\nfn main() {}\n"),
+            ("newcrate/src/helper.rs", "//! Not a root.\n"),
+            ("newcrate/examples/demo/main.rs", "//! An example.\n\nfn main() {}\n"),
+            ("newcrate/tests/it.rs", "//! A test.\n"),
+            ("Cargo.toml", "[workspace]\nmembers = [\"newcrate\"]\n"),
+        ];
+        for (path, text) in files {
+            let path = root.join(path);
+            fs::create_dir_all(path.parent().unwrap()).unwrap();
+            fs::write(path, text).unwrap();
+        }
+        let expected: Vec<PathBuf> = ["examples/demo/main.rs", "src/lib.rs", "src/main.rs", "tests/it.rs"]
+            .iter()
+            .map(|p| Path::new("newcrate").join(p))
+            .collect();
+        assert_eq!(crate_roots(&root), expected);
+        let problems = check(&root).expect_err("three roots lack the forbid");
+        let named: Vec<&str> = problems.iter().filter_map(|p| p.split(':').next()).collect();
+        assert_eq!(named, ["newcrate/examples/demo/main.rs", "newcrate/src/lib.rs", "newcrate/tests/it.rs"]);
+    }
+
+    /// The walk finds every member of the real workspace, with its examples and tests.
+    #[test]
+    fn crate_roots_of_the_workspace() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let roots = crate_roots(root);
+        for expected in [
+            "build.rs",
+            "src/main.rs",
+            "tests/it/main.rs",
+            "core/src/lib.rs",
+            "sim/src/lib.rs",
+            "sim/examples/quick.rs",
+            "reports/src/lib.rs",
+            "backend-rdma/src/lib.rs",
+            "backend-rdma/examples/tcp_bench.rs",
+            "xtask/src/main.rs",
+        ] {
+            assert!(roots.contains(&PathBuf::from(expected)), "{expected} not found among {roots:?}");
+        }
+        assert!(
+            !roots.contains(&PathBuf::from("tests/it/scenarios.rs")),
+            "a module is not a root: {roots:?}"
+        );
     }
 
     /// (citing file, text) -> the cited files reported missing, against a small fake tree.

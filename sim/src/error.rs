@@ -1,0 +1,120 @@
+//! Why the simulator cannot run a scenario at all ([`SimError`]), and the checks behind it.
+//!
+//! A scenario read from a file has passed [`crate::load::validate`], whose rules include these
+//! (with the file's line and column); `run` checks again only what it needs to build a world,
+//! because scenarios are also made in code and not all of them are validated: exploration's
+//! storms and shrinking, and tests. A storm on a scenario whose handshake timeout is under
+//! 10 ms may ask for a 0 ms listener service time, which the format rejects but the simulator
+//! runs fine, so validating in `run` would change what exploration finds.
+
+use std::fmt;
+
+use pdkv_core::routing::{check_pair, RoutingError};
+use pdkv_core::topology::{Deployment, Layout, NotationError};
+
+use crate::scenario::Scenario;
+
+/// Why [`crate::run`] refused a scenario.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SimError {
+    /// The scenario's `deployment` is not valid notation.
+    Deployment(NotationError),
+    /// A decode engine cannot read from a prefill engine (every decode engine may be routed to
+    /// every prefill engine, so every pair must be readable).
+    Unroutable {
+        /// Index of the decode engine (`D<n>`).
+        decode: usize,
+        /// Its layout.
+        decode_layout: Layout,
+        /// Index of the prefill engine (`P<n>`).
+        prefill: usize,
+        /// Its layout.
+        prefill_layout: Layout,
+        /// What the core's routing rejects about the pair.
+        error: RoutingError,
+    },
+}
+
+impl fmt::Display for SimError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SimError::Deployment(error) => write!(f, "{error}"),
+            // The same words as the loader's `deployment` violation.
+            SimError::Unroutable { decode, decode_layout, prefill, prefill_layout, error } => write!(
+                f,
+                "decode engine D{decode} ({decode_layout}) cannot read prefill engine P{prefill} \
+                 ({prefill_layout}): {error}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for SimError {}
+
+/// The scenario's deployment with its model, once every decode engine can read every prefill
+/// engine.
+pub(crate) fn routable_deployment(sc: &Scenario) -> Result<Deployment, SimError> {
+    let d = Deployment::parse(&sc.deployment)
+        .map_err(SimError::Deployment)?
+        .with_model(crate::world::model_spec(sc));
+    for (decode, &decode_layout) in d.decode.iter().enumerate() {
+        for (prefill, &prefill_layout) in d.prefill.iter().enumerate() {
+            check_pair(decode_layout, prefill_layout, &d.model).map_err(|error| SimError::Unroutable {
+                decode,
+                decode_layout,
+                prefill,
+                prefill_layout,
+                error,
+            })?;
+        }
+    }
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::scenario::Scenario;
+    use crate::RunOptions;
+
+    /// (deployment, KV heads of a model without MLA) -> what `run` says, as the user reads it;
+    /// `None` where it runs.
+    #[test]
+    fn run_names_what_cannot_run() {
+        let table = [
+            ("1P_TP8:1D_TP8", 8, None),
+            (
+                "1P_TP8:1D_XP8",
+                8,
+                Some(
+                    "invalid deployment notation \"1P_TP8:1D_XP8\": bad token \"XP8\" at column 11: expected \
+                     a layout like TP8, DP8EP or DP4TP2 (components DP<n>, TP<n>, EP)",
+                ),
+            ),
+            (
+                "1P_TP8:1D_TP3",
+                8,
+                Some(
+                    "decode engine D0 (TP3) cannot read prefill engine P0 (TP8): decode TP3 and prefill TP8: \
+                     one TP size must be a multiple of the other",
+                ),
+            ),
+            (
+                "1P_TP8:1D_TP8+1D_TP4",
+                8,
+                Some(
+                    "decode engine D1 (TP4) cannot read prefill engine P0 (TP8): decode TP4 and prefill TP8 \
+                     with 8 KV heads: heterogeneous TP requires replicated KV heads (replicated KV heads are \
+                     required on every rank: min(TP) >= kv_heads, or MLA); reads would split heads",
+                ),
+            ),
+            ("1P_TP8:1D_TP8+1D_TP4", 4, None),
+        ];
+        for (deployment, kv_heads, expected) in table {
+            let mut sc = Scenario::from_notation(deployment);
+            sc.model.use_mla = false;
+            sc.model.kv_heads = kv_heads;
+            let got = crate::run(&sc, RunOptions::default()).err().map(|e| e.to_string());
+            assert_eq!(got.as_deref(), expected, "{deployment}");
+        }
+    }
+}

@@ -1,0 +1,623 @@
+//! Loading scenario files: RON text to a checked [`Scenario`], with errors that name the file, the
+//! line and column, and the dotted field path; and printing a scenario back as RON.
+//!
+//! Reading happens in three steps:
+//!
+//! 1. Legacy option names written as strings (`legacy: ["lazy-handshake"]`) are turned into RON
+//!    raw identifiers (`r#lazy-handshake`), which is what serde's enum derive needs. `"x"` and
+//!    `r#x` have the same length, so every line and column the later steps report is still
+//!    right for the text the user wrote (module `legacy_names`).
+//! 2. `ron` deserializes the text (with the `implicit_some` extension, so `expect: hang` and
+//!    `duration_ms: 500` need no `Some(..)`). ron reports a line and column but not which field
+//!    it was reading, so a small scanner (module `path`) walks the text up to that position,
+//!    tracking `key:` names and list indexes through the brackets, and rebuilds the dotted path
+//!    (e.g. `workload.clients.concurrency`, `faults.timeline[1].target`); module `errors` turns
+//!    ron's error into a [`ScenarioError`] in words.
+//! 3. [`validate()`] checks what serde cannot (positive sizes, probabilities, routable engine
+//!    pairs, and, in module `target`, fault targets inside the deployment). Its violations name
+//!    a dotted path; the same scanner finds where that field's `key:` is written. A field the
+//!    file leaves at its default has no key; the error then points at the nearest enclosing
+//!    field written in the file, or carries no position at all.
+
+use std::path::Path;
+
+use ron::extensions::Extensions;
+
+use crate::scenario::Scenario;
+
+mod errors;
+mod legacy_names;
+mod path;
+mod target;
+#[cfg(test)]
+mod test_support;
+mod validate;
+
+pub use errors::{Location, ScenarioError};
+pub use target::{parse_target, TargetPattern};
+pub use validate::{validate, Violation};
+
+use errors::{from_ron_error, location_of};
+use legacy_names::{quoted_legacy_names, raw_legacy_names};
+use path::{locate, scan, MAX_NESTING};
+
+/// The ron options every scenario is read and written with: `implicit_some`, so optional fields
+/// take a bare value (`expect: hang`, `duration_ms: 500`); `Some(..)` is still accepted.
+fn ron_options() -> ron::Options {
+    ron::Options::default().with_default_extension(Extensions::IMPLICIT_SOME)
+}
+
+/// Parses and validates a scenario from RON text; `origin` (a path, or a name such as
+/// `<notation>`) is only used in error messages.
+pub fn parse_scenario(text: &str, origin: &str) -> Result<Scenario, ScenarioError> {
+    if let Some(offset) = scan(text, text.len(), &|_| false).too_deep {
+        return Err(ScenarioError::Syntax {
+            origin: origin.to_string(),
+            at: location_of(text, offset),
+            field: None,
+            message: format!(
+                "brackets nested more than {MAX_NESTING} deep; a scenario nests about six (faults, \
+                 timeline, a fault, its form)"
+            ),
+        });
+    }
+    let text = raw_legacy_names(text);
+    let scenario: Scenario =
+        ron_options().from_str(&text).map_err(|err| from_ron_error(origin, &text, err))?;
+    validate(&scenario).map_err(|violation| ScenarioError::Invalid {
+        origin: origin.to_string(),
+        at: locate(&text, &violation.field),
+        field: violation.field,
+        message: violation.message,
+    })?;
+    Ok(scenario)
+}
+
+/// Largest scenario file read, in bytes: the largest useful scenario (a thousand timed faults)
+/// is a few hundred kilobytes, and a bound keeps `/dev/zero` or a wrong path from filling memory.
+pub const MAX_SCENARIO_BYTES: u64 = 1 << 20;
+
+/// Reads at most `limit` bytes of the file at `path` as UTF-8 text; a longer file (or an endless
+/// one such as `/dev/zero`) is an error naming the limit, so no input can fill memory.
+pub fn read_capped(path: &Path, limit: u64) -> Result<String, String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|err| err.to_string())?;
+    let mut bytes = Vec::new();
+    file.take(limit + 1).read_to_end(&mut bytes).map_err(|err| err.to_string())?;
+    if bytes.len() as u64 > limit {
+        return Err(format!("the file is larger than {limit} bytes, the most this command reads"));
+    }
+    String::from_utf8(bytes).map_err(|err| format!("not UTF-8 text ({err})"))
+}
+
+/// Reads the file at `path` (at most [`MAX_SCENARIO_BYTES`]) and parses it with
+/// [`parse_scenario`], naming the path in errors.
+pub fn load_scenario(path: &Path) -> Result<Scenario, ScenarioError> {
+    let origin = path.display().to_string();
+    match read_capped(path, MAX_SCENARIO_BYTES) {
+        Ok(text) => parse_scenario(&text, &origin),
+        Err(message) => Err(ScenarioError::Io { origin, message }),
+    }
+}
+
+/// The scenario as pretty RON without struct names, with legacy names as strings, and without
+/// the optional fields that are absent (RON would print them as `None`, which reads as Rust
+/// rather than as a scenario; each defaults to absent when read); reading the result with
+/// [`parse_scenario`] gives the same scenario back.
+pub fn scenario_to_ron(scenario: &Scenario) -> String {
+    let config = ron::ser::PrettyConfig::default().indentor("    ");
+    // ron fails only when the writer fails (a String never does) or nesting exceeds the
+    // recursion limit (the scenario is six levels deep), so failure is a programmer error.
+    let text = ron_options().to_string_pretty(scenario, config).expect("a scenario always serializes to RON");
+    quoted_legacy_names(&text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_support::{kind, Kind};
+    use super::*;
+    use pdkv_core::legacy::Legacy;
+
+    use crate::scenario::{
+        Clients, CostModel, EngineLimits, FaultKind, Faults, Hardware, Length, Limits, ModelProfile, Outcome,
+        Protocol, Reads, Swarm, Target, TimedFault, Workload,
+    };
+    use path::skip_string;
+
+    fn bad_dir() -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata").join("bad")
+    }
+
+    /// One file of `testdata/bad`: the variant, line, column and field its error must have, and
+    /// words the message must contain.
+    struct Bad {
+        file: &'static str,
+        kind: Kind,
+        line: usize,
+        column: usize,
+        field: &'static str,
+        says: &'static str,
+    }
+
+    const fn bad(
+        file: &'static str,
+        kind: Kind,
+        line: usize,
+        column: usize,
+        field: &'static str,
+        says: &'static str,
+    ) -> Bad {
+        Bad { file, kind, line, column, field, says }
+    }
+
+    const BAD: [Bad; 21] = [
+        bad("unknown_top_level_field.ron", Kind::UnknownField, 5, 5, "seeds", "expected one of: name, "),
+        bad("unknown_nested_field.ron", Kind::UnknownField, 7, 9, "hardware.nic_gbps", "nic_gb_s, "),
+        bad(
+            "unknown_variant_field.ron",
+            Kind::UnknownField,
+            6,
+            55,
+            "workload.clients.rate_per_s",
+            "expected one of: concurrency, requests",
+        ),
+        bad(
+            "string_for_number.ron",
+            Kind::WrongType,
+            6,
+            19,
+            "hardware.nic_gb_s",
+            "found the string \"fast\"",
+        ),
+        bad("decimal_for_integer.ron", Kind::WrongType, 7, 19, "model.kv_heads", "found a decimal number"),
+        bad("negative_seed.ron", Kind::WrongType, 5, 11, "seed", "`-1` is negative"),
+        bad("zero_tp.ron", Kind::Invalid, 4, 5, "deployment", "TP size of at least 1"),
+        bad("tp_not_multiple.ron", Kind::Invalid, 4, 5, "deployment", "one TP size must be a multiple"),
+        bad("gqa_head_split.ron", Kind::Invalid, 4, 5, "deployment", "with 8 KV heads"),
+        bad("negative_rate.ron", Kind::Invalid, 7, 13, "workload.clients.rate_per_s", "got -2.5"),
+        bad(
+            "zero_concurrency.ron",
+            Kind::Invalid,
+            6,
+            25,
+            "workload.clients.concurrency",
+            "at least 1, got 0",
+        ),
+        bad(
+            "unknown_legacy.ron",
+            Kind::UnknownVariant,
+            6,
+            36,
+            "protocol.legacy[1]",
+            "unknown legacy option `read-from-dp1`; known options: read-from-dp0, ",
+        ),
+        bad("uniform_min_above_max.ron", Kind::Invalid, 6, 9, "workload.input_tokens", "min 4096 is greater"),
+        bad(
+            "fault_target_out_of_range.ron",
+            Kind::Invalid,
+            8,
+            26,
+            "faults.timeline[1].target",
+            "DP rank 1 is out of range",
+        ),
+        bad(
+            "fault_target_malformed.ron",
+            Kind::Invalid,
+            7,
+            24,
+            "faults.timeline[0].target",
+            "`prefill0.tp3` is not a rank pattern",
+        ),
+        bad(
+            "slow_nic_factor_above_one.ron",
+            Kind::Invalid,
+            7,
+            61,
+            "faults.timeline[0].fault.factor",
+            "got 1.5",
+        ),
+        bad(
+            "swarm_probability_above_one.ron",
+            Kind::Invalid,
+            8,
+            13,
+            "faults.swarm.duplicate",
+            "[0, 1], got 1.2",
+        ),
+        bad("missing_paren.ron", Kind::Syntax, 7, 2, "workload", "unexpected end of file"),
+        bad("missing_comma.ron", Kind::Syntax, 4, 5, "name", "expected `,`"),
+        bad("missing_deployment.ron", Kind::MissingField, 5, 1, "deployment", "no default"),
+        bad(
+            "unknown_outcome.ron",
+            Kind::UnknownVariant,
+            5,
+            13,
+            "expect",
+            "clean, incomplete, leak, failed_requests, hang, safety_violation",
+        ),
+    ];
+
+    #[test]
+    fn load_bad_files_name_the_variant_line_column_and_field() {
+        for case in &BAD {
+            let path = bad_dir().join(case.file);
+            let err = match load_scenario(&path) {
+                Ok(scenario) => panic!("{}: loaded {scenario:?}", case.file),
+                Err(err) => err,
+            };
+            let shown = err.to_string();
+            assert_eq!(kind(&err), case.kind, "{}: {shown}", case.file);
+            let at = Location { line: case.line, column: case.column };
+            assert_eq!(err.location(), Some(at), "{}: {shown}", case.file);
+            assert_eq!(err.field(), Some(case.field), "{}: {shown}", case.file);
+            let origin = path.display().to_string();
+            assert_eq!(err.origin(), origin, "{}", case.file);
+            assert!(shown.starts_with(&format!("{origin}:{at}: ")), "{}: {shown}", case.file);
+            assert!(shown.contains(&format!("`{}`", case.field)), "{}: {shown}", case.file);
+            assert!(shown.contains(case.says), "{}: {shown}", case.file);
+        }
+    }
+
+    #[test]
+    fn load_every_bad_file_is_in_the_table() {
+        let mut files: Vec<String> = match std::fs::read_dir(bad_dir()) {
+            Ok(entries) => {
+                entries.flatten().map(|entry| entry.file_name().to_string_lossy().into_owned()).collect()
+            }
+            Err(err) => panic!("{}: {err}", bad_dir().display()),
+        };
+        files.sort();
+        let mut listed: Vec<String> = BAD.iter().map(|case| case.file.to_string()).collect();
+        listed.sort();
+        assert_eq!(files, listed);
+    }
+
+    #[test]
+    fn load_io_errors_name_the_path() {
+        let path = bad_dir().join("no-such-file.ron");
+        let err = load_scenario(&path).map(|s| s.name).unwrap_err();
+        assert_eq!(kind(&err), Kind::Io);
+        assert_eq!((err.location(), err.field()), (None, None));
+        let shown = err.to_string();
+        assert!(
+            shown.starts_with(&format!("{}: cannot read the scenario file: ", path.display())),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn load_minimal_file_gets_every_default() {
+        let scenario = parse_scenario("(name: \"x\", deployment: \"1P_TP8:1D_TP8\")", "<min>");
+        let expected = Scenario {
+            name: "x".into(),
+            description: String::new(),
+            deployment: "1P_TP8:1D_TP8".into(),
+            model: ModelProfile::default(),
+            hardware: Hardware::default(),
+            cost: CostModel::default(),
+            workload: Workload::default(),
+            protocol: Protocol::default(),
+            engines: EngineLimits::default(),
+            faults: Faults::default(),
+            seed: 0,
+            limits: Limits::default(),
+            expect: None,
+            expect_jain: None,
+        };
+        assert_eq!(scenario, Ok(expected));
+    }
+
+    /// A file using most of the format: comments, enum forms, optional values with and without
+    /// `Some`, legacy names as strings and as raw identifiers, trailing commas.
+    const FULL: &str = r#"// A fuller scenario.
+(
+    name: "lazy-lost-reply",
+    description: "a lost handshake reply under the lazy handshake", /* block comment ( */
+    deployment: "2P_TP8:1D_DP8EP",
+    model: (kv_bytes_per_token_per_layer: 1152, block_size_tokens: 32),
+    hardware: (nic_gb_s: 25, control_latency_us: 80.5),
+    cost: (prefill_mfu: 0.2),
+    workload: (
+        clients: Open(rate_per_s: 2.5, requests: 40),
+        input_tokens: Uniform(min: 1024, max: 8192),
+        output_tokens: Fixed(256),
+    ),
+    protocol: (
+        legacy: ["lazy-handshake", r#no-handshake-timeout],
+        reads: PerRequest,
+        handshake_timeout_ms: 2000,
+    ),
+    engines: (decode_max_batch: 64, kv_blocks_per_gpu: 4096),
+    faults: (
+        timeline: [
+            (at_ms: 100, target: "P0.dp0.tp*", fault: LoseMessages, count: 1),
+            (at_ms: 200, target: "D0.dp7.tp0", fault: SlowNic(factor: 0.5), duration_ms: Some(1000)),
+            (at_ms: 300, target: "P*.dp*.tp*", fault: DelayMessages(delay_ms: 20), duration_ms: 50),
+        ],
+        swarm: (loss: 0.01, delay: 0.1, max_delay_ms: 5),
+    ),
+    seed: 42,
+    limits: (max_virtual_time_s: 600),
+    expect: hang,
+)
+"#;
+
+    fn full_expected() -> Scenario {
+        Scenario {
+            name: "lazy-lost-reply".into(),
+            description: "a lost handshake reply under the lazy handshake".into(),
+            deployment: "2P_TP8:1D_DP8EP".into(),
+            model: ModelProfile {
+                kv_bytes_per_token_per_layer: 1152,
+                block_size_tokens: 32,
+                ..ModelProfile::default()
+            },
+            hardware: Hardware { nic_gb_s: 25.0, control_latency_us: 80.5, ..Hardware::default() },
+            cost: CostModel { prefill_mfu: 0.2, ..CostModel::default() },
+            workload: Workload {
+                clients: Clients::Open { rate_per_s: 2.5, requests: 40 },
+                input_tokens: Length::Uniform { min: 1024, max: 8192 },
+                output_tokens: Length::Fixed(256),
+            },
+            protocol: Protocol {
+                legacy: vec![Legacy::LazyHandshake, Legacy::NoHandshakeTimeout],
+                reads: Reads::PerRequest,
+                handshake_timeout_ms: 2000,
+                ..Protocol::default()
+            },
+            engines: EngineLimits {
+                decode_max_batch: 64,
+                kv_blocks_per_gpu: 4096,
+                ..EngineLimits::default()
+            },
+            faults: Faults {
+                timeline: vec![
+                    TimedFault {
+                        at_ms: 100,
+                        target: Target("P0.dp0.tp*".into()),
+                        fault: FaultKind::LoseMessages,
+                        duration_ms: None,
+                        count: Some(1),
+                    },
+                    TimedFault {
+                        at_ms: 200,
+                        target: Target("D0.dp7.tp0".into()),
+                        fault: FaultKind::SlowNic { factor: 0.5 },
+                        duration_ms: Some(1000),
+                        count: None,
+                    },
+                    TimedFault {
+                        at_ms: 300,
+                        target: Target("P*.dp*.tp*".into()),
+                        fault: FaultKind::DelayMessages { delay_ms: 20 },
+                        duration_ms: Some(50),
+                        count: None,
+                    },
+                ],
+                swarm: Swarm { loss: 0.01, delay: 0.1, max_delay_ms: 5, ..Swarm::default() },
+            },
+            seed: 42,
+            limits: Limits { max_virtual_time_s: 600, ..Limits::default() },
+            expect: Some(Outcome::Hang),
+            expect_jain: None,
+        }
+    }
+
+    #[test]
+    fn load_full_file_parses_to_exact_values() {
+        assert_eq!(parse_scenario(FULL, "<full>"), Ok(full_expected()));
+    }
+
+    #[test]
+    fn load_printed_scenarios_read_back_unchanged() {
+        let mut scenarios = vec![full_expected()];
+        for notation in ["1P_TP8:1D_TP8", "2P_TP8:1D_DP8EP", "1P_TP4+1P_DP2TP4:2D_TP8"] {
+            scenarios.push(Scenario::from_notation(notation));
+        }
+        for scenario in scenarios {
+            let text = scenario_to_ron(&scenario);
+            assert_eq!(parse_scenario(&text, "<printed>"), Ok(scenario.clone()), "{text}");
+            // Printing is stable, and readable: no struct names, legacy names as strings.
+            assert_eq!(scenario_to_ron(&scenario), text);
+            assert!(text.starts_with("(\n    name: "), "{text}");
+            assert!(!text.contains("r#"), "{text}");
+            // Absent options are left out rather than printed as Rust's `None`.
+            assert!(!text.contains("None"), "{text}");
+        }
+        let text = scenario_to_ron(&full_expected());
+        assert!(text.contains("        legacy: [\n            \"lazy-handshake\",\n"), "{text}");
+        assert!(text.contains("    expect: hang,\n"), "{text}");
+        assert!(text.contains("duration_ms: 1000,"), "{text}");
+    }
+
+    #[test]
+    fn load_never_panics_on_truncated_or_corrupted_text() {
+        let lines = FULL.lines().count() + 1;
+        let mut cuts: Vec<usize> = (0..=FULL.len()).filter(|&i| FULL.is_char_boundary(i)).collect();
+        cuts.dedup();
+        for &cut in &cuts {
+            let texts = [
+                FULL[..cut].to_string(),
+                format!("{}\"{}", &FULL[..cut], &FULL[cut..]),
+                format!("{})]{}", &FULL[..cut], &FULL[cut..]),
+                format!("{}é\\r#{}", &FULL[..cut], &FULL[cut..]),
+            ];
+            for text in texts {
+                if let Err(err) = parse_scenario(&text, "<cut>") {
+                    if let Some(at) = err.location() {
+                        assert!(at.line >= 1 && at.line <= lines + 1 && at.column >= 1, "{cut}: {err}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// The `ron` code blocks of `docs/scenarios.md`.
+    fn doc_examples(doc: &str) -> Vec<String> {
+        let mut blocks = Vec::new();
+        let mut current: Option<String> = None;
+        for line in doc.lines() {
+            match (&mut current, line.trim_end()) {
+                (None, "```ron") => current = Some(String::new()),
+                (Some(block), "```") => {
+                    blocks.push(std::mem::take(block));
+                    current = None;
+                }
+                (Some(block), _) => {
+                    block.push_str(line);
+                    block.push('\n');
+                }
+                (None, _) => {}
+            }
+        }
+        blocks
+    }
+
+    #[test]
+    fn load_docs_examples_parse_run_as_declared_and_every_field_is_documented() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/scenarios.md");
+        let doc = match std::fs::read_to_string(&path) {
+            Ok(doc) => doc,
+            Err(err) => panic!("{}: {err}", path.display()),
+        };
+        let examples = doc_examples(&doc);
+        assert!(!examples.is_empty(), "docs/scenarios.md has no ```ron example");
+        for example in &examples {
+            let scenario = match parse_scenario(example, "docs/scenarios.md") {
+                Ok(scenario) => scenario,
+                Err(err) => panic!("{err}\n{example}"),
+            };
+            // An example runs to the outcome it declares (clean when it declares none), so one
+            // that says "expected to hang" does hang.
+            let run = match crate::run(&scenario, crate::RunOptions::default()) {
+                Ok(run) => run,
+                Err(err) => panic!("docs/scenarios.md: example `{}`: {err}", scenario.name),
+            };
+            let r = &run.result;
+            assert!(
+                r.as_expected(),
+                "docs/scenarios.md: example `{}` declares `expect: {}` but runs to {} ({} finished, {} failed, \
+                 {} hangs); save the block as a file and `pdkv run` it",
+                scenario.name,
+                r.expected.name(),
+                r.outcome.name(),
+                r.requests.finished,
+                r.requests.failed,
+                r.hangs.len()
+            );
+        }
+        // Every field name a printed scenario has (with every enum form) appears in the docs.
+        let mut every = full_expected();
+        for fault in [
+            FaultKind::DuplicateMessages,
+            FaultKind::DeadListener,
+            FaultKind::SlowListener { service_ms: 5 },
+            FaultKind::NicDown,
+            FaultKind::SendQueueFull,
+        ] {
+            every.faults.timeline.push(TimedFault {
+                at_ms: 0,
+                target: Target("D0.dp0.tp0".into()),
+                fault,
+                duration_ms: None,
+                count: None,
+            });
+        }
+        let printed = scenario_to_ron(&every) + &scenario_to_ron(&Scenario::from_notation("1P_TP8:1D_TP8"));
+        let scanned = scan(&printed, printed.len(), &|_| true);
+        for anchor in &scanned.anchors {
+            let name = anchor.path.rsplit(['.', ']']).next().unwrap_or_default();
+            if !name.is_empty() {
+                assert!(doc.contains(&format!("`{name}`")), "docs/scenarios.md does not mention `{name}`");
+            }
+        }
+        for word in [
+            "Closed",
+            "Open",
+            "Fixed",
+            "Uniform",
+            "PerLayer",
+            "PerRequest",
+            "LoseMessages",
+            "DelayMessages",
+            "DuplicateMessages",
+            "DeadListener",
+            "SlowListener",
+            "SlowNic",
+            "NicDown",
+            "SendQueueFull",
+            "clean",
+            "leak",
+            "hang",
+            "safety_violation",
+        ] {
+            assert!(doc.contains(&format!("`{word}")), "docs/scenarios.md does not mention `{word}`");
+        }
+        check_doc_defaults(&doc);
+    }
+
+    /// `(field, default)` of every table row whose default cell is code: `| `f` | .. | .. | `d` |`.
+    fn doc_defaults(doc: &str) -> Vec<(String, String)> {
+        let mut rows = Vec::new();
+        for line in doc.lines().filter(|line| line.starts_with("| `")) {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let (Some(name), Some(default)) = (cells.get(1), cells.get(4)) else { continue };
+            if default.len() >= 2 && default.starts_with('`') && default.ends_with('`') {
+                rows.push((name.trim_matches('`').to_string(), default[1..default.len() - 1].to_string()));
+            }
+        }
+        rows
+    }
+
+    /// The value text after `key:` at `offset` in printed RON, up to its `,` at depth 0.
+    fn value_after(text: &str, offset: usize) -> String {
+        let bytes = text.as_bytes();
+        let mut i = text[offset..].find(':').map_or(text.len(), |n| offset + n + 1);
+        let start = i;
+        let mut depth = 0usize;
+        while let Some(&b) = bytes.get(i) {
+            match b {
+                b'"' => {
+                    i = skip_string(bytes, i);
+                    continue;
+                }
+                b'(' | b'[' => depth += 1,
+                b')' | b']' if depth == 0 => break,
+                b')' | b']' => depth -= 1,
+                b',' if depth == 0 => break,
+                _ => {}
+            }
+            i += 1;
+        }
+        text[start..i].trim().to_string()
+    }
+
+    /// Compares the defaults the docs' tables give with the ones a minimal scenario prints.
+    fn check_doc_defaults(doc: &str) {
+        let squeeze = |value: &str| -> String {
+            let compact: String = value.chars().filter(|c| !c.is_whitespace()).collect();
+            compact.replace(",)", ")").replace(",]", "]")
+        };
+        let rows = doc_defaults(doc);
+        assert!(rows.len() > 40, "{rows:?}");
+        let minimal = parse_scenario("(name: \"x\", deployment: \"1P_TP8:1D_TP8\")", "<min>");
+        let printed = scenario_to_ron(&minimal.unwrap_or_else(|err| panic!("{err}")));
+        let scanned = scan(&printed, printed.len(), &|_| true);
+        let mut compared = 0;
+        for anchor in &scanned.anchors {
+            let name = anchor.path.rsplit(['.', ']']).next().unwrap_or_default();
+            let documented: Vec<&String> =
+                rows.iter().filter(|(field, _)| field == name).map(|(_, default)| default).collect();
+            if documented.is_empty() {
+                continue;
+            }
+            let value = squeeze(&value_after(&printed, anchor.offset));
+            assert!(
+                documented.iter().any(|default| squeeze(default) == value),
+                "docs/scenarios.md gives `{name}` the default {documented:?}, scenario.rs {value}"
+            );
+            compared += 1;
+        }
+        assert!(compared > 40, "only {compared} defaults compared");
+    }
+}
