@@ -410,9 +410,9 @@ fn serve(mut ctx: Context, started: Started) -> Result<(), ConnectorError> {
                     ctx.link.send(&FromRank::Leased { transfer_id, remaining_ns })?;
                 }
                 WorkerAction::Ignored { .. } => {}
-                WorkerAction::Error(detail) => {
-                    ctx.link.send(&FromRank::Problem { violation: true, detail })?
-                }
+                WorkerAction::Error { rank, error } => ctx
+                    .link
+                    .send(&FromRank::Problem { violation: true, detail: format!("{rank}: {error}") })?,
             }
         }
     }

@@ -1157,8 +1157,12 @@ impl World {
                     let why = release_outcome_words(&outcome);
                     trace!(self, "release", "ignored", rank, None, format!("{transfer_id}: {why}"));
                 }
-                WorkerAction::Error(message) => {
-                    self.violation("protocol_error", vec![self.p_ranks[i].to_string()], message);
+                WorkerAction::Error { rank, error } => {
+                    self.violation(
+                        "protocol_error",
+                        vec![self.p_ranks[i].to_string()],
+                        format!("{rank}: {error}"),
+                    );
                 }
                 WorkerAction::SendHandshakeReply { .. } => {
                     // Replies are sent by the listener that carried the request (on_serve).

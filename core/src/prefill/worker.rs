@@ -3,7 +3,7 @@
 
 use crate::ids::{RankId, TransferId};
 use crate::legacy::LegacyOptions;
-use crate::release::{Quorum, RankLedger, Release, ReleaseOutcome};
+use crate::release::{LedgerError, Quorum, RankLedger, Release, ReleaseOutcome};
 use crate::time::{Instant, NS_PER_MS};
 use crate::wire::{HandshakeMetadata, LayerMemoryDesc};
 
@@ -78,8 +78,14 @@ pub enum WorkerAction {
         /// What the ledger did with it.
         outcome: ReleaseOutcome,
     },
-    /// The engine sent something inconsistent (a bug in the driver or the engine).
-    Error(String),
+    /// The engine sent something inconsistent (a bug in the driver or the engine): `rank`'s
+    /// ledger refused it.
+    Error {
+        /// The rank whose ledger refused.
+        rank: RankId,
+        /// What the ledger said.
+        error: LedgerError,
+    },
 }
 
 /// One prefill rank: answers handshakes and counts releases.
@@ -136,7 +142,7 @@ impl PrefillWorker {
             WorkerEvent::Register { transfer_id, quorum } => {
                 match self.ledger.handle_transfer(&transfer_id, quorum) {
                     Ok(outcome) => report(transfer_id, outcome, out),
-                    Err(e) => out.push(WorkerAction::Error(format!("{rank}: {e}"))),
+                    Err(error) => out.push(WorkerAction::Error { rank, error }),
                 }
             }
             WorkerEvent::Release(release) => {
@@ -146,15 +152,15 @@ impl PrefillWorker {
             }
             WorkerEvent::GroupDone { transfer_id } => match self.ledger.handle_group_done(&transfer_id) {
                 Ok(outcome) => report(transfer_id, outcome, out),
-                Err(e) => out.push(WorkerAction::Error(format!("{rank}: {e}"))),
+                Err(error) => out.push(WorkerAction::Error { rank, error }),
             },
             WorkerEvent::Lease { transfer_id, lease_ms } => {
                 let until = now.add_ns(u64::from(lease_ms) * NS_PER_MS);
                 out.push(WorkerAction::Leased { rank, transfer_id, until });
             }
             WorkerEvent::Retired { transfer_id } => {
-                if let Err(e) = self.ledger.handle_retired(&transfer_id) {
-                    out.push(WorkerAction::Error(format!("{rank}: {e}")));
+                if let Err(error) = self.ledger.handle_retired(&transfer_id) {
+                    out.push(WorkerAction::Error { rank, error });
                 }
             }
         }
