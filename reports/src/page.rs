@@ -173,7 +173,7 @@ pub fn write_run_page(
                 html,
                 "<tr><td>{:.3}</td><td>{}</td><td>{}</td></tr>",
                 v.t_ms,
-                escape(&v.kind),
+                escape(v.kind.name()),
                 escape(&v.detail)
             );
         }

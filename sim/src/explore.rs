@@ -69,7 +69,7 @@ impl fmt::Display for Property {
 /// The properties `result` breaks, in a fixed order (empty for a correct run).
 pub fn broken_properties(result: &RunResult) -> Vec<Property> {
     let mut broken = Vec::new();
-    let port = |v: &crate::result::Violation| v.kind == "port_without_listener";
+    let port = |v: &crate::result::Violation| v.kind == crate::result::ViolationKind::PortWithoutListener;
     if result.violations.iter().any(|v| !port(v)) {
         broken.push(Property::Safety);
     }

@@ -223,14 +223,48 @@ pub struct Hang {
     pub dot: String,
 }
 
+/// Which safety check a [`Violation`] broke; written in `result.json` as its snake_case name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ViolationKind {
+    /// A read completed from blocks already freed.
+    ReadFreedBlock,
+    /// A read addressed memory outside every region the prefill rank registered.
+    ReadForeignRegion,
+    /// A block was freed twice.
+    DoubleFree,
+    /// A control message went to a port no listener owns.
+    PortWithoutListener,
+    /// A node reported an inconsistency, or a message could not be decoded.
+    ProtocolError,
+}
+
+impl ViolationKind {
+    /// The name `result.json`, traces and summaries use.
+    pub fn name(self) -> &'static str {
+        match self {
+            ViolationKind::ReadFreedBlock => "read_freed_block",
+            ViolationKind::ReadForeignRegion => "read_foreign_region",
+            ViolationKind::DoubleFree => "double_free",
+            ViolationKind::PortWithoutListener => "port_without_listener",
+            ViolationKind::ProtocolError => "protocol_error",
+        }
+    }
+}
+
+impl std::fmt::Display for ViolationKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// A safety violation.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Violation {
     /// When, in virtual milliseconds.
     pub t_ms: f64,
-    /// Which check failed (`read_freed_block`, `read_foreign_region`, `double_free`,
-    /// `port_without_listener`, `protocol_error`).
-    pub kind: String,
+    /// Which check failed.
+    pub kind: ViolationKind,
     /// Ranks involved.
     pub ranks: Vec<String>,
     /// What exactly.

@@ -27,7 +27,9 @@ use pdkv_core::wire::{self, ControlMessage, HandshakeMetadata, LayerMemoryDesc};
 use crate::cost::{Cost, GroupLoad};
 use crate::load::{parse_target, TargetPattern};
 use crate::nic::{Finish, FlowId, Nics, BUCKET_NS};
-use crate::result::{percentiles, round3, Hang, Ledger, NicStats, RunResult, Summary, Violation};
+use crate::result::{
+    percentiles, round3, Hang, Ledger, NicStats, RunResult, Summary, Violation, ViolationKind,
+};
 use crate::rng::Streams;
 use crate::scenario::{Clients, FaultKind, Length, Outcome, Reads, Scenario};
 use crate::trace::TraceRecord;
@@ -951,11 +953,11 @@ impl World {
             }
             Ok(_) => {
                 let detail = format!("the proxy answered the prefill answer of {id} with no decode dispatch");
-                self.violation("protocol_error", vec![], detail);
+                self.violation(ViolationKind::ProtocolError, vec![], detail);
             }
             Err(error) => {
                 let detail = format!("proxy refused the prefill answer of {id}: {error}");
-                self.violation("protocol_error", vec![], detail);
+                self.violation(ViolationKind::ProtocolError, vec![], detail);
             }
         }
     }
@@ -1053,7 +1055,7 @@ impl World {
     fn engine(&mut self, e: usize, event: EngineEvent) {
         let mut out = Vec::new();
         if let Err(error) = self.engines[e].handle(Instant(self.now), event, &mut out) {
-            self.violation("protocol_error", vec![format!("P{e}")], error.to_string());
+            self.violation(ViolationKind::ProtocolError, vec![format!("P{e}")], error.to_string());
         }
         self.engine_actions(e, out);
         self.engine_timer(e);
@@ -1105,7 +1107,7 @@ impl World {
                     let bad = self.pgroups[g].pool.release(&blocks, t);
                     if !bad.is_empty() {
                         let detail = format!("{transfer_id}: blocks {} were not held by it", list(&bad));
-                        self.violation("double_free", vec![format!("P{e}.dp{owner_dp}")], detail);
+                        self.violation(ViolationKind::DoubleFree, vec![format!("P{e}.dp{owner_dp}")], detail);
                     }
                     let name = if reaped { "reap" } else { "free" };
                     trace!(
@@ -1159,7 +1161,7 @@ impl World {
                 }
                 WorkerAction::Error { rank, error } => {
                     self.violation(
-                        "protocol_error",
+                        ViolationKind::ProtocolError,
                         vec![self.p_ranks[i].to_string()],
                         format!("{rank}: {error}"),
                     );
@@ -1361,7 +1363,7 @@ impl World {
         if !bad.is_empty() {
             let engine = self.dgroups[g].engine;
             self.violation(
-                "double_free",
+                ViolationKind::DoubleFree,
                 vec![format!("D{engine}")],
                 format!("decode blocks {} freed twice", list(&bad)),
             );
@@ -1555,7 +1557,7 @@ impl World {
                 to.1
             );
             self.violation(
-                "port_without_listener",
+                ViolationKind::PortWithoutListener,
                 vec![self.d_ranks[w].to_string(), peer.to_string()],
                 detail,
             );
@@ -1734,14 +1736,14 @@ impl World {
                 Ok(message) => match message.as_release() {
                     Some(release) => self.prefill_worker(rank, WorkerEvent::Release(release)),
                     None => self.violation(
-                        "protocol_error",
+                        ViolationKind::ProtocolError,
                         vec![rank.to_string()],
                         "unexpected notify message".into(),
                     ),
                 },
                 Err(error) => {
                     self.violation(
-                        "protocol_error",
+                        ViolationKind::ProtocolError,
                         vec![rank.to_string()],
                         format!("undecodable notify frame: {error}"),
                     );
@@ -1839,7 +1841,7 @@ impl World {
         }
         let Some(server) = server else {
             self.violation(
-                "read_foreign_region",
+                ViolationKind::ReadForeignRegion,
                 vec![me.to_string()],
                 format!("{request}: address outside every registered region"),
             );
@@ -1855,7 +1857,11 @@ impl World {
         if server_rank != first.plan.source {
             let detail =
                 format!("{request}: read meant for {} reads the memory of {server_rank}", first.plan.source);
-            self.violation("read_foreign_region", vec![me.to_string(), server_rank.to_string()], detail);
+            self.violation(
+                ViolationKind::ReadForeignRegion,
+                vec![me.to_string(), server_rank.to_string()],
+                detail,
+            );
         }
         let transfer = self.transfer_index.get(&first.plan.transfer_id).copied().unwrap_or(FREE - 1);
         if self.fenced.contains(&transfer) {
@@ -1902,7 +1908,7 @@ impl World {
             String::new()
         };
         let detail = format!("read of {name} {when}: blocks {}{more} on {rank} are {what}", list(&shown));
-        self.violation("read_freed_block", vec![me.to_string(), rank.to_string()], detail);
+        self.violation(ViolationKind::ReadFreedBlock, vec![me.to_string(), rank.to_string()], detail);
     }
 
     fn fail_reads(&mut self, w: usize, ops: &[ReadOp], reason: &str) {
@@ -2212,10 +2218,10 @@ impl World {
 
     // ---------------------------------------------------------------- checks and results
 
-    fn violation(&mut self, kind: &str, ranks: Vec<String>, detail: String) {
-        trace!(self, "check", kind, ranks.first().cloned().unwrap_or_default(), None, detail.clone());
+    fn violation(&mut self, kind: ViolationKind, ranks: Vec<String>, detail: String) {
+        trace!(self, "check", kind.name(), ranks.first().cloned().unwrap_or_default(), None, detail.clone());
         if self.violations.len() < 1000 {
-            self.violations.push(Violation { t_ms: ms(self.now), kind: kind.to_string(), ranks, detail });
+            self.violations.push(Violation { t_ms: ms(self.now), kind, ranks, detail });
         }
     }
 
