@@ -54,9 +54,7 @@ impl std::error::Error for SimError {}
 /// The scenario's deployment with its model, once every decode engine can read every prefill
 /// engine.
 pub(crate) fn routable_deployment(sc: &Scenario) -> Result<Deployment, SimError> {
-    let d = Deployment::parse(&sc.deployment)
-        .map_err(SimError::Deployment)?
-        .with_model(crate::world::model_spec(sc));
+    let d = Deployment::parse(&sc.deployment).map_err(SimError::Deployment)?.with_model(sc.model_spec());
     for (decode, &decode_layout) in d.decode.iter().enumerate() {
         for (prefill, &prefill_layout) in d.prefill.iter().enumerate() {
             check_pair(decode_layout, prefill_layout, &d.model).map_err(|error| SimError::Unroutable {

@@ -105,9 +105,8 @@ pub struct Ideal {
 
 /// The [`Ideal`] of `scenario`'s deployment (`None` if the deployment cannot be routed).
 pub fn ideal_jain(scenario: &Scenario) -> Option<Ideal> {
-    let d = pdkv_core::topology::Deployment::parse(&scenario.deployment)
-        .ok()?
-        .with_model(crate::world::model_spec(scenario));
+    let d =
+        pdkv_core::topology::Deployment::parse(&scenario.deployment).ok()?.with_model(scenario.model_spec());
     let report = pdkv_core::routes::routes(&d, &pdkv_core::legacy::LegacyOptions::none(), 16).ok()?;
     // A flexible read cycles over the prefill TP ranks one request at a time, so evenness needs
     // that many rounds too.

@@ -527,6 +527,17 @@ impl Default for Limits {
 }
 
 impl Scenario {
+    /// The core's view of the model: what routing, the head guard and block sizes need.
+    pub fn model_spec(&self) -> pdkv_core::ModelSpec {
+        pdkv_core::ModelSpec {
+            use_mla: self.model.use_mla,
+            kv_heads: self.model.kv_heads,
+            layers: self.model.layers,
+            bytes_per_token_per_layer: self.model.kv_bytes_per_token_per_layer,
+            block_size_tokens: self.model.block_size_tokens,
+        }
+    }
+
     /// A scenario for a bare notation with the default profile and workload.
     pub fn from_notation(notation: &str) -> Scenario {
         Scenario {

@@ -21,7 +21,7 @@ use pdkv_core::prefill::{
 };
 use pdkv_core::proxy::{Proxy, ProxyAction};
 use pdkv_core::time::Instant;
-use pdkv_core::topology::{Deployment, Layout, ModelSpec};
+use pdkv_core::topology::{Deployment, Layout};
 use pdkv_core::wire::{self, ControlMessage, HandshakeMetadata, LayerMemoryDesc};
 
 use crate::cost::{Cost, GroupLoad};
@@ -478,17 +478,6 @@ fn build_decode_worker(
         Reads::PerRequest => ReadGranularity::PerRequest,
     };
     DecodeWorker::new(config)
-}
-
-/// The model facts the core's routing and nodes need, from the scenario's profile.
-pub fn model_spec(sc: &Scenario) -> ModelSpec {
-    ModelSpec {
-        use_mla: sc.model.use_mla,
-        kv_heads: sc.model.kv_heads,
-        layers: sc.model.layers,
-        bytes_per_token_per_layer: sc.model.kv_bytes_per_token_per_layer,
-        block_size_tokens: sc.model.block_size_tokens,
-    }
 }
 
 impl World {

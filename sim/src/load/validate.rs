@@ -5,7 +5,7 @@ use std::fmt;
 
 use pdkv_core::ids::Role;
 use pdkv_core::routing::check_pair;
-use pdkv_core::topology::{Deployment, ModelSpec};
+use pdkv_core::topology::Deployment;
 
 use super::target::{check_target, parse_target};
 use crate::cost::Cost;
@@ -101,18 +101,6 @@ fn probability(field: &str, value: f64) -> Check {
     }
 }
 
-/// The core's model facts for a scenario's model profile.
-fn model_spec(scenario: &Scenario) -> ModelSpec {
-    let model = &scenario.model;
-    ModelSpec {
-        use_mla: model.use_mla,
-        kv_heads: model.kv_heads,
-        layers: model.layers,
-        bytes_per_token_per_layer: model.kv_bytes_per_token_per_layer,
-        block_size_tokens: model.block_size_tokens,
-    }
-}
-
 /// Checks the rules serde cannot express; the first violation found is returned (fields are
 /// checked in file order, except that engine pairs are checked after `model`, which they need).
 /// `docs/scenarios.md` lists the rules.
@@ -121,7 +109,7 @@ pub fn validate(scenario: &Scenario) -> Result<(), Violation> {
     let deployment =
         Deployment::parse(&scenario.deployment).map_err(|err| violation("deployment", err.to_string()))?;
     validate_model(scenario)?;
-    let spec = model_spec(scenario);
+    let spec = scenario.model_spec();
     for (d, decode) in deployment.decode.iter().enumerate() {
         for (p, prefill) in deployment.prefill.iter().enumerate() {
             check_pair(*decode, *prefill, &spec).map_err(|err| {
