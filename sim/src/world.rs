@@ -257,7 +257,8 @@ struct DGroup {
     running: Vec<Running>,
     /// Sum of the running requests' context lengths.
     context_tokens: u64,
-    votes: BTreeMap<u64, Vec<(usize, bool)>>,
+    /// Votes cast per step, one per worker (a repeated vote does not count again).
+    votes: BTreeMap<u64, BTreeMap<usize, bool>>,
 }
 
 #[derive(PartialEq, Eq)]
@@ -1438,9 +1439,9 @@ impl World {
                     let g = self.dworker_group[w];
                     let width = self.dgroups[g].workers.len();
                     let votes = self.dgroups[g].votes.entry(step).or_default();
-                    votes.push((w, ok));
+                    votes.entry(w).or_insert(ok);
                     if votes.len() == width {
-                        let all = votes.iter().all(|(_, ok)| *ok);
+                        let all = votes.values().all(|ok| *ok);
                         self.dgroups[g].votes.remove(&step);
                         let latency = self.control_ns();
                         self.at(latency, Ev::VoteResult { group: g, step, ok: all });
@@ -2266,11 +2267,11 @@ impl World {
         for &g in &self.units[unit].groups {
             if let Some(votes) = self.dgroups[g].votes.get(&step) {
                 let vote = format!("vote D{engine} group {g} step {step}");
-                for &(w, _) in votes {
+                for &w in votes.keys() {
                     graph.edge(&self.d_ranks[w].to_string(), &vote, "waiting for the MIN vote");
                 }
                 for &w in &self.dgroups[g].workers {
-                    if !votes.iter().any(|(v, _)| *v == w) {
+                    if !votes.contains_key(&w) {
                         graph.edge(&vote, &self.d_ranks[w].to_string(), "has not voted");
                     }
                 }
@@ -2568,6 +2569,23 @@ mod tests {
         check(&mut world, 1, true, 0.125);
         check(&mut world, 1, false, 0.5);
         check(&mut world, 0, false, 1.0);
+    }
+
+    /// A worker's vote counts once however often it arrives: a repeated ballot from one worker
+    /// of a TP2 group must not stand in for its peer's (it did when ballots were counted by
+    /// length, deciding the MIN before the peer had finished its handshakes).
+    #[test]
+    fn a_repeated_vote_counts_once() {
+        let sc = Scenario::from_notation("1P_TP1:1D_TP2");
+        let mut world = World::new(&sc, RunOptions::default()).unwrap();
+        let results =
+            |world: &World| world.queue.iter().filter(|s| matches!(s.0.ev, Ev::VoteResult { .. })).count();
+        let vote = || vec![DecodeAction::CastVote { step: 1, ok: true }];
+        world.decode_actions(0, &mut vote());
+        world.decode_actions(0, &mut vote());
+        assert_eq!(results(&world), 0, "one worker of two voted, twice");
+        world.decode_actions(1, &mut vote());
+        assert_eq!(results(&world), 1, "both voted");
     }
 }
 
