@@ -7,6 +7,7 @@
 #![deny(missing_docs)]
 
 pub mod decode;
+pub mod group;
 pub mod handshake;
 pub mod ids;
 pub mod legacy;
@@ -25,6 +26,6 @@ pub mod time;
 pub mod topology;
 pub mod wire;
 
-pub use ids::{EngineId, RankId, RequestId, Role, TransferId};
+pub use ids::{EngineId, RankId, RequestId, Role, TpRank, TransferId};
 pub use legacy::{Legacy, LegacyOptions};
 pub use topology::{Deployment, Layout, ModelSpec};
