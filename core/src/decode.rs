@@ -1088,6 +1088,7 @@ impl DecodeWorker {
         let deadline = recv.deadline;
         let waited_ns = now.since_ns(recv.arrived);
         let session = recv.target.session.clone();
+        let mut stale = None;
         let (event, error) = match &mut recv.phase {
             RecvPhase::AwaitingSession => unreachable!("no read is in flight before the session"),
             RecvPhase::Draining { in_flight, .. } => {
@@ -1103,14 +1104,7 @@ impl DecodeWorker {
                 ReadOutcome::Failed(reason) => {
                     outstanding.remove(&layer);
                     retries.remove(&layer);
-                    // The session may be stale (the remote rank restarted and its memory keys
-                    // are gone): forget it, so the next step that needs the rank handshakes again.
-                    if let Some(entry) = self.sessions.get_mut(&session) {
-                        if entry.state.session().is_some() {
-                            let error = HandshakeError::Transport(format!("read failed: {reason}"));
-                            entry.state = HandshakeState::Failed { error, at: now };
-                        }
-                    }
+                    stale = Some(reason.clone());
                     (RecvEvent::ReadFailed, Some(RecvError::ReadFailed(reason)))
                 }
                 ReadOutcome::Aborted => {
@@ -1138,6 +1132,12 @@ impl DecodeWorker {
                 }
             },
         };
+        if let Some(reason) = stale {
+            // The session may be stale (the remote rank restarted and its memory keys are
+            // gone): the handshake machine drops it, so the next step that needs the rank
+            // handshakes again.
+            self.on_handshake(now, session, HandshakeEvent::ReadFailed(reason), out);
+        }
         self.transition(id, before, event, error, out);
     }
 
