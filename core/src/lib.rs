@@ -22,6 +22,7 @@ pub mod routes;
 pub mod routing;
 #[cfg(test)]
 mod scripted;
+pub mod step_machine;
 pub mod time;
 pub mod topology;
 pub mod wire;
