@@ -1248,7 +1248,12 @@ impl Cluster {
                 let e = usize::from(rank.engine.index);
                 self.engine(e, EngineEvent::Leased { transfer_id, until: Instant(now.0 + remaining_ns) });
             }
-            FromRank::Vote { step, ok } => self.vote(rank, step, ok),
+            // A rank already lost voted no when it was lost; a vote of its still in flight must
+            // not take that back.
+            FromRank::Vote { step, ok } if self.ranks.get(&rank).is_some_and(|p| p.alive) => {
+                self.vote(rank, step, ok)
+            }
+            FromRank::Vote { .. } => {}
             FromRank::StepDone { step, .. } => {
                 let g = self.dgroup_of(rank);
                 if let Phase::Running { step: s, done, .. } = &mut self.dgroups[g].phase {
