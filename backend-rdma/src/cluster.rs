@@ -5,7 +5,8 @@
 //! This process plays the parts vLLM keeps outside its workers: the proxy (the core's
 //! [`Proxy`]), each prefill engine's scheduler with its block pool and the engine node
 //! ([`PrefillEngine`]: registration quorums, frees, the reaper), and each decode DP group's
-//! scheduler (steps, the TP group's MIN vote, the forward pass). The ranks run the worker nodes
+//! scheduler (steps, the forward pass, and the TP group's barrier: the core's [`DecodeGroup`]
+//! takes the MIN vote). The ranks run the worker nodes
 //! behind real listeners and a real data plane. Nothing here computes a rank, a port or a quorum
 //! either: the proxy routes, the engine registers, the workers decide whom to read.
 
@@ -22,6 +23,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
+use pdkv_core::group::{DecodeGroup, GroupAction, GroupEvent, Ignored, StepReport};
 use pdkv_core::ids::{EngineId, RankId, RequestId, Role, TransferId};
 use pdkv_core::legacy::LegacyOptions;
 use pdkv_core::params::KvTransferParams;
@@ -731,12 +733,6 @@ struct PGroup {
     queue: VecDeque<RequestId>,
 }
 
-#[derive(PartialEq, Eq)]
-enum Phase {
-    Idle,
-    Running { step: u64, done: BTreeSet<u16>, raised: BTreeSet<u16>, since: std::time::Instant },
-}
-
 struct Pending {
     reported: BTreeSet<u16>,
     errors: Vec<String>,
@@ -746,9 +742,8 @@ struct DGroup {
     engine: usize,
     dp: u16,
     tp: u16,
-    step: u64,
-    phase: Phase,
-    votes: BTreeMap<u64, BTreeMap<u16, bool>>,
+    /// The TP group's barrier: which step it is on, the MIN vote, who entered the forward.
+    barrier: DecodeGroup,
     waiting: VecDeque<Recv>,
     running: Vec<(RequestId, u32)>,
     pending: BTreeMap<RequestId, Pending>,
@@ -888,9 +883,7 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
             engine,
             dp,
             tp,
-            step: 0,
-            phase: Phase::Idle,
-            votes: BTreeMap::new(),
+            barrier: DecodeGroup::new(tp, &legacy),
             waiting: VecDeque::new(),
             running: Vec::new(),
             pending: BTreeMap::new(),
@@ -1197,14 +1190,11 @@ impl Cluster {
                     self.engine(e, EngineEvent::ReaderLost { rank });
                 }
                 let g = self.dgroup_of(rank);
-                // A dead member votes no, as a failed collective would: the live ranks fail
-                // the step's requests at once and release their transfers, instead of waiting
-                // for a result that would never come.
-                if let Phase::Running { step, .. } = self.dgroups[g].phase {
-                    self.vote(rank, step, false);
-                }
+                // The group decides what a dead member means (it votes no on the step it left
+                // open, so the live ranks fail the step's requests at once and release their
+                // transfers, and no later step begins); the driver only reports the loss.
+                self.group_event(g, GroupEvent::MemberLost { member: rank.tp_rank() });
                 let group = &mut self.dgroups[g];
-                group.phase = Phase::Idle;
                 group.next_step = None;
                 let mut ids: Vec<RequestId> = group.waiting.drain(..).map(|r| r.request).collect();
                 ids.extend(group.running.drain(..).map(|(id, _)| id));
@@ -1248,23 +1238,20 @@ impl Cluster {
                 let e = usize::from(rank.engine.index);
                 self.engine(e, EngineEvent::Leased { transfer_id, until: Instant(now.0 + remaining_ns) });
             }
-            FromRank::Vote { step, ok } => self.vote(rank, step, ok),
-            FromRank::StepDone { step, .. } => {
-                let g = self.dgroup_of(rank);
-                if let Phase::Running { step: s, done, .. } = &mut self.dgroups[g].phase {
-                    if *s == step {
-                        done.insert(rank.tp);
-                    }
-                }
-                self.maybe_forward(g);
+            FromRank::Vote { step, ok } => {
+                let event = GroupEvent::Vote { member: rank.tp_rank(), step, ok };
+                self.group_event(self.dgroup_of(rank), event);
+            }
+            FromRank::StepDone { step, error } => {
+                // Both enter the forward pass: ready, or failed with the whole group.
+                let report = if error.is_some() { StepReport::FailedWithGroup } else { StepReport::Ready };
+                let event = GroupEvent::StepReport { member: rank.tp_rank(), step, report };
+                self.group_event(self.dgroup_of(rank), event);
             }
             FromRank::StepRaised { step, error } => {
-                let g = self.dgroup_of(rank);
-                if let Phase::Running { step: s, raised, .. } = &mut self.dgroups[g].phase {
-                    if *s == step {
-                        raised.insert(rank.tp);
-                    }
-                }
+                let event =
+                    GroupEvent::StepReport { member: rank.tp_rank(), step, report: StepReport::Raised };
+                self.group_event(self.dgroup_of(rank), event);
                 self.problem(format!("{rank} raised at step {step}: {error}"));
             }
             FromRank::Received { request } => self.reported(rank, request, None),
@@ -1306,18 +1293,24 @@ impl Cluster {
         None
     }
 
-    /// Counts `rank`'s vote for `step`; once the whole TP group voted, tells every rank the MIN.
-    fn vote(&mut self, rank: RankId, step: u64, ok: bool) {
-        let g = self.dgroup_of(rank);
-        let group = &mut self.dgroups[g];
-        let votes = group.votes.entry(step).or_default();
-        votes.insert(rank.tp, ok);
-        if votes.len() == usize::from(group.tp) {
-            let all = votes.values().all(|&v| v);
-            group.votes.remove(&step);
-            for tp in 0..self.dgroups[g].tp {
-                let r = self.decode_rank(g, tp);
-                self.send(r, &ToRank::VoteResult { step, ok: all });
+    /// Feeds decode group `g`'s barrier and carries out what it decides: vote results go to
+    /// the ranks they name, and a group every rank of which entered the forward runs it.
+    fn group_event(&mut self, g: usize, event: GroupEvent) {
+        let mut out = Vec::new();
+        self.dgroups[g].barrier.handle(event, &mut out);
+        for action in out {
+            match action {
+                GroupAction::VoteResult { member, step, ok } => {
+                    let rank = self.decode_rank(g, member.0);
+                    self.send(rank, &ToRank::VoteResult { step, ok });
+                }
+                GroupAction::Forward { .. } => self.forward(g),
+                // A lost rank's last messages may still be on their way when it is lost.
+                GroupAction::Ignored(Ignored::LostMember { .. }) => {}
+                GroupAction::Ignored(why) => {
+                    let (engine, dp) = (self.dgroups[g].engine, self.dgroups[g].dp);
+                    self.problem(format!("D{engine}.dp{dp}: the decode group ignored an input: {why}"));
+                }
             }
         }
     }
@@ -1626,17 +1619,15 @@ impl Cluster {
     }
 
     fn begin_step(&mut self, g: usize) {
-        if self.dgroups[g].phase != Phase::Idle || !self.has_work(g) {
+        // The barrier admits a step once the last one ran its forward, and never after a rank
+        // of the group was lost (its collectives can never complete).
+        if !self.dgroups[g].barrier.may_begin() || !self.has_work(g) {
             return;
         }
-        let group = &self.dgroups[g];
-        if self.gone_rank_of_group(EngineId::decode(group.engine as u16), group.dp).is_some() {
-            return;
-        }
+        let step = self.dgroups[g].barrier.step().map_or(1, |s| s + 1);
+        self.group_event(g, GroupEvent::StepBegin { step });
         let group = &mut self.dgroups[g];
-        group.step += 1;
         group.next_step = None;
-        let step = group.step;
         let mut new = Vec::new();
         while let Some(recv) = group.waiting.front() {
             let need = recv.params.remote_block_ids.len();
@@ -1653,12 +1644,6 @@ impl Cluster {
             group.pending.insert(recv.request, Pending { reported: BTreeSet::new(), errors: Vec::new() });
             new.push(recv);
         }
-        group.phase = Phase::Running {
-            step,
-            done: BTreeSet::new(),
-            raised: BTreeSet::new(),
-            since: std::time::Instant::now(),
-        };
         for recv in &new {
             if let Some(req) = self.requests.get_mut(&recv.request) {
                 req.local_blocks = recv.local_block_ids.clone();
@@ -1670,14 +1655,9 @@ impl Cluster {
         }
     }
 
-    /// Every rank of the group reached the forward pass: one token for every running request.
-    fn maybe_forward(&mut self, g: usize) {
+    /// Every rank of the group entered the forward pass: one token for every running request.
+    fn forward(&mut self, g: usize) {
         let group = &mut self.dgroups[g];
-        let Phase::Running { done, .. } = &group.phase else { return };
-        if done.len() < usize::from(group.tp) {
-            return;
-        }
-        group.phase = Phase::Idle;
         let now = std::time::Instant::now();
         let mut finished = Vec::new();
         for (id, left) in group.running.iter_mut() {

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use pdkv_core::decode::{
     DecodeAction, DecodeConfig, DecodeEvent, DecodeWorker, ReadGranularity, ReadOp, ReadOutcome, RecvRequest,
-    StepError,
 };
+use pdkv_core::group::StepReport;
 use pdkv_core::ids::{RankId, RequestId};
 use pdkv_core::ports::{Endpoint, SessionKey};
 use pdkv_core::wire::{self, ControlMessage};
@@ -372,12 +372,12 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
                     ctx.link.send(&FromRank::StepDone { step, error: None })?
                 }
                 DecodeAction::StepFailed { step, error } => {
-                    let msg = match error {
-                        StepError::GroupHandshakeFailed { .. } => {
+                    // The core says whether this rank still enters the forward pass with its
+                    // group or raised out of the step alone.
+                    let msg = match StepReport::failed(&error) {
+                        StepReport::Raised => FromRank::StepRaised { step, error: error.to_string() },
+                        StepReport::Ready | StepReport::FailedWithGroup => {
                             FromRank::StepDone { step, error: Some(error.to_string()) }
-                        }
-                        StepError::Handshake { .. } => {
-                            FromRank::StepRaised { step, error: error.to_string() }
                         }
                     };
                     ctx.link.send(&msg)?;

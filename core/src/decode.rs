@@ -8,8 +8,9 @@
 //!    whose KV lives on a prefill engine. Every worker of a TP group gets the same step number
 //!    and the same requests.
 //! 3. Carry out the returned [`DecodeAction`]s: dial handshakes, post reads, send releases,
-//!    cast the step's vote into the group's MIN collective, and report step and request results
-//!    to the scheduler.
+//!    cast the step's vote into the group's barrier (the [`DecodeGroup`](crate::group::DecodeGroup)
+//!    of the worker's DP group, which takes the MIN), and report step and request results to
+//!    the scheduler (and the step's to the group).
 //! 4. Feed back what happens as events: handshake reply parts or failures (keyed by the
 //!    session key of the dial), the group's vote result, read completions, and
 //!    [`DecodeEvent::Tick`] whenever the time returned by [`DecodeWorker::poll_timeout`] has
@@ -30,7 +31,8 @@
 //! step redials. Lazy ([`Legacy::LazyHandshake`]): the worker blocks on the read path,
 //! handshaking every DP rank of the remote engine one at a time; it reports the step only when
 //! they are all done, while peers that needed no handshake report ready at once — the
-//! divergence that leaves a TP collective waiting for its 600 s timeout.
+//! divergence that leaves a TP collective waiting for its 600 s timeout. How a step goes is the
+//! step machine of [`crate::step_machine`], whose table is checked in under `docs/machines/`.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
@@ -47,6 +49,7 @@ use crate::ports::{Endpoint, EngineAddress, ListenerKind, PortError, ReadTarget,
 use crate::recv::{self, RecvEvent, RecvOutput, RecvState};
 use crate::release::{Release, ReleaseSender};
 use crate::routing::{self, ReadRouter, RoutingError};
+use crate::step_machine::{self, StepEvent, StepOutput, StepState};
 use crate::time::{earliest, Instant, NS_PER_MS, NS_PER_S};
 use crate::topology::{Layout, ModelSpec};
 use crate::wire::{HandshakeMetadata, LayerMemoryDesc, ReadLease};
@@ -538,17 +541,34 @@ struct Waiting {
     renew_at: Instant,
 }
 
-/// What the worker is doing for the current step.
+/// What the worker is doing for the current step: the step machine of [`crate::step_machine`]
+/// with the sessions it counts.
 #[derive(Clone, Debug, PartialEq, Eq)]
-enum StepState {
+enum StepProgress {
     /// No step in progress (the last one was reported).
     Idle,
     /// Eager: waiting for these sessions before voting.
     Handshaking { step: u64, waiting: BTreeSet<SessionKey> },
     /// Eager: vote cast, waiting for the group's result.
     Voting { step: u64 },
-    /// Lazy: blocked in handshakes, dialling `queue` one at a time; `current` is in flight.
-    Blocked { step: u64, current: SessionKey, queue: VecDeque<SessionKey> },
+    /// Lazy: blocked in handshakes, dialling `queue` one at a time; its first is in flight.
+    Blocked { step: u64, queue: VecDeque<SessionKey> },
+}
+
+impl StepProgress {
+    /// The progress as the step machine sees it.
+    fn machine(&self) -> StepState {
+        match self {
+            StepProgress::Idle => StepState::Idle,
+            StepProgress::Handshaking { step, waiting } => {
+                StepState::Handshaking { step: *step, waiting: waiting.len() as u32 }
+            }
+            StepProgress::Voting { step } => StepState::Voting { step: *step },
+            StepProgress::Blocked { step, queue } => {
+                StepState::Blocked { step: *step, left: queue.len() as u32 }
+            }
+        }
+    }
 }
 
 /// The decode worker node. See the module documentation for the calling order.
@@ -560,7 +580,7 @@ pub struct DecodeWorker {
     requests: BTreeMap<RequestId, Recv>,
     /// Requests queued by the engine, not admitted to a step yet.
     waiting: BTreeMap<RequestId, Waiting>,
-    step: StepState,
+    step: StepProgress,
     lazy: bool,
     release_during_reads: bool,
     handshake_timeout_ns: Option<u64>,
@@ -580,7 +600,7 @@ impl DecodeWorker {
             sessions: BTreeMap::new(),
             requests: BTreeMap::new(),
             waiting: BTreeMap::new(),
-            step: StepState::Idle,
+            step: StepProgress::Idle,
             lazy,
             release_during_reads,
             handshake_timeout_ns,
@@ -604,7 +624,7 @@ impl DecodeWorker {
 
     /// True while the worker is blocked in a lazy handshake (it cannot join a collective).
     pub fn is_blocked(&self) -> bool {
-        matches!(self.step, StepState::Blocked { .. })
+        matches!(self.step, StepProgress::Blocked { .. })
     }
 
     /// Sessions with a dial outstanding, and the rank each was dialled at, in key order (who this
@@ -656,7 +676,10 @@ impl DecodeWorker {
             DecodeEvent::HandshakeFailed { session, reason } => {
                 self.on_handshake(now, session, HandshakeEvent::TransportFailed(reason), out)
             }
-            DecodeEvent::VoteResult { step, ok } => self.on_vote(step, ok, out),
+            DecodeEvent::VoteResult { step, ok } => {
+                let before = self.step.machine();
+                self.run_step(now, before, StepEvent::VoteResult { step, ok }, None, out);
+            }
             DecodeEvent::ReadDone { request, layer, outcome } => {
                 self.on_read_done(now, request, layer, outcome, out)
             }
@@ -673,7 +696,7 @@ impl DecodeWorker {
     ) {
         assert_eq!(
             self.step,
-            StepState::Idle,
+            StepProgress::Idle,
             "{}: step {step} began before the last step was reported",
             self.rank()
         );
@@ -724,7 +747,10 @@ impl DecodeWorker {
             .filter(|key| self.sessions.get(key).is_none_or(|s| s.state.session().is_none()))
             .collect();
         if self.lazy {
-            self.begin_lazy(now, step, needed, out);
+            let queue = self.lazy_queue(needed);
+            let event = StepEvent::BeginLazy { step, sessions: queue.len() as u32 };
+            self.step = StepProgress::Blocked { step, queue };
+            self.run_step(now, StepState::Idle, event, None, out);
             return;
         }
         let mut waiting = BTreeSet::new();
@@ -734,8 +760,9 @@ impl DecodeWorker {
                 waiting.insert(key);
             }
         }
-        self.step = StepState::Handshaking { step, waiting };
-        self.maybe_vote(out);
+        let event = StepEvent::Begin { step, dials: waiting.len() as u32 };
+        self.step = StepProgress::Handshaking { step, waiting };
+        self.run_step(now, StepState::Idle, event, None, out);
     }
 
     /// The lease of `recv`'s transfer at its source, for the transfer timeout.
@@ -862,13 +889,8 @@ impl DecodeWorker {
         }
     }
 
-    fn begin_lazy(
-        &mut self,
-        now: Instant,
-        step: u64,
-        needed: BTreeSet<SessionKey>,
-        out: &mut Vec<DecodeAction>,
-    ) {
+    /// Lazy: the sessions a step handshakes one after another, in order.
+    fn lazy_queue(&mut self, needed: BTreeSet<SessionKey>) -> VecDeque<SessionKey> {
         // The historical read path handshook every DP rank of each remote engine it had not met,
         // one after another on one executor, at the TP rank it reads.
         let mut queue: VecDeque<SessionKey> = VecDeque::new();
@@ -891,7 +913,7 @@ impl DecodeWorker {
                 }
             }
         }
-        self.advance_lazy(now, step, queue, out);
+        queue
     }
 
     /// Registers the session of `target` if the worker does not know it yet.
@@ -911,26 +933,6 @@ impl DecodeWorker {
         self.sessions.insert(target.session.clone(), entry);
     }
 
-    /// Dials the next queued lazy session, or finishes the blocked step when none is left.
-    fn advance_lazy(
-        &mut self,
-        now: Instant,
-        step: u64,
-        mut queue: VecDeque<SessionKey>,
-        out: &mut Vec<DecodeAction>,
-    ) {
-        while let Some(key) = queue.pop_front() {
-            self.dial(now, &key, out);
-            if self.sessions[&key].state.is_waiting() {
-                self.step = StepState::Blocked { step, current: key, queue };
-                return;
-            }
-        }
-        self.step = StepState::Idle;
-        self.post_ready_reads(out);
-        out.push(DecodeAction::StepReady { step });
-    }
-
     fn on_handshake(
         &mut self,
         now: Instant,
@@ -945,6 +947,7 @@ impl DecodeWorker {
         self.after_handshake(now, key, output, out);
     }
 
+    /// Tells the step machine about a resolved handshake the step waits for.
     fn after_handshake(
         &mut self,
         now: Instant,
@@ -952,61 +955,96 @@ impl DecodeWorker {
         output: HandshakeOutput,
         out: &mut Vec<DecodeAction>,
     ) {
-        let resolved = matches!(output, HandshakeOutput::Completed | HandshakeOutput::Failed(_));
-        if !resolved {
-            return;
-        }
-        match &mut self.step {
-            StepState::Handshaking { waiting, .. } => {
-                waiting.remove(&key);
-                self.maybe_vote(out);
+        let failed = match output {
+            HandshakeOutput::Completed => None,
+            HandshakeOutput::Failed(error) => Some(error),
+            _ => return,
+        };
+        let before = self.step.machine();
+        let event = if failed.is_some() { StepEvent::HandshakeFailed } else { StepEvent::HandshakeDone };
+        let waited_for = match &mut self.step {
+            StepProgress::Handshaking { waiting, .. } => waiting.remove(&key),
+            StepProgress::Blocked { queue, .. } if queue.front() == Some(&key) => {
+                queue.pop_front();
+                true
             }
-            StepState::Blocked { step, current, queue } if *current == key => {
-                let (step, queue) = (*step, std::mem::take(queue));
-                if let HandshakeOutput::Failed(error) = output {
-                    self.step = StepState::Idle;
-                    out.push(DecodeAction::StepFailed {
-                        step,
-                        error: StepError::Handshake { session: key, error },
-                    });
-                } else {
-                    self.advance_lazy(now, step, queue, out);
-                }
-            }
-            _ => {}
+            _ => false,
+        };
+        if waited_for {
+            let failure = failed.map(|error| StepError::Handshake { session: key, error });
+            self.run_step(now, before, event, failure, out);
         }
     }
 
-    /// Eager: once no dial of the step is outstanding, vote.
-    fn maybe_vote(&mut self, out: &mut Vec<DecodeAction>) {
-        let StepState::Handshaking { step, waiting } = &self.step else { return };
-        if !waiting.is_empty() {
-            return;
-        }
-        let step = *step;
-        let ok = self
-            .requests
+    /// Eager: whether every session this worker's waiting requests need is complete.
+    fn vote_ok(&self) -> bool {
+        self.requests
             .values()
             .filter(|r| matches!(r.phase, RecvPhase::AwaitingSession))
-            .all(|r| self.sessions.get(&r.target.session).is_some_and(|s| s.state.session().is_some()));
-        self.step = StepState::Voting { step };
-        out.push(DecodeAction::CastVote { step, ok });
+            .all(|r| self.sessions.get(&r.target.session).is_some_and(|s| s.state.session().is_some()))
     }
 
-    fn on_vote(&mut self, step: u64, ok: bool, out: &mut Vec<DecodeAction>) {
-        if self.step != (StepState::Voting { step }) {
+    /// Runs the step machine of [`crate::step_machine`] for one event whose effect on the
+    /// sessions the caller has applied already (`before` is the machine's state before it), and
+    /// carries out its output; `failure` is why the step fails, for an event that raises.
+    fn run_step(
+        &mut self,
+        now: Instant,
+        mut before: StepState,
+        mut event: StepEvent,
+        mut failure: Option<StepError>,
+        out: &mut Vec<DecodeAction>,
+    ) {
+        loop {
+            let (after, output) = step_machine::step(before, event);
+            match output {
+                StepOutput::None | StepOutput::Ignored => {}
+                StepOutput::OutOfOrder => unreachable!("a step begins only on an idle worker"),
+                StepOutput::CastVote { step } => {
+                    let ok = self.vote_ok();
+                    self.step = StepProgress::Voting { step };
+                    out.push(DecodeAction::CastVote { step, ok });
+                }
+                StepOutput::DialNext { .. } => {
+                    let StepProgress::Blocked { queue, .. } = &self.step else {
+                        unreachable!("the machine dials only while blocked")
+                    };
+                    let key = queue.front().expect("blocked with sessions left").clone();
+                    self.dial(now, &key, out);
+                    if !self.sessions.get(&key).is_some_and(|s| s.state.is_waiting()) {
+                        // The session needed no dial after all (it is complete): on to the next.
+                        if let StepProgress::Blocked { queue, .. } = &mut self.step {
+                            queue.pop_front();
+                        }
+                        (before, event) = (after, StepEvent::HandshakeDone);
+                        continue;
+                    }
+                }
+                // Reads of requests whose sessions are complete start whatever the step's outcome:
+                // reads never block the step, so they cannot make the group diverge, and holding
+                // them back while a dead peer's dial fails step after step would starve every
+                // request of the group until its deadline (found by killing a prefill process
+                // under `pdkv cluster`).
+                StepOutput::Ready { step } => {
+                    self.step = StepProgress::Idle;
+                    self.post_ready_reads(out);
+                    out.push(DecodeAction::StepReady { step });
+                }
+                StepOutput::FailedWithGroup { step } => {
+                    self.step = StepProgress::Idle;
+                    self.post_ready_reads(out);
+                    let error = StepError::GroupHandshakeFailed { step };
+                    out.push(DecodeAction::StepFailed { step, error });
+                }
+                StepOutput::Raised { step } => {
+                    self.step = StepProgress::Idle;
+                    let error = failure.take().expect("a raising event carries its error");
+                    out.push(DecodeAction::StepFailed { step, error });
+                }
+            }
+            // The worker's own bookkeeping must agree with the machine (the table is the spec).
+            debug_assert_eq!(self.step.machine(), after, "{before:?} + {event:?}");
             return;
-        }
-        self.step = StepState::Idle;
-        // Reads of requests whose sessions are complete start either way: reads never block
-        // the step, so they cannot make the group diverge, and holding them back while a dead
-        // peer's dial fails step after step would starve every request of the group until its
-        // deadline (found by killing a prefill process under `pdkv cluster`).
-        self.post_ready_reads(out);
-        if ok {
-            out.push(DecodeAction::StepReady { step });
-        } else {
-            out.push(DecodeAction::StepFailed { step, error: StepError::GroupHandshakeFailed { step } });
         }
     }
 
@@ -1088,6 +1126,7 @@ impl DecodeWorker {
         let deadline = recv.deadline;
         let waited_ns = now.since_ns(recv.arrived);
         let session = recv.target.session.clone();
+        let mut stale = None;
         let (event, error) = match &mut recv.phase {
             RecvPhase::AwaitingSession => unreachable!("no read is in flight before the session"),
             RecvPhase::Draining { in_flight, .. } => {
@@ -1103,14 +1142,7 @@ impl DecodeWorker {
                 ReadOutcome::Failed(reason) => {
                     outstanding.remove(&layer);
                     retries.remove(&layer);
-                    // The session may be stale (the remote rank restarted and its memory keys
-                    // are gone): forget it, so the next step that needs the rank handshakes again.
-                    if let Some(entry) = self.sessions.get_mut(&session) {
-                        if entry.state.session().is_some() {
-                            let error = HandshakeError::Transport(format!("read failed: {reason}"));
-                            entry.state = HandshakeState::Failed { error, at: now };
-                        }
-                    }
+                    stale = Some(reason.clone());
                     (RecvEvent::ReadFailed, Some(RecvError::ReadFailed(reason)))
                 }
                 ReadOutcome::Aborted => {
@@ -1138,6 +1170,12 @@ impl DecodeWorker {
                 }
             },
         };
+        if let Some(reason) = stale {
+            // The session may be stale (the remote rank restarted and its memory keys are
+            // gone): the handshake machine drops it, so the next step that needs the rank
+            // handshakes again.
+            self.on_handshake(now, session, HandshakeEvent::ReadFailed(reason), out);
+        }
         self.transition(id, before, event, error, out);
     }
 

@@ -156,6 +156,10 @@ pub enum HandshakeEvent {
     Descriptors(Vec<LayerMemoryDesc>),
     /// The transport reported the dial failed.
     TransportFailed(String),
+    /// A read that used the complete session failed (with this reason): the session may be
+    /// stale (the remote rank restarted and its memory keys are gone), so it is dropped and the
+    /// next step that needs the rank handshakes again.
+    ReadFailed(String),
     /// The driver's clock passed a deadline from [`HandshakeState::deadline`].
     Tick,
 }
@@ -168,6 +172,7 @@ impl HandshakeEvent {
             HandshakeEvent::Metadata(_) => "Metadata",
             HandshakeEvent::Descriptors(_) => "Descriptors",
             HandshakeEvent::TransportFailed(_) => "TransportFailed",
+            HandshakeEvent::ReadFailed(_) => "ReadFailed",
             HandshakeEvent::Tick => "Tick",
         }
     }
@@ -245,6 +250,9 @@ pub fn step(
             S::Dialing { .. } | S::GotMetadata { .. } | S::GotDescriptors { .. },
             E::TransportFailed(reason),
         ) => fail(HandshakeError::Transport(reason)),
+        (S::Complete(_), E::ReadFailed(reason)) => {
+            fail(HandshakeError::Transport(format!("read failed: {reason}")))
+        }
         (state @ (S::Dialing { .. } | S::GotMetadata { .. } | S::GotDescriptors { .. }), E::Tick) => {
             match state.deadline() {
                 Some(deadline) if now >= deadline => {
@@ -314,6 +322,7 @@ pub fn transition_table() -> Vec<TransitionRow> {
         ("Metadata(wrong engine)".into(), HandshakeEvent::Metadata(metadata("prefill-1:6301")), before),
         ("Descriptors".into(), HandshakeEvent::Descriptors(layers), before),
         ("TransportFailed".into(), HandshakeEvent::TransportFailed("refused".into()), before),
+        ("ReadFailed".into(), HandshakeEvent::ReadFailed("remote access error".into()), before),
         ("Tick(before deadline)".into(), HandshakeEvent::Tick, before),
         ("Tick(at deadline)".into(), HandshakeEvent::Tick, after),
     ];
@@ -382,5 +391,22 @@ mod tests {
         assert_eq!(s.deadline(), None);
         let (s, _) = step(s, HandshakeEvent::Tick, Instant(u64::MAX), &params(None));
         assert!(s.is_waiting());
+    }
+
+    /// A failed read drops a complete session (it may be stale) so the next dial redials; a
+    /// session not complete has nothing to drop.
+    #[test]
+    fn a_failed_read_drops_only_a_complete_session() {
+        let p = params(Some(100));
+        let (dialing, _) = step(HandshakeState::Idle, HandshakeEvent::Dial, Instant(0), &p);
+        let (got, _) = step(dialing.clone(), HandshakeEvent::Metadata(metadata()), Instant(1), &p);
+        let (complete, _) = step(got, HandshakeEvent::Descriptors(vec![]), Instant(2), &p);
+        let read_failed = HandshakeEvent::ReadFailed("remote access error".into());
+        let (s, out) = step(complete, read_failed.clone(), Instant(3), &p);
+        let error = HandshakeError::Transport("read failed: remote access error".into());
+        assert_eq!(out, HandshakeOutput::Failed(error.clone()));
+        assert_eq!(s, HandshakeState::Failed { error, at: Instant(3) });
+        let (s, out) = step(dialing.clone(), read_failed, Instant(3), &p);
+        assert_eq!((s, out), (dialing, HandshakeOutput::Ignored));
     }
 }

@@ -83,6 +83,23 @@ impl fmt::Display for RankId {
     }
 }
 
+/// A GPU's tensor-parallel rank within its DP group: a member of the group's TP collectives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct TpRank(pub u16);
+
+impl RankId {
+    /// The rank's place in its DP group's TP collectives.
+    pub fn tp_rank(self) -> TpRank {
+        TpRank(self.tp)
+    }
+}
+
+impl fmt::Display for TpRank {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "tp{}", self.0)
+    }
+}
+
 /// The proxy-minted identifier of one request's KV transfer (`tx-<uuid>` in MoRIIO).
 ///
 /// It is a string on the wire, so the core keeps it as one: peers may send ids pdkv did not mint.

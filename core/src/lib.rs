@@ -8,6 +8,7 @@
 #![deny(missing_docs)]
 
 pub mod decode;
+pub mod group;
 pub mod handshake;
 pub mod ids;
 pub mod legacy;
@@ -23,10 +24,11 @@ pub mod routes;
 pub mod routing;
 #[cfg(test)]
 mod scripted;
+pub mod step_machine;
 pub mod time;
 pub mod topology;
 pub mod wire;
 
-pub use ids::{EngineId, RankId, RequestId, Role, TransferId};
+pub use ids::{EngineId, RankId, RequestId, Role, TpRank, TransferId};
 pub use legacy::{Legacy, LegacyOptions};
 pub use topology::{Deployment, Layout, ModelSpec};

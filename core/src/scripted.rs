@@ -7,6 +7,7 @@ use crate::decode::{
     DecodeAction, DecodeConfig, DecodeEvent, DecodeWorker, ReadOp, ReadOutcome, RecvError, RecvRequest,
     StepError,
 };
+use crate::group::{DecodeGroup, GroupAction, GroupEvent, StepReport};
 use crate::ids::{EngineId, RankId, RequestId, Role, TransferId};
 use crate::legacy::{Legacy, LegacyOptions};
 use crate::params::KvTransferParams;
@@ -65,7 +66,10 @@ struct Harness {
     dials: Vec<Dial>,
     reads: Vec<(RankId, ReadOp)>,
     releases: Vec<(RankId, Release)>,
-    votes: BTreeMap<u64, Vec<(RankId, bool)>>,
+    /// The barrier of every decode DP group.
+    groups: BTreeMap<(EngineId, u16), DecodeGroup>,
+    /// Vote results the groups decided, not delivered yet: `(to, step, ok)`.
+    results: Vec<(RankId, u64, bool)>,
     /// Step results per decode rank, in order: `(step, None)` ready, `(step, Some(e))` failed.
     steps: BTreeMap<RankId, Vec<(u64, Option<StepError>)>>,
     received: Vec<(RankId, RequestId)>,
@@ -84,7 +88,10 @@ impl Harness {
         let d = Deployment::parse(notation).unwrap();
         let book = AddressBook::one_host_per_engine(&d);
         let mut decoders = BTreeMap::new();
+        let mut groups = BTreeMap::new();
         for rank in d.ranks(Role::Decode) {
+            let width = d.layout(rank.engine).tp;
+            groups.entry((rank.engine, rank.dp)).or_insert_with(|| DecodeGroup::new(width, &legacy));
             let config = DecodeConfig::new(
                 rank,
                 d.layout(rank.engine),
@@ -117,7 +124,8 @@ impl Harness {
             dials: Vec::new(),
             reads: Vec::new(),
             releases: Vec::new(),
-            votes: BTreeMap::new(),
+            groups,
+            results: Vec::new(),
             steps: BTreeMap::new(),
             received: Vec::new(),
             failed: Vec::new(),
@@ -169,8 +177,9 @@ impl Harness {
         self.decoders.keys().copied().filter(|r| r.engine == EngineId::decode(0) && r.dp == dp).collect()
     }
 
-    /// Every worker of decode DP group `dp` begins `step` with `requests`.
+    /// Every worker of decode DP group `dp` begins `step` with `requests` (its barrier first).
     fn begin_step(&mut self, dp: u16, step: u64, requests: &[RecvRequest]) {
+        self.group_event((EngineId::decode(0), dp), GroupEvent::StepBegin { step });
         for rank in self.group(dp) {
             let event = DecodeEvent::StepBegin { step, requests: requests.to_vec() };
             self.decode_event(rank, event);
@@ -204,10 +213,21 @@ impl Harness {
                         WorkerEvent::Lease { transfer_id: lease.transfer_id, lease_ms: lease.lease_ms };
                     self.worker_event(to, event);
                 }
-                DecodeAction::CastVote { step, ok } => self.votes.entry(step).or_default().push((rank, ok)),
-                DecodeAction::StepReady { step } => self.steps.entry(rank).or_default().push((step, None)),
+                DecodeAction::CastVote { step, ok } => {
+                    let member = rank.tp_rank();
+                    self.group_event((rank.engine, rank.dp), GroupEvent::Vote { member, step, ok });
+                }
+                DecodeAction::StepReady { step } => {
+                    self.steps.entry(rank).or_default().push((step, None));
+                    let event =
+                        GroupEvent::StepReport { member: rank.tp_rank(), step, report: StepReport::Ready };
+                    self.group_event((rank.engine, rank.dp), event);
+                }
                 DecodeAction::StepFailed { step, error } => {
-                    self.steps.entry(rank).or_default().push((step, Some(error)))
+                    let report = StepReport::failed(&error);
+                    self.steps.entry(rank).or_default().push((step, Some(error)));
+                    let event = GroupEvent::StepReport { member: rank.tp_rank(), step, report };
+                    self.group_event((rank.engine, rank.dp), event);
                 }
                 DecodeAction::RequestReceived { request } => self.received.push((rank, request)),
                 DecodeAction::RequestFailed { request, error } => self.failed.push((rank, request, error)),
@@ -241,14 +261,27 @@ impl Harness {
         }
     }
 
-    /// The group's MIN collective: once every worker of a group voted on a step, deliver it.
-    fn deliver_votes(&mut self) {
-        let votes = std::mem::take(&mut self.votes);
-        for (step, ballots) in votes {
-            let ok = ballots.iter().all(|(_, ok)| *ok);
-            for (rank, _) in ballots {
-                self.decode_event(rank, DecodeEvent::VoteResult { step, ok });
+    /// Feeds a decode DP group's barrier; the vote results it decides wait in `results`.
+    fn group_event(&mut self, group: (EngineId, u16), event: GroupEvent) {
+        let mut out = Vec::new();
+        self.groups.get_mut(&group).expect("a decode DP group").handle(event, &mut out);
+        for action in out {
+            match action {
+                GroupAction::VoteResult { member, step, ok } => {
+                    self.results.push((RankId::new(group.0, group.1, member.0), step, ok))
+                }
+                GroupAction::Forward { .. } => {}
+                GroupAction::Ignored(why) => {
+                    panic!("the scripted driver fed {group:?} an input it ignored: {why}")
+                }
             }
+        }
+    }
+
+    /// The MIN collective's answers: delivers every vote result the groups decided.
+    fn deliver_votes(&mut self) {
+        for (rank, step, ok) in std::mem::take(&mut self.results) {
+            self.decode_event(rank, DecodeEvent::VoteResult { step, ok });
         }
     }
 
@@ -379,7 +412,8 @@ fn eager_lost_reply_fails_the_whole_group_then_recovers() {
     assert_eq!(h.dials.len(), 8);
     let lost = RankId::new(EngineId::decode(0), 0, 3);
     h.deliver_dials(|d| d.from != lost);
-    assert_eq!(h.votes[&1].len(), 7, "seven workers voted; the eighth still waits for its reply");
+    let open = h.groups[&(EngineId::decode(0), 0)].open_vote().expect("the vote is open");
+    assert_eq!(open.missing, [lost.tp_rank()], "seven workers voted; the eighth still waits for its reply");
     h.advance(10 * NS_PER_S);
     h.deliver_votes();
     let results = h.step_results(1);

@@ -8,19 +8,21 @@
 //! reads in flight. A timer may fire at any point, also while messages and reads are in flight
 //! (a message still in flight then arrives late, which excuses a reaped transfer as a loss
 //! does). A read that completes from blocks the engine has freed (and not fenced) is a safety
-//! violation at once; every other state is checked when it has nothing left to do: every step
-//! reported uniformly by the group (no worker raised alone or stayed blocked while its peers
-//! went on), every request received or failed on every worker, every prefill transfer freed (by
-//! the reaper only if a message was lost or late).
+//! violation at once; every other state is checked when it has nothing left to do: the group's
+//! step reached its forward (no worker raised alone or stayed blocked while its peers went on),
+//! every request received or failed on every worker, every prefill transfer freed (by the reaper
+//! only if a message was lost or late). The TP group's barrier is the core's
+//! [`DecodeGroup`] node, explored like the workers: votes and step reports go to it, its vote
+//! results come back, and a step begins only when it admits one. An input it ignores (a repeated
+//! or stale vote, a report against its decision) is a violation at once.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::time::Instant as WallClock;
 
-use pdkv_core::decode::{
-    DecodeAction, DecodeConfig, DecodeEvent, DecodeWorker, ReadOutcome, RecvRequest, StepError,
-};
+use pdkv_core::decode::{DecodeAction, DecodeConfig, DecodeEvent, DecodeWorker, ReadOutcome, RecvRequest};
+use pdkv_core::group::{DecodeGroup, GroupAction, GroupEvent, StepReport};
 use pdkv_core::ids::{EngineId, RankId, RequestId, Role, TransferId};
 use pdkv_core::legacy::LegacyOptions;
 use pdkv_core::params::KvTransferParams;
@@ -44,7 +46,8 @@ pub struct ModelConfig {
     pub requests: u64,
     /// Messages the network may lose in one execution.
     pub loss_budget: u32,
-    /// Decode steps at most (a step begins when the last one was reported by every worker).
+    /// Decode steps at most (a step begins once the group says the last one reached its
+    /// forward).
     pub max_steps: u64,
     /// States to explore at most.
     pub max_states: usize,
@@ -145,13 +148,6 @@ fn layers(layer: Option<u16>) -> String {
     layer.map_or_else(|| "all layers".to_string(), |l| format!("layer {l}"))
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-enum StepReport {
-    Ready,
-    GroupFailed,
-    Raised,
-}
-
 #[derive(Clone, Debug)]
 struct State {
     now: Instant,
@@ -159,9 +155,8 @@ struct State {
     workers: Vec<PrefillWorker>,
     engine: PrefillEngine,
     msgs: Vec<Msg>,
-    step: u64,
-    reports: BTreeMap<u64, BTreeMap<usize, StepReport>>,
-    votes: BTreeMap<u64, Vec<(usize, bool)>>,
+    /// The decode group's barrier: its step, votes, decision and who entered the forward.
+    group: DecodeGroup,
     lost: u32,
     /// True once a timer fired while a message was in flight (that message arrives late).
     late: bool,
@@ -189,15 +184,13 @@ struct World {
 fn fingerprint(s: &State) -> u64 {
     let mut h = DefaultHasher::new();
     format!(
-        "{:?}|{:?}|{:?}|{:?}|{:?}|{}|{:?}|{:?}|{}|{}|{:?}|{:?}|{:?}",
+        "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{}|{:?}|{:?}|{:?}",
         s.now,
         s.decoders,
         s.workers,
         s.engine,
         s.msgs,
-        s.step,
-        s.reports,
-        s.votes,
+        s.group,
         s.lost,
         s.late,
         s.frees,
@@ -236,14 +229,7 @@ impl World {
                     }
                 }
                 DecodeAction::CastVote { step, ok } => {
-                    let votes = s.votes.entry(step).or_default();
-                    votes.push((w, ok));
-                    if votes.len() == s.decoders.len() {
-                        let all = votes.iter().all(|(_, ok)| *ok);
-                        for to in 0..s.decoders.len() {
-                            s.local.push_back(Msg::Vote { to, step, ok: all });
-                        }
-                    }
+                    self.group(s, GroupEvent::Vote { member: self.decode_ranks[w].tp_rank(), step, ok });
                 }
                 DecodeAction::PostRead(op) => match self.prefill_index(op.plan.source) {
                     Some(from) => s.msgs.push(Msg::Read {
@@ -276,18 +262,36 @@ impl World {
                     }
                 }
                 DecodeAction::StepReady { step } => {
-                    s.reports.entry(step).or_default().insert(w, StepReport::Ready);
+                    let (member, report) = (self.decode_ranks[w].tp_rank(), StepReport::Ready);
+                    self.group(s, GroupEvent::StepReport { member, step, report });
                 }
                 DecodeAction::StepFailed { step, error } => {
-                    let report = match error {
-                        StepError::GroupHandshakeFailed { .. } => StepReport::GroupFailed,
-                        StepError::Handshake { .. } => StepReport::Raised,
-                    };
-                    s.reports.entry(step).or_default().insert(w, report);
+                    let (member, report) = (self.decode_ranks[w].tp_rank(), StepReport::failed(&error));
+                    self.group(s, GroupEvent::StepReport { member, step, report });
                 }
                 DecodeAction::RequestReceived { .. }
                 | DecodeAction::RequestFailed { .. }
                 | DecodeAction::InvalidateBlocks { .. } => {}
+            }
+        }
+    }
+
+    /// Feeds the decode group's barrier: its vote results are local completions for the
+    /// members it names; an input it ignores is a violation.
+    fn group(&self, s: &mut State, event: GroupEvent) {
+        let mut out = Vec::new();
+        s.group.handle(event, &mut out);
+        for action in out {
+            match action {
+                GroupAction::VoteResult { member, step, ok } => {
+                    s.local.push_back(Msg::Vote { to: usize::from(member.0), step, ok })
+                }
+                GroupAction::Forward { .. } => {}
+                GroupAction::Ignored(why) => {
+                    if s.violation.is_none() {
+                        s.violation = Some(format!("the decode group ignored an input: {why}"));
+                    }
+                }
             }
         }
     }
@@ -390,13 +394,13 @@ impl World {
             }
             out.push((format!("time passes to {}", next.now), next));
         }
-        // The group begins its next step once every worker reported this one.
-        let reported = s.reports.get(&s.step).map_or(0, BTreeMap::len);
+        // The group begins its next step once this one reached its forward.
+        let current = s.group.step().unwrap_or(0);
         let pending = s.decoders.iter().any(|d| d.pending_requests() > 0);
-        if reported == s.decoders.len() && pending && s.step < self.max_steps {
+        if s.group.may_begin() && pending && current < self.max_steps {
             let mut next = s.clone();
-            next.step += 1;
-            let step = next.step;
+            let step = current + 1;
+            self.group(&mut next, GroupEvent::StepBegin { step });
             for w in 0..next.decoders.len() {
                 self.decode(&mut next, w, DecodeEvent::StepBegin { step, requests: Vec::new() });
             }
@@ -496,38 +500,26 @@ impl World {
         if let Some(violation) = &s.violation {
             return Some(violation.clone());
         }
-        for (step, reports) in &s.reports {
-            let ready: Vec<String> = reports
-                .iter()
-                .filter(|(_, r)| **r == StepReport::Ready)
-                .map(|(w, _)| self.decode_ranks[*w].to_string())
-                .collect();
-            let stuck: Vec<String> = (0..s.decoders.len())
-                .filter(|w| !matches!(reports.get(w), Some(StepReport::Ready)))
-                .map(|w| self.decode_ranks[w].to_string())
-                .collect();
-            let all_failed =
-                reports.len() == s.decoders.len() && reports.values().all(|r| *r == StepReport::GroupFailed);
-            if !ready.is_empty() && !stuck.is_empty()
-                || (!all_failed && ready.is_empty() && !reports.is_empty())
-            {
+        // The group's step must have reached its forward: every worker entered it as the
+        // group decided.
+        let step = s.group.step().unwrap_or(0);
+        if !s.group.forward_ready(step) {
+            let names =
+                |members: &[&RankId]| members.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ");
+            let report = |r: &RankId| s.group.report(r.tp_rank());
+            let (entered, stuck): (Vec<&RankId>, Vec<&RankId>) =
+                self.decode_ranks.iter().partition(|r| report(r).is_some_and(StepReport::enters_forward));
+            if self.decode_ranks.iter().any(|r| report(r).is_some()) {
                 return Some(format!(
                     "step {step} diverged: {} entered the forward collective, {} never did (blocked or raised \
                      alone); the collective would wait for its timeout",
-                    ready.join(", "),
-                    stuck.join(", ")
+                    names(&entered),
+                    names(&stuck)
                 ));
             }
+            return Some(format!("deadlock: step {step} never reported by {}", names(&stuck)));
         }
-        let reported = s.reports.get(&s.step).map_or(0, BTreeMap::len);
-        if reported < s.decoders.len() {
-            let blocked: Vec<String> = (0..s.decoders.len())
-                .filter(|w| s.reports.get(&s.step).is_none_or(|r| !r.contains_key(w)))
-                .map(|w| self.decode_ranks[w].to_string())
-                .collect();
-            return Some(format!("deadlock: step {} never reported by {}", s.step, blocked.join(", ")));
-        }
-        if s.step >= self.max_steps {
+        if step >= self.max_steps {
             return None;
         }
         if let Some(w) = s.decoders.iter().position(|d| d.pending_requests() > 0) {
@@ -608,9 +600,7 @@ pub fn check(config: &ModelConfig) -> Result<ModelReport, String> {
         workers,
         engine,
         msgs: Vec::new(),
-        step: 1,
-        reports: BTreeMap::new(),
-        votes: BTreeMap::new(),
+        group: DecodeGroup::new(dl.tp, &config.legacy),
         lost: 0,
         late: false,
         frees: BTreeMap::new(),
@@ -647,6 +637,7 @@ pub fn check(config: &ModelConfig) -> Result<ModelReport, String> {
             local_block_ids: vec![n as u32 + 100],
         });
     }
+    world.group(&mut initial, GroupEvent::StepBegin { step: 1 });
     for w in 0..initial.decoders.len() {
         world.decode(&mut initial, w, DecodeEvent::StepBegin { step: 1, requests: requests.clone() });
     }

@@ -10,9 +10,9 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 
 use pdkv_core::decode::{
     DecodeAction, DecodeConfig, DecodeEvent, DecodeWorker, ReadGranularity, ReadOp, ReadOutcome, RecvRequest,
-    StepError,
 };
-use pdkv_core::ids::{EngineId, RankId, RequestId, Role, TransferId};
+use pdkv_core::group::{DecodeGroup, GroupAction, GroupEvent, StepReport};
+use pdkv_core::ids::{EngineId, RankId, RequestId, Role, TpRank, TransferId};
 use pdkv_core::legacy::LegacyOptions;
 use pdkv_core::params::KvTransferParams;
 use pdkv_core::ports::{AddressBook, ListenerKind, SessionKey};
@@ -111,23 +111,71 @@ enum Msg {
 #[derive(Debug)]
 enum Ev {
     Arrival,
-    PrefillQueue { req: RequestId },
-    PrefillDone { group: usize, generation: u64 },
-    ProxyAnswer { req: RequestId },
-    DecodeArrive { recv: Box<RecvRequest> },
-    StepBegin { unit: usize },
-    StepEnd { unit: usize, step: u64 },
-    CollectiveTimeout { unit: usize, step: u64 },
-    VoteResult { group: usize, step: u64, ok: bool },
-    AtListener { listener: usize, msg: Box<Msg> },
-    Serve { listener: usize, msg: Box<Msg> },
-    ToDecode { worker: usize, event: Box<DecodeEvent> },
-    ToPrefill { rank: RankId, event: Box<WorkerEvent> },
-    Flow { id: FlowId, version: u64 },
-    ReadLater { worker: usize, request: RequestId, layer: Option<u16>, outcome: Box<ReadOutcome> },
-    DecodeTick { worker: usize },
-    EngineTick { engine: usize },
-    Fault { index: usize, start: bool },
+    PrefillQueue {
+        req: RequestId,
+    },
+    PrefillDone {
+        group: usize,
+        generation: u64,
+    },
+    ProxyAnswer {
+        req: RequestId,
+    },
+    DecodeArrive {
+        recv: Box<RecvRequest>,
+    },
+    StepBegin {
+        unit: usize,
+    },
+    StepEnd {
+        unit: usize,
+        step: u64,
+    },
+    CollectiveTimeout {
+        unit: usize,
+        step: u64,
+    },
+    /// The vote results a decode group decided, one per member: `(member, step, ok)`.
+    VoteResults {
+        group: usize,
+        results: Vec<(TpRank, u64, bool)>,
+    },
+    AtListener {
+        listener: usize,
+        msg: Box<Msg>,
+    },
+    Serve {
+        listener: usize,
+        msg: Box<Msg>,
+    },
+    ToDecode {
+        worker: usize,
+        event: Box<DecodeEvent>,
+    },
+    ToPrefill {
+        rank: RankId,
+        event: Box<WorkerEvent>,
+    },
+    Flow {
+        id: FlowId,
+        version: u64,
+    },
+    ReadLater {
+        worker: usize,
+        request: RequestId,
+        layer: Option<u16>,
+        outcome: Box<ReadOutcome>,
+    },
+    DecodeTick {
+        worker: usize,
+    },
+    EngineTick {
+        engine: usize,
+    },
+    Fault {
+        index: usize,
+        start: bool,
+    },
 }
 
 struct Scheduled {
@@ -259,13 +307,17 @@ struct DGroup {
     running: Vec<Running>,
     /// Sum of the running requests' context lengths.
     context_tokens: u64,
-    votes: BTreeMap<u64, Vec<(usize, bool)>>,
+    /// The group's barrier: step admission, the MIN vote, forward readiness.
+    barrier: DecodeGroup,
 }
 
 #[derive(PartialEq, Eq)]
 enum UnitState {
     Idle,
-    Waiting { arrived: BTreeSet<usize>, began: u64 },
+    /// A step began at `began`; its groups' barriers say who entered the forward.
+    Waiting {
+        began: u64,
+    },
     Computing,
 }
 
@@ -403,8 +455,6 @@ pub struct World {
     pgroup_generation: Vec<u64>,
     /// Spare action buffers for `decode` (reused, never shrunk).
     buffers: Vec<Vec<DecodeAction>>,
-    /// Decode workers whose step raised on their own (they never reach the collective).
-    raised: BTreeSet<usize>,
     stopped: bool,
     /// The run's time or event budget ended with events still to run (not a natural end).
     budget_ended: bool,
@@ -586,7 +636,7 @@ impl World {
                     ready: Vec::new(),
                     running: Vec::new(),
                     context_tokens: 0,
-                    votes: BTreeMap::new(),
+                    barrier: DecodeGroup::new(layout.tp, &legacy),
                 });
             }
         }
@@ -639,7 +689,6 @@ impl World {
             itl: Vec::new(),
             violations: Vec::new(),
             hangs: Vec::new(),
-            raised: BTreeSet::new(),
             buffers: Vec::new(),
             prefill_down: vec![false; d_prefill_engines],
             decode_down: vec![false; d_decode_engines],
@@ -782,9 +831,9 @@ impl World {
             Ev::StepBegin { unit } => self.on_step_begin(unit),
             Ev::StepEnd { unit, step } => self.on_step_end(unit, step),
             Ev::CollectiveTimeout { unit, step } => self.on_collective_timeout(unit, step),
-            Ev::VoteResult { group, step, ok } => {
-                for i in 0..self.dgroups[group].workers.len() {
-                    let w = self.dgroups[group].workers[i];
+            Ev::VoteResults { group, results } => {
+                for (member, step, ok) in results {
+                    let w = self.dgroups[group].workers[usize::from(member.0)];
                     self.decode(w, DecodeEvent::VoteResult { step, ok });
                 }
             }
@@ -1184,7 +1233,7 @@ impl World {
         let step = self.units[unit].step;
         let max_batch = self.sc.engines.decode_max_batch as usize;
         let block = self.sc.model.block_size_tokens;
-        self.units[unit].state = UnitState::Waiting { arrived: BTreeSet::new(), began: self.now };
+        self.units[unit].state = UnitState::Waiting { began: self.now };
         for gi in 0..self.units[unit].groups.len() {
             let g = self.units[unit].groups[gi];
             // Requests whose KV arrived join the batch at this step boundary.
@@ -1216,6 +1265,9 @@ impl World {
                 group.pending.insert(recv.request, Pending { reported: 0, received: 0, failed: false });
                 new.push(recv);
             }
+            // The group's barrier admits the step before any worker hears of it (a worker with
+            // nothing to dial votes at once).
+            self.group_event(g, GroupEvent::StepBegin { step });
             for i in 0..self.dgroups[g].workers.len() {
                 let w = self.dgroups[g].workers[i];
                 self.decode(w, DecodeEvent::StepBegin { step, requests: new.clone() });
@@ -1240,25 +1292,36 @@ impl World {
         self.maybe_compute(unit);
     }
 
-    /// A worker reported its step: it arrives at the forward collective.
-    fn arrive(&mut self, worker: usize, step: u64) {
-        let unit = self.dgroups[self.dworker_group[worker]].unit;
-        if self.units[unit].step != step {
-            return;
+    /// Feeds decode group `g`'s barrier and carries out what it decides: vote results reach
+    /// the members one control latency later, and a group whose members all entered the
+    /// forward may let its unit compute.
+    fn group_event(&mut self, g: usize, event: GroupEvent) {
+        let mut out = Vec::new();
+        self.dgroups[g].barrier.handle(event, &mut out);
+        let mut results = Vec::new();
+        for action in out {
+            match action {
+                GroupAction::VoteResult { member, step, ok } => results.push((member, step, ok)),
+                GroupAction::Forward { .. } => self.maybe_compute(self.dgroups[g].unit),
+                GroupAction::Ignored(why) => {
+                    let engine = self.dgroups[g].engine;
+                    self.violation("protocol_error", vec![format!("D{engine}")], format!("group {g}: {why}"));
+                }
+            }
         }
-        if let UnitState::Waiting { arrived, .. } = &mut self.units[unit].state {
-            arrived.insert(worker);
+        if !results.is_empty() {
+            let latency = self.control_ns();
+            self.at(latency, Ev::VoteResults { group: g, results });
         }
-        self.maybe_compute(unit);
     }
 
+    /// Computes the unit's step once every member of each of its groups entered the forward.
     fn maybe_compute(&mut self, unit: usize) {
-        let total: usize = self.units[unit].groups.iter().map(|&g| self.dgroups[g].workers.len()).sum();
-        let UnitState::Waiting { arrived, began } = &self.units[unit].state else { return };
-        if arrived.len() < total {
+        let UnitState::Waiting { began } = self.units[unit].state else { return };
+        let step = self.units[unit].step;
+        if !self.units[unit].groups.iter().all(|&g| self.dgroups[g].barrier.forward_ready(step)) {
             return;
         }
-        let began = *began;
         let layout = self.d.decode[self.units[unit].engine];
         let loads: Vec<GroupLoad> = self.units[unit]
             .groups
@@ -1269,7 +1332,6 @@ impl World {
             })
             .collect();
         let duration = self.cost.decode_step_ns(layout, &loads);
-        let step = self.units[unit].step;
         self.units[unit].state = UnitState::Computing;
         if self.trace_on {
             let batch: u64 = loads.iter().map(|l| l.batch).sum();
@@ -1425,18 +1487,13 @@ impl World {
                     self.send(w, rank, (endpoint.host, endpoint.port), Msg::Notify { bytes, transfer });
                 }
                 DecodeAction::CastVote { step, ok } => {
-                    let g = self.dworker_group[w];
-                    let width = self.dgroups[g].workers.len();
-                    let votes = self.dgroups[g].votes.entry(step).or_default();
-                    votes.push((w, ok));
-                    if votes.len() == width {
-                        let all = votes.iter().all(|(_, ok)| *ok);
-                        self.dgroups[g].votes.remove(&step);
-                        let latency = self.control_ns();
-                        self.at(latency, Ev::VoteResult { group: g, step, ok: all });
-                    }
+                    let member = self.d_ranks[w].tp_rank();
+                    self.group_event(self.dworker_group[w], GroupEvent::Vote { member, step, ok });
                 }
-                DecodeAction::StepReady { step } => self.arrive(w, step),
+                DecodeAction::StepReady { step } => {
+                    let (member, report) = (self.d_ranks[w].tp_rank(), StepReport::Ready);
+                    self.group_event(self.dworker_group[w], GroupEvent::StepReport { member, step, report });
+                }
                 DecodeAction::StepFailed { step, error } => {
                     trace!(
                         self,
@@ -1446,14 +1503,11 @@ impl World {
                         None,
                         error.to_string(),
                     );
-                    // A failure the whole group shares (eager vote) skips the forward together;
-                    // a worker-local one (lazy handshake) raises on that worker alone, which never
-                    // reaches the collective its peers already entered.
-                    if matches!(error, StepError::GroupHandshakeFailed { .. }) {
-                        self.arrive(w, step);
-                    } else {
-                        self.raised.insert(w);
-                    }
+                    // The group's barrier knows what the failure means: a failure the whole group
+                    // shares (eager vote) skips the forward together; a worker-local one (lazy
+                    // handshake) raises on that worker alone, which never reaches the collective.
+                    let (member, report) = (self.d_ranks[w].tp_rank(), StepReport::failed(&error));
+                    self.group_event(self.dworker_group[w], GroupEvent::StepReport { member, step, report });
                 }
                 DecodeAction::RequestReceived { request } => self.report(w, request, false),
                 DecodeAction::RequestFailed { request, error } => {
@@ -2115,7 +2169,9 @@ impl World {
                     lost.append(&mut self.dgroups[g].ready);
                     lost.extend(self.dgroups[g].running.drain(..).map(|r| r.id));
                     self.dgroups[g].context_tokens = 0;
-                    self.dgroups[g].votes.clear();
+                    // The group restarts with its workers: a fresh barrier, on no step.
+                    let width = self.d.decode[e].tp;
+                    self.dgroups[g].barrier = DecodeGroup::new(width, &self.legacy());
                     let blocks = self.dgroups[g].pool.capacity;
                     self.dgroups[g].pool = Pool::new(blocks);
                     for w in self.dgroups[g].workers.clone() {
@@ -2128,7 +2184,6 @@ impl World {
                             self.d_ranks[w],
                         );
                         self.dworker_tick[w] = None;
-                        self.raised.remove(&w);
                     }
                     for id in lost {
                         // Its prefill side will reap these transfers: expected, since the reader died.
@@ -2220,8 +2275,7 @@ impl World {
         self.units[unit].watchdog = false;
         let timeout = ms_ns(self.sc.protocol.collective_timeout_ms);
         let step = self.units[unit].step;
-        let UnitState::Waiting { arrived, began } = &self.units[unit].state else { return };
-        let (arrived, began) = (arrived.clone(), *began);
+        let UnitState::Waiting { began } = self.units[unit].state else { return };
         let deadline = began.saturating_add(timeout);
         if self.now < deadline {
             self.units[unit].watchdog = true;
@@ -2236,14 +2290,16 @@ impl World {
         let collective = format!("{what} D{engine} step {step}");
         let mut ranks = Vec::new();
         for &g in &self.units[unit].groups {
-            for &w in &self.dgroups[g].workers {
-                if arrived.contains(&w) {
+            let barrier = &self.dgroups[g].barrier;
+            for (&w, member) in self.dgroups[g].workers.iter().zip((0..).map(TpRank)) {
+                let report = barrier.report(member);
+                if report.is_some_and(StepReport::enters_forward) {
                     continue;
                 }
                 let rank = self.d_ranks[w].to_string();
                 ranks.push(rank.clone());
                 graph.edge(&collective, &rank, "not arrived");
-                if self.raised.contains(&w) {
+                if report == Some(StepReport::Raised) {
                     graph.edge(
                         &rank,
                         &format!("{rank} step error"),
@@ -2258,16 +2314,15 @@ impl World {
         }
         // Workers waiting for a group vote wait for the workers that have not voted yet.
         for &g in &self.units[unit].groups {
-            if let Some(votes) = self.dgroups[g].votes.get(&step) {
-                let vote = format!("vote D{engine} group {g} step {step}");
-                for &(w, _) in votes {
-                    graph.edge(&self.d_ranks[w].to_string(), &vote, "waiting for the MIN vote");
-                }
-                for &w in &self.dgroups[g].workers {
-                    if !votes.iter().any(|(v, _)| *v == w) {
-                        graph.edge(&vote, &self.d_ranks[w].to_string(), "has not voted");
-                    }
-                }
+            let Some(open) = self.dgroups[g].barrier.open_vote().filter(|v| v.step == step) else { continue };
+            let vote = format!("vote D{engine} group {g} step {step}");
+            let worker =
+                |member: TpRank| self.d_ranks[self.dgroups[g].workers[usize::from(member.0)]].to_string();
+            for &member in &open.voted {
+                graph.edge(&worker(member), &vote, "waiting for the MIN vote");
+            }
+            for &member in &open.missing {
+                graph.edge(&vote, &worker(member), "has not voted");
             }
         }
         let waited = self.now - began;
@@ -2562,6 +2617,28 @@ mod tests {
         check(&mut world, 1, true, 0.125);
         check(&mut world, 1, false, 0.5);
         check(&mut world, 0, false, 1.0);
+    }
+
+    /// A worker's vote counts once however often it arrives: a repeated ballot from one worker
+    /// of a TP2 group must not stand in for its peer's (it did when ballots were counted by
+    /// length, deciding the MIN before the peer had finished its handshakes).
+    #[test]
+    fn a_repeated_vote_counts_once() {
+        let sc = Scenario::from_notation("1P_TP1:1D_TP2");
+        let mut world = World::new(&sc, RunOptions::default()).unwrap();
+        let results =
+            |world: &World| world.queue.iter().filter(|s| matches!(s.0.ev, Ev::VoteResults { .. })).count();
+        let vote = || vec![DecodeAction::CastVote { step: 1, ok: true }];
+        world.group_event(0, GroupEvent::StepBegin { step: 1 });
+        world.decode_actions(0, &mut vote());
+        world.decode_actions(0, &mut vote());
+        assert_eq!(results(&world), 0, "one worker of two voted, twice");
+        world.decode_actions(1, &mut vote());
+        assert_eq!(results(&world), 1, "both voted");
+        // The group reports the repeated vote instead of counting it.
+        let kinds: Vec<&str> = world.violations.iter().map(|v| v.kind.as_str()).collect();
+        assert_eq!(kinds, ["protocol_error"]);
+        assert!(world.violations[0].detail.contains("voted on step 1 already"), "{:?}", world.violations);
     }
 }
 

@@ -452,6 +452,9 @@ fn a_rank_that_dies_or_stops_without_an_injected_fault_fails_its_group_fast_and_
         assert!(q.failed > 0 && q.failed_excused == 0 && q.unfinished == 0, "{deployment}: {json}");
         assert!(r.failures.iter().any(|f| f.errors == [error]), "{deployment}: {json}");
         assert!(r.problems.iter().any(|p| p.contains(problem)), "{deployment}: {json}");
+        // The decode group's barrier never had an input it had to ignore (a vote or step
+        // report it could not count), the dead rank's included.
+        assert!(!r.problems.iter().any(|p| p.contains("decode group ignored")), "{deployment}: {json}");
         // Ended long before the run's timeout and the 60 s reaper, with nothing held: within
         // the 5 s a stopped rank takes to be found, plus the transfer timeout (5 s) and the
         // lease's grace (1 s) that a lost reader's transfers wait for.

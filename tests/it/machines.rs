@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use pdkv_core::{handshake, prefill, recv};
+use pdkv_core::{group, handshake, prefill, recv, step_machine};
 
 /// One row of any machine's table: from, event, to, output.
 type Row = (String, String, String, String);
@@ -28,6 +28,14 @@ fn recv_rows() -> Vec<Row> {
     recv::transition_table().into_iter().map(|r| (r.from, r.event, r.to, r.output)).collect()
 }
 
+fn step_rows() -> Vec<Row> {
+    step_machine::transition_table().into_iter().map(|r| (r.from, r.event, r.to, r.output)).collect()
+}
+
+fn group_rows() -> Vec<Row> {
+    group::transition_table().into_iter().map(|r| (r.from, r.event, r.to, r.output)).collect()
+}
+
 /// The table as aligned text: every state, every event, the state after and the output.
 fn render_table(title: &str, rows: &[Row]) -> String {
     let width = |f: fn(&Row) -> &String| rows.iter().map(|r| f(r).len()).max().unwrap_or(0);
@@ -40,7 +48,8 @@ fn render_table(title: &str, rows: &[Row]) -> String {
 }
 
 /// The machine as a Graphviz digraph: one edge per (from, to) that some event takes, labelled
-/// with the events; events that are ignored or change nothing are left out.
+/// with the events; events that are ignored (with or without a reason), break the calling
+/// order or change nothing are left out.
 fn render_dot(name: &str, rows: &[Row]) -> String {
     let mut edges: BTreeMap<(&str, &str), Vec<&str>> = BTreeMap::new();
     let mut states: Vec<&str> = Vec::new();
@@ -50,7 +59,7 @@ fn render_dot(name: &str, rows: &[Row]) -> String {
                 states.push(s);
             }
         }
-        if output == "Ignored" || (from == to && output == "None") {
+        if output.starts_with("Ignored") || output == "OutOfOrder" || (from == to && output == "None") {
             continue;
         }
         let labels = edges.entry((from, to)).or_default();
@@ -90,7 +99,7 @@ fn expect_file(relative: &str, actual: &str) {
 #[test]
 fn handshake_machine_is_current() {
     let rows = handshake_rows();
-    assert_eq!(rows.len(), 6 * 7, "six states times seven events");
+    assert_eq!(rows.len(), 6 * 8, "six states times eight events");
     expect_file("docs/machines/handshake.txt", &render_table("Handshake machine", &rows));
     expect_file("docs/machines/handshake.dot", &render_dot("handshake", &rows));
 }
@@ -112,4 +121,26 @@ fn request_machine_is_current() {
         &render_table("Request machine (decode worker; the drain rule)", &rows),
     );
     expect_file("docs/machines/recv.dot", &render_dot("recv", &rows));
+}
+
+#[test]
+fn step_machine_is_current() {
+    let rows = step_rows();
+    assert_eq!(rows.len(), 6 * 9, "six representative states times nine events");
+    expect_file(
+        "docs/machines/step.txt",
+        &render_table("Step machine (decode worker; one scheduler step)", &rows),
+    );
+    expect_file("docs/machines/step.dot", &render_dot("step", &rows));
+}
+
+#[test]
+fn group_node_is_current() {
+    let rows = group_rows();
+    assert_eq!(rows.len(), 10 * 11, "ten representative states times eleven events");
+    expect_file(
+        "docs/machines/group.txt",
+        &render_table("Decode group node (the TP group's barrier, TP2 on step 5)", &rows),
+    );
+    expect_file("docs/machines/group.dot", &render_dot("group", &rows));
 }

@@ -1,0 +1,807 @@
+//! The decode group node: one per decode DP group, the barrier its TP workers meet at every step.
+//!
+//! A TP group's workers must enter every forward collective together, or the collective waits
+//! for its timeout (the production hang of the lazy handshake, which has no barrier). The eager
+//! handshake keeps them together: each worker votes whether its handshakes for the step
+//! completed, the group takes the MIN, every worker is told the same result and reports the same
+//! outcome, and the forward runs once every worker has entered it. This node is that barrier,
+//! written once: the simulator, the real cluster's scheduler, the scripted tests and the model
+//! checker feed it events and carry out its actions, so the barrier the model checker explores
+//! is the one production runs.
+//!
+//! # How a driver calls it
+//!
+//! 1. Create one [`DecodeGroup`] per decode DP group with its TP size and the legacy options.
+//! 2. Give the group [`GroupEvent::StepBegin`] before any worker hears of the step. A step is
+//!    admitted only if [`DecodeGroup::may_begin`]: the last step reached its forward, no member
+//!    was lost, and the number comes after the last one.
+//! 3. Deliver every worker's [`DecodeAction::CastVote`](crate::decode::DecodeAction::CastVote)
+//!    as [`GroupEvent::Vote`]. Once every member has voted the group decides the MIN and tells
+//!    each live member [`GroupAction::VoteResult`]; deliver each as that worker's
+//!    [`DecodeEvent::VoteResult`](crate::decode::DecodeEvent::VoteResult).
+//! 4. Deliver every worker's step result (`StepReady`, or `StepFailed` classified by
+//!    [`StepReport::failed`]) as [`GroupEvent::StepReport`]. Once every member has entered the
+//!    forward pass the group says [`GroupAction::Forward`]: the driver runs the step's forward,
+//!    and the next step may begin.
+//! 5. A member gone for good is [`GroupEvent::MemberLost`]. It votes no on the step it left
+//!    open, so its live peers fail the step at once instead of waiting for a vote that will never
+//!    come, and the group admits no later step (its collectives can never complete).
+//!
+//! An input that does not apply (a repeated vote, a vote for a past or unknown step, a report
+//! that contradicts the group's decision) changes nothing and comes back as
+//! [`GroupAction::Ignored`] with the reason: it is never counted.
+//!
+//! Unlike the other nodes the group has no timer and decides nothing by time, so its inputs
+//! carry no `now` and it has no `poll_timeout`: a collective that never completes is for the
+//! driver's watchdog to notice (the simulator's collective timeout).
+//!
+//! Under [`Legacy::LazyHandshake`] there is no vote: each worker reports ready once its blocking
+//! handshakes are done, and a worker that raises alone leaves the step without its forward, the
+//! divergence the barrier exists to prevent.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use crate::decode::StepError;
+use crate::ids::TpRank;
+use crate::legacy::{Legacy, LegacyOptions};
+
+/// How a worker's step ended, as its group sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum StepReport {
+    /// The worker is ready and enters the forward collective.
+    Ready,
+    /// The step failed for the whole group (it voted no); the worker still enters the forward
+    /// pass, together with its peers.
+    FailedWithGroup,
+    /// The step failed on this worker alone (a lazy handshake): it raises and never enters the
+    /// collective its peers may be waiting in.
+    Raised,
+}
+
+impl StepReport {
+    /// The report of a worker whose step failed with `error`.
+    pub fn failed(error: &StepError) -> StepReport {
+        match error {
+            StepError::GroupHandshakeFailed { .. } => StepReport::FailedWithGroup,
+            StepError::Handshake { .. } => StepReport::Raised,
+        }
+    }
+
+    /// Whether the worker enters the step's forward collective.
+    pub fn enters_forward(self) -> bool {
+        matches!(self, StepReport::Ready | StepReport::FailedWithGroup)
+    }
+}
+
+/// An input to the group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GroupEvent {
+    /// The scheduler begins `step` (before any worker hears of it).
+    StepBegin {
+        /// The step, after every step admitted before.
+        step: u64,
+    },
+    /// A worker's vote ([`DecodeAction::CastVote`](crate::decode::DecodeAction::CastVote)).
+    Vote {
+        /// The voter.
+        member: TpRank,
+        /// The step voted on.
+        step: u64,
+        /// Whether the voter's handshakes all completed.
+        ok: bool,
+    },
+    /// A worker reported its step.
+    StepReport {
+        /// The worker.
+        member: TpRank,
+        /// The step.
+        step: u64,
+        /// How the step ended on the worker.
+        report: StepReport,
+    },
+    /// A member is gone for good (its process died or stopped answering).
+    MemberLost {
+        /// The member.
+        member: TpRank,
+    },
+}
+
+/// Why an input changed nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Ignored {
+    /// A step number not after the last admitted one.
+    StepNotAfter {
+        /// The step asked for.
+        step: u64,
+        /// The last step admitted.
+        last: u64,
+    },
+    /// A step began before the last one reached its forward.
+    StepInProgress {
+        /// The step asked for.
+        step: u64,
+        /// The step still in progress.
+        current: u64,
+    },
+    /// A step began after a member was lost: its collectives can never complete.
+    GroupBroken {
+        /// The step asked for.
+        step: u64,
+        /// The first member lost.
+        lost: TpRank,
+    },
+    /// The TP rank is not in the group.
+    NotMember {
+        /// The rank.
+        member: TpRank,
+    },
+    /// The member was lost already.
+    LostMember {
+        /// The member.
+        member: TpRank,
+    },
+    /// A vote or report for a step the group has left.
+    PastStep {
+        /// The sender.
+        member: TpRank,
+        /// The step it named.
+        step: u64,
+        /// The step the group is on.
+        current: u64,
+    },
+    /// A vote or report for a step the group has not begun.
+    UnknownStep {
+        /// The sender.
+        member: TpRank,
+        /// The step it named.
+        step: u64,
+    },
+    /// The member voted on this step already; its first ballot counts.
+    DuplicateVote {
+        /// The voter.
+        member: TpRank,
+        /// The step.
+        step: u64,
+    },
+    /// The group takes no vote ([`Legacy::LazyHandshake`]).
+    NoVote {
+        /// The voter.
+        member: TpRank,
+        /// The step.
+        step: u64,
+    },
+    /// The member reported this step already.
+    DuplicateReport {
+        /// The worker.
+        member: TpRank,
+        /// The step.
+        step: u64,
+    },
+    /// The report contradicts the group's decision: ready after a no (or before the vote),
+    /// failed with the group after a yes (or without a vote).
+    AgainstDecision {
+        /// The worker.
+        member: TpRank,
+        /// The step.
+        step: u64,
+        /// What it reported.
+        report: StepReport,
+        /// The group's MIN, if decided.
+        decision: Option<bool>,
+    },
+}
+
+impl fmt::Display for Ignored {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Ignored::StepNotAfter { step, last } => write!(f, "step {step} is not after step {last}"),
+            Ignored::StepInProgress { step, current } => {
+                write!(f, "step {step} began before step {current} reached its forward")
+            }
+            Ignored::GroupBroken { step, lost } => write!(f, "step {step} began after {lost} was lost"),
+            Ignored::NotMember { member } => write!(f, "{member} is not in the group"),
+            Ignored::LostMember { member } => write!(f, "{member} was lost"),
+            Ignored::PastStep { member, step, current } => {
+                write!(f, "{member} named step {step}, but the group is on step {current}")
+            }
+            Ignored::UnknownStep { member, step } => {
+                write!(f, "{member} named step {step}, which the group has not begun")
+            }
+            Ignored::DuplicateVote { member, step } => write!(f, "{member} voted on step {step} already"),
+            Ignored::NoVote { member, step } => {
+                write!(f, "{member} voted on step {step}, but the lazy handshake takes no vote")
+            }
+            Ignored::DuplicateReport { member, step } => {
+                write!(f, "{member} reported step {step} already")
+            }
+            Ignored::AgainstDecision { member, step, report, decision } => {
+                let decided = match decision {
+                    Some(true) => "voted ok",
+                    Some(false) => "voted no",
+                    None => "has not decided",
+                };
+                write!(f, "{member} reported step {step} {report:?}, but the group {decided}")
+            }
+        }
+    }
+}
+
+/// What the group asks its driver to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GroupAction {
+    /// Tell `member` the MIN of the group's votes on `step`, as its
+    /// [`DecodeEvent::VoteResult`](crate::decode::DecodeEvent::VoteResult).
+    VoteResult {
+        /// The member told.
+        member: TpRank,
+        /// The step.
+        step: u64,
+        /// True when every member voted ok.
+        ok: bool,
+    },
+    /// Every member entered the forward pass of `step`: run it; the next step may begin after.
+    Forward {
+        /// The step.
+        step: u64,
+    },
+    /// The input changed nothing.
+    Ignored(Ignored),
+}
+
+/// The vote of the current step while it is open: some member voted and not every one yet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OpenVote {
+    /// The step.
+    pub step: u64,
+    /// Members that voted (a lost member counts as a no vote), in TP order.
+    pub voted: Vec<TpRank>,
+    /// Members that have not, in TP order.
+    pub missing: Vec<TpRank>,
+}
+
+/// One step: its ballots, its decision and who entered its forward.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Round {
+    step: u64,
+    ballots: BTreeMap<TpRank, bool>,
+    decision: Option<bool>,
+    reports: BTreeMap<TpRank, StepReport>,
+    forward: bool,
+}
+
+/// The decode group node. See the module documentation for the calling order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DecodeGroup {
+    width: u16,
+    lazy: bool,
+    lost: BTreeSet<TpRank>,
+    round: Option<Round>,
+}
+
+impl DecodeGroup {
+    /// A group of `width` TP members (`TpRank(0)` to `TpRank(width - 1)`) that has begun no step.
+    pub fn new(width: u16, legacy: &LegacyOptions) -> DecodeGroup {
+        DecodeGroup { width, lazy: legacy.has(Legacy::LazyHandshake), lost: BTreeSet::new(), round: None }
+    }
+
+    /// Members in the group.
+    pub fn width(&self) -> u16 {
+        self.width
+    }
+
+    /// The step the group is on: the last one admitted.
+    pub fn step(&self) -> Option<u64> {
+        self.round.as_ref().map(|r| r.step)
+    }
+
+    /// Whether a next step may begin: the last one reached its forward and no member was lost.
+    pub fn may_begin(&self) -> bool {
+        self.lost.is_empty() && self.round.as_ref().is_none_or(|r| r.forward)
+    }
+
+    /// Whether every member entered the forward pass of `step` (and no later step began).
+    pub fn forward_ready(&self, step: u64) -> bool {
+        self.round.as_ref().is_some_and(|r| r.step == step && r.forward)
+    }
+
+    /// The MIN of the current step's votes, once decided.
+    pub fn decision(&self) -> Option<bool> {
+        self.round.as_ref().and_then(|r| r.decision)
+    }
+
+    /// How `member` reported the current step, if it did.
+    pub fn report(&self, member: TpRank) -> Option<StepReport> {
+        self.round.as_ref().and_then(|r| r.reports.get(&member).copied())
+    }
+
+    /// Whether `member` was lost.
+    pub fn is_lost(&self, member: TpRank) -> bool {
+        self.lost.contains(&member)
+    }
+
+    /// The current step's vote while it is open (some member voted, not every one yet): who
+    /// waits for the MIN and whom it waits for, for a wait-for graph.
+    pub fn open_vote(&self) -> Option<OpenVote> {
+        let round = self.round.as_ref()?;
+        if self.lazy || round.decision.is_some() || round.ballots.is_empty() {
+            return None;
+        }
+        let (voted, missing) = self.members().partition(|m| round.ballots.contains_key(m));
+        Some(OpenVote { step: round.step, voted, missing })
+    }
+
+    /// The state's name with its counts, as in the transition table.
+    pub fn kind(&self) -> String {
+        let w = self.width;
+        let (name, mut counts) = match &self.round {
+            None => ("Idle", Vec::new()),
+            Some(round) if round.forward => ("Forward", Vec::new()),
+            Some(round) => {
+                let entered = round.reports.values().filter(|r| r.enters_forward()).count();
+                let raised = round.reports.values().filter(|r| **r == StepReport::Raised).count();
+                let mut counts = match (self.lazy, round.decision) {
+                    (true, _) => ("Lazy", vec![format!("entered {entered}/{w}")]),
+                    (false, None) => ("Open", vec![format!("votes {}/{w}", round.ballots.len())]),
+                    (false, Some(ok)) => {
+                        let min = if ok { "ok" } else { "no" };
+                        ("Decided", vec![min.to_string(), format!("entered {entered}/{w}")])
+                    }
+                };
+                if raised > 0 {
+                    counts.1.push(format!("raised {raised}"));
+                }
+                counts
+            }
+        };
+        if !self.lost.is_empty() {
+            counts.push(format!("lost {}", self.lost.len()));
+        }
+        if counts.is_empty() {
+            name.to_string()
+        } else {
+            format!("{name}({})", counts.join(", "))
+        }
+    }
+
+    /// Applies one event; actions are appended to `out` in the order they must be carried out.
+    pub fn handle(&mut self, event: GroupEvent, out: &mut Vec<GroupAction>) {
+        let result = match event {
+            GroupEvent::StepBegin { step } => self.on_step_begin(step),
+            GroupEvent::Vote { member, step, ok } => self.on_vote(member, step, ok, out),
+            GroupEvent::StepReport { member, step, report } => self.on_report(member, step, report, out),
+            GroupEvent::MemberLost { member } => self.on_lost(member, out),
+        };
+        if let Err(ignored) = result {
+            out.push(GroupAction::Ignored(ignored));
+        }
+    }
+
+    fn members(&self) -> impl Iterator<Item = TpRank> {
+        (0..self.width).map(TpRank)
+    }
+
+    fn on_step_begin(&mut self, step: u64) -> Result<(), Ignored> {
+        if let Some(round) = self.round.as_ref().filter(|r| step <= r.step) {
+            return Err(Ignored::StepNotAfter { step, last: round.step });
+        }
+        // A lost member is named first: the step in progress will never reach its forward.
+        if let Some(&lost) = self.lost.first() {
+            return Err(Ignored::GroupBroken { step, lost });
+        }
+        if let Some(round) = self.round.as_ref().filter(|r| !r.forward) {
+            return Err(Ignored::StepInProgress { step, current: round.step });
+        }
+        self.round = Some(Round {
+            step,
+            ballots: BTreeMap::new(),
+            decision: None,
+            reports: BTreeMap::new(),
+            forward: false,
+        });
+        Ok(())
+    }
+
+    /// The current round, if `member` is a live member and `step` is the current step.
+    fn round_for(&mut self, member: TpRank, step: u64) -> Result<&mut Round, Ignored> {
+        if member.0 >= self.width {
+            return Err(Ignored::NotMember { member });
+        }
+        if self.lost.contains(&member) {
+            return Err(Ignored::LostMember { member });
+        }
+        match self.round.as_ref().map(|r| r.step) {
+            Some(current) if step < current => Err(Ignored::PastStep { member, step, current }),
+            Some(current) if step == current => Ok(self.round.as_mut().expect("matched above")),
+            _ => Err(Ignored::UnknownStep { member, step }),
+        }
+    }
+
+    fn on_vote(
+        &mut self,
+        member: TpRank,
+        step: u64,
+        ok: bool,
+        out: &mut Vec<GroupAction>,
+    ) -> Result<(), Ignored> {
+        let lazy = self.lazy;
+        let round = self.round_for(member, step)?;
+        if lazy {
+            return Err(Ignored::NoVote { member, step });
+        }
+        if round.ballots.contains_key(&member) {
+            return Err(Ignored::DuplicateVote { member, step });
+        }
+        round.ballots.insert(member, ok);
+        self.maybe_decide(out);
+        Ok(())
+    }
+
+    /// Once every member has a ballot, decides the MIN and tells every live member.
+    fn maybe_decide(&mut self, out: &mut Vec<GroupAction>) {
+        let width = usize::from(self.width);
+        let Some(round) = &mut self.round else { return };
+        if round.decision.is_some() || round.ballots.len() < width {
+            return;
+        }
+        let ok = round.ballots.values().all(|&ok| ok);
+        round.decision = Some(ok);
+        let step = round.step;
+        for member in self.members().filter(|m| !self.lost.contains(m)) {
+            out.push(GroupAction::VoteResult { member, step, ok });
+        }
+    }
+
+    fn on_report(
+        &mut self,
+        member: TpRank,
+        step: u64,
+        report: StepReport,
+        out: &mut Vec<GroupAction>,
+    ) -> Result<(), Ignored> {
+        let (lazy, width) = (self.lazy, usize::from(self.width));
+        let round = self.round_for(member, step)?;
+        if round.reports.contains_key(&member) {
+            return Err(Ignored::DuplicateReport { member, step });
+        }
+        // A worker enters the forward only as its group decided: a member that went on while
+        // its peers failed (or the reverse) would wait in the collective alone.
+        let agrees = match report {
+            StepReport::Ready => round.decision == Some(true) || lazy,
+            StepReport::FailedWithGroup => round.decision == Some(false),
+            StepReport::Raised => true,
+        };
+        if !agrees {
+            return Err(Ignored::AgainstDecision { member, step, report, decision: round.decision });
+        }
+        round.reports.insert(member, report);
+        if round.reports.values().filter(|r| r.enters_forward()).count() == width {
+            round.forward = true;
+            out.push(GroupAction::Forward { step });
+        }
+        Ok(())
+    }
+
+    fn on_lost(&mut self, member: TpRank, out: &mut Vec<GroupAction>) -> Result<(), Ignored> {
+        if member.0 >= self.width {
+            return Err(Ignored::NotMember { member });
+        }
+        if !self.lost.insert(member) {
+            return Err(Ignored::LostMember { member });
+        }
+        // A dead member votes no, as a failed collective would: its ballot (even an ok cast
+        // before it died) becomes a no, and the group decides once its live peers have voted.
+        if let Some(round) = &mut self.round {
+            if !self.lazy && round.decision.is_none() {
+                round.ballots.insert(member, false);
+                self.maybe_decide(out);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One row of the group's transition table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupRow {
+    /// State before.
+    pub from: String,
+    /// Event.
+    pub event: String,
+    /// State after.
+    pub to: String,
+    /// The actions, in order.
+    pub output: String,
+}
+
+/// Applies every event to representative states of a TP2 group on step 5 (reached by feeding
+/// the node, so every one of them is reachable) and records the result.
+pub fn transition_table() -> Vec<GroupRow> {
+    use GroupEvent as E;
+    let (tp0, tp1) = (TpRank(0), TpRank(1));
+    let vote = |member, step, ok| E::Vote { member, step, ok };
+    let report = |member, report| E::StepReport { member, step: 5, report };
+    let eager = LegacyOptions::none();
+    let lazy = LegacyOptions::none().with(Legacy::LazyHandshake);
+    let reach = |legacy: &LegacyOptions, events: Vec<GroupEvent>| {
+        let mut group = DecodeGroup::new(2, legacy);
+        for event in events {
+            group.handle(event, &mut Vec::new());
+        }
+        group
+    };
+    let begin = E::StepBegin { step: 5 };
+    let states = vec![
+        reach(&eager, vec![]),
+        reach(&eager, vec![begin.clone()]),
+        reach(&eager, vec![begin.clone(), vote(tp0, 5, true)]),
+        reach(&eager, vec![begin.clone(), vote(tp0, 5, true), vote(tp1, 5, true)]),
+        reach(&eager, vec![begin.clone(), vote(tp0, 5, true), vote(tp1, 5, false)]),
+        reach(
+            &eager,
+            vec![begin.clone(), vote(tp0, 5, true), vote(tp1, 5, true), report(tp0, StepReport::Ready)],
+        ),
+        reach(
+            &eager,
+            vec![
+                begin.clone(),
+                vote(tp0, 5, true),
+                vote(tp1, 5, true),
+                report(tp0, StepReport::Ready),
+                report(tp1, StepReport::Ready),
+            ],
+        ),
+        reach(&eager, vec![begin.clone(), vote(tp0, 5, true), E::MemberLost { member: tp1 }]),
+        reach(&lazy, vec![begin.clone()]),
+        reach(&lazy, vec![begin.clone(), report(tp0, StepReport::Ready)]),
+    ];
+    let events: Vec<(&str, GroupEvent)> = vec![
+        ("StepBegin(6)", E::StepBegin { step: 6 }),
+        ("StepBegin(5)", begin),
+        ("Vote(tp0 ok)", vote(tp0, 5, true)),
+        ("Vote(tp1 ok)", vote(tp1, 5, true)),
+        ("Vote(tp1 no)", vote(tp1, 5, false)),
+        ("Vote(tp0 ok, step 4)", vote(tp0, 4, true)),
+        ("Vote(tp0 ok, step 6)", vote(tp0, 6, true)),
+        ("Report(tp1 Ready)", report(tp1, StepReport::Ready)),
+        ("Report(tp1 FailedWithGroup)", report(tp1, StepReport::FailedWithGroup)),
+        ("Report(tp1 Raised)", report(tp1, StepReport::Raised)),
+        ("MemberLost(tp1)", E::MemberLost { member: tp1 }),
+    ];
+    let mut rows = Vec::new();
+    for state in &states {
+        for (name, event) in &events {
+            let mut next = state.clone();
+            let mut out = Vec::new();
+            next.handle(event.clone(), &mut out);
+            let output: Vec<String> = out
+                .iter()
+                .map(|a| match a {
+                    GroupAction::VoteResult { member, ok, .. } => {
+                        format!("VoteResult({member} {})", if *ok { "ok" } else { "no" })
+                    }
+                    GroupAction::Forward { step } => format!("Forward({step})"),
+                    GroupAction::Ignored(why) => format!("Ignored: {why}"),
+                })
+                .collect();
+            let output = if output.is_empty() { "None".to_string() } else { output.join(", ") };
+            rows.push(GroupRow { from: state.kind(), event: name.to_string(), to: next.kind(), output });
+        }
+    }
+    rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handshake::HandshakeError;
+    use crate::ports::SessionKey;
+
+    const TP0: TpRank = TpRank(0);
+    const TP1: TpRank = TpRank(1);
+    const TP2: TpRank = TpRank(2);
+    const TP3: TpRank = TpRank(3);
+
+    fn begin(step: u64) -> GroupEvent {
+        GroupEvent::StepBegin { step }
+    }
+    fn vote(member: TpRank, step: u64, ok: bool) -> GroupEvent {
+        GroupEvent::Vote { member, step, ok }
+    }
+    fn report(member: TpRank, step: u64, report: StepReport) -> GroupEvent {
+        GroupEvent::StepReport { member, step, report }
+    }
+    fn told(step: u64, ok: bool, members: &[TpRank]) -> Vec<GroupAction> {
+        members.iter().map(|&member| GroupAction::VoteResult { member, step, ok }).collect()
+    }
+    fn ignored(why: Ignored) -> Vec<GroupAction> {
+        vec![GroupAction::Ignored(why)]
+    }
+
+    /// Feeds `events` one at a time to a group of `width` and checks the actions each one
+    /// produced, then the decision of the step the group ends on.
+    fn check(
+        width: u16,
+        legacy: LegacyOptions,
+        steps: Vec<(GroupEvent, Vec<GroupAction>)>,
+        decision: Option<bool>,
+    ) {
+        let mut group = DecodeGroup::new(width, &legacy);
+        for (i, (event, expected)) in steps.into_iter().enumerate() {
+            let mut out = Vec::new();
+            group.handle(event.clone(), &mut out);
+            assert_eq!(out, expected, "input {i}: {event:?} in {}", group.kind());
+        }
+        assert_eq!(group.decision(), decision, "{group:?}");
+    }
+
+    #[test]
+    fn a_repeated_vote_counts_once_and_the_min_decides() {
+        let eager = LegacyOptions::none;
+        // A duplicated ok does not stand in for the peer that has not voted.
+        check(
+            2,
+            eager(),
+            vec![
+                (begin(1), vec![]),
+                (vote(TP0, 1, true), vec![]),
+                (vote(TP0, 1, true), ignored(Ignored::DuplicateVote { member: TP0, step: 1 })),
+                (vote(TP1, 1, true), told(1, true, &[TP0, TP1])),
+            ],
+            Some(true),
+        );
+        // The first ballot counts: a later ok does not take back a no.
+        check(
+            2,
+            eager(),
+            vec![
+                (begin(1), vec![]),
+                (vote(TP1, 1, false), vec![]),
+                (vote(TP1, 1, true), ignored(Ignored::DuplicateVote { member: TP1, step: 1 })),
+                (vote(TP0, 1, true), told(1, false, &[TP0, TP1])),
+                (vote(TP0, 1, true), ignored(Ignored::DuplicateVote { member: TP0, step: 1 })),
+            ],
+            Some(false),
+        );
+    }
+
+    #[test]
+    fn a_late_or_unknown_vote_is_never_counted() {
+        let forward = |step| vec![GroupAction::Forward { step }];
+        check(
+            2,
+            LegacyOptions::none(),
+            vec![
+                (vote(TP0, 1, true), ignored(Ignored::UnknownStep { member: TP0, step: 1 })),
+                (begin(1), vec![]),
+                (vote(TP0, 1, true), vec![]),
+                (vote(TP1, 1, true), told(1, true, &[TP0, TP1])),
+                (report(TP0, 1, StepReport::Ready), vec![]),
+                (report(TP1, 1, StepReport::Ready), forward(1)),
+                (begin(2), vec![]),
+                // A vote for step 1 arriving during step 2 does not count for either.
+                (vote(TP1, 1, true), ignored(Ignored::PastStep { member: TP1, step: 1, current: 2 })),
+                (vote(TP1, 3, true), ignored(Ignored::UnknownStep { member: TP1, step: 3 })),
+                (vote(TP3, 2, true), ignored(Ignored::NotMember { member: TP3 })),
+                (vote(TP0, 2, true), vec![]),
+            ],
+            None,
+        );
+    }
+
+    #[test]
+    fn steps_are_admitted_in_order_after_the_forward() {
+        let forward = |step| vec![GroupAction::Forward { step }];
+        check(
+            1,
+            LegacyOptions::none(),
+            vec![
+                (begin(3), vec![]),
+                (begin(4), ignored(Ignored::StepInProgress { step: 4, current: 3 })),
+                (vote(TP0, 3, false), told(3, false, &[TP0])),
+                (report(TP0, 3, StepReport::FailedWithGroup), forward(3)),
+                (begin(3), ignored(Ignored::StepNotAfter { step: 3, last: 3 })),
+                (begin(2), ignored(Ignored::StepNotAfter { step: 2, last: 3 })),
+                (begin(7), vec![]),
+            ],
+            None,
+        );
+    }
+
+    #[test]
+    fn every_member_enters_the_forward_only_as_the_group_decided() {
+        let (ready, failed, raised) = (StepReport::Ready, StepReport::FailedWithGroup, StepReport::Raised);
+        let against = |member, report, decision| {
+            ignored(Ignored::AgainstDecision { member, step: 1, report, decision })
+        };
+        check(
+            2,
+            LegacyOptions::none(),
+            vec![
+                (begin(1), vec![]),
+                (report(TP0, 1, ready), against(TP0, ready, None)),
+                (vote(TP0, 1, true), vec![]),
+                (vote(TP1, 1, false), told(1, false, &[TP0, TP1])),
+                (report(TP0, 1, ready), against(TP0, ready, Some(false))),
+                (report(TP0, 1, failed), vec![]),
+                (report(TP0, 1, failed), ignored(Ignored::DuplicateReport { member: TP0, step: 1 })),
+                (report(TP1, 1, failed), vec![GroupAction::Forward { step: 1 }]),
+            ],
+            Some(false),
+        );
+        // Lazy: no vote; a worker that raises alone keeps the step from its forward.
+        check(
+            2,
+            LegacyOptions::none().with(Legacy::LazyHandshake),
+            vec![
+                (begin(1), vec![]),
+                (vote(TP0, 1, true), ignored(Ignored::NoVote { member: TP0, step: 1 })),
+                (report(TP0, 1, ready), vec![]),
+                (report(TP1, 1, raised), vec![]),
+                (begin(2), ignored(Ignored::StepInProgress { step: 2, current: 1 })),
+            ],
+            None,
+        );
+    }
+
+    #[test]
+    fn a_lost_member_votes_no_and_the_group_admits_no_later_step() {
+        let lost = |member| GroupEvent::MemberLost { member };
+        check(
+            3,
+            LegacyOptions::none(),
+            vec![
+                (begin(1), vec![]),
+                (vote(TP0, 1, true), vec![]),
+                (vote(TP1, 1, true), vec![]),
+                // Its ok, cast before it died, turns into a no; the live members are told.
+                (lost(TP1), vec![]),
+                (vote(TP1, 1, true), ignored(Ignored::LostMember { member: TP1 })),
+                (vote(TP2, 1, true), told(1, false, &[TP0, TP2])),
+                (lost(TP1), ignored(Ignored::LostMember { member: TP1 })),
+                (report(TP0, 1, StepReport::FailedWithGroup), vec![]),
+                (report(TP2, 1, StepReport::FailedWithGroup), vec![]),
+                (begin(2), ignored(Ignored::GroupBroken { step: 2, lost: TP1 })),
+            ],
+            Some(false),
+        );
+        // Lost while the others still handshake: the last live vote decides.
+        check(
+            2,
+            LegacyOptions::none(),
+            vec![(begin(1), vec![]), (lost(TP0), vec![]), (vote(TP1, 1, true), told(1, false, &[TP1]))],
+            Some(false),
+        );
+    }
+
+    #[test]
+    fn an_open_vote_names_who_voted_and_who_has_not() {
+        let mut group = DecodeGroup::new(3, &LegacyOptions::none());
+        let mut out = Vec::new();
+        group.handle(begin(1), &mut out);
+        assert_eq!(group.open_vote(), None, "nobody voted yet");
+        group.handle(vote(TP2, 1, true), &mut out);
+        let open = OpenVote { step: 1, voted: vec![TP2], missing: vec![TP0, TP1] };
+        assert_eq!(group.open_vote(), Some(open));
+        group.handle(vote(TP0, 1, true), &mut out);
+        group.handle(vote(TP1, 1, true), &mut out);
+        assert_eq!(group.open_vote(), None, "decided");
+    }
+
+    #[test]
+    fn a_step_error_says_whether_the_worker_enters_the_forward() {
+        let alone = StepError::Handshake {
+            session: SessionKey("P0:6301:0".into()),
+            error: HandshakeError::Transport("refused".into()),
+        };
+        let cases = [
+            (StepError::GroupHandshakeFailed { step: 1 }, StepReport::FailedWithGroup, true),
+            (alone, StepReport::Raised, false),
+        ];
+        for (error, report, enters) in cases {
+            assert_eq!(StepReport::failed(&error), report, "{error}");
+            assert_eq!(report.enters_forward(), enters, "{error}");
+        }
+        assert!(StepReport::Ready.enters_forward());
+    }
+}
