@@ -1305,7 +1305,11 @@ impl World {
                 GroupAction::Forward { .. } => self.maybe_compute(self.dgroups[g].unit),
                 GroupAction::Ignored(why) => {
                     let engine = self.dgroups[g].engine;
-                    self.violation("protocol_error", vec![format!("D{engine}")], format!("group {g}: {why}"));
+                    self.violation(
+                        ViolationKind::ProtocolError,
+                        vec![format!("D{engine}")],
+                        format!("group {g}: {why}"),
+                    );
                 }
             }
         }
@@ -2636,7 +2640,7 @@ mod tests {
         world.decode_actions(1, &mut vote());
         assert_eq!(results(&world), 1, "both voted");
         // The group reports the repeated vote instead of counting it.
-        let kinds: Vec<&str> = world.violations.iter().map(|v| v.kind.as_str()).collect();
+        let kinds: Vec<&str> = world.violations.iter().map(|v| v.kind.name()).collect();
         assert_eq!(kinds, ["protocol_error"]);
         assert!(world.violations[0].detail.contains("voted on step 1 already"), "{:?}", world.violations);
     }
