@@ -60,7 +60,7 @@ pub const MAX_WORKER_REQUESTS: usize = 65_536;
 pub const MAX_WORKER_SESSIONS: usize = 4096;
 
 /// Whether a request's KV is read one layer at a time or all at once.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ReadGranularity {
     /// One read per layer (MoRIIO's batching: reads overlap with the layers' compute).
     PerLayer,
@@ -69,7 +69,7 @@ pub enum ReadGranularity {
 }
 
 /// Fixed facts and knobs of one decode worker.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Hash)]
 pub struct DecodeConfig {
     /// This worker's rank.
     pub rank: RankId,
@@ -209,7 +209,7 @@ pub enum ReadOutcome {
 /// What every read of one request shares: where from and which blocks. Built once per request
 /// and shared by its per-layer reads (a per-layer read of a long prompt would otherwise copy the
 /// ids, the transfer id and the session key once per layer).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ReadPlan {
     /// The request read.
     pub request: RequestId,
@@ -230,7 +230,7 @@ pub struct ReadPlan {
 }
 
 /// One read to post: a request's plan and the layers this read covers.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ReadOp {
     /// The request's shared read plan.
     pub plan: Arc<ReadPlan>,
@@ -310,7 +310,7 @@ impl fmt::Display for StepError {
 }
 
 /// Why one request's KV could not be received.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum RecvError {
     /// Its `kv_transfer_params` are unusable.
     Params(ParamsError),
@@ -457,7 +457,7 @@ pub enum DecodeAction {
 }
 
 /// A session the worker knows: its handshake machine and where it points.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Hash)]
 struct SessionEntry {
     rank: RankId,
     endpoint: Endpoint,
@@ -466,7 +466,7 @@ struct SessionEntry {
 }
 
 /// Where one request is.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Hash)]
 enum RecvPhase {
     /// Waiting for its session (and, in eager mode, the step's vote).
     AwaitingSession,
@@ -511,13 +511,13 @@ impl RecvPhase {
     }
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Hash)]
 struct Retry {
     attempts: u32,
     due: Option<Instant>,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Hash)]
 struct Recv {
     transfer_id: TransferId,
     target: ReadTarget,
@@ -534,7 +534,7 @@ struct Recv {
 }
 
 /// A request queued by the engine: routed, its source leased until admission.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Hash)]
 struct Waiting {
     recv: Recv,
     /// When to send the next lease.
@@ -543,7 +543,7 @@ struct Waiting {
 
 /// What the worker is doing for the current step: the step machine of [`crate::step_machine`]
 /// with the sessions it counts.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum StepProgress {
     /// No step in progress (the last one was reported).
     Idle,
@@ -572,7 +572,7 @@ impl StepProgress {
 }
 
 /// The decode worker node. See the module documentation for the calling order.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Hash)]
 pub struct DecodeWorker {
     config: DecodeConfig,
     router: ReadRouter,

@@ -47,7 +47,7 @@ use crate::ids::TpRank;
 use crate::legacy::{Legacy, LegacyOptions};
 
 /// How a worker's step ended, as its group sees it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum StepReport {
     /// The worker is ready and enters the forward collective.
     Ready,
@@ -261,7 +261,7 @@ pub struct OpenVote {
 }
 
 /// One step: its ballots, its decision and who entered its forward.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct Round {
     step: u64,
     ballots: BTreeMap<TpRank, bool>,
@@ -271,7 +271,7 @@ struct Round {
 }
 
 /// The decode group node. See the module documentation for the calling order.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct DecodeGroup {
     width: u16,
     lazy: bool,

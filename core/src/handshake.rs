@@ -16,7 +16,7 @@ use crate::time::Instant;
 use crate::wire::{HandshakeMetadata, LayerMemoryDesc};
 
 /// What a completed handshake taught the decode worker about one remote rank.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Session {
     /// The first reply frame: engine id, region base addresses, block count and length.
     pub metadata: HandshakeMetadata,
@@ -27,7 +27,7 @@ pub struct Session {
 }
 
 /// Why a handshake did not complete.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum HandshakeError {
     /// No complete reply before the deadline.
     Timeout {
@@ -63,7 +63,7 @@ impl fmt::Display for HandshakeError {
 impl std::error::Error for HandshakeError {}
 
 /// The state of one remote rank's handshake.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum HandshakeState {
     /// Never dialled.
     Idle,
@@ -194,7 +194,7 @@ pub enum HandshakeOutput {
 }
 
 /// Fixed facts of one machine: which engine it dials and its timeout.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct HandshakeParams {
     /// MoRIIO engine id the reply must carry (`"<host>:<handshake port base>"`).
     pub expected_engine_id: String,

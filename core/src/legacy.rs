@@ -191,7 +191,7 @@ impl FromStr for Legacy {
 }
 
 /// The set of legacy options switched on; empty is the fixed protocol.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, Hash)]
 #[serde(transparent)]
 pub struct LegacyOptions(BTreeSet<Legacy>);
 

@@ -53,7 +53,7 @@ pub struct KvTransferParams {
 }
 
 /// A size or rank in `kv_transfer_params` that cannot be used.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum ParamsError {
     /// No key carries the prefill TP size.
     Missing {

@@ -52,7 +52,7 @@ impl fmt::Display for Endpoint {
 }
 
 /// Where one engine's ranks listen: a host and the two port bases.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Hash)]
 pub struct EngineAddress {
     /// Host every rank of the engine listens on; also the first half of its engine id.
     pub host: String,
@@ -64,7 +64,7 @@ pub struct EngineAddress {
 }
 
 /// A port that does not fit in 16 bits: the layout is too large for its base.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct PortError {
     /// The rank whose port does not fit.
     pub rank: RankId,
@@ -230,7 +230,7 @@ impl EngineAddress {
 }
 
 /// Everything a decode worker addresses for one read, derived from one source rank.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Hash)]
 pub struct ReadTarget {
     /// The prefill rank read; every other field is derived from it.
     pub source: RankId,

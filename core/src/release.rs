@@ -35,7 +35,7 @@ pub struct ReleaseSender {
 }
 
 /// One release message as the ledger sees it, whatever its wire form.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Hash)]
 pub struct Release {
     /// The transfer whose blocks the sender has finished reading.
     pub transfer_id: TransferId,
@@ -54,7 +54,7 @@ pub fn expected_releases(producer_tp: u16, consumer_tp: u16) -> Result<u16, Rout
 }
 
 /// How many releases one prefill rank waits for before its part of a transfer is done.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Hash)]
 pub enum Quorum {
     /// Wait for this many releases (distinct senders by default); 0 completes at registration.
     Exact(u16),
@@ -169,7 +169,7 @@ impl fmt::Display for LedgerError {
 
 impl std::error::Error for LedgerError {}
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Hash)]
 struct Entry {
     quorum: Quorum,
     senders: BTreeSet<ReleaseSender>,
@@ -194,7 +194,7 @@ impl Entry {
 }
 
 /// Release accounting of one prefill rank.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Hash)]
 pub struct RankLedger {
     drop_early: bool,
     dedup: bool,

@@ -14,7 +14,7 @@ use crate::legacy::{Legacy, LegacyOptions};
 use crate::topology::{Layout, ModelSpec};
 
 /// Why a decode worker cannot read from a prefill engine.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Hash)]
 pub enum RoutingError {
     /// A DP or TP size of zero (from a peer's parameters).
     ZeroSize {
@@ -137,7 +137,7 @@ pub struct Source {
 }
 
 /// Per-decode-worker routing state: who the worker is and its flexible-read counter.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Hash)]
 pub struct ReadRouter {
     local: RankId,
     local_layout: Layout,

@@ -78,7 +78,7 @@ impl fmt::Display for Layout {
 }
 
 /// Facts about the served model that decide how many bytes each rank holds and sends.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Hash)]
 pub struct ModelSpec {
     /// Multi-head latent attention: one latent vector per token, identical on every TP rank.
     pub use_mla: bool,

@@ -77,7 +77,7 @@ pub struct ModelReport {
     pub violation: Option<(String, Vec<String>)>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Msg {
     Dial {
         from: usize,
@@ -123,7 +123,7 @@ enum Msg {
 }
 
 /// How a read ended, as the driver answers it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Answer {
     Ok,
     Failed,
@@ -181,23 +181,25 @@ struct World {
     reduce: bool,
 }
 
+/// The state's identity for the visited set: every field but `local`, which is empty between
+/// transitions. Hashed through the types' derived `Hash`, so two states share a fingerprint
+/// exactly when their fields are equal (up to a 64-bit collision).
 fn fingerprint(s: &State) -> u64 {
     let mut h = DefaultHasher::new();
-    format!(
-        "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{}|{:?}|{:?}|{:?}",
-        s.now,
-        s.decoders,
-        s.workers,
-        s.engine,
-        s.msgs,
-        s.group,
+    (
+        &s.now,
+        &s.decoders,
+        &s.workers,
+        &s.engine,
+        &s.msgs,
+        &s.group,
         s.lost,
         s.late,
-        s.frees,
-        s.fenced,
-        s.violation
+        &s.frees,
+        &s.fenced,
+        &s.violation,
     )
-    .hash(&mut h);
+        .hash(&mut h);
     h.finish()
 }
 

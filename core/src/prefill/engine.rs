@@ -22,7 +22,7 @@ pub const LEASE_GRACE_NS: u64 = NS_PER_S;
 pub const MAX_LEDGER_RECORDS: usize = 1 << 16;
 
 /// What happened to one transfer's blocks, for the ledger.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TransferRecord {
     /// The transfer.
     pub transfer_id: TransferId,
@@ -48,7 +48,7 @@ impl TransferRecord {
 }
 
 /// Counters over every transfer an engine ever registered.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct LedgerTotals {
     /// Transfers registered.
     pub registered: u64,
@@ -215,7 +215,7 @@ pub enum EngineAction {
     },
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Hash)]
 struct Held {
     state: TransferState,
     record: TransferRecord,
@@ -227,7 +227,7 @@ struct Held {
 }
 
 /// One prefill engine: registers transfers on its workers, frees blocks once, reaps leftovers.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Hash)]
 pub struct PrefillEngine {
     engine: EngineId,
     layout: Layout,

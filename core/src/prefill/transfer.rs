@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 
 /// The engine-level state of one transfer.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum TransferState {
     /// Blocks held; `finished` lists the TP ranks of the owner DP group that reported done.
     Held {

@@ -89,7 +89,7 @@ pub enum WorkerAction {
 }
 
 /// One prefill rank: answers handshakes and counts releases.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Hash)]
 pub struct PrefillWorker {
     rank: RankId,
     metadata: HandshakeMetadata,

@@ -12,7 +12,7 @@ use super::msgpack::{check_size, parse_whole, Value};
 use super::{named, ControlMessage, WireError, MAX_DESCS_PER_LAYER, MAX_LAYERS, MAX_REGIONS};
 
 /// Where a rank sits in its engine: pdkv's optional extension of the handshake metadata.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct RankInfo {
     /// The rank's DP rank in its engine.
     pub dp_rank: u16,
@@ -23,7 +23,7 @@ pub struct RankInfo {
 }
 
 /// The first frame of the handshake reply: MoRIIO's `MoRIIOAgentMetadata`, plus pdkv's ranks.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct HandshakeMetadata {
     /// `"<host>:<handshake port base>"`.
     pub engine_id: String,
@@ -42,7 +42,7 @@ pub struct HandshakeMetadata {
 }
 
 /// One entry of the second handshake reply frame: a layer and its packed MoRI memory descriptors.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct LayerMemoryDesc {
     /// vLLM's name of the attention layer, e.g. `model.layers.0.self_attn.attn`.
     pub layer_name: String,
