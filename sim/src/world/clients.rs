@@ -90,6 +90,7 @@ impl World {
         self.at(latency, Ev::PrefillQueue { req: id });
     }
 
+    /// A request ended (finished or failed): the closed-loop client sends its next one.
     pub(super) fn end_request(&mut self, id: RequestId, failed: bool) {
         let Some(req) = self.requests.get_mut(&id) else { return };
         if req.done_ns.is_some() {

@@ -11,7 +11,6 @@ use crate::waitfor::WaitFor;
 use super::{ms, ms_ns, Run, World, MAX_TRACE_RECORDS};
 
 impl World {
-    /// A request ended (finished or failed): the closed-loop client sends its next one.
     /// The longest a progressing run may go without a request ending: the collective timeout,
     /// or a transfer's handshake, transfer and defer timeouts in a row, whichever is longer.
     fn stall_window_ns(&self) -> u64 {
