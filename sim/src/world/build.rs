@@ -1,0 +1,271 @@
+//! Building the world of a scenario: prefill and decode nodes with their memory regions,
+//! listeners, and the decode groups and units.
+
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
+
+use pdkv_core::decode::{DecodeConfig, DecodeWorker, ReadGranularity};
+use pdkv_core::group::DecodeGroup;
+use pdkv_core::ids::{EngineId, RankId, Role};
+use pdkv_core::legacy::LegacyOptions;
+use pdkv_core::ports::{AddressBook, ListenerKind};
+use pdkv_core::prefill::{PrefillEngine, PrefillWorker};
+use pdkv_core::proxy::Proxy;
+use pdkv_core::topology::Deployment;
+use pdkv_core::wire::{HandshakeMetadata, LayerMemoryDesc};
+
+use crate::cost::Cost;
+use crate::nic::Nics;
+use crate::rng::Streams;
+use crate::scenario::{Clients, Reads, Scenario};
+
+use super::control::Listener;
+use super::decode::{DGroup, Unit};
+use super::pool::Pool;
+use super::prefill::PGroup;
+use super::{ms_ns, RunOptions, World};
+
+/// A prefill worker of rank `rank` (index `i`) in incarnation `epoch`, with its memory regions
+/// (base addresses and their common length). Every incarnation of every rank gets a disjoint
+/// slice of one global address space, so a read's address says whose memory it touches, and
+/// addresses of a crashed incarnation are recognisably stale.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn build_prefill_worker(
+    sc: &Scenario,
+    d: &Deployment,
+    book: &AddressBook,
+    cost: &Cost,
+    legacy: &LegacyOptions,
+    rank: RankId,
+    i: usize,
+    epoch: u64,
+    num_blocks: u32,
+) -> (PrefillWorker, Vec<u64>, u64) {
+    let block_len = cost.block_bytes_per_layer(d.layout(rank.engine).tp);
+    let region_len = u64::from(num_blocks) * block_len;
+    let rank_base = ((i as u64 + 1) << 44) + (epoch << 38);
+    let bases: Vec<u64> = (0..u64::from(sc.model.layers)).map(|l| rank_base + l * region_len).collect();
+    let metadata = HandshakeMetadata {
+        engine_id: book.engine_id(rank.engine),
+        agent_metadata: Vec::new(),
+        kv_caches_base_addr: bases.clone(),
+        num_blocks,
+        block_len,
+        attn_backend_name: "pdkv-sim".into(),
+        rank: None,
+    };
+    let layers = (0..sc.model.layers)
+        .map(|l| LayerMemoryDesc { layer_name: format!("model.layers.{l}"), descs: vec![vec![0]] })
+        .collect();
+    (PrefillWorker::new(rank, metadata, layers, legacy), bases, region_len)
+}
+
+/// A decode worker for `rank` with the scenario's protocol settings.
+pub(super) fn build_decode_worker(
+    sc: &Scenario,
+    d: &Deployment,
+    book: &AddressBook,
+    legacy: &LegacyOptions,
+    rank: RankId,
+) -> DecodeWorker {
+    let mut config = DecodeConfig::new(
+        rank,
+        d.layout(rank.engine),
+        d.model.clone(),
+        legacy.clone(),
+        book.engine_id(rank.engine),
+    );
+    config.handshake_timeout_ns = ms_ns(sc.protocol.handshake_timeout_ms);
+    config.transfer_timeout_ns = ms_ns(sc.protocol.transfer_timeout_ms);
+    config.granularity = match sc.protocol.reads {
+        Reads::PerLayer => ReadGranularity::PerLayer,
+        Reads::PerRequest => ReadGranularity::PerRequest,
+    };
+    DecodeWorker::new(config)
+}
+
+impl World {
+    /// Builds the world of `sc`; fails if the scenario cannot run.
+    pub fn new(sc: &Scenario, options: RunOptions) -> Result<World, crate::SimError> {
+        let d = crate::error::routable_deployment(sc)?;
+        let legacy: LegacyOptions = sc.protocol.legacy.iter().copied().collect();
+        let cost = Cost::new(&sc.model, &sc.hardware, &sc.cost);
+        let book = AddressBook::one_host_per_engine(&d);
+        let p_ranks = d.ranks(Role::Prefill);
+        let d_ranks = d.ranks(Role::Decode);
+        let blocks_for = |tp: u16| {
+            if sc.engines.kv_blocks_per_gpu > 0 {
+                sc.engines.kv_blocks_per_gpu
+            } else {
+                cost.kv_blocks_per_gpu(tp)
+            }
+        };
+
+        // Prefill: groups (engine, dp), engines, workers with their memory regions.
+        let mut pgroup_base = Vec::new();
+        let mut pgroups = Vec::new();
+        let mut engines = Vec::new();
+        for (e, &layout) in d.prefill.iter().enumerate() {
+            pgroup_base.push(pgroups.len());
+            for dp in 0..layout.dp {
+                pgroups.push(PGroup {
+                    engine: e,
+                    dp,
+                    layout,
+                    queue: VecDeque::new(),
+                    batch: Vec::new(),
+                    busy: false,
+                    pool: Pool::new(blocks_for(layout.tp)),
+                    stalled_since: None,
+                    stall_ns: 0,
+                });
+            }
+            let engine =
+                PrefillEngine::new(EngineId::prefill(e as u16), layout, d.model.clone(), legacy.clone())
+                    .with_defer_timeout_ns(ms_ns(sc.protocol.defer_timeout_ms));
+            engines.push(engine);
+        }
+        let mut regions = BTreeMap::new();
+        let mut pworkers = Vec::new();
+        for (i, &rank) in p_ranks.iter().enumerate() {
+            let blocks = blocks_for(d.layout(rank.engine).tp);
+            let (worker, bases, len) =
+                build_prefill_worker(sc, &d, &book, &cost, &legacy, rank, i, 0, blocks);
+            for base in bases {
+                regions.insert(base, (i, len));
+            }
+            pworkers.push(worker);
+        }
+
+        // Listeners, bound in rank order; a port taken already fails to bind (EADDRINUSE).
+        let mut listeners = Vec::new();
+        let mut listener_at = BTreeMap::new();
+        for &rank in &p_ranks {
+            for kind in [ListenerKind::Handshake, ListenerKind::Notify] {
+                let Ok(endpoint) = book.listen_endpoint(&d, rank, kind, &legacy) else { continue };
+                let key = (endpoint.host, endpoint.port);
+                if let std::collections::btree_map::Entry::Vacant(slot) = listener_at.entry(key) {
+                    slot.insert(listeners.len());
+                    listeners.push(Listener { rank, kind, busy_until: 0 });
+                }
+            }
+        }
+
+        // Decode: groups, units (an EP engine steps all its DP ranks together), workers.
+        let mut dgroup_base = Vec::new();
+        let mut dgroups = Vec::new();
+        let mut units = Vec::new();
+        let mut dworkers = Vec::new();
+        let mut dworker_group = Vec::new();
+        for (e, &layout) in d.decode.iter().enumerate() {
+            dgroup_base.push(dgroups.len());
+            let engine_unit = units.len();
+            if layout.ep {
+                units.push(Unit::new(e));
+            }
+            for dp in 0..layout.dp {
+                let unit = if layout.ep {
+                    engine_unit
+                } else {
+                    units.push(Unit::new(e));
+                    units.len() - 1
+                };
+                let g = dgroups.len();
+                units[unit].groups.push(g);
+                let mut workers = Vec::new();
+                for tp in 0..layout.tp {
+                    let rank = RankId::new(EngineId::decode(e as u16), dp, tp);
+                    workers.push(dworkers.len());
+                    dworkers.push(build_decode_worker(sc, &d, &book, &legacy, rank));
+                    dworker_group.push(g);
+                }
+                dgroups.push(DGroup {
+                    engine: e,
+                    workers,
+                    unit,
+                    pool: Pool::new(blocks_for(layout.tp)),
+                    waiting: VecDeque::new(),
+                    told: 0,
+                    pending: BTreeMap::new(),
+                    ready: Vec::new(),
+                    running: Vec::new(),
+                    context_tokens: 0,
+                    barrier: DecodeGroup::new(layout.tp, &legacy),
+                });
+            }
+        }
+
+        let (to_send, open_loop) = match sc.workload.clients {
+            Clients::Closed { requests, .. } => (u64::from(requests), None),
+            Clients::Open { rate_per_s, requests } => (u64::from(requests), Some(rate_per_s)),
+        };
+        let nic_count = p_ranks.len() + d_ranks.len();
+        let (d_prefill_engines, d_decode_engines) = (d.prefill.len(), d.decode.len());
+        let (prefill_rank_count, prefill_group_count) = (p_ranks.len(), pgroups.len());
+        let mut world = World {
+            proxy: Proxy::new(&d, legacy.clone()),
+            streams: Streams::new(sc.seed),
+            nics: Nics::new(nic_count, sc.hardware.nic_gb_s),
+            reads: vec![0; p_ranks.len()],
+            bytes: vec![0; p_ranks.len()],
+            engine_tick: vec![None; engines.len()],
+            dworker_tick: vec![None; dworkers.len()],
+            faults: Vec::new(),
+            sc: sc.clone(),
+            d,
+            cost,
+            book,
+            now: 0,
+            seq: 0,
+            queue: BinaryHeap::new(),
+            events: 0,
+            to_send,
+            open_loop,
+            requests: BTreeMap::new(),
+            transfers: Vec::new(),
+            transfer_index: BTreeMap::new(),
+            fenced: BTreeSet::new(),
+            p_ranks,
+            d_ranks,
+            pgroup_base,
+            pgroups,
+            engines,
+            pworkers,
+            dgroup_base,
+            dgroups,
+            units,
+            dworkers,
+            dworker_group,
+            listeners,
+            listener_at,
+            regions,
+            flows: BTreeMap::new(),
+            itl: Vec::new(),
+            violations: Vec::new(),
+            hangs: Vec::new(),
+            buffers: Vec::new(),
+            prefill_down: vec![false; d_prefill_engines],
+            decode_down: vec![false; d_decode_engines],
+            epoch: vec![0; prefill_rank_count],
+            retired_regions: BTreeMap::new(),
+            excused: BTreeSet::new(),
+            touched: vec![Vec::new(); nic_count],
+            grace_ns: ms_ns(sc.protocol.handshake_timeout_ms)
+                .saturating_add(ms_ns(sc.protocol.transfer_timeout_ms)),
+            refused: 0,
+            reaped_excused: 0,
+            lost_in_crash: 0,
+            crashed_freed: 0,
+            crashed_reaped: 0,
+            pgroup_generation: vec![0; prefill_group_count],
+            stopped: false,
+            budget_ended: false,
+            last_end_ns: 0,
+            max_hold_ns: 0,
+            trace_on: options.trace,
+            trace: Vec::new(),
+            trace_dropped: 0,
+        };
+        world.start();
+        Ok(world)
+    }
+}

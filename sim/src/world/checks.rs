@@ -1,0 +1,114 @@
+//! Checks during the run: safety violations, collective hangs with their wait-for graph, and
+//! which failed requests a fault excuses.
+
+use pdkv_core::group::StepReport;
+use pdkv_core::ids::TpRank;
+
+use crate::result::{Hang, Violation, ViolationKind};
+use crate::waitfor::WaitFor;
+
+use super::clients::Req;
+use super::decode::UnitState;
+use super::{ms, ms_ns, Ev, World};
+
+impl World {
+    pub(super) fn violation(&mut self, kind: ViolationKind, ranks: Vec<String>, detail: String) {
+        trace!(self, "check", kind.name(), ranks.first().cloned().unwrap_or_default(), None, detail.clone());
+        if self.violations.len() < 1000 {
+            self.violations.push(Violation { t_ms: ms(self.now), kind, ranks, detail });
+        }
+    }
+
+    /// The unit's collective watchdog fired. One watchdog per unit is pending at most: if the
+    /// step it was armed for completed, it re-arms for the step now waiting (if any).
+    pub(super) fn on_collective_timeout(&mut self, unit: usize, _armed_step: u64) {
+        self.units[unit].watchdog = false;
+        let timeout = ms_ns(self.sc.protocol.collective_timeout_ms);
+        let step = self.units[unit].step;
+        let UnitState::Waiting { began } = self.units[unit].state else { return };
+        let deadline = began.saturating_add(timeout);
+        if self.now < deadline {
+            self.units[unit].watchdog = true;
+            let delay = deadline - self.now;
+            self.at(delay, Ev::CollectiveTimeout { unit, step });
+            return;
+        }
+        let mut graph = WaitFor::default();
+        let engine = self.units[unit].engine;
+        let layout = self.d.decode[engine];
+        let what = if layout.ep && layout.dp > 1 { "EP all-to-all" } else { "TP collective" };
+        let collective = format!("{what} D{engine} step {step}");
+        let mut ranks = Vec::new();
+        for &g in &self.units[unit].groups {
+            let barrier = &self.dgroups[g].barrier;
+            for (&w, member) in self.dgroups[g].workers.iter().zip((0..).map(TpRank)) {
+                let report = barrier.report(member);
+                if report.is_some_and(StepReport::enters_forward) {
+                    continue;
+                }
+                let rank = self.d_ranks[w].to_string();
+                ranks.push(rank.clone());
+                graph.edge(&collective, &rank, "not arrived");
+                if report == Some(StepReport::Raised) {
+                    graph.edge(
+                        &rank,
+                        &format!("{rank} step error"),
+                        "raised out of the step (worker-local failure)",
+                    );
+                }
+                for (session, target) in self.dworkers[w].waiting_sessions() {
+                    let listener = format!("{target} handshake listener");
+                    graph.edge(&rank, &listener, &format!("blocked on handshake {session}"));
+                }
+            }
+        }
+        // Workers waiting for a group vote wait for the workers that have not voted yet.
+        for &g in &self.units[unit].groups {
+            let Some(open) = self.dgroups[g].barrier.open_vote().filter(|v| v.step == step) else { continue };
+            let vote = format!("vote D{engine} group {g} step {step}");
+            let worker =
+                |member: TpRank| self.d_ranks[self.dgroups[g].workers[usize::from(member.0)]].to_string();
+            for &member in &open.voted {
+                graph.edge(&worker(member), &vote, "waiting for the MIN vote");
+            }
+            for &member in &open.missing {
+                graph.edge(&vote, &worker(member), "has not voted");
+            }
+        }
+        let waited = self.now - began;
+        self.hangs.push(Hang {
+            t_ms: ms(self.now),
+            what: format!("{collective} waited {} s (timeout)", ms(waited) / 1e3),
+            ranks,
+            wait_for: graph.lines(),
+            cycle: graph.cycle(),
+            dot: graph.dot(),
+        });
+        trace!(self, "check", "hang", collective, None, format!("waited {} ms", ms(waited)));
+        self.stopped = true;
+    }
+
+    /// A failed request is excused when its transfer was excused for reaping (its decode engine
+    /// crashed, or a fault lost one of its releases or leases), or when an injected fault touched
+    /// one of its ranks (the TP ranks of its prefill DP group, and of every DP group of its decode
+    /// unit) between its arrival and its end (see `touch` for the grace after each touch).
+    pub(super) fn failure_excused(&self, req: &Req, done: u64) -> bool {
+        if self.excused.contains(&req.transfer) {
+            return true;
+        }
+        let prefill = &self.pgroups[req.prefill_group];
+        let mut slots: Vec<usize> = (0..self.p_ranks.len())
+            .filter(|&i| {
+                let rank = self.p_ranks[i];
+                usize::from(rank.engine.index) == prefill.engine && rank.dp == prefill.dp
+            })
+            .collect();
+        // Under EP every DP group of the engine steps together, so a fault that stalls one
+        // group's step stalls the whole unit's.
+        let unit = &self.units[self.dgroups[req.decode_group].unit];
+        for &g in &unit.groups {
+            slots.extend(self.dgroups[g].workers.iter().map(|&w| self.p_ranks.len() + w));
+        }
+        self.touched_during(&slots, req.sent_ns, done)
+    }
+}

@@ -1,0 +1,152 @@
+//! Clients and the proxy: arrivals, request lengths, routing through the core's proxy, and
+//! the end of each request.
+
+use pdkv_core::decode::RecvRequest;
+use pdkv_core::ids::{EngineId, RequestId, TransferId};
+use pdkv_core::params::KvTransferParams;
+use pdkv_core::proxy::ProxyAction;
+
+use crate::result::ViolationKind;
+use crate::scenario::{Clients, Length};
+
+use super::{Ev, World};
+
+pub(super) struct Req {
+    pub(super) sent_ns: u64,
+    pub(super) input: u32,
+    pub(super) output: u32,
+    pub(super) prefill_group: usize,
+    pub(super) decode_group: usize,
+    pub(super) transfer: u32,
+
+    pub(super) first_token_ns: Option<u64>,
+    pub(super) done_ns: Option<u64>,
+    pub(super) failed: bool,
+    pub(super) prefill_blocks: Vec<u32>,
+    pub(super) decode_blocks: Vec<u32>,
+}
+
+impl World {
+    fn length(&mut self, length: Length) -> u32 {
+        match length {
+            Length::Fixed(n) => n,
+            Length::Uniform { min, max } => self.streams.uniform(min, max),
+        }
+    }
+
+    pub(super) fn on_arrival(&mut self) {
+        if self.to_send == 0 {
+            return;
+        }
+        self.to_send -= 1;
+        if let (Some(rate), true) = (self.open_loop, self.to_send > 0) {
+            let gap = self.streams.exponential_ns(rate);
+            self.at(gap, Ev::Arrival);
+        }
+        let input = self.length(self.sc.workload.input_tokens).max(1);
+        let output = self.length(self.sc.workload.output_tokens).max(1);
+        let bits = self.streams.transfer_bits();
+        let Ok((id, action)) = self.proxy.handle_request(bits) else {
+            // The load-time limits keep requests below the proxy's in-flight cap, so this does
+            // not happen for a loaded scenario; if it does, the request is counted, not lost.
+            self.refused += 1;
+            return;
+        };
+        let ProxyAction::SendPrefill { slot, params, .. } = action else {
+            unreachable!("new requests go to prefill")
+        };
+        let prefill_group = self.pgroup_base[usize::from(slot.engine.index)] + usize::from(slot.dp());
+        let decode_slot = self.proxy.request(id).expect("just routed").decode;
+        let decode_group =
+            self.dgroup_base[usize::from(decode_slot.engine.index)] + usize::from(decode_slot.dp());
+        let transfer_id = TransferId(params.transfer_id.clone().unwrap_or_default());
+        let transfer = self.transfers.len() as u32;
+        self.transfers.push(transfer_id.clone());
+        self.transfer_index.insert(transfer_id, transfer);
+        let req = Req {
+            sent_ns: self.now,
+            input,
+            output,
+            prefill_group,
+            decode_group,
+            transfer,
+
+            first_token_ns: None,
+            done_ns: None,
+            failed: false,
+            prefill_blocks: Vec::new(),
+            decode_blocks: Vec::new(),
+        };
+        self.requests.insert(id, req);
+        trace!(
+            self,
+            "proxy",
+            "request",
+            "proxy".into(),
+            None,
+            format!("{id} prefill={slot} decode={decode_slot}"),
+        );
+        let latency = self.control_ns();
+        self.at(latency, Ev::PrefillQueue { req: id });
+    }
+
+    /// A request ended (finished or failed): the closed-loop client sends its next one.
+    pub(super) fn end_request(&mut self, id: RequestId, failed: bool) {
+        let Some(req) = self.requests.get_mut(&id) else { return };
+        if req.done_ns.is_some() {
+            return;
+        }
+        req.done_ns = Some(self.now);
+        req.failed = failed;
+        self.last_end_ns = self.now;
+        // Its decode blocks were freed before it ended (or went with a crashed engine), and its
+        // prefill blocks are the engine's to free; dropping the copies keeps memory in line with
+        // the requests in flight rather than with every request of the run.
+        req.prefill_blocks = Vec::new();
+        req.decode_blocks = Vec::new();
+        let _ = self.proxy.handle_finished(id);
+        if matches!(self.sc.workload.clients, Clients::Closed { .. }) && self.to_send > 0 {
+            self.at(0, Ev::Arrival);
+        }
+    }
+
+    pub(super) fn on_proxy_answer(&mut self, id: RequestId) {
+        let req = &self.requests[&id];
+        let group = &self.pgroups[req.prefill_group];
+        let engine = EngineId::prefill(group.engine as u16);
+        let address = self.book.engine(engine).clone();
+        let answer = KvTransferParams {
+            do_remote_prefill: true,
+            transfer_id: Some(self.transfers[req.transfer as usize].0.clone()),
+            remote_block_ids: req.prefill_blocks.iter().map(|&b| u64::from(b)).collect(),
+            remote_engine_id: Some(address.engine_id()),
+            remote_host: Some(address.host.clone()),
+            remote_handshake_port: Some(i64::from(address.handshake_port_base)),
+            remote_notify_port: Some(i64::from(address.notify_port_base)),
+            remote_dp_size: Some(i64::from(group.layout.dp)),
+            tp_size: Some(i64::from(group.layout.tp)),
+            ..KvTransferParams::default()
+        };
+        match self.proxy.handle_prefill_response(id, answer) {
+            Ok(ProxyAction::SendDecode { params, .. }) => {
+                let recv = RecvRequest {
+                    request: id,
+                    prefill_engine: engine,
+                    prefill_address: address,
+                    params,
+                    local_block_ids: Vec::new(),
+                };
+                let latency = self.control_ns();
+                self.at(latency, Ev::DecodeArrive { recv: Box::new(recv) });
+            }
+            Ok(_) => {
+                let detail = format!("the proxy answered the prefill answer of {id} with no decode dispatch");
+                self.violation(ViolationKind::ProtocolError, vec![], detail);
+            }
+            Err(error) => {
+                let detail = format!("proxy refused the prefill answer of {id}: {error}");
+                self.violation(ViolationKind::ProtocolError, vec![], detail);
+            }
+        }
+    }
+}

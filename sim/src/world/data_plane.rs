@@ -1,0 +1,251 @@
+//! The data plane: reads posted as NIC flows, the safety checks on their addresses and blocks,
+//! their completion and their aborts.
+
+use std::collections::BTreeMap;
+
+use pdkv_core::decode::{DecodeEvent, ReadOp, ReadOutcome};
+use pdkv_core::ids::{RankId, RequestId, Role};
+
+use crate::nic::{Finish, FlowId};
+use crate::result::ViolationKind;
+use crate::scenario::FaultKind;
+
+use super::pool::FREE;
+use super::{list, Ev, World};
+
+pub(super) struct FlowInfo {
+    worker: usize,
+    ops: Vec<(RequestId, Option<u16>)>,
+    transfer: u32,
+    server: usize,
+    blocks: std::sync::Arc<[u32]>,
+    started: u64,
+}
+
+impl World {
+    fn nic_down(&self, rank: RankId) -> bool {
+        let crashed = match rank.engine.role {
+            Role::Prefill => self.prefill_down[usize::from(rank.engine.index)],
+            Role::Decode => self.decode_down[usize::from(rank.engine.index)],
+        };
+        crashed
+            || self
+                .faults
+                .iter()
+                .flatten()
+                .any(|f| matches!(f.kind, FaultKind::NicDown) && f.pattern.matches(rank))
+    }
+
+    fn send_queue_full(&mut self, rank: RankId) -> bool {
+        let timeline = self
+            .faults
+            .iter()
+            .flatten()
+            .any(|f| matches!(f.kind, FaultKind::SendQueueFull) && f.pattern.matches(rank));
+        let p = self.sc.faults.swarm.send_queue_full;
+        let full = timeline || (p > 0.0 && self.streams.chance(p));
+        if full {
+            self.touch(rank, self.now, self.now);
+        }
+        full
+    }
+
+    /// Posts the reads of one request from worker `w` as one flow (per-layer reads posted
+    /// together move together), after the safety checks on their addresses and blocks.
+    pub(super) fn post_reads(&mut self, w: usize, ops: Vec<ReadOp>) {
+        let first = &ops[0];
+        let request = first.request();
+        let me = self.d_ranks[w];
+        if self.send_queue_full(me) {
+            for op in &ops {
+                let ev = Ev::ReadLater {
+                    worker: w,
+                    request,
+                    layer: op.layer,
+                    outcome: Box::new(ReadOutcome::SendQueueFull),
+                };
+                self.at(1_000, ev);
+            }
+            return;
+        }
+        // Which rank's memory do the addresses point into?
+        let address = first.first_address();
+        let owner = |regions: &BTreeMap<u64, (usize, u64)>| {
+            regions
+                .range(..=address)
+                .next_back()
+                .and_then(|(&base, &(rank, len))| (address < base + len).then_some(rank))
+        };
+        let server = owner(&self.regions);
+        if server.is_none() && owner(&self.retired_regions).is_some() {
+            // Memory of a crashed incarnation: its keys died with it, so the NIC refuses the read.
+            self.fail_reads(w, &ops, "remote access error (memory of a restarted rank)");
+            return;
+        }
+        let Some(server) = server else {
+            self.violation(
+                ViolationKind::ReadForeignRegion,
+                vec![me.to_string()],
+                format!("{request}: address outside every registered region"),
+            );
+            self.fail_reads(w, &ops, "remote access error");
+            return;
+        };
+        let server_rank = self.p_ranks[server];
+        // A down NIC (or crashed engine) fails the read before it touches any memory.
+        if self.nic_down(server_rank) || self.nic_down(me) {
+            self.fail_reads(w, &ops, "NIC down");
+            return;
+        }
+        if server_rank != first.plan.source {
+            let detail =
+                format!("{request}: read meant for {} reads the memory of {server_rank}", first.plan.source);
+            self.violation(
+                ViolationKind::ReadForeignRegion,
+                vec![me.to_string(), server_rank.to_string()],
+                detail,
+            );
+        }
+        let transfer = self.transfer_index.get(&first.plan.transfer_id).copied().unwrap_or(FREE - 1);
+        if self.fenced.contains(&transfer) {
+            // The reaper revoked remote access: the read fails at the NIC, touching nothing.
+            self.fail_reads(w, &ops, "remote access revoked (fenced)");
+            return;
+        }
+        self.check_blocks(me, server, transfer, &first.plan.remote_block_ids, "posted");
+        let nic_src = server;
+        let nic_dst = self.p_ranks.len() + w;
+        let bytes: u64 = ops.iter().map(ReadOp::bytes).sum();
+        self.reads[server] += 1;
+        self.bytes[server] += bytes;
+        let latency = (self.sc.hardware.nic_latency_us * 1e3) as u64;
+        let (id, finishes) = self.nics.start(self.now + latency, nic_src, nic_dst, bytes);
+        self.schedule_flows(finishes);
+        let info = FlowInfo {
+            worker: w,
+            ops: ops.iter().map(|op| (op.request(), op.layer)).collect(),
+            transfer,
+            server,
+            blocks: first.plan.remote_block_ids.clone(),
+            started: self.now,
+        };
+        self.flows.insert(id, info);
+    }
+
+    /// A read touches blocks that are not its transfer's: freed, or another request's.
+    fn check_blocks(&mut self, me: RankId, server: usize, transfer: u32, blocks: &[u32], when: &str) {
+        let rank = self.p_ranks[server];
+        let g = self.pgroup_base[usize::from(rank.engine.index)] + usize::from(rank.dp);
+        let pool = &self.pgroups[g].pool;
+        let wrong: Vec<u32> = blocks.iter().copied().filter(|&b| pool.owner_of(b) != transfer).collect();
+        if wrong.is_empty() {
+            return;
+        }
+        let freed = wrong.iter().all(|&b| pool.owner_of(b) == FREE && b < pool.capacity);
+        let what = if freed { "freed" } else { "another request's (or unallocated)" };
+        let name = self.transfers.get(transfer as usize).map_or("?".to_string(), |t| t.0.clone());
+        let shown: Vec<u32> = wrong.iter().copied().take(4).collect();
+        let more = if wrong.len() > shown.len() {
+            format!(" and {} more", wrong.len() - shown.len())
+        } else {
+            String::new()
+        };
+        let detail = format!("read of {name} {when}: blocks {}{more} on {rank} are {what}", list(&shown));
+        self.violation(ViolationKind::ReadFreedBlock, vec![me.to_string(), rank.to_string()], detail);
+    }
+
+    fn fail_reads(&mut self, w: usize, ops: &[ReadOp], reason: &str) {
+        let latency = (self.sc.hardware.nic_latency_us * 1e3) as u64;
+        for op in ops {
+            let outcome = ReadOutcome::Failed(reason.to_string());
+            self.at(
+                latency,
+                Ev::ReadLater {
+                    worker: w,
+                    request: op.request(),
+                    layer: op.layer,
+                    outcome: Box::new(outcome),
+                },
+            );
+        }
+    }
+
+    pub(super) fn schedule_flows(&mut self, finishes: Vec<Finish>) {
+        for f in finishes {
+            let delay = f.at_ns.saturating_sub(self.now);
+            self.at(delay, Ev::Flow { id: f.id, version: f.version });
+        }
+    }
+
+    pub(super) fn on_flow(&mut self, id: FlowId, version: u64) {
+        let Some((_, finishes)) = self.nics.finish(self.now, id, version) else { return };
+        self.schedule_flows(finishes);
+        let Some(info) = self.flows.remove(&id) else { return };
+        let me = self.d_ranks[info.worker];
+        let server_rank = self.p_ranks[info.server];
+        trace!(
+            self,
+            "nic",
+            "read",
+            format!("{server_rank}"),
+            Some(self.now - info.started),
+            format!("to {me} layers={}", info.ops.len()),
+        );
+        let outcome = if self.fenced.contains(&info.transfer) {
+            ReadOutcome::Failed("remote access revoked (fenced)".into())
+        } else {
+            self.check_blocks(me, info.server, info.transfer, &info.blocks, "completed");
+            ReadOutcome::Ok
+        };
+        for (request, layer) in info.ops {
+            self.decode(info.worker, DecodeEvent::ReadDone { request, layer, outcome: outcome.clone() });
+        }
+    }
+
+    /// The worker aborts a request's posted reads, as a verbs driver does by moving the queue
+    /// pair to the error state: the NIC stops the flows at once and, one NIC latency later,
+    /// answers each read aborted (its flushed completion). Reads not on the NIC yet (refused
+    /// with a full send queue, or failing at posting) are answered by their own pending events.
+    pub(super) fn abort_reads(&mut self, w: usize, request: RequestId) {
+        let ids: Vec<FlowId> = self
+            .flows
+            .iter()
+            .filter(|(_, info)| info.worker == w && info.ops.iter().any(|(r, _)| *r == request))
+            .map(|(id, _)| *id)
+            .collect();
+        let latency = (self.sc.hardware.nic_latency_us * 1e3) as u64;
+        for id in ids {
+            if let Some((_, finishes)) = self.nics.abort(self.now, id) {
+                self.schedule_flows(finishes);
+            }
+            let Some(info) = self.flows.remove(&id) else { continue };
+            trace!(
+                self,
+                "nic",
+                "read_aborted",
+                self.p_ranks[info.server].to_string(),
+                Some(self.now - info.started),
+                format!("to {} layers={}", self.d_ranks[w], info.ops.len()),
+            );
+            for (request, layer) in info.ops {
+                let outcome = Box::new(ReadOutcome::Aborted);
+                self.at(latency, Ev::ReadLater { worker: w, request, layer, outcome });
+            }
+        }
+    }
+
+    /// Ends every flow touching `nic`; the reading workers get a failed read.
+    pub(super) fn abort_flows_on(&mut self, nic: usize, reason: &str) {
+        for id in self.nics.flows_on(nic) {
+            if let Some((_, finishes)) = self.nics.abort(self.now, id) {
+                self.schedule_flows(finishes);
+            }
+            if let Some(info) = self.flows.remove(&id) {
+                for (request, layer) in info.ops {
+                    let outcome = ReadOutcome::Failed(reason.to_string());
+                    self.decode(info.worker, DecodeEvent::ReadDone { request, layer, outcome });
+                }
+            }
+        }
+    }
+}

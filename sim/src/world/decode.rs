@@ -1,0 +1,463 @@
+//! Decode: units stepping their groups together, each group's barrier, and driving the core's
+//! decode workers.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use pdkv_core::decode::{DecodeAction, DecodeEvent, ReadOp, RecvRequest};
+use pdkv_core::group::{DecodeGroup, GroupAction, GroupEvent, StepReport};
+use pdkv_core::ids::RequestId;
+use pdkv_core::time::Instant;
+use pdkv_core::wire::{self, ControlMessage};
+
+use crate::cost::GroupLoad;
+use crate::result::ViolationKind;
+
+use super::pool::Pool;
+use super::{list, ms, ms_ns, Ev, Msg, World, IDLE_STEP_NS};
+
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Running {
+    pub(super) id: RequestId,
+    left: u32,
+    context: u64,
+    first: bool,
+}
+
+pub(super) struct Pending {
+    reported: u16,
+    received: u16,
+    failed: bool,
+}
+
+pub(super) struct DGroup {
+    pub(super) engine: usize,
+    pub(super) workers: Vec<usize>,
+    pub(super) unit: usize,
+    pub(super) pool: Pool,
+    pub(super) waiting: VecDeque<RecvRequest>,
+    /// How many requests at the front of `waiting` the workers were told are queued (they
+    /// keep those leased); the rest arrived since the last step began.
+    pub(super) told: usize,
+    pub(super) pending: BTreeMap<RequestId, Pending>,
+    pub(super) ready: Vec<RequestId>,
+    /// Requests decoding, with what each step needs of them kept inline (no map lookups).
+    pub(super) running: Vec<Running>,
+    /// Sum of the running requests' context lengths.
+    pub(super) context_tokens: u64,
+    /// The group's barrier: step admission, the MIN vote, forward readiness.
+    pub(super) barrier: DecodeGroup,
+}
+
+#[derive(PartialEq, Eq)]
+pub(super) enum UnitState {
+    Idle,
+    /// A step began at `began`; its groups' barriers say who entered the forward.
+    Waiting {
+        began: u64,
+    },
+    Computing,
+}
+
+pub(super) struct Unit {
+    pub(super) engine: usize,
+    /// When the last step ended (for inter-token latency).
+    pub(super) last_step_end: Option<u64>,
+    /// Whether a collective-timeout event is pending for this unit.
+    pub(super) watchdog: bool,
+    pub(super) groups: Vec<usize>,
+    pub(super) step: u64,
+    pub(super) state: UnitState,
+    wake_scheduled: bool,
+}
+
+impl Unit {
+    /// An idle unit of decode engine `engine` with no groups yet.
+    pub(super) fn new(engine: usize) -> Unit {
+        Unit {
+            engine,
+            last_step_end: None,
+            watchdog: false,
+            groups: Vec::new(),
+            step: 0,
+            state: UnitState::Idle,
+            wake_scheduled: false,
+        }
+    }
+}
+
+impl World {
+    pub(super) fn wake(&mut self, unit: usize) {
+        if self.decode_down[self.units[unit].engine] {
+            return;
+        }
+        let u = &mut self.units[unit];
+        if u.state == UnitState::Idle && !u.wake_scheduled {
+            u.wake_scheduled = true;
+            self.at(0, Ev::StepBegin { unit });
+        }
+    }
+
+    pub(super) fn on_step_begin(&mut self, unit: usize) {
+        self.units[unit].wake_scheduled = false;
+        if self.units[unit].state != UnitState::Idle || self.decode_down[self.units[unit].engine] {
+            return;
+        }
+        self.units[unit].step += 1;
+        let step = self.units[unit].step;
+        let max_batch = self.sc.engines.decode_max_batch as usize;
+        let block = self.sc.model.block_size_tokens;
+        self.units[unit].state = UnitState::Waiting { began: self.now };
+        for gi in 0..self.units[unit].groups.len() {
+            let g = self.units[unit].groups[gi];
+            // Requests whose KV arrived join the batch at this step boundary.
+            let group = &mut self.dgroups[g];
+            let room = max_batch.saturating_sub(group.running.len());
+            for id in group.ready.drain(..group.ready.len().min(room)) {
+                let r = &self.requests[&id];
+                group.context_tokens += u64::from(r.input);
+                group.running.push(Running { id, left: r.output, context: u64::from(r.input), first: true });
+            }
+            // Admit waiting requests while blocks and batch room last.
+            let mut new = Vec::new();
+            while let Some(recv) = group.waiting.front() {
+                let req = &self.requests[&recv.request];
+                let remote = recv.params.remote_block_ids.len();
+                let extra = req.output.div_ceil(block) as usize;
+                let busy = group.running.len() + group.ready.len() + group.pending.len();
+                if busy >= max_batch || group.pool.available() < remote + extra {
+                    break;
+                }
+                let mut recv = group.waiting.pop_front().expect("front exists");
+                group.told = group.told.saturating_sub(1);
+                let transfer = req.transfer;
+                let local = group.pool.alloc(remote, transfer);
+                let growth = group.pool.alloc(extra, transfer);
+                recv.local_block_ids = local.clone();
+                let r = self.requests.get_mut(&recv.request).expect("exists");
+                r.decode_blocks = local.into_iter().chain(growth).collect();
+                group.pending.insert(recv.request, Pending { reported: 0, received: 0, failed: false });
+                new.push(recv);
+            }
+            // The group's barrier admits the step before any worker hears of it (a worker with
+            // nothing to dial votes at once).
+            self.group_event(g, GroupEvent::StepBegin { step });
+            for i in 0..self.dgroups[g].workers.len() {
+                let w = self.dgroups[g].workers[i];
+                self.decode(w, DecodeEvent::StepBegin { step, requests: new.clone() });
+            }
+            // Requests that stay queued behind a full batch or pool: the workers lease them
+            // until they are admitted, so their prefill blocks are not reaped meanwhile.
+            let group = &mut self.dgroups[g];
+            if group.told < group.waiting.len() {
+                let queued: Vec<RecvRequest> = group.waiting.iter().skip(group.told).cloned().collect();
+                group.told = group.waiting.len();
+                for i in 0..self.dgroups[g].workers.len() {
+                    let w = self.dgroups[g].workers[i];
+                    self.decode(w, DecodeEvent::Queued { requests: queued.clone() });
+                }
+            }
+        }
+        if !self.units[unit].watchdog {
+            self.units[unit].watchdog = true;
+            let timeout = ms_ns(self.sc.protocol.collective_timeout_ms);
+            self.at(timeout, Ev::CollectiveTimeout { unit, step });
+        }
+        self.maybe_compute(unit);
+    }
+
+    /// Feeds decode group `g`'s barrier and carries out what it decides: vote results reach
+    /// the members one control latency later, and a group whose members all entered the
+    /// forward may let its unit compute.
+    fn group_event(&mut self, g: usize, event: GroupEvent) {
+        let mut out = Vec::new();
+        self.dgroups[g].barrier.handle(event, &mut out);
+        let mut results = Vec::new();
+        for action in out {
+            match action {
+                GroupAction::VoteResult { member, step, ok } => results.push((member, step, ok)),
+                GroupAction::Forward { .. } => self.maybe_compute(self.dgroups[g].unit),
+                GroupAction::Ignored(why) => {
+                    let engine = self.dgroups[g].engine;
+                    self.violation(
+                        ViolationKind::ProtocolError,
+                        vec![format!("D{engine}")],
+                        format!("group {g}: {why}"),
+                    );
+                }
+            }
+        }
+        if !results.is_empty() {
+            let latency = self.control_ns();
+            self.at(latency, Ev::VoteResults { group: g, results });
+        }
+    }
+
+    /// Computes the unit's step once every member of each of its groups entered the forward.
+    fn maybe_compute(&mut self, unit: usize) {
+        let UnitState::Waiting { began } = self.units[unit].state else { return };
+        let step = self.units[unit].step;
+        if !self.units[unit].groups.iter().all(|&g| self.dgroups[g].barrier.forward_ready(step)) {
+            return;
+        }
+        let layout = self.d.decode[self.units[unit].engine];
+        let loads: Vec<GroupLoad> = self.units[unit]
+            .groups
+            .iter()
+            .map(|&g| GroupLoad {
+                batch: self.dgroups[g].running.len() as u64,
+                context_tokens: self.dgroups[g].context_tokens,
+            })
+            .collect();
+        let duration = self.cost.decode_step_ns(layout, &loads);
+        self.units[unit].state = UnitState::Computing;
+        if self.trace_on {
+            let batch: u64 = loads.iter().map(|l| l.batch).sum();
+            let waited = self.now - began;
+            let name = format!("D{}.u{unit}", self.units[unit].engine);
+            trace!(
+                self,
+                "decode",
+                "step",
+                name,
+                Some(duration),
+                format!("step={step} batch={batch} waited_ms={}", ms(waited)),
+            );
+        }
+        self.at(duration, Ev::StepEnd { unit, step });
+    }
+
+    pub(super) fn on_step_end(&mut self, unit: usize, step: u64) {
+        if self.units[unit].step != step || self.units[unit].state != UnitState::Computing {
+            return;
+        }
+        let now = self.now;
+        let mut finished = Vec::new();
+        let mut firsts = Vec::new();
+        let mut continuing = 0u64;
+        for gi in 0..self.units[unit].groups.len() {
+            let g = self.units[unit].groups[gi];
+            let group = &mut self.dgroups[g];
+            let mut context_done = 0u64;
+            // Every request of the batch grows by one token; finished ones leave with theirs.
+            group.context_tokens += group.running.len() as u64;
+            group.running.retain_mut(|r| {
+                r.left -= 1;
+                r.context += 1;
+                if r.first {
+                    r.first = false;
+                    firsts.push(r.id);
+                } else {
+                    continuing += 1;
+                }
+                if r.left == 0 {
+                    finished.push((g, r.id));
+                    context_done += r.context;
+                    return false;
+                }
+                true
+            });
+            group.context_tokens -= context_done;
+        }
+        for id in firsts {
+            if let Some(r) = self.requests.get_mut(&id) {
+                r.first_token_ns = Some(now);
+            }
+        }
+        // Inter-token latency: every request that already had a token waited one step gap.
+        if let Some(last) = self.units[unit].last_step_end.replace(now) {
+            if continuing > 0 {
+                self.itl.push((now - last, continuing));
+            }
+        }
+        for (g, id) in finished {
+            let req = &self.requests[&id];
+            let (blocks, transfer) = (req.decode_blocks.clone(), req.transfer);
+            self.free_decode_blocks(g, &blocks, transfer);
+            self.end_request(id, false);
+        }
+        self.units[unit].state = UnitState::Idle;
+        if self.unit_has_work(unit) {
+            self.wake(unit);
+        } else if self.unit_has_pending(unit) {
+            self.units[unit].wake_scheduled = true;
+            self.at(IDLE_STEP_NS, Ev::StepBegin { unit });
+        }
+    }
+
+    /// Returns a request's decode blocks to its group's pool; freeing blocks it does not hold
+    /// is a double free.
+    fn free_decode_blocks(&mut self, g: usize, blocks: &[u32], transfer: u32) {
+        let bad = self.dgroups[g].pool.release(blocks, transfer);
+        if !bad.is_empty() {
+            let engine = self.dgroups[g].engine;
+            self.violation(
+                ViolationKind::DoubleFree,
+                vec![format!("D{engine}")],
+                format!("decode blocks {} freed twice", list(&bad)),
+            );
+        }
+    }
+
+    fn unit_has_work(&self, unit: usize) -> bool {
+        self.units[unit].groups.iter().any(|&g| {
+            let group = &self.dgroups[g];
+            !group.running.is_empty() || !group.ready.is_empty() || !group.waiting.is_empty()
+        })
+    }
+
+    fn unit_has_pending(&self, unit: usize) -> bool {
+        self.units[unit]
+            .groups
+            .iter()
+            .any(|&g| self.dgroups[g].workers.iter().any(|&w| self.dworkers[w].pending_requests() > 0))
+    }
+
+    pub(super) fn decode(&mut self, w: usize, event: DecodeEvent) {
+        // Action buffers are reused: a decode step hands every worker an event, and a fresh
+        // vector per call was a measurable share of the simulator's time.
+        let mut out = self.buffers.pop().unwrap_or_default();
+        self.dworkers[w].handle(Instant(self.now), event, &mut out);
+        self.decode_actions(w, &mut out);
+        self.buffers.push(out);
+        if let Some(Instant(t)) = self.dworkers[w].poll_timeout() {
+            if self.dworker_tick[w].is_none_or(|s| t < s || s < self.now) {
+                self.dworker_tick[w] = Some(t);
+                let delay = t.saturating_sub(self.now);
+                self.at(delay, Ev::DecodeTick { worker: w });
+            }
+        }
+    }
+
+    fn decode_actions(&mut self, w: usize, buffer: &mut Vec<DecodeAction>) {
+        let actions = buffer.drain(..);
+        let mut reads: Vec<ReadOp> = Vec::new();
+        for action in actions {
+            if !matches!(action, DecodeAction::PostRead(_)) && !reads.is_empty() {
+                self.post_reads(w, std::mem::take(&mut reads));
+            }
+            match action {
+                DecodeAction::PostRead(op) => {
+                    if reads.last().is_some_and(|last| last.request() != op.request()) {
+                        self.post_reads(w, std::mem::take(&mut reads));
+                    }
+                    reads.push(op);
+                }
+                DecodeAction::DialHandshake { session, rank, endpoint } => {
+                    trace!(
+                        self,
+                        "handshake",
+                        "dial",
+                        self.d_ranks[w].to_string(),
+                        None,
+                        format!("{rank} at {endpoint}"),
+                    );
+                    self.send(w, rank, (endpoint.host, endpoint.port), Msg::Dial { from: w, session });
+                }
+                DecodeAction::SendLease { rank, endpoint, lease } => {
+                    let transfer = self.transfer_index.get(&lease.transfer_id).copied();
+                    let bytes = wire::encode(&ControlMessage::ReadLease(lease));
+                    self.send(w, rank, (endpoint.host, endpoint.port), Msg::Notify { bytes, transfer });
+                }
+                DecodeAction::SendRelease { rank, endpoint, release } => {
+                    let transfer = self.transfer_index.get(&release.transfer_id).copied();
+                    let bytes = wire::encode(&ControlMessage::Release(release));
+                    self.send(w, rank, (endpoint.host, endpoint.port), Msg::Notify { bytes, transfer });
+                }
+                DecodeAction::CastVote { step, ok } => {
+                    let member = self.d_ranks[w].tp_rank();
+                    self.group_event(self.dworker_group[w], GroupEvent::Vote { member, step, ok });
+                }
+                DecodeAction::StepReady { step } => {
+                    let (member, report) = (self.d_ranks[w].tp_rank(), StepReport::Ready);
+                    self.group_event(self.dworker_group[w], GroupEvent::StepReport { member, step, report });
+                }
+                DecodeAction::StepFailed { step, error } => {
+                    trace!(
+                        self,
+                        "decode",
+                        "step_failed",
+                        self.d_ranks[w].to_string(),
+                        None,
+                        error.to_string(),
+                    );
+                    // The group's barrier knows what the failure means: a failure the whole group
+                    // shares (eager vote) skips the forward together; a worker-local one (lazy
+                    // handshake) raises on that worker alone, which never reaches the collective.
+                    let (member, report) = (self.d_ranks[w].tp_rank(), StepReport::failed(&error));
+                    self.group_event(self.dworker_group[w], GroupEvent::StepReport { member, step, report });
+                }
+                DecodeAction::RequestReceived { request } => self.report(w, request, false),
+                DecodeAction::RequestFailed { request, error } => {
+                    trace!(
+                        self,
+                        "decode",
+                        "request_failed",
+                        self.d_ranks[w].to_string(),
+                        None,
+                        format!("{request}: {error}"),
+                    );
+                    self.report(w, request, true);
+                }
+                DecodeAction::InvalidateBlocks { .. } => {}
+                DecodeAction::AbortReads { request } => self.abort_reads(w, request),
+            }
+        }
+        if !reads.is_empty() {
+            self.post_reads(w, reads);
+        }
+    }
+
+    /// One worker finished (or failed) receiving `request`; once every worker of the group has,
+    /// the request joins the batch or ends failed.
+    fn report(&mut self, w: usize, request: RequestId, failed: bool) {
+        let g = self.dworker_group[w];
+        let width = self.dgroups[g].workers.len() as u16;
+        let Some(p) = self.dgroups[g].pending.get_mut(&request) else { return };
+        p.reported += 1;
+        p.failed |= failed;
+        p.received += u16::from(!failed);
+        if p.reported < width {
+            return;
+        }
+        let failed = p.failed;
+        self.dgroups[g].pending.remove(&request);
+        if failed {
+            let req = &self.requests[&request];
+            let (blocks, transfer) = (req.decode_blocks.clone(), req.transfer);
+            self.free_decode_blocks(g, &blocks, transfer);
+            self.end_request(request, true);
+        } else {
+            self.dgroups[g].ready.push(request);
+            self.wake(self.dgroups[g].unit);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scenario::Scenario;
+    use crate::world::RunOptions;
+
+    /// A worker's vote counts once however often it arrives: a repeated ballot from one worker
+    /// of a TP2 group must not stand in for its peer's (it did when ballots were counted by
+    /// length, deciding the MIN before the peer had finished its handshakes).
+    #[test]
+    fn a_repeated_vote_counts_once() {
+        let sc = Scenario::from_notation("1P_TP1:1D_TP2");
+        let mut world = World::new(&sc, RunOptions::default()).unwrap();
+        let results =
+            |world: &World| world.queue.iter().filter(|s| matches!(s.0.ev, Ev::VoteResults { .. })).count();
+        let vote = || vec![DecodeAction::CastVote { step: 1, ok: true }];
+        world.group_event(0, GroupEvent::StepBegin { step: 1 });
+        world.decode_actions(0, &mut vote());
+        world.decode_actions(0, &mut vote());
+        assert_eq!(results(&world), 0, "one worker of two voted, twice");
+        world.decode_actions(1, &mut vote());
+        assert_eq!(results(&world), 1, "both voted");
+        // The group reports the repeated vote instead of counting it.
+        let kinds: Vec<&str> = world.violations.iter().map(|v| v.kind.name()).collect();
+        assert_eq!(kinds, ["protocol_error"]);
+        assert!(world.violations[0].detail.contains("voted on step 1 already"), "{:?}", world.violations);
+    }
+}

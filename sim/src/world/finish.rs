@@ -1,0 +1,374 @@
+//! The end of a run: the `RunResult` (requests, latencies, NICs, ledger) and the outcome rules.
+
+use pdkv_core::time::Instant;
+
+use crate::nic::BUCKET_NS;
+use crate::result::{percentiles, round3, Hang, Ledger, NicStats, RunResult, Summary};
+use crate::scenario::Outcome;
+use crate::trace::TraceRecord;
+use crate::waitfor::WaitFor;
+
+use super::{ms, ms_ns, Run, World, MAX_TRACE_RECORDS};
+
+impl World {
+    /// The longest a progressing run may go without a request ending: the collective timeout,
+    /// or a transfer's handshake, transfer and defer timeouts in a row, whichever is longer.
+    fn stall_window_ns(&self) -> u64 {
+        let p = &self.sc.protocol;
+        let transfer = ms_ns(p.handshake_timeout_ms)
+            .saturating_add(ms_ns(p.transfer_timeout_ms))
+            .saturating_add(ms_ns(p.defer_timeout_ms));
+        ms_ns(p.collective_timeout_ms).max(transfer)
+    }
+
+    pub(super) fn finish(mut self) -> Run {
+        let now = self.now;
+        for g in 0..self.pgroups.len() {
+            if let Some(since) = self.pgroups[g].stalled_since.take() {
+                self.pgroups[g].stall_ns += now - since;
+            }
+        }
+        let mut result = RunResult::empty(&self.sc, crate::load::scenario_to_ron(&self.sc));
+        // Like `vllm bench serve`: the run lasts until its last request ended (a hang or an
+        // unfinished request extends it to the end of the simulation).
+        let last_end = self.requests.values().filter_map(|r| r.done_ns).max().unwrap_or(0);
+        let unfinished = self.requests.values().any(|r| r.done_ns.is_none());
+        let end = if unfinished || !self.hangs.is_empty() { now } else { last_end };
+        result.duration_s = round3(end as f64 / 1e9);
+        result.events = self.events;
+
+        // Requests and latencies.
+        let mut ttft = Vec::new();
+        let mut tpot = Vec::new();
+        let mut e2e = Vec::new();
+        let (mut total_tokens, mut output_tokens) = (0u64, 0u64);
+        for req in self.requests.values() {
+            result.requests.sent += 1;
+            match (req.done_ns, req.failed) {
+                (Some(done), false) => {
+                    result.requests.finished += 1;
+                    total_tokens += u64::from(req.input) + u64::from(req.output);
+                    output_tokens += u64::from(req.output);
+                    let first = req.first_token_ns.unwrap_or(done);
+                    ttft.push((first - req.sent_ns) as f64 / 1e6);
+                    e2e.push((done - req.sent_ns) as f64 / 1e6);
+                    if req.output > 1 {
+                        tpot.push((done - first) as f64 / 1e6 / f64::from(req.output - 1));
+                    }
+                }
+                (Some(done), true) => {
+                    result.requests.failed += 1;
+                    if self.failure_excused(req, done) {
+                        result.requests.failed_excused += 1;
+                    } else {
+                        result.requests.failed_unexcused += 1;
+                    }
+                }
+                (None, _) => result.requests.unfinished += 1,
+            }
+        }
+        result.requests.unsent = self.to_send + self.refused;
+        let seconds = (end as f64 / 1e9).max(1e-9);
+        result.throughput.total_tok_s = round3(total_tokens as f64 / seconds);
+        result.throughput.output_tok_s = round3(output_tokens as f64 / seconds);
+        result.throughput.requests_per_s = round3(result.requests.finished as f64 / seconds);
+        result.latency_ms.ttft = Summary::of(&mut ttft);
+        result.latency_ms.tpot = Summary::of(&mut tpot);
+        // `Summary::of` sorted both.
+        result.latency_ms.ttft_percentiles = percentiles(&ttft);
+        result.latency_ms.tpot_percentiles = percentiles(&tpot);
+        result.latency_ms.e2e = Summary::of(&mut e2e);
+        result.latency_ms.itl = weighted_summary(&mut self.itl);
+
+        // NICs.
+        let bucket_bytes = self.sc.hardware.nic_gb_s * 1e9 * (BUCKET_NS as f64 / 1e9);
+        result.nic = NicStats {
+            prefill_gpus: self.p_ranks.iter().map(|r| r.to_string()).collect(),
+            jain: crate::result::jain(&self.reads),
+            jain_bytes: crate::result::jain(&self.bytes),
+            reads_per_prefill_gpu: self.reads.clone(),
+            bytes_per_prefill_gpu: self.bytes.clone(),
+            // One value per second of the run for every GPU (idle seconds are 0), with enough
+            // precision for the sub-percent loads a 48 GB/s NIC usually sees.
+            utilisation: (0..self.p_ranks.len())
+                .map(|i| {
+                    let sent = self.nics.sent_per_bucket(i);
+                    let seconds = (end.div_ceil(BUCKET_NS) as usize).max(sent.len());
+                    (0..seconds)
+                        .map(|b| sent.get(b).map_or(0.0, |x| (x / bucket_bytes * 1e6).round() / 1e6))
+                        .collect()
+                })
+                .collect(),
+        };
+
+        // Ledger.
+        let mut ledger =
+            Ledger { freed: self.crashed_freed, reaped: self.crashed_reaped, ..Ledger::default() };
+        for engine in &self.engines {
+            let totals = engine.totals();
+            ledger.held += totals.held;
+            ledger.freed += totals.freed;
+            ledger.reaped += totals.reaped;
+            for record in engine.held().chain(engine.finished()) {
+                self.max_hold_ns = self.max_hold_ns.max(record.held_ns(Instant(now)));
+            }
+        }
+        ledger.max_hold_ms = ms(self.max_hold_ns);
+        ledger.reaped_excused = self.reaped_excused;
+        ledger.lost_in_crash = self.lost_in_crash;
+        ledger.prefill_stall_s = round3(self.pgroups.iter().map(|g| g.stall_ns).sum::<u64>() as f64 / 1e9);
+        result.ledger = ledger;
+
+        // Requests in flight when the budget ended are cut off, not hung, if the run was still
+        // progressing: a request ended within the stall window, the longest any protocol wait
+        // may legitimately last (a collective, or a transfer with its defer and handshake
+        // timeouts). A run whose requests stopped ending for longer than that is hung.
+        let stall_window_ns = self.stall_window_ns();
+        let progressing = self.budget_ended && now.saturating_sub(self.last_end_ns) <= stall_window_ns;
+        if progressing {
+            result.requests.cut_off = result.requests.unfinished;
+        }
+        // Requests that never ended are a hang even when no collective timed out.
+        if result.requests.unfinished > result.requests.cut_off && self.hangs.is_empty() {
+            let mut graph = WaitFor::default();
+            let mut ranks = Vec::new();
+            for (w, worker) in self.dworkers.iter().enumerate() {
+                for (session, target) in worker.waiting_sessions() {
+                    let rank = self.d_ranks[w].to_string();
+                    graph.edge(
+                        &rank,
+                        &format!("{target} handshake listener"),
+                        &format!("handshake {session}"),
+                    );
+                    ranks.push(rank);
+                }
+            }
+            self.hangs.push(Hang {
+                t_ms: ms(now),
+                what: format!("{} requests never finished by the end of the run", result.requests.unfinished),
+                ranks,
+                wait_for: graph.lines(),
+                cycle: graph.cycle(),
+                dot: graph.dot(),
+            });
+        }
+        result.hangs = self.hangs;
+        result.violations = self.violations;
+        result.outcome = if !result.violations.is_empty() {
+            Outcome::SafetyViolation
+        } else if !result.hangs.is_empty() {
+            Outcome::Hang
+        } else if result.requests.failed_unexcused > 0 {
+            Outcome::FailedRequests
+        } else if result.ledger.reaped > result.ledger.reaped_excused
+            || (result.ledger.held > 0 && result.requests.cut_off == 0)
+        {
+            // Blocks still held by requests the budget cut off are theirs, not leaked.
+            Outcome::Leak
+        } else if result.requests.unsent > 0 || result.requests.cut_off > 0 {
+            Outcome::Incomplete
+        } else {
+            Outcome::Clean
+        };
+        if self.trace_dropped > 0 {
+            let t_ns = now;
+            let detail =
+                format!("{} more records were not kept (limit {MAX_TRACE_RECORDS})", self.trace_dropped);
+            self.trace.push(TraceRecord {
+                t_ns,
+                dur_ns: None,
+                cat: "check",
+                name: "trace_truncated".into(),
+                track: "sim".into(),
+                detail,
+            });
+        }
+        Run { result, trace: self.trace }
+    }
+}
+
+/// Mean and percentiles (ms) of step gaps `(ns, tokens)`, each gap counted once per token.
+fn weighted_summary(samples: &mut [(u64, u64)]) -> Option<Summary> {
+    let total: u64 = samples.iter().map(|(_, n)| n).sum();
+    if total == 0 {
+        return None;
+    }
+    samples.sort_unstable();
+    let mean = samples.iter().map(|(d, n)| *d as f64 * *n as f64).sum::<f64>() / total as f64 / 1e6;
+    let at = |q: f64| {
+        let target = ((total - 1) as f64 * q).round() as u64;
+        let mut seen = 0;
+        for (d, n) in samples.iter() {
+            seen += n;
+            if seen > target {
+                return *d as f64 / 1e6;
+            }
+        }
+        samples.last().map_or(0.0, |(d, _)| *d as f64 / 1e6)
+    };
+    Some(Summary { mean: round3(mean), p50: round3(at(0.5)), p99: round3(at(0.99)) })
+}
+
+/// Honest outcomes and truthful extremes: every run ends in the outcome its requests earned.
+#[cfg(test)]
+mod outcome_tests {
+    use super::*;
+    use crate::scenario::{Clients, FaultKind, Scenario, Target, TimedFault};
+    use crate::world::RunOptions;
+
+    /// A small, fast scenario: one TP1 engine per side, two clients, four short requests, with
+    /// `fields` added (RON, as a scenario file writes them).
+    fn small(fields: &str) -> Scenario {
+        let text = format!(
+            "(name: \"t\", deployment: \"1P_TP1:1D_TP1\", workload: (clients: Closed(concurrency: 2, \
+             requests: 4), input_tokens: Fixed(8192), output_tokens: Fixed(4)), {fields})"
+        );
+        crate::load::parse_scenario(&text, "<test>").unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// A fault on every rank of the deployment for the whole run.
+    fn everywhere(fault: FaultKind) -> Vec<TimedFault> {
+        ["P0.dp0.tp0", "D0.dp0.tp0"]
+            .into_iter()
+            .map(|target| TimedFault {
+                at_ms: 0,
+                target: Target(target.into()),
+                fault: fault.clone(),
+                duration_ms: None,
+                count: None,
+            })
+            .collect()
+    }
+
+    /// What a run is judged by: outcome; sent, finished, failed excused, failed unexcused,
+    /// unfinished, unsent, cut off.
+    type Verdict = (Outcome, [u64; 7]);
+
+    fn check(name: &str, scenario: &Scenario, expected: Verdict) {
+        let r = crate::run(scenario, RunOptions::default()).unwrap_or_else(|e| panic!("{name}: {e}")).result;
+        let q = &r.requests;
+        let got = (
+            r.outcome,
+            [q.sent, q.finished, q.failed_excused, q.failed_unexcused, q.unfinished, q.unsent, q.cut_off],
+        );
+        let hangs: Vec<&str> = r.hangs.iter().map(|h| h.what.as_str()).collect();
+        assert_eq!(got, expected, "{name}: hangs {hangs:?}");
+        assert_eq!(q.failed, q.failed_excused + q.failed_unexcused, "{name}");
+    }
+
+    #[test]
+    fn outcomes_are_honest() {
+        use Outcome::*;
+        let with = |mut sc: Scenario, f: &dyn Fn(&mut Scenario)| {
+            f(&mut sc);
+            sc
+        };
+        let table: Vec<(&str, Scenario, Verdict)> = vec![
+            ("baseline", small(""), (Clean, [4, 4, 0, 0, 0, 0, 0])),
+            // Requests that fail with no fault to excuse them: the run is not clean. Their
+            // reads were still posted at the 1 ms deadline: they are aborted and drained before
+            // the release, so no read completes from freed blocks (it did before the drain rule).
+            (
+                "transfer timeout 1 ms",
+                small("protocol: (transfer_timeout_ms: 1)"),
+                (FailedRequests, [4, 0, 0, 4, 0, 0, 0]),
+            ),
+            (
+                "handshake timeout 1 ms over a 2 ms network",
+                small("protocol: (handshake_timeout_ms: 1), hardware: (control_latency_us: 2000)"),
+                (FailedRequests, [4, 0, 0, 4, 0, 0, 0]),
+            ),
+            // The same failures while a fault takes the NICs down are the fault's doing.
+            (
+                "NIC down everywhere",
+                with(small(""), &|sc| sc.faults.timeline = everywhere(FaultKind::NicDown)),
+                (Clean, [4, 0, 4, 0, 0, 0, 0]),
+            ),
+            // A dead listener on one of two prefill engines: the requests routed to it fail,
+            // excused; those of the other engine finish.
+            (
+                "dead listener on P1",
+                crate::load::parse_scenario(
+                    "(name: \"t\", deployment: \"2P_TP4:1D_TP4\", workload: (clients: Closed(concurrency: 8, \
+                     requests: 48), input_tokens: Fixed(1024), output_tokens: Fixed(16)), protocol: \
+                     (handshake_timeout_ms: 1000, transfer_timeout_ms: 3000), faults: (timeline: [(at_ms: 0, \
+                     target: \"P1.dp0.tp*\", fault: DeadListener)]))",
+                    "<test>",
+                )
+                .unwrap_or_else(|e| panic!("{e}")),
+                (Clean, [48, 24, 24, 0, 0, 0, 0]),
+            ),
+            // Open-loop arrivals after the time budget are unsent, and the run says so.
+            (
+                "open loop past the time budget",
+                with(small(""), &|sc| {
+                    sc.workload.clients = Clients::Open { rate_per_s: 0.002, requests: 40 }
+                }),
+                (Incomplete, [16, 16, 0, 0, 0, 24, 0]),
+            ),
+            // A closed loop through a decode batch of one, past its time budget: requests still
+            // end every few seconds when it is cut, so the ones in flight are cut off, and the
+            // blocks they hold are no leak.
+            (
+                "decode batch of one past the time budget",
+                with(small("engines: (decode_max_batch: 1), limits: (max_virtual_time_s: 60)"), &|sc| {
+                    sc.workload.clients = Clients::Closed { concurrency: 4, requests: 40 };
+                    sc.workload.output_tokens = crate::scenario::Length::Fixed(50);
+                }),
+                (Incomplete, [9, 5, 0, 0, 4, 31, 4]),
+            ),
+            // A cut when requests stopped ending longer ago than the stall window cuts off
+            // nothing: one lost dial without a handshake timeout blocks the only decode worker
+            // for good, its collective times out, and the run is a hang.
+            (
+                "stuck for longer than the stall window before the budget ended",
+                small(
+                    "protocol: (legacy: [\"no-handshake-timeout\"], collective_timeout_ms: 1000), faults: (timeline: \
+                     [(at_ms: 0, target: \"P0.dp0.tp0\", fault: LoseMessages, count: 2)]), limits: (max_virtual_time_s: 3600)",
+                ),
+                (Hang, [2, 0, 0, 0, 2, 2, 0]),
+            ),
+            // Scenarios built in code skip the load-time limits: their times saturate (never),
+            // they do not wrap. A collective timeout of 2^64 ns is no false hang at 621 ms.
+            (
+                "collective timeout past u64 nanoseconds",
+                with(small(""), &|sc| sc.protocol.collective_timeout_ms = 18_446_744_073_709),
+                (Clean, [4, 4, 0, 0, 0, 0, 0]),
+            ),
+            // A message delayed past the end of time never arrives: the dials time out.
+            (
+                "messages delayed by u64::MAX ms",
+                with(small(""), &|sc| {
+                    sc.faults.timeline = everywhere(FaultKind::DelayMessages { delay_ms: u64::MAX })
+                }),
+                (Clean, [4, 0, 4, 0, 0, 0, 0]),
+            ),
+            // A NIC too slow to finish a read within the run: the reads time out, excused by the
+            // fault; without a fault the same slowness fails requests unexcused.
+            (
+                "SlowNic factor 1e-300",
+                with(small(""), &|sc| sc.faults.timeline = everywhere(FaultKind::SlowNic { factor: 1e-300 })),
+                (Clean, [4, 0, 4, 0, 0, 0, 0]),
+            ),
+            // The slowest loadable NIC and slow-down behave the same way, through the loader.
+            (
+                "nic_gb_s at its lower limit",
+                small("hardware: (nic_gb_s: 0.000001)"),
+                (FailedRequests, [4, 0, 0, 4, 0, 0, 0]),
+            ),
+            (
+                "SlowNic at its lower limit",
+                small("faults: (timeline: [(at_ms: 0, target: \"P0.dp0.tp0\", fault: SlowNic(factor: 0.000001))])"),
+                (Clean, [4, 0, 4, 0, 0, 0, 0]),
+            ),
+            (
+                "nic_gb_s 1e-15",
+                with(small(""), &|sc| sc.hardware.nic_gb_s = 1e-15),
+                (FailedRequests, [4, 0, 0, 4, 0, 0, 0]),
+            ),
+        ];
+        for (name, scenario, expected) in &table {
+            check(name, scenario, *expected);
+        }
+    }
+}

@@ -1,0 +1,464 @@
+//! The simulated world: clients, proxy, engines, NICs and listeners around the core's nodes,
+//! advanced by one event queue in virtual time.
+//!
+//! Every protocol decision is the core's: the world only delivers events to nodes (after modelled
+//! latencies, service times and faults) and carries out their actions. Checkers look at each
+//! action as it is carried out (safety) and at the end of the run (liveness).
+//!
+//! `mod.rs` holds the `World` struct, the event enum, the run loop and the dispatch of events;
+//! each concept's `impl World` block is in the file named for it: `build` (`World::new`),
+//! `clients` (arrivals and the proxy), `prefill`, `decode` (units, groups and their barrier),
+//! `control` (control messages and listeners), `data_plane` (reads and NIC flows), `faults`,
+//! `checks` (violations and hangs), `finish` (the `RunResult` and the outcome rules), and
+//! `pool` (KV block pools).
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+
+use pdkv_core::decode::{DecodeAction, DecodeEvent, DecodeWorker, ReadOutcome, RecvRequest};
+use pdkv_core::ids::{RankId, RequestId, TpRank, TransferId};
+use pdkv_core::ports::{AddressBook, SessionKey};
+use pdkv_core::prefill::{EngineEvent, PrefillEngine, PrefillWorker, WorkerEvent};
+use pdkv_core::proxy::Proxy;
+use pdkv_core::topology::Deployment;
+
+use crate::cost::Cost;
+use crate::nic::{FlowId, Nics};
+use crate::result::{round3, Hang, RunResult, Violation};
+use crate::rng::Streams;
+use crate::scenario::{Clients, Scenario};
+use crate::trace::TraceRecord;
+
+/// Records a trace event only when tracing is on, so the arguments (formatted strings) cost
+/// nothing in benchmark runs.
+macro_rules! trace {
+    ($world:expr, $cat:expr, $name:expr, $track:expr, $dur:expr, $detail:expr $(,)?) => {
+        if $world.trace_on {
+            let (track, detail) = ($track, $detail);
+            $world.record($cat, $name, track, $dur, detail);
+        }
+    };
+}
+
+// The parts of the world, one concept each; declared after `trace!`, which is in scope only
+// from its definition on.
+mod build;
+mod checks;
+mod clients;
+mod control;
+mod data_plane;
+mod decode;
+mod faults;
+mod finish;
+mod pool;
+mod prefill;
+
+use clients::Req;
+use control::Listener;
+use data_plane::FlowInfo;
+use decode::{DGroup, Unit};
+use faults::ActiveFault;
+use prefill::PGroup;
+
+const NS_PER_MS: u64 = 1_000_000;
+/// Most trace records kept; a longer run keeps the first ones and says so.
+pub const MAX_TRACE_RECORDS: usize = 500_000;
+/// Delay before a decode engine with requests waiting on reads steps again.
+const IDLE_STEP_NS: u64 = 5 * NS_PER_MS;
+
+/// Nanoseconds of `ms` milliseconds. Loaded scenarios keep every time far below overflow
+/// (`MAX_TIME_MS`); a scenario built in code past that saturates, which means "never" here.
+fn ms_ns(ms: u64) -> u64 {
+    ms.saturating_mul(NS_PER_MS)
+}
+
+/// Nanoseconds of a float duration in microseconds; negative or `NaN` gives 0 and huge values
+/// saturate (Rust's float-to-integer conversion), which the load-time limits keep out of reach.
+fn us_ns(us: f64) -> u64 {
+    (us * 1e3) as u64
+}
+
+/// Events between two progress reports.
+const PROGRESS_EVERY: u64 = 8192;
+
+/// How far a run has come.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Progress {
+    /// Requests that ended (finished or failed).
+    pub ended: u64,
+    /// Requests the workload sends in all.
+    pub total: u64,
+    /// Virtual time, in nanoseconds.
+    pub now_ns: u64,
+}
+
+/// What a run can be asked to record besides its result.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RunOptions {
+    /// Keep trace records (text and Chrome trace); off for benchmarks.
+    pub trace: bool,
+}
+
+/// A finished run.
+#[derive(Clone, Debug)]
+pub struct Run {
+    /// The result object.
+    pub result: RunResult,
+    /// Trace records, in time order, if asked for.
+    pub trace: Vec<TraceRecord>,
+}
+
+#[derive(Clone, Debug)]
+enum Msg {
+    Dial {
+        from: usize,
+        session: SessionKey,
+    },
+    /// A MessagePack frame for a notify listener (release or read lease), and the transfer it
+    /// names (so a lost one can excuse its transfer's reaping without decoding it again).
+    Notify {
+        bytes: Vec<u8>,
+        transfer: Option<u32>,
+    },
+}
+
+#[derive(Debug)]
+enum Ev {
+    Arrival,
+    PrefillQueue {
+        req: RequestId,
+    },
+    PrefillDone {
+        group: usize,
+        generation: u64,
+    },
+    ProxyAnswer {
+        req: RequestId,
+    },
+    DecodeArrive {
+        recv: Box<RecvRequest>,
+    },
+    StepBegin {
+        unit: usize,
+    },
+    StepEnd {
+        unit: usize,
+        step: u64,
+    },
+    CollectiveTimeout {
+        unit: usize,
+        step: u64,
+    },
+    /// The vote results a decode group decided, one per member: `(member, step, ok)`.
+    VoteResults {
+        group: usize,
+        results: Vec<(TpRank, u64, bool)>,
+    },
+    AtListener {
+        listener: usize,
+        msg: Box<Msg>,
+    },
+    Serve {
+        listener: usize,
+        msg: Box<Msg>,
+    },
+    ToDecode {
+        worker: usize,
+        event: Box<DecodeEvent>,
+    },
+    ToPrefill {
+        rank: RankId,
+        event: Box<WorkerEvent>,
+    },
+    Flow {
+        id: FlowId,
+        version: u64,
+    },
+    ReadLater {
+        worker: usize,
+        request: RequestId,
+        layer: Option<u16>,
+        outcome: Box<ReadOutcome>,
+    },
+    DecodeTick {
+        worker: usize,
+    },
+    EngineTick {
+        engine: usize,
+    },
+    Fault {
+        index: usize,
+        start: bool,
+    },
+}
+
+struct Scheduled {
+    at: u64,
+    seq: u64,
+    ev: Ev,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+impl Eq for Scheduled {}
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Scheduled {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(other.at, other.seq))
+    }
+}
+
+/// Every piece of state of one run.
+pub struct World {
+    sc: Scenario,
+    d: Deployment,
+    cost: Cost,
+    book: AddressBook,
+    now: u64,
+    seq: u64,
+    queue: BinaryHeap<Reverse<Scheduled>>,
+    events: u64,
+    streams: Streams,
+    proxy: Proxy,
+    to_send: u64,
+    open_loop: Option<f64>,
+    requests: BTreeMap<RequestId, Req>,
+    transfers: Vec<TransferId>,
+    transfer_index: BTreeMap<TransferId, u32>,
+    fenced: BTreeSet<u32>,
+    p_ranks: Vec<RankId>,
+    d_ranks: Vec<RankId>,
+    pgroup_base: Vec<usize>,
+    pgroups: Vec<PGroup>,
+    engines: Vec<PrefillEngine>,
+    engine_tick: Vec<Option<u64>>,
+    pworkers: Vec<PrefillWorker>,
+    dgroup_base: Vec<usize>,
+    dgroups: Vec<DGroup>,
+    units: Vec<Unit>,
+    dworkers: Vec<DecodeWorker>,
+    dworker_tick: Vec<Option<u64>>,
+    dworker_group: Vec<usize>,
+    listeners: Vec<Listener>,
+    listener_at: BTreeMap<(String, u16), usize>,
+    regions: BTreeMap<u64, (usize, u64)>,
+    nics: Nics,
+    flows: BTreeMap<FlowId, FlowInfo>,
+    faults: Vec<Option<ActiveFault>>,
+    reads: Vec<u64>,
+    bytes: Vec<u64>,
+    /// Decode step gaps and how many tokens waited each one.
+    itl: Vec<(u64, u64)>,
+    violations: Vec<Violation>,
+    hangs: Vec<Hang>,
+    /// Prefill and decode engines that are down (crashed, not yet restarted).
+    prefill_down: Vec<bool>,
+    decode_down: Vec<bool>,
+    /// Incarnation of each prefill rank (bumped at every restart; it moves the memory regions).
+    epoch: Vec<u64>,
+    /// Regions of crashed incarnations: reads into them fail as a NIC would (stale keys).
+    retired_regions: BTreeMap<u64, (usize, u64)>,
+    /// Transfers whose decode side crashed: their reaping is expected, not a leak.
+    excused: BTreeSet<u32>,
+    /// Per rank (prefill ranks, then decode ranks, as NICs are numbered), the merged time
+    /// intervals in which an injected fault touched it, each widened by `grace_ns`; a failed
+    /// request is excused when one overlaps its life on one of its ranks.
+    touched: Vec<Vec<(u64, u64)>>,
+    /// How long after a fault touched a rank a request can still fail because of it: a lost
+    /// dial surfaces at the handshake timeout, a lost read at the transfer timeout.
+    grace_ns: u64,
+    /// Arrivals the proxy refused (its in-flight cap); counted as unsent.
+    refused: u64,
+    reaped_excused: u64,
+    /// Transfers whose prefill engine crashed while holding them.
+    lost_in_crash: u64,
+    /// Freed and reaped counts of prefill engine incarnations that crashed.
+    crashed_freed: u64,
+    crashed_reaped: u64,
+    /// Generation of each prefill group, bumped by a crash so its in-flight batch is dropped.
+    pgroup_generation: Vec<u64>,
+    /// Spare action buffers for `decode` (reused, never shrunk).
+    buffers: Vec<Vec<DecodeAction>>,
+    stopped: bool,
+    /// The run's time or event budget ended with events still to run (not a natural end).
+    budget_ended: bool,
+    /// When a request last ended (finished or failed): whether the run was still progressing
+    /// when its budget ended.
+    last_end_ns: u64,
+    max_hold_ns: u64,
+    trace_on: bool,
+    trace: Vec<TraceRecord>,
+    trace_dropped: u64,
+}
+
+fn ms(ns: u64) -> f64 {
+    round3(ns as f64 / NS_PER_MS as f64)
+}
+
+/// `[1, 2, 3]` for messages and traces (not Rust's `Debug` form).
+fn list<T: std::fmt::Display>(items: &[T]) -> String {
+    let items: Vec<String> = items.iter().map(T::to_string).collect();
+    format!("[{}]", items.join(", "))
+}
+
+impl World {
+    fn at(&mut self, delay_ns: u64, ev: Ev) {
+        self.seq += 1;
+        // A delay that would pass the end of u64 time is "never": the event sorts after the
+        // run's time budget, so it is not run, instead of wrapping to the past.
+        let at = self.now.saturating_add(delay_ns);
+        self.queue.push(Reverse(Scheduled { at, seq: self.seq, ev }));
+    }
+
+    fn record(&mut self, cat: &'static str, name: &str, track: String, dur_ns: Option<u64>, detail: String) {
+        if !self.trace_on {
+            return;
+        }
+        if self.trace.len() >= MAX_TRACE_RECORDS {
+            self.trace_dropped += 1;
+            return;
+        }
+        let t_ns = self.now;
+        self.trace.push(TraceRecord { t_ns, dur_ns, cat, name: name.to_string(), track, detail });
+    }
+
+    fn start(&mut self) {
+        match (self.sc.workload.clients, self.open_loop) {
+            (Clients::Closed { concurrency, .. }, _) => {
+                for _ in 0..concurrency.min(self.to_send as u32) {
+                    self.at(0, Ev::Arrival);
+                }
+            }
+            (_, Some(rate)) => {
+                let gap = self.streams.exponential_ns(rate);
+                self.at(gap, Ev::Arrival);
+            }
+            _ => {}
+        }
+        let timeline = self.sc.faults.timeline.clone();
+        for (index, fault) in timeline.iter().enumerate() {
+            self.faults.push(None);
+            self.seq += 1;
+            let at = ms_ns(fault.at_ms);
+            self.queue.push(Reverse(Scheduled { at, seq: self.seq, ev: Ev::Fault { index, start: true } }));
+            if let Some(duration) = fault.duration_ms {
+                self.seq += 1;
+                let ev = Ev::Fault { index, start: false };
+                let end = at.saturating_add(ms_ns(duration));
+                self.queue.push(Reverse(Scheduled { at: end, seq: self.seq, ev }));
+            }
+        }
+    }
+
+    /// Runs to the end and returns the result.
+    pub fn run(self) -> Run {
+        self.run_with_progress(&mut |_| {})
+    }
+
+    /// Runs to the end, reporting progress every few thousand events (for progress bars).
+    pub fn run_with_progress(mut self, progress: &mut dyn FnMut(Progress)) -> Run {
+        let limit_ns = self.sc.limits.max_virtual_time_s.saturating_mul(1_000_000_000);
+        while let Some(Reverse(next)) = self.queue.pop() {
+            if next.at > limit_ns || self.events >= self.sc.limits.max_events {
+                self.now = self.now.max(next.at.min(limit_ns));
+                self.budget_ended = true;
+                break;
+            }
+            self.now = next.at;
+            self.events += 1;
+            self.dispatch(next.ev);
+            if self.events.is_multiple_of(PROGRESS_EVERY) {
+                progress(self.progress());
+            }
+            if self.stopped {
+                break;
+            }
+        }
+        self.finish()
+    }
+
+    fn dispatch(&mut self, ev: Ev) {
+        match ev {
+            Ev::Arrival => self.on_arrival(),
+            Ev::PrefillQueue { req } => {
+                let g = self.requests[&req].prefill_group;
+                if self.prefill_down[self.pgroups[g].engine] {
+                    trace!(
+                        self,
+                        "proxy",
+                        "refused",
+                        "proxy".to_string(),
+                        None,
+                        format!("{req}: prefill engine down")
+                    );
+                    self.end_request(req, true);
+                    return;
+                }
+                self.pgroups[g].queue.push_back(req);
+                self.try_prefill(g);
+            }
+            Ev::PrefillDone { group, generation } => {
+                if generation == self.pgroup_generation[group] {
+                    self.on_prefill_done(group);
+                }
+            }
+            Ev::ProxyAnswer { req } => self.on_proxy_answer(req),
+            Ev::DecodeArrive { recv } => {
+                let g = self.requests[&recv.request].decode_group;
+                if self.decode_down[self.dgroups[g].engine] {
+                    let transfer = self.requests[&recv.request].transfer;
+                    self.excused.insert(transfer);
+                    self.end_request(recv.request, true);
+                    return;
+                }
+                self.dgroups[g].waiting.push_back(*recv);
+                self.wake(self.dgroups[g].unit);
+            }
+            Ev::StepBegin { unit } => self.on_step_begin(unit),
+            Ev::StepEnd { unit, step } => self.on_step_end(unit, step),
+            Ev::CollectiveTimeout { unit, step } => self.on_collective_timeout(unit, step),
+            Ev::VoteResults { group, results } => {
+                for (member, step, ok) in results {
+                    let w = self.dgroups[group].workers[usize::from(member.0)];
+                    self.decode(w, DecodeEvent::VoteResult { step, ok });
+                }
+            }
+            Ev::AtListener { listener, msg } => self.on_at_listener(listener, *msg),
+            Ev::Serve { listener, msg } => self.on_serve(listener, *msg),
+            Ev::ToDecode { worker, event } => self.decode(worker, *event),
+            Ev::ToPrefill { rank, event } => self.prefill_worker(rank, *event),
+            Ev::Flow { id, version } => self.on_flow(id, version),
+            Ev::ReadLater { worker, request, layer, outcome } => {
+                self.decode(worker, DecodeEvent::ReadDone { request, layer, outcome: *outcome })
+            }
+            Ev::DecodeTick { worker } => {
+                if self.dworker_tick[worker] == Some(self.now) {
+                    self.dworker_tick[worker] = None;
+                    self.decode(worker, DecodeEvent::Tick);
+                }
+            }
+            Ev::EngineTick { engine } => {
+                if self.engine_tick[engine] == Some(self.now) {
+                    self.engine_tick[engine] = None;
+                    self.engine(engine, EngineEvent::Tick);
+                }
+            }
+            Ev::Fault { index, start } => self.on_fault(index, start),
+        }
+    }
+
+    fn progress(&self) -> Progress {
+        let ended = self.requests.values().filter(|r| r.done_ns.is_some()).count() as u64;
+        let total = match self.sc.workload.clients {
+            Clients::Closed { requests, .. } | Clients::Open { requests, .. } => u64::from(requests),
+        };
+        Progress { ended, total, now_ns: self.now }
+    }
+}

@@ -1,0 +1,251 @@
+//! Prefill: batching on each DP group, and driving the core's prefill engines and workers.
+
+use std::collections::VecDeque;
+
+use pdkv_core::ids::{RankId, RequestId};
+use pdkv_core::prefill::{EngineAction, EngineEvent, WorkerAction, WorkerEvent};
+use pdkv_core::time::Instant;
+use pdkv_core::topology::Layout;
+
+use crate::result::ViolationKind;
+
+use super::pool::{Pool, FREE};
+use super::{list, ms, ms_ns, Ev, World};
+
+pub(super) struct PGroup {
+    pub(super) engine: usize,
+    pub(super) dp: u16,
+    pub(super) layout: Layout,
+    pub(super) queue: VecDeque<RequestId>,
+    pub(super) batch: Vec<(RequestId, Vec<u32>)>,
+    pub(super) busy: bool,
+    pub(super) pool: Pool,
+    pub(super) stalled_since: Option<u64>,
+    pub(super) stall_ns: u64,
+}
+
+impl World {
+    pub(super) fn try_prefill(&mut self, g: usize) {
+        let block = u64::from(self.sc.model.block_size_tokens);
+        let max_tokens = u64::from(self.sc.engines.prefill_max_batched_tokens);
+        let group = &mut self.pgroups[g];
+        if group.busy || group.queue.is_empty() {
+            return;
+        }
+        let mut tokens = 0u64;
+        let mut batch = Vec::new();
+        while let Some(&id) = group.queue.front() {
+            let req = &self.requests[&id];
+            let need = u64::from(req.input).div_ceil(block) as usize;
+            let fits_tokens = batch.is_empty() || tokens + u64::from(req.input) <= max_tokens;
+            if !fits_tokens || group.pool.available() < need {
+                break;
+            }
+            group.queue.pop_front();
+            tokens += u64::from(req.input);
+            let blocks = group.pool.alloc(need, req.transfer);
+            batch.push((id, blocks));
+        }
+        if batch.is_empty() {
+            // The head does not fit in the free blocks: prefill stalls until blocks are freed.
+            group.stalled_since.get_or_insert(self.now);
+            return;
+        }
+        if let Some(since) = group.stalled_since.take() {
+            group.stall_ns += self.now - since;
+        }
+        group.busy = true;
+        let duration = self.cost.prefill_batch_ns(group.layout, tokens);
+        let (engine, dp, count) = (group.engine, group.dp, batch.len());
+        group.batch = batch;
+        trace!(
+            self,
+            "prefill",
+            "batch",
+            format!("P{engine}.dp{dp}"),
+            Some(duration),
+            format!("requests={count} tokens={tokens}"),
+        );
+        let generation = self.pgroup_generation[g];
+        self.at(duration, Ev::PrefillDone { group: g, generation });
+    }
+
+    pub(super) fn on_prefill_done(&mut self, g: usize) {
+        let batch = std::mem::take(&mut self.pgroups[g].batch);
+        self.pgroups[g].busy = false;
+        let (e, dp) = (self.pgroups[g].engine, self.pgroups[g].dp);
+        for (id, blocks) in batch {
+            let req = self.requests.get_mut(&id).expect("batched requests exist");
+            req.prefill_blocks = blocks.clone();
+            let decode = self.d.decode[self.dgroups[req.decode_group].engine];
+            let event = EngineEvent::PrefillDone {
+                request: id,
+                transfer_id: self.transfers[req.transfer as usize].clone(),
+                owner_dp: dp,
+                blocks: blocks.clone(),
+                decode,
+                // A decode engine crashes whole in the simulator; no lone reader is lost.
+                reader: None,
+            };
+            let transfer = req.transfer;
+            let mut out = Vec::new();
+            match self.engines[e].handle(Instant(self.now), event, &mut out) {
+                Ok(()) => {
+                    self.engine_actions(e, out);
+                    let latency = self.control_ns();
+                    self.at(latency, Ev::ProxyAnswer { req: id });
+                }
+                Err(error) => {
+                    self.pgroups[g].pool.release(&blocks, transfer);
+                    trace!(
+                        self,
+                        "prefill",
+                        "refused",
+                        format!("P{e}.dp{dp}"),
+                        None,
+                        format!("{id}: {error}")
+                    );
+                    self.end_request(id, true);
+                }
+            }
+        }
+        self.engine_timer(e);
+        self.try_prefill(g);
+    }
+
+    pub(super) fn engine(&mut self, e: usize, event: EngineEvent) {
+        let mut out = Vec::new();
+        if let Err(error) = self.engines[e].handle(Instant(self.now), event, &mut out) {
+            self.violation(ViolationKind::ProtocolError, vec![format!("P{e}")], error.to_string());
+        }
+        self.engine_actions(e, out);
+        self.engine_timer(e);
+    }
+
+    fn engine_timer(&mut self, e: usize) {
+        if let Some(Instant(t)) = self.engines[e].poll_timeout() {
+            if self.engine_tick[e].is_none_or(|s| t < s) {
+                self.engine_tick[e] = Some(t);
+                let delay = t.saturating_sub(self.now);
+                self.at(delay, Ev::EngineTick { engine: e });
+            }
+        }
+    }
+
+    pub(super) fn pworker_index(&self, rank: RankId) -> usize {
+        self.d.rank_index(rank)
+    }
+
+    fn engine_actions(&mut self, e: usize, actions: Vec<EngineAction>) {
+        for action in actions {
+            match action {
+                EngineAction::Register { rank, transfer_id, quorum } => {
+                    let delay = ms_ns(self.sc.engines.prefill_register_delay_ms);
+                    let event = WorkerEvent::Register { transfer_id, quorum };
+                    if delay == 0 {
+                        self.prefill_worker(rank, event);
+                    } else {
+                        self.at(delay, Ev::ToPrefill { rank, event: Box::new(event) });
+                    }
+                }
+                EngineAction::GroupDone { rank, transfer_id } => {
+                    self.prefill_worker(rank, WorkerEvent::GroupDone { transfer_id })
+                }
+                EngineAction::Retire { rank, transfer_id } => {
+                    self.prefill_worker(rank, WorkerEvent::Retired { transfer_id })
+                }
+                EngineAction::FinishedSending { request, .. } => {
+                    trace!(self, "prefill", "finished_sending", format!("P{e}"), None, format!("{request}"));
+                }
+                EngineAction::Fence { transfer_id, .. } => {
+                    if let Some(&t) = self.transfer_index.get(&transfer_id) {
+                        self.fenced.insert(t);
+                    }
+                }
+                EngineAction::FreeBlocks { transfer_id, owner_dp, blocks, reaped } => {
+                    let g = self.pgroup_base[e] + usize::from(owner_dp);
+                    let t = self.transfer_index.get(&transfer_id).copied().unwrap_or(FREE - 1);
+                    let bad = self.pgroups[g].pool.release(&blocks, t);
+                    if !bad.is_empty() {
+                        let detail = format!("{transfer_id}: blocks {} were not held by it", list(&bad));
+                        self.violation(ViolationKind::DoubleFree, vec![format!("P{e}.dp{owner_dp}")], detail);
+                    }
+                    let name = if reaped { "reap" } else { "free" };
+                    trace!(
+                        self,
+                        "prefill",
+                        name,
+                        format!("P{e}.dp{owner_dp}"),
+                        None,
+                        format!("{transfer_id} blocks={}", blocks.len()),
+                    );
+                    self.try_prefill(g);
+                }
+                EngineAction::ReapWarning { transfer_id, held_ns, unfinished_tp } => {
+                    self.max_hold_ns = self.max_hold_ns.max(held_ns);
+                    if self.transfer_index.get(&transfer_id).is_some_and(|t| self.excused.contains(t)) {
+                        self.reaped_excused += 1;
+                    }
+                    let detail = format!(
+                        "{transfer_id} held {} ms; unreleased TP ranks {}",
+                        ms(held_ns),
+                        list(&unfinished_tp)
+                    );
+                    trace!(self, "prefill", "reap_warning", format!("P{e}"), None, detail);
+                }
+            }
+        }
+    }
+
+    pub(super) fn prefill_worker(&mut self, rank: RankId, event: WorkerEvent) {
+        let i = self.pworker_index(rank);
+        let mut out = Vec::new();
+        self.pworkers[i].handle(Instant(self.now), event, &mut out);
+        self.worker_actions(i, out);
+    }
+
+    fn worker_actions(&mut self, i: usize, actions: Vec<WorkerAction>) {
+        for action in actions {
+            match action {
+                WorkerAction::Finished { rank, transfer_id } => {
+                    let e = usize::from(rank.engine.index);
+                    self.engine(e, EngineEvent::WorkerFinished { rank, transfer_id });
+                }
+                WorkerAction::Leased { rank, transfer_id, until } => {
+                    let e = usize::from(rank.engine.index);
+                    self.engine(e, EngineEvent::Leased { transfer_id, until });
+                }
+                WorkerAction::Ignored { transfer_id, outcome } => {
+                    let rank = self.p_ranks[i].to_string();
+                    let why = release_outcome_words(&outcome);
+                    trace!(self, "release", "ignored", rank, None, format!("{transfer_id}: {why}"));
+                }
+                WorkerAction::Error { rank, error } => {
+                    self.violation(
+                        ViolationKind::ProtocolError,
+                        vec![self.p_ranks[i].to_string()],
+                        format!("{rank}: {error}"),
+                    );
+                }
+                WorkerAction::SendHandshakeReply { .. } => {
+                    // Replies are sent by the listener that carried the request (on_serve).
+                }
+            }
+        }
+    }
+}
+
+/// What the release ledger did, in words, for the trace.
+fn release_outcome_words(outcome: &pdkv_core::release::ReleaseOutcome) -> String {
+    use pdkv_core::release::ReleaseOutcome as O;
+    match outcome {
+        O::Counted { have, need } => format!("counted ({have} of {need})"),
+        O::Completed => "completed".into(),
+        O::DuplicateSender => "duplicate sender".into(),
+        O::Deduplicated => "deduplicated (legacy)".into(),
+        O::AfterCompletion => "after completion".into(),
+        O::Stale => "stale (transfer retired)".into(),
+        O::Buffered => "buffered (early)".into(),
+        O::Dropped => "dropped (legacy)".into(),
+    }
+}
