@@ -11,6 +11,7 @@ mod cluster_fuzz;
 mod core_lints;
 mod pyenv;
 mod rdma_vm;
+mod results;
 mod suite;
 mod tidy;
 
@@ -32,6 +33,10 @@ tasks:
              (release build)
   gallery  rerun the commands of docs/gallery/gallery.txt (release build) and copy their
            pictures into docs/gallery, where the README shows them
+  results record|compare DIR
+           the result.json of every built-in scenario and of the README's main command
+           (release build), recorded into DIR or compared byte for byte with it: record
+           before a refactor, compare after
   check-model  bounded model checking of the protocol nodes on tiny deployments
   rdma-vm  the RDMA verbs tests (feature `rdma`) in a qemu guest with Soft-RoCE (rdma_rxe)
   cluster-fuzz [--for 60s] [--seed N] [--max-runs N] [--legacy NAME]...
@@ -72,6 +77,10 @@ fn main() -> ExitCode {
             cluster_fuzz::run(&args, &workspace_root())
         }
         Some("gallery") => gallery(),
+        Some("results") => {
+            let args: Vec<String> = std::env::args().skip(2).collect();
+            results::run(&args, &workspace_root())
+        }
         Some("calibrate") => {
             let args = ["run", "--release", "--quiet", "--package", "pdkv-sim", "--example", "calibrate"];
             if cargo(&args, &[]) {
