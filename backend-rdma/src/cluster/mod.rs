@@ -30,6 +30,7 @@ use pdkv_core::params::KvTransferParams;
 use pdkv_core::ports::EngineAddress;
 use pdkv_core::prefill::{EngineAction, EngineEvent, PrefillEngine};
 use pdkv_core::proxy::{Proxy, ProxyAction};
+use pdkv_core::rng::Stream;
 use pdkv_core::time::Instant;
 use pdkv_core::topology::{Deployment, Layout, ModelSpec};
 use serde::Serialize;
@@ -83,22 +84,10 @@ pub const MAX_FAILURES_LISTED: usize = 1000;
 /// Most problem lines kept for the report.
 const MAX_PROBLEMS: usize = 64;
 
-/// A deterministic stream for lengths and ids (SplitMix64).
-struct Stream(u64);
-
-impl Stream {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn range(&mut self, lo: u32, hi: u32) -> u32 {
-        lo + (self.next() % u64::from(hi - lo + 1)) as u32
-    }
-}
+/// The stream number of the request draws (ids and lengths) in the project's generator: the
+/// simulator's workload stream's number, and apart from stream 0, which the cluster fuzzer draws
+/// its plans from with the same seed, so a plan and its run's requests are not correlated.
+const REQUEST_STREAM: u64 = 1;
 
 // ------------------------------------------------------------------------------ processes
 
@@ -157,6 +146,7 @@ struct Cluster {
     ranks: BTreeMap<RankId, RankProc>,
     requests: BTreeMap<RequestId, Req>,
     clock: Clock,
+    /// Request ids and lengths, from `--seed`.
     stream: Stream,
     sent: u64,
     finished: u64,
@@ -293,7 +283,7 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
         ranks: BTreeMap::new(),
         requests: BTreeMap::new(),
         clock: Clock::start(),
-        stream: Stream(config.seed),
+        stream: Stream::new(config.seed, REQUEST_STREAM),
         sent: 0,
         finished: 0,
         failed: 0,

@@ -19,9 +19,10 @@ impl Cluster {
             return;
         }
         self.sent += 1;
-        let bits = (u128::from(self.stream.next()) << 64) | u128::from(self.stream.next());
-        let input = self.stream.range(48, 400);
-        let output = self.stream.range(4, 12);
+        let bits = (u128::from(self.stream.next_u64()) << 64) | u128::from(self.stream.next_u64());
+        // Both ranges fit in a u32, so the casts keep every value.
+        let input = self.stream.range(48, 400) as u32;
+        let output = self.stream.range(4, 12) as u32;
         let (id, action) = match self.proxy.handle_request(bits) {
             Ok(x) => x,
             Err(e) => {

@@ -101,7 +101,7 @@ fn the_model_replicates_heads_for_heterogeneous_tp() {
 #[test]
 fn request_lengths_stay_in_their_range_and_repeat_for_a_seed() {
     let draw = |seed| {
-        let mut s = Stream(seed);
+        let mut s = Stream::new(seed, REQUEST_STREAM);
         (0..1000).map(|_| s.range(48, 400)).collect::<Vec<_>>()
     };
     let a = draw(7);
