@@ -54,10 +54,11 @@ pub use config::{
     ClusterConfig, ClusterError, Fault, MAX_CLUSTER_RANKS, MAX_CONCURRENCY, MAX_LAYERS, MAX_REQUESTS,
     MAX_TIMEOUT_MS, MIN_TIMEOUT_MS,
 };
+pub use pdkv_sim::result::{Summary, ViolationKind};
 use procs::{free_ports, new_token, Acceptor, Admission, Ev, RankProc};
 pub use result::{
-    ClusterResult, Failure, Latencies, Ledger, Nic, Processes, Progress, Requests, Summary, Throughput,
-    Violation,
+    ClusterOutcome, ClusterResult, Failure, Latencies, Ledger, Nic, Processes, Progress, Requests,
+    Throughput, Violation,
 };
 
 const NS_PER_MS: u64 = 1_000_000;
@@ -400,14 +401,14 @@ impl Cluster {
             }
             FromRank::Mismatch { request, detail } => {
                 self.violations.push(Violation {
-                    kind: "read_mismatch".into(),
+                    kind: ViolationKind::ReadMismatch,
                     detail: format!("{rank}, {request}: {detail}"),
                 });
             }
             FromRank::Problem { violation, detail } => {
                 if violation {
                     self.violations.push(Violation {
-                        kind: "protocol_error".into(),
+                        kind: ViolationKind::ProtocolError,
                         detail: format!("{rank}: {detail}"),
                     });
                 } else {

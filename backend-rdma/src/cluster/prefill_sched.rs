@@ -26,8 +26,10 @@ impl Cluster {
         let (id, action) = match self.proxy.handle_request(bits) {
             Ok(x) => x,
             Err(e) => {
-                self.violations
-                    .push(Violation { kind: "protocol_error".into(), detail: format!("proxy refused: {e}") });
+                self.violations.push(Violation {
+                    kind: ViolationKind::ProtocolError,
+                    detail: format!("proxy refused: {e}"),
+                });
                 return;
             }
         };
@@ -218,7 +220,7 @@ impl Cluster {
                     Ok(_) => format!("proxy answered the prefill response of {id} with no decode dispatch"),
                     Err(e) => format!("proxy refused the prefill response of {id}: {e}"),
                 };
-                self.violations.push(Violation { kind: "protocol_error".into(), detail });
+                self.violations.push(Violation { kind: ViolationKind::ProtocolError, detail });
             }
         }
     }
@@ -227,7 +229,7 @@ impl Cluster {
         let mut out = Vec::new();
         if let Err(error) = self.engines[e].handle(self.clock.now(), event, &mut out) {
             self.violations
-                .push(Violation { kind: "protocol_error".into(), detail: format!("P{e}: {error}") });
+                .push(Violation { kind: ViolationKind::ProtocolError, detail: format!("P{e}: {error}") });
         }
         self.engine_actions(e, out);
     }
@@ -307,7 +309,7 @@ impl Cluster {
             } else {
                 self.ledger.double_frees += 1;
                 let detail = format!("P{e}.dp{dp}: block {b} freed for {transfer_id}, which did not hold it");
-                self.violations.push(Violation { kind: "double_free".into(), detail });
+                self.violations.push(Violation { kind: ViolationKind::DoubleFree, detail });
             }
         }
     }

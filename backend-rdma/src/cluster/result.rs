@@ -1,8 +1,12 @@
 //! What a cluster run reports (`--json`), and the rules that name its outcome.
 
+use pdkv_sim::result::{round3, Summary, ViolationKind};
+use pdkv_sim::Outcome;
+
 use super::*;
 
-/// Requests by how they ended (the simulator's names).
+/// Requests by how they ended (the simulator's names). Not the simulator's `Requests`: that one
+/// also has `failed_unexcused`, `cut_off` and `unsent`, which would add fields to `--json`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Requests {
     /// Sent by the client.
@@ -18,7 +22,7 @@ pub struct Requests {
     pub unfinished: u64,
 }
 
-/// Throughput over the run.
+/// Throughput over the run (the simulator's `Throughput` plus the verified KV bytes per second).
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Throughput {
     /// Prompt plus generated tokens of finished requests per second.
@@ -31,30 +35,6 @@ pub struct Throughput {
     pub kv_bytes_per_s: f64,
 }
 
-/// Mean and percentiles of one latency, in milliseconds (the simulator's `Summary`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
-pub struct Summary {
-    /// Mean.
-    pub mean: f64,
-    /// Median.
-    pub p50: f64,
-    /// 99th percentile.
-    pub p99: f64,
-}
-
-impl Summary {
-    pub(super) fn of(values: &[f64]) -> Summary {
-        if values.is_empty() {
-            return Summary::default();
-        }
-        let mut sorted = values.to_vec();
-        sorted.sort_by(f64::total_cmp);
-        let round = |x: f64| (x * 1000.0).round() / 1000.0;
-        let at = |q: f64| round(sorted[((sorted.len() - 1) as f64 * q).round() as usize]);
-        Summary { mean: round(sorted.iter().sum::<f64>() / sorted.len() as f64), p50: at(0.5), p99: at(0.99) }
-    }
-}
-
 /// Wall-clock latencies of finished requests.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Latencies {
@@ -64,7 +44,8 @@ pub struct Latencies {
     pub e2e: Summary,
 }
 
-/// Reads and bytes per prefill GPU.
+/// Reads and bytes per prefill GPU. Not the simulator's `NicStats`: its Jain indices may be
+/// `null` and it has a utilisation series the cluster does not measure.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Nic {
     /// Prefill GPUs in rank order.
@@ -79,7 +60,9 @@ pub struct Nic {
     pub jain_bytes: f64,
 }
 
-/// The prefill block ledger over all engines.
+/// The prefill block ledger over all engines. Not the simulator's `Ledger`, whose other counters
+/// (crash losses, hold times, stalls) the cluster does not measure, while it counts fences and
+/// double frees.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Ledger {
     /// Transfers still held at the end.
@@ -109,11 +92,12 @@ pub struct Failure {
     pub errors: Vec<String>,
 }
 
-/// A safety violation.
+/// A safety violation. The simulator's `Violation` also carries a virtual time and the ranks
+/// involved, which the cluster does not know apart from the detail, so only the kind is shared.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Violation {
-    /// `read_mismatch`, `double_free`, `protocol_error`.
-    pub kind: String,
+    /// `read_mismatch`, `double_free`, `protocol_error` (the simulator's names).
+    pub kind: ViolationKind,
     /// What exactly.
     pub detail: String,
 }
@@ -147,7 +131,7 @@ pub struct ClusterResult {
     pub model: String,
     /// Seed of lengths and ids.
     pub seed: u64,
-    /// `clean`, `leak`, `hang` or `safety_violation`, as in the simulator.
+    /// [`ClusterOutcome::name`]: the simulator's outcome names, or `interrupted`.
     pub outcome: String,
     /// Wall time of the run, in seconds.
     pub duration_s: f64,
@@ -200,6 +184,27 @@ pub struct Progress {
     pub total: u64,
 }
 
+/// How a cluster run ended: one of the simulator's outcomes, with its name and meaning, or
+/// stopped by a signal, which a simulated run never is (so `Outcome` has no such variant, and
+/// scenario files cannot expect one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClusterOutcome {
+    /// A signal stopped the run; the result is partial.
+    Interrupted,
+    /// The run ended as the simulator's outcome says.
+    Ended(Outcome),
+}
+
+impl ClusterOutcome {
+    /// The snake_case name the result's `outcome` field holds.
+    pub fn name(self) -> &'static str {
+        match self {
+            ClusterOutcome::Interrupted => "interrupted",
+            ClusterOutcome::Ended(outcome) => outcome.name(),
+        }
+    }
+}
+
 /// How a run ended, by the simulator's rules plus two of the cluster's own: a violation trumps
 /// an interruption (a signal stopped the run, so the rest is partial), which trumps a hang; a
 /// hang trumps failed requests, failed requests trump a leak. Requests that failed and transfers
@@ -212,29 +217,32 @@ pub(super) fn outcome(
     incomplete: bool,
     requests: &Requests,
     ledger: &Ledger,
-) -> &'static str {
-    if violated {
-        "safety_violation"
+) -> ClusterOutcome {
+    let ended = if violated {
+        Outcome::SafetyViolation
     } else if interrupted {
-        "interrupted"
+        return ClusterOutcome::Interrupted;
     } else if hung {
-        "hang"
+        Outcome::Hang
     } else if requests.failed > requests.failed_excused {
-        "failed_requests"
+        Outcome::FailedRequests
     } else if incomplete {
         // The budget ended while requests were still finishing: transfers in flight are held,
-        // which is not a leak.
-        "incomplete"
+        // which is not a leak. (The simulator ranks a leak above this: its budget ends in
+        // virtual time, with nothing in flight that a real clock's cut would leave held.)
+        Outcome::Incomplete
     } else if ledger.held > 0 || ledger.reaped > ledger.reaped_excused {
-        "leak"
+        Outcome::Leak
     } else {
-        "clean"
-    }
+        Outcome::Clean
+    };
+    ClusterOutcome::Ended(ended)
 }
 
-/// Jain's index as the simulator reports it (the core's, to three decimals).
+/// Jain's index rounded as the simulator rounds it; always a number, where the simulator's
+/// `jain` says `null` for a run without reads, since the cluster's schema has always had one.
 pub(super) fn jain(values: &[u64]) -> f64 {
-    (pdkv_core::routes::jain_index(values) * 1000.0).round() / 1000.0
+    round3(pdkv_core::routes::jain_index(values))
 }
 
 impl Cluster {
@@ -293,7 +301,7 @@ impl Cluster {
                 format!("GQA with {heads} KV head{plural}, {} layers", self.d.model.layers)
             },
             seed: self.config.seed,
-            outcome: outcome.into(),
+            outcome: outcome.name().into(),
             duration_s: (duration_s * 1000.0).round() / 1000.0,
             requests,
             throughput: Throughput {
@@ -302,7 +310,10 @@ impl Cluster {
                 requests_per_s: per_s(self.finished as f64),
                 kv_bytes_per_s: per_s(self.bytes_verified as f64),
             },
-            latency_ms: Latencies { ttft: Summary::of(&self.ttft_ms), e2e: Summary::of(&self.e2e_ms) },
+            latency_ms: Latencies {
+                ttft: Summary::of(&mut self.ttft_ms.clone()).unwrap_or_default(),
+                e2e: Summary::of(&mut self.e2e_ms.clone()).unwrap_or_default(),
+            },
             nic: Nic {
                 prefill_gpus: gpus.iter().map(|r| r.to_string()).collect(),
                 jain: jain(&reads),

@@ -11,7 +11,11 @@ fn outcomes_follow_the_simulators_rules_and_failed_requests_are_not_clean() {
     // `sent` and `finished` do not matter: only failures without an excuse do.
     let requests = |failed, excused| Requests { failed, failed_excused: excused, ..Requests::default() };
     let check = |violated, hung, r: Requests, l: Ledger, expected: &str| {
-        assert_eq!(outcome(violated, false, hung, false, &r, &l), expected, "{violated} {hung} {r:?} {l:?}");
+        assert_eq!(
+            outcome(violated, false, hung, false, &r, &l).name(),
+            expected,
+            "{violated} {hung} {r:?} {l:?}"
+        );
     };
     check(false, false, requests(0, 0), ledger(0, 0, 0), "clean");
     check(false, false, requests(0, 0), ledger(0, 3, 3), "clean");
@@ -29,13 +33,13 @@ fn outcomes_follow_the_simulators_rules_and_failed_requests_are_not_clean() {
     check(false, true, requests(6, 5), ledger(0, 0, 0), "hang");
     // A budget that ends while requests still finish: transfers in flight are held, and
     // that is neither a hang nor a leak; unexcused failures still say more.
-    let ended = |r: Requests, l: Ledger| outcome(false, false, false, true, &r, &l);
+    let ended = |r: Requests, l: Ledger| outcome(false, false, false, true, &r, &l).name();
     assert_eq!(ended(requests(0, 0), ledger(36, 0, 0)), "incomplete");
     assert_eq!(ended(requests(2, 0), ledger(36, 0, 0)), "failed_requests");
     // A stopped run is partial: unfinished requests and held transfers are expected of it;
     // only a violation seen before the stop says more.
     let stopped = |violated, expected: &str| {
-        assert_eq!(outcome(violated, true, true, false, &requests(3, 0), &ledger(2, 0, 0)), expected);
+        assert_eq!(outcome(violated, true, true, false, &requests(3, 0), &ledger(2, 0, 0)).name(), expected);
     };
     stopped(false, "interrupted");
     stopped(true, "safety_violation");
