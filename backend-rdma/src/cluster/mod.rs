@@ -9,6 +9,11 @@
 //! takes the MIN vote). The ranks run the worker nodes
 //! behind real listeners and a real data plane. Nothing here computes a rank, a port or a quorum
 //! either: the proxy routes, the engine registers, the workers decide whom to read.
+//!
+//! This file holds the run's state and main loop; the rest is split by concept: `config.rs`
+//! (the options), `procs.rs` (processes and membership), `prefill_sched.rs` and
+//! `decode_sched.rs` (the engines' schedulers), `faults.rs` (kills and restarts) and
+//! `result.rs` (the report, in the simulator's vocabulary).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
