@@ -237,6 +237,9 @@ pub enum ViolationKind {
     PortWithoutListener,
     /// A node reported an inconsistency, or a message could not be decoded.
     ProtocolError,
+    /// The real cluster only (`pdkv cluster`): bytes decode read differ from the pattern the
+    /// source prefill rank wrote (the wrong rank, block, layer or transfer was read).
+    ReadMismatch,
 }
 
 impl ViolationKind {
@@ -248,6 +251,7 @@ impl ViolationKind {
             ViolationKind::DoubleFree => "double_free",
             ViolationKind::PortWithoutListener => "port_without_listener",
             ViolationKind::ProtocolError => "protocol_error",
+            ViolationKind::ReadMismatch => "read_mismatch",
         }
     }
 }

@@ -1,0 +1,223 @@
+//! The run's options as the command line gives them, their limits and checks.
+
+use super::*;
+
+/// A fault to inject into a cluster run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Kill (SIGKILL) a prefill rank's process once `after` requests have been prefilled, so
+    /// transfers are in flight; restart it `restart_after_ms` later if given.
+    KillPrefill {
+        /// The rank.
+        rank: RankId,
+        /// Prefilled requests before the kill.
+        after: u32,
+        /// When to start it again, if at all.
+        restart_after_ms: Option<u64>,
+    },
+    /// A decode rank drops its first `count` releases instead of sending them.
+    DropReleases {
+        /// The decode rank.
+        rank: RankId,
+        /// How many.
+        count: u32,
+    },
+}
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    /// Deployment notation, e.g. `1P_TP4:1D_TP8`.
+    pub deployment: String,
+    /// Requests to push through.
+    pub requests: u32,
+    /// Requests in flight at once (closed loop).
+    pub concurrency: u32,
+    /// The data plane.
+    pub transport: TransportKind,
+    /// MLA model (flexible reads) instead of a GQA model.
+    pub mla: bool,
+    /// Transformer layers of the model.
+    pub layers: u16,
+    /// Legacy behaviours.
+    pub legacy: LegacyOptions,
+    /// The `pdkv` executable that runs `connector`.
+    pub exe: PathBuf,
+    /// Host every engine listens on.
+    pub host: String,
+    /// Seed of prompt lengths and transfer ids.
+    pub seed: u64,
+    /// Blocks per prefill rank.
+    pub num_blocks: u32,
+    /// Decode handshake timeout.
+    pub handshake_timeout_ms: u64,
+    /// Decode transfer timeout (also the read lease).
+    pub transfer_timeout_ms: u64,
+    /// The prefill engines' reaper (`defer_timeout`).
+    pub defer_timeout_ms: u64,
+    /// The run's limit: past it, what is unfinished counts as hung.
+    pub timeout_ms: u64,
+    /// Faults to inject.
+    pub faults: Vec<Fault>,
+    /// Where to look for a stop request: a signal number (nonzero) stops the run in order,
+    /// with a partial result whose outcome is `interrupted` ([`crate::signals::CAUGHT`] for the
+    /// command line).
+    pub stop: Option<&'static AtomicI32>,
+}
+
+/// Most requests one run sends (each keeps a few hundred bytes of bookkeeping).
+pub const MAX_REQUESTS: u32 = 1_000_000;
+/// Most requests in flight at once: far more than the prefill pools and decode batches hold,
+/// so the rest queue in the schedulers, as they would in vLLM.
+pub const MAX_CONCURRENCY: u32 = 4096;
+/// Most layers a cluster's model has (DeepSeek-R1 has 61): every prefill rank keeps
+/// `num_blocks` blocks of every layer in memory, which is 300 MB per rank for MLA at 64.
+pub const MAX_LAYERS: u16 = 64;
+/// Most ranks (processes) one cluster starts on this host.
+pub const MAX_CLUSTER_RANKS: usize = 128;
+/// Shortest timeout accepted: less fails every request on a loaded host before its KV can
+/// move, which tests nothing.
+pub const MIN_TIMEOUT_MS: u64 = 100;
+/// Longest timeout or delay accepted (a day); longer ones overflow the clocks' arithmetic.
+pub const MAX_TIMEOUT_MS: u64 = 86_400_000;
+
+impl ClusterConfig {
+    /// Checks what the command line can get wrong before any process starts; the error names
+    /// the flag. `d` is the parsed deployment.
+    pub fn validate(&self, d: &Deployment) -> Result<(), String> {
+        let count = |flag: &str, value: u32, max: u32| {
+            if (1..=max).contains(&value) {
+                Ok(())
+            } else {
+                Err(format!("{flag} {value}: must be between 1 and {max}"))
+            }
+        };
+        count("--requests", self.requests, MAX_REQUESTS)?;
+        count("--concurrency", self.concurrency, MAX_CONCURRENCY)?;
+        count("--layers", u32::from(self.layers), u32::from(MAX_LAYERS))?;
+        let timeouts = [
+            ("--handshake-timeout-ms", self.handshake_timeout_ms),
+            ("--transfer-timeout-ms", self.transfer_timeout_ms),
+            ("--defer-timeout-ms", self.defer_timeout_ms),
+            ("--timeout-ms", self.timeout_ms),
+        ];
+        for (flag, ms) in timeouts {
+            if !(MIN_TIMEOUT_MS..=MAX_TIMEOUT_MS).contains(&ms) {
+                return Err(format!("{flag} {ms}: must be between {MIN_TIMEOUT_MS} and {MAX_TIMEOUT_MS}"));
+            }
+        }
+        let ranks = d.ranks(Role::Prefill).len() + d.ranks(Role::Decode).len();
+        if ranks > MAX_CLUSTER_RANKS {
+            return Err(format!(
+                "{}: {ranks} ranks, but a cluster on one host starts at most {MAX_CLUSTER_RANKS} processes",
+                self.deployment
+            ));
+        }
+        if self.transport == TransportKind::Rdma && !cfg!(feature = "rdma") {
+            return Err("--transport rdma: this pdkv was built without the rdma feature (cargo build \
+                        --features rdma)"
+                .into());
+        }
+        for fault in &self.faults {
+            match *fault {
+                Fault::KillPrefill { rank, after, restart_after_ms } => {
+                    if rank.engine.role != Role::Prefill || !d.ranks(Role::Prefill).contains(&rank) {
+                        return Err(format!("--kill {rank}: {} has no prefill rank {rank}", self.deployment));
+                    }
+                    if after >= self.requests {
+                        return Err(format!(
+                            "--kill-after {after}: the run prefills only {} requests, so the kill would \
+                             come after the last one (use 0 to {})",
+                            self.requests,
+                            self.requests - 1
+                        ));
+                    }
+                    if let Some(ms) = restart_after_ms.filter(|&ms| ms > MAX_TIMEOUT_MS) {
+                        return Err(format!("--restart-after-ms {ms}: must be at most {MAX_TIMEOUT_MS}"));
+                    }
+                }
+                Fault::DropReleases { rank, count } => {
+                    if rank.engine.role != Role::Decode || !d.ranks(Role::Decode).contains(&rank) {
+                        return Err(format!(
+                            "--drop-releases {rank}={count}: {} has no decode rank {rank}",
+                            self.deployment
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Defaults for a loopback run: 8 requests in flight, 4 layers, 512 blocks per prefill rank,
+    /// a 10 s handshake timeout and MoRIIO's transfer and reaper timeouts.
+    pub fn new(deployment: &str, requests: u32, exe: PathBuf) -> ClusterConfig {
+        ClusterConfig {
+            deployment: deployment.to_owned(),
+            requests,
+            concurrency: 8,
+            transport: TransportKind::Tcp,
+            mla: false,
+            layers: 4,
+            legacy: LegacyOptions::none(),
+            exe,
+            host: "127.0.0.1".into(),
+            seed: 0,
+            num_blocks: 512,
+            // The core's defaults (docs/reference.md says which are MoRIIO's): a fault-free run
+            // never waits for them, and a loaded machine (CI) must not turn a slow read into a
+            // failure.
+            handshake_timeout_ms: 10_000,
+            transfer_timeout_ms: 30_000,
+            defer_timeout_ms: 60_000,
+            timeout_ms: 120_000,
+            faults: Vec::new(),
+            stop: None,
+        }
+    }
+
+    /// The model the ranks serve: DeepSeek-R1's MLA row (576 bytes per token per layer), or a
+    /// GQA model with 64-wide heads, as many KV heads as the smallest TP of the deployment (at
+    /// most 8) so that heterogeneous TP finds its heads replicated, as the routing rules require;
+    /// 1 byte per value, `layers` layers, 16-token blocks.
+    pub fn model(&self, deployment: &Deployment) -> ModelSpec {
+        if self.mla {
+            return ModelSpec {
+                use_mla: true,
+                kv_heads: 1,
+                layers: self.layers,
+                bytes_per_token_per_layer: 576,
+                block_size_tokens: 16,
+            };
+        }
+        let tps = deployment.prefill.iter().chain(&deployment.decode).map(|l| l.tp);
+        let kv_heads = tps.min().unwrap_or(1).clamp(1, 8);
+        ModelSpec {
+            use_mla: false,
+            kv_heads,
+            layers: self.layers,
+            bytes_per_token_per_layer: 2 * u32::from(kv_heads) * 64,
+            block_size_tokens: 16,
+        }
+    }
+}
+
+/// Why a cluster could not run at all (a run that ran reports its problems in the result).
+#[derive(Debug)]
+pub enum ClusterError {
+    /// The configuration is unusable.
+    Config(String),
+    /// Ranks could not be started or did not join.
+    Start(String),
+}
+
+impl fmt::Display for ClusterError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClusterError::Config(e) => write!(f, "invalid cluster: {e}"),
+            ClusterError::Start(e) => write!(f, "cluster did not start: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ClusterError {}

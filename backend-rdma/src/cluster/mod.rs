@@ -1,0 +1,540 @@
+//! `pdkv cluster`: one real connector process per rank on one host, plus the proxy and each
+//! engine's scheduler in this process, pushing requests through the real protocol and checking
+//! every byte decode reads.
+//!
+//! This process plays the parts vLLM keeps outside its workers: the proxy (the core's
+//! [`Proxy`]), each prefill engine's scheduler with its block pool and the engine node
+//! ([`PrefillEngine`]: registration quorums, frees, the reaper), and each decode DP group's
+//! scheduler (steps, the forward pass, and the TP group's barrier: the core's [`DecodeGroup`]
+//! takes the MIN vote). The ranks run the worker nodes
+//! behind real listeners and a real data plane. Nothing here computes a rank, a port or a quorum
+//! either: the proxy routes, the engine registers, the workers decide whom to read.
+//!
+//! This file holds the run's state and main loop; the rest is split by concept: `config.rs`
+//! (the options), `procs.rs` (processes and membership), `prefill_sched.rs` and
+//! `decode_sched.rs` (the engines' schedulers), `faults.rs` (kills and restarts) and
+//! `result.rs` (the report, in the simulator's vocabulary).
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fmt;
+use std::io::BufReader;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use pdkv_core::group::{DecodeGroup, GroupAction, GroupEvent, Ignored, StepReport};
+use pdkv_core::ids::{EngineId, RankId, RequestId, Role, TransferId};
+use pdkv_core::legacy::LegacyOptions;
+use pdkv_core::params::KvTransferParams;
+use pdkv_core::ports::EngineAddress;
+use pdkv_core::prefill::{EngineAction, EngineEvent, PrefillEngine};
+use pdkv_core::proxy::{Proxy, ProxyAction};
+use pdkv_core::rng::Stream;
+use pdkv_core::time::Instant;
+use pdkv_core::topology::{Deployment, Layout, ModelSpec};
+use serde::Serialize;
+
+use crate::connector::Clock;
+use crate::sched::{
+    read_frame, read_frame_within, write_frame, FromRank, Recv, Setup, ToRank, TransportKind,
+    MAX_HELLO_BYTES, TOKEN_ENV,
+};
+
+mod config;
+mod decode_sched;
+mod faults;
+mod prefill_sched;
+mod procs;
+mod result;
+#[cfg(test)]
+mod tests;
+
+pub use config::{
+    ClusterConfig, ClusterError, Fault, MAX_CLUSTER_RANKS, MAX_CONCURRENCY, MAX_LAYERS, MAX_REQUESTS,
+    MAX_TIMEOUT_MS, MIN_TIMEOUT_MS,
+};
+pub use pdkv_sim::result::{Summary, ViolationKind};
+use procs::{free_ports, new_token, Acceptor, Admission, Ev, RankProc};
+pub use result::{
+    ClusterOutcome, ClusterResult, Failure, Latencies, Ledger, Nic, Processes, Progress, Requests,
+    Throughput, Violation,
+};
+
+const NS_PER_MS: u64 = 1_000_000;
+/// Decode blocks per decode DP group (the KV lands there; only ids are tracked here).
+const DECODE_BLOCKS: u32 = 1 << 16;
+/// Requests a decode DP group runs at once.
+const MAX_BATCH: usize = 64;
+/// How long a decode group with nothing to compute waits before its next step, so queued
+/// requests get redialled without spinning.
+const IDLE_STEP: Duration = Duration::from_millis(2);
+/// How long ranks get to start, join and bind.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long ranks get to say goodbye and exit after shutdown.
+const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often the loop looks at [`ClusterConfig::stop`] and at the ranks' heartbeats.
+const POLL: Duration = Duration::from_millis(50);
+/// How long a rank may say nothing (not even its heartbeat, every
+/// [`crate::sched::HEARTBEAT_INTERVAL`]) before it counts as lost: a stopped process keeps its
+/// connection open, so only silence shows it.
+const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Most failed requests listed in the result: a run whose decode group died can fail a
+/// million requests, and a listing of each would make a result of hundreds of megabytes.
+pub const MAX_FAILURES_LISTED: usize = 1000;
+/// Most problem lines kept for the report.
+const MAX_PROBLEMS: usize = 64;
+
+/// The stream number of the request draws (ids and lengths) in the project's generator: the
+/// simulator's workload stream's number, and apart from stream 0, which the cluster fuzzer draws
+/// its plans from with the same seed, so a plan and its run's requests are not correlated.
+const REQUEST_STREAM: u64 = 1;
+
+// ------------------------------------------------------------------------------ processes
+
+// ------------------------------------------------------------------------------ scheduling
+
+struct Req {
+    transfer_id: TransferId,
+    input: u32,
+    output: u32,
+    prefill: (usize, u16),
+    decode: (usize, u16),
+    prefill_blocks: Vec<u32>,
+    local_blocks: Vec<u32>,
+    acks_needed: BTreeSet<RankId>,
+    started: std::time::Instant,
+    first_token: Option<std::time::Instant>,
+    /// An injected fault may cause its failure (see [`Cluster::expose_group`]).
+    exposed: bool,
+}
+
+struct PGroup {
+    engine: usize,
+    dp: u16,
+    free: BTreeSet<u32>,
+    owner: BTreeMap<u32, TransferId>,
+    queue: VecDeque<RequestId>,
+}
+
+struct Pending {
+    reported: BTreeSet<u16>,
+    errors: Vec<String>,
+}
+
+struct DGroup {
+    engine: usize,
+    dp: u16,
+    tp: u16,
+    /// The TP group's barrier: which step it is on, the MIN vote, who entered the forward.
+    barrier: DecodeGroup,
+    waiting: VecDeque<Recv>,
+    running: Vec<(RequestId, u32)>,
+    pending: BTreeMap<RequestId, Pending>,
+    free: BTreeSet<u32>,
+    next_step: Option<std::time::Instant>,
+}
+
+/// The whole run's state.
+struct Cluster {
+    config: ClusterConfig,
+    d: Deployment,
+    addresses: BTreeMap<EngineId, EngineAddress>,
+    proxy: Proxy,
+    engines: Vec<PrefillEngine>,
+    pgroups: Vec<PGroup>,
+    dgroups: Vec<DGroup>,
+    ranks: BTreeMap<RankId, RankProc>,
+    requests: BTreeMap<RequestId, Req>,
+    clock: Clock,
+    /// Request ids and lengths, from `--seed`.
+    stream: Stream,
+    sent: u64,
+    finished: u64,
+    failed: u64,
+    prefilled: u32,
+    tokens_in: u64,
+    tokens_out: u64,
+    ttft_ms: Vec<f64>,
+    e2e_ms: Vec<f64>,
+    failures: Vec<Failure>,
+    violations: Vec<Violation>,
+    problems: Vec<String>,
+    problem_counts: BTreeMap<String, u64>,
+    memory: BTreeSet<String>,
+    faults_log: Vec<String>,
+    ledger: Ledger,
+    reads: BTreeMap<RankId, (u64, u64)>,
+    /// Which incarnation of each rank a transfer was registered on: a worker's later events
+    /// (group done, retire) go only to the process that holds its registration.
+    registered: BTreeMap<(RankId, TransferId), u32>,
+    bytes_verified: u64,
+    /// Transfers an injected fault was exposed to: their failures and reaping are excused.
+    exposed: BTreeSet<TransferId>,
+    /// Prefill ranks a fault killed and that have not restarted yet.
+    down_by_fault: BTreeSet<RankId>,
+    failed_excused: u64,
+    prompt_kv_bytes: u64,
+    /// Requests to send as soon as the current one is sent ([`Cluster::submit_owed`]).
+    owed: u64,
+    submitting: bool,
+    restart_at: Option<(std::time::Instant, RankId)>,
+    hung: Option<String>,
+    /// The run's budget (`--timeout-ms`) ended while requests were still finishing.
+    budget_ended: Option<String>,
+    /// The signal that stopped the run, if one did.
+    interrupted: Option<i32>,
+    scheduler_addr: SocketAddr,
+    /// The run's membership token and who may join ([`Admission`]).
+    token: String,
+    admission: Arc<Mutex<Admission>>,
+    processes: Processes,
+    started_at: std::time::Instant,
+}
+
+/// Runs a cluster to the end and reports; `progress` is called as requests end.
+pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<ClusterResult, ClusterError> {
+    let d = Deployment::parse(&config.deployment).map_err(|e| ClusterError::Config(e.to_string()))?;
+    let model = config.model(&d);
+    let d = d.with_model(model);
+    for &decode in &d.decode {
+        for &prefill in &d.prefill {
+            pdkv_core::routing::check_pair(decode, prefill, &d.model)
+                .map_err(|e| ClusterError::Config(e.to_string()))?;
+        }
+    }
+    config.validate(&d).map_err(ClusterError::Config)?;
+    // Port bases: each engine gets a handshake and a notify block as wide as its ranks.
+    let widths: Vec<(EngineId, u16)> = [Role::Prefill, Role::Decode]
+        .into_iter()
+        .flat_map(|role| {
+            d.engines(role)
+                .iter()
+                .enumerate()
+                .map(move |(i, l)| (EngineId { role, index: i as u16 }, l.ranks() as u16))
+        })
+        .collect();
+    let total: u16 = widths.iter().map(|(_, w)| 2 * w).sum();
+    let mut next = free_ports(&config.host, total).map_err(ClusterError::Start)?;
+    let mut addresses = BTreeMap::new();
+    for (engine, width) in widths {
+        addresses.insert(
+            engine,
+            EngineAddress {
+                host: config.host.clone(),
+                handshake_port_base: next,
+                notify_port_base: next + width,
+            },
+        );
+        next += 2 * width;
+    }
+
+    let listener = TcpListener::bind((config.host.as_str(), 0))
+        .map_err(|e| ClusterError::Start(format!("scheduler listener: {e}")))?;
+    let (tx, rx) = mpsc::channel();
+    let token = new_token().map_err(ClusterError::Start)?;
+    let admission = Arc::new(Mutex::new(Admission { token: token.clone(), ..Admission::default() }));
+    let mut acceptor =
+        Acceptor::start(listener, tx.clone(), admission.clone()).map_err(ClusterError::Start)?;
+    let legacy = config.legacy.clone();
+    let engines = d
+        .prefill
+        .iter()
+        .enumerate()
+        .map(|(i, &layout)| {
+            PrefillEngine::new(EngineId::prefill(i as u16), layout, d.model.clone(), legacy.clone())
+                .with_defer_timeout_ns(config.defer_timeout_ms * NS_PER_MS)
+        })
+        .collect();
+    let pgroups = d
+        .prefill
+        .iter()
+        .enumerate()
+        .flat_map(|(e, l)| (0..l.dp).map(move |dp| (e, dp)))
+        .map(|(engine, dp)| PGroup {
+            engine,
+            dp,
+            free: (0..config.num_blocks).collect(),
+            owner: BTreeMap::new(),
+            queue: VecDeque::new(),
+        })
+        .collect();
+    let dgroups = d
+        .decode
+        .iter()
+        .enumerate()
+        .flat_map(|(e, l)| (0..l.dp).map(move |dp| (e, dp, l.tp)))
+        .map(|(engine, dp, tp)| DGroup {
+            engine,
+            dp,
+            tp,
+            barrier: DecodeGroup::new(tp, &legacy),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            pending: BTreeMap::new(),
+            free: (0..DECODE_BLOCKS).collect(),
+            next_step: None,
+        })
+        .collect();
+    let mut cluster = Cluster {
+        proxy: Proxy::new(&d, legacy),
+        engines,
+        pgroups,
+        dgroups,
+        ranks: BTreeMap::new(),
+        requests: BTreeMap::new(),
+        clock: Clock::start(),
+        stream: Stream::new(config.seed, REQUEST_STREAM),
+        sent: 0,
+        finished: 0,
+        failed: 0,
+        prefilled: 0,
+        tokens_in: 0,
+        tokens_out: 0,
+        ttft_ms: Vec::new(),
+        e2e_ms: Vec::new(),
+        failures: Vec::new(),
+        violations: Vec::new(),
+        problems: Vec::new(),
+        problem_counts: BTreeMap::new(),
+        memory: BTreeSet::new(),
+        faults_log: Vec::new(),
+        ledger: Ledger::default(),
+        reads: BTreeMap::new(),
+        registered: BTreeMap::new(),
+        bytes_verified: 0,
+        exposed: BTreeSet::new(),
+        down_by_fault: BTreeSet::new(),
+        failed_excused: 0,
+        prompt_kv_bytes: 0,
+        owed: 0,
+        submitting: false,
+        restart_at: None,
+        hung: None,
+        budget_ended: None,
+        interrupted: None,
+        scheduler_addr: acceptor.addr,
+        token,
+        admission,
+        processes: Processes::default(),
+        started_at: std::time::Instant::now(),
+        addresses,
+        d,
+        config,
+    };
+    let started = cluster.start_all(&rx, &tx);
+    let result = match started {
+        Ok(()) => {
+            cluster.started_at = std::time::Instant::now();
+            cluster.main_loop(&rx, &tx, progress);
+            cluster.shutdown(&rx);
+            Ok(cluster.result())
+        }
+        Err(e) => {
+            cluster.shutdown(&rx);
+            Err(ClusterError::Start(e))
+        }
+    };
+    acceptor.stop();
+    result
+}
+
+impl Cluster {
+    fn on_message(&mut self, rank: RankId, msg: FromRank) -> Option<String> {
+        let now = self.clock.now();
+        match msg {
+            FromRank::Hello { .. } | FromRank::Heartbeat => {}
+            FromRank::Ready { data_addr, memory } => {
+                if rank.engine.role == Role::Prefill {
+                    self.memory.insert(memory);
+                }
+                let proc = self.ranks.get_mut(&rank).expect("known rank");
+                proc.ready = true;
+                proc.data_addr = data_addr;
+                let incarnation = proc.incarnation;
+                if incarnation > 0 {
+                    self.down_by_fault.remove(&rank);
+                    self.faults_log.push(format!("{rank} restarted (incarnation {incarnation})"));
+                    self.pump_prefill(rank.engine, rank.dp);
+                }
+            }
+            FromRank::SetupFailed { error } => return Some(format!("{rank}: {error}")),
+            FromRank::Prefilled { transfer_id } => {
+                if let Some(id) = self.request_of(&transfer_id) {
+                    self.prefill_acked(id, rank);
+                }
+            }
+            FromRank::Finished { transfer_id } => {
+                let e = usize::from(rank.engine.index);
+                self.engine(e, EngineEvent::WorkerFinished { rank, transfer_id });
+            }
+            FromRank::Leased { transfer_id, remaining_ns } => {
+                let e = usize::from(rank.engine.index);
+                self.engine(e, EngineEvent::Leased { transfer_id, until: Instant(now.0 + remaining_ns) });
+            }
+            FromRank::Vote { step, ok } => {
+                let event = GroupEvent::Vote { member: rank.tp_rank(), step, ok };
+                self.group_event(self.dgroup_of(rank), event);
+            }
+            FromRank::StepDone { step, error } => {
+                // Both enter the forward pass: ready, or failed with the whole group.
+                let report = if error.is_some() { StepReport::FailedWithGroup } else { StepReport::Ready };
+                let event = GroupEvent::StepReport { member: rank.tp_rank(), step, report };
+                self.group_event(self.dgroup_of(rank), event);
+            }
+            FromRank::StepRaised { step, error } => {
+                let event =
+                    GroupEvent::StepReport { member: rank.tp_rank(), step, report: StepReport::Raised };
+                self.group_event(self.dgroup_of(rank), event);
+                self.problem(format!("{rank} raised at step {step}: {error}"));
+            }
+            FromRank::Received { request } => self.reported(rank, request, None),
+            FromRank::RecvFailed { request, error } => self.reported(rank, request, Some(error)),
+            FromRank::ReadVerified { layer, source, bytes, .. } => {
+                let entry = self.reads.entry(source).or_default();
+                // A request's reads count once per decode worker, whatever the granularity.
+                if layer.is_none_or(|l| l == 0) {
+                    entry.0 += 1;
+                }
+                entry.1 += bytes;
+                self.bytes_verified += bytes;
+            }
+            FromRank::Mismatch { request, detail } => {
+                self.violations.push(Violation {
+                    kind: ViolationKind::ReadMismatch,
+                    detail: format!("{rank}, {request}: {detail}"),
+                });
+            }
+            FromRank::Problem { violation, detail } => {
+                if violation {
+                    self.violations.push(Violation {
+                        kind: ViolationKind::ProtocolError,
+                        detail: format!("{rank}: {detail}"),
+                    });
+                } else {
+                    self.problem(format!("{rank}: {detail}"));
+                }
+            }
+            FromRank::ReleaseDropped { transfer_id } => {
+                self.exposed.insert(transfer_id);
+            }
+            FromRank::Bye { .. } => {
+                if let Some(proc) = self.ranks.get_mut(&rank) {
+                    proc.said_bye = true;
+                }
+            }
+        }
+        None
+    }
+
+    fn held(&self) -> u64 {
+        self.engines.iter().map(|e| e.held().count() as u64).sum()
+    }
+
+    fn main_loop(&mut self, rx: &Receiver<Ev>, tx: &Sender<Ev>, progress: &mut dyn FnMut(Progress)) {
+        for fault in &self.config.faults {
+            if let Fault::DropReleases { rank, count } = fault {
+                self.faults_log.push(format!("{rank} drops its first {count} releases"));
+            }
+        }
+        // A kill after 0 prefills happens before the first request.
+        self.maybe_kill();
+        self.owed += u64::from(self.config.concurrency.min(self.config.requests));
+        self.submit_owed();
+        let deadline = self.started_at + Duration::from_millis(self.config.timeout_ms);
+        let total = u64::from(self.config.requests);
+        let mut reported = u64::MAX;
+        let mut last_done_at = std::time::Instant::now();
+        // A healthy request ends within a handshake and a transfer timeout of its arrival, so a
+        // run in which nothing ended for that long is stuck; one that ends its budget sooner
+        // after its last finished request was only too short.
+        let stall = Duration::from_millis(
+            self.config.handshake_timeout_ms.saturating_add(self.config.transfer_timeout_ms),
+        );
+        loop {
+            if self.stop_requested() {
+                return;
+            }
+            self.check_heartbeats();
+            let done = self.finished + self.failed;
+            if done != reported {
+                reported = done;
+                last_done_at = std::time::Instant::now();
+                progress(Progress { done, total });
+            }
+            if done >= total && self.held() == 0 {
+                return;
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                let held = self.held();
+                let quiet_ms = now.duration_since(last_done_at).as_millis();
+                if done > 0 && now.duration_since(last_done_at) < stall {
+                    self.budget_ended = Some(format!(
+                        "the run's budget (--timeout-ms {}) ended with {} of {total} requests \
+                         unfinished while they were still finishing (the last {quiet_ms} ms \
+                         ago); raise --timeout-ms",
+                        self.config.timeout_ms,
+                        total - done
+                    ));
+                } else {
+                    self.hung = Some(format!(
+                        "after {} ms: {} requests unfinished, {held} transfers still held; none \
+                         finished in the last {quiet_ms} ms",
+                        self.config.timeout_ms,
+                        total - done
+                    ));
+                }
+                return;
+            }
+            // The next timer: an engine's reaper, a group's idle step, a restart, the deadline.
+            let mut wake = deadline;
+            for e in &self.engines {
+                if let Some(at) = e.poll_timeout() {
+                    wake = wake.min(now + self.clock.until(at));
+                }
+            }
+            for g in &self.dgroups {
+                if let Some(at) = g.next_step {
+                    wake = wake.min(at);
+                }
+            }
+            if let Some((at, _)) = self.restart_at {
+                wake = wake.min(at);
+            }
+            match rx.recv_timeout(wake.saturating_duration_since(now).min(POLL)) {
+                Ok(ev) => {
+                    if let Some(error) = self.on_event(ev, tx) {
+                        self.problem(error);
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+            let now = std::time::Instant::now();
+            let core_now = self.clock.now();
+            for e in 0..self.engines.len() {
+                if self.engines[e].poll_timeout().is_some_and(|at| at <= core_now) {
+                    self.engine(e, EngineEvent::Tick);
+                }
+            }
+            for g in 0..self.dgroups.len() {
+                if self.dgroups[g].next_step.is_some_and(|at| at <= now) {
+                    self.dgroups[g].next_step = None;
+                    self.begin_step(g);
+                }
+            }
+            if let Some((at, rank)) = self.restart_at {
+                if at <= now {
+                    self.restart_at = None;
+                    self.restart(rank);
+                }
+            }
+        }
+    }
+}

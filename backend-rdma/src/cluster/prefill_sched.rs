@@ -1,0 +1,318 @@
+//! The prefill side's schedulers: submitting requests through the proxy, each prefill DP
+//! group's block pool and queue, and the engine node's actions (frees, fences).
+
+use super::*;
+
+impl Cluster {
+    pub(super) fn request_of(&self, transfer_id: &TransferId) -> Option<RequestId> {
+        self.requests.iter().find(|(_, r)| &r.transfer_id == transfer_id).map(|(&id, _)| id)
+    }
+
+    pub(super) fn pgroup_index(&self, engine: usize, dp: u16) -> usize {
+        self.pgroups.iter().position(|g| g.engine == engine && g.dp == dp).expect("prefill groups exist")
+    }
+
+    // -------------------------------------------------------------------------- requests
+
+    pub(super) fn submit(&mut self) {
+        if self.sent >= u64::from(self.config.requests) {
+            return;
+        }
+        self.sent += 1;
+        let bits = (u128::from(self.stream.next_u64()) << 64) | u128::from(self.stream.next_u64());
+        // Both ranges fit in a u32, so the casts keep every value.
+        let input = self.stream.range(48, 400) as u32;
+        let output = self.stream.range(4, 12) as u32;
+        let (id, action) = match self.proxy.handle_request(bits) {
+            Ok(x) => x,
+            Err(e) => {
+                self.violations.push(Violation {
+                    kind: ViolationKind::ProtocolError,
+                    detail: format!("proxy refused: {e}"),
+                });
+                return;
+            }
+        };
+        let ProxyAction::SendPrefill { slot, .. } = action else {
+            unreachable!("a new request goes to prefill first")
+        };
+        let record = self.proxy.request(id).expect("just routed").clone();
+        let req = Req {
+            transfer_id: record.transfer_id,
+            input,
+            output,
+            prefill: (usize::from(slot.engine.index), slot.dp()),
+            decode: (usize::from(record.decode.engine.index), record.decode.dp()),
+            prefill_blocks: Vec::new(),
+            local_blocks: Vec::new(),
+            acks_needed: BTreeSet::new(),
+            started: std::time::Instant::now(),
+            first_token: None,
+            // The group lacks a rank a fault killed: the request may fail for it.
+            exposed: (0..self.d.layout(slot.engine).tp)
+                .any(|tp| self.down_by_fault.contains(&RankId::new(slot.engine, slot.dp(), tp))),
+        };
+        if req.exposed {
+            self.exposed.insert(req.transfer_id.clone());
+        }
+        self.requests.insert(id, req);
+        if let Some(gone) = self.gone_rank_of_group(record.decode.engine, record.decode.dp()) {
+            self.end(id, Some(vec![format!("{gone} is gone")]));
+            return;
+        }
+        let g = self.pgroup_index(usize::from(slot.engine.index), slot.dp());
+        self.pgroups[g].queue.push_back(id);
+        self.pump_prefill(slot.engine, slot.dp());
+    }
+
+    /// Sends the requests that ended requests made room for. A request can end while another
+    /// is being sent (its group is gone), so sending is not reentrant: the outermost call sends
+    /// them all, in a loop rather than a recursion as deep as the run is long.
+    pub(super) fn submit_owed(&mut self) {
+        if self.submitting {
+            return;
+        }
+        self.submitting = true;
+        while self.owed > 0 {
+            self.owed -= 1;
+            self.submit();
+        }
+        self.submitting = false;
+    }
+
+    // -------------------------------------------------------------------------- faults
+
+    /// Starts prefills of a group's queue while its blocks last.
+    pub(super) fn pump_prefill(&mut self, engine: EngineId, dp: u16) {
+        let g = self.pgroup_index(usize::from(engine.index), dp);
+        if let Some(gone) = self.gone_rank_of_group(engine, dp) {
+            let queued: Vec<RequestId> = self.pgroups[g].queue.drain(..).collect();
+            for id in queued {
+                self.end(id, Some(vec![format!("{gone} is gone")]));
+            }
+            return;
+        }
+        // A killed rank that a restart brings back: the group's prefills wait for it, since
+        // KV prefilled without it could not be read from it.
+        let tp = self.d.layout(engine).tp;
+        let incomplete = (0..tp)
+            .any(|tp| self.ranks.get(&RankId::new(engine, dp, tp)).is_some_and(|p| !(p.alive && p.ready)));
+        if incomplete {
+            return;
+        }
+        let block = self.d.model.block_size_tokens;
+        while let Some(&id) = self.pgroups[g].queue.front() {
+            let need = self.requests[&id].input.div_ceil(block) as usize;
+            if self.pgroups[g].free.len() < need {
+                break;
+            }
+            self.pgroups[g].queue.pop_front();
+            let blocks: Vec<u32> = self.pgroups[g].free.iter().take(need).copied().collect();
+            let transfer_id = self.requests[&id].transfer_id.clone();
+            for b in &blocks {
+                self.pgroups[g].free.remove(b);
+                self.pgroups[g].owner.insert(*b, transfer_id.clone());
+            }
+            let layout = self.d.layout(engine);
+            let live: BTreeSet<RankId> = (0..layout.tp)
+                .map(|tp| RankId::new(engine, dp, tp))
+                .filter(|r| self.ranks.get(r).is_some_and(|p| p.alive && p.ready))
+                .collect();
+            let req = self.requests.get_mut(&id).expect("queued requests exist");
+            req.prefill_blocks = blocks.clone();
+            req.acks_needed = live.clone();
+            for rank in live {
+                self.send(
+                    rank,
+                    &ToRank::Prefill { transfer_id: transfer_id.clone(), blocks: blocks.clone() },
+                );
+            }
+            if self.requests[&id].acks_needed.is_empty() {
+                self.prefill_done(id);
+            }
+        }
+    }
+
+    pub(super) fn prefill_acked(&mut self, id: RequestId, rank: RankId) {
+        let Some(req) = self.requests.get_mut(&id) else { return };
+        if req.acks_needed.remove(&rank) && req.acks_needed.is_empty() {
+            self.prefill_done(id);
+        }
+    }
+
+    /// Every live rank of the owner group holds the request's KV: register, answer the proxy.
+    pub(super) fn prefill_done(&mut self, id: RequestId) {
+        self.prefilled += 1;
+        self.maybe_kill();
+        let req = &self.requests[&id];
+        let (e, dp) = req.prefill;
+        let decode_engine = EngineId::decode(req.decode.0 as u16);
+        if let Some(gone) = self.gone_rank_of_group(decode_engine, req.decode.1) {
+            // Its decode group died while it was prefilled: nobody will read or release it,
+            // so it is not registered, and its blocks go back to the pool now rather than to
+            // the reaper later.
+            let (transfer_id, blocks) = (req.transfer_id.clone(), req.prefill_blocks.clone());
+            self.free_prefill_blocks(e, dp, &transfer_id, &blocks);
+            self.end(id, Some(vec![format!("{gone} is gone")]));
+            return;
+        }
+        let req = &self.requests[&id];
+        let decode_layout = self.d.decode[req.decode.0];
+        let event = EngineEvent::PrefillDone {
+            request: id,
+            transfer_id: req.transfer_id.clone(),
+            owner_dp: dp,
+            blocks: req.prefill_blocks.clone(),
+            decode: decode_layout,
+            reader: Some((EngineId::decode(req.decode.0 as u16), req.decode.1)),
+        };
+        let mut out = Vec::new();
+        let now = self.clock.now();
+        if let Err(error) = self.engines[e].handle(now, event, &mut out) {
+            self.problem(format!("P{e} refused {id}: {error}"));
+            let blocks = self.requests[&id].prefill_blocks.clone();
+            let transfer_id = self.requests[&id].transfer_id.clone();
+            self.free_prefill_blocks(e, dp, &transfer_id, &blocks);
+            self.end(id, Some(vec![format!("prefill refused: {error}")]));
+            return;
+        }
+        self.engine_actions(e, out);
+        let engine = EngineId::prefill(e as u16);
+        let address = self.addresses[&engine].clone();
+        let layout: Layout = self.d.prefill[e];
+        let req = &self.requests[&id];
+        let answer = KvTransferParams {
+            do_remote_prefill: true,
+            transfer_id: Some(req.transfer_id.0.clone()),
+            remote_block_ids: req.prefill_blocks.iter().map(|&b| u64::from(b)).collect(),
+            remote_engine_id: Some(address.engine_id()),
+            remote_host: Some(address.host.clone()),
+            remote_handshake_port: Some(i64::from(address.handshake_port_base)),
+            remote_notify_port: Some(i64::from(address.notify_port_base)),
+            remote_dp_size: Some(i64::from(layout.dp)),
+            tp_size: Some(i64::from(layout.tp)),
+            ..KvTransferParams::default()
+        };
+        match self.proxy.handle_prefill_response(id, answer) {
+            Ok(ProxyAction::SendDecode { slot, params, .. }) => {
+                let g = self
+                    .dgroups
+                    .iter()
+                    .position(|g| g.engine == usize::from(slot.engine.index) && g.dp == slot.dp())
+                    .expect("the proxy routes to existing groups");
+                if let Some(gone) = self.gone_rank_of_group(slot.engine, slot.dp()) {
+                    // Registered already: the reaper frees what the dead group never releases.
+                    self.end(id, Some(vec![format!("{gone} is gone")]));
+                    return;
+                }
+                let recv = Recv {
+                    request: id,
+                    prefill_engine: engine,
+                    prefill_address: address,
+                    params,
+                    local_block_ids: Vec::new(),
+                };
+                self.dgroups[g].waiting.push_back(recv);
+                self.begin_step(g);
+            }
+            other => {
+                let detail = match other {
+                    Ok(_) => format!("proxy answered the prefill response of {id} with no decode dispatch"),
+                    Err(e) => format!("proxy refused the prefill response of {id}: {e}"),
+                };
+                self.violations.push(Violation { kind: ViolationKind::ProtocolError, detail });
+            }
+        }
+    }
+
+    pub(super) fn engine(&mut self, e: usize, event: EngineEvent) {
+        let mut out = Vec::new();
+        if let Err(error) = self.engines[e].handle(self.clock.now(), event, &mut out) {
+            self.violations
+                .push(Violation { kind: ViolationKind::ProtocolError, detail: format!("P{e}: {error}") });
+        }
+        self.engine_actions(e, out);
+    }
+
+    pub(super) fn engine_actions(&mut self, e: usize, actions: Vec<EngineAction>) {
+        for action in actions {
+            match action {
+                EngineAction::Register { rank, transfer_id, quorum } => {
+                    if let Some(proc) = self.ranks.get(&rank).filter(|p| p.alive) {
+                        self.registered.insert((rank, transfer_id.clone()), proc.incarnation);
+                    }
+                    self.send(rank, &ToRank::Register { transfer_id, quorum });
+                }
+                EngineAction::GroupDone { rank, transfer_id } => {
+                    if self.holds_registration(rank, &transfer_id) {
+                        self.send(rank, &ToRank::GroupDone { transfer_id });
+                    }
+                }
+                EngineAction::Retire { rank, transfer_id } => {
+                    if self.holds_registration(rank, &transfer_id) {
+                        self.send(rank, &ToRank::Retire { transfer_id: transfer_id.clone() });
+                    }
+                    self.registered.remove(&(rank, transfer_id));
+                }
+                EngineAction::FinishedSending { .. } => {}
+                EngineAction::Fence { transfer_id, owner_dp, blocks } => {
+                    self.ledger.fenced += 1;
+                    let engine = EngineId::prefill(e as u16);
+                    for tp in 0..self.d.prefill[e].tp {
+                        let msg = ToRank::Fence { transfer_id: transfer_id.clone(), blocks: blocks.clone() };
+                        self.send(RankId::new(engine, owner_dp, tp), &msg);
+                    }
+                }
+                EngineAction::FreeBlocks { transfer_id, owner_dp, blocks, reaped } => {
+                    if reaped {
+                        self.ledger.reaped += 1;
+                        if self.exposed.contains(&transfer_id) {
+                            self.ledger.reaped_excused += 1;
+                        }
+                    } else {
+                        self.ledger.freed += 1;
+                    }
+                    self.free_prefill_blocks(e, owner_dp, &transfer_id, &blocks);
+                    self.pump_prefill(EngineId::prefill(e as u16), owner_dp);
+                }
+                EngineAction::ReapWarning { transfer_id, held_ns, unfinished_tp } => {
+                    let ms = held_ns / NS_PER_MS;
+                    let unreleased: Vec<String> = unfinished_tp.iter().map(u16::to_string).collect();
+                    self.problem(format!(
+                        "P{e} reaped {transfer_id} after {ms} ms; unreleased TP ranks {}",
+                        unreleased.join(", ")
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Whether the live process of `rank` is the one the transfer was registered on (a restarted
+    /// rank never heard of transfers registered before it started).
+    pub(super) fn holds_registration(&self, rank: RankId, transfer_id: &TransferId) -> bool {
+        let registered = self.registered.get(&(rank, transfer_id.clone()));
+        self.ranks.get(&rank).is_some_and(|p| p.alive && registered == Some(&p.incarnation))
+    }
+
+    pub(super) fn free_prefill_blocks(
+        &mut self,
+        e: usize,
+        dp: u16,
+        transfer_id: &TransferId,
+        blocks: &[u32],
+    ) {
+        let g = self.pgroup_index(e, dp);
+        for &b in blocks {
+            if self.pgroups[g].owner.get(&b) == Some(transfer_id) {
+                self.pgroups[g].owner.remove(&b);
+                self.pgroups[g].free.insert(b);
+            } else {
+                self.ledger.double_frees += 1;
+                let detail = format!("P{e}.dp{dp}: block {b} freed for {transfer_id}, which did not hold it");
+                self.violations.push(Violation { kind: ViolationKind::DoubleFree, detail });
+            }
+        }
+    }
+
+    // -------------------------------------------------------------------------- decode steps
+}

@@ -1,0 +1,520 @@
+//! The rank processes: spawning, the admission of their hellos, membership, heartbeats,
+//! loss, signals and shutdown.
+
+use super::*;
+
+pub(super) enum Ev {
+    Joined { rank: RankId, stream: TcpStream },
+    Refused { rank: RankId, pid: u32, reason: String },
+    Msg { rank: RankId, incarnation: u32, msg: FromRank },
+    Gone { rank: RankId, incarnation: u32 },
+}
+
+pub(super) struct RankProc {
+    pub(super) child: Option<Child>,
+    pub(super) writer: Option<TcpStream>,
+    pub(super) incarnation: u32,
+    pub(super) alive: bool,
+    pub(super) ready: bool,
+    pub(super) data_addr: Option<String>,
+    pub(super) said_bye: bool,
+    pub(super) killed_by_fault: bool,
+    /// When the scheduler last heard from the process.
+    pub(super) last_heard: std::time::Instant,
+}
+
+/// Who may join a run: a process this run started, once, holding the run's token. A stray
+/// `pdkv connector` (another run's, a user's, a second one with the id of a live rank) would
+/// otherwise take the rank's place: the scheduler would talk to it and the rank it displaced
+/// would hang, or serve another incarnation's bytes.
+#[derive(Default)]
+pub(super) struct Admission {
+    /// The run's random token, handed to its processes in [`TOKEN_ENV`].
+    pub(super) token: String,
+    /// The process this run started for each rank (its latest incarnation).
+    pub(super) expected: BTreeMap<RankId, u32>,
+    /// Processes admitted so far: each joins once.
+    pub(super) admitted: BTreeSet<u32>,
+}
+
+impl Admission {
+    /// Admits `pid` as `rank` or says why not.
+    pub(super) fn admit(&mut self, rank: RankId, pid: u32, token: &str) -> Result<(), String> {
+        if token.is_empty() {
+            return Err(format!("no membership token (the run hands it out in {TOKEN_ENV})"));
+        }
+        if token != self.token {
+            return Err("wrong membership token: not a process of this run".into());
+        }
+        match self.expected.get(&rank) {
+            None => Err(format!("this run has no rank {rank}")),
+            Some(&running) if running != pid => {
+                Err(format!("{rank} is already running as process {running}; process {pid} is not it"))
+            }
+            Some(_) if !self.admitted.insert(pid) => {
+                Err(format!("{rank} (process {pid}) has joined already"))
+            }
+            Some(_) => Ok(()),
+        }
+    }
+}
+
+/// A new random token for a run's membership (16 bytes of the system's randomness, in hex).
+pub(super) fn new_token() -> Result<String, String> {
+    use std::io::Read as _;
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(|e| format!("membership token: /dev/urandom: {e}"))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Accepts connector connections, admits each one's `Hello` ([`Admission`]) and hands admitted
+/// ones to the main loop. Refusing here, not in the main loop, answers a stray connector even
+/// while the main loop is busy.
+pub(super) struct Acceptor {
+    pub(super) addr: SocketAddr,
+    pub(super) stop: Arc<AtomicBool>,
+    pub(super) handle: Option<JoinHandle<()>>,
+}
+
+impl Acceptor {
+    pub(super) fn start(
+        listener: TcpListener,
+        tx: Sender<Ev>,
+        admission: Arc<Mutex<Admission>>,
+    ) -> Result<Acceptor, String> {
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let handle = thread::spawn(move || {
+            for stream in listener.incoming() {
+                if flag.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(stream) = stream else { continue };
+                let (tx, admission) = (tx.clone(), admission.clone());
+                thread::spawn(move || {
+                    let _ = stream.set_read_timeout(Some(START_TIMEOUT));
+                    let mut reader = BufReader::new(&stream);
+                    // Anything but a hello is not a connector; it gets nothing. A hello is small,
+                    // so a stranger cannot make this thread allocate a long frame.
+                    let hello = read_frame_within::<FromRank>(&mut reader, MAX_HELLO_BYTES);
+                    let Ok(FromRank::Hello { rank, pid, token }) = hello else {
+                        return;
+                    };
+                    let verdict =
+                        admission.lock().unwrap_or_else(PoisonError::into_inner).admit(rank, pid, &token);
+                    match verdict {
+                        Ok(()) => {
+                            let _ = stream.set_read_timeout(None);
+                            let _ = tx.send(Ev::Joined { rank, stream });
+                        }
+                        Err(reason) => {
+                            let _ = write_frame(&mut &stream, &ToRank::Refused { reason: reason.clone() });
+                            let _ = tx.send(Ev::Refused { rank, pid, reason });
+                        }
+                    }
+                });
+            }
+        });
+        Ok(Acceptor { addr, stop, handle: Some(handle) })
+    }
+
+    pub(super) fn stop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wake the blocked accept; it sees the flag and returns.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        if let Some(handle) = self.handle.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+/// Finds `count` consecutive ports on `host` that can be bound now.
+pub(super) fn free_ports(host: &str, count: u16) -> Result<u16, String> {
+    // Clusters started at once (tests in one process) must not probe the same ports: mix the
+    // process id, a per-process counter and the clock.
+    static CLUSTERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = CLUSTERS.fetch_add(1, Ordering::SeqCst);
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    let seed = u64::from(std::process::id()) * 7919 + n * 4999 + u64::from(nanos / 1000);
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok().and_then(|text| {
+        let mut bounds = text.split_whitespace().map(|n| n.parse::<u16>().ok());
+        Some((bounds.next()??, bounds.next()??))
+    });
+    let (lo, hi) = probe_window(ephemeral, count);
+    let width = u64::from(hi - lo - count + 1);
+    for attempt in 0..200u64 {
+        let start = lo + ((seed + attempt * 1009) % width) as u16;
+        let ok = (0..count).all(|i| TcpListener::bind((host, start + i)).is_ok());
+        if ok {
+            return Ok(start);
+        }
+    }
+    Err(format!("no {count} consecutive free ports on {host}"))
+}
+
+/// Where to look for listener ports, `lo..=hi`: outside the system's ephemeral range (Linux's
+/// `ip_local_port_range`, 32768-60999 by default), since every outgoing connection (a data-plane
+/// read, a release, another cluster's) takes a port from it, and one could take a rank's port
+/// between the probe and the rank's bind. Below it when there is room, else above it.
+pub(super) fn probe_window(ephemeral: Option<(u16, u16)>, count: u16) -> (u16, u16) {
+    const LOWEST: u16 = 10_000;
+    let (first, last) = ephemeral.unwrap_or((32_768, 60_999));
+    if first > LOWEST && first - LOWEST > count.saturating_mul(16) {
+        (LOWEST, first - 1)
+    } else if last < u16::MAX && u16::MAX - last > count.saturating_mul(16) {
+        (last + 1, u16::MAX)
+    } else {
+        // No room outside it (a system that made everything ephemeral): probe it all.
+        (LOWEST, u16::MAX)
+    }
+}
+
+impl Cluster {
+    pub(super) fn spawn(&mut self, rank: RankId, incarnation: u32) -> Result<(), String> {
+        let role = match rank.engine.role {
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+        };
+        // Hold the admission while the child starts: its hello may come before this thread
+        // runs again, and must find the process expected.
+        let admission = self.admission.clone();
+        let mut admission = admission.lock().unwrap_or_else(PoisonError::into_inner);
+        let child = Command::new(&self.config.exe)
+            .args(["connector", "--deployment", &self.config.deployment, "--role", role])
+            .args(["--engine", &rank.engine.index.to_string(), "--dp", &rank.dp.to_string()])
+            .args(["--tp", &rank.tp.to_string(), "--scheduler", &self.scheduler_addr.to_string()])
+            .env(TOKEN_ENV, &self.token)
+            // Its own process group: a Ctrl-C in the terminal reaches only `pdkv cluster`, which
+            // then stops its ranks in order and still writes its result.
+            .process_group(0)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start {} connector: {e}", self.config.exe.display()))?;
+        self.processes.started += 1;
+        admission.expected.insert(rank, child.id());
+        drop(admission);
+        let proc = RankProc {
+            child: Some(child),
+            writer: None,
+            incarnation,
+            alive: true,
+            ready: false,
+            data_addr: None,
+            said_bye: false,
+            killed_by_fault: false,
+            last_heard: std::time::Instant::now(),
+        };
+        self.ranks.insert(rank, proc);
+        Ok(())
+    }
+
+    pub(super) fn setup_for(&self, rank: RankId, incarnation: u32) -> Setup {
+        let drop_releases = self
+            .config
+            .faults
+            .iter()
+            .map(|f| match f {
+                Fault::DropReleases { rank: r, count } if *r == rank => *count,
+                _ => 0,
+            })
+            .sum();
+        Setup {
+            model: self.d.model.clone(),
+            legacy: self.config.legacy.clone(),
+            address: self.addresses[&rank.engine].clone(),
+            num_blocks: self.config.num_blocks,
+            transport: self.config.transport,
+            handshake_timeout_ms: self.config.handshake_timeout_ms,
+            transfer_timeout_ms: self.config.transfer_timeout_ms,
+            per_request_reads: false,
+            drop_releases,
+            incarnation,
+        }
+    }
+
+    pub(super) fn start_all(&mut self, rx: &Receiver<Ev>, tx: &Sender<Ev>) -> Result<(), String> {
+        let all: Vec<RankId> =
+            [Role::Prefill, Role::Decode].into_iter().flat_map(|r| self.d.ranks(r)).collect();
+        for &rank in &all {
+            self.spawn(rank, 0)?;
+        }
+        let deadline = std::time::Instant::now() + START_TIMEOUT;
+        while self.ranks.values().any(|r| !r.ready) {
+            if self.stop_requested() {
+                // The main loop ends at once; the result says interrupted.
+                return Ok(());
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match rx.recv_timeout(left.min(POLL)) {
+                Ok(ev) => {
+                    if let Some(error) = self.on_event(ev, tx) {
+                        return Err(error);
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) if !left.is_zero() => {}
+                Err(_) => {
+                    let missing: Vec<String> =
+                        self.ranks.iter().filter(|(_, r)| !r.ready).map(|(k, _)| k.to_string()).collect();
+                    return Err(format!(
+                        "ranks not ready after {} s: {}",
+                        START_TIMEOUT.as_secs(),
+                        missing.join(", ")
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn send(&mut self, rank: RankId, msg: &ToRank) {
+        let Some(proc) = self.ranks.get_mut(&rank) else { return };
+        if !proc.alive {
+            return;
+        }
+        if let Some(writer) = proc.writer.as_mut() {
+            if write_frame(writer, msg).is_err() {
+                proc.writer = None;
+            }
+        }
+    }
+
+    /// Notes a problem line; repeats of a line are counted, not listed again.
+    pub(super) fn problem(&mut self, line: String) {
+        if let Some(count) = self.problem_counts.get_mut(&line) {
+            *count += 1;
+        } else if self.problem_counts.len() < MAX_PROBLEMS {
+            self.problem_counts.insert(line.clone(), 1);
+            self.problems.push(line);
+        }
+    }
+
+    /// The acceptor refused a connector ([`Admission`]): counted and reported.
+    pub(super) fn refused(&mut self, rank: RankId, pid: u32, reason: &str) {
+        self.processes.refused += 1;
+        self.problem(format!("refused a connector that claimed to be {rank} (process {pid}): {reason}"));
+    }
+
+    /// Handles one event; returns a start-up error when a rank cannot start.
+    pub(super) fn on_event(&mut self, ev: Ev, tx: &Sender<Ev>) -> Option<String> {
+        match ev {
+            Ev::Joined { rank, stream } => {
+                let proc = self.ranks.get_mut(&rank)?;
+                let incarnation = proc.incarnation;
+                let reader = stream.try_clone().ok()?;
+                proc.writer = Some(stream);
+                let tx = tx.clone();
+                thread::spawn(move || {
+                    let mut reader = BufReader::new(reader);
+                    while let Ok(msg) = read_frame::<FromRank>(&mut reader) {
+                        if tx.send(Ev::Msg { rank, incarnation, msg }).is_err() {
+                            return;
+                        }
+                    }
+                    let _ = tx.send(Ev::Gone { rank, incarnation });
+                });
+                let setup = self.setup_for(rank, incarnation);
+                self.send(rank, &ToRank::Setup(setup));
+            }
+            Ev::Refused { rank, pid, reason } => self.refused(rank, pid, &reason),
+            Ev::Msg { rank, incarnation, msg } => {
+                let proc = self.ranks.get_mut(&rank).filter(|p| p.incarnation == incarnation)?;
+                proc.last_heard = std::time::Instant::now();
+                return self.on_message(rank, msg);
+            }
+            Ev::Gone { rank, incarnation } => {
+                let proc = self.ranks.get_mut(&rank)?;
+                // A rank already counted as lost (killed by a fault, or for its silence) is
+                // not lost twice.
+                if proc.incarnation != incarnation || !proc.alive {
+                    return None;
+                }
+                let expected = proc.said_bye || proc.killed_by_fault;
+                let ready = proc.ready;
+                proc.alive = false;
+                proc.writer = None;
+                if !expected {
+                    self.problem(format!("{rank} disconnected unexpectedly"));
+                }
+                // Lost even when it never became ready (a restart that failed), so that its
+                // group's queue fails instead of waiting for it.
+                self.rank_lost(rank);
+                if !expected && !ready {
+                    return Some(format!("{rank} exited before it was ready"));
+                }
+            }
+        }
+        None
+    }
+
+    /// Whether `rank` is gone and will not come back (a restart brings back only the rank a
+    /// fault killed with `restart_after_ms`).
+    pub(super) fn gone_for_good(&self, rank: RankId) -> bool {
+        let restarting = self.restart_at.is_some_and(|(_, r)| r == rank);
+        self.ranks.get(&rank).is_some_and(|p| !p.alive) && !restarting
+    }
+
+    /// The first rank of a DP group that is gone for good, if any.
+    pub(super) fn gone_rank_of_group(&self, engine: EngineId, dp: u16) -> Option<RankId> {
+        let tp = self.d.layout(engine).tp;
+        (0..tp).map(|tp| RankId::new(engine, dp, tp)).find(|&r| self.gone_for_good(r))
+    }
+
+    /// A rank is gone. A prefill rank that comes back (a restart is due) is waited for by
+    /// nobody: prefills waiting for its acknowledgement go on without it. A rank gone for good
+    /// takes its DP group with it, as a dead worker takes its engine in vLLM: the group's
+    /// requests that have not reached decode fail now instead of at the decode side's
+    /// timeouts, and so do the requests of a decode group that lost a rank, since its TP group
+    /// can never vote or step again.
+    pub(super) fn rank_lost(&mut self, rank: RankId) {
+        if rank.engine.role == Role::Prefill && self.gone_for_good(rank) {
+            // Its memory died with it and it will not come back: on the transfers it holds (and
+            // any registered later) its part counts as done, so its group's blocks are freed
+            // once the live ranks are released instead of at the reaper. The engine decides;
+            // the driver only reports the loss. A rank that will restart is not reported: its
+            // new incarnation could reuse the freed block ids while a reader still reads the old
+            // transfer from it, so its old transfers wait for the reaper, fenced meanwhile.
+            self.engine(usize::from(rank.engine.index), EngineEvent::WorkerLost { rank });
+        }
+        let waiting: Vec<RequestId> =
+            self.requests.iter().filter(|(_, r)| r.acks_needed.contains(&rank)).map(|(&id, _)| id).collect();
+        if !self.gone_for_good(rank) {
+            for id in waiting {
+                self.prefill_acked(id, rank);
+            }
+            return;
+        }
+        let error = format!("{rank} is gone");
+        match rank.engine.role {
+            Role::Prefill => {
+                // Not registered yet: the scheduler still owns their blocks.
+                for id in waiting {
+                    let req = &self.requests[&id];
+                    let ((e, dp), transfer_id, blocks) =
+                        (req.prefill, req.transfer_id.clone(), req.prefill_blocks.clone());
+                    self.free_prefill_blocks(e, dp, &transfer_id, &blocks);
+                    self.end(id, Some(vec![error.clone()]));
+                }
+                self.pump_prefill(rank.engine, rank.dp);
+            }
+            Role::Decode => {
+                // Its group's transfers are reaped (fenced first) once their read leases end,
+                // not at the reaper's full delay: its releases will never come. The engines
+                // decide; the driver only reports the loss.
+                for e in 0..self.engines.len() {
+                    self.engine(e, EngineEvent::ReaderLost { rank });
+                }
+                let g = self.dgroup_of(rank);
+                // The group decides what a dead member means (it votes no on the step it left
+                // open, so the live ranks fail the step's requests at once and release their
+                // transfers, and no later step begins); the driver only reports the loss.
+                self.group_event(g, GroupEvent::MemberLost { member: rank.tp_rank() });
+                let group = &mut self.dgroups[g];
+                group.next_step = None;
+                let mut ids: Vec<RequestId> = group.waiting.drain(..).map(|r| r.request).collect();
+                ids.extend(group.running.drain(..).map(|(id, _)| id));
+                ids.extend(std::mem::take(&mut group.pending).into_keys());
+                for id in ids {
+                    self.end(id, Some(vec![error.clone()]));
+                }
+            }
+        }
+    }
+
+    /// Whether [`ClusterConfig::stop`] asks the run to stop; notes the signal once.
+    pub(super) fn stop_requested(&mut self) -> bool {
+        if self.interrupted.is_some() {
+            return true;
+        }
+        let Some(flag) = self.config.stop else { return false };
+        let signal = flag.load(Ordering::SeqCst);
+        if signal == 0 {
+            return false;
+        }
+        self.interrupted = Some(signal);
+        if std::ptr::eq(flag, &crate::signals::CAUGHT) {
+            // A second Ctrl-C during the orderly stop ends the process at once.
+            crate::signals::restore();
+        }
+        true
+    }
+
+    /// Ranks that said nothing, not even a heartbeat, for [`HEARTBEAT_TIMEOUT`]: stopped or
+    /// hung processes, whose connection stays open. Each is killed and lost like a dead one.
+    pub(super) fn check_heartbeats(&mut self) {
+        let silent: Vec<RankId> = self
+            .ranks
+            .iter()
+            .filter(|(_, p)| p.alive && p.ready && p.last_heard.elapsed() > HEARTBEAT_TIMEOUT)
+            .map(|(&r, _)| r)
+            .collect();
+        for rank in silent {
+            let proc = self.ranks.get_mut(&rank).expect("listed above");
+            if let Some(child) = proc.child.as_mut() {
+                let _ = child.kill();
+            }
+            proc.alive = false;
+            proc.writer = None;
+            let secs = HEARTBEAT_TIMEOUT.as_secs();
+            self.problem(format!(
+                "{rank} stopped answering (nothing for {secs} s, not even a heartbeat); killed it"
+            ));
+            self.rank_lost(rank);
+        }
+    }
+
+    /// Tells every live rank to shut down, waits for each to exit, and kills stragglers.
+    pub(super) fn shutdown(&mut self, rx: &Receiver<Ev>) {
+        let live: Vec<RankId> = self.ranks.iter().filter(|(_, p)| p.alive).map(|(&r, _)| r).collect();
+        for &rank in &live {
+            self.send(rank, &ToRank::Shutdown);
+        }
+        let deadline = std::time::Instant::now() + EXIT_TIMEOUT;
+        // Collect goodbyes (and anything else still in flight) until every live rank left.
+        while self.ranks.values().any(|p| p.alive && p.writer.is_some() && !p.said_bye) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(Ev::Msg { rank, incarnation, msg: FromRank::Bye { .. } }) => {
+                    if let Some(p) = self.ranks.get_mut(&rank).filter(|p| p.incarnation == incarnation) {
+                        p.said_bye = true;
+                    }
+                }
+                Ok(Ev::Gone { rank, incarnation }) => {
+                    if let Some(p) = self.ranks.get_mut(&rank).filter(|p| p.incarnation == incarnation) {
+                        p.alive = false;
+                    }
+                }
+                Ok(Ev::Refused { rank, pid, reason }) => self.refused(rank, pid, &reason),
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        for proc in self.ranks.values_mut() {
+            let Some(mut child) = proc.child.take() else { continue };
+            if proc.killed_by_fault {
+                continue;
+            }
+            let mut status = None;
+            while std::time::Instant::now() < deadline {
+                if let Ok(Some(s)) = child.try_wait() {
+                    status = Some(s);
+                    break;
+                }
+                thread::sleep(Duration::from_millis(5));
+            }
+            match status {
+                Some(s) if s.success() => self.processes.exited_cleanly += 1,
+                Some(_) => self.processes.failed += 1,
+                None => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    self.processes.killed_at_shutdown += 1;
+                }
+            }
+        }
+    }
+}

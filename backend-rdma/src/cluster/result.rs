@@ -1,0 +1,343 @@
+//! What a cluster run reports (`--json`), and the rules that name its outcome.
+
+use pdkv_sim::result::{round3, Summary, ViolationKind};
+use pdkv_sim::Outcome;
+
+use super::*;
+
+/// Requests by how they ended (the simulator's names). Not the simulator's `Requests`: that one
+/// also has `failed_unexcused`, `cut_off` and `unsent`, which would add fields to `--json`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Requests {
+    /// Sent by the client.
+    pub sent: u64,
+    /// Produced all their tokens.
+    pub finished: u64,
+    /// Ended with an error.
+    pub failed: u64,
+    /// Of those, failed after an injected fault they were exposed to (docs/backend.md says
+    /// exactly when): the fault's designed effect, not a failure of the run.
+    pub failed_excused: u64,
+    /// Still in flight at the end.
+    pub unfinished: u64,
+}
+
+/// Throughput over the run (the simulator's `Throughput` plus the verified KV bytes per second).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Throughput {
+    /// Prompt plus generated tokens of finished requests per second.
+    pub total_tok_s: f64,
+    /// Generated tokens per second.
+    pub output_tok_s: f64,
+    /// Finished requests per second.
+    pub requests_per_s: f64,
+    /// Verified KV bytes per second.
+    pub kv_bytes_per_s: f64,
+}
+
+/// Wall-clock latencies of finished requests.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Latencies {
+    /// From the client's request to the first decode step that included it.
+    pub ttft: Summary,
+    /// From the client's request to its last token.
+    pub e2e: Summary,
+}
+
+/// Reads and bytes per prefill GPU. Not the simulator's `NicStats`: its Jain indices may be
+/// `null` and it has a utilisation series the cluster does not measure.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Nic {
+    /// Prefill GPUs in rank order.
+    pub prefill_gpus: Vec<String>,
+    /// Reads each served (one per decode worker per request).
+    pub reads_per_prefill_gpu: Vec<u64>,
+    /// Bytes each sent (verified on arrival).
+    pub bytes_per_prefill_gpu: Vec<u64>,
+    /// Jain's index of the reads.
+    pub jain: f64,
+    /// Jain's index of the bytes.
+    pub jain_bytes: f64,
+}
+
+/// The prefill block ledger over all engines. Not the simulator's `Ledger`, whose other counters
+/// (crash losses, hold times, stalls) the cluster does not measure, while it counts fences and
+/// double frees.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Ledger {
+    /// Transfers still held at the end.
+    pub held: u64,
+    /// Freed after their releases.
+    pub freed: u64,
+    /// Freed by the reaper.
+    pub reaped: u64,
+    /// Of those, reaped after an injected fault (the designed recovery, not a leak).
+    pub reaped_excused: u64,
+    /// Transfers fenced before reaping.
+    pub fenced: u64,
+    /// Frees of a block the transfer did not hold (must be 0).
+    pub double_frees: u64,
+}
+
+/// A request that failed, with each decode worker's error.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Failure {
+    /// The request.
+    pub request: u64,
+    /// Its transfer id.
+    pub transfer_id: String,
+    /// The prefill engine and DP rank that held its KV.
+    pub prefill: String,
+    /// `rank: error` for every worker that failed it.
+    pub errors: Vec<String>,
+}
+
+/// A safety violation. The simulator's `Violation` also carries a virtual time and the ranks
+/// involved, which the cluster does not know apart from the detail, so only the kind is shared.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Violation {
+    /// `read_mismatch`, `double_free`, `protocol_error` (the simulator's names).
+    pub kind: ViolationKind,
+    /// What exactly.
+    pub detail: String,
+}
+
+/// Processes and how they ended.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Processes {
+    /// Connector processes started (restarts included).
+    pub started: u64,
+    /// Exited with status 0 after shutdown.
+    pub exited_cleanly: u64,
+    /// Killed by an injected fault.
+    pub killed_by_fault: u64,
+    /// Killed because they did not exit in time after shutdown (must be 0).
+    pub killed_at_shutdown: u64,
+    /// Exited with an error status.
+    pub failed: u64,
+    /// Connectors refused at join: not started by this run (no or a wrong token), or claiming
+    /// the id of a rank that is running. Not counted in `started`.
+    pub refused: u64,
+}
+
+/// What a cluster run measured, in the simulator's result schema where it applies.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ClusterResult {
+    /// The deployment.
+    pub deployment: String,
+    /// The data plane.
+    pub transport: String,
+    /// The model's attention and layers.
+    pub model: String,
+    /// Seed of lengths and ids.
+    pub seed: u64,
+    /// [`ClusterOutcome::name`]: the simulator's outcome names, or `interrupted`.
+    pub outcome: String,
+    /// Wall time of the run, in seconds.
+    pub duration_s: f64,
+    /// Requests by outcome.
+    pub requests: Requests,
+    /// Throughput.
+    pub throughput: Throughput,
+    /// Latencies, in milliseconds.
+    pub latency_ms: Latencies,
+    /// NIC balance over prefill GPUs.
+    pub nic: Nic,
+    /// Prefill blocks.
+    pub ledger: Ledger,
+    /// KV bytes decode read and verified against the pattern prefill wrote.
+    pub bytes_verified: u64,
+    /// KV bytes of the finished requests' prompts: whole blocks, every layer, every KV head
+    /// once. Decode reads each head once per decode rank that needs it, so a fault-free run
+    /// verifies this times the deployment's replication (1 when no head is read twice).
+    pub prompt_kv_bytes: u64,
+    /// Where the prefill ranks kept their KV (host memory, or a HIP device), and why.
+    pub memory: Vec<String>,
+    /// Failed requests, the first [`MAX_FAILURES_LISTED`] (`requests.failed` counts them all).
+    pub failures: Vec<Failure>,
+    /// Safety violations.
+    pub violations: Vec<Violation>,
+    /// Faults injected, with when.
+    pub faults: Vec<String>,
+    /// Connector processes.
+    pub processes: Processes,
+    /// Every handshake and notify port the ranks listened on (free again once the run ended).
+    pub listener_ports: Vec<u16>,
+    /// Notes from the ranks (lost notify messages, reap warnings), each once with its count, at
+    /// most 64 different ones.
+    pub problems: Vec<String>,
+}
+
+impl ClusterResult {
+    /// Pretty JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("results serialise")
+    }
+}
+
+/// Progress for a bar.
+#[derive(Clone, Copy, Debug)]
+pub struct Progress {
+    /// Requests ended.
+    pub done: u64,
+    /// Requests in all.
+    pub total: u64,
+}
+
+/// How a cluster run ended: one of the simulator's outcomes, with its name and meaning, or
+/// stopped by a signal, which a simulated run never is (so `Outcome` has no such variant, and
+/// scenario files cannot expect one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClusterOutcome {
+    /// A signal stopped the run; the result is partial.
+    Interrupted,
+    /// The run ended as the simulator's outcome says.
+    Ended(Outcome),
+}
+
+impl ClusterOutcome {
+    /// The snake_case name the result's `outcome` field holds.
+    pub fn name(self) -> &'static str {
+        match self {
+            ClusterOutcome::Interrupted => "interrupted",
+            ClusterOutcome::Ended(outcome) => outcome.name(),
+        }
+    }
+}
+
+/// How a run ended, by the simulator's rules plus two of the cluster's own: a violation trumps
+/// an interruption (a signal stopped the run, so the rest is partial), which trumps a hang; a
+/// hang trumps failed requests, failed requests trump a leak. Requests that failed and transfers
+/// the reaper freed after an injected fault they were exposed to are the fault's designed
+/// effect and recovery, not a failure of the run; any other failed request is.
+pub(super) fn outcome(
+    violated: bool,
+    interrupted: bool,
+    hung: bool,
+    incomplete: bool,
+    requests: &Requests,
+    ledger: &Ledger,
+) -> ClusterOutcome {
+    let ended = if violated {
+        Outcome::SafetyViolation
+    } else if interrupted {
+        return ClusterOutcome::Interrupted;
+    } else if hung {
+        Outcome::Hang
+    } else if requests.failed > requests.failed_excused {
+        Outcome::FailedRequests
+    } else if incomplete {
+        // The budget ended while requests were still finishing: transfers in flight are held,
+        // which is not a leak. (The simulator ranks a leak above this: its budget ends in
+        // virtual time, with nothing in flight that a real clock's cut would leave held.)
+        Outcome::Incomplete
+    } else if ledger.held > 0 || ledger.reaped > ledger.reaped_excused {
+        Outcome::Leak
+    } else {
+        Outcome::Clean
+    };
+    ClusterOutcome::Ended(ended)
+}
+
+/// Jain's index rounded as the simulator rounds it; always a number, where the simulator's
+/// `jain` says `null` for a run without reads, since the cluster's schema has always had one.
+pub(super) fn jain(values: &[u64]) -> f64 {
+    round3(pdkv_core::routes::jain_index(values))
+}
+
+impl Cluster {
+    pub(super) fn result(&self) -> ClusterResult {
+        let duration_s = self.started_at.elapsed().as_secs_f64();
+        let held = self.held();
+        let unfinished = u64::from(self.config.requests) - self.finished - self.failed;
+        let gpus: Vec<RankId> = self.d.ranks(Role::Prefill);
+        let reads: Vec<u64> = gpus.iter().map(|r| self.reads.get(r).map_or(0, |v| v.0)).collect();
+        let bytes: Vec<u64> = gpus.iter().map(|r| self.reads.get(r).map_or(0, |v| v.1)).collect();
+        let ledger = Ledger { held, ..self.ledger.clone() };
+        let requests = Requests {
+            sent: self.sent,
+            finished: self.finished,
+            failed: self.failed,
+            failed_excused: self.failed_excused,
+            unfinished,
+        };
+        let incomplete = self.budget_ended.is_some();
+        let hung = self.hung.is_some() || (unfinished > 0 && !incomplete);
+        let outcome = outcome(
+            !self.violations.is_empty(),
+            self.interrupted.is_some(),
+            hung,
+            incomplete,
+            &requests,
+            &ledger,
+        );
+        let mut problems: Vec<String> = self
+            .problems
+            .iter()
+            .map(|p| match self.problem_counts.get(p) {
+                Some(&n) if n > 1 => format!("{p} ({n} times)"),
+                _ => p.clone(),
+            })
+            .collect();
+        if let Some(signal) = self.interrupted {
+            problems
+                .insert(0, format!("interrupted by {}: the result is partial", crate::signals::name(signal)));
+        }
+        if let Some(hung) = &self.hung {
+            problems.insert(0, format!("hung: {hung}"));
+        }
+        if let Some(ended) = &self.budget_ended {
+            problems.insert(0, format!("incomplete: {ended}"));
+        }
+        let per_s = |x: f64| if duration_s > 0.0 { (x / duration_s * 10.0).round() / 10.0 } else { 0.0 };
+        ClusterResult {
+            deployment: self.config.deployment.clone(),
+            transport: self.config.transport.to_string(),
+            model: if self.d.model.use_mla {
+                format!("MLA, {} layers", self.d.model.layers)
+            } else {
+                let heads = self.d.model.kv_heads;
+                let plural = if heads == 1 { "" } else { "s" };
+                format!("GQA with {heads} KV head{plural}, {} layers", self.d.model.layers)
+            },
+            seed: self.config.seed,
+            outcome: outcome.name().into(),
+            duration_s: (duration_s * 1000.0).round() / 1000.0,
+            requests,
+            throughput: Throughput {
+                total_tok_s: per_s((self.tokens_in + self.tokens_out) as f64),
+                output_tok_s: per_s(self.tokens_out as f64),
+                requests_per_s: per_s(self.finished as f64),
+                kv_bytes_per_s: per_s(self.bytes_verified as f64),
+            },
+            latency_ms: Latencies {
+                ttft: Summary::of(&mut self.ttft_ms.clone()).unwrap_or_default(),
+                e2e: Summary::of(&mut self.e2e_ms.clone()).unwrap_or_default(),
+            },
+            nic: Nic {
+                prefill_gpus: gpus.iter().map(|r| r.to_string()).collect(),
+                jain: jain(&reads),
+                jain_bytes: jain(&bytes),
+                reads_per_prefill_gpu: reads,
+                bytes_per_prefill_gpu: bytes,
+            },
+            ledger,
+            bytes_verified: self.bytes_verified,
+            prompt_kv_bytes: self.prompt_kv_bytes,
+            memory: self.memory.iter().cloned().collect(),
+            failures: self.failures.clone(),
+            violations: self.violations.clone(),
+            faults: self.faults_log.clone(),
+            processes: self.processes.clone(),
+            listener_ports: self
+                .addresses
+                .iter()
+                .flat_map(|(engine, a)| {
+                    let ranks = self.d.layout(*engine).ranks() as u16;
+                    (0..ranks).flat_map(move |i| [a.handshake_port_base + i, a.notify_port_base + i])
+                })
+                .collect(),
+            problems,
+        }
+    }
+}
