@@ -284,8 +284,8 @@ pub enum StepError {
         /// The step.
         step: u64,
     },
-    /// Lazy mode: this worker's own blocking handshake failed (its peers may be in the
-    /// forward collective already).
+    /// Legacy only ([`HandshakeMode::Lazy`], `lazy-handshake`): this worker's own blocking
+    /// handshake failed (its peers may be in the forward collective already).
     Handshake {
         /// The session that failed.
         session: SessionKey,

@@ -9,6 +9,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+#[cfg(doc)]
+use crate::legacy::Legacy;
 use crate::policy::TpSizeRule;
 use crate::topology::{Layout, MAX_PARALLEL_SIZE};
 

@@ -14,6 +14,8 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{EngineId, RequestId, Role, TransferId};
+#[cfg(doc)]
+use crate::legacy::Legacy;
 use crate::params::KvTransferParams;
 use crate::policy::ProxyRule;
 use crate::topology::{Deployment, Layout};
