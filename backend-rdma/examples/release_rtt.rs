@@ -40,7 +40,7 @@ use pdkv_core::prefill::{PrefillWorker, WorkerAction, WorkerEvent};
 use pdkv_core::release::{expected_releases, Quorum, Release};
 use pdkv_core::time::Instant as CoreInstant;
 use pdkv_core::wire::{self, ControlMessage, HandshakeMetadata};
-use pdkv_core::{EngineId, LegacyOptions, RankId, TransferId};
+use pdkv_core::{EngineId, Policy, RankId, TransferId};
 use pdkv_rdma::zmtp::{Connection, RouterListener, SocketType, ZmtpError};
 
 /// Timed round trips (rounded down to whole transfers).
@@ -130,7 +130,7 @@ impl Rank {
             rank: None,
         };
         let rank_id = RankId::new(EngineId::prefill(0), 0, 0);
-        let worker = PrefillWorker::new(rank_id, metadata, Vec::new(), &LegacyOptions::none());
+        let worker = PrefillWorker::new(rank_id, metadata, Vec::new(), &Policy::fixed());
         let mut rank = Rank {
             worker,
             clock: Instant::now(),

@@ -13,6 +13,7 @@ use pdkv_core::decode::{
 };
 use pdkv_core::group::StepReport;
 use pdkv_core::ids::{RankId, RequestId};
+use pdkv_core::policy::Policy;
 use pdkv_core::ports::{Endpoint, SessionKey};
 use pdkv_core::wire::{self, ControlMessage};
 
@@ -208,7 +209,7 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
         rank,
         d.layout(rank.engine),
         d.model.clone(),
-        setup.legacy.clone(),
+        Policy::from(&setup.legacy),
         setup.address.engine_id(),
     );
     config.handshake_timeout_ns = setup.handshake_timeout_ms * NS_PER_MS;

@@ -9,6 +9,7 @@ use std::thread;
 use std::time::Duration;
 
 use pdkv_core::ids::TransferId;
+use pdkv_core::policy::Policy;
 use pdkv_core::ports::ListenerKind;
 use pdkv_core::prefill::{PrefillWorker, WorkerAction, WorkerEvent};
 use pdkv_core::wire::{self, ControlMessage, HandshakeMetadata, LayerMemoryDesc, RankInfo};
@@ -284,14 +285,15 @@ fn start(ctx: &mut Context) -> Result<Started, String> {
             descs: vec![[base.to_be_bytes(), region_len.to_be_bytes()].concat()],
         })
         .collect();
-    let worker = PrefillWorker::new(rank, metadata, layers, &setup.legacy);
+    let policy = Policy::from(&setup.legacy);
+    let worker = PrefillWorker::new(rank, metadata, layers, &policy);
 
     // The listeners bind exactly where the core says this rank listens.
     for (kind, serve) in [
         (ListenerKind::Handshake, serve_handshake as fn(_, _, _)),
         (ListenerKind::Notify, serve_notify as fn(_, _, _)),
     ] {
-        let endpoint = address.listen(layout, rank, kind, &setup.legacy).map_err(|e| e.to_string())?;
+        let endpoint = address.listen(layout, rank, kind, &policy).map_err(|e| e.to_string())?;
         let addr = resolve(&endpoint)?;
         let listener =
             RouterListener::bind(addr).map_err(|e| format!("{kind} listener at {endpoint}: {e}"))?;

@@ -43,8 +43,10 @@ use crate::handshake::{
     self, HandshakeError, HandshakeEvent, HandshakeOutput, HandshakeParams, HandshakeState,
 };
 use crate::ids::{EngineId, RankId, RequestId, TransferId};
-use crate::legacy::{Legacy, LegacyOptions};
+#[cfg(doc)]
+use crate::legacy::Legacy;
 use crate::params::{KvTransferParams, ParamsError};
+use crate::policy::{HandshakeMode, NotifyRule, Policy, QueuedLease};
 use crate::ports::{Endpoint, EngineAddress, ListenerKind, PortError, ReadTarget, SessionKey};
 use crate::recv::{self, RecvEvent, RecvOutput, RecvState};
 use crate::release::{Release, ReleaseSender};
@@ -77,8 +79,8 @@ pub struct DecodeConfig {
     pub layout: Layout,
     /// The served model.
     pub model: ModelSpec,
-    /// Legacy options in force.
-    pub legacy: LegacyOptions,
+    /// The protocol's rules (the fixed protocol, or the legacy options resolved).
+    pub policy: Policy,
     /// This worker's MoRIIO engine id, sent as the sender of its releases.
     pub engine_id: String,
     /// Deadline of one handshake dial (10 s by default).
@@ -95,18 +97,12 @@ pub struct DecodeConfig {
 
 impl DecodeConfig {
     /// A worker with MoRIIO's defaults.
-    pub fn new(
-        rank: RankId,
-        layout: Layout,
-        model: ModelSpec,
-        legacy: LegacyOptions,
-        engine_id: String,
-    ) -> Self {
+    pub fn new(rank: RankId, layout: Layout, model: ModelSpec, policy: Policy, engine_id: String) -> Self {
         DecodeConfig {
             rank,
             layout,
             model,
-            legacy,
+            policy,
             engine_id,
             handshake_timeout_ns: 10 * NS_PER_S,
             transfer_timeout_ns: 30 * NS_PER_S,
@@ -288,8 +284,8 @@ pub enum StepError {
         /// The step.
         step: u64,
     },
-    /// Lazy mode: this worker's own blocking handshake failed (its peers may be in the
-    /// forward collective already).
+    /// Legacy only ([`HandshakeMode::Lazy`], `lazy-handshake`): this worker's own blocking
+    /// handshake failed (its peers may be in the forward collective already).
     Handshake {
         /// The session that failed.
         session: SessionKey,
@@ -581,19 +577,12 @@ pub struct DecodeWorker {
     /// Requests queued by the engine, not admitted to a step yet.
     waiting: BTreeMap<RequestId, Waiting>,
     step: StepProgress,
-    lazy: bool,
-    release_during_reads: bool,
-    handshake_timeout_ns: Option<u64>,
 }
 
 impl DecodeWorker {
     /// A worker with no sessions and no requests.
     pub fn new(config: DecodeConfig) -> DecodeWorker {
-        let router = ReadRouter::new(config.rank, config.layout, config.model.clone(), config.legacy.clone());
-        let lazy = config.legacy.has(Legacy::LazyHandshake);
-        let release_during_reads = config.legacy.has(Legacy::ReleaseDuringReads);
-        let handshake_timeout_ns =
-            (!config.legacy.has(Legacy::NoHandshakeTimeout)).then_some(config.handshake_timeout_ns);
+        let router = ReadRouter::new(config.rank, config.layout, config.model.clone(), config.policy);
         DecodeWorker {
             config,
             router,
@@ -601,9 +590,6 @@ impl DecodeWorker {
             requests: BTreeMap::new(),
             waiting: BTreeMap::new(),
             step: StepProgress::Idle,
-            lazy,
-            release_during_reads,
-            handshake_timeout_ns,
         }
     }
 
@@ -746,7 +732,7 @@ impl DecodeWorker {
             .map(|r| r.target.session.clone())
             .filter(|key| self.sessions.get(key).is_none_or(|s| s.state.session().is_none()))
             .collect();
-        if self.lazy {
+        if self.config.policy.handshake == HandshakeMode::Lazy {
             let queue = self.lazy_queue(needed);
             let event = StepEvent::BeginLazy { step, sessions: queue.len() as u32 };
             self.step = StepProgress::Blocked { step, queue };
@@ -782,7 +768,7 @@ impl DecodeWorker {
     }
 
     fn on_queued(&mut self, now: Instant, requests: Vec<RecvRequest>, out: &mut Vec<DecodeAction>) {
-        if self.config.legacy.has(Legacy::NoQueuedLease) {
+        if self.config.policy.queued_lease == QueuedLease::Unleased {
             // The historical worker hears of a request only when a step admits it.
             return;
         }
@@ -817,10 +803,10 @@ impl DecodeWorker {
     /// Resolves the source of a request and derives every address from it, without looking at
     /// its local blocks (a queued request has none yet).
     fn route(&mut self, now: Instant, request: &RecvRequest) -> Result<Recv, RecvError> {
-        let legacy = &self.config.legacy;
+        let policy = self.config.policy;
         let params = &request.params;
         let transfer_id = TransferId(params.transfer_id.clone().ok_or(RecvError::MissingTransferId)?);
-        let remote = params.prefill_layout(legacy).map_err(RecvError::Params)?;
+        let remote = params.prefill_layout(policy.tp_size).map_err(RecvError::Params)?;
         let owner = params.owner_dp().map_err(RecvError::Params)?;
         let remote_block_ids: Vec<u32> = params
             .remote_block_ids
@@ -830,15 +816,17 @@ impl DecodeWorker {
         let source =
             self.router.resolve(request.prefill_engine, remote, owner).map_err(RecvError::Routing)?;
         let address = &request.prefill_address;
-        let target = ReadTarget::for_engine(address, remote, source.rank, legacy).map_err(RecvError::Port)?;
-        let notify_rank = if legacy.has(Legacy::NotifyOtherRank) {
-            // The historical release path recomputed its target without the owner DP rank and
-            // without the flexible pick, so it could notify a rank other than the one read.
-            let tp = routing::fixed_tp_source(self.config.layout.tp, self.config.rank.tp, remote.tp)
-                .map_err(RecvError::Routing)?;
-            RankId::new(source.rank.engine, 0, tp)
-        } else {
-            target.source
+        let target = ReadTarget::for_engine(address, remote, source.rank, policy.session_key)
+            .map_err(RecvError::Port)?;
+        let notify_rank = match policy.notify {
+            NotifyRule::RankRead => target.source,
+            NotifyRule::Recomputed => {
+                // The historical release path recomputed its target without the owner DP rank
+                // and without the flexible pick, so it could notify a rank other than the one read.
+                let tp = routing::fixed_tp_source(self.config.layout.tp, self.config.rank.tp, remote.tp)
+                    .map_err(RecvError::Routing)?;
+                RankId::new(source.rank.engine, 0, tp)
+            }
         };
         let notify = if notify_rank == target.source {
             target.notify.clone()
@@ -903,7 +891,9 @@ impl DecodeWorker {
         for ((engine, tp), (remote, address)) in engines {
             for dp in 0..remote.dp {
                 let rank = RankId::new(engine, dp, tp);
-                let Ok(target) = ReadTarget::for_engine(&address, remote, rank, &self.config.legacy) else {
+                let Ok(target) =
+                    ReadTarget::for_engine(&address, remote, rank, self.config.policy.session_key)
+                else {
                     continue;
                 };
                 self.ensure_session(&target, &address);
@@ -926,7 +916,7 @@ impl DecodeWorker {
             endpoint: target.handshake.clone(),
             params: HandshakeParams {
                 expected_engine_id: address.engine_id(),
-                timeout_ns: self.handshake_timeout_ns,
+                timeout_ns: self.config.policy.handshake_timeout.of(self.config.handshake_timeout_ns),
             },
             state: HandshakeState::Idle,
         };
@@ -1230,7 +1220,7 @@ impl DecodeWorker {
         error: Option<RecvError>,
         out: &mut Vec<DecodeAction>,
     ) -> RecvOutput {
-        let (after, output) = recv::step(before, event, self.release_during_reads);
+        let (after, output) = recv::step(before, event, self.config.policy.drain);
         let recv = self.requests.get_mut(&id).expect("transitions are of held requests");
         match output {
             RecvOutput::None | RecvOutput::Ignored | RecvOutput::PostReads => {}

@@ -11,7 +11,7 @@
 //!
 //! # How a driver calls it
 //!
-//! 1. Create one [`DecodeGroup`] per decode DP group with its TP size and the legacy options.
+//! 1. Create one [`DecodeGroup`] per decode DP group with its TP size and handshake mode.
 //! 2. Give the group [`GroupEvent::StepBegin`] before any worker hears of the step. A step is
 //!    admitted only if [`DecodeGroup::may_begin`]: the last step reached its forward, no member
 //!    was lost, and the number comes after the last one.
@@ -44,7 +44,9 @@ use std::fmt;
 
 use crate::decode::StepError;
 use crate::ids::TpRank;
-use crate::legacy::{Legacy, LegacyOptions};
+#[cfg(doc)]
+use crate::legacy::Legacy;
+use crate::policy::HandshakeMode;
 
 /// How a worker's step ended, as its group sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -281,8 +283,8 @@ pub struct DecodeGroup {
 
 impl DecodeGroup {
     /// A group of `width` TP members (`TpRank(0)` to `TpRank(width - 1)`) that has begun no step.
-    pub fn new(width: u16, legacy: &LegacyOptions) -> DecodeGroup {
-        DecodeGroup { width, lazy: legacy.has(Legacy::LazyHandshake), lost: BTreeSet::new(), round: None }
+    pub fn new(width: u16, handshake: HandshakeMode) -> DecodeGroup {
+        DecodeGroup { width, lazy: handshake == HandshakeMode::Lazy, lost: BTreeSet::new(), round: None }
     }
 
     /// Members in the group.
@@ -521,10 +523,10 @@ pub fn transition_table() -> Vec<GroupRow> {
     let (tp0, tp1) = (TpRank(0), TpRank(1));
     let vote = |member, step, ok| E::Vote { member, step, ok };
     let report = |member, report| E::StepReport { member, step: 5, report };
-    let eager = LegacyOptions::none();
-    let lazy = LegacyOptions::none().with(Legacy::LazyHandshake);
-    let reach = |legacy: &LegacyOptions, events: Vec<GroupEvent>| {
-        let mut group = DecodeGroup::new(2, legacy);
+    let eager = HandshakeMode::Eager;
+    let lazy = HandshakeMode::Lazy;
+    let reach = |mode: &HandshakeMode, events: Vec<GroupEvent>| {
+        let mut group = DecodeGroup::new(2, *mode);
         for event in events {
             group.handle(event, &mut Vec::new());
         }
@@ -622,11 +624,11 @@ mod tests {
     /// produced, then the decision of the step the group ends on.
     fn check(
         width: u16,
-        legacy: LegacyOptions,
+        mode: HandshakeMode,
         steps: Vec<(GroupEvent, Vec<GroupAction>)>,
         decision: Option<bool>,
     ) {
-        let mut group = DecodeGroup::new(width, &legacy);
+        let mut group = DecodeGroup::new(width, mode);
         for (i, (event, expected)) in steps.into_iter().enumerate() {
             let mut out = Vec::new();
             group.handle(event.clone(), &mut out);
@@ -637,7 +639,7 @@ mod tests {
 
     #[test]
     fn a_repeated_vote_counts_once_and_the_min_decides() {
-        let eager = LegacyOptions::none;
+        let eager = || HandshakeMode::Eager;
         // A duplicated ok does not stand in for the peer that has not voted.
         check(
             2,
@@ -670,7 +672,7 @@ mod tests {
         let forward = |step| vec![GroupAction::Forward { step }];
         check(
             2,
-            LegacyOptions::none(),
+            HandshakeMode::Eager,
             vec![
                 (vote(TP0, 1, true), ignored(Ignored::UnknownStep { member: TP0, step: 1 })),
                 (begin(1), vec![]),
@@ -694,7 +696,7 @@ mod tests {
         let forward = |step| vec![GroupAction::Forward { step }];
         check(
             1,
-            LegacyOptions::none(),
+            HandshakeMode::Eager,
             vec![
                 (begin(3), vec![]),
                 (begin(4), ignored(Ignored::StepInProgress { step: 4, current: 3 })),
@@ -716,7 +718,7 @@ mod tests {
         };
         check(
             2,
-            LegacyOptions::none(),
+            HandshakeMode::Eager,
             vec![
                 (begin(1), vec![]),
                 (report(TP0, 1, ready), against(TP0, ready, None)),
@@ -732,7 +734,7 @@ mod tests {
         // Lazy: no vote; a worker that raises alone keeps the step from its forward.
         check(
             2,
-            LegacyOptions::none().with(Legacy::LazyHandshake),
+            HandshakeMode::Lazy,
             vec![
                 (begin(1), vec![]),
                 (vote(TP0, 1, true), ignored(Ignored::NoVote { member: TP0, step: 1 })),
@@ -749,7 +751,7 @@ mod tests {
         let lost = |member| GroupEvent::MemberLost { member };
         check(
             3,
-            LegacyOptions::none(),
+            HandshakeMode::Eager,
             vec![
                 (begin(1), vec![]),
                 (vote(TP0, 1, true), vec![]),
@@ -768,7 +770,7 @@ mod tests {
         // Lost while the others still handshake: the last live vote decides.
         check(
             2,
-            LegacyOptions::none(),
+            HandshakeMode::Eager,
             vec![(begin(1), vec![]), (lost(TP0), vec![]), (vote(TP1, 1, true), told(1, false, &[TP1]))],
             Some(false),
         );
@@ -776,7 +778,7 @@ mod tests {
 
     #[test]
     fn an_open_vote_names_who_voted_and_who_has_not() {
-        let mut group = DecodeGroup::new(3, &LegacyOptions::none());
+        let mut group = DecodeGroup::new(3, HandshakeMode::Eager);
         let mut out = Vec::new();
         group.handle(begin(1), &mut out);
         assert_eq!(group.open_vote(), None, "nobody voted yet");

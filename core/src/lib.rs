@@ -13,6 +13,7 @@ pub mod handshake;
 pub mod ids;
 pub mod legacy;
 pub mod params;
+pub mod policy;
 pub mod ports;
 pub mod prefill;
 pub mod proxy;
@@ -31,4 +32,5 @@ pub mod wire;
 
 pub use ids::{EngineId, RankId, RequestId, Role, TpRank, TransferId};
 pub use legacy::{Legacy, LegacyOptions};
+pub use policy::Policy;
 pub use topology::{Deployment, Layout, ModelSpec};

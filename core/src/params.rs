@@ -9,7 +9,9 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::legacy::{Legacy, LegacyOptions};
+#[cfg(doc)]
+use crate::legacy::Legacy;
+use crate::policy::TpSizeRule;
 use crate::topology::{Layout, MAX_PARALLEL_SIZE};
 
 /// The remote-prefill fields of a decode request's `kv_transfer_params`, as received. Sizes
@@ -95,10 +97,10 @@ fn in_range(field: &'static str, value: i64, min: i64, max: i64) -> Result<u16, 
 
 impl KvTransferParams {
     /// The prefill TP size: `remote_tp_size`, else `tp_size`; must be in 1..=256. Under
-    /// [`Legacy::TpSizeKey`], only `tp_size`, defaulting to 1 (the historical collapse).
-    pub fn prefill_tp_size(&self, legacy: &LegacyOptions) -> Result<u16, ParamsError> {
+    /// [`TpSizeRule::TpSizeKeyOnly`], only `tp_size`, defaulting to 1 (the historical collapse).
+    pub fn prefill_tp_size(&self, rule: TpSizeRule) -> Result<u16, ParamsError> {
         let max = i64::from(MAX_PARALLEL_SIZE);
-        if legacy.has(Legacy::TpSizeKey) {
+        if rule == TpSizeRule::TpSizeKeyOnly {
             return in_range("tp_size", self.tp_size.unwrap_or(1), 1, max);
         }
         match (self.remote_tp_size, self.tp_size) {
@@ -109,10 +111,10 @@ impl KvTransferParams {
     }
 
     /// The prefill layout as far as reads need it: DP size (default 1) and TP size.
-    pub fn prefill_layout(&self, legacy: &LegacyOptions) -> Result<Layout, ParamsError> {
+    pub fn prefill_layout(&self, rule: TpSizeRule) -> Result<Layout, ParamsError> {
         let dp =
             in_range("remote_dp_size", self.remote_dp_size.unwrap_or(1), 1, i64::from(MAX_PARALLEL_SIZE))?;
-        Ok(Layout::new(dp, self.prefill_tp_size(legacy)?, false))
+        Ok(Layout::new(dp, self.prefill_tp_size(rule)?, false))
     }
 
     /// The request's owner DP rank on the prefill side (`remote_dp_rank`): `None` when absent,
@@ -128,15 +130,20 @@ impl KvTransferParams {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::legacy::{Legacy, LegacyOptions};
+    use crate::policy::Policy;
 
     /// (tp_size, remote_tp_size, legacy?) -> prefill TP size or error text.
     #[test]
     fn prefill_tp_size_table() {
         let check = |tp: Option<i64>, remote: Option<i64>, legacy: bool, expected: Result<u16, &str>| {
             let params = KvTransferParams { tp_size: tp, remote_tp_size: remote, ..Default::default() };
-            let options =
-                if legacy { LegacyOptions::none().with(Legacy::TpSizeKey) } else { LegacyOptions::none() };
-            let got = params.prefill_tp_size(&options).map_err(|e| e.to_string());
+            let options = if legacy {
+                Policy::from(LegacyOptions::none().with(Legacy::TpSizeKey))
+            } else {
+                Policy::fixed()
+            };
+            let got = params.prefill_tp_size(options.tp_size).map_err(|e| e.to_string());
             match expected {
                 Ok(n) => assert_eq!(got, Ok(n), "{tp:?} {remote:?} {legacy}"),
                 Err(text) => assert!(got.as_ref().unwrap_err().contains(text), "{got:?}"),
@@ -174,15 +181,14 @@ mod tests {
         use crate::topology::ModelSpec;
         let params = KvTransferParams { remote_tp_size: Some(8), ..Default::default() };
         for (legacy, expected) in [
-            (LegacyOptions::none(), vec![0, 1, 2, 3, 4, 5, 6, 7]),
-            (LegacyOptions::none().with(Legacy::TpSizeKey), vec![0; 8]),
+            (Policy::fixed(), vec![0, 1, 2, 3, 4, 5, 6, 7]),
+            (Policy::from(LegacyOptions::none().with(Legacy::TpSizeKey)), vec![0; 8]),
         ] {
-            let prefill = params.prefill_layout(&legacy).unwrap();
+            let prefill = params.prefill_layout(legacy.tp_size).unwrap();
             let reads: Vec<u16> = (0..8)
                 .map(|r| {
                     let local = RankId::new(EngineId::decode(0), 0, r);
-                    let mut router =
-                        ReadRouter::new(local, Layout::tp(8), ModelSpec::deepseek_r1(), legacy.clone());
+                    let mut router = ReadRouter::new(local, Layout::tp(8), ModelSpec::deepseek_r1(), legacy);
                     router.resolve(EngineId::prefill(0), prefill, None).unwrap().rank.tp
                 })
                 .collect();

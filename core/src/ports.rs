@@ -10,7 +10,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{EngineId, RankId, Role};
-use crate::legacy::{Legacy, LegacyOptions};
+use crate::policy::{ListenerOffset, Policy, SessionKeyRule};
 use crate::topology::{Deployment, Layout};
 
 /// MoRIIO's default base of the handshake listeners.
@@ -97,12 +97,11 @@ pub fn port_offset(layout: Layout, dp: u16, tp: u16) -> u32 {
     layout.flat_index(dp, tp)
 }
 
-/// The listener offset, which the legacy option turns into the historical `dp + tp`.
-pub fn listener_offset(layout: Layout, dp: u16, tp: u16, legacy: &LegacyOptions) -> u32 {
-    if legacy.has(Legacy::ListenerOffsetDpPlusTp) {
-        u32::from(dp) + u32::from(tp)
-    } else {
-        port_offset(layout, dp, tp)
+/// The listener offset under `rule`: the dialers' offset, or the historical `dp + tp`.
+pub fn listener_offset(layout: Layout, dp: u16, tp: u16, rule: ListenerOffset) -> u32 {
+    match rule {
+        ListenerOffset::DpTimesTpSizePlusTp => port_offset(layout, dp, tp),
+        ListenerOffset::DpPlusTp => u32::from(dp) + u32::from(tp),
     }
 }
 
@@ -157,15 +156,15 @@ impl AddressBook {
     }
 
     /// Where `rank` binds its listener of `kind`: `base + dp * tp_size + tp`, or `base + dp + tp`
-    /// under [`Legacy::ListenerOffsetDpPlusTp`]. Errors if the port would pass 65535.
+    /// under [`ListenerOffset::DpPlusTp`]. Errors if the port would pass 65535.
     pub fn listen_endpoint(
         &self,
         deployment: &Deployment,
         rank: RankId,
         kind: ListenerKind,
-        legacy: &LegacyOptions,
+        policy: &Policy,
     ) -> Result<Endpoint, PortError> {
-        self.engine(rank.engine).listen(deployment.layout(rank.engine), rank, kind, legacy)
+        self.engine(rank.engine).listen(deployment.layout(rank.engine), rank, kind, policy)
     }
 
     /// Where a peer dials to reach `rank`'s listener of `kind`: always `base + dp * tp_size + tp`,
@@ -180,8 +179,8 @@ impl AddressBook {
     }
 
     /// Session key of a remote rank: `<engine id>_dp<d>_tp<t>`, or the legacy `<engine id>_dp<d>`.
-    pub fn session_key(&self, rank: RankId, legacy: &LegacyOptions) -> SessionKey {
-        self.engine(rank.engine).session_key(rank, legacy)
+    pub fn session_key(&self, rank: RankId, rule: SessionKeyRule) -> SessionKey {
+        self.engine(rank.engine).session_key(rank, rule)
     }
 }
 
@@ -207,9 +206,9 @@ impl EngineAddress {
         layout: Layout,
         rank: RankId,
         kind: ListenerKind,
-        legacy: &LegacyOptions,
+        policy: &Policy,
     ) -> Result<Endpoint, PortError> {
-        self.endpoint(rank, kind, listener_offset(layout, rank.dp, rank.tp, legacy))
+        self.endpoint(rank, kind, listener_offset(layout, rank.dp, rank.tp, policy.listener_offset))
     }
 
     /// Where a peer dials `rank`'s listener of `kind` (always the fixed offset).
@@ -218,13 +217,12 @@ impl EngineAddress {
     }
 
     /// Session key of `rank` of this engine: `<engine id>_dp<d>_tp<t>`, or the legacy
-    /// `<engine id>_dp<d>` under [`Legacy::SessionKeyWithoutTp`].
-    pub fn session_key(&self, rank: RankId, legacy: &LegacyOptions) -> SessionKey {
+    /// `<engine id>_dp<d>` under [`SessionKeyRule::PerDpRank`].
+    pub fn session_key(&self, rank: RankId, rule: SessionKeyRule) -> SessionKey {
         let engine = self.engine_id();
-        if legacy.has(Legacy::SessionKeyWithoutTp) {
-            SessionKey(format!("{engine}_dp{}", rank.dp))
-        } else {
-            SessionKey(format!("{engine}_dp{}_tp{}", rank.dp, rank.tp))
+        match rule {
+            SessionKeyRule::PerRank => SessionKey(format!("{engine}_dp{}_tp{}", rank.dp, rank.tp)),
+            SessionKeyRule::PerDpRank => SessionKey(format!("{engine}_dp{}", rank.dp)),
         }
     }
 }
@@ -250,9 +248,14 @@ impl ReadTarget {
         book: &AddressBook,
         deployment: &Deployment,
         source: RankId,
-        legacy: &LegacyOptions,
+        session_key: SessionKeyRule,
     ) -> Result<ReadTarget, PortError> {
-        ReadTarget::for_engine(book.engine(source.engine), deployment.layout(source.engine), source, legacy)
+        ReadTarget::for_engine(
+            book.engine(source.engine),
+            deployment.layout(source.engine),
+            source,
+            session_key,
+        )
     }
 
     /// The same derivation from the source engine's address and layout alone, as a decode
@@ -261,11 +264,11 @@ impl ReadTarget {
         address: &EngineAddress,
         layout: Layout,
         source: RankId,
-        legacy: &LegacyOptions,
+        session_key: SessionKeyRule,
     ) -> Result<ReadTarget, PortError> {
         Ok(ReadTarget {
             source,
-            session: address.session_key(source, legacy),
+            session: address.session_key(source, session_key),
             handshake: address.dial(layout, source, ListenerKind::Handshake)?,
             notify: address.dial(layout, source, ListenerKind::Notify)?,
         })
@@ -275,6 +278,7 @@ impl ReadTarget {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::legacy::{Legacy, LegacyOptions};
 
     fn deployment(notation: &str) -> Deployment {
         Deployment::parse(notation).unwrap()
@@ -290,7 +294,7 @@ mod tests {
         let check = |notation: &str, rank: RankId, handshake: u16, notify: u16| {
             let d = deployment(notation);
             let book = AddressBook::one_host_per_engine(&d);
-            let none = LegacyOptions::none();
+            let none = Policy::fixed();
             for (kind, port) in [(ListenerKind::Handshake, handshake), (ListenerKind::Notify, notify)] {
                 let listen = book.listen_endpoint(&d, rank, kind, &none).unwrap();
                 let dial = book.dial_endpoint(&d, rank, kind).unwrap();
@@ -310,10 +314,10 @@ mod tests {
         let book = AddressBook::one_host_per_engine(&d);
         assert_eq!(book.engine_id(EngineId::prefill(1)), "prefill-1:6301");
         assert_eq!(book.engine_id(EngineId::decode(0)), "decode-0:6301");
-        let key = book.session_key(prefill(1, 1, 0), &LegacyOptions::none());
+        let key = book.session_key(prefill(1, 1, 0), SessionKeyRule::PerRank);
         assert_eq!(key.0, "prefill-1:6301_dp1_tp0");
-        let legacy = LegacyOptions::none().with(Legacy::SessionKeyWithoutTp);
-        assert_eq!(book.session_key(prefill(1, 1, 0), &legacy).0, "prefill-1:6301_dp1");
+        let legacy = Policy::from(LegacyOptions::none().with(Legacy::SessionKeyWithoutTp));
+        assert_eq!(book.session_key(prefill(1, 1, 0), legacy.session_key).0, "prefill-1:6301_dp1");
     }
 
     /// Every (engine, dp, tp) gets its own session key and its own listener ports by default.
@@ -321,9 +325,10 @@ mod tests {
     fn default_keys_and_ports_are_distinct_per_rank() {
         let d = deployment("2P_DP4TP2:1D_DP2TP4");
         let book = AddressBook::one_host_per_engine(&d);
-        let none = LegacyOptions::none();
+        let none = Policy::fixed();
         let ranks = d.ranks(Role::Prefill);
-        let keys: std::collections::BTreeSet<_> = ranks.iter().map(|r| book.session_key(*r, &none)).collect();
+        let keys: std::collections::BTreeSet<_> =
+            ranks.iter().map(|r| book.session_key(*r, none.session_key)).collect();
         assert_eq!(keys.len(), ranks.len());
         let ports: std::collections::BTreeSet<_> = ranks
             .iter()
@@ -338,7 +343,7 @@ mod tests {
     fn legacy_listener_offset_collides_and_strands_dials() {
         let d = deployment("1P_DP2TP2:1D_TP2");
         let book = AddressBook::one_host_per_engine(&d);
-        let legacy = LegacyOptions::none().with(Legacy::ListenerOffsetDpPlusTp);
+        let legacy = Policy::from(LegacyOptions::none().with(Legacy::ListenerOffsetDpPlusTp));
         let listen = |dp, tp| {
             book.listen_endpoint(&d, prefill(0, dp, tp), ListenerKind::Notify, &legacy).unwrap().port
         };
@@ -365,14 +370,14 @@ mod tests {
     fn read_target_fields_follow_the_source_rank() {
         let d = deployment("2P_DP2TP4:1D_TP8");
         let book = AddressBook::one_host_per_engine(&d);
-        let none = LegacyOptions::none();
+        let none = Policy::fixed();
         let targets: Vec<ReadTarget> = d
             .ranks(Role::Prefill)
             .into_iter()
-            .map(|r| ReadTarget::derive(&book, &d, r, &none).unwrap())
+            .map(|r| ReadTarget::derive(&book, &d, r, none.session_key).unwrap())
             .collect();
         for t in &targets {
-            assert_eq!(t.session, book.session_key(t.source, &none));
+            assert_eq!(t.session, book.session_key(t.source, none.session_key));
             assert_eq!(t.handshake, book.dial_endpoint(&d, t.source, ListenerKind::Handshake).unwrap());
             assert_eq!(t.notify, book.listen_endpoint(&d, t.source, ListenerKind::Notify, &none).unwrap());
             for u in &targets {
@@ -393,14 +398,14 @@ mod tests {
         let d = deployment("1P_TP8:1D_DP8EP");
         let book = AddressBook::one_host_per_engine(&d);
         for (legacy, sessions) in
-            [(LegacyOptions::none(), 8), (LegacyOptions::none().with(Legacy::SessionKeyWithoutTp), 1)]
+            [(Policy::fixed(), 8), (Policy::from(LegacyOptions::none().with(Legacy::SessionKeyWithoutTp)), 1)]
         {
             let local = RankId::new(EngineId::decode(0), 0, 0);
-            let mut router = ReadRouter::new(local, d.decode[0], d.model.clone(), legacy.clone());
+            let mut router = ReadRouter::new(local, d.decode[0], d.model.clone(), legacy);
             let targets: Vec<ReadTarget> = (0..8)
                 .map(|_| {
                     let source = router.resolve(EngineId::prefill(0), d.prefill[0], None).unwrap();
-                    ReadTarget::derive(&book, &d, source.rank, &legacy).unwrap()
+                    ReadTarget::derive(&book, &d, source.rank, legacy.session_key).unwrap()
                 })
                 .collect();
             let keys: std::collections::BTreeSet<_> = targets.iter().map(|t| &t.session).collect();

@@ -14,8 +14,10 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{EngineId, RequestId, Role, TransferId};
-use crate::legacy::{Legacy, LegacyOptions};
+#[cfg(doc)]
+use crate::legacy::Legacy;
 use crate::params::KvTransferParams;
+use crate::policy::ProxyRule;
 use crate::topology::{Deployment, Layout};
 
 /// Requests the proxy tracks at once; more are refused rather than grown without bound.
@@ -66,9 +68,9 @@ pub fn flat_slots(engines: &[Layout], role: Role) -> Vec<Slot> {
 
 /// The slot of the k-th request (k from 1) under the fixed rule or the legacy aliasing rule.
 /// Panics if `k` is 0 or `engines` is empty.
-pub fn route(engines: &[Layout], role: Role, k: u64, legacy: &LegacyOptions) -> Slot {
+pub fn route(engines: &[Layout], role: Role, k: u64, rule: ProxyRule) -> Slot {
     assert!(k >= 1 && !engines.is_empty(), "k from 1 over a non-empty side");
-    if legacy.has(Legacy::ProxyAliasing) {
+    if rule == ProxyRule::OneCounter {
         // Historical: engine and DP rank from the same counter.
         let index = (k % engines.len() as u64) as usize;
         let layout = engines[index];
@@ -173,7 +175,7 @@ impl std::error::Error for ProxyError {}
 pub struct Proxy {
     prefill: Vec<Layout>,
     decode: Vec<Layout>,
-    legacy: LegacyOptions,
+    rule: ProxyRule,
     /// Requests routed so far; the next one is k = routed + 1.
     routed: u64,
     requests: BTreeMap<RequestId, ProxyRequest>,
@@ -182,12 +184,12 @@ pub struct Proxy {
 impl Proxy {
     /// A proxy over the engines of `deployment` that has routed nothing yet, so the next request
     /// is number 1. Panics if either role has no engine.
-    pub fn new(deployment: &Deployment, legacy: LegacyOptions) -> Proxy {
+    pub fn new(deployment: &Deployment, rule: ProxyRule) -> Proxy {
         assert!(!deployment.prefill.is_empty() && !deployment.decode.is_empty());
         Proxy {
             prefill: deployment.prefill.clone(),
             decode: deployment.decode.clone(),
-            legacy,
+            rule,
             routed: 0,
             requests: BTreeMap::new(),
         }
@@ -202,8 +204,8 @@ impl Proxy {
         self.routed += 1;
         let k = self.routed;
         let id = RequestId(k);
-        let prefill = route(&self.prefill, Role::Prefill, k, &self.legacy);
-        let decode = route(&self.decode, Role::Decode, k, &self.legacy);
+        let prefill = route(&self.prefill, Role::Prefill, k, self.rule);
+        let decode = route(&self.decode, Role::Decode, k, self.rule);
         let transfer_id = TransferId::from_u128(transfer_bits);
         let decode_layout = self.decode[usize::from(decode.engine.index)];
         let params = KvTransferParams {
@@ -274,6 +276,8 @@ impl Proxy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::legacy::{Legacy, LegacyOptions};
+    use crate::policy::Policy;
 
     fn side(engines: usize, dp: u16) -> Vec<Layout> {
         vec![Layout::new(dp, 1, dp > 1); engines]
@@ -290,7 +294,7 @@ mod tests {
             let mut hits: BTreeMap<(u16, u16), u64> = BTreeMap::new();
             let mut previous: Option<u16> = None;
             for k in 1..=total {
-                let slot = route(&engines, Role::Prefill, k, &LegacyOptions::none());
+                let slot = route(&engines, Role::Prefill, k, ProxyRule::FlatSlots);
                 *hits.entry((slot.engine.index, slot.dp())).or_default() += 1;
                 assert_eq!(slot.dp_rank.is_some(), dp > 1, "no DP rank when D = 1");
                 if n > 1 {
@@ -321,10 +325,10 @@ mod tests {
     #[test]
     fn legacy_aliasing_leaves_half_the_slots_idle() {
         let engines = side(2, 8);
-        let legacy = LegacyOptions::none().with(Legacy::ProxyAliasing);
+        let legacy = Policy::from(LegacyOptions::none().with(Legacy::ProxyAliasing)).proxy;
         let mut hits: BTreeMap<(u16, u16), u64> = BTreeMap::new();
         for k in 1..=160 {
-            let slot = route(&engines, Role::Prefill, k, &legacy);
+            let slot = route(&engines, Role::Prefill, k, legacy);
             *hits.entry((slot.engine.index, slot.dp())).or_default() += 1;
             assert_eq!(slot.engine.index % 2, slot.dp() % 2, "k={k}");
         }
@@ -334,7 +338,7 @@ mod tests {
     #[test]
     fn decode_is_dispatched_only_after_prefill_answered() {
         let d = Deployment::parse("2P_DP8EP:1D_TP8").unwrap();
-        let mut proxy = Proxy::new(&d, LegacyOptions::none());
+        let mut proxy = Proxy::new(&d, ProxyRule::FlatSlots);
         let (id, first) = proxy.handle_request(7).unwrap();
         let ProxyAction::SendPrefill { slot, params, .. } = first else { panic!("{first:?}") };
         assert_eq!(slot, Slot { engine: EngineId::prefill(0), dp_rank: Some(0) });

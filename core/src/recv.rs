@@ -22,6 +22,8 @@
 //! The machine counts reads; the worker keeps which layers they are. [`step`] is pure and total,
 //! and [`transition_table`] lists it for the checked-in table under `docs/machines/`.
 
+use crate::policy::DrainRule;
+
 /// Where one request is, as far as its release is concerned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RecvState {
@@ -95,9 +97,9 @@ pub enum RecvOutput {
     Ignored,
 }
 
-/// One transition. Pure, total, never panics; `release_during_reads` is
-/// [`Legacy::ReleaseDuringReads`](crate::legacy::Legacy).
-pub fn step(state: RecvState, event: RecvEvent, release_during_reads: bool) -> (RecvState, RecvOutput) {
+/// One transition. Pure, total, never panics; `drain` says whether a failing request waits for
+/// its posted reads ([`DrainRule::ReleaseAtOnce`] is [`Legacy::ReleaseDuringReads`](crate::legacy::Legacy)).
+pub fn step(state: RecvState, event: RecvEvent, drain: DrainRule) -> (RecvState, RecvOutput) {
     use RecvEvent as E;
     use RecvOutput as O;
     use RecvState as S;
@@ -120,10 +122,8 @@ pub fn step(state: RecvState, event: RecvEvent, release_during_reads: bool) -> (
         (S::Reading { in_flight, retrying }, E::RetryPosted) if retrying > 0 => {
             (S::Reading { in_flight: in_flight.saturating_add(1), retrying: retrying - 1 }, O::None)
         }
-        (S::Reading { in_flight, .. }, E::ReadFailed) if in_flight > 0 => {
-            abort(in_flight - 1, release_during_reads)
-        }
-        (S::Reading { in_flight, .. }, E::Deadline) => abort(in_flight, release_during_reads),
+        (S::Reading { in_flight, .. }, E::ReadFailed) if in_flight > 0 => abort(in_flight - 1, drain),
+        (S::Reading { in_flight, .. }, E::Deadline) => abort(in_flight, drain),
         (S::Draining { in_flight }, E::ReadOk | E::ReadFailed | E::ReadRefused) if in_flight > 0 => {
             if in_flight == 1 {
                 failed
@@ -136,8 +136,8 @@ pub fn step(state: RecvState, event: RecvEvent, release_during_reads: bool) -> (
 }
 
 /// The request failed with `in_flight` reads still posted.
-fn abort(in_flight: u32, release_during_reads: bool) -> (RecvState, RecvOutput) {
-    if in_flight == 0 || release_during_reads {
+fn abort(in_flight: u32, drain: DrainRule) -> (RecvState, RecvOutput) {
+    if in_flight == 0 || drain.releases_at_once() {
         (RecvState::Ended, RecvOutput::Release { received: false })
     } else {
         (RecvState::Draining { in_flight }, RecvOutput::Abort)
@@ -182,7 +182,7 @@ pub fn transition_table() -> Vec<RecvRow> {
     let mut rows = Vec::new();
     for state in states {
         for event in events {
-            let (next, output) = step(state, event, false);
+            let (next, output) = step(state, event, DrainRule::DrainFirst);
             rows.push(RecvRow {
                 from: state.kind(),
                 event: format!("{event:?}"),
@@ -199,7 +199,8 @@ mod tests {
     use super::*;
 
     fn check(state: RecvState, event: RecvEvent, legacy: bool, expected: (RecvState, RecvOutput)) {
-        assert_eq!(step(state, event, legacy), expected, "{state:?} + {event:?} (legacy {legacy})");
+        let drain = if legacy { DrainRule::ReleaseAtOnce } else { DrainRule::DrainFirst };
+        assert_eq!(step(state, event, drain), expected, "{state:?} + {event:?} (legacy {legacy})");
     }
 
     #[test]

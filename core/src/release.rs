@@ -14,7 +14,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::ids::TransferId;
-use crate::legacy::{Legacy, LegacyOptions};
+use crate::policy::{EarlyReleases, Policy, QuorumRule, ReleaseCounting};
 use crate::routing::{self, RoutingError};
 use crate::topology::{Layout, ModelSpec};
 
@@ -78,7 +78,7 @@ pub struct QuorumPlan {
 
 impl QuorumPlan {
     /// Releases the whole owner DP group waits for per request: the sum of the exact quorums, or
-    /// 1 for a flexible read (one rank of the group is read). Under [`Legacy::NoZeroQuorum`] this
+    /// 1 for a flexible read (one rank of the group is read). Under [`QuorumRule::Uniform`] this
     /// can exceed what decode sends (P8 to D4 waits for 8 releases and gets 4).
     pub fn releases_per_request(&self) -> u32 {
         if self.flexible {
@@ -95,17 +95,16 @@ impl QuorumPlan {
 }
 
 /// The quorum of each prefill TP rank: the number of decode TP ranks whose read resolves to
-/// it (pdkv), or MoRIIO's uniform [`expected_releases`] under [`Legacy::NoZeroQuorum`].
+/// it (pdkv), or MoRIIO's uniform [`expected_releases`] under [`QuorumRule::Uniform`].
 pub fn quorum_plan(
     prefill: Layout,
     decode: Layout,
     model: &ModelSpec,
-    legacy: &LegacyOptions,
+    policy: &Policy,
 ) -> Result<QuorumPlan, RoutingError> {
     routing::check_pair(decode, prefill, model)?;
-    let flexible =
-        routing::is_flexible(decode.tp, model.use_mla, prefill) && !legacy.has(Legacy::NoFlexibleReads);
-    if legacy.has(Legacy::NoZeroQuorum) {
+    let flexible = routing::is_flexible(decode.tp, model.use_mla, prefill, policy.flexible_reads);
+    if policy.quorum == QuorumRule::Uniform {
         let n = expected_releases(prefill.tp, decode.tp)?;
         return Ok(QuorumPlan { per_tp_rank: vec![Quorum::Exact(n); usize::from(prefill.tp)], flexible });
     }
@@ -133,7 +132,8 @@ pub enum ReleaseOutcome {
     Completed,
     /// The same sender released this transfer already (a network duplicate); not counted.
     DuplicateSender,
-    /// Legacy dedup: an identical release was seen already; not counted.
+    /// Legacy only ([`ReleaseCounting::DedupById`], `dedup-releases`): an identical release was
+    /// seen already; not counted.
     Deduplicated,
     /// The transfer completed already; ignored, it never completes twice.
     AfterCompletion,
@@ -141,7 +141,8 @@ pub enum ReleaseOutcome {
     Stale,
     /// Unknown transfer: held and applied when the transfer is registered.
     Buffered,
-    /// Legacy: unknown transfer, dropped ("could lead to a possible hang").
+    /// Legacy only ([`EarlyReleases::Drop`], `drop-early-releases`): unknown transfer, dropped
+    /// ("could lead to a possible hang").
     Dropped,
 }
 
@@ -196,8 +197,8 @@ impl Entry {
 /// Release accounting of one prefill rank.
 #[derive(Clone, Debug, Default, Hash)]
 pub struct RankLedger {
-    drop_early: bool,
-    dedup: bool,
+    early_releases: EarlyReleases,
+    counting: ReleaseCounting,
     live: BTreeMap<TransferId, Entry>,
     early: VecDeque<Release>,
     retired: BTreeSet<TransferId>,
@@ -206,12 +207,12 @@ pub struct RankLedger {
 }
 
 impl RankLedger {
-    /// An empty ledger. Of the legacy options only [`Legacy::DropEarlyReleases`] and
-    /// [`Legacy::DedupReleases`] change it.
-    pub fn new(legacy: &LegacyOptions) -> RankLedger {
+    /// An empty ledger. Of the policy only [`Policy::early_releases`] and
+    /// [`Policy::release_counting`] change it.
+    pub fn new(policy: &Policy) -> RankLedger {
         RankLedger {
-            drop_early: legacy.has(Legacy::DropEarlyReleases),
-            dedup: legacy.has(Legacy::DedupReleases),
+            early_releases: policy.early_releases,
+            counting: policy.release_counting,
             ..RankLedger::default()
         }
     }
@@ -258,14 +259,14 @@ impl RankLedger {
     /// Applies one release: counts it toward a live transfer, ignores it for a completed or
     /// retired transfer, and buffers it when the transfer is not registered yet (the oldest
     /// buffered release is evicted beyond [`MAX_EARLY_RELEASES`]; under
-    /// [`Legacy::DropEarlyReleases`] it is dropped instead). The outcome says which.
+    /// [`EarlyReleases::Drop`] it is dropped instead). The outcome says which.
     pub fn handle_release(&mut self, release: Release) -> ReleaseOutcome {
         let id = release.transfer_id.clone();
         let Some(entry) = self.live.get_mut(&id) else {
             if self.retired.contains(&id) {
                 return ReleaseOutcome::Stale;
             }
-            if self.drop_early {
+            if self.early_releases == EarlyReleases::Drop {
                 return ReleaseOutcome::Dropped;
             }
             if self.early.len() == MAX_EARLY_RELEASES {
@@ -278,7 +279,7 @@ impl RankLedger {
         if entry.completed {
             return ReleaseOutcome::AfterCompletion;
         }
-        if self.dedup {
+        if self.counting == ReleaseCounting::DedupById {
             // The historical code kept a set of transfer ids: the second decode rank's
             // identical release adds nothing.
             if entry.seen {
@@ -351,6 +352,7 @@ impl RankLedger {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::legacy::{Legacy, LegacyOptions};
 
     fn id(n: u32) -> TransferId {
         TransferId(format!("tx-{n}"))
@@ -388,19 +390,19 @@ mod tests {
     #[test]
     fn quorum_plan_table() {
         use Quorum::{AnyOfGroup as G, Exact as E};
-        let check = |notation: &str, legacy: LegacyOptions, expected: &[Quorum]| {
+        let check = |notation: &str, legacy: Policy, expected: &[Quorum]| {
             let d = crate::Deployment::parse(notation).unwrap();
             let plan = quorum_plan(d.prefill[0], d.decode[0], &d.model, &legacy).unwrap();
             assert_eq!(plan.per_tp_rank, expected, "{notation}");
         };
-        let none = LegacyOptions::none();
-        let old = LegacyOptions::none().with(Legacy::NoZeroQuorum);
-        check("1P_TP8:1D_TP8", none.clone(), &[E(1); 8]);
-        check("1P_TP8:1D_TP4", none.clone(), &[E(1), E(0), E(1), E(0), E(1), E(0), E(1), E(0)]);
-        check("1P_TP8:1D_TP4", old.clone(), &[E(1); 8]);
-        check("1P_TP4:1D_TP8", none.clone(), &[E(2); 4]);
-        check("1P_DP8EP:1D_TP8", none.clone(), &[E(8)]);
-        check("1P_TP8:1D_DP8EP", none.clone(), &[G; 8]);
+        let none = Policy::fixed();
+        let old = Policy::from(LegacyOptions::none().with(Legacy::NoZeroQuorum));
+        check("1P_TP8:1D_TP8", none, &[E(1); 8]);
+        check("1P_TP8:1D_TP4", none, &[E(1), E(0), E(1), E(0), E(1), E(0), E(1), E(0)]);
+        check("1P_TP8:1D_TP4", old, &[E(1); 8]);
+        check("1P_TP4:1D_TP8", none, &[E(2); 4]);
+        check("1P_DP8EP:1D_TP8", none, &[E(8)]);
+        check("1P_TP8:1D_DP8EP", none, &[G; 8]);
         check("1P_TP8:1D_DP8EP", old, &[E(1); 8]);
         check("1P_DP2TP4:1D_TP2", none, &[E(1), E(0), E(1), E(0)]);
     }
@@ -413,7 +415,7 @@ mod tests {
         Retire(u32),
     }
 
-    fn run(legacy: LegacyOptions, steps: &[(Step, ReleaseOutcome)]) -> RankLedger {
+    fn run(legacy: Policy, steps: &[(Step, ReleaseOutcome)]) -> RankLedger {
         let mut ledger = RankLedger::new(&legacy);
         for (i, (step, expected)) in steps.iter().enumerate() {
             let got = match step {
@@ -440,7 +442,7 @@ mod tests {
     #[test]
     fn fan_in_counts_distinct_senders_and_completes_once() {
         run(
-            LegacyOptions::none(),
+            Policy::fixed(),
             &[
                 (Register(1, Quorum::Exact(2)), Counted { have: 0, need: 2 }),
                 (rel(1, from(0, 0)), Counted { have: 1, need: 2 }),
@@ -457,7 +459,7 @@ mod tests {
     fn anonymous_releases_from_different_ranks_all_count() {
         // MoRIIO semantics: identical releases from different decode ranks are all counted.
         run(
-            LegacyOptions::none(),
+            Policy::fixed(),
             &[
                 (Register(1, Quorum::Exact(2)), Counted { have: 0, need: 2 }),
                 (rel(1, None), Counted { have: 1, need: 2 }),
@@ -470,7 +472,7 @@ mod tests {
     #[test]
     fn zero_quorum_completes_at_registration() {
         run(
-            LegacyOptions::none(),
+            Policy::fixed(),
             &[(Register(1, Quorum::Exact(0)), Completed), (rel(1, from(0, 0)), AfterCompletion)],
         );
     }
@@ -478,7 +480,7 @@ mod tests {
     #[test]
     fn early_release_is_buffered_and_applied() {
         let ledger = run(
-            LegacyOptions::none(),
+            Policy::fixed(),
             &[
                 (rel(1, from(0, 0)), Buffered),
                 (rel(1, from(0, 1)), Buffered),
@@ -492,7 +494,7 @@ mod tests {
     #[test]
     fn flexible_group_completes_on_read_rank_or_by_peer() {
         run(
-            LegacyOptions::none(),
+            Policy::fixed(),
             &[
                 (Register(1, Quorum::AnyOfGroup), Counted { have: 0, need: 1 }),
                 (rel(1, from(3, 0)), Completed),
@@ -507,7 +509,7 @@ mod tests {
     #[test]
     fn legacy_drop_early_never_completes() {
         let ledger = run(
-            LegacyOptions::none().with(Legacy::DropEarlyReleases),
+            Policy::from(LegacyOptions::none().with(Legacy::DropEarlyReleases)),
             &[(rel(1, from(0, 0)), Dropped), (Register(1, Quorum::Exact(1)), Counted { have: 0, need: 1 })],
         );
         assert_eq!(ledger.pending().collect::<Vec<_>>(), [&id(1)]);
@@ -517,7 +519,7 @@ mod tests {
     #[test]
     fn legacy_dedup_never_completes_fan_in() {
         let ledger = run(
-            LegacyOptions::none().with(Legacy::DedupReleases),
+            Policy::from(LegacyOptions::none().with(Legacy::DedupReleases)),
             &[
                 (Register(1, Quorum::Exact(2)), Counted { have: 0, need: 2 }),
                 (rel(1, from(0, 0)), Counted { have: 1, need: 2 }),
@@ -532,7 +534,7 @@ mod tests {
     fn legacy_no_zero_quorum_strands_unread_ranks() {
         let d = crate::Deployment::parse("1P_TP8:1D_TP4").unwrap();
         for (legacy, stranded) in
-            [(LegacyOptions::none(), 0), (LegacyOptions::none().with(Legacy::NoZeroQuorum), 4)]
+            [(Policy::fixed(), 0), (Policy::from(LegacyOptions::none().with(Legacy::NoZeroQuorum)), 4)]
         {
             let plan = quorum_plan(d.prefill[0], d.decode[0], &d.model, &legacy).unwrap();
             let mut ledgers: Vec<RankLedger> = (0..8).map(|_| RankLedger::new(&legacy)).collect();
@@ -551,7 +553,7 @@ mod tests {
 
     #[test]
     fn registration_errors() {
-        let mut ledger = RankLedger::new(&LegacyOptions::none());
+        let mut ledger = RankLedger::new(&Policy::fixed());
         ledger.handle_transfer(&id(1), Quorum::Exact(1)).unwrap();
         assert_eq!(
             ledger.handle_transfer(&id(1), Quorum::Exact(1)),
@@ -565,7 +567,7 @@ mod tests {
 
     #[test]
     fn early_buffer_is_bounded() {
-        let mut ledger = RankLedger::new(&LegacyOptions::none());
+        let mut ledger = RankLedger::new(&Policy::fixed());
         for n in 0..(MAX_EARLY_RELEASES as u32 + 10) {
             assert_eq!(ledger.handle_release(release(n, None)), Buffered);
         }

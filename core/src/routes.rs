@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::ids::{EngineId, RankId, Role};
 use crate::legacy::LegacyOptions;
 use crate::params::{KvTransferParams, ParamsError};
+use crate::policy::Policy;
 use crate::ports::{AddressBook, ListenerKind, PortError, ReadTarget};
 use crate::proxy::{flat_slots, Proxy, ProxyAction, ProxyError};
 use crate::release::{quorum_plan, Quorum};
@@ -190,6 +191,8 @@ pub fn routes(
     if rounds == 0 || rounds > MAX_ROUNDS {
         return Err(RoutesError::Rounds { rounds });
     }
+    // The report names the options; every decision below reads the policy they resolve to.
+    let policy = Policy::from(legacy);
     let model = &deployment.model;
     let book = AddressBook::one_host_per_engine(deployment);
     let mut pairs = Vec::new();
@@ -197,7 +200,7 @@ pub fn routes(
         for (pi, &prefill) in deployment.prefill.iter().enumerate() {
             let (d, p) = (EngineId::decode(di as u16), EngineId::prefill(pi as u16));
             let pair_error = |error| RoutesError::Pair { decode: d, prefill: p, error };
-            let plan = quorum_plan(prefill, decode, model, legacy).map_err(pair_error)?;
+            let plan = quorum_plan(prefill, decode, model, &policy).map_err(pair_error)?;
             let moriio = crate::release::expected_releases(prefill.tp, decode.tp).map_err(pair_error)?;
             let tp_map = if plan.flexible {
                 Vec::new()
@@ -221,11 +224,11 @@ pub fn routes(
     }
 
     // Drive the real proxy and the real per-worker routers.
-    let mut proxy = Proxy::new(deployment, legacy.clone());
+    let mut proxy = Proxy::new(deployment, policy.proxy);
     let mut routers: BTreeMap<RankId, ReadRouter> = BTreeMap::new();
     for rank in deployment.ranks(Role::Decode) {
         let layout = deployment.layout(rank.engine);
-        routers.insert(rank, ReadRouter::new(rank, layout, model.clone(), legacy.clone()));
+        routers.insert(rank, ReadRouter::new(rank, layout, model.clone(), policy));
     }
     let prefill_ranks = deployment.ranks(Role::Prefill);
     let mut reads = vec![0u64; prefill_ranks.len()];
@@ -257,7 +260,7 @@ pub fn routes(
             unreachable!("a prefill answer is always followed by a decode dispatch")
         };
         let decode_layout = deployment.layout(decode_slot.engine);
-        let announced = params.prefill_layout(legacy)?;
+        let announced = params.prefill_layout(policy.tp_size)?;
         let owner = params.owner_dp()?;
         for tp in 0..decode_layout.tp {
             let worker = RankId::new(decode_slot.engine, decode_slot.dp(), tp);
@@ -265,7 +268,7 @@ pub fn routes(
             let source = router.resolve(prefill_slot.engine, announced, owner).map_err(|error| {
                 RoutesError::Pair { decode: decode_slot.engine, prefill: prefill_slot.engine, error }
             })?;
-            let target = ReadTarget::derive(&book, deployment, source.rank, legacy)?;
+            let target = ReadTarget::derive(&book, deployment, source.rank, policy.session_key)?;
             debug_assert_eq!(target.source, source.rank);
             reads[deployment.rank_index(target.source)] += 1;
         }
@@ -278,7 +281,7 @@ pub fn routes(
     for (i, &rank) in prefill_ranks.iter().enumerate() {
         let port = |kind, listen: bool| -> Result<u16, PortError> {
             Ok(if listen {
-                book.listen_endpoint(deployment, rank, kind, legacy)?.port
+                book.listen_endpoint(deployment, rank, kind, &policy)?.port
             } else {
                 book.dial_endpoint(deployment, rank, kind)?.port
             })

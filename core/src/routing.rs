@@ -10,7 +10,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{EngineId, RankId};
-use crate::legacy::{Legacy, LegacyOptions};
+use crate::policy::{FlexibleReads, Policy, ReadOwner};
 use crate::topology::{Layout, ModelSpec};
 
 /// Why a decode worker cannot read from a prefill engine.
@@ -70,10 +70,14 @@ impl fmt::Display for RoutingError {
 
 impl std::error::Error for RoutingError {}
 
-/// True when a decode worker uses the flexible round-robin: decode TP world size 1, MLA,
-/// prefill DP size 1 and prefill TP size above 1.
-pub fn is_flexible(decode_tp: u16, use_mla: bool, prefill: Layout) -> bool {
-    decode_tp == 1 && use_mla && prefill.dp == 1 && prefill.tp > 1
+/// True when a decode worker uses the flexible round-robin: it is on (`rule`), and decode TP
+/// world size 1, MLA, prefill DP size 1 and prefill TP size above 1. The router and the quorum
+/// plan both ask here, so the rank read and the rank that waits for its release cannot disagree.
+pub fn is_flexible(decode_tp: u16, use_mla: bool, prefill: Layout, rule: FlexibleReads) -> bool {
+    match rule {
+        FlexibleReads::RoundRobin => decode_tp == 1 && use_mla && prefill.dp == 1 && prefill.tp > 1,
+        FlexibleReads::Off => false,
+    }
 }
 
 /// The fixed TP mapping: equal sizes map r to r; a larger prefill spreads decode ranks
@@ -142,7 +146,7 @@ pub struct ReadRouter {
     local: RankId,
     local_layout: Layout,
     model: ModelSpec,
-    legacy: LegacyOptions,
+    policy: Policy,
     /// Flexible reads made so far (the k of `(d + k) mod Tp`); one counter per worker.
     flexible_reads: u64,
 }
@@ -150,9 +154,9 @@ pub struct ReadRouter {
 impl ReadRouter {
     /// The router of decode worker `local`, whose engine has `local_layout`, with its flexible
     /// counter at 0. Panics if `local` lies outside `local_layout`.
-    pub fn new(local: RankId, local_layout: Layout, model: ModelSpec, legacy: LegacyOptions) -> ReadRouter {
+    pub fn new(local: RankId, local_layout: Layout, model: ModelSpec, policy: Policy) -> ReadRouter {
         assert!(local.dp < local_layout.dp && local.tp < local_layout.tp, "{local} outside {local_layout}");
-        ReadRouter { local, local_layout, model, legacy, flexible_reads: 0 }
+        ReadRouter { local, local_layout, model, policy, flexible_reads: 0 }
     }
 
     /// The decode worker this router resolves reads for.
@@ -174,12 +178,15 @@ impl ReadRouter {
         owner_dp: Option<u16>,
     ) -> Result<Source, RoutingError> {
         check_pair(self.local_layout, prefill_layout, &self.model)?;
-        let owner = if self.legacy.has(Legacy::ReadFromDp0) { 0 } else { owner_dp.unwrap_or(0) };
+        let owner = match self.policy.read_owner {
+            ReadOwner::OwnerDp => owner_dp.unwrap_or(0),
+            ReadOwner::Dp0 => 0,
+        };
         if owner >= prefill_layout.dp {
             return Err(RoutingError::OwnerOutOfRange { owner_dp: owner, prefill_dp: prefill_layout.dp });
         }
-        let flexible = is_flexible(self.local_layout.tp, self.model.use_mla, prefill_layout)
-            && !self.legacy.has(Legacy::NoFlexibleReads);
+        let flexible =
+            is_flexible(self.local_layout.tp, self.model.use_mla, prefill_layout, self.policy.flexible_reads);
         if flexible {
             let k = self.flexible_reads;
             self.flexible_reads += 1;
@@ -194,10 +201,11 @@ impl ReadRouter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::legacy::{Legacy, LegacyOptions};
 
     fn decode_worker(layout: &str, dp: u16, tp: u16, model: ModelSpec) -> ReadRouter {
         let layout = crate::Deployment::parse(&format!("1P_TP1:1D_{layout}")).unwrap().decode[0];
-        ReadRouter::new(RankId::new(EngineId::decode(0), dp, tp), layout, model, LegacyOptions::none())
+        ReadRouter::new(RankId::new(EngineId::decode(0), dp, tp), layout, model, Policy::fixed())
     }
 
     /// (decode TP W, prefill TP, decode ranks 0..W) -> prefill TP rank each reads.
@@ -258,7 +266,12 @@ mod tests {
     #[test]
     fn flexible_gate_table() {
         let check = |w: u16, mla: bool, prefill: Layout, expected: bool| {
-            assert_eq!(is_flexible(w, mla, prefill), expected, "W{w} mla={mla} {prefill}");
+            assert_eq!(
+                is_flexible(w, mla, prefill, FlexibleReads::RoundRobin),
+                expected,
+                "W{w} mla={mla} {prefill}"
+            );
+            assert!(!is_flexible(w, mla, prefill, FlexibleReads::Off), "W{w} mla={mla} {prefill}: off");
         };
         check(1, true, Layout::tp(8), true);
         check(1, true, Layout::tp(2), true);
@@ -303,7 +316,7 @@ mod tests {
         let err = w.resolve(EngineId::prefill(1), prefill, Some(8)).unwrap_err();
         assert_eq!(err, RoutingError::OwnerOutOfRange { owner_dp: 8, prefill_dp: 8 });
 
-        let legacy = LegacyOptions::none().with(Legacy::ReadFromDp0);
+        let legacy = Policy::from(LegacyOptions::none().with(Legacy::ReadFromDp0));
         let layout = Layout::tp(8);
         let mut old =
             ReadRouter::new(RankId::new(EngineId::decode(0), 0, 3), layout, ModelSpec::deepseek_r1(), legacy);

@@ -11,6 +11,7 @@ use crate::group::{DecodeGroup, GroupAction, GroupEvent, StepReport};
 use crate::ids::{EngineId, RankId, RequestId, Role, TransferId};
 use crate::legacy::{Legacy, LegacyOptions};
 use crate::params::KvTransferParams;
+use crate::policy::Policy;
 use crate::ports::{AddressBook, SessionKey};
 use crate::prefill::{EngineAction, EngineEvent, PrefillEngine, PrefillWorker, WorkerAction, WorkerEvent};
 use crate::release::Release;
@@ -85,18 +86,19 @@ struct Harness {
 
 impl Harness {
     fn new(notation: &str, legacy: LegacyOptions) -> Harness {
+        let policy = Policy::from(&legacy);
         let d = Deployment::parse(notation).unwrap();
         let book = AddressBook::one_host_per_engine(&d);
         let mut decoders = BTreeMap::new();
         let mut groups = BTreeMap::new();
         for rank in d.ranks(Role::Decode) {
             let width = d.layout(rank.engine).tp;
-            groups.entry((rank.engine, rank.dp)).or_insert_with(|| DecodeGroup::new(width, &legacy));
+            groups.entry((rank.engine, rank.dp)).or_insert_with(|| DecodeGroup::new(width, policy.handshake));
             let config = DecodeConfig::new(
                 rank,
                 d.layout(rank.engine),
                 d.model.clone(),
-                legacy.clone(),
+                policy,
                 book.engine_id(rank.engine),
             );
             decoders.insert(rank, DecodeWorker::new(config));
@@ -104,14 +106,14 @@ impl Harness {
         let mut workers = BTreeMap::new();
         for rank in d.ranks(Role::Prefill) {
             let (metadata, layers) = metadata_for(&book, &d, rank);
-            workers.insert(rank, PrefillWorker::new(rank, metadata, layers, &legacy));
+            workers.insert(rank, PrefillWorker::new(rank, metadata, layers, &policy));
         }
         let engines = d
             .prefill
             .iter()
             .enumerate()
             .map(|(i, &layout)| {
-                PrefillEngine::new(EngineId::prefill(i as u16), layout, d.model.clone(), legacy.clone())
+                PrefillEngine::new(EngineId::prefill(i as u16), layout, d.model.clone(), policy)
             })
             .collect();
         Harness {

@@ -31,8 +31,9 @@ pub enum StepState {
         /// The step.
         step: u64,
     },
-    /// Lazy: blocked in handshakes, one at a time; `left` sessions remain, the first of them
-    /// being dialled.
+    /// Legacy only ([`HandshakeMode::Lazy`](crate::policy::HandshakeMode::Lazy), `lazy-handshake`):
+    /// blocked in handshakes, one at a time; `left` sessions remain, the first of them being
+    /// dialled.
     Blocked {
         /// The step.
         step: u64,
@@ -63,7 +64,8 @@ pub enum StepEvent {
         /// Dials the step waits for.
         dials: u32,
     },
-    /// Lazy: `step` begins with `sessions` handshakes to do one after another.
+    /// Legacy only ([`HandshakeMode::Lazy`](crate::policy::HandshakeMode::Lazy)): `step` begins
+    /// with `sessions` handshakes to do one after another.
     BeginLazy {
         /// The step.
         step: u64,

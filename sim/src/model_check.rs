@@ -26,6 +26,7 @@ use pdkv_core::group::{DecodeGroup, GroupAction, GroupEvent, StepReport};
 use pdkv_core::ids::{EngineId, RankId, RequestId, Role, TransferId};
 use pdkv_core::legacy::LegacyOptions;
 use pdkv_core::params::KvTransferParams;
+use pdkv_core::policy::Policy;
 use pdkv_core::ports::{AddressBook, SessionKey};
 use pdkv_core::prefill::{
     EngineAction, EngineEvent, PrefillEngine, PrefillWorker, WorkerAction, WorkerEvent,
@@ -578,31 +579,26 @@ pub fn check(config: &ModelConfig) -> Result<ModelReport, String> {
         max_steps: config.max_steps,
         reduce: config.reduce,
     };
+    let policy = Policy::from(&config.legacy);
     let decoders = decode_ranks
         .iter()
         .map(|&r| {
-            DecodeWorker::new(DecodeConfig::new(
-                r,
-                dl,
-                d.model.clone(),
-                config.legacy.clone(),
-                book.engine_id(decode),
-            ))
+            DecodeWorker::new(DecodeConfig::new(r, dl, d.model.clone(), policy, book.engine_id(decode)))
         })
         .collect();
     let workers = prefill_ranks
         .iter()
         .zip(&metadata)
-        .map(|(&r, (m, l))| PrefillWorker::new(r, m.clone(), l.clone(), &config.legacy))
+        .map(|(&r, (m, l))| PrefillWorker::new(r, m.clone(), l.clone(), &policy))
         .collect();
-    let engine = PrefillEngine::new(prefill, pl, d.model.clone(), config.legacy.clone());
+    let engine = PrefillEngine::new(prefill, pl, d.model.clone(), policy);
     let mut initial = State {
         now: Instant::ZERO,
         decoders,
         workers,
         engine,
         msgs: Vec::new(),
-        group: DecodeGroup::new(dl.tp, &config.legacy),
+        group: DecodeGroup::new(dl.tp, policy.handshake),
         lost: 0,
         late: false,
         frees: BTreeMap::new(),

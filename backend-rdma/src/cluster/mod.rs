@@ -32,6 +32,7 @@ use pdkv_core::group::{DecodeGroup, GroupAction, GroupEvent, Ignored, StepReport
 use pdkv_core::ids::{EngineId, RankId, RequestId, Role, TransferId};
 use pdkv_core::legacy::LegacyOptions;
 use pdkv_core::params::KvTransferParams;
+use pdkv_core::policy::Policy;
 use pdkv_core::ports::EngineAddress;
 use pdkv_core::prefill::{EngineAction, EngineEvent, PrefillEngine};
 use pdkv_core::proxy::{Proxy, ProxyAction};
@@ -241,13 +242,13 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
     let admission = Arc::new(Mutex::new(Admission { token: token.clone(), ..Admission::default() }));
     let mut acceptor =
         Acceptor::start(listener, tx.clone(), admission.clone()).map_err(ClusterError::Start)?;
-    let legacy = config.legacy.clone();
+    let policy = Policy::from(&config.legacy);
     let engines = d
         .prefill
         .iter()
         .enumerate()
         .map(|(i, &layout)| {
-            PrefillEngine::new(EngineId::prefill(i as u16), layout, d.model.clone(), legacy.clone())
+            PrefillEngine::new(EngineId::prefill(i as u16), layout, d.model.clone(), policy)
                 .with_defer_timeout_ns(config.defer_timeout_ms * NS_PER_MS)
         })
         .collect();
@@ -273,7 +274,7 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
             engine,
             dp,
             tp,
-            barrier: DecodeGroup::new(tp, &legacy),
+            barrier: DecodeGroup::new(tp, policy.handshake),
             waiting: VecDeque::new(),
             running: Vec::new(),
             pending: BTreeMap::new(),
@@ -282,7 +283,7 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
         })
         .collect();
     let mut cluster = Cluster {
-        proxy: Proxy::new(&d, legacy),
+        proxy: Proxy::new(&d, policy.proxy),
         engines,
         pgroups,
         dgroups,

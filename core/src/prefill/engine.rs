@@ -8,7 +8,7 @@ use super::transfer::{transfer_step, TransferEvent, TransferOutput, TransferStat
 #[cfg(doc)]
 use super::WorkerAction;
 use crate::ids::{EngineId, RankId, RequestId, TransferId};
-use crate::legacy::{Legacy, LegacyOptions};
+use crate::policy::Policy;
 use crate::release::{quorum_plan, Quorum};
 use crate::routing::RoutingError;
 use crate::time::{earliest, Instant, NS_PER_S};
@@ -232,7 +232,7 @@ pub struct PrefillEngine {
     engine: EngineId,
     layout: Layout,
     model: ModelSpec,
-    legacy: LegacyOptions,
+    policy: Policy,
     defer_timeout_ns: u64,
     held: BTreeMap<TransferId, Held>,
     /// Workers lost for good.
@@ -245,12 +245,12 @@ pub struct PrefillEngine {
 
 impl PrefillEngine {
     /// An engine with MoRIIO's 60 s `defer_timeout`.
-    pub fn new(engine: EngineId, layout: Layout, model: ModelSpec, legacy: LegacyOptions) -> PrefillEngine {
+    pub fn new(engine: EngineId, layout: Layout, model: ModelSpec, policy: Policy) -> PrefillEngine {
         PrefillEngine {
             engine,
             layout,
             model,
-            legacy,
+            policy,
             defer_timeout_ns: 60 * NS_PER_S,
             held: BTreeMap::new(),
             lost: BTreeSet::new(),
@@ -305,7 +305,7 @@ impl PrefillEngine {
                     .filter(|(_, h)| h.reader == Some((rank.engine, rank.dp)))
                     .map(|(id, _)| id.clone())
                     .collect();
-                let ignore_leases = self.legacy.has(Legacy::ReaperIgnoresReads);
+                let ignore_leases = !self.policy.reaper.fences();
                 for id in lost {
                     let held = self.held.get_mut(&id).expect("listed above");
                     let lease_end =
@@ -357,7 +357,7 @@ impl PrefillEngine {
     /// Moves the reaper's deadline of a held transfer to at least `until` plus [`LEASE_GRACE_NS`]
     /// (network delay between the lease and the read). The legacy reaper ignores leases.
     fn extend_lease(&mut self, id: &TransferId, until: Instant) {
-        if self.legacy.has(Legacy::ReaperIgnoresReads) {
+        if !self.policy.reaper.fences() {
             return;
         }
         let Some(held) = self.held.get_mut(id) else { return };
@@ -392,7 +392,7 @@ impl PrefillEngine {
             return Err(EngineError::TooManyTransfers);
         }
         let plan =
-            quorum_plan(self.layout, decode, &self.model, &self.legacy).map_err(EngineError::Routing)?;
+            quorum_plan(self.layout, decode, &self.model, &self.policy).map_err(EngineError::Routing)?;
         let deadline = now.add_ns(self.defer_timeout_ns);
         self.totals.registered += 1;
         self.totals.held += 1;
@@ -463,7 +463,7 @@ impl PrefillEngine {
                     held_ns: now.since_ns(held.record.registered_at),
                     unfinished_tp: unfinished,
                 });
-                if !self.legacy.has(Legacy::ReaperIgnoresReads) {
+                if self.policy.reaper.fences() {
                     out.push(EngineAction::Fence {
                         transfer_id: id.clone(),
                         owner_dp,

@@ -2,7 +2,7 @@
 //! releases of the transfers registered on it until each one's quorum is met.
 
 use crate::ids::{RankId, TransferId};
-use crate::legacy::LegacyOptions;
+use crate::policy::Policy;
 use crate::release::{LedgerError, Quorum, RankLedger, Release, ReleaseOutcome};
 use crate::time::{Instant, NS_PER_MS};
 use crate::wire::{HandshakeMetadata, LayerMemoryDesc};
@@ -103,9 +103,9 @@ impl PrefillWorker {
         rank: RankId,
         metadata: HandshakeMetadata,
         layers: Vec<LayerMemoryDesc>,
-        legacy: &LegacyOptions,
+        policy: &Policy,
     ) -> Self {
-        PrefillWorker { rank, metadata, layers, ledger: RankLedger::new(legacy) }
+        PrefillWorker { rank, metadata, layers, ledger: RankLedger::new(policy) }
     }
 
     /// This worker's rank.

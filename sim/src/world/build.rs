@@ -7,6 +7,7 @@ use pdkv_core::decode::{DecodeConfig, DecodeWorker, ReadGranularity};
 use pdkv_core::group::DecodeGroup;
 use pdkv_core::ids::{EngineId, RankId, Role};
 use pdkv_core::legacy::LegacyOptions;
+use pdkv_core::policy::Policy;
 use pdkv_core::ports::{AddressBook, ListenerKind};
 use pdkv_core::prefill::{PrefillEngine, PrefillWorker};
 use pdkv_core::proxy::Proxy;
@@ -34,7 +35,7 @@ pub(super) fn build_prefill_worker(
     d: &Deployment,
     book: &AddressBook,
     cost: &Cost,
-    legacy: &LegacyOptions,
+    policy: &Policy,
     rank: RankId,
     i: usize,
     epoch: u64,
@@ -56,7 +57,7 @@ pub(super) fn build_prefill_worker(
     let layers = (0..sc.model.layers)
         .map(|l| LayerMemoryDesc { layer_name: format!("model.layers.{l}"), descs: vec![vec![0]] })
         .collect();
-    (PrefillWorker::new(rank, metadata, layers, legacy), bases, region_len)
+    (PrefillWorker::new(rank, metadata, layers, policy), bases, region_len)
 }
 
 /// A decode worker for `rank` with the scenario's protocol settings.
@@ -64,16 +65,11 @@ pub(super) fn build_decode_worker(
     sc: &Scenario,
     d: &Deployment,
     book: &AddressBook,
-    legacy: &LegacyOptions,
+    policy: &Policy,
     rank: RankId,
 ) -> DecodeWorker {
-    let mut config = DecodeConfig::new(
-        rank,
-        d.layout(rank.engine),
-        d.model.clone(),
-        legacy.clone(),
-        book.engine_id(rank.engine),
-    );
+    let mut config =
+        DecodeConfig::new(rank, d.layout(rank.engine), d.model.clone(), *policy, book.engine_id(rank.engine));
     config.handshake_timeout_ns = ms_ns(sc.protocol.handshake_timeout_ms);
     config.transfer_timeout_ns = ms_ns(sc.protocol.transfer_timeout_ms);
     config.granularity = match sc.protocol.reads {
@@ -87,7 +83,7 @@ impl World {
     /// Builds the world of `sc`; fails if the scenario cannot run.
     pub fn new(sc: &Scenario, options: RunOptions) -> Result<World, crate::SimError> {
         let d = crate::error::routable_deployment(sc)?;
-        let legacy: LegacyOptions = sc.protocol.legacy.iter().copied().collect();
+        let policy = Policy::from(&sc.protocol.legacy.iter().copied().collect::<LegacyOptions>());
         let cost = Cost::new(&sc.model, &sc.hardware, &sc.cost);
         let book = AddressBook::one_host_per_engine(&d);
         let p_ranks = d.ranks(Role::Prefill);
@@ -119,9 +115,8 @@ impl World {
                     stall_ns: 0,
                 });
             }
-            let engine =
-                PrefillEngine::new(EngineId::prefill(e as u16), layout, d.model.clone(), legacy.clone())
-                    .with_defer_timeout_ns(ms_ns(sc.protocol.defer_timeout_ms));
+            let engine = PrefillEngine::new(EngineId::prefill(e as u16), layout, d.model.clone(), policy)
+                .with_defer_timeout_ns(ms_ns(sc.protocol.defer_timeout_ms));
             engines.push(engine);
         }
         let mut regions = BTreeMap::new();
@@ -129,7 +124,7 @@ impl World {
         for (i, &rank) in p_ranks.iter().enumerate() {
             let blocks = blocks_for(d.layout(rank.engine).tp);
             let (worker, bases, len) =
-                build_prefill_worker(sc, &d, &book, &cost, &legacy, rank, i, 0, blocks);
+                build_prefill_worker(sc, &d, &book, &cost, &policy, rank, i, 0, blocks);
             for base in bases {
                 regions.insert(base, (i, len));
             }
@@ -141,7 +136,7 @@ impl World {
         let mut listener_at = BTreeMap::new();
         for &rank in &p_ranks {
             for kind in [ListenerKind::Handshake, ListenerKind::Notify] {
-                let Ok(endpoint) = book.listen_endpoint(&d, rank, kind, &legacy) else { continue };
+                let Ok(endpoint) = book.listen_endpoint(&d, rank, kind, &policy) else { continue };
                 let key = (endpoint.host, endpoint.port);
                 if let std::collections::btree_map::Entry::Vacant(slot) = listener_at.entry(key) {
                     slot.insert(listeners.len());
@@ -175,7 +170,7 @@ impl World {
                 for tp in 0..layout.tp {
                     let rank = RankId::new(EngineId::decode(e as u16), dp, tp);
                     workers.push(dworkers.len());
-                    dworkers.push(build_decode_worker(sc, &d, &book, &legacy, rank));
+                    dworkers.push(build_decode_worker(sc, &d, &book, &policy, rank));
                     dworker_group.push(g);
                 }
                 dgroups.push(DGroup {
@@ -189,7 +184,7 @@ impl World {
                     ready: Vec::new(),
                     running: Vec::new(),
                     context_tokens: 0,
-                    barrier: DecodeGroup::new(layout.tp, &legacy),
+                    barrier: DecodeGroup::new(layout.tp, policy.handshake),
                 });
             }
         }
@@ -202,7 +197,7 @@ impl World {
         let (d_prefill_engines, d_decode_engines) = (d.prefill.len(), d.decode.len());
         let (prefill_rank_count, prefill_group_count) = (p_ranks.len(), pgroups.len());
         let mut world = World {
-            proxy: Proxy::new(&d, legacy.clone()),
+            proxy: Proxy::new(&d, policy.proxy),
             streams: Streams::new(sc.seed),
             nics: Nics::new(nic_count, sc.hardware.nic_gb_s),
             reads: vec![0; p_ranks.len()],

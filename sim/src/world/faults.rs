@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use pdkv_core::group::DecodeGroup;
 use pdkv_core::ids::{EngineId, RankId, RequestId, Role};
 use pdkv_core::legacy::LegacyOptions;
+use pdkv_core::policy::Policy;
 use pdkv_core::prefill::PrefillEngine;
 
 use crate::load::{parse_target, TargetPattern};
@@ -232,7 +233,7 @@ impl World {
                 self.crashed_freed += totals.freed;
                 self.crashed_reaped += totals.reaped;
                 let defer = ms_ns(self.sc.protocol.defer_timeout_ms);
-                self.engines[e] = PrefillEngine::new(engine, layout, self.d.model.clone(), self.legacy())
+                self.engines[e] = PrefillEngine::new(engine, layout, self.d.model.clone(), self.policy())
                     .with_defer_timeout_ns(defer);
                 self.engine_tick[e] = None;
             }
@@ -252,7 +253,7 @@ impl World {
                     self.dgroups[g].context_tokens = 0;
                     // The group restarts with its workers: a fresh barrier, on no step.
                     let width = self.d.decode[e].tp;
-                    self.dgroups[g].barrier = DecodeGroup::new(width, &self.legacy());
+                    self.dgroups[g].barrier = DecodeGroup::new(width, self.policy().handshake);
                     let blocks = self.dgroups[g].pool.capacity;
                     self.dgroups[g].pool = Pool::new(blocks);
                     for w in self.dgroups[g].workers.clone() {
@@ -261,7 +262,7 @@ impl World {
                             &self.sc,
                             &self.d,
                             &self.book,
-                            &self.legacy(),
+                            &self.policy(),
                             self.d_ranks[w],
                         );
                         self.dworker_tick[w] = None;
@@ -294,7 +295,7 @@ impl World {
                     return;
                 }
                 self.prefill_down[e] = false;
-                let legacy = self.legacy();
+                let policy = self.policy();
                 for i in 0..self.p_ranks.len() {
                     let rank = self.p_ranks[i];
                     if rank.engine != engine {
@@ -315,7 +316,7 @@ impl World {
                         &self.d,
                         &self.book,
                         &self.cost,
-                        &legacy,
+                        &policy,
                         rank,
                         i,
                         self.epoch[i],
@@ -337,8 +338,8 @@ impl World {
         }
     }
 
-    fn legacy(&self) -> LegacyOptions {
-        self.sc.protocol.legacy.iter().copied().collect()
+    fn policy(&self) -> Policy {
+        Policy::from(&self.sc.protocol.legacy.iter().copied().collect::<LegacyOptions>())
     }
 }
 
