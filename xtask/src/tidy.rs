@@ -308,6 +308,17 @@ pub fn check_file(rel: &Path, text: &str) -> Vec<String> {
                 "{shown}:{n}: `allow(unsafe_code)` only on the FFI modules' `mod` lines in {BACKEND_ROOT}"
             ));
         }
+        // Legacy options are resolved once, into the typed policy: no other code asks which
+        // options are on, so the fixed protocol reads straight through.
+        let resolves = rel == Path::new("core/src/policy.rs") || rel == Path::new("core/src/legacy.rs");
+        if !resolves
+            && !rel.ends_with("tidy.rs")
+            && (code.contains(".has(Legacy::") || code.contains("legacy.has("))
+        {
+            problems.push(format!(
+                "{shown}:{n}: legacy options are read only by `Policy::from` (core/src/policy.rs); take the policy's field instead"
+            ));
+        }
         // The tidy module names the markers it looks for; skip its own constant.
         if !rel.ends_with("tidy.rs") {
             for word in TEST_FORBIDDEN {
@@ -384,6 +395,10 @@ mod tests {
         check("backend-rdma/src/memory.rs", "//! Doc.\n#[allow(unsafe_code)]\nfn f() {}\n", 1);
         check("backend-rdma/src/verbs/mod.rs", "//! Doc.\n#![allow(unsafe_code)]\n", 1);
         check("sim/src/lib.rs", "//! Doc.\n#![allow(unsafe_code)] // with a reason\n", 1);
+        check("core/src/decode.rs", "//! Doc.\nif self.legacy.has(Legacy::LazyHandshake) {}\n", 1);
+        check("sim/src/world/build.rs", "//! Doc.\nlet lazy = legacy.has(Legacy::LazyHandshake);\n", 1);
+        check("core/src/policy.rs", "//! Doc.\nlazy: legacy.has(Legacy::LazyHandshake),\n", 0);
+        check("core/src/decode.rs", "//! Doc.\nif policy.handshake == HandshakeMode::Lazy {}\n", 0);
     }
 
     /// (crate root, text) -> whether the `unsafe` rule complains.
