@@ -108,14 +108,7 @@ impl Harness {
             let (metadata, layers) = metadata_for(&book, &d, rank);
             workers.insert(rank, PrefillWorker::new(rank, metadata, layers, &policy));
         }
-        let engines = d
-            .prefill
-            .iter()
-            .enumerate()
-            .map(|(i, &layout)| {
-                PrefillEngine::new(EngineId::prefill(i as u16), layout, d.model.clone(), policy)
-            })
-            .collect();
+        let engines = PrefillEngine::for_deployment(&d, policy);
         Harness {
             d,
             book,

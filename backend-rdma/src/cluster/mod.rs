@@ -243,14 +243,9 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
     let mut acceptor =
         Acceptor::start(listener, tx.clone(), admission.clone()).map_err(ClusterError::Start)?;
     let policy = Policy::from(&config.legacy);
-    let engines = d
-        .prefill
-        .iter()
-        .enumerate()
-        .map(|(i, &layout)| {
-            PrefillEngine::new(EngineId::prefill(i as u16), layout, d.model.clone(), policy)
-                .with_defer_timeout_ns(config.defer_timeout_ms * NS_PER_MS)
-        })
+    let engines = PrefillEngine::for_deployment(&d, policy)
+        .into_iter()
+        .map(|engine| engine.with_defer_timeout_ns(config.defer_timeout_ms * NS_PER_MS))
         .collect();
     let pgroups = d
         .prefill

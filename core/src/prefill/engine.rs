@@ -12,7 +12,7 @@ use crate::policy::Policy;
 use crate::release::{quorum_plan, Quorum};
 use crate::routing::RoutingError;
 use crate::time::{earliest, Instant, NS_PER_S};
-use crate::topology::{Layout, ModelSpec};
+use crate::topology::{Deployment, Layout, ModelSpec};
 
 /// Transfers one engine holds at once; beyond it, new transfers are refused.
 pub const MAX_ENGINE_TRANSFERS: usize = 65_536;
@@ -244,6 +244,17 @@ pub struct PrefillEngine {
 }
 
 impl PrefillEngine {
+    /// One engine per prefill engine of `d`, in engine order (what every driver builds).
+    pub fn for_deployment(d: &Deployment, policy: Policy) -> Vec<PrefillEngine> {
+        d.prefill
+            .iter()
+            .enumerate()
+            .map(|(i, &layout)| {
+                PrefillEngine::new(EngineId::prefill(i as u16), layout, d.model.clone(), policy)
+            })
+            .collect()
+    }
+
     /// An engine with MoRIIO's 60 s `defer_timeout`.
     pub fn new(engine: EngineId, layout: Layout, model: ModelSpec, policy: Policy) -> PrefillEngine {
         PrefillEngine {
