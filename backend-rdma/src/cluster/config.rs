@@ -1,6 +1,14 @@
 //! The run's options as the command line gives them, their limits and checks.
 
-use super::*;
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicI32;
+
+use pdkv_core::ids::{RankId, Role};
+use pdkv_core::legacy::LegacyOptions;
+use pdkv_core::topology::{Deployment, ModelSpec};
+
+use crate::sched::TransportKind;
 
 /// A fault to inject into a cluster run.
 #[derive(Clone, Debug, PartialEq, Eq)]

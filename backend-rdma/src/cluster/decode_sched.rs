@@ -1,7 +1,13 @@
 //! The decode side's schedulers: each decode DP group's batch and steps through the core's
 //! `DecodeGroup` barrier, the forward, and how requests end.
 
-use super::*;
+use std::collections::BTreeSet;
+
+use pdkv_core::group::{GroupAction, GroupEvent, Ignored};
+use pdkv_core::ids::{EngineId, RankId, RequestId};
+
+use super::{Cluster, Failure, Pending, IDLE_STEP, MAX_BATCH, MAX_FAILURES_LISTED};
+use crate::sched::ToRank;
 
 impl Cluster {
     /// Feeds decode group `g`'s barrier and carries out what it decides: vote results go to

@@ -1,6 +1,10 @@
 //! Injected faults: killing a prefill rank after N requests, and restarting it.
 
-use super::*;
+use std::time::Duration;
+
+use pdkv_core::ids::RankId;
+
+use super::{Cluster, Fault};
 
 impl Cluster {
     pub(super) fn maybe_kill(&mut self) {

@@ -16,36 +16,23 @@
 //! `result.rs` (the report, in the simulator's vocabulary).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::fmt;
-use std::io::BufReader;
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::net::{SocketAddr, TcpListener};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::{self, JoinHandle};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use pdkv_core::group::{DecodeGroup, GroupAction, GroupEvent, Ignored, StepReport};
+use pdkv_core::group::{DecodeGroup, GroupEvent, StepReport};
 use pdkv_core::ids::{EngineId, RankId, RequestId, Role, TransferId};
-use pdkv_core::legacy::LegacyOptions;
-use pdkv_core::params::KvTransferParams;
 use pdkv_core::policy::Policy;
 use pdkv_core::ports::EngineAddress;
-use pdkv_core::prefill::{EngineAction, EngineEvent, PrefillEngine};
-use pdkv_core::proxy::{Proxy, ProxyAction};
+use pdkv_core::prefill::{EngineEvent, PrefillEngine};
+use pdkv_core::proxy::Proxy;
 use pdkv_core::rng::Stream;
 use pdkv_core::time::Instant;
-use pdkv_core::topology::{Deployment, Layout, ModelSpec};
-use serde::Serialize;
+use pdkv_core::topology::Deployment;
 
 use crate::connector::Clock;
-use crate::sched::{
-    read_frame, read_frame_within, write_frame, FromRank, Recv, Setup, ToRank, TransportKind,
-    MAX_HELLO_BYTES, TOKEN_ENV,
-};
+use crate::sched::{FromRank, Recv};
 
 mod config;
 mod decode_sched;

@@ -1,7 +1,17 @@
 //! The prefill side's schedulers: submitting requests through the proxy, each prefill DP
 //! group's block pool and queue, and the engine node's actions (frees, fences).
 
-use super::*;
+use std::collections::BTreeSet;
+
+use pdkv_core::ids::{EngineId, RankId, RequestId, TransferId};
+use pdkv_core::params::KvTransferParams;
+use pdkv_core::prefill::{EngineAction, EngineEvent};
+use pdkv_core::proxy::ProxyAction;
+use pdkv_core::topology::Layout;
+use pdkv_sim::result::ViolationKind;
+
+use super::{Cluster, Req, Violation, NS_PER_MS};
+use crate::sched::{Recv, ToRank};
 
 impl Cluster {
     pub(super) fn request_of(&self, transfer_id: &TransferId) -> Option<RequestId> {

@@ -1,7 +1,25 @@
 //! The rank processes: spawning, the admission of their hellos, membership, heartbeats,
 //! loss, signals and shutdown.
 
-use super::*;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::BufReader;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use pdkv_core::group::GroupEvent;
+use pdkv_core::ids::{EngineId, RankId, RequestId, Role};
+use pdkv_core::prefill::EngineEvent;
+
+use super::{Cluster, Fault, EXIT_TIMEOUT, HEARTBEAT_TIMEOUT, MAX_PROBLEMS, POLL, START_TIMEOUT};
+use crate::sched::{
+    read_frame, read_frame_within, write_frame, FromRank, Setup, ToRank, MAX_HELLO_BYTES, TOKEN_ENV,
+};
 
 pub(super) enum Ev {
     Joined { rank: RankId, stream: TcpStream },

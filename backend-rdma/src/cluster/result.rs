@@ -3,7 +3,10 @@
 use pdkv_sim::result::{round3, Summary, ViolationKind};
 use pdkv_sim::Outcome;
 
-use super::*;
+use pdkv_core::ids::{RankId, Role};
+use serde::Serialize;
+
+use super::Cluster;
 
 /// Requests by how they ended (the simulator's names). Not the simulator's `Requests`: that one
 /// also has `failed_unexcused`, `cut_off` and `unsent`, which would add fields to `--json`.

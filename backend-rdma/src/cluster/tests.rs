@@ -1,5 +1,7 @@
 //! Unit tests of the outcome rules, admission, port probing, the model and the request stream.
 
+use std::path::PathBuf;
+
 use super::procs::probe_window;
 use super::result::outcome;
 use super::*;

@@ -1,6 +1,8 @@
 //! The invariants every fuzz run is judged by, whatever its faults did.
 
-use super::*;
+use super::plan::Plan;
+use super::procs::Ran;
+use super::{EXIT_GRACE_MS, ORPHAN_GRACE};
 
 /// The figures of a run that passed.
 pub(super) struct Figures {

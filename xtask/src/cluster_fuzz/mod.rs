@@ -21,9 +21,9 @@ mod judge;
 mod plan;
 mod procs;
 
-use judge::*;
-use plan::*;
-use procs::*;
+use judge::{judge, Figures};
+use plan::Plan;
+use procs::{execute, Ran};
 
 const USAGE: &str = "\
 usage: cargo xtask cluster-fuzz [--for DURATION] [--seed N] [--max-runs N] [--legacy NAME]...

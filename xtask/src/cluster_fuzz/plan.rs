@@ -1,7 +1,9 @@
 //! What one fuzz run does, drawn from its seed: the deployment, workload, timeouts and faults,
 //! and the `pdkv cluster` arguments and outside signals that carry them out.
 
-use super::*;
+use std::fmt::Write as _;
+
+use super::HEARTBEAT_LOSS_MS;
 use pdkv_core::ids::Role;
 use pdkv_core::rng::Stream;
 use pdkv_core::topology::Deployment;

@@ -1,7 +1,8 @@
 //! Running one plan: the `pdkv cluster` process, its connector processes found through /proc,
 //! and the outside SIGKILLs and SIGSTOPs delivered to them.
 
-use super::*;
+use super::plan::{Outside, Plan};
+use super::{EXIT_GRACE_MS, ORPHAN_GRACE};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
