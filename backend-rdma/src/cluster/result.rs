@@ -156,7 +156,7 @@ pub struct ClusterResult {
     pub prompt_kv_bytes: u64,
     /// Where the prefill ranks kept their KV (host memory, or a HIP device), and why.
     pub memory: Vec<String>,
-    /// Failed requests, the first [`MAX_FAILURES_LISTED`] (`requests.failed` counts them all).
+    /// Failed requests, the first [`MAX_FAILURES_LISTED`](super::MAX_FAILURES_LISTED) (`requests.failed` counts them all).
     pub failures: Vec<Failure>,
     /// Safety violations.
     pub violations: Vec<Violation>,

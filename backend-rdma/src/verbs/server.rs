@@ -93,7 +93,7 @@ impl ServerShared {
 /// queue pair per client over a TCP control connection (see the module doc), on its own threads
 /// (one accepting, one per connection), until [`VerbsServer::shutdown`] or drop.
 pub struct VerbsServer {
-    accept: crate::tcp::AcceptThread,
+    accept: crate::tcp::server::AcceptThread,
     shared: Arc<ServerShared>,
 }
 
@@ -122,7 +122,7 @@ impl VerbsServer {
             let regions = shared.regions.read().unwrap_or_else(PoisonError::into_inner);
             shared.reconcile(&regions)?;
         }
-        let accept = crate::tcp::AcceptThread::spawn(
+        let accept = crate::tcp::server::AcceptThread::spawn(
             addr,
             listener,
             Arc::clone(&shared),
