@@ -18,10 +18,7 @@ fn handshake_rows() -> Vec<Row> {
 }
 
 fn lifecycle_rows() -> Vec<Row> {
-    prefill::lifecycle_table()
-        .into_iter()
-        .map(|r| (r.from.to_string(), r.event.to_string(), r.to.to_string(), r.output))
-        .collect()
+    prefill::transition_table().into_iter().map(|r| (r.from, r.event, r.to, r.output)).collect()
 }
 
 fn recv_rows() -> Vec<Row> {
