@@ -18,10 +18,7 @@ fn handshake_rows() -> Vec<Row> {
 }
 
 fn lifecycle_rows() -> Vec<Row> {
-    prefill::lifecycle_table()
-        .into_iter()
-        .map(|r| (r.from.to_string(), r.event.to_string(), r.to.to_string(), r.output))
-        .collect()
+    prefill::transition_table().into_iter().map(|r| (r.from, r.event, r.to, r.output)).collect()
 }
 
 fn recv_rows() -> Vec<Row> {
@@ -110,6 +107,50 @@ fn transfer_lifecycle_is_current() {
     assert_eq!(rows.len(), 8 * 5, "eight states times five events");
     expect_file("docs/machines/transfer.txt", &render_table("Transfer lifecycle (prefill engine)", &rows));
     expect_file("docs/machines/transfer.dot", &render_dot("transfer", &rows));
+}
+
+/// Every variant the lifecycle can reach is among the table's states, and every state of the
+/// table is reachable: the walk registers transfers on groups of one to three ranks (any of them
+/// lost already, fixed mapping or flexible) and applies every event to every state it meets.
+/// `TransferState::name` matches every variant without a wildcard, so a new variant must be named
+/// before it compiles, and this test fails until the table lists it.
+#[test]
+fn transfer_table_has_every_variant() {
+    use prefill::{transfer_step, TransferEvent, TransferState};
+    let mut reached: Vec<TransferState> = Vec::new();
+    for group in 1..=3u16 {
+        for lost_mask in 0..(1u16 << group) {
+            for flexible in [false, true] {
+                let lost = (0..group).filter(|tp| lost_mask & (1 << tp) != 0);
+                let mut todo = vec![TransferState::registered(group, lost, flexible)];
+                while let Some(state) = todo.pop() {
+                    if reached.contains(&state) {
+                        continue;
+                    }
+                    let events = (0..=group)
+                        .flat_map(|tp| [TransferEvent::WorkerFinished(tp), TransferEvent::WorkerLost(tp)])
+                        .chain([TransferEvent::ReaperDeadline]);
+                    todo.extend(events.map(|event| transfer_step(state.clone(), event).0));
+                    reached.push(state);
+                }
+            }
+        }
+    }
+    let table = prefill::representative_states();
+    for state in &reached {
+        assert!(
+            table.iter().any(|s| s.name() == state.name()),
+            "{} is reachable but has no row in the transfer table (prefill::representative_states)",
+            state.kind()
+        );
+    }
+    for state in &table {
+        assert!(
+            reached.contains(state),
+            "the transfer table lists {}, which no transfer reaches",
+            state.kind()
+        );
+    }
 }
 
 #[test]

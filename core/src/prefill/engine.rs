@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::transfer::{transfer_step, TransferEvent, TransferOutput, TransferState};
+use super::transfer::{transfer_step, TransferEvent, TransferOutput, TransferState, WorkerPart};
 #[cfg(doc)]
 use super::WorkerAction;
 use crate::ids::{EngineId, RankId, RequestId, TransferId};
@@ -418,16 +418,10 @@ impl PrefillEngine {
             reaped: false,
         };
         // Workers lost before the registration hold nothing of it: their part counts as done.
-        let lost: BTreeSet<u16> = (0..self.layout.tp)
-            .filter(|&tp| self.lost.contains(&RankId::new(self.engine, owner_dp, tp)))
-            .collect();
-        let all_lost = lost.len() == usize::from(self.layout.tp);
-        let state = TransferState::Held {
-            finished: BTreeSet::new(),
-            lost,
-            group: self.layout.tp,
-            flexible: plan.flexible,
-        };
+        let lost =
+            (0..self.layout.tp).filter(|&tp| self.lost.contains(&RankId::new(self.engine, owner_dp, tp)));
+        let state = TransferState::registered(self.layout.tp, lost, plan.flexible);
+        let all_lost = state == TransferState::Freed;
         self.held.insert(transfer_id.clone(), Held { state, record, deadline, reader, leased_until: None });
         self.deadlines.insert((deadline, transfer_id.clone()));
         for (tp, quorum) in plan.per_tp_rank.into_iter().enumerate() {
@@ -444,19 +438,15 @@ impl PrefillEngine {
     fn apply(&mut self, now: Instant, id: &TransferId, event: TransferEvent, out: &mut Vec<EngineAction>) {
         let Some(held) = self.held.get_mut(id) else { return };
         let (next, output) = transfer_step(held.state.clone(), event);
-        let unfinished: Vec<u16> = match &held.state {
-            TransferState::Held { finished, lost, group, .. } => {
-                (0..*group).filter(|t| !finished.contains(t) && !lost.contains(t)).collect()
-            }
-            _ => Vec::new(),
-        };
+        let unfinished: Vec<u16> =
+            held.state.parts().map(|parts| parts.ranks(WorkerPart::Pending).collect()).unwrap_or_default();
         held.state = next;
         let owner_dp = held.record.owner_dp;
         match output {
             TransferOutput::None | TransferOutput::Ignored => {}
             TransferOutput::GroupDone => {
-                let TransferState::Held { finished, lost, group, .. } = &held.state else { return };
-                for tp in (0..*group).filter(|t| !finished.contains(t) && !lost.contains(t)) {
+                let Some(parts) = held.state.parts() else { return };
+                for tp in parts.ranks(WorkerPart::Pending) {
                     let rank = RankId::new(self.engine, owner_dp, tp);
                     out.push(EngineAction::GroupDone { rank, transfer_id: id.clone() });
                 }

@@ -28,7 +28,7 @@
 //!
 //! `worker` is [`PrefillWorker`], one per prefill rank; `engine` is [`PrefillEngine`], one per
 //! prefill engine; `transfer` is one transfer's lifecycle as the engine sees it, the pure
-//! [`transfer_step`] with its listed transition table ([`lifecycle_table`]).
+//! [`transfer_step`] with its listed transition table ([`transition_table`]).
 
 mod engine;
 mod transfer;
@@ -42,6 +42,7 @@ pub use engine::{
     MAX_ENGINE_TRANSFERS, MAX_LEDGER_RECORDS,
 };
 pub use transfer::{
-    lifecycle_table, transfer_step, LifecycleRow, TransferEvent, TransferOutput, TransferState,
+    representative_states, transfer_step, transition_table, TransferEvent, TransferOutput, TransferRow,
+    TransferState, WorkerPart, WorkerParts,
 };
 pub use worker::{PrefillWorker, WorkerAction, WorkerEvent};
