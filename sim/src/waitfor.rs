@@ -1,7 +1,12 @@
 //! The wait-for graph of a hang: who waits for whom, and the cycle if there is one.
 //!
 //! Nodes and reasons are typed ([`WaitNode`], [`WaitReason`]); their `Display` is the label the
-//! text summary, the report pictures and the Graphviz output show.
+//! text summary, the report pictures and the Graphviz output show. In `result.json` each is an
+//! object whose `kind` says what it is, with its fields beside it; ranks and engines are
+//! written as their labels (`"D0.dp0.tp3"`, `"D0"`), which is how every other part of the
+//! result and the command line names them. An edge reads
+//! `{"from": {"kind": "rank", "rank": "D0.dp0.tp3"}, "to": {"kind": "handshake_listener",
+//! "rank": "P0.dp0.tp3"}, "reason": {"kind": "blocked_on_handshake", "session": "…"}}`.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -10,9 +15,12 @@ use pdkv_core::ids::{EngineId, RankId};
 use pdkv_core::ports::SessionKey;
 use petgraph::algo::tarjan_scc;
 use petgraph::graph::{DiGraph, NodeIndex};
+use serde::{Deserialize, Serialize};
 
-/// Which collective a decode engine's step waits in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+/// Which collective a decode engine's step waits in; `tp_collective` or `ep_all_to_all` in
+/// `result.json`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Collective {
     /// The TP collective of a step (a TP engine, or DP groups without EP).
     TpCollective,
@@ -29,20 +37,41 @@ impl fmt::Display for Collective {
     }
 }
 
-/// Something that waits or is waited for.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+/// Something that waits or is waited for; in `result.json` an object tagged by `kind` (the
+/// variant's snake_case name).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
 pub enum WaitNode {
     /// A decode engine's collective for one step, which waits until every rank arrives.
-    Collective { op: Collective, engine: EngineId, step: u64 },
+    Collective {
+        op: Collective,
+        #[serde(with = "label")]
+        engine: EngineId,
+        step: u64,
+    },
     /// One GPU rank (a decode worker in every graph the simulator builds).
-    Rank { rank: RankId },
+    Rank {
+        #[serde(with = "label")]
+        rank: RankId,
+    },
     /// The worker-local failure a rank raised out of its step, which it waits on for good.
-    StepError { rank: RankId },
+    StepError {
+        #[serde(with = "label")]
+        rank: RankId,
+    },
     /// A prefill rank's handshake listener.
-    HandshakeListener { rank: RankId },
+    HandshakeListener {
+        #[serde(with = "label")]
+        rank: RankId,
+    },
     /// The MIN vote of a decode group for one step. `group` is the simulator's number of the
     /// group, counted over every decode engine.
-    Vote { engine: EngineId, group: usize, step: u64 },
+    Vote {
+        #[serde(with = "label")]
+        engine: EngineId,
+        group: usize,
+        step: u64,
+    },
 }
 
 impl fmt::Display for WaitNode {
@@ -57,8 +86,9 @@ impl fmt::Display for WaitNode {
     }
 }
 
-/// Why one node waits for another.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Why one node waits for another; in `result.json` an object tagged by `kind`, like a node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
 pub enum WaitReason {
     /// The collective still waits for this rank.
     NotArrived,
@@ -88,7 +118,7 @@ impl fmt::Display for WaitReason {
 }
 
 /// One wait: `from` waits for `to` because of `reason`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WaitEdge {
     /// The waiter.
     pub from: WaitNode,
@@ -102,6 +132,28 @@ impl fmt::Display for WaitEdge {
     /// `from -> to (reason)`, the line the text summary prints.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} -> {} ({})", self.from, self.to, self.reason)
+    }
+}
+
+/// Engines and ranks in `result.json` as the labels `Display` writes (`D0`, `D0.dp0.tp3`),
+/// read back with `FromStr`.
+mod label {
+    use std::fmt::Display;
+    use std::str::FromStr;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<T: Display, S: Serializer>(value: &T, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(value)
+    }
+
+    pub fn deserialize<'de, T, D>(deserializer: D) -> Result<T, D::Error>
+    where
+        T: FromStr,
+        T::Err: Display,
+        D: Deserializer<'de>,
+    {
+        String::deserialize(deserializer)?.parse().map_err(serde::de::Error::custom)
     }
 }
 
@@ -225,6 +277,76 @@ mod tests {
             },
             "D0.dp0.tp3 -> P0.dp0.tp3 handshake listener (blocked on handshake prefill-0:6301_dp0_tp3)",
         );
+    }
+
+    /// In `result.json` every node and reason is an object tagged by `kind`, with engines and
+    /// ranks as labels, and reads back to the same value.
+    #[test]
+    fn nodes_reasons_and_edges_are_tagged_objects_in_json() {
+        fn check<T>(value: T, expected: &str)
+        where
+            T: Serialize + serde::de::DeserializeOwned + PartialEq + fmt::Debug,
+        {
+            let json = serde_json::to_string(&value).expect("serialises");
+            assert_eq!(json, expected);
+            assert_eq!(serde_json::from_str::<T>(&json).expect("reads back"), value, "{json}");
+        }
+        let d0 = EngineId::decode(0);
+        check(
+            WaitNode::Collective { op: Collective::TpCollective, engine: d0, step: 1 },
+            r#"{"kind":"collective","op":"tp_collective","engine":"D0","step":1}"#,
+        );
+        check(
+            WaitNode::Collective { op: Collective::EpAllToAll, engine: EngineId::decode(2), step: 40 },
+            r#"{"kind":"collective","op":"ep_all_to_all","engine":"D2","step":40}"#,
+        );
+        check(WaitNode::Rank { rank: rank("D0.dp1.tp3") }, r#"{"kind":"rank","rank":"D0.dp1.tp3"}"#);
+        check(
+            WaitNode::StepError { rank: rank("D0.dp0.tp3") },
+            r#"{"kind":"step_error","rank":"D0.dp0.tp3"}"#,
+        );
+        check(
+            WaitNode::HandshakeListener { rank: rank("P1.dp0.tp3") },
+            r#"{"kind":"handshake_listener","rank":"P1.dp0.tp3"}"#,
+        );
+        check(
+            WaitNode::Vote { engine: d0, group: 8, step: 1 },
+            r#"{"kind":"vote","engine":"D0","group":8,"step":1}"#,
+        );
+        check(WaitReason::NotArrived, r#"{"kind":"not_arrived"}"#);
+        check(WaitReason::RaisedOutOfStep, r#"{"kind":"raised_out_of_step"}"#);
+        check(
+            WaitReason::BlockedOnHandshake { session: session() },
+            r#"{"kind":"blocked_on_handshake","session":"prefill-0:6301_dp0_tp3"}"#,
+        );
+        check(
+            WaitReason::Handshake { session: session() },
+            r#"{"kind":"handshake","session":"prefill-0:6301_dp0_tp3"}"#,
+        );
+        check(WaitReason::WaitingForMinVote, r#"{"kind":"waiting_for_min_vote"}"#);
+        check(WaitReason::HasNotVoted, r#"{"kind":"has_not_voted"}"#);
+        check(
+            WaitEdge {
+                from: WaitNode::Vote { engine: d0, group: 0, step: 1 },
+                to: WaitNode::Rank { rank: rank("D0.dp0.tp3") },
+                reason: WaitReason::HasNotVoted,
+            },
+            r#"{"from":{"kind":"vote","engine":"D0","group":0,"step":1},"to":{"kind":"rank","rank":"D0.dp0.tp3"},"reason":{"kind":"has_not_voted"}}"#,
+        );
+    }
+
+    /// A node whose label or kind is not one the simulator writes is refused, with the reason.
+    #[test]
+    fn unreadable_nodes_are_refused() {
+        fn check(json: &str, expected: &str) {
+            let err = serde_json::from_str::<WaitNode>(json).expect_err(json).to_string();
+            assert!(err.contains(expected), "{json}: {err}");
+        }
+        check(r#"{"kind":"rank","rank":"D0.dp0"}"#, r#""D0.dp0" is not an engine like P0 or a rank like"#);
+        check(r#"{"kind":"vote","engine":"X0","group":0,"step":1}"#, r#""X0" is not an engine"#);
+        check(r#"{"kind":"rank","rank":{"engine":"D0"}}"#, "invalid type: map, expected a string");
+        check(r#"{"kind":"reaper"}"#, "unknown variant `reaper`");
+        check(r#""D0.dp0.tp3""#, "invalid type: string");
     }
 
     #[test]

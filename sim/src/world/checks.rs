@@ -85,8 +85,8 @@ impl World {
             t_ms: ms(self.now),
             what: format!("{collective} waited {} s (timeout)", ms(waited) / 1e3),
             ranks,
-            wait_for: graph.edges().iter().map(ToString::to_string).collect(),
-            cycle: graph.cycle().map(|members| members.iter().map(ToString::to_string).collect()),
+            wait_for: graph.edges(),
+            cycle: graph.cycle(),
             dot: graph.dot(),
         });
         trace!(self, "check", "hang", collective.to_string(), None, format!("waited {} ms", ms(waited)));

@@ -147,8 +147,8 @@ impl World {
                 t_ms: ms(now),
                 what: format!("{} requests never finished by the end of the run", result.requests.unfinished),
                 ranks,
-                wait_for: graph.edges().iter().map(ToString::to_string).collect(),
-                cycle: graph.cycle().map(|members| members.iter().map(ToString::to_string).collect()),
+                wait_for: graph.edges(),
+                cycle: graph.cycle(),
                 dot: graph.dot(),
             });
         }
