@@ -315,7 +315,8 @@ pub fn summary(r: &RunResult, files: &[PathBuf], replay: &str) -> String {
             let _ = writeln!(s, "      {edge}");
         }
         if let Some(cycle) = &hang.cycle {
-            let _ = writeln!(s, "      cycle (deadlock): {}", cycle.join(" -> "));
+            let members: Vec<String> = cycle.iter().map(ToString::to_string).collect();
+            let _ = writeln!(s, "      cycle (deadlock): {}", members.join(" -> "));
         }
     }
     for v in r.violations.iter().take(5) {

@@ -1,6 +1,7 @@
 //! Newtype identifiers shared by every part of the core: roles, engines, ranks and transfers.
 
 use std::fmt;
+use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
@@ -83,6 +84,62 @@ impl fmt::Display for RankId {
     }
 }
 
+/// A label that is not an engine (`P0`, `D1`) or a rank (`P0.dp0.tp1`) as `Display` writes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IdParseError(pub String);
+
+impl fmt::Display for IdParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?} is not an engine like P0 or a rank like D1.dp2.tp3", self.0)
+    }
+}
+
+impl std::error::Error for IdParseError {}
+
+/// A number written the way `Display` writes it: decimal digits without a sign or a leading
+/// zero, so that every label reads back to one id and writes back to the same text.
+fn canonical_number(text: &str) -> Option<u16> {
+    let plain = !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit());
+    if !plain || (text.len() > 1 && text.starts_with('0')) {
+        return None;
+    }
+    text.parse().ok()
+}
+
+impl FromStr for EngineId {
+    type Err = IdParseError;
+
+    /// Reads the label `Display` writes: `P` or `D`, then the index.
+    fn from_str(s: &str) -> Result<EngineId, IdParseError> {
+        let role = match s.as_bytes().first() {
+            Some(b'P') => Role::Prefill,
+            Some(b'D') => Role::Decode,
+            _ => return Err(IdParseError(s.to_string())),
+        };
+        let index = canonical_number(&s[1..]).ok_or_else(|| IdParseError(s.to_string()))?;
+        Ok(EngineId { role, index })
+    }
+}
+
+impl FromStr for RankId {
+    type Err = IdParseError;
+
+    /// Reads the label `Display` writes: `D1.dp2.tp3`.
+    fn from_str(s: &str) -> Result<RankId, IdParseError> {
+        let bad = || IdParseError(s.to_string());
+        let mut parts = s.split('.');
+        let (Some(engine), Some(dp), Some(tp), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(bad());
+        };
+        let engine = engine.parse().map_err(|_| bad())?;
+        let dp = dp.strip_prefix("dp").and_then(canonical_number).ok_or_else(bad)?;
+        let tp = tp.strip_prefix("tp").and_then(canonical_number).ok_or_else(bad)?;
+        Ok(RankId { engine, dp, tp })
+    }
+}
+
 /// A GPU's tensor-parallel rank within its DP group: a member of the group's TP collectives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct TpRank(pub u16);
@@ -152,5 +209,42 @@ mod tests {
     fn rank_display_names_engine_dp_and_tp() {
         let rank = RankId::new(EngineId::prefill(1), 2, 3);
         assert_eq!(rank.to_string(), "P1.dp2.tp3");
+    }
+
+    /// Labels read back to the id `Display` wrote them from; anything else is refused.
+    #[test]
+    fn labels_read_back_exactly() {
+        fn check(label: &str, expected: Option<RankId>) {
+            let got = label.parse::<RankId>();
+            assert_eq!(got.clone().ok(), expected, "{label}");
+            match got {
+                Ok(rank) => assert_eq!(rank.to_string(), label),
+                Err(e) => assert_eq!(e, IdParseError(label.to_string())),
+            }
+        }
+        let d = |engine, dp, tp| Some(RankId::new(EngineId::decode(engine), dp, tp));
+        check("D0.dp0.tp3", d(0, 0, 3));
+        check("D12.dp7.tp15", d(12, 7, 15));
+        check("P1.dp2.tp3", Some(RankId::new(EngineId::prefill(1), 2, 3)));
+        for bad in [
+            "",
+            "D0",
+            "D0.dp0",
+            "D0.dp0.tp3.x",
+            "X0.dp0.tp0",
+            "D.dp0.tp0",
+            "D0.dp.tp0",
+            "D0.tp0.dp0",
+            "D01.dp0.tp0",
+            "D0.dp+1.tp0",
+            "D0.dp0.tp70000",
+            "d0.dp0.tp0",
+            "D0.dp0.tp3 ",
+        ] {
+            check(bad, None);
+        }
+        assert_eq!("D3".parse::<EngineId>(), Ok(EngineId::decode(3)));
+        assert_eq!("P0".parse::<EngineId>(), Ok(EngineId::prefill(0)));
+        assert!("P".parse::<EngineId>().is_err() && "Pé".parse::<EngineId>().is_err());
     }
 }

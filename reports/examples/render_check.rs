@@ -6,8 +6,11 @@
 
 use std::path::{Path, PathBuf};
 
+use pdkv_core::ids::{EngineId, RankId};
+use pdkv_core::ports::SessionKey;
 use pdkv_reports::SweepPoint;
 use pdkv_sim::scenario::Clients;
+use pdkv_sim::waitfor::{Collective, WaitEdge, WaitNode, WaitReason};
 use pdkv_sim::{RunOptions, Scenario};
 
 /// Writes every picture of `r` into `dir` and prints each file's size.
@@ -24,13 +27,13 @@ fn report(r: &pdkv_sim::RunResult, dir: &Path) {
     }
 }
 
-/// A synthetic hang with `lines` as its wait-for edges.
-fn hang(what: &str, lines: &[String], cycle: Option<Vec<String>>) -> pdkv_sim::result::Hang {
+/// A synthetic hang with `edges` as its wait-for edges.
+fn hang(what: &str, edges: Vec<WaitEdge>, cycle: Option<Vec<WaitNode>>) -> pdkv_sim::result::Hang {
     pdkv_sim::result::Hang {
         t_ms: 12_345.0,
         what: what.to_string(),
         ranks: Vec::new(),
-        wait_for: lines.to_vec(),
+        wait_for: edges,
         cycle,
         dot: "digraph waitfor {}\n".to_string(),
     }
@@ -58,33 +61,48 @@ fn main() {
         let r = pdkv_sim::run(&s, RunOptions::default()).expect("runs").result;
         report(&r, &out.join("extra").join(notation.replace(':', "-")));
     }
-    let cycle: Vec<String> = vec![
-        "TP collective D0 step 4 -> D0.dp0.tp0 (not arrived)".into(),
-        "D0.dp0.tp0 -> D0.dp0.tp1 notify listener (waiting for a release that the listener holds back)"
-            .into(),
-        "D0.dp0.tp1 notify listener -> P0.dp0.tp1 (waiting for lease)".into(),
-        "P0.dp0.tp1 -> D0.dp0.tp0 (quorum)".into(),
-        "P0.dp0.tp1 -> P0.dp0.tp1 (self)".into(),
-        "P0.dp0.tp1 -> reaper (fenced)".into(),
+    // Nodes and edges as the simulator names them.
+    let rank = |engine: u16, tp: u16| WaitNode::Rank { rank: RankId::new(EngineId::decode(engine), 0, tp) };
+    let collective = |engine: u16, step: u64| WaitNode::Collective {
+        op: Collective::TpCollective,
+        engine: EngineId::decode(engine),
+        step,
+    };
+    let vote = |engine: u16, step: u64| WaitNode::Vote { engine: EngineId::decode(engine), group: 0, step };
+    let listener = |engine: u16, tp: u16| WaitNode::HandshakeListener {
+        rank: RankId::new(EngineId::prefill(engine), 0, tp),
+    };
+    let blocked = |engine: u16, tp: u16| WaitReason::BlockedOnHandshake {
+        session: SessionKey(format!("prefill-{engine}:6301_dp0_tp{tp}")),
+    };
+    let edge = |from: WaitNode, to: WaitNode, reason: WaitReason| WaitEdge { from, to, reason };
+    // The simulator's graphs have no cycle; this one is made up to see how one is drawn.
+    let long = WaitReason::Handshake {
+        session: SessionKey("prefill-0:6301_dp0_tp1, a session key long enough to be cut short".into()),
+    };
+    let cycle = vec![
+        edge(collective(0, 4), rank(0, 0), WaitReason::NotArrived),
+        edge(rank(0, 0), vote(0, 4), WaitReason::WaitingForMinVote),
+        edge(vote(0, 4), rank(0, 1), WaitReason::HasNotVoted),
+        edge(rank(0, 1), rank(0, 0), long),
+        edge(rank(0, 1), rank(0, 1), WaitReason::RaisedOutOfStep),
+        edge(rank(0, 1), listener(0, 1), blocked(0, 1)),
     ];
-    let members = vec!["D0.dp0.tp0".to_string(), "D0.dp0.tp1 notify listener".into(), "P0.dp0.tp1".into()];
+    let members = vec![rank(0, 0), rank(0, 1), vote(0, 4)];
     let extra = out.join("extra").join("graphs");
-    pdkv_reports::wait_for_graph(&hang("Synthetic deadlock", &cycle, Some(members)), 0, "synthetic", &extra)
+    pdkv_reports::wait_for_graph(&hang("Synthetic deadlock", cycle, Some(members)), 0, "synthetic", &extra)
         .expect("cycle");
-    let mut big: Vec<String> = Vec::new();
+    let mut big = Vec::new();
     for t in 0..16 {
-        big.push(format!("TP collective D1 step 9 -> D1.dp0.tp{t} (not arrived)"));
+        big.push(edge(collective(1, 9), rank(1, t), WaitReason::NotArrived));
         if t % 5 == 2 {
-            big.push(format!(
-                "D1.dp0.tp{t} -> P{}.dp0.tp{t} handshake listener (blocked on handshake)",
-                t % 2
-            ));
+            big.push(edge(rank(1, t), listener(t % 2, t), blocked(t % 2, t)));
         } else {
-            big.push(format!("D1.dp0.tp{t} -> vote D1 group 0 step 9 (waiting for the MIN vote)"));
+            big.push(edge(rank(1, t), vote(1, 9), WaitReason::WaitingForMinVote));
         }
     }
-    big.push("vote D1 group 0 step 9 -> D1.dp0.tp2 (has not voted)".into());
-    pdkv_reports::wait_for_graph(&hang("Synthetic 16-rank hang", &big, None), 1, "synthetic", &extra)
+    big.push(edge(vote(1, 9), rank(1, 2), WaitReason::HasNotVoted));
+    pdkv_reports::wait_for_graph(&hang("Synthetic 16-rank hang", big, None), 1, "synthetic", &extra)
         .expect("big");
     let mut points = Vec::new();
     for notation in ["1P_TP8:1D_TP8", "2P_TP8:1D_DP8EP", "1P_TP4:1D_TP8"] {

@@ -158,10 +158,11 @@ pub fn write_run_page(
         html.push_str(&pictures(&graph));
         html.push_str("<pre>");
         for edge in &hang.wait_for {
-            let _ = writeln!(html, "{}", escape(edge));
+            let _ = writeln!(html, "{}", escape(&edge.to_string()));
         }
         if let Some(cycle) = &hang.cycle {
-            let _ = writeln!(html, "cycle (deadlock): {}", escape(&cycle.join(" -> ")));
+            let members: Vec<String> = cycle.iter().map(ToString::to_string).collect();
+            let _ = writeln!(html, "cycle (deadlock): {}", escape(&members.join(" -> ")));
         }
         html.push_str("</pre>\n");
     }

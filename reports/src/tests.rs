@@ -4,8 +4,12 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use pdkv_core::ports::SessionKey;
 use pdkv_sim::result::{Hang, RunResult, Summary};
+use pdkv_sim::waitfor::WaitReason;
 use pdkv_sim::Scenario;
+
+use crate::waitfor::nodes::*;
 
 use crate::{
     latency_cdf, nic_balance, nic_utilisation, sweep_charts, wait_for_graph, ReportError, SweepPoint,
@@ -137,18 +141,15 @@ fn percentiles(lo: f64, tail: f64) -> Vec<f64> {
 fn lost_reply_hang() -> Hang {
     let mut wait_for = Vec::new();
     for t in 0..8 {
-        wait_for.push(format!("TP collective D0 step 1 -> D0.dp0.tp{t} (not arrived)"));
+        wait_for.push(edge(collective(), rank(t), WaitReason::NotArrived));
         if t == 3 {
-            wait_for.push(
-                "D0.dp0.tp3 -> P0.dp0.tp3 handshake listener (blocked on handshake prefill-0:6301_dp0_tp3)"
-                    .into(),
-            );
+            wait_for.push(edge(rank(3), listener(3), blocked(3)));
         }
     }
     for t in [0, 1, 2, 4, 5, 6, 7] {
-        wait_for.push(format!("D0.dp0.tp{t} -> vote D0 group 0 step 1 (waiting for the MIN vote)"));
+        wait_for.push(edge(rank(t), vote(), WaitReason::WaitingForMinVote));
     }
-    wait_for.push("vote D0 group 0 step 1 -> D0.dp0.tp3 (has not voted)".into());
+    wait_for.push(edge(vote(), rank(3), WaitReason::HasNotVoted));
     Hang {
         t_ms: 600_296.725,
         what: "TP collective D0 step 1 waited 600 s (timeout)".into(),
@@ -159,21 +160,27 @@ fn lost_reply_hang() -> Hang {
     }
 }
 
-/// A three-node deadlock with a self-loop and waiters outside the cycle.
+/// A three-node deadlock (two ranks and a vote) with a self-loop and waiters outside the cycle.
+/// The simulator's graphs have no cycle; this one is made up to draw one.
 fn deadlock() -> Hang {
+    let long = WaitReason::Handshake {
+        session: SessionKey(
+            "prefill-0:6301_dp0_tp1, a session key long enough to be cut short somewhere".into(),
+        ),
+    };
     Hang {
         t_ms: 1500.0,
         what: "release quorum never met".into(),
         ranks: vec!["P0.dp0.tp0".into()],
         wait_for: vec![
-            "collective -> A (not arrived)".into(),
-            "A -> B (waiting for lease)".into(),
-            "B -> C (quorum)".into(),
-            "C -> A (holds the blocks A needs, and a reason long enough to be cut short somewhere)".into(),
-            "C -> C (self)".into(),
-            "C -> reaper (fenced)".into(),
+            edge(collective(), rank(0), WaitReason::NotArrived),
+            edge(rank(0), vote(), WaitReason::WaitingForMinVote),
+            edge(vote(), rank(1), WaitReason::HasNotVoted),
+            edge(rank(1), rank(0), long),
+            edge(rank(1), rank(1), WaitReason::RaisedOutOfStep),
+            edge(rank(1), listener(1), blocked(1)),
         ],
-        cycle: Some(vec!["A".into(), "B".into(), "C".into()]),
+        cycle: Some(vec![rank(0), rank(1), vote()]),
         dot: "digraph waitfor {\n  n0 -> n1 [label=\"x\"];\n}\n".into(),
     }
 }
@@ -356,16 +363,18 @@ fn wait_for_graph_with_a_cycle_renders_it_red() {
     let paths = wait_for_graph(&deadlock(), 0, RUN, &dir).expect("draws");
     check_png(&paths[0]);
     let svg = check_svg(&paths[1]);
-    assert!(svg.contains("cycle (deadlock) among: A, B, C"));
+    assert!(svg.contains(
+        "5 waiters, 6 waits · cycle (deadlock) among: D0.dp0.tp0, D0.dp0.tp1, vote D0 group 0 step 1"
+    ));
     assert!(says(&svg, "cycle"), "the cycle is labelled");
     assert!(svg.contains("#D62728"), "cycle members are red");
     assert_eq!(fs::read_to_string(&paths[2]).expect("dot"), deadlock().dot);
     // An empty graph and a lone self-loop draw too.
     let mut lone = deadlock();
-    lone.wait_for = vec!["x -> x (self)".into(), "not an edge".into()];
-    lone.cycle = Some(vec!["x".into()]);
+    lone.wait_for = vec![edge(rank(0), rank(0), WaitReason::RaisedOutOfStep)];
+    lone.cycle = Some(vec![rank(0)]);
     let svg = check_svg(&wait_for_graph(&lone, 1, RUN, &dir).expect("draws")[1]);
-    assert!(svg.contains("1 unreadable lines skipped"));
+    assert!(svg.contains("1 waiters, 1 waits · cycle (deadlock) among: D0.dp0.tp0"));
     lone.wait_for.clear();
     let svg = check_svg(&wait_for_graph(&lone, 2, RUN, &dir).expect("draws")[1]);
     assert!(svg.contains("no wait-for edges recorded"));

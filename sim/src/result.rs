@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::scenario::{JainBounds, Outcome, Scenario, FORMAT_VERSION};
+use crate::waitfor::{WaitEdge, WaitNode};
 
 /// Everything a run measured.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -215,10 +216,12 @@ pub struct Hang {
     pub what: String,
     /// Ranks involved.
     pub ranks: Vec<String>,
-    /// Who waits for whom, one edge per line: `a -> b (reason)`.
-    pub wait_for: Vec<String>,
-    /// A cycle in the wait-for graph, if there is one.
-    pub cycle: Option<Vec<String>>,
+    /// Who waits for whom, one edge each, in the order they were found (see
+    /// [`crate::waitfor`] for how they read in JSON).
+    pub wait_for: Vec<WaitEdge>,
+    /// The members of a cycle in the wait-for graph (a deadlock), sorted by label, if there is
+    /// one.
+    pub cycle: Option<Vec<WaitNode>>,
     /// The wait-for graph in Graphviz form.
     pub dot: String,
 }

@@ -7,8 +7,9 @@
 use pdkv_core::legacy::Legacy;
 use serde::{Deserialize, Serialize};
 
-/// Version of the scenario and result formats; bumped when a field changes meaning.
-pub const FORMAT_VERSION: u32 = 1;
+/// Version of the scenario and result formats; bumped when a field changes meaning. 2: a
+/// hang's `wait_for` edges and `cycle` members are objects, no longer `a -> b (reason)` text.
+pub const FORMAT_VERSION: u32 = 2;
 
 // Limits on every size, count and time a scenario can ask for. Each is far above any real
 // deployment, and low enough that the simulator's arithmetic (u64 nanoseconds, u32 blocks) and

@@ -247,21 +247,22 @@ impl Picture for WaitFor<'_> {
     fn draw<DB: DrawingBackend>(&self, root: &Area<DB>) -> Drawn {
         root.fill(&WHITE).msg()?;
         let hang = self.hang;
-        let g = Graph::parse(&hang.wait_for);
+        let g = Graph::new(&hang.wait_for);
         let layout = Layout::new(&g);
         let n = g.names.len();
         let reported: Vec<bool> =
-            g.names.iter().map(|name| hang.cycle.as_ref().is_some_and(|c| c.contains(name))).collect();
+            g.nodes.iter().map(|node| hang.cycle.as_ref().is_some_and(|c| c.contains(node))).collect();
         let red: Vec<bool> = (0..n).map(|v| layout.cyclic[v] || reported[v]).collect();
         let waits_for_nothing: Vec<bool> = (0..n).map(|v| g.edges.iter().all(|e| e.from != v)).collect();
         let ends: Vec<&str> = (0..n).filter(|&v| waits_for_nothing[v]).map(|v| g.names[v].as_str()).collect();
         let summary = match &hang.cycle {
-            Some(members) => format!("cycle (deadlock) among: {}", members.join(", ")),
+            Some(members) => {
+                let names: Vec<String> = members.iter().map(ToString::to_string).collect();
+                format!("cycle (deadlock) among: {}", names.join(", "))
+            }
             None if !ends.is_empty() => format!("no cycle; the waits end at: {}", ends.join(", ")),
             None => "no cycle".to_string(),
         };
-        let skipped =
-            if g.skipped > 0 { format!(" · {} unreadable lines skipped", g.skipped) } else { String::new() };
         // The title names the run; what hung and the graph's summary take a line each, since
         // together they are often too long for one.
         title(
@@ -273,7 +274,7 @@ impl Picture for WaitFor<'_> {
         let w = w as i32;
         text(
             root,
-            &fit(&format!("{n} waiters, {} waits · {summary}{skipped}", g.edges.len()), SUBTITLE, w - 40),
+            &fit(&format!("{n} waiters, {} waits · {summary}", g.edges.len()), SUBTITLE, w - 40),
             (w / 2, 70),
             &style(SUBTITLE, MUTED, HPos::Center, VPos::Top),
         )?;

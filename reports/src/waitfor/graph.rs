@@ -1,7 +1,10 @@
 //! The wait-for graph of a hang as the reports read it: nodes, edges with their reasons, and
-//! its strongly connected components.
+//! its strongly connected components. It is built from the hang's typed edges; nodes are the
+//! same node when they are equal, and are drawn with their `Display` labels.
 
-/// One wait: `from` waits for `to` because of `reason`.
+use pdkv_sim::waitfor::{WaitEdge, WaitNode};
+
+/// One wait: `from` waits for `to` because of `reason` (its label, as drawn).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Edge {
     pub(super) from: usize,
@@ -9,70 +12,33 @@ pub(super) struct Edge {
     pub(super) reason: String,
 }
 
-/// Named nodes (in order of first mention) and edges (in line order).
+/// The nodes (in order of first mention) with their labels, and the edges (in the hang's order)
+/// between their positions.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(super) struct Graph {
+    pub(super) nodes: Vec<WaitNode>,
     pub(super) names: Vec<String>,
     pub(super) edges: Vec<Edge>,
-    /// Lines that are not `a -> b (reason)`.
-    pub(super) skipped: usize,
-}
-
-/// Splits `a -> b (reason)` into its three parts; the reason is the last balanced parenthesised
-/// group and may be missing.
-pub(super) fn parse_line(line: &str) -> Option<(String, String, String)> {
-    let (a, rest) = line.split_once(" -> ")?;
-    let rest = rest.trim();
-    let (b, reason) = match rest.strip_suffix(')') {
-        Some(inner) => {
-            let mut depth = 0usize;
-            let mut open = None;
-            for (i, c) in inner.char_indices().rev() {
-                match c {
-                    ')' => depth += 1,
-                    '(' if depth == 0 => {
-                        open = Some(i);
-                        break;
-                    }
-                    '(' => depth -= 1,
-                    _ => {}
-                }
-            }
-            match open {
-                Some(i) if !inner[..i].trim().is_empty() => (inner[..i].trim(), inner[i + 1..].trim()),
-                _ => (rest, ""),
-            }
-        }
-        None => (rest, ""),
-    };
-    let a = a.trim();
-    if a.is_empty() || b.is_empty() {
-        return None;
-    }
-    Some((a.to_string(), b.to_string(), reason.to_string()))
 }
 
 impl Graph {
-    pub(super) fn parse(lines: &[String]) -> Graph {
+    pub(super) fn new(wait_for: &[WaitEdge]) -> Graph {
         let mut g = Graph::default();
-        for line in lines {
-            let Some((a, b, reason)) = parse_line(line) else {
-                g.skipped += 1;
-                continue;
-            };
-            let from = g.node(&a);
-            let to = g.node(&b);
-            g.edges.push(Edge { from, to, reason });
+        for edge in wait_for {
+            let from = g.node(&edge.from);
+            let to = g.node(&edge.to);
+            g.edges.push(Edge { from, to, reason: edge.reason.to_string() });
         }
         g
     }
 
-    pub(super) fn node(&mut self, name: &str) -> usize {
-        match self.names.iter().position(|n| n == name) {
+    fn node(&mut self, node: &WaitNode) -> usize {
+        match self.nodes.iter().position(|n| n == node) {
             Some(i) => i,
             None => {
-                self.names.push(name.to_string());
-                self.names.len() - 1
+                self.nodes.push(node.clone());
+                self.names.push(node.to_string());
+                self.nodes.len() - 1
             }
         }
     }

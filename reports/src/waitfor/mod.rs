@@ -29,47 +29,108 @@ mod layout;
 
 use draw::WaitFor;
 
+/// Nodes and edges as the simulator builds them (decode engine D0 at step 1), for the tests.
 #[cfg(test)]
-mod tests {
-    use super::graph::*;
-    use super::layout::*;
+pub(crate) mod nodes {
+    use pdkv_core::ids::{EngineId, RankId};
+    use pdkv_core::ports::SessionKey;
+    use pdkv_sim::waitfor::{Collective, WaitEdge, WaitNode, WaitReason};
 
-    fn lines(list: &[&str]) -> Vec<String> {
-        list.iter().map(|s| s.to_string()).collect()
+    /// The TP collective of D0's step 1.
+    pub(crate) fn collective() -> WaitNode {
+        WaitNode::Collective { op: Collective::TpCollective, engine: EngineId::decode(0), step: 1 }
     }
 
+    /// Decode rank D0.dp0.tp`tp`.
+    pub(crate) fn rank(tp: u16) -> WaitNode {
+        WaitNode::Rank { rank: RankId::new(EngineId::decode(0), 0, tp) }
+    }
+
+    /// The handshake listener of prefill rank P0.dp0.tp`tp`.
+    pub(crate) fn listener(tp: u16) -> WaitNode {
+        WaitNode::HandshakeListener { rank: RankId::new(EngineId::prefill(0), 0, tp) }
+    }
+
+    /// The step error of decode rank D0.dp0.tp`tp`.
+    pub(crate) fn step_error(tp: u16) -> WaitNode {
+        WaitNode::StepError { rank: RankId::new(EngineId::decode(0), 0, tp) }
+    }
+
+    /// The MIN vote of D0's group 0 at step 1.
+    pub(crate) fn vote() -> WaitNode {
+        WaitNode::Vote { engine: EngineId::decode(0), group: 0, step: 1 }
+    }
+
+    /// A handshake a rank is blocked on, with the session key of `tp`'s listener.
+    pub(crate) fn blocked(tp: u16) -> WaitReason {
+        WaitReason::BlockedOnHandshake { session: SessionKey(format!("prefill-0:6301_dp0_tp{tp}")) }
+    }
+
+    pub(crate) fn edge(from: WaitNode, to: WaitNode, reason: WaitReason) -> WaitEdge {
+        WaitEdge { from, to, reason }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use pdkv_sim::waitfor::{WaitNode, WaitReason};
+
+    use super::graph::*;
+    use super::layout::*;
+    use super::nodes::*;
+
+    /// A graph of `pairs`, each waiting for the next for a reason the layout does not look at.
+    fn graph(pairs: &[(WaitNode, WaitNode)]) -> Graph {
+        let edges: Vec<_> =
+            pairs.iter().map(|(a, b)| edge(a.clone(), b.clone(), WaitReason::NotArrived)).collect();
+        Graph::new(&edges)
+    }
+
+    /// Nodes are numbered in order of first mention, once each however often they are met;
+    /// edges keep the hang's order and carry their reason's label.
     #[test]
-    fn lines_parse_with_and_without_reasons() {
-        assert_eq!(
-            parse_line("D0.dp0.tp3 -> P0.dp0.tp3 handshake listener (blocked on handshake p-0:6301_dp0_tp3)"),
-            Some((
-                "D0.dp0.tp3".to_string(),
-                "P0.dp0.tp3 handshake listener".to_string(),
-                "blocked on handshake p-0:6301_dp0_tp3".to_string()
-            ))
+    fn graphs_number_nodes_by_first_mention() {
+        fn check(edges: &[pdkv_sim::waitfor::WaitEdge], names: &[&str], expected: &[(usize, usize, &str)]) {
+            let g = Graph::new(edges);
+            assert_eq!(g.names, names);
+            assert_eq!(g.nodes.len(), g.names.len());
+            let got: Vec<(usize, usize, &str)> =
+                g.edges.iter().map(|e| (e.from, e.to, e.reason.as_str())).collect();
+            assert_eq!(got, expected);
+        }
+        check(&[], &[], &[]);
+        check(
+            &[edge(collective(), rank(3), WaitReason::NotArrived), edge(rank(3), listener(3), blocked(3))],
+            &["TP collective D0 step 1", "D0.dp0.tp3", "P0.dp0.tp3 handshake listener"],
+            &[(0, 1, "not arrived"), (1, 2, "blocked on handshake prefill-0:6301_dp0_tp3")],
         );
-        assert_eq!(
-            parse_line("a -> b (waits (really) long)"),
-            Some(("a".to_string(), "b".to_string(), "waits (really) long".to_string()))
+        check(
+            &[
+                edge(rank(0), vote(), WaitReason::WaitingForMinVote),
+                edge(vote(), rank(1), WaitReason::HasNotVoted),
+                edge(rank(2), vote(), WaitReason::WaitingForMinVote),
+                edge(rank(1), rank(1), WaitReason::RaisedOutOfStep),
+            ],
+            &["D0.dp0.tp0", "vote D0 group 0 step 1", "D0.dp0.tp1", "D0.dp0.tp2"],
+            &[
+                (0, 1, "waiting for the MIN vote"),
+                (1, 2, "has not voted"),
+                (3, 1, "waiting for the MIN vote"),
+                (2, 2, "raised out of the step (worker-local failure)"),
+            ],
         );
-        assert_eq!(parse_line("a -> b"), Some(("a".to_string(), "b".to_string(), String::new())));
-        assert_eq!(parse_line("a -> (x)"), Some(("a".to_string(), "(x)".to_string(), String::new())));
-        assert_eq!(parse_line("no arrow here"), None);
-        assert_eq!(parse_line(" -> b (x)"), None);
-        let g = Graph::parse(&lines(&["a -> b (x)", "junk", "b -> a (y)"]));
-        assert_eq!(g.names, lines(&["a", "b"]));
-        assert_eq!(g.skipped, 1);
     }
 
     #[test]
     fn columns_follow_the_longest_path() {
-        let g = Graph::parse(&lines(&[
-            "coll -> r0 (not arrived)",
-            "coll -> r1 (not arrived)",
-            "r1 -> listener (blocked)",
-            "r0 -> vote (waiting)",
-            "vote -> r1 (has not voted)",
-        ]));
+        let (coll, r0, r1, listener, vote) = (collective(), rank(0), rank(1), listener(1), vote());
+        let g = graph(&[
+            (coll.clone(), r0.clone()),
+            (coll, r1.clone()),
+            (r1.clone(), listener),
+            (r0, vote.clone()),
+            (vote, r1),
+        ]);
         let layout = Layout::new(&g);
         // coll 0; r0 1; vote 2; r1 3 (coll -> r0 -> vote -> r1); listener 4.
         assert_eq!(layout.column_of, vec![0, 1, 3, 4, 2]);
@@ -81,19 +142,20 @@ mod tests {
 
     #[test]
     fn cycle_members_share_a_column() {
-        let g = Graph::parse(&lines(&[
-            "w -> a (x)",
-            "a -> b (y)",
-            "b -> c (z)",
-            "c -> a (back)",
-            "c -> end (q)",
-        ]));
+        let (w, a, b, c, end) = (collective(), rank(0), rank(1), rank(2), step_error(2));
+        let g = graph(&[
+            (w.clone(), a.clone()),
+            (a.clone(), b.clone()),
+            (b.clone(), c.clone()),
+            (c.clone(), a.clone()),
+            (c.clone(), end.clone()),
+        ]);
         let layout = Layout::new(&g);
-        let col = |name: &str| layout.column_of[g.names.iter().position(|n| n == name).unwrap()];
-        assert_eq!((col("w"), col("a"), col("b"), col("c"), col("end")), (0, 1, 1, 1, 2));
+        let col = |node: &WaitNode| layout.column_of[g.nodes.iter().position(|n| n == node).unwrap()];
+        assert_eq!((col(&w), col(&a), col(&b), col(&c), col(&end)), (0, 1, 1, 1, 2));
         assert_eq!(layout.cyclic, vec![false, true, true, true, false]);
         assert_eq!(layout.paths[1], Vec::<Item>::new());
-        let solo = Layout::new(&Graph::parse(&lines(&["x -> x (self)"])));
+        let solo = Layout::new(&graph(&[(rank(0), rank(0))]));
         assert_eq!(solo.cyclic, vec![true]);
     }
 

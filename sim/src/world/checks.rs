@@ -2,10 +2,10 @@
 //! which failed requests a fault excuses.
 
 use pdkv_core::group::StepReport;
-use pdkv_core::ids::TpRank;
+use pdkv_core::ids::{EngineId, TpRank};
 
 use crate::result::{Hang, Violation, ViolationKind};
-use crate::waitfor::WaitFor;
+use crate::waitfor::{Collective, WaitFor, WaitNode, WaitReason};
 
 use super::clients::Req;
 use super::decode::UnitState;
@@ -36,8 +36,9 @@ impl World {
         let mut graph = WaitFor::default();
         let engine = self.units[unit].engine;
         let layout = self.d.decode[engine];
-        let what = if layout.ep && layout.dp > 1 { "EP all-to-all" } else { "TP collective" };
-        let collective = format!("{what} D{engine} step {step}");
+        let op = if layout.ep && layout.dp > 1 { Collective::EpAllToAll } else { Collective::TpCollective };
+        let engine_id = EngineId::decode(engine as u16);
+        let collective = WaitNode::Collective { op, engine: engine_id, step };
         let mut ranks = Vec::new();
         for &g in &self.units[unit].groups {
             let barrier = &self.dgroups[g].barrier;
@@ -46,33 +47,37 @@ impl World {
                 if report.is_some_and(StepReport::enters_forward) {
                     continue;
                 }
-                let rank = self.d_ranks[w].to_string();
-                ranks.push(rank.clone());
-                graph.edge(&collective, &rank, "not arrived");
+                let rank = self.d_ranks[w];
+                ranks.push(rank.to_string());
+                graph.edge(collective.clone(), WaitNode::Rank { rank }, WaitReason::NotArrived);
                 if report == Some(StepReport::Raised) {
                     graph.edge(
-                        &rank,
-                        &format!("{rank} step error"),
-                        "raised out of the step (worker-local failure)",
+                        WaitNode::Rank { rank },
+                        WaitNode::StepError { rank },
+                        WaitReason::RaisedOutOfStep,
                     );
                 }
                 for (session, target) in self.dworkers[w].waiting_sessions() {
-                    let listener = format!("{target} handshake listener");
-                    graph.edge(&rank, &listener, &format!("blocked on handshake {session}"));
+                    graph.edge(
+                        WaitNode::Rank { rank },
+                        WaitNode::HandshakeListener { rank: target },
+                        WaitReason::BlockedOnHandshake { session },
+                    );
                 }
             }
         }
         // Workers waiting for a group vote wait for the workers that have not voted yet.
         for &g in &self.units[unit].groups {
             let Some(open) = self.dgroups[g].barrier.open_vote().filter(|v| v.step == step) else { continue };
-            let vote = format!("vote D{engine} group {g} step {step}");
-            let worker =
-                |member: TpRank| self.d_ranks[self.dgroups[g].workers[usize::from(member.0)]].to_string();
+            let vote = WaitNode::Vote { engine: engine_id, group: g, step };
+            let worker = |member: TpRank| WaitNode::Rank {
+                rank: self.d_ranks[self.dgroups[g].workers[usize::from(member.0)]],
+            };
             for &member in &open.voted {
-                graph.edge(&worker(member), &vote, "waiting for the MIN vote");
+                graph.edge(worker(member), vote.clone(), WaitReason::WaitingForMinVote);
             }
             for &member in &open.missing {
-                graph.edge(&vote, &worker(member), "has not voted");
+                graph.edge(vote.clone(), worker(member), WaitReason::HasNotVoted);
             }
         }
         let waited = self.now - began;
@@ -80,11 +85,11 @@ impl World {
             t_ms: ms(self.now),
             what: format!("{collective} waited {} s (timeout)", ms(waited) / 1e3),
             ranks,
-            wait_for: graph.lines(),
+            wait_for: graph.edges(),
             cycle: graph.cycle(),
             dot: graph.dot(),
         });
-        trace!(self, "check", "hang", collective, None, format!("waited {} ms", ms(waited)));
+        trace!(self, "check", "hang", collective.to_string(), None, format!("waited {} ms", ms(waited)));
         self.stopped = true;
     }
 

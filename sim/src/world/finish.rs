@@ -6,7 +6,7 @@ use crate::nic::BUCKET_NS;
 use crate::result::{percentiles, round3, Hang, Ledger, NicStats, RunResult, Summary};
 use crate::scenario::Outcome;
 use crate::trace::TraceRecord;
-use crate::waitfor::WaitFor;
+use crate::waitfor::{WaitFor, WaitNode, WaitReason};
 
 use super::{ms, ms_ns, Run, World, MAX_TRACE_RECORDS};
 
@@ -134,20 +134,20 @@ impl World {
             let mut ranks = Vec::new();
             for (w, worker) in self.dworkers.iter().enumerate() {
                 for (session, target) in worker.waiting_sessions() {
-                    let rank = self.d_ranks[w].to_string();
+                    let rank = self.d_ranks[w];
                     graph.edge(
-                        &rank,
-                        &format!("{target} handshake listener"),
-                        &format!("handshake {session}"),
+                        WaitNode::Rank { rank },
+                        WaitNode::HandshakeListener { rank: target },
+                        WaitReason::Handshake { session },
                     );
-                    ranks.push(rank);
+                    ranks.push(rank.to_string());
                 }
             }
             self.hangs.push(Hang {
                 t_ms: ms(now),
                 what: format!("{} requests never finished by the end of the run", result.requests.unfinished),
                 ranks,
-                wait_for: graph.lines(),
+                wait_for: graph.edges(),
                 cycle: graph.cycle(),
                 dot: graph.dot(),
             });
