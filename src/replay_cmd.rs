@@ -4,7 +4,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
+use pdkv_sim::scenario::FORMAT_VERSION;
 use pdkv_sim::{RunOptions, RunResult};
+use serde::Deserialize;
 
 const EXAMPLES: &str = "\
 Examples:
@@ -79,5 +81,22 @@ const MAX_RESULT_BYTES: u64 = 256 << 20;
 fn read(args: &ReplayArgs) -> Result<RunResult, String> {
     let text = pdkv_sim::load::read_capped(&args.result, MAX_RESULT_BYTES)
         .map_err(|e| format!("cannot read {}: {e}", args.result.display()))?;
-    serde_json::from_str(&text).map_err(|e| format!("{}: not a pdkv result: {e}", args.result.display()))
+    let shown = args.result.display();
+    // The version is read on its own first, so a result of another format version is named as
+    // such instead of failing on whichever field changed shape.
+    let header: Header =
+        serde_json::from_str(&text).map_err(|e| format!("{shown}: not a pdkv result: {e}"))?;
+    if header.version != FORMAT_VERSION {
+        return Err(format!(
+            "{shown}: result format version {}, but this pdkv reads version {FORMAT_VERSION}; rerun its scenario with `pdkv run`",
+            header.version
+        ));
+    }
+    serde_json::from_str(&text).map_err(|e| format!("{shown}: not a pdkv result: {e}"))
+}
+
+/// The one field every result format version has.
+#[derive(Deserialize)]
+struct Header {
+    version: u32,
 }

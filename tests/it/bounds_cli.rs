@@ -116,6 +116,8 @@ fn replay_refuses_a_doctored_result() {
         ),
         ("nic_gb_s: 48.0", "nic_gb_s: 1e-15", "hardware.nic_gb_s`: must be between 1e-6 and 1e9, got 1e-15"),
     ];
+    let version = format!("\"version\": {}", pdkv_sim::scenario::FORMAT_VERSION);
+    let older = "result format version 1, but this pdkv reads version";
     let padding = format!("description: \\\"{}\\\",", "x".repeat(1 << 20));
     let table = [
         table[0],
@@ -126,6 +128,7 @@ fn replay_refuses_a_doctored_result() {
             padding.as_str(),
             "(scenario_ron): the scenario is larger than 1048576 bytes",
         ),
+        (version.as_str(), "\"version\": 1", older),
     ];
     for (from, to, says) in table {
         assert!(result.contains(from), "result.json lacks `{from}`");
