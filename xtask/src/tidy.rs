@@ -319,6 +319,18 @@ pub fn check_file(rel: &Path, text: &str) -> Vec<String> {
                 "{shown}:{n}: legacy options are read only by `Policy::from` (core/src/policy.rs); take the policy's field instead"
             ));
         }
+        // A file's imports say what it depends on: a glob of the workspace's own modules hides
+        // that (and let split files lean on their parent's imports). Tests (`tests.rs`, and the
+        // indented `use super::*;` of a `mod tests`) and external preludes are exempt.
+        let is_test_file = rel.file_name().is_some_and(|name| name == "tests.rs");
+        let own_glob = code.starts_with("use ")
+            && code.trim_end().ends_with("::*;")
+            && ["use super::", "use crate::", "use self::"].iter().any(|p| code.starts_with(p));
+        if own_glob && !is_test_file {
+            problems.push(format!(
+                "{shown}:{n}: import the names this file uses instead of a glob of a workspace module"
+            ));
+        }
         // The tidy module names the markers it looks for; skip its own constant.
         if !rel.ends_with("tidy.rs") {
             for word in TEST_FORBIDDEN {
@@ -398,6 +410,11 @@ mod tests {
         check("core/src/decode.rs", "//! Doc.\nif self.legacy.has(Legacy::LazyHandshake) {}\n", 1);
         check("sim/src/world/build.rs", "//! Doc.\nlet lazy = legacy.has(Legacy::LazyHandshake);\n", 1);
         check("core/src/policy.rs", "//! Doc.\nlazy: legacy.has(Legacy::LazyHandshake),\n", 0);
+        check("backend-rdma/src/cluster/procs.rs", "//! Doc.\nuse super::*;\n", 1);
+        check("reports/src/waitfor/draw.rs", "//! Doc.\nuse super::graph::*;\nuse crate::x::*;\n", 2);
+        check("backend-rdma/src/cluster/tests.rs", "//! Doc.\nuse super::*;\n", 0);
+        check("sim/src/world/decode.rs", "//! Doc.\nmod tests {\n    use super::*;\n}\n", 0);
+        check("reports/src/nic.rs", "//! Doc.\nuse plotters::prelude::*;\n", 0);
         check("core/src/decode.rs", "//! Doc.\nif policy.handshake == HandshakeMode::Lazy {}\n", 0);
     }
 

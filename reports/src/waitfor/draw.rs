@@ -7,8 +7,8 @@ use pdkv_sim::result::Hang;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, VPos};
 
-use super::graph::*;
-use super::layout::*;
+use super::graph::{Edge, Graph};
+use super::layout::{inside_edges, label_specs, Anchor, Inside, Item, Layout, Spec, LOOP_STEP};
 use crate::render::{
     dashed_h, dashed_v, fit, legend_row, note, style, text, text_width, title, wrap, Area, Drawn, Msg,
     Picture, Swatch, ALERT, GRID, INK, MUTED, SUBTITLE,

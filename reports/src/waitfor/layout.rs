@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::graph::*;
+use super::graph::{components, Graph};
 
 /// A slot in a column: a node, or the `k`th bend of a long edge.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]

@@ -10,7 +10,7 @@ use crate::error::ReportError;
 use crate::render::render;
 
 /// For a hang of the run titled `run` ([`pdkv_sim::RunResult::title`]): writes
-/// wait_for_<i>.png/.svg (the graph drawn as boxes and arrows) and wait_for_<i>.dot (hang.dot
+/// `wait_for_<i>.png`/`.svg` (the graph drawn as boxes and arrows) and `wait_for_<i>.dot` (hang.dot
 /// as is). An arrow `a → b` means a waits for b, labelled with the reason; members of
 /// `hang.cycle` are red and boxed as "cycle"; nodes that wait for nothing (where the waits end)
 /// are orange. Returns the paths written: PNG, SVG, then DOT.
