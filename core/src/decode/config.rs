@@ -7,7 +7,7 @@ use crate::topology::{Layout, ModelSpec};
 
 /// Requests one worker holds at once; a step that would exceed it fails those requests.
 pub const MAX_WORKER_REQUESTS: usize = 65_536;
-/// Remote sessions one worker keeps.
+/// Remote sessions one worker keeps; a request whose source would need one more fails.
 pub const MAX_WORKER_SESSIONS: usize = 4096;
 
 /// Whether a request's KV is read one layer at a time or all at once.

@@ -10,7 +10,7 @@ use crate::ports::{PortError, SessionKey};
 use crate::routing::RoutingError;
 use crate::time::NS_PER_MS;
 
-use super::MAX_WORKER_REQUESTS;
+use super::{MAX_WORKER_REQUESTS, MAX_WORKER_SESSIONS};
 
 /// Why a whole step failed on this worker.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -80,6 +80,9 @@ pub enum RecvError {
     },
     /// The worker holds [`MAX_WORKER_REQUESTS`] already.
     TooManyRequests,
+    /// The request's source rank is one the worker has no session with, and it keeps
+    /// [`MAX_WORKER_SESSIONS`] already.
+    TooManySessions,
 }
 
 impl fmt::Display for RecvError {
@@ -102,6 +105,12 @@ impl fmt::Display for RecvError {
                 write!(f, "KV not received within {} ms", waited_ns / NS_PER_MS)
             }
             RecvError::TooManyRequests => write!(f, "more than {MAX_WORKER_REQUESTS} requests queued"),
+            RecvError::TooManySessions => {
+                write!(
+                    f,
+                    "no room for a session with the source rank: {MAX_WORKER_SESSIONS} sessions kept already"
+                )
+            }
         }
     }
 }

@@ -61,7 +61,11 @@ impl DecodeWorker {
                 else {
                     continue;
                 };
-                self.ensure_session(&target, &address);
+                if self.ensure_session(&target, &address).is_err() {
+                    // No room for a session with a rank no request reads (the ranks read were
+                    // registered when their requests were routed): it is left out of the queue.
+                    continue;
+                }
                 let key = target.session;
                 if !queue.contains(&key) && self.sessions[&key].state.session().is_none() {
                     queue.push_back(key);

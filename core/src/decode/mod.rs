@@ -55,6 +55,8 @@ mod reads;
 mod route;
 mod state;
 mod step;
+#[cfg(test)]
+mod tests;
 mod tick;
 
 use std::collections::BTreeMap;

@@ -90,7 +90,8 @@ impl DecodeWorker {
         } else {
             address.dial(remote, notify_rank, ListenerKind::Notify).map_err(RecvError::Port)?
         };
-        self.ensure_session(&target, address);
+        // A held request's session is always known: every step indexes the sessions by it.
+        self.ensure_session(&target, address)?;
         Ok(Recv {
             transfer_id,
             target,
@@ -119,10 +120,19 @@ impl DecodeWorker {
         out.push(DecodeAction::RequestFailed { request, error });
     }
 
-    /// Registers the session of `target` if the worker does not know it yet.
-    pub(super) fn ensure_session(&mut self, target: &ReadTarget, address: &EngineAddress) {
-        if self.sessions.contains_key(&target.session) || self.sessions.len() >= MAX_WORKER_SESSIONS {
-            return;
+    /// Registers the session of `target` if the worker does not know it yet; fails when that
+    /// would pass [`MAX_WORKER_SESSIONS`]. Sessions are never dropped (a stale one is only reset),
+    /// so once this succeeded the session stays known.
+    pub(super) fn ensure_session(
+        &mut self,
+        target: &ReadTarget,
+        address: &EngineAddress,
+    ) -> Result<(), RecvError> {
+        if self.sessions.contains_key(&target.session) {
+            return Ok(());
+        }
+        if self.sessions.len() >= MAX_WORKER_SESSIONS {
+            return Err(RecvError::TooManySessions);
         }
         let entry = SessionEntry {
             rank: target.source,
@@ -134,5 +144,6 @@ impl DecodeWorker {
             state: HandshakeState::Idle,
         };
         self.sessions.insert(target.session.clone(), entry);
+        Ok(())
     }
 }
