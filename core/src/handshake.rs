@@ -44,6 +44,10 @@ pub enum HandshakeError {
         /// The engine id the reply carried.
         got: String,
     },
+    /// The session was complete, but a read through it failed (with this reason): it may be
+    /// stale (the remote rank restarted and its memory keys are gone), so it was invalidated and
+    /// the next step that needs the rank dials again. No dial failed.
+    Invalidated(String),
 }
 
 impl fmt::Display for HandshakeError {
@@ -55,6 +59,9 @@ impl fmt::Display for HandshakeError {
             HandshakeError::Transport(reason) => write!(f, "handshake dial failed: {reason}"),
             HandshakeError::WrongEngine { expected, got } => {
                 write!(f, "dialled engine {expected} but {got} answered")
+            }
+            HandshakeError::Invalidated(reason) => {
+                write!(f, "session invalidated after a failed read: {reason}")
             }
         }
     }
@@ -94,7 +101,8 @@ pub enum HandshakeState {
     },
     /// Both parts arrived: reads may use this session.
     Complete(Session),
-    /// The last dial failed; a later dial retries.
+    /// The last dial failed, or the session was invalidated after a failed read; a later dial
+    /// retries.
     Failed {
         /// Why it failed.
         error: HandshakeError,
@@ -187,7 +195,7 @@ pub enum HandshakeOutput {
     SendRequest,
     /// The session became complete.
     Completed,
-    /// The dial failed with this error.
+    /// The dial failed, or the complete session was invalidated, with this error.
     Failed(HandshakeError),
     /// The event does not apply in this state (a late or duplicated reply); it was ignored.
     Ignored,
@@ -250,9 +258,7 @@ pub fn step(
             S::Dialing { .. } | S::GotMetadata { .. } | S::GotDescriptors { .. },
             E::TransportFailed(reason),
         ) => fail(HandshakeError::Transport(reason)),
-        (S::Complete(_), E::ReadFailed(reason)) => {
-            fail(HandshakeError::Transport(format!("read failed: {reason}")))
-        }
+        (S::Complete(_), E::ReadFailed(reason)) => fail(HandshakeError::Invalidated(reason)),
         (state @ (S::Dialing { .. } | S::GotMetadata { .. } | S::GotDescriptors { .. }), E::Tick) => {
             match state.deadline() {
                 Some(deadline) if now >= deadline => {
@@ -403,10 +409,22 @@ mod tests {
         let (complete, _) = step(got, HandshakeEvent::Descriptors(vec![]), Instant(2), &p);
         let read_failed = HandshakeEvent::ReadFailed("remote access error".into());
         let (s, out) = step(complete, read_failed.clone(), Instant(3), &p);
-        let error = HandshakeError::Transport("read failed: remote access error".into());
+        let error = HandshakeError::Invalidated("remote access error".into());
         assert_eq!(out, HandshakeOutput::Failed(error.clone()));
         assert_eq!(s, HandshakeState::Failed { error, at: Instant(3) });
         let (s, out) = step(dialing.clone(), read_failed, Instant(3), &p);
         assert_eq!((s, out), (dialing, HandshakeOutput::Ignored));
+    }
+
+    /// A session dropped after a failed read says what happened: a read through it failed and
+    /// it was invalidated. No dial was involved, so the text must not blame one.
+    #[test]
+    fn a_session_dropped_after_a_failed_read_says_so() {
+        let session = Session { metadata: metadata(), layers: vec![], completed_at: Instant(2) };
+        let read_failed = HandshakeEvent::ReadFailed("remote access error".into());
+        let (s, out) = step(HandshakeState::Complete(session), read_failed, Instant(3), &params(Some(100)));
+        let HandshakeOutput::Failed(error) = out else { panic!("a failed read fails the session: {out:?}") };
+        assert_eq!(error.to_string(), "session invalidated after a failed read: remote access error");
+        assert_eq!(s, HandshakeState::Failed { error, at: Instant(3) });
     }
 }

@@ -38,229 +38,25 @@
 //! Under [`Legacy::LazyHandshake`] there is no vote: each worker reports ready once its blocking
 //! handshakes are done, and a worker that raises alone leaves the step without its forward, the
 //! divergence the barrier exists to prevent.
+//!
+//! # Layout
+//!
+//! This file holds the node (`DecodeGroup`, `handle`) and its transition table; `messages` its
+//! public value types (a worker's report, events, actions, why an input was ignored, the open
+//! vote); `lazy` the legacy lazy handshake's rules for a vote and a report, which the fixed
+//! barrier asks at one point each.
+
+mod lazy;
+mod messages;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
 
-use crate::decode::StepError;
 use crate::ids::TpRank;
 #[cfg(doc)]
 use crate::legacy::Legacy;
 use crate::policy::HandshakeMode;
 
-/// How a worker's step ended, as its group sees it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum StepReport {
-    /// The worker is ready and enters the forward collective.
-    Ready,
-    /// The step failed for the whole group (it voted no); the worker still enters the forward
-    /// pass, together with its peers.
-    FailedWithGroup,
-    /// The step failed on this worker alone (a lazy handshake): it raises and never enters the
-    /// collective its peers may be waiting in.
-    Raised,
-}
-
-impl StepReport {
-    /// The report of a worker whose step failed with `error`.
-    pub fn failed(error: &StepError) -> StepReport {
-        match error {
-            StepError::GroupHandshakeFailed { .. } => StepReport::FailedWithGroup,
-            StepError::Handshake { .. } => StepReport::Raised,
-        }
-    }
-
-    /// Whether the worker enters the step's forward collective.
-    pub fn enters_forward(self) -> bool {
-        matches!(self, StepReport::Ready | StepReport::FailedWithGroup)
-    }
-}
-
-/// An input to the group.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum GroupEvent {
-    /// The scheduler begins `step` (before any worker hears of it).
-    StepBegin {
-        /// The step, after every step admitted before.
-        step: u64,
-    },
-    /// A worker's vote ([`DecodeAction::CastVote`](crate::decode::DecodeAction::CastVote)).
-    Vote {
-        /// The voter.
-        member: TpRank,
-        /// The step voted on.
-        step: u64,
-        /// Whether the voter's handshakes all completed.
-        ok: bool,
-    },
-    /// A worker reported its step.
-    StepReport {
-        /// The worker.
-        member: TpRank,
-        /// The step.
-        step: u64,
-        /// How the step ended on the worker.
-        report: StepReport,
-    },
-    /// A member is gone for good (its process died or stopped answering).
-    MemberLost {
-        /// The member.
-        member: TpRank,
-    },
-}
-
-/// Why an input changed nothing.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Ignored {
-    /// A step number not after the last admitted one.
-    StepNotAfter {
-        /// The step asked for.
-        step: u64,
-        /// The last step admitted.
-        last: u64,
-    },
-    /// A step began before the last one reached its forward.
-    StepInProgress {
-        /// The step asked for.
-        step: u64,
-        /// The step still in progress.
-        current: u64,
-    },
-    /// A step began after a member was lost: its collectives can never complete.
-    GroupBroken {
-        /// The step asked for.
-        step: u64,
-        /// The first member lost.
-        lost: TpRank,
-    },
-    /// The TP rank is not in the group.
-    NotMember {
-        /// The rank.
-        member: TpRank,
-    },
-    /// The member was lost already.
-    LostMember {
-        /// The member.
-        member: TpRank,
-    },
-    /// A vote or report for a step the group has left.
-    PastStep {
-        /// The sender.
-        member: TpRank,
-        /// The step it named.
-        step: u64,
-        /// The step the group is on.
-        current: u64,
-    },
-    /// A vote or report for a step the group has not begun.
-    UnknownStep {
-        /// The sender.
-        member: TpRank,
-        /// The step it named.
-        step: u64,
-    },
-    /// The member voted on this step already; its first ballot counts.
-    DuplicateVote {
-        /// The voter.
-        member: TpRank,
-        /// The step.
-        step: u64,
-    },
-    /// The group takes no vote ([`Legacy::LazyHandshake`]).
-    NoVote {
-        /// The voter.
-        member: TpRank,
-        /// The step.
-        step: u64,
-    },
-    /// The member reported this step already.
-    DuplicateReport {
-        /// The worker.
-        member: TpRank,
-        /// The step.
-        step: u64,
-    },
-    /// The report contradicts the group's decision: ready after a no (or before the vote),
-    /// failed with the group after a yes (or without a vote).
-    AgainstDecision {
-        /// The worker.
-        member: TpRank,
-        /// The step.
-        step: u64,
-        /// What it reported.
-        report: StepReport,
-        /// The group's MIN, if decided.
-        decision: Option<bool>,
-    },
-}
-
-impl fmt::Display for Ignored {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Ignored::StepNotAfter { step, last } => write!(f, "step {step} is not after step {last}"),
-            Ignored::StepInProgress { step, current } => {
-                write!(f, "step {step} began before step {current} reached its forward")
-            }
-            Ignored::GroupBroken { step, lost } => write!(f, "step {step} began after {lost} was lost"),
-            Ignored::NotMember { member } => write!(f, "{member} is not in the group"),
-            Ignored::LostMember { member } => write!(f, "{member} was lost"),
-            Ignored::PastStep { member, step, current } => {
-                write!(f, "{member} named step {step}, but the group is on step {current}")
-            }
-            Ignored::UnknownStep { member, step } => {
-                write!(f, "{member} named step {step}, which the group has not begun")
-            }
-            Ignored::DuplicateVote { member, step } => write!(f, "{member} voted on step {step} already"),
-            Ignored::NoVote { member, step } => {
-                write!(f, "{member} voted on step {step}, but the lazy handshake takes no vote")
-            }
-            Ignored::DuplicateReport { member, step } => {
-                write!(f, "{member} reported step {step} already")
-            }
-            Ignored::AgainstDecision { member, step, report, decision } => {
-                let decided = match decision {
-                    Some(true) => "voted ok",
-                    Some(false) => "voted no",
-                    None => "has not decided",
-                };
-                write!(f, "{member} reported step {step} {report:?}, but the group {decided}")
-            }
-        }
-    }
-}
-
-/// What the group asks its driver to do.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum GroupAction {
-    /// Tell `member` the MIN of the group's votes on `step`, as its
-    /// [`DecodeEvent::VoteResult`](crate::decode::DecodeEvent::VoteResult).
-    VoteResult {
-        /// The member told.
-        member: TpRank,
-        /// The step.
-        step: u64,
-        /// True when every member voted ok.
-        ok: bool,
-    },
-    /// Every member entered the forward pass of `step`: run it; the next step may begin after.
-    Forward {
-        /// The step.
-        step: u64,
-    },
-    /// The input changed nothing.
-    Ignored(Ignored),
-}
-
-/// The vote of the current step while it is open: some member voted and not every one yet.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct OpenVote {
-    /// The step.
-    pub step: u64,
-    /// Members that voted (a lost member counts as a no vote), in TP order.
-    pub voted: Vec<TpRank>,
-    /// Members that have not, in TP order.
-    pub missing: Vec<TpRank>,
-}
+pub use messages::{GroupAction, GroupEvent, Ignored, OpenVote, StepReport};
 
 /// One step: its ballots, its decision and who entered its forward.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -426,11 +222,10 @@ impl DecodeGroup {
         ok: bool,
         out: &mut Vec<GroupAction>,
     ) -> Result<(), Ignored> {
-        let lazy = self.lazy;
-        let round = self.round_for(member, step)?;
-        if lazy {
-            return Err(Ignored::NoVote { member, step });
+        if self.lazy {
+            return self.lazy_vote(member, step);
         }
+        let round = self.round_for(member, step)?;
         if round.ballots.contains_key(&member) {
             return Err(Ignored::DuplicateVote { member, step });
         }
@@ -469,7 +264,8 @@ impl DecodeGroup {
         // A worker enters the forward only as its group decided: a member that went on while
         // its peers failed (or the reverse) would wait in the collective alone.
         let agrees = match report {
-            StepReport::Ready => round.decision == Some(true) || lazy,
+            _ if lazy => Self::lazy_report_stands(report),
+            StepReport::Ready => round.decision == Some(true),
             StepReport::FailedWithGroup => round.decision == Some(false),
             StepReport::Raised => true,
         };
@@ -491,10 +287,14 @@ impl DecodeGroup {
         if !self.lost.insert(member) {
             return Err(Ignored::LostMember { member });
         }
+        if self.lazy {
+            // A lazy group takes no vote: there is no ballot to turn into a no.
+            return Ok(());
+        }
         // A dead member votes no, as a failed collective would: its ballot (even an ok cast
         // before it died) becomes a no, and the group decides once its live peers have voted.
         if let Some(round) = &mut self.round {
-            if !self.lazy && round.decision.is_none() {
+            if round.decision.is_none() {
                 round.ballots.insert(member, false);
                 self.maybe_decide(out);
             }
@@ -596,6 +396,7 @@ pub fn transition_table() -> Vec<GroupRow> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decode::StepError;
     use crate::handshake::HandshakeError;
     use crate::ports::SessionKey;
 

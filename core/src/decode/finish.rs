@@ -1,0 +1,79 @@
+//! A request's machine carried out: each transition of [`crate::recv`] applied to the worker's
+//! bookkeeping (aborting reads, draining), and a request's end: the release to its source and
+//! the report to the scheduler.
+
+use crate::ids::RequestId;
+use crate::recv::{self, RecvEvent, RecvOutput, RecvState};
+use crate::release::{Release, ReleaseSender};
+
+use super::state::RecvPhase;
+use super::{DecodeAction, DecodeWorker, RecvError};
+
+impl DecodeWorker {
+    /// Runs the request machine of [`crate::recv`] for one event whose effect on the request's
+    /// reads the caller has applied already, and carries out its output. `before` is the
+    /// machine's state before the event; `error` is why the request fails, for events that fail
+    /// it. Returns the machine's output.
+    pub(super) fn transition(
+        &mut self,
+        id: RequestId,
+        before: RecvState,
+        event: RecvEvent,
+        error: Option<RecvError>,
+        out: &mut Vec<DecodeAction>,
+    ) -> RecvOutput {
+        let (after, output) = recv::step(before, event, self.config.policy.drain);
+        let recv = self.requests.get_mut(&id).expect("transitions are of held requests");
+        match output {
+            RecvOutput::None | RecvOutput::Ignored | RecvOutput::PostReads => {}
+            RecvOutput::Abort => {
+                let in_flight = recv.phase.in_flight();
+                let error = error.expect("a failing event carries its error");
+                recv.phase = RecvPhase::Draining { in_flight, error };
+                out.push(DecodeAction::AbortReads { request: id });
+            }
+            RecvOutput::Release { received: true } => self.finish_request(id, None, out),
+            RecvOutput::Release { received: false } => {
+                let error = match &recv.phase {
+                    RecvPhase::Draining { error, .. } => error.clone(),
+                    _ => error.expect("a failing event carries its error"),
+                };
+                self.finish_request(id, Some(error), out);
+            }
+        }
+        // The worker's own bookkeeping must agree with the machine (the table is the spec).
+        match self.requests.get(&id) {
+            Some(recv) => debug_assert_eq!(recv.phase.machine(), after, "{id}: {before:?} + {event:?}"),
+            None => debug_assert_eq!(after, RecvState::Ended, "{id}: {before:?} + {event:?}"),
+        }
+        output
+    }
+
+    /// The request's reads all completed: release the source and report it received.
+    fn finish_request(&mut self, id: RequestId, error: Option<RecvError>, out: &mut Vec<DecodeAction>) {
+        let recv = self.requests.remove(&id).expect("caller checked");
+        out.push(DecodeAction::SendRelease {
+            rank: recv.notify_rank,
+            endpoint: recv.notify.clone(),
+            release: Release {
+                transfer_id: recv.transfer_id.clone(),
+                consumer_tp_size: Some(self.config.layout.tp),
+                sender: Some(ReleaseSender {
+                    engine_id: self.config.engine_id.clone(),
+                    dp_rank: self.config.rank.dp,
+                    tp_rank: self.config.rank.tp,
+                }),
+            },
+        });
+        match error {
+            None => out.push(DecodeAction::RequestReceived { request: id }),
+            Some(error) => {
+                out.push(DecodeAction::InvalidateBlocks {
+                    request: id,
+                    block_ids: recv.local_block_ids.to_vec(),
+                });
+                out.push(DecodeAction::RequestFailed { request: id, error });
+            }
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! The decode worker's own bookkeeping: the sessions it knows, the requests it holds (and the
+//! phase of each), the requests queued for a later step, and the step in progress. Each maps
+//! onto one of the core's pure machines, which the worker checks it agrees with.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+
+use crate::handshake::{HandshakeParams, HandshakeState};
+use crate::ids::{RankId, TransferId};
+use crate::ports::{Endpoint, EngineAddress, ReadTarget, SessionKey};
+use crate::recv::RecvState;
+use crate::step_machine::StepState;
+use crate::time::Instant;
+use crate::topology::Layout;
+
+use super::{ReadOp, RecvError};
+
+/// A session the worker knows: its handshake machine and where it points.
+#[derive(Clone, Debug, Hash)]
+pub(super) struct SessionEntry {
+    pub(super) rank: RankId,
+    pub(super) endpoint: Endpoint,
+    pub(super) params: HandshakeParams,
+    pub(super) state: HandshakeState,
+}
+
+/// Where one request is.
+#[derive(Clone, Debug, Hash)]
+pub(super) enum RecvPhase {
+    /// Waiting for its session (and, in eager mode, the step's vote).
+    AwaitingSession,
+    /// Reads posted; `outstanding` lists the layers (or `None`) not done yet; `ops` are the
+    /// reads as posted, kept for retries (the session may be dropped meanwhile by another
+    /// request's failed read, but these reads' memory keys were taken when they were posted).
+    Reading { outstanding: BTreeSet<Option<u16>>, retries: BTreeMap<Option<u16>, Retry>, ops: Vec<ReadOp> },
+    /// Failed with reads posted: they were aborted, and `in_flight` lists the ones whose answer
+    /// is still owed; the release (reporting `error`) waits for them.
+    Draining { in_flight: BTreeSet<Option<u16>>, error: RecvError },
+}
+
+impl RecvPhase {
+    /// The phase as the request machine of [`crate::recv`] sees it.
+    pub(super) fn machine(&self) -> RecvState {
+        match self {
+            RecvPhase::AwaitingSession => RecvState::AwaitingSession,
+            RecvPhase::Reading { outstanding, retries, .. } => {
+                let retrying = retries.values().filter(|r| r.due.is_some()).count();
+                RecvState::Reading {
+                    in_flight: (outstanding.len() - retrying) as u32,
+                    retrying: retrying as u32,
+                }
+            }
+            RecvPhase::Draining { in_flight, .. } => {
+                RecvState::Draining { in_flight: in_flight.len() as u32 }
+            }
+        }
+    }
+
+    /// Posted reads not answered yet (a read waiting for its retry is not posted).
+    pub(super) fn in_flight(&self) -> BTreeSet<Option<u16>> {
+        match self {
+            RecvPhase::AwaitingSession => BTreeSet::new(),
+            RecvPhase::Reading { outstanding, retries, .. } => outstanding
+                .iter()
+                .filter(|l| retries.get(*l).is_none_or(|r| r.due.is_none()))
+                .copied()
+                .collect(),
+            RecvPhase::Draining { in_flight, .. } => in_flight.clone(),
+        }
+    }
+}
+
+/// A read refused by a full send queue, waiting to be posted again.
+#[derive(Clone, Copy, Debug, Hash)]
+pub(super) struct Retry {
+    /// Refusals so far: each doubles the delay before the next post, up to the cap.
+    pub(super) attempts: u32,
+    /// When to post it again; `None` once posted.
+    pub(super) due: Option<Instant>,
+}
+
+/// A request the worker holds: where it reads, whom it releases, and where it is.
+#[derive(Clone, Debug, Hash)]
+pub(super) struct Recv {
+    pub(super) transfer_id: TransferId,
+    pub(super) target: ReadTarget,
+    pub(super) notify_rank: RankId,
+    pub(super) notify: Endpoint,
+    pub(super) remote_block_ids: Arc<[u32]>,
+    pub(super) local_block_ids: Arc<[u32]>,
+    /// The prefill layout the parameters announced, and where that engine listens.
+    pub(super) remote: Layout,
+    pub(super) address: EngineAddress,
+    pub(super) deadline: Instant,
+    pub(super) arrived: Instant,
+    pub(super) phase: RecvPhase,
+}
+
+/// A request queued by the engine: routed, its source leased until admission.
+#[derive(Clone, Debug, Hash)]
+pub(super) struct Waiting {
+    pub(super) recv: Recv,
+    /// When to send the next lease.
+    pub(super) renew_at: Instant,
+}
+
+/// What the worker is doing for the current step: the step machine of [`crate::step_machine`]
+/// with the sessions it counts.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(super) enum StepProgress {
+    /// No step in progress (the last one was reported).
+    Idle,
+    /// Eager: waiting for these sessions before voting.
+    Handshaking { step: u64, waiting: BTreeSet<SessionKey> },
+    /// Eager: vote cast, waiting for the group's result.
+    Voting { step: u64 },
+    /// Lazy: blocked in handshakes, dialling `queue` one at a time; its first is in flight.
+    Blocked { step: u64, queue: VecDeque<SessionKey> },
+}
+
+impl StepProgress {
+    /// The progress as the step machine sees it.
+    pub(super) fn machine(&self) -> StepState {
+        match self {
+            StepProgress::Idle => StepState::Idle,
+            StepProgress::Handshaking { step, waiting } => {
+                StepState::Handshaking { step: *step, waiting: waiting.len() as u32 }
+            }
+            StepProgress::Voting { step } => StepState::Voting { step: *step },
+            StepProgress::Blocked { step, queue } => {
+                StepState::Blocked { step: *step, left: queue.len() as u32 }
+            }
+        }
+    }
+}
