@@ -1,0 +1,397 @@
+//! The scripted tests' driver: a harness holding one deployment's nodes and delivering their
+//! messages only when a test says so, plus the toy model and handshake answers it uses.
+
+use std::collections::BTreeMap;
+
+use crate::decode::{
+    DecodeAction, DecodeConfig, DecodeEvent, DecodeWorker, ReadOp, ReadOutcome, RecvError, RecvRequest,
+    StepError,
+};
+use crate::group::{DecodeGroup, GroupAction, GroupEvent, StepReport};
+use crate::ids::{EngineId, RankId, RequestId, Role, TransferId};
+use crate::legacy::LegacyOptions;
+use crate::params::KvTransferParams;
+use crate::policy::Policy;
+use crate::ports::{AddressBook, SessionKey};
+use crate::prefill::{EngineAction, EngineEvent, PrefillEngine, PrefillWorker, WorkerAction, WorkerEvent};
+use crate::release::Release;
+use crate::time::Instant;
+use crate::topology::Deployment;
+use crate::wire::{HandshakeMetadata, LayerMemoryDesc};
+
+/// Blocks in every prefill rank's pool.
+const POOL_BLOCKS: u32 = 1024;
+/// Layers of the toy model: few, so per-layer reads stay readable in assertions.
+pub(super) const LAYERS: usize = 4;
+
+/// The handshake answer of a prefill rank: distinct, non-overlapping regions per rank and layer.
+fn metadata_for(
+    book: &AddressBook,
+    d: &Deployment,
+    rank: RankId,
+) -> (HandshakeMetadata, Vec<LayerMemoryDesc>) {
+    let index = d.rank_index(rank) as u64;
+    let block_len = 16 * d.model.bytes_per_token_per_layer_per_rank(d.layout(rank.engine).tp);
+    let region = u64::from(POOL_BLOCKS) * block_len;
+    let bases = (0..LAYERS as u64).map(|l| (index * LAYERS as u64 + l + 1) * region).collect();
+    let metadata = HandshakeMetadata {
+        engine_id: book.engine_id(rank.engine),
+        agent_metadata: Vec::new(),
+        kv_caches_base_addr: bases,
+        num_blocks: POOL_BLOCKS,
+        block_len,
+        attn_backend_name: "scripted".into(),
+        rank: None,
+    };
+    let layers = (0..LAYERS)
+        .map(|l| LayerMemoryDesc { layer_name: format!("layer.{l}"), descs: vec![vec![l as u8]] })
+        .collect();
+    (metadata, layers)
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct Dial {
+    pub(super) from: RankId,
+    pub(super) session: SessionKey,
+    pub(super) to: RankId,
+}
+
+/// Every node of a deployment plus the messages in flight between them.
+pub(super) struct Harness {
+    pub(super) d: Deployment,
+    pub(super) book: AddressBook,
+    pub(super) now: Instant,
+    pub(super) decoders: BTreeMap<RankId, DecodeWorker>,
+    pub(super) workers: BTreeMap<RankId, PrefillWorker>,
+    pub(super) engines: Vec<PrefillEngine>,
+    pub(super) dials: Vec<Dial>,
+    pub(super) reads: Vec<(RankId, ReadOp)>,
+    pub(super) releases: Vec<(RankId, Release)>,
+    /// The barrier of every decode DP group.
+    pub(super) groups: BTreeMap<(EngineId, u16), DecodeGroup>,
+    /// Vote results the groups decided, not delivered yet: `(to, step, ok)`.
+    pub(super) results: Vec<(RankId, u64, bool)>,
+    /// Step results per decode rank, in order: `(step, None)` ready, `(step, Some(e))` failed.
+    pub(super) steps: BTreeMap<RankId, Vec<(u64, Option<StepError>)>>,
+    pub(super) received: Vec<(RankId, RequestId)>,
+    pub(super) failed: Vec<(RankId, RequestId, RecvError)>,
+    pub(super) invalidated: Vec<(RankId, RequestId)>,
+    /// Requests whose reads a worker asked to abort.
+    pub(super) aborts: Vec<(RankId, RequestId)>,
+    pub(super) engine_log: Vec<EngineAction>,
+    pub(super) worker_log: Vec<WorkerAction>,
+    /// Read leases sent (delivered at once: they leave before the reads).
+    pub(super) leases: usize,
+}
+
+impl Harness {
+    pub(super) fn new(notation: &str, legacy: LegacyOptions) -> Harness {
+        let policy = Policy::from(&legacy);
+        let d = Deployment::parse(notation).unwrap();
+        let book = AddressBook::one_host_per_engine(&d);
+        let mut decoders = BTreeMap::new();
+        let mut groups = BTreeMap::new();
+        for rank in d.ranks(Role::Decode) {
+            let width = d.layout(rank.engine).tp;
+            groups.entry((rank.engine, rank.dp)).or_insert_with(|| DecodeGroup::new(width, policy.handshake));
+            let config = DecodeConfig::new(
+                rank,
+                d.layout(rank.engine),
+                d.model.clone(),
+                policy,
+                book.engine_id(rank.engine),
+            );
+            decoders.insert(rank, DecodeWorker::new(config));
+        }
+        let mut workers = BTreeMap::new();
+        for rank in d.ranks(Role::Prefill) {
+            let (metadata, layers) = metadata_for(&book, &d, rank);
+            workers.insert(rank, PrefillWorker::new(rank, metadata, layers, &policy));
+        }
+        let engines = PrefillEngine::for_deployment(&d, policy);
+        Harness {
+            d,
+            book,
+            now: Instant::ZERO,
+            decoders,
+            workers,
+            engines,
+            dials: Vec::new(),
+            reads: Vec::new(),
+            releases: Vec::new(),
+            groups,
+            results: Vec::new(),
+            steps: BTreeMap::new(),
+            received: Vec::new(),
+            failed: Vec::new(),
+            invalidated: Vec::new(),
+            aborts: Vec::new(),
+            engine_log: Vec::new(),
+            worker_log: Vec::new(),
+            leases: 0,
+        }
+    }
+
+    /// Prefill of request `n` finished on `engine`'s DP rank `owner_dp` with `blocks`; returns
+    /// what the decode workers of decode engine 0 get for it (the proxy's forwarded params).
+    pub(super) fn prefill_done(&mut self, n: u64, engine: u16, owner_dp: u16, blocks: &[u32]) -> RecvRequest {
+        let transfer_id = TransferId::from_u128(u128::from(n));
+        let prefill = EngineId::prefill(engine);
+        let decode = self.d.decode[0];
+        let event = EngineEvent::PrefillDone {
+            request: RequestId(n),
+            transfer_id: transfer_id.clone(),
+            owner_dp,
+            blocks: blocks.to_vec(),
+            decode,
+            reader: Some((EngineId::decode(0), 0)),
+        };
+        let mut out = Vec::new();
+        self.engines[usize::from(engine)].handle(self.now, event, &mut out).unwrap();
+        self.route_engine(out);
+        let layout = self.d.layout(prefill);
+        RecvRequest {
+            request: RequestId(n),
+            prefill_engine: prefill,
+            prefill_address: self.book.engine(prefill).clone(),
+            params: KvTransferParams {
+                do_remote_prefill: true,
+                transfer_id: Some(transfer_id.0),
+                remote_block_ids: blocks.iter().map(|&b| u64::from(b)).collect(),
+                remote_engine_id: Some(self.book.engine_id(prefill)),
+                remote_dp_size: Some(i64::from(layout.dp)),
+                remote_dp_rank: (layout.dp > 1).then_some(i64::from(owner_dp)),
+                remote_tp_size: Some(i64::from(layout.tp)),
+                ..Default::default()
+            },
+            local_block_ids: blocks.iter().map(|b| b + 500).collect(),
+        }
+    }
+
+    pub(super) fn group(&self, dp: u16) -> Vec<RankId> {
+        self.decoders.keys().copied().filter(|r| r.engine == EngineId::decode(0) && r.dp == dp).collect()
+    }
+
+    /// Every worker of decode DP group `dp` begins `step` with `requests` (its barrier first).
+    pub(super) fn begin_step(&mut self, dp: u16, step: u64, requests: &[RecvRequest]) {
+        self.group_event((EngineId::decode(0), dp), GroupEvent::StepBegin { step });
+        for rank in self.group(dp) {
+            let event = DecodeEvent::StepBegin { step, requests: requests.to_vec() };
+            self.decode_event(rank, event);
+        }
+    }
+
+    /// Request `n` (blocks `blocks`, owned by prefill engine 0's DP rank `owner_dp`) through a
+    /// step of decode DP group `dp` in which every message arrives: prefill done, step begin,
+    /// handshakes answered, votes delivered. Reads are left posted.
+    pub(super) fn step_with_request(&mut self, n: u64, owner_dp: u16, blocks: &[u32], dp: u16) {
+        let req = self.prefill_done(n, 0, owner_dp, blocks);
+        self.begin_step(dp, 1, &[req]);
+        self.deliver_dials(|_| true);
+        self.deliver_votes();
+    }
+
+    pub(super) fn decode_event(&mut self, rank: RankId, event: DecodeEvent) {
+        let mut out = Vec::new();
+        let now = self.now;
+        self.decoders.get_mut(&rank).unwrap().handle(now, event, &mut out);
+        for action in out {
+            match action {
+                DecodeAction::DialHandshake { session, rank: to, .. } => {
+                    self.dials.push(Dial { from: rank, session, to })
+                }
+                DecodeAction::PostRead(op) => self.reads.push((rank, op)),
+                DecodeAction::SendRelease { rank: to, release, .. } => self.releases.push((to, release)),
+                DecodeAction::SendLease { rank: to, lease, .. } => {
+                    self.leases += 1;
+                    let event =
+                        WorkerEvent::Lease { transfer_id: lease.transfer_id, lease_ms: lease.lease_ms };
+                    self.worker_event(to, event);
+                }
+                DecodeAction::CastVote { step, ok } => {
+                    let member = rank.tp_rank();
+                    self.group_event((rank.engine, rank.dp), GroupEvent::Vote { member, step, ok });
+                }
+                DecodeAction::StepReady { step } => {
+                    self.steps.entry(rank).or_default().push((step, None));
+                    let event =
+                        GroupEvent::StepReport { member: rank.tp_rank(), step, report: StepReport::Ready };
+                    self.group_event((rank.engine, rank.dp), event);
+                }
+                DecodeAction::StepFailed { step, error } => {
+                    let report = StepReport::failed(&error);
+                    self.steps.entry(rank).or_default().push((step, Some(error)));
+                    let event = GroupEvent::StepReport { member: rank.tp_rank(), step, report };
+                    self.group_event((rank.engine, rank.dp), event);
+                }
+                DecodeAction::RequestReceived { request } => self.received.push((rank, request)),
+                DecodeAction::RequestFailed { request, error } => self.failed.push((rank, request, error)),
+                DecodeAction::InvalidateBlocks { request, .. } => self.invalidated.push((rank, request)),
+                DecodeAction::AbortReads { request } => self.aborts.push((rank, request)),
+            }
+        }
+    }
+
+    /// Delivers the pending dials that `keep` accepts (the others are lost) and their replies.
+    pub(super) fn deliver_dials(&mut self, keep: impl Fn(&Dial) -> bool) {
+        let dials = std::mem::take(&mut self.dials);
+        for dial in dials.into_iter().filter(|d| keep(d)) {
+            let mut out = Vec::new();
+            self.workers.get_mut(&dial.to).unwrap().handle(
+                self.now,
+                WorkerEvent::HandshakeRequest { peer: 0 },
+                &mut out,
+            );
+            for action in out {
+                let WorkerAction::SendHandshakeReply { metadata, layers, .. } = action else {
+                    panic!("{action:?}")
+                };
+                let session = dial.session.clone();
+                self.decode_event(
+                    dial.from,
+                    DecodeEvent::HandshakeMetadata { session: session.clone(), metadata },
+                );
+                self.decode_event(dial.from, DecodeEvent::HandshakeDescriptors { session, layers });
+            }
+        }
+    }
+
+    /// Feeds a decode DP group's barrier; the vote results it decides wait in `results`.
+    pub(super) fn group_event(&mut self, group: (EngineId, u16), event: GroupEvent) {
+        let mut out = Vec::new();
+        self.groups.get_mut(&group).expect("a decode DP group").handle(event, &mut out);
+        for action in out {
+            match action {
+                GroupAction::VoteResult { member, step, ok } => {
+                    self.results.push((RankId::new(group.0, group.1, member.0), step, ok))
+                }
+                GroupAction::Forward { .. } => {}
+                GroupAction::Ignored(why) => {
+                    panic!("the scripted driver fed {group:?} an input it ignored: {why}")
+                }
+            }
+        }
+    }
+
+    /// The MIN collective's answers: delivers every vote result the groups decided.
+    pub(super) fn deliver_votes(&mut self) {
+        for (rank, step, ok) in std::mem::take(&mut self.results) {
+            self.decode_event(rank, DecodeEvent::VoteResult { step, ok });
+        }
+    }
+
+    /// Completes every pending read with the outcome `outcome` picks for it.
+    pub(super) fn complete_reads(&mut self, outcome: impl Fn(RankId, &ReadOp) -> ReadOutcome) {
+        let reads = std::mem::take(&mut self.reads);
+        for (rank, op) in reads {
+            let result = outcome(rank, &op);
+            self.decode_event(
+                rank,
+                DecodeEvent::ReadDone { request: op.request(), layer: op.layer, outcome: result },
+            );
+        }
+    }
+
+    /// Delivers pending releases one at a time, each `copies` times.
+    pub(super) fn deliver_releases(&mut self, copies: usize) {
+        let releases = std::mem::take(&mut self.releases);
+        for (to, release) in releases {
+            for _ in 0..copies {
+                self.worker_event(to, WorkerEvent::Release(release.clone()));
+            }
+        }
+    }
+
+    pub(super) fn worker_event(&mut self, rank: RankId, event: WorkerEvent) {
+        let mut out = Vec::new();
+        let Some(worker) = self.workers.get_mut(&rank) else { return };
+        worker.handle(self.now, event, &mut out);
+        for action in out {
+            self.worker_log.push(action.clone());
+            let (rank, event) = match action {
+                WorkerAction::Finished { rank, transfer_id } => {
+                    (rank, EngineEvent::WorkerFinished { rank, transfer_id })
+                }
+                WorkerAction::Leased { rank, transfer_id, until } => {
+                    (rank, EngineEvent::Leased { transfer_id, until })
+                }
+                _ => continue,
+            };
+            let mut engine_out = Vec::new();
+            let engine = &mut self.engines[usize::from(rank.engine.index)];
+            engine.handle(self.now, event, &mut engine_out).unwrap();
+            self.route_engine(engine_out);
+        }
+    }
+
+    pub(super) fn route_engine(&mut self, actions: Vec<EngineAction>) {
+        for action in actions {
+            self.engine_log.push(action.clone());
+            match action {
+                EngineAction::Register { rank, transfer_id, quorum } => {
+                    self.worker_event(rank, WorkerEvent::Register { transfer_id, quorum })
+                }
+                EngineAction::GroupDone { rank, transfer_id } => {
+                    self.worker_event(rank, WorkerEvent::GroupDone { transfer_id })
+                }
+                EngineAction::Retire { rank, transfer_id } => {
+                    self.worker_event(rank, WorkerEvent::Retired { transfer_id })
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Moves time forward by `ns`, ticking every node whose timer came due, until none is due.
+    pub(super) fn advance(&mut self, ns: u64) {
+        self.now = self.now.add_ns(ns);
+        loop {
+            let due: Vec<RankId> = self
+                .decoders
+                .iter()
+                .filter(|(_, w)| w.poll_timeout().is_some_and(|t| t <= self.now))
+                .map(|(r, _)| *r)
+                .collect();
+            let engines: Vec<usize> = (0..self.engines.len())
+                .filter(|&i| self.engines[i].poll_timeout().is_some_and(|t| t <= self.now))
+                .collect();
+            if due.is_empty() && engines.is_empty() {
+                break;
+            }
+            for rank in due {
+                self.decode_event(rank, DecodeEvent::Tick);
+            }
+            for i in engines {
+                let mut out = Vec::new();
+                self.engines[i].handle(self.now, EngineEvent::Tick, &mut out).unwrap();
+                self.route_engine(out);
+            }
+        }
+    }
+
+    pub(super) fn frees(&self) -> Vec<(TransferId, bool)> {
+        self.engine_log
+            .iter()
+            .filter_map(|a| match a {
+                EngineAction::FreeBlocks { transfer_id, reaped, .. } => Some((transfer_id.clone(), *reaped)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    pub(super) fn step_results(&self, step: u64) -> Vec<(RankId, Option<StepError>)> {
+        let mut out = Vec::new();
+        for (rank, results) in &self.steps {
+            for (s, result) in results {
+                if *s == step {
+                    out.push((*rank, result.clone()));
+                }
+            }
+        }
+        out
+    }
+}
+
+pub(super) fn tx(n: u64) -> TransferId {
+    TransferId::from_u128(u128::from(n))
+}
