@@ -156,7 +156,7 @@ pub const DOCUMENTED: &[(Documented, &str, &str)] = &[
          rank's share (get_moriio_read_holder_tp_ranks: P/D ranks, one ack each), though it read \
          one; pdkv releases only the rank it read (ports::ReadTarget::derive, one rank for read \
          and release) and gives the ranks nobody reads quorum 0, freed at registration \
-         (release::quorum_plan). Both free every rank once. docs/reference.md, Ranks nobody reads.",
+         (release::quorum_plan). Both free every rank once.",
     ),
     (
         Documented::FlexibleHolders,

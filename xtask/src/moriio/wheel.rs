@@ -234,14 +234,16 @@ fn extract(python: &Path, root: &Path, wheel: &Path, src: &Path) -> Result<(), W
         .output()
         .map_err(|e| io_error(format!("cannot run {}", python.display()), e))?;
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    // Its progress lines go on to our stderr; the last line of a failure is the reason.
-    for line in stderr.lines().filter(|l| l.starts_with("  ")) {
+    // Its progress lines (indented) go on to our stderr; the other lines are the reason.
+    let (progress, reason): (Vec<&str>, Vec<&str>) = stderr.lines().partition(|l| l.starts_with("  "));
+    for line in progress {
         eprintln!("{line}");
     }
+    let reason = reason.join("\n");
     match out.status.code() {
         Some(0) => Ok(()),
-        Some(3) => Err(WheelError::HashMismatch { detail: stderr }),
-        _ => Err(WheelError::Extract { detail: format!("{}\n{stderr}", out.status) }),
+        Some(3) => Err(WheelError::HashMismatch { detail: reason }),
+        _ => Err(WheelError::Extract { detail: format!("{}\n{reason}", out.status) }),
     }
 }
 
