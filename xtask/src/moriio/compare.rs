@@ -83,7 +83,7 @@ fn combo_class(c: &Combo) -> String {
         };
     }
     let ratio = if w.max(p_tp) % w.min(p_tp) != 0 {
-        "TP sizes not multiples"
+        "TP sizes not multiples (refused)"
     } else if p_tp == w {
         "P TP = D TP"
     } else if p_tp > w {
