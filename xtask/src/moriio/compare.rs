@@ -435,6 +435,10 @@ fn expected_acks(e: &ExpectedAcks) -> Case {
         (None, Some(err), Err(RoutingError::NotMultiple { .. })) if err.contains("multiple") => {
             (Verdict::Works, None)
         }
+        // vLLM checks divisibility only when the consumer is larger; pdkv everywhere.
+        (Some(1), None, Err(RoutingError::NotMultiple { .. })) if p > c && p % c != 0 => {
+            (Verdict::Documented(Documented::StrictAckCount), None)
+        }
         (v, err, mine) => fails(format!("{at}: vLLM {v:?} {err:?}, pdkv {mine:?}")),
     };
     Case::rule(Rule::ExpectedAcks, class, verdict, detail)

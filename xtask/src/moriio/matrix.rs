@@ -135,6 +135,7 @@ pub enum Documented {
     ListenerOffset,
     UnreadHolders,
     FlexibleHolders,
+    StrictAckCount,
 }
 
 /// Every documented difference: its key in the matrix, and why pdkv differs, naming pdkv's rule.
@@ -166,6 +167,16 @@ pub const DOCUMENTED: &[(Documented, &str, &str)] = &[
          expecting one ack; pdkv releases only the rank it read, whose release completes the \
          transfer, and the prefill engine completes the group's other ranks \
          (Quorum::AnyOfGroup, RankLedger::handle_group_done). Both free every rank once.",
+    ),
+    (
+        Documented::StrictAckCount,
+        "strict-ack-count",
+        "Prefill TP larger than decode TP and not a multiple of it (P3/D2, P8/D6, ...): vLLM's \
+         get_moriio_expected_ack_count answers 1, checking divisibility only when the consumer is \
+         larger; pdkv's release::expected_releases refuses the pair (RoutingError::NotMultiple) \
+         like every other pdkv rule. Unreachable either way: both sides already refuse the pair \
+         when routing (get_moriio_remote_tp_rank raises, ReadRouter::resolve errs; the source-rank \
+         rows 'TP sizes not multiples (refused)' check that), so no ack is ever counted for it.",
     ),
 ];
 
