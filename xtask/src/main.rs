@@ -9,6 +9,7 @@ use std::process::{Command, ExitCode};
 mod cluster_fuzz;
 #[cfg(test)]
 mod core_lints;
+mod moriio;
 mod pyenv;
 mod rdma_vm;
 mod results;
@@ -21,7 +22,7 @@ usage: cargo xtask <task>
 tasks:
   test [ARGS]...
            the test suite: sets up target/pyenv (a Python virtual environment with the pinned
-           pyzmq and msgpack of the conformance tests; PDKV_PYTHON=<python> uses that one
+           pyzmq, msgpack and msgspec of the conformance tests; PDKV_PYTHON=<python> uses that one
            instead), runs `cargo test --workspace --no-fail-fast [ARGS]...` and prints the total
            over every test run as its last line
   tidy     check the source rules (core purity, //! headers, no disabled tests)
@@ -37,6 +38,11 @@ tasks:
            the result.json of every built-in scenario and of the README's main command
            (release build), recorded into DIR or compared byte for byte with it: record
            before a refactor, compare after
+  moriio-conformance [--max-ranks N]
+           pdkv against vLLM's own MoRIIO code from the pinned vLLM wheel (downloaded once,
+           hash-checked, into target/vllm-<version>/): every pure rule over every layout up to
+           16 ranks a side, and vLLM's wire code against itself; prints the compatibility
+           matrix (`cargo xtask moriio-conformance --help` says more)
   check-model  bounded model checking of the protocol nodes on tiny deployments
   rdma-vm  the RDMA verbs tests (feature `rdma`) in a qemu guest with Soft-RoCE (rdma_rxe)
   cluster-fuzz [--for 60s] [--seed N] [--max-runs N] [--legacy NAME]...
@@ -77,6 +83,10 @@ fn main() -> ExitCode {
             cluster_fuzz::run(&args, &workspace_root())
         }
         Some("gallery") => gallery(),
+        Some("moriio-conformance") => {
+            let args: Vec<String> = std::env::args().skip(2).collect();
+            moriio::run(&args, &workspace_root())
+        }
         Some("results") => {
             let args: Vec<String> = std::env::args().skip(2).collect();
             results::run(&args, &workspace_root())

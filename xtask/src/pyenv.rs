@@ -1,6 +1,7 @@
 //! The project-local Python environment under `target/pyenv/`: a virtual environment made from
 //! the system `python3` with pinned, hash-checked versions of exactly the packages the
-//! conformance tests' Python peers need (tests/it/zmtp_pyzmq.rs runs tests/fixtures/zmq_peer.py).
+//! conformance tests' Python peers need (tests/it/zmtp_pyzmq.rs runs tests/fixtures/zmq_peer.py;
+//! `cargo xtask moriio-conformance` runs vLLM's own MoRIIO modules, which add msgspec).
 //!
 //! It lives in the target directory so that `cargo clean` removes it, and it is set up by
 //! `cargo xtask test`, so a fresh machine needs Rust and a system Python, nothing installed by
@@ -31,13 +32,13 @@ pub struct PyPackage {
     pub wheels: &'static [(&'static str, &'static str)],
 }
 
-/// What the Python peers import. pip runs with `--require-hashes --only-binary :all:`, so it
+/// What the Python peers and vLLM's MoRIIO modules import. pip runs with `--require-hashes --only-binary :all:`, so it
 /// installs one of these exact wheels or nothing. A wheel is specific to a Python version and a
 /// platform, so the hashes cover the manylinux wheels for CPython 3.10 to 3.15 on x86_64 and
 /// aarch64 (the machines pdkv runs on; pyzmq's `cp312-abi3` wheel serves 3.12 and later). On
 /// another platform pip stops with a hash mismatch, and the error says where to add the hash
-/// of that platform's wheel: this list. msgpack 1.2 needs Python 3.10 or newer, hence
-/// [`MIN_PYTHON`].
+/// of that platform's wheel: this list. msgpack 1.2 and msgspec 0.22 need Python 3.10 or newer,
+/// hence [`MIN_PYTHON`].
 pub const PACKAGES: &[PyPackage] = &[
     PyPackage {
         name: "pyzmq",
@@ -122,6 +123,61 @@ pub const PACKAGES: &[PyPackage] = &[
             (
                 "msgpack-1.2.4-cp315-cp315-manylinux2014_aarch64.manylinux_2_17_aarch64.manylinux_2_28_aarch64.whl",
                 "c5917972ce1bf5f85f761031e00dab6fe0ad9f880cb3d2d43ed74b330c850400",
+            ),
+        ],
+    },
+    PyPackage {
+        name: "msgspec",
+        version: "0.22.0",
+        import: "msgspec",
+        wheels: &[
+            (
+                "msgspec-0.22.0-cp310-cp310-manylinux2014_x86_64.manylinux_2_17_x86_64.manylinux_2_28_x86_64.whl",
+                "12a887c4c06e4a771a2db32c9a80c7bb21866b12458025f636dcdc2253331c28",
+            ),
+            (
+                "msgspec-0.22.0-cp310-cp310-manylinux2014_aarch64.manylinux_2_17_aarch64.manylinux_2_28_aarch64.whl",
+                "57c282f474e17acf6bcf84f393c73afd45d6eba47cccff8b76b79c4fbb8a3b54",
+            ),
+            (
+                "msgspec-0.22.0-cp311-cp311-manylinux2014_x86_64.manylinux_2_17_x86_64.manylinux_2_28_x86_64.whl",
+                "a6db3806b3b76ca78064255eac6fa101a8a64fe6f698d80fbaf81fdfa21217d4",
+            ),
+            (
+                "msgspec-0.22.0-cp311-cp311-manylinux2014_aarch64.manylinux_2_17_aarch64.manylinux_2_28_aarch64.whl",
+                "b962000e11dd34fb210a5a2c57a8a62b2d92b381c8cb3b05c075a83e38f8d645",
+            ),
+            (
+                "msgspec-0.22.0-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.manylinux_2_28_x86_64.whl",
+                "99c401861c5bb3a57f7d6423ea7ed4352cd57aa3f04f4fbe9f3e3e4564a10f08",
+            ),
+            (
+                "msgspec-0.22.0-cp312-cp312-manylinux2014_aarch64.manylinux_2_17_aarch64.manylinux_2_28_aarch64.whl",
+                "b5a169b5b03f0f2c7a296c002647db1dab75d2cd501bca34e32b71cab0261b56",
+            ),
+            (
+                "msgspec-0.22.0-cp313-cp313-manylinux2014_x86_64.manylinux_2_17_x86_64.manylinux_2_28_x86_64.whl",
+                "c6c310ef83e7e291b01a63298828f848348bb99e84a1098c4b3923c05674d032",
+            ),
+            (
+                "msgspec-0.22.0-cp313-cp313-manylinux2014_aarch64.manylinux_2_17_aarch64.manylinux_2_28_aarch64.whl",
+                "627bfdfe5a4b3d916b3360b30f4cddeee3a084f56593e33527c6872fa8322ff9",
+            ),
+            (
+                "msgspec-0.22.0-cp314-cp314-manylinux2014_x86_64.manylinux_2_17_x86_64.manylinux_2_28_x86_64.whl",
+                "5e4f7e09cceac7dbf4c0761b8ae7df51c55b5df5e9af7aff2c895aac1ebea015",
+            ),
+            (
+                "msgspec-0.22.0-cp314-cp314-manylinux2014_aarch64.manylinux_2_17_aarch64.manylinux_2_28_aarch64.whl",
+                "f039ef5207b847f075a0a43020ee6140cd47505f890e47e157f2deb485c2dc96",
+            ),
+            (
+                "msgspec-0.22.0-cp315-cp315-manylinux2014_x86_64.manylinux_2_17_x86_64.manylinux_2_28_x86_64.whl",
+                "71cbbdb39631064e2f2f9e9ac2b1b69931d72276eb5f9da4ed025726296bdbb6",
+            ),
+            (
+                "msgspec-0.22.0-cp315-cp315-manylinux2014_aarch64.manylinux_2_17_aarch64.manylinux_2_28_aarch64.whl",
+                "8d67582478b0eaabb899f2fb255c878ee7de57dff80eb73ab24f1865524ec441",
             ),
         ],
     },

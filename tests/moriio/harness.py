@@ -1,0 +1,589 @@
+# vLLM's own MoRIIO answers for `cargo xtask moriio-conformance` (xtask/src/moriio/).
+#
+# Imports the REAL moriio_common.py, moriio_connector.py and moriio_engine.py extracted from the
+# pinned vLLM wheel (plus vLLM's network_utils.py and envs.py), with stubs/ standing in for
+# torch, numpy, MoRI and the vLLM modules that need them (each stub says why it cannot change an
+# answer). It then asks vLLM's functions and methods, called on minimal objects that carry only
+# the attributes they read, for every rule pdkv re-implements, over every prefill and decode
+# layout up to --max-ranks ranks a side, and runs two wire interactions of vLLM against vLLM
+# (handshake, release notify) on loopback. It prints nothing but progress on stderr and writes
+# one JSON document (--out); xtask computes pdkv's answers and compares. No network but loopback.
+
+import argparse
+import ast
+import inspect
+import json
+import logging
+import os
+import socket
+import sys
+import textwrap
+import threading
+import time
+import types
+
+MORIIO = "vllm.distributed.kv_transfer.kv_connector.v1.moriio"
+# Modules that must come from the wheel, never from stubs/.
+REAL_MODULES = [
+    f"{MORIIO}.moriio_common",
+    f"{MORIIO}.moriio_connector",
+    f"{MORIIO}.moriio_engine",
+    "vllm.utils.network_utils",
+    "vllm.envs",
+]
+HANDSHAKE_BASE = 6301
+NOTIFY_BASE = 61005
+HOST = "127.0.0.1"
+TRANSFER_ID = "tx-pdkv-conformance"
+REQUEST_ID = "req-pdkv-conformance"
+
+
+def log(msg):
+    print(f"  harness: {msg}", file=sys.stderr, flush=True)
+
+
+def layouts(max_ranks):
+    """Every (dp, tp) with dp * tp <= max_ranks, in (dp, tp) order."""
+    return [(dp, tp) for dp in range(1, max_ranks + 1) for tp in range(1, max_ranks // dp + 1)]
+
+
+def error_text(e):
+    return f"{type(e).__name__}: {e}"
+
+
+class Vllm:
+    """The imported real modules and minimal worker classes carrying real methods."""
+
+    def __init__(self, vllm_src, stubs):
+        sys.path[:0] = [stubs, vllm_src]
+        import importlib
+
+        self.common = importlib.import_module(f"{MORIIO}.moriio_common")
+        self.connector = importlib.import_module(f"{MORIIO}.moriio_connector")
+        self.engine = importlib.import_module(f"{MORIIO}.moriio_engine")
+        self.parallel_state = importlib.import_module("vllm.distributed.parallel_state")
+        self.modules = {}
+        src = os.path.realpath(vllm_src)
+        for name in REAL_MODULES:
+            path = os.path.realpath(sys.modules[name].__file__)
+            if not path.startswith(src + os.sep):
+                raise SystemExit(f"{name} was imported from {path}, not from the wheel under {src}")
+            self.modules[name] = os.path.relpath(path, src)
+        worker = self.connector.MoRIIOConnectorWorker
+        # A class holding the real methods (the functions themselves, taken from vLLM's class), so
+        # they call each other as in vLLM; instances get only the attributes those methods read.
+        self.Worker = type(
+            "MiniWorker",
+            (),
+            {
+                name: worker.__dict__[name]
+                for name in [
+                    "_resolve_read_source",
+                    "_next_flex_tp_rank",
+                    "_spreads_replicated_reads",
+                    "_remote_tp_rank",
+                    "_read_blocks_for_req",
+                    "_read_blocks",
+                    "_send_read_release",
+                    "get_engine_name_with_dp",
+                    "get_engine_name_with_dp_tp",
+                    "_moriio_handshake",
+                    "get_finished",
+                ]
+            },
+        )
+        self.side_channel_expr = self._side_channel_expression()
+
+    def _side_channel_expression(self):
+        """vLLM's own expression for the handshake listener's port, taken from
+        MoRIIOConnectorWorker.__init__ (which needs a GPU and MoRI to run), and a check that
+        register_kv_caches passes that port to _moriio_handshake_listener and that the notify
+        listener binds moriio_config.notify_port."""
+        worker = self.connector.MoRIIOConnectorWorker
+        init = ast.parse(textwrap.dedent(inspect.getsource(worker.__init__)))
+        expr = None
+        notify_wired = False
+        for node in ast.walk(init):
+            if isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names = [ast.unparse(t) for t in targets]
+                if "self.side_channel_port" in names:
+                    expr = node.value
+                if "self.moriio_wrapper.notify_port" in names:
+                    notify_wired = ast.unparse(node.value) == "self.moriio_config.notify_port"
+        if expr is None or not notify_wired:
+            raise SystemExit(
+                "MoRIIOConnectorWorker.__init__ no longer sets self.side_channel_port and "
+                "self.moriio_wrapper.notify_port = self.moriio_config.notify_port as vLLM 0.33 "
+                "does: update tests/moriio/harness.py for this vLLM version"
+            )
+        reg = inspect.getsource(worker.register_kv_caches)
+        if "self.side_channel_port" not in reg or "self._moriio_handshake_listener" not in reg:
+            raise SystemExit(
+                "register_kv_caches no longer starts _moriio_handshake_listener on "
+                "self.side_channel_port: update tests/moriio/harness.py"
+            )
+        return compile(ast.Expression(expr), "<MoRIIOConnectorWorker.side_channel_port>", "eval")
+
+    def listener_config(self, dp_size, dp, tp_size, tp, handshake_base, notify_base):
+        """vLLM's real MoRIIOConfig.from_vllm_config for rank (dp, tp), with the TP rank and
+        size vLLM's parallel state would report, and the listener port __init__ derives."""
+        self.parallel_state.set_tp(tp, tp_size)
+        extra = {
+            "notify_port": str(notify_base),
+            "handshake_port": str(handshake_base),
+            "http_port": "8000",
+            "host_ip": HOST,
+            "read_mode": "true",
+        }
+        config = types.SimpleNamespace(
+            kv_transfer_config=types.SimpleNamespace(kv_connector_extra_config=extra),
+            parallel_config=types.SimpleNamespace(
+                data_parallel_rank=dp,
+                data_parallel_size_local=dp_size,
+                data_parallel_size=dp_size,
+            ),
+        )
+        cfg = self.common.MoRIIOConfig.from_vllm_config(config)
+        me = types.SimpleNamespace(moriio_config=cfg, dp_rank=cfg.dp_rank, tp_rank=cfg.tp_rank)
+        handshake_listen = eval(self.side_channel_expr, vars(self.connector), {"self": me})
+        return cfg, handshake_listen
+
+    def decode_worker(self, world_size, tp_rank, dp_rank, use_mla, backend, wrapper=None):
+        w = self.Worker()
+        w.world_size = world_size
+        w.tp_rank = tp_rank
+        w.dp_rank = dp_rank
+        w.use_mla = use_mla
+        w.moriio_config = types.SimpleNamespace(backend=backend)
+        w.mode = self.common.MoRIIOMode.READ
+        w.moriio_wrapper = wrapper
+        return w
+
+    def req_meta(self, prefill_dp, prefill_tp, owner):
+        """A real ReqMeta as the decode side builds it from kv_transfer_params; no local blocks,
+        so _read_blocks releases at once (the path of a request aborted before allocation),
+        with the same notify ports a completed read releases to in _pop_done_transfers."""
+        return self.common.ReqMeta(
+            transfer_id=TRANSFER_ID,
+            local_block_ids=[[]],
+            remote_block_ids=[[1, 2, 3]],
+            remote_host=HOST,
+            remote_port=HANDSHAKE_BASE,
+            remote_handshake_port=HANDSHAKE_BASE,
+            remote_notify_port=NOTIFY_BASE,
+            remote_engine_id=f"{HOST}:{HANDSHAKE_BASE}",
+            tp_size=prefill_tp,
+            remote_dp_size=prefill_dp,
+            remote_dp_rank=owner,
+        )
+
+    def recording_wrapper(self):
+        """A real MoRIIOWrapper whose send_notify runs unchanged but finds, for every path, a
+        socket that records what it is sent instead of a ZeroMQ DEALER."""
+        wrapper = self.engine.MoRIIOWrapper()
+        wrapper.paths = RecordingPaths()
+        return wrapper, wrapper.paths.sent
+
+
+class RecordingSocket:
+    def __init__(self, path, sent):
+        self.path, self.sent = path, sent
+
+    def send(self, data):
+        self.sent.append((self.path, bytes(data)))
+
+
+class RecordingPaths(dict):
+    """MoRIIOWrapper.paths (its DEALER per notify path) that has a recording socket for every
+    path, so send_notify never opens one."""
+
+    def __init__(self):
+        super().__init__()
+        self.sent = []
+
+    def __contains__(self, path):
+        return True
+
+    def __getitem__(self, path):
+        return RecordingSocket(path, self.sent)
+
+
+def port_of(path):
+    return int(path.rsplit(":", 1)[1])
+
+
+def pure_rules(v, max_ranks):
+    import msgpack
+
+    all_layouts = layouts(max_ranks)
+    out = {"combos": [], "expected_acks": [], "ports": [], "heads": []}
+
+    # Ports: every rank of every prefill layout, as vLLM's listeners bind and its dialers dial.
+    dial_rank = {}
+    for dp_size, tp_size in all_layouts:
+        ranks = []
+        for dp in range(dp_size):
+            for tp in range(tp_size):
+                cfg, handshake_listen = v.listener_config(
+                    dp_size, dp, tp_size, tp, HANDSHAKE_BASE, NOTIFY_BASE
+                )
+                dialed = []
+
+                class Dialed(Exception):
+                    pass
+
+                def recording_ctx(socket_type, addr):
+                    dialed.append(addr)
+                    raise Dialed()
+
+                saved = v.connector.zmq_ctx
+                v.connector.zmq_ctx = recording_ctx
+                try:
+                    w = v.decode_worker(tp_size, tp, 0, False, "rdma")
+                    try:
+                        w._moriio_handshake(HOST, HANDSHAKE_BASE, tp_size, "e", dp, tp)
+                    except Dialed:
+                        pass
+                finally:
+                    v.connector.zmq_ctx = saved
+                # The release dial: a decode rank of equal TP size reading rank (dp, tp).
+                wrapper, sent = v.recording_wrapper()
+                w = v.decode_worker(tp_size, tp, 0, False, "rdma", wrapper)
+                w._read_blocks_for_req(REQUEST_ID, v.req_meta(dp_size, tp_size, dp))
+                release_ports = [port_of(p) for p, _ in sent]
+                if len(dialed) != 1 or len(release_ports) != 1:
+                    raise SystemExit(f"rank ({dp},{tp}): dialed {dialed}, released to {release_ports}")
+                dial_rank[(dp_size, tp_size, release_ports[0])] = (dp, tp)
+                ranks.append(
+                    {
+                        "dp": dp,
+                        "tp": tp,
+                        "handshake_listen": handshake_listen,
+                        "notify_listen": cfg.notify_port,
+                        "handshake_dial": port_of(dialed[0]),
+                        "release_dial": release_ports[0],
+                    }
+                )
+        out["ports"].append({"prefill": [dp_size, tp_size], "ranks": ranks})
+    log(f"ports: {len(out['ports'])} prefill layouts")
+
+    for producer in range(1, max_ranks + 1):
+        for consumer in range(1, max_ranks + 1):
+            rec = {"producer": producer, "consumer": consumer}
+            try:
+                rec["value"] = v.connector.get_moriio_expected_ack_count(producer, consumer)
+            except Exception as e:  # noqa: BLE001 - vLLM's refusal is the answer
+                rec["error"] = error_text(e)
+            out["expected_acks"].append(rec)
+
+    for decode_tp in range(1, max_ranks + 1):
+        for prefill_tp in range(1, max_ranks + 1):
+            for kv_heads in range(1, max_ranks + 1):
+                for mla in (False, True):
+                    rec = {"decode_tp": decode_tp, "prefill_tp": prefill_tp, "kv_heads": kv_heads, "mla": mla}
+                    try:
+                        v.connector.validate_moriio_heterogeneous_tp_kv_heads(
+                            local_tp_size=decode_tp,
+                            remote_tp_size=prefill_tp,
+                            total_num_kv_heads=kv_heads,
+                            is_mla=mla,
+                        )
+                        rec["error"] = None
+                    except Exception as e:  # noqa: BLE001
+                        rec["error"] = error_text(e)
+                    out["heads"].append(rec)
+    log(f"head guard: {len(out['heads'])} cases")
+
+    # Source, release targets and acks: every decode layout against every prefill layout.
+    for d_dp, d_tp in all_layouts:
+        for p_dp, p_tp in all_layouts:
+            for mla in (False, True):
+                flexible_shape = d_tp == 1 and mla and p_dp == 1 and p_tp > 1
+                backends = ["rdma", "xgmi"] if flexible_shape else ["rdma"]
+                reads = 2 * p_tp + 1 if flexible_shape else 2
+                for backend in backends:
+                    for owner in sorted({0, p_dp - 1}):
+                        out["combos"].append(
+                            combo(v, msgpack, dial_rank, d_dp, d_tp, p_dp, p_tp, mla, backend, owner, reads)
+                        )
+    log(f"source, release and ack rules: {len(out['combos'])} layout pairs")
+    return out
+
+
+def combo(v, msgpack, dial_rank, d_dp, d_tp, p_dp, p_tp, mla, backend, owner, reads):
+    rec = {
+        "decode": [d_dp, d_tp],
+        "prefill": [p_dp, p_tp],
+        "mla": mla,
+        "backend": backend,
+        "owner": owner,
+        "ranks": [],
+        "acks": [],
+    }
+    # First read's releases of every decode rank, for the ack rule.
+    first_releases = {}
+    for d in range(d_dp):
+        for r in range(d_tp):
+            rank = {"dp": d, "tp": r}
+            resolver = v.decode_worker(d_tp, r, d, mla, backend)
+            wrapper, sent = v.recording_wrapper()
+            releaser = v.decode_worker(d_tp, r, d, mla, backend, wrapper)
+            meta = v.req_meta(p_dp, p_tp, owner)
+            try:
+                # Each read as [source TP rank, flexible, [ports released to]] (compact: there
+                # are some 170,000 of them); the distinct release payloads once per rank.
+                picks, payloads = [], []
+                for k in range(reads):
+                    tp, flexible = resolver._resolve_read_source(meta)
+                    del sent[:]
+                    releaser._read_blocks_for_req(REQUEST_ID, meta)
+                    for _, data in sent:
+                        payload = msgpack.loads(data)
+                        if payload not in payloads:
+                            payloads.append(payload)
+                    if k == 0:
+                        first_releases[(d, r)] = list(sent)
+                    picks.append([tp, flexible, [port_of(path) for path, _ in sent]])
+                rank["reads"] = picks
+                rank["payloads"] = payloads
+            except Exception as e:  # noqa: BLE001
+                rank["error"] = error_text(e)
+            rec["ranks"].append(rank)
+    if any("error" in rank for rank in rec["ranks"]):
+        return rec
+    # Acks: the releases one decode DP group sends for one request, delivered to the prefill
+    # rank each was addressed to, through the real notify handling (MoRIIOWrapper._handle_message,
+    # as its listener thread calls it) and the real get_finished (pop_finished_req_ids, then
+    # resolve_moriio_transfer_ack).
+    for group in sorted({0, d_dp - 1}):
+        try:
+            expected = v.connector.get_moriio_expected_ack_count(p_tp, d_tp)
+        except Exception as e:  # noqa: BLE001
+            expected = None
+        v.common.set_role(v.common.ROLE.PRODUCER)
+        inbox = {tp: [] for tp in range(p_tp)}
+        for r in range(d_tp):
+            for path, data in first_releases[(group, r)]:
+                dp, tp = dial_rank[(p_dp, p_tp, port_of(path))]
+                if dp != owner:
+                    raise SystemExit(f"a release went to DP rank {dp}, not the owner {owner}")
+                inbox[tp].append(data)
+        ranks = []
+        for tp in range(p_tp):
+            wrapper = v.engine.MoRIIOWrapper(tp_rank=tp, dp_rank=owner)
+            prefill = v.Worker()
+            prefill.is_producer = True
+            prefill.mode = v.common.MoRIIOMode.READ
+            prefill.moriio_wrapper = wrapper
+            prefill.world_size = p_tp
+            prefill.transfer_id_to_request_id = {TRANSFER_ID: REQUEST_ID}
+            prefill._pending_unmapped_acks = []
+            prefill._consumer_notification_counts = {}
+            prefill._completed_consumer_notifications = set()
+            reported = []
+            done, _ = prefill.get_finished()
+            if REQUEST_ID in done:
+                reported.append(0)
+            for i, data in enumerate(inbox[tp]):
+                wrapper._handle_message(data)
+                done, _ = prefill.get_finished()
+                if REQUEST_ID in done:
+                    reported.append(i + 1)
+            ranks.append({"tp": tp, "received": len(inbox[tp]), "reported": reported})
+        rec["acks"].append({"group": group, "expected": expected, "ranks": ranks})
+    return rec
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def wire_rows(v):
+    """vLLM against vLLM on loopback: proves the stubs leave the wire code working."""
+    rows = []
+    for label, p_tp, p_rank, d_tp, d_rank, explicit in [
+        ("P TP2 rank (0,1), D TP2 rank 1 (fixed mapping)", 2, 1, 2, 1, None),
+        ("P TP4 rank (0,3), D TP1 MLA (flexible: explicit TP rank)", 4, 3, 1, 0, 3),
+    ]:
+        rows.append(wire_handshake(v, label, p_tp, p_rank, d_tp, d_rank, explicit))
+    rows.append(wire_release(v))
+    return rows
+
+
+def wire_handshake(v, label, p_tp, p_rank, d_tp, d_rank, explicit):
+    row = {"interaction": "handshake", "direction": "vllm->vllm", "layout": label}
+    try:
+        # The listener binds where vLLM's __init__ puts it (side_channel_port); the base is
+        # chosen so that port is free on this machine.
+        port = free_port()
+        _, listen = v.listener_config(1, 0, p_tp, p_rank, port, NOTIFY_BASE)
+        base = port - (listen - port)
+        _, listen = v.listener_config(1, 0, p_tp, p_rank, base, NOTIFY_BASE)
+        metadata = v.common.MoRIIOAgentMetadata(
+            engine_id=f"{HOST}:{base}",
+            agent_metadata=b"\x00mori-engine-desc\xff",
+            kv_caches_base_addr=[0x7F0000000000, 0x7F0000400000],
+            num_blocks=128,
+            block_len=36864,
+            attn_backend_name="ROCM_AITER_MLA",
+            kv_head_layouts={"model.layers.0.self_attn.attn": [1, 2, 3]},
+            attention_block_sizes={"model.layers.0.self_attn.attn": 16},
+        )
+        layer_map = {
+            "model.layers.0.self_attn.attn": [b"packed-memory-desc-0"],
+            "model.layers.1.self_attn.attn": [b"packed-memory-desc-1"],
+        }
+        ready = threading.Event()
+        threading.Thread(
+            target=v.connector.MoRIIOConnectorWorker._moriio_handshake_listener,
+            args=(metadata, ready, listen, p_rank, 0, layer_map),
+            daemon=True,
+        ).start()
+        if not ready.wait(10):
+            raise RuntimeError("the listener did not bind in 10 s")
+
+        class Engine:
+            remote_engine_ip = None
+            registered = []
+
+            def register_remote_engine(self, packed):
+                self.registered.append(packed)
+                return "remote-engine-key"
+
+        dialer = v.decode_worker(d_tp, d_rank, 0, True, "rdma", Engine())
+        dialer.local_kv_cache_metadata = []
+        dialer.remote_kv_cache_metadata = []
+        dialer.layer_name_to_remote_kv_cache_metadata = {}
+        dialer.remote_moriio_metadata = {}
+        eid = f"{HOST}:{base}_dp0"
+        result = {}
+
+        def dial():
+            try:
+                result["agents"] = dialer._moriio_handshake(HOST, base, p_tp, eid, 0, explicit)
+            except Exception as e:  # noqa: BLE001
+                result["error"] = error_text(e)
+
+        t = threading.Thread(target=dial, daemon=True)
+        t.start()
+        t.join(10)
+        if t.is_alive():
+            raise RuntimeError(f"the dialer got no answer in 10 s (listening at {listen})")
+        if "error" in result:
+            raise RuntimeError(result["error"])
+        checks = [
+            (result["agents"] == {"remote-engine-key"}, f"agents {result['agents']}"),
+            (dialer.moriio_wrapper.registered == [metadata.agent_metadata], "registered engine desc"),
+            (dialer.moriio_wrapper.remote_engine_ip == HOST, "remote_engine_ip"),
+            (dialer.remote_moriio_metadata.get(eid) == metadata, "decoded MoRIIOAgentMetadata"),
+            (dialer.layer_name_to_remote_kv_cache_metadata.get(eid) == layer_map, "layer map"),
+        ]
+        failed = [what for ok, what in checks if not ok]
+        row["ok"] = not failed
+        row["detail"] = (
+            f"listener at base+{listen - base}, dialer reached it; metadata and layer map round-trip"
+            if not failed
+            else "wrong: " + ", ".join(failed)
+        )
+    except Exception as e:  # noqa: BLE001
+        row["ok"] = False
+        row["detail"] = error_text(e)
+    return row
+
+
+def wire_release(v):
+    """Two decode ranks of a D4 release one P2 rank (fan-in 2): vLLM's _send_read_release over
+    a real DEALER to vLLM's async_wait_reqid ROUTER; pop_finished_req_ids, then
+    resolve_moriio_transfer_ack completes on the second ack only."""
+    row = {
+        "interaction": "release notify",
+        "direction": "vllm->vllm",
+        "layout": "P TP2 rank (0,1) <- D TP4 ranks 2 and 3 (fan-in 2)",
+    }
+    senders = []
+    try:
+        port = free_port()
+        cfg, _ = v.listener_config(1, 0, 2, 1, HANDSHAKE_BASE, port - 1)
+        producer = v.engine.MoRIIOWrapper(tp_rank=1, dp_rank=0)
+        producer.notify_port = cfg.notify_port
+        v.common.set_role(v.common.ROLE.PRODUCER)
+        producer.async_wait_reqid()
+        counts, completed, outcomes, acks = {}, set(), [], []
+        for rank in (2, 3):
+            wrapper = v.engine.MoRIIOWrapper(tp_rank=rank, dp_rank=0)
+            senders.append(wrapper)
+            w = v.decode_worker(4, rank, 0, False, "rdma", wrapper)
+            # Released exactly as _pop_done_transfers does once the read landed.
+            w._send_read_release(TRANSFER_ID, HOST, (str(cfg.notify_port),))
+            deadline = time.monotonic() + 10
+            popped = []
+            while not popped and time.monotonic() < deadline:
+                popped = producer.pop_finished_req_ids()
+                if not popped:
+                    time.sleep(0.005)
+            if not popped:
+                raise RuntimeError(f"no release reached the notify listener at {cfg.notify_port} in 10 s")
+            acks.extend(popped)
+            for ack in popped:
+                outcomes.append(
+                    v.connector.resolve_moriio_transfer_ack(
+                        ack,
+                        producer_tp_size=2,
+                        live_transfer_ids={TRANSFER_ID},
+                        notification_counts=counts,
+                        completed_transfer_ids=completed,
+                    )
+                )
+        want_ack = v.common.MoRIIOTransferAck(TRANSFER_ID, 4)
+        ok = acks == [want_ack, want_ack] and outcomes == [None, TRANSFER_ID]
+        row["ok"] = ok
+        row["detail"] = (
+            f"2 acks {tuple(want_ack)} popped; resolve_moriio_transfer_ack gave {outcomes}"
+            if ok
+            else f"acks {acks}, outcomes {outcomes}"
+        )
+    except Exception as e:  # noqa: BLE001
+        row["ok"] = False
+        row["detail"] = error_text(e)
+    finally:
+        for wrapper in senders:
+            wrapper.shutdown()
+    return row
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--vllm-src", required=True, help="the files extracted from the vLLM wheel")
+    parser.add_argument("--vllm-version", required=True)
+    parser.add_argument("--stubs", required=True)
+    parser.add_argument("--max-ranks", type=int, default=16)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--verbose", action="store_true", help="show vLLM's own log lines")
+    args = parser.parse_args()
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
+    # "MoRIIO is not available" (no mori.io: expected here) and the like stay quiet unless asked.
+    logging.getLogger("vllm").setLevel(logging.INFO if args.verbose else logging.CRITICAL)
+    started = time.monotonic()
+    v = Vllm(args.vllm_src, args.stubs)
+    doc = {
+        "vllm_version": args.vllm_version,
+        "python": "%d.%d.%d" % sys.version_info[:3],
+        "max_ranks": args.max_ranks,
+        "modules": v.modules,
+    }
+    doc.update(pure_rules(v, args.max_ranks))
+    doc["wire"] = wire_rows(v)
+    with open(args.out + ".tmp", "w") as f:
+        json.dump(doc, f, separators=(",", ":"))
+    os.replace(args.out + ".tmp", args.out)
+    log(f"done in {time.monotonic() - started:.1f} s")
+    sys.stderr.flush()
+    # Listener threads block in recv for ever (as in vLLM); skip interpreter teardown.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

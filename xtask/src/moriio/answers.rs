@@ -1,0 +1,227 @@
+//! vLLM's answers as tests/moriio/harness.py writes them (one JSON document), read strictly:
+//! a missing field or a wrong type is a typed error naming where, and [`Answers::check`] refuses
+//! sizes and ranks outside the layouts asked for, so the comparison never indexes past them.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::Deserialize;
+
+/// Largest DP or TP size a record may name (the harness asks up to `max_ranks` a side).
+pub const MAX_SIZE: u16 = 64;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Answers {
+    pub vllm_version: String,
+    pub python: String,
+    pub max_ranks: u16,
+    /// Module name to the file it was imported from, relative to the extracted wheel.
+    pub modules: BTreeMap<String, String>,
+    pub ports: Vec<PortLayout>,
+    pub expected_acks: Vec<ExpectedAcks>,
+    pub heads: Vec<HeadGuard>,
+    pub combos: Vec<Combo>,
+    pub wire: Vec<WireRow>,
+}
+
+/// vLLM's ports for every rank of one prefill layout `[dp, tp]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PortLayout {
+    pub prefill: [u16; 2],
+    pub ranks: Vec<PortRank>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PortRank {
+    pub dp: u16,
+    pub tp: u16,
+    /// Where `_moriio_handshake_listener` binds (`side_channel_port`).
+    pub handshake_listen: u32,
+    /// Where the notify listener binds (`MoRIIOConfig.notify_port`).
+    pub notify_listen: u32,
+    /// Where `_moriio_handshake` dials this rank.
+    pub handshake_dial: u32,
+    /// Where `_read_blocks` sends this rank's release.
+    pub release_dial: u32,
+}
+
+/// `get_moriio_expected_ack_count(producer, consumer)`: a value or vLLM's exception.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExpectedAcks {
+    pub producer: u16,
+    pub consumer: u16,
+    #[serde(default)]
+    pub value: Option<u16>,
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+/// `validate_moriio_heterogeneous_tp_kv_heads`: `error` is None when it passes.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeadGuard {
+    pub decode_tp: u16,
+    pub prefill_tp: u16,
+    pub kv_heads: u16,
+    pub mla: bool,
+    pub error: Option<String>,
+}
+
+/// One decode layout reading one prefill layout for a request owned by prefill DP rank `owner`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Combo {
+    pub decode: [u16; 2],
+    pub prefill: [u16; 2],
+    pub mla: bool,
+    /// `rdma` or `xgmi` (MoRIIO's `backend` option: xGMI never reads flexibly).
+    pub backend: String,
+    pub owner: u16,
+    pub ranks: Vec<DecodeRank>,
+    pub acks: Vec<AckGroup>,
+}
+
+/// What one decode rank did over its successive reads, or the exception vLLM raised.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecodeRank {
+    pub dp: u16,
+    pub tp: u16,
+    /// Each read: `(source TP rank, flexible, [notify ports released to])`.
+    #[serde(default)]
+    pub reads: Vec<(u16, bool, Vec<u32>)>,
+    /// The distinct release messages (MessagePack maps, as JSON) the rank sent.
+    #[serde(default)]
+    pub payloads: Vec<serde_json::Value>,
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+/// The releases of one decode DP group's first reads, counted by each prefill TP rank of the
+/// owner DP group.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AckGroup {
+    pub group: u16,
+    /// `get_moriio_expected_ack_count(prefill TP, decode TP)`, None when it refused.
+    pub expected: Option<u16>,
+    pub ranks: Vec<AckRank>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AckRank {
+    pub tp: u16,
+    pub received: u32,
+    /// After how many releases `get_finished` reported the request done (0: before any); more
+    /// than one entry means it was reported twice.
+    pub reported: Vec<u32>,
+}
+
+/// One wire interaction the harness ran.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WireRow {
+    pub interaction: String,
+    pub direction: String,
+    pub layout: String,
+    pub ok: bool,
+    pub detail: String,
+}
+
+/// A record outside the layouts asked for.
+#[derive(Debug, PartialEq, Eq)]
+pub struct BadRecord(pub String);
+
+impl fmt::Display for BadRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "the harness's answers hold a record outside the layouts asked for: {}", self.0)
+    }
+}
+
+impl std::error::Error for BadRecord {}
+
+fn size(what: &str, n: u16) -> Result<(), BadRecord> {
+    if (1..=MAX_SIZE).contains(&n) {
+        Ok(())
+    } else {
+        Err(BadRecord(format!("{what} {n} is not in 1..={MAX_SIZE}")))
+    }
+}
+
+fn below(what: &str, n: u16, limit: u16) -> Result<(), BadRecord> {
+    if n < limit {
+        Ok(())
+    } else {
+        Err(BadRecord(format!("{what} {n} is not below {limit}")))
+    }
+}
+
+impl Answers {
+    /// Checks every size and rank, so the comparison can build layouts and ranks from them.
+    pub fn check(&self) -> Result<(), BadRecord> {
+        size("max_ranks", self.max_ranks)?;
+        for p in &self.ports {
+            let [dp, tp] = p.prefill;
+            size("prefill DP", dp)?;
+            size("prefill TP", tp)?;
+            for r in &p.ranks {
+                below("port rank dp", r.dp, dp)?;
+                below("port rank tp", r.tp, tp)?;
+            }
+        }
+        for e in &self.expected_acks {
+            size("producer TP", e.producer)?;
+            size("consumer TP", e.consumer)?;
+        }
+        for h in &self.heads {
+            size("decode TP", h.decode_tp)?;
+            size("prefill TP", h.prefill_tp)?;
+            size("kv heads", h.kv_heads)?;
+        }
+        for c in &self.combos {
+            let ([d_dp, d_tp], [p_dp, p_tp]) = (c.decode, c.prefill);
+            for (what, n) in
+                [("decode DP", d_dp), ("decode TP", d_tp), ("prefill DP", p_dp), ("prefill TP", p_tp)]
+            {
+                size(what, n)?;
+            }
+            below("owner DP rank", c.owner, p_dp)?;
+            for r in &c.ranks {
+                below("decode rank dp", r.dp, d_dp)?;
+                below("decode rank tp", r.tp, d_tp)?;
+            }
+            for g in &c.acks {
+                below("decode group", g.group, d_dp)?;
+                for r in &g.ranks {
+                    below("ack rank tp", r.tp, p_tp)?;
+                }
+            }
+            if c.backend != "rdma" && c.backend != "xgmi" {
+                return Err(BadRecord(format!("backend {:?}", c.backend)));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_fields_and_out_of_range_ranks_are_refused() {
+        let doc = r#"{"vllm_version":"0.33.0","python":"3.11.7","max_ranks":2,"modules":{},
+            "ports":[{"prefill":[1,2],"ranks":[{"dp":0,"tp":2,"handshake_listen":1,
+            "notify_listen":1,"handshake_dial":1,"release_dial":1}]}],
+            "expected_acks":[],"heads":[],"combos":[],"wire":[]}"#;
+        let answers: Answers = serde_json::from_str(doc).unwrap();
+        assert_eq!(answers.check(), Err(BadRecord("port rank tp 2 is not below 2".into())));
+        let extra = doc.replace("\"wire\":[]", "\"wire\":[],\"surprise\":1");
+        assert!(serde_json::from_str::<Answers>(&extra).unwrap_err().to_string().contains("surprise"));
+    }
+}

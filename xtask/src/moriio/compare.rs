@@ -1,0 +1,575 @@
+//! pdkv-core's answers to the questions the harness asked vLLM, and the verdict of each case:
+//! identical (works), a difference listed in [`matrix::DOCUMENTED`], or a failure that names the
+//! layout, vLLM's answer and pdkv's.
+//!
+//! The harness and this file use the same inputs: host 127.0.0.1, handshake base 6301, notify
+//! base 61005, one transfer id; an MLA model, or GQA with one KV head (routing does not depend on
+//! the head count in either implementation; the head guard is its own rule over 1 to 16 heads).
+
+use std::collections::BTreeSet;
+
+use pdkv_core::ids::{EngineId, RankId, TransferId};
+use pdkv_core::legacy::{Legacy, LegacyOptions};
+use pdkv_core::policy::{Policy, SessionKeyRule};
+use pdkv_core::ports::{EngineAddress, ListenerKind, ReadTarget};
+use pdkv_core::release::{self, Quorum, RankLedger, Release, ReleaseOutcome, ReleaseSender};
+use pdkv_core::routing::{self, ReadRouter, RoutingError, Source};
+use pdkv_core::topology::{Layout, ModelSpec};
+
+use super::answers::{AckGroup, Answers, Combo, DecodeRank, ExpectedAcks, HeadGuard, PortLayout, WireRow};
+use super::matrix::{Case, Direction, Documented, Interaction, Rule, Verdict, Wire};
+
+/// The values tests/moriio/harness.py uses.
+const HOST: &str = "127.0.0.1";
+const HANDSHAKE_BASE: u16 = 6301;
+const NOTIFY_BASE: u16 = 61005;
+const TRANSFER_ID: &str = "tx-pdkv-conformance";
+
+fn address() -> EngineAddress {
+    EngineAddress { host: HOST.into(), handshake_port_base: HANDSHAKE_BASE, notify_port_base: NOTIFY_BASE }
+}
+
+fn model(mla: bool) -> ModelSpec {
+    if mla {
+        ModelSpec::deepseek_r1()
+    } else {
+        ModelSpec::gqa(1)
+    }
+}
+
+/// MoRIIO's `backend`: RDMA reads flexibly; xGMI never does, which is pdkv's `no-flexible-reads`.
+fn policy(backend: &str) -> Policy {
+    if backend == "xgmi" {
+        Policy::from(LegacyOptions::none().with(Legacy::NoFlexibleReads))
+    } else {
+        Policy::fixed()
+    }
+}
+
+/// Every case of every rule and wire row, in the harness's order.
+pub fn cases(answers: &Answers) -> Vec<Case> {
+    let mut out = Vec::new();
+    for layout in &answers.ports {
+        out.extend(ports(layout));
+    }
+    out.extend(answers.expected_acks.iter().map(expected_acks));
+    out.extend(answers.heads.iter().map(head_guard));
+    for combo in &answers.combos {
+        out.extend(source_and_release(combo));
+        for group in &combo.acks {
+            out.extend(acks(combo, group));
+        }
+    }
+    out.extend(answers.wire.iter().map(wire));
+    out
+}
+
+fn layout(sizes: [u16; 2]) -> Layout {
+    Layout::new(sizes[0], sizes[1], false)
+}
+
+fn name(sizes: [u16; 2]) -> String {
+    layout(sizes).to_string()
+}
+
+/// The layout class of a decode/prefill pair, as the matrix groups it.
+fn combo_class(c: &Combo) -> String {
+    let (w, [p_dp, p_tp]) = (c.decode[1], c.prefill);
+    if w == 1 && c.mla && p_dp == 1 && p_tp > 1 {
+        return if c.backend == "xgmi" {
+            "flexible shape on xGMI (fixed mapping)".into()
+        } else {
+            "flexible (D TP1, MLA, P DP1 TP>1)".into()
+        };
+    }
+    let ratio = if w.max(p_tp) % w.min(p_tp) != 0 {
+        "TP sizes not multiples (refused)"
+    } else if p_tp == w {
+        "P TP = D TP"
+    } else if p_tp > w {
+        "P TP > D TP"
+    } else {
+        "P TP < D TP"
+    };
+    format!("{ratio}, {}", if p_dp > 1 { "P DP>1" } else { "P DP1" })
+}
+
+fn combo_name(c: &Combo) -> String {
+    format!(
+        "D {} <- P {} ({}, {}, owner DP {})",
+        name(c.decode),
+        name(c.prefill),
+        if c.mla { "MLA" } else { "GQA" },
+        c.backend,
+        c.owner
+    )
+}
+
+fn router(c: &Combo, dp: u16, tp: u16) -> ReadRouter {
+    ReadRouter::new(
+        RankId::new(EngineId::decode(0), dp, tp),
+        layout(c.decode),
+        model(c.mla),
+        policy(&c.backend),
+    )
+}
+
+fn resolve(r: &mut ReadRouter, c: &Combo) -> Result<Source, RoutingError> {
+    r.resolve(EngineId::prefill(0), layout(c.prefill), Some(c.owner))
+}
+
+/// The notify port pdkv releases `source` at.
+fn release_port(c: &Combo, source: RankId) -> Result<u32, String> {
+    ReadTarget::for_engine(&address(), layout(c.prefill), source, SessionKeyRule::PerRank)
+        .map(|t| u32::from(t.notify.port))
+        .map_err(|e| e.to_string())
+}
+
+/// Source rank and release targets of every decode rank over its reads: one case each.
+fn source_and_release(c: &Combo) -> Vec<Case> {
+    let class = combo_class(c);
+    let mut out = Vec::new();
+    for rank in &c.ranks {
+        let (source, release) = decode_rank(c, rank);
+        out.push(Case::rule(Rule::SourceRank, class.clone(), source.0, source.1));
+        if let Some((verdict, detail)) = release {
+            out.push(Case::rule(Rule::ReleaseTargets, class.clone(), verdict, detail));
+        }
+    }
+    out
+}
+
+type Outcome = (Verdict, Option<String>);
+
+fn fails(detail: String) -> Outcome {
+    (Verdict::Fails, Some(detail))
+}
+
+/// The worst of two outcomes: a failure over a documented difference over works.
+fn worst(a: Outcome, b: Outcome) -> Outcome {
+    if b.0 > a.0 {
+        b
+    } else {
+        a
+    }
+}
+
+/// (source outcome, release outcome; None when both refused the pair).
+fn decode_rank(c: &Combo, rank: &DecodeRank) -> (Outcome, Option<Outcome>) {
+    let at = format!("{} decode rank (dp {}, tp {})", combo_name(c), rank.dp, rank.tp);
+    let mut r = router(c, rank.dp, rank.tp);
+    if let Some(err) = &rank.error {
+        // Both must refuse, for the same reason: sizes that are not multiples.
+        let outcome = match resolve(&mut r, c) {
+            Err(RoutingError::NotMultiple { .. }) if err.contains("multiple") => (Verdict::Works, None),
+            Err(e) => fails(format!("{at}: vLLM refuses ({err}), pdkv refuses for another reason ({e})")),
+            Ok(s) => fails(format!("{at}: vLLM refuses ({err}), pdkv reads {}", s.rank)),
+        };
+        return (outcome, None);
+    }
+    if rank.reads.is_empty() {
+        return (fails(format!("{at}: the harness recorded no read")), None);
+    }
+    let mut source = (Verdict::Works, None);
+    let mut release = (Verdict::Works, None);
+    let want =
+        serde_json::json!({"type": "release", "transfer_id": TRANSFER_ID, "consumer_tp_size": c.decode[1]});
+    for payload in &rank.payloads {
+        if *payload != want {
+            release = worst(
+                release,
+                fails(format!("{at}: vLLM's release is {payload}, pdkv's ledger reads {want}")),
+            );
+        }
+    }
+    for (k, (tp, flexible, ports)) in rank.reads.iter().enumerate() {
+        let at = format!("{at} read {k}");
+        let s = match resolve(&mut r, c) {
+            Ok(s) => s,
+            Err(e) => {
+                source = worst(source, fails(format!("{at}: vLLM reads TP rank {tp}, pdkv refuses: {e}")));
+                continue;
+            }
+        };
+        if (s.rank.dp, s.rank.tp, s.flexible) != (c.owner, *tp, *flexible) {
+            source = worst(
+                source,
+                fails(format!(
+                    "{at}: vLLM reads (dp {}, tp {tp}) flexible={flexible}, pdkv reads (dp {}, tp {}) flexible={}",
+                    c.owner, s.rank.dp, s.rank.tp, s.flexible
+                )),
+            );
+        }
+        release = worst(release, release_targets(c, &at, s, ports));
+    }
+    (source, Some(release))
+}
+
+/// vLLM's release ports for one read against pdkv's single release to the rank it read.
+fn release_targets(c: &Combo, at: &str, s: Source, ports: &[u32]) -> Outcome {
+    let mine = match release_port(c, s.rank) {
+        Ok(p) => p,
+        Err(e) => return fails(format!("{at}: pdkv has no release port: {e}")),
+    };
+    if ports == [mine] {
+        return (Verdict::Works, None);
+    }
+    let (w, p_tp) = (c.decode[1], c.prefill[1]);
+    // vLLM's extra releases must go to other ranks of the owner DP group that hold the same
+    // share: P/W ranks for a larger prefill, all of them for a flexible read.
+    let (documented, holders) = if s.flexible {
+        (Documented::FlexibleHolders, p_tp)
+    } else if p_tp > w && p_tp % w == 0 {
+        (Documented::UnreadHolders, p_tp / w)
+    } else {
+        return fails(format!("{at}: vLLM releases ports {ports:?}, pdkv releases port {mine}"));
+    };
+    let group: BTreeSet<u32> = (0..p_tp)
+        .filter_map(|tp| release_port(c, RankId::new(EngineId::prefill(0), c.owner, tp)).ok())
+        .collect();
+    let distinct: BTreeSet<u32> = ports.iter().copied().collect();
+    if ports.contains(&mine)
+        && distinct.len() == ports.len()
+        && ports.len() == usize::from(holders)
+        && distinct.is_subset(&group)
+    {
+        (Verdict::Documented(documented), None)
+    } else {
+        fails(format!("{at}: vLLM releases ports {ports:?}, pdkv releases port {mine}"))
+    }
+}
+
+/// When pdkv's ledger of one prefill rank reports the transfer done.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Done {
+    /// After this many releases (0: at registration).
+    After(u32),
+    /// A flexible read completed on another rank of the group.
+    ByGroup,
+    Never,
+}
+
+/// The releases one decode DP group sends for one request, as each prefill rank of the owner
+/// DP group counts them: vLLM's `get_finished` against pdkv's quorum plan and ledger.
+fn acks(c: &Combo, g: &AckGroup) -> Vec<Case> {
+    let class = combo_class(c);
+    let at = format!("{} decode group {}", combo_name(c), g.group);
+    let (p_tp, w) = (c.prefill[1], c.decode[1]);
+    let policy = policy(&c.backend);
+    let plan = match release::quorum_plan(layout(c.prefill), layout(c.decode), &model(c.mla), &policy) {
+        Ok(plan) => plan,
+        Err(e) => {
+            return vec![Case::rule(
+                Rule::Acks,
+                class,
+                Verdict::Fails,
+                Some(format!("{at}: vLLM counts acks, pdkv has no quorum plan: {e}")),
+            )]
+        }
+    };
+    // pdkv's releases: each decode rank of the group releases the rank its first read chose.
+    let mut inbox: Vec<Vec<ReleaseSender>> = vec![Vec::new(); usize::from(p_tp)];
+    for r in 0..w {
+        match resolve(&mut router(c, g.group, r), c) {
+            Ok(s) => inbox[usize::from(s.rank.tp)].push(ReleaseSender {
+                engine_id: format!("{HOST}:{HANDSHAKE_BASE}"),
+                dp_rank: g.group,
+                tp_rank: r,
+            }),
+            Err(e) => {
+                return vec![Case::rule(
+                    Rule::Acks,
+                    class,
+                    Verdict::Fails,
+                    Some(format!("{at}: pdkv cannot route decode rank {r}: {e}")),
+                )]
+            }
+        }
+    }
+    let id = TransferId(TRANSFER_ID.into());
+    let mut pdkv: Vec<(u32, Quorum, Done)> = Vec::new();
+    for (tp, senders) in inbox.iter().enumerate() {
+        let quorum = plan.per_tp_rank.get(tp).copied().unwrap_or(Quorum::Exact(0));
+        let mut ledger = RankLedger::new(&policy);
+        let mut done = match ledger.handle_transfer(&id, quorum) {
+            Ok(ReleaseOutcome::Completed) => Done::After(0),
+            _ => Done::Never,
+        };
+        for (i, sender) in senders.iter().enumerate() {
+            let release =
+                Release { transfer_id: id.clone(), consumer_tp_size: Some(w), sender: Some(sender.clone()) };
+            if ledger.handle_release(release) == ReleaseOutcome::Completed && done == Done::Never {
+                done = Done::After(i as u32 + 1);
+            }
+        }
+        pdkv.push((senders.len() as u32, quorum, done));
+    }
+    // The prefill engine completes a flexible transfer's other ranks once one rank completed.
+    if plan.flexible && pdkv.iter().any(|(_, _, d)| matches!(d, Done::After(_))) {
+        for entry in pdkv.iter_mut().filter(|(_, _, d)| *d == Done::Never) {
+            entry.2 = Done::ByGroup;
+        }
+    }
+    if g.ranks.len() != usize::from(p_tp) {
+        return vec![Case::rule(
+            Rule::Acks,
+            class,
+            Verdict::Fails,
+            Some(format!("{at}: vLLM answered for {} prefill ranks of {p_tp}", g.ranks.len())),
+        )];
+    }
+    g.ranks
+        .iter()
+        .map(|v| {
+            let (received, quorum, done) = pdkv[usize::from(v.tp)];
+            let vllm_done = v.reported.first().copied();
+            let at = format!(
+                "{at} prefill rank (dp {}, tp {}): vLLM got {} release(s), expects {:?}, reported done {:?}; \
+                 pdkv got {received}, quorum {quorum:?}, done {done:?}",
+                c.owner, v.tp, v.received, g.expected, v.reported
+            );
+            let verdict = if v.reported.len() > 1 {
+                fails(format!("{at} (vLLM reported it twice)"))
+            } else if v.received == received && vllm_done.map(Done::After).unwrap_or(Done::Never) == done {
+                (Verdict::Works, None)
+            } else if (v.received, vllm_done) == (1, Some(1))
+                && received == 0
+                && quorum == Quorum::Exact(0)
+                && done == Done::After(0)
+            {
+                (Verdict::Documented(Documented::UnreadHolders), None)
+            } else if (v.received, vllm_done) == (1, Some(1))
+                && received == 0
+                && quorum == Quorum::AnyOfGroup
+                && done == Done::ByGroup
+            {
+                (Verdict::Documented(Documented::FlexibleHolders), None)
+            } else {
+                fails(at)
+            };
+            Case::rule(Rule::Acks, class.clone(), verdict.0, verdict.1)
+        })
+        .collect()
+}
+
+fn port_class(p: [u16; 2]) -> &'static str {
+    match p {
+        [1, _] => "P DP1 (pure TP)",
+        [_, 1] => "P TP1 (pure DP)",
+        _ => "P DP>1 x TP>1",
+    }
+}
+
+/// vLLM's listener and dial ports of every rank of one prefill layout against pdkv's.
+fn ports(p: &PortLayout) -> Vec<Case> {
+    let class = port_class(p.prefill);
+    let (addr, lay, fixed) = (address(), layout(p.prefill), Policy::fixed());
+    let mut out = Vec::new();
+    for r in &p.ranks {
+        let rank = RankId::new(EngineId::prefill(0), r.dp, r.tp);
+        let at = format!("P {} rank (dp {}, tp {})", name(p.prefill), r.dp, r.tp);
+        let port = |e: Result<pdkv_core::ports::Endpoint, pdkv_core::ports::PortError>| {
+            e.map(|e| u32::from(e.port)).ok()
+        };
+        let checks = [
+            (
+                Rule::HandshakeListenPort,
+                r.handshake_listen,
+                port(addr.listen(lay, rank, ListenerKind::Handshake, &fixed)),
+                HANDSHAKE_BASE,
+                true,
+            ),
+            (
+                Rule::NotifyListenPort,
+                r.notify_listen,
+                port(addr.listen(lay, rank, ListenerKind::Notify, &fixed)),
+                NOTIFY_BASE,
+                true,
+            ),
+            (
+                Rule::HandshakeDialPort,
+                r.handshake_dial,
+                port(addr.dial(lay, rank, ListenerKind::Handshake)),
+                HANDSHAKE_BASE,
+                false,
+            ),
+            (
+                Rule::ReleaseDialPort,
+                r.release_dial,
+                port(addr.dial(lay, rank, ListenerKind::Notify)),
+                NOTIFY_BASE,
+                false,
+            ),
+        ];
+        for (rule, vllm, pdkv, base, listener) in checks {
+            let vllm_dp_plus_tp = u32::from(base) + u32::from(r.dp) + u32::from(r.tp);
+            let (verdict, detail) = match pdkv {
+                Some(mine) if mine == vllm => (Verdict::Works, None),
+                Some(mine)
+                    if listener
+                        && vllm == vllm_dp_plus_tp
+                        && mine == u32::from(base) + lay.flat_index(r.dp, r.tp) =>
+                {
+                    (Verdict::Documented(Documented::ListenerOffset), None)
+                }
+                mine => fails(format!("{at}: vLLM {vllm}, pdkv {mine:?}")),
+            };
+            out.push(Case::rule(rule, class, verdict, detail));
+        }
+    }
+    out
+}
+
+fn expected_acks(e: &ExpectedAcks) -> Case {
+    let (p, c) = (e.producer, e.consumer);
+    let class = if p.max(c) % p.min(c) != 0 {
+        "TP sizes not multiples"
+    } else if c <= p {
+        "D TP <= P TP"
+    } else {
+        "D TP > P TP"
+    };
+    let at = format!("producer TP{p}, consumer TP{c}");
+    let (verdict, detail) = match (e.value, &e.error, release::expected_releases(p, c)) {
+        (Some(v), None, Ok(mine)) if v == mine => (Verdict::Works, None),
+        (None, Some(err), Err(RoutingError::NotMultiple { .. })) if err.contains("multiple") => {
+            (Verdict::Works, None)
+        }
+        // vLLM checks divisibility only when the consumer is larger; pdkv everywhere.
+        (Some(1), None, Err(RoutingError::NotMultiple { .. })) if p > c && p % c != 0 => {
+            (Verdict::Documented(Documented::StrictAckCount), None)
+        }
+        (v, err, mine) => fails(format!("{at}: vLLM {v:?} {err:?}, pdkv {mine:?}")),
+    };
+    Case::rule(Rule::ExpectedAcks, class, verdict, detail)
+}
+
+fn head_guard(h: &HeadGuard) -> Case {
+    let (w, p, heads) = (h.decode_tp, h.prefill_tp, h.kv_heads);
+    let class = if h.mla {
+        "MLA"
+    } else if w == p {
+        "GQA, equal TP"
+    } else if w.min(p) >= heads {
+        "GQA, unequal TP, min(TP) >= KV heads"
+    } else {
+        "GQA, unequal TP, min(TP) < KV heads"
+    };
+    let model = ModelSpec { use_mla: h.mla, ..ModelSpec::gqa(heads) };
+    let at = format!("D TP{w}, P TP{p}, {heads} KV heads, mla={}", h.mla);
+    let (verdict, detail) = match (&h.error, routing::check_heads(w, p, &model)) {
+        (None, Ok(())) => (Verdict::Works, None),
+        (Some(err), Err(RoutingError::RequiresReplicatedHeads { .. }))
+            if err.contains("replicated KV heads") =>
+        {
+            (Verdict::Works, None)
+        }
+        (err, mine) => fails(format!("{at}: vLLM {err:?}, pdkv {mine:?}")),
+    };
+    Case::rule(Rule::HeadGuard, class, verdict, detail)
+}
+
+fn wire(row: &WireRow) -> Case {
+    let interaction = match row.interaction.as_str() {
+        "handshake" => Some(Wire::Handshake),
+        "release notify" => Some(Wire::ReleaseNotify),
+        "read lease" => Some(Wire::ReadLease),
+        "agent metadata" => Some(Wire::AgentMetadata),
+        _ => None,
+    };
+    let direction = match row.direction.as_str() {
+        "vllm->vllm" => Some(Direction::VllmToVllm),
+        "pdkv->vllm" => Some(Direction::PdkvToVllm),
+        "vllm->pdkv" => Some(Direction::VllmToPdkv),
+        _ => None,
+    };
+    let (verdict, detail) = match (interaction, direction) {
+        (Some(_), Some(_)) if row.ok => (Verdict::Works, None),
+        (Some(_), Some(_)) => fails(format!("{}: {}", row.layout, row.detail)),
+        _ => fails(format!("unknown wire row {:?} {:?}", row.interaction, row.direction)),
+    };
+    Case {
+        interaction: Interaction::Wire(interaction.unwrap_or(Wire::Handshake)),
+        direction: direction.unwrap_or(Direction::VllmToVllm),
+        class: row.layout.clone(),
+        verdict,
+        detail,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::moriio::answers::AckRank;
+
+    fn combo(decode: [u16; 2], prefill: [u16; 2], mla: bool, reads: Vec<(u16, bool, Vec<u32>)>) -> Combo {
+        Combo {
+            decode,
+            prefill,
+            mla,
+            backend: "rdma".into(),
+            owner: 0,
+            ranks: vec![DecodeRank {
+                dp: 0,
+                tp: 0,
+                reads,
+                payloads: vec![
+                    serde_json::json!({"type": "release", "transfer_id": TRANSFER_ID, "consumer_tp_size": decode[1]}),
+                ],
+                error: None,
+            }],
+            acks: vec![],
+        }
+    }
+
+    #[test]
+    fn identical_reads_work_and_a_wrong_rank_fails_with_both_answers() {
+        // D TP2 rank 0 reads P TP4 rank 0; vLLM also releases rank 1 (a holder it did not read).
+        let c = combo([1, 2], [1, 4], false, vec![(0, false, vec![61005, 61006]); 2]);
+        let cases = source_and_release(&c);
+        assert_eq!(cases[0].verdict, Verdict::Works);
+        assert_eq!(cases[1].verdict, Verdict::Documented(Documented::UnreadHolders));
+        let c = combo([1, 2], [1, 4], false, vec![(1, false, vec![61006])]);
+        let cases = source_and_release(&c);
+        assert_eq!(cases[0].verdict, Verdict::Fails);
+        let detail = cases[0].detail.as_deref().unwrap();
+        assert!(
+            detail.contains("vLLM reads (dp 0, tp 1)") && detail.contains("pdkv reads (dp 0, tp 0)"),
+            "{detail}"
+        );
+        assert_eq!(cases[1].verdict, Verdict::Fails, "{:?}", cases[1].detail);
+    }
+
+    #[test]
+    fn unread_holder_acks_are_the_documented_difference() {
+        let mut c = combo([1, 2], [1, 4], false, vec![]);
+        let done = |received, reported: Vec<u32>| AckRank { tp: 0, received, reported };
+        let mut ranks: Vec<AckRank> = (0..4).map(|_| done(1, vec![1])).collect();
+        for (tp, r) in ranks.iter_mut().enumerate() {
+            r.tp = tp as u16;
+        }
+        c.acks = vec![AckGroup { group: 0, expected: Some(1), ranks }];
+        let verdicts: Vec<Verdict> = acks(&c, &c.acks[0]).into_iter().map(|case| case.verdict).collect();
+        let u = Verdict::Documented(Documented::UnreadHolders);
+        assert_eq!(verdicts, [Verdict::Works, u.clone(), Verdict::Works, u]);
+    }
+
+    #[test]
+    fn listener_ports_differ_only_where_dp_and_tp_are_both_above_one() {
+        let rank = |dp, tp, listen: u32, dial: u32| super::super::answers::PortRank {
+            dp,
+            tp,
+            handshake_listen: 6301 + listen,
+            notify_listen: 61005 + listen,
+            handshake_dial: 6301 + dial,
+            release_dial: 61005 + dial,
+        };
+        let p = PortLayout { prefill: [2, 2], ranks: vec![rank(0, 1, 1, 1), rank(1, 1, 2, 3)] };
+        let verdicts: Vec<Verdict> = ports(&p).into_iter().map(|c| c.verdict).collect();
+        let d = Verdict::Documented(Documented::ListenerOffset);
+        assert_eq!(verdicts[..4], [Verdict::Works, Verdict::Works, Verdict::Works, Verdict::Works]);
+        assert_eq!(verdicts[4..], [d.clone(), d, Verdict::Works, Verdict::Works]);
+        let wrong = PortLayout { prefill: [2, 2], ranks: vec![rank(1, 1, 4, 2)] };
+        assert!(ports(&wrong).iter().all(|c| c.verdict == Verdict::Fails));
+    }
+}

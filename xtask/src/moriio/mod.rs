@@ -1,0 +1,305 @@
+//! `cargo xtask moriio-conformance`: pdkv against vLLM's own MoRIIO code, taken from the pinned
+//! PyPI wheel (not a peer pdkv wrote). Fetches and checks the wheel (`wheel.rs`), runs
+//! tests/moriio/harness.py with target/pyenv's Python (vLLM's real modules, stubs only for torch,
+//! numpy, MoRI and the vLLM modules that need them), reads its answers (`answers.rs`), computes
+//! pdkv-core's answers to the same questions and judges every case (`compare.rs`), and prints
+//! the compatibility matrix (`matrix.rs`). Exit 0 when no case fails, 1 otherwise, 2 for bad
+//! arguments.
+
+mod answers;
+mod compare;
+mod matrix;
+mod wheel;
+
+use std::fmt;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::Instant;
+
+use crate::pyenv::{self, PyEnvError};
+use crate::suite::PYTHON_VAR;
+
+pub const HELP: &str = "\
+usage: cargo xtask moriio-conformance [--max-ranks N] [--verbose]
+
+Checks pdkv against vLLM's own MoRIIO connector code (vLLM 0.33.0 from PyPI; the version and
+its wheels' sha256 are pinned in xtask/src/moriio/wheel.rs):
+
+  1. sets up target/pyenv (pinned pyzmq, msgpack, msgspec; PDKV_PYTHON=<python> uses that
+     Python instead, which must have them and be 3.11 or newer);
+  2. downloads the vLLM wheel once with `pip download --require-hashes` into target/vllm-0.33.0/
+     (about 340 MB; later runs check the cached file's sha256 and reuse it), and extracts the
+     MoRIIO package and vLLM's network_utils.py and envs.py;
+  3. runs tests/moriio/harness.py: vLLM's real moriio_common.py, moriio_connector.py and
+     moriio_engine.py, with tests/moriio/stubs/ standing in for torch, numpy, MoRI and the vLLM
+     modules that need them, answer every pure rule pdkv re-implements (source rank and the
+     flexible round-robin, release targets, acks per prefill rank, expected ack count, listener
+     and dial ports, KV head guard) for every prefill and decode layout of up to N ranks a side
+     (pure TP, DP, DP x TP; MLA and GQA), and vLLM talks to vLLM over loopback (handshake,
+     release notify);
+  4. computes pdkv-core's answers to the same questions, and prints the compatibility matrix:
+     per interaction, direction and layout class, how many cases work, differ as documented
+     (a deliberate pdkv rule, explained under the table), or fail. Each failure is listed with
+     its layout, vLLM's answer and pdkv's.
+
+options:
+  --max-ranks N   largest DP x TP a side (1 to 16; default 16)
+  --verbose       show vLLM's own log lines
+
+exit codes: 0 no case fails; 1 a case fails, or the wheel, Python or harness could not be set
+up (the message says which: no network, wrong hash, missing Python); 2 bad arguments.
+
+examples:
+  cargo xtask moriio-conformance
+  cargo xtask moriio-conformance --max-ranks 4";
+
+/// Why the conformance could not run (as opposed to a case failing).
+#[derive(Debug)]
+pub enum ConformanceError {
+    Pyenv(PyEnvError),
+    /// The Python (target/pyenv's or PDKV_PYTHON) cannot run, is too old, or lacks a package.
+    Python {
+        program: PathBuf,
+        detail: String,
+    },
+    Wheel(wheel::WheelError),
+    /// The harness exited with an error.
+    Harness {
+        detail: String,
+    },
+    /// The harness's answers are not the document expected.
+    Answers {
+        detail: String,
+    },
+    Io {
+        what: String,
+        error: io::Error,
+    },
+}
+
+impl fmt::Display for ConformanceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConformanceError::Pyenv(e) => write!(f, "cannot set up target/pyenv: {e}"),
+            ConformanceError::Python { program, detail } => write!(
+                f,
+                "the Python at {} cannot run vLLM {}'s MoRIIO code: {}",
+                program.display(),
+                wheel::VLLM.version,
+                detail.trim()
+            ),
+            ConformanceError::Wheel(e) => write!(f, "{e}"),
+            ConformanceError::Harness { detail } => {
+                write!(
+                    f,
+                    "tests/moriio/harness.py failed (a vLLM change the harness does not follow?):\n{}",
+                    detail.trim()
+                )
+            }
+            ConformanceError::Answers { detail } => write!(f, "cannot read the harness's answers: {detail}"),
+            ConformanceError::Io { what, error } => write!(f, "{what}: {error}"),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Options {
+    max_ranks: u16,
+    verbose: bool,
+}
+
+fn parse(args: &[String]) -> Result<Option<Options>, String> {
+    let mut options = Options { max_ranks: 16, verbose: false };
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "-h" | "--help" => return Ok(None),
+            "--verbose" => options.verbose = true,
+            "--max-ranks" => {
+                let value = it.next().ok_or("--max-ranks needs a value")?;
+                options.max_ranks = match value.parse::<u16>() {
+                    Ok(n) if (1..=16).contains(&n) => n,
+                    _ => return Err(format!("--max-ranks {value}: expected 1 to 16")),
+                };
+            }
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    Ok(Some(options))
+}
+
+pub fn run(args: &[String], root: &Path) -> ExitCode {
+    let options = match parse(args) {
+        Ok(Some(o)) => o,
+        Ok(None) => {
+            println!("{HELP}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("moriio-conformance: {e}\n\n{HELP}");
+            return ExitCode::from(2);
+        }
+    };
+    let started = Instant::now();
+    match conformance(root, &options) {
+        Ok(failed) => {
+            println!("moriio-conformance: {:.1} s", started.elapsed().as_secs_f64());
+            if failed {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Err(e) => {
+            eprintln!("moriio-conformance: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The whole run; Ok(true) when some case failed.
+fn conformance(root: &Path, options: &Options) -> Result<bool, ConformanceError> {
+    let target = crate::target_dir(root);
+    let python = match std::env::var_os(PYTHON_VAR).filter(|p| !p.is_empty()) {
+        Some(p) => {
+            eprintln!(
+                "moriio-conformance: {PYTHON_VAR}={} given, so target/pyenv is not used",
+                Path::new(&p).display()
+            );
+            PathBuf::from(p)
+        }
+        None => pyenv::ensure(&target, "python3").map_err(ConformanceError::Pyenv)?,
+    };
+    check_python(&python)?;
+    let cache = wheel::cache_dir(&target);
+    eprintln!("moriio-conformance: vLLM {} (cached in {})", wheel::VLLM.version, cache.display());
+    let src = wheel::ensure(&python, root, &cache).map_err(ConformanceError::Wheel)?;
+    let out = cache.join("answers.json");
+    let step = Instant::now();
+    eprintln!(
+        "moriio-conformance: asking vLLM's MoRIIO code about every layout up to {} ranks a side ...",
+        options.max_ranks
+    );
+    let mut cmd = Command::new(&python);
+    cmd.arg(root.join("tests/moriio/harness.py"))
+        .arg("--vllm-src")
+        .arg(&src)
+        .args(["--vllm-version", wheel::VLLM.version])
+        .arg("--stubs")
+        .arg(root.join("tests/moriio/stubs"))
+        .args(["--max-ranks", &options.max_ranks.to_string()])
+        .arg("--out")
+        .arg(&out)
+        // The harness's own modules must not be cached as .pyc files next to the sources.
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .stdin(Stdio::null());
+    if options.verbose {
+        cmd.arg("--verbose");
+    }
+    let status = cmd
+        .status()
+        .map_err(|error| ConformanceError::Io { what: format!("cannot run {}", python.display()), error })?;
+    if !status.success() {
+        return Err(ConformanceError::Harness { detail: format!("{status} (its messages are above)") });
+    }
+    let text = fs::read_to_string(&out)
+        .map_err(|error| ConformanceError::Io { what: format!("cannot read {}", out.display()), error })?;
+    let answers: answers::Answers = serde_json::from_str(&text)
+        .map_err(|e| ConformanceError::Answers { detail: format!("{}: {e}", out.display()) })?;
+    answers.check().map_err(|e| ConformanceError::Answers { detail: e.to_string() })?;
+    if answers.vllm_version != wheel::VLLM.version {
+        return Err(ConformanceError::Answers {
+            detail: format!("answers are for vLLM {}, not {}", answers.vllm_version, wheel::VLLM.version),
+        });
+    }
+    eprintln!(
+        "moriio-conformance: vLLM answered in {:.1} s; comparing with pdkv-core",
+        step.elapsed().as_secs_f64()
+    );
+
+    let mut matrix = matrix::Matrix::default();
+    for case in compare::cases(&answers) {
+        matrix.add(case);
+    }
+    print_report(&answers, &matrix);
+    Ok(!matrix.failures().is_empty())
+}
+
+fn print_report(answers: &answers::Answers, matrix: &matrix::Matrix) {
+    const SHOWN: usize = 40;
+    let failures = matrix.failures();
+    if !failures.is_empty() {
+        println!("FAILURES (the layout, vLLM's answer, pdkv's answer):");
+        for f in failures.iter().take(SHOWN) {
+            println!("  {f}");
+        }
+        if failures.len() > SHOWN {
+            println!("  ... and {} more", failures.len() - SHOWN);
+        }
+        println!();
+    }
+    println!(
+        "pdkv against vLLM {} (Python {}; real {}):",
+        answers.vllm_version,
+        answers.python,
+        answers.modules.values().map(String::as_str).collect::<Vec<_>>().join(", ")
+    );
+    println!();
+    print!("{}", matrix.render());
+    println!();
+    let (works, documented, fails) = matrix.totals();
+    println!(
+        "moriio-conformance: {} cases: {works} work, {documented} differ as documented, {fails} fail",
+        works + documented + fails
+    );
+}
+
+/// The Python must be the one vLLM's wheel supports and have the harness's packages.
+fn check_python(python: &Path) -> Result<(), ConformanceError> {
+    let (major, minor) = wheel::VLLM.min_python;
+    let script = format!(
+        "import sys\nif sys.version_info[:2] < ({major}, {minor}):\n    \
+         sys.exit('Python %d.%d; vLLM {} needs {major}.{minor} or newer (its Requires-Python)' % sys.version_info[:2])\n\
+         import zmq, msgpack, msgspec",
+        wheel::VLLM.version
+    );
+    let out = Command::new(python).arg("-c").arg(&script).output().map_err(|e| ConformanceError::Python {
+        program: python.to_path_buf(),
+        detail: format!("cannot start it ({e}); install python3 (Debian/Ubuntu: apt-get install python3)"),
+    })?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let mut detail = String::from_utf8_lossy(&out.stderr).into_owned();
+    if detail.contains("No module named") {
+        detail.push_str(&format!(
+            "\nIt needs {}: unset {PYTHON_VAR} to use target/pyenv",
+            pyenv::package_list()
+        ));
+    }
+    Err(ConformanceError::Python { program: python.to_path_buf(), detail })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arguments_are_checked() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(parse(&args(&["--help"])).unwrap().is_none());
+        let o = parse(&args(&["--max-ranks", "4", "--verbose"])).unwrap().unwrap();
+        assert_eq!((o.max_ranks, o.verbose), (4, true));
+        assert!(parse(&args(&["--max-ranks", "17"])).unwrap_err().contains("1 to 16"));
+        assert!(parse(&args(&["--max-ranks"])).unwrap_err().contains("needs a value"));
+        assert!(parse(&args(&["--frobnicate"])).unwrap_err().contains("unknown argument"));
+    }
+
+    #[test]
+    fn a_missing_python_is_named() {
+        let err = check_python(Path::new("/nonexistent/python3")).unwrap_err().to_string();
+        assert!(err.contains("/nonexistent/python3") && err.contains("install python3"), "{err}");
+    }
+}
