@@ -17,7 +17,7 @@ use pdkv_core::policy::Policy;
 use pdkv_core::ports::{Endpoint, SessionKey};
 use pdkv_core::wire::{self, ControlMessage};
 
-use crate::connector::{resolve, ConnectorError, Context, DataDescriptor, Input, HANDSHAKE_FRAMES};
+use crate::connector::{resolve, ConnectorError, Context, DataDescriptor, Input};
 use crate::pattern::{heads_of_rank, transfer_key, BlockKey};
 use crate::sched::{FromRank, ToRank, TransportKind};
 use crate::tcp::TcpTransport;
@@ -45,8 +45,9 @@ struct ReadJob {
     heads: (u16, u16),
 }
 
-/// Dials a prefill rank's handshake listener as MoRIIO does (a DEALER sending `get_meta_msg`),
-/// and decodes both reply frames.
+/// Dials a prefill rank's handshake listener as MoRIIO does (a DEALER sending the one frame
+/// `get_meta_msg`), and decodes the two reply messages, each of which must be `[b"", payload]`
+/// as MoRIIO's dialer demands.
 pub fn dial(
     endpoint: &Endpoint,
     identity: &str,
@@ -57,11 +58,13 @@ pub fn dial(
         .map_err(|e| format!("dial {endpoint}: {e}"))?;
     conn.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
     conn.send(&[wire::HANDSHAKE_REQUEST]).map_err(|e| format!("send to {endpoint}: {e}"))?;
-    let frames = conn.recv().map_err(|e| format!("reply from {endpoint}: {e}"))?;
-    if frames.len() != HANDSHAKE_FRAMES {
-        return Err(format!("{endpoint} replied {} frames, not {HANDSHAKE_FRAMES}", frames.len()));
-    }
-    let metadata = match wire::decode(&frames[0]) {
+    let mut part = |part: wire::ReplyPart| -> Result<Vec<u8>, String> {
+        let frames = conn.recv().map_err(|e| format!("{part} reply from {endpoint}: {e}"))?;
+        let payload = wire::reply_payload(part, &frames).map_err(|e| format!("{endpoint}: {e}"))?;
+        Ok(payload.to_vec())
+    };
+    let metadata = part(wire::ReplyPart::Metadata)?;
+    let metadata = match wire::decode(&metadata) {
         Ok(ControlMessage::HandshakeMetadata(m)) => m,
         Ok(other) => {
             return Err(format!(
@@ -71,8 +74,9 @@ pub fn dial(
         }
         Err(e) => return Err(format!("metadata from {endpoint}: {e}")),
     };
-    let layers = wire::decode_layer_memory_descs(&frames[1])
-        .map_err(|e| format!("descriptors from {endpoint}: {e}"))?;
+    let layers = part(wire::ReplyPart::Layers)?;
+    let layers =
+        wire::decode_layer_memory_descs(&layers).map_err(|e| format!("descriptors from {endpoint}: {e}"))?;
     Ok((metadata, layers))
 }
 

@@ -14,7 +14,7 @@ use pdkv_core::ports::ListenerKind;
 use pdkv_core::prefill::{PrefillWorker, WorkerAction, WorkerEvent};
 use pdkv_core::wire::{self, ControlMessage, HandshakeMetadata, LayerMemoryDesc, RankInfo};
 
-use crate::connector::{resolve, ConnectorError, Context, DataDescriptor, Input, HANDSHAKE_FRAMES};
+use crate::connector::{resolve, ConnectorError, Context, DataDescriptor, Input};
 use crate::memory::Regions;
 use crate::pattern::{heads_of_rank, transfer_key, BlockKey};
 use crate::sched::{FromRank, ToRank, TransportKind};
@@ -109,33 +109,52 @@ fn spawn_listener(
     });
 }
 
-fn serve_handshake(mut conn: crate::zmtp::Connection, id: u64, tx: Sender<Input>) {
+/// Serves one handshake connection as MoRIIO's listener does: `get_meta_msg` is answered with
+/// the node's two reply messages (each `[b"", payload]`), `pop_done_recv` takes the next message
+/// as a request id and answers nothing. Anything else is reported and skipped: unlike MoRIIO's
+/// listener, which raises and stops serving everyone, this one keeps serving the connection.
+pub fn serve_handshake(mut conn: crate::zmtp::Connection, id: u64, tx: Sender<Input>) {
     let (reply_tx, reply_rx) = mpsc::channel();
     while let Ok(frames) = conn.recv() {
-        if frames.len() != 1 || frames[0] != wire::HANDSHAKE_REQUEST {
-            let _ =
-                tx.send(Input::Problem(format!("handshake listener: unexpected {} frame(s)", frames.len())));
-            continue;
-        }
-        if tx.send(Input::HandshakeRequest { conn: id, reply: reply_tx.clone() }).is_err() {
-            return;
-        }
-        let Ok(reply) = reply_rx.recv_timeout(REPLY_TIMEOUT) else { return };
-        let refs: Vec<&[u8]> = reply.iter().map(Vec::as_slice).collect();
-        if conn.send(&refs).is_err() {
-            return;
+        match wire::handshake_request(&frames) {
+            Ok(wire::HandshakeRequest::Metadata) => {
+                if tx.send(Input::HandshakeRequest { conn: id, reply: reply_tx.clone() }).is_err() {
+                    return;
+                }
+                let Ok(reply) = reply_rx.recv_timeout(REPLY_TIMEOUT) else { return };
+                for message in &reply {
+                    let refs: Vec<&[u8]> = message.iter().map(Vec::as_slice).collect();
+                    if conn.send(&refs).is_err() {
+                        return;
+                    }
+                }
+            }
+            // The request id that follows is only logged by MoRIIO; pdkv has no use for it.
+            Ok(wire::HandshakeRequest::DoneRecv) => {
+                if conn.recv().is_err() {
+                    return;
+                }
+            }
+            Err(e) => {
+                if tx.send(Input::Problem(format!("handshake listener: {e}"))).is_err() {
+                    return;
+                }
+            }
         }
     }
 }
 
-/// Serves one notify connection: every frame (a release, a lease, the legacy string) goes to the
-/// node thread as it arrived; the node decodes it.
+/// Serves one notify connection: each one-frame message (a release, a lease, the legacy string)
+/// goes to the node thread as it arrived, and the node decodes it; a message of another shape
+/// is reported and skipped (MoRIIO's listener would raise on it and stop serving).
 pub fn serve_notify(mut conn: crate::zmtp::Connection, _id: u64, tx: Sender<Input>) {
     while let Ok(frames) = conn.recv() {
-        for frame in frames {
-            if tx.send(Input::Notify(frame)).is_err() {
-                return;
-            }
+        let input = match wire::notify_frame(&frames) {
+            Ok(frame) => Input::Notify(frame.to_vec()),
+            Err(e) => Input::Problem(format!("notify listener: {e}")),
+        };
+        if tx.send(input).is_err() {
+            return;
         }
     }
 }
@@ -307,7 +326,7 @@ fn start(ctx: &mut Context) -> Result<Started, String> {
 
 fn serve(mut ctx: Context, started: Started) -> Result<(), ConnectorError> {
     let Started { mut worker, kv, server } = started;
-    let mut replies: BTreeMap<u64, Sender<Vec<Vec<u8>>>> = BTreeMap::new();
+    let mut replies: BTreeMap<u64, Sender<crate::connector::HandshakeReply>> = BTreeMap::new();
     // Blocks of each transfer this incarnation filled, to fence again when it is retired.
     let mut filled: BTreeMap<TransferId, Vec<u32>> = BTreeMap::new();
     let (mut releases, mut handshakes) = (0u64, 0u64);
@@ -395,13 +414,8 @@ fn serve(mut ctx: Context, started: Started) -> Result<(), ConnectorError> {
         for action in out.drain(..) {
             match action {
                 WorkerAction::SendHandshakeReply { peer, metadata, layers } => {
-                    let frames = vec![
-                        wire::encode(&ControlMessage::HandshakeMetadata(metadata)),
-                        wire::encode_layer_memory_descs(&layers),
-                    ];
-                    debug_assert_eq!(frames.len(), HANDSHAKE_FRAMES);
                     if let Some(reply) = replies.remove(&peer) {
-                        let _ = reply.send(frames);
+                        let _ = reply.send(wire::handshake_reply(&metadata, &layers));
                     }
                 }
                 WorkerAction::Finished { transfer_id, .. } => {

@@ -4,8 +4,8 @@
 //! (a) A pyzmq ROUTER (MoRIIO's notify listener) and a pdkv DEALER: pdkv's MessagePack release
 //!     must decode in Python to MoRIIO's dict, and every frame must come back byte for byte.
 //! (b) A pdkv ROUTER (a handshake listener) and a pyzmq DEALER with an identity: MoRIIO's
-//!     `get_meta_msg` gets pdkv's two-frame reply, which Python must decode; the release Python
-//!     packs must decode in pdkv.
+//!     `get_meta_msg` gets pdkv's reply, two messages each framed `[b"", payload]` as MoRIIO's
+//!     dialer demands, which Python must decode; the release Python packs must decode in pdkv.
 //!
 //! Both keep libzmq's heartbeats on, so pdkv must answer PINGs. Python and its packages are
 //! required, not optional: the Python is `$PDKV_PYTHON`, which `cargo xtask test` points at
@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use pdkv_core::ids::TransferId;
 use pdkv_core::release::{Release, ReleaseSender};
 use pdkv_core::wire::{
-    decode, encode, encode_layer_memory_descs, ControlMessage, HandshakeMetadata, LayerMemoryDesc, RankInfo,
+    decode, encode, handshake_reply, ControlMessage, HandshakeMetadata, LayerMemoryDesc, RankInfo,
     HANDSHAKE_REQUEST,
 };
 use pdkv_rdma::zmtp::{Connection, RouterListener, SocketType};
@@ -270,9 +270,10 @@ fn serve(mut listener: RouterListener) -> Result<Served, pdkv_rdma::zmtp::ZmtpEr
     let mut conn = listener.accept()?;
     conn.set_read_timeout(Some(READ))?;
     let request = conn.recv()?;
-    let meta = encode(&ControlMessage::HandshakeMetadata(metadata()));
-    let descs = encode_layer_memory_descs(&layers());
-    conn.send(&[&meta, &descs])?;
+    for message in handshake_reply(&metadata(), &layers()) {
+        let frames: Vec<&[u8]> = message.iter().map(Vec::as_slice).collect();
+        conn.send(&frames)?;
+    }
     let release = conn.recv()?;
     conn.send(&[b"ack"])?;
     Ok(Served {
@@ -313,7 +314,6 @@ fn pyzmq_dealer_against_pdkv_router() {
     let meta = metadata();
     let addrs: Vec<String> = meta.kv_caches_base_addr.iter().map(u64::to_string).collect();
     let expected = vec![
-        "frames 2".to_owned(),
         format!(
             "metadata {{\"engine_id\": \"prefill-0:6301\", \"agent_metadata\": \"hex:{}\", \
              \"kv_caches_base_addr\": [{}], \"num_blocks\": 21504, \"block_len\": 73728, \

@@ -1,6 +1,7 @@
-//! The handshake socket's reply: MoRIIO's agent metadata with pdkv's optional ranks (first
-//! frame) and the per-layer memory descriptors (second frame), with their wire mirrors and
-//! decoders. The request is the raw bytes [`HANDSHAKE_REQUEST`](super::HANDSHAKE_REQUEST).
+//! The handshake socket's reply: MoRIIO's agent metadata with pdkv's optional ranks (the first
+//! reply message's payload) and the per-layer memory descriptors (the second's), with their wire
+//! mirrors and decoders. The request is the raw bytes
+//! [`HANDSHAKE_REQUEST`](super::HANDSHAKE_REQUEST); how the parts sit in frames is `framing`'s.
 
 use std::collections::BTreeSet;
 
@@ -22,7 +23,7 @@ pub struct RankInfo {
     pub tp_size: u16,
 }
 
-/// The first frame of the handshake reply: MoRIIO's `MoRIIOAgentMetadata`, plus pdkv's ranks.
+/// The first handshake reply payload: MoRIIO's `MoRIIOAgentMetadata`, plus pdkv's ranks.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct HandshakeMetadata {
     /// `"<host>:<handshake port base>"`.
@@ -41,7 +42,8 @@ pub struct HandshakeMetadata {
     pub rank: Option<RankInfo>,
 }
 
-/// One entry of the second handshake reply frame: a layer and its packed MoRI memory descriptors.
+/// One entry of the second handshake reply payload: a layer and its packed MoRI memory
+/// descriptors.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct LayerMemoryDesc {
     /// vLLM's name of the attention layer, e.g. `model.layers.0.self_attn.attn`.
@@ -101,7 +103,8 @@ pub(super) struct MetadataWire<'a> {
     pub(super) tp_size: Option<u16>,
 }
 
-/// Encodes the second handshake reply frame: `{layer_name: [descriptor, ...]}` in the given order.
+/// Encodes the second handshake reply payload: `{layer_name: [descriptor, ...]}` in the given
+/// order.
 pub fn encode_layer_memory_descs(layers: &[LayerMemoryDesc]) -> Vec<u8> {
     named(&LayerMap(layers))
 }
@@ -140,7 +143,7 @@ pub(super) fn metadata(mut f: Fields) -> Result<ControlMessage, WireError> {
     }))
 }
 
-/// Decodes the second handshake reply frame, `{layer_name: [descriptor, ...]}`, keeping the
+/// Decodes the second handshake reply payload, `{layer_name: [descriptor, ...]}`, keeping the
 /// peer's layer order (MoRIIO opens one session per layer in that order).
 pub fn decode_layer_memory_descs(bytes: &[u8]) -> Result<Vec<LayerMemoryDesc>, WireError> {
     const FIELD: &str = "layer memory descriptors";

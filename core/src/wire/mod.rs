@@ -19,12 +19,14 @@
 //! and `sender_tp_rank: int` (names chosen by pdkv; MoRIIO has no such keys), all three or none.
 //! MoRIIO reads a release with `data["transfer_id"]` and `consumer_tp_size`, so it ignores them.
 //!
-//! Handshake socket (`handshake_port + dp * T + tp`): the request is the raw bytes
-//! `get_meta_msg` (again not MessagePack), and the reply is two frames. The first is MoRIIO's
-//! `MoRIIOAgentMetadata`: `engine_id: str`, `agent_metadata: bin` (a packed MoRI `EngineDesc`),
+//! Handshake socket (`handshake_port + dp * T + tp`): the request is one frame, the raw bytes
+//! `get_meta_msg` (again not MessagePack), and the reply is two messages, each an empty
+//! delimiter frame and then the payload (`[b"", metadata]`, then `[b"", layer map]`: MoRIIO's
+//! listener sends them so and its dialer refuses anything else; `framing` has the frames of
+//! every socket). The first payload is MoRIIO's `MoRIIOAgentMetadata`: `engine_id: str`, `agent_metadata: bin` (a packed MoRI `EngineDesc`),
 //! `kv_caches_base_addr: [int]`, `num_blocks: int`, `block_len: int` (bytes per block),
 //! `attn_backend_name: str`; pdkv appends `dp_rank`, `tp_rank` and `tp_size` (its own names,
-//! all three or none; msgspec's decoder skips unknown keys). The second frame maps each layer
+//! all three or none; msgspec's decoder skips unknown keys). The second payload maps each layer
 //! name to a list of packed MoRI `MemoryDesc` blobs; it carries no discriminating key, so it
 //! has its own pair of functions, [`encode_layer_memory_descs`] and [`decode_layer_memory_descs`].
 //!
@@ -50,11 +52,14 @@
 //! rank 0, as in MoRIIO. Those older forms decode, but re-encode in the current shape.
 //!
 //! The code: `notify` and `handshake` hold each family's messages, their wire mirrors and their
-//! decoders; `msgpack` is the bounded MessagePack reader, `fields` the typed reading of a map's
-//! keys, `error` the [`WireError`]; this file dispatches [`encode`] and [`decode`].
+//! decoders; `framing` how the messages sit in ZeroMQ frames ([`handshake_reply`],
+//! [`reply_payload`], [`handshake_request`], [`notify_frame`]); `msgpack` is the bounded
+//! MessagePack reader, `fields` the typed reading of a map's keys, `error` the [`WireError`];
+//! this file dispatches [`encode`] and [`decode`].
 
 mod error;
 mod fields;
+mod framing;
 mod handshake;
 mod msgpack;
 mod notify;
@@ -74,6 +79,10 @@ use notify::{
 };
 
 pub use error::WireError;
+pub use framing::{
+    handshake_reply, handshake_request, notify_frame, reply_payload, FramingError, HandshakeRequest,
+    ReplyPart, DELIMITER, HANDSHAKE_REQUEST, POP_DONE_RECV,
+};
 pub use handshake::{
     decode_layer_memory_descs, encode_layer_memory_descs, HandshakeMetadata, LayerMemoryDesc, RankInfo,
 };
@@ -98,8 +107,6 @@ pub const MAX_LAYERS: usize = 1024;
 pub const MAX_DESCS_PER_LAYER: usize = 16;
 /// Largest opaque MoRI blob (`agent_metadata`, or one memory descriptor).
 pub const MAX_BLOB_BYTES: usize = 64 * 1024;
-/// The handshake request, sent as raw bytes (MoRIIO's `GET_META_MSG`).
-pub const HANDSHAKE_REQUEST: &[u8] = b"get_meta_msg";
 
 /// A control message on a MoRIIO notify or handshake socket.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -119,7 +126,7 @@ pub enum ControlMessage {
     ReadLease(ReadLease),
     /// `get_meta_msg`: asks a rank for its [`HandshakeMetadata`].
     HandshakeRequest,
-    /// The first frame of the reply to [`ControlMessage::HandshakeRequest`].
+    /// The payload of the first reply message to [`ControlMessage::HandshakeRequest`].
     HandshakeMetadata(HandshakeMetadata),
 }
 
@@ -219,8 +226,8 @@ fn legacy(id: String) -> Result<ControlMessage, WireError> {
     Ok(ControlMessage::LegacyCompletion(TransferId(id)))
 }
 
-/// Decodes one frame of a MoRIIO notify or handshake socket (not the second handshake reply
-/// frame: see [`decode_layer_memory_descs`]).
+/// Decodes one payload frame of a MoRIIO notify or handshake socket (not the second handshake
+/// reply's payload: see [`decode_layer_memory_descs`]).
 pub fn decode(bytes: &[u8]) -> Result<ControlMessage, WireError> {
     check_size(bytes)?;
     if bytes == HANDSHAKE_REQUEST {
