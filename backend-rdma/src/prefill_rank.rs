@@ -159,6 +159,23 @@ pub fn serve_notify(mut conn: crate::zmtp::Connection, _id: u64, tx: Sender<Inpu
     }
 }
 
+/// What a notify frame means for the worker: a release (the map or the legacy string) or a
+/// read lease; anything else (an unknown `type`, a message meant for another socket, bytes that
+/// do not decode) is the line the report gets. The frame is then dropped and the listener
+/// serves on, where MoRIIO's would raise and serve nobody again.
+pub fn notify_event(frame: &[u8]) -> Result<WorkerEvent, String> {
+    match wire::decode(frame) {
+        Ok(ControlMessage::ReadLease(lease)) => {
+            Ok(WorkerEvent::Lease { transfer_id: lease.transfer_id, lease_ms: lease.lease_ms })
+        }
+        Ok(message) => match message.as_release() {
+            Some(release) => Ok(WorkerEvent::Release(release)),
+            None => Err(format!("notify listener: unexpected {}", crate::connector::message_name(&message))),
+        },
+        Err(e) => Err(format!("notify listener: {e}")),
+    }
+}
+
 /// The data-plane server of this rank.
 enum DataServer {
     Tcp(TcpReadServer),
@@ -385,28 +402,15 @@ fn serve(mut ctx: Context, started: Started) -> Result<(), ConnectorError> {
                 replies.insert(conn, reply);
                 worker.handle(now, WorkerEvent::HandshakeRequest { peer: conn }, &mut out);
             }
-            Input::Notify(frame) => match wire::decode(&frame) {
-                Ok(ControlMessage::ReadLease(lease)) => {
-                    let event =
-                        WorkerEvent::Lease { transfer_id: lease.transfer_id, lease_ms: lease.lease_ms };
+            Input::Notify(frame) => match notify_event(&frame) {
+                Ok(event) => {
+                    if matches!(event, WorkerEvent::Release(_)) {
+                        releases += 1;
+                    }
                     worker.handle(now, event, &mut out);
                 }
-                Ok(message) => match message.as_release() {
-                    Some(release) => {
-                        releases += 1;
-                        worker.handle(now, WorkerEvent::Release(release), &mut out);
-                    }
-                    None => {
-                        let detail = format!(
-                            "notify listener: unexpected {}",
-                            crate::connector::message_name(&message)
-                        );
-                        ctx.link.send(&FromRank::Problem { violation: false, detail })?;
-                    }
-                },
-                Err(e) => ctx
-                    .link
-                    .send(&FromRank::Problem { violation: false, detail: format!("notify listener: {e}") })?,
+                // Reported (the run's problems count it) and skipped: the listener serves on.
+                Err(detail) => ctx.link.send(&FromRank::Problem { violation: false, detail })?,
             },
             Input::Problem(detail) => ctx.link.send(&FromRank::Problem { violation: false, detail })?,
             Input::Dialled { .. } | Input::ReadDone(_) => {}
@@ -438,4 +442,55 @@ fn serve(mut ctx: Context, started: Started) -> Result<(), ConnectorError> {
             .send(&FromRank::Problem { violation: false, detail: format!("data server shutdown: {e}") })?;
     }
     ctx.link.send(&FromRank::Bye { releases, dropped_releases: 0, handshakes })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pdkv_core::release::Release;
+    use pdkv_core::wire::{ReadLease, WriteDone};
+
+    /// Every frame a notify listener may get: the releases and leases become events, anything
+    /// else a report line, and none of them stops the listener (the function returns).
+    #[test]
+    fn notify_frames_become_events_or_report_lines() {
+        let tid = || TransferId("tx-1".into());
+        let release = |consumer_tp_size| Release { transfer_id: tid(), consumer_tp_size, sender: None };
+        let encode = |message| wire::encode(&message);
+        let cases: Vec<(Vec<u8>, Result<WorkerEvent, &str>)> = vec![
+            (encode(ControlMessage::Release(release(Some(4)))), Ok(WorkerEvent::Release(release(Some(4))))),
+            (b"tx-1".to_vec(), Ok(WorkerEvent::Release(release(None)))),
+            (
+                encode(ControlMessage::ReadLease(ReadLease { transfer_id: tid(), lease_ms: 500 })),
+                Ok(WorkerEvent::Lease { transfer_id: tid(), lease_ms: 500 }),
+            ),
+            // vLLM 0.33's WRITE-mode failure notice, which pdkv does not know.
+            (
+                b"\x82\xa4type\xacwrite_failed\xabtransfer_id\xa4tx-1".to_vec(),
+                Err("notify listener: field `type` names an unknown message type `write_failed`"),
+            ),
+            (
+                encode(ControlMessage::WriteDone(WriteDone { transfer_id: tid() })),
+                Err("notify listener: unexpected write done"),
+            ),
+            (b"get_meta_msg".to_vec(), Err("notify listener: unexpected handshake request")),
+            (vec![], Err("notify listener: empty control message")),
+            (
+                vec![0x81, 0xa1, b'x', 0xc1],
+                Err("notify listener: reserved MessagePack marker 0xc1 at byte 3"),
+            ),
+            (
+                vec![0xc0],
+                Err("notify listener: not a control message: first byte 0xc0 starts neither a MessagePack \
+                     map, a MessagePack str, nor an ASCII plain-string completion"),
+            ),
+            (
+                b"\x81\xa4type\xa7release".to_vec(),
+                Err("notify listener: required field `transfer_id` is missing"),
+            ),
+        ];
+        for (frame, expected) in cases {
+            assert_eq!(notify_event(&frame), expected.map_err(str::to_owned), "{frame:02x?}");
+        }
+    }
 }

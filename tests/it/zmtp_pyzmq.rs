@@ -7,7 +7,12 @@
 //!     `get_meta_msg` gets pdkv's reply, two messages each framed `[b"", payload]` as MoRIIO's
 //!     dialer demands, which Python must decode; the release Python packs must decode in pdkv.
 //!
-//! Both keep libzmq's heartbeats on, so pdkv must answer PINGs. Python and its packages are
+//! (c) The connector's own dial, handshake listener and notify listener against pyzmq peers that
+//!     speak as MoRIIO does, including messages that would end MoRIIO's own listener threads
+//!     (a wrong frame count, an unknown request or `type`, bytes that are not MessagePack):
+//!     each is one report line and the listener serves on.
+//!
+//! (a) and (b) keep libzmq's heartbeats on, so pdkv must answer PINGs. Python and its packages are
 //! required, not optional: the Python is `$PDKV_PYTHON`, which `cargo xtask test` points at
 //! target/pyenv (pinned pyzmq and msgpack), else `python3`; a missing package fails the test
 //! with its name and says to run `cargo xtask test`. Every wait is bounded; the Python child is
@@ -21,6 +26,7 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use pdkv_core::ids::TransferId;
+use pdkv_core::prefill::WorkerEvent;
 use pdkv_core::release::{Release, ReleaseSender};
 use pdkv_core::wire::{
     decode, encode, handshake_reply, ControlMessage, HandshakeMetadata, LayerMemoryDesc, RankInfo,
@@ -389,4 +395,89 @@ fn connector_notify_listener_takes_moriio_releases() {
     let release = Release { transfer_id: tid(), consumer_tp_size: Some(8), sender: None };
     assert_eq!(decode(&frames[0]), Ok(ControlMessage::Release(release)));
     assert_eq!(decode(&frames[1]), Ok(ControlMessage::LegacyCompletion(tid())));
+}
+
+/// The connector's own handshake listener (`prefill_rank::serve_handshake`) against a pyzmq
+/// DEALER that first sends what would end MoRIIO's listener thread: each bad message is
+/// reported once and skipped, `pop_done_recv` and its request id are taken silently as MoRIIO
+/// takes them, and the `get_meta_msg` after all of that is answered, framed as MoRIIO's dialer
+/// demands.
+#[test]
+fn connector_handshake_listener_survives_what_ends_moriio_listener() {
+    let mut listener = RouterListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).expect("bind on loopback");
+    let port = listener.local_addr().expect("local address").port().to_string();
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        if let Ok(conn) = listener.accept() {
+            pdkv_rdma::prefill_rank::serve_handshake(conn, 1, tx);
+        }
+    });
+    let mut peer = PyPeer::spawn(&["handshake-garbage", &port]);
+    let mut problems = Vec::new();
+    // This thread plays the node: it answers the one metadata request with the core's reply.
+    loop {
+        match peer.wait_for(&rx, "the connector's handshake listener") {
+            pdkv_rdma::connector::Input::Problem(line) => problems.push(line),
+            pdkv_rdma::connector::Input::HandshakeRequest { conn, reply } => {
+                assert_eq!(conn, 1);
+                reply.send(handshake_reply(&metadata(), &layers())).expect("listener waits for the reply");
+                break;
+            }
+            _ => peer.fail("unexpected input from the handshake listener"),
+        }
+    }
+    let lines = peer.finish();
+    assert_eq!(
+        problems,
+        [
+            "handshake listener: handshake request: a message of 2 frame(s), expected 1",
+            "handshake listener: handshake request of 8 bytes is neither `get_meta_msg` nor \
+             `pop_done_recv`: \"get_meta\"",
+            "handshake listener: handshake request of 49 bytes is neither `get_meta_msg` nor \
+             `pop_done_recv`: \"\\x83\\xa4type\\xa7release\\xabtransfer_...\"",
+        ]
+    );
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(lines[0].starts_with("metadata {\"engine_id\": \"prefill-0:6301\""), "{lines:?}");
+    assert!(lines[1].starts_with("layers {\"model.layers.0.self_attn.attn\""), "{lines:?}");
+}
+
+/// The connector's own notify listener and node-side decoding (`serve_notify`, `notify_event`)
+/// against a pyzmq DEALER that sends what would end MoRIIO's notify listener before a release:
+/// each bad message is one report line, and the release and the legacy completion after them
+/// still count.
+#[test]
+fn connector_notify_listener_survives_what_ends_moriio_listener() {
+    let mut listener = RouterListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).expect("bind on loopback");
+    let port = listener.local_addr().expect("local address").port().to_string();
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        if let Ok(conn) = listener.accept() {
+            pdkv_rdma::prefill_rank::serve_notify(conn, 1, tx);
+        }
+    });
+    let mut peer = PyPeer::spawn(&["notify-garbage", &port, TRANSFER_ID]);
+    let mut seen = Vec::new();
+    while seen.len() < 5 {
+        let outcome = match peer.wait_for(&rx, "a message from the connector's notify listener") {
+            pdkv_rdma::connector::Input::Notify(frame) => pdkv_rdma::prefill_rank::notify_event(&frame),
+            pdkv_rdma::connector::Input::Problem(line) => Err(line),
+            _ => peer.fail("unexpected input from the notify listener"),
+        };
+        seen.push(outcome);
+    }
+    assert_eq!(peer.finish(), ["sent 5"]);
+    let release = |consumer_tp_size| {
+        Ok(WorkerEvent::Release(Release { transfer_id: tid(), consumer_tp_size, sender: None }))
+    };
+    assert_eq!(
+        seen,
+        [
+            Err("notify listener: field `type` names an unknown message type `read_lease_v2`".to_owned()),
+            Err("notify listener: notify message: a message of 2 frame(s), expected 1".to_owned()),
+            Err("notify listener: reserved MessagePack marker 0xc1 at byte 3".to_owned()),
+            release(Some(8)),
+            release(None),
+        ]
+    );
 }
