@@ -12,7 +12,7 @@ use pdkv_core::ids::TransferId;
 use pdkv_core::policy::Policy;
 use pdkv_core::ports::ListenerKind;
 use pdkv_core::prefill::{PrefillWorker, WorkerAction, WorkerEvent};
-use pdkv_core::wire::{self, ControlMessage, HandshakeMetadata, LayerMemoryDesc, RankInfo};
+use pdkv_core::wire::{self, ControlMessage, Extensions, HandshakeMetadata, LayerMemoryDesc, RankInfo};
 
 use crate::connector::{resolve, ConnectorError, Context, DataDescriptor, Input};
 use crate::memory::Regions;
@@ -312,6 +312,7 @@ fn start(ctx: &mut Context) -> Result<Started, String> {
         block_len,
         attn_backend_name: if model.use_mla { "FLASHMLA" } else { "FLASH_ATTN" }.into(),
         rank: Some(RankInfo { dp_rank: rank.dp, tp_rank: rank.tp, tp_size: layout.tp }),
+        extensions: Extensions::ALL,
     };
     let layers = bases
         .iter()

@@ -567,6 +567,7 @@ pub fn check(config: &ModelConfig) -> Result<ModelReport, String> {
                 block_len: 1024,
                 attn_backend_name: "model-check".into(),
                 rank: None,
+                extensions: pdkv_core::wire::Extensions::ALL,
             };
             (meta, vec![LayerMemoryDesc { layer_name: "layer.0".into(), descs: vec![vec![0]] }])
         })

@@ -29,8 +29,8 @@ use pdkv_core::ids::TransferId;
 use pdkv_core::prefill::WorkerEvent;
 use pdkv_core::release::{Release, ReleaseSender};
 use pdkv_core::wire::{
-    decode, encode, handshake_reply, ControlMessage, HandshakeMetadata, LayerMemoryDesc, RankInfo,
-    HANDSHAKE_REQUEST,
+    decode, encode, handshake_reply, ControlMessage, Extensions, HandshakeMetadata, LayerMemoryDesc,
+    RankInfo, HANDSHAKE_REQUEST,
 };
 use pdkv_rdma::zmtp::{Connection, RouterListener, SocketType};
 
@@ -255,6 +255,7 @@ fn metadata() -> HandshakeMetadata {
         block_len: 73728,
         attn_backend_name: "FLASHMLA".to_owned(),
         rank: Some(RankInfo { dp_rank: 1, tp_rank: 3, tp_size: 4 }),
+        extensions: Extensions::ALL,
     }
 }
 
@@ -323,7 +324,8 @@ fn pyzmq_dealer_against_pdkv_router() {
         format!(
             "metadata {{\"engine_id\": \"prefill-0:6301\", \"agent_metadata\": \"hex:{}\", \
              \"kv_caches_base_addr\": [{}], \"num_blocks\": 21504, \"block_len\": 73728, \
-             \"attn_backend_name\": \"FLASHMLA\", \"dp_rank\": 1, \"tp_rank\": 3, \"tp_size\": 4}}",
+             \"attn_backend_name\": \"FLASHMLA\", \"dp_rank\": 1, \"tp_rank\": 3, \"tp_size\": 4, \
+             \"pdkv_extensions\": [\"read_lease\"]}}",
             hex(&meta.agent_metadata),
             addrs.join(", ")
         ),
@@ -362,6 +364,7 @@ fn connector_dial_decodes_a_moriio_handshake_reply() {
             block_len: 73728,
             attn_backend_name: "FLASHMLA".into(),
             rank: None,
+            extensions: Extensions::NONE,
         }
     );
     let names: Vec<(&str, usize)> = layers.iter().map(|l| (l.layer_name.as_str(), l.descs.len())).collect();

@@ -17,7 +17,7 @@ use crate::prefill::{EngineAction, EngineEvent, PrefillEngine, PrefillWorker, Wo
 use crate::release::Release;
 use crate::time::Instant;
 use crate::topology::Deployment;
-use crate::wire::{HandshakeMetadata, LayerMemoryDesc};
+use crate::wire::{Extensions, HandshakeMetadata, LayerMemoryDesc};
 
 /// Blocks in every prefill rank's pool.
 const POOL_BLOCKS: u32 = 1024;
@@ -42,6 +42,7 @@ fn metadata_for(
         block_len,
         attn_backend_name: "scripted".into(),
         rank: None,
+        extensions: Extensions::ALL,
     };
     let layers = (0..LAYERS)
         .map(|l| LayerMemoryDesc { layer_name: format!("layer.{l}"), descs: vec![vec![l as u8]] })

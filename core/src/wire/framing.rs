@@ -171,6 +171,7 @@ fn shown(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::Extensions;
 
     /// The frames of one message.
     type Message = Vec<Vec<u8>>;
@@ -251,6 +252,7 @@ mod tests {
             block_len: 3,
             attn_backend_name: "FLASHMLA".into(),
             rank: None,
+            extensions: Extensions::NONE,
         };
         let layers = vec![LayerMemoryDesc { layer_name: "l0".into(), descs: vec![vec![7]] }];
         let [first, second] = handshake_reply(&metadata, &layers);

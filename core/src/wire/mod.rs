@@ -14,21 +14,31 @@
 //! | legacy completion | not MessagePack: the raw UTF-8 bytes of the transfer id |
 //! | remote_blocks (WRITE mode) | `req_id: str`, `transfer_id: str`, `block_notify_list: [int]`, `decode_rank: int`, `type: "remote_blocks"` |
 //! | write_done (WRITE mode) | `type: "write_done"`, `transfer_id: str` |
+//! | read_lease (pdkv's own, decode → prefill) | `type: "read_lease"`, `transfer_id: str`, `lease_ms: int` |
 //!
 //! pdkv appends three optional keys to a release, `sender_engine_id: str`, `sender_dp_rank: int`
 //! and `sender_tp_rank: int` (names chosen by pdkv; MoRIIO has no such keys), all three or none.
 //! MoRIIO reads a release with `data["transfer_id"]` and `consumer_tp_size`, so it ignores them.
+//! A read lease is pdkv's alone, and MoRIIO's listener raises on its `type` (which ends the
+//! listener thread), so a pdkv rank sends one only to a rank that advertised
+//! [`Extension::ReadLease`] in its handshake metadata (below).
 //!
 //! Handshake socket (`handshake_port + dp * T + tp`): the request is one frame, the raw bytes
 //! `get_meta_msg` (again not MessagePack), and the reply is two messages, each an empty
 //! delimiter frame and then the payload (`[b"", metadata]`, then `[b"", layer map]`: MoRIIO's
 //! listener sends them so and its dialer refuses anything else; `framing` has the frames of
-//! every socket). The first payload is MoRIIO's `MoRIIOAgentMetadata`: `engine_id: str`, `agent_metadata: bin` (a packed MoRI `EngineDesc`),
-//! `kv_caches_base_addr: [int]`, `num_blocks: int`, `block_len: int` (bytes per block),
-//! `attn_backend_name: str`; pdkv appends `dp_rank`, `tp_rank` and `tp_size` (its own names,
-//! all three or none; msgspec's decoder skips unknown keys). The second payload maps each layer
-//! name to a list of packed MoRI `MemoryDesc` blobs; it carries no discriminating key, so it
-//! has its own pair of functions, [`encode_layer_memory_descs`] and [`decode_layer_memory_descs`].
+//! every socket). The first payload is MoRIIO's `MoRIIOAgentMetadata`: `engine_id: str`,
+//! `agent_metadata: bin` (a packed MoRI `EngineDesc`), `kv_caches_base_addr: [int]`,
+//! `num_blocks: int`, `block_len: int` (bytes per block), `attn_backend_name: str` (vLLM 0.33
+//! adds `kv_head_layouts`, `mamba_state_layouts` and `attention_block_sizes`, which it omits
+//! at their empty defaults and pdkv ignores). pdkv appends `dp_rank`, `tp_rank` and `tp_size`
+//! (its own names, all three or none) and `pdkv_extensions: [str]`, the names of the
+//! [`Extension`]s it speaks (`["read_lease"]`; left out when empty, so no MoRIIO key changes).
+//! msgspec decodes `MoRIIOAgentMetadata` (a `Struct` without `forbid_unknown_fields`) skipping
+//! unknown keys, so a MoRIIO peer ignores pdkv's. An extension name pdkv does not know is
+//! ignored too (a newer pdkv may list more). The second payload maps each layer name to a list
+//! of packed MoRI `MemoryDesc` blobs; it carries no discriminating key, so it has its own pair
+//! of functions, [`encode_layer_memory_descs`] and [`decode_layer_memory_descs`].
 //!
 //! How [`decode`] tells the forms apart, from the first byte, mirroring MoRIIO's own listener
 //! (which tries `msgpack.loads` and falls back to decoding the bytes as UTF-8):
@@ -84,7 +94,8 @@ pub use framing::{
     ReplyPart, DELIMITER, HANDSHAKE_REQUEST, POP_DONE_RECV,
 };
 pub use handshake::{
-    decode_layer_memory_descs, encode_layer_memory_descs, HandshakeMetadata, LayerMemoryDesc, RankInfo,
+    decode_layer_memory_descs, encode_layer_memory_descs, Extension, Extensions, HandshakeMetadata,
+    LayerMemoryDesc, RankInfo,
 };
 pub use notify::{ReadLease, RemoteBlocks, WriteDone};
 
@@ -107,6 +118,8 @@ pub const MAX_LAYERS: usize = 1024;
 pub const MAX_DESCS_PER_LAYER: usize = 16;
 /// Largest opaque MoRI blob (`agent_metadata`, or one memory descriptor).
 pub const MAX_BLOB_BYTES: usize = 64 * 1024;
+/// Most names in `pdkv_extensions` (pdkv knows one; a newer pdkv may list more).
+pub const MAX_EXTENSIONS: usize = 64;
 
 /// A control message on a MoRIIO notify or handshake socket.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -197,6 +210,7 @@ pub fn encode(msg: &ControlMessage) -> Vec<u8> {
             dp_rank: meta.rank.map(|r| r.dp_rank),
             tp_rank: meta.rank.map(|r| r.tp_rank),
             tp_size: meta.rank.map(|r| r.tp_size),
+            pdkv_extensions: meta.extensions.iter().map(Extension::wire_name).collect(),
         }),
     }
 }
