@@ -10,7 +10,7 @@ use crate::decode::{
 use crate::group::{DecodeGroup, GroupAction, GroupEvent, StepReport};
 use crate::ids::{EngineId, RankId, RequestId, Role, TransferId};
 use crate::legacy::LegacyOptions;
-use crate::params::KvTransferParams;
+use crate::params::{extension_names, KvTransferParams};
 use crate::policy::Policy;
 use crate::ports::{AddressBook, SessionKey};
 use crate::prefill::{EngineAction, EngineEvent, PrefillEngine, PrefillWorker, WorkerAction, WorkerEvent};
@@ -163,6 +163,7 @@ impl Harness {
                 remote_dp_size: Some(i64::from(layout.dp)),
                 remote_dp_rank: (layout.dp > 1).then_some(i64::from(owner_dp)),
                 remote_tp_size: Some(i64::from(layout.tp)),
+                pdkv_extensions: extension_names(Extensions::ALL),
                 ..Default::default()
             },
             local_block_ids: blocks.iter().map(|b| b + 500).collect(),
