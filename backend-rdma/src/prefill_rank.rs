@@ -10,11 +10,13 @@ use std::time::Duration;
 
 use pdkv_core::ids::TransferId;
 use pdkv_core::policy::Policy;
-use pdkv_core::ports::ListenerKind;
+use pdkv_core::ports::{Endpoint, ListenerKind};
 use pdkv_core::prefill::{PrefillWorker, WorkerAction, WorkerEvent};
-use pdkv_core::wire::{self, ControlMessage, Extensions, HandshakeMetadata, LayerMemoryDesc, RankInfo};
+use pdkv_core::wire::{
+    self, ControlMessage, DataPlane, Extensions, HandshakeMetadata, LayerMemoryDesc, RankInfo,
+};
 
-use crate::connector::{resolve, ConnectorError, Context, DataDescriptor, Input};
+use crate::connector::{resolve, ConnectorError, Context, Input};
 use crate::memory::Regions;
 use crate::pattern::{heads_of_rank, transfer_key, BlockKey};
 use crate::sched::{FromRank, ToRank, TransportKind};
@@ -303,10 +305,14 @@ fn start(ctx: &mut Context) -> Result<Started, String> {
     let address = &setup.address;
     let host_addr = resolve(&pdkv_core::ports::Endpoint { host: address.host.clone(), port: 0 })?;
     let (server, data_addr) = DataServer::start(setup.transport, host_addr, regions)?;
-    let descriptor = DataDescriptor { transport: setup.transport.to_string(), addr: data_addr.to_string() };
+    // MoRIIO's slot for its engine descriptor carries pdkv's data plane instead.
+    let data_plane = DataPlane {
+        transport: setup.transport.into(),
+        addr: Endpoint { host: data_addr.ip().to_string(), port: data_addr.port() },
+    };
     let metadata = HandshakeMetadata {
         engine_id: address.engine_id(),
-        agent_metadata: descriptor.to_bytes(),
+        agent_metadata: data_plane.encode(),
         kv_caches_base_addr: bases.clone(),
         num_blocks: setup.num_blocks,
         block_len,

@@ -50,6 +50,15 @@ impl fmt::Display for TransportKind {
     }
 }
 
+impl From<TransportKind> for pdkv_core::wire::DataTransport {
+    fn from(kind: TransportKind) -> Self {
+        match kind {
+            TransportKind::Tcp => pdkv_core::wire::DataTransport::Tcp,
+            TransportKind::Rdma => pdkv_core::wire::DataTransport::Rdma,
+        }
+    }
+}
+
 /// What a rank is told once it says hello: everything but its identity, which is on its command
 /// line.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -337,12 +337,27 @@ fn pyzmq_dealer_against_pdkv_router() {
     assert_eq!(lines, expected);
 }
 
+/// A MoRI `EngineDesc` as msgpack-c packs it (`MSGPACK_DEFINE(key, gpuId, hostname, backends,
+/// tcpHandle)`): an array, the engine key first.
+fn mori_engine_desc() -> Vec<u8> {
+    let mut bytes = vec![0x95, 0xb2];
+    bytes.extend(b"mori-engine-P0-tp1");
+    bytes.extend([0x01, 0xa6]);
+    bytes.extend(b"node-3");
+    bytes.extend([0x91, 0x03, 0x92, 0xa8]);
+    bytes.extend(b"10.0.0.3");
+    bytes.extend([0xcd, 0xb8, 0x13]);
+    bytes
+}
+
 /// The connector's own handshake dial (`decode_rank::dial`) against a pyzmq ROUTER answering as
-/// a MoRIIO prefill rank: MoRIIO's metadata map, packed by Python, decodes in pdkv.
+/// a MoRIIO prefill rank: MoRIIO's metadata map, packed by Python, decodes in pdkv, and its
+/// `agent_metadata` (a MoRI engine descriptor) is refused as a foreign data plane, naming the
+/// rank.
 #[test]
 fn connector_dial_decodes_a_moriio_handshake_reply() {
-    let agent = b"mori-engine-desc";
-    let mut peer = PyPeer::spawn(&["handshake-router", &hex(agent)]);
+    let agent = mori_engine_desc();
+    let mut peer = PyPeer::spawn(&["handshake-router", &hex(&agent)]);
     let port: u16 = peer.line().strip_prefix("port ").and_then(|p| p.parse().ok()).expect("a port line");
     eprintln!("{}", peer.line()); // versions
     let endpoint = pdkv_core::ports::Endpoint { host: "127.0.0.1".into(), port };
@@ -358,7 +373,7 @@ fn connector_dial_decodes_a_moriio_handshake_reply() {
         metadata,
         HandshakeMetadata {
             engine_id: "moriio-prefill:7100".into(),
-            agent_metadata: agent.to_vec(),
+            agent_metadata: agent.clone(),
             kv_caches_base_addr: vec![0x7F3A_0000_0000, 0x7F3A_4000_0000],
             num_blocks: 21504,
             block_len: 73728,
@@ -369,6 +384,20 @@ fn connector_dial_decodes_a_moriio_handshake_reply() {
     );
     let names: Vec<(&str, usize)> = layers.iter().map(|l| (l.layer_name.as_str(), l.descs.len())).collect();
     assert_eq!(names, [("model.layers.0.self_attn.attn", 1), ("model.layers.1.self_attn.attn", 1)]);
+    let prefill = pdkv_core::ids::RankId::new(pdkv_core::ids::EngineId::prefill(0), 0, 3);
+    let refused = pdkv_rdma::decode_rank::data_endpoint(
+        prefill,
+        pdkv_rdma::sched::TransportKind::Tcp,
+        &metadata.agent_metadata,
+    );
+    assert_eq!(
+        refused,
+        Err(format!(
+            "P0.dp0.tp3 advertises a data plane pdkv cannot use (not a pdkv descriptor: looks like a \
+             MoRI EngineDesc, {} bytes); pdkv reads over tcp/rdma descriptors",
+            agent.len()
+        ))
+    );
 }
 
 /// A pyzmq DEALER sends what a MoRIIO decode rank sends a notify listener; the connector's own

@@ -91,7 +91,8 @@ pub struct RankInfo {
 pub struct HandshakeMetadata {
     /// `"<host>:<handshake port base>"`.
     pub engine_id: String,
-    /// Packed MoRI `EngineDesc`, opaque here (MessagePack bin).
+    /// The rank's data-plane descriptor, opaque here (MessagePack bin): a packed MoRI
+    /// `EngineDesc` from MoRIIO, a [`DataPlane`](super::DataPlane) from pdkv.
     pub agent_metadata: Vec<u8>,
     /// Device address of each registered memory region.
     pub kv_caches_base_addr: Vec<u64>,

@@ -28,7 +28,9 @@
 //! delimiter frame and then the payload (`[b"", metadata]`, then `[b"", layer map]`: MoRIIO's
 //! listener sends them so and its dialer refuses anything else; `framing` has the frames of
 //! every socket). The first payload is MoRIIO's `MoRIIOAgentMetadata`: `engine_id: str`,
-//! `agent_metadata: bin` (a packed MoRI `EngineDesc`), `kv_caches_base_addr: [int]`,
+//! `agent_metadata: bin` (MoRIIO's is a packed MoRI `EngineDesc`, a MessagePack array; pdkv's
+//! is its [`DataPlane`] descriptor, `{"pdkv": 1, "transport": "tcp" | "rdma", "addr":
+//! "host:port"}`, which [`DataPlane::decode`] tells apart), `kv_caches_base_addr: [int]`,
 //! `num_blocks: int`, `block_len: int` (bytes per block), `attn_backend_name: str` (vLLM 0.33
 //! adds `kv_head_layouts`, `mamba_state_layouts` and `attention_block_sizes`, which it omits
 //! at their empty defaults and pdkv ignores). pdkv appends `dp_rank`, `tp_rank` and `tp_size`
@@ -62,11 +64,12 @@
 //! rank 0, as in MoRIIO. Those older forms decode, but re-encode in the current shape.
 //!
 //! The code: `notify` and `handshake` hold each family's messages, their wire mirrors and their
-//! decoders; `framing` how the messages sit in ZeroMQ frames ([`handshake_reply`],
+//! decoders; `data_plane` pdkv's `agent_metadata`; `framing` how the messages sit in ZeroMQ frames ([`handshake_reply`],
 //! [`reply_payload`], [`handshake_request`], [`notify_frame`]); `msgpack` is the bounded
 //! MessagePack reader, `fields` the typed reading of a map's keys, `error` the [`WireError`];
 //! this file dispatches [`encode`] and [`decode`].
 
+mod data_plane;
 mod error;
 mod fields;
 mod framing;
@@ -88,6 +91,9 @@ use notify::{
     WriteDoneWire,
 };
 
+pub use data_plane::{
+    DataPlane, DataPlaneError, DataTransport, ForeignDataPlane, ForeignKind, DATA_PLANE_VERSION,
+};
 pub use error::WireError;
 pub use framing::{
     handshake_reply, handshake_request, notify_frame, reply_payload, FramingError, HandshakeRequest,
