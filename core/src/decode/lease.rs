@@ -74,6 +74,7 @@ impl DecodeWorker {
             self.waiting.insert(id, waiting);
         }
     }
+
     /// How often a queued request's lease is renewed: half the lease, so a renewal delayed by up
     /// to half a lease still arrives before the previous one ends.
     fn renew_every_ns(&self) -> u64 {
