@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 use pdkv_core::prefill::{PrefillWorker, WorkerAction, WorkerEvent};
 use pdkv_core::release::{expected_releases, Quorum, Release};
 use pdkv_core::time::Instant as CoreInstant;
-use pdkv_core::wire::{self, ControlMessage, HandshakeMetadata};
+use pdkv_core::wire::{self, ControlMessage, Extensions, HandshakeMetadata};
 use pdkv_core::{EngineId, Policy, RankId, TransferId};
 use pdkv_rdma::zmtp::{Connection, RouterListener, SocketType, ZmtpError};
 
@@ -128,6 +128,7 @@ impl Rank {
             block_len: 1,
             attn_backend_name: "FLASHMLA".into(),
             rank: None,
+            extensions: Extensions::ALL,
         };
         let rank_id = RankId::new(EngineId::prefill(0), 0, 0);
         let worker = PrefillWorker::new(rank_id, metadata, Vec::new(), &Policy::fixed());

@@ -206,8 +206,8 @@ pub enum Input {
     HandshakeRequest {
         /// The connection's number (the core's opaque peer handle).
         conn: u64,
-        /// Where the reply frames go.
-        reply: Sender<Vec<Vec<u8>>>,
+        /// Where the reply messages go.
+        reply: Sender<HandshakeReply>,
     },
     /// Prefill: one frame arrived on the notify listener.
     Notify(Vec<u8>),
@@ -215,7 +215,9 @@ pub enum Input {
     Dialled {
         /// The session the dial was for.
         session: pdkv_core::ports::SessionKey,
-        /// Both reply frames decoded, or why not.
+        /// The rank dialled.
+        peer: RankId,
+        /// Both reply payloads decoded, or why not.
         result: Result<(pdkv_core::wire::HandshakeMetadata, Vec<pdkv_core::wire::LayerMemoryDesc>), String>,
     },
     /// Decode: a read finished.
@@ -238,27 +240,6 @@ pub fn message_name(message: &pdkv_core::wire::ControlMessage) -> &'static str {
     }
 }
 
-/// The handshake reply frames a prefill rank sends, and what a decode rank expects.
-pub const HANDSHAKE_FRAMES: usize = 2;
-
-/// What a prefill rank puts in its handshake metadata's `agent_metadata` (MoRIIO's opaque
-/// engine descriptor): how to reach its data plane. MessagePack map `{"transport", "addr"}`.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct DataDescriptor {
-    /// `tcp` or `rdma`.
-    pub transport: String,
-    /// `host:port` of the data-plane server (the RDMA server's queue-pair exchange).
-    pub addr: String,
-}
-
-impl DataDescriptor {
-    /// The bytes for `agent_metadata`.
-    pub fn to_bytes(&self) -> Vec<u8> {
-        rmp_serde::to_vec_named(self).expect("a descriptor serialises")
-    }
-
-    /// Reads `agent_metadata`; a typed message when it is not a pdkv descriptor.
-    pub fn from_bytes(bytes: &[u8]) -> Result<DataDescriptor, String> {
-        rmp_serde::from_slice(bytes).map_err(|e| format!("agent_metadata is not a pdkv data descriptor: {e}"))
-    }
-}
+/// The two messages of a handshake reply, each a list of frames
+/// ([`pdkv_core::wire::handshake_reply`]).
+pub type HandshakeReply = [Vec<Vec<u8>>; 2];

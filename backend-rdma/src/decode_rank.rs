@@ -15,9 +15,9 @@ use pdkv_core::group::StepReport;
 use pdkv_core::ids::{RankId, RequestId};
 use pdkv_core::policy::Policy;
 use pdkv_core::ports::{Endpoint, SessionKey};
-use pdkv_core::wire::{self, ControlMessage};
+use pdkv_core::wire::{self, ControlMessage, DataPlane, DataTransport};
 
-use crate::connector::{resolve, ConnectorError, Context, DataDescriptor, Input, HANDSHAKE_FRAMES};
+use crate::connector::{resolve, ConnectorError, Context, Input};
 use crate::pattern::{heads_of_rank, transfer_key, BlockKey};
 use crate::sched::{FromRank, ToRank, TransportKind};
 use crate::tcp::TcpTransport;
@@ -45,8 +45,9 @@ struct ReadJob {
     heads: (u16, u16),
 }
 
-/// Dials a prefill rank's handshake listener as MoRIIO does (a DEALER sending `get_meta_msg`),
-/// and decodes both reply frames.
+/// Dials a prefill rank's handshake listener as MoRIIO does (a DEALER sending the one frame
+/// `get_meta_msg`), and decodes the two reply messages, each of which must be `[b"", payload]`
+/// as MoRIIO's dialer demands.
 pub fn dial(
     endpoint: &Endpoint,
     identity: &str,
@@ -57,11 +58,13 @@ pub fn dial(
         .map_err(|e| format!("dial {endpoint}: {e}"))?;
     conn.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
     conn.send(&[wire::HANDSHAKE_REQUEST]).map_err(|e| format!("send to {endpoint}: {e}"))?;
-    let frames = conn.recv().map_err(|e| format!("reply from {endpoint}: {e}"))?;
-    if frames.len() != HANDSHAKE_FRAMES {
-        return Err(format!("{endpoint} replied {} frames, not {HANDSHAKE_FRAMES}", frames.len()));
-    }
-    let metadata = match wire::decode(&frames[0]) {
+    let mut part = |part: wire::ReplyPart| -> Result<Vec<u8>, String> {
+        let frames = conn.recv().map_err(|e| format!("{part} reply from {endpoint}: {e}"))?;
+        let payload = wire::reply_payload(part, &frames).map_err(|e| format!("{endpoint}: {e}"))?;
+        Ok(payload.to_vec())
+    };
+    let metadata = part(wire::ReplyPart::Metadata)?;
+    let metadata = match wire::decode(&metadata) {
         Ok(ControlMessage::HandshakeMetadata(m)) => m,
         Ok(other) => {
             return Err(format!(
@@ -71,9 +74,21 @@ pub fn dial(
         }
         Err(e) => return Err(format!("metadata from {endpoint}: {e}")),
     };
-    let layers = wire::decode_layer_memory_descs(&frames[1])
-        .map_err(|e| format!("descriptors from {endpoint}: {e}"))?;
+    let layers = part(wire::ReplyPart::Layers)?;
+    let layers =
+        wire::decode_layer_memory_descs(&layers).map_err(|e| format!("descriptors from {endpoint}: {e}"))?;
     Ok((metadata, layers))
+}
+
+/// Where to read rank `peer`'s KV, from the `agent_metadata` of its handshake: a pdkv data-plane
+/// descriptor of this rank's own transport. A foreign one (MoRIIO's packed MoRI `EngineDesc`) or
+/// one of the other transport fails the handshake with a line that names the peer and says why.
+pub fn data_endpoint(peer: RankId, own: TransportKind, agent_metadata: &[u8]) -> Result<Endpoint, String> {
+    let plane = DataPlane::decode(peer, agent_metadata).map_err(|e| e.to_string())?;
+    if plane.transport != DataTransport::from(own) {
+        return Err(format!("{peer} serves its KV over {}, and this rank reads over {own}", plane.transport));
+    }
+    Ok(plane.addr)
 }
 
 /// Requests whose reads the worker aborted ([`DecodeAction::AbortReads`]), shared with the
@@ -281,13 +296,9 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
             Some(Input::SchedGone(e)) => {
                 return Err(ConnectorError::Scheduler { op: "receive", detail: e.to_string() });
             }
-            Some(Input::Dialled { session, result }) => match result {
+            Some(Input::Dialled { session, peer, result }) => match result {
                 Ok((metadata, layers)) => {
-                    match DataDescriptor::from_bytes(&metadata.agent_metadata).and_then(|desc| {
-                        let (host, port) = desc.addr.rsplit_once(':').ok_or("no port in the data address")?;
-                        let port = port.parse().map_err(|e| format!("data port '{port}': {e}"))?;
-                        Ok(Endpoint { host: host.to_owned(), port })
-                    }) {
+                    match data_endpoint(peer, setup.transport, &metadata.agent_metadata) {
                         Ok(endpoint) => {
                             data.insert(session.clone(), endpoint);
                             let meta = DecodeEvent::HandshakeMetadata { session: session.clone(), metadata };
@@ -326,12 +337,12 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
         }
         for action in out.drain(..) {
             match action {
-                DecodeAction::DialHandshake { session, endpoint, .. } => {
+                DecodeAction::DialHandshake { session, rank: peer, endpoint } => {
                     handshakes += 1;
                     let (tx, identity) = (ctx.tx.clone(), rank.to_string());
                     thread::spawn(move || {
                         let result = dial(&endpoint, &identity, handshake_timeout);
-                        let _ = tx.send(Input::Dialled { session, result });
+                        let _ = tx.send(Input::Dialled { session, peer, result });
                     });
                 }
                 DecodeAction::PostRead(op) => {
@@ -402,4 +413,59 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
         }
     }
     ctx.link.send(&FromRank::Bye { releases, dropped_releases: dropped, handshakes })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pdkv_core::ids::EngineId;
+
+    /// A MoRI `EngineDesc` as msgpack-c packs it: `[key, gpuId, hostname, [backend bits],
+    /// [tcp host, tcp port]]`.
+    fn mori_engine_desc() -> Vec<u8> {
+        let mut bytes = vec![0x95, 0xb2];
+        bytes.extend(b"mori-engine-P0-tp1");
+        bytes.extend([0x01, 0xa6]);
+        bytes.extend(b"node-3");
+        bytes.extend([0x91, 0x03, 0x92, 0xa8]);
+        bytes.extend(b"10.0.0.3");
+        bytes.extend([0xcd, 0xb8, 0x13]);
+        bytes
+    }
+
+    #[test]
+    fn a_peer_data_plane_is_read_only_from_a_pdkv_descriptor_of_our_transport() {
+        let peer = RankId::new(EngineId::prefill(0), 0, 1);
+        let at = Endpoint { host: "10.0.0.3".into(), port: 7000 };
+        let pdkv = |transport| DataPlane { transport, addr: at.clone() }.encode();
+        let mori = mori_engine_desc();
+        let cases: Vec<(TransportKind, Vec<u8>, Result<Endpoint, String>)> = vec![
+            (TransportKind::Tcp, pdkv(DataTransport::Tcp), Ok(at.clone())),
+            (TransportKind::Rdma, pdkv(DataTransport::Rdma), Ok(at.clone())),
+            (
+                TransportKind::Tcp,
+                pdkv(DataTransport::Rdma),
+                Err("P0.dp0.tp1 serves its KV over rdma, and this rank reads over tcp".into()),
+            ),
+            (
+                TransportKind::Tcp,
+                mori.clone(),
+                Err(format!(
+                    "P0.dp0.tp1 advertises a data plane pdkv cannot use (not a pdkv descriptor: looks \
+                     like a MoRI EngineDesc, {} bytes); pdkv reads over tcp/rdma descriptors",
+                    mori.len()
+                )),
+            ),
+            (
+                TransportKind::Tcp,
+                Vec::new(),
+                Err("P0.dp0.tp1 advertises a data plane pdkv cannot use (not a pdkv descriptor: empty, \
+                     0 bytes); pdkv reads over tcp/rdma descriptors"
+                    .into()),
+            ),
+        ];
+        for (own, bytes, expected) in cases {
+            assert_eq!(data_endpoint(peer, own, &bytes), expected, "{own} {bytes:02x?}");
+        }
+    }
 }

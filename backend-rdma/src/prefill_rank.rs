@@ -10,11 +10,13 @@ use std::time::Duration;
 
 use pdkv_core::ids::TransferId;
 use pdkv_core::policy::Policy;
-use pdkv_core::ports::ListenerKind;
+use pdkv_core::ports::{Endpoint, ListenerKind};
 use pdkv_core::prefill::{PrefillWorker, WorkerAction, WorkerEvent};
-use pdkv_core::wire::{self, ControlMessage, HandshakeMetadata, LayerMemoryDesc, RankInfo};
+use pdkv_core::wire::{
+    self, ControlMessage, DataPlane, Extensions, HandshakeMetadata, LayerMemoryDesc, RankInfo,
+};
 
-use crate::connector::{resolve, ConnectorError, Context, DataDescriptor, Input, HANDSHAKE_FRAMES};
+use crate::connector::{resolve, ConnectorError, Context, Input};
 use crate::memory::Regions;
 use crate::pattern::{heads_of_rank, transfer_key, BlockKey};
 use crate::sched::{FromRank, ToRank, TransportKind};
@@ -109,34 +111,70 @@ fn spawn_listener(
     });
 }
 
-fn serve_handshake(mut conn: crate::zmtp::Connection, id: u64, tx: Sender<Input>) {
+/// Serves one handshake connection as MoRIIO's listener does: `get_meta_msg` is answered with
+/// the node's two reply messages (each `[b"", payload]`), `pop_done_recv` takes the next message
+/// as a request id and answers nothing. Anything else is reported and skipped: unlike MoRIIO's
+/// listener, which raises and stops serving everyone, this one keeps serving the connection.
+pub fn serve_handshake(mut conn: crate::zmtp::Connection, id: u64, tx: Sender<Input>) {
     let (reply_tx, reply_rx) = mpsc::channel();
     while let Ok(frames) = conn.recv() {
-        if frames.len() != 1 || frames[0] != wire::HANDSHAKE_REQUEST {
-            let _ =
-                tx.send(Input::Problem(format!("handshake listener: unexpected {} frame(s)", frames.len())));
-            continue;
+        match wire::handshake_request(&frames) {
+            Ok(wire::HandshakeRequest::Metadata) => {
+                if tx.send(Input::HandshakeRequest { conn: id, reply: reply_tx.clone() }).is_err() {
+                    return;
+                }
+                let Ok(reply) = reply_rx.recv_timeout(REPLY_TIMEOUT) else { return };
+                for message in &reply {
+                    let refs: Vec<&[u8]> = message.iter().map(Vec::as_slice).collect();
+                    if conn.send(&refs).is_err() {
+                        return;
+                    }
+                }
+            }
+            // The request id that follows is only logged by MoRIIO; pdkv has no use for it.
+            Ok(wire::HandshakeRequest::DoneRecv) => {
+                if conn.recv().is_err() {
+                    return;
+                }
+            }
+            Err(e) => {
+                if tx.send(Input::Problem(format!("handshake listener: {e}"))).is_err() {
+                    return;
+                }
+            }
         }
-        if tx.send(Input::HandshakeRequest { conn: id, reply: reply_tx.clone() }).is_err() {
-            return;
-        }
-        let Ok(reply) = reply_rx.recv_timeout(REPLY_TIMEOUT) else { return };
-        let refs: Vec<&[u8]> = reply.iter().map(Vec::as_slice).collect();
-        if conn.send(&refs).is_err() {
+    }
+}
+
+/// Serves one notify connection: each one-frame message (a release, a lease, the legacy string)
+/// goes to the node thread as it arrived, and the node decodes it; a message of another shape
+/// is reported and skipped (MoRIIO's listener would raise on it and stop serving).
+pub fn serve_notify(mut conn: crate::zmtp::Connection, _id: u64, tx: Sender<Input>) {
+    while let Ok(frames) = conn.recv() {
+        let input = match wire::notify_frame(&frames) {
+            Ok(frame) => Input::Notify(frame.to_vec()),
+            Err(e) => Input::Problem(format!("notify listener: {e}")),
+        };
+        if tx.send(input).is_err() {
             return;
         }
     }
 }
 
-/// Serves one notify connection: every frame (a release, a lease, the legacy string) goes to the
-/// node thread as it arrived; the node decodes it.
-pub fn serve_notify(mut conn: crate::zmtp::Connection, _id: u64, tx: Sender<Input>) {
-    while let Ok(frames) = conn.recv() {
-        for frame in frames {
-            if tx.send(Input::Notify(frame)).is_err() {
-                return;
-            }
+/// What a notify frame means for the worker: a release (the map or the legacy string) or a
+/// read lease; anything else (an unknown `type`, a message meant for another socket, bytes that
+/// do not decode) is the line the report gets. The frame is then dropped and the listener
+/// serves on, where MoRIIO's would raise and serve nobody again.
+pub fn notify_event(frame: &[u8]) -> Result<WorkerEvent, String> {
+    match wire::decode(frame) {
+        Ok(ControlMessage::ReadLease(lease)) => {
+            Ok(WorkerEvent::Lease { transfer_id: lease.transfer_id, lease_ms: lease.lease_ms })
         }
+        Ok(message) => match message.as_release() {
+            Some(release) => Ok(WorkerEvent::Release(release)),
+            None => Err(format!("notify listener: unexpected {}", crate::connector::message_name(&message))),
+        },
+        Err(e) => Err(format!("notify listener: {e}")),
     }
 }
 
@@ -267,15 +305,20 @@ fn start(ctx: &mut Context) -> Result<Started, String> {
     let address = &setup.address;
     let host_addr = resolve(&pdkv_core::ports::Endpoint { host: address.host.clone(), port: 0 })?;
     let (server, data_addr) = DataServer::start(setup.transport, host_addr, regions)?;
-    let descriptor = DataDescriptor { transport: setup.transport.to_string(), addr: data_addr.to_string() };
+    // MoRIIO's slot for its engine descriptor carries pdkv's data plane instead.
+    let data_plane = DataPlane {
+        transport: setup.transport.into(),
+        addr: Endpoint { host: data_addr.ip().to_string(), port: data_addr.port() },
+    };
     let metadata = HandshakeMetadata {
         engine_id: address.engine_id(),
-        agent_metadata: descriptor.to_bytes(),
+        agent_metadata: data_plane.encode(),
         kv_caches_base_addr: bases.clone(),
         num_blocks: setup.num_blocks,
         block_len,
         attn_backend_name: if model.use_mla { "FLASHMLA" } else { "FLASH_ATTN" }.into(),
         rank: Some(RankInfo { dp_rank: rank.dp, tp_rank: rank.tp, tp_size: layout.tp }),
+        extensions: Extensions::ALL,
     };
     let layers = bases
         .iter()
@@ -307,7 +350,7 @@ fn start(ctx: &mut Context) -> Result<Started, String> {
 
 fn serve(mut ctx: Context, started: Started) -> Result<(), ConnectorError> {
     let Started { mut worker, kv, server } = started;
-    let mut replies: BTreeMap<u64, Sender<Vec<Vec<u8>>>> = BTreeMap::new();
+    let mut replies: BTreeMap<u64, Sender<crate::connector::HandshakeReply>> = BTreeMap::new();
     // Blocks of each transfer this incarnation filled, to fence again when it is retired.
     let mut filled: BTreeMap<TransferId, Vec<u32>> = BTreeMap::new();
     let (mut releases, mut handshakes) = (0u64, 0u64);
@@ -366,28 +409,15 @@ fn serve(mut ctx: Context, started: Started) -> Result<(), ConnectorError> {
                 replies.insert(conn, reply);
                 worker.handle(now, WorkerEvent::HandshakeRequest { peer: conn }, &mut out);
             }
-            Input::Notify(frame) => match wire::decode(&frame) {
-                Ok(ControlMessage::ReadLease(lease)) => {
-                    let event =
-                        WorkerEvent::Lease { transfer_id: lease.transfer_id, lease_ms: lease.lease_ms };
+            Input::Notify(frame) => match notify_event(&frame) {
+                Ok(event) => {
+                    if matches!(event, WorkerEvent::Release(_)) {
+                        releases += 1;
+                    }
                     worker.handle(now, event, &mut out);
                 }
-                Ok(message) => match message.as_release() {
-                    Some(release) => {
-                        releases += 1;
-                        worker.handle(now, WorkerEvent::Release(release), &mut out);
-                    }
-                    None => {
-                        let detail = format!(
-                            "notify listener: unexpected {}",
-                            crate::connector::message_name(&message)
-                        );
-                        ctx.link.send(&FromRank::Problem { violation: false, detail })?;
-                    }
-                },
-                Err(e) => ctx
-                    .link
-                    .send(&FromRank::Problem { violation: false, detail: format!("notify listener: {e}") })?,
+                // Reported (the run's problems count it) and skipped: the listener serves on.
+                Err(detail) => ctx.link.send(&FromRank::Problem { violation: false, detail })?,
             },
             Input::Problem(detail) => ctx.link.send(&FromRank::Problem { violation: false, detail })?,
             Input::Dialled { .. } | Input::ReadDone(_) => {}
@@ -395,13 +425,8 @@ fn serve(mut ctx: Context, started: Started) -> Result<(), ConnectorError> {
         for action in out.drain(..) {
             match action {
                 WorkerAction::SendHandshakeReply { peer, metadata, layers } => {
-                    let frames = vec![
-                        wire::encode(&ControlMessage::HandshakeMetadata(metadata)),
-                        wire::encode_layer_memory_descs(&layers),
-                    ];
-                    debug_assert_eq!(frames.len(), HANDSHAKE_FRAMES);
                     if let Some(reply) = replies.remove(&peer) {
-                        let _ = reply.send(frames);
+                        let _ = reply.send(wire::handshake_reply(&metadata, &layers));
                     }
                 }
                 WorkerAction::Finished { transfer_id, .. } => {
@@ -424,4 +449,55 @@ fn serve(mut ctx: Context, started: Started) -> Result<(), ConnectorError> {
             .send(&FromRank::Problem { violation: false, detail: format!("data server shutdown: {e}") })?;
     }
     ctx.link.send(&FromRank::Bye { releases, dropped_releases: 0, handshakes })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pdkv_core::release::Release;
+    use pdkv_core::wire::{ReadLease, WriteDone};
+
+    /// Every frame a notify listener may get: the releases and leases become events, anything
+    /// else a report line, and none of them stops the listener (the function returns).
+    #[test]
+    fn notify_frames_become_events_or_report_lines() {
+        let tid = || TransferId("tx-1".into());
+        let release = |consumer_tp_size| Release { transfer_id: tid(), consumer_tp_size, sender: None };
+        let encode = |message| wire::encode(&message);
+        let cases: Vec<(Vec<u8>, Result<WorkerEvent, &str>)> = vec![
+            (encode(ControlMessage::Release(release(Some(4)))), Ok(WorkerEvent::Release(release(Some(4))))),
+            (b"tx-1".to_vec(), Ok(WorkerEvent::Release(release(None)))),
+            (
+                encode(ControlMessage::ReadLease(ReadLease { transfer_id: tid(), lease_ms: 500 })),
+                Ok(WorkerEvent::Lease { transfer_id: tid(), lease_ms: 500 }),
+            ),
+            // vLLM 0.33's WRITE-mode failure notice, which pdkv does not know.
+            (
+                b"\x82\xa4type\xacwrite_failed\xabtransfer_id\xa4tx-1".to_vec(),
+                Err("notify listener: field `type` names an unknown message type `write_failed`"),
+            ),
+            (
+                encode(ControlMessage::WriteDone(WriteDone { transfer_id: tid() })),
+                Err("notify listener: unexpected write done"),
+            ),
+            (b"get_meta_msg".to_vec(), Err("notify listener: unexpected handshake request")),
+            (vec![], Err("notify listener: empty control message")),
+            (
+                vec![0x81, 0xa1, b'x', 0xc1],
+                Err("notify listener: reserved MessagePack marker 0xc1 at byte 3"),
+            ),
+            (
+                vec![0xc0],
+                Err("notify listener: not a control message: first byte 0xc0 starts neither a MessagePack \
+                     map, a MessagePack str, nor an ASCII plain-string completion"),
+            ),
+            (
+                b"\x81\xa4type\xa7release".to_vec(),
+                Err("notify listener: required field `transfer_id` is missing"),
+            ),
+        ];
+        for (frame, expected) in cases {
+            assert_eq!(notify_event(&frame), expected.map_err(str::to_owned), "{frame:02x?}");
+        }
+    }
 }

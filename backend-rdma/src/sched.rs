@@ -50,6 +50,15 @@ impl fmt::Display for TransportKind {
     }
 }
 
+impl From<TransportKind> for pdkv_core::wire::DataTransport {
+    fn from(kind: TransportKind) -> Self {
+        match kind {
+            TransportKind::Tcp => pdkv_core::wire::DataTransport::Tcp,
+            TransportKind::Rdma => pdkv_core::wire::DataTransport::Rdma,
+        }
+    }
+}
+
 /// What a rank is told once it says hello: everything but its identity, which is on its command
 /// line.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -386,5 +395,23 @@ mod tests {
         // A hello is held to its own limit.
         let long = read_frame_within::<FromRank>(&mut Cursor::new(vec![0, 0, 16, 1]), MAX_HELLO_BYTES);
         assert_eq!(long.unwrap_err().to_string(), "frame of 4097 bytes is longer than 4096");
+    }
+
+    /// Frames pack structs as arrays, and `kv_transfer_params` leaves its last key out when it is
+    /// absent: the shorter array must read back with the key absent, and the longer with it.
+    #[test]
+    fn transfer_params_round_trip_with_and_without_extensions() {
+        use pdkv_core::params::{extension_names, KvTransferParams};
+        for extensions in [None, extension_names(pdkv_core::wire::Extensions::ALL)] {
+            let params = KvTransferParams {
+                transfer_id: Some("tx-1".into()),
+                remote_tp_size: Some(4),
+                pdkv_extensions: extensions,
+                ..KvTransferParams::default()
+            };
+            let mut buf = Vec::new();
+            write_frame(&mut buf, &params).unwrap();
+            assert_eq!(read_frame::<KvTransferParams>(&mut Cursor::new(buf)).unwrap(), params);
+        }
     }
 }

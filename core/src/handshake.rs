@@ -13,7 +13,7 @@
 use std::fmt;
 
 use crate::time::Instant;
-use crate::wire::{HandshakeMetadata, LayerMemoryDesc};
+use crate::wire::{Extensions, HandshakeMetadata, LayerMemoryDesc};
 
 /// What a completed handshake taught the decode worker about one remote rank.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -304,6 +304,7 @@ pub fn transition_table() -> Vec<TransitionRow> {
         block_len: 1,
         attn_backend_name: "pdkv".into(),
         rank: None,
+        extensions: Extensions::NONE,
     };
     let layers = vec![LayerMemoryDesc { layer_name: "layer.0".into(), descs: vec![vec![1]] }];
     let since = Instant(1_000_000_000);
@@ -363,6 +364,7 @@ mod tests {
             block_len: 64,
             attn_backend_name: "x".into(),
             rank: None,
+            extensions: Extensions::NONE,
         }
     }
 

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::legacy::Legacy;
 use crate::policy::TpSizeRule;
 use crate::topology::{Layout, MAX_PARALLEL_SIZE};
+use crate::wire::{Extension, Extensions};
 
 /// The remote-prefill fields of a decode request's `kv_transfer_params`, as received. Sizes
 /// are kept as the signed integers a peer may send, so bad values can be reported, not wrapped.
@@ -52,6 +53,17 @@ pub struct KvTransferParams {
     /// TP size of the other side: decode's on the request to prefill, prefill's on the request to
     /// decode. Preferred over `tp_size`.
     pub remote_tp_size: Option<i64>,
+    /// pdkv's own key: the extensions of MoRIIO's protocol the prefill engine speaks, by name
+    /// (`["read_lease"]`), as a pdkv prefill engine writes them in its answer and the proxy
+    /// forwards them (it keeps the answer's keys). Absent from a MoRIIO engine's answer, and
+    /// then not sent. Kept as received; see [`KvTransferParams::advertised_extensions`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pdkv_extensions: Option<Vec<String>>,
+}
+
+/// `pdkv_extensions` as a pdkv prefill engine writes it in its answer.
+pub fn extension_names(extensions: Extensions) -> Option<Vec<String>> {
+    Some(extensions.iter().map(|e| e.wire_name().to_owned()).collect())
 }
 
 /// A size or rank in `kv_transfer_params` that cannot be used.
@@ -115,6 +127,18 @@ impl KvTransferParams {
         let dp =
             in_range("remote_dp_size", self.remote_dp_size.unwrap_or(1), 1, i64::from(MAX_PARALLEL_SIZE))?;
         Ok(Layout::new(dp, self.prefill_tp_size(rule)?, false))
+    }
+
+    /// What the prefill engine advertised in `pdkv_extensions`: `None` when the key is absent
+    /// (a MoRIIO engine, or one that says nothing); names this pdkv does not know are ignored.
+    pub fn advertised_extensions(&self) -> Option<Extensions> {
+        let names = self.pdkv_extensions.as_ref()?;
+        Some(
+            names
+                .iter()
+                .filter_map(|name| Extension::from_wire_name(name))
+                .fold(Extensions::NONE, Extensions::with),
+        )
     }
 
     /// The request's owner DP rank on the prefill side (`remote_dp_rank`): `None` when absent,
@@ -194,5 +218,29 @@ mod tests {
                 .collect();
             assert_eq!(reads, expected, "{legacy:?}");
         }
+    }
+
+    /// `pdkv_extensions` as received: absent says nothing, a list names what the engine speaks
+    /// (unknown names ignored), and a pdkv engine's answer reads back as what it wrote.
+    #[test]
+    fn advertised_extensions_come_from_the_engine_answer() {
+        let with = |names: Option<&[&str]>| KvTransferParams {
+            pdkv_extensions: names.map(|n| n.iter().map(|s| s.to_string()).collect()),
+            ..Default::default()
+        };
+        let cases: [(Option<&[&str]>, Option<Extensions>); 5] = [
+            (None, None),
+            (Some(&[]), Some(Extensions::NONE)),
+            (Some(&["read_lease"]), Some(Extensions::ALL)),
+            (Some(&["later_thing", "read_lease"]), Some(Extensions::ALL)),
+            (Some(&["later_thing"]), Some(Extensions::NONE)),
+        ];
+        for (names, expected) in cases {
+            assert_eq!(with(names).advertised_extensions(), expected, "{names:?}");
+        }
+        let written =
+            KvTransferParams { pdkv_extensions: extension_names(Extensions::ALL), ..Default::default() };
+        assert_eq!(written.pdkv_extensions, Some(vec!["read_lease".to_owned()]));
+        assert_eq!(written.advertised_extensions(), Some(Extensions::ALL));
     }
 }

@@ -567,6 +567,7 @@ pub fn check(config: &ModelConfig) -> Result<ModelReport, String> {
                 block_len: 1024,
                 attn_backend_name: "model-check".into(),
                 rank: None,
+                extensions: pdkv_core::wire::Extensions::ALL,
             };
             (meta, vec![LayerMemoryDesc { layer_name: "layer.0".into(), descs: vec![vec![0]] }])
         })
@@ -630,6 +631,7 @@ pub fn check(config: &ModelConfig) -> Result<ModelReport, String> {
                 remote_dp_size: Some(i64::from(pl.dp)),
                 remote_dp_rank: (pl.dp > 1).then_some(i64::from(owner)),
                 remote_tp_size: Some(i64::from(pl.tp)),
+                pdkv_extensions: pdkv_core::params::extension_names(pdkv_core::wire::Extensions::ALL),
                 ..Default::default()
             },
             local_block_ids: vec![n as u32 + 100],

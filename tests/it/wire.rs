@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use pdkv_core::ids::TransferId;
 use pdkv_core::release::{Release, ReleaseSender};
 use pdkv_core::wire::{
-    decode, decode_layer_memory_descs, encode, encode_layer_memory_descs, ControlMessage, HandshakeMetadata,
-    LayerMemoryDesc, RankInfo, RemoteBlocks, WireError, WriteDone,
+    decode, decode_layer_memory_descs, encode, encode_layer_memory_descs, ControlMessage, Extensions,
+    HandshakeMetadata, LayerMemoryDesc, RankInfo, RemoteBlocks, WireError, WriteDone,
 };
 
 const TRANSFER_ID: &str = "tx-0c5f2a9e-3b7d-4e21-9a64-8f1d2c3b4a5e";
@@ -31,7 +31,7 @@ fn release(consumer_tp_size: Option<u16>, sender: Option<ReleaseSender>) -> Cont
     ControlMessage::Release(Release { transfer_id: tid(), consumer_tp_size, sender })
 }
 
-fn metadata(rank: Option<RankInfo>) -> ControlMessage {
+fn metadata(rank: Option<RankInfo>, extensions: Extensions) -> ControlMessage {
     let mut agent_metadata: Vec<u8> = (0..40).collect();
     agent_metadata.extend_from_slice(b"mori-engine-desc");
     ControlMessage::HandshakeMetadata(HandshakeMetadata {
@@ -42,6 +42,7 @@ fn metadata(rank: Option<RankInfo>) -> ControlMessage {
         block_len: 73728,
         attn_backend_name: "FLASHMLA".to_owned(),
         rank,
+        extensions,
     })
 }
 
@@ -72,10 +73,14 @@ fn well_formed() -> Vec<(&'static str, ControlMessage)> {
         ),
         ("write_done.msgpack", ControlMessage::WriteDone(WriteDone { transfer_id: tid() })),
         ("handshake_request.msgpack", ControlMessage::HandshakeRequest),
-        ("handshake_metadata.msgpack", metadata(None)),
+        ("handshake_metadata.msgpack", metadata(None, Extensions::NONE)),
         (
             "handshake_metadata_with_ranks.msgpack",
-            metadata(Some(RankInfo { dp_rank: 1, tp_rank: 3, tp_size: 8 })),
+            metadata(Some(RankInfo { dp_rank: 1, tp_rank: 3, tp_size: 8 }), Extensions::NONE),
+        ),
+        (
+            "handshake_metadata_pdkv.msgpack",
+            metadata(Some(RankInfo { dp_rank: 1, tp_rank: 3, tp_size: 8 }), Extensions::ALL),
         ),
     ]
 }

@@ -4,10 +4,15 @@
 //! (a) A pyzmq ROUTER (MoRIIO's notify listener) and a pdkv DEALER: pdkv's MessagePack release
 //!     must decode in Python to MoRIIO's dict, and every frame must come back byte for byte.
 //! (b) A pdkv ROUTER (a handshake listener) and a pyzmq DEALER with an identity: MoRIIO's
-//!     `get_meta_msg` gets pdkv's two-frame reply, which Python must decode; the release Python
-//!     packs must decode in pdkv.
+//!     `get_meta_msg` gets pdkv's reply, two messages each framed `[b"", payload]` as MoRIIO's
+//!     dialer demands, which Python must decode; the release Python packs must decode in pdkv.
 //!
-//! Both keep libzmq's heartbeats on, so pdkv must answer PINGs. Python and its packages are
+//! (c) The connector's own dial, handshake listener and notify listener against pyzmq peers that
+//!     speak as MoRIIO does, including messages that would end MoRIIO's own listener threads
+//!     (a wrong frame count, an unknown request or `type`, bytes that are not MessagePack):
+//!     each is one report line and the listener serves on.
+//!
+//! (a) and (b) keep libzmq's heartbeats on, so pdkv must answer PINGs. Python and its packages are
 //! required, not optional: the Python is `$PDKV_PYTHON`, which `cargo xtask test` points at
 //! target/pyenv (pinned pyzmq and msgpack), else `python3`; a missing package fails the test
 //! with its name and says to run `cargo xtask test`. Every wait is bounded; the Python child is
@@ -21,10 +26,11 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use pdkv_core::ids::TransferId;
+use pdkv_core::prefill::WorkerEvent;
 use pdkv_core::release::{Release, ReleaseSender};
 use pdkv_core::wire::{
-    decode, encode, encode_layer_memory_descs, ControlMessage, HandshakeMetadata, LayerMemoryDesc, RankInfo,
-    HANDSHAKE_REQUEST,
+    decode, encode, handshake_reply, ControlMessage, Extensions, HandshakeMetadata, LayerMemoryDesc,
+    RankInfo, HANDSHAKE_REQUEST,
 };
 use pdkv_rdma::zmtp::{Connection, RouterListener, SocketType};
 
@@ -249,6 +255,7 @@ fn metadata() -> HandshakeMetadata {
         block_len: 73728,
         attn_backend_name: "FLASHMLA".to_owned(),
         rank: Some(RankInfo { dp_rank: 1, tp_rank: 3, tp_size: 4 }),
+        extensions: Extensions::ALL,
     }
 }
 
@@ -270,9 +277,10 @@ fn serve(mut listener: RouterListener) -> Result<Served, pdkv_rdma::zmtp::ZmtpEr
     let mut conn = listener.accept()?;
     conn.set_read_timeout(Some(READ))?;
     let request = conn.recv()?;
-    let meta = encode(&ControlMessage::HandshakeMetadata(metadata()));
-    let descs = encode_layer_memory_descs(&layers());
-    conn.send(&[&meta, &descs])?;
+    for message in handshake_reply(&metadata(), &layers()) {
+        let frames: Vec<&[u8]> = message.iter().map(Vec::as_slice).collect();
+        conn.send(&frames)?;
+    }
     let release = conn.recv()?;
     conn.send(&[b"ack"])?;
     Ok(Served {
@@ -313,11 +321,11 @@ fn pyzmq_dealer_against_pdkv_router() {
     let meta = metadata();
     let addrs: Vec<String> = meta.kv_caches_base_addr.iter().map(u64::to_string).collect();
     let expected = vec![
-        "frames 2".to_owned(),
         format!(
             "metadata {{\"engine_id\": \"prefill-0:6301\", \"agent_metadata\": \"hex:{}\", \
              \"kv_caches_base_addr\": [{}], \"num_blocks\": 21504, \"block_len\": 73728, \
-             \"attn_backend_name\": \"FLASHMLA\", \"dp_rank\": 1, \"tp_rank\": 3, \"tp_size\": 4}}",
+             \"attn_backend_name\": \"FLASHMLA\", \"dp_rank\": 1, \"tp_rank\": 3, \"tp_size\": 4, \
+             \"pdkv_extensions\": [\"read_lease\"]}}",
             hex(&meta.agent_metadata),
             addrs.join(", ")
         ),
@@ -329,12 +337,27 @@ fn pyzmq_dealer_against_pdkv_router() {
     assert_eq!(lines, expected);
 }
 
+/// A MoRI `EngineDesc` as msgpack-c packs it (`MSGPACK_DEFINE(key, gpuId, hostname, backends,
+/// tcpHandle)`): an array, the engine key first.
+fn mori_engine_desc() -> Vec<u8> {
+    let mut bytes = vec![0x95, 0xb2];
+    bytes.extend(b"mori-engine-P0-tp1");
+    bytes.extend([0x01, 0xa6]);
+    bytes.extend(b"node-3");
+    bytes.extend([0x91, 0x03, 0x92, 0xa8]);
+    bytes.extend(b"10.0.0.3");
+    bytes.extend([0xcd, 0xb8, 0x13]);
+    bytes
+}
+
 /// The connector's own handshake dial (`decode_rank::dial`) against a pyzmq ROUTER answering as
-/// a MoRIIO prefill rank: MoRIIO's metadata map, packed by Python, decodes in pdkv.
+/// a MoRIIO prefill rank: MoRIIO's metadata map, packed by Python, decodes in pdkv, and its
+/// `agent_metadata` (a MoRI engine descriptor) is refused as a foreign data plane, naming the
+/// rank.
 #[test]
 fn connector_dial_decodes_a_moriio_handshake_reply() {
-    let agent = b"mori-engine-desc";
-    let mut peer = PyPeer::spawn(&["handshake-router", &hex(agent)]);
+    let agent = mori_engine_desc();
+    let mut peer = PyPeer::spawn(&["handshake-router", &hex(&agent)]);
     let port: u16 = peer.line().strip_prefix("port ").and_then(|p| p.parse().ok()).expect("a port line");
     eprintln!("{}", peer.line()); // versions
     let endpoint = pdkv_core::ports::Endpoint { host: "127.0.0.1".into(), port };
@@ -350,16 +373,31 @@ fn connector_dial_decodes_a_moriio_handshake_reply() {
         metadata,
         HandshakeMetadata {
             engine_id: "moriio-prefill:7100".into(),
-            agent_metadata: agent.to_vec(),
+            agent_metadata: agent.clone(),
             kv_caches_base_addr: vec![0x7F3A_0000_0000, 0x7F3A_4000_0000],
             num_blocks: 21504,
             block_len: 73728,
             attn_backend_name: "FLASHMLA".into(),
             rank: None,
+            extensions: Extensions::NONE,
         }
     );
     let names: Vec<(&str, usize)> = layers.iter().map(|l| (l.layer_name.as_str(), l.descs.len())).collect();
     assert_eq!(names, [("model.layers.0.self_attn.attn", 1), ("model.layers.1.self_attn.attn", 1)]);
+    let prefill = pdkv_core::ids::RankId::new(pdkv_core::ids::EngineId::prefill(0), 0, 3);
+    let refused = pdkv_rdma::decode_rank::data_endpoint(
+        prefill,
+        pdkv_rdma::sched::TransportKind::Tcp,
+        &metadata.agent_metadata,
+    );
+    assert_eq!(
+        refused,
+        Err(format!(
+            "P0.dp0.tp3 advertises a data plane pdkv cannot use (not a pdkv descriptor: looks like a \
+             MoRI EngineDesc, {} bytes); pdkv reads over tcp/rdma descriptors",
+            agent.len()
+        ))
+    );
 }
 
 /// A pyzmq DEALER sends what a MoRIIO decode rank sends a notify listener; the connector's own
@@ -389,4 +427,89 @@ fn connector_notify_listener_takes_moriio_releases() {
     let release = Release { transfer_id: tid(), consumer_tp_size: Some(8), sender: None };
     assert_eq!(decode(&frames[0]), Ok(ControlMessage::Release(release)));
     assert_eq!(decode(&frames[1]), Ok(ControlMessage::LegacyCompletion(tid())));
+}
+
+/// The connector's own handshake listener (`prefill_rank::serve_handshake`) against a pyzmq
+/// DEALER that first sends what would end MoRIIO's listener thread: each bad message is
+/// reported once and skipped, `pop_done_recv` and its request id are taken silently as MoRIIO
+/// takes them, and the `get_meta_msg` after all of that is answered, framed as MoRIIO's dialer
+/// demands.
+#[test]
+fn connector_handshake_listener_survives_what_ends_moriio_listener() {
+    let mut listener = RouterListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).expect("bind on loopback");
+    let port = listener.local_addr().expect("local address").port().to_string();
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        if let Ok(conn) = listener.accept() {
+            pdkv_rdma::prefill_rank::serve_handshake(conn, 1, tx);
+        }
+    });
+    let mut peer = PyPeer::spawn(&["handshake-garbage", &port]);
+    let mut problems = Vec::new();
+    // This thread plays the node: it answers the one metadata request with the core's reply.
+    loop {
+        match peer.wait_for(&rx, "the connector's handshake listener") {
+            pdkv_rdma::connector::Input::Problem(line) => problems.push(line),
+            pdkv_rdma::connector::Input::HandshakeRequest { conn, reply } => {
+                assert_eq!(conn, 1);
+                reply.send(handshake_reply(&metadata(), &layers())).expect("listener waits for the reply");
+                break;
+            }
+            _ => peer.fail("unexpected input from the handshake listener"),
+        }
+    }
+    let lines = peer.finish();
+    assert_eq!(
+        problems,
+        [
+            "handshake listener: handshake request: a message of 2 frame(s), expected 1",
+            "handshake listener: handshake request of 8 bytes is neither `get_meta_msg` nor \
+             `pop_done_recv`: \"get_meta\"",
+            "handshake listener: handshake request of 49 bytes is neither `get_meta_msg` nor \
+             `pop_done_recv`: \"\\x83\\xa4type\\xa7release\\xabtransfer_...\"",
+        ]
+    );
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(lines[0].starts_with("metadata {\"engine_id\": \"prefill-0:6301\""), "{lines:?}");
+    assert!(lines[1].starts_with("layers {\"model.layers.0.self_attn.attn\""), "{lines:?}");
+}
+
+/// The connector's own notify listener and node-side decoding (`serve_notify`, `notify_event`)
+/// against a pyzmq DEALER that sends what would end MoRIIO's notify listener before a release:
+/// each bad message is one report line, and the release and the legacy completion after them
+/// still count.
+#[test]
+fn connector_notify_listener_survives_what_ends_moriio_listener() {
+    let mut listener = RouterListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).expect("bind on loopback");
+    let port = listener.local_addr().expect("local address").port().to_string();
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        if let Ok(conn) = listener.accept() {
+            pdkv_rdma::prefill_rank::serve_notify(conn, 1, tx);
+        }
+    });
+    let mut peer = PyPeer::spawn(&["notify-garbage", &port, TRANSFER_ID]);
+    let mut seen = Vec::new();
+    while seen.len() < 5 {
+        let outcome = match peer.wait_for(&rx, "a message from the connector's notify listener") {
+            pdkv_rdma::connector::Input::Notify(frame) => pdkv_rdma::prefill_rank::notify_event(&frame),
+            pdkv_rdma::connector::Input::Problem(line) => Err(line),
+            _ => peer.fail("unexpected input from the notify listener"),
+        };
+        seen.push(outcome);
+    }
+    assert_eq!(peer.finish(), ["sent 5"]);
+    let release = |consumer_tp_size| {
+        Ok(WorkerEvent::Release(Release { transfer_id: tid(), consumer_tp_size, sender: None }))
+    };
+    assert_eq!(
+        seen,
+        [
+            Err("notify listener: field `type` names an unknown message type `read_lease_v2`".to_owned()),
+            Err("notify listener: notify message: a message of 2 frame(s), expected 1".to_owned()),
+            Err("notify listener: reserved MessagePack marker 0xc1 at byte 3".to_owned()),
+            release(Some(8)),
+            release(None),
+        ]
+    );
 }

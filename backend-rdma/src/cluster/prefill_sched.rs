@@ -4,10 +4,11 @@
 use std::collections::BTreeSet;
 
 use pdkv_core::ids::{EngineId, RankId, RequestId, TransferId};
-use pdkv_core::params::KvTransferParams;
+use pdkv_core::params::{extension_names, KvTransferParams};
 use pdkv_core::prefill::{EngineAction, EngineEvent};
 use pdkv_core::proxy::ProxyAction;
 use pdkv_core::topology::Layout;
+use pdkv_core::wire::Extensions;
 use pdkv_sim::result::ViolationKind;
 
 use super::{Cluster, Req, Violation, NS_PER_MS};
@@ -201,6 +202,8 @@ impl Cluster {
             remote_notify_port: Some(i64::from(address.notify_port_base)),
             remote_dp_size: Some(i64::from(layout.dp)),
             tp_size: Some(i64::from(layout.tp)),
+            // Every prefill rank of the cluster is a pdkv connector, which takes read leases.
+            pdkv_extensions: extension_names(Extensions::ALL),
             ..KvTransferParams::default()
         };
         match self.proxy.handle_prefill_response(id, answer) {

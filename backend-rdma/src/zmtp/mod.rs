@@ -51,7 +51,9 @@
 //! On the wire a DEALER sends just its payload frames and a ROUTER replies with just its
 //! payload frames on the same connection; the identity frame a pyzmq ROUTER shows its caller
 //! never travels. pdkv's ROUTER side is one [`Connection`] per peer, whose
-//! [`Connection::peer_identity`] says who it is.
+//! [`Connection::peer_identity`] says who it is. Which payload frames MoRIIO's messages have
+//! (an empty delimiter in front of each handshake reply part, one frame per notification) is
+//! the core's `wire` framing, not this module's: here every frame is opaque.
 //!
 //! Everything read from the network is bounded ([`MAX_FRAME_BYTES`], [`MAX_MESSAGE_BYTES`],
 //! [`MAX_FRAMES`], [`MAX_COMMAND_BYTES`]) and checked before it is trusted; malformed input

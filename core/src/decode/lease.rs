@@ -1,23 +1,77 @@
 //! Read leases: a request's source rank is leased from the moment the worker takes the request,
 //! and a request the engine queued for a later step is routed at once and its lease renewed
 //! until a step admits it, so the producer's reaper never frees KV a read may still need.
+//!
+//! A lease is pdkv's own message, and MoRIIO's notify listener raises on a `type` it does not
+//! know, which ends its thread: every later release to that rank would be lost. So a lease goes
+//! only to a rank that advertised [`Extension::ReadLease`]: in its handshake metadata once the
+//! worker has heard it (the rank's own word, which wins), before that in the request's
+//! `pdkv_extensions`, which the rank's engine wrote in its prefill answer. The first lease is due
+//! when the worker takes the request, before any dial, and a queued request's session may not be
+//! dialled for minutes, so the engine's word is what lets a pdkv rank be leased from the start.
+//! With neither, a lease the worker owes is held: the rank's metadata then sends every held lease
+//! of that rank, or drops them when it does not take leases.
+//!
+//! A MoRIIO rank advertises nothing, so it is never sent a lease, and its reaper protects
+//! nothing a pdkv decode rank reads: it frees a transfer `defer_timeout` after the request
+//! finished, whether a read of it is in flight or the request is still queued (the historical
+//! behaviour of `reaper-ignores-reads` and `no-queued-lease`, against that peer only).
 
 use crate::ids::RequestId;
 use crate::policy::QueuedLease;
+use crate::ports::SessionKey;
 use crate::time::{Instant, NS_PER_MS};
-use crate::wire::ReadLease;
+use crate::wire::{Extension, Extensions, ReadLease};
 
 use super::state::{Recv, Waiting};
 use super::{DecodeAction, DecodeWorker, RecvRequest, MAX_WORKER_REQUESTS};
 
 impl DecodeWorker {
-    /// The lease of `recv`'s transfer at its source, for the transfer timeout.
-    pub(super) fn lease(&self, recv: &Recv) -> DecodeAction {
+    /// Leases `recv`'s transfer at its source for the transfer timeout: sent when the source
+    /// advertised read leases, held while nothing says whether it does, nothing when it does
+    /// not.
+    pub(super) fn lease(&self, recv: &mut Recv, out: &mut Vec<DecodeAction>) {
+        let heard = self.sessions.get(&recv.target.session).and_then(|s| s.extensions);
+        let advertised = heard.or(recv.engine_extensions);
+        recv.lease_held = advertised.is_none();
+        if advertised.is_some_and(|e| e.has(Extension::ReadLease)) {
+            out.push(self.lease_action(recv));
+        }
+    }
+
+    fn lease_action(&self, recv: &Recv) -> DecodeAction {
         let lease_ms = self.config.transfer_timeout_ns.div_ceil(NS_PER_MS).clamp(1, u64::from(u32::MAX));
         DecodeAction::SendLease {
             rank: recv.target.source,
             endpoint: recv.target.notify.clone(),
             lease: ReadLease { transfer_id: recv.transfer_id.clone(), lease_ms: lease_ms as u32 },
+        }
+    }
+
+    /// The rank of `session` advertised `extensions` (its metadata arrived from the engine
+    /// dialled): the leases held for it are sent now, in request order, or dropped.
+    pub(super) fn advertised(
+        &mut self,
+        session: &SessionKey,
+        extensions: Extensions,
+        out: &mut Vec<DecodeAction>,
+    ) {
+        let Some(entry) = self.sessions.get_mut(session) else { return };
+        entry.extensions = Some(extensions);
+        let held = |r: &Recv| r.lease_held && r.target.session == *session;
+        let taken: Vec<RequestId> =
+            self.requests.iter().filter(|(_, r)| held(r)).map(|(id, _)| *id).collect();
+        let queued: Vec<RequestId> =
+            self.waiting.iter().filter(|(_, w)| held(&w.recv)).map(|(id, _)| *id).collect();
+        for id in taken {
+            let mut recv = self.requests.remove(&id).expect("listed above");
+            self.lease(&mut recv, out);
+            self.requests.insert(id, recv);
+        }
+        for id in queued {
+            let mut waiting = self.waiting.remove(&id).expect("listed above");
+            self.lease(&mut waiting.recv, out);
+            self.waiting.insert(id, waiting);
         }
     }
 
@@ -46,8 +100,8 @@ impl DecodeWorker {
             {
                 continue;
             }
-            if let Ok(recv) = self.route(now, &request) {
-                out.push(self.lease(&recv));
+            if let Ok(mut recv) = self.route(now, &request) {
+                self.lease(&mut recv, out);
                 let renew_at = now.add_ns(self.renew_every_ns());
                 self.waiting.insert(id, Waiting { recv, renew_at });
             }
@@ -60,9 +114,10 @@ impl DecodeWorker {
             self.waiting.iter().filter(|(_, w)| w.renew_at <= now).map(|(id, _)| *id).collect();
         let every = self.renew_every_ns();
         for id in due {
-            let lease = self.lease(&self.waiting[&id].recv);
-            out.push(lease);
-            self.waiting.get_mut(&id).expect("listed above").renew_at = now.add_ns(every);
+            let mut waiting = self.waiting.remove(&id).expect("listed above");
+            self.lease(&mut waiting.recv, out);
+            waiting.renew_at = now.add_ns(every);
+            self.waiting.insert(id, waiting);
         }
     }
 }

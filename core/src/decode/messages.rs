@@ -132,7 +132,9 @@ pub enum DecodeAction {
     },
     /// Send a read lease to the rank this worker will read, when it takes the request: the
     /// producer keeps the blocks (and does not reap them) until the lease ends, which covers the
-    /// handshake and every read, since the request fails (and releases) at its deadline.
+    /// handshake and every read, since the request fails (and releases) at its deadline. Only
+    /// for a rank that advertised read leases; one nothing said so of yet gets it when its
+    /// handshake metadata does (see `lease.rs`).
     SendLease {
         /// The rank read.
         rank: RankId,

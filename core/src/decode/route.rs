@@ -45,11 +45,11 @@ impl DecodeWorker {
                 Ok(recv)
             });
             match admitted {
-                Ok(recv) => {
+                Ok(mut recv) => {
                     // Lease the transfer as soon as the worker takes the request: its handshake
                     // may take a while (a lost reply costs a handshake timeout and a step), and
                     // its reads end by its deadline at the latest, when it fails and releases.
-                    out.push(self.lease(&recv));
+                    self.lease(&mut recv, out);
                     self.requests.insert(id, recv);
                 }
                 Err(error) => self.fail_unrouted(id, &request.local_block_ids, error, out),
@@ -104,6 +104,8 @@ impl DecodeWorker {
             deadline: now.add_ns(self.config.transfer_timeout_ns),
             arrived: now,
             phase: RecvPhase::AwaitingSession,
+            engine_extensions: params.advertised_extensions(),
+            lease_held: false,
         })
     }
 
@@ -142,6 +144,7 @@ impl DecodeWorker {
                 timeout_ns: self.config.policy.handshake_timeout.of(self.config.handshake_timeout_ns),
             },
             state: HandshakeState::Idle,
+            extensions: None,
         };
         self.sessions.insert(target.session.clone(), entry);
         Ok(())

@@ -12,6 +12,7 @@ use crate::recv::RecvState;
 use crate::step_machine::StepState;
 use crate::time::Instant;
 use crate::topology::Layout;
+use crate::wire::Extensions;
 
 use super::{ReadOp, RecvError};
 
@@ -22,6 +23,9 @@ pub(super) struct SessionEntry {
     pub(super) endpoint: Endpoint,
     pub(super) params: HandshakeParams,
     pub(super) state: HandshakeState,
+    /// What the rank last advertised in metadata from the engine dialled; `None` until then.
+    /// Kept when the session fails or is invalidated: the address still names the same rank.
+    pub(super) extensions: Option<Extensions>,
 }
 
 /// Where one request is.
@@ -94,6 +98,11 @@ pub(super) struct Recv {
     pub(super) deadline: Instant,
     pub(super) arrived: Instant,
     pub(super) phase: RecvPhase,
+    /// What the source's engine advertised in the request's `pdkv_extensions`, if anything.
+    pub(super) engine_extensions: Option<Extensions>,
+    /// A lease is owed to the source, held until its handshake metadata says whether it takes
+    /// leases (see `lease.rs`).
+    pub(super) lease_held: bool,
 }
 
 /// A request queued by the engine: routed, its source leased until admission.

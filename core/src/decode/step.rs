@@ -78,9 +78,23 @@ impl DecodeWorker {
         out: &mut Vec<DecodeAction>,
     ) {
         let Some(entry) = self.sessions.get_mut(&key) else { return };
+        // Metadata the machine takes (in a dial waiting for it, and from the engine dialled:
+        // another engine's fails the dial) says what the rank advertises, which decides the
+        // leases held for it before any read through the session is posted.
+        let advertised = match (&event, &entry.state) {
+            (
+                HandshakeEvent::Metadata(metadata),
+                HandshakeState::Dialing { .. } | HandshakeState::GotDescriptors { .. },
+            ) => Some(metadata.extensions),
+            _ => None,
+        };
         let state = std::mem::replace(&mut entry.state, HandshakeState::Idle);
         let (next, output) = handshake::step(state, event, now, &entry.params);
+        let took = matches!(next, HandshakeState::GotMetadata { .. } | HandshakeState::Complete(_));
         entry.state = next;
+        if let (Some(extensions), true) = (advertised, took) {
+            self.advertised(&key, extensions, out);
+        }
         self.after_handshake(now, key, output, out);
     }
 

@@ -4,10 +4,11 @@
 use super::*;
 use crate::ids::EngineId;
 use crate::legacy::{Legacy, LegacyOptions};
-use crate::params::KvTransferParams;
+use crate::params::{extension_names, KvTransferParams};
 use crate::policy::Policy;
 use crate::ports::EngineAddress;
 use crate::topology::Deployment;
+use crate::wire::{Extensions, HandshakeMetadata};
 
 /// The worker of decode rank (0, 0) of a TP1 deployment, under `legacy`.
 fn worker(legacy: &LegacyOptions) -> DecodeWorker {
@@ -69,5 +70,131 @@ fn a_request_past_the_session_limit_fails_and_the_step_goes_on() {
         assert_eq!(w.pending_requests(), MAX_WORKER_SESSIONS, "{legacy:?}");
         let dialled = out.iter().filter(|a| matches!(a, DecodeAction::DialHandshake { .. })).count();
         assert_eq!(dialled, dials, "{legacy:?}");
+    }
+}
+
+/// Request `n` on the one TP1 prefill engine at host `prefill-0`, whose answer carried
+/// `pdkv_extensions` as `engine` says (`None`: no such key, as from MoRIIO).
+fn request_with(n: u64, engine: Option<Extensions>) -> RecvRequest {
+    let mut request = request_on_own_host(0);
+    request.request = RequestId(n);
+    request.params.transfer_id = Some(format!("transfer-{n}"));
+    request.params.pdkv_extensions = engine.and_then(extension_names);
+    request
+}
+
+/// The first reply part of rank `prefill-0`, advertising `extensions`.
+fn metadata(extensions: Extensions) -> HandshakeMetadata {
+    HandshakeMetadata {
+        engine_id: "prefill-0:6301".into(),
+        agent_metadata: Vec::new(),
+        kv_caches_base_addr: vec![1 << 30],
+        num_blocks: 16,
+        block_len: 4096,
+        attn_backend_name: "FLASHMLA".into(),
+        rank: None,
+        extensions,
+    }
+}
+
+/// The transfers leased in `out`, in order.
+fn leases(out: &[DecodeAction]) -> Vec<String> {
+    out.iter()
+        .filter_map(|a| match a {
+            DecodeAction::SendLease { lease, .. } => Some(lease.transfer_id.0.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The session the worker dialled in `out`, if it dialled one.
+fn dialled(out: &[DecodeAction]) -> Option<SessionKey> {
+    out.iter().find_map(|a| match a {
+        DecodeAction::DialHandshake { session, .. } => Some(session.clone()),
+        _ => None,
+    })
+}
+
+/// Runs step `step` with `requests` at `now` to its end, answering its dial (if any) with
+/// metadata advertising `rank`; returns the actions at step begin and those at the metadata.
+fn step_through(
+    w: &mut DecodeWorker,
+    now: Instant,
+    step: u64,
+    requests: Vec<RecvRequest>,
+    rank: Extensions,
+) -> (Vec<DecodeAction>, Vec<DecodeAction>) {
+    let mut begin = Vec::new();
+    w.handle(now, DecodeEvent::StepBegin { step, requests }, &mut begin);
+    let mut at_metadata = Vec::new();
+    if let Some(session) = dialled(&begin) {
+        let meta = DecodeEvent::HandshakeMetadata { session: session.clone(), metadata: metadata(rank) };
+        w.handle(now, meta, &mut at_metadata);
+        let layers = vec![crate::wire::LayerMemoryDesc { layer_name: "l0".into(), descs: vec![vec![0]] }];
+        let mut rest = Vec::new();
+        w.handle(now, DecodeEvent::HandshakeDescriptors { session, layers }, &mut rest);
+        // Reads start only after the metadata's leases.
+        assert!(leases(&rest).is_empty());
+    }
+    let mut rest = Vec::new();
+    w.handle(now, DecodeEvent::VoteResult { step, ok: true }, &mut rest);
+    (begin, at_metadata)
+}
+
+/// A lease goes only to a rank that advertised read leases: its handshake metadata once heard
+/// (which wins), before that its engine's `pdkv_extensions`; with neither, the lease is held
+/// until the metadata says. A MoRIIO rank (no key anywhere) is never sent one.
+#[test]
+fn leases_go_only_to_ranks_that_advertised_them() {
+    let (pdkv, moriio) = (Some(Extensions::ALL), None);
+    // (engine's answer, what the rank's metadata says, heard in an earlier step,
+    //  leases at step begin, leases when the metadata arrives)
+    let cases = [
+        (pdkv, Extensions::ALL, false, 1, 0),
+        (moriio, Extensions::ALL, false, 0, 1),
+        (moriio, Extensions::NONE, false, 0, 0),
+        (Some(Extensions::NONE), Extensions::ALL, false, 0, 0),
+        // The engine's word is used until the rank's own, which then wins.
+        (pdkv, Extensions::NONE, false, 1, 0),
+        (moriio, Extensions::ALL, true, 1, 0),
+        (pdkv, Extensions::NONE, true, 0, 0),
+    ];
+    for (engine, rank, heard_before, at_begin, at_metadata) in cases {
+        let case = format!("engine {engine:?}, rank {rank:?}, heard before {heard_before}");
+        let mut w = worker(&LegacyOptions::none());
+        if heard_before {
+            step_through(&mut w, Instant::ZERO, 1, vec![request_with(100, None)], rank);
+        }
+        let (begin, metadata) = step_through(&mut w, Instant::ZERO, 2, vec![request_with(1, engine)], rank);
+        assert_eq!(leases(&begin).len(), at_begin, "{case}: at step begin");
+        assert_eq!(leases(&metadata).len(), at_metadata, "{case}: at the metadata");
+        assert_eq!(dialled(&begin).is_some(), !heard_before, "{case}");
+    }
+}
+
+/// Queued requests of a rank nobody advertised for: no lease and no renewal until the rank's
+/// metadata arrives (a step admits one of them and dials); then every held lease of that rank
+/// goes at once, and the queued one is renewed from then on. A MoRIIO rank gets none, ever.
+#[test]
+fn held_leases_of_queued_requests_go_when_the_rank_advertises() {
+    for (rank, expected) in [(Extensions::ALL, 2), (Extensions::NONE, 0)] {
+        let mut w = worker(&LegacyOptions::none());
+        let mut out = Vec::new();
+        let queued = vec![request_with(1, None), request_with(2, None)];
+        w.handle(Instant::ZERO, DecodeEvent::Queued { requests: queued }, &mut out);
+        assert!(leases(&out).is_empty(), "{rank:?}");
+        // Renewals come due and send nothing while the leases are held.
+        let renew = w.poll_timeout().expect("a renewal is armed");
+        w.handle(renew, DecodeEvent::Tick, &mut out);
+        assert!(leases(&out).is_empty(), "{rank:?}");
+        let (begin, at_metadata) = step_through(&mut w, renew, 1, vec![request_with(1, None)], rank);
+        assert!(leases(&begin).is_empty(), "{rank:?}");
+        assert_eq!(leases(&at_metadata), ["transfer-1", "transfer-2"][..expected], "{rank:?}");
+        assert_eq!(w.queued_requests(), 1);
+        let mut renewed = Vec::new();
+        let next = w.poll_timeout().expect("a renewal is armed");
+        assert!(next > renew);
+        w.handle(next, DecodeEvent::Tick, &mut renewed);
+        assert_eq!(leases(&renewed).len(), expected / 2, "{rank:?}: the queued request's renewal");
     }
 }

@@ -46,13 +46,14 @@ pub enum WorkerEvent {
 /// What a prefill worker asks its driver to do.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WorkerAction {
-    /// Answer a handshake request with both reply frames.
+    /// Answer a handshake request with both reply parts (two messages on the wire:
+    /// [`crate::wire::handshake_reply`]).
     SendHandshakeReply {
         /// The reply handle from the request.
         peer: u64,
-        /// First frame.
+        /// The first part's payload.
         metadata: HandshakeMetadata,
-        /// Second frame.
+        /// The second part's payload.
         layers: Vec<LayerMemoryDesc>,
     },
     /// This rank's part of the transfer is done (deliver to the engine).

@@ -10,14 +10,14 @@ use crate::decode::{
 use crate::group::{DecodeGroup, GroupAction, GroupEvent, StepReport};
 use crate::ids::{EngineId, RankId, RequestId, Role, TransferId};
 use crate::legacy::LegacyOptions;
-use crate::params::KvTransferParams;
+use crate::params::{extension_names, KvTransferParams};
 use crate::policy::Policy;
 use crate::ports::{AddressBook, SessionKey};
 use crate::prefill::{EngineAction, EngineEvent, PrefillEngine, PrefillWorker, WorkerAction, WorkerEvent};
 use crate::release::Release;
 use crate::time::Instant;
 use crate::topology::Deployment;
-use crate::wire::{HandshakeMetadata, LayerMemoryDesc};
+use crate::wire::{Extensions, HandshakeMetadata, LayerMemoryDesc};
 
 /// Blocks in every prefill rank's pool.
 const POOL_BLOCKS: u32 = 1024;
@@ -42,6 +42,7 @@ fn metadata_for(
         block_len,
         attn_backend_name: "scripted".into(),
         rank: None,
+        extensions: Extensions::ALL,
     };
     let layers = (0..LAYERS)
         .map(|l| LayerMemoryDesc { layer_name: format!("layer.{l}"), descs: vec![vec![l as u8]] })
@@ -162,6 +163,7 @@ impl Harness {
                 remote_dp_size: Some(i64::from(layout.dp)),
                 remote_dp_rank: (layout.dp > 1).then_some(i64::from(owner_dp)),
                 remote_tp_size: Some(i64::from(layout.tp)),
+                pdkv_extensions: extension_names(Extensions::ALL),
                 ..Default::default()
             },
             local_block_ids: blocks.iter().map(|b| b + 500).collect(),

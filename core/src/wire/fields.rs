@@ -68,6 +68,25 @@ impl Fields {
         self.take(field).map(|v| int(field, v, min, max)).transpose()
     }
 
+    /// An optional list of strings (each as [`Fields::str`]), with at most `max_len` entries.
+    pub(super) fn opt_str_list(
+        &mut self,
+        field: &'static str,
+        max_len: usize,
+    ) -> Result<Option<Vec<String>>, WireError> {
+        let items = match self.take(field) {
+            None => return Ok(None),
+            Some(Value::Array(items)) => items,
+            Some(other) => {
+                return Err(WireError::WrongType { field, expected: "array", found: other.kind() })
+            }
+        };
+        if items.len() > max_len {
+            return Err(WireError::TooMany { field, len: items.len(), max: max_len });
+        }
+        items.into_iter().map(|v| string(field, v)).collect::<Result<_, _>>().map(Some)
+    }
+
     /// A list of integers in `min..=max`, with at most `max_len` entries.
     pub(super) fn int_list(
         &mut self,

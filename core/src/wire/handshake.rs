@@ -1,6 +1,7 @@
-//! The handshake socket's reply: MoRIIO's agent metadata with pdkv's optional ranks (first
-//! frame) and the per-layer memory descriptors (second frame), with their wire mirrors and
-//! decoders. The request is the raw bytes [`HANDSHAKE_REQUEST`](super::HANDSHAKE_REQUEST).
+//! The handshake socket's reply: MoRIIO's agent metadata with pdkv's optional ranks (the first
+//! reply message's payload) and the per-layer memory descriptors (the second's), with their wire
+//! mirrors and decoders. The request is the raw bytes
+//! [`HANDSHAKE_REQUEST`](super::HANDSHAKE_REQUEST); how the parts sit in frames is `framing`'s.
 
 use std::collections::BTreeSet;
 
@@ -9,7 +10,70 @@ use serde::{Serialize, Serializer};
 
 use super::fields::{blob, group, narrow, string, Fields, U16_MAX, U32_MAX, U64_MAX};
 use super::msgpack::{check_size, parse_whole, Value};
-use super::{named, ControlMessage, WireError, MAX_DESCS_PER_LAYER, MAX_LAYERS, MAX_REGIONS};
+use super::{named, ControlMessage, WireError, MAX_DESCS_PER_LAYER, MAX_EXTENSIONS, MAX_LAYERS, MAX_REGIONS};
+
+/// A message or rule of pdkv's beyond MoRIIO's protocol. A rank uses one with a peer only when
+/// the peer advertised it in its handshake metadata, because MoRIIO's listeners raise on a
+/// message they do not know, and the exception ends the listener thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Extension {
+    /// The rank takes read leases on its notify socket (`{"type": "read_lease", ...}`) and its
+    /// reaper waits for them.
+    ReadLease,
+}
+
+impl Extension {
+    /// Every extension this pdkv knows, in wire order.
+    pub const ALL: [Extension; 1] = [Extension::ReadLease];
+
+    /// The extension's name in `pdkv_extensions`.
+    pub fn wire_name(self) -> &'static str {
+        match self {
+            Extension::ReadLease => "read_lease",
+        }
+    }
+
+    /// The extension a name in `pdkv_extensions` stands for, if this pdkv knows it.
+    pub fn from_wire_name(name: &str) -> Option<Extension> {
+        Extension::ALL.into_iter().find(|e| e.wire_name() == name)
+    }
+
+    fn bit(self) -> u8 {
+        1 << (self as u8)
+    }
+}
+
+/// The extensions a rank advertises (`pdkv_extensions` in its handshake metadata): a set.
+/// A MoRIIO rank sends no such key, which reads as [`Extensions::NONE`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Extensions(u8);
+
+impl Extensions {
+    /// No extension: MoRIIO's protocol only.
+    pub const NONE: Extensions = Extensions(0);
+    /// Every extension this pdkv speaks, which a pdkv rank advertises.
+    pub const ALL: Extensions = Extensions(1);
+
+    /// Whether `extension` is in the set.
+    pub fn has(self, extension: Extension) -> bool {
+        self.0 & extension.bit() != 0
+    }
+
+    /// The set with `extension` added.
+    pub fn with(self, extension: Extension) -> Extensions {
+        Extensions(self.0 | extension.bit())
+    }
+
+    /// The extensions in the set, in wire order.
+    pub fn iter(self) -> impl Iterator<Item = Extension> {
+        Extension::ALL.into_iter().filter(move |e| self.has(*e))
+    }
+
+    /// Whether the set is empty.
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+}
 
 /// Where a rank sits in its engine: pdkv's optional extension of the handshake metadata.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -22,12 +86,13 @@ pub struct RankInfo {
     pub tp_size: u16,
 }
 
-/// The first frame of the handshake reply: MoRIIO's `MoRIIOAgentMetadata`, plus pdkv's ranks.
+/// The first handshake reply payload: MoRIIO's `MoRIIOAgentMetadata`, plus pdkv's ranks.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct HandshakeMetadata {
     /// `"<host>:<handshake port base>"`.
     pub engine_id: String,
-    /// Packed MoRI `EngineDesc`, opaque here (MessagePack bin).
+    /// The rank's data-plane descriptor, opaque here (MessagePack bin): a packed MoRI
+    /// `EngineDesc` from MoRIIO, a [`DataPlane`](super::DataPlane) from pdkv.
     pub agent_metadata: Vec<u8>,
     /// Device address of each registered memory region.
     pub kv_caches_base_addr: Vec<u64>,
@@ -39,9 +104,13 @@ pub struct HandshakeMetadata {
     pub attn_backend_name: String,
     /// `dp_rank`, `tp_rank`, `tp_size`: sent by pdkv, absent from MoRIIO.
     pub rank: Option<RankInfo>,
+    /// `pdkv_extensions`: what the rank speaks beyond MoRIIO's protocol; sent by pdkv (when not
+    /// empty), absent from MoRIIO.
+    pub extensions: Extensions,
 }
 
-/// One entry of the second handshake reply frame: a layer and its packed MoRI memory descriptors.
+/// One entry of the second handshake reply payload: a layer and its packed MoRI memory
+/// descriptors.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct LayerMemoryDesc {
     /// vLLM's name of the attention layer, e.g. `model.layers.0.self_attn.attn`.
@@ -99,9 +168,12 @@ pub(super) struct MetadataWire<'a> {
     pub(super) tp_rank: Option<u16>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) tp_size: Option<u16>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(super) pdkv_extensions: Vec<&'static str>,
 }
 
-/// Encodes the second handshake reply frame: `{layer_name: [descriptor, ...]}` in the given order.
+/// Encodes the second handshake reply payload: `{layer_name: [descriptor, ...]}` in the given
+/// order.
 pub fn encode_layer_memory_descs(layers: &[LayerMemoryDesc]) -> Vec<u8> {
     named(&LayerMap(layers))
 }
@@ -129,6 +201,14 @@ pub(super) fn metadata(mut f: Fields) -> Result<ControlMessage, WireError> {
             return Err(WireError::RankOutOfGroup { field: "tp_rank", rank: r.tp_rank, size: r.tp_size });
         }
     }
+    // A newer pdkv may advertise extensions this one does not know: they are not used, as they
+    // would not be with a peer that never advertised them.
+    let extensions = f
+        .opt_str_list("pdkv_extensions", MAX_EXTENSIONS)?
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|name| Extension::from_wire_name(name))
+        .fold(Extensions::NONE, Extensions::with);
     Ok(ControlMessage::HandshakeMetadata(HandshakeMetadata {
         engine_id,
         agent_metadata,
@@ -137,10 +217,11 @@ pub(super) fn metadata(mut f: Fields) -> Result<ControlMessage, WireError> {
         block_len,
         attn_backend_name,
         rank,
+        extensions,
     }))
 }
 
-/// Decodes the second handshake reply frame, `{layer_name: [descriptor, ...]}`, keeping the
+/// Decodes the second handshake reply payload, `{layer_name: [descriptor, ...]}`, keeping the
 /// peer's layer order (MoRIIO opens one session per layer in that order).
 pub fn decode_layer_memory_descs(bytes: &[u8]) -> Result<Vec<LayerMemoryDesc>, WireError> {
     const FIELD: &str = "layer memory descriptors";

@@ -14,19 +14,33 @@
 //! | legacy completion | not MessagePack: the raw UTF-8 bytes of the transfer id |
 //! | remote_blocks (WRITE mode) | `req_id: str`, `transfer_id: str`, `block_notify_list: [int]`, `decode_rank: int`, `type: "remote_blocks"` |
 //! | write_done (WRITE mode) | `type: "write_done"`, `transfer_id: str` |
+//! | read_lease (pdkv's own, decode → prefill) | `type: "read_lease"`, `transfer_id: str`, `lease_ms: int` |
 //!
 //! pdkv appends three optional keys to a release, `sender_engine_id: str`, `sender_dp_rank: int`
 //! and `sender_tp_rank: int` (names chosen by pdkv; MoRIIO has no such keys), all three or none.
 //! MoRIIO reads a release with `data["transfer_id"]` and `consumer_tp_size`, so it ignores them.
+//! A read lease is pdkv's alone, and MoRIIO's listener raises on its `type` (which ends the
+//! listener thread), so a pdkv rank sends one only to a rank that advertised
+//! [`Extension::ReadLease`] in its handshake metadata (below).
 //!
-//! Handshake socket (`handshake_port + dp * T + tp`): the request is the raw bytes
-//! `get_meta_msg` (again not MessagePack), and the reply is two frames. The first is MoRIIO's
-//! `MoRIIOAgentMetadata`: `engine_id: str`, `agent_metadata: bin` (a packed MoRI `EngineDesc`),
-//! `kv_caches_base_addr: [int]`, `num_blocks: int`, `block_len: int` (bytes per block),
-//! `attn_backend_name: str`; pdkv appends `dp_rank`, `tp_rank` and `tp_size` (its own names,
-//! all three or none; msgspec's decoder skips unknown keys). The second frame maps each layer
-//! name to a list of packed MoRI `MemoryDesc` blobs; it carries no discriminating key, so it
-//! has its own pair of functions, [`encode_layer_memory_descs`] and [`decode_layer_memory_descs`].
+//! Handshake socket (`handshake_port + dp * T + tp`): the request is one frame, the raw bytes
+//! `get_meta_msg` (again not MessagePack), and the reply is two messages, each an empty
+//! delimiter frame and then the payload (`[b"", metadata]`, then `[b"", layer map]`: MoRIIO's
+//! listener sends them so and its dialer refuses anything else; `framing` has the frames of
+//! every socket). The first payload is MoRIIO's `MoRIIOAgentMetadata`: `engine_id: str`,
+//! `agent_metadata: bin` (MoRIIO's is a packed MoRI `EngineDesc`, a MessagePack array; pdkv's
+//! is its [`DataPlane`] descriptor, `{"pdkv": 1, "transport": "tcp" | "rdma", "addr":
+//! "host:port"}`, which [`DataPlane::decode`] tells apart), `kv_caches_base_addr: [int]`,
+//! `num_blocks: int`, `block_len: int` (bytes per block), `attn_backend_name: str` (vLLM 0.33
+//! adds `kv_head_layouts`, `mamba_state_layouts` and `attention_block_sizes`, which it omits
+//! at their empty defaults and pdkv ignores). pdkv appends `dp_rank`, `tp_rank` and `tp_size`
+//! (its own names, all three or none) and `pdkv_extensions: [str]`, the names of the
+//! [`Extension`]s it speaks (`["read_lease"]`; left out when empty, so no MoRIIO key changes).
+//! msgspec decodes `MoRIIOAgentMetadata` (a `Struct` without `forbid_unknown_fields`) skipping
+//! unknown keys, so a MoRIIO peer ignores pdkv's. An extension name pdkv does not know is
+//! ignored too (a newer pdkv may list more). The second payload maps each layer name to a list
+//! of packed MoRI `MemoryDesc` blobs; it carries no discriminating key, so it has its own pair
+//! of functions, [`encode_layer_memory_descs`] and [`decode_layer_memory_descs`].
 //!
 //! How [`decode`] tells the forms apart, from the first byte, mirroring MoRIIO's own listener
 //! (which tries `msgpack.loads` and falls back to decoding the bytes as UTF-8):
@@ -50,11 +64,15 @@
 //! rank 0, as in MoRIIO. Those older forms decode, but re-encode in the current shape.
 //!
 //! The code: `notify` and `handshake` hold each family's messages, their wire mirrors and their
-//! decoders; `msgpack` is the bounded MessagePack reader, `fields` the typed reading of a map's
-//! keys, `error` the [`WireError`]; this file dispatches [`encode`] and [`decode`].
+//! decoders; `data_plane` pdkv's `agent_metadata`; `framing` how the messages sit in ZeroMQ frames ([`handshake_reply`],
+//! [`reply_payload`], [`handshake_request`], [`notify_frame`]); `msgpack` is the bounded
+//! MessagePack reader, `fields` the typed reading of a map's keys, `error` the [`WireError`];
+//! this file dispatches [`encode`] and [`decode`].
 
+mod data_plane;
 mod error;
 mod fields;
+mod framing;
 mod handshake;
 mod msgpack;
 mod notify;
@@ -73,9 +91,17 @@ use notify::{
     WriteDoneWire,
 };
 
+pub use data_plane::{
+    DataPlane, DataPlaneError, DataTransport, ForeignDataPlane, ForeignKind, DATA_PLANE_VERSION,
+};
 pub use error::WireError;
+pub use framing::{
+    handshake_reply, handshake_request, notify_frame, reply_payload, FramingError, HandshakeRequest,
+    ReplyPart, DELIMITER, HANDSHAKE_REQUEST, POP_DONE_RECV,
+};
 pub use handshake::{
-    decode_layer_memory_descs, encode_layer_memory_descs, HandshakeMetadata, LayerMemoryDesc, RankInfo,
+    decode_layer_memory_descs, encode_layer_memory_descs, Extension, Extensions, HandshakeMetadata,
+    LayerMemoryDesc, RankInfo,
 };
 pub use notify::{ReadLease, RemoteBlocks, WriteDone};
 
@@ -98,8 +124,8 @@ pub const MAX_LAYERS: usize = 1024;
 pub const MAX_DESCS_PER_LAYER: usize = 16;
 /// Largest opaque MoRI blob (`agent_metadata`, or one memory descriptor).
 pub const MAX_BLOB_BYTES: usize = 64 * 1024;
-/// The handshake request, sent as raw bytes (MoRIIO's `GET_META_MSG`).
-pub const HANDSHAKE_REQUEST: &[u8] = b"get_meta_msg";
+/// Most names in `pdkv_extensions` (pdkv knows one; a newer pdkv may list more).
+pub const MAX_EXTENSIONS: usize = 64;
 
 /// A control message on a MoRIIO notify or handshake socket.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -119,7 +145,7 @@ pub enum ControlMessage {
     ReadLease(ReadLease),
     /// `get_meta_msg`: asks a rank for its [`HandshakeMetadata`].
     HandshakeRequest,
-    /// The first frame of the reply to [`ControlMessage::HandshakeRequest`].
+    /// The payload of the first reply message to [`ControlMessage::HandshakeRequest`].
     HandshakeMetadata(HandshakeMetadata),
 }
 
@@ -190,6 +216,7 @@ pub fn encode(msg: &ControlMessage) -> Vec<u8> {
             dp_rank: meta.rank.map(|r| r.dp_rank),
             tp_rank: meta.rank.map(|r| r.tp_rank),
             tp_size: meta.rank.map(|r| r.tp_size),
+            pdkv_extensions: meta.extensions.iter().map(Extension::wire_name).collect(),
         }),
     }
 }
@@ -219,8 +246,8 @@ fn legacy(id: String) -> Result<ControlMessage, WireError> {
     Ok(ControlMessage::LegacyCompletion(TransferId(id)))
 }
 
-/// Decodes one frame of a MoRIIO notify or handshake socket (not the second handshake reply
-/// frame: see [`decode_layer_memory_descs`]).
+/// Decodes one payload frame of a MoRIIO notify or handshake socket (not the second handshake
+/// reply's payload: see [`decode_layer_memory_descs`]).
 pub fn decode(bytes: &[u8]) -> Result<ControlMessage, WireError> {
     check_size(bytes)?;
     if bytes == HANDSHAKE_REQUEST {

@@ -30,9 +30,10 @@ pub struct WriteDone {
 }
 
 /// A decode rank's promise that its reads of a transfer end within `lease_ms` (pdkv's own
-/// message, `{"type": "read_lease", "transfer_id", "lease_ms"}`; a MoRIIO peer never sends it and
-/// is never sent it). The producer's reaper does not free the transfer's blocks before the lease
-/// ends, because a read may still be in flight until then.
+/// message, `{"type": "read_lease", "transfer_id", "lease_ms"}`; a MoRIIO peer never sends it,
+/// and is never sent it: only a rank that advertised
+/// [`Extension::ReadLease`](super::Extension::ReadLease) is). The producer's reaper does not free
+/// the transfer's blocks before the lease ends, because a read may still be in flight until then.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReadLease {
     /// The transfer about to be read.

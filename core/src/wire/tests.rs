@@ -82,6 +82,10 @@ fn release(consumer_tp_size: Option<u16>, sender: Option<(&str, u16, u16)>) -> C
 }
 
 fn metadata(rank: Option<RankInfo>) -> ControlMessage {
+    metadata_with(rank, Extensions::NONE)
+}
+
+fn metadata_with(rank: Option<RankInfo>, extensions: Extensions) -> ControlMessage {
     ControlMessage::HandshakeMetadata(HandshakeMetadata {
         engine_id: "prefill-0:6301".to_owned(),
         agent_metadata: vec![0, 1, 2, 0xff],
@@ -90,6 +94,7 @@ fn metadata(rank: Option<RankInfo>) -> ControlMessage {
         block_len: 73728,
         attn_backend_name: "FLASHMLA".to_owned(),
         rank,
+        extensions,
     })
 }
 
@@ -117,6 +122,8 @@ fn every_message_round_trips() {
         ControlMessage::HandshakeRequest,
         metadata(None),
         metadata(Some(RankInfo { dp_rank: 1, tp_rank: 3, tp_size: 8 })),
+        metadata_with(None, Extensions::ALL),
+        metadata_with(Some(RankInfo { dp_rank: 1, tp_rank: 3, tp_size: 8 }), Extensions::ALL),
     ];
     for msg in messages {
         let bytes = encode(&msg);
@@ -307,6 +314,74 @@ fn rejects_malformed_input_with_typed_errors() {
     }
 }
 
+/// `pdkv_extensions`: the exact bytes pdkv appends, what a peer's list reads as, and what is
+/// refused.
+#[test]
+fn extensions_are_advertised_by_name() {
+    // Appended last: `pdkv_extensions: ["read_lease"]`.
+    let bytes = encode(&metadata_with(None, Extensions::ALL));
+    let plain = encode(&metadata(None));
+    let mut expected = plain.clone();
+    expected[0] += 1; // one more key in the fixmap
+    expected.extend(b"\xafpdkv_extensions\x91\xaaread_lease");
+    assert_eq!(bytes, expected);
+    assert_eq!(Extensions::NONE.iter().count(), 0);
+    assert_eq!(Extensions::ALL.iter().collect::<Vec<_>>(), [Extension::ReadLease]);
+    assert!(Extensions::NONE.with(Extension::ReadLease).has(Extension::ReadLease));
+    // MoRIIO's metadata, with vLLM 0.33's layout keys, advertises nothing.
+    let with_key = |value: V| {
+        let mut entries = vec![
+            ("engine_id", s("prefill-0:6301")),
+            ("agent_metadata", V::B(vec![0, 1, 2, 0xff])),
+            ("kv_caches_base_addr", V::A(vec![V::U(0x7f3a_0000_0000), V::U(5)])),
+            ("num_blocks", V::U(21504)),
+            ("block_len", V::U(73728)),
+            ("attn_backend_name", s("FLASHMLA")),
+            ("kv_head_layouts", V::M(vec![("model.layers.0.self_attn.attn", V::A(vec![V::U(8), V::U(0)]))])),
+        ];
+        entries.extend(value_entry(value));
+        decode(&pack(entries))
+    };
+    fn value_entry(value: V) -> Vec<(&'static str, V)> {
+        match value {
+            V::Nil => vec![],
+            value => vec![("pdkv_extensions", value)],
+        }
+    }
+    let cases: Vec<(V, Result<Extensions, WireError>)> = vec![
+        (V::Nil, Ok(Extensions::NONE)),
+        (V::A(vec![]), Ok(Extensions::NONE)),
+        (V::A(vec![s("read_lease")]), Ok(Extensions::ALL)),
+        // Names this pdkv does not know (a newer pdkv's) are ignored; repeats are harmless.
+        (V::A(vec![s("future_thing"), s("read_lease"), s("read_lease")]), Ok(Extensions::ALL)),
+        (V::A(vec![s("future_thing")]), Ok(Extensions::NONE)),
+        (
+            s("read_lease"),
+            Err(WireError::WrongType { field: "pdkv_extensions", expected: "array", found: "str" }),
+        ),
+        (
+            V::A(vec![V::U(1)]),
+            Err(WireError::WrongType { field: "pdkv_extensions", expected: "str", found: "int" }),
+        ),
+        (V::A(vec![s("")]), Err(WireError::EmptyField { field: "pdkv_extensions" })),
+        (
+            V::A(vec![s("x"); MAX_EXTENSIONS + 1]),
+            Err(WireError::TooMany {
+                field: "pdkv_extensions",
+                len: MAX_EXTENSIONS + 1,
+                max: MAX_EXTENSIONS,
+            }),
+        ),
+    ];
+    for (value, expected) in cases {
+        let got = with_key(value.clone()).map(|m| match m {
+            ControlMessage::HandshakeMetadata(m) => m.extensions,
+            other => panic!("decoded as {other:?}"),
+        });
+        assert_eq!(got, expected, "{value:?}");
+    }
+}
+
 #[test]
 fn errors_name_the_field() {
     let text = |e: WireError| e.to_string();
@@ -412,9 +487,19 @@ fn arb_message() -> impl Strategy<Value = ControlMessage> {
         1..=u64::MAX,
         "[A-Z_]{1,16}",
         prop::option::of(rank),
+        any::<bool>().prop_map(|all| if all { Extensions::ALL } else { Extensions::NONE }),
     )
         .prop_map(
-            |(engine_id, agent_metadata, kv_caches_base_addr, num_blocks, block_len, attn, rank)| {
+            |(
+                engine_id,
+                agent_metadata,
+                kv_caches_base_addr,
+                num_blocks,
+                block_len,
+                attn,
+                rank,
+                extensions,
+            )| {
                 ControlMessage::HandshakeMetadata(HandshakeMetadata {
                     engine_id,
                     agent_metadata,
@@ -423,6 +508,7 @@ fn arb_message() -> impl Strategy<Value = ControlMessage> {
                     block_len,
                     attn_backend_name: attn,
                     rank,
+                    extensions,
                 })
             },
         );
