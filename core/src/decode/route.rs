@@ -95,8 +95,7 @@ impl DecodeWorker {
         Ok(Recv {
             transfer_id,
             target,
-            notify_rank,
-            notify,
+            releases: vec![(notify_rank, notify)],
             remote_block_ids: remote_block_ids.into(),
             local_block_ids: request.local_block_ids.as_slice().into(),
             remote,
