@@ -7,6 +7,12 @@
 //! policy, or the one field it decides on, and matches on a variant named for what it does.
 //! [`Policy::default`] is the fixed protocol; each legacy variant names the option selecting it.
 
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{EngineId, Role};
 use crate::legacy::{Legacy, LegacyOptions};
 
 /// Which prefill DP rank decode reads.
@@ -19,13 +25,15 @@ pub enum ReadOwner {
     Dp0,
 }
 
-/// Which port offset a listener binds (dialers always use `dp * tp_size + tp`).
+/// Which port offset a listener binds (dialers use `dp * tp_size + tp` under both
+/// [`PeerRules`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum ListenerOffset {
     /// `dp * tp_size + tp`, the dialers' offset.
     #[default]
     DpTimesTpSizePlusTp,
-    /// `dp + tp` ([`Legacy::ListenerOffsetDpPlusTp`]).
+    /// `dp + tp`: vLLM 0.33's listeners ([`PeerRules::Vllm033`]), which call `get_port_offset`
+    /// without the TP size; every engine's listeners under [`Legacy::ListenerOffsetDpPlusTp`].
     DpPlusTp,
 }
 
@@ -77,8 +85,24 @@ pub enum QuorumRule {
     /// The number of decode ranks that read it: zero for a rank nobody reads.
     #[default]
     ReadersOnly,
-    /// MoRIIO's uniform `expected_releases` for every rank ([`Legacy::NoZeroQuorum`]).
+    /// MoRIIO's uniform `expected_releases` for every rank: vLLM 0.33's quorum
+    /// ([`PeerRules::Vllm033`], whose decode releases every holder rank, so each gets its
+    /// count); with pdkv's release plan the historical bug ([`Legacy::NoZeroQuorum`]).
     Uniform,
+}
+
+/// Which prefill ranks a decode worker releases once it has read (or failed to read).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ReleasePlan {
+    /// The rank it read (its notify target); a rank nobody reads waits for nothing
+    /// ([`QuorumRule::ReadersOnly`]).
+    #[default]
+    RankRead,
+    /// Every prefill TP rank that holds the worker's share: with a larger prefill TP size
+    /// (`P = m * D`), the `m` ranks `r * m .. r * m + m` of the owner DP rank, read or not;
+    /// otherwise the rank read. vLLM 0.33's `get_moriio_read_holder_tp_ranks`
+    /// ([`PeerRules::Vllm033`]).
+    EveryHolder,
 }
 
 /// Which key of `kv_transfer_params` gives the prefill TP size.
@@ -205,6 +229,9 @@ pub struct Policy {
     pub release_counting: ReleaseCounting,
     /// How many releases each prefill rank waits for (quorum plan).
     pub quorum: QuorumRule,
+    /// Which prefill ranks a decode worker releases (decode worker). No legacy option changes
+    /// it; [`PeerRules::Vllm033`] does.
+    pub release_plan: ReleasePlan,
     /// Which key gives the prefill TP size (request parameters).
     pub tp_size: TpSizeRule,
     /// When decode handshakes (decode worker and TP group).
@@ -228,6 +255,176 @@ impl Policy {
     pub fn fixed() -> Policy {
         Policy::default()
     }
+
+    /// This policy as applied under `rules`: by an engine that follows them (its own listeners),
+    /// or between a prefill and a decode engine ([`PeerBook::between`]). [`PeerRules::Vllm033`]
+    /// replaces the listener offset, the release plan and the quorum rule with vLLM 0.33's;
+    /// [`PeerRules::Pdkv`] leaves the policy as it is, legacy options included.
+    pub fn under(self, rules: PeerRules) -> Policy {
+        // pdkv's variant of a decision unless the rules or the policy picked the other one.
+        fn either<T: Default + PartialEq>(rules: T, policy: T) -> T {
+            if rules == T::default() {
+                policy
+            } else {
+                rules
+            }
+        }
+        Policy {
+            listener_offset: either(rules.listener_offset(), self.listener_offset),
+            release_plan: either(rules.release_plan(), self.release_plan),
+            quorum: either(rules.quorum(), self.quorum),
+            ..self
+        }
+    }
+}
+
+/// The rules an engine follows where the current vLLM MoRIIO release and pdkv's fixed protocol
+/// differ on the wire: where its listeners bind, which prefill ranks a decode worker releases,
+/// and how many releases each prefill rank waits for. Where the release differs from pdkv's
+/// protocol the release is the truth for wire compatibility, so both are kept as named rule sets
+/// and chosen per engine ([`PeerBook`]): a pdkv engine talking to a vLLM 0.33 engine follows
+/// vLLM 0.33's rules with it ([`PeerRules::meet`]); what an engine binds follows its own.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum PeerRules {
+    /// pdkv's fixed protocol: listeners at `dp * tp_size + tp`, a release to the rank read, a
+    /// quorum of the readers of each rank (zero for a rank nobody reads).
+    #[default]
+    #[serde(rename = "pdkv")]
+    Pdkv,
+    /// vLLM 0.33.0's MoRIIO connector as it is: listeners at `dp + tp`
+    /// ([`ListenerOffset::DpPlusTp`]) while its dialers use `dp * tp_size + tp`; with a larger
+    /// prefill TP size a release to every holder rank ([`ReleasePlan::EveryHolder`]), each of
+    /// which waits for `get_moriio_expected_ack_count` releases ([`QuorumRule::Uniform`]).
+    #[serde(rename = "vllm-0.33")]
+    Vllm033,
+}
+
+impl PeerRules {
+    /// Every rule set, pdkv's first.
+    pub const ALL: [PeerRules; 2] = [PeerRules::Pdkv, PeerRules::Vllm033];
+
+    /// The name used in scenario files: `pdkv` or `vllm-0.33`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PeerRules::Pdkv => "pdkv",
+            PeerRules::Vllm033 => "vllm-0.33",
+        }
+    }
+
+    /// Where the engine's listeners bind.
+    pub fn listener_offset(self) -> ListenerOffset {
+        match self {
+            PeerRules::Pdkv => ListenerOffset::DpTimesTpSizePlusTp,
+            PeerRules::Vllm033 => ListenerOffset::DpPlusTp,
+        }
+    }
+
+    /// Which prefill ranks a decode worker releases.
+    pub fn release_plan(self) -> ReleasePlan {
+        match self {
+            PeerRules::Pdkv => ReleasePlan::RankRead,
+            PeerRules::Vllm033 => ReleasePlan::EveryHolder,
+        }
+    }
+
+    /// How many releases each prefill rank waits for.
+    pub fn quorum(self) -> QuorumRule {
+        match self {
+            PeerRules::Pdkv => QuorumRule::ReadersOnly,
+            PeerRules::Vllm033 => QuorumRule::Uniform,
+        }
+    }
+
+    /// The rules two engines follow with each other: vLLM 0.33's when either follows them. A
+    /// vLLM engine cannot do otherwise, and a pdkv engine adapts to it: a pdkv decode worker
+    /// releases every holder rank of a vLLM prefill engine, which waits for each of those
+    /// releases, and a pdkv prefill engine waits for the releases a vLLM decode engine sends.
+    pub fn meet(self, other: PeerRules) -> PeerRules {
+        match (self, other) {
+            (PeerRules::Pdkv, PeerRules::Pdkv) => PeerRules::Pdkv,
+            _ => PeerRules::Vllm033,
+        }
+    }
+}
+
+impl fmt::Display for PeerRules {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A rule set name that pdkv does not know.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownPeerRules(pub String);
+
+impl fmt::Display for UnknownPeerRules {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let known: Vec<&str> = PeerRules::ALL.iter().map(|r| r.name()).collect();
+        write!(f, "unknown rule set {:?}; known rule sets: {}", self.0, known.join(", "))
+    }
+}
+
+impl std::error::Error for UnknownPeerRules {}
+
+impl FromStr for PeerRules {
+    type Err = UnknownPeerRules;
+
+    fn from_str(s: &str) -> Result<PeerRules, UnknownPeerRules> {
+        PeerRules::ALL.into_iter().find(|r| r.name() == s).ok_or_else(|| UnknownPeerRules(s.to_string()))
+    }
+}
+
+/// The rules each engine of a deployment follows, indexed like the deployment's engines; an
+/// engine past the end of its list follows pdkv's, so the empty book is the fixed protocol
+/// everywhere.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct PeerBook {
+    /// Rules of each prefill engine, by engine index.
+    #[serde(default)]
+    pub prefill: Vec<PeerRules>,
+    /// Rules of each decode engine, by engine index.
+    #[serde(default)]
+    pub decode: Vec<PeerRules>,
+}
+
+impl PeerBook {
+    /// Every engine follows pdkv's rules.
+    pub fn pdkv() -> PeerBook {
+        PeerBook::default()
+    }
+
+    /// This book with `engine` following `rules`.
+    pub fn with(mut self, engine: EngineId, rules: PeerRules) -> PeerBook {
+        self.set(engine, rules);
+        self
+    }
+
+    /// Makes `engine` follow `rules` (engines before it that were not named follow pdkv's).
+    pub fn set(&mut self, engine: EngineId, rules: PeerRules) {
+        let side = match engine.role {
+            Role::Prefill => &mut self.prefill,
+            Role::Decode => &mut self.decode,
+        };
+        let i = usize::from(engine.index);
+        if side.len() <= i {
+            side.resize(i + 1, PeerRules::Pdkv);
+        }
+        side[i] = rules;
+    }
+
+    /// The rules `engine` follows.
+    pub fn rules(&self, engine: EngineId) -> PeerRules {
+        let side = match engine.role {
+            Role::Prefill => &self.prefill,
+            Role::Decode => &self.decode,
+        };
+        side.get(usize::from(engine.index)).copied().unwrap_or_default()
+    }
+
+    /// The rules between two engines ([`PeerRules::meet`]).
+    pub fn between(&self, a: EngineId, b: EngineId) -> PeerRules {
+        self.rules(a).meet(self.rules(b))
+    }
 }
 
 impl From<&LegacyOptions> for Policy {
@@ -243,10 +440,12 @@ impl From<&LegacyOptions> for Policy {
         }
         Policy {
             read_owner: pick(legacy.has(Legacy::ReadFromDp0), ReadOwner::OwnerDp, ReadOwner::Dp0),
+            // The historical listener offset is vLLM 0.33's current one: the option binds every
+            // engine's listeners by vLLM 0.33's rule.
             listener_offset: pick(
                 legacy.has(Legacy::ListenerOffsetDpPlusTp),
-                ListenerOffset::DpTimesTpSizePlusTp,
-                ListenerOffset::DpPlusTp,
+                PeerRules::Pdkv.listener_offset(),
+                PeerRules::Vllm033.listener_offset(),
             ),
             session_key: pick(
                 legacy.has(Legacy::SessionKeyWithoutTp),
@@ -265,6 +464,7 @@ impl From<&LegacyOptions> for Policy {
                 ReleaseCounting::DedupById,
             ),
             quorum: pick(legacy.has(Legacy::NoZeroQuorum), QuorumRule::ReadersOnly, QuorumRule::Uniform),
+            release_plan: ReleasePlan::RankRead,
             tp_size: pick(legacy.has(Legacy::TpSizeKey), TpSizeRule::RemoteTpSize, TpSizeRule::TpSizeKeyOnly),
             handshake: pick(legacy.has(Legacy::LazyHandshake), HandshakeMode::Eager, HandshakeMode::Lazy),
             handshake_timeout: pick(
@@ -315,6 +515,7 @@ mod tests {
             ("early_releases", p.early_releases != f.early_releases),
             ("release_counting", p.release_counting != f.release_counting),
             ("quorum", p.quorum != f.quorum),
+            ("release_plan", p.release_plan != f.release_plan),
             ("tp_size", p.tp_size != f.tp_size),
             ("handshake", p.handshake != f.handshake),
             ("handshake_timeout", p.handshake_timeout != f.handshake_timeout),
@@ -327,6 +528,85 @@ mod tests {
         .into_iter()
         .filter_map(|(name, differs)| differs.then_some(name))
         .collect()
+    }
+
+    /// (rules, legacy options) -> the listener offset, release plan and quorum rule applied: vLLM
+    /// 0.33's rules replace pdkv's three decisions; under pdkv's a legacy option keeps its
+    /// historical variant, and no legacy option is undone by vLLM's rules.
+    #[test]
+    fn rules_replace_three_decisions_and_keep_the_rest() {
+        use ListenerOffset::{DpPlusTp as Sum, DpTimesTpSizePlusTp as Product};
+        use QuorumRule::{ReadersOnly, Uniform};
+        use ReleasePlan::{EveryHolder, RankRead};
+        let check =
+            |rules: PeerRules, legacy: &[Legacy], expected: (ListenerOffset, ReleasePlan, QuorumRule)| {
+                let policy = Policy::from(&legacy.iter().copied().collect::<LegacyOptions>());
+                let under = policy.under(rules);
+                assert_eq!(
+                    (under.listener_offset, under.release_plan, under.quorum),
+                    expected,
+                    "{rules} {legacy:?}"
+                );
+                // Every other decision is the policy's own.
+                let same = Policy {
+                    listener_offset: policy.listener_offset,
+                    release_plan: policy.release_plan,
+                    quorum: policy.quorum,
+                    ..under
+                };
+                assert_eq!(same, policy, "{rules} {legacy:?}");
+            };
+        check(PeerRules::Pdkv, &[], (Product, RankRead, ReadersOnly));
+        check(PeerRules::Vllm033, &[], (Sum, EveryHolder, Uniform));
+        check(PeerRules::Pdkv, &[Legacy::ListenerOffsetDpPlusTp], (Sum, RankRead, ReadersOnly));
+        check(PeerRules::Pdkv, &[Legacy::NoZeroQuorum], (Product, RankRead, Uniform));
+        check(PeerRules::Vllm033, &[Legacy::ListenerOffsetDpPlusTp], (Sum, EveryHolder, Uniform));
+        check(
+            PeerRules::Vllm033,
+            &[Legacy::NoZeroQuorum, Legacy::LazyHandshake],
+            (Sum, EveryHolder, Uniform),
+        );
+        assert_eq!(Policy::fixed().under(PeerRules::Pdkv), Policy::fixed());
+        // The legacy listener option is vLLM 0.33's listener rule, nothing else of its rules.
+        let legacy = Policy::from(&LegacyOptions::none().with(Legacy::ListenerOffsetDpPlusTp));
+        assert_eq!(legacy.listener_offset, PeerRules::Vllm033.listener_offset());
+    }
+
+    #[test]
+    fn rule_set_names_round_trip_and_unknown_names_list_the_known_ones() {
+        for rules in PeerRules::ALL {
+            assert_eq!(rules.name().parse::<PeerRules>(), Ok(rules));
+            assert_eq!(rules.to_string(), rules.name());
+        }
+        let shown = "vllm-0.34".parse::<PeerRules>().unwrap_err().to_string();
+        assert_eq!(shown, "unknown rule set \"vllm-0.34\"; known rule sets: pdkv, vllm-0.33");
+    }
+
+    /// (book, engine a, engine b) -> the rules of a, and the rules between a and b.
+    #[test]
+    fn peer_book_names_engines_and_pairs_meet_on_vllm_rules() {
+        use PeerRules::{Pdkv, Vllm033};
+        let (p0, p1, p2, d0, d1) = (
+            EngineId::prefill(0),
+            EngineId::prefill(1),
+            EngineId::prefill(2),
+            EngineId::decode(0),
+            EngineId::decode(1),
+        );
+        let book = PeerBook::pdkv().with(p1, Vllm033).with(d1, Vllm033);
+        let check = |a: EngineId, b: EngineId, own: PeerRules, between: PeerRules| {
+            assert_eq!(
+                (book.rules(a), book.between(a, b), book.between(b, a)),
+                (own, between, between),
+                "{a} {b}"
+            );
+        };
+        check(p0, d0, Pdkv, Pdkv);
+        check(p1, d0, Vllm033, Vllm033);
+        check(p0, d1, Pdkv, Vllm033);
+        check(p1, d1, Vllm033, Vllm033);
+        check(p2, d0, Pdkv, Pdkv);
+        assert_eq!(book.prefill, [Pdkv, Vllm033], "engines before a named one are filled with pdkv");
     }
 
     #[test]

@@ -4,13 +4,17 @@
 //! handshakes and one for notifications (releases). Every address a decode worker uses for a
 //! read is derived from one chosen source rank by [`ReadTarget::derive`], so the session, the
 //! handshake dial and the release target cannot drift apart.
+//!
+//! Dialers use `dp * T + tp` under both [`PeerRules`]; an engine following vLLM 0.33's rules
+//! binds its listeners at `dp + tp`, as vLLM 0.33 does, so the [`AddressBook`] carries the rules
+//! of each engine and [`AddressBook::listen_endpoint`] applies them.
 
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{EngineId, RankId, Role};
-use crate::policy::{ListenerOffset, Policy, SessionKeyRule};
+use crate::policy::{ListenerOffset, PeerBook, PeerRules, Policy, SessionKeyRule};
 use crate::topology::{Deployment, Layout};
 
 /// MoRIIO's default base of the handshake listeners.
@@ -92,12 +96,14 @@ impl fmt::Display for PortError {
 
 impl std::error::Error for PortError {}
 
-/// The offset the dialer uses and the fixed listener uses: `dp * tp_size + tp`.
+/// The offset every dialer uses and pdkv's listeners bind: `dp * tp_size + tp`, with the TP size
+/// of the engine dialled. vLLM 0.33's READ-mode dialers use it too: `_moriio_handshake` and the
+/// releases of `_read_blocks` pass the remote TP size to `get_port_offset`.
 pub fn port_offset(layout: Layout, dp: u16, tp: u16) -> u32 {
     layout.flat_index(dp, tp)
 }
 
-/// The listener offset under `rule`: the dialers' offset, or the historical `dp + tp`.
+/// The listener offset under `rule`: the dialers' offset, or vLLM 0.33's `dp + tp`.
 pub fn listener_offset(layout: Layout, dp: u16, tp: u16, rule: ListenerOffset) -> u32 {
     match rule {
         ListenerOffset::DpTimesTpSizePlusTp => port_offset(layout, dp, tp),
@@ -116,13 +122,17 @@ impl fmt::Display for SessionKey {
     }
 }
 
-/// Host and port bases of every engine in a deployment.
+/// Host and port bases of every engine in a deployment, and the rules each one follows.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AddressBook {
     /// Address of each prefill engine, indexed by engine index.
     pub prefill: Vec<EngineAddress>,
     /// Address of each decode engine, indexed by engine index.
     pub decode: Vec<EngineAddress>,
+    /// The rules of each engine: where its listeners bind, and what its peers release to it
+    /// (pdkv's for every engine unless named).
+    #[serde(default)]
+    pub rules: PeerBook,
 }
 
 impl AddressBook {
@@ -138,7 +148,22 @@ impl AddressBook {
                 })
                 .collect()
         };
-        AddressBook { prefill: side(Role::Prefill, "prefill"), decode: side(Role::Decode, "decode") }
+        AddressBook {
+            prefill: side(Role::Prefill, "prefill"),
+            decode: side(Role::Decode, "decode"),
+            rules: PeerBook::pdkv(),
+        }
+    }
+
+    /// This book with the engines following the rules `rules` names.
+    pub fn with_rules(mut self, rules: PeerBook) -> AddressBook {
+        self.rules = rules;
+        self
+    }
+
+    /// The rules `engine` follows.
+    pub fn rules_of(&self, engine: EngineId) -> PeerRules {
+        self.rules.rules(engine)
     }
 
     /// The address of `engine`. Panics if the book has no such engine.
@@ -156,7 +181,8 @@ impl AddressBook {
     }
 
     /// Where `rank` binds its listener of `kind`: `base + dp * tp_size + tp`, or `base + dp + tp`
-    /// under [`ListenerOffset::DpPlusTp`]. Errors if the port would pass 65535.
+    /// under [`ListenerOffset::DpPlusTp`], which its engine's rules ([`PeerRules::Vllm033`]) or
+    /// the policy's legacy option pick. Errors if the port would pass 65535.
     pub fn listen_endpoint(
         &self,
         deployment: &Deployment,
@@ -164,11 +190,12 @@ impl AddressBook {
         kind: ListenerKind,
         policy: &Policy,
     ) -> Result<Endpoint, PortError> {
-        self.engine(rank.engine).listen(deployment.layout(rank.engine), rank, kind, policy)
+        let policy = policy.under(self.rules_of(rank.engine));
+        self.engine(rank.engine).listen(deployment.layout(rank.engine), rank, kind, &policy)
     }
 
     /// Where a peer dials to reach `rank`'s listener of `kind`: always `base + dp * tp_size + tp`,
-    /// whatever the legacy options. Errors if the port would pass 65535.
+    /// whatever the legacy options and under both rule sets. Errors if the port would pass 65535.
     pub fn dial_endpoint(
         &self,
         deployment: &Deployment,
@@ -362,6 +389,116 @@ mod tests {
                 assert_eq!(a, book.dial_endpoint(&d, rank, ListenerKind::Notify).unwrap());
             }
         }
+    }
+
+    /// Which rank a dial of each rank's notify port reaches, in rank order, when every rank
+    /// binds in rank order and a port taken already fails to bind (EADDRINUSE), as the
+    /// simulator binds them.
+    fn reached(book: &AddressBook, d: &Deployment) -> Vec<Option<RankId>> {
+        let mut bound = std::collections::BTreeMap::new();
+        for rank in d.ranks(Role::Prefill) {
+            let port = book.listen_endpoint(d, rank, ListenerKind::Notify, &Policy::fixed()).unwrap().port;
+            bound.entry(port).or_insert(rank);
+        }
+        d.ranks(Role::Prefill)
+            .into_iter()
+            .map(|rank| bound.get(&book.dial_endpoint(d, rank, ListenerKind::Notify).unwrap().port).copied())
+            .collect()
+    }
+
+    /// (notation, rules of P0) -> listener and dial offsets of every prefill rank in rank order,
+    /// and the rank each dial reaches (`(dp, tp)`, `None` for no listener). The vLLM 0.33 numbers
+    /// are `get_port_offset(dp, tp)` for the listeners (`MoRIIOConfig.from_vllm_config`,
+    /// `side_channel_port`) and `get_port_offset(dp, tp, remote_tp_size)` for the dialers
+    /// (`_moriio_handshake`, `_read_blocks`), computed by running vLLM 0.33.0's functions.
+    #[test]
+    fn listener_and_dial_offsets_under_both_rule_sets() {
+        type Reach = Option<(u16, u16)>;
+        let check = |notation: &str, rules: PeerRules, listen: &[u32], dial: &[u32], reach: &[Reach]| {
+            let d = deployment(notation);
+            let book = AddressBook::one_host_per_engine(&d)
+                .with_rules(PeerBook::pdkv().with(EngineId::prefill(0), rules));
+            let offsets = |port: fn(&AddressBook, &Deployment, RankId) -> u16| -> Vec<u32> {
+                d.ranks(Role::Prefill).into_iter().map(|r| u32::from(port(&book, &d, r) - 61005)).collect()
+            };
+            let listened = offsets(|b, d, r| {
+                b.listen_endpoint(d, r, ListenerKind::Notify, &Policy::fixed()).unwrap().port
+            });
+            let dialled = offsets(|b, d, r| b.dial_endpoint(d, r, ListenerKind::Notify).unwrap().port);
+            let reached: Vec<Reach> =
+                reached(&book, &d).into_iter().map(|r| r.map(|r| (r.dp, r.tp))).collect();
+            assert_eq!((listened.as_slice(), dialled.as_slice()), (listen, dial), "{notation} {rules}");
+            assert_eq!(reached, reach, "{notation} {rules}");
+            // The handshake listener follows the same offsets from its own base.
+            for (rank, offset) in d.ranks(Role::Prefill).into_iter().zip(listen) {
+                let port =
+                    book.listen_endpoint(&d, rank, ListenerKind::Handshake, &Policy::fixed()).unwrap().port;
+                assert_eq!(u32::from(port), 6301 + offset, "{notation} {rules} {rank}");
+            }
+        };
+        let own = |dp: u16, tp: u16| -> Vec<Reach> {
+            (0..dp).flat_map(|d| (0..tp).map(move |t| Some((d, t)))).collect()
+        };
+        let seq = |n: u32| -> Vec<u32> { (0..n).collect() };
+        use PeerRules::{Pdkv, Vllm033};
+        // One DP rank or TP size 1: the two formulas agree, which is why the bug hid so long.
+        for rules in [Pdkv, Vllm033] {
+            check("1P_TP8:1D_TP8", rules, &seq(8), &seq(8), &own(1, 8));
+            check("1P_DP8:1D_TP8", rules, &seq(8), &seq(8), &own(8, 1));
+            check("1P_DP8EP:1D_TP8", rules, &seq(8), &seq(8), &own(8, 1));
+        }
+        for (notation, dp, tp) in
+            [("1P_DP2TP2:1D_TP2", 2, 2), ("1P_DP2TP4:1D_TP4", 2, 4), ("1P_DP4TP2:1D_TP2", 4, 2)]
+        {
+            check(notation, Pdkv, &seq(u32::from(dp * tp)), &seq(u32::from(dp * tp)), &own(dp, tp));
+        }
+        check(
+            "1P_DP2TP2:1D_TP2",
+            Vllm033,
+            &[0, 1, 1, 2],
+            &seq(4),
+            &[Some((0, 0)), Some((0, 1)), Some((1, 1)), None],
+        );
+        check(
+            "1P_DP2TP4:1D_TP4",
+            Vllm033,
+            &[0, 1, 2, 3, 1, 2, 3, 4],
+            &seq(8),
+            &[Some((0, 0)), Some((0, 1)), Some((0, 2)), Some((0, 3)), Some((1, 3)), None, None, None],
+        );
+        // DP4xTP2: a dial for DP rank 1 reaches DP rank 2's listener, one for DP rank 2 DP rank 3's.
+        check(
+            "1P_DP4TP2:1D_TP2",
+            Vllm033,
+            &[0, 1, 1, 2, 2, 3, 3, 4],
+            &seq(8),
+            &[Some((0, 0)), Some((0, 1)), Some((1, 1)), Some((2, 1)), Some((3, 1)), None, None, None],
+        );
+        let mut dp2tp8 = own(1, 8);
+        dp2tp8.push(Some((1, 7)));
+        dp2tp8.extend([None; 7]);
+        let listen: Vec<u32> = (0..8).chain(1..9).collect();
+        check("1P_DP2TP8:1D_TP8", Vllm033, &listen, &seq(16), &dp2tp8);
+    }
+
+    /// Rules are per engine: a vLLM 0.33 engine binds `dp + tp`, its pdkv neighbour on the same
+    /// deployment `dp * T + tp`; dial ports are the same under both.
+    #[test]
+    fn rules_are_per_engine() {
+        let d = deployment("2P_DP2TP2:1D_TP2");
+        let book = AddressBook::one_host_per_engine(&d)
+            .with_rules(PeerBook::pdkv().with(EngineId::prefill(1), PeerRules::Vllm033));
+        let listen = |engine| {
+            let rank = prefill(engine, 1, 1);
+            book.listen_endpoint(&d, rank, ListenerKind::Notify, &Policy::fixed()).unwrap().port
+        };
+        assert_eq!((listen(0), listen(1)), (61005 + 3, 61005 + 2));
+        let dial = |engine| book.dial_endpoint(&d, prefill(engine, 1, 1), ListenerKind::Notify).unwrap().port;
+        assert_eq!((dial(0), dial(1)), (61005 + 3, 61005 + 3));
+        assert_eq!(
+            (book.rules_of(EngineId::prefill(0)), book.rules_of(EngineId::prefill(1))),
+            (PeerRules::Pdkv, PeerRules::Vllm033)
+        );
     }
 
     /// A read target is a function of its source rank alone: two targets agree on session,

@@ -228,6 +228,7 @@ impl Registry {
         AddressBook {
             prefill: self.prefill.iter().map(|(_, _, a)| a.clone()).collect(),
             decode: self.decode.iter().map(|(_, _, a)| a.clone()).collect(),
+            rules: crate::policy::PeerBook::pdkv(),
         }
     }
 }

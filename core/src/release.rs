@@ -7,14 +7,18 @@
 //! MoRIIO peer or in the plain-string form, cannot be told apart and each one counts), and gives
 //! a quorum of zero to ranks nobody reads, so their blocks are freed at once instead of by the
 //! reaper.
+//!
+//! Which prefill ranks a decode worker releases is [`release_ranks`]: the rank it read under
+//! pdkv's rules, every rank holding its share under vLLM 0.33's ([`ReleasePlan::EveryHolder`],
+//! with the uniform quorum that goes with it).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::TransferId;
-use crate::policy::{EarlyReleases, Policy, QuorumRule, ReleaseCounting};
+use crate::ids::{RankId, TransferId};
+use crate::policy::{EarlyReleases, Policy, QuorumRule, ReleaseCounting, ReleasePlan};
 use crate::routing::{self, RoutingError};
 use crate::topology::{Layout, ModelSpec};
 
@@ -95,7 +99,8 @@ impl QuorumPlan {
 }
 
 /// The quorum of each prefill TP rank: the number of decode TP ranks whose read resolves to
-/// it (pdkv), or MoRIIO's uniform [`expected_releases`] under [`QuorumRule::Uniform`].
+/// it (pdkv), or MoRIIO's uniform [`expected_releases`] under [`QuorumRule::Uniform`] (vLLM
+/// 0.33's rules, or the legacy `no-zero-quorum`).
 pub fn quorum_plan(
     prefill: Layout,
     decode: Layout,
@@ -116,6 +121,41 @@ pub fn quorum_plan(
         counts[usize::from(routing::fixed_tp_source(decode.tp, r, prefill.tp)?)] += 1;
     }
     Ok(QuorumPlan { per_tp_rank: counts.into_iter().map(Quorum::Exact).collect(), flexible })
+}
+
+/// The prefill TP ranks that hold the share of KV decode TP rank `decode_tp_rank` (of
+/// `decode_tp`) reads from a prefill engine of TP size `prefill_tp`: the rank it reads under the
+/// fixed mapping and, when prefill has `m` times as many TP ranks, the `m - 1` after it, which
+/// hold the same KV heads (or the same latent) and are not read. vLLM 0.33's
+/// `get_moriio_read_holder_tp_ranks`. Sizes must be positive multiples.
+pub fn holder_tp_ranks(
+    decode_tp: u16,
+    decode_tp_rank: u16,
+    prefill_tp: u16,
+) -> Result<std::ops::Range<u16>, RoutingError> {
+    let first = routing::fixed_tp_source(decode_tp, decode_tp_rank, prefill_tp)?;
+    let holders = if prefill_tp > decode_tp { prefill_tp / decode_tp } else { 1 };
+    Ok(first..first + holders)
+}
+
+/// The prefill ranks a decode worker sends its release to under `plan`, given `notify`, the rank
+/// its release is addressed to (the rank it read, unless the legacy `notify-other-rank` moved
+/// it): that rank alone under [`ReleasePlan::RankRead`]; under [`ReleasePlan::EveryHolder`],
+/// with equal TP sizes also that rank alone, else every holder of the worker's share in
+/// `notify`'s DP rank ([`holder_tp_ranks`]), as vLLM 0.33's `_read_blocks` addresses them. A
+/// flexible read (a TP1 worker) is not special there: every prefill TP rank holds its share.
+pub fn release_ranks(
+    plan: ReleasePlan,
+    notify: RankId,
+    decode_tp: u16,
+    decode_tp_rank: u16,
+    prefill_tp: u16,
+) -> Result<Vec<RankId>, RoutingError> {
+    if plan == ReleasePlan::RankRead || decode_tp == prefill_tp {
+        return Ok(vec![notify]);
+    }
+    let holders = holder_tp_ranks(decode_tp, decode_tp_rank, prefill_tp)?;
+    Ok(holders.map(|tp| RankId::new(notify.engine, notify.dp, tp)).collect())
 }
 
 /// What the ledger did with one release or registration.
@@ -405,6 +445,118 @@ mod tests {
         check("1P_TP8:1D_DP8EP", none, &[G; 8]);
         check("1P_TP8:1D_DP8EP", old, &[E(1); 8]);
         check("1P_DP2TP4:1D_TP2", none, &[E(1), E(0), E(1), E(0)]);
+    }
+
+    /// (decode TP, prefill TP) -> the prefill TP ranks holding each decode rank's share, as
+    /// vLLM 0.33.0's `get_moriio_read_holder_tp_ranks(r, decode_tp, prefill_tp)` returns them
+    /// (computed by running it), and `get_moriio_expected_ack_count(prefill_tp, decode_tp)`.
+    #[test]
+    fn holder_ranks_and_expected_acks_are_vllms() {
+        let check = |decode: u16, prefill: u16, holders: &[&[u16]], acks: u16| {
+            let got: Vec<Vec<u16>> =
+                (0..decode).map(|r| holder_tp_ranks(decode, r, prefill).unwrap().collect()).collect();
+            assert_eq!(got, holders, "D{decode} P{prefill}");
+            assert_eq!(expected_releases(prefill, decode), Ok(acks), "D{decode} P{prefill}");
+        };
+        check(4, 8, &[&[0, 1], &[2, 3], &[4, 5], &[6, 7]], 1);
+        check(1, 8, &[&[0, 1, 2, 3, 4, 5, 6, 7]], 1);
+        check(2, 8, &[&[0, 1, 2, 3], &[4, 5, 6, 7]], 1);
+        check(2, 4, &[&[0, 1], &[2, 3]], 1);
+        check(1, 2, &[&[0, 1]], 1);
+        check(8, 8, &[&[0], &[1], &[2], &[3], &[4], &[5], &[6], &[7]], 1);
+        check(4, 4, &[&[0], &[1], &[2], &[3]], 1);
+        check(1, 1, &[&[0]], 1);
+        check(8, 4, &[&[0], &[0], &[1], &[1], &[2], &[2], &[3], &[3]], 2);
+        check(8, 1, &[&[0u16][..]; 8], 8);
+        assert!(holder_tp_ranks(4, 0, 6).is_err());
+        assert!(holder_tp_ranks(0, 0, 8).is_err());
+    }
+
+    /// (plan, notify rank, decode TP rank of TP size, prefill TP) -> the ranks released.
+    #[test]
+    fn release_ranks_table() {
+        use ReleasePlan::{EveryHolder, RankRead};
+        let p = |dp: u16, tp: u16| RankId::new(crate::ids::EngineId::prefill(0), dp, tp);
+        let check =
+            |plan: ReleasePlan, notify: RankId, rank: u16, decode: u16, prefill: u16, expected: &[RankId]| {
+                let got = release_ranks(plan, notify, decode, rank, prefill).unwrap();
+                assert_eq!(got, expected, "{plan:?} {notify} D{decode} rank {rank} P{prefill}");
+            };
+        // P8 to D4: rank 1 reads prefill rank 2; vLLM 0.33 also releases rank 3, its twin.
+        check(RankRead, p(0, 2), 1, 4, 8, &[p(0, 2)]);
+        check(EveryHolder, p(0, 2), 1, 4, 8, &[p(0, 2), p(0, 3)]);
+        // The owner DP rank's holders, not DP rank 0's.
+        check(EveryHolder, p(1, 6), 3, 4, 8, &[p(1, 6), p(1, 7)]);
+        // A flexible read of rank 5: vLLM 0.33 releases all eight ranks, in order.
+        let all: Vec<RankId> = (0..8).map(|tp| p(0, tp)).collect();
+        check(EveryHolder, p(0, 5), 0, 1, 8, &all);
+        check(RankRead, p(0, 5), 0, 1, 8, &[p(0, 5)]);
+        // Equal and smaller prefill TP sizes: the rank read, under both plans.
+        for plan in [RankRead, EveryHolder] {
+            check(plan, p(0, 3), 3, 8, 8, &[p(0, 3)]);
+            check(plan, p(0, 1), 3, 8, 4, &[p(0, 1)]);
+            check(plan, p(2, 0), 5, 8, 1, &[p(2, 0)]);
+        }
+    }
+
+    /// For every layout pair, the releases all decode ranks of one DP group send meet each
+    /// prefill rank's quorum exactly, under both rule sets: nothing waits for the reaper and
+    /// nothing completes early. vLLM 0.33 gets there with a release per holder and a uniform
+    /// quorum, pdkv with a release per reader and a quorum per reader (zero for the unread).
+    #[test]
+    fn every_rule_sets_releases_meet_its_quorums() {
+        use crate::policy::PeerRules;
+        for notation in [
+            "1P_TP8:1D_TP8",
+            "1P_TP8:1D_TP4",
+            "1P_TP8:1D_TP2",
+            "1P_TP4:1D_TP8",
+            "1P_TP2:1D_TP8",
+            "1P_DP2TP4:1D_TP2",
+            "1P_DP2TP4:1D_TP8",
+            "1P_DP8EP:1D_TP8",
+            "1P_TP8:1D_DP2TP4",
+        ] {
+            let d = crate::Deployment::parse(notation).unwrap();
+            let (prefill, decode) = (d.prefill[0], d.decode[0]);
+            for rules in PeerRules::ALL {
+                let policy = Policy::fixed().under(rules);
+                let plan = quorum_plan(prefill, decode, &d.model, &policy).unwrap();
+                assert!(!plan.flexible, "{notation}");
+                let mut got = vec![0u16; usize::from(prefill.tp)];
+                for r in 0..decode.tp {
+                    let read = routing::fixed_tp_source(decode.tp, r, prefill.tp).unwrap();
+                    let notify = RankId::new(crate::ids::EngineId::prefill(0), 0, read);
+                    for rank in release_ranks(policy.release_plan, notify, decode.tp, r, prefill.tp).unwrap()
+                    {
+                        got[usize::from(rank.tp)] += 1;
+                    }
+                }
+                let need: Vec<u16> =
+                    plan.per_tp_rank.iter().map(|q| if let Quorum::Exact(n) = q { *n } else { 1 }).collect();
+                assert_eq!(got, need, "{notation} {rules}");
+            }
+        }
+    }
+
+    /// (notation) -> the quorum of each prefill TP rank under vLLM 0.33's rules: its uniform
+    /// `get_moriio_expected_ack_count` on every rank, read or not.
+    #[test]
+    fn vllm_quorum_table() {
+        use crate::policy::PeerRules;
+        use Quorum::Exact as E;
+        let check = |notation: &str, expected: &[Quorum]| {
+            let d = crate::Deployment::parse(notation).unwrap();
+            let policy = Policy::fixed().under(PeerRules::Vllm033);
+            let plan = quorum_plan(d.prefill[0], d.decode[0], &d.model, &policy).unwrap();
+            assert_eq!(plan.per_tp_rank, expected, "{notation}");
+        };
+        check("1P_TP8:1D_TP8", &[E(1); 8]);
+        check("1P_TP8:1D_TP4", &[E(1); 8]);
+        check("1P_TP4:1D_TP8", &[E(2); 4]);
+        check("1P_DP8EP:1D_TP8", &[E(8)]);
+        check("1P_TP8:1D_DP8EP", &[E(1); 8]);
+        check("1P_DP2TP4:1D_TP2", &[E(1); 4]);
     }
 
     /// Steps applied in order to one ledger, each with the outcome it must give.

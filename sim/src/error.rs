@@ -9,6 +9,8 @@
 
 use std::fmt;
 
+use pdkv_core::ids::EngineId;
+use pdkv_core::policy::UnknownPeerRules;
 use pdkv_core::routing::{check_pair, RoutingError};
 use pdkv_core::topology::{Deployment, Layout, NotationError};
 
@@ -33,12 +35,74 @@ pub enum SimError {
         /// What the core's routing rejects about the pair.
         error: RoutingError,
     },
+    /// An entry of `protocol.peers` names no engine of the deployment or no rule set.
+    Peers(PeerError),
 }
+
+/// A bad entry of a scenario's `protocol.peers` ([`Scenario::peer_book`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PeerError {
+    /// The key is not an engine label like `P0` or `D1`.
+    NotAnEngine {
+        /// The key as written.
+        name: String,
+    },
+    /// The deployment has no such engine.
+    NoSuchEngine {
+        /// The engine named.
+        engine: EngineId,
+        /// How many engines of its role the deployment has.
+        engines: usize,
+        /// The deployment, in canonical notation.
+        notation: String,
+    },
+    /// The value is not a rule set name.
+    UnknownRules {
+        /// The engine it is given for.
+        engine: EngineId,
+        /// The name and the known ones.
+        error: UnknownPeerRules,
+    },
+}
+
+impl PeerError {
+    /// The key of the entry, as written for a good engine label.
+    pub fn key(&self) -> String {
+        match self {
+            PeerError::NotAnEngine { name } => name.clone(),
+            PeerError::NoSuchEngine { engine, .. } | PeerError::UnknownRules { engine, .. } => {
+                engine.to_string()
+            }
+        }
+    }
+}
+
+impl fmt::Display for PeerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PeerError::NotAnEngine { name } => {
+                write!(f, "`{}` is not an engine; expected one like P0 or D1", name.escape_debug())
+            }
+            PeerError::NoSuchEngine { engine, engines, notation } => {
+                let (letter, role) = (engine.role.letter(), engine.role.name());
+                write!(
+                    f,
+                    "{notation} has no {role} engine {engine} (engines {letter}0..{letter}{})",
+                    engines.saturating_sub(1)
+                )
+            }
+            PeerError::UnknownRules { error, .. } => write!(f, "{error}"),
+        }
+    }
+}
+
+impl std::error::Error for PeerError {}
 
 impl fmt::Display for SimError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             SimError::Deployment(error) => write!(f, "{error}"),
+            SimError::Peers(error) => write!(f, "protocol.peers[\"{}\"]: {error}", error.key()),
             // The same words as the loader's `deployment` violation.
             SimError::Unroutable { decode, decode_layout, prefill, prefill_layout, error } => write!(
                 f,

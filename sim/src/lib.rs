@@ -21,7 +21,7 @@ pub mod trace;
 pub mod waitfor;
 pub mod world;
 
-pub use error::SimError;
+pub use error::{PeerError, SimError};
 pub use identity::RunIdentity;
 pub use result::RunResult;
 pub use scenario::{Outcome, Scenario};

@@ -4,8 +4,15 @@
 //! Every field has a default, so a file states only what differs. Unknown fields are rejected.
 //! Units are in the field names (`_ms`, `_us`, `_gb_s`, ...). `docs/scenarios.md` documents each.
 
+use std::collections::BTreeMap;
+
+use pdkv_core::ids::EngineId;
 use pdkv_core::legacy::Legacy;
+use pdkv_core::policy::{PeerBook, PeerRules};
+use pdkv_core::topology::Deployment;
 use serde::{Deserialize, Serialize};
+
+use crate::error::PeerError;
 
 /// Version of the scenario and result formats; bumped when a field changes meaning. 2: a
 /// hang's `wait_for` edges and `cycle` members are objects, no longer `a -> b (reason)` text.
@@ -358,6 +365,11 @@ pub enum Reads {
 pub struct Protocol {
     /// Legacy options switched on (kebab-case names, as `pdkv routes --legacy`).
     pub legacy: Vec<Legacy>,
+    /// The rule set of each engine named (`{"P0": "vllm-0.33"}`), where vLLM's current release
+    /// and pdkv's protocol differ; an engine not named follows `pdkv`. Read with
+    /// [`Scenario::peer_book`].
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub peers: BTreeMap<String, String>,
     /// Read granularity.
     pub reads: Reads,
     /// Deadline of a handshake dial.
@@ -374,6 +386,7 @@ impl Default for Protocol {
     fn default() -> Self {
         Protocol {
             legacy: Vec::new(),
+            peers: BTreeMap::new(),
             reads: Reads::PerLayer,
             handshake_timeout_ms: 10_000,
             transfer_timeout_ms: 30_000,
@@ -537,6 +550,24 @@ impl Scenario {
             bytes_per_token_per_layer: self.model.kv_bytes_per_token_per_layer,
             block_size_tokens: self.model.block_size_tokens,
         }
+    }
+
+    /// The rules of every engine of `deployment` (the scenario's, parsed), from
+    /// `protocol.peers`: each key an engine of the deployment (`P0`, `D1`), each value a rule
+    /// set name (`pdkv`, `vllm-0.33`). The first bad entry, in key order, is the error.
+    pub fn peer_book(&self, deployment: &Deployment) -> Result<PeerBook, PeerError> {
+        let mut book = PeerBook::pdkv();
+        for (name, rules) in &self.protocol.peers {
+            let engine: EngineId = name.parse().map_err(|_| PeerError::NotAnEngine { name: name.clone() })?;
+            let engines = deployment.engines(engine.role).len();
+            if usize::from(engine.index) >= engines {
+                return Err(PeerError::NoSuchEngine { engine, engines, notation: deployment.notation() });
+            }
+            let rules: PeerRules =
+                rules.parse().map_err(|error| PeerError::UnknownRules { engine, error })?;
+            book.set(engine, rules);
+        }
+        Ok(book)
     }
 
     /// A scenario for a bare notation with the default profile and workload.

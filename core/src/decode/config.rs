@@ -1,7 +1,7 @@
 //! The decode worker's configuration: its fixed facts and knobs, and the limits it holds to.
 
 use crate::ids::RankId;
-use crate::policy::Policy;
+use crate::policy::{PeerBook, Policy};
 use crate::time::{NS_PER_MS, NS_PER_S};
 use crate::topology::{Layout, ModelSpec};
 
@@ -30,6 +30,9 @@ pub struct DecodeConfig {
     pub model: ModelSpec,
     /// The protocol's rules (the fixed protocol, or the legacy options resolved).
     pub policy: Policy,
+    /// The rules of this worker's engine and of each prefill engine it reads (pdkv's unless
+    /// named): with an engine following vLLM 0.33's, the worker releases as vLLM 0.33 does.
+    pub peers: PeerBook,
     /// This worker's MoRIIO engine id, sent as the sender of its releases.
     pub engine_id: String,
     /// Deadline of one handshake dial (10 s by default).
@@ -52,6 +55,7 @@ impl DecodeConfig {
             layout,
             model,
             policy,
+            peers: PeerBook::pdkv(),
             engine_id,
             handshake_timeout_ns: 10 * NS_PER_S,
             transfer_timeout_ns: 30 * NS_PER_S,

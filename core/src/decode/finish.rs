@@ -49,22 +49,26 @@ impl DecodeWorker {
         output
     }
 
-    /// The request's reads all completed: release the source and report it received.
+    /// The request ended: release every rank its plan names (the source, or under vLLM 0.33's
+    /// rules every holder of its share) and report it received or failed.
     fn finish_request(&mut self, id: RequestId, error: Option<RecvError>, out: &mut Vec<DecodeAction>) {
         let recv = self.requests.remove(&id).expect("caller checked");
-        out.push(DecodeAction::SendRelease {
-            rank: recv.notify_rank,
-            endpoint: recv.notify.clone(),
-            release: Release {
-                transfer_id: recv.transfer_id.clone(),
-                consumer_tp_size: Some(self.config.layout.tp),
-                sender: Some(ReleaseSender {
-                    engine_id: self.config.engine_id.clone(),
-                    dp_rank: self.config.rank.dp,
-                    tp_rank: self.config.rank.tp,
-                }),
-            },
-        });
+        let release = Release {
+            transfer_id: recv.transfer_id.clone(),
+            consumer_tp_size: Some(self.config.layout.tp),
+            sender: Some(ReleaseSender {
+                engine_id: self.config.engine_id.clone(),
+                dp_rank: self.config.rank.dp,
+                tp_rank: self.config.rank.tp,
+            }),
+        };
+        for (rank, endpoint) in &recv.releases {
+            out.push(DecodeAction::SendRelease {
+                rank: *rank,
+                endpoint: endpoint.clone(),
+                release: release.clone(),
+            });
+        }
         match error {
             None => out.push(DecodeAction::RequestReceived { request: id }),
             Some(error) => {

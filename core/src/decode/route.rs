@@ -6,6 +6,7 @@ use crate::handshake::{HandshakeParams, HandshakeState};
 use crate::ids::{RankId, RequestId, TransferId};
 use crate::policy::NotifyRule;
 use crate::ports::{EngineAddress, ListenerKind, ReadTarget};
+use crate::release::release_ranks;
 use crate::routing;
 use crate::time::Instant;
 
@@ -60,7 +61,9 @@ impl DecodeWorker {
     /// Resolves the source of a request and derives every address from it, without looking at
     /// its local blocks (a queued request has none yet).
     pub(super) fn route(&mut self, now: Instant, request: &RecvRequest) -> Result<Recv, RecvError> {
-        let policy = self.config.policy;
+        // The rules between this engine and the prefill engine decide whom the release goes to.
+        let rules = self.config.peers.between(request.prefill_engine, self.config.rank.engine);
+        let policy = self.config.policy.under(rules);
         let params = &request.params;
         let transfer_id = TransferId(params.transfer_id.clone().ok_or(RecvError::MissingTransferId)?);
         let remote = params.prefill_layout(policy.tp_size).map_err(RecvError::Params)?;
@@ -85,18 +88,25 @@ impl DecodeWorker {
                 RankId::new(source.rank.engine, 0, tp)
             }
         };
-        let notify = if notify_rank == target.source {
-            target.notify.clone()
-        } else {
-            address.dial(remote, notify_rank, ListenerKind::Notify).map_err(RecvError::Port)?
-        };
+        let (layout, rank) = (self.config.layout, self.config.rank);
+        let releases = release_ranks(policy.release_plan, notify_rank, layout.tp, rank.tp, remote.tp)
+            .map_err(RecvError::Routing)?
+            .into_iter()
+            .map(|to| {
+                let endpoint = if to == target.source {
+                    target.notify.clone()
+                } else {
+                    address.dial(remote, to, ListenerKind::Notify).map_err(RecvError::Port)?
+                };
+                Ok((to, endpoint))
+            })
+            .collect::<Result<_, RecvError>>()?;
         // A held request's session is always known: every step indexes the sessions by it.
         self.ensure_session(&target, address)?;
         Ok(Recv {
             transfer_id,
             target,
-            notify_rank,
-            notify,
+            releases,
             remote_block_ids: remote_block_ids.into(),
             local_block_ids: request.local_block_ids.as_slice().into(),
             remote,

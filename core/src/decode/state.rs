@@ -88,8 +88,8 @@ pub(super) struct Retry {
 pub(super) struct Recv {
     pub(super) transfer_id: TransferId,
     pub(super) target: ReadTarget,
-    pub(super) notify_rank: RankId,
-    pub(super) notify: Endpoint,
+    /// The prefill ranks released when the request ends, with their notify listeners.
+    pub(super) releases: Vec<(RankId, Endpoint)>,
     pub(super) remote_block_ids: Arc<[u32]>,
     pub(super) local_block_ids: Arc<[u32]>,
     /// The prefill layout the parameters announced, and where that engine listens.

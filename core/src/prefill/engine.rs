@@ -8,7 +8,7 @@ use super::transfer::{transfer_step, TransferEvent, TransferOutput, TransferStat
 #[cfg(doc)]
 use super::WorkerAction;
 use crate::ids::{EngineId, RankId, RequestId, TransferId};
-use crate::policy::Policy;
+use crate::policy::{PeerBook, Policy};
 use crate::release::{quorum_plan, Quorum};
 use crate::routing::RoutingError;
 use crate::time::{earliest, Instant, NS_PER_S};
@@ -233,6 +233,9 @@ pub struct PrefillEngine {
     layout: Layout,
     model: ModelSpec,
     policy: Policy,
+    /// The rules of this engine and of the decode engines that read it: with one following
+    /// vLLM 0.33's, a transfer it reads gets vLLM 0.33's quorum.
+    peers: PeerBook,
     defer_timeout_ns: u64,
     held: BTreeMap<TransferId, Held>,
     /// Workers lost for good.
@@ -262,6 +265,7 @@ impl PrefillEngine {
             layout,
             model,
             policy,
+            peers: PeerBook::pdkv(),
             defer_timeout_ns: 60 * NS_PER_S,
             held: BTreeMap::new(),
             lost: BTreeSet::new(),
@@ -269,6 +273,12 @@ impl PrefillEngine {
             records: std::collections::VecDeque::new(),
             totals: LedgerTotals::default(),
         }
+    }
+
+    /// Sets the rules of this engine and of its readers (pdkv's for all by default).
+    pub fn with_peers(mut self, peers: PeerBook) -> PrefillEngine {
+        self.peers = peers;
+        self
     }
 
     /// Changes the reaper's delay (nanoseconds from registration).
@@ -402,8 +412,14 @@ impl PrefillEngine {
         if self.held.len() >= MAX_ENGINE_TRANSFERS {
             return Err(EngineError::TooManyTransfers);
         }
-        let plan =
-            quorum_plan(self.layout, decode, &self.model, &self.policy).map_err(EngineError::Routing)?;
+        // The rules between this engine and the reader decide the quorum (this engine's own when
+        // the reader is not known).
+        let rules = match reader {
+            Some((reader, _)) => self.peers.between(self.engine, reader),
+            None => self.peers.rules(self.engine),
+        };
+        let policy = self.policy.under(rules);
+        let plan = quorum_plan(self.layout, decode, &self.model, &policy).map_err(EngineError::Routing)?;
         let deadline = now.add_ns(self.defer_timeout_ns);
         self.totals.registered += 1;
         self.totals.held += 1;

@@ -11,7 +11,7 @@ use crate::group::{DecodeGroup, GroupAction, GroupEvent, StepReport};
 use crate::ids::{EngineId, RankId, RequestId, Role, TransferId};
 use crate::legacy::LegacyOptions;
 use crate::params::{extension_names, KvTransferParams};
-use crate::policy::Policy;
+use crate::policy::{PeerBook, Policy};
 use crate::ports::{AddressBook, SessionKey};
 use crate::prefill::{EngineAction, EngineEvent, PrefillEngine, PrefillWorker, WorkerAction, WorkerEvent};
 use crate::release::Release;
@@ -87,21 +87,27 @@ pub(super) struct Harness {
 
 impl Harness {
     pub(super) fn new(notation: &str, legacy: LegacyOptions) -> Harness {
+        Harness::with_peers(notation, legacy, PeerBook::pdkv())
+    }
+
+    /// A harness whose engines follow the rules `peers` names.
+    pub(super) fn with_peers(notation: &str, legacy: LegacyOptions, peers: PeerBook) -> Harness {
         let policy = Policy::from(&legacy);
         let d = Deployment::parse(notation).unwrap();
-        let book = AddressBook::one_host_per_engine(&d);
+        let book = AddressBook::one_host_per_engine(&d).with_rules(peers);
         let mut decoders = BTreeMap::new();
         let mut groups = BTreeMap::new();
         for rank in d.ranks(Role::Decode) {
             let width = d.layout(rank.engine).tp;
             groups.entry((rank.engine, rank.dp)).or_insert_with(|| DecodeGroup::new(width, policy.handshake));
-            let config = DecodeConfig::new(
+            let mut config = DecodeConfig::new(
                 rank,
                 d.layout(rank.engine),
                 d.model.clone(),
                 policy,
                 book.engine_id(rank.engine),
             );
+            config.peers = book.rules.clone();
             decoders.insert(rank, DecodeWorker::new(config));
         }
         let mut workers = BTreeMap::new();
@@ -109,7 +115,10 @@ impl Harness {
             let (metadata, layers) = metadata_for(&book, &d, rank);
             workers.insert(rank, PrefillWorker::new(rank, metadata, layers, &policy));
         }
-        let engines = PrefillEngine::for_deployment(&d, policy);
+        let engines = PrefillEngine::for_deployment(&d, policy)
+            .into_iter()
+            .map(|engine| engine.with_peers(book.rules.clone()))
+            .collect();
         Harness {
             d,
             book,

@@ -125,6 +125,62 @@ fn p8_to_d4_frees_without_reaper_only_with_zero_quorum() {
     }
 }
 
+/// P8 -> D4 under vLLM 0.33's rules, with either engine following them: each decode rank still
+/// reads one prefill rank (0, 2, 4, 6) but releases both holders of its share, every prefill rank
+/// waits for one release (vLLM 0.33's uniform quorum), and the blocks are freed once, without
+/// the reaper. A pdkv decode adapts to a vLLM prefill, a pdkv prefill to a vLLM decode.
+#[test]
+fn p8_to_d4_under_vllm_rules_releases_every_holder_and_frees_once() {
+    use crate::policy::{PeerBook, PeerRules::Vllm033};
+    use crate::release::Quorum;
+    let (p0, d0) = (EngineId::prefill(0), EngineId::decode(0));
+    // (peers, releases sent to which prefill TP ranks, quorum registered on each rank)
+    let table = [
+        (PeerBook::pdkv(), vec![0, 2, 4, 6], [1, 0, 1, 0, 1, 0, 1, 0]),
+        (PeerBook::pdkv().with(p0, Vllm033), (0..8).collect(), [1; 8]),
+        (PeerBook::pdkv().with(d0, Vllm033), (0..8).collect(), [1; 8]),
+        (PeerBook::pdkv().with(p0, Vllm033).with(d0, Vllm033), (0..8).collect(), [1; 8]),
+    ];
+    for (peers, released, quorums) in table {
+        let mut h = Harness::with_peers("1P_TP8:1D_TP4", LegacyOptions::none(), peers.clone());
+        h.step_with_request(1, 0, &[1], 0);
+        let registered: Vec<u16> = h
+            .engine_log
+            .iter()
+            .filter_map(|a| match a {
+                EngineAction::Register { quorum: Quorum::Exact(n), .. } => Some(*n),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(registered, quorums, "{peers:?}");
+        let read: Vec<u16> = h.reads.iter().map(|(_, op)| op.plan.source.tp).collect();
+        assert!(read.iter().all(|tp| tp % 2 == 0), "{peers:?}: reads {read:?}");
+        h.complete_reads(|_, _| ReadOutcome::Ok);
+        let mut to: Vec<u16> = h.releases.iter().map(|(to, _)| to.tp).collect();
+        to.sort();
+        assert_eq!(to, released, "{peers:?}");
+        h.deliver_releases(1);
+        assert_eq!(h.frees(), [(tx(1), false)], "{peers:?}");
+    }
+}
+
+/// A flexible read (TP1 decode of a TP8 MLA prefill) under vLLM 0.33's rules releases all eight
+/// prefill ranks, every one of which holds the latent it read; pdkv releases the rank read.
+#[test]
+fn flexible_read_under_vllm_rules_releases_every_prefill_rank() {
+    use crate::policy::{PeerBook, PeerRules::Vllm033};
+    for (peers, released) in
+        [(PeerBook::pdkv(), 1), (PeerBook::pdkv().with(EngineId::prefill(0), Vllm033), 8)]
+    {
+        let mut h = Harness::with_peers("1P_TP8:1D_DP8EP", LegacyOptions::none(), peers.clone());
+        h.step_with_request(1, 0, &[1], 3);
+        h.complete_reads(|_, _| ReadOutcome::Ok);
+        assert_eq!(h.releases.len(), released, "{peers:?}");
+        h.deliver_releases(1);
+        assert_eq!(h.frees(), [(tx(1), false)], "{peers:?}");
+    }
+}
+
 /// A network-duplicated release never completes a transfer early by default.
 #[test]
 fn duplicated_release_never_completes_early() {

@@ -150,7 +150,7 @@ mod tests {
         Bad { file, kind, line, column, field, says }
     }
 
-    const BAD: [Bad; 21] = [
+    const BAD: [Bad; 25] = [
         bad("unknown_top_level_field.ron", Kind::UnknownField, 5, 5, "seeds", "expected one of: name, "),
         bad("unknown_nested_field.ron", Kind::UnknownField, 7, 9, "hardware.nic_gbps", "nic_gb_s, "),
         bad(
@@ -224,6 +224,31 @@ mod tests {
             "faults.swarm.duplicate",
             "[0, 1], got 1.2",
         ),
+        bad(
+            "peers_no_such_engine.ron",
+            Kind::Invalid,
+            6,
+            36,
+            "protocol.peers[\"P1\"]",
+            "1P_DP2TP4:1D_TP4 has no prefill engine P1 (engines P0..P0)",
+        ),
+        bad(
+            "peers_not_an_engine.ron",
+            Kind::Invalid,
+            7,
+            13,
+            "protocol.peers[\"P0.dp0.tp0\"]",
+            "`P0.dp0.tp0` is not an engine; expected one like P0 or D1",
+        ),
+        bad(
+            "peers_unknown_rules.ron",
+            Kind::Invalid,
+            5,
+            38,
+            "protocol.peers[\"P0\"]",
+            "unknown rule set \"vllm-0.34\"; known rule sets: pdkv, vllm-0.33",
+        ),
+        bad("peers_not_a_string.ron", Kind::WrongType, 5, 30, "protocol.peers[\"P0\"]", "a string"),
         bad("missing_paren.ron", Kind::Syntax, 7, 2, "workload", "unexpected end of file"),
         bad("missing_comma.ron", Kind::Syntax, 4, 5, "name", "expected `,`"),
         bad("missing_deployment.ron", Kind::MissingField, 5, 1, "deployment", "no default"),
@@ -324,6 +349,7 @@ mod tests {
     ),
     protocol: (
         legacy: ["lazy-handshake", r#no-handshake-timeout],
+        peers: {"P1": "vllm-0.33"},
         reads: PerRequest,
         handshake_timeout_ms: 2000,
     ),
@@ -361,6 +387,7 @@ mod tests {
             },
             protocol: Protocol {
                 legacy: vec![Legacy::LazyHandshake, Legacy::NoHandshakeTimeout],
+                peers: [("P1".to_string(), "vllm-0.33".to_string())].into(),
                 reads: Reads::PerRequest,
                 handshake_timeout_ms: 2000,
                 ..Protocol::default()
@@ -427,6 +454,12 @@ mod tests {
         let text = scenario_to_ron(&full_expected());
         assert!(text.contains("        legacy: [\n            \"lazy-handshake\",\n"), "{text}");
         assert!(text.contains("    expect: hang,\n"), "{text}");
+        assert!(
+            text.contains("        peers: {\n            \"P1\": \"vllm-0.33\",\n        },\n"),
+            "{text}"
+        );
+        // A scenario without peers prints none, so results of older scenarios keep their text.
+        assert!(!scenario_to_ron(&Scenario::from_notation("1P_TP8:1D_TP8")).contains("peers"));
         assert!(text.contains("duration_ms: 1000,"), "{text}");
     }
 

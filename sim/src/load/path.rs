@@ -3,9 +3,9 @@
 //!
 //! ron reports only a line and column. The scanner does not parse RON; it only follows brackets,
 //! skips strings and comments, and notices `identifier:` (a struct field) and `,` (the next field
-//! or list element). That is enough to know which field any position of a well-formed prefix
-//! belongs to, which is all ron's errors need (ron has read that prefix successfully before it
-//! stopped).
+//! or list element), and inside a map a `"key":` (the entry, written `peers["P0"]` in a path).
+//! That is enough to know which field any position of a well-formed prefix belongs to, which is
+//! all ron's errors need (ron has read that prefix successfully before it stopped).
 //!
 //! It has three users: the path of a ron error ([`super::errors`]), the position of a
 //! validation error's field ([`locate`]), and the strings inside `protocol.legacy`
@@ -40,14 +40,14 @@ enum Bracket {
     Paren,
     /// `[`: a list; tracks its current element.
     Square,
-    /// `{`: a map; not part of the scenario format, followed only to stay in step.
+    /// `{`: a map (`protocol.peers`); tracks its current entry's key.
     Curly,
 }
 
 #[derive(Debug)]
 struct Frame {
     bracket: Bracket,
-    /// The field whose value is being read (`Paren` only).
+    /// The field whose value is being read (`Paren`), or the key of the map entry (`Curly`).
     key: Option<String>,
     /// The element being read (`Square` only).
     index: usize,
@@ -56,7 +56,8 @@ struct Frame {
 }
 
 impl Frame {
-    /// The path component this frame adds: `.key` inside a struct, `[i]` inside a list.
+    /// The path component this frame adds: `.key` inside a struct, `[i]` inside a list,
+    /// `["key"]` inside a map.
     fn push_component(&self, path: &mut String) {
         match self.bracket {
             Bracket::Paren => {
@@ -68,7 +69,11 @@ impl Frame {
                 }
             }
             Bracket::Square => path.push_str(&format!("[{}]", self.index)),
-            Bracket::Curly => {}
+            Bracket::Curly => {
+                if let Some(key) = &self.key {
+                    path.push_str(&format!("[\"{key}\"]"));
+                }
+            }
         }
     }
 }
@@ -136,6 +141,19 @@ pub(super) fn scan(text: &str, stop: usize, keep: &dyn Fn(&str) -> bool) -> Scan
         match c {
             b' ' | b'\t' | b'\n' | b'\r' => i += 1,
             b'/' if matches!(bytes.get(i + 1), Some(b'/') | Some(b'*')) => i = skip_comment(bytes, i),
+            b'"' if is_map_key(&frames, bytes, i) => {
+                // A map entry's key (`"P0":`): the entry's path anchors here, like a field's.
+                let end = skip_string(bytes, i);
+                let name = cut_key(&text[i + 1..end - 1]);
+                if let Some(frame) = frames.last_mut() {
+                    frame.key = Some(name.to_string());
+                }
+                let path = render(&frames);
+                if keep(&path) {
+                    out.anchors.push(Anchor { path, offset: i });
+                }
+                i = skip_blank(bytes, end) + 1;
+            }
             b'"' => {
                 begin_value(&mut frames, &mut out, i, keep);
                 let end = skip_string(bytes, i);
@@ -184,13 +202,9 @@ pub(super) fn scan(text: &str, stop: usize, keep: &dyn Fn(&str) -> bool) -> Scan
                 let after = skip_blank(bytes, end);
                 let in_struct = frames.last().is_some_and(|frame| frame.bracket == Bracket::Paren);
                 if in_struct && bytes.get(after) == Some(&b':') {
-                    let name = text[i..end].trim_start_matches("r#");
-                    let mut cut = name.len().min(MAX_KEY_BYTES);
-                    while !name.is_char_boundary(cut) {
-                        cut -= 1;
-                    }
+                    let name = cut_key(text[i..end].trim_start_matches("r#"));
                     if let Some(frame) = frames.last_mut() {
-                        frame.key = Some(name[..cut].to_string());
+                        frame.key = Some(name.to_string());
                     }
                     let path = render(&frames);
                     if keep(&path) {
@@ -215,6 +229,23 @@ pub(super) fn scan(text: &str, stop: usize, keep: &dyn Fn(&str) -> bool) -> Scan
         }
     }
     out
+}
+
+/// `name` cut to [`MAX_KEY_BYTES`] at a character boundary.
+fn cut_key(name: &str) -> &str {
+    let mut cut = name.len().min(MAX_KEY_BYTES);
+    while !name.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    &name[..cut]
+}
+
+/// Whether the string at `i` is the key of a map entry: a closed string directly inside `{`,
+/// where no key was read for the current entry yet, followed by `:`.
+fn is_map_key(frames: &[Frame], bytes: &[u8], i: usize) -> bool {
+    let in_map = frames.last().is_some_and(|frame| frame.bracket == Bracket::Curly && frame.key.is_none());
+    let end = skip_string(bytes, i);
+    in_map && end > i + 1 && bytes[end - 1] == b'"' && bytes.get(skip_blank(bytes, end)) == Some(&b':')
 }
 
 /// Notes the start of a list element (its first character) as that element's anchor.
@@ -387,11 +418,16 @@ mod tests {
         check_scan("(s: r#\"a\"(\"#, k: ‸1)", ("k", ""));
         check_scan("Scenario(r#k-1: ‸1)", ("k-1", ""));
         check_scan("#![enable(implicit_some)]\n(a: (b: ‸1))", ("a.b", "a"));
+        check_scan("(p: {\"P0\": ‸\"x\"})", ("p[\"P0\"]", "p"));
+        check_scan("(p: {\"P0\": \"x\", ‸\"D1\": \"y\"})", ("p", "p"));
+        check_scan("(p: {\"P0\": \"x\", \"D1\" : ‸\"y\"}, k: 1)", ("p[\"D1\"]", "p"));
+        check_scan("(p: {\"P0\": \"x\"}, k: ‸1)", ("k", ""));
     }
 
     #[test]
     fn load_locate_finds_the_key_or_the_nearest_enclosing_one() {
-        let text = "(\n  a: (\n    b: 1,\n  ),\n  l: [\n    (c: 2),\n    (c: 3),\n  ],\n)";
+        let text =
+            "(\n  a: (\n    b: 1,\n  ),\n  l: [\n    (c: 2),\n    (c: 3),\n  ],\n  m: {\"P0\": 1, \"D1\": 2},\n)";
         let table = [
             ("a", Some((2, 3))),
             ("a.b", Some((3, 5))),
@@ -399,6 +435,8 @@ mod tests {
             ("l[1]", Some((7, 5))),
             ("l[1].c", Some((7, 6))),
             ("l[5].c", Some((5, 3))),
+            ("m[\"D1\"]", Some((9, 16))),
+            ("m[\"P3\"]", Some((9, 3))),
             ("z", None),
         ];
         for (path, expected) in table {

@@ -125,6 +125,7 @@ pub fn validate(scenario: &Scenario) -> Result<(), Violation> {
     validate_hardware_and_cost(scenario)?;
     validate_workload(scenario)?;
     validate_protocol(scenario)?;
+    validate_peers(scenario, &deployment)?;
     let engines = &scenario.engines;
     at_least_one("engines.prefill_max_batched_tokens", engines.prefill_max_batched_tokens.into())?;
     at_least_one("engines.decode_max_batch", engines.decode_max_batch.into())?;
@@ -355,6 +356,15 @@ fn validate_protocol(scenario: &Scenario) -> Check {
     time_ms("protocol.transfer_timeout_ms", protocol.transfer_timeout_ms)?;
     time_ms("protocol.defer_timeout_ms", protocol.defer_timeout_ms)?;
     time_ms("protocol.collective_timeout_ms", protocol.collective_timeout_ms)
+}
+
+/// Every key of `protocol.peers` is an engine of the deployment and every value a rule set; the
+/// violation names the entry (`protocol.peers["P3"]`).
+fn validate_peers(scenario: &Scenario, deployment: &Deployment) -> Check {
+    match scenario.peer_book(deployment) {
+        Ok(_) => Ok(()),
+        Err(error) => Err(violation(format!("protocol.peers[\"{}\"]", error.key()), error.to_string())),
+    }
 }
 
 fn validate_faults(scenario: &Scenario, deployment: &Deployment) -> Check {

@@ -71,6 +71,7 @@ pub(super) fn build_decode_worker(
 ) -> DecodeWorker {
     let mut config =
         DecodeConfig::new(rank, d.layout(rank.engine), d.model.clone(), *policy, book.engine_id(rank.engine));
+    config.peers = book.rules.clone();
     config.handshake_timeout_ns = ms_ns(sc.protocol.handshake_timeout_ms);
     config.transfer_timeout_ns = ms_ns(sc.protocol.transfer_timeout_ms);
     config.granularity = match sc.protocol.reads {
@@ -86,7 +87,8 @@ impl World {
         let d = crate::error::routable_deployment(sc)?;
         let policy = Policy::from(&sc.protocol.legacy.iter().copied().collect::<LegacyOptions>());
         let cost = Cost::new(&sc.model, &sc.hardware, &sc.cost);
-        let book = AddressBook::one_host_per_engine(&d);
+        let peers = sc.peer_book(&d).map_err(crate::SimError::Peers)?;
+        let book = AddressBook::one_host_per_engine(&d).with_rules(peers);
         let p_ranks = d.ranks(Role::Prefill);
         let d_ranks = d.ranks(Role::Decode);
         let blocks_for = |tp: u16| {
@@ -117,6 +119,7 @@ impl World {
                 });
             }
             let engine = PrefillEngine::new(EngineId::prefill(e as u16), layout, d.model.clone(), policy)
+                .with_peers(book.rules.clone())
                 .with_defer_timeout_ns(ms_ns(sc.protocol.defer_timeout_ms));
             engines.push(engine);
         }
@@ -263,5 +266,60 @@ impl World {
         };
         world.start();
         Ok(world)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::scenario::{Outcome, Scenario};
+    use crate::world::RunOptions;
+
+    fn scenario(deployment: &str, peers: &str) -> Scenario {
+        let text = format!(
+            "(name: \"t\", deployment: \"{deployment}\", workload: (clients: Closed(concurrency: 4, requests: \
+             8), input_tokens: Fixed(1024), output_tokens: Fixed(4)), protocol: (peers: {{{peers}}}))"
+        );
+        crate::load::parse_scenario(&text, "<test>").unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// (deployment, engines under vLLM 0.33's rules) -> outcome, transfers freed by their
+    /// releases, transfers reaped. The listener rule is the prefill engine's own: a vLLM 0.33
+    /// DP2xTP4 prefill strands the dials of its DP rank 1 (half the requests, owned by it), a vLLM
+    /// decode reading a pdkv prefill does not. The release plan and quorum are the pair's: P8 to
+    /// D4 frees every transfer by its releases whichever engine follows vLLM 0.33.
+    #[test]
+    fn rules_per_engine_decide_listeners_and_releases() {
+        let check = |deployment: &str, peers: &str, expected: (Outcome, u64, u64)| {
+            let run = crate::run(&scenario(deployment, peers), RunOptions::default()).unwrap();
+            let r = run.result;
+            assert_eq!((r.outcome, r.ledger.freed, r.ledger.reaped), expected, "{deployment} {{{peers}}}");
+        };
+        let vllm = |engines: &[&str]| -> String {
+            engines.iter().map(|e| format!("\"{e}\": \"vllm-0.33\"")).collect::<Vec<_>>().join(", ")
+        };
+        check("1P_DP2TP4:1D_TP4", "", (Outcome::Clean, 8, 0));
+        check("1P_DP2TP4:1D_TP4", &vllm(&["P0"]), (Outcome::SafetyViolation, 4, 4));
+        check("1P_DP2TP4:1D_TP4", &vllm(&["D0"]), (Outcome::Clean, 8, 0));
+        check("1P_DP2TP4:1D_TP4", "\"P0\": \"pdkv\"", (Outcome::Clean, 8, 0));
+        for peers in [vec![], vec!["P0"], vec!["D0"], vec!["P0", "D0"]] {
+            check("1P_TP8:1D_TP4", &vllm(&peers), (Outcome::Clean, 8, 0));
+        }
+        check("2P_TP8:1D_DP8EP", &vllm(&["P1"]), (Outcome::Clean, 8, 0));
+    }
+
+    /// A scenario made in code is not validated; `run` refuses a bad entry of `peers` by name.
+    #[test]
+    fn run_refuses_peers_outside_the_deployment() {
+        let mut sc = Scenario::from_notation("1P_TP8:1D_TP8");
+        sc.protocol.peers.insert("P3".into(), "vllm-0.33".into());
+        let error = crate::run(&sc, RunOptions::default()).err().map(|e| e.to_string());
+        let expected = "protocol.peers[\"P3\"]: 1P_TP8:1D_TP8 has no prefill engine P3 (engines P0..P0)";
+        assert_eq!(error.as_deref(), Some(expected));
+        sc.protocol.peers = [("P0".to_string(), "vllm".to_string())].into();
+        let error = crate::run(&sc, RunOptions::default()).err().map(|e| e.to_string());
+        assert_eq!(
+            error.as_deref(),
+            Some("protocol.peers[\"P0\"]: unknown rule set \"vllm\"; known rule sets: pdkv, vllm-0.33")
+        );
     }
 }

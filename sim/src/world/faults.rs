@@ -234,6 +234,7 @@ impl World {
                 self.crashed_reaped += totals.reaped;
                 let defer = ms_ns(self.sc.protocol.defer_timeout_ms);
                 self.engines[e] = PrefillEngine::new(engine, layout, self.d.model.clone(), self.policy())
+                    .with_peers(self.book.rules.clone())
                     .with_defer_timeout_ns(defer);
                 self.engine_tick[e] = None;
             }

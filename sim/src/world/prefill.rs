@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 
-use pdkv_core::ids::{RankId, RequestId};
+use pdkv_core::ids::{EngineId, RankId, RequestId};
 use pdkv_core::prefill::{EngineAction, EngineEvent, WorkerAction, WorkerEvent};
 use pdkv_core::time::Instant;
 use pdkv_core::topology::Layout;
@@ -77,15 +77,20 @@ impl World {
         for (id, blocks) in batch {
             let req = self.requests.get_mut(&id).expect("batched requests exist");
             req.prefill_blocks = blocks.clone();
-            let decode = self.d.decode[self.dgroups[req.decode_group].engine];
+            let (decode_engine, decode_dp) = {
+                let group = &self.dgroups[req.decode_group];
+                (group.engine, req.decode_group - self.dgroup_base[group.engine])
+            };
+            let decode = self.d.decode[decode_engine];
             let event = EngineEvent::PrefillDone {
                 request: id,
                 transfer_id: self.transfers[req.transfer as usize].clone(),
                 owner_dp: dp,
                 blocks: blocks.clone(),
                 decode,
-                // A decode engine crashes whole in the simulator; no lone reader is lost.
-                reader: None,
+                // The reader's engine decides the quorum under its rules (a decode engine crashes
+                // whole in the simulator, so no lone reader is ever reported lost).
+                reader: Some((EngineId::decode(decode_engine as u16), decode_dp as u16)),
             };
             let transfer = req.transfer;
             let mut out = Vec::new();
