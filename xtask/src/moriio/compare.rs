@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 
 use pdkv_core::ids::{EngineId, RankId, TransferId};
 use pdkv_core::legacy::{Legacy, LegacyOptions};
-use pdkv_core::policy::{Policy, SessionKeyRule};
+use pdkv_core::policy::{PeerRules, Policy, SessionKeyRule};
 use pdkv_core::ports::{EngineAddress, ListenerKind, ReadTarget};
 use pdkv_core::release::{self, Quorum, RankLedger, Release, ReleaseOutcome, ReleaseSender};
 use pdkv_core::routing::{self, ReadRouter, RoutingError, Source};
@@ -364,6 +364,7 @@ fn port_class(p: [u16; 2]) -> &'static str {
 fn ports(p: &PortLayout) -> Vec<Case> {
     let class = port_class(p.prefill);
     let (addr, lay, fixed) = (address(), layout(p.prefill), Policy::fixed());
+    let vllm_rules = fixed.under(PeerRules::Vllm033);
     let mut out = Vec::new();
     for r in &p.ranks {
         let rank = RankId::new(EngineId::prefill(0), r.dp, r.tp);
@@ -415,6 +416,20 @@ fn ports(p: &PortLayout) -> Vec<Case> {
                 mine => fails(format!("{at}: vLLM {vllm}, pdkv {mine:?}")),
             };
             out.push(Case::rule(rule, class, verdict, detail));
+        }
+        // pdkv's `vllm-0.33` rule set must bind where vLLM 0.33's listeners bind, in every layout.
+        let as_vllm = [
+            (Rule::HandshakeListenPort, r.handshake_listen, ListenerKind::Handshake),
+            (Rule::NotifyListenPort, r.notify_listen, ListenerKind::Notify),
+        ];
+        for (rule, vllm, kind) in as_vllm {
+            let (verdict, detail) = match port(addr.listen(lay, rank, kind, &vllm_rules)) {
+                Some(mine) if mine == vllm => (Verdict::Works, None),
+                mine => fails(format!("{at}: vLLM {vllm}, pdkv as vllm-0.33 {mine:?}")),
+            };
+            let mut case = Case::rule(rule, class, verdict, detail);
+            case.direction = Direction::VllmVsPdkvVllmRules;
+            out.push(case);
         }
     }
     out

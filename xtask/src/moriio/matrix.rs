@@ -110,6 +110,9 @@ impl Interaction {
 pub enum Direction {
     /// vLLM's function against pdkv's, same inputs.
     VllmVsPdkv,
+    /// vLLM's function against pdkv under its `vllm-0.33` rule set (`PeerRules::Vllm033`),
+    /// which must give vLLM's answer exactly, documented differences included.
+    VllmVsPdkvVllmRules,
     /// vLLM's code on both ends (proves the harness's stubs faithful).
     VllmToVllm,
     /// pdkv's side initiates (dials, sends) to vLLM's.
@@ -122,6 +125,7 @@ impl Direction {
     pub fn name(self) -> &'static str {
         match self {
             Direction::VllmVsPdkv => "vLLM vs pdkv",
+            Direction::VllmVsPdkvVllmRules => "vLLM vs pdkv as vllm-0.33",
             Direction::VllmToVllm => "vLLM -> vLLM",
             Direction::PdkvToVllm => "pdkv -> vLLM",
             Direction::VllmToPdkv => "vLLM -> pdkv",
