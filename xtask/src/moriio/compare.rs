@@ -582,8 +582,10 @@ mod tests {
         let p = PortLayout { prefill: [2, 2], ranks: vec![rank(0, 1, 1, 1), rank(1, 1, 2, 3)] };
         let verdicts: Vec<Verdict> = ports(&p).into_iter().map(|c| c.verdict).collect();
         let d = Verdict::Documented(Documented::ListenerOffset);
-        assert_eq!(verdicts[..4], [Verdict::Works, Verdict::Works, Verdict::Works, Verdict::Works]);
-        assert_eq!(verdicts[4..], [d.clone(), d, Verdict::Works, Verdict::Works]);
+        let w = Verdict::Works;
+        // Per rank: pdkv's listeners, dials, then the vllm-0.33 rule set's listeners.
+        assert_eq!(verdicts[..6], [w.clone(), w.clone(), w.clone(), w.clone(), w.clone(), w.clone()]);
+        assert_eq!(verdicts[6..], [d.clone(), d, w.clone(), w.clone(), w.clone(), w]);
         let wrong = PortLayout { prefill: [2, 2], ranks: vec![rank(1, 1, 4, 2)] };
         assert!(ports(&wrong).iter().all(|c| c.verdict == Verdict::Fails));
     }
