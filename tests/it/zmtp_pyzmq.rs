@@ -400,10 +400,9 @@ fn connector_dial_decodes_a_moriio_handshake_reply() {
     );
 }
 
-/// A pyzmq DEALER sends what a MoRIIO decode rank sends a notify listener; the connector's own
-/// notify serving code hands both frames to its node, and both decode to releases.
-#[test]
-fn connector_notify_listener_takes_moriio_releases() {
+/// The connector's notify serving code on a loopback ROUTER listener, for one connection: its
+/// port, and the channel it hands the node's inputs to.
+fn notify_listener() -> (String, mpsc::Receiver<pdkv_rdma::connector::Input>) {
     let mut listener = RouterListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).expect("bind on loopback");
     let port = listener.local_addr().expect("local address").port().to_string();
     let (tx, rx) = mpsc::channel();
@@ -412,6 +411,14 @@ fn connector_notify_listener_takes_moriio_releases() {
             pdkv_rdma::prefill_rank::serve_notify(conn, 1, tx);
         }
     });
+    (port, rx)
+}
+
+/// A pyzmq DEALER sends what a MoRIIO decode rank sends a notify listener; the connector's own
+/// notify serving code hands both frames to its node, and both decode to releases.
+#[test]
+fn connector_notify_listener_takes_moriio_releases() {
+    let (port, rx) = notify_listener();
     let mut peer = PyPeer::spawn(&["notify-dealer", &port, TRANSFER_ID]);
     let mut frames = Vec::new();
     // `wait_for` fails at once when Python exits with an error (a missing package, say), and
@@ -480,14 +487,7 @@ fn connector_handshake_listener_survives_what_ends_moriio_listener() {
 /// still count.
 #[test]
 fn connector_notify_listener_survives_what_ends_moriio_listener() {
-    let mut listener = RouterListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).expect("bind on loopback");
-    let port = listener.local_addr().expect("local address").port().to_string();
-    let (tx, rx) = mpsc::channel();
-    thread::spawn(move || {
-        if let Ok(conn) = listener.accept() {
-            pdkv_rdma::prefill_rank::serve_notify(conn, 1, tx);
-        }
-    });
+    let (port, rx) = notify_listener();
     let mut peer = PyPeer::spawn(&["notify-garbage", &port, TRANSFER_ID]);
     let mut seen = Vec::new();
     while seen.len() < 5 {
