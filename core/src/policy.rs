@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ids::{EngineId, Role};
 use crate::legacy::{Legacy, LegacyOptions};
+use crate::wire::Extensions;
 
 /// Which prefill DP rank decode reads.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -311,6 +312,15 @@ impl PeerRules {
         }
     }
 
+    /// The pdkv extensions an engine under these rules advertises: all of them for pdkv; none
+    /// for vLLM 0.33, whose notify receiver stops on a message type it does not know.
+    pub fn extensions(self) -> Extensions {
+        match self {
+            PeerRules::Pdkv => Extensions::ALL,
+            PeerRules::Vllm033 => Extensions::NONE,
+        }
+    }
+
     /// Where the engine's listeners bind.
     pub fn listener_offset(self) -> ListenerOffset {
         match self {
@@ -502,6 +512,14 @@ impl From<LegacyOptions> for Policy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A vLLM 0.33 engine advertises no pdkv extension, so no pdkv rank sends it a read lease
+    /// (a message type its notify receiver would stop on).
+    #[test]
+    fn only_pdkv_engines_advertise_pdkv_extensions() {
+        assert_eq!(PeerRules::Pdkv.extensions(), Extensions::ALL);
+        assert_eq!(PeerRules::Vllm033.extensions(), Extensions::NONE);
+    }
 
     /// The decisions in which `policy` differs from the fixed protocol.
     fn changed(policy: Policy) -> Vec<&'static str> {

@@ -53,7 +53,7 @@ pub(super) fn build_prefill_worker(
         block_len,
         attn_backend_name: "pdkv-sim".into(),
         rank: None,
-        extensions: pdkv_core::wire::Extensions::ALL,
+        extensions: book.rules.rules(rank.engine).extensions(),
     };
     let layers = (0..sc.model.layers)
         .map(|l| LayerMemoryDesc { layer_name: format!("model.layers.{l}"), descs: vec![vec![0]] })

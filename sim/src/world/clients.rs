@@ -125,7 +125,7 @@ impl World {
             remote_notify_port: Some(i64::from(address.notify_port_base)),
             remote_dp_size: Some(i64::from(group.layout.dp)),
             tp_size: Some(i64::from(group.layout.tp)),
-            pdkv_extensions: pdkv_core::params::extension_names(pdkv_core::wire::Extensions::ALL),
+            pdkv_extensions: pdkv_core::params::extension_names(self.book.rules.rules(engine).extensions()),
             ..KvTransferParams::default()
         };
         match self.proxy.handle_prefill_response(id, answer) {
