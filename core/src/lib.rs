@@ -12,6 +12,7 @@ pub mod group;
 pub mod handshake;
 pub mod ids;
 pub mod legacy;
+pub mod machine;
 pub mod params;
 pub mod policy;
 pub mod ports;

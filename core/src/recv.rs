@@ -145,17 +145,7 @@ fn abort(in_flight: u32, drain: DrainRule) -> (RecvState, RecvOutput) {
 }
 
 /// One row of the machine's transition table.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RecvRow {
-    /// State before.
-    pub from: String,
-    /// Event.
-    pub event: String,
-    /// State after.
-    pub to: String,
-    /// Output.
-    pub output: String,
-}
+pub type RecvRow = crate::machine::TableRow;
 
 /// Applies every event to representative states (one and two reads in flight, one waiting for a
 /// retry) under the fixed protocol, and records the result.
@@ -179,19 +169,8 @@ pub fn transition_table() -> Vec<RecvRow> {
         RecvEvent::RetryPosted,
         RecvEvent::Deadline,
     ];
-    let mut rows = Vec::new();
-    for state in states {
-        for event in events {
-            let (next, output) = step(state, event, DrainRule::DrainFirst);
-            rows.push(RecvRow {
-                from: state.kind(),
-                event: format!("{event:?}"),
-                to: next.kind(),
-                output: format!("{output:?}"),
-            });
-        }
-    }
-    rows
+    let events: Vec<(String, RecvEvent)> = events.into_iter().map(|e| (format!("{e:?}"), e)).collect();
+    crate::machine::walk(&states, &events, |s, e| step(s, e, DrainRule::DrainFirst), RecvState::kind)
 }
 
 #[cfg(test)]

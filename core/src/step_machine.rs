@@ -165,17 +165,7 @@ pub fn step(state: StepState, event: StepEvent) -> (StepState, StepOutput) {
 }
 
 /// One row of the machine's transition table.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StepRow {
-    /// State before.
-    pub from: String,
-    /// Event.
-    pub event: String,
-    /// State after.
-    pub to: String,
-    /// Output.
-    pub output: String,
-}
+pub type StepRow = crate::machine::TableRow;
 
 /// Applies every event to representative states of step 5 (the next step is 6) and records the
 /// result.
@@ -199,19 +189,8 @@ pub fn transition_table() -> Vec<StepRow> {
         ("VoteResult(no)", StepEvent::VoteResult { step: 5, ok: false }),
         ("VoteResult(step 4)", StepEvent::VoteResult { step: 4, ok: true }),
     ];
-    let mut rows = Vec::new();
-    for state in states {
-        for (name, event) in events {
-            let (next, output) = step(state, event);
-            rows.push(StepRow {
-                from: state.kind(),
-                event: name.to_string(),
-                to: next.kind(),
-                output: format!("{output:?}"),
-            });
-        }
-    }
-    rows
+    let events: Vec<(String, StepEvent)> = events.into_iter().map(|(n, e)| (n.to_string(), e)).collect();
+    crate::machine::walk(&states, &events, step, StepState::kind)
 }
 
 #[cfg(test)]

@@ -209,17 +209,7 @@ fn settle(
 }
 
 /// One row of the lifecycle's transition table.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TransferRow {
-    /// State before.
-    pub from: String,
-    /// Event.
-    pub event: String,
-    /// State after.
-    pub to: String,
-    /// Output.
-    pub output: String,
-}
+pub type TransferRow = crate::machine::TableRow;
 
 /// The states the transition table applies every event to, for a TP group of two: every held
 /// variant with no rank lost (rank 0 being the one that finished where one did), those in which
@@ -249,19 +239,8 @@ pub fn transition_table() -> Vec<TransferRow> {
         ("WorkerLost(rank 1)", TransferEvent::WorkerLost(1)),
         ("ReaperDeadline", TransferEvent::ReaperDeadline),
     ];
-    let mut rows = Vec::new();
-    for state in representative_states() {
-        for (name, event) in events {
-            let (next, output) = transfer_step(state.clone(), event);
-            rows.push(TransferRow {
-                from: state.kind(),
-                event: name.to_string(),
-                to: next.kind(),
-                output: format!("{output:?}"),
-            });
-        }
-    }
-    rows
+    let events: Vec<(String, TransferEvent)> = events.into_iter().map(|(n, e)| (n.to_string(), e)).collect();
+    crate::machine::walk(&representative_states(), &events, transfer_step, TransferState::kind)
 }
 
 #[cfg(test)]
