@@ -5,9 +5,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use pdkv_core::ids::RankId;
+use pdkv_core::ids::{RankId, Role};
 use pdkv_core::legacy::{Legacy, LegacyOptions};
-use pdkv_rdma::cluster::{self, ClusterConfig, ClusterResult, Fault};
+use pdkv_core::policy::PeerRules;
+use pdkv_rdma::cluster::{self, ClusterConfig, ClusterResult, Fault, Foreign};
 use pdkv_rdma::sched::TransportKind;
 
 use crate::progress::Bar;
@@ -21,6 +22,9 @@ Examples:
   pdkv cluster 1P_TP2:1D_TP2 --requests 8 --drop-releases D0.dp0.tp1=2 \\
       --transfer-timeout-ms 2000 --defer-timeout-ms 3000
   pdkv cluster 1P_TP4:1D_TP8 --requests 16 --transport rdma    (build with --features rdma)
+  pdkv cluster 1P_DP2TP2:1D_TP2 --requests 32 --foreign-side decode \
+      --foreign-driver python3 --foreign-driver-arg tests/moriio/mixed.py ...
+      (cargo xtask moriio-conformance runs vLLM 0.33's MoRIIO code this way)
 
 Every rank is a real `pdkv connector` process on 127.0.0.1 with its handshake and notify
 listeners at the ports the core computes; prefill fills each block with a pattern of (request,
@@ -96,9 +100,29 @@ pub struct ClusterArgs {
     /// Fault: a decode rank drops its first N releases (RANK=N, e.g. D0.dp0.tp1=2; repeatable).
     #[arg(long, value_parser = parse_drop)]
     drop_releases: Vec<(RankId, u32)>,
+    /// Let another connector's code play this whole side, through --foreign-driver (its
+    /// engines follow --foreign-rules; a prefill side keeps pdkv data-plane servers).
+    #[arg(long, value_enum, requires = "foreign_driver")]
+    foreign_side: Option<SideArg>,
+    /// The program that plays the foreign side (speaks the line protocol of
+    /// backend-rdma/src/cluster/foreign.rs on its standard input and output).
+    #[arg(long, requires = "foreign_side")]
+    foreign_driver: Option<std::path::PathBuf>,
+    /// An argument for the foreign driver (repeatable, in order).
+    #[arg(long, allow_hyphen_values = true, requires = "foreign_driver")]
+    foreign_driver_arg: Vec<String>,
+    /// The rules the foreign side's engines follow.
+    #[arg(long, default_value = "vllm-0.33", requires = "foreign_side")]
+    foreign_rules: PeerRules,
     /// Print the result as JSON on stdout.
     #[arg(long)]
     json: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum SideArg {
+    Prefill,
+    Decode,
 }
 
 /// Parses `P0.dp0.tp1` or `D1.dp2.tp3`.
@@ -158,6 +182,17 @@ pub fn run(args: &ClusterArgs) -> ExitCode {
     }
     for &(rank, count) in &args.drop_releases {
         config.faults.push(Fault::DropReleases { rank, count });
+    }
+    if let (Some(side), Some(program)) = (args.foreign_side, &args.foreign_driver) {
+        config.foreign = Some(Foreign {
+            side: match side {
+                SideArg::Prefill => Role::Prefill,
+                SideArg::Decode => Role::Decode,
+            },
+            rules: args.foreign_rules,
+            program: program.clone(),
+            args: args.foreign_driver_arg.clone(),
+        });
     }
     // Ctrl-C or a SIGTERM stops the run in order: the ranks shut down and the partial result is
     // still written.
@@ -255,6 +290,20 @@ fn render(r: &ClusterResult) -> String {
          {} strangers refused",
         p.started, p.exited_cleanly, p.killed_by_fault, p.killed_at_shutdown, p.failed, p.refused
     );
+    if let Some(f) = &r.foreign {
+        let stats: Vec<String> = f.stats.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        let _ = writeln!(
+            s,
+            "  foreign        {} side under {} rules: {} requests received, {} transfers finished, \
+             {} unexpected finishes; driver: {}",
+            f.side,
+            f.rules,
+            f.received,
+            f.finished,
+            f.unexpected_finishes,
+            if stats.is_empty() { "no counters".to_string() } else { stats.join(", ") }
+        );
+    }
     for fault in &r.faults {
         let _ = writeln!(s, "  fault          {fault}");
     }

@@ -227,6 +227,7 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
         Policy::from(&setup.legacy),
         setup.address.engine_id(),
     );
+    config.peers = setup.peers.clone();
     config.handshake_timeout_ns = setup.handshake_timeout_ms * NS_PER_MS;
     config.transfer_timeout_ns = setup.transfer_timeout_ms * NS_PER_MS;
     config.granularity =
@@ -249,7 +250,7 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
     let (notify_tx, notify_rx) = mpsc::channel();
     let (tx, identity) = (ctx.tx.clone(), rank.to_string());
     thread::spawn(move || notifier(notify_rx, identity, tx));
-    ctx.link.send(&FromRank::Ready { data_addr: None, memory: "host".into() })?;
+    ctx.link.send(&FromRank::Ready { data_addr: None, memory: "host".into(), handshake: None })?;
 
     // Data-plane address of each session, from the handshake's `agent_metadata`.
     let mut data: BTreeMap<SessionKey, Endpoint> = BTreeMap::new();

@@ -320,7 +320,7 @@ fn start(ctx: &mut Context) -> Result<Started, String> {
         rank: Some(RankInfo { dp_rank: rank.dp, tp_rank: rank.tp, tp_size: layout.tp }),
         extensions: Extensions::ALL,
     };
-    let layers = bases
+    let layers: Vec<LayerMemoryDesc> = bases
         .iter()
         .enumerate()
         .map(|(l, &base)| LayerMemoryDesc {
@@ -329,13 +329,26 @@ fn start(ctx: &mut Context) -> Result<Started, String> {
         })
         .collect();
     let policy = Policy::from(&setup.legacy);
-    let worker = PrefillWorker::new(rank, metadata, layers, &policy);
 
+    // Another connector's code plays this rank's control plane: it gets the handshake reply
+    // this rank would send, and the rank binds no listener of its own.
+    let handshake = setup.data_plane_only.then(|| {
+        [
+            wire::encode(&ControlMessage::HandshakeMetadata(metadata.clone())),
+            wire::encode_layer_memory_descs(&layers),
+        ]
+    });
+    let worker = PrefillWorker::new(rank, metadata, layers, &policy);
     // The listeners bind exactly where the core says this rank listens.
-    for (kind, serve) in [
-        (ListenerKind::Handshake, serve_handshake as fn(_, _, _)),
-        (ListenerKind::Notify, serve_notify as fn(_, _, _)),
-    ] {
+    let listeners = if setup.data_plane_only {
+        Vec::new()
+    } else {
+        vec![
+            (ListenerKind::Handshake, serve_handshake as fn(_, _, _)),
+            (ListenerKind::Notify, serve_notify as fn(_, _, _)),
+        ]
+    };
+    for (kind, serve) in listeners {
         let endpoint = address.listen(layout, rank, kind, &policy).map_err(|e| e.to_string())?;
         let addr = resolve(&endpoint)?;
         let listener =
@@ -343,7 +356,7 @@ fn start(ctx: &mut Context) -> Result<Started, String> {
         spawn_listener(listener, ctx.tx.clone(), serve);
     }
     ctx.link
-        .send(&FromRank::Ready { data_addr: Some(data_addr.to_string()), memory })
+        .send(&FromRank::Ready { data_addr: Some(data_addr.to_string()), memory, handshake })
         .map_err(|e| e.to_string())?;
     Ok(Started { worker, kv, server })
 }
@@ -384,7 +397,11 @@ fn serve(mut ctx: Context, started: Started) -> Result<(), ConnectorError> {
                         })?;
                     }
                 }
-                worker.handle(now, WorkerEvent::Retired { transfer_id }, &mut out);
+                // A data-plane-only rank's worker never heard of the transfer: the control
+                // plane that registered it is another connector's.
+                if !ctx.setup.data_plane_only {
+                    worker.handle(now, WorkerEvent::Retired { transfer_id }, &mut out);
+                }
             }
             Input::Sched(ToRank::Fence { transfer_id, blocks }) => {
                 if let Err(e) = kv.fence(&blocks).and_then(|()| server.fenced(&kv.bases)) {

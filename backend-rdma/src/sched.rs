@@ -13,6 +13,7 @@ use std::io::{self, Read, Write};
 use pdkv_core::ids::{EngineId, RankId, RequestId, TransferId};
 use pdkv_core::legacy::LegacyOptions;
 use pdkv_core::params::KvTransferParams;
+use pdkv_core::policy::PeerBook;
 use pdkv_core::ports::EngineAddress;
 use pdkv_core::release::Quorum;
 use pdkv_core::topology::ModelSpec;
@@ -84,6 +85,15 @@ pub struct Setup {
     /// Which start of this rank this is (0 first); prefill regions of each incarnation get
     /// their own addresses, so a read meant for a dead incarnation cannot land in a new one.
     pub incarnation: u32,
+    /// The rules each engine of the deployment follows: a decode rank releases and dials each
+    /// prefill engine under the rules it meets it with ([`PeerBook::between`]).
+    #[serde(default)]
+    pub peers: PeerBook,
+    /// Prefill: serve only the data plane, and hand the handshake reply to the scheduler in
+    /// [`FromRank::Ready`] instead of binding listeners, because another connector's code plays
+    /// this rank's control plane (`pdkv cluster --foreign-side prefill`).
+    #[serde(default)]
+    pub data_plane_only: bool,
 }
 
 /// One request a decode group takes at a step (the core's `RecvRequest`, in wire form).
@@ -198,6 +208,11 @@ pub enum FromRank {
         data_addr: Option<String>,
         /// Which memory holds the KV, in words (host, or a HIP device).
         memory: String,
+        /// A data-plane-only prefill rank ([`Setup::data_plane_only`]): the two payloads of the
+        /// handshake reply it would have sent (metadata, then the layers' memory descriptors),
+        /// for the connector that plays its control plane.
+        #[serde(default)]
+        handshake: Option<[Vec<u8>; 2]>,
     },
     /// The rank could not start; it exits after sending this.
     SetupFailed {

@@ -6,6 +6,7 @@ use std::sync::atomic::AtomicI32;
 
 use pdkv_core::ids::{RankId, Role};
 use pdkv_core::legacy::LegacyOptions;
+use pdkv_core::policy::{PeerBook, PeerRules};
 use pdkv_core::topology::{Deployment, ModelSpec};
 
 use crate::sched::TransportKind;
@@ -30,6 +31,37 @@ pub enum Fault {
         /// How many.
         count: u32,
     },
+}
+
+/// One side of the deployment played by another connector's code, through a driver process
+/// that speaks the protocol of `foreign.rs` on its standard input and output.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Foreign {
+    /// Which side the driver plays: all of that side's engines.
+    pub side: Role,
+    /// The rules that side's engines follow (never pdkv's own: that side would be pdkv).
+    pub rules: PeerRules,
+    /// The driver program and its arguments.
+    pub program: PathBuf,
+    /// Arguments given to the program.
+    pub args: Vec<String>,
+}
+
+impl Fault {
+    /// The rank the fault hits.
+    pub fn rank(&self) -> RankId {
+        match *self {
+            Fault::KillPrefill { rank, .. } | Fault::DropReleases { rank, .. } => rank,
+        }
+    }
+
+    /// The command-line flag that asks for it.
+    pub fn flag(&self) -> String {
+        match *self {
+            Fault::KillPrefill { rank, .. } => format!("--kill {rank}"),
+            Fault::DropReleases { rank, count } => format!("--drop-releases {rank}={count}"),
+        }
+    }
 }
 
 /// What to run.
@@ -67,6 +99,8 @@ pub struct ClusterConfig {
     pub timeout_ms: u64,
     /// Faults to inject.
     pub faults: Vec<Fault>,
+    /// A side played by another connector's code, if any.
+    pub foreign: Option<Foreign>,
     /// Where to look for a stop request: a signal number (nonzero) stops the run in order,
     /// with a partial result whose outcome is `interrupted` ([`crate::signals::CAUGHT`] for the
     /// command line).
@@ -126,6 +160,20 @@ impl ClusterConfig {
                         --features rdma)"
                 .into());
         }
+        if let Some(foreign) = &self.foreign {
+            if foreign.rules == PeerRules::Pdkv {
+                return Err("--foreign-rules pdkv: the foreign side follows another connector's rules \
+                            (pdkv's own side needs no driver)"
+                    .into());
+            }
+            if let Some(fault) = self.faults.iter().find(|f| f.rank().engine.role == foreign.side) {
+                return Err(format!(
+                    "{}: {} is played by the foreign driver, which takes no injected faults",
+                    fault.flag(),
+                    fault.rank()
+                ));
+            }
+        }
         for fault in &self.faults {
             match *fault {
                 Fault::KillPrefill { rank, after, restart_after_ms } => {
@@ -180,8 +228,21 @@ impl ClusterConfig {
             defer_timeout_ms: 60_000,
             timeout_ms: 120_000,
             faults: Vec::new(),
+            foreign: None,
             stop: None,
         }
+    }
+
+    /// The rules each engine follows: pdkv's, but the foreign side's engines follow theirs.
+    pub fn peers(&self, d: &Deployment) -> PeerBook {
+        let mut book = PeerBook::pdkv();
+        if let Some(foreign) = &self.foreign {
+            for index in 0..d.engines(foreign.side).len() {
+                let engine = pdkv_core::ids::EngineId { role: foreign.side, index: index as u16 };
+                book.set(engine, foreign.rules);
+            }
+        }
+        book
     }
 
     /// The model the ranks serve: DeepSeek-R1's MLA row (576 bytes per token per layer), or a

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use pdkv_core::group::{DecodeGroup, GroupEvent, StepReport};
 use pdkv_core::ids::{EngineId, RankId, RequestId, Role, TransferId};
-use pdkv_core::policy::Policy;
+use pdkv_core::policy::{PeerBook, Policy};
 use pdkv_core::ports::EngineAddress;
 use pdkv_core::prefill::{EngineEvent, PrefillEngine};
 use pdkv_core::proxy::Proxy;
@@ -37,6 +37,7 @@ use crate::sched::{FromRank, Recv};
 mod config;
 mod decode_sched;
 mod faults;
+mod foreign;
 mod prefill_sched;
 mod procs;
 mod result;
@@ -44,9 +45,10 @@ mod result;
 mod tests;
 
 pub use config::{
-    ClusterConfig, ClusterError, Fault, MAX_CLUSTER_RANKS, MAX_CONCURRENCY, MAX_LAYERS, MAX_REQUESTS,
-    MAX_TIMEOUT_MS, MIN_TIMEOUT_MS,
+    ClusterConfig, ClusterError, Fault, Foreign, MAX_CLUSTER_RANKS, MAX_CONCURRENCY, MAX_LAYERS,
+    MAX_REQUESTS, MAX_TIMEOUT_MS, MIN_TIMEOUT_MS,
 };
+pub use foreign::ForeignReport;
 pub use pdkv_sim::result::{Summary, ViolationKind};
 use procs::{free_ports, new_token, Acceptor, Admission, Ev, RankProc};
 pub use result::{
@@ -183,6 +185,18 @@ struct Cluster {
     admission: Arc<Mutex<Admission>>,
     processes: Processes,
     started_at: std::time::Instant,
+    /// The rules each engine follows (pdkv's, or the foreign side's).
+    peers: PeerBook,
+    /// The driver playing the foreign side, if any ([`foreign`]).
+    driver: Option<foreign::Driver>,
+    /// Foreign prefill: each data-plane-only rank's handshake reply, for the driver's setup.
+    foreign_replies: BTreeMap<RankId, [Vec<u8>; 2]>,
+    /// Foreign decode: requests handed to the driver and not yet answered.
+    foreign_pending: BTreeSet<RequestId>,
+    /// Foreign prefill: transfers each foreign rank reported finished (a second report is a
+    /// violation).
+    foreign_finished: BTreeSet<(RankId, TransferId)>,
+    foreign_report: ForeignReport,
 }
 
 /// Runs a cluster to the end and reports; `progress` is called as requests end.
@@ -230,10 +244,18 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
     let mut acceptor =
         Acceptor::start(listener, tx.clone(), admission.clone()).map_err(ClusterError::Start)?;
     let policy = Policy::from(&config.legacy);
+    let peers = config.peers(&d);
     let engines = PrefillEngine::for_deployment(&d, policy)
         .into_iter()
-        .map(|engine| engine.with_defer_timeout_ns(config.defer_timeout_ms * NS_PER_MS))
+        .map(|engine| {
+            engine.with_defer_timeout_ns(config.defer_timeout_ms * NS_PER_MS).with_peers(peers.clone())
+        })
         .collect();
+    let foreign_report = config.foreign.as_ref().map_or_else(ForeignReport::default, |f| ForeignReport {
+        side: f.side.name().to_string(),
+        rules: f.rules.to_string(),
+        ..ForeignReport::default()
+    });
     let pgroups = d
         .prefill
         .iter()
@@ -306,6 +328,12 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
         admission,
         processes: Processes::default(),
         started_at: std::time::Instant::now(),
+        peers,
+        driver: None,
+        foreign_replies: BTreeMap::new(),
+        foreign_pending: BTreeSet::new(),
+        foreign_finished: BTreeSet::new(),
+        foreign_report,
         addresses,
         d,
         config,
@@ -332,9 +360,12 @@ impl Cluster {
         let now = self.clock.now();
         match msg {
             FromRank::Hello { .. } | FromRank::Heartbeat => {}
-            FromRank::Ready { data_addr, memory } => {
+            FromRank::Ready { data_addr, memory, handshake } => {
                 if rank.engine.role == Role::Prefill {
                     self.memory.insert(memory);
+                }
+                if let Some(reply) = handshake {
+                    self.foreign_replies.insert(rank, reply);
                 }
                 let proc = self.ranks.get_mut(&rank).expect("known rank");
                 proc.ready = true;

@@ -8,9 +8,9 @@ use pdkv_core::params::{extension_names, KvTransferParams};
 use pdkv_core::prefill::{EngineAction, EngineEvent};
 use pdkv_core::proxy::ProxyAction;
 use pdkv_core::topology::Layout;
-use pdkv_core::wire::Extensions;
 use pdkv_sim::result::ViolationKind;
 
+use super::foreign::ToDriver;
 use super::{Cluster, Req, Violation, NS_PER_MS};
 use crate::sched::{Recv, ToRank};
 
@@ -202,8 +202,9 @@ impl Cluster {
             remote_notify_port: Some(i64::from(address.notify_port_base)),
             remote_dp_size: Some(i64::from(layout.dp)),
             tp_size: Some(i64::from(layout.tp)),
-            // Every prefill rank of the cluster is a pdkv connector, which takes read leases.
-            pdkv_extensions: extension_names(Extensions::ALL),
+            // What the engine's connector advertises: every pdkv extension, or none from an
+            // engine another connector plays.
+            pdkv_extensions: extension_names(self.peers.rules(engine).extensions()),
             ..KvTransferParams::default()
         };
         match self.proxy.handle_prefill_response(id, answer) {
@@ -216,6 +217,10 @@ impl Cluster {
                 if let Some(gone) = self.gone_rank_of_group(slot.engine, slot.dp()) {
                     // Registered already: the reaper frees what the dead group never releases.
                     self.end(id, Some(vec![format!("{gone} is gone")]));
+                    return;
+                }
+                if self.is_foreign(slot.engine) {
+                    self.foreign_recv(id, slot.engine, slot.dp(), params);
                     return;
                 }
                 let recv = Recv {
@@ -254,16 +259,43 @@ impl Cluster {
                     if let Some(proc) = self.ranks.get(&rank).filter(|p| p.alive) {
                         self.registered.insert((rank, transfer_id.clone()), proc.incarnation);
                     }
-                    self.send(rank, &ToRank::Register { transfer_id, quorum });
+                    if self.is_foreign(rank.engine) {
+                        // The foreign rank counts its releases by its own rules; the quorum is
+                        // pdkv's model of them and stays with the engine node.
+                        let request =
+                            self.request_of(&transfer_id).map_or_else(String::new, |id| id.0.to_string());
+                        let msg = ToDriver::Register {
+                            transfer_id: transfer_id.0,
+                            request,
+                            engine: rank.engine.index,
+                            dp: rank.dp,
+                            tp: rank.tp,
+                        };
+                        self.tell_driver(&msg);
+                    } else {
+                        self.send(rank, &ToRank::Register { transfer_id, quorum });
+                    }
                 }
                 EngineAction::GroupDone { rank, transfer_id } => {
-                    if self.holds_registration(rank, &transfer_id) {
+                    // A foreign rank has no such notice: its own accounting finished it.
+                    if self.holds_registration(rank, &transfer_id) && !self.is_foreign(rank.engine) {
                         self.send(rank, &ToRank::GroupDone { transfer_id });
                     }
                 }
                 EngineAction::Retire { rank, transfer_id } => {
                     if self.holds_registration(rank, &transfer_id) {
+                        // A foreign rank's data-plane server fences the blocks; its driver
+                        // forgets the transfer.
                         self.send(rank, &ToRank::Retire { transfer_id: transfer_id.clone() });
+                        if self.is_foreign(rank.engine) {
+                            let msg = ToDriver::Retire {
+                                transfer_id: transfer_id.0.clone(),
+                                engine: rank.engine.index,
+                                dp: rank.dp,
+                                tp: rank.tp,
+                            };
+                            self.tell_driver(&msg);
+                        }
                     }
                     self.registered.remove(&(rank, transfer_id));
                 }

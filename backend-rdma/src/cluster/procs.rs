@@ -16,16 +16,33 @@ use pdkv_core::group::GroupEvent;
 use pdkv_core::ids::{EngineId, RankId, RequestId, Role};
 use pdkv_core::prefill::EngineEvent;
 
+use super::foreign::{Driver, ToDriver};
 use super::{Cluster, Fault, EXIT_TIMEOUT, HEARTBEAT_TIMEOUT, MAX_PROBLEMS, POLL, START_TIMEOUT};
 use crate::sched::{
     read_frame, read_frame_within, write_frame, FromRank, Setup, ToRank, MAX_HELLO_BYTES, TOKEN_ENV,
 };
 
 pub(super) enum Ev {
-    Joined { rank: RankId, stream: TcpStream },
-    Refused { rank: RankId, pid: u32, reason: String },
-    Msg { rank: RankId, incarnation: u32, msg: FromRank },
-    Gone { rank: RankId, incarnation: u32 },
+    Joined {
+        rank: RankId,
+        stream: TcpStream,
+    },
+    Refused {
+        rank: RankId,
+        pid: u32,
+        reason: String,
+    },
+    Msg {
+        rank: RankId,
+        incarnation: u32,
+        msg: FromRank,
+    },
+    Gone {
+        rank: RankId,
+        incarnation: u32,
+    },
+    /// The foreign side's driver said something ([`super::foreign`]).
+    Driver(super::foreign::DriverEvent),
 }
 
 pub(super) struct RankProc {
@@ -252,12 +269,19 @@ impl Cluster {
             per_request_reads: false,
             drop_releases,
             incarnation,
+            peers: self.peers.clone(),
+            data_plane_only: self.is_foreign(rank.engine),
         }
     }
 
     pub(super) fn start_all(&mut self, rx: &Receiver<Ev>, tx: &Sender<Ev>) -> Result<(), String> {
-        let all: Vec<RankId> =
-            [Role::Prefill, Role::Decode].into_iter().flat_map(|r| self.d.ranks(r)).collect();
+        // A foreign decode side has no pdkv process at all; a foreign prefill side's ranks are
+        // pdkv data-plane servers whose control plane the driver plays.
+        let all: Vec<RankId> = [Role::Prefill, Role::Decode]
+            .into_iter()
+            .filter(|&r| r == Role::Prefill || self.foreign_side() != Some(Role::Decode))
+            .flat_map(|r| self.d.ranks(r))
+            .collect();
         for &rank in &all {
             self.spawn(rank, 0)?;
         }
@@ -283,6 +307,34 @@ impl Cluster {
                         START_TIMEOUT.as_secs(),
                         missing.join(", ")
                     ));
+                }
+            }
+        }
+        if let Some(foreign) = self.config.foreign.clone() {
+            let setup = self.driver_setup()?;
+            let deadline = std::time::Instant::now() + START_TIMEOUT;
+            let mut driver = Driver::start(&foreign, tx.clone())?;
+            driver.send(&setup);
+            self.driver = Some(driver);
+            while !self.driver.as_ref().is_some_and(|d| d.ready) {
+                if self.stop_requested() {
+                    return Ok(());
+                }
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                match rx.recv_timeout(left.min(POLL)) {
+                    Ok(ev) => {
+                        if let Some(error) = self.on_event(ev, tx) {
+                            return Err(error);
+                        }
+                    }
+                    Err(RecvTimeoutError::Timeout) if !left.is_zero() => {}
+                    Err(_) => {
+                        return Err(format!(
+                            "the foreign driver {} was not ready after {} s",
+                            foreign.program.display(),
+                            START_TIMEOUT.as_secs()
+                        ))
+                    }
                 }
             }
         }
@@ -339,6 +391,7 @@ impl Cluster {
                 self.send(rank, &ToRank::Setup(setup));
             }
             Ev::Refused { rank, pid, reason } => self.refused(rank, pid, &reason),
+            Ev::Driver(event) => return self.on_driver(event),
             Ev::Msg { rank, incarnation, msg } => {
                 let proc = self.ranks.get_mut(&rank).filter(|p| p.incarnation == incarnation)?;
                 proc.last_heard = std::time::Instant::now();
@@ -492,8 +545,12 @@ impl Cluster {
             self.send(rank, &ToRank::Shutdown);
         }
         let deadline = std::time::Instant::now() + EXIT_TIMEOUT;
+        self.tell_driver(&ToDriver::Shutdown);
         // Collect goodbyes (and anything else still in flight) until every live rank left.
-        while self.ranks.values().any(|p| p.alive && p.writer.is_some() && !p.said_bye) {
+        let driver_owes_bye = |c: &Cluster| c.driver.as_ref().is_some_and(|d| !d.said_bye && !d.closed);
+        while self.ranks.values().any(|p| p.alive && p.writer.is_some() && !p.said_bye)
+            || driver_owes_bye(self)
+        {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             match rx.recv_timeout(left) {
                 Ok(Ev::Msg { rank, incarnation, msg: FromRank::Bye { .. } }) => {
@@ -507,8 +564,18 @@ impl Cluster {
                     }
                 }
                 Ok(Ev::Refused { rank, pid, reason }) => self.refused(rank, pid, &reason),
+                Ok(Ev::Driver(event)) => {
+                    if let Some(error) = self.on_driver(event) {
+                        self.problem(error);
+                    }
+                }
                 Ok(_) => {}
                 Err(_) => break,
+            }
+        }
+        if let Some(driver) = self.driver.take() {
+            if let Err(e) = driver.finish(deadline) {
+                self.problem(e);
             }
         }
         for proc in self.ranks.values_mut() {

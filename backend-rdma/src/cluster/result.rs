@@ -169,6 +169,9 @@ pub struct ClusterResult {
     /// Notes from the ranks (lost notify messages, reap warnings), each once with its count, at
     /// most 64 different ones.
     pub problems: Vec<String>,
+    /// The side another connector's code played (`--foreign-side`), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub foreign: Option<super::ForeignReport>,
 }
 
 impl ClusterResult {
@@ -341,6 +344,7 @@ impl Cluster {
                 })
                 .collect(),
             problems,
+            foreign: self.config.foreign.as_ref().map(|_| self.foreign_report.clone()),
         }
     }
 }

@@ -77,6 +77,9 @@ pub enum Wire {
     ReadLease,
     /// Agent metadata from the other implementation, decoded.
     AgentMetadata,
+    /// A stream of requests through a deployment with vLLM's code on one side and pdkv's
+    /// processes on the other, every transfer accounted once on both sides.
+    Mixed,
 }
 
 impl Wire {
@@ -86,6 +89,7 @@ impl Wire {
             Wire::ReleaseNotify => "release notify (wire)",
             Wire::ReadLease => "read lease (wire)",
             Wire::AgentMetadata => "foreign agent_metadata (wire)",
+            Wire::Mixed => "mixed deployment, end to end",
         }
     }
 }

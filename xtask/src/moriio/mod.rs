@@ -9,6 +9,7 @@
 mod answers;
 mod compare;
 mod matrix;
+mod mixed;
 mod wheel;
 
 use std::fmt;
@@ -221,6 +222,17 @@ fn conformance(root: &Path, options: &Options) -> Result<bool, ConformanceError>
 
     let mut matrix = matrix::Matrix::default();
     for case in compare::cases(&answers) {
+        matrix.add(case);
+    }
+    eprintln!("moriio-conformance: mixed deployments: vLLM's MoRIIO code on one side, pdkv's processes on the other");
+    if !crate::cargo(&["build", "--release", "--quiet", "--package", "pdkv", "--bin", "pdkv"], &[]) {
+        return Err(ConformanceError::Harness {
+            detail: "cannot build pdkv for the mixed deployments".into(),
+        });
+    }
+    let pdkv = target.join("release/pdkv");
+    let tools = mixed::Tools { pdkv: &pdkv, python: &python, root, vllm_src: &src };
+    for case in mixed::cases(&tools, options.verbose) {
         matrix.add(case);
     }
     print_report(&answers, &matrix);

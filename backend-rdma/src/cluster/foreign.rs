@@ -1,0 +1,515 @@
+//! The foreign side of a mixed run (`pdkv cluster --foreign-side prefill|decode`): a driver
+//! process plays every engine of one side with another connector's code (vLLM 0.33's MoRIIO, in
+//! tests/moriio/mixed.py), while pdkv's connector processes play the other side.
+//!
+//! The scheduler talks to the driver over its standard input and output, one JSON object per
+//! line, each with an `op`; byte strings are lowercase hex. The driver's standard error is the
+//! run's. To the driver:
+//!
+//! - `setup`: the side, its rules, the host, the model, the foreign engines (DP and TP sizes,
+//!   port bases, engine id), and on the prefill side every rank's handshake reply (metadata
+//!   fields and layer descriptors), which its pdkv data-plane server stands behind. The driver
+//!   binds that side's listeners where its own code puts them, and answers `ready` (or `error`,
+//!   and exits).
+//! - `recv` (decode side): a decode DP group takes a request with the proxy's
+//!   `kv_transfer_params`; the driver answers `received` once every TP rank of the group
+//!   handshook and released, or with `ok: false` and the error its code raised.
+//! - `register` / `retire` (prefill side): a rank holds a transfer / the engine freed it. The
+//!   driver answers `finished` when that rank's own ack accounting completes the transfer,
+//!   exactly when its code reports it; the engine node counts these as the rank's finish.
+//! - `shutdown`: the driver answers `bye` with its counters and exits.
+//!
+//! At any time the driver may send `problem` (something to report, not fatal).
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::Sender;
+use std::thread;
+
+use pdkv_core::ids::{EngineId, RankId, RequestId, Role, TransferId};
+use pdkv_core::params::KvTransferParams;
+use pdkv_core::wire::{self, ControlMessage};
+use serde::{Deserialize, Serialize};
+
+use super::config::Foreign;
+use super::procs::Ev;
+use super::{Cluster, Violation};
+use pdkv_sim::result::ViolationKind;
+
+/// Longest line the driver may send: a `bye` with a few hundred counters fits many times.
+const MAX_LINE_BYTES: u64 = 1 << 20;
+
+/// The model as the driver needs it.
+#[derive(Clone, Debug, Serialize)]
+pub(super) struct ModelView {
+    use_mla: bool,
+    kv_heads: u16,
+    layers: u16,
+    block_size_tokens: u32,
+}
+
+/// A foreign engine: its shape and where its listeners are based.
+#[derive(Clone, Debug, Serialize)]
+pub(super) struct EngineView {
+    engine: u16,
+    dp: u16,
+    tp: u16,
+    handshake_port_base: u16,
+    notify_port_base: u16,
+    engine_id: String,
+}
+
+/// The handshake metadata a foreign prefill rank's listener answers with: pdkv's data-plane
+/// descriptor as the `agent_metadata`, the rank's KV regions.
+#[derive(Clone, Debug, Serialize)]
+pub(super) struct MetadataView {
+    engine_id: String,
+    agent_metadata: String,
+    kv_caches_base_addr: Vec<u64>,
+    num_blocks: u32,
+    block_len: u64,
+    attn_backend_name: String,
+}
+
+/// One layer's memory descriptors.
+#[derive(Clone, Debug, Serialize)]
+pub(super) struct LayerView {
+    name: String,
+    descs: Vec<String>,
+}
+
+/// A foreign prefill rank and the handshake reply its listener gives.
+#[derive(Clone, Debug, Serialize)]
+pub(super) struct RankView {
+    engine: u16,
+    dp: u16,
+    tp: u16,
+    metadata: MetadataView,
+    layers: Vec<LayerView>,
+}
+
+/// Scheduler to driver.
+#[derive(Clone, Debug, Serialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub(super) enum ToDriver {
+    Setup {
+        side: &'static str,
+        rules: String,
+        host: String,
+        model: ModelView,
+        engines: Vec<EngineView>,
+        ranks: Vec<RankView>,
+    },
+    Recv {
+        request: String,
+        engine: u16,
+        dp: u16,
+        params: KvTransferParams,
+        local_block_ids: Vec<u32>,
+    },
+    Register {
+        transfer_id: String,
+        request: String,
+        engine: u16,
+        dp: u16,
+        tp: u16,
+    },
+    Retire {
+        transfer_id: String,
+        engine: u16,
+        dp: u16,
+        tp: u16,
+    },
+    Shutdown,
+}
+
+/// Driver to scheduler.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub(super) enum FromDriver {
+    // A struct variant, so that `deny_unknown_fields` sees its fields.
+    Ready {},
+    Error {
+        detail: String,
+    },
+    Received {
+        request: String,
+        ok: bool,
+        #[serde(default)]
+        error: Option<String>,
+    },
+    Finished {
+        transfer_id: String,
+        engine: u16,
+        dp: u16,
+        tp: u16,
+    },
+    Problem {
+        detail: String,
+    },
+    Bye {
+        #[serde(default)]
+        stats: BTreeMap<String, u64>,
+    },
+}
+
+/// What the reader thread hands the scheduler.
+pub(super) enum DriverEvent {
+    /// A line, parsed.
+    Msg(FromDriver),
+    /// A line that is not a message of the protocol (the text says what and which line).
+    Garbled(String),
+    /// The driver closed its output (it exited, or is about to).
+    Closed,
+}
+
+/// The running driver.
+pub(super) struct Driver {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    pub(super) ready: bool,
+    pub(super) said_bye: bool,
+    pub(super) closed: bool,
+}
+
+impl Driver {
+    /// Starts the driver; its lines arrive on `tx` as [`Ev::Driver`].
+    pub(super) fn start(foreign: &Foreign, tx: Sender<Ev>) -> Result<Driver, String> {
+        let mut child = Command::new(&foreign.program)
+            .args(&foreign.args)
+            // Its own process group, as the connectors: a Ctrl-C reaches only `pdkv cluster`.
+            .process_group(0)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot start the foreign driver {}: {e}", foreign.program.display()))?;
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().expect("stdout was piped");
+        thread::spawn(move || read_lines(stdout, &tx));
+        Ok(Driver { child, stdin, ready: false, said_bye: false, closed: false })
+    }
+
+    /// Sends one message; a driver that stopped reading is noted by the caller's next event.
+    pub(super) fn send(&mut self, msg: &ToDriver) {
+        let Some(stdin) = self.stdin.as_mut() else { return };
+        let mut line = serde_json::to_vec(msg).expect("driver messages serialise");
+        line.push(b'\n');
+        if stdin.write_all(&line).and_then(|()| stdin.flush()).is_err() {
+            self.stdin = None;
+        }
+    }
+
+    /// Waits for the driver to exit until `deadline`, then kills it; `Ok` for a clean exit.
+    pub(super) fn finish(mut self, deadline: std::time::Instant) -> Result<(), String> {
+        drop(self.stdin.take());
+        while std::time::Instant::now() < deadline {
+            match self.child.try_wait() {
+                Ok(Some(status)) if status.success() => return Ok(()),
+                Ok(Some(status)) => return Err(format!("the foreign driver exited with {status}")),
+                Ok(None) => thread::sleep(std::time::Duration::from_millis(5)),
+                Err(e) => return Err(format!("cannot wait for the foreign driver: {e}")),
+            }
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        Err("the foreign driver did not exit after shutdown and was killed".into())
+    }
+}
+
+/// Reads the driver's lines until it closes its output, each line bounded.
+fn read_lines(stdout: impl Read, tx: &Sender<Ev>) {
+    let mut reader = BufReader::new(stdout);
+    let mut number = 0u64;
+    loop {
+        let mut line = Vec::new();
+        match (&mut reader).take(MAX_LINE_BYTES + 1).read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        number += 1;
+        let event = if line.last() != Some(&b'\n') && line.len() as u64 > MAX_LINE_BYTES {
+            let _ = tx.send(Ev::Driver(DriverEvent::Garbled(format!(
+                "line {number} of the foreign driver is longer than {MAX_LINE_BYTES} bytes; \
+                 no longer reading it"
+            ))));
+            break;
+        } else {
+            parse_line(number, &line)
+        };
+        if tx.send(Ev::Driver(event)).is_err() {
+            return;
+        }
+    }
+    let _ = tx.send(Ev::Driver(DriverEvent::Closed));
+}
+
+/// One line of the driver, parsed, or what is wrong with it.
+fn parse_line(number: u64, line: &[u8]) -> DriverEvent {
+    match serde_json::from_slice::<FromDriver>(line.trim_ascii()) {
+        Ok(msg) => DriverEvent::Msg(msg),
+        Err(e) => {
+            let shown = String::from_utf8_lossy(&line[..line.len().min(120)]).trim_end().to_string();
+            DriverEvent::Garbled(format!("line {number} of the foreign driver ({shown:?}): {e}"))
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What the run saw of the foreign side, for the result.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ForeignReport {
+    /// Which side the driver played.
+    pub side: String,
+    /// The rules it follows.
+    pub rules: String,
+    /// Decode side: requests the driver's decode groups handled without an error.
+    pub received: u64,
+    /// Prefill side: transfers the driver's ranks reported finished (one per rank holding it).
+    pub finished: u64,
+    /// Prefill side: a report of a transfer the rank did not hold, or reported twice (must be 0).
+    pub unexpected_finishes: u64,
+    /// The driver's own counters, from its goodbye.
+    pub stats: BTreeMap<String, u64>,
+}
+
+impl Cluster {
+    pub(super) fn foreign_side(&self) -> Option<Role> {
+        self.config.foreign.as_ref().map(|f| f.side)
+    }
+
+    pub(super) fn is_foreign(&self, engine: EngineId) -> bool {
+        self.foreign_side() == Some(engine.role)
+    }
+
+    /// The setup message: the foreign engines, and on the prefill side each rank's reply.
+    pub(super) fn driver_setup(&self) -> Result<ToDriver, String> {
+        let foreign = self.config.foreign.as_ref().expect("a foreign side");
+        let side = foreign.side;
+        let engines = self
+            .d
+            .engines(side)
+            .iter()
+            .enumerate()
+            .map(|(i, layout)| {
+                let address = &self.addresses[&EngineId { role: side, index: i as u16 }];
+                EngineView {
+                    engine: i as u16,
+                    dp: layout.dp,
+                    tp: layout.tp,
+                    handshake_port_base: address.handshake_port_base,
+                    notify_port_base: address.notify_port_base,
+                    engine_id: address.engine_id(),
+                }
+            })
+            .collect();
+        let mut ranks = Vec::new();
+        if side == Role::Prefill {
+            for rank in self.d.ranks(Role::Prefill) {
+                let [metadata, layers] = self
+                    .foreign_replies
+                    .get(&rank)
+                    .ok_or_else(|| format!("{rank} gave no handshake reply for the foreign driver"))?;
+                let metadata = match wire::decode(metadata) {
+                    Ok(ControlMessage::HandshakeMetadata(m)) => m,
+                    other => return Err(format!("{rank}'s handshake metadata does not decode: {other:?}")),
+                };
+                let layers = wire::decode_layer_memory_descs(layers)
+                    .map_err(|e| format!("{rank}'s layer descriptors do not decode: {e}"))?;
+                ranks.push(RankView {
+                    engine: rank.engine.index,
+                    dp: rank.dp,
+                    tp: rank.tp,
+                    metadata: MetadataView {
+                        engine_id: metadata.engine_id,
+                        agent_metadata: hex(&metadata.agent_metadata),
+                        kv_caches_base_addr: metadata.kv_caches_base_addr,
+                        num_blocks: metadata.num_blocks,
+                        block_len: metadata.block_len,
+                        attn_backend_name: metadata.attn_backend_name,
+                    },
+                    layers: layers
+                        .into_iter()
+                        .map(|l| LayerView {
+                            name: l.layer_name,
+                            descs: l.descs.iter().map(|d| hex(d)).collect(),
+                        })
+                        .collect(),
+                });
+            }
+        }
+        let m = &self.d.model;
+        Ok(ToDriver::Setup {
+            side: side.name(),
+            rules: foreign.rules.to_string(),
+            host: self.config.host.clone(),
+            model: ModelView {
+                use_mla: m.use_mla,
+                kv_heads: m.kv_heads,
+                layers: m.layers,
+                block_size_tokens: m.block_size_tokens,
+            },
+            engines,
+            ranks,
+        })
+    }
+
+    pub(super) fn tell_driver(&mut self, msg: &ToDriver) {
+        if let Some(driver) = self.driver.as_mut() {
+            driver.send(msg);
+        }
+    }
+
+    /// A foreign decode group takes request `id`.
+    pub(super) fn foreign_recv(
+        &mut self,
+        id: RequestId,
+        engine: EngineId,
+        dp: u16,
+        params: KvTransferParams,
+    ) {
+        self.foreign_pending.insert(id);
+        let msg = ToDriver::Recv {
+            request: id.0.to_string(),
+            engine: engine.index,
+            dp,
+            params,
+            local_block_ids: Vec::new(),
+        };
+        self.tell_driver(&msg);
+    }
+
+    /// A line of the driver during the run; `Some` is a problem that ends the start.
+    pub(super) fn on_driver(&mut self, event: DriverEvent) -> Option<String> {
+        let msg = match event {
+            DriverEvent::Msg(msg) => msg,
+            DriverEvent::Garbled(detail) => {
+                self.violations.push(Violation { kind: ViolationKind::ProtocolError, detail });
+                return None;
+            }
+            DriverEvent::Closed => {
+                let driver = self.driver.as_mut()?;
+                driver.closed = true;
+                if !driver.said_bye {
+                    let detail = "the foreign driver closed its output (exited?) during the run".to_string();
+                    if driver.ready {
+                        self.hung.get_or_insert(detail);
+                    } else {
+                        return Some(detail);
+                    }
+                }
+                return None;
+            }
+        };
+        match msg {
+            FromDriver::Ready {} => {
+                if let Some(driver) = self.driver.as_mut() {
+                    driver.ready = true;
+                }
+            }
+            FromDriver::Error { detail } => return Some(format!("the foreign driver: {detail}")),
+            FromDriver::Problem { detail } => self.problem(format!("foreign driver: {detail}")),
+            FromDriver::Bye { stats } => {
+                self.foreign_report.stats = stats;
+                if let Some(driver) = self.driver.as_mut() {
+                    driver.said_bye = true;
+                }
+            }
+            FromDriver::Received { request, ok, error } => {
+                let Some(id) =
+                    request.parse().ok().map(RequestId).filter(|id| self.foreign_pending.remove(id))
+                else {
+                    self.violations.push(Violation {
+                        kind: ViolationKind::ProtocolError,
+                        detail: format!(
+                            "the foreign driver reported request {request:?}, which it was not given"
+                        ),
+                    });
+                    return None;
+                };
+                if ok {
+                    self.foreign_report.received += 1;
+                    if let Some(req) = self.requests.get_mut(&id) {
+                        let now = std::time::Instant::now();
+                        req.first_token = Some(now);
+                        self.ttft_ms.push((now - req.started).as_secs_f64() * 1e3);
+                    }
+                    self.end(id, None);
+                } else {
+                    let error = error.unwrap_or_else(|| "no reason given".into());
+                    self.end(id, Some(vec![format!("foreign decode: {error}")]));
+                }
+            }
+            FromDriver::Finished { transfer_id, engine, dp, tp } => {
+                let rank = RankId::new(EngineId::prefill(engine), dp, tp);
+                let transfer_id = TransferId(transfer_id);
+                let held = self.d.ranks(Role::Prefill).contains(&rank)
+                    && self.registered.contains_key(&(rank, transfer_id.clone()))
+                    && self.foreign_finished.insert((rank, transfer_id.clone()));
+                if !held {
+                    self.foreign_report.unexpected_finishes += 1;
+                    self.violations.push(Violation {
+                        kind: ViolationKind::ProtocolError,
+                        detail: format!(
+                            "the foreign {rank} reported {transfer_id} finished, which it does not hold \
+                             or reported before"
+                        ),
+                    });
+                    return None;
+                }
+                self.foreign_report.finished += 1;
+                self.engine(
+                    usize::from(engine),
+                    pdkv_core::prefill::EngineEvent::WorkerFinished { rank, transfer_id },
+                );
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn driver_lines_parse_or_say_what_is_wrong() {
+        let check =
+            |line: &str, expected: Result<FromDriver, &str>| match (parse_line(7, line.as_bytes()), expected)
+            {
+                (DriverEvent::Msg(got), Ok(want)) => assert_eq!(got, want, "{line}"),
+                (DriverEvent::Garbled(got), Err(want)) => {
+                    assert!(got.starts_with("line 7 of the foreign driver") && got.contains(want), "{got}")
+                }
+                (_, want) => panic!("{line}: expected {want:?}"),
+            };
+        check("{\"op\":\"ready\"}\n", Ok(FromDriver::Ready {}));
+        check(
+            "{\"op\":\"received\",\"request\":\"3\",\"ok\":true}",
+            Ok(FromDriver::Received { request: "3".into(), ok: true, error: None }),
+        );
+        check(
+            "{\"op\":\"finished\",\"transfer_id\":\"t\",\"engine\":0,\"dp\":1,\"tp\":2}",
+            Ok(FromDriver::Finished { transfer_id: "t".into(), engine: 0, dp: 1, tp: 2 }),
+        );
+        check("{\"op\":\"bye\"}", Ok(FromDriver::Bye { stats: BTreeMap::new() }));
+        check("{\"op\":\"launch\"}", Err("unknown variant `launch`"));
+        check("{\"op\":\"finished\",\"transfer_id\":\"t\",\"engine\":0,\"dp\":1,\"tp\":70000}", Err("70000"));
+        check("{\"op\":\"ready\",\"extra\":1}", Err("unknown field `extra`"));
+        check("not json", Err("expected"));
+    }
+
+    #[test]
+    fn messages_to_the_driver_are_tagged_lines() {
+        let msg = ToDriver::Retire { transfer_id: "t".into(), engine: 0, dp: 1, tp: 0 };
+        assert_eq!(
+            serde_json::to_string(&msg).unwrap(),
+            "{\"op\":\"retire\",\"transfer_id\":\"t\",\"engine\":0,\"dp\":1,\"tp\":0}"
+        );
+        assert_eq!(serde_json::to_string(&ToDriver::Shutdown).unwrap(), "{\"op\":\"shutdown\"}");
+    }
+}
