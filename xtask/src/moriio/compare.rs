@@ -59,6 +59,7 @@ pub fn cases(answers: &Answers) -> Vec<Case> {
         for group in &combo.acks {
             out.extend(acks(combo, group));
         }
+        out.extend(as_vllm_rules(combo));
     }
     out.extend(answers.wire.iter().map(wire));
     out
@@ -350,6 +351,105 @@ fn acks(c: &Combo, g: &AckGroup) -> Vec<Case> {
             Case::rule(Rule::Acks, class.clone(), verdict.0, verdict.1)
         })
         .collect()
+}
+
+/// pdkv's `vllm-0.33` rule set ([`PeerRules::Vllm033`]) against vLLM: the release ports of
+/// every read and the acks each prefill rank counts must be vLLM's exactly, with no documented
+/// difference, since that rule set is how a pdkv rank talks to a vLLM 0.33 rank.
+fn as_vllm_rules(c: &Combo) -> Vec<Case> {
+    if c.ranks.iter().any(|r| r.error.is_some()) {
+        // Both refuse the pair; the pdkv-rules rows already compared the refusals.
+        return Vec::new();
+    }
+    let class = combo_class(c);
+    let policy = policy(&c.backend).under(PeerRules::Vllm033);
+    let (p_tp, w) = (c.prefill[1], c.decode[1]);
+    let case = |rule, (verdict, detail): Outcome| {
+        let mut case = Case::rule(rule, class.clone(), verdict, detail);
+        case.direction = Direction::VllmVsPdkvVllmRules;
+        case
+    };
+    let router = |dp: u16, tp: u16| {
+        ReadRouter::new(RankId::new(EngineId::decode(0), dp, tp), layout(c.decode), model(c.mla), policy)
+    };
+    // The prefill ranks pdkv releases after one read resolved to `source`, as notify ports.
+    let releases = |tp: u16, source: Source| -> Result<Vec<u32>, String> {
+        let ranks = release::release_ranks(policy.release_plan, source.rank, w, tp, p_tp).map_err(|e| e.to_string())?;
+        ranks.into_iter().map(|rank| release_port(c, rank)).collect()
+    };
+    let mut out = Vec::new();
+    for rank in &c.ranks {
+        let at = format!("{} decode rank (dp {}, tp {})", combo_name(c), rank.dp, rank.tp);
+        let mut r = router(rank.dp, rank.tp);
+        let mut outcome = (Verdict::Works, None);
+        for (k, (tp, flexible, ports)) in rank.reads.iter().enumerate() {
+            let mine = resolve(&mut r, c).map_err(|e| e.to_string()).and_then(|s| {
+                if (s.rank.dp, s.rank.tp, s.flexible) != (c.owner, *tp, *flexible) {
+                    return Err(format!("reads (dp {}, tp {}), vLLM (dp {}, tp {tp})", s.rank.dp, s.rank.tp, c.owner));
+                }
+                releases(rank.tp, s)
+            });
+            if mine.as_deref() != Ok(ports.as_slice()) {
+                outcome = worst(outcome, fails(format!("{at} read {k}: vLLM releases {ports:?}, pdkv as vllm-0.33 {mine:?}")));
+            }
+        }
+        out.push(case(Rule::ReleaseTargets, outcome));
+    }
+    let plan = release::quorum_plan(layout(c.prefill), layout(c.decode), &model(c.mla), &policy);
+    for g in &c.acks {
+        let at = format!("{} decode group {}", combo_name(c), g.group);
+        let plan = match &plan {
+            Ok(plan) => plan,
+            Err(e) => {
+                out.push(case(Rule::Acks, fails(format!("{at}: pdkv as vllm-0.33 has no quorum plan: {e}"))));
+                continue;
+            }
+        };
+        // Each decode rank's first read releases these ranks, as vLLM's first read did.
+        let mut inbox: Vec<Vec<ReleaseSender>> = vec![Vec::new(); usize::from(p_tp)];
+        for tp in 0..w {
+            let source = resolve(&mut router(g.group, tp), c);
+            let ranks = source.map_err(|e| e.to_string()).and_then(|s| {
+                release::release_ranks(policy.release_plan, s.rank, w, tp, p_tp).map_err(|e| e.to_string())
+            });
+            match ranks {
+                Ok(ranks) => {
+                    for rank in ranks {
+                        let sender = ReleaseSender { engine_id: format!("{HOST}:{HANDSHAKE_BASE}"), dp_rank: g.group, tp_rank: tp };
+                        inbox[usize::from(rank.tp)].push(sender);
+                    }
+                }
+                Err(e) => out.push(case(Rule::Acks, fails(format!("{at}: pdkv cannot route decode rank {tp}: {e}")))),
+            }
+        }
+        let id = TransferId(TRANSFER_ID.into());
+        for v in &g.ranks {
+            let quorum = plan.per_tp_rank.get(usize::from(v.tp)).copied().unwrap_or(Quorum::Exact(0));
+            let mut ledger = RankLedger::new(&policy);
+            let mut reported = Vec::new();
+            if ledger.handle_transfer(&id, quorum) == Ok(ReleaseOutcome::Completed) {
+                reported.push(0);
+            }
+            let senders = &inbox[usize::from(v.tp)];
+            for (i, sender) in senders.iter().enumerate() {
+                let release = Release { transfer_id: id.clone(), consumer_tp_size: Some(w), sender: Some(sender.clone()) };
+                if ledger.handle_release(release) == ReleaseOutcome::Completed {
+                    reported.push(i as u32 + 1);
+                }
+            }
+            let outcome = if (senders.len() as u32, &reported) == (v.received, &v.reported) {
+                (Verdict::Works, None)
+            } else {
+                fails(format!(
+                    "{at} prefill rank (dp {}, tp {}): vLLM got {} release(s), reported done {:?}; pdkv as \
+                     vllm-0.33 got {}, quorum {quorum:?}, done {reported:?}",
+                    c.owner, v.tp, v.received, v.reported, senders.len()
+                ))
+            };
+            out.push(case(Rule::Acks, outcome));
+        }
+    }
+    out
 }
 
 fn port_class(p: [u16; 2]) -> &'static str {
