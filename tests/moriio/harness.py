@@ -89,6 +89,11 @@ class Vllm:
                     "get_engine_name_with_dp_tp",
                     "_moriio_handshake",
                     "get_finished",
+                    # A worker's step entry and what it calls, for tests/moriio/mixed.py,
+                    # which runs vLLM's decode and prefill steps (the harness does not).
+                    "start_load_kv",
+                    "_eager_handshake_all_dp_ranks",
+                    "_await_reads_issued_this_step",
                 ]
             },
         )
