@@ -291,7 +291,8 @@ fn render(r: &ClusterResult) -> String {
         p.started, p.exited_cleanly, p.killed_by_fault, p.killed_at_shutdown, p.failed, p.refused
     );
     if let Some(f) = &r.foreign {
-        let stats: Vec<String> = f.stats.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        let stats: Vec<String> =
+            f.stats.iter().filter(|(k, _)| !k.contains('.')).map(|(k, v)| format!("{k} {v}")).collect();
         let _ = writeln!(
             s,
             "  foreign        {} side under {} rules: {} requests received, {} transfers finished, \

@@ -351,7 +351,7 @@ impl std::error::Error for FrameError {}
 
 /// Writes one frame: a 4-byte big-endian length and the MessagePack value.
 pub fn write_frame<T: Serialize>(w: &mut impl Write, value: &T) -> Result<(), FrameError> {
-    let body = rmp_serde::to_vec(value).map_err(|e| FrameError::Decode(e.to_string()))?;
+    let body = rmp_serde::to_vec_named(value).map_err(|e| FrameError::Decode(e.to_string()))?;
     let len = u32::try_from(body.len()).ok().filter(|&n| n <= MAX_FRAME_BYTES);
     let len = len.ok_or(FrameError::TooLong { len: u32::MAX, max: MAX_FRAME_BYTES })?;
     let mut buf = Vec::with_capacity(4 + body.len());

@@ -17,6 +17,10 @@ use crate::wire::{Extension, Extensions};
 
 /// The remote-prefill fields of a decode request's `kv_transfer_params`, as received. Sizes
 /// are kept as the signed integers a peer may send, so bad values can be reported, not wrapped.
+/// An absent key is left out, never written as `null`: MoRIIO reads optional keys with
+/// `params.get(key, default)`, which returns the `None` of a key present as null, and then fails on
+/// `int(None)` (vLLM 0.33's `remote_dp_rank`, found by the mixed deployments of
+/// `cargo xtask moriio-conformance`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct KvTransferParams {
@@ -27,31 +31,40 @@ pub struct KvTransferParams {
     /// blocks after the step (delayed free) until releases or the reaper free them.
     pub do_remote_decode: bool,
     /// The proxy's `tx-<uuid>` id of the transfer; releases name it.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub transfer_id: Option<String>,
     /// Prefill's KV block ids holding the prompt, in the owner DP rank's pool; decode reads them.
     pub remote_block_ids: Vec<u64>,
     /// MoRIIO engine id of the prefill engine, `"<host>:<handshake port base>"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub remote_engine_id: Option<String>,
     /// Host of the prefill engine's handshake and notify listeners.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub remote_host: Option<String>,
     /// Base of the prefill engine's handshake listeners; rank (dp, tp) listens at
     /// `base + dp * tp_size + tp`. Kept as received, not validated here.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub remote_handshake_port: Option<i64>,
     /// Base of the prefill engine's notify (release) listeners, offset per rank like the
     /// handshake base. Kept as received, not validated here.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub remote_notify_port: Option<i64>,
     /// DP size of the other side: decode's on the request to prefill, prefill's on the answer and
     /// on the request to decode. Read as 1 when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub remote_dp_size: Option<i64>,
     /// The prefill DP rank that owns the request (holds its blocks), added by the proxy on the
     /// request to decode; absent when the prefill engine has one DP rank. Prefill never sends it.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub remote_dp_rank: Option<i64>,
     /// Prefill's own TP size as prefill writes it in its answer; the proxy clears it when it sets
     /// `remote_tp_size`. Read only when `remote_tp_size` is absent, except under
     /// [`Legacy::TpSizeKey`], where it is the only key read.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub tp_size: Option<i64>,
     /// TP size of the other side: decode's on the request to prefill, prefill's on the request to
     /// decode. Preferred over `tp_size`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub remote_tp_size: Option<i64>,
     /// pdkv's own key: the extensions of MoRIIO's protocol the prefill engine speaks, by name
     /// (`["read_lease"]`), as a pdkv prefill engine writes them in its answer and the proxy

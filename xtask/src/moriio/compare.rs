@@ -374,7 +374,8 @@ fn as_vllm_rules(c: &Combo) -> Vec<Case> {
     };
     // The prefill ranks pdkv releases after one read resolved to `source`, as notify ports.
     let releases = |tp: u16, source: Source| -> Result<Vec<u32>, String> {
-        let ranks = release::release_ranks(policy.release_plan, source.rank, w, tp, p_tp).map_err(|e| e.to_string())?;
+        let ranks = release::release_ranks(policy.release_plan, source.rank, w, tp, p_tp)
+            .map_err(|e| e.to_string())?;
         ranks.into_iter().map(|rank| release_port(c, rank)).collect()
     };
     let mut out = Vec::new();
@@ -385,12 +386,18 @@ fn as_vllm_rules(c: &Combo) -> Vec<Case> {
         for (k, (tp, flexible, ports)) in rank.reads.iter().enumerate() {
             let mine = resolve(&mut r, c).map_err(|e| e.to_string()).and_then(|s| {
                 if (s.rank.dp, s.rank.tp, s.flexible) != (c.owner, *tp, *flexible) {
-                    return Err(format!("reads (dp {}, tp {}), vLLM (dp {}, tp {tp})", s.rank.dp, s.rank.tp, c.owner));
+                    return Err(format!(
+                        "reads (dp {}, tp {}), vLLM (dp {}, tp {tp})",
+                        s.rank.dp, s.rank.tp, c.owner
+                    ));
                 }
                 releases(rank.tp, s)
             });
             if mine.as_deref() != Ok(ports.as_slice()) {
-                outcome = worst(outcome, fails(format!("{at} read {k}: vLLM releases {ports:?}, pdkv as vllm-0.33 {mine:?}")));
+                outcome = worst(
+                    outcome,
+                    fails(format!("{at} read {k}: vLLM releases {ports:?}, pdkv as vllm-0.33 {mine:?}")),
+                );
             }
         }
         out.push(case(Rule::ReleaseTargets, outcome));
@@ -415,11 +422,16 @@ fn as_vllm_rules(c: &Combo) -> Vec<Case> {
             match ranks {
                 Ok(ranks) => {
                     for rank in ranks {
-                        let sender = ReleaseSender { engine_id: format!("{HOST}:{HANDSHAKE_BASE}"), dp_rank: g.group, tp_rank: tp };
+                        let sender = ReleaseSender {
+                            engine_id: format!("{HOST}:{HANDSHAKE_BASE}"),
+                            dp_rank: g.group,
+                            tp_rank: tp,
+                        };
                         inbox[usize::from(rank.tp)].push(sender);
                     }
                 }
-                Err(e) => out.push(case(Rule::Acks, fails(format!("{at}: pdkv cannot route decode rank {tp}: {e}")))),
+                Err(e) => out
+                    .push(case(Rule::Acks, fails(format!("{at}: pdkv cannot route decode rank {tp}: {e}")))),
             }
         }
         let id = TransferId(TRANSFER_ID.into());
@@ -432,20 +444,25 @@ fn as_vllm_rules(c: &Combo) -> Vec<Case> {
             }
             let senders = &inbox[usize::from(v.tp)];
             for (i, sender) in senders.iter().enumerate() {
-                let release = Release { transfer_id: id.clone(), consumer_tp_size: Some(w), sender: Some(sender.clone()) };
+                let release = Release {
+                    transfer_id: id.clone(),
+                    consumer_tp_size: Some(w),
+                    sender: Some(sender.clone()),
+                };
                 if ledger.handle_release(release) == ReleaseOutcome::Completed {
                     reported.push(i as u32 + 1);
                 }
             }
-            let outcome = if (senders.len() as u32, &reported) == (v.received, &v.reported) {
-                (Verdict::Works, None)
-            } else {
-                fails(format!(
+            let outcome =
+                if (senders.len() as u32, &reported) == (v.received, &v.reported) {
+                    (Verdict::Works, None)
+                } else {
+                    fails(format!(
                     "{at} prefill rank (dp {}, tp {}): vLLM got {} release(s), reported done {:?}; pdkv as \
                      vllm-0.33 got {}, quorum {quorum:?}, done {reported:?}",
                     c.owner, v.tp, v.received, v.reported, senders.len()
                 ))
-            };
+                };
             out.push(case(Rule::Acks, outcome));
         }
     }
