@@ -413,64 +413,87 @@ def wire_rows(v):
     return rows
 
 
+def sample_metadata(v, base):
+    """A MoRIIOAgentMetadata as register_kv_caches builds it, with vLLM 0.33's per-layer maps."""
+    return v.common.MoRIIOAgentMetadata(
+        engine_id=f"{HOST}:{base}",
+        agent_metadata=b"\x00mori-engine-desc\xff",
+        kv_caches_base_addr=[0x7F0000000000, 0x7F0000400000],
+        num_blocks=128,
+        block_len=36864,
+        attn_backend_name="ROCM_AITER_MLA",
+        kv_head_layouts={"model.layers.0.self_attn.attn": [1, 2, 3]},
+        attention_block_sizes={"model.layers.0.self_attn.attn": 16},
+    )
+
+
+LAYER_MAP = {
+    "model.layers.0.self_attn.attn": [b"packed-memory-desc-0"],
+    "model.layers.1.self_attn.attn": [b"packed-memory-desc-1"],
+}
+
+
+def start_handshake_listener(v, p_tp, p_rank):
+    """vLLM's real _moriio_handshake_listener for rank p_rank of a P TP p_tp engine, bound where
+    vLLM's __init__ puts it (side_channel_port), with a base chosen so that port is free on this
+    machine. Returns the thread, the base, the listener's port and the metadata it serves."""
+    port = free_port()
+    _, listen = v.listener_config(1, 0, p_tp, p_rank, port, NOTIFY_BASE)
+    base = port - (listen - port)
+    _, listen = v.listener_config(1, 0, p_tp, p_rank, base, NOTIFY_BASE)
+    metadata = sample_metadata(v, base)
+    ready = threading.Event()
+    thread = threading.Thread(
+        target=v.connector.MoRIIOConnectorWorker._moriio_handshake_listener,
+        args=(metadata, ready, listen, p_rank, 0, LAYER_MAP),
+        daemon=True,
+    )
+    thread.start()
+    if not ready.wait(10):
+        raise RuntimeError("the listener did not bind in 10 s")
+    return thread, base, listen, metadata
+
+
+def vllm_dial(v, base, p_tp, d_tp, d_rank, explicit, timeout):
+    """vLLM's real _moriio_handshake from decode rank d_rank against the engine at base. Returns
+    the dialer, the engine id it filed the answer under, and {"agents": ...} or {"error": ...}, or
+    {} when no answer came within timeout (the dial then blocks in its daemon thread, as vLLM's
+    would)."""
+
+    class Engine:
+        remote_engine_ip = None
+        registered = []
+
+        def register_remote_engine(self, packed):
+            self.registered.append(packed)
+            return "remote-engine-key"
+
+    dialer = v.decode_worker(d_tp, d_rank, 0, True, "rdma", Engine())
+    dialer.local_kv_cache_metadata = []
+    dialer.remote_kv_cache_metadata = []
+    dialer.layer_name_to_remote_kv_cache_metadata = {}
+    dialer.remote_moriio_metadata = {}
+    eid = f"{HOST}:{base}_dp0"
+    result = {}
+
+    def dial():
+        try:
+            result["agents"] = dialer._moriio_handshake(HOST, base, p_tp, eid, 0, explicit)
+        except Exception as e:  # noqa: BLE001
+            result["error"] = error_text(e)
+
+    t = threading.Thread(target=dial, daemon=True)
+    t.start()
+    t.join(timeout)
+    return dialer, eid, dict(result)
+
+
 def wire_handshake(v, label, p_tp, p_rank, d_tp, d_rank, explicit):
     row = {"interaction": "handshake", "direction": "vllm->vllm", "layout": label}
     try:
-        # The listener binds where vLLM's __init__ puts it (side_channel_port); the base is
-        # chosen so that port is free on this machine.
-        port = free_port()
-        _, listen = v.listener_config(1, 0, p_tp, p_rank, port, NOTIFY_BASE)
-        base = port - (listen - port)
-        _, listen = v.listener_config(1, 0, p_tp, p_rank, base, NOTIFY_BASE)
-        metadata = v.common.MoRIIOAgentMetadata(
-            engine_id=f"{HOST}:{base}",
-            agent_metadata=b"\x00mori-engine-desc\xff",
-            kv_caches_base_addr=[0x7F0000000000, 0x7F0000400000],
-            num_blocks=128,
-            block_len=36864,
-            attn_backend_name="ROCM_AITER_MLA",
-            kv_head_layouts={"model.layers.0.self_attn.attn": [1, 2, 3]},
-            attention_block_sizes={"model.layers.0.self_attn.attn": 16},
-        )
-        layer_map = {
-            "model.layers.0.self_attn.attn": [b"packed-memory-desc-0"],
-            "model.layers.1.self_attn.attn": [b"packed-memory-desc-1"],
-        }
-        ready = threading.Event()
-        threading.Thread(
-            target=v.connector.MoRIIOConnectorWorker._moriio_handshake_listener,
-            args=(metadata, ready, listen, p_rank, 0, layer_map),
-            daemon=True,
-        ).start()
-        if not ready.wait(10):
-            raise RuntimeError("the listener did not bind in 10 s")
-
-        class Engine:
-            remote_engine_ip = None
-            registered = []
-
-            def register_remote_engine(self, packed):
-                self.registered.append(packed)
-                return "remote-engine-key"
-
-        dialer = v.decode_worker(d_tp, d_rank, 0, True, "rdma", Engine())
-        dialer.local_kv_cache_metadata = []
-        dialer.remote_kv_cache_metadata = []
-        dialer.layer_name_to_remote_kv_cache_metadata = {}
-        dialer.remote_moriio_metadata = {}
-        eid = f"{HOST}:{base}_dp0"
-        result = {}
-
-        def dial():
-            try:
-                result["agents"] = dialer._moriio_handshake(HOST, base, p_tp, eid, 0, explicit)
-            except Exception as e:  # noqa: BLE001
-                result["error"] = error_text(e)
-
-        t = threading.Thread(target=dial, daemon=True)
-        t.start()
-        t.join(10)
-        if t.is_alive():
+        _, base, listen, metadata = start_handshake_listener(v, p_tp, p_rank)
+        dialer, eid, result = vllm_dial(v, base, p_tp, d_tp, d_rank, explicit, 10)
+        if not result:
             raise RuntimeError(f"the dialer got no answer in 10 s (listening at {listen})")
         if "error" in result:
             raise RuntimeError(result["error"])
@@ -479,7 +502,7 @@ def wire_handshake(v, label, p_tp, p_rank, d_tp, d_rank, explicit):
             (dialer.moriio_wrapper.registered == [metadata.agent_metadata], "registered engine desc"),
             (dialer.moriio_wrapper.remote_engine_ip == HOST, "remote_engine_ip"),
             (dialer.remote_moriio_metadata.get(eid) == metadata, "decoded MoRIIOAgentMetadata"),
-            (dialer.layer_name_to_remote_kv_cache_metadata.get(eid) == layer_map, "layer map"),
+            (dialer.layer_name_to_remote_kv_cache_metadata.get(eid) == LAYER_MAP, "layer map"),
         ]
         failed = [what for ok, what in checks if not ok]
         row["ok"] = not failed
