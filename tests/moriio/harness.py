@@ -6,8 +6,12 @@
 # answer). It then asks vLLM's functions and methods, called on minimal objects that carry only
 # the attributes they read, for every rule pdkv re-implements, over every prefill and decode
 # layout up to --max-ranks ranks a side, and runs two wire interactions of vLLM against vLLM
-# (handshake, release notify) on loopback. It prints nothing but progress on stderr and writes
-# one JSON document (--out); xtask computes pdkv's answers and compares. No network but loopback.
+# (handshake, release notify) on loopback. With --messages it also delivers every message pdkv
+# sends (bytes xtask got from pdkv's decode node, and a sample of every message variant) to a
+# fresh vLLM notify or handshake listener each, from a DEALER as pdkv's, and checks the
+# listener thread still serves vLLM's own release or dial afterwards. It prints nothing but
+# progress on stderr and writes one JSON document (--out); xtask computes pdkv's answers and
+# compares. No network but loopback.
 
 import argparse
 import ast
@@ -418,64 +422,87 @@ def wire_rows(v):
     return rows
 
 
+def sample_metadata(v, base):
+    """A MoRIIOAgentMetadata as register_kv_caches builds it, with vLLM 0.33's per-layer maps."""
+    return v.common.MoRIIOAgentMetadata(
+        engine_id=f"{HOST}:{base}",
+        agent_metadata=b"\x00mori-engine-desc\xff",
+        kv_caches_base_addr=[0x7F0000000000, 0x7F0000400000],
+        num_blocks=128,
+        block_len=36864,
+        attn_backend_name="ROCM_AITER_MLA",
+        kv_head_layouts={"model.layers.0.self_attn.attn": [1, 2, 3]},
+        attention_block_sizes={"model.layers.0.self_attn.attn": 16},
+    )
+
+
+LAYER_MAP = {
+    "model.layers.0.self_attn.attn": [b"packed-memory-desc-0"],
+    "model.layers.1.self_attn.attn": [b"packed-memory-desc-1"],
+}
+
+
+def start_handshake_listener(v, p_tp, p_rank):
+    """vLLM's real _moriio_handshake_listener for rank p_rank of a P TP p_tp engine, bound where
+    vLLM's __init__ puts it (side_channel_port), with a base chosen so that port is free on this
+    machine. Returns the thread, the base, the listener's port and the metadata it serves."""
+    port = free_port()
+    _, listen = v.listener_config(1, 0, p_tp, p_rank, port, NOTIFY_BASE)
+    base = port - (listen - port)
+    _, listen = v.listener_config(1, 0, p_tp, p_rank, base, NOTIFY_BASE)
+    metadata = sample_metadata(v, base)
+    ready = threading.Event()
+    thread = threading.Thread(
+        target=v.connector.MoRIIOConnectorWorker._moriio_handshake_listener,
+        args=(metadata, ready, listen, p_rank, 0, LAYER_MAP),
+        daemon=True,
+    )
+    thread.start()
+    if not ready.wait(10):
+        raise RuntimeError("the listener did not bind in 10 s")
+    return thread, base, listen, metadata
+
+
+def vllm_dial(v, base, p_tp, d_tp, d_rank, explicit, timeout):
+    """vLLM's real _moriio_handshake from decode rank d_rank against the engine at base. Returns
+    the dialer, the engine id it filed the answer under, and {"agents": ...} or {"error": ...}, or
+    {} when no answer came within timeout (the dial then blocks in its daemon thread, as vLLM's
+    would)."""
+
+    class Engine:
+        remote_engine_ip = None
+        registered = []
+
+        def register_remote_engine(self, packed):
+            self.registered.append(packed)
+            return "remote-engine-key"
+
+    dialer = v.decode_worker(d_tp, d_rank, 0, True, "rdma", Engine())
+    dialer.local_kv_cache_metadata = []
+    dialer.remote_kv_cache_metadata = []
+    dialer.layer_name_to_remote_kv_cache_metadata = {}
+    dialer.remote_moriio_metadata = {}
+    eid = f"{HOST}:{base}_dp0"
+    result = {}
+
+    def dial():
+        try:
+            result["agents"] = dialer._moriio_handshake(HOST, base, p_tp, eid, 0, explicit)
+        except Exception as e:  # noqa: BLE001
+            result["error"] = error_text(e)
+
+    t = threading.Thread(target=dial, daemon=True)
+    t.start()
+    t.join(timeout)
+    return dialer, eid, dict(result)
+
+
 def wire_handshake(v, label, p_tp, p_rank, d_tp, d_rank, explicit):
     row = {"interaction": "handshake", "direction": "vllm->vllm", "layout": label}
     try:
-        # The listener binds where vLLM's __init__ puts it (side_channel_port); the base is
-        # chosen so that port is free on this machine.
-        port = free_port()
-        _, listen = v.listener_config(1, 0, p_tp, p_rank, port, NOTIFY_BASE)
-        base = port - (listen - port)
-        _, listen = v.listener_config(1, 0, p_tp, p_rank, base, NOTIFY_BASE)
-        metadata = v.common.MoRIIOAgentMetadata(
-            engine_id=f"{HOST}:{base}",
-            agent_metadata=b"\x00mori-engine-desc\xff",
-            kv_caches_base_addr=[0x7F0000000000, 0x7F0000400000],
-            num_blocks=128,
-            block_len=36864,
-            attn_backend_name="ROCM_AITER_MLA",
-            kv_head_layouts={"model.layers.0.self_attn.attn": [1, 2, 3]},
-            attention_block_sizes={"model.layers.0.self_attn.attn": 16},
-        )
-        layer_map = {
-            "model.layers.0.self_attn.attn": [b"packed-memory-desc-0"],
-            "model.layers.1.self_attn.attn": [b"packed-memory-desc-1"],
-        }
-        ready = threading.Event()
-        threading.Thread(
-            target=v.connector.MoRIIOConnectorWorker._moriio_handshake_listener,
-            args=(metadata, ready, listen, p_rank, 0, layer_map),
-            daemon=True,
-        ).start()
-        if not ready.wait(10):
-            raise RuntimeError("the listener did not bind in 10 s")
-
-        class Engine:
-            remote_engine_ip = None
-            registered = []
-
-            def register_remote_engine(self, packed):
-                self.registered.append(packed)
-                return "remote-engine-key"
-
-        dialer = v.decode_worker(d_tp, d_rank, 0, True, "rdma", Engine())
-        dialer.local_kv_cache_metadata = []
-        dialer.remote_kv_cache_metadata = []
-        dialer.layer_name_to_remote_kv_cache_metadata = {}
-        dialer.remote_moriio_metadata = {}
-        eid = f"{HOST}:{base}_dp0"
-        result = {}
-
-        def dial():
-            try:
-                result["agents"] = dialer._moriio_handshake(HOST, base, p_tp, eid, 0, explicit)
-            except Exception as e:  # noqa: BLE001
-                result["error"] = error_text(e)
-
-        t = threading.Thread(target=dial, daemon=True)
-        t.start()
-        t.join(10)
-        if t.is_alive():
+        _, base, listen, metadata = start_handshake_listener(v, p_tp, p_rank)
+        dialer, eid, result = vllm_dial(v, base, p_tp, d_tp, d_rank, explicit, 10)
+        if not result:
             raise RuntimeError(f"the dialer got no answer in 10 s (listening at {listen})")
         if "error" in result:
             raise RuntimeError(result["error"])
@@ -484,7 +511,7 @@ def wire_handshake(v, label, p_tp, p_rank, d_tp, d_rank, explicit):
             (dialer.moriio_wrapper.registered == [metadata.agent_metadata], "registered engine desc"),
             (dialer.moriio_wrapper.remote_engine_ip == HOST, "remote_engine_ip"),
             (dialer.remote_moriio_metadata.get(eid) == metadata, "decoded MoRIIOAgentMetadata"),
-            (dialer.layer_name_to_remote_kv_cache_metadata.get(eid) == layer_map, "layer map"),
+            (dialer.layer_name_to_remote_kv_cache_metadata.get(eid) == LAYER_MAP, "layer map"),
         ]
         failed = [what for ok, what in checks if not ok]
         row["ok"] = not failed
@@ -559,6 +586,203 @@ def wire_release(v):
     return row
 
 
+# Every pdkv message at vLLM's listeners (--messages, written by xtask/src/moriio/messages.rs).
+PROBE_ID = "tx-pdkv-probe"
+# How long a live listener has to handle a message, or to answer the probe after it.
+ANSWER_TIMEOUT = 5.0
+# How long the probe waits at a listener whose thread has already ended (threading says so, and
+# the thread closed its socket on the way out): nothing can answer it, so this only shows the
+# probe going unanswered.
+DEAD_GRACE = 0.1
+
+
+class ThreadEnds:
+    """The exception that ended each watched listener thread, through threading.excepthook (a
+    listener thread that raises just ends: vLLM never joins it)."""
+
+    def __init__(self):
+        self.watched = set()
+        self.errors = {}
+        self.previous = threading.excepthook
+        threading.excepthook = self.hook
+
+    def hook(self, args):
+        if args.thread in self.watched:
+            self.errors[args.thread] = error_text(args.exc_value)
+        else:
+            self.previous(args)
+
+    def watch(self, thread):
+        self.watched.add(thread)
+
+    def restore(self):
+        threading.excepthook = self.previous
+
+
+def wait_for(condition, timeout):
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.002)
+    return condition()
+
+
+def pdkv_dealer(identity, port):
+    """A DEALER as pdkv's decode rank opens one (backend-rdma/src/decode_rank.rs: dial and
+    notifier): its routing identity is the rank's name, and each message is sent as the frames
+    given, nothing added."""
+    import zmq
+
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, identity.encode())
+    sock.setsockopt(zmq.LINGER, 0)
+    # The notify listener binds in its own thread, perhaps after this connects: retry within
+    # milliseconds rather than ZeroMQ's default 100 ms (when to connect, not what is sent).
+    sock.setsockopt(zmq.RECONNECT_IVL, 5)
+    sock.connect(f"tcp://{HOST}:{port}")
+    return sock
+
+
+def deliver_notify(v, frames, identity, ends):
+    """Sends one message to a fresh notify listener of a prefill rank (vLLM's own
+    MoRIIOWrapper.async_wait_reqid thread, producer role, READ mode), then vLLM's own release
+    (_send_read_release) to see whether the listener still serves."""
+    port = free_port()
+    listener = v.engine.MoRIIOWrapper(tp_rank=0, dp_rank=0)
+    listener.notify_port = port
+    handled = []
+    real = listener._handle_message
+
+    def observed(msg):
+        # vLLM's own handler, unchanged; its outcome is noted so the probe is sent only once
+        # the message was handled (ZeroMQ does not order two connections' messages).
+        try:
+            real(msg)
+        except Exception as e:
+            handled.append(error_text(e))
+            raise
+        handled.append(None)
+
+    listener._handle_message = observed
+    v.common.set_role(v.common.ROLE.PRODUCER)
+    listener.async_wait_reqid()
+    thread = listener.notify_thread
+    ends.watch(thread)
+    sock = pdkv_dealer(identity, port)
+    prober = v.engine.MoRIIOWrapper(tp_rank=0, dp_rank=0)
+    try:
+        sock.send_multipart(frames)
+        wait_for(lambda: handled or not thread.is_alive(), ANSWER_TIMEOUT)
+        if handled and handled[0] is not None:
+            # The handler raised; the thread ends once the listener's socket is closed.
+            wait_for(lambda: not thread.is_alive(), ANSWER_TIMEOUT)
+        delivered = bool(handled) or not thread.is_alive()
+        w = v.decode_worker(1, 0, 0, False, "rdma", prober)
+        w._send_read_release(PROBE_ID, HOST, (str(port),))
+        probed, acks = False, []
+
+        def pop():
+            nonlocal probed
+            for ack in listener.pop_finished_req_ids():
+                if ack.transfer_id == PROBE_ID:
+                    probed = True
+                else:
+                    acks.append([ack.transfer_id, ack.consumer_tp_size])
+            return probed
+
+        wait_for(pop, ANSWER_TIMEOUT if thread.is_alive() else DEAD_GRACE)
+        alive = probed and thread.is_alive()
+        error = ends.errors.get(thread) or (handled[0] if handled else None)
+        if alive:
+            did = []
+            if acks:
+                did.append("counted " + ", ".join(f"ack ({t!r}, {n})" for t, n in acks))
+            if listener.done_remote_allocate_req_dict:
+                did.append("kept a WRITE allocation for " + ", ".join(map(repr, listener.done_remote_allocate_req_dict)))
+            did.append("served the probe release")
+            did = "; ".join(did)
+        elif not delivered:
+            did = f"nothing handled in {ANSWER_TIMEOUT:.0f} s"
+        else:
+            did = f"thread ended: {error}" if error else "the probe release went unanswered"
+        return {"delivered": delivered, "alive": alive, "error": error, "acks": acks, "did": did}
+    finally:
+        sock.close(linger=0)
+        prober.shutdown()
+
+
+def send_for_replies(v, frames, identity, thread, listen):
+    """Sends frames to a handshake listener from a pdkv DEALER; returns the messages it
+    answered with (two after get_meta_msg) once it has answered both or its thread ended."""
+    import zmq
+
+    sock = pdkv_dealer(identity, listen)
+    replies = []
+    try:
+        sock.send_multipart(frames)
+        deadline = time.monotonic() + ANSWER_TIMEOUT
+        while len(replies) < 2 and thread.is_alive() and time.monotonic() < deadline:
+            if sock.poll(10, zmq.POLLIN):
+                replies.append(sock.recv_multipart())
+    finally:
+        sock.close(linger=0)
+    return replies
+
+
+def deliver_handshake(v, frames, identity, ends):
+    """Sends one message to a fresh handshake listener of a prefill rank (vLLM's own
+    _moriio_handshake_listener), then a real vLLM _moriio_handshake dial to see whether it
+    still answers."""
+    thread, base, listen, _ = start_handshake_listener(v, 1, 0)
+    ends.watch(thread)
+    replies = send_for_replies(v, frames, identity, thread, listen)
+    delivered = bool(replies) or not thread.is_alive()
+    _, _, result = vllm_dial(v, base, 1, 1, 0, None, ANSWER_TIMEOUT if thread.is_alive() else DEAD_GRACE)
+    alive = "agents" in result and thread.is_alive()
+    error = ends.errors.get(thread) or result.get("error")
+    if alive:
+        sizes = " and ".join(f"{len(r[-1])} bytes" for r in replies)
+        answered = f"answered {len(replies)} message(s) ({sizes}); " if replies else ""
+        did = answered + "served vLLM's dial"
+    elif not delivered:
+        did = f"no answer and no end in {ANSWER_TIMEOUT:.0f} s"
+    else:
+        did = f"thread ended: {error}" if error else "vLLM's dial went unanswered"
+    return {"delivered": delivered, "alive": alive, "error": error, "acks": [], "did": did}
+
+
+def every_message(v, path):
+    """Delivers every message xtask listed to a fresh vLLM listener each, so one listener's end
+    cannot hide the next message's effect; also asks a vLLM handshake listener for its metadata
+    the way pdkv's decode rank dials, so xtask can decode what vLLM 0.33 advertises."""
+    with open(path) as f:
+        doc = json.load(f)
+    identity = doc["identity"]
+    ends = ThreadEnds()
+    results = []
+    try:
+        for m in doc["messages"]:
+            frames = [bytes.fromhex(frame) for frame in m["frames"]]
+            deliver = deliver_notify if m["socket"] == "notify" else deliver_handshake
+            try:
+                rec = deliver(v, frames, identity, ends)
+            except Exception as e:  # noqa: BLE001 - the harness itself could not deliver it
+                rec = {"delivered": False, "alive": False, "error": error_text(e), "acks": [], "did": error_text(e)}
+            rec.update({"id": m["id"], "name": m["name"], "socket": m["socket"]})
+            results.append(rec)
+        metadata = {"frames": [], "error": None}
+        try:
+            thread, _, listen, _ = start_handshake_listener(v, 1, 0)
+            replies = send_for_replies(v, [v.common.MoRIIOConstants.GET_META_MSG], identity, thread, listen)
+            metadata["frames"] = [[frame.hex() for frame in reply] for reply in replies]
+        except Exception as e:  # noqa: BLE001
+            metadata["error"] = error_text(e)
+    finally:
+        ends.restore()
+    dead = sum(not r["alive"] for r in results)
+    log(f"every pdkv message: {len(results)} deliveries, {dead} ended a listener")
+    return results, metadata
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--vllm-src", required=True, help="the files extracted from the vLLM wheel")
@@ -566,6 +790,7 @@ def main():
     parser.add_argument("--stubs", required=True)
     parser.add_argument("--max-ranks", type=int, default=16)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--messages", help="pdkv's messages to deliver to vLLM's listeners (JSON, from xtask)")
     parser.add_argument("--verbose", action="store_true", help="show vLLM's own log lines")
     args = parser.parse_args()
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
@@ -581,6 +806,9 @@ def main():
     }
     doc.update(pure_rules(v, args.max_ranks))
     doc["wire"] = wire_rows(v)
+    doc["messages"], doc["vllm_metadata"] = (
+        every_message(v, args.messages) if args.messages else ([], {"frames": [], "error": "no --messages given"})
+    )
     with open(args.out + ".tmp", "w") as f:
         json.dump(doc, f, separators=(",", ":"))
     os.replace(args.out + ".tmp", args.out)

@@ -23,6 +23,10 @@ pub struct Answers {
     pub heads: Vec<HeadGuard>,
     pub combos: Vec<Combo>,
     pub wire: Vec<WireRow>,
+    /// What vLLM's listeners did with each of pdkv's messages (`--messages`).
+    pub messages: Vec<Delivery>,
+    /// vLLM's handshake listener's answer to a pdkv dial.
+    pub vllm_metadata: VllmMetadata,
 }
 
 /// vLLM's ports for every rank of one prefill layout `[dp, tp]`.
@@ -133,6 +137,38 @@ pub struct WireRow {
     pub detail: String,
 }
 
+/// One of pdkv's messages delivered to a fresh vLLM listener, and what became of it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Delivery {
+    /// The message's id in the list xtask wrote.
+    pub id: usize,
+    pub name: String,
+    /// `notify` or `handshake`.
+    pub socket: String,
+    /// The listener received it (handled it, answered it, or ended on it).
+    pub delivered: bool,
+    /// The listener thread was still alive afterwards and served vLLM's own probe (a release
+    /// it counted, or a handshake dial it answered).
+    pub alive: bool,
+    /// The exception that ended the listener thread, or that the handler raised.
+    pub error: Option<String>,
+    /// The acks vLLM's notify listener counted for the message (not the probe's):
+    /// `(transfer_id, consumer_tp_size)`.
+    pub acks: Vec<(String, i64)>,
+    /// What vLLM did, in words.
+    pub did: String,
+}
+
+/// The messages vLLM's handshake listener answered a pdkv dial (`get_meta_msg`) with, each a
+/// list of frames in hex; or why there are none.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VllmMetadata {
+    pub frames: Vec<Vec<String>>,
+    pub error: Option<String>,
+}
+
 /// A record outside the layouts asked for.
 #[derive(Debug, PartialEq, Eq)]
 pub struct BadRecord(pub String);
@@ -218,7 +254,8 @@ mod tests {
         let doc = r#"{"vllm_version":"0.33.0","python":"3.11.7","max_ranks":2,"modules":{},
             "ports":[{"prefill":[1,2],"ranks":[{"dp":0,"tp":2,"handshake_listen":1,
             "notify_listen":1,"handshake_dial":1,"release_dial":1}]}],
-            "expected_acks":[],"heads":[],"combos":[],"wire":[]}"#;
+            "expected_acks":[],"heads":[],"combos":[],"wire":[],"messages":[],
+            "vllm_metadata":{"frames":[],"error":null}}"#;
         let answers: Answers = serde_json::from_str(doc).unwrap();
         assert_eq!(answers.check(), Err(BadRecord("port rank tp 2 is not below 2".into())));
         let extra = doc.replace("\"wire\":[]", "\"wire\":[],\"surprise\":1");

@@ -1,6 +1,7 @@
 //! pdkv-core's answers to the questions the harness asked vLLM, and the verdict of each case:
 //! identical (works), a difference listed in [`matrix::DOCUMENTED`], or a failure that names the
-//! layout, vLLM's answer and pdkv's.
+//! layout, vLLM's answer and pdkv's. [`message_cases`] judges what vLLM's listeners did with
+//! every message pdkv sends (`messages.rs`).
 //!
 //! The harness and this file use the same inputs: host 127.0.0.1, handshake base 6301, notify
 //! base 61005, one transfer id; an MLA model, or GQA with one KV head (routing does not depend on
@@ -15,9 +16,14 @@ use pdkv_core::ports::{EngineAddress, ListenerKind, ReadTarget};
 use pdkv_core::release::{self, Quorum, RankLedger, Release, ReleaseOutcome, ReleaseSender};
 use pdkv_core::routing::{self, ReadRouter, RoutingError, Source};
 use pdkv_core::topology::{Layout, ModelSpec};
+use pdkv_core::wire::{self, ControlMessage, Extensions, ReplyPart};
 
-use super::answers::{AckGroup, Answers, Combo, DecodeRank, ExpectedAcks, HeadGuard, PortLayout, WireRow};
+use super::answers::{
+    AckGroup, Answers, Combo, DecodeRank, Delivery, ExpectedAcks, HeadGuard, PortLayout, VllmMetadata,
+    WireRow,
+};
 use super::matrix::{Case, Direction, Documented, Interaction, Rule, Verdict, Wire};
+use super::messages::{self, Message, Messages, Origin};
 
 /// The values tests/moriio/harness.py uses.
 const HOST: &str = "127.0.0.1";
@@ -629,6 +635,138 @@ fn wire(row: &WireRow) -> Case {
     }
 }
 
+/// What vLLM 0.33's handshake listener advertises, from its answer to a pdkv dial: both reply
+/// messages through pdkv's own framing and decoders (`reply_payload`, `decode`,
+/// `decode_layer_memory_descs`), as pdkv's decode rank reads them.
+pub fn vllm_extensions(m: &VllmMetadata) -> Result<Extensions, String> {
+    if let Some(error) = &m.error {
+        return Err(format!("the harness got no answer: {error}"));
+    }
+    let reply = |k: usize| -> Result<Vec<Vec<u8>>, String> {
+        let frames = m.frames.get(k).ok_or(format!("{} reply message(s), expected 2", m.frames.len()))?;
+        frames.iter().map(|f| messages::unhex(f).ok_or(format!("frame {f:?} is not hex"))).collect()
+    };
+    let (first, second) = (reply(0)?, reply(1)?);
+    let payload = wire::reply_payload(ReplyPart::Metadata, &first).map_err(|e| e.to_string())?;
+    let extensions = match wire::decode(payload) {
+        Ok(ControlMessage::HandshakeMetadata(meta)) => meta.extensions,
+        Ok(other) => return Err(format!("the metadata decodes as {}", messages::variant(&other).1)),
+        Err(e) => return Err(format!("the metadata does not decode: {e}")),
+    };
+    let layers = wire::reply_payload(ReplyPart::Layers, &second).map_err(|e| e.to_string())?;
+    wire::decode_layer_memory_descs(layers).map_err(|e| format!("the layer map does not decode: {e}"))?;
+    Ok(extensions)
+}
+
+/// The row of vLLM's metadata, then one case per message delivered: does vLLM's listener live
+/// on? A listener that ended is a failure when pdkv's decode node sends that message to that
+/// listener of a rank advertising what vLLM 0.33 advertises, and a documented difference when it
+/// never does (verified by driving the node, `messages.rs`). A message pdkv's ledger counts as a
+/// release must be counted by vLLM as that ack.
+pub fn message_cases(sent: &Messages, answers: &Answers) -> Vec<Case> {
+    let vllm = vllm_extensions(&answers.vllm_metadata);
+    let (class, verdict, detail) = match &vllm {
+        Ok(set) => (
+            format!(
+                "vLLM's metadata answer, pdkv's framing and decoder: advertises {}",
+                messages::set_name(*set)
+            ),
+            Verdict::Works,
+            None,
+        ),
+        Err(e) => (
+            "vLLM's metadata answer, pdkv's framing and decoder".to_string(),
+            Verdict::Fails,
+            Some(e.clone()),
+        ),
+    };
+    let mut out = vec![Case {
+        interaction: Interaction::Wire(Wire::Handshake),
+        direction: Direction::VllmToPdkv,
+        class,
+        verdict,
+        detail,
+    }];
+    let vllm = vllm.ok();
+    for m in &sent.messages {
+        let found: Vec<&Delivery> = answers.messages.iter().filter(|d| d.id == m.id).collect();
+        let (verdict, detail) = match found.as_slice() {
+            [d] if d.name == m.name() && d.socket == m.socket.name() => judge(sent, m, d, vllm),
+            [d] => fails(format!("{}: the harness answered for {} to {}", at(m), d.name, d.socket)),
+            _ => fails(format!("{}: the harness answered {} time(s)", at(m), found.len())),
+        };
+        out.push(Case {
+            interaction: Interaction::Wire(Wire::EveryMessage),
+            direction: Direction::PdkvToVllm,
+            class: message_class(m),
+            verdict,
+            detail,
+        });
+    }
+    for d in &answers.messages {
+        if !sent.messages.iter().any(|m| m.id == d.id) {
+            out.push(Case {
+                interaction: Interaction::Wire(Wire::EveryMessage),
+                direction: Direction::PdkvToVllm,
+                class: "unknown message".into(),
+                verdict: Verdict::Fails,
+                detail: Some(format!(
+                    "the harness answered for message {} ({}), which xtask did not send",
+                    d.id, d.name
+                )),
+            });
+        }
+    }
+    out
+}
+
+/// The matrix row of a message: the capability set, and where the message comes from.
+pub fn message_class(m: &Message) -> String {
+    let origin = match m.origin {
+        Origin::DecodeNode => "decode node's messages",
+        Origin::EveryVariant => "every variant",
+    };
+    format!("advertises {}: {origin}", messages::set_name(m.capabilities))
+}
+
+fn at(m: &Message) -> String {
+    format!(
+        "{} to the {} listener of a rank advertising {} ({}{})",
+        m.name(),
+        m.socket.name(),
+        messages::set_name(m.capabilities),
+        m.origin.name(),
+        if m.emitted { ", sent by pdkv's decode node" } else { ", never sent by pdkv's decode node" }
+    )
+}
+
+fn judge(sent: &Messages, m: &Message, d: &Delivery, vllm: Option<Extensions>) -> Outcome {
+    if !d.delivered {
+        return fails(format!("{}: not delivered: {}", at(m), d.did));
+    }
+    if d.alive {
+        // vLLM must count what pdkv's ledger counts as a release, as the same ack.
+        if let Some(release) = m.message.as_release() {
+            let want = (release.transfer_id.0.clone(), i64::from(release.consumer_tp_size.unwrap_or(1)));
+            if d.acks != [want.clone()] {
+                return fails(format!("{}: vLLM counted {:?}, pdkv's ledger counts {want:?}", at(m), d.acks));
+            }
+        }
+        return (Verdict::Works, None);
+    }
+    // The listener ended. Only a message the node sends, to a rank advertising what vLLM does
+    // (or anything, when vLLM's metadata could not be read), is pdkv's fault.
+    if m.emitted && vllm.is_none_or(|set| set == m.capabilities) {
+        let why = d.error.as_deref().unwrap_or("no exception recorded");
+        return fails(format!("{}: vLLM's listener ended ({why})", at(m)));
+    }
+    if m.emitted || sent.emitted_under_some_set(m.name(), m.socket) {
+        (Verdict::Documented(Documented::AdvertisedOnly), None)
+    } else {
+        (Verdict::Documented(Documented::NeverSent), None)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -705,5 +843,161 @@ mod tests {
         assert_eq!(verdicts[6..], [d.clone(), d, w.clone(), w.clone(), w.clone(), w]);
         let wrong = PortLayout { prefill: [2, 2], ranks: vec![rank(1, 1, 4, 2)] };
         assert!(ports(&wrong).iter().all(|c| c.verdict == Verdict::Fails));
+    }
+
+    /// Answers whose every delivery says what `fate` gives, and whose metadata is the reply of a
+    /// listener advertising `vllm` (vLLM's, when it is `NONE`: no `pdkv_extensions` key).
+    fn answers(
+        sent: &Messages,
+        vllm: Extensions,
+        fate: impl Fn(&Message) -> (bool, Vec<(String, i64)>),
+    ) -> Answers {
+        let metadata = pdkv_core::wire::HandshakeMetadata {
+            engine_id: "127.0.0.1:6301".into(),
+            agent_metadata: vec![0x92],
+            kv_caches_base_addr: vec![1 << 30],
+            num_blocks: 128,
+            block_len: 36864,
+            attn_backend_name: "ROCM_AITER_MLA".into(),
+            rank: None,
+            extensions: vllm,
+        };
+        let layers = vec![pdkv_core::wire::LayerMemoryDesc { layer_name: "l0".into(), descs: vec![vec![1]] }];
+        let reply = wire::handshake_reply(&metadata, &layers);
+        let frames = reply.iter().map(|m| m.iter().map(|f| messages::hex(f)).collect()).collect();
+        Answers {
+            vllm_version: "0.33.0".into(),
+            python: "3.11.7".into(),
+            max_ranks: 1,
+            modules: Default::default(),
+            ports: vec![],
+            expected_acks: vec![],
+            heads: vec![],
+            combos: vec![],
+            wire: vec![],
+            messages: sent
+                .messages
+                .iter()
+                .map(|m| {
+                    let (alive, acks) = fate(m);
+                    Delivery {
+                        id: m.id,
+                        name: m.name().into(),
+                        socket: m.socket.name().into(),
+                        delivered: true,
+                        alive,
+                        error: (!alive).then(|| "HandshakeError: Error processing message".into()),
+                        acks,
+                        did: String::new(),
+                    }
+                })
+                .collect(),
+            vllm_metadata: VllmMetadata { frames, error: None },
+        }
+    }
+
+    /// What vLLM 0.33 does: a read lease, write_done or metadata on the notify socket ends the
+    /// listener, anything but get_meta_msg ends the handshake listener; releases are counted.
+    fn vllm_033(m: &Message) -> (bool, Vec<(String, i64)>) {
+        let alive = match m.socket {
+            messages::Socket::Handshake => m.message == ControlMessage::HandshakeRequest,
+            messages::Socket::Notify => {
+                !matches!(m.name(), "read_lease" | "write_done" | "handshake_metadata")
+            }
+        };
+        let acks = match m.message.as_release() {
+            Some(r) if alive => vec![(r.transfer_id.0, i64::from(r.consumer_tp_size.unwrap_or(1)))],
+            _ if alive
+                && m.message == ControlMessage::HandshakeRequest
+                && m.socket == messages::Socket::Notify =>
+            {
+                vec![("get_meta_msg".into(), 1)]
+            }
+            _ => vec![],
+        };
+        (alive, acks)
+    }
+
+    fn verdicts(cases: &[Case], class: &str) -> Vec<Verdict> {
+        cases.iter().filter(|c| c.class == class).map(|c| c.verdict.clone()).collect()
+    }
+
+    /// The checker catches its bug: a pdkv that sent read leases to a rank advertising nothing
+    /// (the gate of decode::lease switched off, `--pretend-ungated-leases`) reads "fails" in the
+    /// rows of `{}`, while today's pdkv, against the same vLLM behaviour, fails nowhere.
+    #[test]
+    fn a_lease_to_a_rank_that_advertised_nothing_fails() {
+        let gated = messages::build(false).unwrap();
+        let cases = message_cases(&gated, &answers(&gated, Extensions::NONE, vllm_033));
+        assert!(cases.iter().all(|c| c.verdict != Verdict::Fails), "{cases:?}");
+        assert_eq!(cases[0].class, "vLLM's metadata answer, pdkv's framing and decoder: advertises {}");
+        let node = verdicts(&cases, "advertises {}: decode node's messages");
+        assert_eq!(node, [Verdict::Works, Verdict::Works]);
+        let node = verdicts(&cases, "advertises {read_lease}: decode node's messages");
+        assert!(node.contains(&Verdict::Documented(Documented::AdvertisedOnly)), "{node:?}");
+
+        let ungated = messages::build(true).unwrap();
+        let cases = message_cases(&ungated, &answers(&ungated, Extensions::NONE, vllm_033));
+        let failed: Vec<&str> = cases
+            .iter()
+            .filter(|c| c.verdict == Verdict::Fails)
+            .map(|c| c.detail.as_deref().unwrap_or_default())
+            .collect();
+        assert_eq!(failed.len(), 2, "{failed:?}");
+        assert!(failed
+            .iter()
+            .all(|d| d.starts_with("read_lease to the notify listener of a rank advertising {}")));
+        assert!(verdicts(&cases, "advertises {}: decode node's messages").contains(&Verdict::Fails));
+    }
+
+    /// A release vLLM does not count as pdkv's ledger does fails; so does a listener that ends on
+    /// a message pdkv sends, and a message the harness did not answer for.
+    #[test]
+    fn an_uncounted_release_an_ended_listener_and_a_missing_answer_fail() {
+        let sent = messages::build(false).unwrap();
+        let wrong_ack = answers(&sent, Extensions::NONE, |m| {
+            let (alive, acks) = vllm_033(m);
+            (alive, acks.into_iter().map(|(t, _)| (t, 2)).collect())
+        });
+        let cases = message_cases(&sent, &wrong_ack);
+        let detail = cases
+            .iter()
+            .find(|c| c.verdict == Verdict::Fails)
+            .and_then(|c| c.detail.clone())
+            .unwrap_or_default();
+        assert!(detail.contains("vLLM counted") && detail.contains("pdkv's ledger counts"), "{detail}");
+
+        let release_ends = answers(&sent, Extensions::NONE, |m| {
+            if m.name() == "release" {
+                (false, vec![])
+            } else {
+                vllm_033(m)
+            }
+        });
+        let cases = message_cases(&sent, &release_ends);
+        assert_eq!(
+            verdicts(&cases, "advertises {}: decode node's messages"),
+            [Verdict::Works, Verdict::Fails]
+        );
+
+        let mut missing = answers(&sent, Extensions::NONE, vllm_033);
+        missing.messages.remove(0);
+        let cases = message_cases(&sent, &missing);
+        assert_eq!(cases.iter().filter(|c| c.verdict == Verdict::Fails).count(), 1);
+    }
+
+    /// Without vLLM's metadata the advertised set is unknown, so a listener ended by any
+    /// message the node sends is a failure, and the metadata row fails.
+    #[test]
+    fn unreadable_vllm_metadata_fails_and_judges_every_sent_message_strictly() {
+        let sent = messages::build(false).unwrap();
+        let mut a = answers(&sent, Extensions::NONE, vllm_033);
+        a.vllm_metadata.frames[0][0] = "00".into();
+        let cases = message_cases(&sent, &a);
+        assert_eq!(cases[0].verdict, Verdict::Fails);
+        assert!(cases[0].detail.as_deref().unwrap_or_default().contains("delimiter"), "{:?}", cases[0]);
+        assert!(verdicts(&cases, "advertises {read_lease}: decode node's messages").contains(&Verdict::Fails));
+        let a = answers(&sent, Extensions::ALL, vllm_033);
+        assert_eq!(vllm_extensions(&a.vllm_metadata), Ok(Extensions::ALL));
     }
 }

@@ -2,9 +2,10 @@
 //! cases fell in it and their verdict (works, differs as documented, fails). The documented
 //! differences live in one table here, [`DOCUMENTED`], each with the pdkv rule it comes from.
 //!
-//! The row type covers the pure rules compared now and the wire interactions to come
-//! ([`Wire`]: handshake listener and dialer both ways, notify and release both ways, a read
-//! lease to vLLM's receiver, foreign agent metadata), so adding one is adding its cases.
+//! The row type covers the pure rules compared now and the wire interactions ([`Wire`]:
+//! handshake listener and dialer both ways, notify and release both ways, a read lease to
+//! vLLM's receiver, foreign agent metadata, every message pdkv sends delivered to vLLM's
+//! listeners), so adding one is adding its cases.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -80,6 +81,9 @@ pub enum Wire {
     /// A stream of requests through a deployment with vLLM's code on one side and pdkv's
     /// processes on the other, every transfer accounted once on both sides.
     Mixed,
+    /// Every message pdkv sends (and every `ControlMessage` variant), delivered to a fresh vLLM
+    /// listener each, under each capability set a peer can advertise: does the listener live on?
+    EveryMessage,
 }
 
 impl Wire {
@@ -90,6 +94,7 @@ impl Wire {
             Wire::ReadLease => "read lease (wire)",
             Wire::AgentMetadata => "foreign agent_metadata (wire)",
             Wire::Mixed => "mixed deployment, end to end",
+            Wire::EveryMessage => "every pdkv message (wire)",
         }
     }
 }
@@ -144,6 +149,8 @@ pub enum Documented {
     UnreadHolders,
     FlexibleHolders,
     StrictAckCount,
+    AdvertisedOnly,
+    NeverSent,
 }
 
 /// Every documented difference: its key in the matrix, and why pdkv differs, naming pdkv's rule.
@@ -185,6 +192,31 @@ pub const DOCUMENTED: &[(Documented, &str, &str)] = &[
          like every other pdkv rule. Unreachable either way: both sides already refuse the pair \
          when routing (get_moriio_remote_tp_rank raises, ReadRouter::resolve errs; the source-rank \
          rows 'TP sizes not multiples (refused)' check that), so no ack is ever counted for it.",
+    ),
+    (
+        Documented::AdvertisedOnly,
+        "advertised-only",
+        "pdkv's own read_lease ends vLLM 0.33's notify listener thread (_handle_structured_message \
+         raises on a type it does not know and _async_wait re-raises, so every later release to \
+         that rank is lost). pdkv's decode node sends it only to a rank that advertised \
+         Extension::ReadLease, in its handshake metadata or its engine's pdkv_extensions \
+         (decode::lease), and vLLM 0.33 advertises nothing: its listener's metadata, decoded by \
+         pdkv_core::wire::decode, has Extensions::NONE (the 'handshake (wire)' row vLLM -> pdkv). \
+         The node was driven under every capability set and did not send it where this row's \
+         set lacks the extension.",
+    ),
+    (
+        Documented::NeverSent,
+        "never-sent",
+        "pdkv's decode node never sends this message to this listener: driven through every \
+         path (read at once, queued with a lease renewal, failed read, deadline) under every \
+         capability set and both rule sets, its actions (DecodeAction::DialHandshake, SendLease, \
+         SendRelease) hold only the handshake request for the handshake listener and releases \
+         and leases for the notify listener. The WRITE-mode messages (remote_blocks, write_done), \
+         a prefill rank's handshake_metadata (pdkv_core::wire::handshake_reply sends it only as an \
+         answer, behind the delimiter frame) and any notify message on the handshake socket are \
+         listed because a pdkv prefill rank or a future path could send them; vLLM's listener \
+         raises on them and its thread ends.",
     ),
 ];
 
@@ -344,7 +376,14 @@ mod tests {
 
     #[test]
     fn every_documented_difference_has_one_key_and_a_pdkv_rule() {
-        for d in [Documented::ListenerOffset, Documented::UnreadHolders, Documented::FlexibleHolders] {
+        for d in [
+            Documented::ListenerOffset,
+            Documented::UnreadHolders,
+            Documented::FlexibleHolders,
+            Documented::StrictAckCount,
+            Documented::AdvertisedOnly,
+            Documented::NeverSent,
+        ] {
             assert_eq!(DOCUMENTED.iter().filter(|(k, _, _)| *k == d).count(), 1, "{d:?}");
             let (key, why) = documented(d);
             assert!(!key.contains(' '), "{key}");

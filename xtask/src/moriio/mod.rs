@@ -3,12 +3,15 @@
 //! tests/moriio/harness.py with target/pyenv's Python (vLLM's real modules, stubs only for torch,
 //! numpy, MoRI and the vLLM modules that need them), reads its answers (`answers.rs`), computes
 //! pdkv-core's answers to the same questions and judges every case (`compare.rs`), and prints
-//! the compatibility matrix (`matrix.rs`). Exit 0 when no case fails, 1 otherwise, 2 for bad
+//! the compatibility matrix (`matrix.rs`). Before the harness runs, `messages.rs` drives pdkv's
+//! decode node to get every message pdkv sends, under every capability set, which the harness
+//! delivers to vLLM's own listeners. Exit 0 when no case fails, 1 otherwise, 2 for bad
 //! arguments.
 
 mod answers;
 mod compare;
 mod matrix;
+mod messages;
 mod mixed;
 mod wheel;
 
@@ -40,7 +43,15 @@ its wheels' sha256 are pinned in xtask/src/moriio/wheel.rs):
      and dial ports, KV head guard) for every prefill and decode layout of up to N ranks a side
      (pure TP, DP, DP x TP; MLA and GQA), and vLLM talks to vLLM over loopback (handshake,
      release notify);
-  4. computes pdkv-core's answers to the same questions, and prints the compatibility matrix:
+  4. delivers every message pdkv sends to a prefill rank (got by driving pdkv-core's decode
+     node through a request under each capability set a rank can advertise: {} and
+     {read_lease}), and a sample of every wire message variant, to a fresh vLLM notify or
+     handshake listener each over loopback ZeroMQ, and checks the listener thread still
+     serves vLLM's own release or dial afterwards (rows 'every pdkv message (wire)'). A
+     message the decode node sends to a rank advertising what vLLM 0.33 advertises (its
+     metadata, decoded by pdkv: row 'handshake (wire)', vLLM -> pdkv) must not end a listener;
+     one it never sends there and that does is a documented difference;
+  5. computes pdkv-core's answers to the same questions, and prints the compatibility matrix:
      per interaction, direction and layout class, how many cases work, differ as documented
      (a deliberate pdkv rule, explained under the table), or fail. Each failure is listed with
      its layout, vLLM's answer and pdkv's.
@@ -74,6 +85,8 @@ pub enum ConformanceError {
     Answers {
         detail: String,
     },
+    /// pdkv's decode node did not do what the message runs need.
+    Messages(messages::MessagesError),
     Io {
         what: String,
         error: io::Error,
@@ -100,6 +113,7 @@ impl fmt::Display for ConformanceError {
                 )
             }
             ConformanceError::Answers { detail } => write!(f, "cannot read the harness's answers: {detail}"),
+            ConformanceError::Messages(e) => write!(f, "{e}"),
             ConformanceError::Io { what, error } => write!(f, "{what}: {error}"),
         }
     }
@@ -109,15 +123,19 @@ impl fmt::Display for ConformanceError {
 struct Options {
     max_ranks: u16,
     verbose: bool,
+    /// Hidden (not in HELP): drive the decode node as a pdkv that sent read leases to every
+    /// peer, to show the 'every pdkv message' rows catch it (docs/interop.md).
+    ungated_leases: bool,
 }
 
 fn parse(args: &[String]) -> Result<Option<Options>, String> {
-    let mut options = Options { max_ranks: 16, verbose: false };
+    let mut options = Options { max_ranks: 16, verbose: false, ungated_leases: false };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "-h" | "--help" => return Ok(None),
             "--verbose" => options.verbose = true,
+            "--pretend-ungated-leases" => options.ungated_leases = true,
             "--max-ranks" => {
                 let value = it.next().ok_or("--max-ranks needs a value")?;
                 options.max_ranks = match value.parse::<u16>() {
@@ -178,6 +196,18 @@ fn conformance(root: &Path, options: &Options) -> Result<bool, ConformanceError>
     eprintln!("moriio-conformance: vLLM {} (cached in {})", wheel::VLLM.version, cache.display());
     let src = wheel::ensure(&python, root, &cache).map_err(ConformanceError::Wheel)?;
     let out = cache.join("answers.json");
+    if options.ungated_leases {
+        eprintln!(
+            "moriio-conformance: --pretend-ungated-leases: pdkv's decode node is told every rank \
+             advertised read leases, as a pdkv without the gate would send them"
+        );
+    }
+    let sent = messages::build(options.ungated_leases).map_err(ConformanceError::Messages)?;
+    let messages_file = cache.join("messages.json");
+    fs::write(&messages_file, sent.to_json().to_string()).map_err(|error| ConformanceError::Io {
+        what: format!("cannot write {}", messages_file.display()),
+        error,
+    })?;
     let step = Instant::now();
     eprintln!(
         "moriio-conformance: asking vLLM's MoRIIO code about every layout up to {} ranks a side ...",
@@ -191,6 +221,8 @@ fn conformance(root: &Path, options: &Options) -> Result<bool, ConformanceError>
         .arg("--stubs")
         .arg(root.join("tests/moriio/stubs"))
         .args(["--max-ranks", &options.max_ranks.to_string()])
+        .arg("--messages")
+        .arg(&messages_file)
         .arg("--out")
         .arg(&out)
         // The harness's own modules must not be cached as .pyc files next to the sources.
@@ -221,7 +253,7 @@ fn conformance(root: &Path, options: &Options) -> Result<bool, ConformanceError>
     );
 
     let mut matrix = matrix::Matrix::default();
-    for case in compare::cases(&answers) {
+    for case in compare::cases(&answers).into_iter().chain(compare::message_cases(&sent, &answers)) {
         matrix.add(case);
     }
     eprintln!("moriio-conformance: mixed deployments: vLLM's MoRIIO code on one side, pdkv's processes on the other");
@@ -235,11 +267,11 @@ fn conformance(root: &Path, options: &Options) -> Result<bool, ConformanceError>
     for case in mixed::cases(&tools, options.verbose) {
         matrix.add(case);
     }
-    print_report(&answers, &matrix);
+    print_report(&answers, &sent, &matrix);
     Ok(!matrix.failures().is_empty())
 }
 
-fn print_report(answers: &answers::Answers, matrix: &matrix::Matrix) {
+fn print_report(answers: &answers::Answers, sent: &messages::Messages, matrix: &matrix::Matrix) {
     const SHOWN: usize = 40;
     let failures = matrix.failures();
     if !failures.is_empty() {
@@ -261,11 +293,40 @@ fn print_report(answers: &answers::Answers, matrix: &matrix::Matrix) {
     println!();
     print!("{}", matrix.render());
     println!();
+    print!("{}", deliveries(answers, sent));
+    println!();
     let (works, documented, fails) = matrix.totals();
     println!(
         "moriio-conformance: {} cases: {works} work, {documented} differ as documented, {fails} fail",
         works + documented + fails
     );
+}
+
+/// What vLLM's listener did with each of pdkv's messages, one line each, grouped by capability
+/// set: the evidence behind the 'every pdkv message' rows.
+fn deliveries(answers: &answers::Answers, sent: &messages::Messages) -> String {
+    let mut out = String::from("every pdkv message at a fresh vLLM listener (capability set, origin, message -> listener: what vLLM did):\n");
+    for m in &sent.messages {
+        let did = answers
+            .messages
+            .iter()
+            .find(|d| d.id == m.id)
+            .map(|d| format!("{}: {}", if d.alive { "lives on" } else { "ENDED" }, d.did))
+            .unwrap_or_else(|| "no answer from the harness".into());
+        let origin = match (m.origin, m.emitted) {
+            (messages::Origin::DecodeNode, _) => "decode node",
+            (messages::Origin::EveryVariant, true) => "every variant, sent",
+            (messages::Origin::EveryVariant, false) => "every variant, never sent",
+        };
+        out.push_str(&format!(
+            "  {:<14} {:<26} {:>18} -> {:<9}  {did}\n",
+            messages::set_name(m.capabilities),
+            origin,
+            m.name(),
+            m.socket.name()
+        ));
+    }
+    out
 }
 
 /// The Python must be the one vLLM's wheel supports and have the harness's packages.
@@ -303,7 +364,8 @@ mod tests {
         let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         assert!(parse(&args(&["--help"])).unwrap().is_none());
         let o = parse(&args(&["--max-ranks", "4", "--verbose"])).unwrap().unwrap();
-        assert_eq!((o.max_ranks, o.verbose), (4, true));
+        assert_eq!((o.max_ranks, o.verbose, o.ungated_leases), (4, true, false));
+        assert!(parse(&args(&["--pretend-ungated-leases"])).unwrap().unwrap().ungated_leases);
         assert!(parse(&args(&["--max-ranks", "17"])).unwrap_err().contains("1 to 16"));
         assert!(parse(&args(&["--max-ranks"])).unwrap_err().contains("needs a value"));
         assert!(parse(&args(&["--frobnicate"])).unwrap_err().contains("unknown argument"));
