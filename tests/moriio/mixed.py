@@ -379,8 +379,15 @@ class Prefill:
             self.out.send(op="finished", transfer_id=tid, engine=key[0], dp=key[1], tp=key[2])
 
     def report(self):
+        # The step thread applies the register and retire lines that came before shutdown first
+        # (they arrive together when the run's last transfers are freed), so the tables are final.
+        deadline = time.monotonic() + 2
+        while not self.commands.empty() and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        time.sleep(2 * POLL_S)
         for rank in self.ranks.values():
             self.st.add(f"pending_unmapped_acks.{rank.name}", len(rank.worker._pending_unmapped_acks))
+            self.st.add(f"transfers_held_at_shutdown.{rank.name}", len(rank.sched.transfer_id_to_request_id))
 
     def shutdown(self):
         for rank in self.ranks.values():

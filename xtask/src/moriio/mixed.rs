@@ -49,7 +49,8 @@ struct Run {
     expect: Expect,
 }
 
-const REQUESTS: u32 = 48;
+/// Requests per run, 32 in flight: enough for transfers to overlap on every rank.
+const REQUESTS: u32 = 200;
 
 const RUNS: &[Run] = &[
     Run {
@@ -159,7 +160,7 @@ fn execute(tools: &Tools, run: &Run, verbose: bool) -> Outcome {
         Side::Prefill => "prefill",
     };
     let mut cmd = Command::new(tools.pdkv);
-    cmd.args(["cluster", run.deployment, "--requests", &REQUESTS.to_string(), "--concurrency", "8"])
+    cmd.args(["cluster", run.deployment, "--requests", &REQUESTS.to_string(), "--concurrency", "32"])
         .args(["--json", "--timeout-ms", "120000", "--foreign-side", side])
         .arg("--foreign-driver")
         .arg(tools.python)
@@ -262,12 +263,17 @@ fn judge(run: &Run, outcome: &Outcome) -> Vec<Case> {
         "the vLLM side finished a transfer it did not hold".into(),
     );
     let stats = &foreign["stats"];
+    // The driver's own view: nothing it reported wrong, no vLLM listener thread ended.
+    for key in ["problems", "listener_threads_dead"] {
+        check(u(stats, &[key]) == 0, format!("vLLM side {key} {}", u(stats, &[key])));
+    }
     match run.side {
         Side::Decode => {
             check(
                 u(foreign, &["received"]) == n,
                 format!("vLLM decode handled {} of {n}", u(foreign, &["received"])),
             );
+            check(u(stats, &["recv_unanswered"]) == 0, "vLLM decode left requests unanswered".into());
         }
         Side::Prefill => {
             // Every rank of the owner group holds the transfer under vLLM's rules, and vLLM's
@@ -278,6 +284,11 @@ fn judge(run: &Run, outcome: &Outcome) -> Vec<Case> {
                 u(foreign, &["finished"]) == want,
                 format!("vLLM finished {} of {want} rank transfers", u(foreign, &["finished"])),
             );
+            // vLLM's tables end empty: every transfer registered was retired, no ack is waiting
+            // for a transfer it never heard of.
+            for key in ["transfers_held_at_shutdown", "pending_unmapped_acks"] {
+                check(u(stats, &[key]) == 0, format!("vLLM prefill {key} {}", u(stats, &[key])));
+            }
             let verified = u(r, &["bytes_verified"]);
             let prompt = u(r, &["prompt_kv_bytes"]);
             check(
@@ -331,7 +342,10 @@ mod tests {
             "processes": {"failed": 0, "killed_at_shutdown": 0},
             "bytes_verified": 4096, "prompt_kv_bytes": 4096,
             "problems": [],
-            "foreign": {"received": REQUESTS, "finished": 2 * REQUESTS, "unexpected_finishes": 0, "stats": {}}
+            "foreign": {"received": REQUESTS, "finished": 2 * REQUESTS, "unexpected_finishes": 0, "stats": {
+                "problems": 0, "listener_threads_dead": 0, "recv_unanswered": 0,
+                "transfers_held_at_shutdown": 0, "pending_unmapped_acks": 0
+            }}
         });
         for (path, value) in patch {
             let (last, parents) = path.split_last().unwrap();
@@ -401,6 +415,19 @@ mod tests {
             &[(&["violations"], serde_json::json!([{"kind": "double_free"}]))],
             [Fails, Works, Works],
         );
+        // vLLM's side ended with a transfer still mapped, or a listener thread dead, or said
+        // nothing of it.
+        check(
+            Side::Prefill,
+            &[(&["foreign", "stats", "transfers_held_at_shutdown"], 1.into())],
+            [Fails, Works, Works],
+        );
+        check(
+            Side::Decode,
+            &[(&["foreign", "stats", "listener_threads_dead"], 1.into())],
+            [Fails, Works, Works],
+        );
+        check(Side::Decode, &[(&["foreign", "stats"], serde_json::json!({}))], [Fails, Works, Works]);
     }
 
     #[test]
