@@ -204,7 +204,8 @@ impl Driver {
     /// Waits for the driver to exit until `deadline`, then kills it; `Ok` for a clean exit.
     pub(super) fn finish(mut self, deadline: std::time::Instant) -> Result<(), String> {
         drop(self.stdin.take());
-        while std::time::Instant::now() < deadline {
+        // A driver that never became ready is not waited for: the run did not start.
+        while self.ready && std::time::Instant::now() < deadline {
             match self.child.try_wait() {
                 Ok(Some(status)) if status.success() => return Ok(()),
                 Ok(Some(status)) => return Err(format!("the foreign driver exited with {status}")),
@@ -214,6 +215,9 @@ impl Driver {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if !self.ready {
+            return Ok(());
+        }
         Err("the foreign driver did not exit after shutdown and was killed".into())
     }
 }
@@ -388,6 +392,10 @@ impl Cluster {
         let msg = match event {
             DriverEvent::Msg(msg) => msg,
             DriverEvent::Garbled(detail) => {
+                // Before it is ready the driver is not talking the protocol at all: stop there.
+                if !self.driver.as_ref().is_some_and(|d| d.ready) {
+                    return Some(detail);
+                }
                 self.violations.push(Violation { kind: ViolationKind::ProtocolError, detail });
                 return None;
             }
@@ -395,12 +403,13 @@ impl Cluster {
                 let driver = self.driver.as_mut()?;
                 driver.closed = true;
                 if !driver.said_bye {
-                    let detail = "the foreign driver closed its output (exited?) during the run".to_string();
-                    if driver.ready {
-                        self.hung.get_or_insert(detail);
-                    } else {
-                        return Some(detail);
+                    if !driver.ready {
+                        return Some(
+                            "the foreign driver exited before it was ready (its messages are above)".into(),
+                        );
                     }
+                    let detail = "the foreign driver closed its output (exited?) during the run".to_string();
+                    self.hung.get_or_insert(detail);
                 }
                 return None;
             }

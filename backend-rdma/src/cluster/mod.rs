@@ -474,6 +474,11 @@ impl Cluster {
             if self.stop_requested() {
                 return;
             }
+            // The foreign side is gone: nothing it played can finish, so the run ends here
+            // (outcome hang, with the reason set when its output closed).
+            if self.driver.as_ref().is_some_and(|d| d.closed && !d.said_bye) {
+                return;
+            }
             self.check_heartbeats();
             let done = self.finished + self.failed;
             if done != reported {

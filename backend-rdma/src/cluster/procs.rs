@@ -547,7 +547,8 @@ impl Cluster {
         let deadline = std::time::Instant::now() + EXIT_TIMEOUT;
         self.tell_driver(&ToDriver::Shutdown);
         // Collect goodbyes (and anything else still in flight) until every live rank left.
-        let driver_owes_bye = |c: &Cluster| c.driver.as_ref().is_some_and(|d| !d.said_bye && !d.closed);
+        let driver_owes_bye =
+            |c: &Cluster| c.driver.as_ref().is_some_and(|d| d.ready && !d.said_bye && !d.closed);
         while self.ranks.values().any(|p| p.alive && p.writer.is_some() && !p.said_bye)
             || driver_owes_bye(self)
         {
