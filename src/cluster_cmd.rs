@@ -22,9 +22,10 @@ Examples:
   pdkv cluster 1P_TP2:1D_TP2 --requests 8 --drop-releases D0.dp0.tp1=2 \\
       --transfer-timeout-ms 2000 --defer-timeout-ms 3000
   pdkv cluster 1P_TP4:1D_TP8 --requests 16 --transport rdma    (build with --features rdma)
-  pdkv cluster 1P_DP2TP2:1D_TP2 --requests 32 --foreign-side decode \
-      --foreign-driver python3 --foreign-driver-arg tests/moriio/mixed.py ...
-      (cargo xtask moriio-conformance runs vLLM 0.33's MoRIIO code this way)
+  pdkv cluster 1P_DP2TP2:1D_TP2 --foreign-side decode --foreign-driver python3 \\
+      --foreign-driver-arg tests/moriio/mixed.py --foreign-driver-arg --vllm-src \\
+      --foreign-driver-arg target/vllm-0.33.0/src --foreign-driver-arg --stubs \\
+      --foreign-driver-arg tests/moriio/stubs
 
 Every rank is a real `pdkv connector` process on 127.0.0.1 with its handshake and notify
 listeners at the ports the core computes; prefill fills each block with a pattern of (request,
@@ -34,6 +35,12 @@ nic, ledger). The timeouts default to a 10 s handshake and MoRIIO's 30 s transfe
 reaper. A transfer whose releases were dropped is freed by the reaper only once its read
 lease (--transfer-timeout-ms, plus 1 s) and --defer-timeout-ms have both passed, so fault runs
 set both shorter: with the defaults the --drop-releases example would wait 31 s.
+
+With --foreign-side, another connector's code plays every engine of that side through a driver
+program (the line protocol is in backend-rdma/src/cluster/foreign.rs): the last example has
+vLLM 0.33's own MoRIIO code, extracted from its wheel by `cargo xtask moriio-conformance`, play
+the decode side against pdkv's prefill ranks. A foreign prefill side keeps pdkv's data-plane
+servers (the driver's listeners hand out their descriptor), so decode still verifies every byte.
 
 Exit codes: 0 the run was clean: no violation, no hang, no request failed unless an injected
 fault excuses it, nothing held or reaped unless a fault excuses it, every process accounted for

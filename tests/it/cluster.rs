@@ -243,6 +243,45 @@ fn cluster_cli_prints_the_result_and_refuses_bad_arguments() {
         check(&tp2(extra), 2, stderr);
     }
     check(&["cluster", "1P_TP128:1D_TP64"], 2, "192 ranks, but a cluster on one host starts at most 128");
+    // A foreign side's driver that cannot play: refused or stopped before a request is sent.
+    let foreign = |side: &'static str, program: &'static str| {
+        vec![
+            "cluster",
+            "1P_TP2:1D_TP2",
+            "--requests",
+            "2",
+            "--foreign-side",
+            side,
+            "--foreign-driver",
+            program,
+        ]
+    };
+    check(
+        &foreign("decode", "/nonexistent/driver"),
+        2,
+        "cannot start the foreign driver /nonexistent/driver",
+    );
+    check(&foreign("decode", "false"), 2, "the foreign driver exited before it was ready");
+    check(
+        &[foreign("prefill", "false"), vec!["--foreign-rules", "pdkv"]].concat(),
+        2,
+        "--foreign-rules pdkv",
+    );
+    check(
+        &[foreign("prefill", "false"), vec!["--kill", "P0.dp0.tp0", "--kill-after", "0"]].concat(),
+        2,
+        "--kill P0.dp0.tp0: P0.dp0.tp0 is played by the foreign driver",
+    );
+    check(
+        &[
+            foreign("decode", "sh"),
+            vec!["--foreign-driver-arg", "-c", "--foreign-driver-arg", "echo hello; exec sleep 60"],
+        ]
+        .concat(),
+        2,
+        "line 1 of the foreign driver (\"hello\")",
+    );
+    check(&["cluster", "1P_TP2:1D_TP2", "--foreign-side", "decode"], 2, "--foreign-driver");
     if !cfg!(feature = "rdma") {
         // Said once, before any rank starts (not once per rank process).
         let out = std::process::Command::new(exe())
