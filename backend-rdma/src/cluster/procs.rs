@@ -285,10 +285,42 @@ impl Cluster {
         for &rank in &all {
             self.spawn(rank, 0)?;
         }
+        let ranks_ready = |c: &Cluster| c.ranks.values().all(|r| r.ready);
+        self.wait_for(rx, tx, ranks_ready, &|c| {
+            let missing: Vec<String> =
+                c.ranks.iter().filter(|(_, r)| !r.ready).map(|(k, _)| k.to_string()).collect();
+            format!("ranks not ready after {} s: {}", START_TIMEOUT.as_secs(), missing.join(", "))
+        })?;
+        if self.stop_requested() {
+            return Ok(());
+        }
+        if let Some(foreign) = self.config.foreign.clone() {
+            let setup = self.driver_setup()?;
+            let mut driver = Driver::start(&foreign, tx.clone())?;
+            driver.send(&setup);
+            self.driver = Some(driver);
+            let driver_ready = |c: &Cluster| c.driver.as_ref().is_some_and(|d| d.ready);
+            self.wait_for(rx, tx, driver_ready, &|_| {
+                let program = foreign.program.display();
+                format!("the foreign driver {program} was not ready after {} s", START_TIMEOUT.as_secs())
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Handles events until `ready` holds, a stop is requested (Ok: the main loop ends at once
+    /// and the result says interrupted), an event ends the start, or [`START_TIMEOUT`] passes
+    /// (the error is `late`'s).
+    fn wait_for(
+        &mut self,
+        rx: &Receiver<Ev>,
+        tx: &Sender<Ev>,
+        ready: fn(&Cluster) -> bool,
+        late: &dyn Fn(&Cluster) -> String,
+    ) -> Result<(), String> {
         let deadline = std::time::Instant::now() + START_TIMEOUT;
-        while self.ranks.values().any(|r| !r.ready) {
+        while !ready(self) {
             if self.stop_requested() {
-                // The main loop ends at once; the result says interrupted.
                 return Ok(());
             }
             let left = deadline.saturating_duration_since(std::time::Instant::now());
@@ -299,43 +331,7 @@ impl Cluster {
                     }
                 }
                 Err(RecvTimeoutError::Timeout) if !left.is_zero() => {}
-                Err(_) => {
-                    let missing: Vec<String> =
-                        self.ranks.iter().filter(|(_, r)| !r.ready).map(|(k, _)| k.to_string()).collect();
-                    return Err(format!(
-                        "ranks not ready after {} s: {}",
-                        START_TIMEOUT.as_secs(),
-                        missing.join(", ")
-                    ));
-                }
-            }
-        }
-        if let Some(foreign) = self.config.foreign.clone() {
-            let setup = self.driver_setup()?;
-            let deadline = std::time::Instant::now() + START_TIMEOUT;
-            let mut driver = Driver::start(&foreign, tx.clone())?;
-            driver.send(&setup);
-            self.driver = Some(driver);
-            while !self.driver.as_ref().is_some_and(|d| d.ready) {
-                if self.stop_requested() {
-                    return Ok(());
-                }
-                let left = deadline.saturating_duration_since(std::time::Instant::now());
-                match rx.recv_timeout(left.min(POLL)) {
-                    Ok(ev) => {
-                        if let Some(error) = self.on_event(ev, tx) {
-                            return Err(error);
-                        }
-                    }
-                    Err(RecvTimeoutError::Timeout) if !left.is_zero() => {}
-                    Err(_) => {
-                        return Err(format!(
-                            "the foreign driver {} was not ready after {} s",
-                            foreign.program.display(),
-                            START_TIMEOUT.as_secs()
-                        ))
-                    }
-                }
+                Err(_) => return Err(late(self)),
             }
         }
         Ok(())
