@@ -442,8 +442,18 @@ fn send_signal(pid: u32, signal: &str) {
 /// Runs `deployment` and, once a few requests ended, sends `signal` to the connector of
 /// `victim` (by its command line's role and ids) from outside, as an operator or a crash would.
 fn run_and_hit(deployment: &str, victim: [&str; 4], signal: &str) -> ClusterResult {
-    let mut config = quick(deployment, 400);
-    config.concurrency = 4;
+    run_and_hit_with(quick(deployment, 400), 4, victim, signal)
+}
+
+fn run_and_hit_with(
+    mut config: ClusterConfig,
+    concurrency: u32,
+    victim: [&str; 4],
+    signal: &str,
+) -> ClusterResult {
+    let deployment = config.deployment.clone();
+    let deployment = deployment.as_str();
+    config.concurrency = concurrency;
     // A reaper far beyond the run: what a lost rank held must be freed through the engine's
     // loss events (WorkerLost, ReaderLost), within the handshake and transfer timeouts.
     config.defer_timeout_ms = 60_000;
@@ -467,6 +477,21 @@ fn run_and_hit(deployment: &str, victim: [&str; 4], signal: &str) -> ClusterResu
     .expect("the cluster runs");
     assert!(hit, "{}", result.to_json());
     result
+}
+
+#[test]
+fn a_lost_decode_group_never_leaves_the_prefill_queue_waiting_for_blocks() {
+    // The only decode group dies while the prefill queue waits for blocks (64 blocks, up to 25
+    // a request, 64 in flight): each request prefilled afterwards gives its blocks back at once,
+    // and that must start the next prefill, since nothing else will (found by cluster-fuzz seed
+    // 962556817, which hung with 129 requests queued and nothing held).
+    let mut config = quick("1P_TP1:1D_DP1TP1", 200);
+    config.num_blocks = 64;
+    let r = run_and_hit_with(config, 64, ["decode", "0", "0", "0"], "-KILL");
+    let json = r.to_json();
+    assert_eq!(r.outcome, "failed_requests", "{json}");
+    assert_eq!((r.requests.unfinished, r.ledger.held, r.ledger.double_frees), (0, 0, 0), "{json}");
+    assert_eq!(r.requests.finished + r.requests.failed, 200, "{json}");
 }
 
 #[test]

@@ -165,6 +165,9 @@ impl Cluster {
             let (transfer_id, blocks) = (req.transfer_id.clone(), req.prefill_blocks.clone());
             self.free_prefill_blocks(e, dp, &transfer_id, &blocks);
             self.end(id, Some(vec![format!("{gone} is gone")]));
+            // The freed blocks may be what the group's queue waits for, and no other event
+            // may come to pump it (the only decode group is gone, nothing else is held).
+            self.pump_prefill(EngineId::prefill(e as u16), dp);
             return;
         }
         let req = &self.requests[&id];
@@ -185,6 +188,7 @@ impl Cluster {
             let transfer_id = self.requests[&id].transfer_id.clone();
             self.free_prefill_blocks(e, dp, &transfer_id, &blocks);
             self.end(id, Some(vec![format!("prefill refused: {error}")]));
+            self.pump_prefill(EngineId::prefill(e as u16), dp);
             return;
         }
         self.engine_actions(e, out);
