@@ -35,6 +35,22 @@ pub struct ReadPlan {
     pub remote_block_ids: Arc<[u32]>,
     /// Local (decode) block ids, one per remote block.
     pub local_block_ids: Arc<[u32]>,
+    /// RDMA operations one layer's read posts ([`contiguous_runs`]), counted once per request.
+    pub messages_per_layer: u64,
+}
+
+/// Runs of blocks contiguous in both the local and the remote region: the RDMA operations one
+/// layer's read posts, as MoRIIO's `merge_contiguous_blocks` merges them (it sorts by local
+/// block and merges a block into the run before it only when both its local and its remote
+/// offset follow on). With one-token blocks (the block size vLLM's AITER MLA backend needed on
+/// MI300X) a fragmented pool makes an 8K prompt thousands of operations a layer, which is what a
+/// NIC's per-message cost charges for.
+pub fn contiguous_runs(local: &[u32], remote: &[u32]) -> u64 {
+    let mut pairs: Vec<(u32, u32)> = local.iter().copied().zip(remote.iter().copied()).collect();
+    pairs.sort_unstable();
+    let breaks =
+        pairs.windows(2).filter(|w| !(w[1].0 == w[0].0.wrapping_add(1) && w[1].1 == w[0].1.wrapping_add(1)));
+    (breaks.count() + usize::from(!pairs.is_empty())) as u64
 }
 
 /// One read to post: a request's plan and the layers this read covers.
@@ -84,6 +100,11 @@ impl ReadOp {
             out.extend(run);
         }
         out
+    }
+
+    /// RDMA operations this read posts: [`ReadPlan::messages_per_layer`] for each layer it covers.
+    pub fn messages(&self) -> u64 {
+        self.plan.messages_per_layer * self.layers.len() as u64
     }
 }
 
@@ -139,6 +160,7 @@ impl DecodeWorker {
             block_len: meta.block_len,
             remote_block_ids: recv.remote_block_ids.clone(),
             local_block_ids: recv.local_block_ids.clone(),
+            messages_per_layer: contiguous_runs(&recv.local_block_ids, &recv.remote_block_ids),
         });
         let layers = plan.remote_bases.len();
         let op =
@@ -219,5 +241,42 @@ impl DecodeWorker {
             self.on_handshake(now, session, HandshakeEvent::ReadFailed(reason), out);
         }
         self.transition(id, before, event, error, out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(local: &[u32], remote: &[u32], layers: usize) -> ReadOp {
+        let plan = ReadPlan {
+            request: RequestId(1),
+            transfer_id: TransferId("t".into()),
+            source: RankId::new(crate::ids::EngineId::prefill(0), 0, 0),
+            session: SessionKey("s".into()),
+            remote_bases: vec![0; layers],
+            block_len: 16,
+            remote_block_ids: remote.into(),
+            local_block_ids: local.into(),
+            messages_per_layer: contiguous_runs(local, remote),
+        };
+        ReadOp { plan: Arc::new(plan), layer: None, layers: 0..layers }
+    }
+
+    #[test]
+    fn a_read_posts_one_message_per_run_contiguous_on_both_sides_per_layer() {
+        let check = |local: &[u32], remote: &[u32], layers: usize, expected: u64| {
+            assert_eq!(op(local, remote, layers).messages(), expected, "{local:?} <- {remote:?} x {layers}");
+        };
+        check(&[], &[], 3, 0);
+        check(&[7], &[9], 61, 61);
+        // Both sides contiguous: one run.
+        check(&[0, 1, 2, 3], &[10, 11, 12, 13], 2, 2);
+        // Remote contiguous, local not (or the other way): every block its own message.
+        check(&[0, 2, 4, 6], &[10, 11, 12, 13], 1, 4);
+        check(&[0, 1, 2, 3], &[13, 12, 11, 10], 1, 4);
+        // Two runs; the local order decides, as merge_contiguous_blocks sorts by local offset.
+        check(&[5, 6, 0, 1], &[20, 21, 30, 31], 1, 2);
+        check(&[1, 0], &[31, 30], 1, 1);
     }
 }
