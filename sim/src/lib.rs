@@ -14,6 +14,7 @@ pub mod identity;
 pub mod load;
 pub mod model_check;
 pub mod nic;
+pub mod profiles;
 pub mod result;
 pub mod rng;
 pub mod scenario;

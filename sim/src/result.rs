@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::scenario::{JainBounds, Outcome, Scenario, FORMAT_VERSION};
+use crate::scenario::{JainBounds, Outcome, Profiles, Scenario, FORMAT_VERSION};
 use crate::waitfor::{WaitEdge, WaitNode};
 
 /// Everything a run measured.
@@ -19,6 +19,10 @@ pub struct RunResult {
     pub label: String,
     /// Its deployment notation.
     pub deployment: String,
+    /// The named profiles (`profiles/*.ron`) its hardware and model came from; left out when the
+    /// scenario names none (its own values or the defaults were used).
+    #[serde(default, skip_serializing_if = "Profiles::is_empty")]
+    pub profiles: Profiles,
     /// The seed the run used.
     pub seed: u64,
     /// How the run ended.
@@ -287,6 +291,7 @@ impl RunResult {
             // A run of the scenario as it is; the command that changed it relabels the result.
             label: crate::RunIdentity::of_scenario(scenario).label(),
             deployment: scenario.deployment.clone(),
+            profiles: scenario.profiles.clone(),
             seed: scenario.seed,
             outcome: Outcome::Clean,
             expected: scenario.expect.unwrap_or(Outcome::Clean),

@@ -70,6 +70,10 @@ pub struct Scenario {
     pub description: String,
     /// Deployment notation, e.g. `2P_TP8:1D_DP8EP`.
     pub deployment: String,
+    /// The named profiles (`profiles/*.ron`) that filled `hardware` and `model` when the file was
+    /// loaded; absent from printed scenarios that name none.
+    #[serde(default, skip_serializing_if = "Profiles::is_empty")]
+    pub profiles: Profiles,
     /// The served model.
     #[serde(default)]
     pub model: ModelProfile,
@@ -173,7 +177,71 @@ impl Outcome {
     }
 }
 
+/// The profiles a scenario names, by name: each fills its fields of `hardware` or `model` from
+/// `profiles/gpus.ron`, `profiles/nics.ron` or `profiles/models.ron` when the scenario is loaded
+/// (`crate::profiles::resolve`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Profiles {
+    /// A GPU profile: HBM, compute, fabric, GPUs per node.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<String>,
+    /// A NIC profile: RDMA bandwidth, line rate, latency, message rate, queue pairs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nic: Option<String>,
+    /// A model profile: every field of `model`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+}
+
+impl Profiles {
+    /// True when no profile is named (the scenario's own values, or the defaults, are used).
+    pub fn is_empty(&self) -> bool {
+        self.gpu.is_none() && self.nic.is_none() && self.model.is_none()
+    }
+}
+
+impl std::fmt::Display for Profiles {
+    /// The named profiles as a person reads them, e.g. `gpu h200-sxm, model deepseek-r1`, or
+    /// `none`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let named: Vec<String> = [("gpu", &self.gpu), ("nic", &self.nic), ("model", &self.model)]
+            .into_iter()
+            .filter_map(|(kind, name)| name.as_ref().map(|name| format!("{kind} {name}")))
+            .collect();
+        if named.is_empty() {
+            f.write_str("none")
+        } else {
+            f.write_str(&named.join(", "))
+        }
+    }
+}
+
+/// Predicates that leave a field added after results were first recorded out of a printed
+/// scenario while it keeps its default, so the `scenario_ron` of every earlier result, and every
+/// result compared byte for byte, stays the same. A value other than the default is printed.
+mod at_default {
+    use super::{Hardware, ModelProfile};
+
+    macro_rules! at_default {
+        ($owner:ident: $($field:ident: $ty:ty),* $(,)?) => {
+            $(pub(super) fn $field(value: &$ty) -> bool {
+                *value == $owner::default().$field
+            })*
+        };
+    }
+
+    at_default!(ModelProfile: head_dim: u32, total_params_b: f64, routed_experts: u16, experts_per_token: u16,
+        shared_experts: u16, expert_params_per_layer_m: f64, weight_bytes_per_param: f64, attention_heads: u16);
+    at_default!(Hardware: bf16_tflops: f64, gpus_per_node: u16, line_rate_gbit: f64, nic_message_rate_mpps: f64,
+        nic_qps: u16);
+}
+
 /// The served model's facts that drive KV sizes and compute.
+///
+/// The fields after `hidden_size` describe the model for cost terms still to come (the
+/// compute-time model reads none of them yet); a printed scenario carries each only when it is
+/// not the default.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelProfile {
@@ -193,13 +261,38 @@ pub struct ModelProfile {
     pub active_params_b: f64,
     /// Hidden size (bytes moved per token per expert all-to-all, at one byte per value).
     pub hidden_size: u32,
+    /// Values of one cached KV head per token (under MLA the latent plus the RoPE key).
+    #[serde(skip_serializing_if = "at_default::head_dim")]
+    pub head_dim: u32,
+    /// Parameters in all, in billions.
+    #[serde(skip_serializing_if = "at_default::total_params_b")]
+    pub total_params_b: f64,
+    /// Routed experts per MoE layer (0 for a dense model).
+    #[serde(skip_serializing_if = "at_default::routed_experts")]
+    pub routed_experts: u16,
+    /// Routed experts each token goes to (top-k).
+    #[serde(skip_serializing_if = "at_default::experts_per_token")]
+    pub experts_per_token: u16,
+    /// Experts every token goes to.
+    #[serde(skip_serializing_if = "at_default::shared_experts")]
+    pub shared_experts: u16,
+    /// Parameters of one routed expert in one layer, in millions.
+    #[serde(skip_serializing_if = "at_default::expert_params_per_layer_m")]
+    pub expert_params_per_layer_m: f64,
+    /// Bytes per weight of the checkpoint (1 for FP8, 2 for BF16).
+    #[serde(skip_serializing_if = "at_default::weight_bytes_per_param")]
+    pub weight_bytes_per_param: f64,
+    /// Query heads.
+    #[serde(skip_serializing_if = "at_default::attention_heads")]
+    pub attention_heads: u16,
 }
 
 impl Default for ModelProfile {
     /// DeepSeek-R1: MLA latent of 576 values per token per layer stored as FP8 (vLLM's
     /// `--kv-cache-dtype fp8`, which the published runs need to hold their batch sizes), 61
-    /// layers of which 58 are MoE, 37B active parameters, FP8 weights,
-    /// hidden size 7168.
+    /// layers of which 58 are MoE with 256 routed experts (8 per token) and 1 shared, 671B
+    /// parameters of which 37B active, FP8 weights, hidden size 7168, 128 heads: the
+    /// `deepseek-r1` profile of `profiles/models.ron`, value for value (a test checks it).
     fn default() -> Self {
         ModelProfile {
             use_mla: true,
@@ -210,11 +303,23 @@ impl Default for ModelProfile {
             block_size_tokens: 16,
             active_params_b: 37.0,
             hidden_size: 7168,
+            head_dim: 576,
+            total_params_b: 671.0,
+            routed_experts: 256,
+            experts_per_token: 8,
+            shared_experts: 1,
+            expert_params_per_layer_m: 44.040192,
+            weight_bytes_per_param: 1.0,
+            attention_heads: 128,
         }
     }
 }
 
 /// Hardware of every GPU node.
+///
+/// The fields after `listener_service_us` describe the hardware for cost terms still to come
+/// (the simulator reads none of them yet); a printed scenario carries each only when it is not
+/// the default.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Hardware {
@@ -236,10 +341,28 @@ pub struct Hardware {
     pub control_latency_us: f64,
     /// Time a handshake or notify listener spends on one message (one at a time).
     pub listener_service_us: f64,
+    /// Dense BF16 throughput per GPU.
+    #[serde(skip_serializing_if = "at_default::bf16_tflops")]
+    pub bf16_tflops: f64,
+    /// GPUs per node (one scale-up fabric domain).
+    #[serde(skip_serializing_if = "at_default::gpus_per_node")]
+    pub gpus_per_node: u16,
+    /// Line rate of one NIC.
+    #[serde(skip_serializing_if = "at_default::line_rate_gbit")]
+    pub line_rate_gbit: f64,
+    /// Small-message ceiling of one NIC, millions of messages per second.
+    #[serde(skip_serializing_if = "at_default::nic_message_rate_mpps")]
+    pub nic_message_rate_mpps: f64,
+    /// Queue pairs one transfer uses.
+    #[serde(skip_serializing_if = "at_default::nic_qps")]
+    pub nic_qps: u16,
 }
 
 impl Default for Hardware {
-    /// MI300X-class: 192 GB HBM3 at 5.3 TB/s, 2.6 PFLOP/s dense FP8, one 400 Gb/s NIC.
+    /// MI300X-class: 192 GB HBM3 at 5.3 TB/s, 2.6 PFLOP/s dense FP8 and 1.3 dense BF16, eight
+    /// GPUs per node, one 400 Gb/s NIC per GPU measured at 48 GB/s and 7.1 M messages/s with
+    /// four queue pairs per transfer (MoRI-IO on Thor2). The `mi300x` and `thor2-400g` profiles
+    /// differ in a few values, cited there; a test lists the differences.
     fn default() -> Self {
         Hardware {
             hbm_gb: 192.0,
@@ -251,6 +374,11 @@ impl Default for Hardware {
             nic_latency_us: 5.0,
             control_latency_us: 100.0,
             listener_service_us: 50.0,
+            bf16_tflops: 1300.0,
+            gpus_per_node: 8,
+            line_rate_gbit: 400.0,
+            nic_message_rate_mpps: 7.1,
+            nic_qps: 4,
         }
     }
 }
@@ -576,6 +704,7 @@ impl Scenario {
             name: notation.replace(':', "-"),
             description: format!("{notation} with the default profile and workload"),
             deployment: notation.to_string(),
+            profiles: Profiles::default(),
             model: ModelProfile::default(),
             hardware: Hardware::default(),
             cost: CostModel::default(),

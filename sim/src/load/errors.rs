@@ -8,6 +8,7 @@ use ron::error::{Error as RonError, SpannedError};
 
 use super::legacy_names::{is_legacy_path, legacy_names};
 use super::path::{ident_end, is_ident_start, scan, skip_blank, skip_string};
+use crate::profiles::ProfileError;
 
 /// A place in a scenario's text: 1-based line and column, columns counted in characters (as ron
 /// counts them).
@@ -105,6 +106,19 @@ pub enum ScenarioError {
         /// The rule broken and the value found.
         message: String,
     },
+    /// The scenario's `profiles` cannot be applied: a name its file lacks, a field written with
+    /// another value than the named profile's, or a profile file that does not load.
+    Profile {
+        /// File or name of the text.
+        origin: String,
+        /// Where the field's name is written, when it is.
+        at: Option<Location>,
+        /// Dotted path of the field: `profiles.gpu` (or `.nic`, `.model`) for the name, the
+        /// written field (e.g. `hardware.hbm_gb`) for a conflict.
+        field: String,
+        /// What is wrong.
+        error: Box<ProfileError>,
+    },
 }
 
 impl ScenarioError {
@@ -117,7 +131,8 @@ impl ScenarioError {
             | ScenarioError::MissingField { origin, .. }
             | ScenarioError::WrongType { origin, .. }
             | ScenarioError::UnknownVariant { origin, .. }
-            | ScenarioError::Invalid { origin, .. } => origin,
+            | ScenarioError::Invalid { origin, .. }
+            | ScenarioError::Profile { origin, .. } => origin,
         }
     }
 
@@ -130,7 +145,7 @@ impl ScenarioError {
             | ScenarioError::MissingField { at, .. }
             | ScenarioError::WrongType { at, .. }
             | ScenarioError::UnknownVariant { at, .. } => Some(*at),
-            ScenarioError::Invalid { at, .. } => *at,
+            ScenarioError::Invalid { at, .. } | ScenarioError::Profile { at, .. } => *at,
         }
     }
 
@@ -140,7 +155,8 @@ impl ScenarioError {
             ScenarioError::Io { .. } => None,
             ScenarioError::UnknownField { field, .. }
             | ScenarioError::MissingField { field, .. }
-            | ScenarioError::Invalid { field, .. } => Some(field),
+            | ScenarioError::Invalid { field, .. }
+            | ScenarioError::Profile { field, .. } => Some(field),
             ScenarioError::Syntax { field, .. }
             | ScenarioError::WrongType { field, .. }
             | ScenarioError::UnknownVariant { field, .. } => field.as_deref(),
@@ -180,6 +196,7 @@ impl fmt::Display for ScenarioError {
                 }
             }
             ScenarioError::Invalid { field, message, .. } => write!(f, " field `{field}`: {message}"),
+            ScenarioError::Profile { field, error, .. } => write!(f, " field `{field}`: {error}"),
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Loading scenario files: RON text to a checked [`Scenario`], with errors that name the file, the
 //! line and column, and the dotted field path; and printing a scenario back as RON.
 //!
-//! Reading happens in three steps:
+//! Reading happens in four steps:
 //!
 //! 1. Legacy option names written as strings (`legacy: ["lazy-handshake"]`) are turned into RON
 //!    raw identifiers (`r#lazy-handshake`), which is what serde's enum derive needs. `"x"` and
@@ -13,12 +13,16 @@
 //!    tracking `key:` names and list indexes through the brackets, and rebuilds the dotted path
 //!    (e.g. `workload.clients.concurrency`, `faults.timeline[1].target`); module `errors` turns
 //!    ron's error into a [`ScenarioError`] in words.
-//! 3. [`validate()`] checks what serde cannot (positive sizes, probabilities, routable engine
+//! 3. When the scenario names profiles (`profiles: (gpu: "h200-sxm")`), `crate::profiles`
+//!    fills `hardware` and `model` from them; the scanner says which fields the text writes,
+//!    since a written field must agree with the profile.
+//! 4. [`validate()`] checks what serde cannot (positive sizes, probabilities, routable engine
 //!    pairs, and, in module `target`, fault targets inside the deployment). Its violations name
 //!    a dotted path; the same scanner finds where that field's `key:` is written. A field the
 //!    file leaves at its default has no key; the error then points at the nearest enclosing
 //!    field written in the file, or carries no position at all.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 
 use ron::extensions::Extensions;
@@ -62,8 +66,24 @@ pub fn parse_scenario(text: &str, origin: &str) -> Result<Scenario, ScenarioErro
         });
     }
     let text = raw_legacy_names(text);
-    let scenario: Scenario =
+    let mut scenario: Scenario =
         ron_options().from_str(&text).map_err(|err| from_ron_error(origin, &text, err))?;
+    if !scenario.profiles.is_empty() {
+        // Which fields the text writes: a named profile may fill only the others, or those it
+        // agrees with. serde's defaults cannot tell a field left out from one written as its
+        // default, so the text itself is scanned.
+        let in_sections = |path: &str| path.starts_with("hardware.") || path.starts_with("model.");
+        let written: BTreeSet<String> =
+            scan(&text, text.len(), &in_sections).anchors.into_iter().map(|anchor| anchor.path).collect();
+        crate::profiles::resolve(&mut scenario, &|path| written.contains(path)).map_err(|failed| {
+            ScenarioError::Profile {
+                origin: origin.to_string(),
+                at: locate(&text, &failed.field),
+                field: failed.field,
+                error: failed.error,
+            }
+        })?;
+    }
     validate(&scenario).map_err(|violation| ScenarioError::Invalid {
         origin: origin.to_string(),
         at: locate(&text, &violation.field),
@@ -114,13 +134,13 @@ pub fn scenario_to_ron(scenario: &Scenario) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::test_support::{kind, Kind};
+    use super::test_support::{check_err, kind, with, Kind};
     use super::*;
     use pdkv_core::legacy::Legacy;
 
     use crate::scenario::{
         Clients, CostModel, EngineLimits, FaultKind, Faults, Hardware, Length, Limits, ModelProfile, Outcome,
-        Protocol, Reads, Swarm, Target, TimedFault, Workload,
+        Profiles, Protocol, Reads, Swarm, Target, TimedFault, Workload,
     };
     use path::skip_string;
 
@@ -317,6 +337,7 @@ mod tests {
             name: "x".into(),
             description: String::new(),
             deployment: "1P_TP8:1D_TP8".into(),
+            profiles: Profiles::default(),
             model: ModelProfile::default(),
             hardware: Hardware::default(),
             cost: CostModel::default(),
@@ -373,6 +394,7 @@ mod tests {
             name: "lazy-lost-reply".into(),
             description: "a lost handshake reply under the lazy handshake".into(),
             deployment: "2P_TP8:1D_DP8EP".into(),
+            profiles: Profiles::default(),
             model: ModelProfile {
                 kv_bytes_per_token_per_layer: 1152,
                 block_size_tokens: 32,
@@ -435,9 +457,113 @@ mod tests {
         assert_eq!(parse_scenario(FULL, "<full>"), Ok(full_expected()));
     }
 
+    /// A scenario's profiles fill `hardware` and `model`; fields they do not fill keep the
+    /// scenario's values; a written field must agree with the profile.
+    #[test]
+    fn load_profiles_fill_hardware_and_model() {
+        let ok = |fields: &str| match parse_scenario(&with(fields), "<table>") {
+            Ok(scenario) => scenario,
+            Err(err) => panic!("{fields}: {err}"),
+        };
+        let h200 = ok(r#"profiles: (gpu: "h200-sxm")"#);
+        let hw = &h200.hardware;
+        assert_eq!(
+            (hw.hbm_gb, hw.hbm_tb_s, hw.fp8_tflops, hw.bf16_tflops, hw.fabric_gb_s, hw.gpus_per_node),
+            (141.0, 4.8, 1979.0, 989.0, 450.0, 8)
+        );
+        // A GPU profile leaves the NIC and the model alone.
+        assert_eq!((hw.nic_gb_s, &h200.model), (Hardware::default().nic_gb_s, &ModelProfile::default()));
+        let mixed = ok(
+            r#"profiles: (gpu: "h200-sxm", nic: "cx7-400g"), hardware: (hbm_gb: 141, kv_memory_fraction: 0.6, gpus_per_node: 8)"#,
+        );
+        let hw = &mixed.hardware;
+        assert_eq!(
+            (hw.hbm_gb, hw.kv_memory_fraction, hw.nic_gb_s, hw.nic_latency_us, hw.line_rate_gbit),
+            (141.0, 0.6, 44.78, 6.74, 400.0)
+        );
+        assert_eq!(ok(r#"profiles: (model: "deepseek-r1")"#).model, ModelProfile::default());
+        let llama = ok(r#"profiles: (model: "llama-3.1-70b")"#).model;
+        assert_eq!(
+            (
+                llama.use_mla,
+                llama.kv_heads,
+                llama.layers,
+                llama.moe_layers,
+                llama.kv_bytes_per_token_per_layer
+            ),
+            (false, 8, 80, 0, 2048)
+        );
+        let table = [
+            (
+                with(r#"profiles: (gpu: "h300")"#),
+                (
+                    Kind::Profile,
+                    "profiles.gpu",
+                    "unknown GPU profile `h300`; profiles/gpus.ron has: b200, h100-sxm, h200-sxm, h800, mi300x, mi355x",
+                ),
+            ),
+            (
+                with(r#"profiles: (nic: "cx9")"#),
+                (Kind::Profile, "profiles.nic", "profiles/nics.ron has: cx7-400g, cx8-800g, pollara-400, thor2-400g"),
+            ),
+            (
+                with(r#"profiles: (model: "gpt")"#),
+                (Kind::Profile, "profiles.model", "unknown model profile `gpt`; profiles/models.ron has: deepseek-r1"),
+            ),
+            (
+                with(r#"profiles: (gpu: "h200-sxm"), hardware: (hbm_gb: 192)"#),
+                (
+                    Kind::Profile,
+                    "hardware.hbm_gb",
+                    "field `hardware.hbm_gb`: is 192.0 but the GPU profile `h200-sxm` (profiles/gpus.ron) says 141.0; \
+                     a scenario that names a profile takes the profile's values: remove `hardware.hbm_gb` or the profile",
+                ),
+            ),
+            (
+                with(r#"profiles: (nic: "thor2-400g"), hardware: (nic_qps: 8)"#),
+                (Kind::Profile, "hardware.nic_qps", "is 8 but the NIC profile `thor2-400g` (profiles/nics.ron) says 4"),
+            ),
+            (
+                with(r#"profiles: (model: "llama-3.1-70b"), model: (head_dim: 576)"#),
+                (Kind::Profile, "model.head_dim", "is 576 but the model profile `llama-3.1-70b` (profiles/models.ron) says 128"),
+            ),
+            (
+                with(r#"profiles: (model: "deepseek-r1"), model: (layers: 60)"#),
+                (Kind::Profile, "model.layers", "is 60 but the model profile `deepseek-r1`"),
+            ),
+            (
+                with(r#"profiles: (cpu: "epyc")"#),
+                (Kind::UnknownField, "profiles.cpu", "expected one of: gpu, nic, model"),
+            ),
+            // The profile is applied before the format's rules, which then hold for its values:
+            // Llama's 8 KV heads cannot be split between TP4 and TP8.
+            (
+                r#"(name: "x", deployment: "1P_TP4:1D_TP8", profiles: (model: "llama-3.1-70b"))"#.to_string(),
+                (Kind::Invalid, "deployment", "with 8 KV heads"),
+            ),
+        ];
+        for (text, expected) in table {
+            check_err(&text, expected);
+        }
+        // A conflict points at the field as written, an unknown name at the name.
+        let at = |fields: &str, word: &str| {
+            let text = with(fields);
+            let err = parse_scenario(&text, "<at>").map(|_| ()).unwrap_err();
+            let column = text.find(word).map(|offset| offset + 1);
+            assert_eq!(err.location().map(|at| (at.line, at.column)), column.map(|c| (1, c)), "{err}");
+        };
+        at(r#"profiles: (gpu: "h200-sxm"), hardware: (hbm_gb: 192)"#, "hbm_gb");
+        at(r#"profiles: (gpu: "h300")"#, "gpu:");
+    }
+
     #[test]
     fn load_printed_scenarios_read_back_unchanged() {
         let mut scenarios = vec![full_expected()];
+        let profiled = r#"profiles: (gpu: "h200-sxm", nic: "cx7-400g", model: "llama-3.1-70b")"#;
+        match parse_scenario(&with(profiled), "<profiled>") {
+            Ok(scenario) => scenarios.push(scenario),
+            Err(err) => panic!("{err}"),
+        }
         for notation in ["1P_TP8:1D_TP8", "2P_TP8:1D_DP8EP", "1P_TP4+1P_DP2TP4:2D_TP8"] {
             scenarios.push(Scenario::from_notation(notation));
         }
@@ -458,8 +584,28 @@ mod tests {
             text.contains("        peers: {\n            \"P1\": \"vllm-0.33\",\n        },\n"),
             "{text}"
         );
-        // A scenario without peers prints none, so results of older scenarios keep their text.
-        assert!(!scenario_to_ron(&Scenario::from_notation("1P_TP8:1D_TP8")).contains("peers"));
+        // A scenario without peers prints none, so results of older scenarios keep their text;
+        // nor profiles, nor the fields added with them while they keep their defaults.
+        let plain = scenario_to_ron(&Scenario::from_notation("1P_TP8:1D_TP8"));
+        for field in [
+            "peers",
+            "profiles",
+            "head_dim",
+            "total_params_b",
+            "routed_experts",
+            "experts_per_token",
+            "shared_experts",
+            "expert_params_per_layer_m",
+            "weight_bytes_per_param",
+            "attention_heads",
+            "bf16_tflops",
+            "gpus_per_node",
+            "line_rate_gbit",
+            "nic_message_rate_mpps",
+            "nic_qps",
+        ] {
+            assert!(!plain.contains(field), "{field}: {plain}");
+        }
         assert!(text.contains("duration_ms: 1000,"), "{text}");
     }
 

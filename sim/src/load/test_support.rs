@@ -13,6 +13,7 @@ pub(super) enum Kind {
     WrongType,
     UnknownVariant,
     Invalid,
+    Profile,
 }
 
 pub(super) fn kind(err: &ScenarioError) -> Kind {
@@ -24,6 +25,7 @@ pub(super) fn kind(err: &ScenarioError) -> Kind {
         ScenarioError::WrongType { .. } => Kind::WrongType,
         ScenarioError::UnknownVariant { .. } => Kind::UnknownVariant,
         ScenarioError::Invalid { .. } => Kind::Invalid,
+        ScenarioError::Profile { .. } => Kind::Profile,
     }
 }
 

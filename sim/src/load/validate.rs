@@ -284,7 +284,38 @@ fn validate_model(scenario: &Scenario) -> Check {
     at_most("model.block_size_tokens", model.block_size_tokens.into(), dimension, "")?;
     positive("model.active_params_b", model.active_params_b)?;
     at_least_one("model.hidden_size", model.hidden_size.into())?;
-    at_most("model.hidden_size", model.hidden_size.into(), dimension, "")
+    at_most("model.hidden_size", model.hidden_size.into(), dimension, "")?;
+    // The descriptive fields (no cost term reads them yet): their ranges only, and the two
+    // orderings no model can break. The rules between them (KV bytes from heads, dense models
+    // without experts) are the profiles' (`crate::profiles`), since a hand-written model block
+    // that sets only what the cost model reads leaves the others at DeepSeek-R1's values.
+    at_least_one("model.head_dim", model.head_dim.into())?;
+    at_most("model.head_dim", model.head_dim.into(), dimension, "")?;
+    positive("model.total_params_b", model.total_params_b)?;
+    if model.active_params_b > model.total_params_b {
+        return Err(violation(
+            "model.active_params_b",
+            format!(
+                "must be at most model.total_params_b ({}), got {}",
+                model.total_params_b, model.active_params_b
+            ),
+        ));
+    }
+    if model.experts_per_token > model.routed_experts {
+        return Err(violation(
+            "model.experts_per_token",
+            format!(
+                "must be at most model.routed_experts ({}), got {}",
+                model.routed_experts, model.experts_per_token
+            ),
+        ));
+    }
+    // 0 for a dense model, else a count of millions like the other rates.
+    if model.expert_params_per_layer_m != 0.0 {
+        positive("model.expert_params_per_layer_m", model.expert_params_per_layer_m)?;
+    }
+    positive("model.weight_bytes_per_param", model.weight_bytes_per_param)?;
+    at_least_one("model.attention_heads", model.attention_heads.into())
 }
 
 fn validate_hardware_and_cost(scenario: &Scenario) -> Check {
@@ -298,6 +329,11 @@ fn validate_hardware_and_cost(scenario: &Scenario) -> Check {
     non_negative("hardware.nic_latency_us", hw.nic_latency_us, MAX_TIME_US)?;
     non_negative("hardware.control_latency_us", hw.control_latency_us, MAX_TIME_US)?;
     non_negative("hardware.listener_service_us", hw.listener_service_us, MAX_TIME_US)?;
+    positive("hardware.bf16_tflops", hw.bf16_tflops)?;
+    at_least_one("hardware.gpus_per_node", hw.gpus_per_node.into())?;
+    positive("hardware.line_rate_gbit", hw.line_rate_gbit)?;
+    positive("hardware.nic_message_rate_mpps", hw.nic_message_rate_mpps)?;
+    at_least_one("hardware.nic_qps", hw.nic_qps.into())?;
     let cost = &scenario.cost;
     let max_ms = MAX_TIME_MS as f64;
     non_negative("cost.prefill_fixed_ms", cost.prefill_fixed_ms, max_ms)?;
@@ -476,6 +512,12 @@ mod tests {
             (with("model: (block_size_tokens: 0)"), (Invalid, "model.block_size_tokens", "at least 1")),
             (with("model: (active_params_b: 0.0)"), (Invalid, "model.active_params_b", "positive")),
             (with("model: (hidden_size: 0)"), (Invalid, "model.hidden_size", "at least 1")),
+            (with("model: (head_dim: 0)"), (Invalid, "model.head_dim", "at least 1")),
+            (with("model: (total_params_b: 30.0)"), (Invalid, "model.active_params_b", "at most model.total_params_b (30)")),
+            (with("model: (experts_per_token: 300)"), (Invalid, "model.experts_per_token", "at most model.routed_experts (256)")),
+            (with("model: (expert_params_per_layer_m: -1)"), (Invalid, "model.expert_params_per_layer_m", "positive")),
+            (with("model: (weight_bytes_per_param: 0)"), (Invalid, "model.weight_bytes_per_param", "positive")),
+            (with("model: (attention_heads: 0)"), (Invalid, "model.attention_heads", "at least 1")),
             (
                 with("faults: (timeline: [(at_ms: 0, target: \"P0.dp0.tp0\", fault: SendQueueFull)])"),
                 (Invalid, "faults.timeline[0].target", "applies to decode ranks"),
@@ -485,6 +527,11 @@ mod tests {
             (with("hardware: (nic_gb_s: inf)"), (Invalid, "hardware.nic_gb_s", "finite")),
             (with("hardware: (nic_gb_s: NaN)"), (Invalid, "hardware.nic_gb_s", "got NaN")),
             (with("hardware: (nic_latency_us: -1)"), (Invalid, "hardware.nic_latency_us", "at least 0")),
+            (with("hardware: (bf16_tflops: 0)"), (Invalid, "hardware.bf16_tflops", "positive")),
+            (with("hardware: (gpus_per_node: 0)"), (Invalid, "hardware.gpus_per_node", "at least 1")),
+            (with("hardware: (line_rate_gbit: -400)"), (Invalid, "hardware.line_rate_gbit", "positive")),
+            (with("hardware: (nic_message_rate_mpps: 0)"), (Invalid, "hardware.nic_message_rate_mpps", "positive")),
+            (with("hardware: (nic_qps: 0)"), (Invalid, "hardware.nic_qps", "at least 1")),
             (with("cost: (prefill_mfu: 0.0)"), (Invalid, "cost.prefill_mfu", "(0, 1]")),
             (with("cost: (fabric_efficiency: 1.01)"), (Invalid, "cost.fabric_efficiency", "got 1.01")),
             (with("cost: (decode_fixed_ms: -3)"), (Invalid, "cost.decode_fixed_ms", "got -3")),

@@ -1,0 +1,1109 @@
+//! Named GPU, NIC and model profiles: `profiles/gpus.ron`, `profiles/nics.ron` and
+//! `profiles/models.ron`, embedded in the binary (so it needs no file at run time), parsed into
+//! typed profiles, checked, looked up by name, and applied to a scenario that names them
+//! (`profiles: (gpu: "h200-sxm", nic: "cx7-400g", model: "deepseek-r1")`).
+//!
+//! Every value of every profile cites its public source in the profile's `sources` map, keyed by
+//! field name: `URL — quote or paraphrase`, `UNVERIFIED: why`, or `modelling choice: why`.
+//! Loading fails when a value has no source, when a source names no field, or when a citation has
+//! none of these forms, so a number without a source cannot enter a run. `docs/sim.md`
+//! ("Profiles") documents the fields.
+//!
+//! A scenario that names a profile takes every value the profile has from it. A field the
+//! profile fills may still be written in the scenario, but only with the profile's own value
+//! (the scenario a result prints, which `pdkv replay` reads back, repeats them); any other value
+//! is an error naming the field and the profile, so a profile is never mixed silently with
+//! hand-set numbers, and replaying a result after a profile changed says which value moved.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::scenario::{ModelProfile, Scenario, RATE_RANGE};
+
+/// Which file a profile lives in, and which part of a scenario it fills.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ProfileKind {
+    /// `profiles/gpus.ron`, filling part of `hardware`.
+    Gpu,
+    /// `profiles/nics.ron`, filling part of `hardware`.
+    Nic,
+    /// `profiles/models.ron`, filling all of `model`.
+    Model,
+}
+
+impl ProfileKind {
+    /// Every kind, in the order `pdkv profiles` lists them.
+    pub const ALL: [ProfileKind; 3] = [ProfileKind::Gpu, ProfileKind::Nic, ProfileKind::Model];
+
+    /// The file, relative to the repository root.
+    pub fn file(self) -> &'static str {
+        match self {
+            ProfileKind::Gpu => "profiles/gpus.ron",
+            ProfileKind::Nic => "profiles/nics.ron",
+            ProfileKind::Model => "profiles/models.ron",
+        }
+    }
+
+    /// The file's text as built into the binary.
+    fn text(self) -> &'static str {
+        match self {
+            ProfileKind::Gpu => include_str!("../../profiles/gpus.ron"),
+            ProfileKind::Nic => include_str!("../../profiles/nics.ron"),
+            ProfileKind::Model => include_str!("../../profiles/models.ron"),
+        }
+    }
+
+    /// The word for a profile of this kind in messages: `GPU`, `NIC`, `model`.
+    pub fn noun(self) -> &'static str {
+        match self {
+            ProfileKind::Gpu => "GPU",
+            ProfileKind::Nic => "NIC",
+            ProfileKind::Model => "model",
+        }
+    }
+
+    /// The key a scenario names a profile of this kind with: `profiles.gpu`, `.nic`, `.model`.
+    pub fn key(self) -> &'static str {
+        match self {
+            ProfileKind::Gpu => "gpu",
+            ProfileKind::Nic => "nic",
+            ProfileKind::Model => "model",
+        }
+    }
+
+    /// The part of a scenario a profile of this kind fills: `hardware` or `model`.
+    pub fn section(self) -> &'static str {
+        match self {
+            ProfileKind::Gpu | ProfileKind::Nic => "hardware",
+            ProfileKind::Model => "model",
+        }
+    }
+}
+
+impl fmt::Display for ProfileKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.noun())
+    }
+}
+
+/// Why a profile file could not be used, or a scenario's profiles could not be applied.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ProfileError {
+    /// The file is not well-formed RON, or not a list of profiles of its kind (an unknown or
+    /// missing field, a value of the wrong type).
+    Parse {
+        /// The file.
+        kind: ProfileKind,
+        /// Line and column where ron stopped, from 1.
+        line: usize,
+        /// Column, from 1.
+        column: usize,
+        /// ron's reason.
+        message: String,
+    },
+    /// A profile's name is not a lowercase id.
+    BadName {
+        /// The file.
+        kind: ProfileKind,
+        /// The name as written.
+        name: String,
+    },
+    /// Two profiles of one file share a name.
+    DuplicateName {
+        /// The file.
+        kind: ProfileKind,
+        /// The name.
+        name: String,
+    },
+    /// A value breaks a rule of its kind (positive, at most another, consistent with others).
+    Invalid {
+        /// The file.
+        kind: ProfileKind,
+        /// The profile.
+        profile: String,
+        /// The field.
+        field: String,
+        /// The rule and the value found.
+        message: String,
+    },
+    /// A value has no entry in the profile's `sources`.
+    MissingSource {
+        /// The file.
+        kind: ProfileKind,
+        /// The profile.
+        profile: String,
+        /// The field without a source.
+        field: String,
+    },
+    /// An entry of `sources` names no field of the profile.
+    UnknownSourceField {
+        /// The file.
+        kind: ProfileKind,
+        /// The profile.
+        profile: String,
+        /// The key written.
+        field: String,
+        /// The profile's fields.
+        fields: Vec<String>,
+    },
+    /// A citation is neither `URL — quote`, `UNVERIFIED: why` nor `modelling choice: why`.
+    BadCitation {
+        /// The file.
+        kind: ProfileKind,
+        /// The profile.
+        profile: String,
+        /// The field cited.
+        field: String,
+        /// The citation as written.
+        citation: String,
+    },
+    /// A scenario names a profile its file does not have.
+    UnknownName {
+        /// The file looked in.
+        kind: ProfileKind,
+        /// The name asked for.
+        name: String,
+        /// The names the file has, sorted.
+        known: Vec<String>,
+    },
+    /// A scenario names a profile and writes one of the fields it fills with another value.
+    Conflict {
+        /// The profile's file.
+        kind: ProfileKind,
+        /// The profile.
+        profile: String,
+        /// The scenario's field, e.g. `hardware.hbm_gb`.
+        field: String,
+        /// The value the scenario writes.
+        written: String,
+        /// The profile's value.
+        value: String,
+    },
+}
+
+impl fmt::Display for ProfileError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProfileError::Parse { kind, line, column, message } => {
+                write!(f, "{}:{line}:{column}: {message}", kind.file())
+            }
+            ProfileError::BadName { kind, name } => write!(
+                f,
+                "{}: profile name `{}` is not a lowercase id (letters a-z, digits, `-` and `.`, starting \
+                 with a letter or digit)",
+                kind.file(),
+                name.escape_debug()
+            ),
+            ProfileError::DuplicateName { kind, name } => {
+                write!(f, "{}: two profiles are named `{name}`", kind.file())
+            }
+            ProfileError::Invalid { kind, profile, field, message } => {
+                write!(f, "{}, profile `{profile}`, field `{field}`: {message}", kind.file())
+            }
+            ProfileError::MissingSource { kind, profile, field } => write!(
+                f,
+                "{}, profile `{profile}`: field `{field}` has no entry in `sources`; every value needs \
+                 its public source, `UNVERIFIED: why` or `modelling choice: why`",
+                kind.file()
+            ),
+            ProfileError::UnknownSourceField { kind, profile, field, fields } => write!(
+                f,
+                "{}, profile `{profile}`: `sources` names `{field}`, which is not a field; the fields are: {}",
+                kind.file(),
+                fields.join(", ")
+            ),
+            ProfileError::BadCitation { kind, profile, field, citation } => write!(
+                f,
+                "{}, profile `{profile}`: the source of `{field}` is neither `URL — quote`, `UNVERIFIED: \
+                 why` nor `modelling choice: why`: {citation:?}",
+                kind.file()
+            ),
+            ProfileError::UnknownName { kind, name, known } => write!(
+                f,
+                "unknown {kind} profile `{}`; {} has: {}",
+                name.escape_debug(),
+                kind.file(),
+                known.join(", ")
+            ),
+            ProfileError::Conflict { kind, profile, field, written, value } => write!(
+                f,
+                "is {written} but the {kind} profile `{profile}` ({}) says {value}; a scenario that names \
+                 a profile takes the profile's values: remove `{field}` or the profile",
+                kind.file()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ProfileError {}
+
+/// Why a scenario's profiles could not be applied ([`resolve`]): the scenario field to point
+/// at, and the error (boxed: scenario errors are returned by value and should stay small).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResolveError {
+    /// Dotted path: `profiles.gpu` (or `.nic`, `.model`) for a name the file lacks or a file
+    /// that does not load, the written field (e.g. `hardware.hbm_gb`) for a conflict.
+    pub field: String,
+    /// What is wrong.
+    pub error: Box<ProfileError>,
+}
+
+impl ResolveError {
+    fn new(field: String, error: ProfileError) -> ResolveError {
+        ResolveError { field, error: Box::new(error) }
+    }
+}
+
+/// What the three kinds of profile have in common.
+pub trait Profile: Serialize + DeserializeOwned {
+    /// The file of this kind.
+    const KIND: ProfileKind;
+    /// The value fields (every field but `name` and `sources`), in file order; each is also a
+    /// field of the scenario section the profile fills.
+    const FIELDS: &'static [&'static str];
+    /// The profile's name.
+    fn name(&self) -> &str;
+    /// Its citations, by field.
+    fn sources(&self) -> &BTreeMap<String, String>;
+    /// The rules of the values beyond their types; the first one broken, as (field, why).
+    fn check(&self) -> Result<(), (&'static str, String)>;
+    /// Writes the profile's values into the scenario.
+    fn apply(&self, scenario: &mut Scenario);
+    /// The values `scenario` holds now, as a profile of this kind (named `name`, without
+    /// sources): what a written field is compared with. (A scenario section's own serialization
+    /// would not do: it leaves out fields at their defaults.)
+    fn of_scenario(name: &str, scenario: &Scenario) -> Self;
+}
+
+/// A GPU: memory, compute and the intra-node fabric, per GPU.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Gpu {
+    /// Lowercase id, e.g. `mi300x`.
+    pub name: String,
+    /// HBM capacity, GB.
+    pub hbm_gb: f64,
+    /// Peak HBM bandwidth, TB/s.
+    pub hbm_tb_s: f64,
+    /// Peak dense FP8 throughput, TFLOP/s.
+    pub fp8_tflops: f64,
+    /// Peak dense BF16 throughput, TFLOP/s.
+    pub bf16_tflops: f64,
+    /// Intra-node GPU-to-GPU bandwidth of one GPU per direction, GB/s.
+    pub fabric_gb_s: f64,
+    /// GPUs per node.
+    pub gpus_per_node: u16,
+    /// Citation of each value, by field.
+    pub sources: BTreeMap<String, String>,
+}
+
+/// An RDMA NIC, one per GPU.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Nic {
+    /// Lowercase id, e.g. `cx7-400g`.
+    pub name: String,
+    /// Achievable large-message RDMA bandwidth, GB/s.
+    pub nic_gb_s: f64,
+    /// Line rate, Gbit/s.
+    pub line_rate_gbit: f64,
+    /// Latency of one small message, µs.
+    pub nic_latency_us: f64,
+    /// Small-message ceiling, millions of messages per second.
+    pub nic_message_rate_mpps: f64,
+    /// Queue pairs one transfer uses.
+    pub nic_qps: u16,
+    /// Citation of each value, by field.
+    pub sources: BTreeMap<String, String>,
+}
+
+/// A served model: every field of the scenario's `model`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Model {
+    /// Lowercase id, e.g. `deepseek-r1`.
+    pub name: String,
+    /// Multi-head latent attention.
+    pub use_mla: bool,
+    /// KV heads (1 under MLA).
+    pub kv_heads: u16,
+    /// Values of one cached KV head per token.
+    pub head_dim: u32,
+    /// Transformer layers.
+    pub layers: u16,
+    /// Layers with routed experts.
+    pub moe_layers: u16,
+    /// Hidden size.
+    pub hidden_size: u32,
+    /// KV bytes of one token in one layer, whole model.
+    pub kv_bytes_per_token_per_layer: u32,
+    /// Tokens per KV block.
+    pub block_size_tokens: u32,
+    /// Parameters, billions.
+    pub total_params_b: f64,
+    /// Parameters active per token, billions.
+    pub active_params_b: f64,
+    /// Routed experts per MoE layer.
+    pub routed_experts: u16,
+    /// Routed experts per token.
+    pub experts_per_token: u16,
+    /// Experts every token goes to.
+    pub shared_experts: u16,
+    /// Parameters of one routed expert in one layer, millions.
+    pub expert_params_per_layer_m: f64,
+    /// Bytes per weight of the checkpoint.
+    pub weight_bytes_per_param: f64,
+    /// Query heads.
+    pub attention_heads: u16,
+    /// Citation of each value, by field.
+    pub sources: BTreeMap<String, String>,
+}
+
+/// A rate, size or count given as a float: positive, finite and within the scenario format's
+/// [`RATE_RANGE`], so whatever a profile fills, the scenario's own checks accept.
+fn positive(field: &'static str, value: f64) -> Result<(), (&'static str, String)> {
+    let (lo, hi) = RATE_RANGE;
+    if value.is_finite() && (lo..=hi).contains(&value) {
+        Ok(())
+    } else {
+        Err((field, format!("must be a finite number between {lo:e} and {hi:e}, got {value}")))
+    }
+}
+
+fn at_least_one(field: &'static str, value: u64) -> Result<(), (&'static str, String)> {
+    if value >= 1 {
+        Ok(())
+    } else {
+        Err((field, "must be at least 1, got 0".to_string()))
+    }
+}
+
+impl Profile for Gpu {
+    const KIND: ProfileKind = ProfileKind::Gpu;
+    const FIELDS: &'static [&'static str] =
+        &["hbm_gb", "hbm_tb_s", "fp8_tflops", "bf16_tflops", "fabric_gb_s", "gpus_per_node"];
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn sources(&self) -> &BTreeMap<String, String> {
+        &self.sources
+    }
+
+    fn check(&self) -> Result<(), (&'static str, String)> {
+        positive("hbm_gb", self.hbm_gb)?;
+        positive("hbm_tb_s", self.hbm_tb_s)?;
+        positive("fp8_tflops", self.fp8_tflops)?;
+        positive("bf16_tflops", self.bf16_tflops)?;
+        positive("fabric_gb_s", self.fabric_gb_s)?;
+        at_least_one("gpus_per_node", self.gpus_per_node.into())?;
+        // Dense FP8 is twice dense BF16 on every GPU here; FP8 below BF16 means one of them is
+        // the sparse figure vendors print, or the two are swapped.
+        if self.fp8_tflops < self.bf16_tflops {
+            return Err((
+                "fp8_tflops",
+                format!("must be at least bf16_tflops ({}), got {}", self.bf16_tflops, self.fp8_tflops),
+            ));
+        }
+        Ok(())
+    }
+
+    fn apply(&self, scenario: &mut Scenario) {
+        let hw = &mut scenario.hardware;
+        hw.hbm_gb = self.hbm_gb;
+        hw.hbm_tb_s = self.hbm_tb_s;
+        hw.fp8_tflops = self.fp8_tflops;
+        hw.bf16_tflops = self.bf16_tflops;
+        hw.fabric_gb_s = self.fabric_gb_s;
+        hw.gpus_per_node = self.gpus_per_node;
+    }
+
+    fn of_scenario(name: &str, scenario: &Scenario) -> Self {
+        let hw = &scenario.hardware;
+        Gpu {
+            name: name.to_string(),
+            hbm_gb: hw.hbm_gb,
+            hbm_tb_s: hw.hbm_tb_s,
+            fp8_tflops: hw.fp8_tflops,
+            bf16_tflops: hw.bf16_tflops,
+            fabric_gb_s: hw.fabric_gb_s,
+            gpus_per_node: hw.gpus_per_node,
+            sources: BTreeMap::new(),
+        }
+    }
+}
+
+impl Profile for Nic {
+    const KIND: ProfileKind = ProfileKind::Nic;
+    const FIELDS: &'static [&'static str] =
+        &["nic_gb_s", "line_rate_gbit", "nic_latency_us", "nic_message_rate_mpps", "nic_qps"];
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn sources(&self) -> &BTreeMap<String, String> {
+        &self.sources
+    }
+
+    fn check(&self) -> Result<(), (&'static str, String)> {
+        positive("nic_gb_s", self.nic_gb_s)?;
+        positive("line_rate_gbit", self.line_rate_gbit)?;
+        positive("nic_latency_us", self.nic_latency_us)?;
+        positive("nic_message_rate_mpps", self.nic_message_rate_mpps)?;
+        at_least_one("nic_qps", self.nic_qps.into())?;
+        // What a NIC achieves stays below its line rate; above it, a unit is wrong (Gbit for GB).
+        if self.nic_gb_s * 8.0 > self.line_rate_gbit {
+            return Err((
+                "nic_gb_s",
+                format!(
+                    "must be at most line_rate_gbit / 8 ({} GB/s), got {}",
+                    self.line_rate_gbit / 8.0,
+                    self.nic_gb_s
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn apply(&self, scenario: &mut Scenario) {
+        let hw = &mut scenario.hardware;
+        hw.nic_gb_s = self.nic_gb_s;
+        hw.line_rate_gbit = self.line_rate_gbit;
+        hw.nic_latency_us = self.nic_latency_us;
+        hw.nic_message_rate_mpps = self.nic_message_rate_mpps;
+        hw.nic_qps = self.nic_qps;
+    }
+
+    fn of_scenario(name: &str, scenario: &Scenario) -> Self {
+        let hw = &scenario.hardware;
+        Nic {
+            name: name.to_string(),
+            nic_gb_s: hw.nic_gb_s,
+            line_rate_gbit: hw.line_rate_gbit,
+            nic_latency_us: hw.nic_latency_us,
+            nic_message_rate_mpps: hw.nic_message_rate_mpps,
+            nic_qps: hw.nic_qps,
+            sources: BTreeMap::new(),
+        }
+    }
+}
+
+impl Model {
+    /// The model as a scenario's `model` holds it.
+    pub fn to_model_profile(&self) -> ModelProfile {
+        ModelProfile {
+            use_mla: self.use_mla,
+            kv_heads: self.kv_heads,
+            layers: self.layers,
+            moe_layers: self.moe_layers,
+            kv_bytes_per_token_per_layer: self.kv_bytes_per_token_per_layer,
+            block_size_tokens: self.block_size_tokens,
+            active_params_b: self.active_params_b,
+            hidden_size: self.hidden_size,
+            head_dim: self.head_dim,
+            total_params_b: self.total_params_b,
+            routed_experts: self.routed_experts,
+            experts_per_token: self.experts_per_token,
+            shared_experts: self.shared_experts,
+            expert_params_per_layer_m: self.expert_params_per_layer_m,
+            weight_bytes_per_param: self.weight_bytes_per_param,
+            attention_heads: self.attention_heads,
+        }
+    }
+
+    /// The rules between the attention fields: MLA caches one latent, GQA shares query heads
+    /// evenly among KV heads, and the KV bytes are the cached values at one or two bytes each.
+    fn check_attention(&self) -> Result<(), (&'static str, String)> {
+        at_least_one("kv_heads", self.kv_heads.into())?;
+        at_least_one("head_dim", self.head_dim.into())?;
+        at_least_one("attention_heads", self.attention_heads.into())?;
+        if self.use_mla && self.kv_heads != 1 {
+            return Err((
+                "kv_heads",
+                format!("must be 1 under MLA (one latent per token), got {}", self.kv_heads),
+            ));
+        }
+        if !self.use_mla && !self.attention_heads.is_multiple_of(self.kv_heads) {
+            return Err((
+                "attention_heads",
+                format!("must be a multiple of kv_heads ({}), got {}", self.kv_heads, self.attention_heads),
+            ));
+        }
+        // MLA caches the latent once; GQA caches a key and a value per KV head.
+        let per_value = u64::from(if self.use_mla { 1u8 } else { 2 })
+            * u64::from(self.kv_heads)
+            * u64::from(self.head_dim);
+        let bytes = u64::from(self.kv_bytes_per_token_per_layer);
+        if bytes != per_value && bytes != 2 * per_value {
+            let shape = if self.use_mla { "kv_heads x head_dim" } else { "2 x kv_heads x head_dim" };
+            return Err((
+                "kv_bytes_per_token_per_layer",
+                format!(
+                    "must be {shape} ({per_value}) values at 1 or 2 bytes each (an FP8 or BF16 KV cache): \
+                     {per_value} or {}, got {bytes}",
+                    2 * per_value
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The rules between the expert fields: a model has routed experts exactly when it has MoE
+    /// layers, and its experts fit in its parameters.
+    fn check_experts(&self) -> Result<(), (&'static str, String)> {
+        if (self.moe_layers == 0) != (self.routed_experts == 0) {
+            return Err((
+                "routed_experts",
+                format!(
+                    "must be 0 exactly when moe_layers is 0 (a dense model), got {} with moe_layers {}",
+                    self.routed_experts, self.moe_layers
+                ),
+            ));
+        }
+        if self.routed_experts == 0 {
+            let dense = [
+                ("experts_per_token", f64::from(self.experts_per_token)),
+                ("shared_experts", f64::from(self.shared_experts)),
+                ("expert_params_per_layer_m", self.expert_params_per_layer_m),
+            ];
+            if let Some((field, value)) = dense.into_iter().find(|(_, value)| *value != 0.0) {
+                return Err((field, format!("must be 0 for a dense model (routed_experts 0), got {value}")));
+            }
+            return Ok(());
+        }
+        at_least_one("experts_per_token", self.experts_per_token.into())?;
+        if self.experts_per_token > self.routed_experts {
+            return Err((
+                "experts_per_token",
+                format!(
+                    "must be at most routed_experts ({}), got {}",
+                    self.routed_experts, self.experts_per_token
+                ),
+            ));
+        }
+        positive("expert_params_per_layer_m", self.expert_params_per_layer_m)?;
+        // Millions per expert times experts times layers, in billions: the routed experts are part
+        // of the whole, and the ones a token visits are part of what is active.
+        let layers = f64::from(self.moe_layers) / 1e3;
+        let all = self.expert_params_per_layer_m * f64::from(self.routed_experts) * layers;
+        if all > self.total_params_b {
+            return Err((
+                "expert_params_per_layer_m",
+                format!(
+                    "makes the routed experts {all:.1}B parameters, more than total_params_b ({})",
+                    self.total_params_b
+                ),
+            ));
+        }
+        let visited = self.expert_params_per_layer_m * f64::from(self.experts_per_token) * layers;
+        if visited > self.active_params_b {
+            return Err((
+                "expert_params_per_layer_m",
+                format!(
+                    "makes the experts a token visits {visited:.1}B parameters, more than active_params_b ({})",
+                    self.active_params_b
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Profile for Model {
+    const KIND: ProfileKind = ProfileKind::Model;
+    const FIELDS: &'static [&'static str] = &[
+        "use_mla",
+        "kv_heads",
+        "head_dim",
+        "layers",
+        "moe_layers",
+        "hidden_size",
+        "kv_bytes_per_token_per_layer",
+        "block_size_tokens",
+        "total_params_b",
+        "active_params_b",
+        "routed_experts",
+        "experts_per_token",
+        "shared_experts",
+        "expert_params_per_layer_m",
+        "weight_bytes_per_param",
+        "attention_heads",
+    ];
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn sources(&self) -> &BTreeMap<String, String> {
+        &self.sources
+    }
+
+    fn check(&self) -> Result<(), (&'static str, String)> {
+        at_least_one("layers", self.layers.into())?;
+        if self.moe_layers > self.layers {
+            return Err((
+                "moe_layers",
+                format!("must be at most layers ({}), got {}", self.layers, self.moe_layers),
+            ));
+        }
+        at_least_one("hidden_size", self.hidden_size.into())?;
+        at_least_one("block_size_tokens", self.block_size_tokens.into())?;
+        self.check_attention()?;
+        positive("total_params_b", self.total_params_b)?;
+        positive("active_params_b", self.active_params_b)?;
+        if self.active_params_b > self.total_params_b {
+            return Err((
+                "active_params_b",
+                format!(
+                    "must be at most total_params_b ({}), got {}",
+                    self.total_params_b, self.active_params_b
+                ),
+            ));
+        }
+        positive("weight_bytes_per_param", self.weight_bytes_per_param)?;
+        self.check_experts()
+    }
+
+    fn apply(&self, scenario: &mut Scenario) {
+        scenario.model = self.to_model_profile();
+    }
+
+    fn of_scenario(name: &str, scenario: &Scenario) -> Self {
+        let m = &scenario.model;
+        Model {
+            name: name.to_string(),
+            use_mla: m.use_mla,
+            kv_heads: m.kv_heads,
+            head_dim: m.head_dim,
+            layers: m.layers,
+            moe_layers: m.moe_layers,
+            hidden_size: m.hidden_size,
+            kv_bytes_per_token_per_layer: m.kv_bytes_per_token_per_layer,
+            block_size_tokens: m.block_size_tokens,
+            total_params_b: m.total_params_b,
+            active_params_b: m.active_params_b,
+            routed_experts: m.routed_experts,
+            experts_per_token: m.experts_per_token,
+            shared_experts: m.shared_experts,
+            expert_params_per_layer_m: m.expert_params_per_layer_m,
+            weight_bytes_per_param: m.weight_bytes_per_param,
+            attention_heads: m.attention_heads,
+            sources: BTreeMap::new(),
+        }
+    }
+}
+
+/// Whether `name` is a lowercase id: `a-z`, digits, `-` and `.`, starting with a letter or
+/// digit (names are typed in scenarios and on the command line).
+fn is_id(name: &str) -> bool {
+    name.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+}
+
+/// Whether `citation` has one of the three forms: `URL — quote` (a URL without spaces, an em
+/// dash between spaces, then words), `UNVERIFIED: why` or `modelling choice: why`.
+fn is_citation(citation: &str) -> bool {
+    let after = |prefix: &str| citation.strip_prefix(prefix).is_some_and(|why| !why.trim().is_empty());
+    if after("UNVERIFIED: ") || after("modelling choice: ") {
+        return true;
+    }
+    match citation.split_once(" — ") {
+        Some((url, quote)) => {
+            (url.starts_with("https://") || url.starts_with("http://"))
+                && !url.contains(char::is_whitespace)
+                && !quote.trim().is_empty()
+        }
+        None => false,
+    }
+}
+
+/// The value fields of `profile` as serde writes them (every field but `name` and `sources`),
+/// sorted; the source check is against these, so a field added to a profile's type needs a
+/// source in every profile before the file loads.
+fn value_fields<P: Profile>(profile: &P) -> Vec<String> {
+    match serde_json::to_value(profile) {
+        Ok(serde_json::Value::Object(map)) => {
+            map.keys().filter(|key| *key != "name" && *key != "sources").cloned().collect()
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// Every value has a source, every source a value, every citation a form.
+fn check_sources<P: Profile>(profile: &P) -> Result<(), ProfileError> {
+    let (kind, name) = (P::KIND, profile.name().to_string());
+    let fields = value_fields(profile);
+    let sources = profile.sources();
+    if let Some(field) = fields.iter().find(|field| !sources.contains_key(*field)) {
+        return Err(ProfileError::MissingSource { kind, profile: name, field: field.clone() });
+    }
+    if let Some(field) = sources.keys().find(|key| !fields.contains(key)) {
+        return Err(ProfileError::UnknownSourceField { kind, profile: name, field: field.clone(), fields });
+    }
+    if let Some((field, citation)) = sources.iter().find(|(_, citation)| !is_citation(citation)) {
+        return Err(ProfileError::BadCitation {
+            kind,
+            profile: name,
+            field: field.clone(),
+            citation: citation.clone(),
+        });
+    }
+    Ok(())
+}
+
+/// Parses and checks `text` as the file of `P`'s kind.
+fn parse<P: Profile>(text: &str) -> Result<Vec<P>, ProfileError> {
+    let kind = P::KIND;
+    let profiles: Vec<P> = ron::Options::default().from_str(text).map_err(|err| ProfileError::Parse {
+        kind,
+        line: err.span.start.line,
+        column: err.span.start.col,
+        message: err.code.to_string(),
+    })?;
+    let mut names = BTreeSet::new();
+    for profile in &profiles {
+        let name = profile.name().to_string();
+        if !is_id(&name) {
+            return Err(ProfileError::BadName { kind, name });
+        }
+        if !names.insert(name.clone()) {
+            return Err(ProfileError::DuplicateName { kind, name });
+        }
+        profile.check().map_err(|(field, message)| ProfileError::Invalid {
+            kind,
+            profile: name,
+            field: field.to_string(),
+            message,
+        })?;
+        check_sources(profile)?;
+    }
+    Ok(profiles)
+}
+
+/// Every profile of `P`'s kind, in file order, checked.
+pub fn all<P: Profile>() -> Result<Vec<P>, ProfileError> {
+    parse(P::KIND.text())
+}
+
+/// The profile of `P`'s kind named `name`.
+pub fn find<P: Profile>(name: &str) -> Result<P, ProfileError> {
+    let profiles = all::<P>()?;
+    let mut known: Vec<String> = profiles.iter().map(|profile| profile.name().to_string()).collect();
+    known.sort();
+    profiles.into_iter().find(|profile| profile.name() == name).ok_or_else(|| ProfileError::UnknownName {
+        kind: P::KIND,
+        name: name.to_string(),
+        known,
+    })
+}
+
+/// A scenario value as an error shows it.
+fn shown(value: Option<&serde_json::Value>) -> String {
+    match value {
+        Some(serde_json::Value::Null) | None => "not a finite number".to_string(),
+        Some(value) => value.to_string(),
+    }
+}
+
+/// Applies the profile of `P`'s kind named `name` to `scenario`, after checking the fields the
+/// scenario writes against it.
+fn apply_named<P: Profile>(
+    scenario: &mut Scenario,
+    name: &str,
+    written: &dyn Fn(&str) -> bool,
+) -> Result<(), ResolveError> {
+    let kind = P::KIND;
+    let profile =
+        find::<P>(name).map_err(|error| ResolveError::new(format!("profiles.{}", kind.key()), error))?;
+    let ours = serde_json::to_value(P::of_scenario(name, scenario)).unwrap_or_default();
+    let theirs = serde_json::to_value(&profile).unwrap_or_default();
+    for field in P::FIELDS {
+        let path = format!("{}.{field}", kind.section());
+        if written(&path) && ours.get(field) != theirs.get(field) {
+            let error = ProfileError::Conflict {
+                kind,
+                profile: name.to_string(),
+                field: path.clone(),
+                written: shown(ours.get(field)),
+                value: shown(theirs.get(field)),
+            };
+            return Err(ResolveError::new(path, error));
+        }
+    }
+    profile.apply(scenario);
+    Ok(())
+}
+
+/// Fills `scenario`'s hardware and model from the profiles it names (GPU, then NIC, then
+/// model). `written` says whether the scenario's text writes a field, by dotted path such as
+/// `hardware.hbm_gb`: such a field must already hold the profile's value. The error names the
+/// scenario field to point at.
+pub fn resolve(scenario: &mut Scenario, written: &dyn Fn(&str) -> bool) -> Result<(), ResolveError> {
+    let names = scenario.profiles.clone();
+    if let Some(name) = &names.gpu {
+        apply_named::<Gpu>(scenario, name, written)?;
+    }
+    if let Some(name) = &names.nic {
+        apply_named::<Nic>(scenario, name, written)?;
+    }
+    if let Some(name) = &names.model {
+        apply_named::<Model>(scenario, name, written)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names<P: Profile>() -> Vec<String> {
+        match all::<P>() {
+            Ok(profiles) => profiles.iter().map(|profile| profile.name().to_string()).collect(),
+            Err(err) => panic!("{err}"),
+        }
+    }
+
+    /// The shipped files load: every value cited, every rule kept, the names the docs list.
+    #[test]
+    fn every_profile_loads_with_a_source_for_every_value() {
+        assert_eq!(names::<Gpu>(), ["mi300x", "mi355x", "h100-sxm", "h200-sxm", "b200", "h800"]);
+        assert_eq!(names::<Nic>(), ["cx7-400g", "cx8-800g", "pollara-400", "thor2-400g"]);
+        assert_eq!(names::<Model>(), ["deepseek-r1", "llama-3.1-70b", "qwen3-235b-a22b"]);
+    }
+
+    /// `FIELDS` lists what serde writes, so the order `pdkv profiles` shows and the fields a
+    /// conflict is checked on cannot drift from the types; and a profile read from a scenario
+    /// and applied back changes nothing (the two conversions name the same fields).
+    #[test]
+    fn fields_are_the_serde_fields_and_round_trip_through_a_scenario() {
+        fn check<P: Profile + PartialEq + fmt::Debug>(name: &str) {
+            let profile = find::<P>(name).unwrap();
+            let mut listed: Vec<String> = P::FIELDS.iter().map(|f| f.to_string()).collect();
+            listed.sort();
+            assert_eq!(listed, value_fields(&profile), "{}", P::KIND.file());
+            let mut scenario = Scenario::from_notation("1P_TP8:1D_TP8");
+            profile.apply(&mut scenario);
+            let read = P::of_scenario(name, &scenario);
+            assert!(read.sources().is_empty());
+            let mut back = scenario.clone();
+            read.apply(&mut back);
+            assert_eq!(back, scenario, "{name}");
+            assert_eq!(value_fields(&read), value_fields(&profile));
+        }
+        check::<Gpu>("h200-sxm");
+        check::<Nic>("cx8-800g");
+        check::<Model>("qwen3-235b-a22b");
+    }
+
+    /// The default model is the `deepseek-r1` profile, value for value, so a scenario naming it
+    /// runs exactly as one naming nothing.
+    #[test]
+    fn default_model_is_the_deepseek_r1_profile() {
+        assert_eq!(find::<Model>("deepseek-r1").unwrap().to_model_profile(), ModelProfile::default());
+    }
+
+    /// The default hardware predates the profiles and was calibrated as it is; where it differs
+    /// from the `mi300x` GPU and the `thor2-400g` NIC whose class it models, this table says so:
+    /// (field, default, profile).
+    #[test]
+    fn default_hardware_against_the_mi300x_and_thor2_profiles() {
+        let mut profiled = Scenario::from_notation("1P_TP8:1D_TP8");
+        profiled.profiles.gpu = Some("mi300x".into());
+        profiled.profiles.nic = Some("thor2-400g".into());
+        resolve(&mut profiled, &|_| false).unwrap();
+        let default = Scenario::from_notation("1P_TP8:1D_TP8");
+        let values = |scenario: &Scenario| {
+            let gpu = serde_json::to_value(Gpu::of_scenario("", scenario)).unwrap_or_default();
+            let nic = serde_json::to_value(Nic::of_scenario("", scenario)).unwrap_or_default();
+            (gpu, nic)
+        };
+        let (default_gpu, default_nic) = values(&default);
+        let (gpu, nic) = values(&profiled);
+        let mut differ = Vec::new();
+        for (fields, default, profile) in
+            [(Gpu::FIELDS, &default_gpu, &gpu), (Nic::FIELDS, &default_nic, &nic)]
+        {
+            for field in fields {
+                if default.get(field) != profile.get(field) {
+                    differ.push(format!(
+                        "{field}: {} vs {}",
+                        shown(default.get(field)),
+                        shown(profile.get(field))
+                    ));
+                }
+            }
+        }
+        assert_eq!(
+            differ,
+            [
+                "fp8_tflops: 2600.0 vs 2614.9",
+                "bf16_tflops: 1300.0 vs 1307.4",
+                "nic_gb_s: 48.0 vs 47.75",
+                "nic_latency_us: 5.0 vs 11.1",
+            ]
+        );
+    }
+
+    /// One profile of each kind in a file of its own, with one line replaced.
+    fn gpu_file(replace: (&str, &str)) -> String {
+        let text = r#"[(
+            name: "g",
+            hbm_gb: 80.0, hbm_tb_s: 3.0, fp8_tflops: 2000.0, bf16_tflops: 1000.0, fabric_gb_s: 450.0,
+            gpus_per_node: 8,
+            sources: {
+                "hbm_gb": "https://example.com/a — 'HBM 80 GB'",
+                "hbm_tb_s": "UNVERIFIED: not found",
+                "fp8_tflops": "modelling choice: twice bf16",
+                "bf16_tflops": "https://example.com/b — '1000'",
+                "fabric_gb_s": "https://example.com/c — '450 each way'",
+                "gpus_per_node": "https://example.com/d — '8 GPUs'",
+            },
+        )]"#;
+        assert!(text.contains(replace.0), "{}", replace.0);
+        text.replacen(replace.0, replace.1, 1)
+    }
+
+    /// (one change to a good GPU file) -> the error, in words; the good file loads.
+    #[test]
+    fn bad_profile_files_are_typed_errors_naming_file_profile_and_field() {
+        assert!(parse::<Gpu>(&gpu_file(("", ""))).is_ok());
+        let check = |replace: (&str, &str), expected: &str| {
+            let shown = match parse::<Gpu>(&gpu_file(replace)) {
+                Ok(_) => panic!("{replace:?} loaded"),
+                Err(err) => err.to_string(),
+            };
+            assert!(shown.contains(expected), "{replace:?}: {shown}");
+        };
+        check(
+            ("\"hbm_gb\": \"https://example.com/a — 'HBM 80 GB'\",", ""),
+            "profiles/gpus.ron, profile `g`: field `hbm_gb` has no entry in `sources`",
+        );
+        check(
+            ("\"hbm_tb_s\":", "\"hbm_tbs\": \"UNVERIFIED: typo\", \"hbm_tb_s\":"),
+            "`sources` names `hbm_tbs`, which is not a field; the fields are: bf16_tflops, fabric_gb_s",
+        );
+        check(("https://example.com/a — ", "example.com/a "), "the source of `hbm_gb` is neither");
+        check(("UNVERIFIED: not found", "UNVERIFIED: "), "the source of `hbm_tb_s` is neither");
+        check(("https://example.com/b — '1000'", "https://example.com/b"), "the source of `bf16_tflops`");
+        check(("hbm_gb: 80.0", "hbm_gb: 0.0"), "profile `g`, field `hbm_gb`: must be a finite number");
+        check(
+            ("fp8_tflops: 2000.0", "fp8_tflops: 500.0"),
+            "field `fp8_tflops`: must be at least bf16_tflops",
+        );
+        check(("gpus_per_node: 8", "gpus_per_node: 0"), "field `gpus_per_node`: must be at least 1");
+        check(("name: \"g\"", "name: \"G-1\""), "profile name `G-1` is not a lowercase id");
+        check(
+            ("gpus_per_node: 8,", "gpus_per_node: 8, tdp_w: 750.0,"),
+            "profiles/gpus.ron:4:31: Unexpected field named `tdp_w` in `Gpu`",
+        );
+        check(("hbm_gb: 80.0, ", ""), "Unexpected missing field named `hbm_gb`");
+        check(("hbm_gb: 80.0", "hbm_gb: \"80\""), "profiles/gpus.ron:3");
+        let good = gpu_file(("", ""));
+        let one = good.trim().trim_start_matches('[').trim_end_matches(']');
+        let twice = format!("[{one}, {one}]");
+        let shown = parse::<Gpu>(&twice).map(|_| ()).unwrap_err().to_string();
+        assert!(shown.contains("profiles/gpus.ron: two profiles are named `g`"), "{shown}");
+    }
+
+    /// (one change to the deepseek-r1 or llama profile) -> the rule that fails, so each rule
+    /// between model fields is shown to fire.
+    #[test]
+    fn model_rules_name_the_field() {
+        let text = ProfileKind::Model.text();
+        let check = |profile: &str, replace: (&str, &str), expected: &str| {
+            let start = text.find(&format!("name: \"{profile}\"")).unwrap();
+            let end = text[start..].find("sources:").unwrap() + start;
+            let changed = text[start..end].replacen(replace.0, replace.1, 1);
+            assert_ne!(changed, text[start..end], "{replace:?}");
+            let file = format!("{}{changed}{}", &text[..start], &text[end..]);
+            let shown = parse::<Model>(&file).map(|_| ()).unwrap_err().to_string();
+            assert!(shown.contains(&format!("profile `{profile}`, {expected}")), "{replace:?}: {shown}");
+        };
+        check("deepseek-r1", ("kv_heads: 1", "kv_heads: 2"), "field `kv_heads`: must be 1 under MLA");
+        check(
+            "deepseek-r1",
+            ("moe_layers: 58", "moe_layers: 62"),
+            "field `moe_layers`: must be at most layers (61)",
+        );
+        check(
+            "deepseek-r1",
+            ("experts_per_token: 8", "experts_per_token: 300"),
+            "field `experts_per_token`: must be at most routed_experts (256)",
+        );
+        check(
+            "deepseek-r1",
+            ("routed_experts: 256", "routed_experts: 0"),
+            "field `routed_experts`: must be 0 exactly when",
+        );
+        check(
+            "deepseek-r1",
+            ("kv_bytes_per_token_per_layer: 576", "kv_bytes_per_token_per_layer: 1024"),
+            "field `kv_bytes_per_token_per_layer`: must be kv_heads x head_dim (576) values at 1 or 2 bytes each (an FP8 or BF16 KV cache): 576 or 1152, got 1024",
+        );
+        check(
+            "deepseek-r1",
+            ("expert_params_per_layer_m: 44.040192", "expert_params_per_layer_m: 44040192.0"),
+            "field `expert_params_per_layer_m`: makes the routed experts 653908770.8B",
+        );
+        check(
+            "deepseek-r1",
+            ("expert_params_per_layer_m: 44.040192", "expert_params_per_layer_m: 50.0"),
+            "field `expert_params_per_layer_m`: makes the routed experts 742.4B parameters, more than total_params_b (671)",
+        );
+        check(
+            "deepseek-r1",
+            ("active_params_b: 37.0", "active_params_b: 700.0"),
+            "field `active_params_b`: must be at most total_params_b",
+        );
+        check(
+            "llama-3.1-70b",
+            ("experts_per_token: 0", "experts_per_token: 2"),
+            "field `experts_per_token`: must be 0 for a dense model",
+        );
+        check(
+            "llama-3.1-70b",
+            ("attention_heads: 64", "attention_heads: 60"),
+            "field `attention_heads`: must be a multiple of kv_heads (8)",
+        );
+        check(
+            "llama-3.1-70b",
+            ("kv_bytes_per_token_per_layer: 2048", "kv_bytes_per_token_per_layer: 1024"),
+            "field `kv_bytes_per_token_per_layer`: must be 2 x kv_heads x head_dim (2048) values",
+        );
+    }
+
+    /// (citation) -> accepted.
+    #[test]
+    fn citation_forms() {
+        let check = |citation: &str, ok: bool| assert_eq!(is_citation(citation), ok, "{citation:?}");
+        check("https://a.b/c — 'quote'", true);
+        check("http://a.b/c — paraphrase", true);
+        check("UNVERIFIED: no data sheet", true);
+        check("modelling choice: four queue pairs", true);
+        check("https://a.b/c", false);
+        check("https://a.b/c —", false);
+        check("https://a.b c — quote", false);
+        check("a.b/c — quote", false);
+        check("UNVERIFIED:", false);
+        check("unverified: lower case", false);
+        check("", false);
+    }
+
+    /// (name) -> a lowercase id.
+    #[test]
+    fn profile_names_are_lowercase_ids() {
+        let check = |name: &str, ok: bool| assert_eq!(is_id(name), ok, "{name:?}");
+        check("mi300x", true);
+        check("llama-3.1-70b", true);
+        check("3fs", true);
+        check("", false);
+        check("-x", false);
+        check("H100", false);
+        check("h100 sxm", false);
+    }
+}
