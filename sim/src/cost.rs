@@ -49,14 +49,20 @@ impl Cost {
         f64::from(self.model.layers) * 2.0 * bytes * ring / self.fabric_bytes_per_s()
     }
 
-    /// Seconds of the expert all-to-alls (dispatch and combine per MoE layer, 8-bit values).
+    /// Seconds of the expert all-to-alls of one rank sending `tokens` tokens: per MoE layer a
+    /// dispatch (each token to the ranks of its `k` experts, at most once per rank, 8-bit) and a
+    /// combine back (16-bit), each paying a fixed latency (the kernel launch and the slowest
+    /// peer) on top of its bytes. Zero without EP.
     fn ep_alltoall_s(&self, layout: Layout, tokens: f64) -> f64 {
         if !layout.ep {
             return 0.0;
         }
         let n = f64::from(layout.ranks());
-        let bytes = tokens * f64::from(self.model.hidden_size) * (n - 1.0) / n;
-        f64::from(self.model.moe_layers) * 2.0 * bytes / self.fabric_bytes_per_s()
+        let copies = f64::from(self.model.experts_per_token).min(n).max(1.0);
+        let remote = (n - 1.0) / n;
+        let bytes = tokens * f64::from(self.model.hidden_size) * copies * remote * (1.0 + 2.0);
+        let latency = 2.0 * self.cost.alltoall_latency_us / 1e6;
+        f64::from(self.model.moe_layers) * (latency + bytes / self.fabric_bytes_per_s())
     }
 
     /// Nanoseconds one DP rank of a prefill engine with `layout` takes for a batch of `tokens`.
@@ -72,18 +78,48 @@ impl Cost {
         (seconds * 1e9) as u64
     }
 
-    /// Nanoseconds of one decode step of a DP group with `layout` and `load` (collectives across
-    /// DP ranks excluded; see [`Cost::decode_step_ns`]).
-    fn decode_group_s(&self, layout: Layout, load: GroupLoad) -> f64 {
-        // Weights are streamed once per step by every GPU; they are spread over the TP group,
-        // or over every rank under EP. The constant is calibrated for eight GPUs sharing them.
-        let sharing = if layout.ep { layout.ranks() } else { u32::from(layout.tp) };
-        let fixed = self.cost.decode_fixed_ms / 1e3 * 8.0 / f64::from(sharing.max(1));
+    /// Seconds one decode DP group of `layout` spends on its share of a step in which the unit
+    /// carries `step_tokens` tokens (every DP rank's batch under EP; the group's own without):
+    /// the weights it streams or the FLOPs it computes, whichever takes longer, then its batch's
+    /// KV, its per-request overhead, a fixed per-step cost and the TP all-reduces.
+    ///
+    /// Weights: a routed expert is streamed only when at least one token of the step chose it,
+    /// which for `T` tokens choosing `k` of `E` experts is a fraction `1 - (1 - k/E)^T` of
+    /// them; each rank streams its share of those (`1/ranks` of the experts under EP, `1/tp`
+    /// of every expert without), plus its slice of everything else (attention, dense layers,
+    /// shared experts), which DP ranks replicate and TP ranks split. So a small batch streams
+    /// fewer experts than a large one, and the step grows with load until every expert is
+    /// touched; the expert FLOPs (`2 k P_e` per token, the same share) take over past the
+    /// GPU's ridge point.
+    fn decode_group_s(&self, layout: Layout, load: GroupLoad, step_tokens: u64) -> f64 {
+        let m = &self.model;
+        let tp = f64::from(layout.tp.max(1));
+        let share = if layout.ep { 1.0 / f64::from(layout.ranks().max(1)) } else { 1.0 / tp };
+        let expert_params = m.expert_params_per_layer_m * 1e6 * f64::from(m.moe_layers);
+        let experts = f64::from(m.routed_experts);
+        let k = f64::from(m.experts_per_token);
+        let touched = if m.routed_experts == 0 {
+            0.0
+        } else {
+            1.0 - (1.0 - (k / experts).min(1.0)).powf(step_tokens as f64)
+        };
+        let other_params = (m.total_params_b * 1e9 - experts * expert_params).max(0.0);
+        let other_active = (m.active_params_b * 1e9 - k * expert_params).max(0.0);
+        let weight_bytes =
+            (experts * touched * expert_params * share + other_params / tp) * m.weight_bytes_per_param;
+        let flops =
+            2.0 * (k * expert_params * step_tokens as f64 * share + other_active * load.batch as f64 / tp);
+        let weights = weight_bytes / (self.hw.hbm_tb_s * 1e12 * self.cost.decode_weight_efficiency);
+        let compute = flops / (self.hw.fp8_tflops * 1e12 * self.cost.decode_mfu);
         let per_rank = self.kv_bytes_per_token_per_rank(layout.tp);
-        let kv_bytes = load.context_tokens as f64 * f64::from(self.model.layers) * per_rank;
+        let kv_bytes = load.context_tokens as f64 * f64::from(m.layers) * per_rank;
         let kv = kv_bytes / (self.hw.hbm_tb_s * 1e12 * self.cost.decode_kv_efficiency);
         let overhead = load.batch as f64 * self.cost.decode_per_request_us / 1e6;
-        fixed + kv + overhead + self.tp_allreduce_s(layout.tp, load.batch as f64)
+        self.cost.decode_fixed_ms / 1e3
+            + weights.max(compute)
+            + kv
+            + overhead
+            + self.tp_allreduce_s(layout.tp, load.batch as f64)
     }
 
     /// KV bytes of one token in one layer on one rank of a TP group of `tp`.
@@ -98,12 +134,14 @@ impl Cost {
     }
 
     /// Nanoseconds of one decode step. Without EP each DP group steps on its own and `loads`
-    /// has one entry; under EP every DP rank steps together (idle ones included), the step
-    /// lasts as long as the slowest rank plus the expert all-to-all of all ranks' tokens.
+    /// has one entry; under EP every DP rank steps together (idle ones included): the step
+    /// lasts as long as the slowest rank, plus the expert all-to-alls of the busiest rank's
+    /// tokens, since a dispatch waits for every rank.
     pub fn decode_step_ns(&self, layout: Layout, loads: &[GroupLoad]) -> u64 {
-        let slowest = loads.iter().map(|l| self.decode_group_s(layout, *l)).fold(0.0, f64::max);
         let tokens: u64 = loads.iter().map(|l| l.batch).sum();
-        let seconds = slowest + self.ep_alltoall_s(layout, tokens as f64 / f64::from(layout.dp.max(1)));
+        let slowest = loads.iter().map(|l| self.decode_group_s(layout, *l, tokens)).fold(0.0, f64::max);
+        let busiest = loads.iter().map(|l| l.batch).max().unwrap_or(0);
+        let seconds = slowest + self.ep_alltoall_s(layout, busiest as f64);
         (seconds * 1e9) as u64
     }
 
@@ -141,14 +179,36 @@ mod tests {
     }
 
     #[test]
-    fn decode_kv_term_is_replicated_under_mla_tp() {
+    fn decode_per_token_favours_dp_attention_at_capacity() {
         let c = cost();
-        let load = GroupLoad { batch: 64, context_tokens: 64 * 9000 };
-        // TP8 reads the whole batch's latent on every GPU; DP8EP spreads the batch over 8 ranks.
-        let tp8 = c.decode_step_ns(Layout::tp(8), &[load]);
-        let per_rank = GroupLoad { batch: 8, context_tokens: 8 * 9000 };
+        // At capacity (a TP8 pool holds 296 requests of 8K/1K; DP8EP runs 64 a rank here), TP8
+        // reads the whole batch's latent on every GPU while DP8EP spreads it over 8 ranks, so a
+        // DP8EP step carries more tokens for its time.
+        let ctx = 9000;
+        let tp8 = c.decode_step_ns(Layout::tp(8), &[GroupLoad { batch: 296, context_tokens: 296 * ctx }]);
+        let per_rank = GroupLoad { batch: 64, context_tokens: 64 * ctx };
         let dp8 = c.decode_step_ns(Layout::new(8, 1, true), &[per_rank; 8]);
-        assert!(dp8 < tp8, "dp8ep {dp8} < tp8 {tp8}");
+        assert!(dp8 as f64 / 512.0 < tp8 as f64 / 296.0, "dp8ep {dp8} ns for 512, tp8 {tp8} ns for 296");
         assert_eq!(c.block_bytes_per_layer(8), 16 * 576);
+    }
+
+    #[test]
+    fn a_decode_step_grows_with_load_through_the_experts_it_touches() {
+        let c = cost();
+        let step = |layout: Layout, batch: u64, groups: usize| {
+            c.decode_step_ns(layout, &vec![GroupLoad { batch, context_tokens: batch * 1000 }; groups])
+        };
+        // One token touches 8 of 256 experts; 512 touch nearly all: the weights streamed grow.
+        for layout in [Layout::tp(8), Layout::new(8, 1, true)] {
+            let groups = usize::from(layout.dp);
+            let (one, many) = (step(layout, 1, groups), step(layout, 64, groups));
+            assert!(many > one + one / 2, "{layout}: {one} -> {many} ns");
+        }
+        // Under EP a step also pays the dispatch and combine of every MoE layer, busiest rank first.
+        let ep = Layout::new(8, 1, true);
+        let even = c.decode_step_ns(ep, &[GroupLoad { batch: 8, context_tokens: 8000 }; 8]);
+        let mut skewed = vec![GroupLoad { batch: 1, context_tokens: 1000 }; 8];
+        skewed[0] = GroupLoad { batch: 57, context_tokens: 57_000 };
+        assert!(c.decode_step_ns(ep, &skewed) > even, "the slowest rank sets the step");
     }
 }

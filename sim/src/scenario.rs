@@ -395,8 +395,15 @@ pub struct CostModel {
     /// requests): expert load imbalance and latency-bound dispatch make it much less efficient;
     /// set so a DP8EP prefill takes several seconds per 8K prompt (about 10 s TTFT in the study).
     pub prefill_ep_efficiency: f64,
-    /// Fixed time of one decode step of a TP8 engine (weights streamed from HBM).
+    /// Fixed time of every decode step, whatever its batch (scheduling, launches, sampling set-up).
     pub decode_fixed_ms: f64,
+    /// Fraction of HBM bandwidth a decode step achieves streaming weights.
+    pub decode_weight_efficiency: f64,
+    /// Fraction of peak FP8 throughput decode's matrix multiplications achieve once a step is
+    /// compute-bound.
+    pub decode_mfu: f64,
+    /// Fixed latency of one expert dispatch or combine (per MoE layer), on top of its bytes.
+    pub alltoall_latency_us: f64,
     /// Fraction of HBM bandwidth attention achieves when reading KV in decode.
     pub decode_kv_efficiency: f64,
     /// Per-request per-step overhead in decode (sampling, scheduling).
@@ -411,8 +418,11 @@ impl Default for CostModel {
             prefill_fixed_ms: 250.0,
             prefill_mfu: 0.1,
             prefill_ep_efficiency: 0.35,
-            decode_fixed_ms: 24.0,
-            decode_kv_efficiency: 0.45,
+            decode_fixed_ms: 12.0,
+            decode_weight_efficiency: 0.75,
+            decode_mfu: 0.3,
+            alltoall_latency_us: 40.0,
+            decode_kv_efficiency: 0.8,
             decode_per_request_us: 10.0,
             fabric_efficiency: 0.7,
         }
@@ -528,7 +538,8 @@ impl Default for Protocol {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EngineLimits {
-    /// Most prompt tokens one prefill batch holds (per DP rank).
+    /// Token budget of one prefill step (per DP rank), vLLM's `--max-num-batched-tokens`:
+    /// chunked prefill spreads a longer prompt over several steps and packs short ones.
     pub prefill_max_batched_tokens: u32,
     /// Most requests one decode DP rank runs at once.
     pub decode_max_batch: u32,

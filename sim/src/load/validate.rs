@@ -340,6 +340,9 @@ fn validate_hardware_and_cost(scenario: &Scenario) -> Check {
     fraction("cost.prefill_mfu", cost.prefill_mfu)?;
     fraction("cost.prefill_ep_efficiency", cost.prefill_ep_efficiency)?;
     non_negative("cost.decode_fixed_ms", cost.decode_fixed_ms, max_ms)?;
+    fraction("cost.decode_weight_efficiency", cost.decode_weight_efficiency)?;
+    fraction("cost.decode_mfu", cost.decode_mfu)?;
+    non_negative("cost.alltoall_latency_us", cost.alltoall_latency_us, MAX_TIME_US)?;
     fraction("cost.decode_kv_efficiency", cost.decode_kv_efficiency)?;
     non_negative("cost.decode_per_request_us", cost.decode_per_request_us, MAX_TIME_US)?;
     fraction("cost.fabric_efficiency", cost.fabric_efficiency)

@@ -111,7 +111,7 @@ impl World {
                     dp,
                     layout,
                     queue: VecDeque::new(),
-                    batch: Vec::new(),
+                    running: Vec::new(),
                     busy: false,
                     pool: Pool::new(blocks_for(layout.tp)),
                     stalled_since: None,

@@ -219,7 +219,7 @@ impl World {
                 for g in first..first + usize::from(layout.dp) {
                     self.pgroup_generation[g] += 1;
                     let mut lost: Vec<RequestId> = self.pgroups[g].queue.drain(..).collect();
-                    lost.extend(std::mem::take(&mut self.pgroups[g].batch).into_iter().map(|(id, _)| id));
+                    lost.extend(std::mem::take(&mut self.pgroups[g].running).into_iter().map(|p| p.id));
                     self.pgroups[g].busy = false;
                     self.pgroups[g].stalled_since = None;
                     let blocks = self.pgroups[g].pool.capacity;

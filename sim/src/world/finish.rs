@@ -315,7 +315,7 @@ mod outcome_tests {
                     sc.workload.clients = Clients::Closed { concurrency: 4, requests: 40 };
                     sc.workload.output_tokens = crate::scenario::Length::Fixed(50);
                 }),
-                (Incomplete, [9, 5, 0, 0, 4, 31, 4]),
+                (Incomplete, [27, 23, 0, 0, 4, 13, 4]),
             ),
             // A cut when requests stopped ending longer ago than the stall window cuts off
             // nothing: one lost dial without a handshake timeout blocks the only decode worker

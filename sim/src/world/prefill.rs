@@ -17,37 +17,63 @@ pub(super) struct PGroup {
     pub(super) dp: u16,
     pub(super) layout: Layout,
     pub(super) queue: VecDeque<RequestId>,
-    pub(super) batch: Vec<(RequestId, Vec<u32>)>,
+    /// Requests being prefilled, in admission order: their blocks (allocated whole at
+    /// admission), the prompt tokens done, and the tokens of the step in progress.
+    pub(super) running: Vec<Prefilling>,
     pub(super) busy: bool,
     pub(super) pool: Pool,
     pub(super) stalled_since: Option<u64>,
     pub(super) stall_ns: u64,
 }
 
+/// A request on a prefill DP group, between admission and its last chunk.
+pub(super) struct Prefilling {
+    pub(super) id: RequestId,
+    pub(super) blocks: Vec<u32>,
+    /// Prompt tokens computed in earlier steps.
+    pub(super) done: u32,
+    /// Prompt tokens of the step in progress (0 when the step does not include it).
+    pub(super) chunk: u32,
+}
+
 impl World {
+    /// Starts the group's next step if it is idle: vLLM's chunked prefill, with a budget of
+    /// `prefill_max_batched_tokens` prompt tokens a step. Requests already prefilling continue
+    /// first, in admission order, each with as much of its prompt as the budget leaves; then
+    /// queued requests are admitted while the budget lasts and their blocks fit (allocated for
+    /// the whole prompt at admission; the queue never skips its head). A prompt longer than the
+    /// budget is spread over several steps, and several short ones share one.
     pub(super) fn try_prefill(&mut self, g: usize) {
         let block = u64::from(self.sc.model.block_size_tokens);
         let max_tokens = u64::from(self.sc.engines.prefill_max_batched_tokens);
         let group = &mut self.pgroups[g];
-        if group.busy || group.queue.is_empty() {
+        if group.busy || (group.queue.is_empty() && group.running.is_empty()) {
             return;
         }
-        let mut tokens = 0u64;
-        let mut batch = Vec::new();
-        while let Some(&id) = group.queue.front() {
+        let mut left = max_tokens;
+        for p in group.running.iter_mut() {
+            let input = u64::from(self.requests[&p.id].input);
+            let chunk = (input - u64::from(p.done)).min(left);
+            p.chunk = chunk as u32;
+            left -= chunk;
+        }
+        while left > 0 {
+            let Some(&id) = group.queue.front() else { break };
             let req = &self.requests[&id];
             let need = u64::from(req.input).div_ceil(block) as usize;
-            let fits_tokens = batch.is_empty() || tokens + u64::from(req.input) <= max_tokens;
-            if !fits_tokens || group.pool.available() < need {
+            if group.pool.available() < need {
                 break;
             }
             group.queue.pop_front();
-            tokens += u64::from(req.input);
+            let chunk = u64::from(req.input).min(left);
+            left -= chunk;
             let blocks = group.pool.alloc(need, req.transfer);
-            batch.push((id, blocks));
+            group.running.push(Prefilling { id, blocks, done: 0, chunk: chunk as u32 });
         }
-        if batch.is_empty() {
-            // The head does not fit in the free blocks: prefill stalls until blocks are freed.
+        let tokens = max_tokens - left;
+        if tokens == 0 {
+            // Nothing prefilling and the head does not fit in the free blocks: prefill stalls
+            // until blocks are freed.
             group.stalled_since.get_or_insert(self.now);
             return;
         }
@@ -56,8 +82,8 @@ impl World {
         }
         group.busy = true;
         let duration = self.cost.prefill_batch_ns(group.layout, tokens);
-        let (engine, dp, count) = (group.engine, group.dp, batch.len());
-        group.batch = batch;
+        let (engine, dp) = (group.engine, group.dp);
+        let count = group.running.iter().filter(|p| p.chunk > 0).count();
         trace!(
             self,
             "prefill",
@@ -71,10 +97,20 @@ impl World {
     }
 
     pub(super) fn on_prefill_done(&mut self, g: usize) {
-        let batch = std::mem::take(&mut self.pgroups[g].batch);
         self.pgroups[g].busy = false;
         let (e, dp) = (self.pgroups[g].engine, self.pgroups[g].dp);
-        for (id, blocks) in batch {
+        // Requests whose last chunk this step computed leave; the rest continue next step.
+        let mut finished = Vec::new();
+        let running = std::mem::take(&mut self.pgroups[g].running);
+        for mut p in running {
+            p.done += std::mem::take(&mut p.chunk);
+            if p.done >= self.requests[&p.id].input {
+                finished.push((p.id, p.blocks));
+            } else {
+                self.pgroups[g].running.push(p);
+            }
+        }
+        for (id, blocks) in finished {
             let req = self.requests.get_mut(&id).expect("batched requests exist");
             req.prefill_blocks = blocks.clone();
             let (decode_engine, decode_dp) = {
