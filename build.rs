@@ -7,7 +7,11 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 fn main() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+    // Read at run time, not with `env!`: the compiled build script is reused while build.rs is
+    // unchanged, so a target folder copied from another worktree would keep embedding that
+    // worktree's scenarios (and watching its folder) instead of this one's.
+    let root = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR for build scripts");
+    let dir = Path::new(&root).join("scenarios");
     println!("cargo::rerun-if-changed={}", dir.display());
     let mut files: Vec<_> = std::fs::read_dir(&dir)
         .map(|entries| {

@@ -11,6 +11,7 @@ mod builtin;
 mod cluster_cmd;
 mod connector_cmd;
 mod explore_cmd;
+mod profiles_cmd;
 mod progress;
 mod replay_cmd;
 mod routes_cmd;
@@ -22,6 +23,7 @@ const EXAMPLES: &str = "\
 Examples:
   pdkv run 2P_TP8:1D_DP8EP                    simulate the mixed deployment, write its report
   pdkv scenarios                              list the built-in scenarios
+  pdkv profiles                               GPU, NIC and model profiles a scenario can name
   pdkv run lazy-handshake-delayed-reply       reproduce a historical hang
   pdkv sweep 2P_TP8:1D_TP8 2P_TP8:1D_DP8EP --concurrency 32,128,512
   pdkv replay target/pdkv/2P_TP8-1D_DP8EP_C128-x1280-8K-1K/result.json
@@ -44,6 +46,7 @@ enum Command {
     Run(run_cmd::RunArgs),
     Sweep(sweep_cmd::SweepArgs),
     Scenarios(scenarios_cmd::ScenariosArgs),
+    Profiles(profiles_cmd::ProfilesArgs),
     Replay(replay_cmd::ReplayArgs),
     Explore(explore_cmd::ExploreArgs),
     Routes(routes_cmd::RoutesArgs),
@@ -57,6 +60,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run_cmd::run(&args),
         Command::Sweep(args) => sweep_cmd::run(&args),
         Command::Scenarios(args) => scenarios_cmd::run(&args),
+        Command::Profiles(args) => profiles_cmd::run(&args),
         Command::Replay(args) => replay_cmd::run(&args),
         Command::Explore(args) => explore_cmd::run(&args),
         Command::Routes(args) => routes_cmd::run(&args),

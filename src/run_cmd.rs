@@ -22,7 +22,9 @@ Examples:
   pdkv run 1P_TP8:1D_TP8 --concurrency 32 --requests 320 --out /tmp/run
 
 A bare notation runs the default profile (DeepSeek-R1 on MI300X-class GPUs) and workload
-(closed loop, C = 128, 10 x C requests, 8K in / 1K out).
+(closed loop, C = 128, 10 x C requests, 8K in / 1K out). A scenario file can name GPU, NIC and
+model profiles instead (profiles: (gpu: \"h200-sxm\", nic: \"cx7-400g\", model: \"deepseek-r1\"),
+listed by pdkv profiles); the summary and result.json then name them.
 
 Writes the report to --out (default target/pdkv/<run>/, named after what the run is: the
 scenario name or the notation, and the workload, seed and legacy options given here, e.g.
@@ -232,6 +234,9 @@ pub fn summary(r: &RunResult, files: &[PathBuf], replay: &str) -> String {
     let mut s = String::new();
     let verdict = if r.as_expected() { "as expected" } else { "NOT AS EXPECTED" };
     let _ = writeln!(s, "pdkv run {}", r.title());
+    if !r.profiles.is_empty() {
+        let _ = writeln!(s, "  profiles     {} (profiles/*.ron)", r.profiles);
+    }
     let _ = writeln!(s, "  outcome      {} (expected {}: {verdict})", r.outcome.name(), r.expected.name());
     let q = &r.requests;
     let _ = writeln!(
@@ -385,6 +390,25 @@ mod tests {
                 "  latency      TTFT mean 900 ms (p99 900), TPOT mean 25.0 ms (p99 25.0), ITL p99 25.0 ms",
                 "  NIC balance  Jain 0.500 over 2 prefill GPUs; most read P0.dp0.tp0 (8), least read P0.dp0.tp1 (0)",
             ],
+        );
+    }
+
+    /// (profiles named) -> the summary's profiles line, absent when none are named.
+    #[test]
+    fn summary_names_the_profiles_used() {
+        let check = |gpu: Option<&str>, model: Option<&str>, expected: Option<&str>| {
+            let mut r = RunResult::empty(&Scenario::from_notation("1P_TP2:1D_TP2"), String::new());
+            r.profiles.gpu = gpu.map(str::to_string);
+            r.profiles.model = model.map(str::to_string);
+            let text = summary(&r, &[], "pdkv run x");
+            assert_eq!(text.lines().find(|l| l.starts_with("  profiles")), expected, "{text}");
+        };
+        check(None, None, None);
+        check(Some("h200-sxm"), None, Some("  profiles     gpu h200-sxm (profiles/*.ron)"));
+        check(
+            Some("mi355x"),
+            Some("deepseek-r1"),
+            Some("  profiles     gpu mi355x, model deepseek-r1 (profiles/*.ron)"),
         );
     }
 

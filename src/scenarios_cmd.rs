@@ -35,9 +35,15 @@ pub fn run(_args: &ScenariosArgs) -> ExitCode {
                     },
                     None => String::new(),
                 };
+                // Profiles go after the description, so the columns before it stay as they were.
+                let profiles = if s.profiles.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (profiles: {})", s.profiles)
+                };
                 let _ = writeln!(
                     out,
-                    "{name:<width$}  {:<18}  {:<22}  {}",
+                    "{name:<width$}  {:<18}  {:<22}  {}{profiles}",
                     format!("{expected}{jain}"),
                     s.deployment,
                     s.description

@@ -92,6 +92,9 @@ pub fn write_run_page(
     html.push_str("<table>\n");
     row(&mut html, "outcome", &format!("{} (expected {}) {verdict}", r.outcome.name(), r.expected.name()));
     row(&mut html, "seed", &r.seed.to_string());
+    if !r.profiles.is_empty() {
+        row(&mut html, "profiles", &escape(&format!("{} (profiles/*.ron)", r.profiles)));
+    }
     let q = &r.requests;
     row(
         &mut html,

@@ -484,6 +484,12 @@ fn run_pictures_lead_with_hangs_and_leave_out_charts_without_data() {
     ] {
         assert!(html.contains(row), "{row}");
     }
+    // The profiles the run used have a row, when it named any.
+    assert!(!html.contains("<th>profiles</th>"), "{html}");
+    hung.profiles.gpu = Some("h200-sxm".into());
+    let page = crate::page::write_run_page(&dir, &hung, &pictures, "pdkv run x").expect("written");
+    let html = fs::read_to_string(page).expect("read");
+    assert!(html.contains("<tr><th>profiles</th><td>gpu h200-sxm (profiles/*.ron)</td></tr>"), "{html}");
     // A run with data draws every chart, its wait-for graphs first.
     let pictures = crate::run_pictures(&result("1P_TP8:1D_TP8"), &dir).expect("draws");
     let pngs: Vec<String> = names(&pictures.files).into_iter().filter(|n| n.ends_with(".png")).collect();

@@ -282,4 +282,19 @@ fn scenarios_and_bad_input_table() {
     check(&["run", "missing.ron"], 2, "cannot read the scenario file");
     check(&["replay", "missing.json"], 2, "cannot read missing.json");
     check(&["sweep", "1P_TP8:1D_TP8", "--concurrency", "0"], 2, "at least 1");
+    check(&["scenarios"], 0, "(profiles: gpu h200-sxm, nic cx7-400g, model deepseek-r1)");
+    check(&["profiles"], 0, "GPU profiles (profiles/gpus.ron)");
+    check(&["profiles", "cx7-400g"], 0, "https://github.com/ROCm/mori/blob/");
+    check(&["profiles", "h300"], 2, "no profile is named `h300`; known profiles: mi300x,");
+    check(&["profiles", "--help"], 0, "Examples:");
+    check(
+        &["run", "sim/testdata/bad/profile_unknown_gpu.ron"],
+        2,
+        "sim/testdata/bad/profile_unknown_gpu.ron:5:16: field `profiles.gpu`: unknown GPU profile `h300`",
+    );
+    check(
+        &["run", "sim/testdata/bad/profile_conflict.ron"],
+        2,
+        "field `hardware.hbm_gb`: is 192.0 but the GPU profile `h200-sxm`",
+    );
 }

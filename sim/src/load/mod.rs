@@ -170,7 +170,7 @@ mod tests {
         Bad { file, kind, line, column, field, says }
     }
 
-    const BAD: [Bad; 25] = [
+    const BAD: [Bad; 27] = [
         bad("unknown_top_level_field.ron", Kind::UnknownField, 5, 5, "seeds", "expected one of: name, "),
         bad("unknown_nested_field.ron", Kind::UnknownField, 7, 9, "hardware.nic_gbps", "nic_gb_s, "),
         bad(
@@ -269,6 +269,22 @@ mod tests {
             "unknown rule set \"vllm-0.34\"; known rule sets: pdkv, vllm-0.33",
         ),
         bad("peers_not_a_string.ron", Kind::WrongType, 5, 30, "protocol.peers[\"P0\"]", "a string"),
+        bad(
+            "profile_unknown_gpu.ron",
+            Kind::Profile,
+            5,
+            16,
+            "profiles.gpu",
+            "unknown GPU profile `h300`; profiles/gpus.ron has: b200, h100-sxm, h200-sxm, h800, mi300x, mi355x",
+        ),
+        bad(
+            "profile_conflict.ron",
+            Kind::Profile,
+            8,
+            9,
+            "hardware.hbm_gb",
+            "is 192.0 but the GPU profile `h200-sxm` (profiles/gpus.ron) says 141.0",
+        ),
         bad("missing_paren.ron", Kind::Syntax, 7, 2, "workload", "unexpected end of file"),
         bad("missing_comma.ron", Kind::Syntax, 4, 5, "name", "expected `,`"),
         bad("missing_deployment.ron", Kind::MissingField, 5, 1, "deployment", "no default"),
