@@ -308,6 +308,17 @@ pub fn summary(r: &RunResult, files: &[PathBuf], replay: &str) -> String {
             None => writeln!(s, "  NIC balance  Jain n/a: no prefill GPU served a read"),
         };
     }
+    if let Some(read) = l.kv_read {
+        // What a hot NIC or small RDMA operations cost a request, before its first step.
+        let busiest = n.utilisation.iter().flatten().fold(0.0f64, |a, &b| a.max(b));
+        let _ = writeln!(
+            s,
+            "  KV reads     mean {:.1} ms (p99 {:.1}) per read; busiest NIC {:.0}% busy in its busiest second",
+            read.mean,
+            read.p99,
+            100.0 * busiest
+        );
+    }
     let g = &r.ledger;
     let _ = writeln!(
         s,

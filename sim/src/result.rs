@@ -140,6 +140,10 @@ pub struct Latencies {
     pub itl: Option<Summary>,
     /// End to end.
     pub e2e: Option<Summary>,
+    /// One KV read (a flow: one decode worker's reads of one request from one prefill GPU),
+    /// from its post to its last byte: where a NIC hot spot or small RDMA operations show.
+    #[serde(default)]
+    pub kv_read: Option<Summary>,
     /// TTFT at every percentile 0, 1, ..., 100 (for CDF plots); empty without finished requests.
     pub ttft_percentiles: Vec<f64>,
     /// TPOT at every percentile 0, 1, ..., 100.
@@ -165,13 +169,18 @@ pub struct NicStats {
     pub reads_per_prefill_gpu: Vec<u64>,
     /// Bytes each prefill GPU sent.
     pub bytes_per_prefill_gpu: Vec<u64>,
+    /// RDMA operations each prefill GPU served: per read, one per layer per run of blocks
+    /// contiguous on both sides (`ReadOp::messages`). Each costs NIC time as well as its bytes.
+    #[serde(default)]
+    pub messages_per_prefill_gpu: Vec<u64>,
     /// Jain's fairness index of the reads; `None` (`null`) when no GPU served a read, since
     /// evenness is undefined without reads.
     pub jain: Option<f64>,
     /// Jain's index of the bytes; `None` when no GPU sent a byte.
     pub jain_bytes: Option<f64>,
-    /// Per prefill GPU, the fraction of NIC bandwidth used in each virtual second of the run
-    /// (six decimals; every row has one value per second).
+    /// Per prefill GPU, the fraction of its NIC busy in each virtual second of the run: bytes
+    /// plus the per-message cost of its operations, over the NIC's bandwidth (six decimals;
+    /// every row has one value per second).
     pub utilisation: Vec<Vec<f64>>,
 }
 

@@ -206,6 +206,8 @@ impl World {
             nics: Nics::new(nic_count, sc.hardware.nic_gb_s),
             reads: vec![0; p_ranks.len()],
             bytes: vec![0; p_ranks.len()],
+            messages: vec![0; p_ranks.len()],
+            kv_read_ms: Vec::new(),
             engine_tick: vec![None; engines.len()],
             dworker_tick: vec![None; dworkers.len()],
             faults: Vec::new(),

@@ -118,8 +118,17 @@ impl World {
         let bytes: u64 = ops.iter().map(ReadOp::bytes).sum();
         self.reads[server] += 1;
         self.bytes[server] += bytes;
-        let latency = (self.sc.hardware.nic_latency_us * 1e3) as u64;
-        let (id, finishes) = self.nics.start(self.now + latency, nic_src, nic_dst, bytes);
+        // Every RDMA operation takes one of the NIC's message slots as well as its bytes: at
+        // `nic_message_rate_mpps` operations a second, one is worth `nic_gb_s / rate` of the
+        // NIC's bandwidth. So a read of many small runs (one-token blocks, a fragmented pool)
+        // occupies both ends for longer than its bytes alone would.
+        let messages: u64 = ops.iter().map(ReadOp::messages).sum();
+        self.messages[server] += messages;
+        let hw = &self.sc.hardware;
+        let per_message_bytes = hw.nic_gb_s * 1e3 / hw.nic_message_rate_mpps;
+        let work = bytes.saturating_add((messages as f64 * per_message_bytes) as u64);
+        let latency = (hw.nic_latency_us * 1e3) as u64;
+        let (id, finishes) = self.nics.start(self.now + latency, nic_src, nic_dst, work);
         self.schedule_flows(finishes);
         let info = FlowInfo {
             worker: w,
@@ -181,6 +190,7 @@ impl World {
         let Some((_, finishes)) = self.nics.finish(self.now, id, version) else { return };
         self.schedule_flows(finishes);
         let Some(info) = self.flows.remove(&id) else { return };
+        self.kv_read_ms.push((self.now - info.started) as f64 / 1e6);
         let me = self.d_ranks[info.worker];
         let server_rank = self.p_ranks[info.server];
         trace!(

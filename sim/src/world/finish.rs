@@ -78,6 +78,7 @@ impl World {
         result.latency_ms.ttft_percentiles = percentiles(&ttft);
         result.latency_ms.tpot_percentiles = percentiles(&tpot);
         result.latency_ms.e2e = Summary::of(&mut e2e);
+        result.latency_ms.kv_read = Summary::of(&mut std::mem::take(&mut self.kv_read_ms));
         result.latency_ms.itl = weighted_summary(&mut self.itl);
 
         // NICs.
@@ -88,6 +89,7 @@ impl World {
             jain_bytes: crate::result::jain(&self.bytes),
             reads_per_prefill_gpu: self.reads.clone(),
             bytes_per_prefill_gpu: self.bytes.clone(),
+            messages_per_prefill_gpu: self.messages.clone(),
             // One value per second of the run for every GPU (idle seconds are 0), with enough
             // precision for the sub-percent loads a 48 GB/s NIC usually sees.
             utilisation: (0..self.p_ranks.len())

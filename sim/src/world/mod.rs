@@ -254,6 +254,10 @@ pub struct World {
     faults: Vec<Option<ActiveFault>>,
     reads: Vec<u64>,
     bytes: Vec<u64>,
+    /// RDMA operations served per prefill GPU.
+    messages: Vec<u64>,
+    /// Duration of every completed KV read flow, in milliseconds.
+    kv_read_ms: Vec<f64>,
     /// Decode step gaps and how many tokens waited each one.
     itl: Vec<(u64, u64)>,
     violations: Vec<Violation>,
