@@ -239,9 +239,9 @@ mod at_default {
 
 /// The served model's facts that drive KV sizes and compute.
 ///
-/// The fields after `hidden_size` describe the model for cost terms still to come (the
-/// compute-time model reads none of them yet); a printed scenario carries each only when it is
-/// not the default.
+/// The fields after `hidden_size` came with the profiles: the decode model reads the parameter
+/// and expert counts, the rest wait for cost terms still to come. A printed scenario carries
+/// each only when it is not the default.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelProfile {
@@ -317,9 +317,9 @@ impl Default for ModelProfile {
 
 /// Hardware of every GPU node.
 ///
-/// The fields after `listener_service_us` describe the hardware for cost terms still to come
-/// (the simulator reads none of them yet); a printed scenario carries each only when it is not
-/// the default.
+/// The fields after `listener_service_us` came with the profiles: the NIC model reads
+/// `nic_message_rate_mpps`, the rest wait for cost terms still to come. A printed scenario
+/// carries each only when it is not the default.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Hardware {

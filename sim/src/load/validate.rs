@@ -54,6 +54,15 @@ fn at_most(field: &str, value: u64, max: u64, unit: &str) -> Check {
     }
 }
 
+/// `value` of `field` is at most `bound`, the value of `bound_field`.
+fn within<T: PartialOrd + fmt::Display>(field: &str, value: T, bound_field: &str, bound: T) -> Check {
+    if value <= bound {
+        Ok(())
+    } else {
+        Err(violation(field, format!("must be at most {bound_field} ({bound}), got {value}")))
+    }
+}
+
 /// A time in milliseconds: at least 1 ms and at most [`MAX_TIME_MS`], so its conversion to
 /// nanoseconds, and sums of such times, cannot overflow.
 fn time_ms(field: &str, value: u64) -> Check {
@@ -285,31 +294,15 @@ fn validate_model(scenario: &Scenario) -> Check {
     positive("model.active_params_b", model.active_params_b)?;
     at_least_one("model.hidden_size", model.hidden_size.into())?;
     at_most("model.hidden_size", model.hidden_size.into(), dimension, "")?;
-    // The descriptive fields (no cost term reads them yet): their ranges only, and the two
-    // orderings no model can break. The rules between them (KV bytes from heads, dense models
+    // The fields added with the profiles: their ranges, and the two orderings no model can
+    // break. The rules between them (KV bytes from heads, dense models
     // without experts) are the profiles' (`crate::profiles`), since a hand-written model block
     // that sets only what the cost model reads leaves the others at DeepSeek-R1's values.
     at_least_one("model.head_dim", model.head_dim.into())?;
     at_most("model.head_dim", model.head_dim.into(), dimension, "")?;
     positive("model.total_params_b", model.total_params_b)?;
-    if model.active_params_b > model.total_params_b {
-        return Err(violation(
-            "model.active_params_b",
-            format!(
-                "must be at most model.total_params_b ({}), got {}",
-                model.total_params_b, model.active_params_b
-            ),
-        ));
-    }
-    if model.experts_per_token > model.routed_experts {
-        return Err(violation(
-            "model.experts_per_token",
-            format!(
-                "must be at most model.routed_experts ({}), got {}",
-                model.routed_experts, model.experts_per_token
-            ),
-        ));
-    }
+    within("model.active_params_b", model.active_params_b, "model.total_params_b", model.total_params_b)?;
+    within("model.experts_per_token", model.experts_per_token, "model.routed_experts", model.routed_experts)?;
     // 0 for a dense model, else a count of millions like the other rates.
     if model.expert_params_per_layer_m != 0.0 {
         positive("model.expert_params_per_layer_m", model.expert_params_per_layer_m)?;
