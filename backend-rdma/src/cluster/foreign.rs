@@ -34,8 +34,7 @@ use pdkv_core::wire::{self, ControlMessage};
 use serde::{Deserialize, Serialize};
 
 use super::config::Foreign;
-use super::procs::Ev;
-use super::{Cluster, Violation};
+use super::{Cluster, Ev, Violation};
 use pdkv_sim::result::ViolationKind;
 
 /// Longest line the driver may send: a `bye` with a few hundred counters fits many times.

@@ -50,7 +50,7 @@ pub use config::{
 };
 pub use foreign::ForeignReport;
 pub use pdkv_sim::result::{Summary, ViolationKind};
-use procs::{free_ports, new_token, Acceptor, Admission, Ev, RankProc};
+use procs::{free_ports, new_token, Acceptor, Admission, RankProc};
 pub use result::{
     ClusterOutcome, ClusterResult, Failure, Latencies, Ledger, Nic, Processes, Progress, Requests,
     Throughput, Violation,
@@ -86,6 +86,31 @@ const MAX_PROBLEMS: usize = 64;
 const REQUEST_STREAM: u64 = 1;
 
 // ------------------------------------------------------------------------------ processes
+
+/// What the run's threads (acceptor, rank readers, the foreign driver's reader) tell the main
+/// loop.
+enum Ev {
+    Joined {
+        rank: RankId,
+        stream: std::net::TcpStream,
+    },
+    Refused {
+        rank: RankId,
+        pid: u32,
+        reason: String,
+    },
+    Msg {
+        rank: RankId,
+        incarnation: u32,
+        msg: FromRank,
+    },
+    Gone {
+        rank: RankId,
+        incarnation: u32,
+    },
+    /// The foreign side's driver said something ([`foreign`]).
+    Driver(foreign::DriverEvent),
+}
 
 // ------------------------------------------------------------------------------ scheduling
 

@@ -17,33 +17,10 @@ use pdkv_core::ids::{EngineId, RankId, RequestId, Role};
 use pdkv_core::prefill::EngineEvent;
 
 use super::foreign::{Driver, ToDriver};
-use super::{Cluster, Fault, EXIT_TIMEOUT, HEARTBEAT_TIMEOUT, MAX_PROBLEMS, POLL, START_TIMEOUT};
+use super::{Cluster, Ev, Fault, EXIT_TIMEOUT, HEARTBEAT_TIMEOUT, MAX_PROBLEMS, POLL, START_TIMEOUT};
 use crate::sched::{
     read_frame, read_frame_within, write_frame, FromRank, Setup, ToRank, MAX_HELLO_BYTES, TOKEN_ENV,
 };
-
-pub(super) enum Ev {
-    Joined {
-        rank: RankId,
-        stream: TcpStream,
-    },
-    Refused {
-        rank: RankId,
-        pid: u32,
-        reason: String,
-    },
-    Msg {
-        rank: RankId,
-        incarnation: u32,
-        msg: FromRank,
-    },
-    Gone {
-        rank: RankId,
-        incarnation: u32,
-    },
-    /// The foreign side's driver said something ([`super::foreign`]).
-    Driver(super::foreign::DriverEvent),
-}
 
 pub(super) struct RankProc {
     pub(super) child: Option<Child>,
