@@ -39,6 +39,14 @@ pub(super) fn judge(plan: &Plan, ran: &Ran) -> Result<Figures, Vec<String>> {
         return Err(bad);
     };
     if exit == 2 {
+        // An outside kill that lands while the ranks start leaves a cluster that cannot start:
+        // it says which rank and exits 2, which is what it should do.
+        if let Some(rank) = killed_during_start(&ran.stderr, &ran.delivered) {
+            if bad.is_empty() {
+                let outcome = format!("not started ({rank} killed during the start)");
+                return Ok(Figures { outcome, exit, sent: 0, failed: 0, bytes: 0 });
+            }
+        }
         bad.push("pdkv cluster exited 2: it refused the arguments or could not start (see stderr)".into());
         return Err(bad);
     }
@@ -117,5 +125,44 @@ pub(super) fn judge(plan: &Plan, ran: &Ran) -> Result<Figures, Vec<String>> {
         Ok(Figures { outcome, exit, sent, failed, bytes })
     } else {
         Err(bad)
+    }
+}
+
+/// The rank an outside SIGKILL hit if pdkv cluster's start failed because that rank exited
+/// before it was ready; `None` for any other refusal or failure to start.
+fn killed_during_start(stderr: &str, delivered: &[String]) -> Option<String> {
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("cluster did not start: ") && l.ends_with(" exited before it was ready"))?;
+    let rank = line.split("cluster did not start: ").nth(1)?.strip_suffix(" exited before it was ready")?;
+    delivered.iter().any(|d| d.contains(&format!(": SIGKILL {rank} "))).then(|| rank.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_start_is_excused_only_when_an_outside_kill_hit_the_rank_that_did_not_start() {
+        let stderr = "pdkv cluster: cluster did not start: D0.dp0.tp2 exited before it was ready\n";
+        let kill = |rank: &str| vec![format!("at 27 ms: SIGKILL {rank} (pid 7145, delivered at 48 ms)")];
+        let check = |stderr: &str, delivered: Vec<String>, expected: Option<&str>| {
+            assert_eq!(
+                killed_during_start(stderr, &delivered).as_deref(),
+                expected,
+                "{stderr} / {delivered:?}"
+            );
+        };
+        check(stderr, kill("D0.dp0.tp2"), Some("D0.dp0.tp2"));
+        // Another rank was killed, or it was stopped, not killed, or nothing was sent.
+        check(stderr, kill("D0.dp0.tp1"), None);
+        check(stderr, vec!["at 27 ms: SIGSTOP D0.dp0.tp2 for 80 ms, then SIGCONT (pid 1)".into()], None);
+        check(stderr, vec![], None);
+        // Any other failure to start stays a failure.
+        check(
+            "pdkv cluster: invalid cluster: --requests 0: must be between 1 and 1000000\n",
+            kill("D0.dp0.tp2"),
+            None,
+        );
     }
 }
