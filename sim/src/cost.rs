@@ -10,7 +10,7 @@
 
 use pdkv_core::topology::Layout;
 
-use crate::scenario::{CostModel, Hardware, ModelProfile};
+use crate::scenario::{CostModel, EngineLimits, Hardware, ModelProfile};
 
 /// The constants a run uses, gathered once.
 #[derive(Clone, Debug)]
@@ -18,6 +18,8 @@ pub struct Cost {
     model: ModelProfile,
     hw: Hardware,
     cost: CostModel,
+    /// The engines' `gpu_memory_utilization` (an engine setting, kept with the scheduler limits).
+    gpu_memory_utilization: f64,
 }
 
 /// One decode DP group's share of a step: its batch size and the context tokens of its batch.
@@ -31,8 +33,18 @@ pub struct GroupLoad {
 
 impl Cost {
     /// The model of one scenario.
-    pub fn new(model: &ModelProfile, hw: &Hardware, cost: &CostModel) -> Cost {
-        Cost { model: model.clone(), hw: hw.clone(), cost: cost.clone() }
+    pub fn new(model: &ModelProfile, hw: &Hardware, cost: &CostModel, engines: &EngineLimits) -> Cost {
+        Cost {
+            model: model.clone(),
+            hw: hw.clone(),
+            cost: cost.clone(),
+            gpu_memory_utilization: engines.gpu_memory_utilization,
+        }
+    }
+
+    /// The model of `scenario`.
+    pub fn of(scenario: &crate::scenario::Scenario) -> Cost {
+        Cost::new(&scenario.model, &scenario.hardware, &scenario.cost, &scenario.engines)
     }
 
     fn fabric_bytes_per_s(&self) -> f64 {
@@ -52,17 +64,24 @@ impl Cost {
     /// Seconds of the expert all-to-alls of one rank sending `tokens` tokens: per MoE layer a
     /// dispatch (each token to the ranks of its `k` experts, at most once per rank, 8-bit) and a
     /// combine back (16-bit), each paying a fixed latency (the kernel launch and the slowest
-    /// peer) on top of its bytes. Zero without EP.
+    /// peer) on top of its bytes. Peers on the same node are reached over the scale-up fabric;
+    /// once the EP group spans nodes (`ranks > gpus_per_node`), the share of peers on other
+    /// nodes goes over the rank's RDMA NIC at the same time, and the slower path sets the time.
+    /// Zero without EP.
     fn ep_alltoall_s(&self, layout: Layout, tokens: f64) -> f64 {
         if !layout.ep {
             return 0.0;
         }
         let n = f64::from(layout.ranks());
+        let node = f64::from(self.hw.gpus_per_node.max(1)).min(n);
         let copies = f64::from(self.model.experts_per_token).min(n).max(1.0);
-        let remote = (n - 1.0) / n;
-        let bytes = tokens * f64::from(self.model.hidden_size) * copies * remote * (1.0 + 2.0);
+        let bytes = tokens * f64::from(self.model.hidden_size) * copies * (1.0 + 2.0);
+        // A copy lands on one of the n ranks evenly: itself, another GPU of its node, or a GPU
+        // of another node.
+        let on_node = bytes * (node - 1.0) / n / self.fabric_bytes_per_s();
+        let off_node = bytes * (n - node) / n / (self.hw.nic_gb_s * 1e9);
         let latency = 2.0 * self.cost.alltoall_latency_us / 1e6;
-        f64::from(self.model.moe_layers) * (latency + bytes / self.fabric_bytes_per_s())
+        f64::from(self.model.moe_layers) * (latency + on_node.max(off_node))
     }
 
     /// Nanoseconds one DP rank of a prefill engine with `layout` takes for a batch of `tokens`.
@@ -145,13 +164,42 @@ impl Cost {
         (seconds * 1e9) as u64
     }
 
-    /// KV blocks one GPU holds: HBM times the KV fraction over one block's bytes on that GPU.
-    pub fn kv_blocks_per_gpu(&self, tp: u16) -> u32 {
+    /// Bytes of weights one GPU of `layout` holds: its share of the routed experts (`1/ranks`
+    /// of them under EP, a `1/tp` slice of each otherwise) and a `1/tp` slice of everything
+    /// else (attention, dense layers, shared experts, embeddings), which DP ranks replicate.
+    pub fn weight_bytes_per_gpu(&self, layout: Layout) -> f64 {
+        let m = &self.model;
+        let tp = f64::from(layout.tp.max(1));
+        let experts =
+            f64::from(m.routed_experts) * m.expert_params_per_layer_m * 1e6 * f64::from(m.moe_layers);
+        let other = (m.total_params_b * 1e9 - experts).max(0.0);
+        let expert_share = if layout.ep { 1.0 / f64::from(layout.ranks().max(1)) } else { 1.0 / tp };
+        (experts * expert_share + other / tp) * m.weight_bytes_per_param
+    }
+
+    /// Bytes of KV cache one GPU of `layout` holds. With `kv_memory_fraction` 0 (the default)
+    /// this is what vLLM's start-up profiling leaves: `gpu_memory_utilization` of HBM, less the
+    /// GPU's weights and the activation reserve (its profiled peak, graph pools and
+    /// communication buffers). So the pool depends on the layout: a TP8 rank holds an eighth of
+    /// every weight, a DP8EP rank an eighth of the experts but the whole of everything else.
+    /// Negative when the weights do not fit (the scenario check reports it).
+    pub fn kv_bytes_per_gpu(&self, layout: Layout) -> f64 {
+        let hbm = self.hw.hbm_gb * 1e9;
+        if self.hw.kv_memory_fraction > 0.0 {
+            return hbm * self.hw.kv_memory_fraction;
+        }
+        hbm * self.gpu_memory_utilization
+            - self.weight_bytes_per_gpu(layout)
+            - self.cost.activation_reserve_gb * 1e9
+    }
+
+    /// KV blocks one GPU of `layout` holds: its KV bytes over one block's bytes on that GPU
+    /// (at least one, so a scenario whose weights do not fit fails its check, not a division).
+    pub fn kv_blocks_per_gpu(&self, layout: Layout) -> u32 {
         let block_bytes = f64::from(self.model.block_size_tokens)
             * f64::from(self.model.layers)
-            * self.kv_bytes_per_token_per_rank(tp);
-        let bytes = self.hw.hbm_gb * 1e9 * self.hw.kv_memory_fraction;
-        (bytes / block_bytes).clamp(1.0, f64::from(u32::MAX)) as u32
+            * self.kv_bytes_per_token_per_rank(layout.tp);
+        (self.kv_bytes_per_gpu(layout) / block_bytes).clamp(1.0, f64::from(u32::MAX)) as u32
     }
 
     /// Bytes of one block of one layer on one rank (the unit of a read).
@@ -165,7 +213,12 @@ mod tests {
     use super::*;
 
     fn cost() -> Cost {
-        Cost::new(&ModelProfile::default(), &Hardware::default(), &CostModel::default())
+        Cost::new(
+            &ModelProfile::default(),
+            &Hardware::default(),
+            &CostModel::default(),
+            &EngineLimits::default(),
+        )
     }
 
     #[test]
@@ -181,15 +234,55 @@ mod tests {
     #[test]
     fn decode_per_token_favours_dp_attention_at_capacity() {
         let c = cost();
-        // At capacity (a TP8 pool holds 296 requests of 8K/1K; DP8EP runs 64 a rank here), TP8
+        // At capacity (a TP8 pool holds 255 requests of 8K/1K; DP8EP runs 64 a rank here), TP8
         // reads the whole batch's latent on every GPU while DP8EP spreads it over 8 ranks, so a
         // DP8EP step carries more tokens for its time.
         let ctx = 9000;
-        let tp8 = c.decode_step_ns(Layout::tp(8), &[GroupLoad { batch: 296, context_tokens: 296 * ctx }]);
+        let tp8 = c.decode_step_ns(Layout::tp(8), &[GroupLoad { batch: 255, context_tokens: 255 * ctx }]);
         let per_rank = GroupLoad { batch: 64, context_tokens: 64 * ctx };
         let dp8 = c.decode_step_ns(Layout::new(8, 1, true), &[per_rank; 8]);
-        assert!(dp8 as f64 / 512.0 < tp8 as f64 / 296.0, "dp8ep {dp8} ns for 512, tp8 {tp8} ns for 296");
+        assert!(dp8 as f64 / 512.0 < tp8 as f64 / 255.0, "dp8ep {dp8} ns for 512, tp8 {tp8} ns for 255");
         assert_eq!(c.block_bytes_per_layer(8), 16 * 576);
+    }
+
+    #[test]
+    fn the_kv_cache_is_what_the_weights_leave() {
+        let c = cost();
+        // 192 GB x 0.92 = 176.6 GB usable, less 10 GB of activations. TP8 holds an eighth of
+        // DeepSeek-R1's 671 GB; DP8EP an eighth of the 654 GB of routed experts but all 17 GB
+        // of the rest; TP4 would need 168 GB of weights per GPU.
+        let check = |layout: Layout, weights_gb: f64, kv_gb: f64| {
+            let (w, kv) = (c.weight_bytes_per_gpu(layout) / 1e9, c.kv_bytes_per_gpu(layout) / 1e9);
+            assert!(
+                (w - weights_gb).abs() < 0.1 && (kv - kv_gb).abs() < 0.1,
+                "{layout}: {w:.1} GB, KV {kv:.1} GB"
+            );
+        };
+        check(Layout::tp(8), 83.9, 82.8);
+        check(Layout::new(8, 1, true), 98.8, 67.8);
+        check(Layout::tp(4), 167.8, -1.1);
+        // So a TP8 decode engine holds 255 requests of 8K/1K (576 blocks of 16 tokens each) and
+        // a DP8EP rank 209: DP attention has 6.6 times the batch room of TP8 at the same size.
+        assert_eq!(c.kv_blocks_per_gpu(Layout::tp(8)) / 576, 255);
+        assert_eq!(c.kv_blocks_per_gpu(Layout::new(8, 1, true)) / 576, 209);
+    }
+
+    #[test]
+    fn an_expert_all_to_all_across_nodes_waits_for_the_nic() {
+        let c = cost();
+        // Within a node every peer is on the fabric; past eight ranks most copies leave the
+        // node on a 48 GB/s NIC, so the same tokens take longer.
+        let a2a = |ranks: u16| c.ep_alltoall_s(Layout::new(ranks, 1, true), 64.0);
+        assert!(a2a(32) > 1.5 * a2a(8), "EP32 {} s, EP8 {} s", a2a(32), a2a(8));
+        // The same holds for a node of four GPUs from EP8 on.
+        let mut hw = Hardware { gpus_per_node: 4, ..Hardware::default() };
+        let small_nodes =
+            Cost::new(&ModelProfile::default(), &hw, &CostModel::default(), &EngineLimits::default());
+        assert!(small_nodes.ep_alltoall_s(Layout::new(8, 1, true), 64.0) > 1.5 * a2a(8));
+        hw.gpus_per_node = 64;
+        let big_nodes =
+            Cost::new(&ModelProfile::default(), &hw, &CostModel::default(), &EngineLimits::default());
+        assert!(big_nodes.ep_alltoall_s(Layout::new(32, 1, true), 64.0) < a2a(32));
     }
 
     #[test]

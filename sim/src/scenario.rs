@@ -221,7 +221,7 @@ impl std::fmt::Display for Profiles {
 /// scenario while it keeps its default, so the `scenario_ron` of every earlier result, and every
 /// result compared byte for byte, stays the same. A value other than the default is printed.
 mod at_default {
-    use super::{Hardware, ModelProfile};
+    use super::{CostModel, EngineLimits, Hardware, ModelProfile};
 
     macro_rules! at_default {
         ($owner:ident: $($field:ident: $ty:ty),* $(,)?) => {
@@ -235,6 +235,8 @@ mod at_default {
         shared_experts: u16, expert_params_per_layer_m: f64, weight_bytes_per_param: f64, attention_heads: u16);
     at_default!(Hardware: bf16_tflops: f64, gpus_per_node: u16, line_rate_gbit: f64, nic_message_rate_mpps: f64,
         nic_qps: u16);
+    at_default!(EngineLimits: gpu_memory_utilization: f64);
+    at_default!(CostModel: activation_reserve_gb: f64);
 }
 
 /// The served model's facts that drive KV sizes and compute.
@@ -325,7 +327,8 @@ impl Default for ModelProfile {
 pub struct Hardware {
     /// HBM per GPU.
     pub hbm_gb: f64,
-    /// Fraction of HBM left to the KV cache after weights and activations.
+    /// Fraction of HBM given to the KV cache whatever the weights; 0 (the default) derives the
+    /// KV cache from the weights each GPU holds (see `engines.gpu_memory_utilization`).
     pub kv_memory_fraction: f64,
     /// HBM bandwidth per GPU.
     pub hbm_tb_s: f64,
@@ -366,7 +369,7 @@ impl Default for Hardware {
     fn default() -> Self {
         Hardware {
             hbm_gb: 192.0,
-            kv_memory_fraction: 0.5,
+            kv_memory_fraction: 0.0,
             hbm_tb_s: 5.3,
             fp8_tflops: 2600.0,
             fabric_gb_s: 448.0,
@@ -410,13 +413,17 @@ pub struct CostModel {
     pub decode_per_request_us: f64,
     /// Fraction of fabric bandwidth collectives achieve.
     pub fabric_efficiency: f64,
+    /// HBM per GPU that is neither weights nor KV cache: the activations' profiled peak, the
+    /// graph pools and the communication buffers.
+    #[serde(skip_serializing_if = "at_default::activation_reserve_gb")]
+    pub activation_reserve_gb: f64,
 }
 
 impl Default for CostModel {
     fn default() -> Self {
         CostModel {
             prefill_fixed_ms: 250.0,
-            prefill_mfu: 0.1,
+            prefill_mfu: 0.115,
             prefill_ep_efficiency: 0.35,
             decode_fixed_ms: 12.0,
             decode_weight_efficiency: 0.75,
@@ -425,6 +432,7 @@ impl Default for CostModel {
             decode_kv_efficiency: 0.8,
             decode_per_request_us: 10.0,
             fabric_efficiency: 0.7,
+            activation_reserve_gb: 10.0,
         }
     }
 }
@@ -543,8 +551,13 @@ pub struct EngineLimits {
     pub prefill_max_batched_tokens: u32,
     /// Most requests one decode DP rank runs at once.
     pub decode_max_batch: u32,
-    /// KV blocks per GPU; 0 derives them from `hbm_gb` and `kv_memory_fraction`.
+    /// KV blocks per GPU; 0 derives them from HBM, the weights the GPU holds and
+    /// `gpu_memory_utilization` (or `hardware.kv_memory_fraction` when that is set).
     pub kv_blocks_per_gpu: u32,
+    /// Fraction of each GPU's HBM the engine may use (vLLM's `--gpu-memory-utilization`):
+    /// weights, the activation reserve and the KV cache share it.
+    #[serde(skip_serializing_if = "at_default::gpu_memory_utilization")]
+    pub gpu_memory_utilization: f64,
     /// Delay between a prefill finishing and its workers learning the transfer (MoRIIO passes
     /// it with the next step's connector metadata). A release that arrives in this window is
     /// early: buffered by the fixed protocol, dropped under `drop-early-releases`.
@@ -557,6 +570,7 @@ impl Default for EngineLimits {
             prefill_max_batched_tokens: 32_768,
             decode_max_batch: 512,
             kv_blocks_per_gpu: 0,
+            gpu_memory_utilization: 0.92,
             prefill_register_delay_ms: 0,
         }
     }

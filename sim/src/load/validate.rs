@@ -5,7 +5,7 @@ use std::fmt;
 
 use pdkv_core::ids::Role;
 use pdkv_core::routing::check_pair;
-use pdkv_core::topology::Deployment;
+use pdkv_core::topology::{Deployment, Layout};
 
 use super::target::{check_target, parse_target};
 use crate::cost::Cost;
@@ -192,14 +192,44 @@ fn longest(length: Length) -> u32 {
 /// a request larger than a decode pool would wait forever for admission, both of which would be
 /// reported as a protocol hang.
 fn validate_pools(scenario: &Scenario, deployment: &Deployment) -> Check {
-    let cost = Cost::new(&scenario.model, &scenario.hardware, &scenario.cost);
+    let cost = Cost::of(scenario);
     let explicit = scenario.engines.kv_blocks_per_gpu;
-    let (pool_field, pool_source) = if explicit > 0 {
-        ("engines.kv_blocks_per_gpu", "engines.kv_blocks_per_gpu")
-    } else {
-        ("hardware.hbm_gb", "hardware.hbm_gb x hardware.kv_memory_fraction")
+    let fixed = scenario.hardware.kv_memory_fraction > 0.0;
+    let (pool_field, pool_source) = match (explicit > 0, fixed) {
+        (true, _) => ("engines.kv_blocks_per_gpu", "engines.kv_blocks_per_gpu"),
+        (false, true) => ("hardware.hbm_gb", "hardware.hbm_gb x hardware.kv_memory_fraction"),
+        (false, false) => (
+            "hardware.hbm_gb",
+            "hardware.hbm_gb x engines.gpu_memory_utilization, less the weights and cost.activation_reserve_gb",
+        ),
     };
-    let blocks_for = |tp: u16| if explicit > 0 { explicit } else { cost.kv_blocks_per_gpu(tp) };
+    if explicit == 0 && !fixed {
+        // The KV cache is what the weights leave; a layout whose weights do not fit has none.
+        for role in [Role::Prefill, Role::Decode] {
+            for (e, &layout) in deployment.engines(role).iter().enumerate() {
+                let kv = cost.kv_bytes_per_gpu(layout);
+                if kv.is_nan() || kv < 1e9 {
+                    let weights = cost.weight_bytes_per_gpu(layout) / 1e9;
+                    let usable = scenario.hardware.hbm_gb * scenario.engines.gpu_memory_utilization;
+                    return Err(violation(
+                        "hardware.hbm_gb",
+                        format!(
+                            "engine {}{e} ({layout}) leaves {:.1} GB of KV cache per GPU (under 1 GB): \
+                             the model's weights take {weights:.1} GB of each GPU and the activation reserve \
+                             {} GB, out of {usable:.1} GB usable ({} GB x engines.gpu_memory_utilization {}); \
+                             use more GPUs per engine, or set engines.kv_blocks_per_gpu",
+                            role.letter(),
+                            kv / 1e9,
+                            scenario.cost.activation_reserve_gb,
+                            scenario.hardware.hbm_gb,
+                            scenario.engines.gpu_memory_utilization,
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    let blocks_for = |layout: Layout| if explicit > 0 { explicit } else { cost.kv_blocks_per_gpu(layout) };
     let block = u64::from(scenario.model.block_size_tokens);
     let input_blocks = u64::from(longest(scenario.workload.input_tokens)).div_ceil(block);
     let output_blocks = u64::from(longest(scenario.workload.output_tokens)).div_ceil(block);
@@ -207,7 +237,7 @@ fn validate_pools(scenario: &Scenario, deployment: &Deployment) -> Check {
     let total: u64 = [Role::Prefill, Role::Decode]
         .iter()
         .flat_map(|&role| deployment.engines(role).iter())
-        .map(|layout| u64::from(layout.dp) * u64::from(blocks_for(layout.tp)))
+        .map(|layout| u64::from(layout.dp) * u64::from(blocks_for(*layout)))
         .sum();
     if total > MAX_TOTAL_KV_BLOCKS {
         return Err(violation(
@@ -221,7 +251,7 @@ fn validate_pools(scenario: &Scenario, deployment: &Deployment) -> Check {
     for role in [Role::Prefill, Role::Decode] {
         for (e, layout) in deployment.engines(role).iter().enumerate() {
             let letter = role.letter();
-            let blocks = u64::from(blocks_for(layout.tp));
+            let blocks = u64::from(blocks_for(*layout));
             let bytes = blocks.saturating_mul(cost.block_bytes_per_layer(layout.tp)).saturating_mul(layers);
             if bytes > MAX_KV_BYTES_PER_GPU {
                 return Err(violation(
@@ -314,7 +344,10 @@ fn validate_model(scenario: &Scenario) -> Check {
 fn validate_hardware_and_cost(scenario: &Scenario) -> Check {
     let hw = &scenario.hardware;
     positive("hardware.hbm_gb", hw.hbm_gb)?;
-    fraction("hardware.kv_memory_fraction", hw.kv_memory_fraction)?;
+    if hw.kv_memory_fraction != 0.0 {
+        fraction("hardware.kv_memory_fraction", hw.kv_memory_fraction)?;
+    }
+    fraction("engines.gpu_memory_utilization", scenario.engines.gpu_memory_utilization)?;
     positive("hardware.hbm_tb_s", hw.hbm_tb_s)?;
     positive("hardware.fp8_tflops", hw.fp8_tflops)?;
     positive("hardware.fabric_gb_s", hw.fabric_gb_s)?;
@@ -338,7 +371,15 @@ fn validate_hardware_and_cost(scenario: &Scenario) -> Check {
     non_negative("cost.alltoall_latency_us", cost.alltoall_latency_us, MAX_TIME_US)?;
     fraction("cost.decode_kv_efficiency", cost.decode_kv_efficiency)?;
     non_negative("cost.decode_per_request_us", cost.decode_per_request_us, MAX_TIME_US)?;
-    fraction("cost.fabric_efficiency", cost.fabric_efficiency)
+    fraction("cost.fabric_efficiency", cost.fabric_efficiency)?;
+    let reserve = cost.activation_reserve_gb;
+    if !(reserve.is_finite() && reserve >= 0.0) {
+        return Err(violation(
+            "cost.activation_reserve_gb",
+            format!("must be a finite number of at least 0, got {reserve}"),
+        ));
+    }
+    Ok(())
 }
 
 fn validate_length(field: &str, length: Length) -> Check {
@@ -520,6 +561,18 @@ mod tests {
             ),
             (with("hardware: (hbm_gb: 0)"), (Invalid, "hardware.hbm_gb", "positive")),
             (with("hardware: (kv_memory_fraction: 1.5)"), (Invalid, "hardware.kv_memory_fraction", "(0, 1]")),
+            (with("hardware: (kv_memory_fraction: -0.5)"), (Invalid, "hardware.kv_memory_fraction", "(0, 1]")),
+            (with("engines: (gpu_memory_utilization: 0)"), (Invalid, "engines.gpu_memory_utilization", "(0, 1]")),
+            (with("cost: (activation_reserve_gb: NaN)"), (Invalid, "cost.activation_reserve_gb", "got NaN")),
+            // DeepSeek-R1's weights (671 GB at one byte) do not fit four 192 GB GPUs with room for KV.
+            (
+                with("description: \"y\"").replace("1P_TP8:", "1P_TP4:"),
+                (Invalid, "hardware.hbm_gb", "engine P0 (TP4) leaves -1.1 GB of KV cache per GPU (under 1 GB): the model's weights take 167.8 GB"),
+            ),
+            (
+                with("cost: (activation_reserve_gb: 100)"),
+                (Invalid, "hardware.hbm_gb", "out of 176.6 GB usable (192 GB x engines.gpu_memory_utilization 0.92)"),
+            ),
             (with("hardware: (nic_gb_s: inf)"), (Invalid, "hardware.nic_gb_s", "finite")),
             (with("hardware: (nic_gb_s: NaN)"), (Invalid, "hardware.nic_gb_s", "got NaN")),
             (with("hardware: (nic_latency_us: -1)"), (Invalid, "hardware.nic_latency_us", "at least 0")),
@@ -599,7 +652,9 @@ mod tests {
                 (Invalid, "faults.timeline[0].target", "not a rank pattern"),
             ),
             (
-                fault("P1.dp0.tp7", "NicDown").replace("1P_TP8:", "1P_TP8+1P_TP4:"),
+                fault("P1.dp0.tp7", "NicDown")
+                    .replace("1P_TP8:", "1P_TP8+1P_TP4:")
+                    .replace("faults:", "hardware: (kv_memory_fraction: 0.5), faults:"),
                 (Invalid, "faults.timeline[0].target", "TP rank 7 is out of range (largest: tp3)"),
             ),
             (with("faults: (swarm: (loss: -0.1))"), (Invalid, "faults.swarm.loss", "[0, 1]")),
@@ -713,11 +768,11 @@ mod tests {
                 (Invalid, "workload.output_tokens", "the longest prompt plus the longest output needs 102 KV blocks"),
             ),
             (
-                with("hardware: (hbm_gb: 0.001), workload: (input_tokens: Fixed(8192))"),
+                with("hardware: (hbm_gb: 0.001, kv_memory_fraction: 0.5), workload: (input_tokens: Fixed(8192))"),
                 (Invalid, "workload.input_tokens", "(hardware.hbm_gb x hardware.kv_memory_fraction)"),
             ),
             (
-                with("hardware: (hbm_gb: 100000)"),
+                with("hardware: (hbm_gb: 100000, kv_memory_fraction: 0.5)"),
                 (Invalid, "hardware.hbm_gb", "at most 274877906944 (256 GiB) fit the simulated address space"),
             ),
             (

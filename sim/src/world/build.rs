@@ -11,7 +11,7 @@ use pdkv_core::policy::Policy;
 use pdkv_core::ports::{AddressBook, ListenerKind};
 use pdkv_core::prefill::{PrefillEngine, PrefillWorker};
 use pdkv_core::proxy::Proxy;
-use pdkv_core::topology::Deployment;
+use pdkv_core::topology::{Deployment, Layout};
 use pdkv_core::wire::{HandshakeMetadata, LayerMemoryDesc};
 
 use crate::cost::Cost;
@@ -86,16 +86,16 @@ impl World {
     pub fn new(sc: &Scenario, options: RunOptions) -> Result<World, crate::SimError> {
         let d = crate::error::routable_deployment(sc)?;
         let policy = Policy::from(&sc.protocol.legacy.iter().copied().collect::<LegacyOptions>());
-        let cost = Cost::new(&sc.model, &sc.hardware, &sc.cost);
+        let cost = Cost::of(sc);
         let peers = sc.peer_book(&d).map_err(crate::SimError::Peers)?;
         let book = AddressBook::one_host_per_engine(&d).with_rules(peers);
         let p_ranks = d.ranks(Role::Prefill);
         let d_ranks = d.ranks(Role::Decode);
-        let blocks_for = |tp: u16| {
+        let blocks_for = |layout: Layout| {
             if sc.engines.kv_blocks_per_gpu > 0 {
                 sc.engines.kv_blocks_per_gpu
             } else {
-                cost.kv_blocks_per_gpu(tp)
+                cost.kv_blocks_per_gpu(layout)
             }
         };
 
@@ -113,7 +113,7 @@ impl World {
                     queue: VecDeque::new(),
                     running: Vec::new(),
                     busy: false,
-                    pool: Pool::new(blocks_for(layout.tp)),
+                    pool: Pool::new(blocks_for(layout)),
                     stalled_since: None,
                     stall_ns: 0,
                 });
@@ -126,7 +126,7 @@ impl World {
         let mut regions = BTreeMap::new();
         let mut pworkers = Vec::new();
         for (i, &rank) in p_ranks.iter().enumerate() {
-            let blocks = blocks_for(d.layout(rank.engine).tp);
+            let blocks = blocks_for(d.layout(rank.engine));
             let (worker, bases, len) =
                 build_prefill_worker(sc, &d, &book, &cost, &policy, rank, i, 0, blocks);
             for base in bases {
@@ -181,7 +181,7 @@ impl World {
                     engine: e,
                     workers,
                     unit,
-                    pool: Pool::new(blocks_for(layout.tp)),
+                    pool: Pool::new(blocks_for(layout)),
                     waiting: VecDeque::new(),
                     told: 0,
                     pending: BTreeMap::new(),
@@ -278,7 +278,7 @@ mod tests {
 
     fn scenario(deployment: &str, peers: &str) -> Scenario {
         let text = format!(
-            "(name: \"t\", deployment: \"{deployment}\", workload: (clients: Closed(concurrency: 4, requests: \
+            "(name: \"t\", deployment: \"{deployment}\", hardware: (kv_memory_fraction: 0.5), workload: (clients: Closed(concurrency: 4, requests: \
              8), input_tokens: Fixed(1024), output_tokens: Fixed(4)), protocol: (peers: {{{peers}}}))"
         );
         crate::load::parse_scenario(&text, "<test>").unwrap_or_else(|e| panic!("{e}"))

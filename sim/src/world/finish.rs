@@ -220,9 +220,13 @@ mod outcome_tests {
 
     /// A small, fast scenario: one TP1 engine per side, two clients, four short requests, with
     /// `fields` added (RON, as a scenario file writes them).
+    /// DeepSeek-R1's weights would not fit a TP1 engine, so the pool is a fixed share of HBM
+    /// (`fields` that set `hardware` say so themselves).
     fn small(fields: &str) -> Scenario {
+        let hardware =
+            if fields.contains("hardware:") { "" } else { "hardware: (kv_memory_fraction: 0.5), " };
         let text = format!(
-            "(name: \"t\", deployment: \"1P_TP1:1D_TP1\", workload: (clients: Closed(concurrency: 2, \
+            "(name: \"t\", deployment: \"1P_TP1:1D_TP1\", {hardware}workload: (clients: Closed(concurrency: 2, \
              requests: 4), input_tokens: Fixed(8192), output_tokens: Fixed(4)), {fields})"
         );
         crate::load::parse_scenario(&text, "<test>").unwrap_or_else(|e| panic!("{e}"))
@@ -277,7 +281,7 @@ mod outcome_tests {
             ),
             (
                 "handshake timeout 1 ms over a 2 ms network",
-                small("protocol: (handshake_timeout_ms: 1), hardware: (control_latency_us: 2000)"),
+                small("protocol: (handshake_timeout_ms: 1), hardware: (kv_memory_fraction: 0.5, control_latency_us: 2000)"),
                 (FailedRequests, [4, 0, 0, 4, 0, 0, 0]),
             ),
             // The same failures while a fault takes the NICs down are the fault's doing.
@@ -291,7 +295,7 @@ mod outcome_tests {
             (
                 "dead listener on P1",
                 crate::load::parse_scenario(
-                    "(name: \"t\", deployment: \"2P_TP4:1D_TP4\", workload: (clients: Closed(concurrency: 8, \
+                    "(name: \"t\", deployment: \"2P_TP4:1D_TP4\", hardware: (kv_memory_fraction: 0.5), workload: (clients: Closed(concurrency: 8, \
                      requests: 48), input_tokens: Fixed(1024), output_tokens: Fixed(16)), protocol: \
                      (handshake_timeout_ms: 1000, transfer_timeout_ms: 3000), faults: (timeline: [(at_ms: 0, \
                      target: \"P1.dp0.tp*\", fault: DeadListener)]))",
@@ -317,7 +321,7 @@ mod outcome_tests {
                     sc.workload.clients = Clients::Closed { concurrency: 4, requests: 40 };
                     sc.workload.output_tokens = crate::scenario::Length::Fixed(50);
                 }),
-                (Incomplete, [27, 23, 0, 0, 4, 13, 4]),
+                (Incomplete, [30, 26, 0, 0, 4, 10, 4]),
             ),
             // A cut when requests stopped ending longer ago than the stall window cuts off
             // nothing: one lost dial without a handshake timeout blocks the only decode worker
@@ -355,7 +359,7 @@ mod outcome_tests {
             // The slowest loadable NIC and slow-down behave the same way, through the loader.
             (
                 "nic_gb_s at its lower limit",
-                small("hardware: (nic_gb_s: 0.000001)"),
+                small("hardware: (kv_memory_fraction: 0.5, nic_gb_s: 0.000001)"),
                 (FailedRequests, [4, 0, 0, 4, 0, 0, 0]),
             ),
             (
