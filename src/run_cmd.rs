@@ -198,7 +198,8 @@ pub fn run(args: &RunArgs) -> ExitCode {
 fn write_files(out: &Path, run: &Run, command: &str) -> Result<Vec<PathBuf>, String> {
     std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
     let pictures = pdkv_reports::run_pictures(&run.result, out).map_err(|e| e.to_string())?;
-    let page = pdkv_reports::page::write_run_page(out, &run.result, &pictures, command)
+    let calibration = pdkv_sim::calibration::current().summary();
+    let page = pdkv_reports::page::write_run_page(out, &run.result, &pictures, &calibration, command)
         .map_err(|e| format!("cannot write {}: {e}", out.join("index.html").display()))?;
     let files = [
         ("result.json", run.result.to_json()),

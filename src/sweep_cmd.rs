@@ -6,8 +6,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use pdkv_reports::SweepPoint;
-use pdkv_sim::scenario::{Clients, Scenario};
+use pdkv_reports::page::Provenance;
+use pdkv_reports::{ErrorBand, SweepPoint};
+use pdkv_sim::calibration::Calibration;
+use pdkv_sim::scenario::{Clients, Hardware, ModelProfile, Scenario};
 use pdkv_sim::{RunIdentity, RunOptions};
 
 use crate::progress::Bar;
@@ -22,6 +24,9 @@ clients and C x requests-per-client requests. Writes index.html, sweep.json and 
 (throughput, mean TTFT and mean TPOT against concurrency, one line per scenario or notation,
 so a bug and its fix on one deployment are two lines) to --out (default
 target/pdkv/sweep_<lines>_<concurrencies>/, so different sweeps keep their own reports).
+The output names each line's profiles and the calibration of the cost model
+(profiles/calibration.ron); the charts shade its validation error around every line, or say
+that it is not yet measured.
 
 Exit codes: 0 every run had its expected outcome (NIC-balance bounds of a scenario file are
 not checked, since the sweep changes its workload); 1 some did not; 2 bad input.";
@@ -132,7 +137,12 @@ pub fn run(args: &SweepArgs) -> ExitCode {
     }
     bar.finish();
     let out = args.out.clone().unwrap_or_else(|| default_folder(&scenarios, args));
-    match write(&out, &points, &command(args)) {
+    let calibration = pdkv_sim::calibration::current();
+    let provenance = Provenance {
+        lines: scenarios.iter().map(|(s, label)| (label.clone(), hardware(s))).collect(),
+        calibration: calibration.summary(),
+    };
+    match write(&out, &points, &provenance, &error_band(&calibration), &command(args)) {
         Ok(page) => {
             let width = points.iter().map(|p| p.run.chars().count()).max().unwrap_or(0).max(24);
             // A run without finished requests has no latency: "n/a", in the numbers' columns.
@@ -150,6 +160,12 @@ pub fn run(args: &SweepArgs) -> ExitCode {
                     p.outcome
                 );
             }
+            // What produced the figures, so a ranking is read against the model's error.
+            println!("model:");
+            for (line, hardware) in &provenance.lines {
+                println!("  {line:<width$} {hardware}");
+            }
+            println!("{}", provenance.calibration);
             println!("report: {}", page.display());
         }
         Err(message) => {
@@ -164,13 +180,52 @@ pub fn run(args: &SweepArgs) -> ExitCode {
     }
 }
 
-fn write(out: &std::path::Path, points: &[SweepPoint], command: &str) -> Result<PathBuf, String> {
+/// Where a line's hardware and model come from, in words: the profiles it names, or the
+/// built-in defaults the calibration was fitted on.
+fn hardware(s: &Scenario) -> String {
+    const DEFAULTS: &str = "built-in MI300X-class defaults";
+    let p = &s.profiles;
+    if p.is_empty() {
+        // A scenario file may change default values without naming a profile (a slower control
+        // network, say); its figures are then not the defaults' either.
+        if s.hardware == Hardware::default() && s.model == ModelProfile::default() {
+            format!("{DEFAULTS}, DeepSeek-R1 (no profile named)")
+        } else {
+            format!("{DEFAULTS}, DeepSeek-R1, with the scenario file's own values (no profile named)")
+        }
+    } else if p.gpu.is_some() && p.nic.is_some() && p.model.is_some() {
+        format!("{p} (profiles/*.ron)")
+    } else {
+        format!("{p} (profiles/*.ron), {DEFAULTS} for the rest")
+    }
+}
+
+/// The charts' account of the model's error: the validation's median error as a band once it is
+/// measured, the fitting error until then.
+fn error_band(c: &Calibration) -> ErrorBand {
+    match c.validation {
+        Some(v) => ErrorBand::Measured {
+            half_width: v.median_abs_error,
+            points: v.points,
+            calibration: c.name.clone(),
+        },
+        None => ErrorBand::Unmeasured { fitting_error_max: c.fitting_error_max, calibration: c.name.clone() },
+    }
+}
+
+fn write(
+    out: &std::path::Path,
+    points: &[SweepPoint],
+    provenance: &Provenance,
+    band: &ErrorBand,
+    command: &str,
+) -> Result<PathBuf, String> {
     std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
     let json =
         serde_json::to_string_pretty(&points.iter().map(point_json).collect::<Vec<_>>()).expect("serialises");
     std::fs::write(out.join("sweep.json"), json).map_err(|e| format!("cannot write sweep.json: {e}"))?;
-    let images = pdkv_reports::sweep_charts(points, out).map_err(|e| e.to_string())?;
-    pdkv_reports::page::write_sweep_page(out, points, &images, command)
+    let images = pdkv_reports::sweep_charts(points, band, out).map_err(|e| e.to_string())?;
+    pdkv_reports::page::write_sweep_page(out, points, &images, provenance, command)
         .map_err(|e| format!("cannot write {}: {e}", out.join("index.html").display()))
 }
 

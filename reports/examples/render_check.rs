@@ -121,7 +121,12 @@ fn main() {
             });
         }
     }
-    for p in pdkv_reports::sweep_charts(&points, &out.join("sweep")).expect("sweep_charts") {
+    let calibration = pdkv_sim::calibration::current();
+    let band = pdkv_reports::ErrorBand::Unmeasured {
+        fitting_error_max: calibration.fitting_error_max,
+        calibration: calibration.name.clone(),
+    };
+    for p in pdkv_reports::sweep_charts(&points, &band, &out.join("sweep")).expect("sweep_charts") {
         println!("{} {}", std::fs::metadata(&p).map(|m| m.len()).unwrap_or(0), p.display());
     }
     // The same sweep with one run marked as hung (synthetic), to see how that is shown.
@@ -130,7 +135,13 @@ fn main() {
     marked[8].total_tok_s = 0.0;
     marked[8].ttft_mean_ms = None;
     marked[8].tpot_mean_ms = None;
-    pdkv_reports::sweep_charts(&marked, &out.join("extra").join("sweep-with-hang")).expect("sweep_charts");
+    pdkv_reports::sweep_charts(&marked, &band, &out.join("extra").join("sweep-with-hang"))
+        .expect("sweep_charts");
+    // The same sweep with a made-up validation error, to see how the band is drawn.
+    let measured =
+        pdkv_reports::ErrorBand::Measured { half_width: 0.23, points: 8, calibration: calibration.name };
+    pdkv_reports::sweep_charts(&points, &measured, &out.join("extra").join("sweep-with-band"))
+        .expect("sweep_charts");
     for p in &points {
         eprintln!("{p:?}");
     }

@@ -23,7 +23,7 @@ mod tests;
 pub use error::ReportError;
 pub use latency::latency_cdf;
 pub use nic::{nic_balance, nic_utilisation};
-pub use sweep::{sweep_charts, SweepPoint};
+pub use sweep::{sweep_charts, ErrorBand, SweepPoint};
 pub use waitfor::wait_for_graph;
 
 /// The pictures of one run.

@@ -70,7 +70,8 @@ fn row(out: &mut String, key: &str, value: &str) {
     let _ = writeln!(out, "<tr><th>{}</th><td>{}</td></tr>", escape(key), value);
 }
 
-/// Writes `dir/index.html` for one run: summary table; each hang with its wait-for graph (first,
+/// Writes `dir/index.html` for one run: summary table (with the profiles and `calibration`, the
+/// one-line summary of the calibration that produced the figures); each hang with its wait-for graph (first,
 /// since a hung run has little else to show) and its edges; violations; the other pictures, and
 /// a sentence for each left out for want of data; the scenario text and the command that
 /// reproduces the run.
@@ -78,6 +79,7 @@ pub fn write_run_page(
     dir: &Path,
     result: &RunResult,
     pictures_of_run: &RunPictures,
+    calibration: &str,
     command: &str,
 ) -> std::io::Result<PathBuf> {
     let images = &pictures_of_run.files;
@@ -95,6 +97,7 @@ pub fn write_run_page(
     if !r.profiles.is_empty() {
         row(&mut html, "profiles", &escape(&format!("{} (profiles/*.ron)", r.profiles)));
     }
+    row(&mut html, "calibration", &escape(calibration));
     let q = &r.requests;
     row(
         &mut html,
@@ -202,11 +205,24 @@ pub fn write_run_page(
     Ok(path)
 }
 
-/// Writes `dir/index.html` for a sweep: one table row per run, the charts and the command.
+/// What produced a sweep's figures, as its page names it: the hardware and model of each line
+/// and the calibration of the cost model.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Provenance {
+    /// (line, where its hardware and model come from), in the sweep's order, e.g.
+    /// `("2P_TP8-1D_DP8EP-h200", "gpu h200-sxm, nic cx7-400g, model deepseek-r1 (profiles/*.ron)")`.
+    pub lines: Vec<(String, String)>,
+    /// The calibration's one-line summary.
+    pub calibration: String,
+}
+
+/// Writes `dir/index.html` for a sweep: one table row per run, the model that produced the
+/// figures (profiles per line, the calibration), the charts and the command.
 pub fn write_sweep_page(
     dir: &Path,
     points: &[SweepPoint],
     images: &[PathBuf],
+    provenance: &Provenance,
     command: &str,
 ) -> std::io::Result<PathBuf> {
     let mut html = head("pdkv sweep");
@@ -227,7 +243,12 @@ pub fn write_sweep_page(
             escape(&p.outcome)
         );
     }
-    html.push_str("</table>\n<h2>Charts</h2>\n");
+    html.push_str("</table>\n<h2>Model</h2>\n<table>\n<tr><th>line</th><th>hardware and model</th></tr>\n");
+    for (line, hardware) in &provenance.lines {
+        let _ = writeln!(html, "<tr><td>{}</td><td>{}</td></tr>", escape(line), escape(hardware));
+    }
+    let _ = writeln!(html, "</table>\n<p>{}</p>", escape(&provenance.calibration));
+    html.push_str("<h2>Charts</h2>\n");
     html.push_str(&pictures(images));
     html.push_str("<h2>Files</h2>\n<ul><li><a href=\"sweep.json\">sweep.json</a></li></ul>\n");
     let _ = writeln!(html, "<h2>Reproduce</h2>\n<pre>{}</pre>", escape(command));
@@ -247,6 +268,44 @@ mod tests {
         check("a<b>&\"c\"'", "a&lt;b&gt;&amp;&quot;c&quot;&#39;");
         check("2P_TP8:1D_DP8EP", "2P_TP8:1D_DP8EP");
         check("", "");
+    }
+
+    #[test]
+    fn the_sweep_page_names_profiles_per_line_and_the_calibration() {
+        let dir = std::env::temp_dir().join(format!("pdkv-reports-sweep-page-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("made");
+        let points = [SweepPoint {
+            run: "a<b".into(),
+            deployment: "1P_TP8:1D_TP8".into(),
+            concurrency: 4,
+            total_tok_s: 1000.0,
+            ttft_mean_ms: None,
+            tpot_mean_ms: Some(25.0),
+            outcome: "clean".into(),
+        }];
+        let provenance = Provenance {
+            lines: vec![
+                ("a<b".into(), "built-in MI300X-class defaults, DeepSeek-R1 (no profile named)".into()),
+                ("h200".into(), "gpu h200-sxm (profiles/*.ron)".into()),
+            ],
+            calibration: "calibration study-tp8-2026-12: fitting worst 16.4 %; validation not yet measured"
+                .into(),
+        };
+        let page = write_sweep_page(&dir, &points, &[], &provenance, "pdkv sweep a").expect("written");
+        let html = std::fs::read_to_string(page).expect("read");
+        for text in [
+            "<h2>Model</h2>",
+            "<tr><td>a&lt;b</td><td>built-in MI300X-class defaults, DeepSeek-R1 (no profile named)</td></tr>",
+            "<tr><td>h200</td><td>gpu h200-sxm (profiles/*.ron)</td></tr>",
+            "<p>calibration study-tp8-2026-12: fitting worst 16.4 %; validation not yet measured</p>",
+        ] {
+            assert!(html.contains(text), "{text}: {html}");
+        }
+        assert!(
+            html.find("<h2>Model</h2>") < html.find("<h2>Charts</h2>"),
+            "the model comes before the charts"
+        );
+        std::fs::remove_dir_all(&dir).expect("removed");
     }
 
     #[test]

@@ -12,7 +12,8 @@ use pdkv_sim::Scenario;
 use crate::waitfor::nodes::*;
 
 use crate::{
-    latency_cdf, nic_balance, nic_utilisation, sweep_charts, wait_for_graph, ReportError, SweepPoint,
+    latency_cdf, nic_balance, nic_utilisation, sweep_charts, wait_for_graph, ErrorBand, ReportError,
+    SweepPoint,
 };
 
 /// The title of the run the synthetic hangs belong to.
@@ -245,6 +246,21 @@ fn empty_result() -> RunResult {
     r
 }
 
+/// The band of a calibration not yet validated (no shading).
+fn unmeasured() -> ErrorBand {
+    ErrorBand::Unmeasured { fitting_error_max: 0.164, calibration: "study-tp8-2026-12".into() }
+}
+
+/// The band of a calibration validated on eight held-out points.
+fn measured() -> ErrorBand {
+    ErrorBand::Measured { half_width: 0.23, points: 8, calibration: "study-tp8-2026-12".into() }
+}
+
+/// The polygons of `svg` drawn with the error band's opacity (markers are opaque).
+fn bands(svg: &str) -> usize {
+    svg.matches("<polygon opacity=\"0.18\"").count()
+}
+
 fn sweep() -> Vec<SweepPoint> {
     let mut points = Vec::new();
     for (d, deployment) in ["1P_TP8:1D_TP8", "2P_TP8:1D_DP8EP", "1P_TP4:1D_TP8"].iter().enumerate() {
@@ -384,7 +400,7 @@ fn wait_for_graph_with_a_cycle_renders_it_red() {
 #[test]
 fn sweep_charts_write_three_charts() {
     let dir = out_dir("sweep");
-    let paths = sweep_charts(&sweep(), &dir).expect("draws");
+    let paths = sweep_charts(&sweep(), &unmeasured(), &dir).expect("draws");
     assert_eq!(
         names(&paths),
         [
@@ -407,7 +423,7 @@ fn sweep_charts_write_three_charts() {
     }
     assert!(says(&check_svg(&paths[1]), "not clean: hang"));
     assert!(check_svg(&paths[3]).contains("mean TTFT (ms), log scale"));
-    let svg = check_svg(&sweep_charts(&[], &dir).expect("draws")[1]);
+    let svg = check_svg(&sweep_charts(&[], &unmeasured(), &dir).expect("draws")[1]);
     assert!(svg.contains("no sweep points"));
     // A bug and its fix on one deployment are two lines, each named by its run.
     let mut twins = sweep();
@@ -421,9 +437,52 @@ fn sweep_charts_write_three_charts() {
         p.run = run.to_string();
     }
     twins.extend(fixed);
-    let svg = check_svg(&sweep_charts(&twins, &dir).expect("draws")[1]);
+    let svg = check_svg(&sweep_charts(&twins, &unmeasured(), &dir).expect("draws")[1]);
     assert!(says(&svg, "proxy-aliasing") && says(&svg, "proxy-aliasing-fixed"));
     assert!(svg.contains("6 points · 2 lines"));
+    done(&dir);
+}
+
+/// (band, polygons shaded per chart, text the chart says): a measured error is shaded behind
+/// each of the three lines and named; an unmeasured one is not drawn, and the chart says so.
+#[test]
+fn sweep_charts_shade_the_validation_error_or_say_there_is_none() {
+    let dir = out_dir("sweep-band");
+    let check = |band: ErrorBand, shaded: usize, says_text: &str| {
+        for pair in sweep_charts(&sweep(), &band, &dir).expect("draws").chunks(2) {
+            check_png(&pair[0]);
+            let svg = check_svg(&pair[1]);
+            assert_eq!(bands(&svg), shaded, "{}: {band:?}", pair[1].display());
+            assert!(says(&svg, says_text), "{}: {says_text}", pair[1].display());
+        }
+    };
+    check(
+        measured(),
+        3,
+        "shaded: ± 23.0 % (median |error| on 8 held-out points, calibration study-tp8-2026-12)",
+    );
+    check(
+        unmeasured(),
+        0,
+        "no validation error yet: the fit alone is off by up to 16.4 %, so read differences under ~20 % as \
+         noise (calibration study-tp8-2026-12)",
+    );
+    // A band of zero width is no band.
+    check(
+        ErrorBand::Measured { half_width: 0.0, points: 8, calibration: "c".into() },
+        0,
+        "shaded: ± 0.0 % (median |error| on 8 held-out points, calibration c)",
+    );
+    // Every shaded point lies inside the plot frame, even where value × (1 + e) is off the axis.
+    let svg = check_svg(&sweep_charts(&sweep(), &measured(), &dir).expect("draws")[1]);
+    for polygon in svg.split("<polygon opacity=\"0.18\"").skip(1) {
+        let points = polygon.split("points=\"").nth(1).and_then(|p| p.split('"').next()).expect("points");
+        for xy in points.split_whitespace() {
+            let (x, y) = xy.split_once(',').expect("x,y");
+            let (x, y): (i32, i32) = (x.parse().expect("x"), y.parse().expect("y"));
+            assert!((110..=950).contains(&x) && (108..=620).contains(&y), "{xy} outside the frame");
+        }
+    }
     done(&dir);
 }
 
@@ -437,14 +496,21 @@ fn rendering_twice_gives_identical_bytes() {
         latency_cdf(&r, dir).expect("draws");
         wait_for_graph(&r.hangs[0], 0, &r.title(), dir).expect("draws");
         wait_for_graph(&deadlock(), 1, RUN, dir).expect("draws");
-        sweep_charts(&sweep(), dir).expect("draws");
+        sweep_charts(&sweep(), &unmeasured(), dir).expect("draws");
+        sweep_charts(&sweep(), &measured(), &dir.join("band")).expect("draws");
     }
     let mut files: Vec<String> = fs::read_dir(&a)
         .expect("listed")
         .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
         .collect();
+    files.extend(
+        fs::read_dir(a.join("band"))
+            .expect("listed")
+            .map(|e| format!("band/{}", e.expect("entry").file_name().to_string_lossy())),
+    );
+    files.retain(|f| f != "band");
     files.sort();
-    assert_eq!(files.len(), 18);
+    assert_eq!(files.len(), 24);
     for file in &files {
         let (x, y) = (fs::read(a.join(file)).expect("read"), fs::read(b.join(file)).expect("read"));
         assert!(x == y, "{file} differs between two renders");
@@ -469,7 +535,14 @@ fn run_pictures_lead_with_hangs_and_leave_out_charts_without_data() {
             "No latency chart: no request finished, so there is no TTFT or TPOT to plot.",
         ]
     );
-    let page = crate::page::write_run_page(&dir, &hung, &pictures, "pdkv run x").expect("written");
+    let page = crate::page::write_run_page(
+        &dir,
+        &hung,
+        &pictures,
+        "calibration c1: fitting worst 16.4 %",
+        "pdkv run x",
+    )
+    .expect("written");
     let html = fs::read_to_string(page).expect("read");
     let first = html.find("<img").map(|at| &html[at..]).unwrap_or_default();
     assert!(first.starts_with("<img src=\"wait_for_0.png\""), "{html}");
@@ -484,12 +557,24 @@ fn run_pictures_lead_with_hangs_and_leave_out_charts_without_data() {
     ] {
         assert!(html.contains(row), "{row}");
     }
-    // The profiles the run used have a row, when it named any.
+    // The profiles the run used have a row, when it named any; the calibration always has one,
+    // right after where the profiles' row goes.
     assert!(!html.contains("<th>profiles</th>"), "{html}");
+    assert!(
+        html.contains(&format!(
+            "<tr><th>seed</th><td>{}</td></tr>\n<tr><th>calibration</th><td>calibration c1: fitting worst 16.4 %</td></tr>",
+            hung.seed
+        )),
+        "{html}"
+    );
     hung.profiles.gpu = Some("h200-sxm".into());
-    let page = crate::page::write_run_page(&dir, &hung, &pictures, "pdkv run x").expect("written");
+    let page =
+        crate::page::write_run_page(&dir, &hung, &pictures, "calibration c1", "pdkv run x").expect("written");
     let html = fs::read_to_string(page).expect("read");
-    assert!(html.contains("<tr><th>profiles</th><td>gpu h200-sxm (profiles/*.ron)</td></tr>"), "{html}");
+    assert!(
+        html.contains("<tr><th>profiles</th><td>gpu h200-sxm (profiles/*.ron)</td></tr>\n<tr><th>calibration</th><td>calibration c1</td></tr>"),
+        "{html}"
+    );
     // A run with data draws every chart, its wait-for graphs first.
     let pictures = crate::run_pictures(&result("1P_TP8:1D_TP8"), &dir).expect("draws");
     let pngs: Vec<String> = names(&pictures.files).into_iter().filter(|n| n.ends_with(".png")).collect();

@@ -7,6 +7,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod calibration;
 pub mod cost;
 pub mod error;
 pub mod explore;

@@ -234,10 +234,30 @@ fn sweep_small(name: &str, specs: &[&str]) -> (PathBuf, String, serde_json::Valu
 
 #[test]
 fn sweep_compares_deployments_across_concurrency() {
-    let (dir, text, json) = sweep_small("sweep", &["1P_TP8-1D_TP8", "2P_TP8-1D_DP8EP"]);
+    let (dir, text, json) = sweep_small("sweep", &["1P_TP8-1D_TP8", "2P_TP8-1D_DP8EP-h200"]);
     assert_eq!(text.lines().filter(|l| l.contains(" C=")).count(), 4, "{text}");
     check_report(&dir, &["sweep_throughput", "sweep_ttft", "sweep_tpot"]);
     assert_eq!(json.as_array().unwrap().len(), 4);
+    // The output names what produced the figures: each line's hardware and model, and the
+    // calibration, in the terminal and on the page.
+    let record = pdkv_sim::calibration::current();
+    let calibration = record.summary();
+    let index = std::fs::read_to_string(dir.join("index.html")).unwrap();
+    for (line, words) in [
+        ("1P_TP8-1D_TP8", "built-in MI300X-class defaults, DeepSeek-R1 (no profile named)"),
+        ("2P_TP8-1D_DP8EP-h200", "gpu h200-sxm, nic cx7-400g, model deepseek-r1 (profiles/*.ron)"),
+    ] {
+        assert!(text.contains(&format!("\n  {line:<24} {words}\n")), "{text}");
+        assert!(index.contains(&format!("<tr><td>{line}</td><td>{words}</td></tr>")), "{index}");
+    }
+    assert!(text.contains(&format!("\n{calibration}\nreport: ")), "{text}");
+    assert!(
+        calibration.starts_with(&format!("calibration {}: fitting worst ", record.name)),
+        "{calibration}"
+    );
+    assert!(index.contains(&format!("<p>{}</p>", pdkv_reports::page::escape(&calibration))), "{index}");
+    let svg = std::fs::read_to_string(dir.join("sweep_tpot.svg")).unwrap();
+    assert!(svg.contains(&format!("calibration {})", record.name)), "the charts name the calibration");
     std::fs::remove_dir_all(&dir).ok();
 }
 
