@@ -17,7 +17,7 @@ use crate::progress::Bar;
 
 const EXAMPLES: &str = "\
 Examples:
-  pdkv explore 1P_TP4:1D_TP8 --requests 16 --concurrency 4 --seeds 2000 --faults swarm
+  pdkv explore 2P_DP8EP:1D_TP8 --requests 16 --concurrency 4 --seeds 2000 --faults swarm
   pdkv explore notify-drift --seeds 100          (finds the leak at once)
   pdkv explore notify-drift-fixed --seeds 2000 --faults swarm --jobs 2
 

@@ -9,7 +9,7 @@
 
 use std::fmt;
 
-use pdkv_core::ids::EngineId;
+use pdkv_core::ids::{EngineId, Role};
 use pdkv_core::policy::UnknownPeerRules;
 use pdkv_core::routing::{check_pair, RoutingError};
 use pdkv_core::topology::{Deployment, Layout, NotationError};
@@ -37,6 +37,16 @@ pub enum SimError {
     },
     /// An entry of `protocol.peers` names no engine of the deployment or no rule set.
     Peers(PeerError),
+    /// An engine's GPUs cannot hold the model's weights with room for a KV cache (when the KV
+    /// cache is derived from the weights, `hardware.kv_memory_fraction` 0).
+    NoKvRoom {
+        /// The engine, `P<n>` or `D<n>`.
+        engine: String,
+        /// Its layout.
+        layout: Layout,
+        /// The figures: weights, reserve, usable memory.
+        detail: String,
+    },
 }
 
 /// A bad entry of a scenario's `protocol.peers` ([`Scenario::peer_book`]).
@@ -103,6 +113,8 @@ impl fmt::Display for SimError {
         match self {
             SimError::Deployment(error) => write!(f, "{error}"),
             SimError::Peers(error) => write!(f, "protocol.peers[\"{}\"]: {error}", error.key()),
+            // The same words as the loader's `hardware.hbm_gb` violation.
+            SimError::NoKvRoom { engine, layout, detail } => write!(f, "engine {engine} ({layout}) {detail}"),
             // The same words as the loader's `deployment` violation.
             SimError::Unroutable { decode, decode_layout, prefill, prefill_layout, error } => write!(
                 f,
@@ -114,6 +126,39 @@ impl fmt::Display for SimError {
 }
 
 impl std::error::Error for SimError {}
+
+/// Every engine of `d` keeps at least 1 GB per GPU for its KV cache once its weights and the
+/// activation reserve are in (checked only when the KV cache is derived from the weights).
+pub(crate) fn kv_room(sc: &Scenario, d: &Deployment) -> Result<(), SimError> {
+    if sc.hardware.kv_memory_fraction > 0.0 || sc.engines.kv_blocks_per_gpu > 0 {
+        return Ok(());
+    }
+    let cost = crate::cost::Cost::of(sc);
+    for role in [Role::Prefill, Role::Decode] {
+        for (e, &layout) in d.engines(role).iter().enumerate() {
+            let kv = cost.kv_bytes_per_gpu(layout);
+            if kv.is_nan() || kv < 1e9 {
+                let usable = sc.hardware.hbm_gb * sc.engines.gpu_memory_utilization;
+                return Err(SimError::NoKvRoom {
+                    engine: format!("{}{e}", role.letter()),
+                    layout,
+                    detail: format!(
+                        "leaves {:.1} GB of KV cache per GPU (under 1 GB): the model's weights take {:.1} GB \
+                         of each GPU and the activation reserve {} GB, out of {usable:.1} GB usable ({} GB x \
+                         engines.gpu_memory_utilization {}); use more GPUs per engine, or, for a protocol \
+                         run on small engines, fix the KV share with hardware.kv_memory_fraction",
+                        kv / 1e9,
+                        cost.weight_bytes_per_gpu(layout) / 1e9,
+                        sc.cost.activation_reserve_gb,
+                        sc.hardware.hbm_gb,
+                        sc.engines.gpu_memory_utilization,
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
+}
 
 /// The scenario's deployment with its model, once every decode engine can read every prefill
 /// engine.
@@ -175,8 +220,18 @@ mod tests {
             let mut sc = Scenario::from_notation(deployment);
             sc.model.use_mla = false;
             sc.model.kv_heads = kv_heads;
+            // A TP4 engine cannot hold DeepSeek-R1's weights; routing is what this table checks.
+            sc.hardware.kv_memory_fraction = 0.5;
             let got = crate::run(&sc, RunOptions::default()).err().map(|e| e.to_string());
             assert_eq!(got.as_deref(), expected, "{deployment}");
         }
+        // With the KV cache derived from the weights, the same deployment cannot run, and the
+        // error names the engine and the figures.
+        let sc = Scenario::from_notation("1P_TP8:1D_TP8+1D_TP4");
+        let got = crate::run(&sc, RunOptions::default()).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            got.starts_with("engine D1 (TP4) leaves -1.1 GB of KV cache per GPU (under 1 GB): the model's weights take 167.8 GB"),
+            "{got}"
+        );
     }
 }

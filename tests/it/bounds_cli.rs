@@ -30,12 +30,18 @@ fn check(args: &[&str], expected: (i32, &str)) {
     }
 }
 
-/// A small scenario file in `dir` with `fields` added; returns its path.
+/// A small scenario file in `dir` with `fields` added; returns its path. DeepSeek-R1's weights
+/// would not fit its TP1 engines, so its KV pool is a fixed share of HBM.
 fn scenario(dir: &std::path::Path, name: &str, fields: &str) -> String {
     let path = dir.join(format!("{name}.ron"));
+    let (hardware, fields) = if fields.contains("hardware: (") {
+        ("", fields.replacen("hardware: (", "hardware: (kv_memory_fraction: 0.5, ", 1))
+    } else {
+        (" hardware: (kv_memory_fraction: 0.5),", fields.to_string())
+    };
     let text = format!(
-        "(\n    name: \"{name}\",\n    deployment: \"1P_TP1:1D_TP1\",\n    workload: (clients: Closed(concurrency: 2, \
-         requests: 4), input_tokens: Fixed(8192), output_tokens: Fixed(4)),\n    {fields}\n)\n"
+        "(\n    name: \"{name}\",\n    deployment: \"1P_TP1:1D_TP1\",{hardware}\n    workload: (clients: \
+         Closed(concurrency: 2, requests: 4), input_tokens: Fixed(8192), output_tokens: Fixed(4)),\n    {fields}\n)\n"
     );
     std::fs::write(&path, text).expect("scenario written");
     path.display().to_string()

@@ -22,6 +22,9 @@ fn small(notation: &str, option: Legacy) -> Scenario {
     s.protocol.legacy = vec![option];
     s.model.layers = 8;
     s.model.moe_layers = 6;
+    // Eight layers of a 671B-parameter model is no real model: the KV pool is a fixed share of
+    // HBM, not what the weights leave.
+    s.hardware.kv_memory_fraction = 0.5;
     s.workload.clients = Clients::Closed { concurrency: 4, requests: 16 };
     s.workload.input_tokens = Length::Fixed(128);
     s.workload.output_tokens = Length::Fixed(4);

@@ -82,6 +82,9 @@ fn scenario_of(
     let deployment = format!("{}:{}", notation(prefill, 'P'), notation(decode, 'D'));
     let mut s = Scenario::from_notation(&deployment);
     s.name = "property-case".into();
+    // Protocol cases run engines far too small for DeepSeek-R1's weights (and eight layers of a
+    // 671B-parameter model): the KV pool is a fixed share of HBM, not what the weights leave.
+    s.hardware.kv_memory_fraction = 0.5;
     s.model.use_mla = model.use_mla;
     s.model.kv_heads = model.kv_heads;
     s.model.kv_bytes_per_token_per_layer = model.bytes_per_token_per_layer;

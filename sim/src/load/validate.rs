@@ -203,32 +203,9 @@ fn validate_pools(scenario: &Scenario, deployment: &Deployment) -> Check {
             "hardware.hbm_gb x engines.gpu_memory_utilization, less the weights and cost.activation_reserve_gb",
         ),
     };
-    if explicit == 0 && !fixed {
-        // The KV cache is what the weights leave; a layout whose weights do not fit has none.
-        for role in [Role::Prefill, Role::Decode] {
-            for (e, &layout) in deployment.engines(role).iter().enumerate() {
-                let kv = cost.kv_bytes_per_gpu(layout);
-                if kv.is_nan() || kv < 1e9 {
-                    let weights = cost.weight_bytes_per_gpu(layout) / 1e9;
-                    let usable = scenario.hardware.hbm_gb * scenario.engines.gpu_memory_utilization;
-                    return Err(violation(
-                        "hardware.hbm_gb",
-                        format!(
-                            "engine {}{e} ({layout}) leaves {:.1} GB of KV cache per GPU (under 1 GB): \
-                             the model's weights take {weights:.1} GB of each GPU and the activation reserve \
-                             {} GB, out of {usable:.1} GB usable ({} GB x engines.gpu_memory_utilization {}); \
-                             use more GPUs per engine, or set engines.kv_blocks_per_gpu",
-                            role.letter(),
-                            kv / 1e9,
-                            scenario.cost.activation_reserve_gb,
-                            scenario.hardware.hbm_gb,
-                            scenario.engines.gpu_memory_utilization,
-                        ),
-                    ));
-                }
-            }
-        }
-    }
+    // The KV cache is what the weights leave; a layout whose weights do not fit has none.
+    crate::error::kv_room(scenario, deployment)
+        .map_err(|err| violation("hardware.hbm_gb", err.to_string()))?;
     let blocks_for = |layout: Layout| if explicit > 0 { explicit } else { cost.kv_blocks_per_gpu(layout) };
     let block = u64::from(scenario.model.block_size_tokens);
     let input_blocks = u64::from(longest(scenario.workload.input_tokens)).div_ceil(block);

@@ -444,7 +444,9 @@ mod tests {
     /// length, deciding the MIN before the peer had finished its handshakes).
     #[test]
     fn a_repeated_vote_counts_once() {
-        let sc = Scenario::from_notation("1P_TP1:1D_TP2");
+        let mut sc = Scenario::from_notation("1P_TP1:1D_TP2");
+        // Engines far too small for DeepSeek-R1's weights: a fixed KV share.
+        sc.hardware.kv_memory_fraction = 0.5;
         let mut world = World::new(&sc, RunOptions::default()).unwrap();
         let results =
             |world: &World| world.queue.iter().filter(|s| matches!(s.0.ev, Ev::VoteResults { .. })).count();

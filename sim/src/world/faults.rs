@@ -354,6 +354,8 @@ mod tests {
     #[test]
     fn overlapping_slow_nic_faults_combine() {
         let mut sc = Scenario::from_notation("1P_TP1:1D_TP1");
+        // Engines far too small for DeepSeek-R1's weights: a fixed KV share.
+        sc.hardware.kv_memory_fraction = 0.5;
         for (factor, duration_ms) in [(0.5, 10_000), (0.25, 2_000)] {
             sc.faults.timeline.push(TimedFault {
                 at_ms: 0,
