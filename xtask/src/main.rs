@@ -30,7 +30,7 @@ tasks:
   bench    benchmarks (release build): simulator events/s, explore seeds/s, model-checker
            states/s, TCP data-plane throughput against a plain socket copy, control-plane
            release round trip (ZMTP notify listener on loopback)
-  calibrate  the cost model against the published measurements in docs/reference.md
+  calibrate  the cost model: fitting table (docs/reference.md) and held-out validation table (docs/calibration.md)
              (release build)
   gallery  rerun the commands of docs/gallery/gallery.txt (release build) and copy their
            pictures into docs/gallery, where the README shows them
