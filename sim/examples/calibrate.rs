@@ -229,7 +229,8 @@ fn predict(point: &Point) -> (f64, String) {
                 if batch_tokens > 0 { batch_tokens } else { scenario.engines.prefill_max_batched_tokens };
             // Whole prompts fill the batch; a prompt longer than the budget is chunked.
             let tokens = (budget / prompt_tokens).max(1) * prompt_tokens.min(budget);
-            let seconds = cost.prefill_batch_ns(layout, u64::from(tokens)) as f64 / 1e9;
+            let ranks = vec![u64::from(tokens); usize::from(point.ep_ranks)];
+            let seconds = cost.prefill_ep_step_ns(layout, &ranks) as f64 / 1e9;
             (gpus * f64::from(tokens) / seconds, format!("{tokens} tok/GPU"))
         }
         Phase::Decode { batch, kv_tokens } => {

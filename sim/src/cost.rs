@@ -84,17 +84,47 @@ impl Cost {
         f64::from(self.model.moe_layers) * (latency + on_node.max(off_node))
     }
 
-    /// Nanoseconds one DP rank of a prefill engine with `layout` takes for a batch of `tokens`.
+    /// Nanoseconds one DP group of a prefill engine without EP takes for a batch of `tokens`:
+    /// FLOPs over the TP group's peak at `prefill_mfu`, the TP all-reduces and a fixed cost.
+    /// (Under EP the engine's ranks step together: [`Cost::prefill_ep_step_ns`].)
     pub fn prefill_batch_ns(&self, layout: Layout, tokens: u64) -> u64 {
+        debug_assert!(!layout.ep, "{layout}: an EP engine steps as a whole (prefill_ep_step_ns)");
         let tokens = tokens as f64;
         let flops = 2.0 * self.model.active_params_b * 1e9 * tokens;
-        let ep = if layout.ep { self.cost.prefill_ep_efficiency } else { 1.0 };
-        let peak = f64::from(layout.tp) * self.hw.fp8_tflops * 1e12 * self.cost.prefill_mfu * ep;
-        let seconds = self.cost.prefill_fixed_ms / 1e3
-            + flops / peak
-            + self.tp_allreduce_s(layout.tp, tokens)
-            + self.ep_alltoall_s(layout, tokens);
+        let peak = f64::from(layout.tp) * self.hw.fp8_tflops * 1e12 * self.cost.prefill_mfu;
+        let seconds =
+            self.cost.prefill_fixed_ms / 1e3 + flops / peak + self.tp_allreduce_s(layout.tp, tokens);
         (seconds * 1e9) as u64
+    }
+
+    /// Nanoseconds of one step of a DP+EP prefill engine whose DP ranks carry `tokens` prompt
+    /// tokens each (0 for a rank with nothing to prefill, which still takes part). Each rank
+    /// computes attention and the dense layers for its own tokens (split over its TP ranks),
+    /// and its share of the routed experts for every rank's tokens (`1/ranks` of the expert
+    /// FLOPs, spread evenly); it sends its own tokens through the all-to-alls. The step waits
+    /// for the slowest rank. So one lone prompt has the whole engine's expert capacity, and at
+    /// full load the work per GPU is the same as under TP.
+    pub fn prefill_ep_step_ns(&self, layout: Layout, tokens: &[u64]) -> u64 {
+        let m = &self.model;
+        let expert_params = m.expert_params_per_layer_m * 1e6 * f64::from(m.moe_layers);
+        let k = f64::from(m.experts_per_token);
+        let dense_active = (m.active_params_b * 1e9 - k * expert_params).max(0.0);
+        let total: u64 = tokens.iter().sum();
+        let ranks = f64::from(layout.ranks().max(1));
+        let tp = f64::from(layout.tp.max(1));
+        let peak = self.hw.fp8_tflops * 1e12 * self.cost.prefill_mfu * self.cost.prefill_ep_efficiency;
+        let expert_flops = 2.0 * k * expert_params * total as f64 / ranks;
+        let slowest = tokens
+            .iter()
+            .map(|&own| {
+                let own = own as f64;
+                let dense_flops = 2.0 * dense_active * own / tp;
+                (dense_flops + expert_flops) / peak
+                    + self.tp_allreduce_s(layout.tp, own)
+                    + self.ep_alltoall_s(layout, own)
+            })
+            .fold(0.0, f64::max);
+        ((self.cost.prefill_fixed_ms / 1e3 + slowest) * 1e9) as u64
     }
 
     /// Seconds one decode DP group of `layout` spends on its share of a step in which the unit
@@ -227,8 +257,18 @@ mod tests {
         let tp8 = c.prefill_batch_ns(Layout::tp(8), 8192);
         assert!(c.prefill_batch_ns(Layout::tp(8), 16384) > tp8);
         assert!(c.prefill_batch_ns(Layout::tp(4), 8192) > tp8);
-        // One DP8EP rank prefills alone (TP1): several times slower per request than TP8.
-        assert!(c.prefill_batch_ns(Layout::new(8, 1, true), 8192) > 4 * tp8);
+        // One DP8EP rank prefills an 8K prompt alone (TP1): its attention and dense layers on
+        // one GPU, the experts spread over eight, at the EP efficiency: several times TP8.
+        let ep = Layout::new(8, 1, true);
+        let alone = c.prefill_ep_step_ns(ep, &[8192, 0, 0, 0, 0, 0, 0, 0]);
+        assert!(alone > 4 * tp8, "{alone} ns against {tp8}");
+        // At full load each rank also computes its share of everyone's experts: a rank's step
+        // is longer than alone, yet eight prompts take less than eight lone steps.
+        let full = c.prefill_ep_step_ns(ep, &[8192; 8]);
+        assert!(full > alone && full < 8 * alone, "{full} ns against {alone}");
+        // The slowest rank sets the step.
+        let skewed = c.prefill_ep_step_ns(ep, &[16384, 0, 0, 0, 0, 0, 0, 0]);
+        assert!(skewed > c.prefill_ep_step_ns(ep, &[2048; 8]), "imbalance costs");
     }
 
     #[test]

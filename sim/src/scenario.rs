@@ -394,9 +394,9 @@ pub struct CostModel {
     pub prefill_fixed_ms: f64,
     /// Fraction of peak FP8 throughput prefill achieves.
     pub prefill_mfu: f64,
-    /// Factor on `prefill_mfu` for expert-parallel prefill (DP+EP ranks prefilling their own
-    /// requests): expert load imbalance and latency-bound dispatch make it much less efficient;
-    /// set so a DP8EP prefill takes several seconds per 8K prompt (about 10 s TTFT in the study).
+    /// Factor on `prefill_mfu` for expert-parallel prefill (the stack's grouped expert kernels
+    /// and latency-bound dispatch): the lockstep, the per-rank attention and the all-to-alls are
+    /// modelled, this is what is left. Set from the study's DP8EP prefill (about 10 s TTFT).
     pub prefill_ep_efficiency: f64,
     /// Fixed time of every decode step, whatever its batch (scheduling, launches, sampling set-up).
     pub decode_fixed_ms: f64,

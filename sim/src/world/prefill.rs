@@ -43,12 +43,46 @@ impl World {
     /// queued requests are admitted while the budget lasts and their blocks fit (allocated for
     /// the whole prompt at admission; the queue never skips its head). A prompt longer than the
     /// budget is spread over several steps, and several short ones share one.
+    ///
+    /// Under EP every DP rank of the engine steps together, as their expert all-to-alls require:
+    /// a step starts once every rank is idle, each rank batches its own requests, a rank with
+    /// none runs an empty step, and the step lasts as long as the slowest rank.
     pub(super) fn try_prefill(&mut self, g: usize) {
+        let layout = self.pgroups[g].layout;
+        if !layout.ep {
+            if self.pgroups[g].busy {
+                return;
+            }
+            let tokens = self.plan_prefill(g);
+            if tokens > 0 {
+                let duration = self.cost.prefill_batch_ns(layout, tokens);
+                self.start_prefill(g, tokens, duration);
+            }
+            return;
+        }
+        let first = g - usize::from(self.pgroups[g].dp);
+        let groups = first..first + usize::from(layout.dp);
+        if groups.clone().any(|i| self.pgroups[i].busy) {
+            return;
+        }
+        let tokens: Vec<u64> = groups.clone().map(|i| self.plan_prefill(i)).collect();
+        if tokens.iter().all(|&t| t == 0) {
+            return;
+        }
+        let duration = self.cost.prefill_ep_step_ns(layout, &tokens);
+        for (i, t) in groups.zip(tokens) {
+            self.start_prefill(i, t, duration);
+        }
+    }
+
+    /// Chooses the chunks of group `g`'s next step (see [`World::try_prefill`]); returns its
+    /// prompt tokens, 0 when it has nothing it can run (a stall when requests wait for blocks).
+    fn plan_prefill(&mut self, g: usize) -> u64 {
         let block = u64::from(self.sc.model.block_size_tokens);
         let max_tokens = u64::from(self.sc.engines.prefill_max_batched_tokens);
         let group = &mut self.pgroups[g];
-        if group.busy || (group.queue.is_empty() && group.running.is_empty()) {
-            return;
+        if group.queue.is_empty() && group.running.is_empty() {
+            return 0;
         }
         let mut left = max_tokens;
         for p in group.running.iter_mut() {
@@ -75,23 +109,32 @@ impl World {
             // Nothing prefilling and the head does not fit in the free blocks: prefill stalls
             // until blocks are freed.
             group.stalled_since.get_or_insert(self.now);
-            return;
         }
-        if let Some(since) = group.stalled_since.take() {
-            group.stall_ns += self.now - since;
+        tokens
+    }
+
+    /// Marks group `g` busy for a step of `duration` with `tokens` prompt tokens (none for a
+    /// rank that only keeps its EP peers company).
+    fn start_prefill(&mut self, g: usize, tokens: u64, duration: u64) {
+        let group = &mut self.pgroups[g];
+        if tokens > 0 {
+            if let Some(since) = group.stalled_since.take() {
+                group.stall_ns += self.now - since;
+            }
         }
         group.busy = true;
-        let duration = self.cost.prefill_batch_ns(group.layout, tokens);
         let (engine, dp) = (group.engine, group.dp);
         let count = group.running.iter().filter(|p| p.chunk > 0).count();
-        trace!(
-            self,
-            "prefill",
-            "batch",
-            format!("P{engine}.dp{dp}"),
-            Some(duration),
-            format!("requests={count} tokens={tokens}"),
-        );
+        if tokens > 0 {
+            trace!(
+                self,
+                "prefill",
+                "batch",
+                format!("P{engine}.dp{dp}"),
+                Some(duration),
+                format!("requests={count} tokens={tokens}"),
+            );
+        }
         let generation = self.pgroup_generation[g];
         self.at(duration, Ev::PrefillDone { group: g, generation });
     }
@@ -288,5 +331,44 @@ fn release_outcome_words(outcome: &pdkv_core::release::ReleaseOutcome) -> String
         O::Stale => "stale (transfer retired)".into(),
         O::Buffered => "buffered (early)".into(),
         O::Dropped => "dropped (legacy)".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::scenario::{Clients, Length, Scenario};
+    use crate::world::RunOptions;
+
+    /// The prefill batches of `deployment`'s engine P0 as (start, end, rank).
+    fn batches(deployment: &str) -> Vec<(u64, u64, String)> {
+        let mut sc = Scenario::from_notation(deployment);
+        sc.workload.clients = Clients::Closed { concurrency: 12, requests: 24 };
+        sc.workload.input_tokens = Length::Uniform { min: 1024, max: 40_000 };
+        sc.workload.output_tokens = Length::Fixed(8);
+        let run = crate::run(&sc, RunOptions { trace: true }).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(run.result.requests.finished, 24, "{deployment}");
+        run.trace
+            .iter()
+            .filter(|r| r.cat == "prefill" && r.name == "batch" && r.track.starts_with("P0."))
+            .map(|r| (r.t_ns, r.t_ns + r.dur_ns.unwrap_or(0), r.track.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn dp_ep_prefill_ranks_step_together() {
+        // Under EP a rank never starts while another rank of its engine is mid-step: every
+        // batch of one step starts and ends at the same instants.
+        let ep = batches("1P_DP8EP:1D_TP8");
+        assert!(ep.len() > 8, "{ep:?}");
+        for a in &ep {
+            for b in &ep {
+                let overlap = a.0 < b.1 && b.0 < a.1;
+                assert!(!overlap || (a.0 == b.0 && a.1 == b.1), "{a:?} overlaps {b:?}");
+            }
+        }
+        // Without EP, DP ranks step on their own: some batches overlap without being aligned.
+        let dp = batches("1P_DP2TP8:1D_TP8");
+        let free = dp.iter().any(|a| dp.iter().any(|b| a.0 < b.1 && b.0 < a.1 && a.0 != b.0));
+        assert!(free, "{dp:?}");
     }
 }
