@@ -69,8 +69,16 @@ impl Cost {
     /// nodes goes over the rank's RDMA NIC at the same time, and the slower path sets the time.
     /// Zero without EP.
     fn ep_alltoall_s(&self, layout: Layout, tokens: f64) -> f64 {
+        let Some((on_node, off_node)) = self.ep_alltoall_paths_s(layout, tokens) else { return 0.0 };
+        let latency = 2.0 * self.cost.alltoall_latency_us / 1e6;
+        f64::from(self.model.moe_layers) * (latency + on_node.max(off_node))
+    }
+
+    /// Seconds per MoE layer a rank's dispatch and combine of `tokens` tokens spend on the
+    /// fabric and on its NIC (each path in parallel); `None` without EP.
+    fn ep_alltoall_paths_s(&self, layout: Layout, tokens: f64) -> Option<(f64, f64)> {
         if !layout.ep {
-            return 0.0;
+            return None;
         }
         let n = f64::from(layout.ranks());
         let node = f64::from(self.hw.gpus_per_node.max(1)).min(n);
@@ -80,8 +88,17 @@ impl Cost {
         // of another node.
         let on_node = bytes * (node - 1.0) / n / self.fabric_bytes_per_s();
         let off_node = bytes * (n - node) / n / (self.hw.nic_gb_s * 1e9);
-        let latency = 2.0 * self.cost.alltoall_latency_us / 1e6;
-        f64::from(self.model.moe_layers) * (latency + on_node.max(off_node))
+        Some((on_node, off_node))
+    }
+
+    /// Share of a step of `step_ns` that a rank's NIC spends on the expert all-to-alls of its
+    /// `tokens` tokens (0 while the EP group fits in one node): KV reads share what is left.
+    pub fn ep_nic_share(&self, layout: Layout, tokens: f64, step_ns: u64) -> f64 {
+        let Some((_, off_node)) = self.ep_alltoall_paths_s(layout, tokens) else { return 0.0 };
+        if off_node <= 0.0 || step_ns == 0 {
+            return 0.0;
+        }
+        (f64::from(self.model.moe_layers) * off_node * 1e9 / step_ns as f64).min(1.0)
     }
 
     /// Nanoseconds one DP group of a prefill engine without EP takes for a batch of `tokens`:

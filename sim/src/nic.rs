@@ -40,6 +40,8 @@ pub struct Finish {
 pub struct Nics {
     bytes_per_ns: Vec<f64>,
     factor: Vec<f64>,
+    /// Share of each NIC's time other traffic takes (an expert all-to-all that leaves the node).
+    background: Vec<f64>,
     flows: BTreeMap<FlowId, Flow>,
     on_nic: Vec<BTreeSet<FlowId>>,
     next_id: u64,
@@ -53,6 +55,7 @@ impl Nics {
         Nics {
             bytes_per_ns: vec![gb_s; count],
             factor: vec![1.0; count],
+            background: vec![0.0; count],
             flows: BTreeMap::new(),
             on_nic: vec![BTreeSet::new(); count],
             next_id: 0,
@@ -76,7 +79,8 @@ impl Nics {
     }
 
     fn share(&self, nic: usize) -> f64 {
-        self.bytes_per_ns[nic] * self.factor[nic] / self.on_nic[nic].len().max(1) as f64
+        self.bytes_per_ns[nic] * self.factor[nic] * (1.0 - self.background[nic])
+            / self.on_nic[nic].len().max(1) as f64
     }
 
     /// Accounts the bytes `flow` moved since its last update.
@@ -176,6 +180,25 @@ impl Nics {
         out
     }
 
+    /// Gives `share` (in [0, 1]) of `nic`'s time to other traffic from `now_ns` on, so reads
+    /// share what is left (0 gives it back); returns the re-timed flows.
+    pub fn set_background(&mut self, now_ns: u64, nic: usize, share: f64) -> Vec<Finish> {
+        let share = share.clamp(0.0, 1.0);
+        if self.background[nic] == share {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        self.retime(now_ns, &[nic], &mut Vec::new());
+        self.background[nic] = share;
+        self.retime(now_ns, &[nic], &mut out);
+        out
+    }
+
+    /// The share of `nic`'s time other traffic takes now.
+    pub fn background(&self, nic: usize) -> f64 {
+        self.background[nic]
+    }
+
     /// Flows that touch `nic`, in id order.
     pub fn flows_on(&self, nic: usize) -> Vec<FlowId> {
         self.on_nic[nic].iter().copied().collect()
@@ -206,6 +229,19 @@ mod tests {
         assert!(nics.finish(1500, a, f[0].version).is_some());
         let total: f64 = nics.sent_per_bucket(0).iter().sum();
         assert!((total - 1500.0).abs() < 1e-6, "{total}");
+    }
+
+    #[test]
+    fn background_traffic_slows_reads_until_it_stops() {
+        // 1 byte/ns; a 1,000-byte read alone takes 1,000 ns. Half the NIC goes to an all-to-all
+        // from t = 0 to t = 500: the read moves 250 bytes by then, the rest at full speed.
+        let mut nics = Nics::new(2, 1.0);
+        nics.set_background(0, 0, 0.5);
+        let (_, out) = nics.start(0, 0, 1, 1000);
+        assert_eq!(out[0].at_ns, 2000);
+        let out = nics.set_background(500, 0, 0.0);
+        assert_eq!(out[0].at_ns, 1250);
+        assert!(nics.set_background(600, 0, 0.0).is_empty(), "no change, no re-timing");
     }
 
     #[test]

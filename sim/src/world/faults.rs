@@ -210,6 +210,8 @@ impl World {
                 self.prefill_down[e] = true;
                 let ranks: Vec<usize> =
                     (0..self.p_ranks.len()).filter(|&i| self.p_ranks[i].engine == engine).collect();
+                // The step it was in dies with it, all-to-all included.
+                self.set_background(&ranks, 0.0);
                 for &i in &ranks {
                     self.abort_flows_on(i, "peer down");
                 }
@@ -258,6 +260,8 @@ impl World {
                     let blocks = self.dgroups[g].pool.capacity;
                     self.dgroups[g].pool = Pool::new(blocks);
                     for w in self.dgroups[g].workers.clone() {
+                        // The step it was in dies with it, all-to-all included.
+                        self.set_background(&[self.p_ranks.len() + w], 0.0);
                         self.abort_flows_on(self.p_ranks.len() + w, "peer down");
                         self.dworkers[w] = build_decode_worker(
                             &self.sc,

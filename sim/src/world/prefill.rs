@@ -70,8 +70,36 @@ impl World {
             return;
         }
         let duration = self.cost.prefill_ep_step_ns(layout, &tokens);
+        let spans_nodes = self.spans_nodes(layout);
         for (i, t) in groups.zip(tokens) {
+            if spans_nodes {
+                // An all-to-all that leaves the node takes its share of each rank's NIC.
+                let share = self.cost.ep_nic_share(layout, t as f64, duration);
+                let nics = self.pgroup_nics(i);
+                self.set_background(&nics, share);
+            }
             self.start_prefill(i, t, duration);
+        }
+    }
+
+    /// Whether an EP engine of `layout` spans nodes, so its all-to-alls use the NICs.
+    pub(super) fn spans_nodes(&self, layout: Layout) -> bool {
+        layout.ep && layout.ranks() > u32::from(self.sc.hardware.gpus_per_node)
+    }
+
+    /// The NICs of prefill group `g`'s GPUs.
+    pub(super) fn pgroup_nics(&self, g: usize) -> Vec<usize> {
+        let (engine, dp) = (self.pgroups[g].engine, self.pgroups[g].dp);
+        (0..self.p_ranks.len())
+            .filter(|&i| usize::from(self.p_ranks[i].engine.index) == engine && self.p_ranks[i].dp == dp)
+            .collect()
+    }
+
+    /// Gives `share` of each of `nics` to traffic other than KV reads (0 gives it back).
+    pub(super) fn set_background(&mut self, nics: &[usize], share: f64) {
+        for &nic in nics {
+            let finishes = self.nics.set_background(self.now, nic, share);
+            self.schedule_flows(finishes);
         }
     }
 
@@ -141,6 +169,10 @@ impl World {
 
     pub(super) fn on_prefill_done(&mut self, g: usize) {
         self.pgroups[g].busy = false;
+        if self.spans_nodes(self.pgroups[g].layout) {
+            let nics = self.pgroup_nics(g);
+            self.set_background(&nics, 0.0);
+        }
         let (e, dp) = (self.pgroups[g].engine, self.pgroups[g].dp);
         // Requests whose last chunk this step computed leave; the rest continue next step.
         let mut finished = Vec::new();
