@@ -8,9 +8,12 @@
 //! which is why DP attention wins at high concurrency), a per-request overhead, and the same
 //! collectives. `docs/sim.md` documents the formulas and the calibration.
 
-use pdkv_core::topology::Layout;
+use pdkv_core::topology::{Deployment, Layout};
 
-use crate::scenario::{CostModel, EngineLimits, Hardware, ModelProfile};
+use pdkv_core::ids::Role;
+
+use crate::error::SimError;
+use crate::scenario::{CostModel, EngineLimits, Hardware, ModelProfile, Scenario};
 
 /// The constants a run uses, gathered once.
 #[derive(Clone, Debug)]
@@ -43,7 +46,7 @@ impl Cost {
     }
 
     /// The model of `scenario`.
-    pub fn of(scenario: &crate::scenario::Scenario) -> Cost {
+    pub fn of(scenario: &Scenario) -> Cost {
         Cost::new(&scenario.model, &scenario.hardware, &scenario.cost, &scenario.engines)
     }
 
@@ -253,6 +256,39 @@ impl Cost {
     pub fn block_bytes_per_layer(&self, tp: u16) -> u64 {
         (f64::from(self.model.block_size_tokens) * self.kv_bytes_per_token_per_rank(tp)) as u64
     }
+}
+
+/// Every engine of `d` keeps at least 1 GB per GPU for its KV cache once its weights and the
+/// activation reserve are in (checked only when the KV cache is derived from the weights).
+pub(crate) fn kv_room(sc: &Scenario, d: &Deployment) -> Result<(), SimError> {
+    if sc.hardware.kv_memory_fraction > 0.0 || sc.engines.kv_blocks_per_gpu > 0 {
+        return Ok(());
+    }
+    let cost = Cost::of(sc);
+    for role in [Role::Prefill, Role::Decode] {
+        for (e, &layout) in d.engines(role).iter().enumerate() {
+            let kv = cost.kv_bytes_per_gpu(layout);
+            if kv.is_nan() || kv < 1e9 {
+                let usable = sc.hardware.hbm_gb * sc.engines.gpu_memory_utilization;
+                return Err(SimError::NoKvRoom {
+                    engine: format!("{}{e}", role.letter()),
+                    layout,
+                    detail: format!(
+                        "leaves {:.1} GB of KV cache per GPU (under 1 GB): the model's weights take {:.1} GB \
+                         of each GPU and the activation reserve {} GB, out of {usable:.1} GB usable ({} GB x \
+                         engines.gpu_memory_utilization {}); use more GPUs per engine, or, for a protocol \
+                         run on small engines, fix the KV share with hardware.kv_memory_fraction",
+                        kv / 1e9,
+                        cost.weight_bytes_per_gpu(layout) / 1e9,
+                        sc.cost.activation_reserve_gb,
+                        sc.hardware.hbm_gb,
+                        sc.engines.gpu_memory_utilization,
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@
 
 use std::fmt;
 
-use pdkv_core::ids::{EngineId, Role};
+use pdkv_core::ids::EngineId;
 use pdkv_core::policy::UnknownPeerRules;
 use pdkv_core::routing::{check_pair, RoutingError};
 use pdkv_core::topology::{Deployment, Layout, NotationError};
@@ -126,39 +126,6 @@ impl fmt::Display for SimError {
 }
 
 impl std::error::Error for SimError {}
-
-/// Every engine of `d` keeps at least 1 GB per GPU for its KV cache once its weights and the
-/// activation reserve are in (checked only when the KV cache is derived from the weights).
-pub(crate) fn kv_room(sc: &Scenario, d: &Deployment) -> Result<(), SimError> {
-    if sc.hardware.kv_memory_fraction > 0.0 || sc.engines.kv_blocks_per_gpu > 0 {
-        return Ok(());
-    }
-    let cost = crate::cost::Cost::of(sc);
-    for role in [Role::Prefill, Role::Decode] {
-        for (e, &layout) in d.engines(role).iter().enumerate() {
-            let kv = cost.kv_bytes_per_gpu(layout);
-            if kv.is_nan() || kv < 1e9 {
-                let usable = sc.hardware.hbm_gb * sc.engines.gpu_memory_utilization;
-                return Err(SimError::NoKvRoom {
-                    engine: format!("{}{e}", role.letter()),
-                    layout,
-                    detail: format!(
-                        "leaves {:.1} GB of KV cache per GPU (under 1 GB): the model's weights take {:.1} GB \
-                         of each GPU and the activation reserve {} GB, out of {usable:.1} GB usable ({} GB x \
-                         engines.gpu_memory_utilization {}); use more GPUs per engine, or, for a protocol \
-                         run on small engines, fix the KV share with hardware.kv_memory_fraction",
-                        kv / 1e9,
-                        cost.weight_bytes_per_gpu(layout) / 1e9,
-                        sc.cost.activation_reserve_gb,
-                        sc.hardware.hbm_gb,
-                        sc.engines.gpu_memory_utilization,
-                    ),
-                });
-            }
-        }
-    }
-    Ok(())
-}
 
 /// The scenario's deployment with its model, once every decode engine can read every prefill
 /// engine.

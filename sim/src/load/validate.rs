@@ -204,7 +204,7 @@ fn validate_pools(scenario: &Scenario, deployment: &Deployment) -> Check {
         ),
     };
     // The KV cache is what the weights leave; a layout whose weights do not fit has none.
-    crate::error::kv_room(scenario, deployment)
+    crate::cost::kv_room(scenario, deployment)
         .map_err(|err| violation("hardware.hbm_gb", err.to_string()))?;
     let blocks_for = |layout: Layout| if explicit > 0 { explicit } else { cost.kv_blocks_per_gpu(layout) };
     let block = u64::from(scenario.model.block_size_tokens);

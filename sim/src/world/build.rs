@@ -85,7 +85,7 @@ impl World {
     /// Builds the world of `sc`; fails if the scenario cannot run.
     pub fn new(sc: &Scenario, options: RunOptions) -> Result<World, crate::SimError> {
         let d = crate::error::routable_deployment(sc)?;
-        crate::error::kv_room(sc, &d)?;
+        crate::cost::kv_room(sc, &d)?;
         let policy = Policy::from(&sc.protocol.legacy.iter().copied().collect::<LegacyOptions>());
         let cost = Cost::of(sc);
         let peers = sc.peer_book(&d).map_err(crate::SimError::Peers)?;
