@@ -19,6 +19,9 @@ struct Flow {
     src: usize,
     dst: usize,
     remaining: f64,
+    /// The most the flow can move per nanosecond whatever the NICs' shares (its queue pairs'
+    /// message rate); infinite when nothing limits it.
+    cap: f64,
     rate: f64,
     last_ns: u64,
     version: u64,
@@ -115,7 +118,8 @@ impl Nics {
                 let flow = &self.flows[&id];
                 (flow.src, flow.dst)
             };
-            let rate = self.share(src).min(self.share(dst));
+            let cap = self.flows[&id].cap;
+            let rate = self.share(src).min(self.share(dst)).min(cap);
             let flow = self.flows.get_mut(&id).expect("listed flows exist");
             Self::advance(&mut self.sent, flow, now_ns);
             flow.rate = rate;
@@ -127,12 +131,20 @@ impl Nics {
         }
     }
 
-    /// Starts a flow of `bytes` from `src` to `dst` at `now_ns`; returns its id and the new
-    /// finish times of every flow it slowed down (its own included).
-    pub fn start(&mut self, now_ns: u64, src: usize, dst: usize, bytes: u64) -> (FlowId, Vec<Finish>) {
+    /// Starts a flow of `bytes` from `src` to `dst` at `now_ns`, moving at most `cap` bytes a
+    /// nanosecond (`f64::INFINITY` for no limit of its own); returns its id and the new finish
+    /// times of every flow it slowed down (its own included).
+    pub fn start(
+        &mut self,
+        now_ns: u64,
+        src: usize,
+        dst: usize,
+        bytes: u64,
+        cap: f64,
+    ) -> (FlowId, Vec<Finish>) {
         let id = FlowId(self.next_id);
         self.next_id += 1;
-        let flow = Flow { src, dst, remaining: bytes as f64, rate: 0.0, last_ns: now_ns, version: 0 };
+        let flow = Flow { src, dst, remaining: bytes as f64, cap, rate: 0.0, last_ns: now_ns, version: 0 };
         // `retime` settles every flow's progress at its old rate before giving it the new share.
         let mut out = Vec::new();
         self.flows.insert(id, flow);
@@ -213,9 +225,9 @@ mod tests {
     fn two_flows_share_a_source_and_the_survivor_speeds_up() {
         // 1 GB/s = 1 byte/ns.
         let mut nics = Nics::new(3, 1.0);
-        let (a, f) = nics.start(0, 0, 1, 1000);
+        let (a, f) = nics.start(0, 0, 1, 1000, f64::INFINITY);
         assert_eq!(f, [Finish { id: a, at_ns: 1000, version: 1 }]);
-        let (b, f) = nics.start(0, 0, 2, 500);
+        let (b, f) = nics.start(0, 0, 2, 500, f64::INFINITY);
         // Both at 0.5 byte/ns now: a needs 2000 ns, b 1000 ns.
         let finish: BTreeMap<FlowId, u64> = f.iter().map(|x| (x.id, x.at_ns)).collect();
         assert_eq!((finish[&a], finish[&b]), (2000, 1000));
@@ -232,12 +244,24 @@ mod tests {
     }
 
     #[test]
+    fn a_capped_flow_leaves_the_rest_to_its_neighbour() {
+        // Two flows share a 1 byte/ns source; one can move only 0.2 byte/ns (its queue pairs),
+        // so it takes 0.2 and the other 0.5, its fair share (the cap does not hand back).
+        let mut nics = Nics::new(3, 1.0);
+        let (_, out) = nics.start(0, 0, 1, 1000, 0.2);
+        assert_eq!(out[0].at_ns, 5000);
+        let (b, out) = nics.start(0, 0, 2, 1000, f64::INFINITY);
+        let own = out.iter().find(|f| f.id == b).expect("b is timed");
+        assert_eq!(own.at_ns, 2000);
+    }
+
+    #[test]
     fn background_traffic_slows_reads_until_it_stops() {
         // 1 byte/ns; a 1,000-byte read alone takes 1,000 ns. Half the NIC goes to an all-to-all
         // from t = 0 to t = 500: the read moves 250 bytes by then, the rest at full speed.
         let mut nics = Nics::new(2, 1.0);
         nics.set_background(0, 0, 0.5);
-        let (_, out) = nics.start(0, 0, 1, 1000);
+        let (_, out) = nics.start(0, 0, 1, 1000, f64::INFINITY);
         assert_eq!(out[0].at_ns, 2000);
         let out = nics.set_background(500, 0, 0.0);
         assert_eq!(out[0].at_ns, 1250);
@@ -247,7 +271,7 @@ mod tests {
     #[test]
     fn slow_nic_stretches_its_flows() {
         let mut nics = Nics::new(2, 1.0);
-        let (a, _) = nics.start(0, 0, 1, 1000);
+        let (a, _) = nics.start(0, 0, 1, 1000, f64::INFINITY);
         let f = nics.set_factor(500, 0, 0.5);
         assert_eq!(f[0].id, a);
         assert_eq!(f[0].at_ns, 1500, "500 bytes left at half speed");

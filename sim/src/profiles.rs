@@ -316,6 +316,8 @@ pub struct Nic {
     pub nic_message_rate_mpps: f64,
     /// Queue pairs one transfer uses.
     pub nic_qps: u16,
+    /// Messages one queue pair carries, millions per second.
+    pub nic_qp_message_rate_mpps: f64,
     /// Citation of each value, by field.
     pub sources: BTreeMap<String, String>,
 }
@@ -439,8 +441,14 @@ impl Profile for Gpu {
 
 impl Profile for Nic {
     const KIND: ProfileKind = ProfileKind::Nic;
-    const FIELDS: &'static [&'static str] =
-        &["nic_gb_s", "line_rate_gbit", "nic_latency_us", "nic_message_rate_mpps", "nic_qps"];
+    const FIELDS: &'static [&'static str] = &[
+        "nic_gb_s",
+        "line_rate_gbit",
+        "nic_latency_us",
+        "nic_message_rate_mpps",
+        "nic_qps",
+        "nic_qp_message_rate_mpps",
+    ];
 
     fn name(&self) -> &str {
         &self.name
@@ -456,6 +464,7 @@ impl Profile for Nic {
         positive("nic_latency_us", self.nic_latency_us)?;
         positive("nic_message_rate_mpps", self.nic_message_rate_mpps)?;
         at_least_one("nic_qps", self.nic_qps.into())?;
+        positive("nic_qp_message_rate_mpps", self.nic_qp_message_rate_mpps)?;
         // What a NIC achieves stays below its line rate; above it, a unit is wrong (Gbit for GB).
         if self.nic_gb_s * 8.0 > self.line_rate_gbit {
             return Err((
@@ -477,6 +486,7 @@ impl Profile for Nic {
         hw.nic_latency_us = self.nic_latency_us;
         hw.nic_message_rate_mpps = self.nic_message_rate_mpps;
         hw.nic_qps = self.nic_qps;
+        hw.nic_qp_message_rate_mpps = self.nic_qp_message_rate_mpps;
     }
 
     fn of_scenario(name: &str, scenario: &Scenario) -> Self {
@@ -488,6 +498,7 @@ impl Profile for Nic {
             nic_latency_us: hw.nic_latency_us,
             nic_message_rate_mpps: hw.nic_message_rate_mpps,
             nic_qps: hw.nic_qps,
+            nic_qp_message_rate_mpps: hw.nic_qp_message_rate_mpps,
             sources: BTreeMap::new(),
         }
     }

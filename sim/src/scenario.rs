@@ -234,7 +234,7 @@ mod at_default {
     at_default!(ModelProfile: head_dim: u32, total_params_b: f64, routed_experts: u16, experts_per_token: u16,
         shared_experts: u16, expert_params_per_layer_m: f64, weight_bytes_per_param: f64, attention_heads: u16);
     at_default!(Hardware: bf16_tflops: f64, gpus_per_node: u16, line_rate_gbit: f64, nic_message_rate_mpps: f64,
-        nic_qps: u16);
+        nic_qps: u16, nic_qp_message_rate_mpps: f64);
     at_default!(EngineLimits: gpu_memory_utilization: f64);
     at_default!(CostModel: activation_reserve_gb: f64);
 }
@@ -319,9 +319,10 @@ impl Default for ModelProfile {
 
 /// Hardware of every GPU node.
 ///
-/// The fields after `listener_service_us` came with the profiles: the NIC model reads
-/// `nic_message_rate_mpps`, the rest wait for cost terms still to come. A printed scenario
-/// carries each only when it is not the default.
+/// The fields after `listener_service_us` came with the profiles: the NIC model reads the
+/// message rates and `nic_qps`, the all-to-all `gpus_per_node`; `bf16_tflops` and
+/// `line_rate_gbit` wait for cost terms still to come. A printed scenario carries each only
+/// when it is not the default.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Hardware {
@@ -359,6 +360,10 @@ pub struct Hardware {
     /// Queue pairs one transfer uses.
     #[serde(skip_serializing_if = "at_default::nic_qps")]
     pub nic_qps: u16,
+    /// Messages one queue pair carries, millions per second: a transfer's operations go no
+    /// faster than `nic_qps` times this, whatever the NIC's ceiling.
+    #[serde(skip_serializing_if = "at_default::nic_qp_message_rate_mpps")]
+    pub nic_qp_message_rate_mpps: f64,
 }
 
 impl Default for Hardware {
@@ -382,6 +387,7 @@ impl Default for Hardware {
             line_rate_gbit: 400.0,
             nic_message_rate_mpps: 7.1,
             nic_qps: 4,
+            nic_qp_message_rate_mpps: 1.09,
         }
     }
 }

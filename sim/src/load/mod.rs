@@ -622,6 +622,7 @@ mod tests {
             "line_rate_gbit",
             "nic_message_rate_mpps",
             "nic_qps",
+            "nic_qp_message_rate_mpps",
         ] {
             assert!(!plain.contains(field), "{field}: {plain}");
         }

@@ -337,6 +337,7 @@ fn validate_hardware_and_cost(scenario: &Scenario) -> Check {
     positive("hardware.line_rate_gbit", hw.line_rate_gbit)?;
     positive("hardware.nic_message_rate_mpps", hw.nic_message_rate_mpps)?;
     at_least_one("hardware.nic_qps", hw.nic_qps.into())?;
+    positive("hardware.nic_qp_message_rate_mpps", hw.nic_qp_message_rate_mpps)?;
     let cost = &scenario.cost;
     let max_ms = MAX_TIME_MS as f64;
     non_negative("cost.prefill_fixed_ms", cost.prefill_fixed_ms, max_ms)?;
@@ -558,6 +559,10 @@ mod tests {
             (with("hardware: (line_rate_gbit: -400)"), (Invalid, "hardware.line_rate_gbit", "positive")),
             (with("hardware: (nic_message_rate_mpps: 0)"), (Invalid, "hardware.nic_message_rate_mpps", "positive")),
             (with("hardware: (nic_qps: 0)"), (Invalid, "hardware.nic_qps", "at least 1")),
+            (
+                with("hardware: (nic_qp_message_rate_mpps: -1)"),
+                (Invalid, "hardware.nic_qp_message_rate_mpps", "positive"),
+            ),
             (with("cost: (prefill_mfu: 0.0)"), (Invalid, "cost.prefill_mfu", "(0, 1]")),
             (with("cost: (fabric_efficiency: 1.01)"), (Invalid, "cost.fabric_efficiency", "got 1.01")),
             (with("cost: (decode_fixed_ms: -3)"), (Invalid, "cost.decode_fixed_ms", "got -3")),

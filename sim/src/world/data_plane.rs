@@ -127,8 +127,17 @@ impl World {
         let hw = &self.sc.hardware;
         let per_message_bytes = hw.nic_gb_s * 1e3 / hw.nic_message_rate_mpps;
         let work = bytes.saturating_add((messages as f64 * per_message_bytes) as u64);
+        // A transfer posts its operations on `nic_qps` queue pairs, each carrying at most
+        // `nic_qp_message_rate_mpps` of them: a read of many small runs cannot go faster than
+        // its queue pairs, however idle the NICs are.
+        let cap = if messages == 0 {
+            f64::INFINITY
+        } else {
+            let seconds = messages as f64 / (f64::from(hw.nic_qps) * hw.nic_qp_message_rate_mpps * 1e6);
+            work as f64 / (seconds * 1e9)
+        };
         let latency = (hw.nic_latency_us * 1e3) as u64;
-        let (id, finishes) = self.nics.start(self.now + latency, nic_src, nic_dst, work);
+        let (id, finishes) = self.nics.start(self.now + latency, nic_src, nic_dst, work, cap);
         self.schedule_flows(finishes);
         let info = FlowInfo {
             worker: w,
@@ -257,5 +266,35 @@ impl World {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::scenario::{Clients, Length, Scenario};
+    use crate::world::RunOptions;
+
+    /// With one-token blocks a read is thousands of operations, so the queue pairs a transfer
+    /// posts them on bound it: fewer queue pairs, slower reads, on otherwise idle NICs.
+    #[test]
+    fn a_read_of_many_operations_waits_for_its_queue_pairs() {
+        let read_ms = |qps: u16| {
+            let mut sc = Scenario::from_notation("2P_TP8:1D_DP8EP");
+            sc.model.block_size_tokens = 1;
+            // A pool small enough to wrap: a reused pool hands out scattered blocks.
+            sc.engines.kv_blocks_per_gpu = 30_000;
+            sc.hardware.nic_qps = qps;
+            sc.workload.clients = Clients::Closed { concurrency: 8, requests: 96 };
+            sc.workload.input_tokens = Length::Fixed(2048);
+            sc.workload.output_tokens = Length::Fixed(4);
+            let r = crate::run(&sc, RunOptions::default()).unwrap_or_else(|e| panic!("{e}")).result;
+            r.latency_ms.kv_read.map_or(0.0, |s| s.mean)
+        };
+        let (one, four, many) = (read_ms(1), read_ms(4), read_ms(64));
+        // One queue pair carries 1.09 M operations a second; 64 would outrun the NIC's 7.1 M
+        // ceiling, which then sets the time (45.5, 12.0 and 8.4 ms here).
+        assert!(one > 2.0 * four, "1 QP {one} ms, 4 QPs {four} ms");
+        assert!(four > many, "4 QPs {four} ms, 64 QPs {many} ms");
+        assert!(many > 0.0);
     }
 }
