@@ -148,6 +148,7 @@ mod tests {
                 "  hbm_gb         192.0   288.0   80.0      141.0     180.0   80.0",
                 "  fabric_gb_s    448.0   537.6*  450.0     450.0     900.0   200.0",
                 "NIC profiles (profiles/nics.ron)",
+                "  nic_qp_message_rate_mpps  1.09*     1.09*     1.09*        1.09",
                 "Model profiles (profiles/models.ron)",
             ],
         );
@@ -155,8 +156,8 @@ mod tests {
             one("cx8-800g"),
             &[
                 "NIC profile cx8-800g (profiles/nics.ron)",
-                "  line_rate_gbit         800.0",
-                "  nic_gb_s               89.56*",
+                "  line_rate_gbit            800.0",
+                "  nic_gb_s                  89.56*",
             ],
         );
         let err = one("h300").unwrap_err();
