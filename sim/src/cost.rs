@@ -25,6 +25,21 @@ pub struct Cost {
     gpu_memory_utilization: f64,
 }
 
+/// The model's parameters split the way the cost terms use them.
+struct Params {
+    /// Parameters of one routed expert across all MoE layers (`P_e`).
+    expert: f64,
+    /// Routed experts (`E`).
+    experts: f64,
+    /// Experts each token chooses (`k`).
+    k: f64,
+    /// Everything that is not a routed expert: attention, dense layers, shared experts,
+    /// embeddings.
+    other: f64,
+    /// The active parameters of one token outside the routed experts.
+    dense_active: f64,
+}
+
 /// One decode DP group's share of a step: its batch size and the context tokens of its batch.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GroupLoad {
@@ -48,6 +63,29 @@ impl Cost {
     /// The model of `scenario`.
     pub fn of(scenario: &Scenario) -> Cost {
         Cost::new(&scenario.model, &scenario.hardware, &scenario.cost, &scenario.engines)
+    }
+
+    fn params(&self) -> Params {
+        let m = &self.model;
+        let expert = m.expert_params_per_layer_m * 1e6 * f64::from(m.moe_layers);
+        let (experts, k) = (f64::from(m.routed_experts), f64::from(m.experts_per_token));
+        Params {
+            expert,
+            experts,
+            k,
+            other: (m.total_params_b * 1e9 - experts * expert).max(0.0),
+            dense_active: (m.active_params_b * 1e9 - k * expert).max(0.0),
+        }
+    }
+
+    /// The share of the routed experts one GPU of `layout` holds: `1/ranks` of them under EP,
+    /// a `1/tp` slice of each otherwise.
+    fn expert_share(layout: Layout) -> f64 {
+        if layout.ep {
+            1.0 / f64::from(layout.ranks().max(1))
+        } else {
+            1.0 / f64::from(layout.tp.max(1))
+        }
     }
 
     fn fabric_bytes_per_s(&self) -> f64 {
@@ -125,10 +163,7 @@ impl Cost {
     /// for the slowest rank. So one lone prompt has the whole engine's expert capacity, and at
     /// full load the work per GPU is the same as under TP.
     pub fn prefill_ep_step_ns(&self, layout: Layout, tokens: &[u64]) -> u64 {
-        let m = &self.model;
-        let expert_params = m.expert_params_per_layer_m * 1e6 * f64::from(m.moe_layers);
-        let k = f64::from(m.experts_per_token);
-        let dense_active = (m.active_params_b * 1e9 - k * expert_params).max(0.0);
+        let Params { expert: expert_params, k, dense_active, .. } = self.params();
         let total: u64 = tokens.iter().sum();
         let ranks = f64::from(layout.ranks().max(1));
         let tp = f64::from(layout.tp.max(1));
@@ -163,17 +198,14 @@ impl Cost {
     fn decode_group_s(&self, layout: Layout, load: GroupLoad, step_tokens: u64) -> f64 {
         let m = &self.model;
         let tp = f64::from(layout.tp.max(1));
-        let share = if layout.ep { 1.0 / f64::from(layout.ranks().max(1)) } else { 1.0 / tp };
-        let expert_params = m.expert_params_per_layer_m * 1e6 * f64::from(m.moe_layers);
-        let experts = f64::from(m.routed_experts);
-        let k = f64::from(m.experts_per_token);
+        let share = Self::expert_share(layout);
+        let Params { expert: expert_params, experts, k, other: other_params, dense_active: other_active } =
+            self.params();
         let touched = if m.routed_experts == 0 {
             0.0
         } else {
             1.0 - (1.0 - (k / experts).min(1.0)).powf(step_tokens as f64)
         };
-        let other_params = (m.total_params_b * 1e9 - experts * expert_params).max(0.0);
-        let other_active = (m.active_params_b * 1e9 - k * expert_params).max(0.0);
         let weight_bytes =
             (experts * touched * expert_params * share + other_params / tp) * m.weight_bytes_per_param;
         let flops =
@@ -218,13 +250,9 @@ impl Cost {
     /// of them under EP, a `1/tp` slice of each otherwise) and a `1/tp` slice of everything
     /// else (attention, dense layers, shared experts, embeddings), which DP ranks replicate.
     pub fn weight_bytes_per_gpu(&self, layout: Layout) -> f64 {
-        let m = &self.model;
         let tp = f64::from(layout.tp.max(1));
-        let experts =
-            f64::from(m.routed_experts) * m.expert_params_per_layer_m * 1e6 * f64::from(m.moe_layers);
-        let other = (m.total_params_b * 1e9 - experts).max(0.0);
-        let expert_share = if layout.ep { 1.0 / f64::from(layout.ranks().max(1)) } else { 1.0 / tp };
-        (experts * expert_share + other / tp) * m.weight_bytes_per_param
+        let Params { expert, experts, other, .. } = self.params();
+        (experts * expert * Self::expert_share(layout) + other / tp) * self.model.weight_bytes_per_param
     }
 
     /// Bytes of KV cache one GPU of `layout` holds. With `kv_memory_fraction` 0 (the default)
