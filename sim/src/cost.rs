@@ -132,6 +132,11 @@ impl Cost {
         Some((on_node, off_node))
     }
 
+    /// Whether an EP group of `layout` spans nodes, so part of its all-to-alls uses the NICs.
+    pub fn ep_spans_nodes(&self, layout: Layout) -> bool {
+        layout.ep && layout.ranks() > u32::from(self.hw.gpus_per_node)
+    }
+
     /// Share of a step of `step_ns` that a rank's NIC spends on the expert all-to-alls of its
     /// `tokens` tokens (0 while the EP group fits in one node): KV reads share what is left.
     pub fn ep_nic_share(&self, layout: Layout, tokens: f64, step_ns: u64) -> f64 {

@@ -112,7 +112,7 @@ impl World {
         // group's step stalls the whole unit's.
         let unit = &self.units[self.dgroups[req.decode_group].unit];
         for &g in &unit.groups {
-            slots.extend(self.dgroups[g].workers.iter().map(|&w| self.p_ranks.len() + w));
+            slots.extend(self.dgroups[g].workers.iter().map(|&w| self.decode_nic(w)));
         }
         self.touched_during(&slots, req.sent_ns, done)
     }

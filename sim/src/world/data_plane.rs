@@ -114,7 +114,7 @@ impl World {
         }
         self.check_blocks(me, server, transfer, &first.plan.remote_block_ids, "posted");
         let nic_src = server;
-        let nic_dst = self.p_ranks.len() + w;
+        let nic_dst = self.decode_nic(w);
         let bytes: u64 = ops.iter().map(ReadOp::bytes).sum();
         self.reads[server] += 1;
         self.bytes[server] += bytes;

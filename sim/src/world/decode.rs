@@ -211,15 +211,13 @@ impl World {
         let duration = self.cost.decode_step_ns(layout, &loads);
         self.units[unit].state = UnitState::Computing;
         // An all-to-all that leaves the node takes its share of each rank's NIC for the step.
-        let spans_nodes = self.spans_nodes(layout);
-        for (gi, load) in loads.iter().enumerate().filter(|_| spans_nodes) {
-            let share = self.cost.ep_nic_share(layout, load.batch as f64, duration);
-            let nics: Vec<usize> = self.dgroups[self.units[unit].groups[gi]]
-                .workers
-                .iter()
-                .map(|&w| self.p_ranks.len() + w)
-                .collect();
-            self.set_background(&nics, share);
+        if self.cost.ep_spans_nodes(layout) {
+            for (gi, load) in loads.iter().enumerate() {
+                let share = self.cost.ep_nic_share(layout, load.batch as f64, duration);
+                let g = self.units[unit].groups[gi];
+                let nics: Vec<usize> = self.dgroups[g].workers.iter().map(|&w| self.decode_nic(w)).collect();
+                self.set_background(&nics, share);
+            }
         }
         if self.trace_on {
             let batch: u64 = loads.iter().map(|l| l.batch).sum();
@@ -241,11 +239,11 @@ impl World {
         if self.units[unit].step != step || self.units[unit].state != UnitState::Computing {
             return;
         }
-        if self.spans_nodes(self.d.decode[self.units[unit].engine]) {
+        if self.cost.ep_spans_nodes(self.d.decode[self.units[unit].engine]) {
             let nics: Vec<usize> = self.units[unit]
                 .groups
                 .iter()
-                .flat_map(|&g| self.dgroups[g].workers.iter().map(|&w| self.p_ranks.len() + w))
+                .flat_map(|&g| self.dgroups[g].workers.iter().map(|&w| self.decode_nic(w)))
                 .collect();
             self.set_background(&nics, 0.0);
         }

@@ -261,8 +261,8 @@ impl World {
                     self.dgroups[g].pool = Pool::new(blocks);
                     for w in self.dgroups[g].workers.clone() {
                         // The step it was in dies with it, all-to-all included.
-                        self.set_background(&[self.p_ranks.len() + w], 0.0);
-                        self.abort_flows_on(self.p_ranks.len() + w, "peer down");
+                        self.set_background(&[self.decode_nic(w)], 0.0);
+                        self.abort_flows_on(self.decode_nic(w), "peer down");
                         self.dworkers[w] = build_decode_worker(
                             &self.sc,
                             &self.d,

@@ -70,7 +70,7 @@ impl World {
             return;
         }
         let duration = self.cost.prefill_ep_step_ns(layout, &tokens);
-        let spans_nodes = self.spans_nodes(layout);
+        let spans_nodes = self.cost.ep_spans_nodes(layout);
         for (i, t) in groups.zip(tokens) {
             if spans_nodes {
                 // An all-to-all that leaves the node takes its share of each rank's NIC.
@@ -82,17 +82,16 @@ impl World {
         }
     }
 
-    /// Whether an EP engine of `layout` spans nodes, so its all-to-alls use the NICs.
-    pub(super) fn spans_nodes(&self, layout: Layout) -> bool {
-        layout.ep && layout.ranks() > u32::from(self.sc.hardware.gpus_per_node)
+    /// The NICs of prefill group `g`'s GPUs (a prefill rank's NIC is its rank index).
+    fn pgroup_nics(&self, g: usize) -> Vec<usize> {
+        let group = &self.pgroups[g];
+        let engine = EngineId::prefill(group.engine as u16);
+        (0..group.layout.tp).map(|tp| self.d.rank_index(RankId::new(engine, group.dp, tp))).collect()
     }
 
-    /// The NICs of prefill group `g`'s GPUs.
-    pub(super) fn pgroup_nics(&self, g: usize) -> Vec<usize> {
-        let (engine, dp) = (self.pgroups[g].engine, self.pgroups[g].dp);
-        (0..self.p_ranks.len())
-            .filter(|&i| usize::from(self.p_ranks[i].engine.index) == engine && self.p_ranks[i].dp == dp)
-            .collect()
+    /// The NIC of decode worker `w` (after every prefill rank's).
+    pub(super) fn decode_nic(&self, w: usize) -> usize {
+        self.p_ranks.len() + w
     }
 
     /// Gives `share` of each of `nics` to traffic other than KV reads (0 gives it back).
@@ -169,7 +168,7 @@ impl World {
 
     pub(super) fn on_prefill_done(&mut self, g: usize) {
         self.pgroups[g].busy = false;
-        if self.spans_nodes(self.pgroups[g].layout) {
+        if self.cost.ep_spans_nodes(self.pgroups[g].layout) {
             let nics = self.pgroup_nics(g);
             self.set_background(&nics, 0.0);
         }
