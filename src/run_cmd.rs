@@ -175,7 +175,8 @@ pub fn run(args: &RunArgs) -> ExitCode {
     };
     run.result.label = identity.label();
     let out = args.out.clone().unwrap_or_else(|| PathBuf::from("target/pdkv").join(identity.slug()));
-    let written = match write_files(&out, &run, &replay_command(args, &scenario)) {
+    let gpus_per_node = scenario.hardware.gpus_per_node;
+    let written = match write_files(&out, &run, gpus_per_node, &replay_command(args, &scenario)) {
         Ok(files) => files,
         Err(message) => {
             eprintln!("error: {message}");
@@ -195,9 +196,10 @@ pub fn run(args: &RunArgs) -> ExitCode {
 }
 
 /// Writes the result, the traces, the pictures and the index page; returns the page first.
-fn write_files(out: &Path, run: &Run, command: &str) -> Result<Vec<PathBuf>, String> {
+/// `gpus_per_node` groups the NIC pictures of large deployments by node.
+fn write_files(out: &Path, run: &Run, gpus_per_node: u16, command: &str) -> Result<Vec<PathBuf>, String> {
     std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
-    let pictures = pdkv_reports::run_pictures(&run.result, out).map_err(|e| e.to_string())?;
+    let pictures = pdkv_reports::run_pictures(&run.result, gpus_per_node, out).map_err(|e| e.to_string())?;
     let calibration = pdkv_sim::calibration::current().summary();
     let page = pdkv_reports::page::write_run_page(out, &run.result, &pictures, &calibration, command)
         .map_err(|e| format!("cannot write {}: {e}", out.join("index.html").display()))?;
