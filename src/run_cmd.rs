@@ -30,8 +30,9 @@ Writes the report to --out (default target/pdkv/<run>/, named after what the run
 scenario name or the notation, and the workload, seed and legacy options given here, e.g.
 target/pdkv/2P_TP8-1D_DP8EP_C128-x1280-8K-1K_legacy-no-flexible-reads/): index.html with the
 summary, a wait-for graph for every hang, NIC balance, NIC utilisation and latency CDF pictures
-(PNG and SVG; left out, with a sentence, when the run has no data for them), result.json,
-trace.txt and trace.json (Chrome/Perfetto).
+(PNG and SVG; left out, with a sentence, when the run has no data for them; above 64 prefill GPUs
+the NIC pictures show a bar or row per node of hardware.gpus_per_node GPUs, with per-GPU pictures
+of the busiest and least busy nodes), result.json, trace.txt and trace.json (Chrome/Perfetto).
 
 Exit codes: 0 the outcome is the scenario's expected one (clean when none is declared);
 1 it is not; 2 bad input (unreadable or invalid scenario, bad flags).";
