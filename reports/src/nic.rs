@@ -244,7 +244,11 @@ fn node_axis(gpus: &Gpus, nodes: &[Node]) -> Gpus {
     let inner = names
         .iter()
         .zip(&engine_key)
-        .map(|(name, engine)| name.strip_prefix(&format!("{engine}.")).unwrap_or(name).to_string())
+        // A run of nodes (`n8-15`) is labelled by its first node, as the axis has room for one number.
+        .map(|(name, engine)| {
+            let node = name.strip_prefix(&format!("{engine}.")).unwrap_or(name);
+            node.split('-').next().unwrap_or(node).to_string()
+        })
         .collect();
     let engines = spans(&engine_key);
     let mut engine_of = vec![0; names.len()];
@@ -333,25 +337,36 @@ pub fn nic_by_node(
 ) -> Result<NodePictures, ReportError> {
     let names = gpu_names(result);
     let nodes = nodes(&names, gpus_per_node, MAX_BARS);
-    let merged = nodes.iter().any(|n| n.end - n.start > usize::from(gpus_per_node.max(1)));
-    let unit = if merged { "runs of nodes" } else { "nodes" };
+    let per_node = usize::from(gpus_per_node.max(1));
+    let widest = nodes.iter().map(|n| n.end - n.start).max().unwrap_or(0);
+    // What one bar or row stands for, for the subtitles: a node, or a run of nodes.
+    let each = if widest > per_node {
+        format!("run of up to {} nodes of {per_node} GPUs", widest.div_ceil(per_node))
+    } else {
+        format!("node of up to {widest} GPUs")
+    };
+    let unit = if widest > per_node { "runs of nodes" } else { "nodes" };
     let mut out = NodePictures {
         aggregation: format!(
             "The {} prefill GPUs are too many for a bar each (more than {MAX_BARS}), so the NIC pictures above show one bar or row per node ({} {unit} of up to {} GPUs, each engine starting a node): a bar is the mean of the node's GPUs and its whisker runs from its least to its most busy GPU; a heatmap row is the mean utilisation of the node's GPUs. The nodes below are drawn GPU by GPU.",
             names.len(),
             nodes.len(),
-            nodes.iter().map(|n| n.end - n.start).max().unwrap_or(0),
+            widest,
         ),
         ..NodePictures::default()
     };
     if balance {
-        out.files.extend(render(dir, "nic_balance", &Balance { result, scope: Scope::Nodes(&nodes) })?);
+        out.files.extend(render(
+            dir,
+            "nic_balance",
+            &Balance { result, scope: Scope::Nodes(&nodes, &each) },
+        )?);
     }
     if utilisation {
         out.files.extend(render(
             dir,
             "nic_utilisation",
-            &Utilisation { result, scope: Scope::Nodes(&nodes) },
+            &Utilisation { result, scope: Scope::Nodes(&nodes, &each) },
         )?);
     }
     let reads: Vec<f64> = (0..names.len())
@@ -394,8 +409,9 @@ struct Balance<'a> {
 enum Scope<'a> {
     /// Every GPU, one bar or heatmap row each.
     All,
-    /// One bar or row per node (see [`nodes`]), each standing for the node's GPUs.
-    Nodes(&'a [Node]),
+    /// One bar or row per node (see [`nodes`]), each standing for the node's GPUs; with what a
+    /// bar stands for in words (`node of up to 8 GPUs`).
+    Nodes(&'a [Node], &'a str),
     /// The GPUs of one node, and why the node was picked.
     Node(&'a Node, &'a str),
 }
@@ -456,17 +472,15 @@ impl Picture for Balance<'_> {
                 };
                 (gpus, reads_panel, gb_panel, "ideal: the mean".to_string())
             }
-            Scope::Nodes(nodes) => {
+            Scope::Nodes(nodes, each) => {
                 let gpus = node_axis(&Gpus::new(&names), nodes);
                 title(
                     root,
                     &format!("NIC balance per prefill node: {}", r.title()),
                     &format!(
-                        "Jain index over GPUs: reads {}, bytes {} · {} prefill GPUs on {} nodes; bar: a node's GPU mean, whisker: its least to most busy GPU",
+                        "Jain index over GPUs: reads {}, bytes {} · {all} prefill GPUs, a bar per {each}: its GPUs' mean, whisker from least to most busy",
                         three(r.nic.jain),
                         three(r.nic.jain_bytes),
-                        all,
-                        nodes.len()
                     ),
                 )?;
                 let panel = |values: &[f64], what: &str, show: &dyn Fn(f64) -> String| {
@@ -726,7 +740,6 @@ impl Picture for Utilisation<'_> {
         root.fill(&WHITE).msg()?;
         let r = self.result;
         let names = gpu_names(r);
-        let gpu_count = names.len();
         let gpu_rows = &r.nic.utilisation;
         let gpu_peak = gpu_rows.iter().flatten().copied().fold(0.0, f64::max);
         let (gpus, rows, heading, y_desc) = match self.scope {
@@ -736,7 +749,7 @@ impl Picture for Utilisation<'_> {
                 format!("NIC utilisation per prefill GPU: {}", r.title()),
                 "prefill GPU (rank order)",
             ),
-            Scope::Nodes(nodes) => (
+            Scope::Nodes(nodes, _) => (
                 node_axis(&Gpus::new(&names), nodes),
                 node_rows(gpu_rows, nodes),
                 format!("NIC utilisation per prefill node: {}", r.title()),
@@ -771,10 +784,8 @@ impl Picture for Utilisation<'_> {
                 percent(peak),
                 percent(mean)
             ),
-            Scope::Nodes(nodes) => format!(
-                "Share of NIC bandwidth used per virtual second, a row per node: the mean of its GPUs ({} nodes, {} GPUs) · peak node {}, peak GPU {}, mean {}{binned}",
-                nodes.len(),
-                gpu_count,
+            Scope::Nodes(_, each) => format!(
+                "Share of NIC bandwidth used per virtual second, a row per {each}: the mean of its GPUs · peak row {}, peak GPU {}, mean {}{binned}",
                 percent(peak),
                 percent(gpu_peak),
                 percent(mean)
@@ -965,6 +976,28 @@ mod tests {
         check((1, 20, 1), 8, 2, (2, &[("P0.n0-1", 0, 16), ("P0.n2", 16, 20)], ("P0.n2", 16, 20)));
         // Engines are never merged with each other.
         check((3, 1, 8), 8, 1, (3, &[("P0", 0, 8), ("P1", 8, 16), ("P2", 16, 24)], ("P2", 16, 24)));
+    }
+
+    #[test]
+    fn node_axis_labels_nodes_under_their_engine() {
+        // (layout, gpus_per_node, max_bars) -> (labels under the bars, brackets under them)
+        let check = |(engines, dp, tp): (usize, usize, usize),
+                     per_node: u16,
+                     max_bars: usize,
+                     expected: (&[&str], &[&str])| {
+            let gpus = layout(engines, dp, tp);
+            let axis = node_axis(&Gpus::new(&gpus), &nodes(&gpus, per_node, max_bars));
+            let groups: Vec<&str> = axis.groups.iter().map(|g| g.label.as_str()).collect();
+            assert_eq!(
+                (axis.inner.as_slice(), groups.as_slice()),
+                (names(expected.0).as_slice(), expected.1)
+            );
+        };
+        // Engines on one node each: labelled by engine under one bracket, one colour.
+        check((3, 1, 8), 8, 64, (&["P0", "P1", "P2"], &["one node per engine, P0 to P2"]));
+        check((2, 16, 1), 8, 64, (&["n0", "n1", "n0", "n1"], &["P0", "P1"]));
+        // A run of nodes is labelled by its first.
+        check((1, 32, 1), 8, 2, (&["n0", "n2"], &["P0"]));
     }
 
     #[test]
