@@ -30,8 +30,9 @@ Writes the report to --out (default target/pdkv/<run>/, named after what the run
 scenario name or the notation, and the workload, seed and legacy options given here, e.g.
 target/pdkv/2P_TP8-1D_DP8EP_C128-x1280-8K-1K_legacy-no-flexible-reads/): index.html with the
 summary, a wait-for graph for every hang, NIC balance, NIC utilisation and latency CDF pictures
-(PNG and SVG; left out, with a sentence, when the run has no data for them), result.json,
-trace.txt and trace.json (Chrome/Perfetto).
+(PNG and SVG; left out, with a sentence, when the run has no data for them; above 64 prefill GPUs
+the NIC pictures show a bar or row per node of hardware.gpus_per_node GPUs, with per-GPU pictures
+of the busiest and least busy nodes), result.json, trace.txt and trace.json (Chrome/Perfetto).
 
 Exit codes: 0 the outcome is the scenario's expected one (clean when none is declared);
 1 it is not; 2 bad input (unreadable or invalid scenario, bad flags).";
@@ -175,7 +176,8 @@ pub fn run(args: &RunArgs) -> ExitCode {
     };
     run.result.label = identity.label();
     let out = args.out.clone().unwrap_or_else(|| PathBuf::from("target/pdkv").join(identity.slug()));
-    let written = match write_files(&out, &run, &replay_command(args, &scenario)) {
+    let gpus_per_node = scenario.hardware.gpus_per_node;
+    let written = match write_files(&out, &run, gpus_per_node, &replay_command(args, &scenario)) {
         Ok(files) => files,
         Err(message) => {
             eprintln!("error: {message}");
@@ -195,9 +197,10 @@ pub fn run(args: &RunArgs) -> ExitCode {
 }
 
 /// Writes the result, the traces, the pictures and the index page; returns the page first.
-fn write_files(out: &Path, run: &Run, command: &str) -> Result<Vec<PathBuf>, String> {
+/// `gpus_per_node` groups the NIC pictures of large deployments by node.
+fn write_files(out: &Path, run: &Run, gpus_per_node: u16, command: &str) -> Result<Vec<PathBuf>, String> {
     std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
-    let pictures = pdkv_reports::run_pictures(&run.result, out).map_err(|e| e.to_string())?;
+    let pictures = pdkv_reports::run_pictures(&run.result, gpus_per_node, out).map_err(|e| e.to_string())?;
     let calibration = pdkv_sim::calibration::current().summary();
     let page = pdkv_reports::page::write_run_page(out, &run.result, &pictures, &calibration, command)
         .map_err(|e| format!("cannot write {}: {e}", out.join("index.html").display()))?;

@@ -66,6 +66,33 @@ fn pictures(images: &[PathBuf]) -> String {
     out
 }
 
+/// The section of a run page under NIC pictures that aggregate by node: how they aggregate, a
+/// list of the nodes drawn GPU by GPU with why and links to each file, then their pictures.
+fn drill_downs(aggregation: &str, nodes: &[crate::DrillDown]) -> String {
+    let mut out =
+        format!("<h2>NIC pictures by node: drill-down</h2>\n<p>{}</p>\n<ul>\n", escape(aggregation));
+    for node in nodes {
+        let links: Vec<String> = node
+            .files
+            .iter()
+            .map(|file| format!("<a href=\"{}\">{}</a>", escape(&name(file)), escape(&name(file))))
+            .collect();
+        let _ = writeln!(
+            out,
+            "<li><b>{}</b>: {}. {}</li>",
+            escape(&node.node),
+            escape(&node.why),
+            links.join(", ")
+        );
+    }
+    out.push_str("</ul>\n");
+    for node in nodes {
+        let _ = writeln!(out, "<h3>Node {}</h3>", escape(&node.node));
+        out.push_str(&pictures(&node.files));
+    }
+    out
+}
+
 fn row(out: &mut String, key: &str, value: &str) {
     let _ = writeln!(out, "<tr><th>{}</th><td>{}</td></tr>", escape(key), value);
 }
@@ -191,6 +218,9 @@ pub fn write_run_page(
     html.push_str(&pictures(&others));
     for sentence in &pictures_of_run.omitted {
         let _ = writeln!(html, "<p>{}</p>", escape(sentence));
+    }
+    if let Some(aggregation) = &pictures_of_run.aggregation {
+        html.push_str(&drill_downs(aggregation, &pictures_of_run.drill_downs));
     }
     html.push_str(
         "<h2>Files</h2>\n<ul>\n<li><a href=\"result.json\">result.json</a> (the versioned result)</li>\n",

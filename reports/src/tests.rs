@@ -199,6 +199,7 @@ fn result(notation: &str) -> RunResult {
         "4P_DP2TP8:2D_DP8EP" => (4, 2, 8),
         "8P_DP8EP:4D_TP8" => (8, 8, 1),
         "1P_TP8:1D_TP8" => (1, 1, 8),
+        "64P_TP8:8D_DP64EP" => (64, 1, 8),
         other => panic!("no prefill layout listed for {other}"),
     };
     let mut r = RunResult::empty(&Scenario::from_notation(notation), String::new());
@@ -525,7 +526,7 @@ fn run_pictures_lead_with_hangs_and_leave_out_charts_without_data() {
     // A hung run in which nothing finished and nothing was read.
     let mut hung = empty_result();
     hung.hangs = vec![lost_reply_hang()];
-    let pictures = crate::run_pictures(&hung, &dir).expect("draws");
+    let pictures = crate::run_pictures(&hung, 8, &dir).expect("draws");
     assert_eq!(names(&pictures.files), ["wait_for_0.png", "wait_for_0.svg", "wait_for_0.dot"]);
     assert_eq!(
         pictures.omitted,
@@ -576,10 +577,89 @@ fn run_pictures_lead_with_hangs_and_leave_out_charts_without_data() {
         "{html}"
     );
     // A run with data draws every chart, its wait-for graphs first.
-    let pictures = crate::run_pictures(&result("1P_TP8:1D_TP8"), &dir).expect("draws");
+    let pictures = crate::run_pictures(&result("1P_TP8:1D_TP8"), 8, &dir).expect("draws");
     let pngs: Vec<String> = names(&pictures.files).into_iter().filter(|n| n.ends_with(".png")).collect();
     assert_eq!(pngs, ["wait_for_0.png", "nic_balance.png", "nic_utilisation.png", "latency_cdf.png"]);
     assert!(pictures.omitted.is_empty());
+    done(&dir);
+}
+
+/// The bars of a balance picture's SVG: rectangles filled with a series colour above the legend
+/// (whose swatches start below y = 660).
+fn bars(svg: &str) -> usize {
+    let above_legend = |line: &str| {
+        let y = line.split(" y=\"").nth(1).and_then(|rest| rest.split('"').next());
+        y.and_then(|y| y.parse::<i32>().ok()).is_some_and(|y| y < 660)
+    };
+    let fills: Vec<String> = crate::render::PALETTE
+        .iter()
+        .map(|c| format!("fill=\"#{:02X}{:02X}{:02X}\"", c.0, c.1, c.2))
+        .collect();
+    svg.lines()
+        .filter(|l| {
+            l.trim_start().starts_with("<rect") && fills.iter().any(|f| l.contains(f)) && above_legend(l)
+        })
+        .count()
+}
+
+#[test]
+fn a_thousand_gpu_run_aggregates_nic_pictures_by_node_with_drill_downs() {
+    let dir = out_dir("by-node");
+    // A 1,024-GPU deployment (512 prefill GPUs) whose reads are uneven within nodes and between
+    // them: node P5 the busiest, node P9 the least busy, the most-read GPU on node P40.
+    let mut r = result("64P_TP8:8D_DP64EP");
+    r.nic.reads_per_prefill_gpu = (0..512u64)
+        .map(|i| match (i / 8, i % 8) {
+            (40, 3) => 200,
+            (5, t) => 90 + t,
+            (9, _) => 10,
+            (_, t) => 40 + t,
+        })
+        .collect();
+    r.nic.bytes_per_prefill_gpu = r.nic.reads_per_prefill_gpu.iter().map(|r| r * 1_000_000).collect();
+    let pictures = crate::run_pictures(&r, 8, &dir).expect("draws");
+    let pngs: Vec<String> = names(&pictures.files).into_iter().filter(|n| n.ends_with(".png")).collect();
+    assert_eq!(pngs, ["wait_for_0.png", "nic_balance.png", "nic_utilisation.png", "latency_cdf.png"]);
+    // The overview: one bar per node in each of its two panels, not one per GPU.
+    let svg = check_svg(&dir.join("nic_balance.svg"));
+    assert!(svg.contains("NIC balance per prefill node: "), "an overview by node");
+    assert_eq!(bars(&svg), 2 * 64, "two panels of a bar per node");
+    assert!(bars(&svg) <= 2 * crate::MAX_BARS);
+    let svg = check_svg(&dir.join("nic_utilisation.svg"));
+    assert!(svg.contains("NIC utilisation per prefill node: "), "a heatmap row per node");
+    // The drill-downs: the busiest node, the node of the busiest GPU, the least busy node.
+    let picked: Vec<(&str, &str)> =
+        pictures.drill_downs.iter().map(|d| (d.node.as_str(), d.why.as_str())).collect();
+    assert_eq!(
+        picked,
+        [
+            ("P5", "busiest node: 93.5 reads per GPU on average"),
+            ("P40", "holds the most-read GPU, P40.dp0.tp3 (200 reads)"),
+            ("P9", "least busy node: 10.0 reads per GPU on average"),
+        ]
+    );
+    for drill in &pictures.drill_downs {
+        let svg = check_svg(&drill.files[1]);
+        assert!(svg.contains(&format!("NIC balance on prefill node {}: ", drill.node)), "{}", drill.node);
+        assert_eq!(bars(&svg), 2 * 8, "{}: a bar per GPU of the node", drill.node);
+    }
+    // The page says how the pictures aggregate and links every drill-down file, which exists.
+    let page =
+        crate::page::write_run_page(&dir, &r, &pictures, "calibration c1", "pdkv run x").expect("written");
+    let html = fs::read_to_string(page).expect("read");
+    assert!(html.contains("<h2>NIC pictures by node: drill-down</h2>"), "{html}");
+    assert!(html.contains("show one bar or row per node (64 nodes of up to 8 GPUs"), "{html}");
+    let files: Vec<&PathBuf> = pictures.drill_downs.iter().flat_map(|d| &d.files).collect();
+    assert_eq!(files.len(), 3 * 4, "balance and utilisation, PNG and SVG, per node");
+    for file in files {
+        let name = file.file_name().expect("a name").to_string_lossy().to_string();
+        assert!(html.contains(&format!("<a href=\"{name}\">")), "{name} linked");
+        assert!(file.exists(), "{name} written");
+    }
+    // The same data on 64 GPUs or fewer draws a bar per GPU, as before.
+    let small = crate::run_pictures(&result("8P_DP8EP:4D_TP8"), 8, &dir).expect("draws");
+    assert_eq!((small.aggregation, small.drill_downs.len()), (None, 0));
+    assert_eq!(bars(&check_svg(&dir.join("nic_balance.svg"))), 2 * 64);
     done(&dir);
 }
 
