@@ -183,7 +183,7 @@ impl DecodeWorker {
     ) {
         let Some(recv) = self.requests.get_mut(&id) else { return };
         // Only a posted read that has not been answered yet can be answered.
-        if !recv.phase.in_flight().contains(&layer) {
+        if !recv.phase.is_in_flight(layer) {
             return;
         }
         let before = recv.phase.machine();

@@ -60,6 +60,18 @@ impl RecvPhase {
         }
     }
 
+    /// Whether the read of `layer` is posted and not answered yet: [`Self::in_flight`]'s
+    /// membership without building the set, since it is asked once per read answered.
+    pub(super) fn is_in_flight(&self, layer: Option<u16>) -> bool {
+        match self {
+            RecvPhase::AwaitingSession => false,
+            RecvPhase::Reading { outstanding, retries, .. } => {
+                outstanding.contains(&layer) && retries.get(&layer).is_none_or(|r| r.due.is_none())
+            }
+            RecvPhase::Draining { in_flight, .. } => in_flight.contains(&layer),
+        }
+    }
+
     /// Posted reads not answered yet (a read waiting for its retry is not posted).
     pub(super) fn in_flight(&self) -> BTreeSet<Option<u16>> {
         match self {
