@@ -9,7 +9,10 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
-use pdkv_sim::explore::{broken_properties_of, ideal_jain, scenario_for_seed, shrink, size, Property};
+use pdkv_sim::explore::{
+    broken_properties_of, ideal_jain, scenario_for_seed, search_scenario_for_seed, shrink, size, Ideal,
+    Property,
+};
 use pdkv_sim::scenario::Scenario;
 use pdkv_sim::RunOptions;
 
@@ -17,15 +20,20 @@ use crate::progress::Bar;
 
 const EXAMPLES: &str = "\
 Examples:
-  pdkv explore 2P_DP8EP:1D_TP8 --requests 16 --concurrency 4 --seeds 2000 --faults swarm
+  pdkv explore 2P_DP8EP:1D_TP8 --seeds 2000 --faults swarm
+  pdkv explore 2P_TP8:1D_DP8EP --for 60s --faults swarm
   pdkv explore notify-drift --seeds 100          (finds the leak at once)
   pdkv explore notify-drift-fixed --seeds 2000 --faults swarm --jobs 2
+  pdkv explore 2P_TP8:1D_DP8EP --full-workload --seeds 4
 
-A bare notation runs the default workload (1,280 requests of 8K in / 1K out): about a second
-of work per seed, and with --faults swarm the seeds that draw a decode batch of one need more
-virtual time than a run's budget (7,200 s), so they end as hangs. --requests and --concurrency
-keep each seed small, as a search of thousands of seeds needs. On a terminal a bar shows seeds
-per second and the time left.
+Each seed draws a small workload of its own: mostly 2 to 48 requests (a quarter of the seeds
+send the four rounds of the proxy the balance check needs), closed loops of 1 to 8 clients or
+open loops from a trickle to a burst, prompts of a few to 4,096 tokens and outputs of 1 to 64.
+Protocol bugs come from interleavings and faults, not from request volume, so a search runs
+many small seeds. --full-workload (or --requests/--concurrency) runs the scenario's own
+workload on every seed instead: for a bare notation, 1,280 requests of 8K in / 1K out, about a
+second per seed. --for stops handing out seeds after a time budget. On a terminal a bar shows
+seeds per second and the time left.
 
 Each seed runs the scenario with that seed (and, with --faults swarm, message loss,
 duplication, delay and send-queue-full drawn from the seed). The properties checked: safety
@@ -54,9 +62,16 @@ pub struct ExploreArgs {
     scenario: String,
     #[command(flatten)]
     workload: crate::run_cmd::WorkloadArgs,
-    /// How many seeds to run.
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
-    seeds: u64,
+    /// How many seeds to run (default 1000, or as many as --for allows).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    seeds: Option<u64>,
+    /// Stop handing out seeds after this long (e.g. 60s, 5m, 1h); the seeds started finish.
+    #[arg(long = "for", value_name = "DURATION", value_parser = parse_duration)]
+    for_: Option<Duration>,
+    /// Run the scenario's own workload (or --requests/--concurrency) on every seed instead of a
+    /// small one drawn from the seed.
+    #[arg(long)]
+    full_workload: bool,
     /// First seed.
     #[arg(long, default_value_t = 0)]
     from: u64,
@@ -74,6 +89,27 @@ pub struct ExploreArgs {
     out: Option<PathBuf>,
 }
 
+/// A duration such as `90s`, `5m`, `1h` or `30` (seconds), at least a millisecond and at most
+/// a year.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let (number, unit) = match text.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
+        Some(i) => text.split_at(i),
+        None => (text, "s"),
+    };
+    let value: f64 = number.parse().map_err(|_| format!("`{text}` is not a duration like 90s, 5m or 1h"))?;
+    let seconds = match unit {
+        "ms" => value / 1e3,
+        "s" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => return Err(format!("`{text}`: the unit must be ms, s, m or h")),
+    };
+    if !(1e-3..=365.0 * 86_400.0).contains(&seconds) {
+        return Err(format!("`{text}` must be between 1ms and a year"));
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
 /// What tells two runs apart for the count of distinct behaviours: requests finished and
 /// failed, events processed, outcome.
 type Behaviour = (u64, u64, u64, &'static str);
@@ -82,6 +118,8 @@ type Behaviour = (u64, u64, u64, &'static str);
 pub struct Exploration {
     /// Seeds run.
     pub runs: u64,
+    /// Events the seeds ran, in all.
+    pub events: u64,
     /// Outcome names and how many seeds had each.
     pub outcomes: BTreeMap<&'static str, u64>,
     /// Distinct behaviours (outcome, requests finished and failed, events).
@@ -90,15 +128,37 @@ pub struct Exploration {
     pub failure: Option<(u64, Vec<Property>)>,
 }
 
-/// Runs seeds `from..from + seeds` of `base` on `jobs` threads, stopping early after a failure.
-/// The smallest failing seed is reported, whatever the thread timing: every seed below the
-/// highest one handed out is run to the end.
+/// How a search makes each seed's scenario, and when it stops handing out seeds.
+#[derive(Clone, Copy, Debug)]
+pub struct Search {
+    /// Swarm faults drawn from each seed.
+    pub swarm: bool,
+    /// A small workload drawn from each seed (else the base's own).
+    pub small: bool,
+    /// No seed is handed out after this instant.
+    pub deadline: Option<Instant>,
+}
+
+impl Search {
+    /// The scenario seed `seed` runs.
+    pub fn scenario(&self, base: &Scenario, seed: u64, ideal: Option<Ideal>) -> Scenario {
+        if self.small {
+            search_scenario_for_seed(base, seed, self.swarm, ideal)
+        } else {
+            scenario_for_seed(base, seed, self.swarm)
+        }
+    }
+}
+
+/// Runs seeds `from..from + seeds` of `base` on `jobs` threads, stopping early after a failure
+/// or at the search's deadline. The smallest failing seed is reported, whatever the thread
+/// timing: every seed below the highest one handed out is run to the end.
 pub fn explore(
     base: &Scenario,
     from: u64,
     seeds: u64,
     jobs: usize,
-    swarm: bool,
+    search: &Search,
     bar: &Mutex<Bar>,
 ) -> Exploration {
     // The caller checked that `from + seeds` does not overflow; saturating keeps this total.
@@ -106,6 +166,7 @@ pub fn explore(
     let next = AtomicU64::new(from);
     let stop = AtomicBool::new(false);
     let done = AtomicU64::new(0);
+    let events = AtomicU64::new(0);
     let found: Mutex<Vec<(u64, Vec<Property>)>> = Mutex::new(Vec::new());
     let seen: Mutex<std::collections::BTreeSet<Behaviour>> = Mutex::new(std::collections::BTreeSet::new());
     let outcomes: Mutex<BTreeMap<&'static str, u64>> = Mutex::new(BTreeMap::new());
@@ -114,7 +175,7 @@ pub fn explore(
     std::thread::scope(|scope| {
         for _ in 0..jobs {
             scope.spawn(|| loop {
-                if stop.load(Ordering::SeqCst) {
+                if stop.load(Ordering::SeqCst) || search.deadline.is_some_and(|d| Instant::now() >= d) {
                     break;
                 }
                 // Hand out the next seed only while one is left, so the counter never passes `end`
@@ -124,9 +185,10 @@ pub fn explore(
                 else {
                     break;
                 };
-                let scenario = scenario_for_seed(base, seed, swarm);
+                let scenario = search.scenario(base, seed, ideal);
                 let Ok(run) = pdkv_sim::run(&scenario, RunOptions::default()) else { break };
                 let r = &run.result;
+                events.fetch_add(r.events, Ordering::Relaxed);
                 let key = (r.requests.finished, r.requests.failed, r.events, r.outcome.name());
                 seen.lock().expect("no panics while held").insert(key);
                 *outcomes.lock().expect("no panics while held").entry(r.outcome.name()).or_default() += 1;
@@ -137,8 +199,22 @@ pub fn explore(
                 }
                 let n = done.fetch_add(1, Ordering::SeqCst) + 1;
                 if let Ok(mut bar) = bar.try_lock() {
-                    let rate = n as f64 / started.elapsed().as_secs_f64().max(1e-9);
-                    bar.update(n, seeds, format!("seeds, {rate:.1}/s"));
+                    let elapsed = started.elapsed();
+                    let rate = n as f64 / elapsed.as_secs_f64().max(1e-9);
+                    match search.deadline {
+                        // A time budget: the bar fills with time, and says how many seeds so far.
+                        Some(deadline) => {
+                            let budget =
+                                deadline.saturating_duration_since(started) + Duration::from_millis(1);
+                            let ms = |d: Duration| d.as_millis().min(u128::from(u64::MAX)) as u64;
+                            bar.update(
+                                ms(elapsed).min(ms(budget)),
+                                ms(budget),
+                                format!("ms, {n} seeds, {rate:.1}/s"),
+                            );
+                        }
+                        None => bar.update(n, seeds, format!("seeds, {rate:.1}/s")),
+                    }
                 }
             });
         }
@@ -147,6 +223,7 @@ pub fn explore(
     found.sort();
     Exploration {
         runs: done.into_inner(),
+        events: events.into_inner(),
         outcomes: outcomes.into_inner().expect("threads ended"),
         behaviours: seen.into_inner().expect("threads ended").len(),
         failure: found.into_iter().next(),
@@ -155,15 +232,20 @@ pub fn explore(
 
 pub fn run(args: &ExploreArgs) -> ExitCode {
     // Seeds are `from..from + seeds`; past u64::MAX there are no seeds to run, and exploring none
-    // must not look like a success.
-    if args.from.checked_add(args.seeds).is_none() {
+    // must not look like a success. A time budget without a count runs every seed left.
+    let seeds = match (args.seeds, args.for_) {
+        (Some(n), _) => n,
+        (None, Some(_)) => (u64::MAX - args.from).max(1),
+        (None, None) => 1000,
+    };
+    if args.from.checked_add(seeds).is_none() {
         eprintln!(
             "error: --from {} --seeds {}: the last seed would be past {} (the largest seed); \
              use --from {} at most",
             args.from,
-            args.seeds,
+            seeds,
             u64::MAX,
-            u64::MAX - args.seeds
+            u64::MAX - seeds
         );
         return ExitCode::from(2);
     }
@@ -181,7 +263,18 @@ pub fn run(args: &ExploreArgs) -> ExitCode {
         eprintln!("error: {message}");
         return ExitCode::from(2);
     }
-    if let Err(message) = pdkv_sim::run(&scenario_for_seed(&base, args.from, false), RunOptions::default()) {
+    // Explicit workload flags are a workload of the user's own: every seed runs it.
+    let small =
+        !args.full_workload && args.workload.concurrency.is_none() && args.workload.requests.is_none();
+    let swarm = args.faults == FaultMode::Swarm;
+    let ideal = ideal_jain(&base);
+    let search = Search { swarm, small, deadline: None };
+    // The first seed's own scenario shows whether the deployment can run at all (a small one
+    // when the search draws them, so this check costs little).
+    if let Err(message) = pdkv_sim::run(
+        &Search { swarm: false, ..search }.scenario(&base, args.from, ideal),
+        RunOptions::default(),
+    ) {
         eprintln!("error: {}: {message}", args.scenario);
         return ExitCode::from(2);
     }
@@ -189,22 +282,25 @@ pub fn run(args: &ExploreArgs) -> ExitCode {
         .jobs
         .map(|j| j as usize)
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let swarm = args.faults == FaultMode::Swarm;
     let bar = Mutex::new(Bar::new(format!("exploring {}", base.name), Duration::from_millis(500)));
     let started = Instant::now();
-    let found = explore(&base, args.from, args.seeds, jobs, swarm, &bar);
+    let search = Search { deadline: args.for_.map(|budget| started + budget), ..search };
+    let found = explore(&base, args.from, seeds, jobs, &search, &bar);
     bar.into_inner().expect("threads ended").finish();
     let seconds = started.elapsed().as_secs_f64();
     let histogram: Vec<String> = found.outcomes.iter().map(|(name, n)| format!("{name} {n}")).collect();
     let Some((seed, broken)) = found.failure else {
         println!(
-            "explored {} seeds of {} ({} faults) on {jobs} thread{} in {seconds:.1} s ({:.1} seeds/s): \
-             no property broken; outcomes: {}; {} distinct behaviours",
+            "explored {} seeds of {} ({} faults, {}) on {jobs} thread{} in {seconds:.1} s ({:.1} seeds/s, \
+             {} events, {:.2} M/s): no property broken; outcomes: {}; {} distinct behaviours",
             found.runs,
             base.name,
             if swarm { "swarm" } else { "scenario" },
+            if small { "a small workload per seed" } else { "the full workload" },
             if jobs == 1 { "" } else { "s" },
             found.runs as f64 / seconds.max(1e-9),
+            found.events,
+            found.events as f64 / seconds.max(1e-9) / 1e6,
             histogram.join(", "),
             found.behaviours
         );
@@ -212,7 +308,7 @@ pub fn run(args: &ExploreArgs) -> ExitCode {
     };
     let names: Vec<&str> = broken.iter().map(|p| p.name()).collect();
     println!("seed {seed} of {} breaks: {}", base.name, names.join(", "));
-    let failing = scenario_for_seed(&base, seed, swarm);
+    let failing = search.scenario(&base, seed, ideal);
     let small = shrink(&failing, broken[0], args.shrink_budget);
     let dir = args.out.clone().unwrap_or_else(|| PathBuf::from("target/pdkv/explore"));
     let shrunk = match pdkv_sim::explore::shrunk_file(&base, seed, broken[0], &small) {
@@ -238,4 +334,32 @@ pub fn run(args: &ExploreArgs) -> ExitCode {
     // The file carries the seed, so running it is the whole replay.
     println!("replay: pdkv run {}", file.display());
     ExitCode::from(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_or_say_what_is_wrong() {
+        let check = |text: &str, expected: Result<f64, &str>| {
+            let got = parse_duration(text).map(|d| d.as_secs_f64());
+            match (&got, expected) {
+                (Ok(s), Ok(want)) => assert!((s - want).abs() < 1e-9, "{text}: {s} != {want}"),
+                (Err(e), Err(want)) => assert!(e.contains(want), "{text}: {e:?} lacks {want:?}"),
+                _ => panic!("{text}: {got:?}, expected {expected:?}"),
+            }
+        };
+        check("60s", Ok(60.0));
+        check("60", Ok(60.0));
+        check("1.5m", Ok(90.0));
+        check("2h", Ok(7200.0));
+        check("250ms", Ok(0.25));
+        check("0s", Err("between 1ms and a year"));
+        check("400d", Err("the unit must be ms, s, m or h"));
+        check("9999999h", Err("between 1ms and a year"));
+        check("s", Err("is not a duration"));
+        check("1..2s", Err("is not a duration"));
+        check("", Err("is not a duration"));
+    }
 }

@@ -120,14 +120,17 @@ pub const BALANCE_SLACK: f64 = 0.2;
 
 /// [`broken_properties`] plus the balance check against `ideal` (from [`ideal_jain`]), made
 /// only when the run sent at least four rounds of requests (a partial round is uneven by
-/// design, more so with decode engines of different widths) and none of them failed (a failed
+/// design, more so with decode engines of different widths), all of them ended (a run cut off
+/// by its budget read for some requests only) and none of them failed (a failed
 /// request's reads are partial or never posted, so the read counts no longer show the routing:
 /// a listener slower than the handshake timeout leaves every GPU unread).
 pub fn broken_properties_of(result: &RunResult, ideal: Option<Ideal>) -> Vec<Property> {
     let mut broken = broken_properties(result);
     if let Some(ideal) = ideal {
-        let enough =
-            result.requests.sent >= 4 * ideal.requests_per_round.max(1) && result.requests.failed == 0;
+        // Every request sent must also have ended: a run its budget cut short has read for some
+        // requests only.
+        let q = &result.requests;
+        let enough = q.sent >= 4 * ideal.requests_per_round.max(1) && q.failed == 0 && q.unfinished == 0;
         if enough && result.nic.jain.is_some_and(|jain| jain < ideal.jain - BALANCE_SLACK) {
             broken.push(Property::Balanced);
         }
@@ -159,6 +162,73 @@ pub fn scenario_for_seed(base: &Scenario, seed: u64, swarm: bool) -> Scenario {
         storm_for_seed(&mut scenario, seed);
     }
     scenario
+}
+
+/// The scenario a search runs for `seed`: [`scenario_for_seed`] made small by
+/// [`small_seed`], so a search spends its time on many interleavings and faults rather than on
+/// request volume.
+pub fn search_scenario_for_seed(base: &Scenario, seed: u64, swarm: bool, ideal: Option<Ideal>) -> Scenario {
+    let mut scenario = scenario_for_seed(base, seed, swarm);
+    small_seed(&mut scenario, seed, ideal);
+    scenario
+}
+
+/// Most requests a search seed draws when it sizes its workload for the balance check.
+pub const SEARCH_MAX_REQUESTS: u32 = 512;
+
+/// Most events a search seed runs. A seed whose faults make the protocol retry in a loop (a
+/// handshake timeout of 5 ms against a listener that answers in 9 s re-dials for minutes of
+/// virtual time) is cut there: the run's budget rules then tell a run still progressing (its
+/// requests are cut off, no verdict) from one stuck for longer than any protocol wait (a hang).
+pub const SEARCH_MAX_EVENTS: u64 = 10_000;
+
+/// Makes `scenario` a small seed drawn from `seed` (the same seed always draws the same):
+///
+/// - **Workload**: mostly a few to a few dozen requests (2 to 48); a quarter of the seeds send
+///   the four rounds of the proxy the balance check needs (`ideal`'s `requests_per_round`, at
+///   most [`SEARCH_MAX_REQUESTS`]), so routing bugs stay in reach. Closed loops of 1 to 8
+///   clients or open loops from a trickle to a burst; prompts from a few tokens to a few
+///   thousand, outputs of 1 to 64 tokens.
+/// - **Depth**: seven seeds in eight run a shallower twin of the model, with 2, 3, 4 or 8 layers
+///   (MoE layers and parameters in the model's proportion), the eighth the model itself. Per-layer reads make a request's events grow
+///   with the depth, and a race between a release and the reads still in flight needs a few
+///   layers, not sixty.
+/// - **Budget**: at most [`SEARCH_MAX_EVENTS`] events.
+pub fn small_seed(scenario: &mut Scenario, seed: u64, ideal: Option<Ideal>) {
+    let mut streams = Streams::new(seed ^ 0x574f_524b_4c4f_4144);
+    let rounds = ideal.map(|i| 4 * i.requests_per_round.max(1)).unwrap_or(0);
+    let requests = if rounds > 24 && streams.chance(0.125) {
+        rounds.min(u64::from(SEARCH_MAX_REQUESTS)) as u32
+    } else {
+        2 + streams.below(23) as u32
+    };
+    scenario.workload.clients = if streams.chance(0.7) {
+        let concurrency = 1 + streams.below(u64::from(requests.min(8))) as u32;
+        Clients::Closed { concurrency, requests }
+    } else {
+        let rate_per_s = [2.0, 20.0, 500.0][streams.below(3) as usize];
+        Clients::Open { rate_per_s, requests }
+    };
+    let longest_prompt = [32, 512, 4096][streams.below(3) as usize];
+    let shortest_prompt = 1 + streams.below(longest_prompt) as u32;
+    scenario.workload.input_tokens = Length::Uniform { min: shortest_prompt, max: longest_prompt as u32 };
+    let longest_output = [1, 8, 32][streams.below(3) as usize];
+    scenario.workload.output_tokens = Length::Uniform { min: 1, max: longest_output };
+    let model = &mut scenario.model;
+    let depth = [2, 3, 4, 2, 3, 4, 8, model.layers][streams.below(8) as usize];
+    if depth < model.layers {
+        // Rounded to the nearest, so DeepSeek-R1's 58 MoE layers of 61 stay all but none.
+        let layers = u32::from(model.layers).max(1);
+        let moe = (u32::from(model.moe_layers) * u32::from(depth) + layers / 2) / layers;
+        // A shallower twin of the model: as wide, its parameters in proportion to its depth,
+        // so its weights and step times shrink with it.
+        let ratio = f64::from(depth) / f64::from(model.layers);
+        model.total_params_b *= ratio;
+        model.active_params_b *= ratio;
+        model.moe_layers = moe as u16;
+        model.layers = depth;
+    }
+    scenario.limits.max_events = scenario.limits.max_events.min(SEARCH_MAX_EVENTS);
 }
 
 /// Timing faults and degenerate limits for a swarm seed, on top of the message faults: each is
@@ -265,6 +335,13 @@ fn reductions(s: &Scenario) -> Vec<Scenario> {
         Length::Fixed(n) => Length::Fixed((n / 2).max(1)),
         Length::Uniform { min, max } => Length::Fixed(((min + max) / 4).max(1)),
     };
+    // A drawn length range may fail only near one end: try its shortest as well as halving.
+    let shortest = |l: Length| match l {
+        Length::Uniform { min, .. } => Length::Fixed(min),
+        fixed => fixed,
+    };
+    with(&|t| t.workload.input_tokens = shortest(t.workload.input_tokens));
+    with(&|t| t.workload.output_tokens = shortest(t.workload.output_tokens));
     with(&|t| t.workload.input_tokens = halve(t.workload.input_tokens));
     with(&|t| t.workload.output_tokens = halve(t.workload.output_tokens));
     for i in 0..s.faults.timeline.len() {
@@ -355,6 +432,53 @@ mod tests {
         let calm =
             (0..64).filter(|&s| swarm_for_seed(s) == Swarm { max_delay_ms: 200, ..Swarm::default() }).count();
         assert!(calm > 0 && calm < 64, "{calm} of 64 seeds calm");
+    }
+
+    #[test]
+    fn a_search_seed_is_small_varied_and_a_function_of_the_seed() {
+        let base = Scenario::from_notation("2P_DP8EP:1D_TP8");
+        let ideal = ideal_jain(&base);
+        let rounds = 4 * ideal.expect("routable").requests_per_round;
+        assert_eq!(
+            search_scenario_for_seed(&base, 5, true, ideal),
+            search_scenario_for_seed(&base, 5, true, ideal)
+        );
+        let seeds: Vec<Scenario> =
+            (0..400).map(|s| search_scenario_for_seed(&base, s, true, ideal)).collect();
+        let requests = |s: &Scenario| match s.workload.clients {
+            Clients::Closed { requests, .. } | Clients::Open { requests, .. } => u64::from(requests),
+        };
+        for s in &seeds {
+            let n = requests(s);
+            assert!((2..=24).contains(&n) || n == rounds.min(u64::from(SEARCH_MAX_REQUESTS)), "{n} requests");
+            assert!(s.limits.max_events <= SEARCH_MAX_EVENTS);
+            assert!(s.model.moe_layers <= s.model.layers && s.model.layers >= 2);
+            let Length::Uniform { max, .. } = s.workload.output_tokens else {
+                panic!("drawn outputs are uniform")
+            };
+            assert!(max <= 32);
+        }
+        // The draws vary: both loop kinds, shallow twins and the model itself, balance seeds.
+        let count = |f: &dyn Fn(&Scenario) -> bool| seeds.iter().filter(|s| f(s)).count();
+        let open = count(&|s| matches!(s.workload.clients, Clients::Open { .. }));
+        let own_depth = count(&|s| s.model.layers == base.model.layers);
+        let balance = count(&|s| requests(s) == rounds);
+        for (what, n) in
+            [("open loops", open), ("the model's own depth", own_depth), ("balance seeds", balance)]
+        {
+            assert!(n > 10 && n < 300, "{what}: {n} of 400");
+        }
+        // A shallow twin keeps the model's width and its MoE share, with parameters in
+        // proportion: DeepSeek-R1's 58 MoE layers of 61 at depth 4 are 4 of 4.
+        let twin = seeds.iter().find(|s| s.model.layers == 4).expect("some seed draws depth 4");
+        assert_eq!(twin.model.moe_layers, 4);
+        assert_eq!(twin.model.hidden_size, base.model.hidden_size);
+        let ratio = twin.model.total_params_b / base.model.total_params_b;
+        assert!((ratio - 4.0 / 61.0).abs() < 1e-12, "{ratio}");
+        // Every seed of the deployment can run (a twin's weights leave room for its KV).
+        for s in seeds.iter().take(40) {
+            crate::run(s, RunOptions::default()).expect("a search seed runs");
+        }
     }
 
     #[test]

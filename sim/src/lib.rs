@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod calibration;
+pub mod catch;
 pub mod cost;
 pub mod error;
 pub mod explore;

@@ -31,6 +31,7 @@ tasks:
            states/s, TCP data-plane throughput against a plain socket copy, control-plane
            release round trip (ZMTP notify listener on loopback)
   calibrate  the cost model: fitting table (docs/reference.md) and held-out validation table (docs/calibration.md)
+  catch      seeds to the first catch of each legacy option, full workload and search (docs/verification.md)
              (release build)
   gallery  rerun the commands of docs/gallery/gallery.txt (release build) and copy their
            pictures into docs/gallery, where the README shows them
@@ -93,6 +94,14 @@ fn main() -> ExitCode {
         }
         Some("calibrate") => {
             let args = ["run", "--release", "--quiet", "--package", "pdkv-sim", "--example", "calibrate"];
+            if cargo(&args, &[]) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Some("catch") => {
+            let args = ["run", "--release", "--quiet", "--package", "pdkv-sim", "--example", "catch"];
             if cargo(&args, &[]) {
                 ExitCode::SUCCESS
             } else {
