@@ -39,20 +39,27 @@ pub struct RunPictures {
 /// what there is to see), then NIC balance, NIC utilisation and latency CDFs. A chart the run
 /// has no data for (no reads, no NIC traffic, no finished request) is not drawn as empty axes:
 /// it is left out, with a sentence saying why.
+///
+/// Each picture is drawn on a thread of its own: they share only the result, so the report's
+/// pictures take as long as the slowest one. The files are listed in the order above whatever
+/// the threads' timing, and each picture's bytes do not depend on it.
 pub fn run_pictures(result: &pdkv_sim::RunResult, dir: &std::path::Path) -> Result<RunPictures, ReportError> {
+    type Draw<'a> = Box<dyn FnOnce() -> Result<Vec<std::path::PathBuf>, ReportError> + Send + 'a>;
     let mut pictures = RunPictures::default();
     let title = result.title();
+    let title = &title;
+    let mut draws: Vec<Draw> = Vec::new();
     for (i, hang) in result.hangs.iter().enumerate() {
-        pictures.files.extend(wait_for_graph(hang, i, &title, dir)?);
+        draws.push(Box::new(move || wait_for_graph(hang, i, title, dir)));
     }
     let nic = &result.nic;
     if nic.reads_per_prefill_gpu.iter().chain(&nic.bytes_per_prefill_gpu).any(|&n| n > 0) {
-        pictures.files.extend(nic_balance(result, dir)?);
+        draws.push(Box::new(|| nic_balance(result, dir)));
     } else {
         pictures.omitted.push("No NIC balance chart: no prefill GPU served a read.".into());
     }
     if nic.utilisation.iter().flatten().any(|&u| u > 0.0) {
-        pictures.files.extend(nic_utilisation(result, dir)?);
+        draws.push(Box::new(|| nic_utilisation(result, dir)));
     } else {
         pictures.omitted.push("No NIC utilisation chart: no NIC carried any traffic.".into());
     }
@@ -61,7 +68,18 @@ pub fn run_pictures(result: &pdkv_sim::RunResult, dir: &std::path::Path) -> Resu
             .omitted
             .push("No latency chart: no request finished, so there is no TTFT or TPOT to plot.".into());
     } else {
-        pictures.files.extend(latency_cdf(result, dir)?);
+        draws.push(Box::new(|| latency_cdf(result, dir)));
+    }
+    let drawn: Vec<_> = std::thread::scope(|scope| {
+        let threads: Vec<_> = draws.into_iter().map(|draw| scope.spawn(draw)).collect();
+        // A drawing thread that panicked passes its panic on, as drawing here would have.
+        threads
+            .into_iter()
+            .map(|t| t.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+            .collect()
+    });
+    for files in drawn {
+        pictures.files.extend(files?);
     }
     Ok(pictures)
 }
