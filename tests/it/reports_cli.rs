@@ -288,6 +288,53 @@ fn sweep_small(name: &str, specs: &[&str]) -> (PathBuf, String, serde_json::Valu
     (dir, text, json)
 }
 
+/// A sweep's points run on --jobs threads; the report (every file, and what is printed) is the
+/// same byte for byte on one thread or three.
+#[test]
+fn a_sweep_is_the_same_on_any_number_of_threads() {
+    let sweep = |jobs: &str| {
+        let dir = out_dir(&format!("sweep-jobs-{jobs}"));
+        let args = [
+            "sweep",
+            "1P_TP8:1D_TP8",
+            "notify-drift",
+            "notify-drift-fixed",
+            "--concurrency",
+            "2,4,8",
+            "--requests-per-client",
+            "2",
+            "--jobs",
+            jobs,
+            "--out",
+            dir.to_str().unwrap(),
+        ];
+        let out = pdkv(&args);
+        let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .map(|p| (p.file_name().unwrap().to_string_lossy().to_string(), std::fs::read(&p).unwrap()))
+            .collect();
+        files.sort();
+        std::fs::remove_dir_all(&dir).ok();
+        // The report line names the folder, which differs; everything else is compared.
+        let text: String =
+            String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.starts_with("report:")).collect();
+        (out.status.code(), text, files)
+    };
+    let one = sweep("1");
+    assert_eq!(one.0, Some(0), "{}", one.1);
+    assert!(one.2.len() >= 7, "sweep.json, index.html and three charts as PNG and SVG: {:?}", one.2.len());
+    for jobs in ["2", "3"] {
+        let other = sweep(jobs);
+        assert_eq!((other.0, &other.1), (one.0, &one.1), "--jobs {jobs}");
+        let names = |f: &[(String, Vec<u8>)]| f.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&other.2), names(&one.2), "--jobs {jobs}");
+        for ((name, a), (_, b)) in one.2.iter().zip(&other.2) {
+            assert!(a == b, "--jobs {jobs}: {name} differs");
+        }
+    }
+}
+
 #[test]
 fn sweep_compares_deployments_across_concurrency() {
     let (dir, text, json) = sweep_small("sweep", &["1P_TP8-1D_TP8", "2P_TP8-1D_DP8EP-h200"]);
