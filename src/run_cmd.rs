@@ -33,7 +33,7 @@ target/pdkv/2P_TP8-1D_DP8EP_C128-x1280-8K-1K_legacy-no-flexible-reads/): index.h
 summary, a wait-for graph for every hang, NIC balance, NIC utilisation and latency CDF pictures
 (PNG and SVG; left out, with a sentence, when the run has no data for them), result.json and
 trace.txt, the compact trace (one line per record, virtual time first), streamed to disk as
-the run goes; --chrome-trace adds trace.json (Chrome/Perfetto, about 1.5 times the size),
+the run goes; --chrome-trace adds trace.json (Chrome/Perfetto, about 1.4 times the size),
 --no-trace writes neither. Each trace file stops at 1 GiB with a trace_truncated record, and
 the summary says so.
 
