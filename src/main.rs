@@ -24,6 +24,7 @@ mod routes_cmd;
 mod run_cmd;
 mod scenarios_cmd;
 mod sweep_cmd;
+mod trace_files;
 
 const EXAMPLES: &str = "\
 Examples:

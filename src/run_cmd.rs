@@ -11,6 +11,7 @@ use pdkv_sim::{Run, RunIdentity, RunOptions, RunResult};
 
 use crate::progress::Bar;
 use crate::routes_cmd::legacy_parser;
+use crate::trace_files::{self, Traces, Which};
 use std::time::Duration;
 
 const EXAMPLES: &str = "\
@@ -32,7 +33,10 @@ target/pdkv/2P_TP8-1D_DP8EP_C128-x1280-8K-1K_legacy-no-flexible-reads/): index.h
 summary, a wait-for graph for every hang, NIC balance, NIC utilisation and latency CDF pictures
 (PNG and SVG; left out, with a sentence, when the run has no data for them; above 64 prefill GPUs
 the NIC pictures show a bar or row per node of hardware.gpus_per_node GPUs, with per-GPU pictures
-of the busiest and least busy nodes), result.json, trace.txt and trace.json (Chrome/Perfetto).
+of the busiest and least busy nodes), result.json and trace.txt, the compact trace (one line per
+record, virtual time first), streamed to disk as the run goes; --chrome-trace adds trace.json
+(Chrome/Perfetto, about 1.4 times the size), --no-trace writes neither. Each trace file stops at
+1 GiB with a trace_truncated record, and the summary says so.
 
 Exit codes: 0 the outcome is the scenario's expected one (clean when none is declared);
 1 it is not; 2 bad input (unreadable or invalid scenario, bad flags).";
@@ -58,6 +62,12 @@ pub struct RunArgs {
     /// Folder for result.json and the traces.
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
+    /// Write no trace file (trace.txt, trace.json).
+    #[arg(long)]
+    no_trace: bool,
+    /// Also write trace.json, the Chrome trace (Perfetto, chrome://tracing).
+    #[arg(long, conflicts_with = "no_trace")]
+    chrome_trace: bool,
 }
 
 /// Reads a scenario file or a built-in scenario, or builds one from a notation; errors are
@@ -161,61 +171,113 @@ pub fn run(args: &RunArgs) -> ExitCode {
         eprintln!("error: {message}");
         return ExitCode::from(2);
     }
-    let mut bar = Bar::new(format!("simulating {}", identity.label()), Duration::from_millis(700));
-    let mut progress = |p: pdkv_sim::Progress| {
-        bar.update(p.ended, p.total, format!("{:.0} s virtual", p.now_ns as f64 / 1e9));
-    };
-    let simulated = pdkv_sim::run_with_progress(&scenario, RunOptions { trace: true }, &mut progress);
-    bar.finish();
-    let mut run = match simulated {
-        Ok(run) => run,
-        Err(message) => {
-            eprintln!("error: {}: {message}", args.scenario);
-            return ExitCode::from(2);
-        }
-    };
-    run.result.label = identity.label();
     let out = args.out.clone().unwrap_or_else(|| PathBuf::from("target/pdkv").join(identity.slug()));
     let gpus_per_node = scenario.hardware.gpus_per_node;
-    let written = match write_files(&out, &run, gpus_per_node, &replay_command(args, &scenario)) {
-        Ok(files) => files,
-        Err(message) => {
-            eprintln!("error: {message}");
-            return ExitCode::from(2);
+    let which = Which { text: !args.no_trace, chrome: args.chrome_trace };
+    let command = replay_command(args, &scenario);
+    // The trace writer runs on a thread of its own while the simulation goes on, and finishes
+    // while the pictures are drawn.
+    std::thread::scope(|scope| {
+        let (sink, traces) = match which.text || which.chrome {
+            true => {
+                let (sink, traces) = trace_files::start(scope, &out, which);
+                (Some(sink), Some(traces))
+            }
+            false => (None, None),
+        };
+        let mut bar = Bar::new(format!("simulating {}", identity.label()), Duration::from_millis(700));
+        let mut progress = |p: pdkv_sim::Progress| {
+            bar.update(p.ended, p.total, format!("{:.0} s virtual", p.now_ns as f64 / 1e9));
+        };
+        let simulated = pdkv_sim::run_with_progress(&scenario, RunOptions { trace: sink }, &mut progress);
+        bar.finish();
+        let mut run = match simulated {
+            Ok(run) => run,
+            Err(message) => {
+                eprintln!("error: {}: {message}", args.scenario);
+                return ExitCode::from(2);
+            }
+        };
+        run.result.label = identity.label();
+        let (written, truncated) = match write_files(&out, &run, gpus_per_node, &command, traces, which) {
+            Ok(files) => files,
+            Err(message) => {
+                eprintln!("error: {message}");
+                return ExitCode::from(2);
+            }
+        };
+        if args.json {
+            println!("{}", run.result.to_json());
+        } else {
+            print!("{}", summary(&run.result, &written, &command));
         }
-    };
-    if args.json {
-        println!("{}", run.result.to_json());
-    } else {
-        print!("{}", summary(&run.result, &written, &replay_command(args, &scenario)));
-    }
-    if run.result.as_expected() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    }
+        if let Some(note) = truncated {
+            eprintln!("note: {note}");
+        }
+        if run.result.as_expected() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        }
+    })
 }
 
-/// Writes the result, the traces, the pictures and the index page; returns the page first.
+/// Writes the result, the pictures and the index page while the trace writer finishes; returns
+/// the files, page first, and a sentence when a trace file was cut at its size limit.
 /// `gpus_per_node` groups the NIC pictures of large deployments by node.
-fn write_files(out: &Path, run: &Run, gpus_per_node: u16, command: &str) -> Result<Vec<PathBuf>, String> {
+fn write_files(
+    out: &Path,
+    run: &Run,
+    gpus_per_node: u16,
+    command: &str,
+    traces: Option<Traces>,
+    which: Which,
+) -> Result<(Vec<PathBuf>, Option<String>), String> {
     std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
-    let pictures = pdkv_reports::run_pictures(&run.result, gpus_per_node, out).map_err(|e| e.to_string())?;
-    let calibration = pdkv_sim::calibration::current().summary();
-    let page = pdkv_reports::page::write_run_page(out, &run.result, &pictures, &calibration, command)
-        .map_err(|e| format!("cannot write {}: {e}", out.join("index.html").display()))?;
-    let files = [
-        ("result.json", run.result.to_json()),
-        ("trace.txt", pdkv_sim::trace::to_text(&run.trace)),
-        ("trace.json", pdkv_sim::trace::to_chrome(&run.trace)),
-    ];
-    let mut written = vec![page];
-    for (name, text) in files {
+    // A trace file this run does not write is removed, so the folder holds this run's files
+    // only and the page links to nothing stale.
+    for (wanted, name) in [(which.text, "trace.txt"), (which.chrome, "trace.json")] {
         let path = out.join(name);
-        std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-        written.push(path);
+        if !wanted && path.exists() {
+            std::fs::remove_file(&path).map_err(|e| format!("cannot remove {}: {e}", path.display()))?;
+        }
     }
-    Ok(written)
+    let result_json = out.join("result.json");
+    let (pictures, json, traces) = std::thread::scope(|scope| {
+        let json = scope.spawn(|| {
+            std::fs::write(&result_json, run.result.to_json())
+                .map_err(|e| format!("cannot write {}: {e}", result_json.display()))
+        });
+        let pictures = pdkv_reports::run_pictures(&run.result, gpus_per_node, out).map_err(|e| e.to_string());
+        let traces = traces.map(Traces::finish).transpose();
+        let json = json.join().unwrap_or_else(|_| Err("writing result.json panicked".into()));
+        (pictures, json, traces)
+    });
+    let (pictures, traces) = (pictures?, traces?.unwrap_or_default());
+    json?;
+    let calibration = pdkv_sim::calibration::current().summary();
+    let mut listed = vec![("result.json", "the versioned result")];
+    for file in &traces.files {
+        listed.push(match file.extension().is_some_and(|e| e == "json") {
+            true => ("trace.json", "Chrome trace: open in Perfetto or chrome://tracing"),
+            false => ("trace.txt", "compact trace, virtual time first"),
+        });
+    }
+    let mut notes = Vec::new();
+    notes.extend(traces.truncated.clone());
+    let page = pdkv_reports::page::write_run_page(
+        out,
+        &run.result,
+        &pictures,
+        &calibration,
+        command,
+        &listed,
+        &notes,
+    )
+    .map_err(|e| format!("cannot write {}: {e}", out.join("index.html").display()))?;
+    let mut written = vec![page, result_json];
+    written.extend(traces.files);
+    Ok((written, traces.truncated))
 }
 
 /// The command that reruns this exact run.

@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use clap::Args;
@@ -10,7 +12,7 @@ use pdkv_reports::page::Provenance;
 use pdkv_reports::{ErrorBand, SweepPoint};
 use pdkv_sim::calibration::Calibration;
 use pdkv_sim::scenario::{Clients, Hardware, ModelProfile, Scenario};
-use pdkv_sim::{RunIdentity, RunOptions};
+use pdkv_sim::{RunIdentity, RunOptions, RunResult};
 
 use crate::progress::Bar;
 
@@ -20,7 +22,8 @@ Examples:
   pdkv sweep 1P_TP8:1D_TP8 2P_TP8:1D_DP8EP --concurrency 8,16 --requests-per-client 2 --out /tmp/s
 
 Each point runs the scenario (or the default profile for a notation) with a closed loop of C
-clients and C x requests-per-client requests. Writes index.html, sweep.json and the charts
+clients and C x requests-per-client requests; points run on --jobs threads (default: every
+core), and the report is the same for any number. Writes index.html, sweep.json and the charts
 (throughput, mean TTFT and mean TPOT against concurrency, one line per scenario or notation,
 so a bug and its fix on one deployment are two lines) to --out (default
 target/pdkv/sweep_<lines>_<concurrencies>/, so different sweeps keep their own reports).
@@ -50,6 +53,9 @@ pub struct SweepArgs {
     /// Folder of the sweep report.
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
+    /// Threads running points (default: the machine's cores); the report is the same for any.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
+    jobs: Option<u32>,
 }
 
 /// The sweep's own folder: its lines, its concurrency levels and, when not the usual ten, its
@@ -109,33 +115,39 @@ pub fn run(args: &SweepArgs) -> ExitCode {
             grid.push((s, label, c));
         }
     }
-    let total = grid.len() as u64;
-    let mut bar = Bar::new("sweep", Duration::ZERO);
+    let jobs = args
+        .jobs
+        .map(|j| j as usize)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let bar = Mutex::new(Bar::new("sweep", Duration::ZERO));
+    let results = run_points(&grid, jobs, &bar);
+    bar.into_inner().expect("threads ended").finish();
     let mut points = Vec::new();
     let mut all_expected = true;
-    for (s, label, c) in grid {
-        bar.update(points.len() as u64, total, format!("{label} at C = {c}"));
-        let result = match pdkv_sim::run(&s, RunOptions::default()) {
-            Ok(run) => run.result,
-            Err(message) => {
+    // In grid order, whatever order the threads finished in: the first point that could not run
+    // is the one reported, and the report is the same for any number of threads.
+    for ((s, label, c), result) in grid.iter().zip(results) {
+        let result = match result {
+            Some(Ok(result)) => result,
+            Some(Err(message)) => {
                 eprintln!("error: {}: {message}", s.name);
                 return ExitCode::from(2);
             }
+            None => unreachable!("a point is left unrun only after an earlier one failed"),
         };
         // The sweep replaces the workload, so only the outcome is compared: a scenario's
         // NIC-balance bounds belong to its own request count.
         all_expected &= result.outcome == result.expected;
         points.push(SweepPoint {
-            run: label.clone(),
+            run: (*label).clone(),
             deployment: s.deployment.clone(),
-            concurrency: c,
+            concurrency: *c,
             total_tok_s: result.throughput.total_tok_s,
             ttft_mean_ms: result.latency_ms.ttft.map(|t| t.mean),
             tpot_mean_ms: result.latency_ms.tpot.map(|t| t.mean),
             outcome: result.outcome.name().to_string(),
         });
     }
-    bar.finish();
     let out = args.out.clone().unwrap_or_else(|| default_folder(&scenarios, args));
     let calibration = pdkv_sim::calibration::current();
     let provenance = Provenance {
@@ -178,6 +190,43 @@ pub fn run(args: &SweepArgs) -> ExitCode {
     } else {
         ExitCode::from(1)
     }
+}
+
+/// One result per grid point, in grid order, run on `jobs` threads (each run single-threaded
+/// and deterministic, so a point's result does not depend on the thread that ran it). Points
+/// are handed out in order; after a point fails to run, no further point starts, and the
+/// points not run are `None` (all after the failure's index, so the first failure in grid order
+/// is always among the results).
+fn run_points(
+    grid: &[(Scenario, &String, u32)],
+    jobs: usize,
+    bar: &Mutex<Bar>,
+) -> Vec<Option<Result<RunResult, String>>> {
+    let next = AtomicUsize::new(0);
+    let done = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let results: Mutex<Vec<Option<Result<RunResult, String>>>> = Mutex::new(vec![None; grid.len()]);
+    let total = grid.len() as u64;
+    std::thread::scope(|scope| {
+        for _ in 0..jobs.min(grid.len()) {
+            scope.spawn(|| {
+                while !failed.load(Ordering::SeqCst) {
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    let Some((s, label, c)) = grid.get(i) else { break };
+                    if let Ok(mut bar) = bar.lock() {
+                        let n = done.load(Ordering::SeqCst) as u64;
+                        bar.update(n, total, format!("{label} at C = {c}"));
+                    }
+                    let result = pdkv_sim::run(s, RunOptions::default()).map(|run| run.result);
+                    let result = result.map_err(|e| e.to_string());
+                    failed.fetch_or(result.is_err(), Ordering::SeqCst);
+                    results.lock().expect("no panics while held")[i] = Some(result);
+                    done.fetch_add(1, Ordering::SeqCst);
+                }
+            });
+        }
+    });
+    results.into_inner().expect("threads ended")
 }
 
 /// Where a line's hardware and model come from, in words: the profiles it names, or the

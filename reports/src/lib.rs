@@ -46,15 +46,24 @@ pub struct RunPictures {
 /// it is left out, with a sentence saying why. With more than [`MAX_BARS`] prefill GPUs the NIC
 /// pictures show one bar or row per node of `gpus_per_node` GPUs, with per-GPU drill-downs of
 /// the nodes that stand out ([`nic_by_node`]).
+///
+/// Each picture is drawn on a thread of its own: they share only the result, so the report's
+/// pictures take as long as the slowest one. The files are listed in the order above whatever
+/// the threads' timing, and each picture's bytes do not depend on it.
 pub fn run_pictures(
     result: &pdkv_sim::RunResult,
     gpus_per_node: u16,
     dir: &std::path::Path,
 ) -> Result<RunPictures, ReportError> {
+    type Draw<'a> = Box<dyn FnOnce() -> Result<Vec<std::path::PathBuf>, ReportError> + Send + 'a>;
     let mut pictures = RunPictures::default();
     let title = result.title();
+    let title = &title;
+    // The by-node pictures' aggregation sentence and drill-downs, handed back by their thread.
+    let by_node_notes = std::sync::Mutex::new(None);
+    let mut draws: Vec<Draw> = Vec::new();
     for (i, hang) in result.hangs.iter().enumerate() {
-        pictures.files.extend(wait_for_graph(hang, i, &title, dir)?);
+        draws.push(Box::new(move || wait_for_graph(hang, i, title, dir)));
     }
     let nic = &result.nic;
     let balance = nic.reads_per_prefill_gpu.iter().chain(&nic.bytes_per_prefill_gpu).any(|&n| n > 0);
@@ -66,16 +75,18 @@ pub fn run_pictures(
         .max(nic.bytes_per_prefill_gpu.len())
         .max(nic.utilisation.len());
     if gpus > MAX_BARS && (balance || utilisation) {
-        let by_node = nic_by_node(result, gpus_per_node, dir, balance, utilisation)?;
-        pictures.files.extend(by_node.files);
-        pictures.aggregation = Some(by_node.aggregation);
-        pictures.drill_downs = by_node.drill_downs;
+        let notes = &by_node_notes;
+        draws.push(Box::new(move || {
+            let by_node = nic_by_node(result, gpus_per_node, dir, balance, utilisation)?;
+            *notes.lock().expect("no panics while held") = Some((by_node.aggregation, by_node.drill_downs));
+            Ok(by_node.files)
+        }));
     } else {
         if balance {
-            pictures.files.extend(nic_balance(result, dir)?);
+            draws.push(Box::new(|| nic_balance(result, dir)));
         }
         if utilisation {
-            pictures.files.extend(nic_utilisation(result, dir)?);
+            draws.push(Box::new(|| nic_utilisation(result, dir)));
         }
     }
     if !balance {
@@ -89,7 +100,22 @@ pub fn run_pictures(
             .omitted
             .push("No latency chart: no request finished, so there is no TTFT or TPOT to plot.".into());
     } else {
-        pictures.files.extend(latency_cdf(result, dir)?);
+        draws.push(Box::new(|| latency_cdf(result, dir)));
+    }
+    let drawn: Vec<_> = std::thread::scope(|scope| {
+        let threads: Vec<_> = draws.into_iter().map(|draw| scope.spawn(draw)).collect();
+        // A drawing thread that panicked passes its panic on, as drawing here would have.
+        threads
+            .into_iter()
+            .map(|t| t.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+            .collect()
+    });
+    for files in drawn {
+        pictures.files.extend(files?);
+    }
+    if let Some((aggregation, drill_downs)) = by_node_notes.into_inner().expect("threads ended") {
+        pictures.aggregation = Some(aggregation);
+        pictures.drill_downs = drill_downs;
     }
     Ok(pictures)
 }

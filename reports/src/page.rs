@@ -100,7 +100,8 @@ fn row(out: &mut String, key: &str, value: &str) {
 /// Writes `dir/index.html` for one run: summary table (with the profiles and `calibration`, the
 /// one-line summary of the calibration that produced the figures); each hang with its wait-for graph (first,
 /// since a hung run has little else to show) and its edges; violations; the other pictures, and
-/// a sentence for each left out for want of data; the scenario text and the command that
+/// a sentence for each left out for want of data; the run's `files` (name, what it is) and
+/// `notes` about them (a trace cut at its size limit); the scenario text and the command that
 /// reproduces the run.
 pub fn write_run_page(
     dir: &Path,
@@ -108,6 +109,8 @@ pub fn write_run_page(
     pictures_of_run: &RunPictures,
     calibration: &str,
     command: &str,
+    files: &[(&str, &str)],
+    notes: &[String],
 ) -> std::io::Result<PathBuf> {
     let images = &pictures_of_run.files;
     let is_hang = |p: &PathBuf| name(p).starts_with("wait_for_");
@@ -222,11 +225,15 @@ pub fn write_run_page(
     if let Some(aggregation) = &pictures_of_run.aggregation {
         html.push_str(&drill_downs(aggregation, &pictures_of_run.drill_downs));
     }
-    html.push_str(
-        "<h2>Files</h2>\n<ul>\n<li><a href=\"result.json\">result.json</a> (the versioned result)</li>\n",
-    );
-    html.push_str("<li><a href=\"trace.txt\">trace.txt</a> (compact trace, virtual time first)</li>\n");
-    html.push_str("<li><a href=\"trace.json\">trace.json</a> (Chrome trace: open in Perfetto or chrome://tracing)</li>\n</ul>\n");
+    html.push_str("<h2>Files</h2>\n<ul>\n");
+    for (file, what) in files {
+        let (file, what) = (escape(file), escape(what));
+        let _ = writeln!(html, "<li><a href=\"{file}\">{file}</a> ({what})</li>");
+    }
+    html.push_str("</ul>\n");
+    for note in notes {
+        let _ = writeln!(html, "<p>{}</p>", escape(note));
+    }
     let _ = writeln!(html, "<h2>Reproduce</h2>\n<pre>{}</pre>", escape(command));
     let _ = writeln!(html, "<h2>Scenario</h2>\n<pre>{}</pre>", escape(&r.scenario_ron));
     html.push_str("</body>\n</html>\n");

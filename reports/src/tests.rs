@@ -542,9 +542,21 @@ fn run_pictures_lead_with_hangs_and_leave_out_charts_without_data() {
         &pictures,
         "calibration c1: fitting worst 16.4 %",
         "pdkv run x",
+        &[("result.json", "the versioned result"), ("trace.txt", "compact trace")],
+        &["trace.txt stops at 1024 MiB".to_string()],
     )
     .expect("written");
     let html = fs::read_to_string(page).expect("read");
+    // The files listed are the ones given, with their notes; no other trace is linked.
+    assert!(
+        html.contains(concat!(
+            "<ul>\n<li><a href=\"result.json\">result.json</a> (the versioned result)</li>\n",
+            "<li><a href=\"trace.txt\">trace.txt</a> (compact trace)</li>\n</ul>\n",
+            "<p>trace.txt stops at 1024 MiB</p>\n"
+        )),
+        "{html}"
+    );
+    assert!(!html.contains("trace.json"), "{html}");
     let first = html.find("<img").map(|at| &html[at..]).unwrap_or_default();
     assert!(first.starts_with("<img src=\"wait_for_0.png\""), "{html}");
     let heading = html.find("<h2 class=\"bad\">Hang 1").expect("a heading for the hang");
@@ -569,8 +581,8 @@ fn run_pictures_lead_with_hangs_and_leave_out_charts_without_data() {
         "{html}"
     );
     hung.profiles.gpu = Some("h200-sxm".into());
-    let page =
-        crate::page::write_run_page(&dir, &hung, &pictures, "calibration c1", "pdkv run x").expect("written");
+    let page = crate::page::write_run_page(&dir, &hung, &pictures, "calibration c1", "pdkv run x", &[], &[])
+        .expect("written");
     let html = fs::read_to_string(page).expect("read");
     assert!(
         html.contains("<tr><th>profiles</th><td>gpu h200-sxm (profiles/*.ron)</td></tr>\n<tr><th>calibration</th><td>calibration c1</td></tr>"),
@@ -644,8 +656,8 @@ fn a_thousand_gpu_run_aggregates_nic_pictures_by_node_with_drill_downs() {
         assert_eq!(bars(&svg), 2 * 8, "{}: a bar per GPU of the node", drill.node);
     }
     // The page says how the pictures aggregate and links every drill-down file, which exists.
-    let page =
-        crate::page::write_run_page(&dir, &r, &pictures, "calibration c1", "pdkv run x").expect("written");
+    let page = crate::page::write_run_page(&dir, &r, &pictures, "calibration c1", "pdkv run x", &[], &[])
+        .expect("written");
     let html = fs::read_to_string(page).expect("read");
     assert!(html.contains("<h2>NIC pictures by node: drill-down</h2>"), "{html}");
     assert!(html.contains("show one bar or row per node (64 nodes of up to 8 GPUs"), "{html}");

@@ -1,4 +1,14 @@
-//! The run's trace: compact records in virtual time, written as text and as a Chrome trace.
+//! The run's trace: compact records in virtual time, handed to a sink the caller supplies as
+//! they are produced, and written as text or as a Chrome trace one record at a time.
+//!
+//! The simulator keeps no trace itself: a run with a sink formats each record and passes it on
+//! (the command line streams it to disk), a run without one formats nothing. So a long run's
+//! trace costs no memory here, and the sink decides what to keep.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::io::{self, Write};
+use std::rc::Rc;
 
 use serde::Serialize;
 
@@ -12,32 +22,93 @@ pub struct TraceRecord {
     /// Category: `proxy`, `prefill`, `decode`, `nic`, `handshake`, `release`, `fault`, `check`.
     pub cat: &'static str,
     /// What happened, e.g. `step`, `read`, `dial`, `free`.
-    pub name: String,
+    pub name: &'static str,
     /// The rank or component it happened on, e.g. `P0.dp0.tp3`, `D0.dp1`, `proxy`.
     pub track: String,
     /// Details, `key=value` separated by spaces.
     pub detail: String,
 }
 
-/// The compact text trace: one line per record, virtual time first.
-pub fn to_text(records: &[TraceRecord]) -> String {
-    let mut out = String::with_capacity(records.len() * 80);
-    out.push_str("# virtual time   category   track           event            detail\n");
-    for r in records {
-        let time = format!("{}.{:09}s", r.t_ns / 1_000_000_000, r.t_ns % 1_000_000_000);
-        let duration = r.dur_ns.map(|d| format!(" ({:.3} ms)", d as f64 / 1e6)).unwrap_or_default();
-        out.push_str(&format!(
-            "{time:>16}  {:<9}  {:<14}  {:<15}  {}{duration}\n",
-            r.cat, r.track, r.name, r.detail
-        ));
+/// Where a run's trace records go, in the order they are produced (virtual time order). A run
+/// calls it and nothing else; what happens to a record (a file, a channel, memory) is the
+/// caller's, so the run stays a pure function of (scenario, seed).
+pub trait TraceSink {
+    /// Takes the next record.
+    fn handle_record(&mut self, record: TraceRecord);
+}
+
+/// A sink that keeps every record in memory, for tests and small runs: a clone shares the
+/// records, so the caller keeps one and hands the run the other.
+#[derive(Clone, Debug, Default)]
+pub struct TraceMemory(Rc<RefCell<Vec<TraceRecord>>>);
+
+impl TraceMemory {
+    /// The records so far.
+    pub fn records(&self) -> Vec<TraceRecord> {
+        self.0.borrow().clone()
     }
-    out
+}
+
+impl TraceSink for TraceMemory {
+    fn handle_record(&mut self, record: TraceRecord) {
+        self.0.borrow_mut().push(record);
+    }
+}
+
+/// The text trace's first line.
+pub const TEXT_HEADER: &str = "# virtual time   category   track           event            detail\n";
+
+/// Writes the compact text trace, one line per record, virtual time first.
+pub struct TextTrace<W: Write> {
+    out: W,
+}
+
+impl<W: Write> TextTrace<W> {
+    /// Starts the trace: writes the header line.
+    pub fn new(mut out: W) -> io::Result<Self> {
+        out.write_all(TEXT_HEADER.as_bytes())?;
+        Ok(TextTrace { out })
+    }
+
+    /// Writes one record's line. Written piece by piece, with no string per record: a long
+    /// run's trace has millions of lines.
+    pub fn handle_record(&mut self, r: &TraceRecord) -> io::Result<()> {
+        let (seconds, nanos) = (r.t_ns / 1_000_000_000, r.t_ns % 1_000_000_000);
+        // The time `S.NNNNNNNNNs`, right-aligned in 16 columns as `{:>16}` would.
+        let width = digits(seconds) + 11;
+        write!(self.out, "{:pad$}{seconds}.{nanos:09}s", "", pad = 16usize.saturating_sub(width))?;
+        write!(self.out, "  {:<9}  {:<14}  {:<15}  {}", r.cat, r.track, r.name, r.detail)?;
+        if let Some(d) = r.dur_ns {
+            write!(self.out, " ({:.3} ms)", d as f64 / 1e6)?;
+        }
+        self.out.write_all(b"\n")
+    }
+
+    /// The writer (to count what went out, say).
+    pub fn writer(&self) -> &W {
+        &self.out
+    }
+
+    /// Flushes the trace and returns the writer.
+    pub fn finish(mut self) -> io::Result<W> {
+        self.out.flush()?;
+        Ok(self.out)
+    }
+}
+
+/// Decimal digits of `n`.
+fn digits(mut n: u64) -> usize {
+    let mut count = 1;
+    while n >= 10 {
+        n /= 10;
+        count += 1;
+    }
+    count
 }
 
 /// One Chrome trace event. Fields are in alphabetical order, the order `serde_json` gave the
-/// map this replaced, so the file is byte-for-byte what it was; typed events serialise straight
-/// into the output instead of building a JSON tree per record (which took about a kilobyte per
-/// record, a gigabyte for a long trace).
+/// map of the first writer, so tools that matched its bytes still match; typed events serialise
+/// straight into the output instead of building a JSON tree per record.
 #[derive(Serialize)]
 struct ChromeEvent<'a> {
     args: ChromeArgs<'a>,
@@ -63,64 +134,117 @@ enum ChromeArgs<'a> {
     Detail { detail: &'a str },
 }
 
-/// The whole file, keys again in alphabetical order.
-#[derive(Serialize)]
-struct ChromeTrace<'a> {
-    #[serde(rename = "displayTimeUnit")]
-    display_time_unit: &'a str,
-    #[serde(rename = "traceEvents")]
-    trace_events: Vec<ChromeEvent<'a>>,
+/// Writes the Chrome trace-event JSON (loadable in Perfetto or `chrome://tracing`) one record at
+/// a time: spans as complete events, instants as instant events, one process per category and
+/// one thread per track, numbered in order of first appearance. A process's or thread's
+/// metadata event comes just before its first record (the format allows metadata anywhere), so
+/// nothing needs the whole trace first.
+pub struct ChromeTrace<W: Write> {
+    out: W,
+    /// Each category's process id and its tracks' thread ids.
+    ids: BTreeMap<&'static str, (usize, BTreeMap<String, usize>)>,
+    threads: usize,
+    first: bool,
 }
 
-/// The Chrome trace-event JSON (loadable in Perfetto or `chrome://tracing`): spans as complete
-/// events, instants as instant events, one process per category and one thread per track.
-pub fn to_chrome<'a>(records: &'a [TraceRecord]) -> String {
-    use std::collections::BTreeMap;
-    let mut pids: BTreeMap<&str, usize> = BTreeMap::new();
-    let mut tids: BTreeMap<(&str, &str), usize> = BTreeMap::new();
-    for r in records {
-        let next = pids.len() + 1;
-        pids.entry(r.cat).or_insert(next);
-        let next = tids.len() + 1;
-        tids.entry((r.cat, r.track.as_str())).or_insert(next);
+impl<W: Write> ChromeTrace<W> {
+    /// Starts the trace: writes the file's opening.
+    pub fn new(mut out: W) -> io::Result<Self> {
+        out.write_all(br#"{"displayTimeUnit":"ms","traceEvents":["#)?;
+        Ok(ChromeTrace { out, ids: BTreeMap::new(), threads: 0, first: true })
     }
-    // Metadata events name each process (category) and thread (track).
-    let meta = |name: &'static str, pid: usize, tid: usize, label: &'a str| ChromeEvent {
-        args: ChromeArgs::Name { name: label },
-        cat: None,
-        dur: None,
-        name,
-        ph: "M",
-        pid,
-        s: None,
-        tid,
-        ts: None,
-    };
-    let mut events = Vec::with_capacity(records.len() + pids.len() + tids.len());
-    for (cat, pid) in &pids {
-        events.push(meta("process_name", *pid, 0, cat));
+
+    fn event(&mut self, event: &ChromeEvent) -> io::Result<()> {
+        if !self.first {
+            self.out.write_all(b",")?;
+        }
+        self.first = false;
+        serde_json::to_writer(&mut self.out, event).map_err(io::Error::from)
     }
-    for ((cat, track), tid) in &tids {
-        events.push(meta("thread_name", pids[cat], *tid, track));
+
+    fn meta(&mut self, name: &str, pid: usize, tid: usize, label: &str) -> io::Result<()> {
+        let event = ChromeEvent {
+            args: ChromeArgs::Name { name: label },
+            cat: None,
+            dur: None,
+            name,
+            ph: "M",
+            pid,
+            s: None,
+            tid,
+            ts: None,
+        };
+        self.event(&event)
     }
-    for r in records {
+
+    /// Writes one record, after the metadata of its category and track if they are new.
+    pub fn handle_record(&mut self, r: &TraceRecord) -> io::Result<()> {
+        let pid = match self.ids.get(r.cat) {
+            Some(&(pid, _)) => pid,
+            None => {
+                let pid = self.ids.len() + 1;
+                self.ids.insert(r.cat, (pid, BTreeMap::new()));
+                self.meta("process_name", pid, 0, r.cat)?;
+                pid
+            }
+        };
+        let tid = match self.ids[r.cat].1.get(r.track.as_str()) {
+            Some(&tid) => tid,
+            None => {
+                self.threads += 1;
+                let tid = self.threads;
+                if let Some((_, tracks)) = self.ids.get_mut(r.cat) {
+                    tracks.insert(r.track.clone(), tid);
+                }
+                self.meta("thread_name", pid, tid, &r.track)?;
+                tid
+            }
+        };
         // Chrome traces count microseconds; keep nanosecond precision as a fraction.
         let span = r.dur_ns.is_some();
-        events.push(ChromeEvent {
+        let event = ChromeEvent {
             args: ChromeArgs::Detail { detail: &r.detail },
             cat: Some(r.cat),
             dur: r.dur_ns.map(|d| d as f64 / 1e3),
-            name: &r.name,
+            name: r.name,
             ph: if span { "X" } else { "i" },
-            pid: pids[r.cat],
+            pid,
             s: (!span).then_some("t"),
-            tid: tids[&(r.cat, r.track.as_str())],
+            tid,
             ts: Some(r.t_ns as f64 / 1e3),
-        });
+        };
+        self.event(&event)
     }
-    let trace = ChromeTrace { display_time_unit: "ms", trace_events: events };
-    // Serialising borrowed strings and numbers into a String cannot fail.
-    serde_json::to_string(&trace).expect("a trace serialises")
+
+    /// The writer (to count what went out, say).
+    pub fn writer(&self) -> &W {
+        &self.out
+    }
+
+    /// Closes the JSON, flushes and returns the writer.
+    pub fn finish(mut self) -> io::Result<W> {
+        self.out.write_all(b"]}")?;
+        self.out.flush()?;
+        Ok(self.out)
+    }
+}
+
+/// The whole text trace of `records`.
+pub fn to_text(records: &[TraceRecord]) -> String {
+    let mut trace = TextTrace::new(Vec::with_capacity(records.len() * 80)).expect("writing to memory");
+    for r in records {
+        trace.handle_record(r).expect("writing to memory");
+    }
+    String::from_utf8(trace.finish().expect("writing to memory")).expect("the trace is UTF-8")
+}
+
+/// The whole Chrome trace of `records`.
+pub fn to_chrome(records: &[TraceRecord]) -> String {
+    let mut trace = ChromeTrace::new(Vec::with_capacity(records.len() * 150)).expect("writing to memory");
+    for r in records {
+        trace.handle_record(r).expect("writing to memory");
+    }
+    String::from_utf8(trace.finish().expect("writing to memory")).expect("the trace is UTF-8")
 }
 
 #[cfg(test)]
@@ -133,7 +257,7 @@ mod tests {
                 t_ns: 1_500_000_000,
                 dur_ns: Some(2_000_000),
                 cat: "decode",
-                name: "step".into(),
+                name: "step",
                 track: "D0.u0".into(),
                 detail: "batch=4".into(),
             },
@@ -141,15 +265,23 @@ mod tests {
                 t_ns: 1_600_000_000,
                 dur_ns: None,
                 cat: "check",
-                name: "hang".into(),
+                name: "hang",
                 track: "x".into(),
                 detail: String::new(),
+            },
+            TraceRecord {
+                t_ns: 12_345_678_901_234,
+                dur_ns: Some(1),
+                cat: "decode",
+                name: "step",
+                track: "D0.u0".into(),
+                detail: "batch=1".into(),
             },
         ]
     }
 
-    /// The Chrome file is exactly what the JSON-tree writer it replaced produced (keys in
-    /// alphabetical order, metadata events first), so existing traces and tools still match.
+    /// The Chrome file, byte for byte: keys in alphabetical order, each process's and thread's
+    /// metadata just before its first event, ids in order of first appearance.
     #[test]
     fn chrome_trace_is_byte_stable() {
         let check = |records: &[TraceRecord], expected: &str| assert_eq!(to_chrome(records), expected);
@@ -158,26 +290,50 @@ mod tests {
             &records(),
             concat!(
                 r#"{"displayTimeUnit":"ms","traceEvents":["#,
-                r#"{"args":{"name":"check"},"name":"process_name","ph":"M","pid":2,"tid":0},"#,
                 r#"{"args":{"name":"decode"},"name":"process_name","ph":"M","pid":1,"tid":0},"#,
-                r#"{"args":{"name":"x"},"name":"thread_name","ph":"M","pid":2,"tid":2},"#,
                 r#"{"args":{"name":"D0.u0"},"name":"thread_name","ph":"M","pid":1,"tid":1},"#,
                 r#"{"args":{"detail":"batch=4"},"cat":"decode","dur":2000.0,"name":"step","ph":"X","pid":1,"tid":1,"ts":1500000.0},"#,
-                r#"{"args":{"detail":""},"cat":"check","name":"hang","ph":"i","pid":2,"s":"t","tid":2,"ts":1600000.0}"#,
+                r#"{"args":{"name":"check"},"name":"process_name","ph":"M","pid":2,"tid":0},"#,
+                r#"{"args":{"name":"x"},"name":"thread_name","ph":"M","pid":2,"tid":2},"#,
+                r#"{"args":{"detail":""},"cat":"check","name":"hang","ph":"i","pid":2,"s":"t","tid":2,"ts":1600000.0},"#,
+                r#"{"args":{"detail":"batch=1"},"cat":"decode","dur":0.001,"name":"step","ph":"X","pid":1,"tid":1,"ts":12345678901.234}"#,
                 "]}"
             ),
         );
     }
 
+    /// The text trace, byte for byte: the time right-aligned in 16 columns (wider when it needs
+    /// more), the columns padded, spans with their duration.
     #[test]
-    fn text_has_a_time_column_and_chrome_is_valid_json() {
-        let text = to_text(&records());
-        assert!(text.lines().nth(1).unwrap().trim_start().starts_with("1.500000000s  decode"), "{text}");
-        assert!(text.contains("(2.000 ms)"));
+    fn text_trace_is_byte_stable() {
+        assert_eq!(to_text(&[]), TEXT_HEADER);
+        let expected = concat!(
+            "# virtual time   category   track           event            detail\n",
+            "    1.500000000s  decode     D0.u0           step             batch=4 (2.000 ms)\n",
+            "    1.600000000s  check      x               hang             \n",
+            "12345.678901234s  decode     D0.u0           step             batch=1 (0.000 ms)\n",
+        );
+        assert_eq!(to_text(&records()), expected);
+        let long = TraceRecord { t_ns: u64::MAX, ..records()[1].clone() };
+        assert!(to_text(&[long]).contains("\n18446744073.709551615s  check "));
+    }
+
+    #[test]
+    fn chrome_is_valid_json() {
         let chrome: serde_json::Value = serde_json::from_str(&to_chrome(&records())).unwrap();
         let events = chrome["traceEvents"].as_array().unwrap();
         let span = events.iter().find(|e| e["ph"] == "X").unwrap();
         assert_eq!((span["ts"].as_f64(), span["dur"].as_f64()), (Some(1_500_000.0), Some(2_000.0)));
         assert!(events.iter().any(|e| e["ph"] == "i" && e["name"] == "hang"));
+    }
+
+    #[test]
+    fn memory_sink_shares_its_records_with_its_clones() {
+        let memory = TraceMemory::default();
+        let mut sink: Box<dyn TraceSink> = Box::new(memory.clone());
+        for r in records() {
+            sink.handle_record(r);
+        }
+        assert_eq!(memory.records(), records());
     }
 }

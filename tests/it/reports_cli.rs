@@ -108,6 +108,58 @@ fn a_hang_report_leads_with_its_wait_for_graph_and_says_n_a_and_replay_confirms_
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// (flags) -> which trace files the run leaves in its folder, one after the other in the same
+/// folder (so a trace the run does not write is removed, not left stale), and whether the page
+/// links them. The text trace is the same with and without the Chrome trace; the Chrome trace
+/// is valid JSON.
+#[test]
+fn trace_flags_decide_the_trace_files() {
+    let dir = out_dir("trace-flags");
+    let run = |flags: &[&str]| {
+        let mut args = vec!["run", "notify-drift-fixed", "--out", dir.to_str().unwrap()];
+        args.extend_from_slice(flags);
+        let out = pdkv(&args);
+        let text =
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        (out.status.code(), text)
+    };
+    let mut texts = Vec::new();
+    for (flags, txt, json) in [
+        (&[][..], true, false),
+        (&["--chrome-trace"][..], true, true),
+        (&["--no-trace"][..], false, false),
+        (&["--chrome-trace"][..], true, true),
+        (&[][..], true, false),
+    ] {
+        let (code, text) = run(flags);
+        assert_eq!(code, Some(0), "{flags:?}: {text}");
+        let index = std::fs::read_to_string(dir.join("index.html")).unwrap();
+        for (file, wanted) in [("trace.txt", txt), ("trace.json", json)] {
+            assert_eq!(dir.join(file).exists(), wanted, "{flags:?}: {file}");
+            assert_eq!(index.contains(&format!("href=\"{file}\"")), wanted, "{flags:?}: {file} on the page");
+            assert_eq!(
+                text.contains(&format!("wrote        {}", dir.join(file).display())),
+                wanted,
+                "{text}"
+            );
+        }
+        if txt {
+            texts.push(std::fs::read(dir.join("trace.txt")).unwrap());
+        }
+        if json {
+            let chrome: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(dir.join("trace.json")).unwrap()).unwrap();
+            assert!(chrome["traceEvents"].as_array().is_some_and(|e| e.len() > 10), "{flags:?}");
+        }
+    }
+    assert!(texts[0].starts_with(b"# virtual time ") && texts.len() == 4);
+    assert!(texts.iter().all(|t| *t == texts[0]), "the same run writes the same trace.txt");
+    let (code, text) = run(&["--no-trace", "--chrome-trace"]);
+    assert_eq!(code, Some(2), "{text}");
+    assert!(text.contains("--no-trace") && text.contains("cannot be used with"), "{text}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// `pdkv` run in the folder `cwd`, so its default output lands under `cwd/target/pdkv/`.
 fn pdkv_in(cwd: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_pdkv")).args(args).current_dir(cwd).output().expect("pdkv runs")
@@ -183,11 +235,15 @@ fn runs_that_differ_leave_reports_side_by_side_each_titled_with_what_it_ran() {
     let mut expected: Vec<&str> = runs.iter().map(|r| r.1).collect();
     expected.sort();
     assert_eq!(folders, expected, "one folder per run");
-    // The same run again writes the same folder, byte for byte.
-    let first = std::fs::read(cwd.join("target/pdkv").join(runs[0].1).join("result.json")).unwrap();
+    // The same run again writes the same folder, byte for byte, streamed traces included.
+    let folder = cwd.join("target/pdkv").join(runs[0].1);
+    let files = ["result.json", "trace.txt", "index.html", "nic_balance.svg"];
+    let first: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(folder.join(f)).unwrap()).collect();
     assert_eq!(pdkv_in(&cwd, &plain).status.code(), Some(0));
-    let again = std::fs::read(cwd.join("target/pdkv").join(runs[0].1).join("result.json")).unwrap();
-    assert!(first == again, "the same run gives the same result.json");
+    for (file, first) in files.iter().zip(&first) {
+        let again = std::fs::read(folder.join(file)).unwrap();
+        assert!(*first == again, "the same run gives the same {file}");
+    }
     assert_eq!(std::fs::read_dir(cwd.join("target/pdkv")).unwrap().count(), 3, "and no new folder");
     std::fs::remove_dir_all(&cwd).ok();
 }
@@ -230,6 +286,53 @@ fn sweep_small(name: &str, specs: &[&str]) -> (PathBuf, String, serde_json::Valu
     assert_eq!(out.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&out.stderr));
     let json = serde_json::from_str(&std::fs::read_to_string(dir.join("sweep.json")).unwrap()).unwrap();
     (dir, text, json)
+}
+
+/// A sweep's points run on --jobs threads; the report (every file, and what is printed) is the
+/// same byte for byte on one thread or three.
+#[test]
+fn a_sweep_is_the_same_on_any_number_of_threads() {
+    let sweep = |jobs: &str| {
+        let dir = out_dir(&format!("sweep-jobs-{jobs}"));
+        let args = [
+            "sweep",
+            "1P_TP8:1D_TP8",
+            "notify-drift",
+            "notify-drift-fixed",
+            "--concurrency",
+            "2,4,8",
+            "--requests-per-client",
+            "2",
+            "--jobs",
+            jobs,
+            "--out",
+            dir.to_str().unwrap(),
+        ];
+        let out = pdkv(&args);
+        let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .map(|p| (p.file_name().unwrap().to_string_lossy().to_string(), std::fs::read(&p).unwrap()))
+            .collect();
+        files.sort();
+        std::fs::remove_dir_all(&dir).ok();
+        // The report line names the folder, which differs; everything else is compared.
+        let text: String =
+            String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.starts_with("report:")).collect();
+        (out.status.code(), text, files)
+    };
+    let one = sweep("1");
+    assert_eq!(one.0, Some(0), "{}", one.1);
+    assert!(one.2.len() >= 7, "sweep.json, index.html and three charts as PNG and SVG: {:?}", one.2.len());
+    for jobs in ["2", "3"] {
+        let other = sweep(jobs);
+        assert_eq!((other.0, &other.1), (one.0, &one.1), "--jobs {jobs}");
+        let names = |f: &[(String, Vec<u8>)]| f.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&other.2), names(&one.2), "--jobs {jobs}");
+        for ((name, a), (_, b)) in one.2.iter().zip(&other.2) {
+            assert!(a == b, "--jobs {jobs}: {name} differs");
+        }
+    }
 }
 
 #[test]

@@ -263,9 +263,8 @@ impl World {
             budget_ended: false,
             last_end_ns: 0,
             max_hold_ns: 0,
-            trace_on: options.trace,
-            trace: Vec::new(),
-            trace_dropped: 0,
+            trace_on: options.trace.is_some(),
+            trace: options.trace,
         };
         world.start();
         Ok(world)

@@ -5,10 +5,9 @@ use pdkv_core::time::Instant;
 use crate::nic::BUCKET_NS;
 use crate::result::{percentiles, round3, Hang, Ledger, NicStats, RunResult, Summary};
 use crate::scenario::Outcome;
-use crate::trace::TraceRecord;
 use crate::waitfor::{WaitFor, WaitNode, WaitReason};
 
-use super::{ms, ms_ns, Run, World, MAX_TRACE_RECORDS};
+use super::{ms, ms_ns, Run, World};
 
 impl World {
     /// The longest a progressing run may go without a request ending: the collective timeout,
@@ -172,20 +171,7 @@ impl World {
         } else {
             Outcome::Clean
         };
-        if self.trace_dropped > 0 {
-            let t_ns = now;
-            let detail =
-                format!("{} more records were not kept (limit {MAX_TRACE_RECORDS})", self.trace_dropped);
-            self.trace.push(TraceRecord {
-                t_ns,
-                dur_ns: None,
-                cat: "check",
-                name: "trace_truncated".into(),
-                track: "sim".into(),
-                detail,
-            });
-        }
-        Run { result, trace: self.trace }
+        Run { result }
     }
 }
 

@@ -27,10 +27,10 @@ use crate::nic::{FlowId, Nics};
 use crate::result::{round3, Hang, RunResult, Violation};
 use crate::rng::Streams;
 use crate::scenario::{Clients, Scenario};
-use crate::trace::TraceRecord;
+use crate::trace::{TraceRecord, TraceSink};
 
-/// Records a trace event only when tracing is on, so the arguments (formatted strings) cost
-/// nothing in benchmark runs.
+/// Records a trace event only when the run has a trace sink, so the arguments (formatted
+/// strings) cost nothing in benchmark runs.
 macro_rules! trace {
     ($world:expr, $cat:expr, $name:expr, $track:expr, $dur:expr, $detail:expr $(,)?) => {
         if $world.trace_on {
@@ -61,8 +61,6 @@ use faults::ActiveFault;
 use prefill::PGroup;
 
 const NS_PER_MS: u64 = 1_000_000;
-/// Most trace records kept; a longer run keeps the first ones and says so.
-pub const MAX_TRACE_RECORDS: usize = 500_000;
 /// Delay before a decode engine with requests waiting on reads steps again.
 const IDLE_STEP_NS: u64 = 5 * NS_PER_MS;
 
@@ -93,10 +91,11 @@ pub struct Progress {
 }
 
 /// What a run can be asked to record besides its result.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Default)]
 pub struct RunOptions {
-    /// Keep trace records (text and Chrome trace); off for benchmarks.
-    pub trace: bool,
+    /// Where trace records go, in time order, as they are produced; `None` (benchmarks,
+    /// sweeps, exploration) formats no record at all.
+    pub trace: Option<Box<dyn TraceSink>>,
 }
 
 /// A finished run.
@@ -104,8 +103,6 @@ pub struct RunOptions {
 pub struct Run {
     /// The result object.
     pub result: RunResult,
-    /// Trace records, in time order, if asked for.
-    pub trace: Vec<TraceRecord>,
 }
 
 #[derive(Clone, Debug)]
@@ -297,9 +294,9 @@ pub struct World {
     /// when its budget ended.
     last_end_ns: u64,
     max_hold_ns: u64,
+    /// Whether `trace` is there: the `trace!` macro's cheap test.
     trace_on: bool,
-    trace: Vec<TraceRecord>,
-    trace_dropped: u64,
+    trace: Option<Box<dyn TraceSink>>,
 }
 
 fn ms(ns: u64) -> f64 {
@@ -321,16 +318,17 @@ impl World {
         self.queue.push(Reverse(Scheduled { at, seq: self.seq, ev }));
     }
 
-    fn record(&mut self, cat: &'static str, name: &str, track: String, dur_ns: Option<u64>, detail: String) {
-        if !self.trace_on {
-            return;
+    fn record(
+        &mut self,
+        cat: &'static str,
+        name: &'static str,
+        track: String,
+        dur_ns: Option<u64>,
+        detail: String,
+    ) {
+        if let Some(sink) = &mut self.trace {
+            sink.handle_record(TraceRecord { t_ns: self.now, dur_ns, cat, name, track, detail });
         }
-        if self.trace.len() >= MAX_TRACE_RECORDS {
-            self.trace_dropped += 1;
-            return;
-        }
-        let t_ns = self.now;
-        self.trace.push(TraceRecord { t_ns, dur_ns, cat, name: name.to_string(), track, detail });
     }
 
     fn start(&mut self) {

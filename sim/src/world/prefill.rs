@@ -368,6 +368,7 @@ fn release_outcome_words(outcome: &pdkv_core::release::ReleaseOutcome) -> String
 #[cfg(test)]
 mod tests {
     use crate::scenario::{Clients, Length, Scenario};
+    use crate::trace::TraceMemory;
     use crate::world::RunOptions;
 
     /// The prefill batches of `deployment`'s engine P0 as (start, end, rank).
@@ -376,9 +377,12 @@ mod tests {
         sc.workload.clients = Clients::Closed { concurrency: 12, requests: 24 };
         sc.workload.input_tokens = Length::Uniform { min: 1024, max: 40_000 };
         sc.workload.output_tokens = Length::Fixed(8);
-        let run = crate::run(&sc, RunOptions { trace: true }).unwrap_or_else(|e| panic!("{e}"));
+        let trace = TraceMemory::default();
+        let run = crate::run(&sc, RunOptions { trace: Some(Box::new(trace.clone())) })
+            .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(run.result.requests.finished, 24, "{deployment}");
-        run.trace
+        trace
+            .records()
             .iter()
             .filter(|r| r.cat == "prefill" && r.name == "batch" && r.track.starts_with("P0."))
             .map(|r| (r.t_ns, r.t_ns + r.dur_ns.unwrap_or(0), r.track.clone()))
