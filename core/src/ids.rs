@@ -173,6 +173,30 @@ impl TransferId {
         TransferId(format!("tx-{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32]))
     }
 
+    /// The 128 bits [`TransferId::from_u128`] formatted this id from, if it has exactly that
+    /// form (`tx-`, lowercase hex in the 8-4-4-4-12 grouping); `None` for any other id, which a
+    /// peer may send. Lets a driver that keeps many ids store 16 bytes for each.
+    pub fn to_u128(&self) -> Option<u128> {
+        let text = self.0.strip_prefix("tx-")?;
+        let bytes = text.as_bytes();
+        if bytes.len() != 36 || [8, 13, 18, 23].iter().any(|&i| bytes[i] != b'-') {
+            return None;
+        }
+        let mut bits = 0u128;
+        for (i, &b) in bytes.iter().enumerate() {
+            if [8, 13, 18, 23].contains(&i) {
+                continue;
+            }
+            let digit = match b {
+                b'0'..=b'9' => b - b'0',
+                b'a'..=b'f' => b - b'a' + 10,
+                _ => return None,
+            };
+            bits = (bits << 4) | u128::from(digit);
+        }
+        Some(bits)
+    }
+
     /// The id exactly as it travels on the wire.
     pub fn as_str(&self) -> &str {
         &self.0
@@ -203,6 +227,34 @@ mod tests {
     fn transfer_id_has_uuid_shape() {
         let id = TransferId::from_u128(0x0123_4567_89ab_cdef_0011_2233_4455_6677);
         assert_eq!(id.as_str(), "tx-01234567-89ab-cdef-0011-223344556677");
+    }
+
+    /// Only the exact form `from_u128` writes reads back to its bits.
+    #[test]
+    fn transfer_ids_read_back_to_their_bits_only_in_the_minted_form() {
+        let check = |text: &str, expected: Option<u128>| {
+            assert_eq!(TransferId(text.to_string()).to_u128(), expected, "{text}");
+            if let Some(bits) = expected {
+                assert_eq!(TransferId::from_u128(bits).as_str(), text);
+            }
+        };
+        check("tx-01234567-89ab-cdef-0011-223344556677", Some(0x0123_4567_89ab_cdef_0011_2233_4455_6677));
+        check("tx-00000000-0000-0000-0000-000000000000", Some(0));
+        check("tx-ffffffff-ffff-ffff-ffff-ffffffffffff", Some(u128::MAX));
+        for other in [
+            "",
+            "tx-",
+            "tx-01234567-89AB-cdef-0011-223344556677",
+            "tx-0123456789ab-cdef-0011-2233-44556677",
+            "tx-01234567-89ab-cdef-0011-2233445566778",
+            "tx-01234567-89ab-cdef-0011-22334455667",
+            "rx-01234567-89ab-cdef-0011-223344556677",
+            "tx-01234567-89ab-cdef-0011-22334455667g",
+            "tx-01234567_89ab-cdef-0011-223344556677",
+            "tx-01234567-89ab-cdef-0011-2233445566é",
+        ] {
+            check(other, None);
+        }
     }
 
     #[test]

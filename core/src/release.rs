@@ -24,8 +24,12 @@ use crate::topology::{Layout, ModelSpec};
 
 /// Releases held for transfers not registered yet; the oldest is evicted beyond this.
 pub const MAX_EARLY_RELEASES: usize = 4096;
-/// Retired transfer ids remembered so that late releases are recognised as stale.
-pub const MAX_RETIRED_IDS: usize = 16384;
+/// Retired transfer ids remembered (of each form, see `Retired`) so that late releases are
+/// recognised as stale. A release
+/// later than this many retirements on its rank is buffered as early instead, and evicted in
+/// turn ([`MAX_EARLY_RELEASES`]): ids are never reused, so it can never count. A simulator that
+/// hosts hundreds of ranks keeps this many ids for each, so it stays modest.
+pub const MAX_RETIRED_IDS: usize = 4096;
 
 /// Who sent a release: pdkv's optional sender fields (a MoRIIO peer sends none).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -241,9 +245,44 @@ pub struct RankLedger {
     counting: ReleaseCounting,
     live: BTreeMap<TransferId, Entry>,
     early: VecDeque<Release>,
-    retired: BTreeSet<TransferId>,
-    retired_order: VecDeque<TransferId>,
+    retired: Retired,
     evicted_early: u64,
+}
+
+/// Retired ids, the most recent [`MAX_RETIRED_IDS`] of each form: an id in the form the proxy
+/// mints (every id pdkv makes) as its 16 bytes, any other as text. Kept apart so the common
+/// form costs 16 bytes an id in each structure.
+#[derive(Clone, Debug, Default, Hash)]
+struct Retired {
+    bits: BTreeSet<u128>,
+    bits_order: VecDeque<u128>,
+    text: BTreeSet<Box<str>>,
+    text_order: VecDeque<Box<str>>,
+}
+
+impl Retired {
+    fn contains(&self, id: &TransferId) -> bool {
+        match id.to_u128() {
+            Some(bits) => self.bits.contains(&bits),
+            None => self.text.contains(id.as_str()),
+        }
+    }
+
+    fn insert(&mut self, id: &TransferId) {
+        fn remember<K: Ord + Clone>(set: &mut BTreeSet<K>, order: &mut VecDeque<K>, key: K) {
+            if order.len() == MAX_RETIRED_IDS {
+                if let Some(old) = order.pop_front() {
+                    set.remove(&old);
+                }
+            }
+            set.insert(key.clone());
+            order.push_back(key);
+        }
+        match id.to_u128() {
+            Some(bits) => remember(&mut self.bits, &mut self.bits_order, bits),
+            None => remember(&mut self.text, &mut self.text_order, Box::from(id.as_str())),
+        }
+    }
 }
 
 impl RankLedger {
@@ -358,13 +397,7 @@ impl RankLedger {
             return Err(LedgerError::Unknown(id.clone()));
         }
         self.early.retain(|r| &r.transfer_id != id);
-        if self.retired_order.len() == MAX_RETIRED_IDS {
-            if let Some(old) = self.retired_order.pop_front() {
-                self.retired.remove(&old);
-            }
-        }
-        self.retired.insert(id.clone());
-        self.retired_order.push_back(id.clone());
+        self.retired.insert(id);
         Ok(())
     }
 

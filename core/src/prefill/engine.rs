@@ -18,8 +18,10 @@ use crate::topology::{Deployment, Layout, ModelSpec};
 pub const MAX_ENGINE_TRANSFERS: usize = 65_536;
 /// Slack added after a read lease before the reaper may fire (covers the lease's travel time).
 pub const LEASE_GRACE_NS: u64 = NS_PER_S;
-/// Finished transfers whose records the ledger keeps for queries (counters are kept forever).
-pub const MAX_LEDGER_RECORDS: usize = 1 << 16;
+/// Finished transfers whose records the ledger keeps for queries (counters, the longest hold
+/// included, are kept forever). A simulator hosts every engine of a deployment, so it stays
+/// modest.
+pub const MAX_LEDGER_RECORDS: usize = 4096;
 
 /// What happened to one transfer's blocks, for the ledger.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -30,7 +32,8 @@ pub struct TransferRecord {
     pub request: RequestId,
     /// The owner DP rank whose workers hold the blocks.
     pub owner_dp: u16,
-    /// The blocks, on every TP rank of the owner DP group.
+    /// The blocks, on every TP rank of the owner DP group; empty once the transfer finished
+    /// (they went back to the pool with [`EngineAction::FreeBlocks`]).
     pub blocks: Vec<u32>,
     /// When prefill registered it.
     pub registered_at: Instant,
@@ -60,6 +63,8 @@ pub struct LedgerTotals {
     pub reaped: u64,
     /// Blocks (per rank) held now.
     pub held_blocks: u64,
+    /// The longest any finished transfer held its blocks, in nanoseconds.
+    pub longest_hold_ns: u64,
 }
 
 /// Why the engine refused a finished prefill.
@@ -499,6 +504,7 @@ impl PrefillEngine {
         let mut record = held.record;
         record.ended_at = Some(now);
         record.reaped = reaped;
+        self.totals.longest_hold_ns = self.totals.longest_hold_ns.max(record.held_ns(now));
         self.totals.held -= 1;
         self.totals.held_blocks -= record.blocks.len() as u64;
         if reaped {
@@ -518,7 +524,9 @@ impl PrefillEngine {
         out.push(EngineAction::FreeBlocks {
             transfer_id: id.clone(),
             owner_dp: record.owner_dp,
-            blocks: record.blocks.clone(),
+            // The blocks go back with the action; the finished record keeps none, so the
+            // records kept for queries do not hold a block list each.
+            blocks: std::mem::take(&mut record.blocks),
             reaped,
         });
         if self.records.len() == MAX_LEDGER_RECORDS {

@@ -26,6 +26,57 @@ pub(super) struct Req {
     pub(super) decode_blocks: Vec<u32>,
 }
 
+/// Every request of the run, ended or not, by id. The proxy numbers requests 1, 2, 3, ... in
+/// arrival order, so a vector indexed by the number holds them: a million requests are a million
+/// slots of a hundred-odd bytes, with nothing per request besides (a map kept a tree node too),
+/// and an ended request's block lists are dropped when it ends.
+#[derive(Default)]
+pub(super) struct Requests {
+    slots: Vec<Option<Req>>,
+    /// Requests that ended (finished or failed).
+    ended: u64,
+}
+
+impl Requests {
+    fn slot(id: RequestId) -> usize {
+        usize::try_from(id.0).expect("request numbers fit in memory")
+    }
+
+    pub(super) fn insert(&mut self, id: RequestId, req: Req) {
+        let i = Self::slot(id);
+        if self.slots.len() <= i {
+            self.slots.resize_with(i + 1, || None);
+        }
+        self.slots[i] = Some(req);
+    }
+
+    pub(super) fn get(&self, id: &RequestId) -> Option<&Req> {
+        self.slots.get(Self::slot(*id)).and_then(Option::as_ref)
+    }
+
+    pub(super) fn get_mut(&mut self, id: &RequestId) -> Option<&mut Req> {
+        self.slots.get_mut(Self::slot(*id)).and_then(Option::as_mut)
+    }
+
+    /// Every request, in id order.
+    pub(super) fn values(&self) -> impl Iterator<Item = &Req> {
+        self.slots.iter().flatten()
+    }
+
+    /// Requests that ended so far.
+    pub(super) fn ended(&self) -> u64 {
+        self.ended
+    }
+}
+
+impl std::ops::Index<&RequestId> for Requests {
+    type Output = Req;
+
+    fn index(&self, id: &RequestId) -> &Req {
+        self.get(id).unwrap_or_else(|| panic!("request {id} exists"))
+    }
+}
+
 impl World {
     fn length(&mut self, length: Length) -> u32 {
         match length {
@@ -59,10 +110,7 @@ impl World {
         let decode_slot = self.proxy.request(id).expect("just routed").decode;
         let decode_group =
             self.dgroup_base[usize::from(decode_slot.engine.index)] + usize::from(decode_slot.dp());
-        let transfer_id = TransferId(params.transfer_id.clone().unwrap_or_default());
-        let transfer = self.transfers.len() as u32;
-        self.transfers.push(transfer_id.clone());
-        self.transfer_index.insert(transfer_id, transfer);
+        let transfer = self.transfers.push(TransferId(params.transfer_id.clone().unwrap_or_default()));
         let req = Req {
             sent_ns: self.now,
             input,
@@ -98,12 +146,13 @@ impl World {
         }
         req.done_ns = Some(self.now);
         req.failed = failed;
-        self.last_end_ns = self.now;
         // Its decode blocks were freed before it ended (or went with a crashed engine), and its
         // prefill blocks are the engine's to free; dropping the copies keeps memory in line with
         // the requests in flight rather than with every request of the run.
         req.prefill_blocks = Vec::new();
         req.decode_blocks = Vec::new();
+        self.requests.ended += 1;
+        self.last_end_ns = self.now;
         let _ = self.proxy.handle_finished(id);
         if matches!(self.sc.workload.clients, Clients::Closed { .. }) && self.to_send > 0 {
             self.at(0, Ev::Arrival);
@@ -117,7 +166,7 @@ impl World {
         let address = self.book.engine(engine).clone();
         let answer = KvTransferParams {
             do_remote_prefill: true,
-            transfer_id: Some(self.transfers[req.transfer as usize].0.clone()),
+            transfer_id: self.transfers.id(req.transfer).map(|t| t.0),
             remote_block_ids: req.prefill_blocks.iter().map(|&b| u64::from(b)).collect(),
             remote_engine_id: Some(address.engine_id()),
             remote_host: Some(address.host.clone()),

@@ -106,7 +106,7 @@ impl World {
                 detail,
             );
         }
-        let transfer = self.transfer_index.get(&first.plan.transfer_id).copied().unwrap_or(FREE - 1);
+        let transfer = self.transfers.number(&first.plan.transfer_id).unwrap_or(FREE - 1);
         if self.fenced.contains(&transfer) {
             // The reaper revoked remote access: the read fails at the NIC, touching nothing.
             self.fail_reads(w, &ops, "remote access revoked (fenced)");
@@ -161,7 +161,7 @@ impl World {
         }
         let freed = wrong.iter().all(|&b| pool.owner_of(b) == FREE && b < pool.capacity);
         let what = if freed { "freed" } else { "another request's (or unallocated)" };
-        let name = self.transfers.get(transfer as usize).map_or("?".to_string(), |t| t.0.clone());
+        let name = self.transfers.id(transfer).map_or("?".to_string(), |t| t.0);
         let shown: Vec<u32> = wrong.iter().copied().take(4).collect();
         let more = if wrong.len() > shown.len() {
             format!(" and {} more", wrong.len() - shown.len())

@@ -371,12 +371,12 @@ impl World {
                     self.send(w, rank, (endpoint.host, endpoint.port), Msg::Dial { from: w, session });
                 }
                 DecodeAction::SendLease { rank, endpoint, lease } => {
-                    let transfer = self.transfer_index.get(&lease.transfer_id).copied();
+                    let transfer = self.transfers.number(&lease.transfer_id);
                     let bytes = wire::encode(&ControlMessage::ReadLease(lease));
                     self.send(w, rank, (endpoint.host, endpoint.port), Msg::Notify { bytes, transfer });
                 }
                 DecodeAction::SendRelease { rank, endpoint, release } => {
-                    let transfer = self.transfer_index.get(&release.transfer_id).copied();
+                    let transfer = self.transfers.number(&release.transfer_id);
                     let bytes = wire::encode(&ControlMessage::Release(release));
                     self.send(w, rank, (endpoint.host, endpoint.port), Msg::Notify { bytes, transfer });
                 }

@@ -110,7 +110,8 @@ impl World {
             ledger.held += totals.held;
             ledger.freed += totals.freed;
             ledger.reaped += totals.reaped;
-            for record in engine.held().chain(engine.finished()) {
+            self.max_hold_ns = self.max_hold_ns.max(totals.longest_hold_ns);
+            for record in engine.held() {
                 self.max_hold_ns = self.max_hold_ns.max(record.held_ns(Instant(now)));
             }
         }

@@ -16,7 +16,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 use pdkv_core::decode::{DecodeAction, DecodeEvent, DecodeWorker, ReadOutcome, RecvRequest};
-use pdkv_core::ids::{RankId, RequestId, TpRank, TransferId};
+use pdkv_core::ids::{RankId, RequestId, TpRank};
 use pdkv_core::ports::{AddressBook, SessionKey};
 use pdkv_core::prefill::{EngineEvent, PrefillEngine, PrefillWorker, WorkerEvent};
 use pdkv_core::proxy::Proxy;
@@ -52,8 +52,8 @@ mod faults;
 mod finish;
 mod pool;
 mod prefill;
+mod transfers;
 
-use clients::Req;
 use control::Listener;
 use data_plane::FlowInfo;
 use decode::{DGroup, Unit};
@@ -226,9 +226,8 @@ pub struct World {
     proxy: Proxy,
     to_send: u64,
     open_loop: Option<f64>,
-    requests: BTreeMap<RequestId, Req>,
-    transfers: Vec<TransferId>,
-    transfer_index: BTreeMap<TransferId, u32>,
+    requests: clients::Requests,
+    transfers: transfers::Transfers,
     fenced: BTreeSet<u32>,
     p_ranks: Vec<RankId>,
     d_ranks: Vec<RankId>,
@@ -457,7 +456,7 @@ impl World {
     }
 
     fn progress(&self) -> Progress {
-        let ended = self.requests.values().filter(|r| r.done_ns.is_some()).count() as u64;
+        let ended = self.requests.ended();
         let total = match self.sc.workload.clients {
             Clients::Closed { requests, .. } | Clients::Open { requests, .. } => u64::from(requests),
         };

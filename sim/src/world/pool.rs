@@ -1,6 +1,6 @@
 //! KV block pools: the blocks of one engine DP rank, and the transfer that owns each.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 
 /// KV blocks of one engine DP rank (the same ids on every TP rank), with their owners.
 ///
@@ -14,9 +14,36 @@ use std::collections::VecDeque;
 pub(super) struct Pool {
     pub(super) capacity: u32,
     next: u32,
-    free: VecDeque<u32>,
-    /// Owner transfer (index into `World::transfers`) of each block, `u32::MAX` when free.
-    owner: Vec<u32>,
+    /// The free queue, as runs of consecutive ids: a request's blocks come back last first, so
+    /// a run of them is one entry, and a pool that has handed out every block once keeps a few
+    /// entries per freed request instead of one per block.
+    free: VecDeque<Run>,
+    /// Blocks free in `free`, in all.
+    free_blocks: usize,
+    /// Owner transfer (index into `World::transfers`) of each block in use; a block absent is
+    /// free (or never used). Only blocks in use are kept, so memory follows the requests in
+    /// flight rather than the pool's size.
+    owner: BTreeMap<u32, u32>,
+}
+
+/// Consecutive free ids in queue order: `first`, then `len - 1` more, each one below the one
+/// before (`down`, how a request's blocks come back) or above it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Run {
+    first: u32,
+    len: u32,
+    down: bool,
+}
+
+impl Run {
+    /// The id after the run's last, in the run's direction, if there is one.
+    fn after(&self) -> Option<u32> {
+        if self.down {
+            self.first.checked_sub(self.len)
+        } else {
+            self.first.checked_add(self.len)
+        }
+    }
 }
 
 pub(super) const FREE: u32 = u32::MAX;
@@ -26,11 +53,46 @@ impl Pool {
     /// any freed one; nothing is allocated for them until then, so a short run with a large
     /// pool stays cheap.
     pub(super) fn new(blocks: u32) -> Pool {
-        Pool { capacity: blocks, next: 0, free: VecDeque::new(), owner: Vec::new() }
+        Pool { capacity: blocks, next: 0, free: VecDeque::new(), free_blocks: 0, owner: BTreeMap::new() }
     }
 
     pub(super) fn available(&self) -> usize {
-        self.free.len() + (self.capacity - self.next) as usize
+        self.free_blocks + (self.capacity - self.next) as usize
+    }
+
+    /// The front of the free queue, taken off it.
+    fn pop_free(&mut self) -> Option<u32> {
+        let run = self.free.front_mut()?;
+        let b = run.first;
+        run.len -= 1;
+        if run.len == 0 {
+            self.free.pop_front();
+        } else if run.down {
+            run.first -= 1;
+        } else {
+            run.first += 1;
+        }
+        self.free_blocks -= 1;
+        Some(b)
+    }
+
+    /// Puts `b` at the back of the free queue, extending the last run when `b` continues it.
+    fn push_free(&mut self, b: u32) {
+        self.free_blocks += 1;
+        if let Some(last) = self.free.back_mut() {
+            if last.after() == Some(b) {
+                last.len += 1;
+                return;
+            }
+            // A run of one takes the direction of its second id.
+            if last.len == 1 && (b.checked_add(1) == Some(last.first) || last.first.checked_add(1) == Some(b))
+            {
+                last.down = b < last.first;
+                last.len = 2;
+                return;
+            }
+        }
+        self.free.push_back(Run { first: b, len: 1, down: true });
     }
 
     pub(super) fn alloc(&mut self, n: usize, owner: u32) -> Vec<u32> {
@@ -41,12 +103,9 @@ impl Pool {
                 self.next += 1;
                 self.next - 1
             } else {
-                self.free.pop_front().expect("caller checks availability")
+                self.pop_free().expect("caller checks availability")
             };
-            if self.owner.len() <= b as usize {
-                self.owner.resize(b as usize + 1, FREE);
-            }
-            self.owner[b as usize] = owner;
+            self.owner.insert(b, owner);
             blocks.push(b);
         }
         blocks
@@ -57,10 +116,10 @@ impl Pool {
     pub(super) fn release(&mut self, blocks: &[u32], owner: u32) -> Vec<u32> {
         let mut bad = Vec::new();
         for &b in blocks.iter().rev() {
-            match self.owner.get(b as usize) {
+            match self.owner.get(&b) {
                 Some(&o) if o == owner => {
-                    self.owner[b as usize] = FREE;
-                    self.free.push_back(b);
+                    self.owner.remove(&b);
+                    self.push_free(b);
                 }
                 _ => bad.push(b),
             }
@@ -70,6 +129,67 @@ impl Pool {
 
     /// The owner of block `b` (`FREE` if free or never used).
     pub(super) fn owner_of(&self, b: u32) -> u32 {
-        self.owner.get(b as usize).copied().unwrap_or(FREE)
+        self.owner.get(&b).copied().unwrap_or(FREE)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The pool hands out and frees exactly as the plain model of vLLM's free queue it
+    /// replaces: every id once in ascending order, then freed ids first in, first out, a
+    /// request's ids returned last first. Requests of random sizes come and go in random order.
+    #[test]
+    fn the_run_queue_behaves_as_a_queue_of_ids() {
+        for seed in 0..20u64 {
+            let capacity = 50 + (seed as u32 * 37) % 300;
+            let mut pool = Pool::new(capacity);
+            let (mut next, mut free, mut owner) = (0u32, VecDeque::new(), vec![FREE; capacity as usize]);
+            let mut held: Vec<(u32, Vec<u32>)> = Vec::new();
+            let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let mut draw = |n: u64| {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                (state >> 33) % n
+            };
+            for step in 0..2000u32 {
+                if draw(2) == 0 || held.is_empty() {
+                    let n = 1 + draw(24) as usize;
+                    if n > pool.available() {
+                        continue;
+                    }
+                    let blocks = pool.alloc(n, step);
+                    let mut expected = Vec::new();
+                    while expected.len() < n {
+                        let b = if next < capacity {
+                            next += 1;
+                            next - 1
+                        } else {
+                            free.pop_front().unwrap()
+                        };
+                        owner[b as usize] = step;
+                        expected.push(b);
+                    }
+                    assert_eq!(blocks, expected, "seed {seed} step {step}");
+                    held.push((step, blocks));
+                } else {
+                    let (who, blocks) = held.swap_remove(draw(held.len() as u64) as usize);
+                    assert!(pool.release(&blocks, who).is_empty());
+                    for &b in blocks.iter().rev() {
+                        owner[b as usize] = FREE;
+                        free.push_back(b);
+                    }
+                }
+                assert_eq!(pool.available(), free.len() + (capacity - next) as usize);
+                for b in 0..capacity {
+                    assert_eq!(pool.owner_of(b), owner[b as usize], "seed {seed} block {b}");
+                }
+            }
+            // A double free names the blocks that were not the freer's.
+            if let Some((who, blocks)) = held.pop() {
+                assert!(pool.release(&blocks, who).is_empty());
+                assert_eq!(pool.release(&blocks, who), blocks.iter().rev().copied().collect::<Vec<_>>());
+            }
+        }
     }
 }

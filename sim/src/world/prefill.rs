@@ -194,7 +194,7 @@ impl World {
             let decode = self.d.decode[decode_engine];
             let event = EngineEvent::PrefillDone {
                 request: id,
-                transfer_id: self.transfers[req.transfer as usize].clone(),
+                transfer_id: self.transfers.id(req.transfer).expect("a request's transfer is numbered"),
                 owner_dp: dp,
                 blocks: blocks.clone(),
                 decode,
@@ -273,13 +273,13 @@ impl World {
                     trace!(self, "prefill", "finished_sending", format!("P{e}"), None, format!("{request}"));
                 }
                 EngineAction::Fence { transfer_id, .. } => {
-                    if let Some(&t) = self.transfer_index.get(&transfer_id) {
+                    if let Some(t) = self.transfers.number(&transfer_id) {
                         self.fenced.insert(t);
                     }
                 }
                 EngineAction::FreeBlocks { transfer_id, owner_dp, blocks, reaped } => {
                     let g = self.pgroup_base[e] + usize::from(owner_dp);
-                    let t = self.transfer_index.get(&transfer_id).copied().unwrap_or(FREE - 1);
+                    let t = self.transfers.number(&transfer_id).unwrap_or(FREE - 1);
                     let bad = self.pgroups[g].pool.release(&blocks, t);
                     if !bad.is_empty() {
                         let detail = format!("{transfer_id}: blocks {} were not held by it", list(&bad));
@@ -298,7 +298,7 @@ impl World {
                 }
                 EngineAction::ReapWarning { transfer_id, held_ns, unfinished_tp } => {
                     self.max_hold_ns = self.max_hold_ns.max(held_ns);
-                    if self.transfer_index.get(&transfer_id).is_some_and(|t| self.excused.contains(t)) {
+                    if self.transfers.number(&transfer_id).is_some_and(|t| self.excused.contains(&t)) {
                         self.reaped_excused += 1;
                     }
                     let detail = format!(

@@ -1,0 +1,76 @@
+//! The run's transfer ids, numbered in the order requests arrive, kept compactly: a run of a
+//! million requests names a million transfers, and messages name them by their wire id.
+
+use std::collections::BTreeMap;
+
+use pdkv_core::ids::TransferId;
+
+/// Every transfer id of the run and its number (the owner number of the pools' blocks).
+///
+/// An id in the form the proxy mints (`TransferId::from_u128`, every id the simulated proxy
+/// makes) is kept as its 16 bytes; any other as text, in a side table.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Transfers {
+    /// Each transfer's bits, by number (0 for one kept as text).
+    bits: Vec<u128>,
+    /// The numbers of the transfers kept as text, and their text.
+    text: BTreeMap<u32, TransferId>,
+    by_bits: BTreeMap<u128, u32>,
+    by_text: BTreeMap<TransferId, u32>,
+}
+
+impl Transfers {
+    /// Numbers `id` (the next number); a repeated id now names the new transfer, as a map from
+    /// id to number would.
+    pub(super) fn push(&mut self, id: TransferId) -> u32 {
+        let number = self.bits.len() as u32;
+        match id.to_u128() {
+            Some(bits) => {
+                self.bits.push(bits);
+                self.by_bits.insert(bits, number);
+            }
+            None => {
+                self.bits.push(0);
+                self.by_text.insert(id.clone(), number);
+                self.text.insert(number, id);
+            }
+        }
+        number
+    }
+
+    /// The number of the transfer `id` names (the latest one, if it was repeated).
+    pub(super) fn number(&self, id: &TransferId) -> Option<u32> {
+        match id.to_u128() {
+            Some(bits) => self.by_bits.get(&bits).copied(),
+            None => self.by_text.get(id).copied(),
+        }
+    }
+
+    /// The id of transfer `number`.
+    pub(super) fn id(&self, number: u32) -> Option<TransferId> {
+        let bits = *self.bits.get(number as usize)?;
+        Some(self.text.get(&number).cloned().unwrap_or_else(|| TransferId::from_u128(bits)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_number_in_order_and_read_back_whatever_their_form() {
+        let mut t = Transfers::default();
+        let minted = TransferId::from_u128(7);
+        let foreign = TransferId("req-42".into());
+        assert_eq!(t.push(minted.clone()), 0);
+        assert_eq!(t.push(foreign.clone()), 1);
+        assert_eq!(t.push(minted.clone()), 2, "a repeated id gets a number of its own");
+        assert_eq!(t.number(&minted), Some(2), "and the id names the latest");
+        assert_eq!(t.number(&foreign), Some(1));
+        assert_eq!(t.number(&TransferId::from_u128(8)), None);
+        assert_eq!(
+            [t.id(0), t.id(1), t.id(2), t.id(3)],
+            [Some(minted.clone()), Some(foreign), Some(minted), None]
+        );
+    }
+}
