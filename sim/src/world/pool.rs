@@ -116,12 +116,14 @@ impl Pool {
     pub(super) fn release(&mut self, blocks: &[u32], owner: u32) -> Vec<u32> {
         let mut bad = Vec::new();
         for &b in blocks.iter().rev() {
-            match self.owner.get(&b) {
-                Some(&o) if o == owner => {
-                    self.owner.remove(&b);
-                    self.push_free(b);
+            // One search per block: take the entry out, and put it back on a double free.
+            match self.owner.remove(&b) {
+                Some(o) if o == owner => self.push_free(b),
+                Some(o) => {
+                    self.owner.insert(b, o);
+                    bad.push(b);
                 }
-                _ => bad.push(b),
+                None => bad.push(b),
             }
         }
         bad
