@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
+mod bench;
 mod cluster_fuzz;
 #[cfg(test)]
 mod core_lints;
@@ -27,9 +28,13 @@ tasks:
            over every test run as its last line
   tidy     check the source rules (core purity, //! headers, no disabled tests)
   codegen  regenerate the checked-in state-machine tables and Graphviz files under docs/machines
-  bench    benchmarks (release build): simulator events/s, explore seeds/s, model-checker
-           states/s, TCP data-plane throughput against a plain socket copy, control-plane
-           release round trip (ZMTP notify listener on loopback)
+  bench [--record]
+           benchmarks (release build): simulator events/s, explore seeds/s (one request and a
+           search of 2P_DP8EP:1D_TP8), model-checker states/s, TCP data-plane throughput against
+           a plain socket copy, control-plane release round trip, pdkv run with its report
+           against the engine alone, the memory curve of a 1,024-GPU deployment (10k, 100k, 1M
+           requests; a few minutes); each figure against bench/figures.txt with the ratio,
+           --record writes them there
   calibrate  the cost model: fitting table (docs/reference.md) and held-out validation table (docs/calibration.md)
   catch      seeds to the first catch of each legacy option, full workload and search (docs/verification.md)
              (release build)
@@ -109,16 +114,9 @@ fn main() -> ExitCode {
             }
         }
         Some("bench") => {
-            // The simulator, exploration and model checker, then the TCP data plane, then the
-            // control-plane release round trip.
-            let sim = ["run", "--release", "--quiet", "--package", "pdkv-sim", "--example", "bench"];
-            let tcp = ["run", "--release", "--quiet", "--package", "pdkv-rdma", "--example", "tcp_bench"];
-            let rtt = ["run", "--release", "--quiet", "--package", "pdkv-rdma", "--example", "release_rtt"];
-            if cargo(&sim, &[]) && cargo(&tcp, &[]) && cargo(&rtt, &[]) {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            }
+            let args: Vec<String> = std::env::args().skip(2).collect();
+            let root = workspace_root();
+            bench::run(&root, &target_dir(&root), &args)
         }
         _ => {
             eprintln!("{USAGE}");
