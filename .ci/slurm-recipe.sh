@@ -51,13 +51,32 @@ CONF
 export SLURM_CONF="$work/slurm.conf"
 
 started=()
+# Whether any of the pids still runs (a zombie no longer does: where nothing reaps the
+# daemons, they stay zombies after they stop).
+running() {
+    local pid state
+    for pid in "$@"; do
+        state=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null || true)
+        if [ -n "$state" ] && [ "$state" != Z ]; then return 0; fi
+    done
+    return 1
+}
 stop() {
     local code=$?
     # Only the daemons this script started, by the pids they wrote; then the state, unless a
     # failure needs its logs.
+    local pids=()
     for pidfile in "${started[@]}"; do
-        if [ -s "$pidfile" ]; then kill "$(cat "$pidfile")" 2>/dev/null || true; fi
+        if [ -s "$pidfile" ]; then pids+=("$(cat "$pidfile")"); fi
     done
+    if [ "${#pids[@]}" -gt 0 ]; then
+        kill "${pids[@]}" 2>/dev/null || true
+        # slurmctld saves its state as it stops: wait for it before removing the folder.
+        for _ in $(seq 20); do
+            running "${pids[@]}" || break
+            sleep 0.5
+        done
+    fi
     if [ "$code" -eq 0 ]; then
         rm -rf "$work"
     else

@@ -333,12 +333,13 @@ pub fn run(args: &ExploreArgs) -> ExitCode {
             return ExitCode::from(2);
         }
         println!(
-            "explored {} seeds of {} ({} faults, {}) on {jobs} thread{} in {seconds:.1} s ({:.1} seeds/s, \
+            "explored {} seeds of {} ({} faults, {}{}) on {jobs} thread{} in {seconds:.1} s ({:.1} seeds/s, \
              {} events, {:.2} M/s): no property broken; outcomes: {}; {} distinct behaviours",
             found.runs,
             base.name,
             if swarm { "swarm" } else { "scenario" },
             if small { "a small workload per seed" } else { "the full workload" },
+            args.shard.map(|s| format!(", shard {s}")).unwrap_or_default(),
             if jobs == 1 { "" } else { "s" },
             found.runs as f64 / seconds.max(1e-9),
             found.events,

@@ -389,3 +389,63 @@ pub fn run(args: &ExploreMergeArgs) -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn campaign() -> Campaign {
+        Campaign {
+            scenario: "s".into(),
+            fingerprint: fingerprint("s"),
+            from: 3,
+            seeds: 10,
+            faults: "swarm".into(),
+            workload: "small".into(),
+            shrink_budget: 300,
+        }
+    }
+
+    #[test]
+    fn records_read_back_as_written() {
+        let clean = Found::Clean {
+            runs: 4,
+            events: 99,
+            outcomes: [("clean".to_string(), 3), ("incomplete".to_string(), 1)].into(),
+            behaviours: [(1, 0, 40, "clean".to_string()), (0, 2, 59, "incomplete".to_string())].into(),
+        };
+        let failure = Found::Failure {
+            seed: 7,
+            broken: vec!["safety".into(), "no-hang".into()],
+            shrunk_name: "s-seed7-shrunk".into(),
+            shrunk_text: "// header\n(name: \"s-seed7-shrunk\")\n".into(),
+        };
+        for found in [clean, failure] {
+            for shard in [None, Some(Shard { index: 1, count: 3 })] {
+                let record = Record { campaign: campaign(), shard, found: found.clone() };
+                assert_eq!(Record::parse(&record.text()), Ok(record.clone()));
+            }
+        }
+    }
+
+    #[test]
+    fn the_smallest_failing_seed_of_any_shard_wins() {
+        let shard = |index, found| {
+            (
+                format!("{index}.json"),
+                Record { campaign: campaign(), shard: Some(Shard { index, count: 3 }), found },
+            )
+        };
+        let failure = |seed| Found::Failure {
+            seed,
+            broken: vec!["safety".into()],
+            shrunk_name: format!("n{seed}"),
+            shrunk_text: String::new(),
+        };
+        let clean =
+            Found::Clean { runs: 3, events: 1, outcomes: BTreeMap::new(), behaviours: BTreeSet::new() };
+        let merged = merge(&[shard(0, clean), shard(1, failure(11)), shard(2, failure(5))]).expect("merges");
+        assert_eq!(merged.shard, None);
+        assert!(matches!(merged.found, Found::Failure { seed: 5, .. }), "{merged:?}");
+    }
+}

@@ -274,3 +274,35 @@ pub fn run(args: &SweepMergeArgs) -> ExitCode {
     let provenance = Provenance { lines: first.lines.clone(), calibration };
     crate::sweep_cmd::report(&args.out, &points, &provenance, &first.command, expected.iter().all(|e| *e))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_files_read_back_bit_for_bit() {
+        let point = |x: f64| SweepPoint {
+            run: "a".into(),
+            deployment: "1P_TP8:1D_TP8".into(),
+            concurrency: 8,
+            total_tok_s: x,
+            ttft_mean_ms: Some(x / 3.0),
+            tpot_mean_ms: None,
+            outcome: "clean".into(),
+        };
+        let file = ShardFile {
+            command: "pdkv sweep a".into(),
+            calibration: "c".into(),
+            lines: vec![("a".into(), "h".into())],
+            points: 3,
+            shard: Shard { index: 1, count: 2 },
+            results: vec![(1, point(0.1 + 0.2), true), (3, point(1e-300 / 7.0), false)],
+        };
+        let back = ShardFile::parse(&file.text()).expect("parses");
+        assert_eq!(back, file);
+        for ((_, a, _), (_, b, _)) in back.results.iter().zip(&file.results) {
+            assert_eq!(a.total_tok_s.to_bits(), b.total_tok_s.to_bits());
+            assert_eq!(a.ttft_mean_ms.map(f64::to_bits), b.ttft_mean_ms.map(f64::to_bits));
+        }
+    }
+}
