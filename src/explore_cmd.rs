@@ -1,7 +1,7 @@
 //! `pdkv explore`: run many seeds of a scenario (in parallel, each run single-threaded and
 //! deterministic), stop at the first broken property, shrink it and print how to replay it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -16,7 +16,9 @@ use pdkv_sim::explore::{
 use pdkv_sim::scenario::Scenario;
 use pdkv_sim::RunOptions;
 
+use crate::explore_merge::{Campaign, Found, Record};
 use crate::progress::Bar;
+use crate::shard::Shard;
 
 const EXAMPLES: &str = "\
 Examples:
@@ -25,6 +27,8 @@ Examples:
   pdkv explore notify-drift --seeds 100          (finds the leak at once)
   pdkv explore notify-drift-fixed --seeds 2000 --faults swarm --jobs 2
   pdkv explore 2P_TP8:1D_DP8EP --full-workload --seeds 4
+  pdkv explore notify-drift-fixed --seeds 60 --faults swarm --result out/explore.json
+  pdkv explore notify-drift-fixed --seeds 60 --faults swarm --shard 0/3 --result out/shard-0.json
 
 Each seed draws a small workload of its own: mostly 2 to 48 requests (a quarter of the seeds
 send the four rounds of the proxy the balance check needs), closed loops of 1 to 8 clients or
@@ -41,6 +45,15 @@ duplication, delay and send-queue-full drawn from the seed). The properties chec
 hang, every request ends, every prefill block freed by its releases, reads spread over the
 prefill GPUs about as evenly as the fixed routing spreads them. The first failing seed
 is shrunk (fewer requests, shorter prompts, fewer faults) and written as a scenario file.
+
+--result FILE writes what the exploration found as JSON that is the same on any machine and
+for any --jobs: the smallest failing seed, what it broke and its shrunk scenario, or, when no
+seed broke a property, the outcomes, the distinct behaviours and the events. --shard i/N runs
+only shard i of N (the seeds whose index is i modulo N, shards numbered from 0) and needs
+--result; `pdkv explore-merge` merges the N shard files into the file the unsharded run writes,
+byte for byte, so a campaign can run as a Slurm job array or a Kubernetes Indexed Job
+(docs/cluster-campaigns.md). --for is a time budget, so what it runs depends on the machine: it
+takes neither --shard nor --result.
 
 Exit codes: 0 no seed broke a property; 1 one did (its seed, the shrunk scenario and the
 replay command are printed); 2 bad input.";
@@ -87,6 +100,13 @@ pub struct ExploreArgs {
     /// Folder for the shrunk scenario file.
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
+    /// Write what the exploration found to this JSON file (the same on any machine).
+    #[arg(long, value_name = "FILE")]
+    result: Option<PathBuf>,
+    /// Run only shard I of N (seed indexes equal to I modulo N; I from 0 to N-1), for
+    /// `pdkv explore-merge`.
+    #[arg(long, value_name = "I/N", value_parser = crate::shard::parse, requires = "result")]
+    shard: Option<Shard>,
 }
 
 /// A duration such as `90s`, `5m`, `1h` or `30` (seconds), at least a millisecond and at most
@@ -122,8 +142,8 @@ pub struct Exploration {
     pub events: u64,
     /// Outcome names and how many seeds had each.
     pub outcomes: BTreeMap<&'static str, u64>,
-    /// Distinct behaviours (outcome, requests finished and failed, events).
-    pub behaviours: usize,
+    /// Distinct behaviours (requests finished and failed, events, outcome).
+    pub behaviours: BTreeSet<Behaviour>,
     /// The smallest failing seed, with what it broke.
     pub failure: Option<(u64, Vec<Property>)>,
 }
@@ -150,25 +170,27 @@ impl Search {
     }
 }
 
-/// Runs seeds `from..from + seeds` of `base` on `jobs` threads, stopping early after a failure
-/// or at the search's deadline. The smallest failing seed is reported, whatever the thread
-/// timing: every seed below the highest one handed out is run to the end.
+/// Runs the shard's share of seeds `from..from + seeds` of `base` on `jobs` threads, stopping
+/// early after a failure or at the search's deadline. The smallest failing seed of the share is
+/// reported, whatever the thread timing: every seed below the highest one handed out is run to
+/// the end.
 pub fn explore(
     base: &Scenario,
     from: u64,
     seeds: u64,
+    shard: Shard,
     jobs: usize,
     search: &Search,
     bar: &Mutex<Bar>,
 ) -> Exploration {
     // The caller checked that `from + seeds` does not overflow; saturating keeps this total.
-    let end = from.saturating_add(seeds);
-    let next = AtomicU64::new(from);
+    let share = shard.share(seeds);
+    let next = AtomicU64::new(0);
     let stop = AtomicBool::new(false);
     let done = AtomicU64::new(0);
     let events = AtomicU64::new(0);
     let found: Mutex<Vec<(u64, Vec<Property>)>> = Mutex::new(Vec::new());
-    let seen: Mutex<std::collections::BTreeSet<Behaviour>> = Mutex::new(std::collections::BTreeSet::new());
+    let seen: Mutex<BTreeSet<Behaviour>> = Mutex::new(BTreeSet::new());
     let outcomes: Mutex<BTreeMap<&'static str, u64>> = Mutex::new(BTreeMap::new());
     let ideal = ideal_jain(base);
     let started = Instant::now();
@@ -178,13 +200,14 @@ pub fn explore(
                 if stop.load(Ordering::SeqCst) || search.deadline.is_some_and(|d| Instant::now() >= d) {
                     break;
                 }
-                // Hand out the next seed only while one is left, so the counter never passes `end`
-                // (and so never wraps, even when `end` is u64::MAX).
-                let Ok(seed) =
-                    next.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |s| (s < end).then_some(s + 1))
+                // Hand out the share's next seed only while one is left, so the counter never
+                // passes `share` (and so never wraps). The caller checked `from + seeds` fits.
+                let Ok(n) =
+                    next.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < share).then_some(n + 1))
                 else {
                     break;
                 };
+                let seed = from + shard.position(n);
                 let scenario = search.scenario(base, seed, ideal);
                 let Ok(run) = pdkv_sim::run(&scenario, RunOptions::default()) else { break };
                 let r = &run.result;
@@ -213,7 +236,7 @@ pub fn explore(
                                 format!("ms, {n} seeds, {rate:.1}/s"),
                             );
                         }
-                        None => bar.update(n, seeds, format!("seeds, {rate:.1}/s")),
+                        None => bar.update(n, share, format!("seeds, {rate:.1}/s")),
                     }
                 }
             });
@@ -225,12 +248,19 @@ pub fn explore(
         runs: done.into_inner(),
         events: events.into_inner(),
         outcomes: outcomes.into_inner().expect("threads ended"),
-        behaviours: seen.into_inner().expect("threads ended").len(),
+        behaviours: seen.into_inner().expect("threads ended"),
         failure: found.into_iter().next(),
     }
 }
 
 pub fn run(args: &ExploreArgs) -> ExitCode {
+    if args.for_.is_some() && (args.shard.is_some() || args.result.is_some()) {
+        eprintln!(
+            "error: --for is a time budget, so how many seeds it runs depends on the machine and its load; \
+             a result file or a shard must be the same wherever it runs: give --seeds instead"
+        );
+        return ExitCode::from(2);
+    }
     // Seeds are `from..from + seeds`; past u64::MAX there are no seeds to run, and exploring none
     // must not look like a success. A time budget without a count runs every seed left.
     let seeds = match (args.seeds, args.for_) {
@@ -285,24 +315,37 @@ pub fn run(args: &ExploreArgs) -> ExitCode {
     let bar = Mutex::new(Bar::new(format!("exploring {}", base.name), Duration::from_millis(500)));
     let started = Instant::now();
     let search = Search { deadline: args.for_.map(|budget| started + budget), ..search };
-    let found = explore(&base, args.from, seeds, jobs, &search, &bar);
+    let shard = args.shard.unwrap_or(Shard::WHOLE);
+    let found = explore(&base, args.from, seeds, shard, jobs, &search, &bar);
     bar.into_inner().expect("threads ended").finish();
     let seconds = started.elapsed().as_secs_f64();
     let histogram: Vec<String> = found.outcomes.iter().map(|(name, n)| format!("{name} {n}")).collect();
     let Some((seed, broken)) = found.failure else {
+        let clean = Found::Clean {
+            runs: found.runs,
+            events: found.events,
+            outcomes: found.outcomes.iter().map(|(name, n)| (name.to_string(), *n)).collect(),
+            behaviours: found.behaviours.iter().map(|&(a, f, e, o)| (a, f, e, o.to_string())).collect(),
+        };
+        // The result file first: it is what a campaign keeps, even if stdout is gone.
+        if let Err(message) = write_result(args, &base, seeds, search.small, clean) {
+            eprintln!("error: {message}");
+            return ExitCode::from(2);
+        }
         println!(
-            "explored {} seeds of {} ({} faults, {}) on {jobs} thread{} in {seconds:.1} s ({:.1} seeds/s, \
+            "explored {} seeds of {} ({} faults, {}{}) on {jobs} thread{} in {seconds:.1} s ({:.1} seeds/s, \
              {} events, {:.2} M/s): no property broken; outcomes: {}; {} distinct behaviours",
             found.runs,
             base.name,
             if swarm { "swarm" } else { "scenario" },
             if small { "a small workload per seed" } else { "the full workload" },
+            args.shard.map(|s| format!(", shard {s}")).unwrap_or_default(),
             if jobs == 1 { "" } else { "s" },
             found.runs as f64 / seconds.max(1e-9),
             found.events,
             found.events as f64 / seconds.max(1e-9) / 1e6,
             histogram.join(", "),
-            found.behaviours
+            found.behaviours.len()
         );
         return ExitCode::SUCCESS;
     };
@@ -324,6 +367,16 @@ pub fn run(args: &ExploreArgs) -> ExitCode {
         eprintln!("error: cannot write {}: {e}", file.display());
         return ExitCode::from(2);
     }
+    let failure = Found::Failure {
+        seed,
+        broken: names.iter().map(|n| n.to_string()).collect(),
+        shrunk_name: shrunk.scenario.name.clone(),
+        shrunk_text: text.clone(),
+    };
+    if let Err(message) = write_result(args, &base, seeds, search.small, failure) {
+        eprintln!("error: {message}");
+        return ExitCode::from(2);
+    }
     println!(
         "shrunk from size {} to {} ({} runs explored before, {seconds:.1} s):",
         size(&failing),
@@ -334,6 +387,33 @@ pub fn run(args: &ExploreArgs) -> ExitCode {
     // The file carries the seed, so running it is the whole replay.
     println!("replay: pdkv run {}", file.display());
     ExitCode::from(1)
+}
+
+/// Writes `--result` (if given): the campaign, this run's shard and what it found.
+fn write_result(
+    args: &ExploreArgs,
+    base: &Scenario,
+    seeds: u64,
+    small: bool,
+    found: Found,
+) -> Result<(), String> {
+    let Some(file) = &args.result else { return Ok(()) };
+    // The scenario as JSON tells two different scenarios of one name apart.
+    let scenario = serde_json::to_string(base).map_err(|e| format!("{}: {e}", base.name))?;
+    let record = Record {
+        campaign: Campaign {
+            scenario: base.name.clone(),
+            fingerprint: crate::explore_merge::fingerprint(&scenario),
+            from: args.from,
+            seeds,
+            faults: if args.faults == FaultMode::Swarm { "swarm" } else { "none" }.to_string(),
+            workload: if small { "small" } else { "full" }.to_string(),
+            shrink_budget: args.shrink_budget as u64,
+        },
+        shard: args.shard,
+        found,
+    };
+    crate::explore_merge::write(file, &record.text())
 }
 
 #[cfg(test)]

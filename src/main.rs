@@ -17,13 +17,16 @@ mod builtin;
 mod cluster_cmd;
 mod connector_cmd;
 mod explore_cmd;
+mod explore_merge;
 mod profiles_cmd;
 mod progress;
 mod replay_cmd;
 mod routes_cmd;
 mod run_cmd;
 mod scenarios_cmd;
+mod shard;
 mod sweep_cmd;
+mod sweep_merge;
 mod trace_files;
 
 const EXAMPLES: &str = "\
@@ -52,10 +55,12 @@ struct Cli {
 enum Command {
     Run(run_cmd::RunArgs),
     Sweep(sweep_cmd::SweepArgs),
+    SweepMerge(sweep_merge::SweepMergeArgs),
     Scenarios(scenarios_cmd::ScenariosArgs),
     Profiles(profiles_cmd::ProfilesArgs),
     Replay(replay_cmd::ReplayArgs),
     Explore(explore_cmd::ExploreArgs),
+    ExploreMerge(explore_merge::ExploreMergeArgs),
     Routes(routes_cmd::RoutesArgs),
     Cluster(cluster_cmd::ClusterArgs),
     Connector(connector_cmd::ConnectorArgs),
@@ -66,10 +71,12 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Run(args) => run_cmd::run(&args),
         Command::Sweep(args) => sweep_cmd::run(&args),
+        Command::SweepMerge(args) => sweep_merge::run(&args),
         Command::Scenarios(args) => scenarios_cmd::run(&args),
         Command::Profiles(args) => profiles_cmd::run(&args),
         Command::Replay(args) => replay_cmd::run(&args),
         Command::Explore(args) => explore_cmd::run(&args),
+        Command::ExploreMerge(args) => explore_merge::run(&args),
         Command::Routes(args) => routes_cmd::run(&args),
         Command::Cluster(args) => cluster_cmd::run(&args),
         Command::Connector(args) => connector_cmd::run(&args),

@@ -15,11 +15,13 @@ use pdkv_sim::scenario::{Clients, Hardware, ModelProfile, Scenario};
 use pdkv_sim::{RunIdentity, RunOptions, RunResult};
 
 use crate::progress::Bar;
+use crate::shard::Shard;
 
 const EXAMPLES: &str = "\
 Examples:
   pdkv sweep 2P_TP8:1D_TP8 2P_DP8EP:1D_DP8EP 2P_TP8:1D_DP8EP --concurrency 32,128,512
   pdkv sweep 1P_TP8:1D_TP8 2P_TP8:1D_DP8EP --concurrency 8,16 --requests-per-client 2 --out /tmp/s
+  pdkv sweep 1P_TP8:1D_TP8 2P_TP8:1D_DP8EP --concurrency 8,16 --shard 1/2 --out /tmp/s1
 
 Each point runs the scenario (or the default profile for a notation) with a closed loop of C
 clients and C x requests-per-client requests; points run on --jobs threads (default: every
@@ -30,6 +32,12 @@ target/pdkv/sweep_<lines>_<concurrencies>/, so different sweeps keep their own r
 The output names each line's profiles and the calibration of the cost model
 (profiles/calibration.ron); the charts shade its validation error around every line, or say
 that it is not yet measured.
+
+--shard i/N runs only shard i of N (the grid points whose index is i modulo N, shards numbered
+from 0; points are ordered by line, then concurrency) and writes their results to
+sweep-shard.json in --out (default: the sweep's folder with _shard-i-of-N); `pdkv sweep-merge`
+writes the report from the N shard folders, every file byte for byte the unsharded sweep's, so
+a sweep can run as a Slurm job array or a Kubernetes Indexed Job (docs/cluster-campaigns.md).
 
 Exit codes: 0 every run had its expected outcome (NIC-balance bounds of a scenario file are
 not checked, since the sweep changes its workload); 1 some did not; 2 bad input.";
@@ -56,6 +64,10 @@ pub struct SweepArgs {
     /// Threads running points (default: the machine's cores); the report is the same for any.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
     jobs: Option<u32>,
+    /// Run only shard I of N of the points (indexes equal to I modulo N; I from 0 to N-1) and
+    /// write their results for `pdkv sweep-merge` instead of the report.
+    #[arg(long, value_name = "I/N", value_parser = crate::shard::parse)]
+    shard: Option<Shard>,
 }
 
 /// The sweep's own folder: its lines, its concurrency levels and, when not the usual ten, its
@@ -119,11 +131,16 @@ pub fn run(args: &SweepArgs) -> ExitCode {
         .jobs
         .map(|j| j as usize)
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    // A shard runs its own points only, each with its index in the whole grid.
+    let shard = args.shard.unwrap_or(Shard::WHOLE);
+    let total = grid.len();
+    let (indexes, grid): (Vec<usize>, Vec<_>) =
+        grid.into_iter().enumerate().filter(|(i, _)| shard.owns(*i as u64)).unzip();
     let bar = Mutex::new(Bar::new("sweep", Duration::ZERO));
     let results = run_points(&grid, jobs, &bar);
     bar.into_inner().expect("threads ended").finish();
     let mut points = Vec::new();
-    let mut all_expected = true;
+    let mut expected = Vec::new();
     // In grid order, whatever order the threads finished in: the first point that could not run
     // is the one reported, and the report is the same for any number of threads.
     for ((s, label, c), result) in grid.iter().zip(results) {
@@ -137,7 +154,7 @@ pub fn run(args: &SweepArgs) -> ExitCode {
         };
         // The sweep replaces the workload, so only the outcome is compared: a scenario's
         // NIC-balance bounds belong to its own request count.
-        all_expected &= result.outcome == result.expected;
+        expected.push(result.outcome == result.expected);
         points.push(SweepPoint {
             run: (*label).clone(),
             deployment: s.deployment.clone(),
@@ -148,36 +165,64 @@ pub fn run(args: &SweepArgs) -> ExitCode {
             outcome: result.outcome.name().to_string(),
         });
     }
-    let out = args.out.clone().unwrap_or_else(|| default_folder(&scenarios, args));
     let calibration = pdkv_sim::calibration::current();
     let provenance = Provenance {
         lines: scenarios.iter().map(|(s, label)| (label.clone(), hardware(s))).collect(),
         calibration: calibration.summary(),
     };
-    match write(&out, &points, &provenance, &error_band(&calibration), &command(args)) {
-        Ok(page) => {
-            let width = points.iter().map(|p| p.run.chars().count()).max().unwrap_or(0).max(24);
-            // A run without finished requests has no latency: "n/a", in the numbers' columns.
-            let ms = |v: Option<f64>, width: usize, decimals: usize| {
-                v.map_or_else(|| format!("{:>width$}   ", "n/a"), |v| format!("{v:>width$.decimals$} ms"))
-            };
-            for p in &points {
+    if let Some(shard) = args.shard {
+        let out = args.out.clone().unwrap_or_else(|| {
+            let whole = default_folder(&scenarios, args);
+            PathBuf::from(format!("{}_shard-{}-of-{}", whole.display(), shard.index, shard.count))
+        });
+        let file = crate::sweep_merge::ShardFile {
+            command: command(args),
+            calibration: provenance.calibration.clone(),
+            lines: provenance.lines.clone(),
+            points: total as u64,
+            shard,
+            results: indexes
+                .into_iter()
+                .map(|i| i as u64)
+                .zip(points)
+                .zip(expected)
+                .map(|((i, p), e)| (i, p, e))
+                .collect(),
+        };
+        return match file.write(&out) {
+            Ok(path) => {
+                let points: Vec<SweepPoint> = file.results.iter().map(|(_, p, _)| p.clone()).collect();
+                print_table(&points, &provenance);
                 println!(
-                    "{:<width$} C={:<5} {:>9.0} tok/s  TTFT {}  TPOT {}  {}",
-                    p.run,
-                    p.concurrency,
-                    p.total_tok_s,
-                    ms(p.ttft_mean_ms, 9, 0),
-                    ms(p.tpot_mean_ms, 6, 1),
-                    p.outcome
+                    "shard {shard} of the sweep ({} of its {total} points): {}",
+                    points.len(),
+                    path.display()
                 );
+                exit_code(file.results.iter().all(|(_, _, e)| *e))
             }
-            // What produced the figures, so a ranking is read against the model's error.
-            println!("model:");
-            for (line, hardware) in &provenance.lines {
-                println!("  {line:<width$} {hardware}");
+            Err(message) => {
+                eprintln!("error: {message}");
+                ExitCode::from(2)
             }
-            println!("{}", provenance.calibration);
+        };
+    }
+    let out = args.out.clone().unwrap_or_else(|| default_folder(&scenarios, args));
+    report(&out, &points, &provenance, &command(args), expected.iter().all(|e| *e))
+}
+
+/// Writes the sweep report of `points` to `out`, prints its table and says whether every point
+/// had its expected outcome (exit 0) or not (exit 1); 2 when the report cannot be written.
+pub fn report(
+    out: &std::path::Path,
+    points: &[SweepPoint],
+    provenance: &Provenance,
+    command: &str,
+    all_expected: bool,
+) -> ExitCode {
+    let calibration = pdkv_sim::calibration::current();
+    match write(out, points, provenance, &error_band(&calibration), command) {
+        Ok(page) => {
+            print_table(points, provenance);
             println!("report: {}", page.display());
         }
         Err(message) => {
@@ -185,11 +230,41 @@ pub fn run(args: &SweepArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     }
+    exit_code(all_expected)
+}
+
+fn exit_code(all_expected: bool) -> ExitCode {
     if all_expected {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
     }
+}
+
+/// Prints one line per point, then what produced the figures.
+fn print_table(points: &[SweepPoint], provenance: &Provenance) {
+    let width = points.iter().map(|p| p.run.chars().count()).max().unwrap_or(0).max(24);
+    // A run without finished requests has no latency: "n/a", in the numbers' columns.
+    let ms = |v: Option<f64>, width: usize, decimals: usize| {
+        v.map_or_else(|| format!("{:>width$}   ", "n/a"), |v| format!("{v:>width$.decimals$} ms"))
+    };
+    for p in points {
+        println!(
+            "{:<width$} C={:<5} {:>9.0} tok/s  TTFT {}  TPOT {}  {}",
+            p.run,
+            p.concurrency,
+            p.total_tok_s,
+            ms(p.ttft_mean_ms, 9, 0),
+            ms(p.tpot_mean_ms, 6, 1),
+            p.outcome
+        );
+    }
+    // What produced the figures, so a ranking is read against the model's error.
+    println!("model:");
+    for (line, hardware) in &provenance.lines {
+        println!("  {line:<width$} {hardware}");
+    }
+    println!("{}", provenance.calibration);
 }
 
 /// One result per grid point, in grid order, run on `jobs` threads (each run single-threaded
@@ -231,7 +306,7 @@ fn run_points(
 
 /// Where a line's hardware and model come from, in words: the profiles it names, or the
 /// built-in defaults the calibration was fitted on.
-fn hardware(s: &Scenario) -> String {
+pub fn hardware(s: &Scenario) -> String {
     const DEFAULTS: &str = "built-in MI300X-class defaults";
     let p = &s.profiles;
     if p.is_empty() {

@@ -13,5 +13,6 @@ mod properties;
 mod reports_cli;
 mod routes_cli;
 mod scenarios;
+mod shards;
 mod wire;
 mod zmtp_pyzmq;

@@ -1,0 +1,451 @@
+//! Exploration result files (`pdkv explore --result FILE`) and `pdkv explore-merge`, which puts
+//! the result files of `--shard i/N` runs back together into the file one unsharded run writes.
+//!
+//! A result file holds only what does not depend on the machine or the thread timing: the
+//! campaign (scenario, its fingerprint, seeds, faults, workload, shrink budget), and then either
+//! the smallest failing seed with what it broke and its shrunk scenario, or, when no seed broke
+//! a property, the outcome histogram, the distinct behaviours themselves (so a merge can take
+//! their union) and the event total. How many seeds ran before a failure stopped the search
+//! depends on the threads, so a failure's file does not say.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::Args;
+use serde_json::{json, Value};
+
+use crate::shard::{check_complete, MergeError, Shard};
+
+const FORMAT: &str = "pdkv-explore-result/1";
+
+const EXAMPLES: &str = "\
+Examples:
+  pdkv explore-merge out/shard-0.json out/shard-1.json out/shard-2.json --result out/explore.json
+  pdkv explore-merge out/shard-*.json
+
+The shard files come from one campaign run as N jobs, e.g. job i of a Slurm array:
+  pdkv explore notify-drift-fixed --seeds 6000 --faults swarm --shard i/N --result out/shard-i.json
+The merged file is byte for byte the file the unsharded run writes (pdkv explore ... --result
+FILE): the smallest failing seed of any shard with its shrunk scenario, or, when no seed broke a
+property, the outcomes, distinct behaviours and events of all shards together. The files must
+come from one campaign (same scenario, seeds, faults, workload, shrink budget and number of
+shards) and hold each shard exactly once. docs/cluster-campaigns.md has the Slurm and
+Kubernetes recipes.
+
+Exit codes: 0 no seed broke a property; 1 one did (its seed, the shrunk scenario and the
+replay command are printed); 2 bad input (the file at fault is named).";
+
+/// Merge the result files of a sharded exploration into one.
+#[derive(Args, Debug)]
+#[command(after_help = EXAMPLES)]
+pub struct ExploreMergeArgs {
+    /// The shards' result files (`pdkv explore --shard i/N --result FILE`), one per shard.
+    #[arg(required = true, value_name = "FILE")]
+    files: Vec<PathBuf>,
+    /// Write the merged result here.
+    #[arg(long, value_name = "FILE")]
+    result: Option<PathBuf>,
+    /// Folder for the shrunk scenario file of a failure.
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+}
+
+/// The campaign a result belongs to: what must be the same in every shard.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Campaign {
+    /// The scenario's name.
+    pub scenario: String,
+    /// A hash of the whole scenario (after workload flags), so two files of one name but
+    /// different contents are not merged.
+    pub fingerprint: String,
+    /// First seed.
+    pub from: u64,
+    /// How many seeds.
+    pub seeds: u64,
+    /// `none` or `swarm`.
+    pub faults: String,
+    /// `small` (a workload drawn per seed) or `full` (the scenario's own).
+    pub workload: String,
+    /// Runs the shrinker may spend.
+    pub shrink_budget: u64,
+}
+
+/// What an exploration found, in the part that is the same on any machine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Found {
+    /// No seed broke a property.
+    Clean {
+        /// Seeds run.
+        runs: u64,
+        /// Events of all seeds.
+        events: u64,
+        /// Outcome names and how many seeds had each.
+        outcomes: BTreeMap<String, u64>,
+        /// Distinct behaviours: requests finished and failed, events, outcome.
+        behaviours: BTreeSet<(u64, u64, u64, String)>,
+    },
+    /// The smallest failing seed.
+    Failure {
+        seed: u64,
+        /// The properties it broke, by name.
+        broken: Vec<String>,
+        /// The shrunk scenario's name and its file's text.
+        shrunk_name: String,
+        shrunk_text: String,
+    },
+}
+
+/// One result file: a whole exploration, or one shard of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    pub campaign: Campaign,
+    pub shard: Option<Shard>,
+    pub found: Found,
+}
+
+/// A stable 64-bit FNV-1a hash of `text`, as 16 hex digits.
+pub fn fingerprint(text: &str) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in text.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{hash:016x}")
+}
+
+impl Record {
+    /// The file's text: pretty JSON with sorted keys and a final newline, so equal records are
+    /// equal bytes.
+    pub fn text(&self) -> String {
+        let c = &self.campaign;
+        let mut value = json!({
+            "format": FORMAT,
+            "scenario": c.scenario,
+            "fingerprint": c.fingerprint,
+            "from": c.from,
+            "seeds": c.seeds,
+            "faults": c.faults,
+            "workload": c.workload,
+            "shrink_budget": c.shrink_budget,
+        });
+        if let Some(shard) = self.shard {
+            value["shard"] = shard.json();
+        }
+        value["found"] = match &self.found {
+            Found::Clean { runs, events, outcomes, behaviours } => json!({
+                "clean": {
+                    "runs": runs,
+                    "events": events,
+                    "outcomes": outcomes,
+                    // One line each: "finished failed events outcome".
+                    "behaviours": behaviours.iter().map(|(a, b, e, o)| format!("{a} {b} {e} {o}")).collect::<Vec<_>>(),
+                }
+            }),
+            Found::Failure { seed, broken, shrunk_name, shrunk_text } => json!({
+                "failure": { "seed": seed, "broken": broken, "shrunk": { "name": shrunk_name, "text": shrunk_text } }
+            }),
+        };
+        let mut text = serde_json::to_string_pretty(&value).expect("JSON values serialise");
+        text.push('\n');
+        text
+    }
+
+    /// Reads a record from a file's text; the error says what is missing or wrong.
+    pub fn parse(text: &str) -> Result<Record, String> {
+        let value: Value = serde_json::from_str(text).map_err(|e| format!("not JSON ({e})"))?;
+        let format = value.get("format").and_then(Value::as_str);
+        if format != Some(FORMAT) {
+            return Err(format!(
+                "`format` is {}, not \"{FORMAT}\"",
+                format.map_or("missing".into(), |f| format!("{f:?}"))
+            ));
+        }
+        let string = |v: &Value, name: &str| {
+            v.get(name)
+                .and_then(Value::as_str)
+                .map(str::to_string)
+                .ok_or_else(|| format!("`{name}` missing or not a string"))
+        };
+        let number = |v: &Value, name: &str| {
+            v.get(name)
+                .and_then(Value::as_u64)
+                .ok_or_else(|| format!("`{name}` missing or not a whole number"))
+        };
+        let campaign = Campaign {
+            scenario: string(&value, "scenario")?,
+            fingerprint: string(&value, "fingerprint")?,
+            from: number(&value, "from")?,
+            seeds: number(&value, "seeds")?,
+            faults: string(&value, "faults")?,
+            workload: string(&value, "workload")?,
+            shrink_budget: number(&value, "shrink_budget")?,
+        };
+        let shard = value.get("shard").map(crate::shard::from_json).transpose()?;
+        let found = value.get("found").ok_or("`found` missing")?;
+        let found = if let Some(clean) = found.get("clean") {
+            let mut outcomes = BTreeMap::new();
+            for (name, n) in clean.get("outcomes").and_then(Value::as_object).ok_or("`outcomes` missing")? {
+                outcomes.insert(
+                    name.clone(),
+                    n.as_u64().ok_or_else(|| format!("outcome `{name}` is not a count"))?,
+                );
+            }
+            let mut behaviours = BTreeSet::new();
+            for b in clean.get("behaviours").and_then(Value::as_array).ok_or("`behaviours` missing")? {
+                let parts: Vec<&str> = b.as_str().unwrap_or_default().split(' ').collect();
+                let key = match parts[..] {
+                    [a, f, e, o] => {
+                        a.parse().ok().zip(f.parse().ok()).zip(e.parse().ok()).map(|((a, f), e)| (a, f, e, o))
+                    }
+                    _ => None,
+                };
+                let (a, f, e, o) =
+                    key.ok_or_else(|| format!("behaviour {b} is not \"finished failed events outcome\""))?;
+                behaviours.insert((a, f, e, o.to_string()));
+            }
+            Found::Clean {
+                runs: number(clean, "runs")?,
+                events: number(clean, "events")?,
+                outcomes,
+                behaviours,
+            }
+        } else if let Some(failure) = found.get("failure") {
+            let broken = failure.get("broken").and_then(Value::as_array).ok_or("`broken` missing")?;
+            let broken: Option<Vec<String>> = broken.iter().map(|p| p.as_str().map(str::to_string)).collect();
+            let shrunk = failure.get("shrunk").ok_or("`shrunk` missing")?;
+            let shrunk_name = string(shrunk, "name")?;
+            // The name becomes a file name in the merge's folder.
+            if shrunk_name.is_empty() || shrunk_name.starts_with('.') || shrunk_name.contains(['/', '\\']) {
+                return Err(format!("the shrunk scenario's name {shrunk_name:?} is not a file name"));
+            }
+            Found::Failure {
+                seed: number(failure, "seed")?,
+                broken: broken.ok_or("`broken` is not a list of property names")?,
+                shrunk_name,
+                shrunk_text: string(shrunk, "text")?,
+            }
+        } else {
+            return Err("`found` is neither `clean` nor `failure`".to_string());
+        };
+        Ok(Record { campaign, shard, found })
+    }
+
+    /// The summary line of a clean result, without the wall times a merge cannot know.
+    pub fn clean_summary(&self) -> Option<String> {
+        let Found::Clean { runs, events, outcomes, behaviours } = &self.found else { return None };
+        let c = &self.campaign;
+        let histogram: Vec<String> = outcomes.iter().map(|(name, n)| format!("{name} {n}")).collect();
+        Some(format!(
+            "explored {runs} seeds of {} ({} faults, {}), {events} events: no property broken; outcomes: {}; {} distinct behaviours",
+            c.scenario,
+            if c.faults == "swarm" { "swarm" } else { "scenario" },
+            if c.workload == "small" { "a small workload per seed" } else { "the full workload" },
+            histogram.join(", "),
+            behaviours.len()
+        ))
+    }
+}
+
+/// Merges the records of every shard of one campaign (each file's name and record) into the
+/// record the unsharded exploration writes.
+pub fn merge(records: &[(String, Record)]) -> Result<Record, MergeError> {
+    let Some((first_file, first)) = records.first() else {
+        return Err(MergeError::Missing { shards: vec!["0/1".to_string()] });
+    };
+    let mut shards = Vec::new();
+    for (file, record) in records {
+        let Some(shard) = record.shard else { return Err(MergeError::NotAShard { file: file.clone() }) };
+        let (a, b) = (&record.campaign, &first.campaign);
+        let fields = [
+            ("the scenario", a.scenario.clone(), b.scenario.clone()),
+            ("the scenario's fingerprint", a.fingerprint.clone(), b.fingerprint.clone()),
+            ("the first seed (--from)", a.from.to_string(), b.from.to_string()),
+            ("the number of seeds (--seeds)", a.seeds.to_string(), b.seeds.to_string()),
+            ("the faults (--faults)", a.faults.clone(), b.faults.clone()),
+            ("the workload", a.workload.clone(), b.workload.clone()),
+            ("the shrink budget (--shrink-budget)", a.shrink_budget.to_string(), b.shrink_budget.to_string()),
+        ];
+        for (field, value, first) in fields {
+            if value != first {
+                return Err(MergeError::Mismatch {
+                    file: file.clone(),
+                    field: field.to_string(),
+                    value,
+                    first_file: first_file.clone(),
+                    first,
+                });
+            }
+        }
+        shards.push((file.clone(), shard));
+    }
+    check_complete(&shards)?;
+    let campaign = first.campaign.clone();
+    // The smallest failing seed of any shard is the smallest of all: each shard reports its
+    // own smallest, and the shards split the seeds between them.
+    let failure = records
+        .iter()
+        .filter_map(|(_, r)| match &r.found {
+            Found::Failure { seed, .. } => Some((*seed, r.found.clone())),
+            Found::Clean { .. } => None,
+        })
+        .min_by_key(|(seed, _)| *seed);
+    if let Some((_, found)) = failure {
+        return Ok(Record { campaign, shard: None, found });
+    }
+    let (mut runs, mut events) = (0u64, 0u64);
+    let mut outcomes: BTreeMap<String, u64> = BTreeMap::new();
+    let mut behaviours = BTreeSet::new();
+    for (file, record) in records {
+        let Found::Clean { runs: r, events: e, outcomes: o, behaviours: b } = &record.found else {
+            unreachable!("a failure returned above")
+        };
+        let shard = record.shard.expect("checked above");
+        let share = shard.share(campaign.seeds);
+        if *r != share {
+            return Err(MergeError::Incomplete {
+                file: file.clone(),
+                reason: format!(
+                    "shard {shard} of {} seeds has {share} seeds, but the file says {r} ran",
+                    campaign.seeds
+                ),
+            });
+        }
+        runs += r;
+        events = events.saturating_add(*e);
+        for (name, n) in o {
+            *outcomes.entry(name.clone()).or_default() += n;
+        }
+        behaviours.extend(b.iter().cloned());
+    }
+    Ok(Record { campaign, shard: None, found: Found::Clean { runs, events, outcomes, behaviours } })
+}
+
+/// Writes `text` to `file`, creating its folder.
+pub fn write(file: &Path, text: &str) -> Result<(), String> {
+    if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    std::fs::write(file, text).map_err(|e| format!("cannot write {}: {e}", file.display()))
+}
+
+pub fn run(args: &ExploreMergeArgs) -> ExitCode {
+    let mut records = Vec::new();
+    for file in &args.files {
+        let name = file.display().to_string();
+        let record = std::fs::read_to_string(file)
+            .map_err(|e| MergeError::Unreadable { file: name.clone(), reason: e.to_string() })
+            .and_then(|text| {
+                Record::parse(&text).map_err(|reason| MergeError::Malformed { file: name.clone(), reason })
+            });
+        match record {
+            Ok(record) => records.push((name, record)),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let merged = match merge(&records) {
+        Ok(merged) => merged,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(file) = &args.result {
+        if let Err(message) = write(file, &merged.text()) {
+            eprintln!("error: {message}");
+            return ExitCode::from(2);
+        }
+    }
+    let shards = records.len();
+    match &merged.found {
+        Found::Clean { .. } => {
+            println!(
+                "merged {shards} shard{}: {}",
+                if shards == 1 { "" } else { "s" },
+                merged.clean_summary().unwrap_or_default()
+            );
+            ExitCode::SUCCESS
+        }
+        Found::Failure { seed, broken, shrunk_name, shrunk_text } => {
+            println!(
+                "merged {shards} shard{}: seed {seed} of {} breaks: {}",
+                if shards == 1 { "" } else { "s" },
+                merged.campaign.scenario,
+                broken.join(", ")
+            );
+            let dir = args.out.clone().unwrap_or_else(|| PathBuf::from("target/pdkv/explore"));
+            let file = dir.join(format!("{shrunk_name}.ron"));
+            if let Err(message) = write(&file, shrunk_text) {
+                eprintln!("error: {message}");
+                return ExitCode::from(2);
+            }
+            println!("shrunk:");
+            println!("{shrunk_text}");
+            println!("replay: pdkv run {}", file.display());
+            ExitCode::from(1)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn campaign() -> Campaign {
+        Campaign {
+            scenario: "s".into(),
+            fingerprint: fingerprint("s"),
+            from: 3,
+            seeds: 10,
+            faults: "swarm".into(),
+            workload: "small".into(),
+            shrink_budget: 300,
+        }
+    }
+
+    #[test]
+    fn records_read_back_as_written() {
+        let clean = Found::Clean {
+            runs: 4,
+            events: 99,
+            outcomes: [("clean".to_string(), 3), ("incomplete".to_string(), 1)].into(),
+            behaviours: [(1, 0, 40, "clean".to_string()), (0, 2, 59, "incomplete".to_string())].into(),
+        };
+        let failure = Found::Failure {
+            seed: 7,
+            broken: vec!["safety".into(), "no-hang".into()],
+            shrunk_name: "s-seed7-shrunk".into(),
+            shrunk_text: "// header\n(name: \"s-seed7-shrunk\")\n".into(),
+        };
+        for found in [clean, failure] {
+            for shard in [None, Some(Shard { index: 1, count: 3 })] {
+                let record = Record { campaign: campaign(), shard, found: found.clone() };
+                assert_eq!(Record::parse(&record.text()), Ok(record.clone()));
+            }
+        }
+    }
+
+    #[test]
+    fn the_smallest_failing_seed_of_any_shard_wins() {
+        let shard = |index, found| {
+            (
+                format!("{index}.json"),
+                Record { campaign: campaign(), shard: Some(Shard { index, count: 3 }), found },
+            )
+        };
+        let failure = |seed| Found::Failure {
+            seed,
+            broken: vec!["safety".into()],
+            shrunk_name: format!("n{seed}"),
+            shrunk_text: String::new(),
+        };
+        let clean =
+            Found::Clean { runs: 3, events: 1, outcomes: BTreeMap::new(), behaviours: BTreeSet::new() };
+        let merged = merge(&[shard(0, clean), shard(1, failure(11)), shard(2, failure(5))]).expect("merges");
+        assert_eq!(merged.shard, None);
+        assert!(matches!(merged.found, Found::Failure { seed: 5, .. }), "{merged:?}");
+    }
+}
