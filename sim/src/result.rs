@@ -218,6 +218,11 @@ pub struct Ledger {
     pub max_hold_ms: f64,
     /// Time prefill DP ranks spent unable to start a batch for want of free blocks, in seconds.
     pub prefill_stall_s: f64,
+    /// The run's budget ended while an engine holding blocks still had a reaper deadline ahead:
+    /// the reaper could still have freed them, so blocks held then are no verdict of a leak
+    /// (as requests the budget cut off are no verdict of a hang). Left out when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reaper_pending: bool,
 }
 
 /// A wait that never ended.

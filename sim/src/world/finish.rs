@@ -119,6 +119,8 @@ impl World {
         ledger.reaped_excused = self.reaped_excused;
         ledger.lost_in_crash = self.lost_in_crash;
         ledger.prefill_stall_s = round3(self.pgroups.iter().map(|g| g.stall_ns).sum::<u64>() as f64 / 1e9);
+        ledger.reaper_pending = self.budget_ended
+            && self.engines.iter().any(|e| e.totals().held > 0 && e.poll_timeout().is_some());
         result.ledger = ledger;
 
         // Requests in flight when the budget ended are cut off, not hung, if the run was still
@@ -163,11 +165,15 @@ impl World {
         } else if result.requests.failed_unexcused > 0 {
             Outcome::FailedRequests
         } else if result.ledger.reaped > result.ledger.reaped_excused
-            || (result.ledger.held > 0 && result.requests.cut_off == 0)
+            || (result.ledger.held > 0 && result.requests.cut_off == 0 && !result.ledger.reaper_pending)
         {
             // Blocks still held by requests the budget cut off are theirs, not leaked.
             Outcome::Leak
-        } else if result.requests.unsent > 0 || result.requests.cut_off > 0 {
+        } else if result.requests.unsent > 0
+            || result.requests.cut_off > 0
+            || (result.ledger.reaper_pending && result.ledger.held > 0)
+        {
+            // Cut short: requests unsent or cut off, or blocks the reaper had still to free.
             Outcome::Incomplete
         } else {
             Outcome::Clean
