@@ -153,25 +153,8 @@ impl Record {
 
     /// Reads a record from a file's text; the error says what is missing or wrong.
     pub fn parse(text: &str) -> Result<Record, String> {
-        let value: Value = serde_json::from_str(text).map_err(|e| format!("not JSON ({e})"))?;
-        let format = value.get("format").and_then(Value::as_str);
-        if format != Some(FORMAT) {
-            return Err(format!(
-                "`format` is {}, not \"{FORMAT}\"",
-                format.map_or("missing".into(), |f| format!("{f:?}"))
-            ));
-        }
-        let string = |v: &Value, name: &str| {
-            v.get(name)
-                .and_then(Value::as_str)
-                .map(str::to_string)
-                .ok_or_else(|| format!("`{name}` missing or not a string"))
-        };
-        let number = |v: &Value, name: &str| {
-            v.get(name)
-                .and_then(Value::as_u64)
-                .ok_or_else(|| format!("`{name}` missing or not a whole number"))
-        };
+        let value = crate::shard::json_of(text, FORMAT)?;
+        let (string, number) = (crate::shard::string_field, crate::shard::number_field);
         let campaign = Campaign {
             scenario: string(&value, "scenario")?,
             fingerprint: string(&value, "fingerprint")?,

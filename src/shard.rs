@@ -70,6 +70,35 @@ pub fn parse(text: &str) -> Result<Shard, String> {
     Ok(Shard { index, count })
 }
 
+/// Reads a shard or result file's JSON and checks its `format` is `expected`; the error says
+/// what is wrong.
+pub fn json_of(text: &str, expected: &str) -> Result<serde_json::Value, String> {
+    let value: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("not JSON ({e})"))?;
+    let format = value.get("format").and_then(serde_json::Value::as_str);
+    if format != Some(expected) {
+        return Err(format!(
+            "`format` is {}, not \"{expected}\"",
+            format.map_or("missing".into(), |f| format!("{f:?}"))
+        ));
+    }
+    Ok(value)
+}
+
+/// The string field `name` of `v`, or what is wrong with it.
+pub fn string_field(v: &serde_json::Value, name: &str) -> Result<String, String> {
+    v.get(name)
+        .and_then(serde_json::Value::as_str)
+        .map(str::to_string)
+        .ok_or_else(|| format!("`{name}` missing or not a string"))
+}
+
+/// The whole-number field `name` of `v`, or what is wrong with it.
+pub fn number_field(v: &serde_json::Value, name: &str) -> Result<u64, String> {
+    v.get(name)
+        .and_then(serde_json::Value::as_u64)
+        .ok_or_else(|| format!("`{name}` missing or not a whole number"))
+}
+
 /// A shard as a shard file writes it, or what is wrong with it.
 pub fn from_json(value: &serde_json::Value) -> Result<Shard, String> {
     let field = |name: &str| {
