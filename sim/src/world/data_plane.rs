@@ -155,7 +155,7 @@ impl World {
         let rank = self.p_ranks[server];
         let g = self.pgroup_base[usize::from(rank.engine.index)] + usize::from(rank.dp);
         let pool = &self.pgroups[g].pool;
-        let wrong: Vec<u32> = blocks.iter().copied().filter(|&b| pool.owner_of(b) != transfer).collect();
+        let wrong = pool.not_owned_by(blocks, transfer);
         if wrong.is_empty() {
             return;
         }

@@ -20,10 +20,12 @@ pub(super) struct Pool {
     free: VecDeque<Run>,
     /// Blocks free in `free`, in all.
     free_blocks: usize,
-    /// Owner transfer (index into `World::transfers`) of each block in use; a block absent is
-    /// free (or never used). Only blocks in use are kept, so memory follows the requests in
-    /// flight rather than the pool's size.
-    owner: BTreeMap<u32, u32>,
+    /// The blocks in use, as intervals of consecutive ids with their owner transfer (index into
+    /// `World::transfers`): start -> (length, owner). A block in no interval is free (or never
+    /// used). A request's blocks are a few runs of consecutive ids (fresh ids ascending, freed
+    /// runs), so this keeps a few entries per request in flight, and a check of a request's
+    /// blocks costs a search per run, not per block.
+    owner: BTreeMap<u32, (u32, u32)>,
 }
 
 /// Consecutive free ids in queue order: `first`, then `len - 1` more, each one below the one
@@ -105,10 +107,51 @@ impl Pool {
             } else {
                 self.pop_free().expect("caller checks availability")
             };
-            self.owner.insert(b, owner);
             blocks.push(b);
         }
+        // One interval per run of consecutive ids, in either direction.
+        let mut i = 0;
+        while i < blocks.len() {
+            let mut j = i + 1;
+            let step = blocks.get(j).map(|&b| i64::from(b) - i64::from(blocks[i]));
+            if let Some(step @ (1 | -1)) = step {
+                while j < blocks.len() && i64::from(blocks[j]) - i64::from(blocks[j - 1]) == step {
+                    j += 1;
+                }
+            }
+            let low = blocks[i].min(blocks[j - 1]);
+            self.owner.insert(low, ((j - i) as u32, owner));
+            i = j;
+        }
         blocks
+    }
+
+    /// The interval in use that holds block `b`: its start, length and owner.
+    fn interval_of(&self, b: u32) -> Option<(u32, u32, u32)> {
+        let (&start, &(len, owner)) = self.owner.range(..=b).next_back()?;
+        (u64::from(b) < u64::from(start) + u64::from(len)).then_some((start, len, owner))
+    }
+
+    /// The blocks of `blocks` that `owner` does not hold, in order.
+    pub(super) fn not_owned_by(&self, blocks: &[u32], owner: u32) -> Vec<u32> {
+        let mut wrong = Vec::new();
+        let mut i = 0;
+        while i < blocks.len() {
+            match self.interval_of(blocks[i]) {
+                Some((start, len, o)) if o == owner => {
+                    // Every following block inside the same interval is the owner's too.
+                    let end = u64::from(start) + u64::from(len);
+                    while i < blocks.len() && blocks[i] >= start && u64::from(blocks[i]) < end {
+                        i += 1;
+                    }
+                }
+                _ => {
+                    wrong.push(blocks[i]);
+                    i += 1;
+                }
+            }
+        }
+        wrong
     }
 
     /// Frees `blocks` of `owner`, last block first; returns the blocks that were not `owner`'s
@@ -116,14 +159,20 @@ impl Pool {
     pub(super) fn release(&mut self, blocks: &[u32], owner: u32) -> Vec<u32> {
         let mut bad = Vec::new();
         for &b in blocks.iter().rev() {
-            // One search per block: take the entry out, and put it back on a double free.
-            match self.owner.remove(&b) {
-                Some(o) if o == owner => self.push_free(b),
-                Some(o) => {
-                    self.owner.insert(b, o);
-                    bad.push(b);
+            match self.interval_of(b) {
+                Some((start, len, o)) if o == owner => {
+                    // Cut `b` out of its interval: what is left on either side stays in use.
+                    self.owner.remove(&start);
+                    if b > start {
+                        self.owner.insert(start, (b - start, o));
+                    }
+                    let end = u64::from(start) + u64::from(len);
+                    if u64::from(b) + 1 < end {
+                        self.owner.insert(b + 1, ((end - u64::from(b) - 1) as u32, o));
+                    }
+                    self.push_free(b);
                 }
-                None => bad.push(b),
+                _ => bad.push(b),
             }
         }
         bad
@@ -131,7 +180,7 @@ impl Pool {
 
     /// The owner of block `b` (`FREE` if free or never used).
     pub(super) fn owner_of(&self, b: u32) -> u32 {
-        self.owner.get(&b).copied().unwrap_or(FREE)
+        self.interval_of(b).map_or(FREE, |(_, _, owner)| owner)
     }
 }
 
@@ -185,6 +234,14 @@ mod tests {
                 assert_eq!(pool.available(), free.len() + (capacity - next) as usize);
                 for b in 0..capacity {
                     assert_eq!(pool.owner_of(b), owner[b as usize], "seed {seed} block {b}");
+                }
+                if let Some((who, blocks)) = held.last() {
+                    assert!(pool.not_owned_by(blocks, *who).is_empty());
+                    let mut mixed = blocks.clone();
+                    mixed.extend([capacity - 1, 0]);
+                    let expected: Vec<u32> =
+                        mixed.iter().copied().filter(|&b| owner[b as usize] != *who).collect();
+                    assert_eq!(pool.not_owned_by(&mixed, *who), expected, "seed {seed} step {step}");
                 }
             }
             // A double free names the blocks that were not the freer's.
