@@ -249,17 +249,7 @@ pub fn merge(records: &[(String, Record)]) -> Result<Record, MergeError> {
             ("the workload", a.workload.clone(), b.workload.clone()),
             ("the shrink budget (--shrink-budget)", a.shrink_budget.to_string(), b.shrink_budget.to_string()),
         ];
-        for (field, value, first) in fields {
-            if value != first {
-                return Err(MergeError::Mismatch {
-                    file: file.clone(),
-                    field: field.to_string(),
-                    value,
-                    first_file: first_file.clone(),
-                    first,
-                });
-            }
-        }
+        crate::shard::check_same(file, first_file, &fields)?;
         shards.push((file.clone(), shard));
     }
     check_complete(&shards)?;

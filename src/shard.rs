@@ -99,6 +99,23 @@ pub fn number_field(v: &serde_json::Value, name: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("`{name}` missing or not a whole number"))
 }
 
+/// The first of `fields` (what it is, this file's value, the first file's value) on which
+/// `file` differs from `first_file`, as the error that names both.
+pub fn check_same(file: &str, first_file: &str, fields: &[(&str, String, String)]) -> Result<(), MergeError> {
+    for (field, value, first) in fields {
+        if value != first {
+            return Err(MergeError::Mismatch {
+                file: file.to_string(),
+                field: field.to_string(),
+                value: value.clone(),
+                first_file: first_file.to_string(),
+                first: first.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// A shard as a shard file writes it, or what is wrong with it.
 pub fn from_json(value: &serde_json::Value) -> Result<Shard, String> {
     let field = |name: &str| {

@@ -171,17 +171,7 @@ pub fn merge(files: &[(String, ShardFile)]) -> Result<(Vec<SweepPoint>, Vec<bool
             ("the lines' hardware", lines(shard), lines(first)),
             ("the number of points", shard.points.to_string(), first.points.to_string()),
         ];
-        for (field, value, first) in fields {
-            if value != first {
-                return Err(MergeError::Mismatch {
-                    file: file.clone(),
-                    field: field.to_string(),
-                    value,
-                    first_file: first_file.clone(),
-                    first,
-                });
-            }
-        }
+        crate::shard::check_same(file, first_file, &fields)?;
     }
     check_complete(&files.iter().map(|(f, s)| (f.clone(), s.shard)).collect::<Vec<_>>())?;
     for (file, shard) in files {
