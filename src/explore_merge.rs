@@ -305,14 +305,8 @@ pub fn write(file: &Path, text: &str) -> Result<(), String> {
 pub fn run(args: &ExploreMergeArgs) -> ExitCode {
     let mut records = Vec::new();
     for file in &args.files {
-        let name = file.display().to_string();
-        let record = std::fs::read_to_string(file)
-            .map_err(|e| MergeError::Unreadable { file: name.clone(), reason: e.to_string() })
-            .and_then(|text| {
-                Record::parse(&text).map_err(|reason| MergeError::Malformed { file: name.clone(), reason })
-            });
-        match record {
-            Ok(record) => records.push((name, record)),
+        match crate::shard::read_file(file, Record::parse) {
+            Ok(named) => records.push(named),
             Err(e) => {
                 eprintln!("error: {e}");
                 return ExitCode::from(2);

@@ -99,6 +99,19 @@ pub fn number_field(v: &serde_json::Value, name: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("`{name}` missing or not a whole number"))
 }
 
+/// Reads the file at `path` and parses it with `parse`; the error names the file and says what
+/// is wrong. Returns the file's name as messages show it, and what it holds.
+pub fn read_file<T>(
+    path: &std::path::Path,
+    parse: impl Fn(&str) -> Result<T, String>,
+) -> Result<(String, T), MergeError> {
+    let name = path.display().to_string();
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| MergeError::Unreadable { file: name.clone(), reason: e.to_string() })?;
+    let value = parse(&text).map_err(|reason| MergeError::Malformed { file: name.clone(), reason })?;
+    Ok((name, value))
+}
+
 /// The first of `fields` (what it is, this file's value, the first file's value) on which
 /// `file` differs from `first_file`, as the error that names both.
 pub fn check_same(file: &str, first_file: &str, fields: &[(&str, String, String)]) -> Result<(), MergeError> {

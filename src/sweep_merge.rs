@@ -213,14 +213,8 @@ pub fn run(args: &SweepMergeArgs) -> ExitCode {
     let mut files = Vec::new();
     for given in &args.shards {
         let path = if given.is_dir() { given.join(FILE) } else { given.clone() };
-        let name = path.display().to_string();
-        let file = std::fs::read_to_string(&path)
-            .map_err(|e| MergeError::Unreadable { file: name.clone(), reason: e.to_string() })
-            .and_then(|text| {
-                ShardFile::parse(&text).map_err(|reason| MergeError::Malformed { file: name.clone(), reason })
-            });
-        match file {
-            Ok(file) => files.push((name, file)),
+        match crate::shard::read_file(&path, ShardFile::parse) {
+            Ok(named) => files.push(named),
             Err(e) => {
                 eprintln!("error: {e}");
                 return ExitCode::from(2);
