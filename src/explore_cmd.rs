@@ -25,6 +25,7 @@ Examples:
   pdkv explore 2P_DP8EP:1D_TP8 --seeds 2000 --faults swarm
   pdkv explore 2P_TP8:1D_DP8EP --for 60s --faults swarm
   pdkv explore notify-drift --seeds 100          (finds the leak at once)
+  pdkv explore prefill-crash-restart --seeds 10000 --faults swarm --legacy no-incarnation-fence
   pdkv explore notify-drift-fixed --seeds 2000 --faults swarm --jobs 2
   pdkv explore 2P_TP8:1D_DP8EP --full-workload --seeds 4
   pdkv explore notify-drift-fixed --seeds 60 --faults swarm --result out/explore.json
@@ -73,6 +74,10 @@ pub enum FaultMode {
 pub struct ExploreArgs {
     /// A scenario file, a built-in scenario name, or a deployment notation.
     scenario: String,
+    /// Switch on a historical bug (repeatable), on top of the scenario's own: the search then
+    /// looks for what it breaks.
+    #[arg(long = "legacy", value_name = "NAME", value_parser = crate::routes_cmd::legacy_parser())]
+    legacy: Vec<pdkv_core::legacy::Legacy>,
     #[command(flatten)]
     workload: crate::run_cmd::WorkloadArgs,
     /// How many seeds to run (default 1000, or as many as --for allows).
@@ -282,6 +287,11 @@ pub fn run(args: &ExploreArgs) -> ExitCode {
     let base = match crate::run_cmd::load(&args.scenario) {
         Ok(mut s) => {
             args.workload.apply(&mut s);
+            for &option in &args.legacy {
+                if !s.protocol.legacy.contains(&option) {
+                    s.protocol.legacy.push(option);
+                }
+            }
             s
         }
         Err(message) => {

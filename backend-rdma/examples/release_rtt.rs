@@ -81,6 +81,7 @@ fn release(ids: &[TransferId], quorum: usize, i: usize) -> ControlMessage {
         transfer_id: ids[i / quorum].clone(),
         consumer_tp_size: Some(DECODE_TP),
         sender: None,
+        incarnation: None,
     })
 }
 
@@ -129,6 +130,7 @@ impl Rank {
             attn_backend_name: "FLASHMLA".into(),
             rank: None,
             extensions: Extensions::ALL,
+            incarnation: None,
         };
         let rank_id = RankId::new(EngineId::prefill(0), 0, 0);
         let worker = PrefillWorker::new(rank_id, metadata, Vec::new(), &Policy::fixed());
@@ -175,7 +177,11 @@ impl Rank {
         self.registered += 1;
         let now = self.now();
         let quorum = Quorum::Exact(self.quorum);
-        self.worker.handle(now, WorkerEvent::Register { transfer_id, quorum }, &mut self.out);
+        self.worker.handle(
+            now,
+            WorkerEvent::Register { transfer_id, quorum, incarnation: None },
+            &mut self.out,
+        );
         self.expect_quiet("register");
     }
 
@@ -210,7 +216,7 @@ impl Rank {
     fn settle(&mut self) {
         if let Some(transfer_id) = self.to_retire.take() {
             let now = self.now();
-            self.worker.handle(now, WorkerEvent::Retired { transfer_id }, &mut self.out);
+            self.worker.handle(now, WorkerEvent::Retired { transfer_id, incarnation: None }, &mut self.out);
             self.expect_quiet("retire");
             if self.registered < self.ids.len() {
                 self.register_next();

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
 use std::time::Duration;
 
-use pdkv_core::ids::{RankId, Role};
+use pdkv_core::ids::{Incarnation, RankId, Role};
 use pdkv_core::ports::Endpoint;
 use pdkv_core::time::Instant;
 use pdkv_core::topology::Deployment;
@@ -171,7 +171,8 @@ pub fn run(deployment: &str, rank: RankId, scheduler: SocketAddr) -> Result<(), 
             }
         }
     });
-    let ctx = Context { deployment, rank, setup, link, tx, rx, clock: Clock::start() };
+    let incarnation = draw_incarnation();
+    let ctx = Context { deployment, rank, setup, link, tx, rx, clock: Clock::start(), incarnation };
     match rank.engine.role {
         Role::Prefill => crate::prefill_rank::run(ctx),
         Role::Decode => crate::decode_rank::run(ctx),
@@ -194,6 +195,30 @@ pub struct Context {
     pub rx: Receiver<Input>,
     /// The process clock.
     pub clock: Clock,
+    /// This process's incarnation, drawn at start: a prefill rank names it in its handshake
+    /// metadata, and its engine in every answer of a transfer the rank holds.
+    pub incarnation: Incarnation,
+}
+
+/// A fresh incarnation for this process: 64 bits from the operating system's random source,
+/// folded into the protocol's range. Where `/dev/urandom` cannot be read, the bits come from the
+/// standard library's per-process random hash keys mixed with the process id and the time, which
+/// differ between any two starts of a rank.
+pub fn draw_incarnation() -> Incarnation {
+    use std::hash::{BuildHasher, Hasher};
+    use std::io::Read;
+    let mut bytes = [0u8; 8];
+    let from_os = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes)).is_ok();
+    let bits = if from_os {
+        u64::from_le_bytes(bytes)
+    } else {
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u32(std::process::id());
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        hasher.write_u128(now.as_nanos());
+        hasher.finish()
+    };
+    Incarnation::from_bits(bits)
 }
 
 /// One thing that happened, for the node thread.

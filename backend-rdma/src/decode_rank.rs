@@ -250,7 +250,12 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
     let (notify_tx, notify_rx) = mpsc::channel();
     let (tx, identity) = (ctx.tx.clone(), rank.to_string());
     thread::spawn(move || notifier(notify_rx, identity, tx));
-    ctx.link.send(&FromRank::Ready { data_addr: None, memory: "host".into(), handshake: None })?;
+    ctx.link.send(&FromRank::Ready {
+        data_addr: None,
+        memory: "host".into(),
+        handshake: None,
+        incarnation: None,
+    })?;
 
     // Data-plane address of each session, from the handshake's `agent_metadata`.
     let mut data: BTreeMap<SessionKey, Endpoint> = BTreeMap::new();

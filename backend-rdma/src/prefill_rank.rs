@@ -167,9 +167,11 @@ pub fn serve_notify(mut conn: crate::zmtp::Connection, _id: u64, tx: Sender<Inpu
 /// serves on, where MoRIIO's would raise and serve nobody again.
 pub fn notify_event(frame: &[u8]) -> Result<WorkerEvent, String> {
     match wire::decode(frame) {
-        Ok(ControlMessage::ReadLease(lease)) => {
-            Ok(WorkerEvent::Lease { transfer_id: lease.transfer_id, lease_ms: lease.lease_ms })
-        }
+        Ok(ControlMessage::ReadLease(lease)) => Ok(WorkerEvent::Lease {
+            transfer_id: lease.transfer_id,
+            lease_ms: lease.lease_ms,
+            incarnation: lease.incarnation,
+        }),
         Ok(message) => match message.as_release() {
             Some(release) => Ok(WorkerEvent::Release(release)),
             None => Err(format!("notify listener: unexpected {}", crate::connector::message_name(&message))),
@@ -255,10 +257,10 @@ fn start(ctx: &mut Context) -> Result<Started, String> {
     let model = &d.model;
     let block_len = u64::from(model.block_size_tokens) * model.bytes_per_token_per_layer_per_rank(layout.tp);
     let region_len = u64::from(setup.num_blocks) * block_len;
-    // Each rank and incarnation gets its own slice of the address space, so an address says
-    // whose memory it is, and a read meant for a dead incarnation finds nothing registered.
+    // Each rank and life gets its own slice of the address space, so an address says whose
+    // memory it is, and a read meant for a dead process finds nothing registered.
     let index = d.rank_index(rank) as u64;
-    let rank_base = ((index + 1) << 44) + (u64::from(setup.incarnation % 64) << 38);
+    let rank_base = ((index + 1) << 44) + (u64::from(setup.life % 64) << 38);
     let mut regions = Regions::new();
     let mut bases = Vec::new();
     for layer in 0..u64::from(model.layers) {
@@ -319,6 +321,7 @@ fn start(ctx: &mut Context) -> Result<Started, String> {
         attn_backend_name: if model.use_mla { "FLASHMLA" } else { "FLASH_ATTN" }.into(),
         rank: Some(RankInfo { dp_rank: rank.dp, tp_rank: rank.tp, tp_size: layout.tp }),
         extensions: Extensions::ALL,
+        incarnation: Some(ctx.incarnation),
     };
     let layers: Vec<LayerMemoryDesc> = bases
         .iter()
@@ -356,7 +359,12 @@ fn start(ctx: &mut Context) -> Result<Started, String> {
         spawn_listener(listener, ctx.tx.clone(), serve);
     }
     ctx.link
-        .send(&FromRank::Ready { data_addr: Some(data_addr.to_string()), memory, handshake })
+        .send(&FromRank::Ready {
+            data_addr: Some(data_addr.to_string()),
+            memory,
+            handshake,
+            incarnation: Some(ctx.incarnation).filter(|_| !ctx.setup.data_plane_only),
+        })
         .map_err(|e| e.to_string())?;
     Ok(Started { worker, kv, server })
 }
@@ -382,13 +390,13 @@ fn serve(mut ctx: Context, started: Started) -> Result<(), ConnectorError> {
                 filled.insert(transfer_id.clone(), blocks);
                 ctx.link.send(&FromRank::Prefilled { transfer_id })?;
             }
-            Input::Sched(ToRank::Register { transfer_id, quorum }) => {
-                worker.handle(now, WorkerEvent::Register { transfer_id, quorum }, &mut out);
+            Input::Sched(ToRank::Register { transfer_id, quorum, incarnation }) => {
+                worker.handle(now, WorkerEvent::Register { transfer_id, quorum, incarnation }, &mut out);
             }
             Input::Sched(ToRank::GroupDone { transfer_id }) => {
                 worker.handle(now, WorkerEvent::GroupDone { transfer_id }, &mut out);
             }
-            Input::Sched(ToRank::Retire { transfer_id }) => {
+            Input::Sched(ToRank::Retire { transfer_id, incarnation }) => {
                 if let Some(blocks) = filled.remove(&transfer_id) {
                     if let Err(e) = kv.fence(&blocks) {
                         ctx.link.send(&FromRank::Problem {
@@ -400,7 +408,7 @@ fn serve(mut ctx: Context, started: Started) -> Result<(), ConnectorError> {
                 // A data-plane-only rank's worker never heard of the transfer: the control
                 // plane that registered it is another connector's.
                 if !ctx.setup.data_plane_only {
-                    worker.handle(now, WorkerEvent::Retired { transfer_id }, &mut out);
+                    worker.handle(now, WorkerEvent::Retired { transfer_id, incarnation }, &mut out);
                 }
             }
             Input::Sched(ToRank::Fence { transfer_id, blocks }) => {
@@ -479,14 +487,23 @@ mod tests {
     #[test]
     fn notify_frames_become_events_or_report_lines() {
         let tid = || TransferId("tx-1".into());
-        let release = |consumer_tp_size| Release { transfer_id: tid(), consumer_tp_size, sender: None };
+        let release = |consumer_tp_size| Release {
+            transfer_id: tid(),
+            consumer_tp_size,
+            sender: None,
+            incarnation: None,
+        };
         let encode = |message| wire::encode(&message);
         let cases: Vec<(Vec<u8>, Result<WorkerEvent, &str>)> = vec![
             (encode(ControlMessage::Release(release(Some(4)))), Ok(WorkerEvent::Release(release(Some(4))))),
             (b"tx-1".to_vec(), Ok(WorkerEvent::Release(release(None)))),
             (
-                encode(ControlMessage::ReadLease(ReadLease { transfer_id: tid(), lease_ms: 500 })),
-                Ok(WorkerEvent::Lease { transfer_id: tid(), lease_ms: 500 }),
+                encode(ControlMessage::ReadLease(ReadLease {
+                    transfer_id: tid(),
+                    lease_ms: 500,
+                    incarnation: None,
+                })),
+                Ok(WorkerEvent::Lease { transfer_id: tid(), lease_ms: 500, incarnation: None }),
             ),
             // vLLM 0.33's WRITE-mode failure notice, which pdkv does not know.
             (

@@ -10,7 +10,7 @@
 use std::fmt;
 use std::io::{self, Read, Write};
 
-use pdkv_core::ids::{EngineId, RankId, RequestId, TransferId};
+use pdkv_core::ids::{EngineId, Incarnation, RankId, RequestId, TransferId};
 use pdkv_core::legacy::LegacyOptions;
 use pdkv_core::params::KvTransferParams;
 use pdkv_core::policy::PeerBook;
@@ -82,9 +82,11 @@ pub struct Setup {
     pub per_request_reads: bool,
     /// Decode (fault injection): drop this many of the first releases instead of sending them.
     pub drop_releases: u32,
-    /// Which start of this rank this is (0 first); prefill regions of each incarnation get
-    /// their own addresses, so a read meant for a dead incarnation cannot land in a new one.
-    pub incarnation: u32,
+    /// Which start of this rank this is (0 first); prefill regions of each life get their own
+    /// addresses, so a read meant for a dead process cannot land in a new one. (The protocol's
+    /// incarnation is another thing: the process draws it at start and reports it in
+    /// [`FromRank::Ready`].)
+    pub life: u32,
     /// The rules each engine of the deployment follows: a decode rank releases and dials each
     /// prefill engine under the rules it meets it with ([`PeerBook::between`]).
     #[serde(default)]
@@ -129,6 +131,9 @@ pub enum ToRank {
         transfer_id: TransferId,
         /// Releases this rank waits for.
         quorum: Quorum,
+        /// The incarnation of the rank it was registered on.
+        #[serde(default)]
+        incarnation: Option<Incarnation>,
     },
     /// Prefill: another rank of the group was read and released (`EngineAction::GroupDone`).
     GroupDone {
@@ -139,6 +144,9 @@ pub enum ToRank {
     Retire {
         /// The transfer.
         transfer_id: TransferId,
+        /// The incarnation of the rank it was registered on.
+        #[serde(default)]
+        incarnation: Option<Incarnation>,
     },
     /// Prefill: revoke remote access to these blocks (`EngineAction::Fence`).
     Fence {
@@ -213,6 +221,10 @@ pub enum FromRank {
         /// for the connector that plays its control plane.
         #[serde(default)]
         handshake: Option<[Vec<u8>; 2]>,
+        /// Prefill: the incarnation the process drew at start and names in its handshake
+        /// metadata (`None` for a rank whose engine follows rules without incarnations).
+        #[serde(default)]
+        incarnation: Option<Incarnation>,
     },
     /// The rank could not start; it exits after sending this.
     SetupFailed {

@@ -48,6 +48,10 @@ pub enum HandshakeError {
     /// stale (the remote rank restarted and its memory keys are gone), so it was invalidated and
     /// the next step that needs the rank dials again. No dial failed.
     Invalidated(String),
+    /// The session was complete, but a request named another incarnation of the rank than the
+    /// session's (see [`crate::fence`]): it was dropped so that a fresh handshake says which
+    /// incarnation is live. No dial failed.
+    Superseded,
 }
 
 impl fmt::Display for HandshakeError {
@@ -62,6 +66,9 @@ impl fmt::Display for HandshakeError {
             }
             HandshakeError::Invalidated(reason) => {
                 write!(f, "session invalidated after a failed read: {reason}")
+            }
+            HandshakeError::Superseded => {
+                write!(f, "session dropped: a transfer names another incarnation of the rank")
             }
         }
     }
@@ -168,6 +175,10 @@ pub enum HandshakeEvent {
     /// stale (the remote rank restarted and its memory keys are gone), so it is dropped and the
     /// next step that needs the rank handshakes again.
     ReadFailed(String),
+    /// A request named another incarnation of the rank than the complete session's (see
+    /// [`crate::fence`]): the session is dropped and the next step that needs the rank
+    /// handshakes again, so the rank says which incarnation is live.
+    Superseded,
     /// The driver's clock passed a deadline from [`HandshakeState::deadline`].
     Tick,
 }
@@ -181,6 +192,7 @@ impl HandshakeEvent {
             HandshakeEvent::Descriptors(_) => "Descriptors",
             HandshakeEvent::TransportFailed(_) => "TransportFailed",
             HandshakeEvent::ReadFailed(_) => "ReadFailed",
+            HandshakeEvent::Superseded => "Superseded",
             HandshakeEvent::Tick => "Tick",
         }
     }
@@ -259,6 +271,7 @@ pub fn step(
             E::TransportFailed(reason),
         ) => fail(HandshakeError::Transport(reason)),
         (S::Complete(_), E::ReadFailed(reason)) => fail(HandshakeError::Invalidated(reason)),
+        (S::Complete(_), E::Superseded) => fail(HandshakeError::Superseded),
         (state @ (S::Dialing { .. } | S::GotMetadata { .. } | S::GotDescriptors { .. }), E::Tick) => {
             match state.deadline() {
                 Some(deadline) if now >= deadline => {
@@ -305,6 +318,7 @@ pub fn transition_table() -> Vec<TransitionRow> {
         attn_backend_name: "pdkv".into(),
         rank: None,
         extensions: Extensions::NONE,
+        incarnation: None,
     };
     let layers = vec![LayerMemoryDesc { layer_name: "layer.0".into(), descs: vec![vec![1]] }];
     let since = Instant(1_000_000_000);
@@ -330,6 +344,7 @@ pub fn transition_table() -> Vec<TransitionRow> {
         ("Descriptors".into(), HandshakeEvent::Descriptors(layers), before),
         ("TransportFailed".into(), HandshakeEvent::TransportFailed("refused".into()), before),
         ("ReadFailed".into(), HandshakeEvent::ReadFailed("remote access error".into()), before),
+        ("Superseded".into(), HandshakeEvent::Superseded, before),
         ("Tick(before deadline)".into(), HandshakeEvent::Tick, before),
         ("Tick(at deadline)".into(), HandshakeEvent::Tick, after),
     ];
@@ -365,6 +380,7 @@ mod tests {
             attn_backend_name: "x".into(),
             rank: None,
             extensions: Extensions::NONE,
+            incarnation: None,
         }
     }
 

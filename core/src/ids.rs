@@ -209,6 +209,48 @@ impl fmt::Display for TransferId {
     }
 }
 
+/// One life of a rank's process: drawn by the driver when the process starts (the core draws no
+/// randomness), never reused by the rank. A prefill rank's memory, its registered transfers and
+/// its block ids belong to one incarnation; a transfer's parameters name the incarnation that
+/// holds its blocks, and the rank's handshake metadata names the one answering, so a decode rank
+/// never reads an old transfer's block ids from a restarted rank's memory.
+///
+/// The value lies in `1..=MAX` (53 bits), so it survives any JSON reader on the way (the proxy's
+/// `kv_transfer_params` travel as JSON, and a double holds 53 bits exactly). Incarnations are not
+/// ordered: two of one rank are only ever compared for equality.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Incarnation(u64);
+
+impl Incarnation {
+    /// The largest incarnation, `2^53 - 1`.
+    pub const MAX: u64 = (1 << 53) - 1;
+
+    /// The incarnation `value`, if it lies in `1..=MAX`; a value received from a peer outside
+    /// that range is refused.
+    pub fn new(value: u64) -> Option<Incarnation> {
+        (1..=Self::MAX).contains(&value).then_some(Incarnation(value))
+    }
+
+    /// An incarnation from 64 random bits the driver drew (seeded in the simulator, from the
+    /// operating system in production): the bits folded into `1..=MAX`.
+    pub fn from_bits(bits: u64) -> Incarnation {
+        Incarnation(bits % Self::MAX + 1)
+    }
+
+    /// The value as it travels on the wire.
+    pub fn value(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for Incarnation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Hex, so that two incarnations in a log line are told apart at a glance.
+        write!(f, "inc-{:x}", self.0)
+    }
+}
+
 /// The proxy's own number for a client request, assigned in arrival order from 1.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct RequestId(pub u64);
@@ -255,6 +297,19 @@ mod tests {
         ] {
             check(other, None);
         }
+    }
+
+    /// Incarnations lie in 1..=2^53-1 whatever the bits drawn, and values outside are refused.
+    #[test]
+    fn incarnations_stay_in_53_bits_and_are_never_zero() {
+        for bits in [0, 1, Incarnation::MAX - 1, Incarnation::MAX, Incarnation::MAX + 1, u64::MAX] {
+            let inc = Incarnation::from_bits(bits);
+            assert!((1..=Incarnation::MAX).contains(&inc.value()), "{bits}");
+            assert_eq!(Incarnation::new(inc.value()), Some(inc));
+        }
+        assert_eq!(Incarnation::new(0), None);
+        assert_eq!(Incarnation::new(Incarnation::MAX + 1), None);
+        assert_eq!(Incarnation::new(255).map(|i| i.to_string()), Some("inc-ff".to_string()));
     }
 
     #[test]

@@ -54,11 +54,17 @@ pub enum Legacy {
     /// step admits it, so one that waits longer than the producer's `defer_timeout` is reaped
     /// before it is read (pdkv before its queued leases; MoRIIO leases nothing at all).
     NoQueuedLease,
+    /// No incarnations: a decode rank reads, releases and leases whatever incarnation of a
+    /// prefill rank answers, and a prefill rank takes releases, leases and retirements meant for
+    /// its previous incarnation. A transfer prefilled before a restart and dispatched after it is
+    /// read from the restarted rank's memory with the old block ids (vLLM's MoRIIO, like every
+    /// connector without a fence).
+    NoIncarnationFence,
 }
 
 impl Legacy {
     /// Every legacy option once, in declaration order (the order [`LegacyOptions::iter`] yields).
-    pub const ALL: [Legacy; 15] = [
+    pub const ALL: [Legacy; 16] = [
         Legacy::ReadFromDp0,
         Legacy::ListenerOffsetDpPlusTp,
         Legacy::SessionKeyWithoutTp,
@@ -74,6 +80,7 @@ impl Legacy {
         Legacy::NoFlexibleReads,
         Legacy::ReleaseDuringReads,
         Legacy::NoQueuedLease,
+        Legacy::NoIncarnationFence,
     ];
 
     /// The kebab-case name used on the command line and in scenario files.
@@ -94,6 +101,7 @@ impl Legacy {
             Legacy::NoFlexibleReads => "no-flexible-reads",
             Legacy::ReleaseDuringReads => "release-during-reads",
             Legacy::NoQueuedLease => "no-queued-lease",
+            Legacy::NoIncarnationFence => "no-incarnation-fence",
         }
     }
 
@@ -158,6 +166,11 @@ impl Legacy {
             Legacy::NoQueuedLease => {
                 "a request waiting in the decode queue holds no lease; after defer_timeout the \
                  prefill reaper frees its KV and its reads are refused when a step admits it"
+            }
+            Legacy::NoIncarnationFence => {
+                "no incarnation check: a request prefilled before a prefill rank restarted and \
+                 dispatched after it reads the old block ids from the new incarnation's memory, \
+                 another request's KV or free blocks, silently"
             }
         }
     }

@@ -8,6 +8,7 @@
 #![deny(missing_docs)]
 
 pub mod decode;
+pub mod fence;
 pub mod group;
 pub mod handshake;
 pub mod ids;
@@ -31,7 +32,7 @@ pub mod time;
 pub mod topology;
 pub mod wire;
 
-pub use ids::{EngineId, RankId, RequestId, Role, TpRank, TransferId};
+pub use ids::{EngineId, Incarnation, RankId, RequestId, Role, TpRank, TransferId};
 pub use legacy::{Legacy, LegacyOptions};
 pub use policy::Policy;
 pub use topology::{Deployment, Layout, ModelSpec};

@@ -9,6 +9,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::ids::Incarnation;
 #[cfg(doc)]
 use crate::legacy::Legacy;
 use crate::policy::TpSizeRule;
@@ -72,6 +73,20 @@ pub struct KvTransferParams {
     /// then not sent. Kept as received; see [`KvTransferParams::advertised_extensions`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pdkv_extensions: Option<Vec<String>>,
+    /// pdkv's own key: the incarnation of every TP rank of the owner DP group that holds the
+    /// transfer's blocks, indexed by TP rank, as a pdkv prefill engine writes it in its answer
+    /// (the proxy forwards it). A decode rank acts on the transfer only through a session with
+    /// the incarnation named for the rank it uses. Absent from a MoRIIO engine's answer. Kept as
+    /// received; see [`KvTransferParams::holder_incarnations`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pdkv_incarnations: Option<Vec<i64>>,
+}
+
+/// `pdkv_incarnations` as a pdkv prefill engine writes it in its answer: the holding
+/// incarnations of the owner DP group's TP ranks, in TP rank order.
+pub fn incarnation_values(incarnations: &[Incarnation]) -> Option<Vec<i64>> {
+    // An incarnation has 53 bits, so it always fits an i64.
+    Some(incarnations.iter().map(|i| i.value() as i64).collect())
 }
 
 /// `pdkv_extensions` as a pdkv prefill engine writes it in its answer.
@@ -87,7 +102,15 @@ pub enum ParamsError {
         /// The key or keys looked for, e.g. `remote_tp_size (or tp_size)`.
         field: &'static str,
     },
-    /// A size outside 1..=256, or an owner DP rank outside 0..=255.
+    /// `pdkv_incarnations` does not name one incarnation per TP rank of the prefill engine.
+    IncarnationCount {
+        /// Incarnations named.
+        len: usize,
+        /// The prefill TP size.
+        tp: u16,
+    },
+    /// A size outside 1..=256, an owner DP rank outside 0..=255, or an incarnation outside
+    /// 1..=2^53-1.
     OutOfRange {
         /// The key that held the value.
         field: &'static str,
@@ -104,6 +127,10 @@ impl fmt::Display for ParamsError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ParamsError::Missing { field } => write!(f, "kv_transfer_params lacks {field}"),
+            ParamsError::IncarnationCount { len, tp } => write!(
+                f,
+                "kv_transfer_params pdkv_incarnations names {len} incarnations for a prefill TP size of {tp}"
+            ),
             ParamsError::OutOfRange { field, value, min, max } => {
                 write!(f, "kv_transfer_params {field} = {value} is outside {min}..={max}")
             }
@@ -152,6 +179,30 @@ impl KvTransferParams {
                 .filter_map(|name| Extension::from_wire_name(name))
                 .fold(Extensions::NONE, Extensions::with),
         )
+    }
+
+    /// The incarnations holding the transfer, one per TP rank of the prefill engine (`tp`):
+    /// `None` when `pdkv_incarnations` is absent (a MoRIIO engine's answer, which no fence
+    /// protects), an error when the list is not one per rank or names a value outside
+    /// `1..=2^53-1`.
+    pub fn holder_incarnations(&self, tp: u16) -> Result<Option<Vec<Incarnation>>, ParamsError> {
+        let Some(values) = &self.pdkv_incarnations else { return Ok(None) };
+        if values.len() != usize::from(tp) {
+            return Err(ParamsError::IncarnationCount { len: values.len(), tp });
+        }
+        let max = Incarnation::MAX as i64;
+        values
+            .iter()
+            .map(|&v| {
+                u64::try_from(v).ok().and_then(Incarnation::new).ok_or(ParamsError::OutOfRange {
+                    field: "pdkv_incarnations",
+                    value: v,
+                    min: 1,
+                    max,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
     }
 
     /// The request's owner DP rank on the prefill side (`remote_dp_rank`): `None` when absent,
@@ -233,6 +284,34 @@ mod tests {
         }
     }
 
+    /// `pdkv_incarnations` as received: absent is unfenced, one per TP rank in range is read,
+    /// anything else is refused with what is wrong.
+    #[test]
+    fn holder_incarnations_are_one_per_rank_in_range() {
+        let check = |values: Option<Vec<i64>>, tp: u16, expected: Result<Option<Vec<u64>>, &str>| {
+            let params = KvTransferParams { pdkv_incarnations: values.clone(), ..Default::default() };
+            let got = params
+                .holder_incarnations(tp)
+                .map(|v| v.map(|v| v.iter().map(|i| i.value()).collect::<Vec<u64>>()))
+                .map_err(|e| e.to_string());
+            match expected {
+                Ok(v) => assert_eq!(got, Ok(v), "{values:?}"),
+                Err(text) => assert!(got.as_ref().is_err_and(|e| e.contains(text)), "{values:?}: {got:?}"),
+            }
+        };
+        let max = Incarnation::MAX as i64;
+        check(None, 2, Ok(None));
+        check(Some(vec![7, 9]), 2, Ok(Some(vec![7, 9])));
+        check(Some(vec![max]), 1, Ok(Some(vec![Incarnation::MAX])));
+        check(Some(vec![7]), 2, Err("names 1 incarnations for a prefill TP size of 2"));
+        check(Some(vec![]), 1, Err("names 0 incarnations"));
+        check(Some(vec![0, 1]), 2, Err("pdkv_incarnations = 0 is outside 1..=9007199254740991"));
+        check(Some(vec![1, -5]), 2, Err("= -5 is outside"));
+        check(Some(vec![max + 1]), 1, Err("is outside"));
+        let written = incarnation_values(&[Incarnation::new(3).unwrap(), Incarnation::new(4).unwrap()]);
+        assert_eq!(written, Some(vec![3, 4]));
+    }
+
     /// `pdkv_extensions` as received: absent says nothing, a list names what the engine speaks
     /// (unknown names ignored), and a pdkv engine's answer reads back as what it wrote.
     #[test]
@@ -241,11 +320,12 @@ mod tests {
             pdkv_extensions: names.map(|n| n.iter().map(|s| s.to_string()).collect()),
             ..Default::default()
         };
-        let cases: [(Option<&[&str]>, Option<Extensions>); 5] = [
+        let cases: [(Option<&[&str]>, Option<Extensions>); 6] = [
             (None, None),
             (Some(&[]), Some(Extensions::NONE)),
-            (Some(&["read_lease"]), Some(Extensions::ALL)),
-            (Some(&["later_thing", "read_lease"]), Some(Extensions::ALL)),
+            (Some(&["read_lease", "incarnation"]), Some(Extensions::ALL)),
+            (Some(&["later_thing", "incarnation", "read_lease"]), Some(Extensions::ALL)),
+            (Some(&["read_lease"]), Some(Extensions::NONE.with(Extension::ReadLease))),
             (Some(&["later_thing"]), Some(Extensions::NONE)),
         ];
         for (names, expected) in cases {
@@ -253,7 +333,7 @@ mod tests {
         }
         let written =
             KvTransferParams { pdkv_extensions: extension_names(Extensions::ALL), ..Default::default() };
-        assert_eq!(written.pdkv_extensions, Some(vec!["read_lease".to_owned()]));
+        assert_eq!(written.pdkv_extensions, Some(vec!["read_lease".to_owned(), "incarnation".to_owned()]));
         assert_eq!(written.advertised_extensions(), Some(Extensions::ALL));
     }
 }

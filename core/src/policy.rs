@@ -212,6 +212,24 @@ pub enum QueuedLease {
     Unleased,
 }
 
+/// Whether incarnations fence reads, releases, leases and retirements.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum IncarnationRule {
+    /// A decode rank acts on a transfer only through a session with the incarnation that holds
+    /// it, and a prefill rank ignores messages naming another incarnation.
+    #[default]
+    Fenced,
+    /// Incarnations are carried but never compared ([`Legacy::NoIncarnationFence`]).
+    Unfenced,
+}
+
+impl IncarnationRule {
+    /// Whether incarnations are compared.
+    pub fn fences(self) -> bool {
+        self == IncarnationRule::Fenced
+    }
+}
+
 /// Every decision a legacy option can change, one field per decision; the default is the fixed
 /// protocol.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -249,6 +267,9 @@ pub struct Policy {
     pub drain: DrainRule,
     /// Whether queued requests are leased (decode worker).
     pub queued_lease: QueuedLease,
+    /// Whether incarnations fence a restarted prefill rank's old transfers (decode worker and
+    /// prefill worker).
+    pub incarnation: IncarnationRule,
 }
 
 impl Policy {
@@ -499,6 +520,11 @@ impl From<&LegacyOptions> for Policy {
                 DrainRule::ReleaseAtOnce,
             ),
             queued_lease: pick(legacy.has(Legacy::NoQueuedLease), QueuedLease::Leased, QueuedLease::Unleased),
+            incarnation: pick(
+                legacy.has(Legacy::NoIncarnationFence),
+                IncarnationRule::Fenced,
+                IncarnationRule::Unfenced,
+            ),
         }
     }
 }
@@ -542,6 +568,7 @@ mod tests {
             ("flexible_reads", p.flexible_reads != f.flexible_reads),
             ("drain", p.drain != f.drain),
             ("queued_lease", p.queued_lease != f.queued_lease),
+            ("incarnation", p.incarnation != f.incarnation),
         ]
         .into_iter()
         .filter_map(|(name, differs)| differs.then_some(name))

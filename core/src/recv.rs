@@ -77,6 +77,9 @@ pub enum RecvEvent {
     RetryPosted,
     /// The transfer timeout passed (or a retry would land after it).
     Deadline,
+    /// The incarnation fence found the prefill incarnation holding the transfer gone (see
+    /// [`crate::fence`]): nothing can be read, and nothing is left to release.
+    Fenced,
 }
 
 /// What a transition asks the worker to do.
@@ -93,6 +96,9 @@ pub enum RecvOutput {
         /// Whether every byte arrived.
         received: bool,
     },
+    /// Report the request failed and send no release: the incarnation that held its blocks is
+    /// gone, and the live one never had them, so a release would only disturb it.
+    FailUnreleased,
     /// The event does not apply in this state (a late answer, a repeated deadline).
     Ignored,
 }
@@ -108,6 +114,8 @@ pub fn step(state: RecvState, event: RecvEvent, drain: DrainRule) -> (RecvState,
         (S::AwaitingSession, E::ReadsPosted(0)) => (S::Ended, O::Release { received: true }),
         (S::AwaitingSession, E::ReadsPosted(n)) => (S::Reading { in_flight: n, retrying: 0 }, O::PostReads),
         (S::AwaitingSession, E::Unreadable | E::Deadline) => failed,
+        // The fence acts before any read is posted, so nothing can still complete.
+        (S::AwaitingSession, E::Fenced) => (S::Ended, O::FailUnreleased),
         (S::Reading { in_flight, retrying }, E::ReadOk) if in_flight > 0 => {
             let in_flight = in_flight - 1;
             if in_flight == 0 && retrying == 0 {
@@ -168,6 +176,7 @@ pub fn transition_table() -> Vec<RecvRow> {
         RecvEvent::ReadRefused,
         RecvEvent::RetryPosted,
         RecvEvent::Deadline,
+        RecvEvent::Fenced,
     ];
     let events: Vec<(String, RecvEvent)> = events.into_iter().map(|e| (format!("{e:?}"), e)).collect();
     crate::machine::walk(&states, &events, |s, e| step(s, e, DrainRule::DrainFirst), RecvState::kind)

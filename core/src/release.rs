@@ -17,7 +17,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::{RankId, TransferId};
+use crate::ids::{Incarnation, RankId, TransferId};
 use crate::policy::{EarlyReleases, Policy, QuorumRule, ReleaseCounting, ReleasePlan};
 use crate::routing::{self, RoutingError};
 use crate::topology::{Layout, ModelSpec};
@@ -52,6 +52,10 @@ pub struct Release {
     /// The decode rank that sent it, when the peer is pdkv; `None` is an anonymous release,
     /// which always counts.
     pub sender: Option<ReleaseSender>,
+    /// The incarnation of the addressed prefill rank that holds the transfer, when the sender
+    /// knows it (a pdkv decode rank releasing a pdkv prefill rank); the prefill worker ignores a
+    /// release naming another incarnation of it. `None` is unfenced.
+    pub incarnation: Option<Incarnation>,
 }
 
 /// MoRIIO's expected releases per prefill rank: 1 when the consumer TP is not larger than the
@@ -188,6 +192,17 @@ pub enum ReleaseOutcome {
     /// Legacy only ([`EarlyReleases::Drop`], `drop-early-releases`): unknown transfer, dropped
     /// ("could lead to a possible hang").
     Dropped,
+    /// A registration that reached the rank after the transfer was retired: its engine ended it
+    /// (its reaper's deadline passed before the registration arrived) and freed its blocks once.
+    /// Ignored: the rank never holds it, so nothing waits for a release that cannot come.
+    RegisteredLate,
+    /// The transfer was retired before its registration reached this rank (the engine's reaper
+    /// fired first); the id is remembered as retired, so the registration is ignored when it
+    /// comes and releases for it are stale.
+    RetiredBeforeRegistration,
+    /// The message named another incarnation of this rank (one before a restart): the transfer
+    /// is not this incarnation's, so it is ignored and not counted.
+    OtherIncarnation,
 }
 
 /// A registration the ledger refuses.
@@ -195,9 +210,6 @@ pub enum ReleaseOutcome {
 pub enum LedgerError {
     /// The transfer is registered on this rank already.
     AlreadyRegistered(TransferId),
-    /// The transfer was retired on this rank; ids are never reused. Only the last
-    /// [`MAX_RETIRED_IDS`] retired ids are remembered.
-    Retired(TransferId),
     /// The transfer is not registered on this rank (never, or no longer).
     Unknown(TransferId),
 }
@@ -206,7 +218,6 @@ impl fmt::Display for LedgerError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             LedgerError::AlreadyRegistered(id) => write!(f, "transfer {id} is registered already"),
-            LedgerError::Retired(id) => write!(f, "transfer {id} was retired; ids are never reused"),
             LedgerError::Unknown(id) => write!(f, "transfer {id} is not registered"),
         }
     }
@@ -297,7 +308,9 @@ impl RankLedger {
     }
 
     /// Registers a transfer whose blocks this rank now holds. Returns `Completed` at once for a
-    /// zero quorum, or when buffered early releases already satisfy it.
+    /// zero quorum, or when buffered early releases already satisfy it, and `RegisteredLate` for
+    /// a transfer retired already (ids are never reused, so a registration after the retirement
+    /// is a late one: see [`RankLedger::handle_retired`]).
     pub fn handle_transfer(
         &mut self,
         id: &TransferId,
@@ -307,7 +320,7 @@ impl RankLedger {
             return Err(LedgerError::AlreadyRegistered(id.clone()));
         }
         if self.retired.contains(id) {
-            return Err(LedgerError::Retired(id.clone()));
+            return Ok(ReleaseOutcome::RegisteredLate);
         }
         let entry = Entry { quorum, senders: BTreeSet::new(), anonymous: 0, seen: false, completed: false };
         self.live.insert(id.clone(), entry);
@@ -391,14 +404,15 @@ impl RankLedger {
     }
 
     /// The blocks of the transfer were freed (by completion or by the reaper): forget it, and
-    /// remember the id so later releases are stale rather than early.
-    pub fn handle_retired(&mut self, id: &TransferId) -> Result<(), LedgerError> {
-        if self.live.remove(id).is_none() {
-            return Err(LedgerError::Unknown(id.clone()));
-        }
+    /// remember the id so later releases are stale rather than early, and a registration still
+    /// on its way is recognised as late. The engine may retire a transfer before its registration
+    /// reached this rank (the reaper fired first); that is not an error. Returns whether the
+    /// rank held the transfer.
+    pub fn handle_retired(&mut self, id: &TransferId) -> bool {
+        let held = self.live.remove(id).is_some();
         self.early.retain(|r| &r.transfer_id != id);
         self.retired.insert(id);
-        Ok(())
+        held
     }
 
     /// Whether the transfer is registered and complete on this rank; false once it is retired.
@@ -436,7 +450,7 @@ mod tests {
     }
 
     fn release(n: u32, sender: Option<ReleaseSender>) -> Release {
-        Release { transfer_id: id(n), consumer_tp_size: Some(8), sender }
+        Release { transfer_id: id(n), consumer_tp_size: Some(8), sender, incarnation: None }
     }
 
     #[test]
@@ -608,7 +622,7 @@ mod tests {
                 Step::Release(n, s) => ledger.handle_release(release(*n, s.clone())),
                 Step::GroupDone(n) => ledger.handle_group_done(&id(*n)).unwrap(),
                 Step::Retire(n) => {
-                    ledger.handle_retired(&id(*n)).unwrap();
+                    assert!(ledger.handle_retired(&id(*n)), "step {i}: retired a transfer not held");
                     ReleaseOutcome::Completed
                 }
             };
@@ -744,10 +758,26 @@ mod tests {
             ledger.handle_transfer(&id(1), Quorum::Exact(1)),
             Err(LedgerError::AlreadyRegistered(id(1)))
         );
-        ledger.handle_retired(&id(1)).unwrap();
-        assert_eq!(ledger.handle_transfer(&id(1), Quorum::Exact(1)), Err(LedgerError::Retired(id(1))));
-        assert_eq!(ledger.handle_retired(&id(9)), Err(LedgerError::Unknown(id(9))));
+        assert!(ledger.handle_retired(&id(1)));
+        assert_eq!(ledger.handle_transfer(&id(1), Quorum::Exact(1)), Ok(RegisteredLate));
         assert_eq!(ledger.handle_group_done(&id(9)), Err(LedgerError::Unknown(id(9))));
+    }
+
+    /// A registration that arrives after its transfer was retired (the engine's reaper fired
+    /// before it reached the rank) is late, not an error: the rank remembers the retirement, ignores
+    /// the registration, holds nothing, and releases for the transfer are stale (buffered early
+    /// ones are dropped). Before, the retirement of an unregistered transfer was an error and the
+    /// late registration held the transfer on the rank forever.
+    #[test]
+    fn a_registration_after_retirement_is_late_and_holds_nothing() {
+        let mut ledger = RankLedger::new(&Policy::fixed());
+        assert_eq!(ledger.handle_release(release(9, from(0, 0))), Buffered);
+        assert!(!ledger.handle_retired(&id(9)), "it never held the transfer");
+        assert_eq!(ledger.early_len(), 0);
+        assert_eq!(ledger.handle_transfer(&id(9), Quorum::Exact(1)), Ok(RegisteredLate));
+        assert_eq!(ledger.pending().count(), 0);
+        assert!(!ledger.is_completed(&id(9)));
+        assert_eq!(ledger.handle_release(release(9, from(0, 1))), Stale);
     }
 
     #[test]

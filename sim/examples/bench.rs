@@ -128,6 +128,7 @@ fn model_check_rate() {
         max_steps: 4,
         max_states: 2_000_000,
         reduce: true,
+        restarts: 0,
     };
     let report = check(&config).expect("checks");
     println!("model check 1P_TP2:1D_TP4, 3 requests, up to 2 losses:");

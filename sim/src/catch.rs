@@ -80,6 +80,11 @@ pub struct Row {
     pub search_budget: u64,
     /// Largest acceptable size (`explore::size`) of the shrunk counterexample.
     pub max_shrunk: u64,
+    /// Other legacy options the historical bug shipped with, switched on with it (and off in the
+    /// fixed twin): a bug that read the wrong rank's memory lived in connectors without an
+    /// incarnation fence, and pdkv's fence, which checks that a session is the rank holding the
+    /// transfer, turns its silent wrong read into a failed request.
+    pub with: &'static [Legacy],
 }
 
 impl Row {
@@ -96,7 +101,7 @@ impl Row {
         let mut s = Scenario::from_notation(self.notation);
         s.name = format!("caught-{}", self.option.name());
         if with_option {
-            s.protocol.legacy = vec![self.option];
+            s.protocol.legacy = std::iter::once(self.option).chain(self.with.iter().copied()).collect();
         }
         s.model.layers = 8;
         s.model.moe_layers = 6;
@@ -167,11 +172,16 @@ pub fn rows() -> Vec<Row> {
         full_budget,
         search_budget,
         max_shrunk,
+        with: &[],
     };
+    let unfenced: &'static [Legacy] = &[Legacy::NoIncarnationFence];
     vec![
-        row(Legacy::ReadFromDp0, "1P_DP2:1D_TP2", P(Safety), false, 4, 4, 20),
+        Row { with: unfenced, ..row(Legacy::ReadFromDp0, "1P_DP2:1D_TP2", P(Safety), false, 4, 4, 20) },
         row(Legacy::ListenerOffsetDpPlusTp, "1P_DP2TP2:1D_TP2", P(ListenerExists), false, 4, 4, 20),
-        row(Legacy::SessionKeyWithoutTp, "1P_TP2:1D_DP2EP", P(Safety), false, 4, 4, 20),
+        Row {
+            with: unfenced,
+            ..row(Legacy::SessionKeyWithoutTp, "1P_TP2:1D_DP2EP", P(Safety), false, 4, 4, 20)
+        },
         row(Legacy::ProxyAliasing, "2P_DP8EP:1D_TP8", JainAtMost(0.5), false, 4, 100, u64::MAX),
         Row {
             tweak: |s| s.engines.prefill_register_delay_ms = 2000,
@@ -214,6 +224,27 @@ pub fn rows() -> Vec<Row> {
                 s.protocol.handshake_timeout_ms = 500;
             },
             ..row(Legacy::NoQueuedLease, "1P_TP2:1D_TP2", P(FreedByReleases), false, 4, 40, 40)
+        },
+        Row {
+            tweak: |s| {
+                // Prefill engine P1 crashes and restarts while decode, two requests at a time,
+                // still has its transfers queued: they are dispatched to the new incarnation.
+                s.engines.decode_max_batch = 2;
+                s.workload.clients = Clients::Closed { concurrency: 8, requests: 64 };
+                s.workload.input_tokens = Length::Fixed(1024);
+                s.workload.output_tokens = Length::Fixed(64);
+                s.protocol.defer_timeout_ms = 5000;
+                s.protocol.handshake_timeout_ms = 1000;
+                s.protocol.transfer_timeout_ms = 3000;
+                s.faults.timeline.push(TimedFault {
+                    at_ms: 1500,
+                    target: Target("P1.dp*.tp*".into()),
+                    fault: FaultKind::EngineCrash,
+                    duration_ms: Some(300),
+                    count: None,
+                });
+            },
+            ..row(Legacy::NoIncarnationFence, "2P_TP2:1D_TP2", P(Safety), false, 4, 40, 80)
         },
     ]
 }

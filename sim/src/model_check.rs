@@ -23,7 +23,7 @@ use std::time::Instant as WallClock;
 
 use pdkv_core::decode::{DecodeAction, DecodeConfig, DecodeEvent, DecodeWorker, ReadOutcome, RecvRequest};
 use pdkv_core::group::{DecodeGroup, GroupAction, GroupEvent, StepReport};
-use pdkv_core::ids::{EngineId, RankId, RequestId, Role, TransferId};
+use pdkv_core::ids::{EngineId, Incarnation, RankId, RequestId, Role, TransferId};
 use pdkv_core::legacy::LegacyOptions;
 use pdkv_core::params::KvTransferParams;
 use pdkv_core::policy::Policy;
@@ -52,6 +52,10 @@ pub struct ModelConfig {
     pub max_steps: u64,
     /// States to explore at most.
     pub max_states: usize,
+    /// Crashes and restarts of a prefill rank at most in one execution: a restart may happen at
+    /// any point, the rank coming back at once as a new incarnation with new memory (its reads
+    /// in flight fail, messages in flight to it reach the new incarnation).
+    pub restarts: u32,
     /// Partial-order reduction: explore only the first in-flight message in a canonical order
     /// (deliver or lose it) instead of every one. Sound here because deliveries commute: a
     /// prefill worker answers handshakes statelessly, release and lease counting does not depend
@@ -85,20 +89,24 @@ enum Msg {
         session: SessionKey,
         to: usize,
     },
+    /// A handshake reply, from the incarnation of rank `from` that answered the dial.
     Reply {
         to: usize,
         session: SessionKey,
         from: usize,
+        incarnation: Incarnation,
     },
     Lease {
         to: usize,
         transfer: TransferId,
         lease_ms: u32,
+        incarnation: Option<Incarnation>,
     },
     Release {
         to: usize,
         transfer: TransferId,
         sender_tp: u16,
+        incarnation: Option<Incarnation>,
     },
     Vote {
         to: usize,
@@ -106,13 +114,15 @@ enum Msg {
         ok: bool,
     },
     /// A read posted by decode worker `to` from prefill rank `from`, in flight until delivered
-    /// (it completes) or lost (it fails).
+    /// (it completes) or lost (it fails); it reads the memory of incarnation `memory` of the rank
+    /// (the session's).
     Read {
         to: usize,
         request: RequestId,
         layer: Option<u16>,
         from: usize,
         transfer: TransferId,
+        memory: Option<Incarnation>,
     },
     /// The answer to a read, delivered locally to the worker that posted it.
     ReadDone {
@@ -164,8 +174,13 @@ struct State {
     frees: BTreeMap<TransferId, (u32, bool)>,
     /// Transfers whose blocks the reaper fenced (remote access revoked).
     fenced: Vec<TransferId>,
-    /// The first safety violation (a read completed from freed memory).
+    /// The first safety violation (a read completed from freed memory, or from an incarnation
+    /// that never held its transfer).
     violation: Option<String>,
+    /// The current incarnation of each prefill rank.
+    incarnations: Vec<Incarnation>,
+    /// Prefill rank restarts so far.
+    restarts: u32,
     /// Local completions (vote results, reads) delivered at once, in order, after each
     /// transition: their order is not a network choice, so exploring it would only multiply
     /// equivalent states.
@@ -180,6 +195,10 @@ struct World {
     loss_budget: u32,
     max_steps: u64,
     reduce: bool,
+    restart_budget: u32,
+    policy: Policy,
+    /// The incarnations each transfer was registered on, one per TP rank of its owner group.
+    holders: BTreeMap<TransferId, Vec<Incarnation>>,
 }
 
 /// The state's identity for the visited set: every field but `local`, which is empty between
@@ -201,6 +220,7 @@ fn fingerprint(s: &State) -> u64 {
         &s.violation,
     )
         .hash(&mut h);
+    (&s.incarnations, s.restarts).hash(&mut h);
     h.finish()
 }
 
@@ -222,13 +242,16 @@ impl World {
                 }
                 DecodeAction::SendLease { rank, lease, .. } => {
                     if let Some(to) = self.prefill_index(rank) {
-                        s.msgs.push(Msg::Lease { to, transfer: lease.transfer_id, lease_ms: lease.lease_ms });
+                        let (transfer, lease_ms, incarnation) =
+                            (lease.transfer_id, lease.lease_ms, lease.incarnation);
+                        s.msgs.push(Msg::Lease { to, transfer, lease_ms, incarnation });
                     }
                 }
                 DecodeAction::SendRelease { rank, release, .. } => {
                     if let Some(to) = self.prefill_index(rank) {
                         let sender_tp = release.sender.as_ref().map_or(0, |x| x.tp_rank);
-                        s.msgs.push(Msg::Release { to, transfer: release.transfer_id, sender_tp });
+                        let (transfer, incarnation) = (release.transfer_id, release.incarnation);
+                        s.msgs.push(Msg::Release { to, transfer, sender_tp, incarnation });
                     }
                 }
                 DecodeAction::CastVote { step, ok } => {
@@ -241,6 +264,7 @@ impl World {
                         layer: op.layer,
                         from,
                         transfer: op.plan.transfer_id.clone(),
+                        memory: op.plan.incarnation,
                     }),
                     None => s.local.push_back(Msg::ReadDone {
                         to: w,
@@ -322,9 +346,9 @@ impl World {
         s.engine.handle(s.now, event, &mut out).expect("the model registers valid transfers");
         for action in out {
             match action {
-                EngineAction::Register { rank, transfer_id, quorum } => {
+                EngineAction::Register { rank, transfer_id, quorum, incarnation } => {
                     if let Some(i) = self.prefill_index(rank) {
-                        self.prefill(s, i, WorkerEvent::Register { transfer_id, quorum });
+                        self.prefill(s, i, WorkerEvent::Register { transfer_id, quorum, incarnation });
                     }
                 }
                 EngineAction::GroupDone { rank, transfer_id } => {
@@ -332,9 +356,9 @@ impl World {
                         self.prefill(s, i, WorkerEvent::GroupDone { transfer_id });
                     }
                 }
-                EngineAction::Retire { rank, transfer_id } => {
+                EngineAction::Retire { rank, transfer_id, incarnation } => {
                     if let Some(i) = self.prefill_index(rank) {
-                        self.prefill(s, i, WorkerEvent::Retired { transfer_id });
+                        self.prefill(s, i, WorkerEvent::Retired { transfer_id, incarnation });
                     }
                 }
                 EngineAction::FreeBlocks { transfer_id, reaped, .. } => {
@@ -378,6 +402,14 @@ impl World {
                 }
             }
         }
+        // A prefill rank crashes and comes back at once as a new incarnation, at any point.
+        if s.restarts < self.restart_budget {
+            for i in 0..self.prefill_ranks.len() {
+                let mut next = s.clone();
+                let line = self.restart(&mut next, i);
+                out.push((line, next));
+            }
+        }
         // Time passes until the earliest timer, firing every timer due then, at any point: with
         // messages or reads still in flight too, which then arrive late (a read that outlives its
         // request's transfer timeout is exactly the case the drain rule exists for).
@@ -416,6 +448,26 @@ impl World {
         out
     }
 
+    /// Prefill rank `i` crashes and restarts as a new incarnation: a fresh worker with new
+    /// memory, which its engine is told of. Reads in flight from the old memory fail when they
+    /// arrive (its keys died with it); messages in flight to the rank reach the new incarnation.
+    fn restart(&self, s: &mut State, i: usize) -> String {
+        s.restarts += 1;
+        let incarnation = incarnation_of(i, s.restarts);
+        s.incarnations[i] = incarnation;
+        let rank = self.prefill_ranks[i];
+        let (metadata, layers) = self.metadata_of(i, incarnation);
+        s.workers[i] = PrefillWorker::new(rank, metadata, layers, &self.policy);
+        self.engine(s, EngineEvent::WorkerUp { rank, incarnation });
+        format!("RESTART {rank} as {incarnation}")
+    }
+
+    /// The handshake answer of prefill rank `i` in `incarnation`.
+    fn metadata_of(&self, i: usize, incarnation: Incarnation) -> (HandshakeMetadata, Vec<LayerMemoryDesc>) {
+        let (metadata, layers) = self.metadata[i].clone();
+        (HandshakeMetadata { incarnation: Some(incarnation), ..metadata }, layers)
+    }
+
     /// Delivers local completions until none is left (they may cause more).
     fn drain_local(&self, s: &mut State) {
         while let Some(msg) = s.local.pop_front() {
@@ -428,14 +480,17 @@ impl World {
         let p = |i: usize| self.prefill_ranks[i].to_string();
         match msg {
             Msg::Dial { from, to, .. } => format!("handshake request {} -> {}", d(*from), p(*to)),
-            Msg::Reply { to, from, .. } => format!("handshake reply {} -> {}", p(*from), d(*to)),
+            Msg::Reply { to, from, incarnation, .. } => {
+                format!("handshake reply {} ({incarnation}) -> {}", p(*from), d(*to))
+            }
             Msg::Lease { to, transfer, .. } => format!("read lease of {transfer} -> {}", p(*to)),
-            Msg::Release { to, transfer, sender_tp } => {
+            Msg::Release { to, transfer, sender_tp, .. } => {
                 format!("release of {transfer} from tp{sender_tp} -> {}", p(*to))
             }
             Msg::Vote { to, step, ok } => format!("vote result of step {step} (ok={ok}) -> {}", d(*to)),
-            Msg::Read { to, request, layer, from, .. } => {
-                format!("read of {request} {} from {} by {}", layers(*layer), p(*from), d(*to))
+            Msg::Read { to, request, layer, from, memory, .. } => {
+                let memory = memory.map_or_else(String::new, |m| format!(" ({m}'s memory)"));
+                format!("read of {request} {} from {}{memory} by {}", layers(*layer), p(*from), d(*to))
             }
             Msg::ReadDone { to, request, layer, answer } => {
                 format!("read of {request} {} answered {} at {}", layers(*layer), answer.name(), d(*to))
@@ -449,31 +504,56 @@ impl World {
             Msg::Dial { from, session, to } => {
                 for action in self.prefill(s, to, WorkerEvent::HandshakeRequest { peer: from as u64 }) {
                     if let WorkerAction::SendHandshakeReply { .. } = action {
-                        s.msgs.push(Msg::Reply { to: from, session: session.clone(), from: to });
+                        let incarnation = s.incarnations[to];
+                        s.msgs.push(Msg::Reply { to: from, session: session.clone(), from: to, incarnation });
                     }
                 }
             }
-            Msg::Reply { to, session, from } => {
-                let (metadata, layers) = self.metadata[from].clone();
+            Msg::Reply { to, session, from, incarnation } => {
+                let (metadata, layers) = self.metadata_of(from, incarnation);
                 self.decode(s, to, DecodeEvent::HandshakeMetadata { session: session.clone(), metadata });
                 self.decode(s, to, DecodeEvent::HandshakeDescriptors { session, layers });
             }
-            Msg::Lease { to, transfer, lease_ms } => {
-                self.prefill(s, to, WorkerEvent::Lease { transfer_id: transfer, lease_ms });
+            Msg::Lease { to, transfer, lease_ms, incarnation } => {
+                self.prefill(s, to, WorkerEvent::Lease { transfer_id: transfer, lease_ms, incarnation });
             }
-            Msg::Release { to, transfer, sender_tp } => {
+            Msg::Release { to, transfer, sender_tp, incarnation } => {
                 let sender = pdkv_core::release::ReleaseSender {
                     engine_id: "decode-0:6301".into(),
                     dp_rank: 0,
                     tp_rank: sender_tp,
                 };
-                let release = Release { transfer_id: transfer, consumer_tp_size: None, sender: Some(sender) };
+                let release = Release {
+                    transfer_id: transfer,
+                    consumer_tp_size: None,
+                    sender: Some(sender),
+                    incarnation,
+                };
                 self.prefill(s, to, WorkerEvent::Release(release));
             }
             Msg::Vote { to, step, ok } => self.decode(s, to, DecodeEvent::VoteResult { step, ok }),
-            Msg::Read { to, request, layer, from, transfer } => {
-                let answer = if s.fenced.contains(&transfer) {
+            Msg::Read { to, request, layer, from, transfer, memory } => {
+                let tp = usize::from(self.prefill_ranks[from].tp);
+                let holder = self.holders.get(&transfer).and_then(|h| h.get(tp).copied());
+                // Read from the memory of an incarnation that never held the transfer.
+                let stale = match (holder, memory) {
+                    (Some(holder), Some(memory)) if holder != memory => Some((holder, memory)),
+                    _ => None,
+                };
+                let answer = if memory.is_some_and(|m| m != s.incarnations[from]) {
+                    // The memory of an incarnation that is gone: its keys died with it.
+                    Answer::Failed
+                } else if s.fenced.contains(&transfer) {
                     Answer::Fenced
+                } else if let Some((holder, memory)) = stale {
+                    if s.violation.is_none() {
+                        s.violation = Some(format!(
+                            "stale read: {} read {transfer} from the memory of {} {memory}, but {holder} held it \
+                             (the old block ids read another request's KV or free blocks)",
+                            self.decode_ranks[to], self.prefill_ranks[from]
+                        ));
+                    }
+                    Answer::Ok
                 } else {
                     if s.frees.contains_key(&transfer) && s.violation.is_none() {
                         s.violation = Some(format!(
@@ -543,6 +623,12 @@ impl World {
     }
 }
 
+/// The incarnation of prefill rank `i` after `restarts` restarts of the run (any rank's): never
+/// reused, since the count only grows.
+fn incarnation_of(i: usize, restarts: u32) -> Incarnation {
+    Incarnation::new((i as u64 + 1) * 1000 + u64::from(restarts)).expect("a small positive value")
+}
+
 /// Explores every interleaving of `config` breadth first.
 pub fn check(config: &ModelConfig) -> Result<ModelReport, String> {
     let started = WallClock::now();
@@ -568,19 +654,24 @@ pub fn check(config: &ModelConfig) -> Result<ModelReport, String> {
                 attn_backend_name: "model-check".into(),
                 rank: None,
                 extensions: pdkv_core::wire::Extensions::ALL,
+                incarnation: None,
             };
             (meta, vec![LayerMemoryDesc { layer_name: "layer.0".into(), descs: vec![vec![0]] }])
         })
         .collect();
-    let world = World {
+    let policy = Policy::from(&config.legacy);
+    let mut world = World {
         decode_ranks: decode_ranks.clone(),
         prefill_ranks: prefill_ranks.clone(),
         metadata: metadata.clone(),
         loss_budget: config.loss_budget,
         max_steps: config.max_steps,
         reduce: config.reduce,
+        restart_budget: config.restarts,
+        policy,
+        holders: BTreeMap::new(),
     };
-    let policy = Policy::from(&config.legacy);
+    let incarnations: Vec<Incarnation> = (0..prefill_ranks.len()).map(|i| incarnation_of(i, 0)).collect();
     let decoders = decode_ranks
         .iter()
         .map(|&r| {
@@ -589,10 +680,18 @@ pub fn check(config: &ModelConfig) -> Result<ModelReport, String> {
         .collect();
     let workers = prefill_ranks
         .iter()
-        .zip(&metadata)
-        .map(|(&r, (m, l))| PrefillWorker::new(r, m.clone(), l.clone(), &policy))
+        .enumerate()
+        .map(|(i, &r)| {
+            let (m, l) = world.metadata_of(i, incarnations[i]);
+            PrefillWorker::new(r, m, l, &policy)
+        })
         .collect();
-    let engine = PrefillEngine::new(prefill, pl, d.model.clone(), policy);
+    let mut engine = PrefillEngine::new(prefill, pl, d.model.clone(), policy);
+    for (&rank, &incarnation) in prefill_ranks.iter().zip(&incarnations) {
+        engine
+            .handle(Instant::ZERO, EngineEvent::WorkerUp { rank, incarnation }, &mut Vec::new())
+            .map_err(|e| e.to_string())?;
+    }
     let mut initial = State {
         now: Instant::ZERO,
         decoders,
@@ -605,6 +704,8 @@ pub fn check(config: &ModelConfig) -> Result<ModelReport, String> {
         frees: BTreeMap::new(),
         fenced: Vec::new(),
         violation: None,
+        incarnations,
+        restarts: 0,
         local: VecDeque::new(),
     };
     let mut requests = Vec::new();
@@ -618,8 +719,12 @@ pub fn check(config: &ModelConfig) -> Result<ModelReport, String> {
             blocks: vec![n as u32],
             decode: dl,
             reader: None,
+            holders: None,
         };
         world.engine(&mut initial, event);
+        let holders =
+            initial.engine.holder_incarnations(&transfer_id).ok_or("the engine knows every worker")?;
+        world.holders.insert(transfer_id.clone(), holders.clone());
         requests.push(RecvRequest {
             request: RequestId(n),
             prefill_engine: prefill,
@@ -632,6 +737,7 @@ pub fn check(config: &ModelConfig) -> Result<ModelReport, String> {
                 remote_dp_rank: (pl.dp > 1).then_some(i64::from(owner)),
                 remote_tp_size: Some(i64::from(pl.tp)),
                 pdkv_extensions: pdkv_core::params::extension_names(pdkv_core::wire::Extensions::ALL),
+                pdkv_incarnations: pdkv_core::params::incarnation_values(&holders),
                 ..Default::default()
             },
             local_block_ids: vec![n as u32 + 100],
@@ -710,6 +816,7 @@ mod tests {
             max_steps: 3,
             max_states: 200_000,
             reduce: true,
+            restarts: 0,
         }
     }
 
@@ -763,6 +870,25 @@ mod tests {
                 "{deployment}: {} states, depth {}, {:.2} s",
                 report.states, report.max_depth, report.seconds
             );
+        }
+    }
+
+    /// A prefill rank crashes and restarts at any point of the execution. With the incarnation
+    /// fence off, some interleaving reads a transfer's old block ids from the restarted rank's
+    /// new memory (the handshake reply comes from the new incarnation); with the fence, none
+    /// does, nothing hangs or leaks, and every transfer is freed once, by its releases.
+    #[test]
+    fn a_prefill_restart_reads_stale_kv_only_without_the_incarnation_fence() {
+        for deployment in ["1P_TP1:1D_TP1", "1P_TP2:1D_TP2"] {
+            let fixed = ModelConfig { restarts: 1, ..config(deployment, LegacyOptions::none(), 0) };
+            let report = check(&fixed).unwrap();
+            assert!(report.violation.is_none(), "{deployment}: {:?}", report.violation);
+            assert!(report.complete, "{deployment}: bound reached at {} states", report.states);
+            let legacy = LegacyOptions::none().with(Legacy::NoIncarnationFence);
+            let report = check(&ModelConfig { restarts: 1, ..config(deployment, legacy, 0) }).unwrap();
+            let (violation, trace) = report.violation.expect("the stale read is found");
+            assert!(violation.starts_with("stale read"), "{deployment}: {violation}");
+            assert!(trace.iter().any(|l| l.starts_with("RESTART")), "{deployment}: {trace:#?}");
         }
     }
 

@@ -12,12 +12,18 @@ pub struct Streams {
     workload: Stream,
     proxy: Stream,
     faults: Stream,
+    processes: Stream,
 }
 
 impl Streams {
     /// The streams of `seed`.
     pub fn new(seed: u64) -> Streams {
-        Streams { workload: Stream::new(seed, 1), proxy: Stream::new(seed, 2), faults: Stream::new(seed, 3) }
+        Streams {
+            workload: Stream::new(seed, 1),
+            proxy: Stream::new(seed, 2),
+            faults: Stream::new(seed, 3),
+            processes: Stream::new(seed, 4),
+        }
     }
 
     /// A uniform draw in `min..=max` from the workload stream.
@@ -35,6 +41,12 @@ impl Streams {
     /// 128 bits for a transfer id, from the proxy stream.
     pub fn transfer_bits(&mut self) -> u128 {
         (u128::from(self.proxy.next_u64()) << 64) | u128::from(self.proxy.next_u64())
+    }
+
+    /// 64 bits for a process's incarnation, from a stream of its own (a restart does not shift
+    /// the fault or workload draws).
+    pub fn incarnation_bits(&mut self) -> u64 {
+        self.processes.next_u64()
     }
 
     /// True with probability `p`, from the fault stream.

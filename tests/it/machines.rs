@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use pdkv_core::{group, handshake, prefill, recv, step_machine};
+use pdkv_core::{fence, group, handshake, prefill, recv, step_machine};
 
 /// One row of any machine's table: from, event, to, output.
 type Row = (String, String, String, String);
@@ -27,6 +27,10 @@ fn recv_rows() -> Vec<Row> {
 
 fn step_rows() -> Vec<Row> {
     step_machine::transition_table().into_iter().map(|r| (r.from, r.event, r.to, r.output)).collect()
+}
+
+fn fence_rows() -> Vec<Row> {
+    fence::transition_table().into_iter().map(|r| (r.from, r.event, r.to, r.output)).collect()
 }
 
 fn group_rows() -> Vec<Row> {
@@ -96,7 +100,7 @@ fn expect_file(relative: &str, actual: &str) {
 #[test]
 fn handshake_machine_is_current() {
     let rows = handshake_rows();
-    assert_eq!(rows.len(), 6 * 8, "six states times eight events");
+    assert_eq!(rows.len(), 6 * 9, "six states times nine events");
     expect_file("docs/machines/handshake.txt", &render_table("Handshake machine", &rows));
     expect_file("docs/machines/handshake.dot", &render_dot("handshake", &rows));
 }
@@ -156,7 +160,7 @@ fn transfer_table_has_every_variant() {
 #[test]
 fn request_machine_is_current() {
     let rows = recv_rows();
-    assert_eq!(rows.len(), 8 * 7, "eight representative states times seven events");
+    assert_eq!(rows.len(), 8 * 8, "eight representative states times eight events");
     expect_file(
         "docs/machines/recv.txt",
         &render_table("Request machine (decode worker; the drain rule)", &rows),
@@ -173,6 +177,17 @@ fn step_machine_is_current() {
         &render_table("Step machine (decode worker; one scheduler step)", &rows),
     );
     expect_file("docs/machines/step.dot", &render_dot("step", &rows));
+}
+
+#[test]
+fn incarnation_fence_is_current() {
+    let rows = fence_rows();
+    assert_eq!(rows.len(), 4 * 3, "four states times three events");
+    expect_file(
+        "docs/machines/fence.txt",
+        &render_table("Incarnation fence (decode worker; one request against its session)", &rows),
+    );
+    expect_file("docs/machines/fence.dot", &render_dot("fence", &rows));
 }
 
 #[test]

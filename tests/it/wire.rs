@@ -28,7 +28,7 @@ fn tid() -> TransferId {
 }
 
 fn release(consumer_tp_size: Option<u16>, sender: Option<ReleaseSender>) -> ControlMessage {
-    ControlMessage::Release(Release { transfer_id: tid(), consumer_tp_size, sender })
+    ControlMessage::Release(Release { transfer_id: tid(), consumer_tp_size, sender, incarnation: None })
 }
 
 fn metadata(rank: Option<RankInfo>, extensions: Extensions) -> ControlMessage {
@@ -43,7 +43,13 @@ fn metadata(rank: Option<RankInfo>, extensions: Extensions) -> ControlMessage {
         attn_backend_name: "FLASHMLA".to_owned(),
         rank,
         extensions,
+        incarnation: None,
     })
+}
+
+/// The incarnation the fixtures name (`INCARNATION` in make_wire_fixtures.py).
+fn incarnation() -> Option<pdkv_core::ids::Incarnation> {
+    pdkv_core::ids::Incarnation::new(0x1F_2E3D_4C5B)
 }
 
 /// Each well-formed fixture and the value it stands for.
@@ -78,10 +84,23 @@ fn well_formed() -> Vec<(&'static str, ControlMessage)> {
             "handshake_metadata_with_ranks.msgpack",
             metadata(Some(RankInfo { dp_rank: 1, tp_rank: 3, tp_size: 8 }), Extensions::NONE),
         ),
-        (
-            "handshake_metadata_pdkv.msgpack",
-            metadata(Some(RankInfo { dp_rank: 1, tp_rank: 3, tp_size: 8 }), Extensions::ALL),
-        ),
+        ("handshake_metadata_pdkv.msgpack", {
+            let ControlMessage::HandshakeMetadata(m) =
+                metadata(Some(RankInfo { dp_rank: 1, tp_rank: 3, tp_size: 8 }), Extensions::ALL)
+            else {
+                unreachable!("metadata() builds metadata")
+            };
+            ControlMessage::HandshakeMetadata(HandshakeMetadata { incarnation: incarnation(), ..m })
+        }),
+        ("release_with_incarnation.msgpack", {
+            let sender = ReleaseSender { engine_id: "decode-0:6301".to_owned(), dp_rank: 3, tp_rank: 5 };
+            ControlMessage::Release(Release {
+                transfer_id: tid(),
+                consumer_tp_size: Some(8),
+                sender: Some(sender),
+                incarnation: incarnation(),
+            })
+        }),
     ]
 }
 
@@ -101,7 +120,7 @@ fn our_encoding_equals_moriio_bytes() {
 
 #[test]
 fn legacy_completion_and_release_without_tp_size_each_count_as_one_release() {
-    let plain = Release { transfer_id: tid(), consumer_tp_size: None, sender: None };
+    let plain = Release { transfer_id: tid(), consumer_tp_size: None, sender: None, incarnation: None };
     for name in ["legacy_completion.msgpack", "release_without_tp_size.msgpack"] {
         let msg = decode(&fixture(name)).map(|m| m.as_release());
         assert_eq!(msg, Ok(Some(plain.clone())), "{name}");

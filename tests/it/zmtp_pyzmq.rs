@@ -191,6 +191,7 @@ fn pdkv_dealer_against_pyzmq_router() {
         transfer_id: tid(),
         consumer_tp_size: Some(8),
         sender: None,
+        incarnation: None,
     }));
     let legacy = encode(&ControlMessage::LegacyCompletion(tid()));
     let long: Vec<u8> = (0..1000u32).map(|i| (i % 251) as u8).collect();
@@ -198,6 +199,7 @@ fn pdkv_dealer_against_pyzmq_router() {
         transfer_id: tid(),
         consumer_tp_size: Some(8),
         sender: Some(ReleaseSender { engine_id: "decode-0:6301".to_owned(), dp_rank: 3, tp_rank: 5 }),
+        incarnation: None,
     }));
     let messages: [Vec<&[u8]>; 3] = [vec![&release], vec![&legacy, &long, b""], vec![&with_sender]];
     for (i, frames) in messages.iter().enumerate() {
@@ -256,6 +258,7 @@ fn metadata() -> HandshakeMetadata {
         attn_backend_name: "FLASHMLA".to_owned(),
         rank: Some(RankInfo { dp_rank: 1, tp_rank: 3, tp_size: 4 }),
         extensions: Extensions::ALL,
+        incarnation: pdkv_core::ids::Incarnation::new(0x1F_2E3D_4C5B),
     }
 }
 
@@ -315,7 +318,12 @@ fn pyzmq_dealer_against_pdkv_router() {
     assert_eq!(served.release.len(), 1);
     assert_eq!(
         decode(&served.release[0]),
-        Ok(ControlMessage::Release(Release { transfer_id: tid(), consumer_tp_size: Some(4), sender: None }))
+        Ok(ControlMessage::Release(Release {
+            transfer_id: tid(),
+            consumer_tp_size: Some(4),
+            sender: None,
+            incarnation: None
+        }))
     );
 
     let meta = metadata();
@@ -325,7 +333,7 @@ fn pyzmq_dealer_against_pdkv_router() {
             "metadata {{\"engine_id\": \"prefill-0:6301\", \"agent_metadata\": \"hex:{}\", \
              \"kv_caches_base_addr\": [{}], \"num_blocks\": 21504, \"block_len\": 73728, \
              \"attn_backend_name\": \"FLASHMLA\", \"dp_rank\": 1, \"tp_rank\": 3, \"tp_size\": 4, \
-             \"pdkv_extensions\": [\"read_lease\"]}}",
+             \"pdkv_extensions\": [\"read_lease\", \"incarnation\"], \"pdkv_incarnation\": 133919755355}}",
             hex(&meta.agent_metadata),
             addrs.join(", ")
         ),
@@ -380,6 +388,7 @@ fn connector_dial_decodes_a_moriio_handshake_reply() {
             attn_backend_name: "FLASHMLA".into(),
             rank: None,
             extensions: Extensions::NONE,
+            incarnation: None,
         }
     );
     let names: Vec<(&str, usize)> = layers.iter().map(|l| (l.layer_name.as_str(), l.descs.len())).collect();
@@ -431,7 +440,7 @@ fn connector_notify_listener_takes_moriio_releases() {
         }
     }
     assert_eq!(peer.finish(), ["sent 2"]);
-    let release = Release { transfer_id: tid(), consumer_tp_size: Some(8), sender: None };
+    let release = Release { transfer_id: tid(), consumer_tp_size: Some(8), sender: None, incarnation: None };
     assert_eq!(decode(&frames[0]), Ok(ControlMessage::Release(release)));
     assert_eq!(decode(&frames[1]), Ok(ControlMessage::LegacyCompletion(tid())));
 }
@@ -500,7 +509,12 @@ fn connector_notify_listener_survives_what_ends_moriio_listener() {
     }
     assert_eq!(peer.finish(), ["sent 5"]);
     let release = |consumer_tp_size| {
-        Ok(WorkerEvent::Release(Release { transfer_id: tid(), consumer_tp_size, sender: None }))
+        Ok(WorkerEvent::Release(Release {
+            transfer_id: tid(),
+            consumer_tp_size,
+            sender: None,
+            incarnation: None,
+        }))
     };
     assert_eq!(
         seen,

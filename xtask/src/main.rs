@@ -193,15 +193,18 @@ fn check_model() -> ExitCode {
     use pdkv_core::legacy::{Legacy, LegacyOptions};
     use pdkv_sim::model_check::{check, ModelConfig};
     let mut ok = true;
+    // (deployment, legacy options, losses, prefill restarts, a violation expected)
     let runs = [
-        ("1P_DP2:1D_TP2", LegacyOptions::none(), 2, false),
-        ("1P_TP2:1D_TP4", LegacyOptions::none(), 2, false),
-        ("1P_TP4:1D_TP2", LegacyOptions::none(), 2, false),
-        ("1P_TP2:1D_TP2", LegacyOptions::none().with(Legacy::LazyHandshake), 1, true),
-        ("1P_TP2:1D_TP2", LegacyOptions::none().with(Legacy::NoHandshakeTimeout), 1, true),
-        ("1P_TP2:1D_TP4", LegacyOptions::none().with(Legacy::ReleaseDuringReads), 0, true),
+        ("1P_DP2:1D_TP2", LegacyOptions::none(), 2, 0, false),
+        ("1P_TP2:1D_TP4", LegacyOptions::none(), 2, 0, false),
+        ("1P_TP4:1D_TP2", LegacyOptions::none(), 2, 0, false),
+        ("1P_TP2:1D_TP2", LegacyOptions::none(), 1, 1, false),
+        ("1P_TP2:1D_TP2", LegacyOptions::none().with(Legacy::LazyHandshake), 1, 0, true),
+        ("1P_TP2:1D_TP2", LegacyOptions::none().with(Legacy::NoHandshakeTimeout), 1, 0, true),
+        ("1P_TP2:1D_TP4", LegacyOptions::none().with(Legacy::ReleaseDuringReads), 0, 0, true),
+        ("1P_TP2:1D_TP2", LegacyOptions::none().with(Legacy::NoIncarnationFence), 0, 1, true),
     ];
-    for (deployment, legacy, loss_budget, expect_violation) in runs {
+    for (deployment, legacy, loss_budget, restarts, expect_violation) in runs {
         let names: Vec<&str> = legacy.iter().map(|l| l.name()).collect();
         let config = ModelConfig {
             deployment: deployment.into(),
@@ -213,6 +216,7 @@ fn check_model() -> ExitCode {
             max_steps: 4,
             max_states: 2_000_000,
             reduce: true,
+            restarts,
         };
         let report = match check(&config) {
             Ok(r) => r,
@@ -222,7 +226,7 @@ fn check_model() -> ExitCode {
             }
         };
         println!(
-            "{deployment} {} losses <= {loss_budget}: {} states, {} transitions, depth {}, {:.2} s, {} ({:.0} states/s)",
+            "{deployment} {} losses <= {loss_budget}, restarts <= {restarts}: {} states, {} transitions, depth {}, {:.2} s, {} ({:.0} states/s)",
             if names.is_empty() { "fixed protocol,".to_string() } else { format!("legacy {},", names.join(" + ")) },
             report.states,
             report.transitions,

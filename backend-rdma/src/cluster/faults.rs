@@ -47,8 +47,8 @@ impl Cluster {
     }
 
     pub(super) fn restart(&mut self, rank: RankId) {
-        let incarnation = self.ranks.get(&rank).map_or(0, |p| p.incarnation + 1);
-        if let Err(e) = self.spawn(rank, incarnation) {
+        let life = self.ranks.get(&rank).map_or(0, |p| p.life + 1);
+        if let Err(e) = self.spawn(rank, life) {
             self.problem(format!("restart of {rank}: {e}"));
         }
     }

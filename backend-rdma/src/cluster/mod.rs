@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pdkv_core::group::{DecodeGroup, GroupEvent, StepReport};
-use pdkv_core::ids::{EngineId, RankId, RequestId, Role, TransferId};
+use pdkv_core::ids::{EngineId, Incarnation, RankId, RequestId, Role, TransferId};
 use pdkv_core::policy::{PeerBook, Policy};
 use pdkv_core::ports::EngineAddress;
 use pdkv_core::prefill::{EngineEvent, PrefillEngine};
@@ -101,12 +101,12 @@ enum Ev {
     },
     Msg {
         rank: RankId,
-        incarnation: u32,
+        life: u32,
         msg: FromRank,
     },
     Gone {
         rank: RankId,
-        incarnation: u32,
+        life: u32,
     },
     /// The foreign side's driver said something ([`foreign`]).
     Driver(foreign::DriverEvent),
@@ -123,6 +123,9 @@ struct Req {
     prefill_blocks: Vec<u32>,
     local_blocks: Vec<u32>,
     acks_needed: BTreeSet<RankId>,
+    /// The incarnation of each TP rank of the owner group whose process computed the KV (the
+    /// process that acknowledged the prefill, or that died computing it).
+    holders: BTreeMap<u16, Incarnation>,
     started: std::time::Instant,
     first_token: Option<std::time::Instant>,
     /// An injected fault may cause its failure (see [`Cluster::expose_group`]).
@@ -185,7 +188,7 @@ struct Cluster {
     faults_log: Vec<String>,
     ledger: Ledger,
     reads: BTreeMap<RankId, (u64, u64)>,
-    /// Which incarnation of each rank a transfer was registered on: a worker's later events
+    /// Which life of each rank a transfer was registered on: a worker's later events
     /// (group done, retire) go only to the process that holds its registration.
     registered: BTreeMap<(RankId, TransferId), u32>,
     bytes_verified: u64,
@@ -385,9 +388,14 @@ impl Cluster {
         let now = self.clock.now();
         match msg {
             FromRank::Hello { .. } | FromRank::Heartbeat => {}
-            FromRank::Ready { data_addr, memory, handshake } => {
+            FromRank::Ready { data_addr, memory, handshake, incarnation } => {
                 if rank.engine.role == Role::Prefill {
                     self.memory.insert(memory);
+                }
+                if let Some(incarnation) = incarnation.filter(|_| rank.engine.role == Role::Prefill) {
+                    // The engine registers, answers and retires under the incarnation each of
+                    // its workers runs; a new one ends the old incarnation's parts.
+                    self.engine(usize::from(rank.engine.index), EngineEvent::WorkerUp { rank, incarnation });
                 }
                 if let Some(reply) = handshake {
                     self.foreign_replies.insert(rank, reply);
@@ -395,10 +403,11 @@ impl Cluster {
                 let proc = self.ranks.get_mut(&rank).expect("known rank");
                 proc.ready = true;
                 proc.data_addr = data_addr;
-                let incarnation = proc.incarnation;
-                if incarnation > 0 {
+                proc.incarnation = incarnation;
+                let life = proc.life;
+                if life > 0 {
                     self.down_by_fault.remove(&rank);
-                    self.faults_log.push(format!("{rank} restarted (incarnation {incarnation})"));
+                    self.faults_log.push(format!("{rank} restarted (life {life})"));
                     self.pump_prefill(rank.engine, rank.dp);
                 }
             }

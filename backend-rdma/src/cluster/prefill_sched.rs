@@ -1,10 +1,10 @@
 //! The prefill side's schedulers: submitting requests through the proxy, each prefill DP
 //! group's block pool and queue, and the engine node's actions (frees, fences).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use pdkv_core::ids::{EngineId, RankId, RequestId, TransferId};
-use pdkv_core::params::{extension_names, KvTransferParams};
+use pdkv_core::params::{extension_names, incarnation_values, KvTransferParams};
 use pdkv_core::prefill::{EngineAction, EngineEvent};
 use pdkv_core::proxy::ProxyAction;
 use pdkv_core::topology::Layout;
@@ -57,6 +57,7 @@ impl Cluster {
             prefill_blocks: Vec::new(),
             local_blocks: Vec::new(),
             acks_needed: BTreeSet::new(),
+            holders: BTreeMap::new(),
             started: std::time::Instant::now(),
             first_token: None,
             // The group lacks a rank a fault killed: the request may fail for it.
@@ -144,8 +145,14 @@ impl Cluster {
         }
     }
 
+    /// `rank`'s process computed its part of the request (or died computing it, when a restart
+    /// will bring the rank back): the part is that process's incarnation's.
     pub(super) fn prefill_acked(&mut self, id: RequestId, rank: RankId) {
+        let incarnation = self.ranks.get(&rank).and_then(|p| p.incarnation);
         let Some(req) = self.requests.get_mut(&id) else { return };
+        if let Some(incarnation) = incarnation {
+            req.holders.insert(rank.tp, incarnation);
+        }
         if req.acks_needed.remove(&rank) && req.acks_needed.is_empty() {
             self.prefill_done(id);
         }
@@ -179,6 +186,9 @@ impl Cluster {
             blocks: req.prefill_blocks.clone(),
             decode: decode_layout,
             reader: Some((EngineId::decode(req.decode.0 as u16), req.decode.1)),
+            // Which process computed each part: a rank may have restarted since.
+            holders: (req.holders.len() == usize::from(self.d.prefill[e].tp))
+                .then(|| req.holders.values().copied().collect()),
         };
         let mut out = Vec::new();
         let now = self.clock.now();
@@ -209,6 +219,9 @@ impl Cluster {
             // What the engine's connector advertises: every pdkv extension, or none from an
             // engine another connector plays.
             pdkv_extensions: extension_names(self.peers.rules(engine).extensions()),
+            pdkv_incarnations: self.engines[e]
+                .holder_incarnations(&req.transfer_id)
+                .and_then(|h| incarnation_values(&h)),
             ..KvTransferParams::default()
         };
         match self.proxy.handle_prefill_response(id, answer) {
@@ -259,9 +272,9 @@ impl Cluster {
     pub(super) fn engine_actions(&mut self, e: usize, actions: Vec<EngineAction>) {
         for action in actions {
             match action {
-                EngineAction::Register { rank, transfer_id, quorum } => {
+                EngineAction::Register { rank, transfer_id, quorum, incarnation } => {
                     if let Some(proc) = self.ranks.get(&rank).filter(|p| p.alive) {
-                        self.registered.insert((rank, transfer_id.clone()), proc.incarnation);
+                        self.registered.insert((rank, transfer_id.clone()), proc.life);
                     }
                     if self.is_foreign(rank.engine) {
                         // The foreign rank counts its releases by its own rules; the quorum is
@@ -277,7 +290,7 @@ impl Cluster {
                         };
                         self.tell_driver(&msg);
                     } else {
-                        self.send(rank, &ToRank::Register { transfer_id, quorum });
+                        self.send(rank, &ToRank::Register { transfer_id, quorum, incarnation });
                     }
                 }
                 EngineAction::GroupDone { rank, transfer_id } => {
@@ -286,11 +299,11 @@ impl Cluster {
                         self.send(rank, &ToRank::GroupDone { transfer_id });
                     }
                 }
-                EngineAction::Retire { rank, transfer_id } => {
+                EngineAction::Retire { rank, transfer_id, incarnation } => {
                     if self.holds_registration(rank, &transfer_id) {
                         // A foreign rank's data-plane server fences the blocks; its driver
                         // forgets the transfer.
-                        self.send(rank, &ToRank::Retire { transfer_id: transfer_id.clone() });
+                        self.send(rank, &ToRank::Retire { transfer_id: transfer_id.clone(), incarnation });
                         if self.is_foreign(rank.engine) {
                             let msg = ToDriver::Retire {
                                 transfer_id: transfer_id.0.clone(),
@@ -340,7 +353,7 @@ impl Cluster {
     /// rank never heard of transfers registered before it started).
     pub(super) fn holds_registration(&self, rank: RankId, transfer_id: &TransferId) -> bool {
         let registered = self.registered.get(&(rank, transfer_id.clone()));
-        self.ranks.get(&rank).is_some_and(|p| p.alive && registered == Some(&p.incarnation))
+        self.ranks.get(&rank).is_some_and(|p| p.alive && registered == Some(&p.life))
     }
 
     pub(super) fn free_prefill_blocks(

@@ -13,6 +13,7 @@ use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
 use pdkv_core::group::GroupEvent;
+use pdkv_core::ids::Incarnation;
 use pdkv_core::ids::{EngineId, RankId, RequestId, Role};
 use pdkv_core::prefill::EngineEvent;
 
@@ -25,7 +26,7 @@ use crate::sched::{
 pub(super) struct RankProc {
     pub(super) child: Option<Child>,
     pub(super) writer: Option<TcpStream>,
-    pub(super) incarnation: u32,
+    pub(super) life: u32,
     pub(super) alive: bool,
     pub(super) ready: bool,
     pub(super) data_addr: Option<String>,
@@ -33,17 +34,19 @@ pub(super) struct RankProc {
     pub(super) killed_by_fault: bool,
     /// When the scheduler last heard from the process.
     pub(super) last_heard: std::time::Instant,
+    /// The protocol incarnation the process drew (a prefill rank's, from its `Ready`).
+    pub(super) incarnation: Option<Incarnation>,
 }
 
 /// Who may join a run: a process this run started, once, holding the run's token. A stray
 /// `pdkv connector` (another run's, a user's, a second one with the id of a live rank) would
 /// otherwise take the rank's place: the scheduler would talk to it and the rank it displaced
-/// would hang, or serve another incarnation's bytes.
+/// would hang, or serve another life's bytes.
 #[derive(Default)]
 pub(super) struct Admission {
     /// The run's random token, handed to its processes in [`TOKEN_ENV`].
     pub(super) token: String,
-    /// The process this run started for each rank (its latest incarnation).
+    /// The process this run started for each rank (its latest life).
     pub(super) expected: BTreeMap<RankId, u32>,
     /// Processes admitted so far: each joins once.
     pub(super) admitted: BTreeSet<u32>,
@@ -186,7 +189,7 @@ pub(super) fn probe_window(ephemeral: Option<(u16, u16)>, count: u16) -> (u16, u
 }
 
 impl Cluster {
-    pub(super) fn spawn(&mut self, rank: RankId, incarnation: u32) -> Result<(), String> {
+    pub(super) fn spawn(&mut self, rank: RankId, life: u32) -> Result<(), String> {
         let role = match rank.engine.role {
             Role::Prefill => "prefill",
             Role::Decode => "decode",
@@ -213,19 +216,20 @@ impl Cluster {
         let proc = RankProc {
             child: Some(child),
             writer: None,
-            incarnation,
+            life,
             alive: true,
             ready: false,
             data_addr: None,
             said_bye: false,
             killed_by_fault: false,
             last_heard: std::time::Instant::now(),
+            incarnation: None,
         };
         self.ranks.insert(rank, proc);
         Ok(())
     }
 
-    pub(super) fn setup_for(&self, rank: RankId, incarnation: u32) -> Setup {
+    pub(super) fn setup_for(&self, rank: RankId, life: u32) -> Setup {
         let drop_releases = self
             .config
             .faults
@@ -245,7 +249,7 @@ impl Cluster {
             transfer_timeout_ms: self.config.transfer_timeout_ms,
             per_request_reads: false,
             drop_releases,
-            incarnation,
+            life,
             peers: self.peers.clone(),
             data_plane_only: self.is_foreign(rank.engine),
         }
@@ -347,34 +351,34 @@ impl Cluster {
         match ev {
             Ev::Joined { rank, stream } => {
                 let proc = self.ranks.get_mut(&rank)?;
-                let incarnation = proc.incarnation;
+                let life = proc.life;
                 let reader = stream.try_clone().ok()?;
                 proc.writer = Some(stream);
                 let tx = tx.clone();
                 thread::spawn(move || {
                     let mut reader = BufReader::new(reader);
                     while let Ok(msg) = read_frame::<FromRank>(&mut reader) {
-                        if tx.send(Ev::Msg { rank, incarnation, msg }).is_err() {
+                        if tx.send(Ev::Msg { rank, life, msg }).is_err() {
                             return;
                         }
                     }
-                    let _ = tx.send(Ev::Gone { rank, incarnation });
+                    let _ = tx.send(Ev::Gone { rank, life });
                 });
-                let setup = self.setup_for(rank, incarnation);
+                let setup = self.setup_for(rank, life);
                 self.send(rank, &ToRank::Setup(setup));
             }
             Ev::Refused { rank, pid, reason } => self.refused(rank, pid, &reason),
             Ev::Driver(event) => return self.on_driver(event),
-            Ev::Msg { rank, incarnation, msg } => {
-                let proc = self.ranks.get_mut(&rank).filter(|p| p.incarnation == incarnation)?;
+            Ev::Msg { rank, life, msg } => {
+                let proc = self.ranks.get_mut(&rank).filter(|p| p.life == life)?;
                 proc.last_heard = std::time::Instant::now();
                 return self.on_message(rank, msg);
             }
-            Ev::Gone { rank, incarnation } => {
+            Ev::Gone { rank, life } => {
                 let proc = self.ranks.get_mut(&rank)?;
                 // A rank already counted as lost (killed by a fault, or for its silence) is
                 // not lost twice.
-                if proc.incarnation != incarnation || !proc.alive {
+                if proc.life != life || !proc.alive {
                     return None;
                 }
                 let expected = proc.said_bye || proc.killed_by_fault;
@@ -420,7 +424,7 @@ impl Cluster {
             // any registered later) its part counts as done, so its group's blocks are freed
             // once the live ranks are released instead of at the reaper. The engine decides;
             // the driver only reports the loss. A rank that will restart is not reported: its
-            // new incarnation could reuse the freed block ids while a reader still reads the old
+            // new life could reuse the freed block ids while a reader still reads the old
             // transfer from it, so its old transfers wait for the reaper, fenced meanwhile.
             self.engine(usize::from(rank.engine.index), EngineEvent::WorkerLost { rank });
         }
@@ -527,13 +531,13 @@ impl Cluster {
         {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             match rx.recv_timeout(left) {
-                Ok(Ev::Msg { rank, incarnation, msg: FromRank::Bye { .. } }) => {
-                    if let Some(p) = self.ranks.get_mut(&rank).filter(|p| p.incarnation == incarnation) {
+                Ok(Ev::Msg { rank, life, msg: FromRank::Bye { .. } }) => {
+                    if let Some(p) = self.ranks.get_mut(&rank).filter(|p| p.life == life) {
                         p.said_bye = true;
                     }
                 }
-                Ok(Ev::Gone { rank, incarnation }) => {
-                    if let Some(p) = self.ranks.get_mut(&rank).filter(|p| p.incarnation == incarnation) {
+                Ok(Ev::Gone { rank, life }) => {
+                    if let Some(p) = self.ranks.get_mut(&rank).filter(|p| p.life == life) {
                         p.alive = false;
                     }
                 }

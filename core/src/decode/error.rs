@@ -3,6 +3,7 @@
 use std::fmt;
 
 use crate::handshake::HandshakeError;
+use crate::ids::Incarnation;
 use crate::params::ParamsError;
 #[cfg(doc)]
 use crate::policy::HandshakeMode;
@@ -83,6 +84,15 @@ pub enum RecvError {
     /// The request's source rank is one the worker has no session with, and it keeps
     /// [`MAX_WORKER_SESSIONS`] already.
     TooManySessions,
+    /// The prefill incarnation that held the transfer is gone: the rank restarted, and a fresh
+    /// handshake answered with another incarnation (see [`crate::fence`]). Nothing was read,
+    /// leased or released.
+    OtherIncarnation {
+        /// The incarnation the transfer's parameters named.
+        holder: Incarnation,
+        /// The incarnation that answered, if it named one.
+        live: Option<Incarnation>,
+    },
 }
 
 impl fmt::Display for RecvError {
@@ -105,6 +115,10 @@ impl fmt::Display for RecvError {
                 write!(f, "KV not received within {} ms", waited_ns / NS_PER_MS)
             }
             RecvError::TooManyRequests => write!(f, "more than {MAX_WORKER_REQUESTS} requests queued"),
+            RecvError::OtherIncarnation { holder, live } => {
+                let live = live.map_or_else(|| "a rank naming no incarnation".to_string(), |i| i.to_string());
+                write!(f, "the prefill rank restarted: {holder} held the KV and {live} answers")
+            }
             RecvError::TooManySessions => {
                 write!(
                     f,

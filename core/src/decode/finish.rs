@@ -5,6 +5,7 @@
 use crate::ids::RequestId;
 use crate::recv::{self, RecvEvent, RecvOutput, RecvState};
 use crate::release::{Release, ReleaseSender};
+use crate::wire::Extension;
 
 use super::state::RecvPhase;
 use super::{DecodeAction, DecodeWorker, RecvError};
@@ -32,13 +33,17 @@ impl DecodeWorker {
                 recv.phase = RecvPhase::Draining { in_flight, error };
                 out.push(DecodeAction::AbortReads { request: id });
             }
-            RecvOutput::Release { received: true } => self.finish_request(id, None, out),
+            RecvOutput::Release { received: true } => self.finish_request(id, None, true, out),
             RecvOutput::Release { received: false } => {
                 let error = match &recv.phase {
                     RecvPhase::Draining { error, .. } => error.clone(),
                     _ => error.expect("a failing event carries its error"),
                 };
-                self.finish_request(id, Some(error), out);
+                self.finish_request(id, Some(error), true, out);
+            }
+            RecvOutput::FailUnreleased => {
+                let error = error.expect("a failing event carries its error");
+                self.finish_request(id, Some(error), false, out);
             }
         }
         // The worker's own bookkeeping must agree with the machine (the table is the spec).
@@ -50,10 +55,19 @@ impl DecodeWorker {
     }
 
     /// The request ended: release every rank its plan names (the source, or under vLLM 0.33's
-    /// rules every holder of its share) and report it received or failed.
-    fn finish_request(&mut self, id: RequestId, error: Option<RecvError>, out: &mut Vec<DecodeAction>) {
+    /// rules every holder of its share) unless `release` is false (the fence found its holder
+    /// gone), and report it received or failed. A release names the incarnation holding the
+    /// transfer on each rank that speaks incarnations.
+    fn finish_request(
+        &mut self,
+        id: RequestId,
+        error: Option<RecvError>,
+        release: bool,
+        out: &mut Vec<DecodeAction>,
+    ) {
         let recv = self.requests.remove(&id).expect("caller checked");
-        let release = Release {
+        let named = self.advertised_by(&recv).is_some_and(|e| e.has(Extension::Incarnation));
+        let message = Release {
             transfer_id: recv.transfer_id.clone(),
             consumer_tp_size: Some(self.config.layout.tp),
             sender: Some(ReleaseSender {
@@ -61,12 +75,14 @@ impl DecodeWorker {
                 dp_rank: self.config.rank.dp,
                 tp_rank: self.config.rank.tp,
             }),
+            incarnation: None,
         };
-        for (rank, endpoint) in &recv.releases {
+        let releases = if release { recv.releases.as_slice() } else { &[] };
+        for (rank, endpoint, incarnation) in releases {
             out.push(DecodeAction::SendRelease {
                 rank: *rank,
                 endpoint: endpoint.clone(),
-                release: release.clone(),
+                release: Release { incarnation: incarnation.filter(|_| named), ..message.clone() },
             });
         }
         match error {

@@ -17,6 +17,7 @@
 //! finished, whether a read of it is in flight or the request is still queued (the historical
 //! behaviour of `reaper-ignores-reads` and `no-queued-lease`, against that peer only).
 
+use crate::fence::FenceState;
 use crate::ids::RequestId;
 use crate::policy::QueuedLease;
 use crate::ports::SessionKey;
@@ -31,20 +32,35 @@ impl DecodeWorker {
     /// advertised read leases, held while nothing says whether it does, nothing when it does
     /// not.
     pub(super) fn lease(&self, recv: &mut Recv, out: &mut Vec<DecodeAction>) {
-        let heard = self.sessions.get(&recv.target.session).and_then(|s| s.extensions);
-        let advertised = heard.or(recv.engine_extensions);
+        let advertised = self.advertised_by(recv);
         recv.lease_held = advertised.is_none();
-        if advertised.is_some_and(|e| e.has(Extension::ReadLease)) {
-            out.push(self.lease_action(recv));
+        // A lease names the incarnation holding the transfer, so only that incarnation takes it:
+        // one the fence found gone is not leased at all, but one whose rank last answered as
+        // another incarnation still is (that answer may be the stale one, and a queued request
+        // must stay leased while it waits for a step to find out).
+        if advertised.is_some_and(|e| e.has(Extension::ReadLease)) && recv.fence != FenceState::Stale {
+            let named = advertised.is_some_and(|e| e.has(Extension::Incarnation));
+            out.push(self.lease_action(recv, named));
         }
     }
 
-    fn lease_action(&self, recv: &Recv) -> DecodeAction {
+    /// What the source of `recv` advertised: its own metadata once heard (which wins), else
+    /// its engine's word in the request's parameters; `None` while nothing said.
+    pub(super) fn advertised_by(&self, recv: &Recv) -> Option<Extensions> {
+        let heard = self.sessions.get(&recv.target.session).and_then(|s| s.extensions);
+        heard.or(recv.engine_extensions)
+    }
+
+    fn lease_action(&self, recv: &Recv, named: bool) -> DecodeAction {
         let lease_ms = self.config.transfer_timeout_ns.div_ceil(NS_PER_MS).clamp(1, u64::from(u32::MAX));
         DecodeAction::SendLease {
             rank: recv.target.source,
             endpoint: recv.target.notify.clone(),
-            lease: ReadLease { transfer_id: recv.transfer_id.clone(), lease_ms: lease_ms as u32 },
+            lease: ReadLease {
+                transfer_id: recv.transfer_id.clone(),
+                lease_ms: lease_ms as u32,
+                incarnation: recv.incarnation.filter(|_| named),
+            },
         }
     }
 

@@ -40,13 +40,15 @@
 //! dispatch and its timer; `config`, `messages` and `error` the public value types; `state` the
 //! worker's own bookkeeping (sessions, requests, the step in progress); `route` how a request
 //! finds its source rank and session; `step` a step of the fixed protocol (admission, eager
-//! handshakes, the vote); `reads` read planning and read completion; `lease` the leases of taken
-//! and queued requests; `tick` what the clock triggers; `finish` the request machine's effects
-//! and a request's end. `lazy` holds every piece of the legacy lazy handshake, which the fixed
+//! handshakes, the vote); `fence` the incarnation fence of [`crate::fence`] applied to the
+//! requests waiting for their sessions; `reads` read planning and read completion; `lease` the
+//! leases of taken and queued requests; `tick` what the clock triggers; `finish` the request
+//! machine's effects and a request's end. `lazy` holds every piece of the legacy lazy handshake, which the fixed
 //! path enters at one point per entry.
 
 mod config;
 mod error;
+mod fence;
 mod finish;
 mod lazy;
 mod lease;

@@ -5,8 +5,9 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
 
+use crate::fence::FenceState;
 use crate::handshake::HandshakeEvent;
-use crate::ids::{RankId, RequestId, TransferId};
+use crate::ids::{Incarnation, RankId, RequestId, TransferId};
 use crate::ports::SessionKey;
 use crate::recv::{RecvEvent, RecvOutput, RecvState};
 use crate::time::Instant;
@@ -37,6 +38,10 @@ pub struct ReadPlan {
     pub local_block_ids: Arc<[u32]>,
     /// RDMA operations one layer's read posts ([`contiguous_runs`]), counted once per request.
     pub messages_per_layer: u64,
+    /// The incarnation of the source rank whose memory descriptors the reads use (the session's,
+    /// which the fence made the transfer's): a data plane that can carry it lets the rank refuse
+    /// a read meant for another incarnation of it.
+    pub incarnation: Option<Incarnation>,
 }
 
 /// Runs of blocks contiguous in both the local and the remote region: the RDMA operations one
@@ -109,12 +114,14 @@ impl ReadOp {
 }
 
 impl DecodeWorker {
-    /// Posts the reads of every request whose session is complete.
-    pub(super) fn post_ready_reads(&mut self, out: &mut Vec<DecodeAction>) {
+    /// Posts the reads of every request whose session is complete and is the incarnation
+    /// holding its transfer (the fence, applied first, drops a session that is not).
+    pub(super) fn post_ready_reads(&mut self, now: Instant, out: &mut Vec<DecodeAction>) {
+        self.apply_fence(now, out);
         let ready: Vec<RequestId> = self
             .requests
             .iter()
-            .filter(|(_, r)| matches!(r.phase, RecvPhase::AwaitingSession))
+            .filter(|(_, r)| matches!(r.phase, RecvPhase::AwaitingSession) && r.fence == FenceState::Cleared)
             .filter(|(_, r)| {
                 self.sessions.get(&r.target.session).is_some_and(|s| s.state.session().is_some())
             })
@@ -161,6 +168,7 @@ impl DecodeWorker {
             remote_block_ids: recv.remote_block_ids.clone(),
             local_block_ids: recv.local_block_ids.clone(),
             messages_per_layer: contiguous_runs(&recv.local_block_ids, &recv.remote_block_ids),
+            incarnation: meta.incarnation,
         });
         let layers = plan.remote_bases.len();
         let op =
@@ -259,6 +267,7 @@ mod tests {
             remote_block_ids: remote.into(),
             local_block_ids: local.into(),
             messages_per_layer: contiguous_runs(local, remote),
+            incarnation: None,
         };
         ReadOp { plan: Arc::new(plan), layer: None, layers: 0..layers }
     }

@@ -2,6 +2,7 @@
 //! rules of [`crate::routing`]), deriving its session, handshake and notify endpoints from that
 //! one rank, and registering the session it will read through.
 
+use crate::fence::FenceState;
 use crate::handshake::{HandshakeParams, HandshakeState};
 use crate::ids::{RankId, RequestId, TransferId};
 use crate::policy::NotifyRule;
@@ -73,6 +74,8 @@ impl DecodeWorker {
             .iter()
             .map(|&b| u32::try_from(b).map_err(|_| RecvError::BlockIdTooLarge(b)))
             .collect::<Result<_, _>>()?;
+        let holders = params.holder_incarnations(remote.tp).map_err(RecvError::Params)?;
+        let holder = |tp: u16| holders.as_ref().and_then(|h| h.get(usize::from(tp)).copied());
         let source =
             self.router.resolve(request.prefill_engine, remote, owner).map_err(RecvError::Routing)?;
         let address = &request.prefill_address;
@@ -98,7 +101,7 @@ impl DecodeWorker {
                 } else {
                     address.dial(remote, to, ListenerKind::Notify).map_err(RecvError::Port)?
                 };
-                Ok((to, endpoint))
+                Ok((to, endpoint, holder(to.tp)))
             })
             .collect::<Result<_, RecvError>>()?;
         // A held request's session is always known: every step indexes the sessions by it.
@@ -116,6 +119,8 @@ impl DecodeWorker {
             phase: RecvPhase::AwaitingSession,
             engine_extensions: params.advertised_extensions(),
             lease_held: false,
+            incarnation: holder(source.rank.tp),
+            fence: FenceState::Unchecked,
         })
     }
 

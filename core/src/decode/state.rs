@@ -5,8 +5,9 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
+use crate::fence::FenceState;
 use crate::handshake::{HandshakeParams, HandshakeState};
-use crate::ids::{RankId, TransferId};
+use crate::ids::{Incarnation, RankId, TransferId};
 use crate::ports::{Endpoint, EngineAddress, ReadTarget, SessionKey};
 use crate::recv::RecvState;
 use crate::step_machine::StepState;
@@ -100,8 +101,13 @@ pub(super) struct Retry {
 pub(super) struct Recv {
     pub(super) transfer_id: TransferId,
     pub(super) target: ReadTarget,
-    /// The prefill ranks released when the request ends, with their notify listeners.
-    pub(super) releases: Vec<(RankId, Endpoint)>,
+    /// The prefill ranks released when the request ends, with their notify listeners and the
+    /// incarnation of each that holds the transfer (when the answer named them).
+    pub(super) releases: Vec<(RankId, Endpoint, Option<Incarnation>)>,
+    /// The incarnation of the source rank that holds the transfer (`None`: the answer named
+    /// none, and no fence applies), and where the request is with the fence.
+    pub(super) incarnation: Option<Incarnation>,
+    pub(super) fence: FenceState,
     pub(super) remote_block_ids: Arc<[u32]>,
     pub(super) local_block_ids: Arc<[u32]>,
     /// The prefill layout the parameters announced, and where that engine listens.

@@ -31,6 +31,9 @@ impl DecodeWorker {
             self.rank()
         );
         self.admit(now, requests, out);
+        // A session naming another incarnation than a waiting request's transfer is dropped
+        // here, so this step dials it again.
+        self.apply_fence(now, out);
         // Sessions this step needs that are not complete, in key order.
         let needed: BTreeSet<SessionKey> = self
             .requests
@@ -162,12 +165,12 @@ impl DecodeWorker {
                 // under `pdkv cluster`).
                 StepOutput::Ready { step } => {
                     self.step = StepProgress::Idle;
-                    self.post_ready_reads(out);
+                    self.post_ready_reads(now, out);
                     out.push(DecodeAction::StepReady { step });
                 }
                 StepOutput::FailedWithGroup { step } => {
                     self.step = StepProgress::Idle;
-                    self.post_ready_reads(out);
+                    self.post_ready_reads(now, out);
                     let error = StepError::GroupHandshakeFailed { step };
                     out.push(DecodeAction::StepFailed { step, error });
                 }

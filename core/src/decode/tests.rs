@@ -94,6 +94,7 @@ fn metadata(extensions: Extensions) -> HandshakeMetadata {
         attn_backend_name: "FLASHMLA".into(),
         rank: None,
         extensions,
+        incarnation: None,
     }
 }
 
@@ -197,4 +198,100 @@ fn held_leases_of_queued_requests_go_when_the_rank_advertises() {
         w.handle(next, DecodeEvent::Tick, &mut renewed);
         assert_eq!(leases(&renewed).len(), expected / 2, "{rank:?}: the queued request's renewal");
     }
+}
+
+/// Runs step `step` with `requests` to its end, answering its dial (if any) with metadata of
+/// incarnation `answer`, and returns every action of the step.
+fn step_answering(
+    w: &mut DecodeWorker,
+    step: u64,
+    requests: Vec<RecvRequest>,
+    answer: Option<crate::ids::Incarnation>,
+) -> Vec<DecodeAction> {
+    let now = Instant::ZERO;
+    let mut out = Vec::new();
+    w.handle(now, DecodeEvent::StepBegin { step, requests }, &mut out);
+    if let Some(session) = dialled(&out) {
+        let metadata = HandshakeMetadata { incarnation: answer, ..metadata(Extensions::ALL) };
+        w.handle(now, DecodeEvent::HandshakeMetadata { session: session.clone(), metadata }, &mut out);
+        let layers = vec![crate::wire::LayerMemoryDesc { layer_name: "l0".into(), descs: vec![vec![0]] }];
+        w.handle(now, DecodeEvent::HandshakeDescriptors { session, layers }, &mut out);
+    }
+    w.handle(now, DecodeEvent::VoteResult { step, ok: true }, &mut out);
+    out
+}
+
+/// Request `n` on the TP1 engine at `prefill-0`, its answer naming `holder` as the incarnation
+/// holding the transfer.
+fn request_held_by(n: u64, holder: crate::ids::Incarnation) -> RecvRequest {
+    let mut request = request_with(n, Some(Extensions::ALL));
+    request.params.pdkv_incarnations = crate::params::incarnation_values(&[holder]);
+    request
+}
+
+/// What a step did with its requests, in short: `dial`, `read <inc>`, `lease <inc>`,
+/// `release <inc>`, `failed <error>`, in action order.
+fn summary(out: &[DecodeAction]) -> Vec<String> {
+    let inc = |i: Option<crate::ids::Incarnation>| i.map_or("-".to_string(), |i| i.value().to_string());
+    out.iter()
+        .filter_map(|a| match a {
+            DecodeAction::DialHandshake { .. } => Some("dial".to_string()),
+            DecodeAction::PostRead(op) => Some(format!("read {}", inc(op.plan.incarnation))),
+            DecodeAction::SendLease { lease, .. } => Some(format!("lease {}", inc(lease.incarnation))),
+            DecodeAction::SendRelease { release, .. } => {
+                Some(format!("release {}", inc(release.incarnation)))
+            }
+            DecodeAction::RequestFailed { error, .. } => Some(format!("failed {error}")),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The incarnation fence on one worker. Incarnation 1 is the rank before its restart, 2 after.
+/// A transfer of the new incarnation meeting a session of the old one redials and reads through
+/// the new session. A transfer of the old incarnation dispatched after the restart (its holder's
+/// memory is gone, and its block ids are free or another request's in the new one) redials once,
+/// then fails without a read, a lease or a release. Under `no-incarnation-fence` the new
+/// transfer reads through the old session (whose keys died with the old process, so the read
+/// fails and the session is dropped), and then the old transfer is read from the new
+/// incarnation's memory: the stale read.
+#[test]
+fn a_transfer_of_a_gone_incarnation_is_never_read_leased_or_released() {
+    let (one, two) = (crate::ids::Incarnation::new(1).unwrap(), crate::ids::Incarnation::new(2).unwrap());
+    let read_done = |w: &mut DecodeWorker, n: u64, outcome: ReadOutcome| {
+        let mut out = Vec::new();
+        let event = DecodeEvent::ReadDone { request: RequestId(n), layer: Some(0), outcome };
+        w.handle(Instant::ZERO, event, &mut out);
+        summary(&out)
+    };
+    // Fixed protocol.
+    let mut w = worker(&LegacyOptions::none());
+    let first = step_answering(&mut w, 1, vec![request_held_by(1, one)], Some(one));
+    assert_eq!(summary(&first), ["lease 1", "dial", "read 1"]);
+    assert_eq!(read_done(&mut w, 1, ReadOutcome::Ok), ["release 1"]);
+    // The rank restarted as incarnation 2: a transfer it holds meets the old session (its lease
+    // names incarnation 2, which takes it).
+    let new = step_answering(&mut w, 2, vec![request_held_by(2, two)], Some(two));
+    assert_eq!(summary(&new), ["lease 2", "dial", "read 2"]);
+    assert_eq!(read_done(&mut w, 2, ReadOutcome::Ok), ["release 2"]);
+    // A transfer incarnation 1 held, dispatched after the restart: leased as incarnation 1's (so
+    // incarnation 2 ignores the lease), then found gone; nothing read or released.
+    let old = step_answering(&mut w, 3, vec![request_held_by(3, one)], Some(two));
+    assert_eq!(
+        summary(&old),
+        ["lease 1", "dial", "failed the prefill rank restarted: inc-1 held the KV and inc-2 answers"]
+    );
+    assert_eq!(w.pending_requests(), 0);
+
+    // The legacy option: no fence.
+    let mut w = worker(&LegacyOptions::none().with(Legacy::NoIncarnationFence));
+    let first = step_answering(&mut w, 1, vec![request_held_by(1, one)], Some(one));
+    assert_eq!(summary(&first), ["lease 1", "dial", "read 1"]);
+    assert_eq!(read_done(&mut w, 1, ReadOutcome::Ok), ["release 1"]);
+    let new = step_answering(&mut w, 2, vec![request_held_by(2, two)], Some(two));
+    assert_eq!(summary(&new), ["lease 2", "read 1"]);
+    let failed = read_done(&mut w, 2, ReadOutcome::Failed("remote access error".into()));
+    assert_eq!(failed, ["release 2", "failed read failed: remote access error"]);
+    let old = step_answering(&mut w, 3, vec![request_held_by(3, one)], Some(two));
+    assert_eq!(summary(&old), ["lease 1", "dial", "read 2"]);
 }

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::transfer::{transfer_step, TransferEvent, TransferOutput, TransferState, WorkerPart};
 #[cfg(doc)]
 use super::WorkerAction;
-use crate::ids::{EngineId, RankId, RequestId, TransferId};
+use crate::ids::{EngineId, Incarnation, RankId, RequestId, TransferId};
 use crate::policy::{PeerBook, Policy};
 use crate::release::{quorum_plan, Quorum};
 use crate::routing::RoutingError;
@@ -83,6 +83,24 @@ pub enum EngineError {
     Duplicate(TransferId),
     /// [`MAX_ENGINE_TRANSFERS`] are held.
     TooManyTransfers,
+    /// The holders named are not one per TP rank of the engine.
+    HolderCount {
+        /// Holders named.
+        named: usize,
+        /// The engine's TP size.
+        tp: u16,
+    },
+}
+
+/// A finished prefill, as [`EngineEvent::PrefillDone`] carries it.
+struct Done {
+    request: RequestId,
+    transfer_id: TransferId,
+    owner_dp: u16,
+    blocks: Vec<u32>,
+    decode: Layout,
+    reader: Option<(EngineId, u16)>,
+    holders: Option<Vec<Incarnation>>,
 }
 
 impl std::fmt::Display for EngineError {
@@ -94,6 +112,9 @@ impl std::fmt::Display for EngineError {
             }
             EngineError::Duplicate(id) => write!(f, "transfer {id} is held already"),
             EngineError::TooManyTransfers => write!(f, "more than {MAX_ENGINE_TRANSFERS} transfers held"),
+            EngineError::HolderCount { named, tp } => {
+                write!(f, "{named} holder incarnations named for an engine of TP size {tp}")
+            }
         }
     }
 }
@@ -116,6 +137,13 @@ pub enum EngineEvent {
         /// The decode engine and DP rank the proxy sent the request to, when the driver knows
         /// it (for [`EngineEvent::ReaderLost`]).
         reader: Option<(EngineId, u16)>,
+        /// The incarnation of each TP rank of the owner DP group that computed the blocks, when
+        /// the driver saw it (a rank may have restarted between computing its part and the
+        /// registration); `None` takes each worker's current incarnation. A part computed by an
+        /// incarnation that is no longer the worker's is gone with its memory: it counts as lost
+        /// from the start, and the answer names the incarnation that computed it, so no decode
+        /// rank reads it from the new one.
+        holders: Option<Vec<Incarnation>>,
     },
     /// A worker finished its part of a transfer.
     WorkerFinished {
@@ -128,12 +156,28 @@ pub enum EngineEvent {
     /// or its heartbeat stop, and restarts nothing in its place): every transfer it holds counts
     /// its part as finished, so the group's blocks are freed once the live workers are released
     /// instead of waiting for the reaper, and so do transfers registered on its group later. Its
-    /// memory went with it, so no read of it can complete from freed blocks. Not for a worker
-    /// that will restart at the same address: its new memory could reuse freed block ids while
-    /// a reader still reads an old transfer from it (let the reaper fence and free those).
+    /// memory went with it, so no read of it can complete from freed blocks. For a worker that
+    /// restarts, report [`EngineEvent::WorkerUp`] with its new incarnation instead: under the
+    /// fixed protocol that settles its old incarnation's parts the same way, since no read of
+    /// the old transfers can reach the new incarnation's memory.
     WorkerLost {
         /// The worker.
         rank: RankId,
+    },
+    /// A worker's process started (or restarted) with this incarnation. The engine registers
+    /// transfers on it under that incarnation, names it in prefill answers
+    /// ([`PrefillEngine::holder_incarnations`]), and retires them under it. A restart (a new
+    /// incarnation where another was known) ends the old one: its memory, and with it its part
+    /// of every transfer registered on it, is gone, and the fixed protocol fences every decode
+    /// read, release and lease of those transfers away from the new incarnation, so its parts
+    /// count as finished (as [`EngineEvent::WorkerLost`]'s do) and the group's blocks are freed
+    /// once the live workers are released. Under the legacy `no-incarnation-fence` nothing fences
+    /// the old transfers, so they wait for the reaper as before.
+    WorkerUp {
+        /// The worker.
+        rank: RankId,
+        /// Its incarnation, drawn by the driver at process start.
+        incarnation: Incarnation,
     },
     /// A decode rank died for good. Its DP group cannot run its forward pass any more and its
     /// releases will never come, so the transfers that group was to read are reaped as soon as
@@ -166,6 +210,10 @@ pub enum EngineAction {
         transfer_id: TransferId,
         /// Releases it waits for.
         quorum: Quorum,
+        /// The worker's incarnation it is registered on, if the driver reported one
+        /// ([`EngineEvent::WorkerUp`]): a restarted worker ignores a registration meant for its
+        /// previous incarnation.
+        incarnation: Option<Incarnation>,
     },
     /// Flexible read done on one rank: tell this other worker its part is done too.
     GroupDone {
@@ -208,6 +256,9 @@ pub enum EngineAction {
         rank: RankId,
         /// The transfer.
         transfer_id: TransferId,
+        /// The worker's incarnation the transfer was registered on: a restarted worker
+        /// recognises a retirement meant for its previous incarnation and ignores it.
+        incarnation: Option<Incarnation>,
     },
     /// The reaper freed a transfer that was never fully released.
     ReapWarning {
@@ -229,6 +280,9 @@ struct Held {
     reader: Option<(EngineId, u16)>,
     /// The end of the latest read lease.
     leased_until: Option<Instant>,
+    /// The incarnation of each TP rank of the owner DP group the transfer was registered on
+    /// (`None` where the driver reported none).
+    incarnations: Vec<Option<Incarnation>>,
 }
 
 /// One prefill engine: registers transfers on its workers, frees blocks once, reaps leftovers.
@@ -245,6 +299,8 @@ pub struct PrefillEngine {
     held: BTreeMap<TransferId, Held>,
     /// Workers lost for good.
     lost: BTreeSet<RankId>,
+    /// The current incarnation of each worker the driver reported ([`EngineEvent::WorkerUp`]).
+    incarnations: BTreeMap<RankId, Incarnation>,
     /// Reaper deadlines in order, so the next one is found without scanning.
     deadlines: BTreeSet<(Instant, TransferId)>,
     records: std::collections::VecDeque<TransferRecord>,
@@ -274,6 +330,7 @@ impl PrefillEngine {
             defer_timeout_ns: 60 * NS_PER_S,
             held: BTreeMap::new(),
             lost: BTreeSet::new(),
+            incarnations: BTreeMap::new(),
             deadlines: BTreeSet::new(),
             records: std::collections::VecDeque::new(),
             totals: LedgerTotals::default(),
@@ -307,6 +364,14 @@ impl PrefillEngine {
         self.records.iter()
     }
 
+    /// The incarnations holding a held transfer, one per TP rank of its owner DP group, for the
+    /// prefill answer's `pdkv_incarnations`: `None` when the transfer is not held or the driver
+    /// did not report every rank's incarnation (then the answer names none, and no fence
+    /// protects the transfer).
+    pub fn holder_incarnations(&self, id: &TransferId) -> Option<Vec<Incarnation>> {
+        self.held.get(id)?.incarnations.iter().copied().collect()
+    }
+
     /// The next reaper deadline.
     pub fn poll_timeout(&self) -> Option<Instant> {
         earliest(None, self.deadlines.first().map(|(t, _)| *t))
@@ -321,8 +386,12 @@ impl PrefillEngine {
         out: &mut Vec<EngineAction>,
     ) -> Result<(), EngineError> {
         match event {
-            EngineEvent::PrefillDone { request, transfer_id, owner_dp, blocks, decode, reader } => {
-                self.on_prefill_done(now, request, transfer_id, owner_dp, blocks, decode, reader, out)
+            EngineEvent::PrefillDone { request, transfer_id, owner_dp, blocks, decode, reader, holders } => {
+                self.on_prefill_done(
+                    now,
+                    Done { request, transfer_id, owner_dp, blocks, decode, reader, holders },
+                    out,
+                )
             }
             EngineEvent::ReaderLost { rank } => {
                 let lost: Vec<TransferId> = self
@@ -368,6 +437,26 @@ impl PrefillEngine {
                 }
                 Ok(())
             }
+            EngineEvent::WorkerUp { rank, incarnation } => {
+                debug_assert_eq!(rank.engine, self.engine, "worker reported to the wrong engine");
+                self.lost.remove(&rank);
+                let previous = self.incarnations.insert(rank, incarnation);
+                if previous.is_some_and(|p| p != incarnation) && self.policy.incarnation.fences() {
+                    // The old incarnation's parts died with its memory, and the fence keeps every
+                    // decode read, release and lease of them away from the new one.
+                    let tp = usize::from(rank.tp);
+                    let old: Vec<TransferId> = self
+                        .held
+                        .iter()
+                        .filter(|(_, h)| h.record.owner_dp == rank.dp && h.incarnations[tp] == previous)
+                        .map(|(id, _)| id.clone())
+                        .collect();
+                    for id in old {
+                        self.apply(now, &id, TransferEvent::WorkerLost(rank.tp), out);
+                    }
+                }
+                Ok(())
+            }
             EngineEvent::Tick => {
                 while let Some((deadline, id)) = self.deadlines.first().cloned() {
                     if deadline > now {
@@ -396,20 +485,19 @@ impl PrefillEngine {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn on_prefill_done(
         &mut self,
         now: Instant,
-        request: RequestId,
-        transfer_id: TransferId,
-        owner_dp: u16,
-        blocks: Vec<u32>,
-        decode: Layout,
-        reader: Option<(EngineId, u16)>,
+        done: Done,
         out: &mut Vec<EngineAction>,
     ) -> Result<(), EngineError> {
+        let Done { request, transfer_id, owner_dp, blocks, decode, reader, holders } = done;
         if owner_dp >= self.layout.dp {
             return Err(EngineError::OwnerOutOfRange { owner_dp, dp: self.layout.dp });
+        }
+        if holders.as_ref().is_some_and(|h| h.len() != usize::from(self.layout.tp)) {
+            let named = holders.as_ref().map_or(0, Vec::len);
+            return Err(EngineError::HolderCount { named, tp: self.layout.tp });
         }
         if self.held.contains_key(&transfer_id) {
             return Err(EngineError::Duplicate(transfer_id));
@@ -438,16 +526,29 @@ impl PrefillEngine {
             ended_at: None,
             reaped: false,
         };
+        let current = |tp: u16| self.incarnations.get(&RankId::new(self.engine, owner_dp, tp)).copied();
+        let incarnations: Vec<Option<Incarnation>> = match &holders {
+            Some(holders) => holders.iter().map(|&h| Some(h)).collect(),
+            None => (0..self.layout.tp).map(current).collect(),
+        };
         // Workers lost before the registration hold nothing of it: their part counts as done.
-        let lost =
-            (0..self.layout.tp).filter(|&tp| self.lost.contains(&RankId::new(self.engine, owner_dp, tp)));
+        // So does the part of a worker whose incarnation that computed it is gone (under the
+        // fence, which keeps every read of it away from the new incarnation).
+        let fenced = self.policy.incarnation.fences();
+        let lost = (0..self.layout.tp).filter(|&tp| {
+            let gone = fenced && current(tp).is_some() && incarnations[usize::from(tp)] != current(tp);
+            gone || self.lost.contains(&RankId::new(self.engine, owner_dp, tp))
+        });
         let state = TransferState::registered(self.layout.tp, lost, plan.flexible);
         let all_lost = state == TransferState::Freed;
-        self.held.insert(transfer_id.clone(), Held { state, record, deadline, reader, leased_until: None });
+        let held =
+            Held { state, record, deadline, reader, leased_until: None, incarnations: incarnations.clone() };
+        self.held.insert(transfer_id.clone(), held);
         self.deadlines.insert((deadline, transfer_id.clone()));
         for (tp, quorum) in plan.per_tp_rank.into_iter().enumerate() {
             let rank = RankId::new(self.engine, owner_dp, tp as u16);
-            out.push(EngineAction::Register { rank, transfer_id: transfer_id.clone(), quorum });
+            let incarnation = incarnations[tp];
+            out.push(EngineAction::Register { rank, transfer_id: transfer_id.clone(), quorum, incarnation });
         }
         if all_lost {
             // Nobody holds the KV: nothing to wait for.
@@ -519,6 +620,7 @@ impl PrefillEngine {
             out.push(EngineAction::Retire {
                 rank: RankId::new(self.engine, record.owner_dp, tp),
                 transfer_id: id.clone(),
+                incarnation: held.incarnations[usize::from(tp)],
             });
         }
         out.push(EngineAction::FreeBlocks {

@@ -46,3 +46,6 @@ pub use transfer::{
     TransferState, WorkerPart, WorkerParts,
 };
 pub use worker::{PrefillWorker, WorkerAction, WorkerEvent};
+
+#[cfg(test)]
+mod tests;

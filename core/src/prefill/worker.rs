@@ -1,7 +1,7 @@
 //! A prefill worker, one per prefill rank: answers handshakes with its metadata and counts the
 //! releases of the transfers registered on it until each one's quorum is met.
 
-use crate::ids::{RankId, TransferId};
+use crate::ids::{Incarnation, RankId, TransferId};
 use crate::policy::Policy;
 use crate::release::{LedgerError, Quorum, RankLedger, Release, ReleaseOutcome};
 use crate::time::{Instant, NS_PER_MS};
@@ -21,6 +21,9 @@ pub enum WorkerEvent {
         transfer_id: TransferId,
         /// Releases this rank waits for.
         quorum: Quorum,
+        /// The incarnation of this rank the engine registered it on (`None`: the engine does
+        /// not know, which no fence protects).
+        incarnation: Option<Incarnation>,
     },
     /// A release arrived on this rank's notify listener.
     Release(Release),
@@ -35,11 +38,15 @@ pub enum WorkerEvent {
         transfer_id: TransferId,
         /// Lease length in milliseconds.
         lease_ms: u32,
+        /// The incarnation the lease names, if the decode rank named one.
+        incarnation: Option<Incarnation>,
     },
     /// The engine freed the transfer's blocks; forget it.
     Retired {
         /// The transfer.
         transfer_id: TransferId,
+        /// The incarnation of this rank the transfer was registered on, if the engine knew it.
+        incarnation: Option<Incarnation>,
     },
 }
 
@@ -90,12 +97,20 @@ pub enum WorkerAction {
 }
 
 /// One prefill rank: answers handshakes and counts releases.
+///
+/// Its incarnation is the one its handshake metadata names. Under the fixed protocol a
+/// registration, release, lease or retirement naming another incarnation is meant for the rank's
+/// previous life (before a restart) or a later one: it is ignored
+/// ([`ReleaseOutcome::OtherIncarnation`]), so an old transfer never touches this incarnation's
+/// ledger and a message for it is never an error. A message naming no incarnation (a MoRIIO
+/// peer's) is taken as it is.
 #[derive(Clone, Debug, Hash)]
 pub struct PrefillWorker {
     rank: RankId,
     metadata: HandshakeMetadata,
     layers: Vec<LayerMemoryDesc>,
     ledger: RankLedger,
+    fenced: bool,
 }
 
 impl PrefillWorker {
@@ -106,7 +121,13 @@ impl PrefillWorker {
         layers: Vec<LayerMemoryDesc>,
         policy: &Policy,
     ) -> Self {
-        PrefillWorker { rank, metadata, layers, ledger: RankLedger::new(policy) }
+        PrefillWorker {
+            rank,
+            metadata,
+            layers,
+            ledger: RankLedger::new(policy),
+            fenced: policy.incarnation.fences(),
+        }
     }
 
     /// This worker's rank.
@@ -117,6 +138,17 @@ impl PrefillWorker {
     /// The memory regions this rank registered: base address of each layer's KV region.
     pub fn regions(&self) -> &[u64] {
         &self.metadata.kv_caches_base_addr
+    }
+
+    /// This rank's incarnation, as its metadata names it.
+    pub fn incarnation(&self) -> Option<Incarnation> {
+        self.metadata.incarnation
+    }
+
+    /// Whether a message naming `named` is for another incarnation of this rank (never under
+    /// the legacy `no-incarnation-fence`, nor for a message or a rank naming none).
+    fn other_incarnation(&self, named: Option<Incarnation>) -> bool {
+        self.fenced && matches!((named, self.metadata.incarnation), (Some(a), Some(b)) if a != b)
     }
 
     /// The release ledger (for queries).
@@ -140,7 +172,17 @@ impl PrefillWorker {
                 metadata: self.metadata.clone(),
                 layers: self.layers.clone(),
             }),
-            WorkerEvent::Register { transfer_id, quorum } => {
+            WorkerEvent::Register { transfer_id, incarnation, .. }
+            | WorkerEvent::Retired { transfer_id, incarnation }
+            | WorkerEvent::Lease { transfer_id, incarnation, .. }
+                if self.other_incarnation(incarnation) =>
+            {
+                report(transfer_id, ReleaseOutcome::OtherIncarnation, out)
+            }
+            WorkerEvent::Release(release) if self.other_incarnation(release.incarnation) => {
+                report(release.transfer_id, ReleaseOutcome::OtherIncarnation, out)
+            }
+            WorkerEvent::Register { transfer_id, quorum, .. } => {
                 match self.ledger.handle_transfer(&transfer_id, quorum) {
                     Ok(outcome) => report(transfer_id, outcome, out),
                     Err(error) => out.push(WorkerAction::Error { rank, error }),
@@ -155,13 +197,14 @@ impl PrefillWorker {
                 Ok(outcome) => report(transfer_id, outcome, out),
                 Err(error) => out.push(WorkerAction::Error { rank, error }),
             },
-            WorkerEvent::Lease { transfer_id, lease_ms } => {
+            WorkerEvent::Lease { transfer_id, lease_ms, .. } => {
                 let until = now.add_ns(u64::from(lease_ms) * NS_PER_MS);
                 out.push(WorkerAction::Leased { rank, transfer_id, until });
             }
-            WorkerEvent::Retired { transfer_id } => {
-                if let Err(error) = self.ledger.handle_retired(&transfer_id) {
-                    out.push(WorkerAction::Error { rank, error });
+            WorkerEvent::Retired { transfer_id, .. } => {
+                if !self.ledger.handle_retired(&transfer_id) {
+                    // Its registration is still on the way: it will be ignored as late.
+                    report(transfer_id, ReleaseOutcome::RetiredBeforeRegistration, out);
                 }
             }
         }

@@ -43,6 +43,7 @@ fn metadata_for(
         attn_backend_name: "scripted".into(),
         rank: None,
         extensions: Extensions::ALL,
+        incarnation: None,
     };
     let layers = (0..LAYERS)
         .map(|l| LayerMemoryDesc { layer_name: format!("layer.{l}"), descs: vec![vec![l as u8]] })
@@ -155,6 +156,7 @@ impl Harness {
             blocks: blocks.to_vec(),
             decode,
             reader: Some((EngineId::decode(0), 0)),
+            holders: None,
         };
         let mut out = Vec::new();
         self.engines[usize::from(engine)].handle(self.now, event, &mut out).unwrap();
@@ -215,8 +217,11 @@ impl Harness {
                 DecodeAction::SendRelease { rank: to, release, .. } => self.releases.push((to, release)),
                 DecodeAction::SendLease { rank: to, lease, .. } => {
                     self.leases += 1;
-                    let event =
-                        WorkerEvent::Lease { transfer_id: lease.transfer_id, lease_ms: lease.lease_ms };
+                    let event = WorkerEvent::Lease {
+                        transfer_id: lease.transfer_id,
+                        lease_ms: lease.lease_ms,
+                        incarnation: lease.incarnation,
+                    };
                     self.worker_event(to, event);
                 }
                 DecodeAction::CastVote { step, ok } => {
@@ -339,14 +344,14 @@ impl Harness {
         for action in actions {
             self.engine_log.push(action.clone());
             match action {
-                EngineAction::Register { rank, transfer_id, quorum } => {
-                    self.worker_event(rank, WorkerEvent::Register { transfer_id, quorum })
+                EngineAction::Register { rank, transfer_id, quorum, incarnation } => {
+                    self.worker_event(rank, WorkerEvent::Register { transfer_id, quorum, incarnation })
                 }
                 EngineAction::GroupDone { rank, transfer_id } => {
                     self.worker_event(rank, WorkerEvent::GroupDone { transfer_id })
                 }
-                EngineAction::Retire { rank, transfer_id } => {
-                    self.worker_event(rank, WorkerEvent::Retired { transfer_id })
+                EngineAction::Retire { rank, transfer_id, incarnation } => {
+                    self.worker_event(rank, WorkerEvent::Retired { transfer_id, incarnation })
                 }
                 _ => {}
             }

@@ -140,6 +140,12 @@ pub(super) const U16_MAX: i128 = u16::MAX as i128;
 pub(super) const U32_MAX: i128 = u32::MAX as i128;
 pub(super) const U64_MAX: i128 = u64::MAX as i128;
 
+/// Reads the optional `pdkv_incarnation` key: an incarnation in `1..=Incarnation::MAX`.
+pub(super) fn opt_incarnation(f: &mut Fields) -> Result<Option<crate::ids::Incarnation>, WireError> {
+    let max = i128::from(crate::ids::Incarnation::MAX);
+    Ok(f.opt_int("pdkv_incarnation", 1, max)?.and_then(|v| crate::ids::Incarnation::new(narrow(v))))
+}
+
 /// Narrows a value already checked to lie within the target type's range; the fallback is
 /// unreachable and only keeps the conversion free of panics.
 pub(super) fn narrow<T: TryFrom<i128> + Default>(v: i128) -> T {

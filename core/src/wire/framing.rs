@@ -253,6 +253,7 @@ mod tests {
             attn_backend_name: "FLASHMLA".into(),
             rank: None,
             extensions: Extensions::NONE,
+            incarnation: None,
         };
         let layers = vec![LayerMemoryDesc { layer_name: "l0".into(), descs: vec![vec![7]] }];
         let [first, second] = handshake_reply(&metadata, &layers);

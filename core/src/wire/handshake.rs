@@ -8,9 +8,10 @@ use std::collections::BTreeSet;
 use serde::ser::{SerializeMap, SerializeSeq};
 use serde::{Serialize, Serializer};
 
-use super::fields::{blob, group, narrow, string, Fields, U16_MAX, U32_MAX, U64_MAX};
+use super::fields::{blob, group, narrow, opt_incarnation, string, Fields, U16_MAX, U32_MAX, U64_MAX};
 use super::msgpack::{check_size, parse_whole, Value};
 use super::{named, ControlMessage, WireError, MAX_DESCS_PER_LAYER, MAX_EXTENSIONS, MAX_LAYERS, MAX_REGIONS};
+use crate::ids::Incarnation;
 
 /// A message or rule of pdkv's beyond MoRIIO's protocol. A rank uses one with a peer only when
 /// the peer advertised it in its handshake metadata, because MoRIIO's listeners raise on a
@@ -20,16 +21,22 @@ pub enum Extension {
     /// The rank takes read leases on its notify socket (`{"type": "read_lease", ...}`) and its
     /// reaper waits for them.
     ReadLease,
+    /// The rank names its incarnation in its handshake metadata and its engine names the
+    /// holding incarnations in its prefill answers (`pdkv_incarnation`, `pdkv_incarnations`); it
+    /// ignores releases, leases and reads that name another incarnation of it, so a decode rank
+    /// names the incarnation (`pdkv_incarnation`) in what it sends the rank.
+    Incarnation,
 }
 
 impl Extension {
     /// Every extension this pdkv knows, in wire order.
-    pub const ALL: [Extension; 1] = [Extension::ReadLease];
+    pub const ALL: [Extension; 2] = [Extension::ReadLease, Extension::Incarnation];
 
     /// The extension's name in `pdkv_extensions`.
     pub fn wire_name(self) -> &'static str {
         match self {
             Extension::ReadLease => "read_lease",
+            Extension::Incarnation => "incarnation",
         }
     }
 
@@ -52,7 +59,7 @@ impl Extensions {
     /// No extension: MoRIIO's protocol only.
     pub const NONE: Extensions = Extensions(0);
     /// Every extension this pdkv speaks, which a pdkv rank advertises.
-    pub const ALL: Extensions = Extensions(1);
+    pub const ALL: Extensions = Extensions(0b11);
 
     /// Whether `extension` is in the set.
     pub fn has(self, extension: Extension) -> bool {
@@ -107,6 +114,8 @@ pub struct HandshakeMetadata {
     /// `pdkv_extensions`: what the rank speaks beyond MoRIIO's protocol; sent by pdkv (when not
     /// empty), absent from MoRIIO.
     pub extensions: Extensions,
+    /// `pdkv_incarnation`: the answering rank's incarnation, sent by pdkv, absent from MoRIIO.
+    pub incarnation: Option<Incarnation>,
 }
 
 /// One entry of the second handshake reply payload: a layer and its packed MoRI memory
@@ -170,6 +179,8 @@ pub(super) struct MetadataWire<'a> {
     pub(super) tp_size: Option<u16>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(super) pdkv_extensions: Vec<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) pdkv_incarnation: Option<u64>,
 }
 
 /// Encodes the second handshake reply payload: `{layer_name: [descriptor, ...]}` in the given
@@ -209,6 +220,7 @@ pub(super) fn metadata(mut f: Fields) -> Result<ControlMessage, WireError> {
         .iter()
         .filter_map(|name| Extension::from_wire_name(name))
         .fold(Extensions::NONE, Extensions::with);
+    let incarnation = opt_incarnation(&mut f)?;
     Ok(ControlMessage::HandshakeMetadata(HandshakeMetadata {
         engine_id,
         agent_metadata,
@@ -218,6 +230,7 @@ pub(super) fn metadata(mut f: Fields) -> Result<ControlMessage, WireError> {
         attn_backend_name,
         rank,
         extensions,
+        incarnation,
     }))
 }
 

@@ -14,14 +14,17 @@
 //! | legacy completion | not MessagePack: the raw UTF-8 bytes of the transfer id |
 //! | remote_blocks (WRITE mode) | `req_id: str`, `transfer_id: str`, `block_notify_list: [int]`, `decode_rank: int`, `type: "remote_blocks"` |
 //! | write_done (WRITE mode) | `type: "write_done"`, `transfer_id: str` |
-//! | read_lease (pdkv's own, decode → prefill) | `type: "read_lease"`, `transfer_id: str`, `lease_ms: int` |
+//! | read_lease (pdkv's own, decode → prefill) | `type: "read_lease"`, `transfer_id: str`, `lease_ms: int`, optional `pdkv_incarnation: int` |
 //!
 //! pdkv appends three optional keys to a release, `sender_engine_id: str`, `sender_dp_rank: int`
 //! and `sender_tp_rank: int` (names chosen by pdkv; MoRIIO has no such keys), all three or none.
 //! MoRIIO reads a release with `data["transfer_id"]` and `consumer_tp_size`, so it ignores them.
 //! A read lease is pdkv's alone, and MoRIIO's listener raises on its `type` (which ends the
 //! listener thread), so a pdkv rank sends one only to a rank that advertised
-//! [`Extension::ReadLease`] in its handshake metadata (below).
+//! [`Extension::ReadLease`] in its handshake metadata (below). A release or lease to a rank that
+//! advertised [`Extension::Incarnation`] also carries `pdkv_incarnation: int`, the incarnation of
+//! that rank which holds the transfer ([`Incarnation`], `1..=2^53-1`); the rank ignores one naming
+//! another incarnation of it. A MoRIIO rank advertises nothing and is never sent the key.
 //!
 //! Handshake socket (`handshake_port + dp * T + tp`): the request is one frame, the raw bytes
 //! `get_meta_msg` (again not MessagePack), and the reply is two messages, each an empty
@@ -35,7 +38,8 @@
 //! adds `kv_head_layouts`, `mamba_state_layouts` and `attention_block_sizes`, which it omits
 //! at their empty defaults and pdkv ignores). pdkv appends `dp_rank`, `tp_rank` and `tp_size`
 //! (its own names, all three or none) and `pdkv_extensions: [str]`, the names of the
-//! [`Extension`]s it speaks (`["read_lease"]`; left out when empty, so no MoRIIO key changes).
+//! [`Extension`]s it speaks (`["read_lease", "incarnation"]`; left out when empty, so no MoRIIO
+//! key changes), and `pdkv_incarnation: int`, the answering rank's [`Incarnation`].
 //! msgspec decodes `MoRIIOAgentMetadata` (a `Struct` without `forbid_unknown_fields`) skipping
 //! unknown keys, so a MoRIIO peer ignores pdkv's. An extension name pdkv does not know is
 //! ignored too (a newer pdkv may list more). The second payload maps each layer name to a list
@@ -81,7 +85,7 @@ mod tests;
 
 use serde::Serialize;
 
-use crate::ids::TransferId;
+use crate::ids::{Incarnation, TransferId};
 use crate::release::Release;
 use fields::{string, Fields};
 use handshake::{metadata, Bin, MetadataWire};
@@ -124,7 +128,7 @@ pub const MAX_LAYERS: usize = 1024;
 pub const MAX_DESCS_PER_LAYER: usize = 16;
 /// Largest opaque MoRI blob (`agent_metadata`, or one memory descriptor).
 pub const MAX_BLOB_BYTES: usize = 64 * 1024;
-/// Most names in `pdkv_extensions` (pdkv knows one; a newer pdkv may list more).
+/// Most names in `pdkv_extensions` (pdkv knows two; a newer pdkv may list more).
 pub const MAX_EXTENSIONS: usize = 64;
 
 /// A control message on a MoRIIO notify or handshake socket.
@@ -155,9 +159,12 @@ impl ControlMessage {
     pub fn as_release(&self) -> Option<Release> {
         match self {
             ControlMessage::Release(release) => Some(release.clone()),
-            ControlMessage::LegacyCompletion(id) => {
-                Some(Release { transfer_id: id.clone(), consumer_tp_size: None, sender: None })
-            }
+            ControlMessage::LegacyCompletion(id) => Some(Release {
+                transfer_id: id.clone(),
+                consumer_tp_size: None,
+                sender: None,
+                incarnation: None,
+            }),
             _ => None,
         }
     }
@@ -188,6 +195,7 @@ pub fn encode(msg: &ControlMessage) -> Vec<u8> {
             sender_engine_id: release.sender.as_ref().map(|s| s.engine_id.as_str()),
             sender_dp_rank: release.sender.as_ref().map(|s| s.dp_rank),
             sender_tp_rank: release.sender.as_ref().map(|s| s.tp_rank),
+            pdkv_incarnation: release.incarnation.map(Incarnation::value),
         }),
         ControlMessage::LegacyCompletion(id) => id.as_str().as_bytes().to_vec(),
         ControlMessage::RemoteBlocks(blocks) => named(&RemoteBlocksWire {
@@ -204,6 +212,7 @@ pub fn encode(msg: &ControlMessage) -> Vec<u8> {
             kind: "read_lease",
             transfer_id: lease.transfer_id.as_str(),
             lease_ms: lease.lease_ms,
+            pdkv_incarnation: lease.incarnation.map(Incarnation::value),
         }),
         ControlMessage::HandshakeRequest => HANDSHAKE_REQUEST.to_vec(),
         ControlMessage::HandshakeMetadata(meta) => named(&MetadataWire {
@@ -217,6 +226,7 @@ pub fn encode(msg: &ControlMessage) -> Vec<u8> {
             tp_rank: meta.rank.map(|r| r.tp_rank),
             tp_size: meta.rank.map(|r| r.tp_size),
             pdkv_extensions: meta.extensions.iter().map(Extension::wire_name).collect(),
+            pdkv_incarnation: meta.incarnation.map(Incarnation::value),
         }),
     }
 }

@@ -4,9 +4,9 @@
 
 use serde::Serialize;
 
-use super::fields::{group, narrow, Fields, U16_MAX, U32_MAX};
+use super::fields::{group, narrow, opt_incarnation, Fields, U16_MAX, U32_MAX};
 use super::{ControlMessage, WireError, MAX_BLOCK_IDS};
-use crate::ids::TransferId;
+use crate::ids::{Incarnation, TransferId};
 use crate::release::{Release, ReleaseSender};
 
 /// A decode rank's notice of which of its blocks a prefill rank should write into (WRITE mode).
@@ -40,6 +40,10 @@ pub struct ReadLease {
     pub transfer_id: TransferId,
     /// How long the reads may last, from when the lease is sent, in milliseconds (at least 1).
     pub lease_ms: u32,
+    /// The incarnation of the leased rank that holds the transfer (`pdkv_incarnation`), sent to a
+    /// rank that advertised [`Extension::Incarnation`](super::Extension::Incarnation); the rank
+    /// ignores a lease naming another incarnation of it.
+    pub incarnation: Option<Incarnation>,
 }
 
 #[derive(Serialize)]
@@ -55,6 +59,8 @@ pub(super) struct ReleaseWire<'a> {
     pub(super) sender_dp_rank: Option<u16>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) sender_tp_rank: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) pdkv_incarnation: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -73,6 +79,8 @@ pub(super) struct ReadLeaseWire<'a> {
     pub(super) kind: &'static str,
     pub(super) transfer_id: &'a str,
     pub(super) lease_ms: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) pdkv_incarnation: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -105,7 +113,8 @@ pub(super) fn release(mut f: Fields) -> Result<ControlMessage, WireError> {
             return Err(WireError::RankOutOfGroup { field: "sender_tp_rank", rank: s.tp_rank, size });
         }
     }
-    Ok(ControlMessage::Release(Release { transfer_id, consumer_tp_size, sender }))
+    let incarnation = opt_incarnation(&mut f)?;
+    Ok(ControlMessage::Release(Release { transfer_id, consumer_tp_size, sender, incarnation }))
 }
 
 pub(super) fn remote_blocks(mut f: Fields) -> Result<ControlMessage, WireError> {
@@ -124,7 +133,8 @@ pub(super) fn remote_blocks(mut f: Fields) -> Result<ControlMessage, WireError> 
 pub(super) fn read_lease(mut f: Fields) -> Result<ControlMessage, WireError> {
     let transfer_id = transfer_id(&mut f)?;
     let lease_ms = narrow::<u32>(f.int("lease_ms", 1, i128::from(u32::MAX))?);
-    Ok(ControlMessage::ReadLease(ReadLease { transfer_id, lease_ms }))
+    let incarnation = opt_incarnation(&mut f)?;
+    Ok(ControlMessage::ReadLease(ReadLease { transfer_id, lease_ms, incarnation }))
 }
 
 pub(super) fn write_done(mut f: Fields) -> Result<ControlMessage, WireError> {

@@ -7,6 +7,7 @@ use serde::{Serialize, Serializer};
 
 use super::fields::U32_MAX;
 use super::*;
+use crate::ids::Incarnation;
 use crate::release::ReleaseSender;
 
 /// A test-only MessagePack value, serialized by rmp-serde, to build malformed maps.
@@ -78,6 +79,7 @@ fn release(consumer_tp_size: Option<u16>, sender: Option<(&str, u16, u16)>) -> C
             dp_rank,
             tp_rank,
         }),
+        incarnation: None,
     })
 }
 
@@ -95,7 +97,21 @@ fn metadata_with(rank: Option<RankInfo>, extensions: Extensions) -> ControlMessa
         attn_backend_name: "FLASHMLA".to_owned(),
         rank,
         extensions,
+        incarnation: None,
     })
+}
+
+/// `msg` with `pdkv_incarnation` set, for the messages that carry one.
+fn with_incarnation(msg: ControlMessage, value: u64) -> ControlMessage {
+    let inc = Incarnation::new(value);
+    match msg {
+        ControlMessage::Release(r) => ControlMessage::Release(Release { incarnation: inc, ..r }),
+        ControlMessage::ReadLease(l) => ControlMessage::ReadLease(ReadLease { incarnation: inc, ..l }),
+        ControlMessage::HandshakeMetadata(m) => {
+            ControlMessage::HandshakeMetadata(HandshakeMetadata { incarnation: inc, ..m })
+        }
+        other => other,
+    }
 }
 
 fn check(input: &[u8], expected: Result<ControlMessage, WireError>) {
@@ -118,7 +134,13 @@ fn every_message_round_trips() {
             decode_dp_rank: 7,
         }),
         ControlMessage::WriteDone(WriteDone { transfer_id: tid() }),
-        ControlMessage::ReadLease(ReadLease { transfer_id: tid(), lease_ms: 30_000 }),
+        ControlMessage::ReadLease(ReadLease { transfer_id: tid(), lease_ms: 30_000, incarnation: None }),
+        with_incarnation(
+            ControlMessage::ReadLease(ReadLease { transfer_id: tid(), lease_ms: 1, incarnation: None }),
+            1,
+        ),
+        with_incarnation(release(Some(8), Some(("decode-0:6301", 3, 5))), Incarnation::MAX),
+        with_incarnation(metadata_with(None, Extensions::ALL), 0x1234_5678_9abc),
         ControlMessage::HandshakeRequest,
         metadata(None),
         metadata(Some(RankInfo { dp_rank: 1, tp_rank: 3, tp_size: 8 })),
@@ -232,6 +254,23 @@ fn rejects_malformed_input_with_typed_errors() {
             OutOfRange { field: "consumer_tp_size", value: 0, min: 1, max: 65535 },
         ),
         (
+            release_map(vec![("pdkv_incarnation", V::U(0))]),
+            OutOfRange { field: "pdkv_incarnation", value: 0, min: 1, max: i128::from(Incarnation::MAX) },
+        ),
+        (
+            release_map(vec![("pdkv_incarnation", V::U(1 << 53))]),
+            OutOfRange {
+                field: "pdkv_incarnation",
+                value: 1 << 53,
+                min: 1,
+                max: i128::from(Incarnation::MAX),
+            },
+        ),
+        (
+            release_map(vec![("pdkv_incarnation", s("7"))]),
+            WrongType { field: "pdkv_incarnation", expected: "int", found: "str" },
+        ),
+        (
             release_map(vec![("consumer_tp_size", V::I(-1))]),
             OutOfRange { field: "consumer_tp_size", value: -1, min: 1, max: 65535 },
         ),
@@ -318,15 +357,19 @@ fn rejects_malformed_input_with_typed_errors() {
 /// refused.
 #[test]
 fn extensions_are_advertised_by_name() {
-    // Appended last: `pdkv_extensions: ["read_lease"]`.
+    // Appended last: `pdkv_extensions: ["read_lease", "incarnation"]`, then the incarnation.
     let bytes = encode(&metadata_with(None, Extensions::ALL));
     let plain = encode(&metadata(None));
     let mut expected = plain.clone();
     expected[0] += 1; // one more key in the fixmap
-    expected.extend(b"\xafpdkv_extensions\x91\xaaread_lease");
+    expected.extend(b"\xafpdkv_extensions\x92\xaaread_lease\xabincarnation");
     assert_eq!(bytes, expected);
+    let mut with_incarnation_bytes = expected.clone();
+    with_incarnation_bytes[0] += 1;
+    with_incarnation_bytes.extend(b"\xb0pdkv_incarnation\x2a");
+    assert_eq!(encode(&with_incarnation(metadata_with(None, Extensions::ALL), 42)), with_incarnation_bytes);
     assert_eq!(Extensions::NONE.iter().count(), 0);
-    assert_eq!(Extensions::ALL.iter().collect::<Vec<_>>(), [Extension::ReadLease]);
+    assert_eq!(Extensions::ALL.iter().collect::<Vec<_>>(), [Extension::ReadLease, Extension::Incarnation]);
     assert!(Extensions::NONE.with(Extension::ReadLease).has(Extension::ReadLease));
     // MoRIIO's metadata, with vLLM 0.33's layout keys, advertises nothing.
     let with_key = |value: V| {
@@ -351,9 +394,13 @@ fn extensions_are_advertised_by_name() {
     let cases: Vec<(V, Result<Extensions, WireError>)> = vec![
         (V::Nil, Ok(Extensions::NONE)),
         (V::A(vec![]), Ok(Extensions::NONE)),
-        (V::A(vec![s("read_lease")]), Ok(Extensions::ALL)),
+        (V::A(vec![s("read_lease")]), Ok(Extensions::NONE.with(Extension::ReadLease))),
+        (V::A(vec![s("incarnation"), s("read_lease")]), Ok(Extensions::ALL)),
         // Names this pdkv does not know (a newer pdkv's) are ignored; repeats are harmless.
-        (V::A(vec![s("future_thing"), s("read_lease"), s("read_lease")]), Ok(Extensions::ALL)),
+        (
+            V::A(vec![s("future_thing"), s("read_lease"), s("incarnation"), s("read_lease")]),
+            Ok(Extensions::ALL),
+        ),
         (V::A(vec![s("future_thing")]), Ok(Extensions::NONE)),
         (
             s("read_lease"),
@@ -401,7 +448,7 @@ fn errors_name_the_field() {
 
 #[test]
 fn legacy_completion_counts_as_one_plain_release() {
-    let plain = Release { transfer_id: tid(), consumer_tp_size: None, sender: None };
+    let plain = Release { transfer_id: tid(), consumer_tp_size: None, sender: None, incarnation: None };
     assert_eq!(decode(TID.as_bytes()).map(|m| m.as_release()), Ok(Some(plain)));
     assert_eq!(ControlMessage::HandshakeRequest.as_release(), None);
 }
@@ -446,8 +493,9 @@ fn arb_id() -> impl Strategy<Value = String> {
 
 fn arb_message() -> impl Strategy<Value = ControlMessage> {
     let sender = (arb_id(), any::<u16>(), any::<u16>());
-    let release = (arb_id(), prop::option::of(1..=u16::MAX), prop::option::of(sender)).prop_map(
-        |(id, size, sender)| {
+    let incarnation = || prop::option::of((1..=Incarnation::MAX).prop_map(|v| Incarnation::new(v).unwrap()));
+    let release = (arb_id(), prop::option::of(1..=u16::MAX), prop::option::of(sender), incarnation())
+        .prop_map(|(id, size, sender, incarnation)| {
             ControlMessage::Release(Release {
                 transfer_id: TransferId(id),
                 consumer_tp_size: size,
@@ -457,9 +505,9 @@ fn arb_message() -> impl Strategy<Value = ControlMessage> {
                     // The sender's TP rank lies below the TP size it reports.
                     tp_rank: size.map_or(tp_rank, |n| tp_rank % n),
                 }),
+                incarnation,
             })
-        },
-    );
+        });
     let legacy = "[!-~][ -~é中]{0,40}"
         .prop_filter("the handshake request is not a transfer id", |id| id.as_bytes() != HANDSHAKE_REQUEST)
         .prop_map(|id| ControlMessage::LegacyCompletion(TransferId(id)));
@@ -488,6 +536,7 @@ fn arb_message() -> impl Strategy<Value = ControlMessage> {
         "[A-Z_]{1,16}",
         prop::option::of(rank),
         any::<bool>().prop_map(|all| if all { Extensions::ALL } else { Extensions::NONE }),
+        incarnation(),
     )
         .prop_map(
             |(
@@ -499,6 +548,7 @@ fn arb_message() -> impl Strategy<Value = ControlMessage> {
                 attn,
                 rank,
                 extensions,
+                incarnation,
             )| {
                 ControlMessage::HandshakeMetadata(HandshakeMetadata {
                     engine_id,
@@ -509,11 +559,12 @@ fn arb_message() -> impl Strategy<Value = ControlMessage> {
                     attn_backend_name: attn,
                     rank,
                     extensions,
+                    incarnation,
                 })
             },
         );
-    let lease = (arb_id(), 1..=u32::MAX).prop_map(|(id, lease_ms)| {
-        ControlMessage::ReadLease(ReadLease { transfer_id: TransferId(id), lease_ms })
+    let lease = (arb_id(), 1..=u32::MAX, incarnation()).prop_map(|(id, lease_ms, incarnation)| {
+        ControlMessage::ReadLease(ReadLease { transfer_id: TransferId(id), lease_ms, incarnation })
     });
     prop_oneof![release, legacy, blocks, done, lease, Just(ControlMessage::HandshakeRequest), meta]
 }

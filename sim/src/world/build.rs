@@ -5,14 +5,15 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 
 use pdkv_core::decode::{DecodeConfig, DecodeWorker, ReadGranularity};
 use pdkv_core::group::DecodeGroup;
-use pdkv_core::ids::{EngineId, RankId, Role};
+use pdkv_core::ids::{EngineId, Incarnation, RankId, Role};
 use pdkv_core::legacy::LegacyOptions;
 use pdkv_core::policy::Policy;
 use pdkv_core::ports::{AddressBook, ListenerKind};
-use pdkv_core::prefill::{PrefillEngine, PrefillWorker};
+use pdkv_core::prefill::{EngineEvent, PrefillEngine, PrefillWorker};
 use pdkv_core::proxy::Proxy;
+use pdkv_core::time::Instant;
 use pdkv_core::topology::{Deployment, Layout};
-use pdkv_core::wire::{HandshakeMetadata, LayerMemoryDesc};
+use pdkv_core::wire::{Extension, HandshakeMetadata, LayerMemoryDesc};
 
 use crate::cost::Cost;
 use crate::nic::Nics;
@@ -25,10 +26,10 @@ use super::pool::Pool;
 use super::prefill::PGroup;
 use super::{ms_ns, RunOptions, World};
 
-/// A prefill worker of rank `rank` (index `i`) in incarnation `epoch`, with its memory regions
-/// (base addresses and their common length). Every incarnation of every rank gets a disjoint
-/// slice of one global address space, so a read's address says whose memory it touches, and
-/// addresses of a crashed incarnation are recognisably stale.
+/// A prefill worker of rank `rank` (index `i`) in its `epoch`-th life, named `incarnation` in its
+/// metadata, with its memory regions (base addresses and their common length). Every life of
+/// every rank gets a disjoint slice of one global address space, so a read's address says whose
+/// memory it touches, and addresses of a crashed life are recognisably stale.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn build_prefill_worker(
     sc: &Scenario,
@@ -39,6 +40,7 @@ pub(super) fn build_prefill_worker(
     rank: RankId,
     i: usize,
     epoch: u64,
+    incarnation: Option<Incarnation>,
     num_blocks: u32,
 ) -> (PrefillWorker, Vec<u64>, u64) {
     let block_len = cost.block_bytes_per_layer(d.layout(rank.engine).tp);
@@ -54,11 +56,34 @@ pub(super) fn build_prefill_worker(
         attn_backend_name: "pdkv-sim".into(),
         rank: None,
         extensions: book.rules.rules(rank.engine).extensions(),
+        incarnation,
     };
     let layers = (0..sc.model.layers)
         .map(|l| LayerMemoryDesc { layer_name: format!("model.layers.{l}"), descs: vec![vec![0]] })
         .collect();
     (PrefillWorker::new(rank, metadata, layers, policy), bases, region_len)
+}
+
+/// The incarnation of a prefill rank's next life, drawn from the run's process stream, or `None`
+/// for a rank whose engine follows a rule set without incarnations (vLLM's). A draw equal to any
+/// earlier incarnation of the rank (`lives`, to which the new one is added) is drawn again, so
+/// an incarnation is never reused.
+pub(super) fn draw_incarnation(
+    book: &AddressBook,
+    rank: RankId,
+    streams: &mut Streams,
+    lives: &mut Vec<Incarnation>,
+) -> Option<Incarnation> {
+    if !book.rules.rules(rank.engine).extensions().has(Extension::Incarnation) {
+        return None;
+    }
+    loop {
+        let incarnation = Incarnation::from_bits(streams.incarnation_bits());
+        if !lives.contains(&incarnation) {
+            lives.push(incarnation);
+            return Some(incarnation);
+        }
+    }
 }
 
 /// A decode worker for `rank` with the scenario's protocol settings.
@@ -126,14 +151,25 @@ impl World {
         }
         let mut regions = BTreeMap::new();
         let mut pworkers = Vec::new();
+        let mut streams = Streams::new(sc.seed);
+        let mut incarnations = Vec::new();
         for (i, &rank) in p_ranks.iter().enumerate() {
             let blocks = blocks_for(d.layout(rank.engine));
+            let mut lives = Vec::new();
+            let incarnation = draw_incarnation(&book, rank, &mut streams, &mut lives);
             let (worker, bases, len) =
-                build_prefill_worker(sc, &d, &book, &cost, &policy, rank, i, 0, blocks);
+                build_prefill_worker(sc, &d, &book, &cost, &policy, rank, i, 0, incarnation, blocks);
             for base in bases {
                 regions.insert(base, (i, len));
             }
             pworkers.push(worker);
+            incarnations.push(lives);
+            if let Some(incarnation) = incarnation {
+                let e = usize::from(rank.engine.index);
+                engines[e]
+                    .handle(Instant::ZERO, EngineEvent::WorkerUp { rank, incarnation }, &mut Vec::new())
+                    .expect("an engine takes its own worker's start");
+            }
         }
 
         // Listeners, bound in rank order; a port taken already fails to bind (EADDRINUSE).
@@ -203,7 +239,7 @@ impl World {
         let (prefill_rank_count, prefill_group_count) = (p_ranks.len(), pgroups.len());
         let mut world = World {
             proxy: Proxy::new(&d, policy.proxy),
-            streams: Streams::new(sc.seed),
+            streams,
             nics: Nics::new(nic_count, sc.hardware.nic_gb_s),
             reads: vec![0; p_ranks.len()],
             bytes: vec![0; p_ranks.len()],
@@ -247,6 +283,7 @@ impl World {
             prefill_down: vec![false; d_prefill_engines],
             decode_down: vec![false; d_decode_engines],
             epoch: vec![0; prefill_rank_count],
+            incarnations,
             retired_regions: BTreeMap::new(),
             excused: BTreeSet::new(),
             touched: vec![Vec::new(); nic_count],

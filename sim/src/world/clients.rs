@@ -2,7 +2,7 @@
 //! the end of each request.
 
 use pdkv_core::decode::RecvRequest;
-use pdkv_core::ids::{EngineId, RequestId, TransferId};
+use pdkv_core::ids::{EngineId, Incarnation, RequestId, TransferId};
 use pdkv_core::params::KvTransferParams;
 use pdkv_core::proxy::ProxyAction;
 
@@ -24,6 +24,9 @@ pub(super) struct Req {
     pub(super) failed: bool,
     pub(super) prefill_blocks: Vec<u32>,
     pub(super) decode_blocks: Vec<u32>,
+    /// The incarnations holding the transfer, as the prefill engine named them when it
+    /// registered it, until the proxy answer carries them.
+    pub(super) holders: Option<Box<[Incarnation]>>,
 }
 
 /// Every request of the run, ended or not, by id. The proxy numbers requests 1, 2, 3, ... in
@@ -124,6 +127,7 @@ impl World {
             failed: false,
             prefill_blocks: Vec::new(),
             decode_blocks: Vec::new(),
+            holders: None,
         };
         self.requests.insert(id, req);
         trace!(
@@ -160,6 +164,7 @@ impl World {
     }
 
     pub(super) fn on_proxy_answer(&mut self, id: RequestId) {
+        let holders = self.requests.get_mut(&id).and_then(|r| r.holders.take());
         let req = &self.requests[&id];
         let group = &self.pgroups[req.prefill_group];
         let engine = EngineId::prefill(group.engine as u16);
@@ -175,6 +180,7 @@ impl World {
             remote_dp_size: Some(i64::from(group.layout.dp)),
             tp_size: Some(i64::from(group.layout.tp)),
             pdkv_extensions: pdkv_core::params::extension_names(self.book.rules.rules(engine).extensions()),
+            pdkv_incarnations: holders.and_then(|h| pdkv_core::params::incarnation_values(&h)),
             ..KvTransferParams::default()
         };
         match self.proxy.handle_prefill_response(id, answer) {

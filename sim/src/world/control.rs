@@ -156,8 +156,11 @@ impl World {
             }
             Msg::Notify { bytes, .. } => match wire::decode(&bytes) {
                 Ok(ControlMessage::ReadLease(lease)) => {
-                    let event =
-                        WorkerEvent::Lease { transfer_id: lease.transfer_id, lease_ms: lease.lease_ms };
+                    let event = WorkerEvent::Lease {
+                        transfer_id: lease.transfer_id,
+                        lease_ms: lease.lease_ms,
+                        incarnation: lease.incarnation,
+                    };
                     self.prefill_worker(rank, event);
                 }
                 Ok(message) => match message.as_release() {

@@ -7,12 +7,12 @@ use pdkv_core::group::DecodeGroup;
 use pdkv_core::ids::{EngineId, RankId, RequestId, Role};
 use pdkv_core::legacy::LegacyOptions;
 use pdkv_core::policy::Policy;
-use pdkv_core::prefill::PrefillEngine;
+use pdkv_core::prefill::{EngineEvent, PrefillEngine};
 
 use crate::load::{parse_target, TargetPattern};
 use crate::scenario::FaultKind;
 
-use super::build::{build_decode_worker, build_prefill_worker};
+use super::build::{build_decode_worker, build_prefill_worker, draw_incarnation};
 use super::decode::UnitState;
 use super::pool::Pool;
 use super::{ms_ns, World};
@@ -316,6 +316,8 @@ impl World {
                     self.epoch[i] += 1;
                     let g = self.pgroup_base[e] + usize::from(rank.dp);
                     let blocks = self.pgroups[g].pool.capacity;
+                    let incarnation =
+                        draw_incarnation(&self.book, rank, &mut self.streams, &mut self.incarnations[i]);
                     let (worker, bases, len) = build_prefill_worker(
                         &self.sc,
                         &self.d,
@@ -325,12 +327,17 @@ impl World {
                         rank,
                         i,
                         self.epoch[i],
+                        incarnation,
                         blocks,
                     );
                     for base in bases {
                         self.regions.insert(base, (i, len));
                     }
                     self.pworkers[i] = worker;
+                    if let Some(incarnation) = incarnation {
+                        trace!(self, "fault", "incarnation", rank.to_string(), None, incarnation.to_string());
+                        self.engine(e, EngineEvent::WorkerUp { rank, incarnation });
+                    }
                 }
                 let first = self.pgroup_base[e];
                 for g in first..first + usize::from(self.d.prefill[e].dp) {

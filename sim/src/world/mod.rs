@@ -261,8 +261,11 @@ pub struct World {
     /// Prefill and decode engines that are down (crashed, not yet restarted).
     prefill_down: Vec<bool>,
     decode_down: Vec<bool>,
-    /// Incarnation of each prefill rank (bumped at every restart; it moves the memory regions).
+    /// Lives of each prefill rank (bumped at every restart; it moves the memory regions).
     epoch: Vec<u64>,
+    /// The incarnations of each prefill rank so far, the current one last (none for a rank
+    /// following vLLM's rules).
+    incarnations: Vec<Vec<pdkv_core::ids::Incarnation>>,
     /// Regions of crashed incarnations: reads into them fail as a NIC would (stale keys).
     retired_regions: BTreeMap<u64, (usize, u64)>,
     /// Transfers whose decode side crashed: their reaping is expected, not a leak.

@@ -201,11 +201,19 @@ impl World {
                 // The reader's engine decides the quorum under its rules (a decode engine crashes
                 // whole in the simulator, so no lone reader is ever reported lost).
                 reader: Some((EngineId::decode(decode_engine as u16), decode_dp as u16)),
+                holders: None,
             };
             let transfer = req.transfer;
             let mut out = Vec::new();
             match self.engines[e].handle(Instant(self.now), event, &mut out) {
                 Ok(()) => {
+                    // The answer names the incarnations the engine registered the transfer on,
+                    // whatever happens to them before it is sent.
+                    let transfer_id = self.transfers.id(transfer).expect("a request's transfer is numbered");
+                    let holders = self.engines[e].holder_incarnations(&transfer_id);
+                    if let Some(req) = self.requests.get_mut(&id) {
+                        req.holders = holders.map(Vec::into_boxed_slice);
+                    }
                     self.engine_actions(e, out);
                     let latency = self.control_ns();
                     self.at(latency, Ev::ProxyAnswer { req: id });
@@ -254,9 +262,19 @@ impl World {
     fn engine_actions(&mut self, e: usize, actions: Vec<EngineAction>) {
         for action in actions {
             match action {
-                EngineAction::Register { rank, transfer_id, quorum } => {
+                EngineAction::Register { rank, transfer_id, quorum, incarnation } => {
                     let delay = ms_ns(self.sc.engines.prefill_register_delay_ms);
-                    let event = WorkerEvent::Register { transfer_id, quorum };
+                    if delay >= ms_ns(self.sc.protocol.defer_timeout_ms) {
+                        // A registration that reaches the worker after the reaper's delay comes
+                        // late for the ledger, like a release delayed that long: the reaper may
+                        // free the transfer first, which is the design's recovery, and the reads
+                        // it fences fail because of the delay.
+                        if let Some(t) = self.transfers.number(&transfer_id) {
+                            self.excused.insert(t);
+                        }
+                        self.touch(rank, self.now, self.now.saturating_add(delay));
+                    }
+                    let event = WorkerEvent::Register { transfer_id, quorum, incarnation };
                     if delay == 0 {
                         self.prefill_worker(rank, event);
                     } else {
@@ -266,8 +284,8 @@ impl World {
                 EngineAction::GroupDone { rank, transfer_id } => {
                     self.prefill_worker(rank, WorkerEvent::GroupDone { transfer_id })
                 }
-                EngineAction::Retire { rank, transfer_id } => {
-                    self.prefill_worker(rank, WorkerEvent::Retired { transfer_id })
+                EngineAction::Retire { rank, transfer_id, incarnation } => {
+                    self.prefill_worker(rank, WorkerEvent::Retired { transfer_id, incarnation })
                 }
                 EngineAction::FinishedSending { request, .. } => {
                     trace!(self, "prefill", "finished_sending", format!("P{e}"), None, format!("{request}"));
@@ -362,6 +380,9 @@ fn release_outcome_words(outcome: &pdkv_core::release::ReleaseOutcome) -> String
         O::Stale => "stale (transfer retired)".into(),
         O::Buffered => "buffered (early)".into(),
         O::Dropped => "dropped (legacy)".into(),
+        O::RegisteredLate => "registered after its retirement (late registration ignored)".into(),
+        O::RetiredBeforeRegistration => "retired before its registration arrived".into(),
+        O::OtherIncarnation => "names another incarnation of the rank".into(),
     }
 }
 
@@ -387,6 +408,36 @@ mod tests {
             .filter(|r| r.cat == "prefill" && r.name == "batch" && r.track.starts_with("P0."))
             .map(|r| (r.t_ns, r.t_ns + r.dur_ns.unwrap_or(0), r.track.clone()))
             .collect()
+    }
+
+    /// A registration that reaches the workers after its transfer's reaper deadline (MoRIIO
+    /// registers with the next step's metadata, so an idle prefill engine can be that late): the
+    /// reaper frees the blocks once, the workers take the retirement first and ignore the late
+    /// registration, and the reaping is excused by the delay. Before, every rank reported
+    /// "transfer … is not registered", a safety violation, with no fault at all.
+    /// (registration delay, defer and transfer timeouts in ms) -> (outcome, freed, reaped).
+    #[test]
+    fn a_registration_later_than_the_reaper_is_no_violation() {
+        use crate::scenario::Outcome;
+        let check = |delay_ms: u64, timeouts_ms: Option<u64>, expected: (Outcome, u64, u64)| {
+            let mut sc = Scenario::from_notation("1P_TP2:1D_TP2");
+            sc.hardware.kv_memory_fraction = 0.5;
+            sc.workload.clients = Clients::Closed { concurrency: 1, requests: 1 };
+            sc.workload.input_tokens = Length::Fixed(1024);
+            sc.workload.output_tokens = Length::Fixed(16);
+            sc.engines.prefill_register_delay_ms = delay_ms;
+            if let Some(ms) = timeouts_ms {
+                sc.protocol.defer_timeout_ms = ms;
+                sc.protocol.transfer_timeout_ms = ms;
+            }
+            let r = crate::run(&sc, RunOptions::default()).unwrap_or_else(|e| panic!("{e}")).result;
+            assert!(r.violations.is_empty(), "{delay_ms} {timeouts_ms:?}: {:?}", r.violations);
+            assert_eq!((r.outcome, r.ledger.freed, r.ledger.reaped), expected, "{delay_ms} {timeouts_ms:?}");
+        };
+        check(3000, Some(1000), (Outcome::Clean, 0, 1));
+        check(70_000, None, (Outcome::Clean, 0, 1));
+        // In time: freed by the releases.
+        check(500, Some(1000), (Outcome::Clean, 1, 0));
     }
 
     #[test]

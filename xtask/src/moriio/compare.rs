@@ -303,8 +303,12 @@ fn acks(c: &Combo, g: &AckGroup) -> Vec<Case> {
             _ => Done::Never,
         };
         for (i, sender) in senders.iter().enumerate() {
-            let release =
-                Release { transfer_id: id.clone(), consumer_tp_size: Some(w), sender: Some(sender.clone()) };
+            let release = Release {
+                transfer_id: id.clone(),
+                consumer_tp_size: Some(w),
+                sender: Some(sender.clone()),
+                incarnation: None,
+            };
             if ledger.handle_release(release) == ReleaseOutcome::Completed && done == Done::Never {
                 done = Done::After(i as u32 + 1);
             }
@@ -454,6 +458,7 @@ fn as_vllm_rules(c: &Combo) -> Vec<Case> {
                     transfer_id: id.clone(),
                     consumer_tp_size: Some(w),
                     sender: Some(sender.clone()),
+                    incarnation: None,
                 };
                 if ledger.handle_release(release) == ReleaseOutcome::Completed {
                     reported.push(i as u32 + 1);
@@ -861,6 +866,7 @@ mod tests {
             attn_backend_name: "ROCM_AITER_MLA".into(),
             rank: None,
             extensions: vllm,
+            incarnation: None,
         };
         let layers = vec![pdkv_core::wire::LayerMemoryDesc { layer_name: "l0".into(), descs: vec![vec![1]] }];
         let reply = wire::handshake_reply(&metadata, &layers);

@@ -24,7 +24,7 @@ use std::fmt;
 use pdkv_core::decode::{
     DecodeAction, DecodeConfig, DecodeEvent, DecodeWorker, ReadOp, ReadOutcome, RecvRequest,
 };
-use pdkv_core::ids::{EngineId, RankId, RequestId, TransferId};
+use pdkv_core::ids::{EngineId, Incarnation, RankId, RequestId, TransferId};
 use pdkv_core::params::{extension_names, KvTransferParams};
 use pdkv_core::policy::{PeerBook, PeerRules, Policy};
 use pdkv_core::ports::{Endpoint, EngineAddress};
@@ -212,6 +212,8 @@ pub fn every_variant() -> Vec<ControlMessage> {
                 dp_rank: rank.dp,
                 tp_rank: rank.tp,
             }),
+            // Named only to a rank that advertised incarnations: a pdkv rank.
+            incarnation: Incarnation::new(0x1f_2e3d_4c5b),
         }),
         ControlMessage::LegacyCompletion(id()),
         ControlMessage::RemoteBlocks(RemoteBlocks {
@@ -221,7 +223,11 @@ pub fn every_variant() -> Vec<ControlMessage> {
             decode_dp_rank: 0,
         }),
         ControlMessage::WriteDone(WriteDone { transfer_id: id() }),
-        ControlMessage::ReadLease(ReadLease { transfer_id: id(), lease_ms: 30_000 }),
+        ControlMessage::ReadLease(ReadLease {
+            transfer_id: id(),
+            lease_ms: 30_000,
+            incarnation: Incarnation::new(0x1f_2e3d_4c5b),
+        }),
         ControlMessage::HandshakeRequest,
         // What a pdkv prefill rank answers a dial with (the first reply part's payload).
         ControlMessage::HandshakeMetadata(HandshakeMetadata {
@@ -233,6 +239,7 @@ pub fn every_variant() -> Vec<ControlMessage> {
             attn_backend_name: "FLASHMLA".into(),
             rank: Some(RankInfo { dp_rank: prefill.dp, tp_rank: prefill.tp, tp_size: 1 }),
             extensions: Extensions::ALL,
+            incarnation: Incarnation::new(0x1f_2e3d_4c5b),
         }),
     ]
 }
@@ -292,6 +299,7 @@ impl Driver {
                             attn_backend_name: "FLASHMLA".into(),
                             rank: None,
                             extensions: self.advertised,
+                            incarnation: None,
                         };
                         let layers = vec![LayerMemoryDesc { layer_name: "l0".into(), descs: vec![vec![0]] }];
                         queue
@@ -532,7 +540,7 @@ mod tests {
         assert_eq!(sets[0], Extensions::NONE);
         assert!(sets.contains(&Extensions::ALL));
         assert_eq!(set_name(Extensions::NONE), "{}");
-        assert_eq!(set_name(Extensions::ALL), "{read_lease}");
+        assert_eq!(set_name(Extensions::ALL), "{read_lease, incarnation}");
     }
 
     /// The decode node sends a rank that advertised nothing a handshake request and releases,
