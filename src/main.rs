@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod builtin;
+mod check_cmd;
 mod cluster_cmd;
 mod connector_cmd;
 mod explore_cmd;
@@ -38,6 +39,7 @@ Examples:
   pdkv sweep 2P_TP8:1D_TP8 2P_TP8:1D_DP8EP --concurrency 32,128,512
   pdkv replay target/pdkv/2P_TP8-1D_DP8EP_C128-x1280-8K-1K/result.json
   pdkv explore notify-drift-fixed --seeds 2000 --faults swarm    search seeds for bugs
+  pdkv check 1P_TP2:1D_TP2 --restarts 1      every interleaving of a tiny deployment
   pdkv routes 2P_TP8:1D_DP8EP --json          who reads whom, ports, quorums
   pdkv cluster 1P_TP4:1D_TP8 --requests 32    real processes on 127.0.0.1, every byte verified
 
@@ -60,6 +62,7 @@ enum Command {
     Profiles(profiles_cmd::ProfilesArgs),
     Replay(replay_cmd::ReplayArgs),
     Explore(explore_cmd::ExploreArgs),
+    Check(check_cmd::CheckArgs),
     ExploreMerge(explore_merge::ExploreMergeArgs),
     Routes(routes_cmd::RoutesArgs),
     Cluster(cluster_cmd::ClusterArgs),
@@ -76,6 +79,7 @@ fn main() -> ExitCode {
         Command::Profiles(args) => profiles_cmd::run(&args),
         Command::Replay(args) => replay_cmd::run(&args),
         Command::Explore(args) => explore_cmd::run(&args),
+        Command::Check(args) => check_cmd::run(&args),
         Command::ExploreMerge(args) => explore_merge::run(&args),
         Command::Routes(args) => routes_cmd::run(&args),
         Command::Cluster(args) => cluster_cmd::run(&args),

@@ -36,6 +36,20 @@ use pdkv_core::time::Instant;
 use pdkv_core::topology::{Deployment, ModelSpec};
 use pdkv_core::wire::{HandshakeMetadata, LayerMemoryDesc};
 
+/// Most requests [`check`] takes: the state space grows about tenfold with each one.
+pub const MAX_REQUESTS: u64 = 4;
+/// Most messages lost in one execution.
+pub const MAX_LOSSES: u32 = 3;
+/// Most prefill restarts in one execution.
+pub const MAX_RESTARTS: u32 = 2;
+/// Most decode steps.
+pub const MAX_STEPS: u64 = 8;
+/// Most states explored: each is kept (its fingerprint) and, while queued, whole, so this bounds
+/// the memory of a run to a few gigabytes.
+pub const MAX_STATES: usize = 5_000_000;
+/// Most ranks of the modelled prefill engine and of the modelled decode DP group.
+pub const MAX_RANKS: usize = 8;
+
 /// What to check.
 #[derive(Clone, Debug)]
 pub struct ModelConfig {
@@ -629,9 +643,58 @@ fn incarnation_of(i: usize, restarts: u32) -> Incarnation {
     Incarnation::new((i as u64 + 1) * 1000 + u64::from(restarts)).expect("a small positive value")
 }
 
+/// How far a search has come, for a progress display.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModelProgress {
+    /// Distinct states visited.
+    pub states: usize,
+    /// States waiting to be expanded.
+    pub queued: usize,
+    /// Depth of the state being expanded.
+    pub depth: usize,
+}
+
+/// States between two progress reports.
+const PROGRESS_EVERY: u64 = 1 << 14;
+
+/// Refuses a configuration beyond the limits above, naming the field.
+fn check_limits(config: &ModelConfig) -> Result<(), String> {
+    let over = |field: &str, value: u64, max: u64| {
+        Err(format!("{field}: {value} is above the model checker's limit of {max}"))
+    };
+    if config.requests == 0 {
+        return Err("requests: at least one request is needed".into());
+    }
+    if config.requests > MAX_REQUESTS {
+        return over("requests", config.requests, MAX_REQUESTS);
+    }
+    if config.loss_budget > MAX_LOSSES {
+        return over("losses", config.loss_budget.into(), MAX_LOSSES.into());
+    }
+    if config.restarts > MAX_RESTARTS {
+        return over("restarts", config.restarts.into(), MAX_RESTARTS.into());
+    }
+    if config.max_steps == 0 || config.max_steps > MAX_STEPS {
+        return Err(format!("max steps: {} is outside 1..={MAX_STEPS}", config.max_steps));
+    }
+    if config.max_states == 0 || config.max_states > MAX_STATES {
+        return Err(format!("max states: {} is outside 1..={MAX_STATES}", config.max_states));
+    }
+    Ok(())
+}
+
 /// Explores every interleaving of `config` breadth first.
 pub fn check(config: &ModelConfig) -> Result<ModelReport, String> {
+    check_with_progress(config, &mut |_| {})
+}
+
+/// [`check`], reporting progress every few thousand states.
+pub fn check_with_progress(
+    config: &ModelConfig,
+    progress: &mut dyn FnMut(ModelProgress),
+) -> Result<ModelReport, String> {
     let started = WallClock::now();
+    check_limits(config)?;
     let d = Deployment::parse(&config.deployment)
         .map_err(|e| e.to_string())?
         .with_model(ModelSpec { layers: 1, ..ModelSpec::deepseek_r1() });
@@ -641,6 +704,17 @@ pub fn check(config: &ModelConfig) -> Result<ModelReport, String> {
     let decode_ranks: Vec<RankId> = (0..dl.tp).map(|tp| RankId::new(decode, 0, tp)).collect();
     let prefill_ranks: Vec<RankId> =
         d.ranks(Role::Prefill).into_iter().filter(|r| r.engine == prefill).collect();
+    if prefill_ranks.len() > MAX_RANKS {
+        let ranks = prefill_ranks.len();
+        return Err(format!(
+            "{}: prefill engine P0 has {ranks} ranks; the model checker takes at most {MAX_RANKS}",
+            config.deployment
+        ));
+    }
+    if decode_ranks.len() > MAX_RANKS {
+        let ranks = decode_ranks.len();
+        return Err(format!("{}: a DP group of decode engine D0 has {ranks} ranks; the model checker takes at most {MAX_RANKS}", config.deployment));
+    }
     let metadata: Vec<(HandshakeMetadata, Vec<LayerMemoryDesc>)> = prefill_ranks
         .iter()
         .enumerate()
@@ -757,8 +831,13 @@ pub fn check(config: &ModelConfig) -> Result<ModelReport, String> {
     visited.insert(fingerprint(&initial));
     queue.push_back((initial, 0, 0));
     let (mut transitions, mut max_depth, mut complete) = (0u64, 0usize, true);
+    let mut expanded = 0u64;
     while let Some((state, id, depth)) = queue.pop_front() {
         max_depth = max_depth.max(depth);
+        expanded += 1;
+        if expanded.is_multiple_of(PROGRESS_EVERY) {
+            progress(ModelProgress { states: visited.len(), queued: queue.len(), depth });
+        }
         let next = world.successors(&state);
         if next.is_empty() {
             if let Some(violation) = world.check_final(&state) {
@@ -890,6 +969,37 @@ mod tests {
             assert!(violation.starts_with("stale read"), "{deployment}: {violation}");
             assert!(trace.iter().any(|l| l.starts_with("RESTART")), "{deployment}: {trace:#?}");
         }
+    }
+
+    /// A configuration beyond the limits is refused, naming what is too large.
+    #[test]
+    fn configurations_beyond_the_limits_are_refused() {
+        let check_err = |change: fn(&mut ModelConfig), expected: &str| {
+            let mut c = config("1P_TP2:1D_TP2", LegacyOptions::none(), 0);
+            change(&mut c);
+            assert_eq!(check(&c).err().as_deref(), Some(expected));
+        };
+        check_err(|c| c.requests = 0, "requests: at least one request is needed");
+        check_err(|c| c.requests = 5, "requests: 5 is above the model checker's limit of 4");
+        check_err(|c| c.loss_budget = 4, "losses: 4 is above the model checker's limit of 3");
+        check_err(|c| c.restarts = 3, "restarts: 3 is above the model checker's limit of 2");
+        check_err(|c| c.max_steps = 0, "max steps: 0 is outside 1..=8");
+        check_err(
+            |c| c.max_states = usize::MAX,
+            &format!("max states: {} is outside 1..=5000000", usize::MAX),
+        );
+        check_err(
+            |c| c.deployment = "1P_DP2TP8:1D_TP2".into(),
+            "1P_DP2TP8:1D_TP2: prefill engine P0 has 16 ranks; the model checker takes at most 8",
+        );
+        check_err(
+            |c| c.deployment = "1P_TP2:1D_TP16".into(),
+            "1P_TP2:1D_TP16: a DP group of decode engine D0 has 16 ranks; the model checker takes at most 8",
+        );
+        check_err(
+            |c| c.deployment = "1P_TQ2:1D_TP2".into(),
+            &Deployment::parse("1P_TQ2:1D_TP2").unwrap_err().to_string(),
+        );
     }
 
     #[test]

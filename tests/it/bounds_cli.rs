@@ -209,3 +209,29 @@ fn messages_show_no_debug_formatting() {
         check(&["run", path, "--out", &out], *expected);
     }
 }
+
+/// `pdkv check`: the fixed protocol proves clean with a prefill restart anywhere (exit 0), the
+/// legacy option without the incarnation fence shows its stale read with the shortest trace
+/// (exit 1), a search stopped by its state bound is no proof (exit 1), and input beyond the
+/// model checker's limits is refused naming the flag or the deployment (exit 2).
+#[test]
+fn check_proves_finds_or_refuses() {
+    check(&["check", "1P_TP1:1D_TP1", "--restarts", "1"], (0, "in any interleaving"));
+    check(
+        &["check", "1P_TP2:1D_TP2", "--restarts", "1", "--losses", "0", "--legacy", "no-incarnation-fence"],
+        (1, "VIOLATION    stale read"),
+    );
+    check(
+        &["check", "1P_TP2:1D_TP2", "--legacy", "no-incarnation-fence", "--restarts", "1"],
+        (1, "RESTART P0.dp0."),
+    );
+    check(&["check", "1P_TP2:1D_TP4", "--max-states", "10"], (1, "no proof"));
+    check(&["check", "1P_TP2:1D_TP2", "--requests", "5"], (2, "--requests"));
+    check(&["check", "1P_TP2:1D_TP2", "--restarts", "3"], (2, "--restarts"));
+    check(&["check", "1P_TP2:1D_TP2", "--max-states", "18446744073709551615"], (2, "--max-states"));
+    check(
+        &["check", "1P_DP4TP4:1D_TP2"],
+        (2, "prefill engine P0 has 16 ranks; the model checker takes at most 8"),
+    );
+    check(&["check", "1P_TP2:1D_XP2"], (2, "XP2"));
+}
