@@ -179,6 +179,42 @@ fn a_restarted_prefill_process_is_handshaken_again_and_serves() {
     assert_eq!(r.ledger.held, 0, "{json}");
 }
 
+/// A prefill rank killed under load (128 in flight) and restarted at once or half a second
+/// later, on a DP x TP prefill and on flexible reads of two TP2 prefill engines: every byte read
+/// is verified (a byte of another incarnation would be a violation), no message meant for the
+/// old incarnation is an error, every failure and reaping is the kill's, nothing stays held.
+/// Transfers prefilled before the kill and dispatched after the restart fail on the incarnation
+/// fence, unread. `cargo xtask cluster-restarts` runs 20 of each with delays up to 3 s.
+#[test]
+fn a_prefill_rank_restarted_under_load_serves_only_its_own_incarnation_s_kv() {
+    for (deployment, mla, killed) in
+        [("1P_DP2TP2:1D_TP4", false, rank(true, 0, 1)), ("2P_TP2:1D_DP2", true, rank(true, 0, 0))]
+    {
+        for restart_after_ms in [0, 500] {
+            let mut config = quick(deployment, 600);
+            config.mla = mla;
+            config.concurrency = 128;
+            config.faults.push(Fault::KillPrefill {
+                rank: killed,
+                after: 40,
+                restart_after_ms: Some(restart_after_ms),
+            });
+            let r = run(config);
+            let json = r.to_json();
+            let what = format!("{deployment} restarted after {restart_after_ms} ms");
+            assert_eq!(r.outcome, "clean", "{what}: {json}");
+            assert!(r.faults.iter().any(|f| f.contains("restarted")), "{what}: {json}");
+            assert_eq!(r.requests.failed_excused, r.requests.failed, "{what}: {json}");
+            assert_eq!(r.ledger.reaped_excused, r.ledger.reaped, "{what}: {json}");
+            assert_eq!((r.ledger.held, r.requests.unfinished), (0, 0), "{what}: {json}");
+            assert!(r.bytes_verified > 0 && r.requests.finished > 500, "{what}: {json}");
+            let errors =
+                r.problems.iter().filter(|p| p.contains("is not registered") || p.contains("protocol"));
+            assert_eq!(errors.count(), 0, "{what}: {json}");
+        }
+    }
+}
+
 #[test]
 fn dropped_releases_are_reaped_and_the_ledger_says_so() {
     let mut config = quick("1P_TP2:1D_TP2", 8);

@@ -13,6 +13,7 @@ mod core_lints;
 mod moriio;
 mod pyenv;
 mod rdma_vm;
+mod restarts;
 mod results;
 mod suite;
 mod tidy;
@@ -56,6 +57,11 @@ tasks:
            cluster's own kills and dropped releases, outside SIGKILLs and SIGSTOPs of
            connectors; every run is judged by invariants, the first failure is saved under
            target/cluster-fuzz/ with its replay command
+  cluster-restarts [--runs N] [--legacy NAME]
+           real clusters (`pdkv cluster`, release build) in which a prefill rank is killed under
+           load (256 in flight) and restarted after 0 ms to 3 s, N runs (default 20) on each of
+           two deployments; each run must verify every byte, report no protocol error, excuse
+           every failure and reaping by the kill and hold nothing at the end
   ci       the Rust part of CI without installing system packages: fmt check, clippy -D warnings
            (also with every feature, which needs the Debian packages .ci/run installs), the test
            suite (`cargo xtask test`); `.ci/run` adds the packages and `cargo xtask rdma-vm`";
@@ -87,6 +93,10 @@ fn main() -> ExitCode {
         Some("cluster-fuzz") => {
             let args: Vec<String> = std::env::args().skip(2).collect();
             cluster_fuzz::run(&args, &workspace_root())
+        }
+        Some("cluster-restarts") => {
+            let args: Vec<String> = std::env::args().skip(2).collect();
+            restarts::run(&args, &workspace_root())
         }
         Some("gallery") => gallery(),
         Some("moriio-conformance") => {
