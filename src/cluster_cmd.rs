@@ -9,6 +9,7 @@ use pdkv_core::ids::{RankId, Role};
 use pdkv_core::legacy::{Legacy, LegacyOptions};
 use pdkv_core::policy::PeerRules;
 use pdkv_rdma::cluster::{self, ClusterConfig, ClusterResult, Fault, Foreign};
+use pdkv_rdma::message_faults::{MessageFault, MessageFaultError, Verb};
 use pdkv_rdma::sched::TransportKind;
 
 use crate::progress::Bar;
@@ -21,6 +22,10 @@ Examples:
       --restart-after-ms 1000 --handshake-timeout-ms 2000 --transfer-timeout-ms 5000 --defer-timeout-ms 6000
   pdkv cluster 1P_TP2:1D_TP2 --requests 8 --drop-releases D0.dp0.tp1=2 \\
       --transfer-timeout-ms 2000 --defer-timeout-ms 3000
+  pdkv cluster 1P_TP2:1D_TP2 --requests 16 --lose-messages D0.dp0.tp1:release=2 \\
+      --duplicate-messages P*.dp*.tp*:handshake-reply,release --transfer-timeout-ms 2000 --defer-timeout-ms 3000
+  pdkv cluster 1P_DP2TP2:1D_TP4 --requests 64 --delay-messages P0.dp0.tp*:dispatch:300 \\
+      --delay-messages D0.dp0.tp*:release,lease:200@0.5 --seed 7
   pdkv cluster 1P_TP4:1D_TP8 --requests 16 --transport rdma    (build with --features rdma)
   pdkv cluster 1P_DP2TP2:1D_TP2 --foreign-side decode --foreign-driver python3 \\
       --foreign-driver-arg tests/moriio/mixed.py --foreign-driver-arg --vllm-src \\
@@ -35,6 +40,22 @@ nic, ledger). The timeouts default to a 10 s handshake and MoRIIO's 30 s transfe
 reaper. A transfer whose releases were dropped is freed by the reaper only once its read
 lease (--transfer-timeout-ms, plus 1 s) and --defer-timeout-ms have both passed, so fault runs
 set both shorter: with the defaults the --drop-releases example would wait 31 s.
+
+Message faults (each flag repeatable): --lose-messages and --duplicate-messages take
+PATTERN[:KINDS][=COUNT][@PROBABILITY], --delay-messages PATTERN[:KINDS]:DELAY_MS[=COUNT][@PROBABILITY].
+PATTERN names ranks as the simulator's fault targets do (P0.dp*.tp1; every message has a prefill
+end, so P*.dp*.tp* matches them all), and a message is hit when it is sent by or to a matching
+rank. KINDS, separated by commas: handshake-request, handshake-reply (handshake for both),
+release, lease, and dispatch: the proxy handing a prefilled request to a decode group, which
+counts as sent by the prefill group holding its KV and to every rank of the decode group (it is
+never duplicated). Without KINDS a fault hits every message between two ranks, not dispatches.
+COUNT caps the messages hit per sending rank (the scheduler sends the dispatches); PROBABILITY
+(0.000001 to 1) hits each message with that chance, drawn from --seed, so the same order of
+messages is hit the same way. DELAY_MS is 1 to 86400000. For each message the lose flags are
+tried first, then the duplicate and the delay flags: a lost message is gone, delays add up.
+The sender loses, copies or holds back the bytes its node asked to send and decides nothing
+else. --drop-releases RANK=N is --lose-messages RANK:release=N. Every message hit is listed in
+the result's faults, and what it can cause is excused (docs/backend.md says what).
 
 With --foreign-side, another connector's code plays every engine of that side through a driver
 program (the line protocol is in backend-rdma/src/cluster/foreign.rs): the last example has
@@ -104,9 +125,19 @@ pub struct ClusterArgs {
     /// ... and start it again this long after.
     #[arg(long, requires = "kill")]
     restart_after_ms: Option<u64>,
-    /// Fault: a decode rank drops its first N releases (RANK=N, e.g. D0.dp0.tp1=2; repeatable).
+    /// Fault: a decode rank drops its first N releases (RANK=N, e.g. D0.dp0.tp1=2; repeatable);
+    /// the same as --lose-messages RANK:release=N.
     #[arg(long, value_parser = parse_drop)]
     drop_releases: Vec<(RankId, u32)>,
+    /// Fault: lose the control messages sent by or to the ranks PATTERN matches (repeatable).
+    #[arg(long, value_name = "PATTERN[:KINDS][=COUNT][@PROBABILITY]", value_parser = parse_lose)]
+    lose_messages: Vec<MessageFault>,
+    /// Fault: send those messages twice (repeatable).
+    #[arg(long, value_name = "PATTERN[:KINDS][=COUNT][@PROBABILITY]", value_parser = parse_duplicate)]
+    duplicate_messages: Vec<MessageFault>,
+    /// Fault: send those messages DELAY_MS later (repeatable).
+    #[arg(long, value_name = "PATTERN[:KINDS]:DELAY_MS[=COUNT][@PROBABILITY]", value_parser = parse_delay)]
+    delay_messages: Vec<MessageFault>,
     /// Let another connector's code play this whole side, through --foreign-driver (its
     /// engines follow --foreign-rules; a prefill side keeps pdkv data-plane servers).
     #[arg(long, value_enum, requires = "foreign_driver")]
@@ -152,6 +183,18 @@ fn parse_rank(text: &str) -> Result<RankId, String> {
     Ok(RankId::new(engine, dp, tp))
 }
 
+fn parse_lose(text: &str) -> Result<MessageFault, MessageFaultError> {
+    MessageFault::parse(Verb::Lose, text)
+}
+
+fn parse_duplicate(text: &str) -> Result<MessageFault, MessageFaultError> {
+    MessageFault::parse(Verb::Duplicate, text)
+}
+
+fn parse_delay(text: &str) -> Result<MessageFault, MessageFaultError> {
+    MessageFault::parse(Verb::Delay, text)
+}
+
 fn parse_drop(text: &str) -> Result<(RankId, u32), String> {
     let (rank, count) = text.split_once('=').ok_or_else(|| format!("'{text}': expected RANK=N"))?;
     let count = count.parse().map_err(|e| format!("'{text}': count '{count}': {e}"))?;
@@ -190,6 +233,12 @@ pub fn run(args: &ClusterArgs) -> ExitCode {
     for &(rank, count) in &args.drop_releases {
         config.faults.push(Fault::DropReleases { rank, count });
     }
+    // Tried in this order for each message, as the simulator tries a timeline's faults.
+    config.messages = [&args.lose_messages, &args.duplicate_messages, &args.delay_messages]
+        .into_iter()
+        .flatten()
+        .cloned()
+        .collect();
     if let (Some(side), Some(program)) = (args.foreign_side, &args.foreign_driver) {
         config.foreign = Some(Foreign {
             side: match side {
@@ -312,8 +361,16 @@ fn render(r: &ClusterResult) -> String {
             if stats.is_empty() { "no counters".to_string() } else { stats.join(", ") }
         );
     }
-    for fault in &r.faults {
-        let _ = writeln!(s, "  fault          {fault}");
+    // Message faults log every message they hit: the first lines and the summary (the last
+    // line) say enough here; --json has them all.
+    const FAULT_LINES: usize = 20;
+    for (i, fault) in r.faults.iter().enumerate() {
+        if i < FAULT_LINES || i + 1 == r.faults.len() {
+            let _ = writeln!(s, "  fault          {fault}");
+        } else if i == FAULT_LINES {
+            let more = r.faults.len() - FAULT_LINES - 1;
+            let _ = writeln!(s, "  fault          ... {more} more lines (see --json)");
+        }
     }
     for f in r.failures.iter().take(10) {
         let _ = writeln!(

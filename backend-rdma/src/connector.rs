@@ -231,8 +231,12 @@ pub enum Input {
     HandshakeRequest {
         /// The connection's number (the core's opaque peer handle).
         conn: u64,
-        /// Where the reply messages go.
-        reply: Sender<HandshakeReply>,
+        /// The dialler, when the identity it announced names a rank (pdkv's decode ranks
+        /// announce theirs); message faults match it.
+        peer: Option<RankId>,
+        /// Where the reply messages go: each reply sent on the connection in order (two when a
+        /// fault duplicated it).
+        reply: Sender<Vec<HandshakeReply>>,
     },
     /// Prefill: one frame arrived on the notify listener.
     Notify(Vec<u8>),
@@ -243,7 +247,7 @@ pub enum Input {
         /// The rank dialled.
         peer: RankId,
         /// Both reply payloads decoded, or why not.
-        result: Result<(pdkv_core::wire::HandshakeMetadata, Vec<pdkv_core::wire::LayerMemoryDesc>), String>,
+        result: crate::decode_rank::Dialled,
     },
     /// Decode: a read finished.
     ReadDone(crate::decode_rank::ReadResult),

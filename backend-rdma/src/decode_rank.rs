@@ -18,6 +18,7 @@ use pdkv_core::ports::{Endpoint, SessionKey};
 use pdkv_core::wire::{self, ControlMessage, DataPlane, DataTransport};
 
 use crate::connector::{resolve, ConnectorError, Context, Input};
+use crate::message_faults::{sooner, Injector, Later, MessageHit, MessageKind};
 use crate::pattern::{heads_of_rank, transfer_key, BlockKey};
 use crate::sched::{FromRank, ToRank, TransportKind};
 use crate::tcp::TcpTransport;
@@ -45,19 +46,64 @@ struct ReadJob {
     heads: (u16, u16),
 }
 
+/// What one handshake dial gives: both reply payloads decoded, or why not.
+pub type Dialled = Result<(wire::HandshakeMetadata, Vec<wire::LayerMemoryDesc>), String>;
+
 /// Dials a prefill rank's handshake listener as MoRIIO does (a DEALER sending the one frame
 /// `get_meta_msg`), and decodes the two reply messages, each of which must be `[b"", payload]`
 /// as MoRIIO's dialer demands.
-pub fn dial(
+pub fn dial(endpoint: &Endpoint, identity: &str, timeout: Duration) -> Dialled {
+    let mut first = None;
+    dial_repeated(endpoint, identity, timeout, 1, &mut |reply| first = Some(reply));
+    first.expect("a dial gives one result at least")
+}
+
+/// [`dial`], with the request sent `copies` times on the connection (a duplicated handshake
+/// request): each copy is answered, and each reply goes to `deliver` as it arrives, so the node
+/// sees what a duplicated request makes the listener send. The first result is always
+/// delivered; a later copy that fails is left out (its request was answered once already).
+pub fn dial_repeated(
     endpoint: &Endpoint,
     identity: &str,
     timeout: Duration,
-) -> Result<(wire::HandshakeMetadata, Vec<wire::LayerMemoryDesc>), String> {
+    copies: usize,
+    deliver: &mut dyn FnMut(Dialled),
+) {
+    let mut conn = match connect(endpoint, identity, timeout, copies.max(1)) {
+        Ok(conn) => conn,
+        Err(e) => return deliver(Err(e)),
+    };
+    let first = read_reply(&mut conn, endpoint);
+    let failed = first.is_err();
+    deliver(first);
+    if failed {
+        return;
+    }
+    for _ in 1..copies {
+        match read_reply(&mut conn, endpoint) {
+            Ok(reply) => deliver(Ok(reply)),
+            Err(_) => return,
+        }
+    }
+}
+
+fn connect(
+    endpoint: &Endpoint,
+    identity: &str,
+    timeout: Duration,
+    copies: usize,
+) -> Result<Connection, String> {
     let addr = resolve(endpoint)?;
     let mut conn = Connection::connect(addr, SocketType::Dealer, Some(identity.as_bytes()), timeout)
         .map_err(|e| format!("dial {endpoint}: {e}"))?;
     conn.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
-    conn.send(&[wire::HANDSHAKE_REQUEST]).map_err(|e| format!("send to {endpoint}: {e}"))?;
+    for _ in 0..copies {
+        conn.send(&[wire::HANDSHAKE_REQUEST]).map_err(|e| format!("send to {endpoint}: {e}"))?;
+    }
+    Ok(conn)
+}
+
+fn read_reply(conn: &mut Connection, endpoint: &Endpoint) -> Dialled {
     let mut part = |part: wire::ReplyPart| -> Result<Vec<u8>, String> {
         let frames = conn.recv().map_err(|e| format!("{part} reply from {endpoint}: {e}"))?;
         let payload = wire::reply_payload(part, &frames).map_err(|e| format!("{endpoint}: {e}"))?;
@@ -201,6 +247,88 @@ fn notifier(messages: Receiver<(Endpoint, Vec<u8>)>, identity: String, tx: Sende
     }
 }
 
+/// A control message the node asked to send, as the fault layer holds it.
+enum Held {
+    /// A handshake dial.
+    Dial { session: SessionKey, peer: RankId, endpoint: Endpoint },
+    /// A release or lease for a notify listener.
+    Notify { endpoint: Endpoint, bytes: Vec<u8> },
+}
+
+/// Where the node's control messages leave: through the fault layer (`--lose-messages`,
+/// `--duplicate-messages`, `--delay-messages`), which sends each now, later, twice or never,
+/// and reports to the scheduler what it did. A delayed message waits in [`Later`], which the
+/// node loop's wait covers, so a delay never blocks the loop.
+struct Outbox {
+    rank: RankId,
+    injector: Injector,
+    later: Later<(Held, usize)>,
+    /// The node thread's inputs (dial results come back on it).
+    tx: Sender<Input>,
+    notify: Sender<(Endpoint, Vec<u8>)>,
+    handshake_timeout: Duration,
+    /// Messages the fault layer changed.
+    faulted: u64,
+}
+
+impl Outbox {
+    /// Sends `held` (a message of `kind` to `peer`, about `transfer_id`) as the faults say.
+    fn send(
+        &mut self,
+        link: &mut crate::connector::SchedLink,
+        kind: MessageKind,
+        peer: RankId,
+        transfer_id: Option<pdkv_core::ids::TransferId>,
+        held: Held,
+    ) -> Result<(), ConnectorError> {
+        let Some(fate) = self.injector.fate(kind, &[self.rank, peer]) else {
+            self.emit(held, 1);
+            return Ok(());
+        };
+        self.faulted += 1;
+        let sending = fate.sending();
+        link.send(&FromRank::MessageFault(MessageHit {
+            kind,
+            from: self.rank,
+            to: Some(peer),
+            transfer_id,
+            fate,
+        }))?;
+        match sending {
+            None => {}
+            Some((copies, delay)) if delay.is_zero() => self.emit(held, copies),
+            Some((copies, delay)) => self.later.push(delay, (held, copies)),
+        }
+        Ok(())
+    }
+
+    /// Sends what a delay held back and is due now.
+    fn send_due(&mut self) {
+        while let Some((held, copies)) = self.later.pop_due() {
+            self.emit(held, copies);
+        }
+    }
+
+    fn emit(&self, held: Held, copies: usize) {
+        match held {
+            Held::Dial { session, peer, endpoint } => {
+                let (tx, identity, timeout) =
+                    (self.tx.clone(), self.rank.to_string(), self.handshake_timeout);
+                thread::spawn(move || {
+                    dial_repeated(&endpoint, &identity, timeout, copies, &mut |result| {
+                        let _ = tx.send(Input::Dialled { session: session.clone(), peer, result });
+                    });
+                });
+            }
+            Held::Notify { endpoint, bytes } => {
+                for _ in 0..copies {
+                    let _ = self.notify.send((endpoint.clone(), bytes.clone()));
+                }
+            }
+        }
+    }
+}
+
 fn transport(kind: TransportKind, io_timeout: Duration) -> Result<Box<dyn Transport + Send>, String> {
     match kind {
         TransportKind::Tcp => {
@@ -250,6 +378,15 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
     let (notify_tx, notify_rx) = mpsc::channel();
     let (tx, identity) = (ctx.tx.clone(), rank.to_string());
     thread::spawn(move || notifier(notify_rx, identity, tx));
+    let mut outbox = Outbox {
+        rank,
+        injector: Injector::new(&setup.message_faults),
+        later: Later::default(),
+        tx: ctx.tx.clone(),
+        notify: notify_tx,
+        handshake_timeout,
+        faulted: 0,
+    };
     ctx.link.send(&FromRank::Ready {
         data_addr: None,
         memory: "host".into(),
@@ -259,11 +396,12 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
 
     // Data-plane address of each session, from the handshake's `agent_metadata`.
     let mut data: BTreeMap<SessionKey, Endpoint> = BTreeMap::new();
-    let (mut releases, mut dropped, mut handshakes) = (0u64, 0u64, 0u64);
+    let (mut releases, mut handshakes) = (0u64, 0u64);
     let mut out = Vec::new();
     loop {
-        let input = match worker.poll_timeout() {
-            Some(at) => match ctx.rx.recv_timeout(ctx.clock.until(at)) {
+        let node_wait = worker.poll_timeout().map(|at| ctx.clock.until(at));
+        let input = match sooner(node_wait, outbox.later.wait()) {
+            Some(wait) => match ctx.rx.recv_timeout(wait) {
                 Ok(input) => Some(input),
                 Err(RecvTimeoutError::Timeout) => None,
                 Err(RecvTimeoutError::Disconnected) => break,
@@ -273,9 +411,15 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
                 Err(_) => break,
             },
         };
+        outbox.send_due();
         let now = ctx.clock.now();
         match input {
-            None => worker.handle(now, DecodeEvent::Tick, &mut out),
+            // The node's timer, or only a held message's (then the node has nothing due).
+            None => {
+                if worker.poll_timeout().is_some_and(|at| at <= now) {
+                    worker.handle(now, DecodeEvent::Tick, &mut out);
+                }
+            }
             Some(Input::Sched(ToRank::StepBegin { step, requests })) => {
                 let requests = requests
                     .into_iter()
@@ -345,11 +489,8 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
             match action {
                 DecodeAction::DialHandshake { session, rank: peer, endpoint } => {
                     handshakes += 1;
-                    let (tx, identity) = (ctx.tx.clone(), rank.to_string());
-                    thread::spawn(move || {
-                        let result = dial(&endpoint, &identity, handshake_timeout);
-                        let _ = tx.send(Input::Dialled { session, peer, result });
-                    });
+                    let held = Held::Dial { session, peer, endpoint };
+                    outbox.send(&mut ctx.link, MessageKind::HandshakeRequest, peer, None, held)?;
                 }
                 DecodeAction::PostRead(op) => {
                     let source = op.plan.source;
@@ -372,18 +513,18 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
                     let heads = heads_of_rank(&ctx.deployment.model, layout.tp, source.tp);
                     let _ = jobs_tx.send(ReadJob { op, data: endpoint, heads });
                 }
-                DecodeAction::SendRelease { endpoint, release, .. } => {
-                    if dropped < u64::from(setup.drop_releases) {
-                        dropped += 1;
-                        let transfer_id = release.transfer_id;
-                        ctx.link.send(&FromRank::ReleaseDropped { transfer_id })?;
-                        continue;
-                    }
+                DecodeAction::SendRelease { rank: peer, endpoint, release } => {
                     releases += 1;
-                    let _ = notify_tx.send((endpoint, wire::encode(&ControlMessage::Release(release))));
+                    let transfer_id = Some(release.transfer_id.clone());
+                    let held =
+                        Held::Notify { endpoint, bytes: wire::encode(&ControlMessage::Release(release)) };
+                    outbox.send(&mut ctx.link, MessageKind::Release, peer, transfer_id, held)?;
                 }
-                DecodeAction::SendLease { endpoint, lease, .. } => {
-                    let _ = notify_tx.send((endpoint, wire::encode(&ControlMessage::ReadLease(lease))));
+                DecodeAction::SendLease { rank: peer, endpoint, lease } => {
+                    let transfer_id = Some(lease.transfer_id.clone());
+                    let held =
+                        Held::Notify { endpoint, bytes: wire::encode(&ControlMessage::ReadLease(lease)) };
+                    outbox.send(&mut ctx.link, MessageKind::Lease, peer, transfer_id, held)?;
                 }
                 DecodeAction::CastVote { step, ok } => ctx.link.send(&FromRank::Vote { step, ok })?,
                 DecodeAction::StepReady { step } => {
@@ -418,7 +559,7 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
             }
         }
     }
-    ctx.link.send(&FromRank::Bye { releases, dropped_releases: dropped, handshakes })
+    ctx.link.send(&FromRank::Bye { releases, messages_faulted: outbox.faulted, handshakes })
 }
 
 #[cfg(test)]

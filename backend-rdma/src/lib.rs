@@ -11,7 +11,8 @@
 //!   [`tcp::TcpTransport`], with the wire protocol in its module doc.
 //! - [`connector`], [`prefill_rank`], [`decode_rank`]: one rank's process (`pdkv connector`),
 //!   driving a core node over the pieces above; [`sched`] is its channel to the cluster's
-//!   scheduler and [`pattern`] the KV bytes prefill writes and decode verifies.
+//!   scheduler, [`pattern`] the KV bytes prefill writes and decode verifies, and
+//!   [`message_faults`] the lost, duplicated and delayed control messages a run can inject.
 //! - [`cluster`]: `pdkv cluster`: the proxy and the engines' schedulers, which start one
 //!   connector process per rank on one host and push requests through them; [`signals`] lets
 //!   its command line stop it in order on SIGINT or SIGTERM.
@@ -29,6 +30,7 @@ pub mod decode_rank;
 #[allow(unsafe_code)]
 pub mod hip;
 pub mod memory;
+pub mod message_faults;
 pub mod pattern;
 pub mod prefill_rank;
 pub mod sched;

@@ -3,12 +3,12 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::mpsc::{self, Sender};
+use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::thread;
 use std::time::Duration;
 
-use pdkv_core::ids::TransferId;
+use pdkv_core::ids::{RankId, TransferId};
 use pdkv_core::policy::Policy;
 use pdkv_core::ports::{Endpoint, ListenerKind};
 use pdkv_core::prefill::{PrefillWorker, WorkerAction, WorkerEvent};
@@ -16,8 +16,9 @@ use pdkv_core::wire::{
     self, ControlMessage, DataPlane, Extensions, HandshakeMetadata, LayerMemoryDesc, RankInfo,
 };
 
-use crate::connector::{resolve, ConnectorError, Context, Input};
+use crate::connector::{resolve, ConnectorError, Context, HandshakeReply, Input};
 use crate::memory::Regions;
+use crate::message_faults::{Injector, Later, MessageHit, MessageKind};
 use crate::pattern::{heads_of_rank, transfer_key, BlockKey};
 use crate::sched::{FromRank, ToRank, TransportKind};
 use crate::tcp::TcpReadServer;
@@ -117,14 +118,16 @@ fn spawn_listener(
 /// listener, which raises and stops serving everyone, this one keeps serving the connection.
 pub fn serve_handshake(mut conn: crate::zmtp::Connection, id: u64, tx: Sender<Input>) {
     let (reply_tx, reply_rx) = mpsc::channel();
+    // pdkv's decode ranks announce their rank as their identity; another dialler's is not one.
+    let peer = std::str::from_utf8(conn.peer_identity()).ok().and_then(|s| s.parse().ok());
     while let Ok(frames) = conn.recv() {
         match wire::handshake_request(&frames) {
             Ok(wire::HandshakeRequest::Metadata) => {
-                if tx.send(Input::HandshakeRequest { conn: id, reply: reply_tx.clone() }).is_err() {
+                if tx.send(Input::HandshakeRequest { conn: id, peer, reply: reply_tx.clone() }).is_err() {
                     return;
                 }
-                let Ok(reply) = reply_rx.recv_timeout(REPLY_TIMEOUT) else { return };
-                for message in &reply {
+                let Ok(replies) = reply_rx.recv_timeout(REPLY_TIMEOUT) else { return };
+                for message in replies.iter().flatten() {
                     let refs: Vec<&[u8]> = message.iter().map(Vec::as_slice).collect();
                     if conn.send(&refs).is_err() {
                         return;
@@ -369,15 +372,48 @@ fn start(ctx: &mut Context) -> Result<Started, String> {
     Ok(Started { worker, kv, server })
 }
 
+/// Where a handshake reply goes: the connection's thread, which sends what it is given.
+type ReplyTo = Sender<Vec<HandshakeReply>>;
+
+/// A handshake reply the fault layer holds: delayed (sent when due) or lost (its connection is
+/// kept waiting, so the dialler sees silence, as with a lost message, not a closed connection).
+enum HeldReply {
+    Send(ReplyTo, Vec<HandshakeReply>),
+    Lost(ReplyTo),
+}
+
 fn serve(mut ctx: Context, started: Started) -> Result<(), ConnectorError> {
     let Started { mut worker, kv, server } = started;
-    let mut replies: BTreeMap<u64, Sender<crate::connector::HandshakeReply>> = BTreeMap::new();
+    let mut replies: BTreeMap<u64, (ReplyTo, Option<RankId>)> = BTreeMap::new();
     // Blocks of each transfer this incarnation filled, to fence again when it is retired.
     let mut filled: BTreeMap<TransferId, Vec<u32>> = BTreeMap::new();
-    let (mut releases, mut handshakes) = (0u64, 0u64);
+    let (mut releases, mut handshakes, mut faulted) = (0u64, 0u64, 0u64);
+    // The fault layer of the replies this rank sends; a delay waits here, not in the loop.
+    let mut injector = Injector::new(&ctx.setup.message_faults);
+    let mut later: Later<HeldReply> = Later::default();
     let mut out = Vec::new();
     loop {
-        let Ok(input) = ctx.rx.recv() else { break };
+        let input = match later.wait() {
+            None => match ctx.rx.recv() {
+                Ok(input) => Some(input),
+                Err(_) => break,
+            },
+            Some(wait) => match ctx.rx.recv_timeout(wait) {
+                Ok(input) => Some(input),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => break,
+            },
+        };
+        while let Some(held) = later.pop_due() {
+            match held {
+                // A reply delayed past the connection's wait finds it closed: lost after all.
+                HeldReply::Send(reply, messages) => {
+                    let _ = reply.send(messages);
+                }
+                HeldReply::Lost(reply) => drop(reply),
+            }
+        }
+        let Some(input) = input else { continue };
         let now = ctx.clock.now();
         match input {
             Input::Sched(ToRank::Prefill { transfer_id, blocks }) => {
@@ -429,9 +465,9 @@ fn serve(mut ctx: Context, started: Started) -> Result<(), ConnectorError> {
             Input::SchedGone(e) => {
                 return Err(ConnectorError::Scheduler { op: "receive", detail: e.to_string() });
             }
-            Input::HandshakeRequest { conn, reply } => {
+            Input::HandshakeRequest { conn, peer, reply } => {
                 handshakes += 1;
-                replies.insert(conn, reply);
+                replies.insert(conn, (reply, peer));
                 worker.handle(now, WorkerEvent::HandshakeRequest { peer: conn }, &mut out);
             }
             Input::Notify(frame) => match notify_event(&frame) {
@@ -450,8 +486,32 @@ fn serve(mut ctx: Context, started: Started) -> Result<(), ConnectorError> {
         for action in out.drain(..) {
             match action {
                 WorkerAction::SendHandshakeReply { peer, metadata, layers } => {
-                    if let Some(reply) = replies.remove(&peer) {
-                        let _ = reply.send(wire::handshake_reply(&metadata, &layers));
+                    let Some((reply, dialler)) = replies.remove(&peer) else { continue };
+                    let message = wire::handshake_reply(&metadata, &layers);
+                    let ranks: Vec<RankId> = [Some(ctx.rank), dialler].into_iter().flatten().collect();
+                    let Some(fate) = injector.fate(MessageKind::HandshakeReply, &ranks) else {
+                        let _ = reply.send(vec![message]);
+                        continue;
+                    };
+                    faulted += 1;
+                    let sending = fate.sending();
+                    let hit = MessageHit {
+                        kind: MessageKind::HandshakeReply,
+                        from: ctx.rank,
+                        to: dialler,
+                        transfer_id: None,
+                        fate,
+                    };
+                    ctx.link.send(&FromRank::MessageFault(hit))?;
+                    match sending {
+                        // Its connection waits as long as it would for any reply, then closes.
+                        None => later.push(REPLY_TIMEOUT, HeldReply::Lost(reply)),
+                        Some((copies, delay)) if delay.is_zero() => {
+                            let _ = reply.send(vec![message; copies]);
+                        }
+                        Some((copies, delay)) => {
+                            later.push(delay, HeldReply::Send(reply, vec![message; copies]))
+                        }
                     }
                 }
                 WorkerAction::Finished { transfer_id, .. } => {
@@ -473,7 +533,7 @@ fn serve(mut ctx: Context, started: Started) -> Result<(), ConnectorError> {
         ctx.link
             .send(&FromRank::Problem { violation: false, detail: format!("data server shutdown: {e}") })?;
     }
-    ctx.link.send(&FromRank::Bye { releases, dropped_releases: 0, handshakes })
+    ctx.link.send(&FromRank::Bye { releases, messages_faulted: faulted, handshakes })
 }
 
 #[cfg(test)]

@@ -18,6 +18,8 @@ use pdkv_core::ports::EngineAddress;
 use pdkv_core::release::Quorum;
 use pdkv_core::topology::ModelSpec;
 use serde::de::DeserializeOwned;
+
+use crate::message_faults::{MessageHit, SenderFaults};
 use serde::{Deserialize, Serialize};
 
 /// The environment variable that carries a run's membership token to its connectors (the
@@ -80,8 +82,10 @@ pub struct Setup {
     pub transfer_timeout_ms: u64,
     /// Decode: read every layer of a request in one read instead of one read per layer.
     pub per_request_reads: bool,
-    /// Decode (fault injection): drop this many of the first releases instead of sending them.
-    pub drop_releases: u32,
+    /// The message faults this rank applies to what it sends (`pdkv cluster --lose-messages`,
+    /// `--duplicate-messages`, `--delay-messages`, `--drop-releases`).
+    #[serde(default)]
+    pub message_faults: SenderFaults,
     /// Which start of this rank this is (0 first); prefill regions of each life get their own
     /// addresses, so a read meant for a dead process cannot land in a new one. (The protocol's
     /// incarnation is another thing: the process draws it at start and reports it in
@@ -310,21 +314,18 @@ pub enum FromRank {
         /// What.
         detail: String,
     },
-    /// Decode (fault injection): a release of this transfer was dropped instead of sent, so
-    /// the reaper will free it; the report excuses that.
-    ReleaseDropped {
-        /// The transfer.
-        transfer_id: TransferId,
-    },
+    /// The rank's fault layer lost, duplicated or delayed a control message it was asked to
+    /// send; the report logs it and excuses what it can cause.
+    MessageFault(MessageHit),
     /// Sent every [`HEARTBEAT_INTERVAL`] from a thread of its own, so that a stopped process
     /// (whose connection stays open) is told apart from a busy one.
     Heartbeat,
     /// Counters at shutdown, then the rank exits.
     Bye {
-        /// Releases sent (decode) or counted (prefill).
+        /// Releases the node asked to send (decode) or counted (prefill).
         releases: u64,
-        /// Releases dropped by fault injection (decode).
-        dropped_releases: u64,
+        /// Control messages the fault layer lost, duplicated or delayed.
+        messages_faulted: u64,
         /// Handshakes dialled (decode) or answered (prefill).
         handshakes: u64,
     },

@@ -1,12 +1,13 @@
 //! Real clusters on loopback: one `pdkv connector` process per rank, the real protocol, every
 //! byte decode reads checked against the pattern prefill wrote; then the real faults (a killed
-//! prefill process, dropped releases, a restart).
+//! prefill process, dropped releases, a restart, lost, duplicated and delayed control messages).
 
 use std::net::TcpListener;
 use std::path::PathBuf;
 
 use pdkv_core::ids::{EngineId, RankId};
 use pdkv_rdma::cluster::{self, ClusterConfig, ClusterResult, Fault};
+use pdkv_rdma::message_faults::{MessageFault, Verb};
 use pdkv_rdma::sched::TOKEN_ENV;
 
 fn exe() -> PathBuf {
@@ -229,6 +230,163 @@ fn dropped_releases_are_reaped_and_the_ledger_says_so() {
         "{json}"
     );
     assert!(r.problems.iter().filter(|p| p.contains("reaped")).count() == 2, "{json}");
+}
+
+/// `quick(deployment, requests)` with the message faults of `flags` (`--lose-messages VALUE`
+/// and the like, as the command line takes them).
+fn with_messages(deployment: &str, requests: u32, flags: &[&str]) -> ClusterConfig {
+    let mut config = quick(deployment, requests);
+    for flag in flags {
+        let (name, value) = flag.split_once(' ').expect("a flag and its value");
+        let verb = [Verb::Lose, Verb::Duplicate, Verb::Delay]
+            .into_iter()
+            .find(|v| v.flag() == name)
+            .expect("a message-fault flag");
+        config.messages.push(MessageFault::parse(verb, value).unwrap_or_else(|e| panic!("{flag}: {e}")));
+    }
+    config
+}
+
+/// The fault log's summary line (its last).
+fn message_summary(r: &ClusterResult) -> &str {
+    r.faults.last().map_or("", |l| l.as_str())
+}
+
+#[test]
+fn lost_releases_are_reaped_and_excused() {
+    let r = run(with_messages("1P_TP2:1D_TP2", 8, &["--lose-messages D0.dp0.tp1:release=2"]));
+    let json = r.to_json();
+    assert_eq!(r.outcome, "clean", "{json}");
+    assert_eq!((r.requests.finished, r.requests.failed), (8, 0), "{json}");
+    let l = &r.ledger;
+    assert_eq!((l.freed, l.reaped, l.reaped_excused, l.held), (6, 2, 2, 0), "{json}");
+    assert_eq!(message_summary(&r), "message faults hit 2 messages: 2 releases lost", "{json}");
+    let lost = r.faults.iter().filter(|f| f.contains(": lost release of tx-")).count();
+    assert_eq!(lost, 2, "each lost release is listed with its transfer: {json}");
+}
+
+#[test]
+fn lost_handshake_replies_cost_a_redial_or_fail_their_requests_excused() {
+    // The first reply P0.dp0.tp1 sends to D0.dp0.tp1 is lost: that dial times out (2 s), the
+    // worker dials again within the request's transfer timeout, and every request finishes.
+    let r = run(with_messages("1P_TP2:1D_TP2", 8, &["--lose-messages P0.dp0.tp1:handshake-reply=1"]));
+    let json = r.to_json();
+    assert_eq!(r.outcome, "clean", "{json}");
+    assert_eq!((r.requests.finished, r.requests.failed, r.ledger.freed), (8, 0, 8), "{json}");
+    assert_eq!(message_summary(&r), "message faults hit 1 message: 1 handshake reply lost", "{json}");
+    assert!(
+        r.faults.iter().any(|f| f.contains("lost handshake reply from P0.dp0.tp1 to D0.dp0.tp1")),
+        "{json}"
+    );
+
+    // Every reply of P0.dp0.tp1 is lost: D0.dp0.tp1 never completes its session, so every
+    // request fails at its transfer timeout, and each failure is excused by the lost replies
+    // (they touched both ends' DP groups while it was in flight). Nothing is reaped or held:
+    // the failed requests are released.
+    let r = run(with_messages("1P_TP2:1D_TP2", 8, &["--lose-messages P0.dp0.tp1:handshake-reply"]));
+    let json = r.to_json();
+    assert_eq!(r.outcome, "clean", "{json}");
+    let q = &r.requests;
+    assert_eq!((q.finished, q.failed, q.failed_excused, q.unfinished), (0, 8, 8, 0), "{json}");
+    assert_eq!((r.ledger.freed, r.ledger.reaped, r.ledger.held), (8, 0, 0), "{json}");
+    assert!(r.failures.iter().all(|f| f.errors.iter().all(|e| e.starts_with("D0.dp0.tp1: "))), "{json}");
+}
+
+#[test]
+fn duplicated_releases_handshakes_and_leases_are_counted_once() {
+    // Every release, lease and handshake message sent twice: each is counted once (releases
+    // by distinct sender), so the run is clean with nothing failed, reaped or excused.
+    let flags = ["--duplicate-messages P*.dp*.tp*:handshake,release,lease"];
+    let r = run(with_messages("1P_TP4:1D_TP2", 24, &flags));
+    let json = r.to_json();
+    assert_eq!(r.outcome, "clean", "{json}");
+    let q = &r.requests;
+    assert_eq!((q.finished, q.failed, q.failed_excused), (24, 0, 0), "{json}");
+    let l = &r.ledger;
+    assert_eq!((l.freed, l.reaped, l.held, l.double_frees), (24, 0, 0, 0), "{json}");
+    let summary = message_summary(&r);
+    for kind in ["handshake requests duplicated", "handshake replies duplicated", "releases duplicated"] {
+        assert!(summary.contains(kind), "{summary}");
+    }
+}
+
+#[test]
+fn delayed_dispatches_and_releases_end_clean() {
+    // Below the reaper's delay a late dispatch and a late release change nothing but time.
+    let flags = [
+        "--delay-messages P0.dp0.tp*:dispatch:300",
+        "--delay-messages D0.dp0.tp*:release:200@0.5",
+        "--delay-messages P0.dp1.tp0:handshake-reply:100",
+    ];
+    let r = run(with_messages("1P_DP2TP2:1D_TP4", 40, &flags));
+    let json = r.to_json();
+    assert_eq!(r.outcome, "clean", "{json}");
+    let q = &r.requests;
+    assert_eq!((q.finished, q.failed), (40, 0), "{json}");
+    let l = &r.ledger;
+    assert_eq!((l.freed, l.reaped, l.held), (40, 0, 0), "{json}");
+    let summary = message_summary(&r);
+    for kind in ["20 dispatches delayed", "releases delayed", "handshake replies delayed"] {
+        assert!(summary.contains(kind), "{summary}");
+    }
+    // Each late dispatch is listed with its transfer and the decode group it went to.
+    assert!(
+        r.faults.iter().any(|f| f.contains("delayed 300 ms dispatch of tx-") && f.contains("to D0.dp0")),
+        "{json}"
+    );
+}
+
+#[test]
+fn bad_message_fault_flags_are_refused_naming_the_flag_and_the_reason() {
+    let check = |extra: &[&str], stderr: &str| {
+        let args = [&["cluster", "1P_TP2:1D_TP2", "--requests", "2"], extra].concat();
+        let out = std::process::Command::new(exe()).args(&args).output().expect("pdkv runs");
+        let text = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {text}");
+        assert!(text.contains(stderr), "{args:?}: {text}");
+    };
+    let lose = "'--lose-messages <PATTERN[:KINDS][=COUNT][@PROBABILITY]>'";
+    let delay = "'--delay-messages <PATTERN[:KINDS]:DELAY_MS[=COUNT][@PROBABILITY]>'";
+    let table: &[(&[&str], String)] = &[
+        (&["--lose-messages", "D0.tp1"], format!("for {lose}: `D0.tp1` is not a rank pattern")),
+        (&["--lose-messages", "D0.dp0.tp1:relese"], format!("for {lose}: `relese` is not a message kind")),
+        (&["--lose-messages", "D0.dp0.tp1:release:2"], format!("for {lose}: expected PATTERN[:KINDS][=COUNT]")),
+        (&["--lose-messages", "D0.dp0.tp1=0"], format!("for {lose}: count `0` must be a number from 1 to 1000000")),
+        (&["--lose-messages", "D0.dp0.tp1=4294967296"], format!("for {lose}: count `4294967296` must be")),
+        (&["--lose-messages", "D0.dp0.tp1@0"], format!("for {lose}: probability `0` must be a number above 0")),
+        (&["--lose-messages", "D0.dp0.tp1@1.5"], format!("for {lose}: probability `1.5` must be")),
+        (&["--lose-messages", "D0.dp0.tp1@NaN"], format!("for {lose}: probability `NaN` must be")),
+        (&["--delay-messages", "D0.dp0.tp1"], format!("for {delay}: expected PATTERN[:KINDS]:DELAY_MS")),
+        (&["--delay-messages", "D0.dp0.tp1:release:0"], format!("for {delay}: delay `0` must be a number of")),
+        // The longest delay is a day: u64::MAX is refused, never wrapped.
+        (
+            &["--delay-messages", "D0.dp0.tp1:18446744073709551615"],
+            format!("for {delay}: delay `18446744073709551615` must be a number of milliseconds from 1 to 86400000"),
+        ),
+        (&["--delay-messages", "D0.dp0.tp1:86400001"], format!("for {delay}: delay `86400001` must be")),
+        (
+            &["--duplicate-messages", "P*.dp*.tp*:release,dispatch"],
+            "a dispatch cannot be duplicated".to_string(),
+        ),
+        // Well formed, but for another deployment: refused before any process starts.
+        (
+            &["--lose-messages", "D0.dp1.tp*"],
+            "invalid cluster: --lose-messages D0.dp1.tp*: the pattern matches no rank of 1P_TP2:1D_TP2".into(),
+        ),
+        (
+            &["--delay-messages", "P1.dp*.tp*:dispatch:5"],
+            "invalid cluster: --delay-messages P1.dp*.tp*:dispatch:5: the pattern matches no rank".into(),
+        ),
+        (
+            &["--lose-messages", "P*.dp*.tp*", "--foreign-side", "decode", "--foreign-driver", "false"],
+            "--lose-messages P*.dp*.tp*: message faults are injected where pdkv sends".into(),
+        ),
+    ];
+    for (extra, stderr) in table {
+        check(extra, stderr);
+    }
+    let many: Vec<&str> = (0..33).flat_map(|_| ["--lose-messages", "P0.dp0.tp0=1"]).collect();
+    check(&many, "33 message faults (--lose-messages, --duplicate-messages, --delay-messages and --drop-releases together): at most 32");
 }
 
 #[test]

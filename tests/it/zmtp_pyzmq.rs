@@ -466,9 +466,11 @@ fn connector_handshake_listener_survives_what_ends_moriio_listener() {
     loop {
         match peer.wait_for(&rx, "the connector's handshake listener") {
             pdkv_rdma::connector::Input::Problem(line) => problems.push(line),
-            pdkv_rdma::connector::Input::HandshakeRequest { conn, reply } => {
+            pdkv_rdma::connector::Input::HandshakeRequest { conn, reply, .. } => {
                 assert_eq!(conn, 1);
-                reply.send(handshake_reply(&metadata(), &layers())).expect("listener waits for the reply");
+                reply
+                    .send(vec![handshake_reply(&metadata(), &layers())])
+                    .expect("listener waits for the reply");
                 break;
             }
             _ => peer.fail("unexpected input from the handshake listener"),

@@ -54,7 +54,8 @@ tasks:
   rdma-vm  the RDMA verbs tests (feature `rdma`) in a qemu guest with Soft-RoCE (rdma_rxe)
   cluster-fuzz [--for 60s] [--seed N] [--max-runs N] [--legacy NAME]...
            random real clusters (`pdkv cluster`, release build) with random faults: the
-           cluster's own kills and dropped releases, outside SIGKILLs and SIGSTOPs of
+           cluster's own kills, dropped releases and lost, duplicated or delayed control
+           messages (dispatches delayed across restarts too), outside SIGKILLs and SIGSTOPs of
            connectors; every run is judged by invariants, the first failure is saved under
            target/cluster-fuzz/ with its replay command
   cluster-restarts [--runs N] [--legacy NAME]

@@ -9,6 +9,7 @@ use pdkv_core::legacy::LegacyOptions;
 use pdkv_core::policy::{PeerBook, PeerRules};
 use pdkv_core::topology::{Deployment, ModelSpec};
 
+use crate::message_faults::{MessageFault, MAX_MESSAGE_FAULTS};
 use crate::sched::TransportKind;
 
 /// A fault to inject into a cluster run.
@@ -99,6 +100,10 @@ pub struct ClusterConfig {
     pub timeout_ms: u64,
     /// Faults to inject.
     pub faults: Vec<Fault>,
+    /// Control messages to lose, duplicate or delay (`--lose-messages`, `--duplicate-messages`,
+    /// `--delay-messages`); `--drop-releases` is a [`Fault`] that adds one
+    /// ([`ClusterConfig::message_faults`]).
+    pub messages: Vec<MessageFault>,
     /// A side played by another connector's code, if any.
     pub foreign: Option<Foreign>,
     /// Where to look for a stop request: a signal number (nonzero) stops the run in order,
@@ -166,6 +171,12 @@ impl ClusterConfig {
                             (pdkv's own side needs no driver)"
                     .into());
             }
+            if let Some(fault) = self.messages.first() {
+                return Err(format!(
+                    "{fault}: message faults are injected where pdkv sends, and under --foreign-side \
+                     half of the messages are the foreign driver's"
+                ));
+            }
             if let Some(fault) = self.faults.iter().find(|f| f.rank().engine.role == foreign.side) {
                 return Err(format!(
                     "{}: {} is played by the foreign driver, which takes no injected faults",
@@ -173,6 +184,17 @@ impl ClusterConfig {
                     fault.rank()
                 ));
             }
+        }
+        let messages = self.message_faults();
+        if messages.len() > MAX_MESSAGE_FAULTS {
+            return Err(format!(
+                "{} message faults (--lose-messages, --duplicate-messages, --delay-messages and \
+                 --drop-releases together): at most {MAX_MESSAGE_FAULTS}",
+                messages.len()
+            ));
+        }
+        for fault in &self.messages {
+            fault.check(d).map_err(|e| format!("{fault}: {e}"))?;
         }
         for fault in &self.faults {
             match *fault {
@@ -228,6 +250,7 @@ impl ClusterConfig {
             defer_timeout_ms: 60_000,
             timeout_ms: 120_000,
             faults: Vec::new(),
+            messages: Vec::new(),
             foreign: None,
             stop: None,
         }

@@ -159,8 +159,9 @@ impl Cluster {
             }
             Some(errors) => {
                 self.failed += 1;
-                if req.exposed {
+                if req.exposed || self.touched_by_message_fault(&req) {
                     self.failed_excused += 1;
+                    self.exposed.insert(req.transfer_id.clone());
                 }
                 if self.failures.len() < MAX_FAILURES_LISTED {
                     self.failures.push(Failure {

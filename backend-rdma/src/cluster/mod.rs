@@ -12,8 +12,9 @@
 //!
 //! This file holds the run's state and main loop; the rest is split by concept: `config.rs`
 //! (the options), `procs.rs` (processes and membership), `prefill_sched.rs` and
-//! `decode_sched.rs` (the engines' schedulers), `faults.rs` (kills and restarts) and
-//! `result.rs` (the report, in the simulator's vocabulary).
+//! `decode_sched.rs` (the engines' schedulers), `faults.rs` (kills and restarts), `messages.rs`
+//! (lost, duplicated and delayed control messages) and `result.rs` (the report, in the
+//! simulator's vocabulary).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::{SocketAddr, TcpListener};
@@ -38,6 +39,7 @@ mod config;
 mod decode_sched;
 mod faults;
 mod foreign;
+mod messages;
 mod prefill_sched;
 mod procs;
 mod result;
@@ -225,6 +227,8 @@ struct Cluster {
     /// violation).
     foreign_finished: BTreeSet<(RankId, TransferId)>,
     foreign_report: ForeignReport,
+    /// The run's message faults and what they did ([`messages`]).
+    messages: messages::Messages,
 }
 
 /// Runs a cluster to the end and reports; `progress` is called as requests end.
@@ -362,6 +366,7 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
         foreign_pending: BTreeSet::new(),
         foreign_finished: BTreeSet::new(),
         foreign_report,
+        messages: messages::Messages::new(&config),
         addresses,
         d,
         config,
@@ -468,9 +473,7 @@ impl Cluster {
                     self.problem(format!("{rank}: {detail}"));
                 }
             }
-            FromRank::ReleaseDropped { transfer_id } => {
-                self.exposed.insert(transfer_id);
-            }
+            FromRank::MessageFault(hit) => self.on_message_fault(rank, hit),
             FromRank::Bye { .. } => {
                 if let Some(proc) = self.ranks.get_mut(&rank) {
                     proc.said_bye = true;
@@ -485,11 +488,7 @@ impl Cluster {
     }
 
     fn main_loop(&mut self, rx: &Receiver<Ev>, tx: &Sender<Ev>, progress: &mut dyn FnMut(Progress)) {
-        for fault in &self.config.faults {
-            if let Fault::DropReleases { rank, count } = fault {
-                self.faults_log.push(format!("{rank} drops its first {count} releases"));
-            }
-        }
+        self.log_message_faults();
         // A kill after 0 prefills happens before the first request.
         self.maybe_kill();
         self.owed += u64::from(self.config.concurrency.min(self.config.requests));
@@ -560,6 +559,9 @@ impl Cluster {
             if let Some((at, _)) = self.restart_at {
                 wake = wake.min(at);
             }
+            if let Some(wait) = self.messages.wait() {
+                wake = wake.min(now + wait);
+            }
             match rx.recv_timeout(wake.saturating_duration_since(now).min(POLL)) {
                 Ok(ev) => {
                     if let Some(error) = self.on_event(ev, tx) {
@@ -576,6 +578,7 @@ impl Cluster {
                     self.engine(e, EngineEvent::Tick);
                 }
             }
+            self.dispatch_due();
             for g in 0..self.dgroups.len() {
                 if self.dgroups[g].next_step.is_some_and(|at| at <= now) {
                     self.dgroups[g].next_step = None;

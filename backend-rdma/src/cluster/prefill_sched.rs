@@ -247,8 +247,7 @@ impl Cluster {
                     params,
                     local_block_ids: Vec::new(),
                 };
-                self.dgroups[g].waiting.push_back(recv);
-                self.begin_step(g);
+                self.dispatch(g, recv);
             }
             other => {
                 let detail = match other {

@@ -18,7 +18,7 @@ use pdkv_core::ids::{EngineId, RankId, RequestId, Role};
 use pdkv_core::prefill::EngineEvent;
 
 use super::foreign::{Driver, ToDriver};
-use super::{Cluster, Ev, Fault, EXIT_TIMEOUT, HEARTBEAT_TIMEOUT, MAX_PROBLEMS, POLL, START_TIMEOUT};
+use super::{Cluster, Ev, EXIT_TIMEOUT, HEARTBEAT_TIMEOUT, MAX_PROBLEMS, POLL, START_TIMEOUT};
 use crate::sched::{
     read_frame, read_frame_within, write_frame, FromRank, Setup, ToRank, MAX_HELLO_BYTES, TOKEN_ENV,
 };
@@ -230,15 +230,6 @@ impl Cluster {
     }
 
     pub(super) fn setup_for(&self, rank: RankId, life: u32) -> Setup {
-        let drop_releases = self
-            .config
-            .faults
-            .iter()
-            .map(|f| match f {
-                Fault::DropReleases { rank: r, count } if *r == rank => *count,
-                _ => 0,
-            })
-            .sum();
         Setup {
             model: self.d.model.clone(),
             legacy: self.config.legacy.clone(),
@@ -248,7 +239,7 @@ impl Cluster {
             handshake_timeout_ms: self.config.handshake_timeout_ms,
             transfer_timeout_ms: self.config.transfer_timeout_ms,
             per_request_reads: false,
-            drop_releases,
+            message_faults: self.sender_faults(rank, life),
             life,
             peers: self.peers.clone(),
             data_plane_only: self.is_foreign(rank.engine),

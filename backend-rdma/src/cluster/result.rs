@@ -333,7 +333,7 @@ impl Cluster {
             memory: self.memory.iter().cloned().collect(),
             failures: self.failures.clone(),
             violations: self.violations.clone(),
-            faults: self.faults_log.clone(),
+            faults: self.fault_lines(),
             processes: self.processes.clone(),
             listener_ports: self
                 .addresses

@@ -3,7 +3,8 @@
 //!
 //! Every run draws, from the project's seeded stream (`pdkv_core::rng`) of the run's own seed,
 //! a deployment, a workload, short timeouts and up to a few faults: the cluster's own (`--kill`,
-//! `--drop-releases`, which it excuses) and outside ones that this task delivers itself at a
+//! `--drop-releases`, `--lose-messages`, `--duplicate-messages`, `--delay-messages`, which it
+//! excuses) and outside ones that this task delivers itself at a
 //! wall-clock moment (SIGKILL of a connector, SIGSTOP for a while then SIGCONT). Run `i` of a
 //! fuzz started with `--seed S` has seed `S + i`, so `--seed S+i --max-runs 1` replays it (the
 //! outside faults land at the same offsets from the start, though not at the same point of the
@@ -143,13 +144,23 @@ impl Totals {
         for _ in &plan.drops {
             count("--drop-releases");
         }
+        for (flag, value) in &plan.messages {
+            count(flag);
+            if value.contains("dispatch") && plan.kill.as_ref().is_some_and(|k| k.2.is_some()) {
+                count("restart while dispatches are delayed or lost");
+            }
+        }
         for d in &ran.delivered {
             count(if d.contains("SIGKILL") { "outside SIGKILL" } else { "outside SIGSTOP" });
         }
         for _ in &ran.missed {
             count("outside fault missed (no process)");
         }
-        if plan.kill.is_none() && plan.drops.is_empty() && ran.delivered.is_empty() {
+        if plan.kill.is_none()
+            && plan.drops.is_empty()
+            && plan.messages.is_empty()
+            && ran.delivered.is_empty()
+        {
             count("none (fault-free run)");
         }
         self.requests += figures.sent;
@@ -324,6 +335,53 @@ mod tests {
             }
             assert!(a.handshake_ms < a.transfer_ms && a.transfer_ms < a.defer_ms);
         }
+    }
+
+    /// Every message fault drawn is one `pdkv cluster` takes (its own parser and deployment
+    /// check), leases and dispatches are delayed only within the reaper's margin, and the
+    /// draws include a restart while dispatches are delayed.
+    #[test]
+    fn message_faults_drawn_are_valid_and_stay_inside_the_reapers_margin() {
+        use pdkv_rdma::message_faults::{MessageAction, MessageFault, MessageKind, Verb};
+        let mut restarts_with_late_dispatches = 0;
+        let mut drawn = 0;
+        for seed in 0..2000 {
+            let plan = Plan::draw(seed, &[]);
+            let d = pdkv_core::topology::Deployment::parse(plan.deployment).expect("parses");
+            let margin = (plan.defer_ms - plan.transfer_ms) / 2;
+            for (flag, value) in &plan.messages {
+                drawn += 1;
+                let verb = [Verb::Lose, Verb::Duplicate, Verb::Delay]
+                    .into_iter()
+                    .find(|v| v.flag() == *flag)
+                    .expect("a message-fault flag");
+                let fault = MessageFault::parse(verb, value)
+                    .unwrap_or_else(|e| panic!("seed {seed}: {flag} {value}: {e}"));
+                assert_eq!(fault.check(&d), Ok(()), "seed {seed}: {flag} {value}");
+                if let MessageAction::Delay { delay_ms } = fault.action {
+                    let late =
+                        fault.kinds().iter().any(|k| matches!(k, MessageKind::Lease | MessageKind::Dispatch));
+                    assert!(!late || delay_ms <= margin, "seed {seed}: {flag} {value} past {margin} ms");
+                }
+                // A fault that can cost time is bounded: by a count, or by what all the
+                // dispatches of the run being late add up to.
+                let rounds = plan.requests.div_ceil(plan.concurrency);
+                match fault.action {
+                    MessageAction::Duplicate => {}
+                    MessageAction::Delay { delay_ms } if fault.count.is_none() => {
+                        assert_eq!(fault.kinds(), [MessageKind::Dispatch], "seed {seed}: {flag} {value}");
+                        assert!(rounds * delay_ms <= plan::LATE_DISPATCHES_MS, "seed {seed}: {flag} {value}");
+                    }
+                    _ => assert!(fault.count.is_some(), "seed {seed}: {flag} {value} needs a count"),
+                }
+                let restarted = plan.kill.as_ref().is_some_and(|k| k.2.is_some());
+                if restarted && fault.kinds().contains(&MessageKind::Dispatch) && verb == Verb::Delay {
+                    restarts_with_late_dispatches += 1;
+                }
+            }
+        }
+        assert!(drawn > 500, "{drawn} message faults in 2000 plans");
+        assert!(restarts_with_late_dispatches > 50, "{restarts_with_late_dispatches}");
     }
 
     #[test]

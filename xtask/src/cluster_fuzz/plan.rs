@@ -90,6 +90,9 @@ pub(super) struct Plan {
     pub(super) kill: Option<(String, u64, Option<u64>)>,
     /// `--drop-releases RANK=N`.
     pub(super) drops: Vec<(String, u64)>,
+    /// Message faults: the flag (`--lose-messages`, `--duplicate-messages`,
+    /// `--delay-messages`) and its value.
+    pub(super) messages: Vec<(&'static str, String)>,
     pub(super) outside: Vec<Outside>,
     pub(super) legacy: Vec<String>,
 }
@@ -119,6 +122,26 @@ impl Plan {
         let mut drops = vec![];
         if rng.chance(25) {
             drops.push((rng.pick(&decode).clone(), rng.range(1, requests.min(8))));
+        }
+        let timeouts = Timeouts { handshake_ms, transfer_ms, defer_ms };
+        let mut messages = vec![];
+        for _ in 0..rng.range(0, 2) {
+            if rng.chance(40) {
+                messages.push(draw_message_fault(&mut rng, &prefill, &decode, timeouts));
+            }
+        }
+        // A restart while the dispatches of the killed rank's group are delayed: requests
+        // prefilled before the kill reach decode after it, some after the restart. Every
+        // dispatch of the group is late, so the delay is kept to what the run's rounds of
+        // requests can afford (a round waits for its dispatch).
+        if let Some((rank, _, Some(_))) = &kill {
+            if rng.chance(50) {
+                let group = rank.rsplit_once('.').map_or(rank.as_str(), |(group, _)| group);
+                let rounds = requests.div_ceil(concurrency);
+                let most = timeouts.safe_delay_ms().min(LATE_DISPATCHES_MS / rounds).max(1);
+                let delay = rng.range(1, most);
+                messages.push(("--delay-messages", format!("{group}.tp*:dispatch:{delay}")));
+            }
         }
         let mut outside = vec![];
         // A run here takes about 50 ms per round of a few requests (measured: 256 requests take
@@ -156,6 +179,7 @@ impl Plan {
             timeout_ms: 60_000,
             kill,
             drops,
+            messages,
             outside,
             legacy: legacy.to_vec(),
         }
@@ -185,6 +209,9 @@ impl Plan {
         }
         for (rank, n) in &self.drops {
             flag("--drop-releases", format!("{rank}={n}"));
+        }
+        for (name, value) in &self.messages {
+            flag(name, value.clone());
         }
         for name in &self.legacy {
             flag("--legacy", name.clone());
@@ -219,6 +246,9 @@ impl Plan {
         for (rank, n) in &self.drops {
             let _ = write!(s, ", drop {rank}={n}");
         }
+        for (name, value) in &self.messages {
+            let _ = write!(s, ", {} {value}", name.trim_start_matches("--").trim_end_matches("-messages"));
+        }
         for o in &self.outside {
             match o.stop_ms {
                 None => {
@@ -231,4 +261,95 @@ impl Plan {
         }
         s
     }
+}
+
+/// The most time every dispatch of a group being late may add to a run, one round of requests
+/// after another.
+pub(super) const LATE_DISPATCHES_MS: u64 = 20_000;
+
+/// A run's timeouts, which bound the delays drawn.
+#[derive(Clone, Copy)]
+pub(super) struct Timeouts {
+    pub(super) handshake_ms: u64,
+    pub(super) transfer_ms: u64,
+    pub(super) defer_ms: u64,
+}
+
+impl Timeouts {
+    /// The longest delay drawn for a dispatch or a read lease: half the margin between the
+    /// transfer and reaper timeouts, so that a late dispatch and its late lease together still
+    /// reach the prefill rank before the reaper, and a read after a lost lease still ends
+    /// before it. Past that the reaper can free blocks a late request then reads, which
+    /// docs/backend.md records as a known limit of the protocol; the fuzzer stays out of it.
+    pub(super) fn safe_delay_ms(self) -> u64 {
+        (self.defer_ms - self.transfer_ms) / 2
+    }
+}
+
+/// The kinds a drawn message fault names (`None`: every message between two ranks).
+const MESSAGE_KINDS: [Option<&str>; 7] = [
+    None,
+    Some("release"),
+    Some("lease"),
+    Some("handshake"),
+    Some("handshake-request"),
+    Some("handshake-reply"),
+    Some("dispatch"),
+];
+
+/// One message fault: a flag and its value, on a rank pattern drawn from the deployment (a
+/// rank, some of its parts `*`, or every rank), with a count (always, but for some
+/// duplicates) and sometimes a probability.
+fn draw_message_fault(
+    rng: &mut Rng,
+    prefill: &[String],
+    decode: &[String],
+    t: Timeouts,
+) -> (&'static str, String) {
+    let kinds = *rng.pick(&MESSAGE_KINDS);
+    let all = [prefill, decode].concat();
+    let pattern = if rng.chance(15) {
+        "P*.dp*.tp*".to_string()
+    } else {
+        let rank = rng.pick(&all).clone();
+        let mut parts: Vec<String> = rank.split('.').map(str::to_string).collect();
+        for (i, star) in [(1, "dp*"), (2, "tp*")] {
+            if rng.chance(40) {
+                parts[i] = star.to_string();
+            }
+        }
+        parts.join(".")
+    };
+    let verbs: &[&'static str] = if kinds == Some("dispatch") {
+        &["--lose-messages", "--delay-messages"]
+    } else {
+        &["--lose-messages", "--duplicate-messages", "--delay-messages"]
+    };
+    let verb = *rng.pick(verbs);
+    let mut value = pattern;
+    if let Some(kinds) = kinds {
+        value = format!("{value}:{kinds}");
+    }
+    if verb == "--delay-messages" {
+        // Leases and dispatches stay within the reaper's margin (see `safe_delay_ms`); a
+        // release may come after the reaper, a handshake after its timeout.
+        let max = match kinds {
+            Some("release") => t.defer_ms + 1_000,
+            Some("handshake" | "handshake-request" | "handshake-reply") => 2 * t.handshake_ms,
+            _ => t.safe_delay_ms(),
+        };
+        value = format!("{value}:{}", rng.range(1, max));
+    }
+    // A lost or late message can cost its request a handshake or a transfer timeout, and a
+    // late release or lease holds blocks the next prefills wait for: a count keeps a run of
+    // 256 requests one at a time within its budget. A lost or late handshake can cost a whole
+    // step, so at most two per sender.
+    let handshakes = kinds.is_none_or(|k| k.starts_with("handshake"));
+    if verb != "--duplicate-messages" || rng.chance(50) {
+        value = format!("{value}={}", rng.range(1, if handshakes { 2 } else { 8 }));
+    }
+    if rng.chance(30) {
+        value = format!("{value}@{}", rng.pick(&["0.1", "0.25", "0.5"]));
+    }
+    (verb, value)
 }
