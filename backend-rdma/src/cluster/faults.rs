@@ -35,7 +35,8 @@ impl Cluster {
     }
 
     /// A fault hit prefill rank `rank`: every request of its DP group still in flight may fail
-    /// because of it (its KV, or part of it, was on the rank), and so may their transfers' reaping.
+    /// because of it (its KV, or part of it, was on the rank), and so may the reaping of every
+    /// transfer the group holds.
     /// Requests that the proxy sends to the group while the rank is down are exposed as they are
     /// sent ([`Cluster::submit`]).
     pub(super) fn expose_group(&mut self, rank: RankId) {
@@ -44,6 +45,15 @@ impl Cluster {
             req.exposed = true;
             self.exposed.insert(req.transfer_id.clone());
         }
+        // So is every transfer the group still holds whose request already ended: its releases
+        // may be on their way to the killed rank and lost with it (a request ends when its KV
+        // arrived, before its release is delivered).
+        let held: Vec<_> = self.engines[group.0]
+            .held()
+            .filter(|t| t.owner_dp == rank.dp)
+            .map(|t| t.transfer_id.clone())
+            .collect();
+        self.exposed.extend(held);
     }
 
     pub(super) fn restart(&mut self, rank: RankId) {
