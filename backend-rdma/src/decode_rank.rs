@@ -22,7 +22,7 @@ use crate::message_faults::{sooner, Injector, Later, MessageHit, MessageKind};
 use crate::pattern::{heads_of_rank, transfer_key, BlockKey};
 use crate::sched::{FromRank, ToRank, TransportKind};
 use crate::tcp::TcpTransport;
-use crate::transport::{Transport, TransportError};
+use crate::transport::{ReadTag, Transport, TransportError};
 use crate::zmtp::{Connection, SocketType};
 
 const NS_PER_MS: u64 = 1_000_000;
@@ -161,8 +161,12 @@ fn reader(
         let ranges = op.remote_ranges();
         let request = op.request();
         let cancelled = || aborted.lock().is_ok_and(|set| set.contains(&request));
+        // The read names the incarnation its session described and its transfer, so the producer
+        // serves it only from that incarnation's blocks of that transfer.
+        let tag =
+            ReadTag { incarnation: op.plan.incarnation, transfer: Some(transfer_key(&op.plan.transfer_id)) };
         let (outcome, mismatch) =
-            match transport.read_cancellable(&job.data, &ranges, &mut buffer, &cancelled) {
+            match transport.read_tagged(&job.data, tag, &ranges, &mut buffer, &cancelled) {
                 Ok(()) => match verify(op, job.heads, &buffer) {
                     None => (ReadOutcome::Ok, None),
                     Some(detail) => {

@@ -107,6 +107,16 @@ pub enum MemoryError {
         /// The id.
         region: RegionId,
     },
+    /// A read that names a transfer touches bytes not granted to it: they were fenced and
+    /// granted to another transfer since (the block was freed and reused), or never granted.
+    NotGranted {
+        /// First address of the access.
+        addr: u64,
+        /// Its length.
+        len: u64,
+        /// The region it lies in.
+        region: RegionId,
+    },
 }
 
 impl fmt::Display for MemoryError {
@@ -133,6 +143,10 @@ impl fmt::Display for MemoryError {
                 "{len} bytes at {addr:#x} run past the end of {region} (which ends at {region_end:#x})"
             ),
             MemoryError::UnknownRegion { region } => write!(f, "{region} is not registered"),
+            MemoryError::NotGranted { addr, len, region } => write!(
+                f,
+                "{len} bytes at {addr:#x} in {region} do not hold the transfer the read names (freed and reused, or never filled for it)"
+            ),
         }
     }
 }
@@ -154,12 +168,23 @@ pub struct Regions {
     /// fence revokes access to some blocks without touching the rest of the region; refilling
     /// the blocks for a new transfer lifts it ([`Regions::unfence`]).
     fenced: BTreeMap<u64, u64>,
+    /// Ranges granted to a transfer (keyed by start: end and the transfer's key), disjoint. A
+    /// read that names a transfer is served only from bytes granted to it, so a read that comes
+    /// after its blocks were fenced and refilled for another transfer is refused rather than
+    /// served the other transfer's KV ([`Regions::grant`], [`Regions::read_granted`]).
+    grants: BTreeMap<u64, (u64, u64)>,
 }
 
 impl Regions {
     /// An empty registry.
     pub fn new() -> Regions {
-        Regions { live: BTreeMap::new(), revoked: BTreeMap::new(), next_id: Some(0), fenced: BTreeMap::new() }
+        Regions {
+            live: BTreeMap::new(),
+            revoked: BTreeMap::new(),
+            next_id: Some(0),
+            fenced: BTreeMap::new(),
+            grants: BTreeMap::new(),
+        }
     }
 
     /// Registers `len` zeroed bytes at `base_addr` and returns the new region's id.
@@ -199,6 +224,7 @@ impl Regions {
         self.revoked.insert(base, (region.end_addr(), id));
         let (start, end) = (region.base_addr, region.end_addr());
         self.fenced.retain(|&b, &mut e| e <= start || b >= end);
+        self.grants.retain(|&b, &mut (e, _)| e <= start || b >= end);
         Ok(region)
     }
 
@@ -229,6 +255,8 @@ impl Regions {
     /// rest fenced.
     pub fn fence(&mut self, addr: u64, len: u64) -> Result<(), MemoryError> {
         self.locate_live(addr, len)?;
+        // A fenced range belongs to no transfer any more.
+        self.cut_grants(addr, addr + len);
         let (mut start, mut end) = (addr, addr + len);
         // Absorb every fence that overlaps or touches [start, end).
         let touching: Vec<(u64, u64)> =
@@ -257,6 +285,52 @@ impl Regions {
                 self.fenced.insert(end, e);
             }
         }
+    }
+
+    /// Grants `len` bytes at `addr` to the transfer `key` (they now hold its KV), replacing any
+    /// earlier grant of them; a read that names `key` may read them ([`Regions::read_granted`]).
+    pub fn grant(&mut self, addr: u64, len: u64, key: u64) {
+        let end = addr.saturating_add(len);
+        self.cut_grants(addr, end);
+        self.grants.insert(addr, (end, key));
+    }
+
+    /// Removes every grant of bytes in `[start, end)`, keeping the parts of grants outside it.
+    fn cut_grants(&mut self, start: u64, end: u64) {
+        let overlapping: Vec<(u64, (u64, u64))> = self
+            .grants
+            .range(..end)
+            .rev()
+            .take_while(|(_, &(e, _))| e > start)
+            .map(|(&b, &g)| (b, g))
+            .collect();
+        for (b, (e, key)) in overlapping {
+            self.grants.remove(&b);
+            if b < start {
+                self.grants.insert(b, (start, key));
+            }
+            if e > end {
+                self.grants.insert(end, (e, key));
+            }
+        }
+    }
+
+    /// Whether every byte of `[addr, addr + len)` is granted to `key`.
+    fn granted(&self, addr: u64, len: u64, key: u64) -> bool {
+        let end = addr.saturating_add(len);
+        let mut at = addr;
+        // Grants are disjoint: walk them from the one holding `addr`, each must follow on.
+        let Some((&first, _)) = self.grants.range(..=addr).next_back() else { return len == 0 };
+        for (&b, &(e, k)) in self.grants.range(first..) {
+            if at >= end {
+                break;
+            }
+            if b > at || e <= at || k != key {
+                return false;
+            }
+            at = e;
+        }
+        at >= end
     }
 
     /// Number of disjoint fenced ranges.
@@ -305,6 +379,17 @@ impl Regions {
             }
         }
         Err(MemoryError::Unregistered { addr, len })
+    }
+
+    /// The `len` bytes at `addr` for a read of transfer `key`: they must lie inside one live
+    /// region, unfenced, and be granted to `key` ([`MemoryError::NotGranted`] otherwise).
+    pub fn read_granted(&self, addr: u64, len: u64, key: u64) -> Result<&[u8], MemoryError> {
+        let bytes = self.read(addr, len)?;
+        if !self.granted(addr, len, key) {
+            let region = self.live.range(..=addr).next_back().map_or(RegionId(0), |(_, r)| r.id);
+            return Err(MemoryError::NotGranted { addr, len, region });
+        }
+        Ok(bytes)
     }
 
     /// The `len` bytes at `addr`, which must lie inside one live region.
@@ -481,6 +566,36 @@ mod tests {
         regions.unfence(1100, 100);
         assert_eq!(regions.fenced_ranges(), 0);
         assert_eq!(regions.read(1000, 400).map(<[u8]>::len), Ok(400));
+    }
+
+    /// A read naming a transfer is served only from bytes granted to it: a block fenced and
+    /// refilled for another transfer refuses the first transfer's late read, and grants split
+    /// and join around what a fence or a new grant takes.
+    #[test]
+    fn reads_of_a_transfer_see_only_its_granted_blocks() {
+        let mut r = two();
+        let (a, b) = (0x1000u64, 0x1000u64 + 16);
+        r.fence(0x1000, 64).unwrap();
+        r.unfence(a, 32);
+        r.grant(a, 16, 7);
+        r.grant(b, 16, 7);
+        assert!(r.read_granted(a, 32, 7).is_ok(), "two adjacent grants of one transfer");
+        assert!(matches!(r.read_granted(a, 32, 8), Err(MemoryError::NotGranted { .. })));
+        // The transfer's second block is freed (fenced) and refilled for transfer 9.
+        r.fence(b, 16).unwrap();
+        assert!(matches!(r.read_granted(b, 16, 7), Err(MemoryError::Revoked { .. })));
+        r.unfence(b, 16);
+        r.grant(b, 16, 9);
+        assert!(matches!(r.read_granted(b, 16, 7), Err(MemoryError::NotGranted { .. })));
+        assert!(r.read_granted(b, 16, 9).is_ok());
+        assert!(r.read_granted(a, 16, 7).is_ok(), "the first block is still transfer 7's");
+        assert!(matches!(r.read_granted(a, 32, 7), Err(MemoryError::NotGranted { .. })));
+        // A grant inside another's range splits it.
+        r.grant(a + 4, 4, 5);
+        assert!(r.read_granted(a, 4, 7).is_ok() && r.read_granted(a + 8, 8, 7).is_ok());
+        assert!(matches!(r.read_granted(a, 16, 7), Err(MemoryError::NotGranted { .. })));
+        // A read that names no transfer sees what is unfenced, whoever holds it.
+        assert!(r.read(a, 32).is_ok());
     }
 
     #[test]

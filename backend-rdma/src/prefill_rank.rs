@@ -8,7 +8,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::thread;
 use std::time::Duration;
 
-use pdkv_core::ids::{RankId, TransferId};
+use pdkv_core::ids::{Incarnation, RankId, TransferId};
 use pdkv_core::policy::Policy;
 use pdkv_core::ports::{Endpoint, ListenerKind};
 use pdkv_core::prefill::{PrefillWorker, WorkerAction, WorkerEvent};
@@ -52,6 +52,9 @@ impl Kv {
             for (i, &block) in blocks.iter().enumerate() {
                 let addr = self.block_addr(layer, block);
                 regions.unfence(addr, self.block_len);
+                // The block holds this transfer's KV now: a read of another transfer (one whose
+                // block this was before it was freed) is refused from here on.
+                regions.grant(addr, self.block_len, transfer);
                 let bytes = regions.slice_mut(addr, self.block_len).map_err(|e| e.to_string())?;
                 let key = BlockKey {
                     transfer,
@@ -195,10 +198,12 @@ impl DataServer {
         kind: TransportKind,
         addr: SocketAddr,
         regions: Arc<RwLock<Regions>>,
+        incarnation: Incarnation,
     ) -> Result<(DataServer, SocketAddr), String> {
         match kind {
             TransportKind::Tcp => {
-                let server = TcpReadServer::bind(addr, regions).map_err(|e| e.to_string())?;
+                let server =
+                    TcpReadServer::bind_as(addr, regions, Some(incarnation)).map_err(|e| e.to_string())?;
                 let local = server.local_addr();
                 Ok((DataServer::Tcp(server), local))
             }
@@ -309,7 +314,7 @@ fn start(ctx: &mut Context) -> Result<Started, String> {
 
     let address = &setup.address;
     let host_addr = resolve(&pdkv_core::ports::Endpoint { host: address.host.clone(), port: 0 })?;
-    let (server, data_addr) = DataServer::start(setup.transport, host_addr, regions)?;
+    let (server, data_addr) = DataServer::start(setup.transport, host_addr, regions, ctx.incarnation)?;
     // MoRIIO's slot for its engine descriptor carries pdkv's data plane instead.
     let data_plane = DataPlane {
         transport: setup.transport.into(),

@@ -11,6 +11,21 @@ use std::io;
 
 pub use pdkv_core::ports::Endpoint;
 
+use pdkv_core::ids::Incarnation;
+
+/// What a read names besides its ranges, for the producer to check: the incarnation of the
+/// producer's rank its handshake described, and the key of the transfer whose blocks it reads
+/// (`pattern::transfer_key`). A data plane that carries them (TCP) refuses a read meant for
+/// another incarnation, and one of blocks no longer granted to the transfer (freed and
+/// refilled for another), so a late read never returns another request's KV.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReadTag {
+    /// The producer rank's incarnation, when its handshake named one.
+    pub incarnation: Option<Incarnation>,
+    /// The transfer's key.
+    pub transfer: Option<u64>,
+}
+
 /// The reader side of the data plane.
 pub trait Transport {
     /// Reads `ranges` (remote address, length) from `peer`'s registered regions back to back
@@ -37,6 +52,24 @@ pub trait Transport {
         }
         self.read(peer, ranges, into)
     }
+
+    /// [`Transport::read_cancellable`] of a read that names `tag`. The default ignores the tag:
+    /// the verbs plane's reads are one-sided, so its producer cannot check one. The memory keys
+    /// of a dead process die with it (so a read meant for another incarnation fails), and a
+    /// fence rekeys the region (so reads in flight fail), but a read that starts after the fence
+    /// gets the new keys and reads the blocks whatever they hold by then; per-transfer memory
+    /// windows would close that and are not done. The TCP plane checks both.
+    fn read_tagged(
+        &mut self,
+        peer: &Endpoint,
+        tag: ReadTag,
+        ranges: &[(u64, u64)],
+        into: &mut [u8],
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<(), TransportError> {
+        let _ = tag;
+        self.read_cancellable(peer, ranges, into, cancelled)
+    }
 }
 
 /// Why the remote side refused a read, as it reported it.
@@ -54,6 +87,9 @@ pub enum RemoteCode {
     /// The request passed a limit (range count or total bytes); the remote closed the
     /// connection.
     LimitExceeded,
+    /// The read named another incarnation of the producer's rank: it restarted since the
+    /// reader's handshake, and its memory is not the memory the reader's handshake described.
+    OtherIncarnation,
     /// A code this build does not know, kept as sent.
     Other(u8),
 }
@@ -66,6 +102,7 @@ impl fmt::Display for RemoteCode {
             RemoteCode::OutOfRange => f.write_str("out of range"),
             RemoteCode::Malformed => f.write_str("malformed request"),
             RemoteCode::LimitExceeded => f.write_str("limit exceeded"),
+            RemoteCode::OtherIncarnation => f.write_str("another incarnation"),
             RemoteCode::Other(code) => write!(f, "error code {code}"),
         }
     }

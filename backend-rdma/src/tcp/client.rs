@@ -6,9 +6,12 @@ use std::io::{self, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
-use crate::transport::{Endpoint, RemoteCode, Transport, TransportError};
+use crate::transport::{Endpoint, ReadTag, RemoteCode, Transport, TransportError};
 
-use super::{check_total, remote_code, MAGIC, MAX_MESSAGE_BYTES, MAX_RANGES, STATUS_OK};
+use super::{
+    check_total, remote_code, FLAG_INCARNATION, FLAG_TRANSFER, MAGIC, MAGIC_TAGGED, MAX_MESSAGE_BYTES,
+    MAX_RANGES, STATUS_OK,
+};
 
 /// A decode rank's TCP data plane: one persistent connection per peer, reopened after an error.
 #[derive(Debug)]
@@ -74,7 +77,13 @@ impl TcpTransport {
     }
 }
 
-fn encode_request(ranges: &[(u64, u64)], into_len: usize, buf: &mut Vec<u8>) -> Result<(), TransportError> {
+/// Encodes a request: the version 1 form for a read without a tag, the tagged form otherwise.
+fn encode_request(
+    tag: ReadTag,
+    ranges: &[(u64, u64)],
+    into_len: usize,
+    buf: &mut Vec<u8>,
+) -> Result<(), TransportError> {
     let invalid = |detail| Err(TransportError::InvalidRequest { detail });
     let count = match u32::try_from(ranges.len()) {
         Ok(c) if c <= MAX_RANGES => c,
@@ -82,7 +91,16 @@ fn encode_request(ranges: &[(u64, u64)], into_len: usize, buf: &mut Vec<u8>) -> 
     };
     check_total(ranges, into_len)?;
     buf.clear();
-    buf.push(MAGIC);
+    if tag == ReadTag::default() {
+        buf.push(MAGIC);
+    } else {
+        buf.push(MAGIC_TAGGED);
+        let flags = if tag.incarnation.is_some() { FLAG_INCARNATION } else { 0 }
+            | if tag.transfer.is_some() { FLAG_TRANSFER } else { 0 };
+        buf.push(flags);
+        buf.extend_from_slice(&tag.incarnation.map_or(0, |i| i.value()).to_be_bytes());
+        buf.extend_from_slice(&tag.transfer.unwrap_or(0).to_be_bytes());
+    }
     buf.extend_from_slice(&count.to_be_bytes());
     for &(addr, len) in ranges {
         buf.extend_from_slice(&addr.to_be_bytes());
@@ -128,8 +146,35 @@ impl Transport for TcpTransport {
         ranges: &[(u64, u64)],
         into: &mut [u8],
     ) -> Result<(), TransportError> {
+        self.read_with(peer, ReadTag::default(), ranges, into)
+    }
+
+    fn read_tagged(
+        &mut self,
+        peer: &Endpoint,
+        tag: ReadTag,
+        ranges: &[(u64, u64)],
+        into: &mut [u8],
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<(), TransportError> {
+        if cancelled() {
+            return Err(TransportError::Aborted { peer: peer.to_string() });
+        }
+        self.read_with(peer, tag, ranges, into)
+    }
+}
+
+impl TcpTransport {
+    /// One read, tagged or not, on the peer's kept connection.
+    fn read_with(
+        &mut self,
+        peer: &Endpoint,
+        tag: ReadTag,
+        ranges: &[(u64, u64)],
+        into: &mut [u8],
+    ) -> Result<(), TransportError> {
         let mut request = std::mem::take(&mut self.request);
-        let result = encode_request(ranges, into.len(), &mut request).and_then(|()| {
+        let result = encode_request(tag, ranges, into.len(), &mut request).and_then(|()| {
             if ranges.is_empty() {
                 return Ok(());
             }

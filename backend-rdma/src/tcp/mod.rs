@@ -10,16 +10,25 @@
 //!
 //! | bytes | field |
 //! |---|---|
-//! | 1 | [`MAGIC`] (`0xA1`: the protocol's tag and version 1) |
+//! | 1 | [`MAGIC`] (`0xA1`: the protocol's tag and version 1), or [`MAGIC_TAGGED`] (`0xA2`: version 2, a tagged read) |
+//! | 1 | version 2 only: flags, bit 0 an incarnation follows, bit 1 a transfer follows; the other bits 0 |
+//! | 8 | version 2 only: the incarnation of the server's rank the read means (0 when bit 0 is clear) |
+//! | 8 | version 2 only: the key of the transfer the read is of (0 when bit 1 is clear) |
 //! | 4 | range count `n`, at most [`MAX_RANGES`] |
 //! | 16 × n | per range: remote address (u64), length (u64) |
 //!
 //! The lengths must add up to at most [`MAX_TOTAL_BYTES`]. Each range must lie inside one live
-//! region of the server's registry.
+//! region of the server's registry. A tagged read is served only by the incarnation it names
+//! ([`STATUS_OTHER_INCARNATION`] otherwise: the rank restarted since the reader's handshake) and
+//! only from bytes granted to the transfer it names ([`STATUS_REVOKED`] otherwise: its blocks were
+//! freed and refilled for another transfer, or never filled), so a late read never gets another
+//! request's KV (`Regions::grant`). The decode rank tags every read with its session's
+//! incarnation and its transfer; the version 1 form stays for readers that name neither.
 //!
 //! Response: a status byte. [`STATUS_OK`] is followed by exactly the requested bytes, range after
 //! range. Any other status is an error code ([`STATUS_UNREGISTERED`], [`STATUS_REVOKED`],
-//! [`STATUS_OUT_OF_RANGE`], [`STATUS_MALFORMED`], [`STATUS_LIMIT_EXCEEDED`], [`STATUS_INTERNAL`])
+//! [`STATUS_OUT_OF_RANGE`], [`STATUS_MALFORMED`], [`STATUS_LIMIT_EXCEEDED`],
+//! [`STATUS_OTHER_INCARNATION`], [`STATUS_INTERNAL`])
 //! followed by a message length (u32, at most [`MAX_MESSAGE_BYTES`]) and that many bytes of UTF-8.
 //!
 //! After an access error (unregistered, revoked, out of range) the connection stays usable: the
@@ -56,8 +65,14 @@ mod tests;
 pub use client::TcpTransport;
 pub use server::TcpReadServer;
 
-/// First byte of every request: the protocol's tag and version.
+/// First byte of an untagged request: the protocol's tag and version 1.
 pub const MAGIC: u8 = 0xA1;
+/// First byte of a tagged request (version 2): flags, incarnation and transfer key follow.
+pub const MAGIC_TAGGED: u8 = 0xA2;
+/// Flag of a tagged request: the incarnation field is set.
+pub(crate) const FLAG_INCARNATION: u8 = 1;
+/// Flag of a tagged request: the transfer field is set.
+pub(crate) const FLAG_TRANSFER: u8 = 2;
 /// Most ranges one request may carry (a 1 MiB request header).
 pub const MAX_RANGES: u32 = 65_536;
 /// Most bytes one request may ask for: 1 GiB.
@@ -80,6 +95,9 @@ pub const STATUS_MALFORMED: u8 = 4;
 /// Status: the request passes [`MAX_RANGES`] or [`MAX_TOTAL_BYTES`]; the server closes the
 /// connection.
 pub const STATUS_LIMIT_EXCEEDED: u8 = 5;
+/// Status: the read names another incarnation of the server's rank (it restarted since the
+/// reader's handshake); nothing was read.
+pub const STATUS_OTHER_INCARNATION: u8 = 6;
 /// Status: the server failed in a way the request did not cause.
 pub const STATUS_INTERNAL: u8 = 255;
 
@@ -99,6 +117,7 @@ pub fn remote_code(status: u8) -> RemoteCode {
         STATUS_OUT_OF_RANGE => RemoteCode::OutOfRange,
         STATUS_MALFORMED => RemoteCode::Malformed,
         STATUS_LIMIT_EXCEEDED => RemoteCode::LimitExceeded,
+        STATUS_OTHER_INCARNATION => RemoteCode::OtherIncarnation,
         other => RemoteCode::Other(other),
     }
 }
@@ -148,7 +167,7 @@ impl ServerError {
 pub(crate) fn memory_status(e: &MemoryError) -> u8 {
     match e {
         MemoryError::Unregistered { .. } => STATUS_UNREGISTERED,
-        MemoryError::Revoked { .. } => STATUS_REVOKED,
+        MemoryError::Revoked { .. } | MemoryError::NotGranted { .. } => STATUS_REVOKED,
         MemoryError::OutOfRange { .. } => STATUS_OUT_OF_RANGE,
         _ => STATUS_INTERNAL,
     }

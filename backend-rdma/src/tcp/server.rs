@@ -11,9 +11,14 @@ use std::time::Duration;
 
 use crate::memory::{MemoryError, Regions};
 
+use pdkv_core::ids::Incarnation;
+
+use crate::transport::ReadTag;
+
 use super::{
-    memory_status, push_message, ServerError, DRAIN_BYTES, DRAIN_TIME, MAGIC, MAX_CONNECTIONS, MAX_RANGES,
-    MAX_TOTAL_BYTES, RANGE_BYTES, SERVER_IO_TIMEOUT, STATUS_LIMIT_EXCEEDED, STATUS_MALFORMED, STATUS_OK,
+    memory_status, push_message, ServerError, DRAIN_BYTES, DRAIN_TIME, FLAG_INCARNATION, FLAG_TRANSFER,
+    MAGIC, MAGIC_TAGGED, MAX_CONNECTIONS, MAX_RANGES, MAX_TOTAL_BYTES, RANGE_BYTES, SERVER_IO_TIMEOUT,
+    STATUS_LIMIT_EXCEEDED, STATUS_MALFORMED, STATUS_OK, STATUS_OTHER_INCARNATION,
 };
 
 /// A producer rank's data-plane server: serves reads of a shared registry on its own threads
@@ -26,9 +31,20 @@ pub struct TcpReadServer {
 impl TcpReadServer {
     /// Listens on `addr` (port 0 picks a free port) and starts serving `regions`.
     pub fn bind(addr: SocketAddr, regions: Arc<RwLock<Regions>>) -> Result<TcpReadServer, ServerError> {
+        TcpReadServer::bind_as(addr, regions, None)
+    }
+
+    /// [`TcpReadServer::bind`] for a rank in `incarnation`: a tagged read naming another one is
+    /// refused ([`super::STATUS_OTHER_INCARNATION`]).
+    pub fn bind_as(
+        addr: SocketAddr,
+        regions: Arc<RwLock<Regions>>,
+        incarnation: Option<Incarnation>,
+    ) -> Result<TcpReadServer, ServerError> {
         let listener = TcpListener::bind(addr).map_err(|e| ServerError::bind(addr, &e))?;
+        let served = Arc::new(Served { regions, incarnation });
         let accept =
-            AcceptThread::spawn(addr, listener, regions, "pdkv-data", MAX_CONNECTIONS, serve_connection)?;
+            AcceptThread::spawn(addr, listener, served, "pdkv-data", MAX_CONNECTIONS, serve_connection)?;
         Ok(TcpReadServer { accept })
     }
 
@@ -159,6 +175,12 @@ fn accept_loop<S: Send + Sync + 'static>(
     }
 }
 
+/// What a server serves: the rank's regions, and its incarnation.
+struct Served {
+    regions: Arc<RwLock<Regions>>,
+    incarnation: Option<Incarnation>,
+}
+
 /// A request the server refuses without reading further: status and message.
 struct Refusal(u8, String);
 
@@ -168,18 +190,19 @@ enum Incoming {
     Gone,
     /// A request to refuse, then close.
     Refuse(Refusal),
-    /// A well-formed request; its ranges are in the caller's buffer.
-    Ranges,
+    /// A well-formed request; its ranges are in the caller's buffer, and what it names here
+    /// (nothing for the untagged form).
+    Ranges(ReadTag),
 }
 
-fn serve_connection(stream: &TcpStream, regions: &RwLock<Regions>) {
+fn serve_connection(stream: &TcpStream, served: &Served) {
     // Requests are small and latency-bound; responses are large writes anyway.
     let _ = stream.set_nodelay(true);
     let _ = stream.set_write_timeout(Some(SERVER_IO_TIMEOUT));
     let mut out = BufWriter::with_capacity(64 * 1024, stream);
     let mut ranges: Vec<(u64, u64)> = Vec::new();
     loop {
-        match read_request(stream, &mut ranges) {
+        let tag = match read_request(stream, &mut ranges) {
             Incoming::Gone => return,
             Incoming::Refuse(Refusal(status, message)) => {
                 if send_error(&mut out, status, &message).is_ok() {
@@ -187,11 +210,26 @@ fn serve_connection(stream: &TcpStream, regions: &RwLock<Regions>) {
                 }
                 return;
             }
-            Incoming::Ranges => {}
+            Incoming::Ranges(tag) => tag,
+        };
+        if let (Some(named), Some(own)) = (tag.incarnation, served.incarnation) {
+            if named != own {
+                // The request was read in full, so the connection stays in step.
+                let message = format!("the read is meant for {named}; this rank is {own} (it restarted)");
+                if send_error(&mut out, STATUS_OTHER_INCARNATION, &message).is_err() {
+                    return;
+                }
+                continue;
+            }
         }
-        let guard = regions.read().unwrap_or_else(PoisonError::into_inner);
-        let slices: Result<Vec<&[u8]>, MemoryError> =
-            ranges.iter().map(|&(addr, len)| guard.read(addr, len)).collect();
+        let guard = served.regions.read().unwrap_or_else(PoisonError::into_inner);
+        let slices: Result<Vec<&[u8]>, MemoryError> = ranges
+            .iter()
+            .map(|&(addr, len)| match tag.transfer {
+                Some(key) => guard.read_granted(addr, len, key),
+                None => guard.read(addr, len),
+            })
+            .collect();
         let sent = match slices {
             Ok(slices) => send_ok(&mut out, &slices),
             Err(e) => send_error(&mut out, memory_status(&e), &e.to_string()),
@@ -215,12 +253,38 @@ fn read_request(stream: &TcpStream, ranges: &mut Vec<(u64, u64)>) -> Incoming {
     if read_full(stream, &mut first).is_err() {
         return Incoming::Gone;
     }
-    if first[0] != MAGIC {
-        let msg = format!("bad magic byte {:#04x}, expected {MAGIC:#04x}", first[0]);
+    if first[0] != MAGIC && first[0] != MAGIC_TAGGED {
+        let msg = format!("bad magic byte {:#04x}, expected {MAGIC:#04x} or {MAGIC_TAGGED:#04x}", first[0]);
         return Incoming::Refuse(Refusal(STATUS_MALFORMED, msg));
     }
     if stream.set_read_timeout(Some(SERVER_IO_TIMEOUT)).is_err() {
         return Incoming::Gone;
+    }
+    let mut tag = ReadTag::default();
+    if first[0] == MAGIC_TAGGED {
+        let mut head = [0u8; 17];
+        if read_full(stream, &mut head).is_err() {
+            return Incoming::Gone;
+        }
+        let flags = head[0];
+        if flags & !(FLAG_INCARNATION | FLAG_TRANSFER) != 0 {
+            let msg = format!("unknown flags {flags:#04x} in a tagged read");
+            return Incoming::Refuse(Refusal(STATUS_MALFORMED, msg));
+        }
+        let word = |at: usize| u64::from_be_bytes(head[at..at + 8].try_into().unwrap_or([0; 8]));
+        if flags & FLAG_INCARNATION != 0 {
+            let value = word(1);
+            match Incarnation::new(value) {
+                Some(incarnation) => tag.incarnation = Some(incarnation),
+                None => {
+                    let msg = format!("incarnation {value} is outside 1..={}", Incarnation::MAX);
+                    return Incoming::Refuse(Refusal(STATUS_MALFORMED, msg));
+                }
+            }
+        }
+        if flags & FLAG_TRANSFER != 0 {
+            tag.transfer = Some(word(9));
+        }
     }
     let mut count = [0u8; 4];
     if read_full(stream, &mut count).is_err() {
@@ -248,7 +312,7 @@ fn read_request(stream: &TcpStream, ranges: &mut Vec<(u64, u64)>) -> Incoming {
         let msg = format!("{total} bytes in one request; the limit is {MAX_TOTAL_BYTES}");
         return Incoming::Refuse(Refusal(STATUS_LIMIT_EXCEEDED, msg));
     }
-    Incoming::Ranges
+    Incoming::Ranges(tag)
 }
 
 fn read_full(mut stream: &TcpStream, buf: &mut [u8]) -> io::Result<()> {

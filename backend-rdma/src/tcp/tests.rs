@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::memory::{RegionId, Regions};
-use crate::transport::{Endpoint, RemoteCode, Transport, TransportError};
+use crate::transport::{Endpoint, ReadTag, RemoteCode, Transport, TransportError};
 
 const A_BASE: u64 = 0x1_0000;
 const A_LEN: u64 = 64 * 1024;
@@ -272,4 +272,69 @@ fn reconnects_after_the_server_restarts() {
     read_ok(&mut t, &peer, &[(A_BASE, 8)]);
     assert_eq!(t.connections(), 1);
     again.shutdown().expect("clean shutdown");
+}
+
+/// A tagged read is served only by the incarnation it names and only from bytes granted to the
+/// transfer it names; each refusal leaves the connection in step, and a read without a tag sees
+/// what is unfenced, as before. A malformed tag is refused and the connection closed.
+#[test]
+fn tagged_reads_see_only_their_incarnation_and_their_transfer() {
+    use pdkv_core::ids::Incarnation;
+    let mut regions = Regions::new();
+    regions.register(A_BASE, A_LEN).expect("registers");
+    regions.write(A_BASE, &[7; 64]).expect("writes");
+    regions.grant(A_BASE, 32, 11);
+    regions.grant(A_BASE + 32, 32, 12);
+    let regions = Arc::new(RwLock::new(regions));
+    let own = Incarnation::new(5);
+    let server = TcpReadServer::bind_as(loopback(), Arc::clone(&regions), own).expect("bind");
+    let peer = endpoint(server.local_addr());
+    let mut t = TcpTransport::new();
+    let tag = |incarnation: Option<u64>, transfer: Option<u64>| ReadTag {
+        incarnation: incarnation.and_then(Incarnation::new),
+        transfer,
+    };
+    let read = |t: &mut TcpTransport, tag: ReadTag, ranges: &[(u64, u64)]| {
+        let total: u64 = ranges.iter().map(|r| r.1).sum();
+        let mut into = vec![0; total as usize];
+        t.read_tagged(&peer, tag, ranges, &mut into, &|| false)
+    };
+    let check = |t: &mut TcpTransport, tag: ReadTag, ranges: &[(u64, u64)], expected: Option<RemoteCode>| {
+        let got = read(t, tag, ranges);
+        match expected {
+            None => assert_eq!(got, Ok(()), "{tag:?} {ranges:x?}"),
+            Some(code) => assert_eq!(remote_code_of(got), Some(code), "{tag:?} {ranges:x?}"),
+        }
+    };
+    check(&mut t, tag(Some(5), Some(11)), &[(A_BASE, 32)], None);
+    check(&mut t, tag(None, Some(12)), &[(A_BASE + 32, 32)], None);
+    check(&mut t, tag(Some(5), None), &[(A_BASE, 64)], None);
+    check(&mut t, tag(None, None), &[(A_BASE, 64)], None);
+    check(&mut t, tag(Some(6), Some(11)), &[(A_BASE, 32)], Some(RemoteCode::OtherIncarnation));
+    check(&mut t, tag(Some(5), Some(12)), &[(A_BASE, 32)], Some(RemoteCode::Revoked));
+    check(&mut t, tag(Some(5), Some(11)), &[(A_BASE, 64)], Some(RemoteCode::Revoked));
+    // The transfer's block is freed (fenced) and refilled for another transfer: its late read is
+    // refused, the new owner's is served.
+    {
+        let mut guard = regions.write().expect("lock");
+        guard.fence(A_BASE, 32).expect("fences");
+        guard.unfence(A_BASE, 32);
+        guard.grant(A_BASE, 32, 13);
+    }
+    check(&mut t, tag(Some(5), Some(11)), &[(A_BASE, 32)], Some(RemoteCode::Revoked));
+    check(&mut t, tag(Some(5), Some(13)), &[(A_BASE, 32)], None);
+    assert_eq!(t.connections(), 1, "every refusal left the connection in step");
+    // Unknown flags and an incarnation out of range are malformed.
+    for (flags, incarnation) in [(0x04u8, 0u64), (FLAG_INCARNATION, 0), (FLAG_INCARNATION, 1 << 53)] {
+        let mut s = TcpStream::connect(server.local_addr()).expect("connects");
+        let mut request = vec![MAGIC_TAGGED, flags];
+        request.extend_from_slice(&incarnation.to_be_bytes());
+        request.extend_from_slice(&0u64.to_be_bytes());
+        request.extend_from_slice(&0u32.to_be_bytes());
+        s.write_all(&request).expect("sends");
+        let mut status = [0u8; 1];
+        s.read_exact(&mut status).expect("answers");
+        assert_eq!(status[0], STATUS_MALFORMED, "flags {flags:#x}, incarnation {incarnation}");
+    }
+    drop(server);
 }

@@ -338,17 +338,17 @@ mod tests {
     }
 
     /// Every message fault drawn is one `pdkv cluster` takes (its own parser and deployment
-    /// check), leases and dispatches are delayed only within the reaper's margin, and the
-    /// draws include a restart while dispatches are delayed.
+    /// check), leases and dispatches are delayed at most a transfer timeout past the reaper,
+    /// some of them past it, and the draws include a restart while dispatches are delayed.
     #[test]
-    fn message_faults_drawn_are_valid_and_stay_inside_the_reapers_margin() {
+    fn message_faults_drawn_are_valid_and_some_come_after_the_reaper() {
         use pdkv_rdma::message_faults::{MessageAction, MessageFault, MessageKind, Verb};
         let mut restarts_with_late_dispatches = 0;
-        let mut drawn = 0;
+        let (mut drawn, mut after_the_reaper) = (0, 0);
         for seed in 0..2000 {
             let plan = Plan::draw(seed, &[]);
             let d = pdkv_core::topology::Deployment::parse(plan.deployment).expect("parses");
-            let margin = (plan.defer_ms - plan.transfer_ms) / 2;
+            let most = plan.defer_ms + plan.transfer_ms;
             for (flag, value) in &plan.messages {
                 drawn += 1;
                 let verb = [Verb::Lose, Verb::Duplicate, Verb::Delay]
@@ -361,7 +361,10 @@ mod tests {
                 if let MessageAction::Delay { delay_ms } = fault.action {
                     let late =
                         fault.kinds().iter().any(|k| matches!(k, MessageKind::Lease | MessageKind::Dispatch));
-                    assert!(!late || delay_ms <= margin, "seed {seed}: {flag} {value} past {margin} ms");
+                    assert!(!late || delay_ms <= most, "seed {seed}: {flag} {value} past {most} ms");
+                    if late && delay_ms > plan.defer_ms {
+                        after_the_reaper += 1;
+                    }
                 }
                 // A fault that can cost time is bounded: by a count, or by what all the
                 // dispatches of the run being late add up to.
@@ -382,6 +385,7 @@ mod tests {
         }
         assert!(drawn > 500, "{drawn} message faults in 2000 plans");
         assert!(restarts_with_late_dispatches > 50, "{restarts_with_late_dispatches}");
+        assert!(after_the_reaper > 20, "{after_the_reaper} delays past the reaper");
     }
 
     #[test]

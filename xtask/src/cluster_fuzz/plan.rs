@@ -138,7 +138,7 @@ impl Plan {
             if rng.chance(50) {
                 let group = rank.rsplit_once('.').map_or(rank.as_str(), |(group, _)| group);
                 let rounds = requests.div_ceil(concurrency);
-                let most = timeouts.safe_delay_ms().min(LATE_DISPATCHES_MS / rounds).max(1);
+                let most = timeouts.late_delay_ms().min(LATE_DISPATCHES_MS / rounds).max(1);
                 let delay = rng.range(1, most);
                 messages.push(("--delay-messages", format!("{group}.tp*:dispatch:{delay}")));
             }
@@ -276,13 +276,13 @@ pub(super) struct Timeouts {
 }
 
 impl Timeouts {
-    /// The longest delay drawn for a dispatch or a read lease: half the margin between the
-    /// transfer and reaper timeouts, so that a late dispatch and its late lease together still
-    /// reach the prefill rank before the reaper, and a read after a lost lease still ends
-    /// before it. Past that the reaper can free blocks a late request then reads, which
-    /// docs/backend.md records as a known limit of the protocol; the fuzzer stays out of it.
-    pub(super) fn safe_delay_ms(self) -> u64 {
-        (self.defer_ms - self.transfer_ms) / 2
+    /// The longest delay drawn for a dispatch or a read lease: past the reaper's delay by a
+    /// transfer timeout, so that a late dispatch reaches decode after the reaper freed its
+    /// blocks and maybe gave them to another request. Its reads must then be refused (the data
+    /// plane serves a read only from blocks granted to its transfer), never served another
+    /// request's KV.
+    pub(super) fn late_delay_ms(self) -> u64 {
+        self.defer_ms + self.transfer_ms
     }
 }
 
@@ -331,12 +331,12 @@ fn draw_message_fault(
         value = format!("{value}:{kinds}");
     }
     if verb == "--delay-messages" {
-        // Leases and dispatches stay within the reaper's margin (see `safe_delay_ms`); a
-        // release may come after the reaper, a handshake after its timeout.
+        // A release may come after the reaper, a lease or a dispatch too (see `late_delay_ms`),
+        // a handshake after its timeout.
         let max = match kinds {
             Some("release") => t.defer_ms + 1_000,
             Some("handshake" | "handshake-request" | "handshake-reply") => 2 * t.handshake_ms,
-            _ => t.safe_delay_ms(),
+            _ => t.late_delay_ms(),
         };
         value = format!("{value}:{}", rng.range(1, max));
     }
