@@ -305,8 +305,22 @@ impl Cluster {
                 Err(RecvTimeoutError::Timeout) if !left.is_zero() => {}
                 Err(_) => return Err(late(self)),
             }
+            // A process that died before it joined never closes a connection the scheduler
+            // would see: its exit says so at once, instead of the start timeout much later.
+            if let Some(rank) = self.exited_before_joining() {
+                return Err(format!("{rank} exited before it was ready"));
+            }
         }
         Ok(())
+    }
+
+    /// A rank whose process this run started has exited before it said hello, if any.
+    fn exited_before_joining(&mut self) -> Option<RankId> {
+        self.ranks.iter_mut().find_map(|(rank, proc)| {
+            let joined = proc.writer.is_some() || proc.ready;
+            let exited = proc.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))));
+            (!joined && exited).then_some(*rank)
+        })
     }
 
     pub(super) fn send(&mut self, rank: RankId, msg: &ToRank) {
