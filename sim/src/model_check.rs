@@ -29,7 +29,7 @@ use pdkv_core::params::KvTransferParams;
 use pdkv_core::policy::Policy;
 use pdkv_core::ports::{AddressBook, SessionKey};
 use pdkv_core::prefill::{
-    EngineAction, EngineEvent, PrefillEngine, PrefillWorker, WorkerAction, WorkerEvent,
+    EngineAction, EngineEvent, PrefillDone, PrefillEngine, PrefillWorker, WorkerAction, WorkerEvent,
 };
 use pdkv_core::release::Release;
 use pdkv_core::time::Instant;
@@ -786,7 +786,7 @@ pub fn check_with_progress(
     for n in 1..=config.requests {
         let owner = (n - 1) as u16 % pl.dp;
         let transfer_id = TransferId::from_u128(u128::from(n));
-        let event = EngineEvent::PrefillDone {
+        let event = EngineEvent::PrefillDone(PrefillDone {
             request: RequestId(n),
             transfer_id: transfer_id.clone(),
             owner_dp: owner,
@@ -794,7 +794,7 @@ pub fn check_with_progress(
             decode: dl,
             reader: None,
             holders: None,
-        };
+        });
         world.engine(&mut initial, event);
         let holders =
             initial.engine.holder_incarnations(&transfer_id).ok_or("the engine knows every worker")?;

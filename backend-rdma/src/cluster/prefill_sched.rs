@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use pdkv_core::ids::{EngineId, RankId, RequestId, TransferId};
 use pdkv_core::params::{extension_names, incarnation_values, KvTransferParams};
-use pdkv_core::prefill::{EngineAction, EngineEvent};
+use pdkv_core::prefill::{EngineAction, EngineEvent, PrefillDone};
 use pdkv_core::proxy::ProxyAction;
 use pdkv_core::topology::Layout;
 use pdkv_sim::result::ViolationKind;
@@ -179,7 +179,7 @@ impl Cluster {
         }
         let req = &self.requests[&id];
         let decode_layout = self.d.decode[req.decode.0];
-        let event = EngineEvent::PrefillDone {
+        let event = EngineEvent::PrefillDone(PrefillDone {
             request: id,
             transfer_id: req.transfer_id.clone(),
             owner_dp: dp,
@@ -189,7 +189,7 @@ impl Cluster {
             // Which process computed each part: a rank may have restarted since.
             holders: (req.holders.len() == usize::from(self.d.prefill[e].tp))
                 .then(|| req.holders.values().copied().collect()),
-        };
+        });
         let mut out = Vec::new();
         let now = self.clock.now();
         if let Err(error) = self.engines[e].handle(now, event, &mut out) {

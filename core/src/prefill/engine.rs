@@ -92,15 +92,29 @@ pub enum EngineError {
     },
 }
 
-/// A finished prefill, as [`EngineEvent::PrefillDone`] carries it.
-struct Done {
-    request: RequestId,
-    transfer_id: TransferId,
-    owner_dp: u16,
-    blocks: Vec<u32>,
-    decode: Layout,
-    reader: Option<(EngineId, u16)>,
-    holders: Option<Vec<Incarnation>>,
+/// A finished prefill: what [`EngineEvent::PrefillDone`] carries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PrefillDone {
+    /// The request.
+    pub request: RequestId,
+    /// Its transfer id.
+    pub transfer_id: TransferId,
+    /// The DP rank that prefilled it.
+    pub owner_dp: u16,
+    /// Its blocks (the same ids on every TP rank of the owner DP group).
+    pub blocks: Vec<u32>,
+    /// The decode engine's layout (`remote_dp_size`, `remote_tp_size` of the request).
+    pub decode: Layout,
+    /// The decode engine and DP rank the proxy sent the request to, when the driver knows
+    /// it (for [`EngineEvent::ReaderLost`]).
+    pub reader: Option<(EngineId, u16)>,
+    /// The incarnation of each TP rank of the owner DP group that computed the blocks, when
+    /// the driver saw it (a rank may have restarted between computing its part and the
+    /// registration); `None` takes each worker's current incarnation. A part computed by an
+    /// incarnation that is no longer the worker's is gone with its memory: it counts as lost
+    /// from the start, and the answer names the incarnation that computed it, so no decode
+    /// rank reads it from the new one.
+    pub holders: Option<Vec<Incarnation>>,
 }
 
 impl std::fmt::Display for EngineError {
@@ -123,28 +137,7 @@ impl std::fmt::Display for EngineError {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum EngineEvent {
     /// Prefill of a request finished; its blocks are held for the decode side.
-    PrefillDone {
-        /// The request.
-        request: RequestId,
-        /// Its transfer id.
-        transfer_id: TransferId,
-        /// The DP rank that prefilled it.
-        owner_dp: u16,
-        /// Its blocks (the same ids on every TP rank of the owner DP group).
-        blocks: Vec<u32>,
-        /// The decode engine's layout (`remote_dp_size`, `remote_tp_size` of the request).
-        decode: Layout,
-        /// The decode engine and DP rank the proxy sent the request to, when the driver knows
-        /// it (for [`EngineEvent::ReaderLost`]).
-        reader: Option<(EngineId, u16)>,
-        /// The incarnation of each TP rank of the owner DP group that computed the blocks, when
-        /// the driver saw it (a rank may have restarted between computing its part and the
-        /// registration); `None` takes each worker's current incarnation. A part computed by an
-        /// incarnation that is no longer the worker's is gone with its memory: it counts as lost
-        /// from the start, and the answer names the incarnation that computed it, so no decode
-        /// rank reads it from the new one.
-        holders: Option<Vec<Incarnation>>,
-    },
+    PrefillDone(PrefillDone),
     /// A worker finished its part of a transfer.
     WorkerFinished {
         /// The worker.
@@ -386,13 +379,7 @@ impl PrefillEngine {
         out: &mut Vec<EngineAction>,
     ) -> Result<(), EngineError> {
         match event {
-            EngineEvent::PrefillDone { request, transfer_id, owner_dp, blocks, decode, reader, holders } => {
-                self.on_prefill_done(
-                    now,
-                    Done { request, transfer_id, owner_dp, blocks, decode, reader, holders },
-                    out,
-                )
-            }
+            EngineEvent::PrefillDone(done) => self.on_prefill_done(now, done, out),
             EngineEvent::ReaderLost { rank } => {
                 let lost: Vec<TransferId> = self
                     .held
@@ -488,10 +475,10 @@ impl PrefillEngine {
     fn on_prefill_done(
         &mut self,
         now: Instant,
-        done: Done,
+        done: PrefillDone,
         out: &mut Vec<EngineAction>,
     ) -> Result<(), EngineError> {
-        let Done { request, transfer_id, owner_dp, blocks, decode, reader, holders } = done;
+        let PrefillDone { request, transfer_id, owner_dp, blocks, decode, reader, holders } = done;
         if owner_dp >= self.layout.dp {
             return Err(EngineError::OwnerOutOfRange { owner_dp, dp: self.layout.dp });
         }

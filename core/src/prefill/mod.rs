@@ -38,8 +38,8 @@ mod worker;
 use crate::legacy::Legacy;
 
 pub use engine::{
-    EngineAction, EngineError, EngineEvent, LedgerTotals, PrefillEngine, TransferRecord, LEASE_GRACE_NS,
-    MAX_ENGINE_TRANSFERS, MAX_LEDGER_RECORDS,
+    EngineAction, EngineError, EngineEvent, LedgerTotals, PrefillDone, PrefillEngine, TransferRecord,
+    LEASE_GRACE_NS, MAX_ENGINE_TRANSFERS, MAX_LEDGER_RECORDS,
 };
 pub use transfer::{
     representative_states, transfer_step, transition_table, TransferEvent, TransferOutput, TransferRow,

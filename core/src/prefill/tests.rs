@@ -122,7 +122,7 @@ fn an_engine_ends_a_restarted_worker_s_old_parts_only_when_fenced() {
         };
         up(&mut engine, 0, 1);
         up(&mut engine, 1, 2);
-        let done = EngineEvent::PrefillDone {
+        let done = EngineEvent::PrefillDone(PrefillDone {
             request: RequestId(1),
             transfer_id: tx(1),
             owner_dp: 0,
@@ -130,7 +130,7 @@ fn an_engine_ends_a_restarted_worker_s_old_parts_only_when_fenced() {
             decode: Layout::tp(2),
             reader: None,
             holders: None,
-        };
+        });
         engine.handle(Instant::ZERO, done, &mut out).unwrap();
         let registered: Vec<Option<Incarnation>> = out
             .iter()

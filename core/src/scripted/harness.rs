@@ -13,7 +13,9 @@ use crate::legacy::LegacyOptions;
 use crate::params::{extension_names, KvTransferParams};
 use crate::policy::{PeerBook, Policy};
 use crate::ports::{AddressBook, SessionKey};
-use crate::prefill::{EngineAction, EngineEvent, PrefillEngine, PrefillWorker, WorkerAction, WorkerEvent};
+use crate::prefill::{
+    EngineAction, EngineEvent, PrefillDone, PrefillEngine, PrefillWorker, WorkerAction, WorkerEvent,
+};
 use crate::release::Release;
 use crate::time::Instant;
 use crate::topology::Deployment;
@@ -149,7 +151,7 @@ impl Harness {
         let transfer_id = TransferId::from_u128(u128::from(n));
         let prefill = EngineId::prefill(engine);
         let decode = self.d.decode[0];
-        let event = EngineEvent::PrefillDone {
+        let event = EngineEvent::PrefillDone(PrefillDone {
             request: RequestId(n),
             transfer_id: transfer_id.clone(),
             owner_dp,
@@ -157,7 +159,7 @@ impl Harness {
             decode,
             reader: Some((EngineId::decode(0), 0)),
             holders: None,
-        };
+        });
         let mut out = Vec::new();
         self.engines[usize::from(engine)].handle(self.now, event, &mut out).unwrap();
         self.route_engine(out);

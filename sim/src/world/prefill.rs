@@ -3,7 +3,7 @@
 use std::collections::VecDeque;
 
 use pdkv_core::ids::{EngineId, RankId, RequestId};
-use pdkv_core::prefill::{EngineAction, EngineEvent, WorkerAction, WorkerEvent};
+use pdkv_core::prefill::{EngineAction, EngineEvent, PrefillDone, WorkerAction, WorkerEvent};
 use pdkv_core::time::Instant;
 use pdkv_core::topology::Layout;
 
@@ -192,7 +192,7 @@ impl World {
                 (group.engine, req.decode_group - self.dgroup_base[group.engine])
             };
             let decode = self.d.decode[decode_engine];
-            let event = EngineEvent::PrefillDone {
+            let event = EngineEvent::PrefillDone(PrefillDone {
                 request: id,
                 transfer_id: self.transfers.id(req.transfer).expect("a request's transfer is numbered"),
                 owner_dp: dp,
@@ -202,7 +202,7 @@ impl World {
                 // whole in the simulator, so no lone reader is ever reported lost).
                 reader: Some((EngineId::decode(decode_engine as u16), decode_dp as u16)),
                 holders: None,
-            };
+            });
             let transfer = req.transfer;
             let mut out = Vec::new();
             match self.engines[e].handle(Instant(self.now), event, &mut out) {
