@@ -4,9 +4,10 @@
 (`mixed.py --vllm-src DIR --stubs DIR [--verbose]`) to play every engine of one side, while real
 pdkv connector processes play the other. Every decision is made by vLLM's own functions and
 methods, imported by harness.py from the extracted wheel and called on objects that carry only
-the attributes they read. Two things are stand-ins: the MoRI engine (register_remote_engine
-records the bytes it is given) and the decode TP group's CPU all-reduce (a MIN over the group's
-worker threads). Logs go to stderr; stdout carries protocol lines only.
+the attributes they read. Two things are stand-ins: the MoRI engine (register_remote_engine,
+MemoryDesc.unpack and create_session record the bytes they are given, which is how a read plan
+names the session it goes through) and the decode TP group's CPU all-reduce (a MIN over the
+group's worker threads). Logs go to stderr; stdout carries protocol lines only.
 
 Protocol (line JSON both ways, every object has "op"; byte strings are lowercase hex; ids are
 strings; engines are numbered per side from 0):
@@ -26,6 +27,14 @@ strings; engines are numbered per side from 0):
   driver -> cluster
     ready                            setup done: every listener bound, every worker made
     error {detail}                   fatal (a listener could not bind, a bad setup); exit 1
+    read_plan {request, transfer_id, engine, dp, tp, source_dp, source_tp, block_ids,
+               engine_desc, memory_descs}
+                                     (decode) the read vLLM's _read_blocks would post for the
+                                     request on rank (engine, dp, tp), which MoRI cannot post
+                                     here: the prefill rank and block ids it reads, and its
+                                     session: the agent_metadata of the peer metadata and the
+                                     remote memory descriptors of the sessions _get_built_session
+                                     returns
     received {request, ok, error?}   (decode) once every TP rank of the group is done
     finished {transfer_id, engine, dp, tp}   (prefill) vLLM's get_finished, polled every ~2 ms,
                                      resolved the transfer on that rank (never deduplicated)
@@ -436,6 +445,9 @@ class Decode:
         w._reads_issued_this_step, w._reqs_to_send = [], {}
         w.moriio_wrapper = wrapper = rank_wrapper(v, cfg)
         w.registered = []
+        # What _get_built_session reads: its cache, and this worker's own layer regions (filled
+        # from the first peer's layer map: a decode worker serves the same model).
+        w.built_write_session, w.layer_name_to_local_kv_cache_metadata = {}, {}
 
         def register_remote_engine(packed):
             # The MoRI part (EngineDesc.unpack, IOEngine.register_remote_engine): record the
@@ -458,10 +470,70 @@ class Decode:
                 st.add(f"handshakes_failed.{name}")
                 raise
 
+        def build_session(local, remote):
+            # The MoRI part (IOEngine.create_session): a session reads the remote region its
+            # memory descriptor names; keep the descriptor's bytes.
+            st.add(f"sessions_built.{name}")
+            return types.SimpleNamespace(local=bytes(local), remote=bytes(remote))
+
+        read_blocks = w._read_blocks
+
+        def planned_read_blocks(**kw):
+            self._plan(w, (eng["engine"], d, t), kw)
+            return read_blocks(**kw)
+
         # Instance attributes, so vLLM's calls through self.* reach the counters, then vLLM.
         wrapper.register_remote_engine, wrapper.send_notify = register_remote_engine, counted_send_notify
-        w._moriio_handshake = counted_handshake
+        # MemoryDesc.unpack is MoRI's too: the packed bytes stand for the descriptor.
+        wrapper.get_unpack_memory_metadata, wrapper.build_session = bytes, build_session
+        w._moriio_handshake, w._read_blocks = counted_handshake, planned_read_blocks
         return w
+
+    def _plan(self, w, rank, kw):
+        """Reports the read vLLM's _read_blocks would post for a request, which MoRI cannot post
+        here: the block ids, and the session it reads through. The session key is the one
+        _read_blocks derives (the remote TP rank it reads, keyed per (dp, tp) for a flexible
+        read, else per DP rank); the sessions and the peer's metadata are what vLLM's own
+        _get_built_session returns for that key, as _read_blocks calls it: sessions built once
+        from the layer map of the handshake, then cached per key for ever."""
+        name = rank_name(*rank)
+        try:
+            remote_tp_size = int(kw["remote_tp_size"]) or w.world_size
+            chosen = kw.get("chosen_tp")
+            eff_tp = int(chosen) if chosen is not None else w._remote_tp_rank(remote_tp_size)
+            dst, dp = kw["dst_engine_id"], int(kw.get("remote_dp_rank", 0))
+            if kw.get("flexible"):
+                key = w.get_engine_name_with_dp_tp(dst, dp, eff_tp)
+            else:
+                key = w.get_engine_name_with_dp(dst, dp)
+            remote_layers = w.layer_name_to_remote_kv_cache_metadata.get(key, {})
+            if not w.layer_name_to_local_kv_cache_metadata:
+                w.layer_name_to_local_kv_cache_metadata = {
+                    layer: [f"local:{name}:{layer}:{i}".encode() for i in range(len(descs))]
+                    for layer, descs in remote_layers.items()
+                }
+            sessions, meta = w._get_built_session(key)
+            # remote_block_ids is one list per KV cache group when vLLM's prefill answers, one
+            # flat list when pdkv's does.
+            blocks = kw["remote_block_ids"]
+            ids = [b for g in blocks for b in g] if blocks and isinstance(blocks[0], list) else list(blocks)
+            self.st.add(f"reads_planned.{name}")
+            self.out.send(
+                op="read_plan",
+                request=kw["request_id"],
+                transfer_id=kw["transfer_id"],
+                engine=rank[0],
+                dp=rank[1],
+                tp=rank[2],
+                source_dp=dp,
+                source_tp=eff_tp,
+                block_ids=[int(b) for b in ids],
+                engine_desc=bytes(meta.agent_metadata).hex(),
+                memory_descs=[s.remote.hex() for s in sessions],
+            )
+        except Exception as e:  # noqa: BLE001 - a plan that cannot be made is reported, the step goes on
+            tid = kw.get("transfer_id")
+            self.out.problem(f"decode rank {name}: cannot plan the read of {tid!r}: {harness.error_text(e)}")
 
     def recv(self, msg):
         rid, key = msg["request"], (msg["engine"], msg["dp"])

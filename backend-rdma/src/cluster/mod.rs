@@ -39,6 +39,7 @@ mod config;
 mod decode_sched;
 mod faults;
 mod foreign;
+mod foreign_reads;
 mod messages;
 mod prefill_sched;
 mod procs;
@@ -51,6 +52,7 @@ pub use config::{
     MAX_REQUESTS, MAX_TIMEOUT_MS, MIN_TIMEOUT_MS,
 };
 pub use foreign::ForeignReport;
+pub use foreign_reads::ForeignReads;
 pub use pdkv_sim::result::{Summary, ViolationKind};
 use procs::{free_ports, new_token, Acceptor, Admission, RankProc};
 pub use result::{
@@ -221,6 +223,9 @@ struct Cluster {
     driver: Option<foreign::Driver>,
     /// Foreign prefill: each data-plane-only rank's handshake reply, for the driver's setup.
     foreign_replies: BTreeMap<RankId, [Vec<u8>; 2]>,
+    /// The descriptors each prefill process (rank, life) handed out, to tell whose session a
+    /// foreign decode's planned read goes through ([`foreign_reads`]).
+    lives: BTreeMap<(RankId, u32), foreign_reads::Life>,
     /// Foreign decode: requests handed to the driver and not yet answered.
     foreign_pending: BTreeSet<RequestId>,
     /// Foreign prefill: transfers each foreign rank reported finished (a second report is a
@@ -363,6 +368,7 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
         peers,
         driver: None,
         foreign_replies: BTreeMap::new(),
+        lives: BTreeMap::new(),
         foreign_pending: BTreeSet::new(),
         foreign_finished: BTreeSet::new(),
         foreign_report,
@@ -403,7 +409,10 @@ impl Cluster {
                     self.engine(usize::from(rank.engine.index), EngineEvent::WorkerUp { rank, incarnation });
                 }
                 if let Some(reply) = handshake {
-                    self.foreign_replies.insert(rank, reply);
+                    self.record_life(rank, incarnation, &reply);
+                    if self.is_foreign(rank.engine) {
+                        self.foreign_replies.insert(rank, reply);
+                    }
                 }
                 let proc = self.ranks.get_mut(&rank).expect("known rank");
                 proc.ready = true;
