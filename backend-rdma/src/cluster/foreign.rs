@@ -379,36 +379,7 @@ impl Cluster {
         let mut ranks = Vec::new();
         if side == Role::Prefill {
             for rank in self.d.ranks(Role::Prefill) {
-                let [metadata, layers] = self
-                    .foreign_replies
-                    .get(&rank)
-                    .ok_or_else(|| format!("{rank} gave no handshake reply for the foreign driver"))?;
-                let metadata = match wire::decode(metadata) {
-                    Ok(ControlMessage::HandshakeMetadata(m)) => m,
-                    other => return Err(format!("{rank}'s handshake metadata does not decode: {other:?}")),
-                };
-                let layers = wire::decode_layer_memory_descs(layers)
-                    .map_err(|e| format!("{rank}'s layer descriptors do not decode: {e}"))?;
-                ranks.push(RankView {
-                    engine: rank.engine.index,
-                    dp: rank.dp,
-                    tp: rank.tp,
-                    metadata: MetadataView {
-                        engine_id: metadata.engine_id,
-                        agent_metadata: hex(&metadata.agent_metadata),
-                        kv_caches_base_addr: metadata.kv_caches_base_addr,
-                        num_blocks: metadata.num_blocks,
-                        block_len: metadata.block_len,
-                        attn_backend_name: metadata.attn_backend_name,
-                    },
-                    layers: layers
-                        .into_iter()
-                        .map(|l| LayerView {
-                            name: l.layer_name,
-                            descs: l.descs.iter().map(|d| hex(d)).collect(),
-                        })
-                        .collect(),
-                });
+                ranks.push(self.rank_view(rank)?);
             }
         }
         let m = &self.d.model;
@@ -424,6 +395,38 @@ impl Cluster {
             },
             engines,
             ranks,
+        })
+    }
+
+    /// A foreign prefill rank as the driver binds it: the handshake reply its data-plane server
+    /// (its latest life) stands behind.
+    fn rank_view(&self, rank: RankId) -> Result<RankView, String> {
+        let [metadata, layers] = self
+            .foreign_replies
+            .get(&rank)
+            .ok_or_else(|| format!("{rank} gave no handshake reply for the foreign driver"))?;
+        let metadata = match wire::decode(metadata) {
+            Ok(ControlMessage::HandshakeMetadata(m)) => m,
+            other => return Err(format!("{rank}'s handshake metadata does not decode: {other:?}")),
+        };
+        let layers = wire::decode_layer_memory_descs(layers)
+            .map_err(|e| format!("{rank}'s layer descriptors do not decode: {e}"))?;
+        Ok(RankView {
+            engine: rank.engine.index,
+            dp: rank.dp,
+            tp: rank.tp,
+            metadata: MetadataView {
+                engine_id: metadata.engine_id,
+                agent_metadata: hex(&metadata.agent_metadata),
+                kv_caches_base_addr: metadata.kv_caches_base_addr,
+                num_blocks: metadata.num_blocks,
+                block_len: metadata.block_len,
+                attn_backend_name: metadata.attn_backend_name,
+            },
+            layers: layers
+                .into_iter()
+                .map(|l| LayerView { name: l.layer_name, descs: l.descs.iter().map(|d| hex(d)).collect() })
+                .collect(),
         })
     }
 

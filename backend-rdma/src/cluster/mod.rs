@@ -415,15 +415,9 @@ impl Cluster {
                     }
                 }
                 let proc = self.ranks.get_mut(&rank).expect("known rank");
-                proc.ready = true;
                 proc.data_addr = data_addr;
                 proc.incarnation = incarnation;
-                let life = proc.life;
-                if life > 0 {
-                    self.down_by_fault.remove(&rank);
-                    self.faults_log.push(format!("{rank} restarted (life {life})"));
-                    self.pump_prefill(rank.engine, rank.dp);
-                }
+                self.rank_up(rank);
             }
             FromRank::SetupFailed { error } => return Some(format!("{rank}: {error}")),
             FromRank::Prefilled { transfer_id } => {
@@ -490,6 +484,18 @@ impl Cluster {
             }
         }
         None
+    }
+
+    /// A rank is ready; a restarted one is back, and its group's prefills go on.
+    fn rank_up(&mut self, rank: RankId) {
+        let Some(proc) = self.ranks.get_mut(&rank) else { return };
+        proc.ready = true;
+        let life = proc.life;
+        if life > 0 {
+            self.down_by_fault.remove(&rank);
+            self.faults_log.push(format!("{rank} restarted (life {life})"));
+            self.pump_prefill(rank.engine, rank.dp);
+        }
     }
 
     fn held(&self) -> u64 {
