@@ -61,8 +61,9 @@ With --foreign-side, another connector's code plays every engine of that side th
 program (the line protocol is in backend-rdma/src/cluster/foreign.rs): the last example has
 vLLM 0.33's own MoRIIO code, extracted from its wheel by `cargo xtask moriio-conformance`, play
 the decode side against pdkv's prefill ranks. A foreign prefill side keeps pdkv's data-plane
-servers (the driver's listeners hand out their descriptor), so decode still verifies every byte.
-A foreign decode side reports every read its code plans, and the
+servers (the driver's listeners hand out their descriptor), so decode still verifies every byte;
+--kill of one of its ranks kills the server and has the driver kill the rank's own code, and a
+restart starts both afresh. A foreign decode side reports every read its code plans, and the
 result's foreign.reads judges each against the prefill process holding the KV: through that
 process's live session, stale (an old process's blocks through a restarted one's session), or
 through a dead process's session.

@@ -22,6 +22,12 @@
 //! - `register` / `retire` (prefill side): a rank holds a transfer / the engine freed it. The
 //!   driver answers `finished` when that rank's own ack accounting completes the transfer,
 //!   exactly when its code reports it; the engine node counts these as the rank's finish.
+//! - `kill` (prefill side, `--kill` of a foreign rank): the rank's data-plane server was
+//!   killed; the driver stops the rank's listeners and forgets everything the rank held, as the
+//!   death of its process would. `restart`: the rank's data-plane server was started again
+//!   (`--restart-after-ms`); the driver starts the rank afresh on the same ports, answering
+//!   with the new server's descriptors (`rank`, as in `setup`), and says `restarted` once it
+//!   listens. The rank's DP group prefills nothing from the kill until then.
 //! - `shutdown`: the driver answers `bye` with its counters and exits.
 //!
 //! At any time the driver may send `problem` (something to report, not fatal).
@@ -127,6 +133,16 @@ pub(super) enum ToDriver {
         dp: u16,
         tp: u16,
     },
+    /// Prefill side: `--kill` killed the rank's data-plane server; the rank dies with it.
+    Kill {
+        engine: u16,
+        dp: u16,
+        tp: u16,
+    },
+    /// Prefill side: the rank starts again, behind its restarted data-plane server.
+    Restart {
+        rank: RankView,
+    },
     Shutdown,
 }
 
@@ -147,6 +163,12 @@ pub(super) enum FromDriver {
     },
     Finished {
         transfer_id: String,
+        engine: u16,
+        dp: u16,
+        tp: u16,
+    },
+    /// Prefill side: the rank a `restart` named listens again.
+    Restarted {
         engine: u16,
         dp: u16,
         tp: u16,
@@ -430,6 +452,25 @@ impl Cluster {
         })
     }
 
+    /// `--kill` stopped a foreign prefill rank's data-plane server: the driver stops the rank's
+    /// listeners and forgets what it held, as the process's death would.
+    pub(super) fn foreign_killed(&mut self, rank: RankId) {
+        self.tell_driver(&ToDriver::Kill { engine: rank.engine.index, dp: rank.dp, tp: rank.tp });
+    }
+
+    /// The restarted data-plane server of a foreign prefill rank is ready: the driver starts the
+    /// rank again, a fresh process of its code answering with the new server's descriptors,
+    /// and the rank counts as ready once the driver says `restarted`.
+    pub(super) fn foreign_restart(&mut self, rank: RankId) {
+        match self.rank_view(rank) {
+            Ok(view) => {
+                self.foreign_restarting.insert(rank);
+                self.tell_driver(&ToDriver::Restart { rank: view });
+            }
+            Err(e) => self.problem(format!("restart of the foreign {rank}: {e}")),
+        }
+    }
+
     pub(super) fn tell_driver(&mut self, msg: &ToDriver) {
         if let Some(driver) = self.driver.as_mut() {
             driver.send(msg);
@@ -587,6 +628,19 @@ impl Cluster {
                     self.end(id, Some(vec![format!("foreign decode: {error}")]));
                 }
             }
+            FromDriver::Restarted { engine, dp, tp } => {
+                let rank = RankId::new(EngineId::prefill(engine), dp, tp);
+                if !self.foreign_restarting.remove(&rank) {
+                    self.violations.push(Violation {
+                        kind: ViolationKind::ProtocolError,
+                        detail: format!(
+                            "the foreign driver restarted {rank}, which it was not asked to restart"
+                        ),
+                    });
+                    return None;
+                }
+                self.rank_up(rank);
+            }
             FromDriver::ReadPlan(line) => {
                 if let Err(refused) = self.read_planned(line) {
                     let detail = format!("the foreign driver's read_plan: {refused}");
@@ -647,6 +701,10 @@ mod tests {
         );
         check("{\"op\":\"bye\"}", Ok(FromDriver::Bye { stats: BTreeMap::new() }));
         check(
+            "{\"op\":\"restarted\",\"engine\":0,\"dp\":0,\"tp\":1}",
+            Ok(FromDriver::Restarted { engine: 0, dp: 0, tp: 1 }),
+        );
+        check(
             "{\"op\":\"read_plan\",\"request\":\"3\",\"transfer_id\":\"t\",\"engine\":0,\"dp\":0,\"tp\":1,\
              \"source_dp\":0,\"source_tp\":1,\"block_ids\":[4,5],\"engine_desc\":\"0a\",\"memory_descs\":[\"0b\"]}",
             Ok(FromDriver::ReadPlan(ReadPlanLine {
@@ -673,6 +731,7 @@ mod tests {
              \"source_dp\":0,\"source_tp\":1,\"block_ids\":[-4],\"engine_desc\":\"\",\"memory_descs\":[]}",
             Err("-4"),
         );
+        check("{\"op\":\"restarted\",\"engine\":0,\"dp\":0}", Err("missing field `tp`"));
         check(
             "{\"op\":\"read_plan\",\"request\":\"3\",\"transfer_id\":\"t\",\"engine\":0,\"dp\":0,\"tp\":1,\
              \"source_dp\":0,\"source_tp\":1,\"block_ids\":[],\"engine_desc\":\"\",\"memory_descs\":[],\"x\":1}",
@@ -692,6 +751,30 @@ mod tests {
             "{\"op\":\"retire\",\"transfer_id\":\"t\",\"engine\":0,\"dp\":1,\"tp\":0}"
         );
         assert_eq!(serde_json::to_string(&ToDriver::Shutdown).unwrap(), "{\"op\":\"shutdown\"}");
+        assert_eq!(
+            serde_json::to_string(&ToDriver::Kill { engine: 0, dp: 1, tp: 0 }).unwrap(),
+            "{\"op\":\"kill\",\"engine\":0,\"dp\":1,\"tp\":0}"
+        );
+        let rank = RankView {
+            engine: 0,
+            dp: 0,
+            tp: 1,
+            metadata: MetadataView {
+                engine_id: "e".into(),
+                agent_metadata: "0a".into(),
+                kv_caches_base_addr: vec![4096],
+                num_blocks: 2,
+                block_len: 64,
+                attn_backend_name: "FLASH_ATTN".into(),
+            },
+            layers: vec![LayerView { name: "l0".into(), descs: vec!["0b".into()] }],
+        };
+        assert_eq!(
+            serde_json::to_string(&ToDriver::Restart { rank }).unwrap(),
+            "{\"op\":\"restart\",\"rank\":{\"engine\":0,\"dp\":0,\"tp\":1,\"metadata\":{\"engine_id\":\"e\",\
+             \"agent_metadata\":\"0a\",\"kv_caches_base_addr\":[4096],\"num_blocks\":2,\"block_len\":64,\
+             \"attn_backend_name\":\"FLASH_ATTN\"},\"layers\":[{\"name\":\"l0\",\"descs\":[\"0b\"]}]}}"
+        );
         assert_eq!(
             PlanRefused::NotHex { field: "memory_descs[2]".into(), detail: "not hex at character 0".into() }
                 .to_string(),

@@ -232,6 +232,9 @@ struct Cluster {
     /// violation).
     foreign_finished: BTreeSet<(RankId, TransferId)>,
     foreign_report: ForeignReport,
+    /// Foreign prefill ranks whose data-plane server restarted and whose driver has not yet
+    /// said `restarted`: not ready.
+    foreign_restarting: BTreeSet<RankId>,
     /// The run's message faults and what they did ([`messages`]).
     messages: messages::Messages,
 }
@@ -372,6 +375,7 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
         foreign_pending: BTreeSet::new(),
         foreign_finished: BTreeSet::new(),
         foreign_report,
+        foreign_restarting: BTreeSet::new(),
         messages: messages::Messages::new(&config),
         addresses,
         d,
@@ -417,7 +421,12 @@ impl Cluster {
                 let proc = self.ranks.get_mut(&rank).expect("known rank");
                 proc.data_addr = data_addr;
                 proc.incarnation = incarnation;
-                self.rank_up(rank);
+                if proc.life > 0 && self.is_foreign(rank.engine) {
+                    // Its control plane is the driver's: ready once the driver restarted it.
+                    self.foreign_restart(rank);
+                } else {
+                    self.rank_up(rank);
+                }
             }
             FromRank::SetupFailed { error } => return Some(format!("{rank}: {error}")),
             FromRank::Prefilled { transfer_id } => {
