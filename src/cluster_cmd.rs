@@ -61,7 +61,12 @@ With --foreign-side, another connector's code plays every engine of that side th
 program (the line protocol is in backend-rdma/src/cluster/foreign.rs): the last example has
 vLLM 0.33's own MoRIIO code, extracted from its wheel by `cargo xtask moriio-conformance`, play
 the decode side against pdkv's prefill ranks. A foreign prefill side keeps pdkv's data-plane
-servers (the driver's listeners hand out their descriptor), so decode still verifies every byte.
+servers (the driver's listeners hand out their descriptor), so decode still verifies every byte;
+--kill of one of its ranks kills the server and has the driver kill the rank's own code, and a
+restart starts both afresh. A foreign decode side reports every read its code plans, and the
+result's foreign.reads judges each against the prefill process holding the KV: through that
+process's live session, stale (an old process's blocks through a restarted one's session), or
+through a dead process's session.
 
 Exit codes: 0 the run was clean: no violation, no hang, no request failed unless an injected
 fault excuses it, nothing held or reaped unless a fault excuses it, every process accounted for
@@ -360,6 +365,20 @@ fn render(r: &ClusterResult) -> String {
             f.unexpected_finishes,
             if stats.is_empty() { "no counters".to_string() } else { stats.join(", ") }
         );
+        let reads = &f.reads;
+        if reads.planned > 0 {
+            let _ = writeln!(
+                s,
+                "  foreign reads  {} planned: {} through the holder's live session, {} stale, {} through a \
+                 dead process's session, {} unmatched",
+                reads.planned, reads.through_holder, reads.stale, reads.through_dead_session, reads.unmatched
+            );
+            for (pair, lives) in &reads.sessions {
+                let lives: Vec<String> = lives.iter().map(u32::to_string).collect();
+                let _ =
+                    writeln!(s, "  foreign reads  {pair} through the sessions of lives {}", lives.join(", "));
+            }
+        }
     }
     // Message faults log every message they hit: the first lines and the summary (the last
     // line) say enough here; --json has them all.

@@ -341,14 +341,14 @@ fn start(ctx: &mut Context) -> Result<Started, String> {
         .collect();
     let policy = Policy::from(&setup.legacy);
 
-    // Another connector's code plays this rank's control plane: it gets the handshake reply
-    // this rank would send, and the rank binds no listener of its own.
-    let handshake = setup.data_plane_only.then(|| {
-        [
-            wire::encode(&ControlMessage::HandshakeMetadata(metadata.clone())),
-            wire::encode_layer_memory_descs(&layers),
-        ]
-    });
+    // The handshake reply this rank sends, or would send: the scheduler names the process a
+    // foreign decode's read goes through by its descriptors, and when another connector's code
+    // plays this rank's control plane (data-plane only), it answers with this reply and the
+    // rank binds no listener of its own.
+    let handshake = Some([
+        wire::encode(&ControlMessage::HandshakeMetadata(metadata.clone())),
+        wire::encode_layer_memory_descs(&layers),
+    ]);
     let worker = PrefillWorker::new(rank, metadata, layers, &policy);
     // The listeners bind exactly where the core says this rank listens.
     let listeners = if setup.data_plane_only {

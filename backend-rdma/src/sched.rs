@@ -220,9 +220,10 @@ pub enum FromRank {
         data_addr: Option<String>,
         /// Which memory holds the KV, in words (host, or a HIP device).
         memory: String,
-        /// A data-plane-only prefill rank ([`Setup::data_plane_only`]): the two payloads of the
-        /// handshake reply it would have sent (metadata, then the layers' memory descriptors),
-        /// for the connector that plays its control plane.
+        /// Prefill: the two payloads of the handshake reply it sends (metadata, then the layers'
+        /// memory descriptors), or would have sent when data-plane only
+        /// ([`Setup::data_plane_only`]): for the connector that plays its control plane, and to
+        /// tell whose descriptors a foreign decode's read goes through.
         #[serde(default)]
         handshake: Option<[Vec<u8>; 2]>,
         /// Prefill: the incarnation the process drew at start and names in its handshake

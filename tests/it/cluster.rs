@@ -461,10 +461,18 @@ fn cluster_cli_prints_the_result_and_refuses_bad_arguments() {
         2,
         "--foreign-rules pdkv",
     );
+    // A kill of a foreign prefill rank is the driver's to play too (it kills the rank's code with
+    // its data-plane server); nothing else can be injected into the foreign side.
+    check(
+        &[foreign("decode", "false"), vec!["--drop-releases", "D0.dp0.tp0=1"]].concat(),
+        2,
+        "--drop-releases D0.dp0.tp0=1: D0.dp0.tp0 is played by the foreign driver, which takes no \
+         injected faults but --kill",
+    );
     check(
         &[foreign("prefill", "false"), vec!["--kill", "P0.dp0.tp0", "--kill-after", "0"]].concat(),
         2,
-        "--kill P0.dp0.tp0: P0.dp0.tp0 is played by the foreign driver",
+        "the foreign driver exited before it was ready",
     );
     check(
         &[

@@ -98,6 +98,8 @@ class Vllm:
                     "start_load_kv",
                     "_eager_handshake_all_dp_ranks",
                     "_await_reads_issued_this_step",
+                    # The sessions a read goes through, for mixed.py's read plans.
+                    "_get_built_session",
                 ]
             },
         )

@@ -4,9 +4,12 @@
 (`mixed.py --vllm-src DIR --stubs DIR [--verbose]`) to play every engine of one side, while real
 pdkv connector processes play the other. Every decision is made by vLLM's own functions and
 methods, imported by harness.py from the extracted wheel and called on objects that carry only
-the attributes they read. Two things are stand-ins: the MoRI engine (register_remote_engine
-records the bytes it is given) and the decode TP group's CPU all-reduce (a MIN over the group's
-worker threads). Logs go to stderr; stdout carries protocol lines only.
+the attributes they read. Two things are stand-ins: the MoRI engine (register_remote_engine,
+MemoryDesc.unpack and create_session record the bytes they are given, which is how a read plan
+names the session it goes through) and the decode TP group's CPU all-reduce (a MIN over the
+group's worker threads). A killed prefill rank is a process-equivalent within this one: its
+listeners end by raising on a frame they refuse, as vLLM's own do, and its tables are dropped.
+Logs go to stderr; stdout carries protocol lines only.
 
 Protocol (line JSON both ways, every object has "op"; byte strings are lowercase hex; ids are
 strings; engines are numbered per side from 0):
@@ -22,11 +25,26 @@ strings; engines are numbered per side from 0):
         rank of the remote engine it has no session with, then the read's release.
     register {transfer_id, request, engine, dp, tp}       (prefill) the rank holds the transfer
     retire {transfer_id, engine, dp, tp}                  (prefill) the rank forgets it
+    kill {engine, dp, tp}                                 (prefill) the rank's process dies: its
+        listeners stop (each raises on a frame it refuses and closes its socket), and its worker
+        and scheduler tables are dropped with everything they held
+    restart {rank}                                        (prefill) the rank starts afresh: new
+        listeners on its ports, answering with `rank` (as in setup: the restarted data-plane
+        server's descriptors), a new worker and empty tables
     shutdown
   driver -> cluster
     ready                            setup done: every listener bound, every worker made
     error {detail}                   fatal (a listener could not bind, a bad setup); exit 1
+    read_plan {request, transfer_id, engine, dp, tp, source_dp, source_tp, block_ids,
+               engine_desc, memory_descs}
+                                     (decode) the read vLLM's _read_blocks would post for the
+                                     request on rank (engine, dp, tp), which MoRI cannot post
+                                     here: the prefill rank and block ids it reads, and its
+                                     session: the agent_metadata of the peer metadata and the
+                                     remote memory descriptors of the sessions _get_built_session
+                                     returns
     received {request, ok, error?}   (decode) once every TP rank of the group is done
+    restarted {engine, dp, tp}       (prefill) the restarted rank's listeners are bound
     finished {transfer_id, engine, dp, tp}   (prefill) vLLM's get_finished, polled every ~2 ms,
                                      resolved the transfer on that rank (never deduplicated)
     problem {detail}                 not fatal: a bad line, a listener thread that died
@@ -45,11 +63,18 @@ import time
 import types
 from concurrent.futures import ThreadPoolExecutor
 
+import zmq
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 
 POLL_S = 0.002  # vLLM's engine calls get_finished once a step; pdkv's steps are ~ms apart.
 BIND_WAIT_S = 10.0
+# What a kill sends each listener of the rank: frames vLLM's own listeners refuse by raising,
+# which ends the listener thread and closes its socket (zmq_ctx's finally), so the port is free
+# for the restarted rank: the handshake listener raises on any message but get_meta_msg and
+# pop_done_recv, the notify listener on one that is neither a MessagePack map nor UTF-8.
+KILL_FRAMES = {"handshake": b"pdkv-driver: kill", "notify": b"\xff\xfe"}
 
 
 def log(msg):
@@ -228,10 +253,11 @@ class Prefill:
         # register and retire name a rank (in vLLM a DP engine's TP ranks share one scheduler).
         methods = self.v.connector.MoRIIOConnectorScheduler.__dict__
         self.Scheduler = type("Sched", (), {n: methods[n] for n in ("map_request_id", "unmap_request_id")})
-        engines = {e["engine"]: e for e in setup["engines"]}
+        self.engines = {e["engine"]: e for e in setup["engines"]}
         self.ranks, self.commands = {}, queue.Queue()
+        self.known = {(r["engine"], r["dp"], r["tp"]) for r in setup["ranks"]}
         for r in sorted(setup["ranks"], key=lambda r: (r["engine"], r["dp"], r["tp"])):
-            self._bind(engines[r["engine"]], r)
+            self._bind(self.engines[r["engine"]], r)
         threading.Thread(target=self._loop, daemon=True, name="engine-steps").start()
 
     def _bind(self, eng, r):
@@ -263,7 +289,7 @@ class Prefill:
             daemon=True,
             name=f"moriio_handshake_listener[{name}]",
         )
-        self._listen("handshake", thread, listen, served, eng, (e, d, t))
+        listeners = [("handshake", listen, self._listen("handshake", thread, listen, served, eng, (e, d, t)))]
         if not ready.wait(BIND_WAIT_S):
             self.drv.fatal(f"prefill rank {name}: the handshake listener bound :{listen} but never set ready")
         # A producer worker with what MoRIIOConnectorWorker.__init__ gives it and its step reads.
@@ -281,16 +307,23 @@ class Prefill:
             return acks
 
         w.moriio_wrapper.pop_finished_req_ids = counted_pop
-        on_release = lambda frames: st.add(f"releases_received.{name}")  # noqa: E731
-        self._listen("notify", w.moriio_wrapper, cfg.notify_port, on_release, eng, (e, d, t))
+
+        def on_release(frames):
+            if frames[-1] != KILL_FRAMES["notify"]:
+                st.add(f"releases_received.{name}")
+
+        notify = self._listen("notify", w.moriio_wrapper, cfg.notify_port, on_release, eng, (e, d, t))
+        listeners.append(("notify", cfg.notify_port, notify))
         sched = self.Scheduler()
         sched.transfer_id_to_request_id, sched.request_id_to_transfer_id = {}, {}
-        self.ranks[(e, d, t)] = types.SimpleNamespace(name=name, worker=w, sched=sched, errors=set())
+        self.ranks[(e, d, t)] = types.SimpleNamespace(
+            name=name, worker=w, sched=sched, errors=set(), listeners=listeners
+        )
         log(f"prefill rank {name}: handshake listener :{listen}, notify listener :{cfg.notify_port}")
 
     def _listen(self, kind, what, port, on_recv, eng, rank):
-        """Starts a listener (the handshake thread, or async_wait_reqid on a wrapper) and waits
-        for its bind; a bind that fails is fatal, explained."""
+        """Starts a listener (the handshake thread, or async_wait_reqid on a wrapper), waits
+        for its bind and returns its thread; a bind that fails is fatal, explained."""
         binds, name = self.drv.binds, rank_name(*rank)
         binds.counters[port] = on_recv
         if kind == "notify":
@@ -300,7 +333,7 @@ class Prefill:
         self.drv.labels[thread] = f"{kind} listener of prefill rank {name} (:{port})"
         if outcome is None:
             binds.owner[port] = f"the {kind} listener of rank {name}"
-            return
+            return thread
         e, d, t = rank
         base = eng[f"{kind}_port_base"]
         detail = (
@@ -321,12 +354,21 @@ class Prefill:
         self.drv.fatal(detail)
 
     def command(self, msg):
-        key = (msg["engine"], msg["dp"], msg["tp"])
-        if key not in self.ranks:
+        """Queues a register, retire, kill or restart line for the step thread, which applies it
+        between steps (whether the rank is up then is its check, in order with the rest)."""
+        if msg["op"] == "restart":
+            r = msg.get("rank")
+            if not isinstance(r, dict):
+                raise ValueError("restart needs a rank object")
+            key = (r.get("engine"), r.get("dp"), r.get("tp"))
+        else:
+            key = (msg["engine"], msg["dp"], msg["tp"])
+        if key not in self.known:
             raise ValueError(f"no foreign prefill rank {rank_name(*key)}")
-        ids = [msg["transfer_id"]] + ([msg["request"]] if msg["op"] == "register" else [])
-        if not all(isinstance(i, str) for i in ids):
-            raise ValueError("transfer_id and request must be strings")
+        if msg["op"] in ("register", "retire"):
+            ids = [msg["transfer_id"]] + ([msg["request"]] if msg["op"] == "register" else [])
+            if not all(isinstance(i, str) for i in ids):
+                raise ValueError("transfer_id and request must be strings")
         self.commands.put(msg)
 
     def _loop(self):
@@ -346,8 +388,16 @@ class Prefill:
 
     def _schedule(self, msg):
         """The scheduler's part of a step: map_request_id when it takes a transfer on
-        (update_state_after_alloc), unmap_request_id when it frees it (update_connector_output)."""
-        rank, tid = self.ranks[(msg["engine"], msg["dp"], msg["tp"])], msg["transfer_id"]
+        (update_state_after_alloc), unmap_request_id when it frees it (update_connector_output);
+        or a rank's death and its new start."""
+        if msg["op"] == "kill":
+            return self._kill((msg["engine"], msg["dp"], msg["tp"]))
+        if msg["op"] == "restart":
+            return self._restart(msg["rank"])
+        key, tid = (msg["engine"], msg["dp"], msg["tp"]), msg["transfer_id"]
+        rank = self.ranks.get(key)
+        if rank is None:
+            return self.out.problem(f"{msg['op']} {tid!r} on prefill rank {rank_name(*key)}, which is down")
         try:
             if msg["op"] == "register":
                 rank.sched.map_request_id(msg["request"], tid)
@@ -359,6 +409,41 @@ class Prefill:
                 self.out.problem(f"retire of {tid!r} on prefill rank {rank.name}, which does not hold it")
         except Exception as e:  # noqa: BLE001 - never let the step thread die
             self.out.problem(f"{msg['op']} {tid!r} on prefill rank {rank.name}: {harness.error_text(e)}")
+
+    def _kill(self, key):
+        """The rank's process dies: its listeners stop (each raises on a frame it refuses, as
+        it would on any peer's, and its socket closes), and its worker and scheduler tables,
+        with every transfer and ack they held, are gone with it."""
+        rank = self.ranks.pop(key, None)
+        if rank is None:
+            return self.out.problem(f"kill of prefill rank {rank_name(*key)}, which is down")
+        with zmq.Context() as ctx:
+            for kind, port, thread in rank.listeners:
+                self.drv.killed.add(thread)
+                with ctx.socket(zmq.DEALER) as sock:
+                    sock.setsockopt(zmq.LINGER, 1000)
+                    sock.connect(f"tcp://127.0.0.1:{port}")
+                    sock.send(KILL_FRAMES[kind])
+                    thread.join(BIND_WAIT_S)
+                if thread.is_alive():
+                    self.out.problem(f"prefill rank {rank.name}: its {kind} listener (:{port}) outlived the kill")
+                self.drv.binds.owner.pop(port, None)
+        self.st.add(f"ranks_killed.{rank.name}")
+        log(f"prefill rank {rank.name}: killed (listeners closed, {len(rank.sched.transfer_id_to_request_id)} "
+            f"transfers and {len(rank.worker._pending_unmapped_acks)} unmapped acks forgotten)")
+
+    def _restart(self, r):
+        """The rank starts again as a fresh process would: new listeners on the same ports,
+        answering with the restarted data-plane server's descriptors, and empty tables."""
+        key = (r["engine"], r["dp"], r["tp"])
+        if key in self.ranks:
+            return self.out.problem(f"restart of prefill rank {rank_name(*key)}, which is up")
+        try:
+            self._bind(self.engines[r["engine"]], r)
+        except Exception as e:  # noqa: BLE001 - the rank stays down, reported
+            return self.out.problem(f"restart of prefill rank {rank_name(*key)}: {harness.error_text(e)}")
+        self.st.add(f"ranks_restarted.{rank_name(*key)}")
+        self.out.send(op="restarted", engine=key[0], dp=key[1], tp=key[2])
 
     def _step(self, key, rank):
         w = rank.worker
@@ -436,6 +521,9 @@ class Decode:
         w._reads_issued_this_step, w._reqs_to_send = [], {}
         w.moriio_wrapper = wrapper = rank_wrapper(v, cfg)
         w.registered = []
+        # What _get_built_session reads: its cache, and this worker's own layer regions (filled
+        # from the first peer's layer map: a decode worker serves the same model).
+        w.built_write_session, w.layer_name_to_local_kv_cache_metadata = {}, {}
 
         def register_remote_engine(packed):
             # The MoRI part (EngineDesc.unpack, IOEngine.register_remote_engine): record the
@@ -458,10 +546,70 @@ class Decode:
                 st.add(f"handshakes_failed.{name}")
                 raise
 
+        def build_session(local, remote):
+            # The MoRI part (IOEngine.create_session): a session reads the remote region its
+            # memory descriptor names; keep the descriptor's bytes.
+            st.add(f"sessions_built.{name}")
+            return types.SimpleNamespace(local=bytes(local), remote=bytes(remote))
+
+        read_blocks = w._read_blocks
+
+        def planned_read_blocks(**kw):
+            self._plan(w, (eng["engine"], d, t), kw)
+            return read_blocks(**kw)
+
         # Instance attributes, so vLLM's calls through self.* reach the counters, then vLLM.
         wrapper.register_remote_engine, wrapper.send_notify = register_remote_engine, counted_send_notify
-        w._moriio_handshake = counted_handshake
+        # MemoryDesc.unpack is MoRI's too: the packed bytes stand for the descriptor.
+        wrapper.get_unpack_memory_metadata, wrapper.build_session = bytes, build_session
+        w._moriio_handshake, w._read_blocks = counted_handshake, planned_read_blocks
         return w
+
+    def _plan(self, w, rank, kw):
+        """Reports the read vLLM's _read_blocks would post for a request, which MoRI cannot post
+        here: the block ids, and the session it reads through. The session key is the one
+        _read_blocks derives (the remote TP rank it reads, keyed per (dp, tp) for a flexible
+        read, else per DP rank); the sessions and the peer's metadata are what vLLM's own
+        _get_built_session returns for that key, as _read_blocks calls it: sessions built once
+        from the layer map of the handshake, then cached per key for ever."""
+        name = rank_name(*rank)
+        try:
+            remote_tp_size = int(kw["remote_tp_size"]) or w.world_size
+            chosen = kw.get("chosen_tp")
+            eff_tp = int(chosen) if chosen is not None else w._remote_tp_rank(remote_tp_size)
+            dst, dp = kw["dst_engine_id"], int(kw.get("remote_dp_rank", 0))
+            if kw.get("flexible"):
+                key = w.get_engine_name_with_dp_tp(dst, dp, eff_tp)
+            else:
+                key = w.get_engine_name_with_dp(dst, dp)
+            remote_layers = w.layer_name_to_remote_kv_cache_metadata.get(key, {})
+            if not w.layer_name_to_local_kv_cache_metadata:
+                w.layer_name_to_local_kv_cache_metadata = {
+                    layer: [f"local:{name}:{layer}:{i}".encode() for i in range(len(descs))]
+                    for layer, descs in remote_layers.items()
+                }
+            sessions, meta = w._get_built_session(key)
+            # remote_block_ids is one list per KV cache group when vLLM's prefill answers, one
+            # flat list when pdkv's does.
+            blocks = kw["remote_block_ids"]
+            ids = [b for g in blocks for b in g] if blocks and isinstance(blocks[0], list) else list(blocks)
+            self.st.add(f"reads_planned.{name}")
+            self.out.send(
+                op="read_plan",
+                request=kw["request_id"],
+                transfer_id=kw["transfer_id"],
+                engine=rank[0],
+                dp=rank[1],
+                tp=rank[2],
+                source_dp=dp,
+                source_tp=eff_tp,
+                block_ids=[int(b) for b in ids],
+                engine_desc=bytes(meta.agent_metadata).hex(),
+                memory_descs=[s.remote.hex() for s in sessions],
+            )
+        except Exception as e:  # noqa: BLE001 - a plan that cannot be made is reported, the step goes on
+            tid = kw.get("transfer_id")
+            self.out.problem(f"decode rank {name}: cannot plan the read of {tid!r}: {harness.error_text(e)}")
 
     def recv(self, msg):
         rid, key = msg["request"], (msg["engine"], msg["dp"])
@@ -526,12 +674,16 @@ class Driver:
         self.v, self.out, self.stats = v, Out(), Stats()
         self.binds = Binds(v.common)
         self.labels = {}  # listener thread -> what it is
+        self.killed = set()  # listener threads a kill of their rank ended
         self.dead = set()  # threads that raised (still alive while their excepthook runs)
         self.side, self.live = None, False
         threading.excepthook = self.thread_died
 
     def thread_died(self, args):
         label = self.labels.get(args.thread, getattr(args.thread, "name", "a thread"))
+        if args.thread in self.killed:
+            log(f"{label} ended with its rank's kill: {harness.error_text(args.exc_value)}")
+            return
         text = f"{label} died: {harness.error_text(args.exc_value)}"
         self.dead.add(args.thread)
         self.stats.add("threads_died")
@@ -561,7 +713,7 @@ class Driver:
             self.out.send(op="ready")
         elif op == "shutdown":
             self.shutdown()
-        elif op in ("recv", "register", "retire"):
+        elif op in ("recv", "register", "retire", "kill", "restart"):
             side = Decode if op == "recv" else Prefill
             if not isinstance(self.side, side):
                 raise ValueError(f"{op} is for a {side.__name__.lower()} driver")
@@ -589,8 +741,14 @@ class Driver:
         if self.side is not None:
             self.side.report()
             self.side.shutdown()
-        alive = sum(th.is_alive() and th not in self.dead for th in self.labels)
-        self.stats.update(listener_threads_alive=alive, listener_threads_dead=len(self.labels) - alive)
+        # A listener its rank's kill ended is neither alive nor dead: the process it stood for is.
+        serving = [th for th in self.labels if th not in self.killed]
+        alive = sum(th.is_alive() and th not in self.dead for th in serving)
+        self.stats.update(
+            listener_threads_alive=alive,
+            listener_threads_dead=len(serving) - alive,
+            listener_threads_killed=len(self.labels) - len(serving),
+        )
         self.stats["problems"] = self.out.problems
         stats = dict(sorted(self.stats.items()))
         self.out.send(op="bye", stats=stats)

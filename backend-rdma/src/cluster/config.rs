@@ -177,9 +177,14 @@ impl ClusterConfig {
                      half of the messages are the foreign driver's"
                 ));
             }
-            if let Some(fault) = self.faults.iter().find(|f| f.rank().engine.role == foreign.side) {
+            // A kill of a foreign prefill rank kills its data-plane server and has the driver
+            // kill the rank's own code with it; nothing else can be injected into the driver.
+            let injectable = |f: &Fault| matches!(f, Fault::KillPrefill { .. });
+            if let Some(fault) =
+                self.faults.iter().find(|f| f.rank().engine.role == foreign.side && !injectable(f))
+            {
                 return Err(format!(
-                    "{}: {} is played by the foreign driver, which takes no injected faults",
+                    "{}: {} is played by the foreign driver, which takes no injected faults but --kill",
                     fault.flag(),
                     fault.rank()
                 ));

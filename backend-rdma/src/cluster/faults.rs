@@ -27,6 +27,9 @@ impl Cluster {
             self.expose_group(rank);
             let at = self.started_at.elapsed().as_millis();
             self.faults_log.push(format!("killed {rank} at {at} ms, after {after} prefills"));
+            if self.is_foreign(rank.engine) {
+                self.foreign_killed(rank);
+            }
             if let Some(ms) = restart_after_ms {
                 self.restart_at = Some((std::time::Instant::now() + Duration::from_millis(ms), rank));
             }

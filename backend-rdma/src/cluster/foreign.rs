@@ -13,10 +13,21 @@
 //!   and exits).
 //! - `recv` (decode side): a decode DP group takes a request with the proxy's
 //!   `kv_transfer_params`; the driver answers `received` once every TP rank of the group
-//!   handshook and released, or with `ok: false` and the error its code raised.
+//!   handshook and released, or with `ok: false` and the error its code raised. Before that,
+//!   for every read its code plans, the driver may say `read_plan`: the decode rank, the
+//!   prefill rank it reads (`source_dp`, `source_tp`), the block ids, and the session it reads
+//!   through (`engine_desc`, the handshake's `agent_metadata`, and `memory_descs`, the remote
+//!   memory descriptors of the sessions it built, in hex). The scheduler judges each against the
+//!   prefill process holding the transfer (`foreign_reads.rs`).
 //! - `register` / `retire` (prefill side): a rank holds a transfer / the engine freed it. The
 //!   driver answers `finished` when that rank's own ack accounting completes the transfer,
 //!   exactly when its code reports it; the engine node counts these as the rank's finish.
+//! - `kill` (prefill side, `--kill` of a foreign rank): the rank's data-plane server was
+//!   killed; the driver stops the rank's listeners and forgets everything the rank held, as the
+//!   death of its process would. `restart`: the rank's data-plane server was started again
+//!   (`--restart-after-ms`); the driver starts the rank afresh on the same ports, answering
+//!   with the new server's descriptors (`rank`, as in `setup`), and says `restarted` once it
+//!   listens. The rank's DP group prefills nothing from the kill until then.
 //! - `shutdown`: the driver answers `bye` with its counters and exits.
 //!
 //! At any time the driver may send `problem` (something to report, not fatal).
@@ -34,6 +45,7 @@ use pdkv_core::wire::{self, ControlMessage};
 use serde::{Deserialize, Serialize};
 
 use super::config::Foreign;
+use super::foreign_reads::{self, ForeignReads, Life, Plan};
 use super::{Cluster, Ev, Violation};
 use pdkv_sim::result::ViolationKind;
 
@@ -121,6 +133,16 @@ pub(super) enum ToDriver {
         dp: u16,
         tp: u16,
     },
+    /// Prefill side: `--kill` killed the rank's data-plane server; the rank dies with it.
+    Kill {
+        engine: u16,
+        dp: u16,
+        tp: u16,
+    },
+    /// Prefill side: the rank starts again, behind its restarted data-plane server.
+    Restart {
+        rank: RankView,
+    },
     Shutdown,
 }
 
@@ -145,6 +167,14 @@ pub(super) enum FromDriver {
         dp: u16,
         tp: u16,
     },
+    /// Prefill side: the rank a `restart` named listens again.
+    Restarted {
+        engine: u16,
+        dp: u16,
+        tp: u16,
+    },
+    /// Decode side: a read the driver's code planned, with the session it would read through.
+    ReadPlan(ReadPlanLine),
     Problem {
         detail: String,
     },
@@ -152,6 +182,62 @@ pub(super) enum FromDriver {
         #[serde(default)]
         stats: BTreeMap<String, u64>,
     },
+}
+
+/// A `read_plan` line: a read the foreign decode code planned, with its session in hex.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ReadPlanLine {
+    request: String,
+    transfer_id: String,
+    /// The foreign decode rank that plans it.
+    engine: u16,
+    dp: u16,
+    tp: u16,
+    /// The prefill rank it reads, in the request's prefill engine.
+    source_dp: u16,
+    source_tp: u16,
+    block_ids: Vec<u64>,
+    /// The peer metadata's `agent_metadata`.
+    engine_desc: String,
+    /// The remote memory descriptors of the sessions it reads through.
+    memory_descs: Vec<String>,
+}
+
+/// Why a `read_plan` line is not a plan of this run (a protocol error of the driver's).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum PlanRefused {
+    /// The reader is no rank of the foreign decode side.
+    NotPlayed(RankId),
+    /// The request is not one the driver was given and has not answered.
+    NotHeld(String),
+    /// The transfer is not the request's.
+    OtherTransfer { request: String, named: String, held: TransferId },
+    /// The source is no prefill rank of the request's engine.
+    NoSuchSource(RankId),
+    /// A descriptor is not hex.
+    NotHex { field: String, detail: String },
+}
+
+impl std::fmt::Display for PlanRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PlanRefused::NotPlayed(rank) => {
+                write!(f, "a read planned on {rank}, which the driver does not play")
+            }
+            PlanRefused::NotHeld(request) => {
+                write!(
+                    f,
+                    "a read for request {request:?}, which the driver was not given or answered already"
+                )
+            }
+            PlanRefused::OtherTransfer { request, named, held } => {
+                write!(f, "a read of {named:?} for request {request}, whose transfer is {held}")
+            }
+            PlanRefused::NoSuchSource(rank) => write!(f, "a read of {rank}, which the deployment lacks"),
+            PlanRefused::NotHex { field, detail } => write!(f, "{field} is not hex: {detail}"),
+        }
+    }
 }
 
 /// What the reader thread hands the scheduler.
@@ -278,6 +364,8 @@ pub struct ForeignReport {
     pub unexpected_finishes: u64,
     /// The driver's own counters, from its goodbye.
     pub stats: BTreeMap<String, u64>,
+    /// Decode side: the reads the driver planned, judged against the process holding the KV.
+    pub reads: ForeignReads,
 }
 
 impl Cluster {
@@ -313,36 +401,7 @@ impl Cluster {
         let mut ranks = Vec::new();
         if side == Role::Prefill {
             for rank in self.d.ranks(Role::Prefill) {
-                let [metadata, layers] = self
-                    .foreign_replies
-                    .get(&rank)
-                    .ok_or_else(|| format!("{rank} gave no handshake reply for the foreign driver"))?;
-                let metadata = match wire::decode(metadata) {
-                    Ok(ControlMessage::HandshakeMetadata(m)) => m,
-                    other => return Err(format!("{rank}'s handshake metadata does not decode: {other:?}")),
-                };
-                let layers = wire::decode_layer_memory_descs(layers)
-                    .map_err(|e| format!("{rank}'s layer descriptors do not decode: {e}"))?;
-                ranks.push(RankView {
-                    engine: rank.engine.index,
-                    dp: rank.dp,
-                    tp: rank.tp,
-                    metadata: MetadataView {
-                        engine_id: metadata.engine_id,
-                        agent_metadata: hex(&metadata.agent_metadata),
-                        kv_caches_base_addr: metadata.kv_caches_base_addr,
-                        num_blocks: metadata.num_blocks,
-                        block_len: metadata.block_len,
-                        attn_backend_name: metadata.attn_backend_name,
-                    },
-                    layers: layers
-                        .into_iter()
-                        .map(|l| LayerView {
-                            name: l.layer_name,
-                            descs: l.descs.iter().map(|d| hex(d)).collect(),
-                        })
-                        .collect(),
-                });
+                ranks.push(self.rank_view(rank)?);
             }
         }
         let m = &self.d.model;
@@ -359,6 +418,57 @@ impl Cluster {
             engines,
             ranks,
         })
+    }
+
+    /// A foreign prefill rank as the driver binds it: the handshake reply its data-plane server
+    /// (its latest life) stands behind.
+    fn rank_view(&self, rank: RankId) -> Result<RankView, String> {
+        let [metadata, layers] = self
+            .foreign_replies
+            .get(&rank)
+            .ok_or_else(|| format!("{rank} gave no handshake reply for the foreign driver"))?;
+        let metadata = match wire::decode(metadata) {
+            Ok(ControlMessage::HandshakeMetadata(m)) => m,
+            other => return Err(format!("{rank}'s handshake metadata does not decode: {other:?}")),
+        };
+        let layers = wire::decode_layer_memory_descs(layers)
+            .map_err(|e| format!("{rank}'s layer descriptors do not decode: {e}"))?;
+        Ok(RankView {
+            engine: rank.engine.index,
+            dp: rank.dp,
+            tp: rank.tp,
+            metadata: MetadataView {
+                engine_id: metadata.engine_id,
+                agent_metadata: hex(&metadata.agent_metadata),
+                kv_caches_base_addr: metadata.kv_caches_base_addr,
+                num_blocks: metadata.num_blocks,
+                block_len: metadata.block_len,
+                attn_backend_name: metadata.attn_backend_name,
+            },
+            layers: layers
+                .into_iter()
+                .map(|l| LayerView { name: l.layer_name, descs: l.descs.iter().map(|d| hex(d)).collect() })
+                .collect(),
+        })
+    }
+
+    /// `--kill` stopped a foreign prefill rank's data-plane server: the driver stops the rank's
+    /// listeners and forgets what it held, as the process's death would.
+    pub(super) fn foreign_killed(&mut self, rank: RankId) {
+        self.tell_driver(&ToDriver::Kill { engine: rank.engine.index, dp: rank.dp, tp: rank.tp });
+    }
+
+    /// The restarted data-plane server of a foreign prefill rank is ready: the driver starts the
+    /// rank again, a fresh process of its code answering with the new server's descriptors,
+    /// and the rank counts as ready once the driver says `restarted`.
+    pub(super) fn foreign_restart(&mut self, rank: RankId) {
+        match self.rank_view(rank) {
+            Ok(view) => {
+                self.foreign_restarting.insert(rank);
+                self.tell_driver(&ToDriver::Restart { rank: view });
+            }
+            Err(e) => self.problem(format!("restart of the foreign {rank}: {e}")),
+        }
     }
 
     pub(super) fn tell_driver(&mut self, msg: &ToDriver) {
@@ -384,6 +494,72 @@ impl Cluster {
             local_block_ids: Vec::new(),
         };
         self.tell_driver(&msg);
+    }
+
+    /// Records the descriptors a prefill process handed out in its handshake reply (metadata,
+    /// layer map), to name the process a foreign read plan's session is of.
+    pub(super) fn record_life(
+        &mut self,
+        rank: RankId,
+        incarnation: Option<pdkv_core::ids::Incarnation>,
+        reply: &[Vec<u8>; 2],
+    ) {
+        let Some(proc) = self.ranks.get(&rank) else { return };
+        let engine_desc = match wire::decode(&reply[0]) {
+            Ok(ControlMessage::HandshakeMetadata(m)) => m.agent_metadata,
+            _ => return self.problem(format!("{rank}'s handshake metadata does not decode")),
+        };
+        let Ok(layers) = wire::decode_layer_memory_descs(&reply[1]) else {
+            return self.problem(format!("{rank}'s layer descriptors do not decode"));
+        };
+        let memory_descs = layers.into_iter().flat_map(|l| l.descs).collect();
+        self.lives.insert((rank, proc.life), Life { incarnation, engine_desc, memory_descs });
+    }
+
+    /// A foreign decode rank planned a read: judged and counted, or refused when the line
+    /// cannot be a plan of this run.
+    fn read_planned(&mut self, line: ReadPlanLine) -> Result<(), PlanRefused> {
+        let ReadPlanLine { request, transfer_id, engine, dp, tp, source_dp, source_tp, block_ids, .. } = line;
+        let reader = RankId::new(EngineId::decode(engine), dp, tp);
+        let source = (source_dp, source_tp);
+        if self.foreign_side() != Some(Role::Decode) || !self.d.ranks(Role::Decode).contains(&reader) {
+            return Err(PlanRefused::NotPlayed(reader));
+        }
+        let req = request
+            .parse()
+            .ok()
+            .map(RequestId)
+            .filter(|id| self.foreign_pending.contains(id))
+            .and_then(|id| self.requests.get(&id))
+            .ok_or_else(|| PlanRefused::NotHeld(request.clone()))?;
+        if req.transfer_id.0 != transfer_id {
+            return Err(PlanRefused::OtherTransfer {
+                request,
+                named: transfer_id,
+                held: req.transfer_id.clone(),
+            });
+        }
+        let source_rank = RankId::new(EngineId::prefill(req.prefill.0 as u16), source.0, source.1);
+        if !self.d.ranks(Role::Prefill).contains(&source_rank) {
+            return Err(PlanRefused::NoSuchSource(source_rank));
+        }
+        let bad_hex = |field: String| move |detail| PlanRefused::NotHex { field, detail };
+        let engine_desc = foreign_reads::unhex(&line.engine_desc).map_err(bad_hex("engine_desc".into()))?;
+        let memory_descs = line
+            .memory_descs
+            .iter()
+            .enumerate()
+            .map(|(i, d)| foreign_reads::unhex(d).map_err(bad_hex(format!("memory_descs[{i}]"))))
+            .collect::<Result<Vec<_>, _>>()?;
+        // The holder is the owner DP group's process of that TP rank; a read of another DP
+        // rank reads a rank that does not hold the transfer.
+        let holder = (source.0 == req.prefill.1).then(|| req.holders.get(&source.1).copied()).flatten();
+        let held = req.prefill_blocks.clone();
+        let plan = Plan { source: source_rank, block_ids, engine_desc, memory_descs };
+        let live = self.ranks.get(&source_rank).filter(|p| p.alive).map(|p| p.life);
+        let verdict = foreign_reads::judge(&plan, &held, holder, &self.lives, live);
+        self.foreign_report.reads.count(reader, source_rank, &transfer_id, &verdict);
+        Ok(())
     }
 
     /// A line of the driver during the run; `Some` is a problem that ends the start.
@@ -452,6 +628,25 @@ impl Cluster {
                     self.end(id, Some(vec![format!("foreign decode: {error}")]));
                 }
             }
+            FromDriver::Restarted { engine, dp, tp } => {
+                let rank = RankId::new(EngineId::prefill(engine), dp, tp);
+                if !self.foreign_restarting.remove(&rank) {
+                    self.violations.push(Violation {
+                        kind: ViolationKind::ProtocolError,
+                        detail: format!(
+                            "the foreign driver restarted {rank}, which it was not asked to restart"
+                        ),
+                    });
+                    return None;
+                }
+                self.rank_up(rank);
+            }
+            FromDriver::ReadPlan(line) => {
+                if let Err(refused) = self.read_planned(line) {
+                    let detail = format!("the foreign driver's read_plan: {refused}");
+                    self.violations.push(Violation { kind: ViolationKind::ProtocolError, detail });
+                }
+            }
             FromDriver::Finished { transfer_id, engine, dp, tp } => {
                 let rank = RankId::new(EngineId::prefill(engine), dp, tp);
                 let transfer_id = TransferId(transfer_id);
@@ -505,6 +700,43 @@ mod tests {
             Ok(FromDriver::Finished { transfer_id: "t".into(), engine: 0, dp: 1, tp: 2 }),
         );
         check("{\"op\":\"bye\"}", Ok(FromDriver::Bye { stats: BTreeMap::new() }));
+        check(
+            "{\"op\":\"restarted\",\"engine\":0,\"dp\":0,\"tp\":1}",
+            Ok(FromDriver::Restarted { engine: 0, dp: 0, tp: 1 }),
+        );
+        check(
+            "{\"op\":\"read_plan\",\"request\":\"3\",\"transfer_id\":\"t\",\"engine\":0,\"dp\":0,\"tp\":1,\
+             \"source_dp\":0,\"source_tp\":1,\"block_ids\":[4,5],\"engine_desc\":\"0a\",\"memory_descs\":[\"0b\"]}",
+            Ok(FromDriver::ReadPlan(ReadPlanLine {
+                request: "3".into(),
+                transfer_id: "t".into(),
+                engine: 0,
+                dp: 0,
+                tp: 1,
+                source_dp: 0,
+                source_tp: 1,
+                block_ids: vec![4, 5],
+                engine_desc: "0a".into(),
+                memory_descs: vec!["0b".into()],
+            })),
+        );
+        // A plan missing its session, or with a negative block id, is not a plan.
+        check(
+            "{\"op\":\"read_plan\",\"request\":\"3\",\"transfer_id\":\"t\",\"engine\":0,\"dp\":0,\"tp\":1,\
+             \"source_dp\":0,\"source_tp\":1,\"block_ids\":[4]}",
+            Err("missing field `engine_desc`"),
+        );
+        check(
+            "{\"op\":\"read_plan\",\"request\":\"3\",\"transfer_id\":\"t\",\"engine\":0,\"dp\":0,\"tp\":1,\
+             \"source_dp\":0,\"source_tp\":1,\"block_ids\":[-4],\"engine_desc\":\"\",\"memory_descs\":[]}",
+            Err("-4"),
+        );
+        check("{\"op\":\"restarted\",\"engine\":0,\"dp\":0}", Err("missing field `tp`"));
+        check(
+            "{\"op\":\"read_plan\",\"request\":\"3\",\"transfer_id\":\"t\",\"engine\":0,\"dp\":0,\"tp\":1,\
+             \"source_dp\":0,\"source_tp\":1,\"block_ids\":[],\"engine_desc\":\"\",\"memory_descs\":[],\"x\":1}",
+            Err("unknown field `x`"),
+        );
         check("{\"op\":\"launch\"}", Err("unknown variant `launch`"));
         check("{\"op\":\"finished\",\"transfer_id\":\"t\",\"engine\":0,\"dp\":1,\"tp\":70000}", Err("70000"));
         check("{\"op\":\"ready\",\"extra\":1}", Err("unknown field `extra`"));
@@ -519,5 +751,34 @@ mod tests {
             "{\"op\":\"retire\",\"transfer_id\":\"t\",\"engine\":0,\"dp\":1,\"tp\":0}"
         );
         assert_eq!(serde_json::to_string(&ToDriver::Shutdown).unwrap(), "{\"op\":\"shutdown\"}");
+        assert_eq!(
+            serde_json::to_string(&ToDriver::Kill { engine: 0, dp: 1, tp: 0 }).unwrap(),
+            "{\"op\":\"kill\",\"engine\":0,\"dp\":1,\"tp\":0}"
+        );
+        let rank = RankView {
+            engine: 0,
+            dp: 0,
+            tp: 1,
+            metadata: MetadataView {
+                engine_id: "e".into(),
+                agent_metadata: "0a".into(),
+                kv_caches_base_addr: vec![4096],
+                num_blocks: 2,
+                block_len: 64,
+                attn_backend_name: "FLASH_ATTN".into(),
+            },
+            layers: vec![LayerView { name: "l0".into(), descs: vec!["0b".into()] }],
+        };
+        assert_eq!(
+            serde_json::to_string(&ToDriver::Restart { rank }).unwrap(),
+            "{\"op\":\"restart\",\"rank\":{\"engine\":0,\"dp\":0,\"tp\":1,\"metadata\":{\"engine_id\":\"e\",\
+             \"agent_metadata\":\"0a\",\"kv_caches_base_addr\":[4096],\"num_blocks\":2,\"block_len\":64,\
+             \"attn_backend_name\":\"FLASH_ATTN\"},\"layers\":[{\"name\":\"l0\",\"descs\":[\"0b\"]}]}}"
+        );
+        assert_eq!(
+            PlanRefused::NotHex { field: "memory_descs[2]".into(), detail: "not hex at character 0".into() }
+                .to_string(),
+            "memory_descs[2] is not hex: not hex at character 0"
+        );
     }
 }

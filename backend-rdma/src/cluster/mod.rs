@@ -39,6 +39,7 @@ mod config;
 mod decode_sched;
 mod faults;
 mod foreign;
+mod foreign_reads;
 mod messages;
 mod prefill_sched;
 mod procs;
@@ -51,6 +52,7 @@ pub use config::{
     MAX_REQUESTS, MAX_TIMEOUT_MS, MIN_TIMEOUT_MS,
 };
 pub use foreign::ForeignReport;
+pub use foreign_reads::ForeignReads;
 pub use pdkv_sim::result::{Summary, ViolationKind};
 use procs::{free_ports, new_token, Acceptor, Admission, RankProc};
 pub use result::{
@@ -221,12 +223,18 @@ struct Cluster {
     driver: Option<foreign::Driver>,
     /// Foreign prefill: each data-plane-only rank's handshake reply, for the driver's setup.
     foreign_replies: BTreeMap<RankId, [Vec<u8>; 2]>,
+    /// The descriptors each prefill process (rank, life) handed out, to tell whose session a
+    /// foreign decode's planned read goes through ([`foreign_reads`]).
+    lives: BTreeMap<(RankId, u32), foreign_reads::Life>,
     /// Foreign decode: requests handed to the driver and not yet answered.
     foreign_pending: BTreeSet<RequestId>,
     /// Foreign prefill: transfers each foreign rank reported finished (a second report is a
     /// violation).
     foreign_finished: BTreeSet<(RankId, TransferId)>,
     foreign_report: ForeignReport,
+    /// Foreign prefill ranks whose data-plane server restarted and whose driver has not yet
+    /// said `restarted`: not ready.
+    foreign_restarting: BTreeSet<RankId>,
     /// The run's message faults and what they did ([`messages`]).
     messages: messages::Messages,
 }
@@ -363,9 +371,11 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
         peers,
         driver: None,
         foreign_replies: BTreeMap::new(),
+        lives: BTreeMap::new(),
         foreign_pending: BTreeSet::new(),
         foreign_finished: BTreeSet::new(),
         foreign_report,
+        foreign_restarting: BTreeSet::new(),
         messages: messages::Messages::new(&config),
         addresses,
         d,
@@ -403,17 +413,19 @@ impl Cluster {
                     self.engine(usize::from(rank.engine.index), EngineEvent::WorkerUp { rank, incarnation });
                 }
                 if let Some(reply) = handshake {
-                    self.foreign_replies.insert(rank, reply);
+                    self.record_life(rank, incarnation, &reply);
+                    if self.is_foreign(rank.engine) {
+                        self.foreign_replies.insert(rank, reply);
+                    }
                 }
                 let proc = self.ranks.get_mut(&rank).expect("known rank");
-                proc.ready = true;
                 proc.data_addr = data_addr;
                 proc.incarnation = incarnation;
-                let life = proc.life;
-                if life > 0 {
-                    self.down_by_fault.remove(&rank);
-                    self.faults_log.push(format!("{rank} restarted (life {life})"));
-                    self.pump_prefill(rank.engine, rank.dp);
+                if proc.life > 0 && self.is_foreign(rank.engine) {
+                    // Its control plane is the driver's: ready once the driver restarted it.
+                    self.foreign_restart(rank);
+                } else {
+                    self.rank_up(rank);
                 }
             }
             FromRank::SetupFailed { error } => return Some(format!("{rank}: {error}")),
@@ -481,6 +493,18 @@ impl Cluster {
             }
         }
         None
+    }
+
+    /// A rank is ready; a restarted one is back, and its group's prefills go on.
+    fn rank_up(&mut self, rank: RankId) {
+        let Some(proc) = self.ranks.get_mut(&rank) else { return };
+        proc.ready = true;
+        let life = proc.life;
+        if life > 0 {
+            self.down_by_fault.remove(&rank);
+            self.faults_log.push(format!("{rank} restarted (life {life})"));
+            self.pump_prefill(rank.engine, rank.dp);
+        }
     }
 
     fn held(&self) -> u64 {

@@ -277,7 +277,12 @@ impl Cluster {
                     }
                     if self.is_foreign(rank.engine) {
                         // The foreign rank counts its releases by its own rules; the quorum is
-                        // pdkv's model of them and stays with the engine node.
+                        // pdkv's model of them and stays with the engine node. A rank that is
+                        // down (killed, or restarting) never hears of the transfer: its part
+                        // is the reaper's.
+                        if !self.ranks.get(&rank).is_some_and(|p| p.alive && p.ready) {
+                            continue;
+                        }
                         let request =
                             self.request_of(&transfer_id).map_or_else(String::new, |id| id.0.to_string());
                         let msg = ToDriver::Register {

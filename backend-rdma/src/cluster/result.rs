@@ -285,6 +285,9 @@ impl Cluster {
                 _ => p.clone(),
             })
             .collect();
+        // Reads the foreign decode side planned through anything but the holder's live session
+        // are its own (pdkv's outcome judges pdkv's side); the line says they happened.
+        problems.extend(self.foreign_report.reads.problem());
         if let Some(signal) = self.interrupted {
             problems
                 .insert(0, format!("interrupted by {}: the result is partial", crate::signals::name(signal)));

@@ -142,7 +142,8 @@ impl Direction {
     }
 }
 
-/// A deliberate difference: pdkv departs from vLLM 0.33 on purpose.
+/// A deliberate difference: pdkv departs from vLLM 0.33 on purpose (and what vLLM then does,
+/// where a mixed run records it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Documented {
     ListenerOffset,
@@ -151,6 +152,9 @@ pub enum Documented {
     StrictAckCount,
     AdvertisedOnly,
     NeverSent,
+    RestartStaleRead,
+    RestartDeadSession,
+    RestartUnfenced,
 }
 
 /// Every documented difference: its key in the matrix, and why pdkv differs, naming pdkv's rule.
@@ -217,6 +221,41 @@ pub const DOCUMENTED: &[(Documented, &str, &str)] = &[
          answer, behind the delimiter frame) and any notify message on the handshake socket are \
          listed because a pdkv prefill rank or a future path could send them; vLLM's listener \
          raises on them and its thread ends.",
+    ),
+    (
+        Documented::RestartStaleRead,
+        "restart-stale-read",
+        "vLLM 0.33's decode names a prefill engine by host:handshake_port, keys its sessions by \
+         that name (_dp<rank>) and checks no identity on a handshake, and it ignores \
+         pdkv_incarnations: a decode worker whose first handshake with a rank comes after the \
+         rank restarted reads transfers the dead process held through the new process's session, \
+         their block ids in memory that never held their KV (a stale read; wrong KV on hardware). \
+         pdkv's decode reads, leases and releases a transfer only through a session of the \
+         incarnation holding it, and fails it unread when that incarnation is gone \
+         (fence::step, decode::fence); docs/interop.md, Finding.",
+    ),
+    (
+        Documented::RestartDeadSession,
+        "restart-dead-session",
+        "vLLM 0.33's decode handshakes with a prefill engine once (_eager_handshaked_engines) and \
+         builds its read sessions once (built_write_session); nothing drops them, not even a failed \
+         read: after a prefill rank restarts, every read of it goes through the dead process's \
+         session, the restarted process's transfers too (on hardware each fails and its request is \
+         recomputed, for as long as the decode process lives). pdkv's decode drops a session whose \
+         read failed (HandshakeEvent::ReadFailed) and one another incarnation supersedes \
+         (HandshakeEvent::Superseded), and dials again; docs/interop.md, Finding.",
+    ),
+    (
+        Documented::RestartUnfenced,
+        "restart-unfenced",
+        "vLLM 0.33's prefill names no incarnation (no pdkv_incarnation in its handshake metadata, \
+         no pdkv_incarnations in its answer), so pdkv's decode cannot fence its transfers: after a \
+         vLLM prefill rank restarts, pdkv's decode handshakes with the restarted process (its \
+         first dial after the kill, or a new one once a read failed: HandshakeEvent::ReadFailed) \
+         and reads old block ids through the new session, as MoRIIO would. Against a pdkv prefill \
+         rank the fence fails such a transfer unread (fence::step). Here the restarted rank's pdkv \
+         data-plane server refuses the blocks its process never filled (memory::Regions::fence), \
+         so the stale read fails instead of returning wrong bytes; docs/interop.md, Incarnations.",
     ),
 ];
 
@@ -383,6 +422,9 @@ mod tests {
             Documented::StrictAckCount,
             Documented::AdvertisedOnly,
             Documented::NeverSent,
+            Documented::RestartStaleRead,
+            Documented::RestartDeadSession,
+            Documented::RestartUnfenced,
         ] {
             assert_eq!(DOCUMENTED.iter().filter(|(k, _, _)| *k == d).count(), 1, "{d:?}");
             let (key, why) = documented(d);

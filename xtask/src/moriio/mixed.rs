@@ -11,6 +11,25 @@
 //!   cannot run here), read the bytes from pdkv's data-plane servers and verify each one, and
 //!   release to vLLM's notify receiver, whose own ack accounting must finish every transfer on
 //!   every rank holding it exactly once.
+//!
+//! Three runs restart a prefill rank mid-run (`--kill RANK --kill-after N --restart-after-ms T`)
+//! and record what each side does after it, each with an expectation that documents the
+//! behaviour observed (and fails when it changes):
+//!
+//! - vLLM decode, a pdkv prefill rank restarted: the driver reports every read vLLM's
+//!   `_read_blocks` would post (its block ids and the session it goes through, from vLLM's own
+//!   `_get_built_session`), and `pdkv cluster` judges each against the process holding the KV
+//!   (`foreign.reads`): through the holder's live session, stale (an old incarnation's blocks
+//!   through the new incarnation's session), or through a dead process's session. Killed after
+//!   the first prefill, before vLLM ever dialled the rank, vLLM's first handshake reaches the
+//!   restarted process and it reads the old incarnation's transfers through it (stale). Killed
+//!   mid-run, vLLM never handshakes again, and every read of the rank goes through the dead
+//!   process's session.
+//! - pdkv decode, a vLLM prefill rank restarted (the driver stops its listeners and tables, the
+//!   cluster its data-plane server, and both start afresh on the same ports): vLLM's answers
+//!   name no incarnation, so pdkv's decode reads old block ids through the new session; the new
+//!   data-plane server refuses blocks it never filled (`revoked`), so the stale reads fail
+//!   instead of reading wrong bytes, and the byte check must find no wrong byte.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -36,6 +55,31 @@ enum Expect {
     /// vLLM 0.33's own listeners (base + dp + tp) cannot all bind on one host for a DP x TP
     /// prefill: the run must refuse to start, saying so.
     ListenerCollision,
+    /// vLLM decode, a pdkv prefill rank restarted before vLLM first dialled it: vLLM's first
+    /// handshake reaches the restarted process, and it reads transfers of the old incarnation
+    /// through the new incarnation's session (stale reads), none through a dead session.
+    StaleReads,
+    /// vLLM decode, a pdkv prefill rank restarted after vLLM handshook with it: vLLM never
+    /// handshakes again, and reads of the rank after the kill go through the dead process's
+    /// session; none is stale.
+    DeadSession,
+    /// pdkv decode, a vLLM prefill rank restarted: pdkv's decode reads old block ids through
+    /// the restarted rank's new session, and the new data-plane server refuses them (revoked);
+    /// no wrong byte is read.
+    RefusedStaleReads,
+}
+
+/// A prefill rank killed and restarted during a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Restart {
+    /// The rank (`--kill`).
+    rank: &'static str,
+    /// Prefilled requests before the kill (`--kill-after`).
+    after: u32,
+    /// `--restart-after-ms`.
+    delay_ms: u32,
+    /// Requests of the run.
+    requests: u32,
 }
 
 /// One mixed run.
@@ -47,10 +91,26 @@ struct Run {
     /// What the layout exercises, for the matrix.
     about: &'static str,
     expect: Expect,
+    restart: Option<Restart>,
+}
+
+impl Run {
+    fn requests(&self) -> u32 {
+        self.restart.map_or(REQUESTS, |r| r.requests)
+    }
 }
 
 /// Requests per run, 32 in flight: enough for transfers to overlap on every rank.
 const REQUESTS: u32 = 200;
+
+/// Timeouts of the restart runs: the reaper frees what a killed rank held after 3 s rather than
+/// MoRIIO's 60 s, and a dial waits 2 s, well past the restart.
+const RESTART_TIMEOUTS: [(&str, &str); 3] =
+    [("--handshake-timeout-ms", "2000"), ("--transfer-timeout-ms", "2500"), ("--defer-timeout-ms", "3000")];
+
+/// The substring of pdkv's read error when a data-plane server refuses blocks its process never
+/// filled (`transport::ReadError`, `RemoteCode::Revoked`).
+const REVOKED: &str = "refused the read (revoked)";
 
 const RUNS: &[Run] = &[
     Run {
@@ -59,6 +119,7 @@ const RUNS: &[Run] = &[
         mla: false,
         about: "P TP = D TP",
         expect: Expect::Clean,
+        restart: None,
     },
     Run {
         side: Side::Decode,
@@ -66,6 +127,7 @@ const RUNS: &[Run] = &[
         mla: false,
         about: "DP x TP prefill",
         expect: Expect::Clean,
+        restart: None,
     },
     Run {
         side: Side::Decode,
@@ -73,6 +135,7 @@ const RUNS: &[Run] = &[
         mla: false,
         about: "P > D",
         expect: Expect::Clean,
+        restart: None,
     },
     Run {
         side: Side::Decode,
@@ -80,6 +143,7 @@ const RUNS: &[Run] = &[
         mla: true,
         about: "P > D, flexible MLA reads",
         expect: Expect::Clean,
+        restart: None,
     },
     Run {
         side: Side::Prefill,
@@ -87,6 +151,7 @@ const RUNS: &[Run] = &[
         mla: false,
         about: "P TP = D TP",
         expect: Expect::Clean,
+        restart: None,
     },
     Run {
         side: Side::Prefill,
@@ -94,6 +159,7 @@ const RUNS: &[Run] = &[
         mla: false,
         about: "P > D",
         expect: Expect::Clean,
+        restart: None,
     },
     Run {
         side: Side::Prefill,
@@ -101,6 +167,7 @@ const RUNS: &[Run] = &[
         mla: false,
         about: "DP prefill (TP1)",
         expect: Expect::Clean,
+        restart: None,
     },
     Run {
         side: Side::Prefill,
@@ -108,6 +175,31 @@ const RUNS: &[Run] = &[
         mla: false,
         about: "DP x TP prefill",
         expect: Expect::ListenerCollision,
+        restart: None,
+    },
+    Run {
+        side: Side::Decode,
+        deployment: "1P_TP2:1D_TP2",
+        mla: false,
+        about: "P0.dp0.tp1 restarted before vLLM dialled it",
+        expect: Expect::StaleReads,
+        restart: Some(Restart { rank: "P0.dp0.tp1", after: 1, delay_ms: 300, requests: 100 }),
+    },
+    Run {
+        side: Side::Decode,
+        deployment: "1P_TP2:1D_TP2",
+        mla: false,
+        about: "P0.dp0.tp1 restarted after vLLM handshook",
+        expect: Expect::DeadSession,
+        restart: Some(Restart { rank: "P0.dp0.tp1", after: 50, delay_ms: 300, requests: 150 }),
+    },
+    Run {
+        side: Side::Prefill,
+        deployment: "1P_TP2:1D_TP2",
+        mla: false,
+        about: "vLLM's P0.dp0.tp1 restarted",
+        expect: Expect::RefusedStaleReads,
+        restart: Some(Restart { rank: "P0.dp0.tp1", after: 1, delay_ms: 300, requests: 100 }),
     },
 ];
 
@@ -119,22 +211,33 @@ pub struct Tools<'a> {
     pub vllm_src: &'a Path,
 }
 
+/// The mixed runs' cases for the matrix, and what each restart run showed, in words.
+pub struct Mixed {
+    pub cases: Vec<Case>,
+    /// One line per restart run: the run and what each side did.
+    pub restarts: Vec<String>,
+}
+
 /// Runs every mixed deployment and returns its cases.
-pub fn cases(tools: &Tools, verbose: bool) -> Vec<Case> {
-    let mut out = Vec::new();
+pub fn cases(tools: &Tools, verbose: bool) -> Mixed {
+    let mut out = Mixed { cases: Vec::new(), restarts: Vec::new() };
     for run in RUNS {
         let started = Instant::now();
         let outcome = execute(tools, run, verbose);
-        let cases = judge(run, &outcome);
+        let judged = judge(run, &outcome);
         let verdict =
-            if cases.iter().all(|c| c.verdict != Verdict::Fails) { "as expected" } else { "FAILED" };
+            if judged.cases.iter().all(|c| c.verdict != Verdict::Fails) { "as expected" } else { "FAILED" };
         eprintln!(
             "moriio-conformance: mixed {} ({}): {verdict} in {:.1} s",
             label(run),
             run.about,
             started.elapsed().as_secs_f64()
         );
-        out.extend(cases);
+        if let Some(note) = judged.note {
+            eprintln!("moriio-conformance:   {note}");
+            out.restarts.push(format!("{} ({}), {verdict}: {note}", label(run), run.about));
+        }
+        out.cases.extend(judged.cases);
     }
     out
 }
@@ -160,7 +263,7 @@ fn execute(tools: &Tools, run: &Run, verbose: bool) -> Outcome {
         Side::Prefill => "prefill",
     };
     let mut cmd = Command::new(tools.pdkv);
-    cmd.args(["cluster", run.deployment, "--requests", &REQUESTS.to_string(), "--concurrency", "32"])
+    cmd.args(["cluster", run.deployment, "--requests", &run.requests().to_string(), "--concurrency", "32"])
         .args(["--json", "--timeout-ms", "120000", "--foreign-side", side])
         .arg("--foreign-driver")
         .arg(tools.python)
@@ -174,6 +277,13 @@ fn execute(tools: &Tools, run: &Run, verbose: bool) -> Outcome {
         .stdin(Stdio::null());
     if run.mla {
         cmd.arg("--mla");
+    }
+    if let Some(restart) = &run.restart {
+        cmd.args(["--kill", restart.rank, "--kill-after", &restart.after.to_string()])
+            .args(["--restart-after-ms", &restart.delay_ms.to_string()]);
+        for (flag, value) in RESTART_TIMEOUTS {
+            cmd.args([flag, value]);
+        }
     }
     if verbose {
         cmd.args(["--foreign-driver-arg", "--verbose"]);
@@ -194,9 +304,23 @@ fn u(v: &Value, path: &[&str]) -> u64 {
     path.iter().try_fold(v, |v, k| v.get(k)).and_then(Value::as_u64).unwrap_or(u64::MAX)
 }
 
+/// A run's cases and, for a restart run, what it showed.
+struct Judged {
+    cases: Vec<Case>,
+    note: Option<String>,
+}
+
 /// The cases of one run: the whole deployment, and the handshake and release interactions it
-/// carried (in the direction the run has them).
-fn judge(run: &Run, outcome: &Outcome) -> Vec<Case> {
+/// carried (in the direction the run has them); a restart run is one case, with what it showed.
+fn judge(run: &Run, outcome: &Outcome) -> Judged {
+    if let Some(restart) = &run.restart {
+        return judge_restart(run, restart, outcome);
+    }
+    Judged { cases: judge_steady(run, outcome), note: None }
+}
+
+/// The cases of a run without a restart.
+fn judge_steady(run: &Run, outcome: &Outcome) -> Vec<Case> {
     let direction = match run.side {
         Side::Decode => Direction::VllmToPdkv,
         Side::Prefill => Direction::PdkvToVllm,
@@ -233,7 +357,7 @@ fn judge(run: &Run, outcome: &Outcome) -> Vec<Case> {
         let detail = format!("no result (exit {:?}): {}", outcome.code, tail(&outcome.stderr));
         return vec![case(Wire::Mixed, Verdict::Fails, Some(detail))];
     };
-    let n = u64::from(REQUESTS);
+    let n = u64::from(run.requests());
     let mut wrong = Vec::new();
     let mut check = |ok: bool, what: String| {
         if !ok {
@@ -325,12 +449,221 @@ fn prefill_tp(deployment: &str) -> u16 {
     Deployment::parse(deployment).map_or(1, |d| d.prefill.first().map_or(1, |l| l.tp))
 }
 
+/// The decode ranks of a deployment (every one plans a read of every request it takes).
+fn decode_ranks(deployment: &str) -> u64 {
+    Deployment::parse(deployment).map_or(1, |d| d.decode.iter().map(|l| u64::from(l.ranks())).sum())
+}
+
+/// A restart run: pdkv's side must stay clean (every failure and reaping excused by the kill,
+/// nothing held, no violation: no protocol error, no wrong byte) whatever the foreign side did,
+/// and what the foreign side did must be what `run.expect` documents. The note says what
+/// happened, in figures.
+fn judge_restart(run: &Run, restart: &Restart, outcome: &Outcome) -> Judged {
+    let direction = match run.side {
+        Side::Decode => Direction::VllmToPdkv,
+        Side::Prefill => Direction::PdkvToVllm,
+    };
+    let class = format!("{} ({})", label(run), run.about);
+    let one = |verdict, detail, note| Judged {
+        cases: vec![Case {
+            interaction: Interaction::Wire(Wire::Mixed),
+            direction,
+            class: class.clone(),
+            verdict,
+            detail,
+        }],
+        note,
+    };
+    let Some(r) = &outcome.result else {
+        let tail: Vec<&str> = outcome.stderr.lines().rev().take(6).collect();
+        let detail = format!(
+            "no result (exit {:?}): {}",
+            outcome.code,
+            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+        );
+        return one(Verdict::Fails, Some(detail), None);
+    };
+    let n = u64::from(restart.requests);
+    let mut wrong = Vec::new();
+    let mut check = |ok: bool, what: String| {
+        if !ok {
+            wrong.push(what);
+        }
+    };
+    // pdkv's side.
+    let outcome_name = r.get("outcome").and_then(Value::as_str).unwrap_or("?");
+    check(outcome_name == "clean", format!("outcome {outcome_name}"));
+    let (finished, failed) = (u(r, &["requests", "finished"]), u(r, &["requests", "failed"]));
+    check(finished.saturating_add(failed) == n, format!("{finished} finished and {failed} failed of {n}"));
+    check(
+        u(r, &["requests", "failed_excused"]) == failed,
+        format!("{failed} failed, {} excused", u(r, &["requests", "failed_excused"])),
+    );
+    let reaped = u(r, &["ledger", "reaped"]);
+    check(
+        u(r, &["ledger", "reaped_excused"]) == reaped,
+        format!("{reaped} reaped, {} excused", u(r, &["ledger", "reaped_excused"])),
+    );
+    for key in ["held", "double_frees"] {
+        check(u(r, &["ledger", key]) == 0, format!("ledger {key} {}", u(r, &["ledger", key])));
+    }
+    let violations = r.get("violations").and_then(Value::as_array).map_or(0, Vec::len);
+    check(violations == 0, format!("{violations} violations: {}", r["violations"]));
+    check(u(r, &["processes", "failed"]) == 0, "a pdkv process failed".into());
+    check(u(r, &["processes", "killed_at_shutdown"]) == 0, "a pdkv process had to be killed".into());
+    let faults: Vec<&str> = r
+        .get("faults")
+        .and_then(Value::as_array)
+        .map_or(Vec::new(), |f| f.iter().filter_map(Value::as_str).collect());
+    let restarted = format!("{} restarted", restart.rank);
+    check(
+        faults.iter().any(|f| f.starts_with(&format!("killed {} ", restart.rank)))
+            && faults.iter().any(|f| f.starts_with(&restarted)),
+        format!("{} was not killed and restarted: faults {faults:?}", restart.rank),
+    );
+    // The foreign side's own view: nothing it reported wrong, no listener thread died.
+    let foreign = &r["foreign"];
+    let stats = &foreign["stats"];
+    check(
+        u(foreign, &["unexpected_finishes"]) == 0,
+        "the vLLM side finished a transfer it did not hold".into(),
+    );
+    for key in ["problems", "listener_threads_dead"] {
+        check(u(stats, &[key]) == 0, format!("vLLM side {key} {}", u(stats, &[key])));
+    }
+    let pdkv = if failed == 0 && reaped == 0 {
+        format!("pdkv: {finished} finished, none failed or reaped, nothing held, no violation")
+    } else {
+        format!(
+            "pdkv: {finished} finished, {failed} failed and {reaped} reaped (all excused by the kill), nothing \
+             held, no violation"
+        )
+    };
+    let (documented, note) = match run.side {
+        Side::Decode => {
+            check(
+                u(foreign, &["received"]) == n,
+                format!("vLLM decode handled {} of {n}", u(foreign, &["received"])),
+            );
+            check(u(stats, &["recv_unanswered"]) == 0, "vLLM decode left requests unanswered".into());
+            let reads = &foreign["reads"];
+            let planned = u(reads, &["planned"]);
+            let want = n * decode_ranks(run.deployment);
+            check(planned == want, format!("vLLM planned {planned} reads of {want}"));
+            check(u(reads, &["unmatched"]) == 0, format!("unmatched reads: {}", reads["notes"]));
+            let (stale, dead, holder) =
+                (u(reads, &["stale"]), u(reads, &["through_dead_session"]), u(reads, &["through_holder"]));
+            // The lives whose sessions the decode ranks that read the killed rank went through.
+            let target = format!("-> {}", restart.rank);
+            let lives: Vec<&Value> = reads["sessions"].as_object().map_or(Vec::new(), |m| {
+                m.iter().filter(|(k, _)| k.ends_with(&target)).map(|(_, v)| v).collect()
+            });
+            let only =
+                |life: u64| !lives.is_empty() && lives.iter().all(|v| *v == &serde_json::json!([life]));
+            let handshakes = u(stats, &["handshakes_dialled"]);
+            if run.expect == Expect::StaleReads {
+                check(
+                    stale > 0 && dead == 0,
+                    format!("{stale} stale reads and {dead} through a dead session"),
+                );
+                check(
+                    only(1),
+                    format!("sessions with {}: {lives:?}, not the restarted process's alone", restart.rank),
+                );
+                let note = format!(
+                    "vLLM first handshook with {} after its restart and read {stale} transfers of the old \
+                     incarnation (life 0) through the new incarnation's session (life 1): stale reads; {holder} of \
+                     {planned} reads through the holder's live session, {dead} through a dead one; {pdkv}",
+                    restart.rank
+                );
+                (Documented::RestartStaleRead, note)
+            } else {
+                check(
+                    stale == 0 && dead > 0,
+                    format!("{stale} stale reads and {dead} through a dead session"),
+                );
+                check(
+                    only(0),
+                    format!("sessions with {}: {lives:?}, not the dead process's alone", restart.rank),
+                );
+                let key = format!("{}: held by life 1, read through life 0", restart.rank);
+                let new = u(reads, &["by_lives", &key]);
+                let new = if new == u64::MAX { 0 } else { new };
+                let note = format!(
+                    "vLLM never handshook with {} again ({handshakes} handshakes dialled in all, before the \
+                     kill): {dead} reads went through the dead process's session (life 0), {new} of them of \
+                     transfers the restarted process holds; {stale} stale; {holder} of {planned} reads through \
+                     the holder's live session; {pdkv}",
+                    restart.rank
+                );
+                (Documented::RestartDeadSession, note)
+            }
+        }
+        Side::Prefill => {
+            for (key, want) in [("ranks_killed", 1), ("ranks_restarted", 1), ("listener_threads_killed", 2)] {
+                check(
+                    u(stats, &[key]) == want,
+                    format!("vLLM prefill {key} {}, not {want}", u(stats, &[key])),
+                );
+            }
+            check(
+                u(stats, &["transfers_held_at_shutdown"]) == 0,
+                format!("vLLM prefill ended holding {} transfers", u(stats, &["transfers_held_at_shutdown"])),
+            );
+            let verified = u(r, &["bytes_verified"]);
+            let prompt = u(r, &["prompt_kv_bytes"]);
+            check(
+                verified != u64::MAX && verified >= prompt && prompt > 0,
+                format!("verified {verified} of {prompt} KV bytes"),
+            );
+            let failures = r.get("failures").and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
+            let revoked = failures
+                .iter()
+                .filter(|f| {
+                    f["errors"]
+                        .as_array()
+                        .is_some_and(|e| e.iter().any(|e| e.as_str().is_some_and(|e| e.contains(REVOKED))))
+                })
+                .count() as u64;
+            check(revoked > 0, format!("no read was refused as revoked (failures: {failed})"));
+            let pending = u(stats, &["pending_unmapped_acks"]);
+            let note = format!(
+                "pdkv's decode read the old block ids of {revoked} transfers through the restarted vLLM rank's \
+                 new session (vLLM names no incarnation, so nothing fenced them); the restarted data-plane \
+                 server refused each (revoked: blocks its process never filled), so no wrong byte was read \
+                 ({verified} bytes verified, 0 mismatches); requests failed otherwise (at the dead server): {}; \
+                 vLLM's restarted rank ended with {pending} releases of transfers it never knew in \
+                 _pending_unmapped_acks; {pdkv}",
+                failed.saturating_sub(revoked)
+            );
+            (Documented::RestartUnfenced, note)
+        }
+    };
+    if wrong.is_empty() {
+        one(Verdict::Documented(documented), None, Some(note))
+    } else {
+        one(Verdict::Fails, Some(format!("{}: {note}", wrong.join("; "))), Some(note))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn run(side: Side, expect: Expect) -> Run {
-        Run { side, deployment: "1P_TP2:1D_TP2", mla: false, about: "test", expect }
+        Run { side, deployment: "1P_TP2:1D_TP2", mla: false, about: "test", expect, restart: None }
+    }
+
+    /// `at`'s value at `path` becomes `value` (objects on the way are made).
+    fn patch_json(r: &mut Value, patch: &[(&[&str], Value)]) {
+        for (path, value) in patch {
+            let (last, parents) = path.split_last().unwrap();
+            let mut at = &mut *r;
+            for p in parents {
+                at = &mut at[*p];
+            }
+            at[*last] = value.clone();
+        }
     }
 
     fn result(patch: &[(&[&str], Value)]) -> Outcome {
@@ -360,6 +693,7 @@ mod tests {
 
     fn verdicts(run: &Run, outcome: &Outcome) -> Vec<(Wire, Verdict)> {
         judge(run, outcome)
+            .cases
             .into_iter()
             .map(|c| {
                 (
@@ -449,5 +783,158 @@ mod tests {
         check("1P_DP2TP2:1D_TP2", 2);
         check("1P_DP2:1D_TP2", 1);
         check("1P_TP4:1D_TP1", 4);
+    }
+
+    /// The restart run of `expect` as the observed run ended, patched.
+    fn restart_result(expect: Expect, patch: &[(&[&str], Value)]) -> (Run, Outcome) {
+        let run = *RUNS.iter().find(|r| r.expect == expect).expect("a run of each restart expectation");
+        let n = u64::from(run.requests());
+        let mut r = serde_json::json!({
+            "outcome": "clean",
+            "requests": {"finished": n, "failed": 0, "failed_excused": 0},
+            "ledger": {"reaped": 0, "reaped_excused": 0, "held": 0, "double_frees": 0},
+            "violations": [],
+            "processes": {"failed": 0, "killed_at_shutdown": 0},
+            "faults": ["killed P0.dp0.tp1 at 5 ms, after 1 prefills", "P0.dp0.tp1 restarted (life 1)"],
+            "bytes_verified": 4096, "prompt_kv_bytes": 4096,
+            "failures": [],
+            "foreign": {"received": n, "unexpected_finishes": 0, "stats": {
+                "problems": 0, "listener_threads_dead": 0, "recv_unanswered": 0, "handshakes_dialled": 2
+            }}
+        });
+        let reads = |holder: u64, stale: u64, dead: u64, life: u64| {
+            serde_json::json!({
+                "planned": 2 * n, "through_holder": holder, "stale": stale, "through_dead_session": dead,
+                "unmatched": 0, "notes": [],
+                "sessions": {"D0.dp0.tp0 -> P0.dp0.tp0": [0], "D0.dp0.tp1 -> P0.dp0.tp1": [life]},
+                "by_lives": {"P0.dp0.tp1: held by life 1, read through life 0": dead / 2}
+            })
+        };
+        match expect {
+            Expect::StaleReads => r["foreign"]["reads"] = reads(2 * n - 32, 32, 0, 1),
+            Expect::DeadSession => r["foreign"]["reads"] = reads(2 * n - 100, 0, 100, 0),
+            Expect::RefusedStaleReads => {
+                let revoked = "D0.dp0.tp1: read failed: 127.0.0.1:9 refused the read (revoked): 4096 bytes";
+                patch_json(
+                    &mut r,
+                    &[
+                        (&["requests", "finished"], (n - 2).into()),
+                        (&["requests", "failed"], 2.into()),
+                        (&["requests", "failed_excused"], 2.into()),
+                        (&["ledger", "reaped"], 2.into()),
+                        (&["ledger", "reaped_excused"], 2.into()),
+                        (
+                            &["failures"],
+                            serde_json::json!([{"errors": [revoked]}, {"errors": ["D0.dp0.tp1: read failed: cannot connect"]}]),
+                        ),
+                        (
+                            &["foreign", "stats"],
+                            serde_json::json!({
+                                "problems": 0, "listener_threads_dead": 0, "ranks_killed": 1, "ranks_restarted": 1,
+                                "listener_threads_killed": 2, "transfers_held_at_shutdown": 0, "pending_unmapped_acks": 2
+                            }),
+                        ),
+                    ],
+                );
+            }
+            _ => unreachable!("not a restart expectation"),
+        }
+        patch_json(&mut r, patch);
+        (run, Outcome { code: Some(0), result: Some(r), stderr: String::new() })
+    }
+
+    #[test]
+    fn a_restart_run_documents_what_vllm_did_and_fails_when_it_changes() {
+        let check = |expect, patch: &[(&[&str], Value)], want: Option<Documented>, says: &str| {
+            let (run, outcome) = restart_result(expect, patch);
+            let judged = judge(&run, &outcome);
+            let verdicts: Vec<Verdict> = judged.cases.iter().map(|c| c.verdict.clone()).collect();
+            assert_eq!(verdicts, [want.map_or(Verdict::Fails, Verdict::Documented)], "{expect:?} {patch:?}");
+            let text = match &judged.cases[0].detail {
+                Some(detail) => detail.clone(),
+                None => judged.note.clone().unwrap_or_default(),
+            };
+            assert!(text.contains(says), "{expect:?} {patch:?}: {text}");
+        };
+        use Expect::{DeadSession, RefusedStaleReads, StaleReads};
+        // As observed.
+        check(
+            StaleReads,
+            &[],
+            Some(Documented::RestartStaleRead),
+            "read 32 transfers of the old incarnation",
+        );
+        check(
+            DeadSession,
+            &[],
+            Some(Documented::RestartDeadSession),
+            "100 reads went through the dead process's session (life 0), 50 of them",
+        );
+        check(RefusedStaleReads, &[], Some(Documented::RestartUnfenced), "old block ids of 1 transfers");
+        // vLLM changed: it reads nothing stale (it fences, or handshakes before), or it
+        // handshakes again after the restart.
+        check(StaleReads, &[(&["foreign", "reads", "stale"], 0.into())], None, "0 stale reads");
+        check(
+            StaleReads,
+            &[(&["foreign", "reads", "through_dead_session"], 3.into())],
+            None,
+            "3 through a dead session",
+        );
+        check(
+            DeadSession,
+            &[(&["foreign", "reads", "sessions", "D0.dp0.tp1 -> P0.dp0.tp1"], serde_json::json!([0, 1]))],
+            None,
+            "not the dead process's alone",
+        );
+        check(DeadSession, &[(&["foreign", "reads", "stale"], 4.into())], None, "4 stale reads");
+        check(StaleReads, &[(&["foreign", "reads", "unmatched"], 1.into())], None, "unmatched reads");
+        check(
+            StaleReads,
+            &[(&["foreign", "reads", "planned"], 10.into())],
+            None,
+            "vLLM planned 10 reads of 200",
+        );
+        // pdkv's side erred: a protocol error, a wrong byte, an unexcused failure or reaping,
+        // something held, no restart at all.
+        let protocol = serde_json::json!([{"kind": "protocol_error", "detail": "P0.dp0.tp1: transfer is not registered"}]);
+        check(
+            StaleReads,
+            &[(&["violations"], protocol), (&["outcome"], "safety_violation".into())],
+            None,
+            "protocol_error",
+        );
+        let mismatch = serde_json::json!([{"kind": "read_mismatch", "detail": "D0.dp0.tp1: wrong bytes"}]);
+        check(RefusedStaleReads, &[(&["violations"], mismatch)], None, "read_mismatch");
+        check(RefusedStaleReads, &[(&["requests", "failed_excused"], 1.into())], None, "2 failed, 1 excused");
+        check(DeadSession, &[(&["ledger", "reaped"], 1.into())], None, "1 reaped, 0 excused");
+        check(DeadSession, &[(&["ledger", "held"], 1.into())], None, "ledger held 1");
+        check(StaleReads, &[(&["faults"], serde_json::json!([]))], None, "was not killed and restarted");
+        // vLLM's prefill changed: no read refused as revoked (the stale read went elsewhere, or
+        // failed otherwise), its tables kept a transfer, a listener died.
+        check(
+            RefusedStaleReads,
+            &[(&["failures"], serde_json::json!([{"errors": ["D0.dp0.tp1: read failed: cannot connect"]}]))],
+            None,
+            "no read was refused as revoked",
+        );
+        check(
+            RefusedStaleReads,
+            &[(&["foreign", "stats", "transfers_held_at_shutdown"], 1.into())],
+            None,
+            "ended holding 1",
+        );
+        check(
+            RefusedStaleReads,
+            &[(&["foreign", "stats", "listener_threads_dead"], 1.into())],
+            None,
+            "listener_threads_dead 1",
+        );
+        check(
+            RefusedStaleReads,
+            &[(&["foreign", "stats", "ranks_restarted"], 0.into())],
+            None,
+            "ranks_restarted 0",
+        );
+        check(RefusedStaleReads, &[(&["bytes_verified"], 0.into())], None, "verified 0 of 4096");
     }
 }

@@ -54,7 +54,11 @@ its wheels' sha256 are pinned in xtask/src/moriio/wheel.rs):
   5. computes pdkv-core's answers to the same questions, and prints the compatibility matrix:
      per interaction, direction and layout class, how many cases work, differ as documented
      (a deliberate pdkv rule, explained under the table), or fail. Each failure is listed with
-     its layout, vLLM's answer and pdkv's.
+     its layout, vLLM's answer and pdkv's;
+  6. runs the mixed deployments: `pdkv cluster --foreign-side` with tests/moriio/mixed.py
+     playing one side with vLLM's code, among them three that kill and restart a prefill rank
+     (a pdkv one under vLLM's decode, twice, and a vLLM one under pdkv's decode), and prints
+     what each side did after the restart (docs/interop.md, Restarts in a mixed deployment).
 
 options:
   --max-ranks N   largest DP x TP a side (1 to 16; default 16)
@@ -264,14 +268,20 @@ fn conformance(root: &Path, options: &Options) -> Result<bool, ConformanceError>
     }
     let pdkv = target.join("release/pdkv");
     let tools = mixed::Tools { pdkv: &pdkv, python: &python, root, vllm_src: &src };
-    for case in mixed::cases(&tools, options.verbose) {
+    let mixed = mixed::cases(&tools, options.verbose);
+    for case in mixed.cases {
         matrix.add(case);
     }
-    print_report(&answers, &sent, &matrix);
+    print_report(&answers, &sent, &matrix, &mixed.restarts);
     Ok(!matrix.failures().is_empty())
 }
 
-fn print_report(answers: &answers::Answers, sent: &messages::Messages, matrix: &matrix::Matrix) {
+fn print_report(
+    answers: &answers::Answers,
+    sent: &messages::Messages,
+    matrix: &matrix::Matrix,
+    restarts: &[String],
+) {
     const SHOWN: usize = 40;
     let failures = matrix.failures();
     if !failures.is_empty() {
@@ -295,6 +305,13 @@ fn print_report(answers: &answers::Answers, sent: &messages::Messages, matrix: &
     println!();
     print!("{}", deliveries(answers, sent));
     println!();
+    if !restarts.is_empty() {
+        println!("a prefill rank restarted in a mixed deployment (what each side did):");
+        for line in restarts {
+            println!("  {line}");
+        }
+        println!();
+    }
     let (works, documented, fails) = matrix.totals();
     println!(
         "moriio-conformance: {} cases: {works} work, {documented} differ as documented, {fails} fail",
