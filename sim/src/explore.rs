@@ -179,24 +179,36 @@ pub fn search_scenario_for_seed(base: &Scenario, seed: u64, swarm: bool, ideal: 
 /// Most requests a search seed draws when it sizes its workload for the balance check.
 pub const SEARCH_MAX_REQUESTS: u32 = 512;
 
-/// Most events a search seed runs. A seed whose faults make the protocol retry in a loop (a
-/// handshake timeout of 5 ms against a listener that answers in 9 s re-dials for minutes of
-/// virtual time) is cut there: the run's budget rules then tell a run still progressing (its
-/// requests are cut off, no verdict) from one stuck for longer than any protocol wait (a hang).
-pub const SEARCH_MAX_EVENTS: u64 = 10_000;
+/// Events every search seed may run, however few its requests (see [`search_max_events`]).
+pub const SEARCH_EVENTS_FLOOR: u64 = 20_000;
+
+/// Events a search seed may run per request it sends, above [`SEARCH_EVENTS_FLOOR`].
+pub const SEARCH_EVENTS_PER_REQUEST: u64 = 1_000;
+
+/// Most events a search seed of `requests` requests runs: [`SEARCH_EVENTS_PER_REQUEST`] per
+/// request, at least [`SEARCH_EVENTS_FLOOR`]. A seed that ran out of events has no verdict on
+/// liveness (its requests are cut off, `incomplete`), so the budget must let ordinary seeds
+/// finish: on `2P_DP8EP:1D_TP8` they need 20-30 events per request and layer and up to 550
+/// per request, and the seeds of the balance check (64 requests there, 512 on
+/// `2P_TP8:1D_DP8EP`) were all cut by a flat 10,000. What it still cuts are seeds whose faults
+/// make the protocol retry in a loop, such as a listener as slow as a 1 ms handshake timeout
+/// that every decode rank dials at once, re-dialled at every step until the queue drains.
+pub fn search_max_events(requests: u32) -> u64 {
+    SEARCH_EVENTS_FLOOR.max(SEARCH_EVENTS_PER_REQUEST * u64::from(requests))
+}
 
 /// Makes `scenario` a small seed drawn from `seed` (the same seed always draws the same):
 ///
-/// - **Workload**: mostly a few to a few dozen requests (2 to 48); a quarter of the seeds send
-///   the four rounds of the proxy the balance check needs (`ideal`'s `requests_per_round`, at
+/// - **Workload**: mostly a few to two dozen requests (2 to 24); one seed in eight sends the
+///   four rounds of the proxy the balance check needs (`ideal`'s `requests_per_round`, at
 ///   most [`SEARCH_MAX_REQUESTS`]), so routing bugs stay in reach. Closed loops of 1 to 8
 ///   clients or open loops from a trickle to a burst; prompts from a few tokens to a few
-///   thousand, outputs of 1 to 64 tokens.
+///   thousand, outputs of 1 to 32 tokens.
 /// - **Depth**: seven seeds in eight run a shallower twin of the model, with 2, 3, 4 or 8 layers
 ///   (MoE layers and parameters in the model's proportion), the eighth the model itself. Per-layer reads make a request's events grow
 ///   with the depth, and a race between a release and the reads still in flight needs a few
 ///   layers, not sixty.
-/// - **Budget**: at most [`SEARCH_MAX_EVENTS`] events.
+/// - **Budget**: at most [`search_max_events`] events.
 pub fn small_seed(scenario: &mut Scenario, seed: u64, ideal: Option<Ideal>) {
     let mut streams = Streams::new(seed ^ 0x574f_524b_4c4f_4144);
     let rounds = ideal.map(|i| 4 * i.requests_per_round.max(1)).unwrap_or(0);
@@ -231,7 +243,7 @@ pub fn small_seed(scenario: &mut Scenario, seed: u64, ideal: Option<Ideal>) {
         model.moe_layers = moe as u16;
         model.layers = depth;
     }
-    scenario.limits.max_events = scenario.limits.max_events.min(SEARCH_MAX_EVENTS);
+    scenario.limits.max_events = scenario.limits.max_events.min(search_max_events(requests));
 }
 
 /// Timing faults and degenerate limits for a swarm seed, on top of the message faults: each is
@@ -244,13 +256,21 @@ pub fn storm_for_seed(scenario: &mut Scenario, seed: u64) {
     let mut streams = Streams::new(seed ^ 0x5354_4f52_4d00_0000);
     let handshake_ms = scenario.protocol.handshake_timeout_ms;
     let transfer_ms = scenario.protocol.transfer_timeout_ms;
-    // Within 10 % either side of a timeout.
-    let near = |streams: &mut Streams, timeout_ms: u64| {
-        let tenth = (timeout_ms / 10).max(1);
-        timeout_ms.saturating_sub(tenth).saturating_add(streams.below(2 * tenth + 1))
-    };
     let fault = |at_ms: u64, target: &str, fault: FaultKind, duration_ms: Option<u64>, count: Option<u32>| {
         TimedFault { at_ms, target: Target(target.into()), fault, duration_ms, count }
+    };
+    // Times near a timeout are drawn as a point of the window within 10 % either side of it and
+    // placed once the degenerate limits below are known: a listener "as slow as the handshake
+    // timeout" must be as slow as the timeout in force, not 2,000 times slower than a 5 ms one
+    // (which only made the decode ranks re-dial every step until the transfer timeout).
+    let mut near: Vec<(usize, Near)> = Vec::new();
+    let draw_near = |streams: &mut Streams, timeout: Timeout| {
+        let timeout_ms = match timeout {
+            Timeout::Handshake => handshake_ms,
+            Timeout::Transfer => transfer_ms,
+        };
+        let tenth = (timeout_ms / 10).max(1);
+        Near { timeout, point: streams.below(2 * tenth + 1), of: 2 * tenth }
     };
     let targets = ["P*.dp*.tp*", "P0.dp0.tp0", "P*.dp0.tp*"];
     if streams.chance(0.3) {
@@ -259,37 +279,81 @@ pub fn storm_for_seed(scenario: &mut Scenario, seed: u64) {
         let factor = [0.1, 0.001, 0.00002][streams.below(3) as usize];
         let target = targets[streams.below(targets.len() as u64) as usize];
         let at_ms = [0, 200, 2000][streams.below(3) as usize];
-        let duration = [None, Some(near(&mut streams, transfer_ms))][streams.below(2) as usize];
-        scenario.faults.timeline.push(fault(at_ms, target, FaultKind::SlowNic { factor }, duration, None));
+        // Drawn whether or not it is used, as it always was, so seeds keep their draws.
+        let about_a_timeout = draw_near(&mut streams, Timeout::Transfer);
+        if streams.below(2) == 1 {
+            near.push((scenario.faults.timeline.len(), about_a_timeout));
+        }
+        scenario.faults.timeline.push(fault(at_ms, target, FaultKind::SlowNic { factor }, None, None));
     }
     if streams.chance(0.25) {
-        let delay_ms = if streams.chance(0.5) {
-            near(&mut streams, handshake_ms)
-        } else {
-            near(&mut streams, transfer_ms)
-        };
+        let timeout = if streams.chance(0.5) { Timeout::Handshake } else { Timeout::Transfer };
+        near.push((scenario.faults.timeline.len(), draw_near(&mut streams, timeout)));
         let target = targets[streams.below(targets.len() as u64) as usize];
         let count = Some(1 + streams.below(4) as u32);
-        scenario.faults.timeline.push(fault(0, target, FaultKind::DelayMessages { delay_ms }, None, count));
+        let delay = FaultKind::DelayMessages { delay_ms: 0 };
+        scenario.faults.timeline.push(fault(0, target, delay, None, count));
     }
     if streams.chance(0.15) {
-        let service_ms = near(&mut streams, handshake_ms);
-        scenario.faults.timeline.push(fault(
-            0,
-            "P*.dp*.tp*",
-            FaultKind::SlowListener { service_ms },
-            None,
-            None,
-        ));
+        near.push((scenario.faults.timeline.len(), draw_near(&mut streams, Timeout::Handshake)));
+        let slow = FaultKind::SlowListener { service_ms: 0 };
+        scenario.faults.timeline.push(fault(0, "P*.dp*.tp*", slow, None, None));
     }
-    if streams.chance(0.15) {
+    let batch_of_one = streams.chance(0.15);
+    let short_transfer = streams.chance(0.15).then(|| [1, 5, 50][streams.below(3) as usize]);
+    if let Some(transfer_timeout_ms) = short_transfer {
+        scenario.protocol.transfer_timeout_ms = transfer_timeout_ms;
+    }
+    // Not both: a queued request's lease is renewed every half transfer timeout (at least every
+    // millisecond) on every decode rank, and a decode batch of one queues all but one request,
+    // so together they send about 24,000 leases a second per queued request on a TP8 decode
+    // engine (the 48 seeds of 2,000 of `2P_DP8EP:1D_TP8` that drew both needed up to 3 M events,
+    // median 50,000, and were cut). Each alone finishes within the budget.
+    if batch_of_one && short_transfer.is_none() {
         scenario.engines.decode_max_batch = 1;
-    }
-    if streams.chance(0.15) {
-        scenario.protocol.transfer_timeout_ms = [1, 5, 50][streams.below(3) as usize];
     }
     if streams.chance(0.1) {
         scenario.protocol.handshake_timeout_ms = [1, 5][streams.below(2) as usize];
+    }
+    for (index, near) in near {
+        let timeout_ms = match near.timeout {
+            Timeout::Handshake => scenario.protocol.handshake_timeout_ms,
+            Timeout::Transfer => scenario.protocol.transfer_timeout_ms,
+        };
+        let ms = near.place(timeout_ms);
+        let entry = &mut scenario.faults.timeline[index];
+        match &mut entry.fault {
+            FaultKind::SlowNic { .. } => entry.duration_ms = Some(ms),
+            FaultKind::DelayMessages { delay_ms } => *delay_ms = ms,
+            FaultKind::SlowListener { service_ms } => *service_ms = ms,
+            _ => unreachable!("only the faults above draw a time near a timeout"),
+        }
+    }
+}
+
+/// Which timeout a storm's time is drawn near.
+#[derive(Clone, Copy)]
+enum Timeout {
+    Handshake,
+    Transfer,
+}
+
+/// A time drawn near a timeout: `point` of `of + 1` equal steps across the window within 10 %
+/// either side of it.
+#[derive(Clone, Copy)]
+struct Near {
+    timeout: Timeout,
+    point: u64,
+    of: u64,
+}
+
+impl Near {
+    /// The time near `timeout_ms` (the timeout in force): the same point of its window. For the
+    /// timeout the point was drawn against, exactly the time drawn.
+    fn place(self, timeout_ms: u64) -> u64 {
+        let tenth = (timeout_ms / 10).max(1);
+        let offset = u128::from(self.point) * u128::from(2 * tenth) / u128::from(self.of.max(1));
+        timeout_ms.saturating_sub(tenth).saturating_add(offset as u64)
     }
 }
 
@@ -437,6 +501,64 @@ mod tests {
         assert!(calm > 0 && calm < 64, "{calm} of 64 seeds calm");
     }
 
+    /// The storm's times near a timeout are near the timeout in force: a listener as slow as a
+    /// 1 ms handshake timeout, not as the default 10 s one (which made the decode ranks re-dial
+    /// at every step until the transfer timeout, hundreds of thousands of events, cut by the
+    /// budget). Seeds that keep their default timeouts keep the times they always drew.
+    #[test]
+    fn storm_times_are_near_the_timeouts_in_force() {
+        let base = Scenario::from_notation("2P_DP8EP:1D_TP8");
+        let (mut shortened, mut kept) = (0, 0);
+        for seed in 0..2000 {
+            let mut s = base.clone();
+            storm_for_seed(&mut s, seed);
+            let (handshake, transfer) = (s.protocol.handshake_timeout_ms, s.protocol.transfer_timeout_ms);
+            let near = |ms: u64, timeout: u64| {
+                let tenth = (timeout / 10).max(1);
+                (timeout.saturating_sub(tenth)..=timeout + tenth).contains(&ms)
+            };
+            for f in &s.faults.timeline {
+                match f.fault {
+                    FaultKind::SlowListener { service_ms } => {
+                        assert!(near(service_ms, handshake), "seed {seed}: {service_ms} ms vs {handshake} ms")
+                    }
+                    FaultKind::DelayMessages { delay_ms } => assert!(
+                        near(delay_ms, handshake) || near(delay_ms, transfer),
+                        "seed {seed}: {delay_ms} ms vs {handshake} and {transfer} ms"
+                    ),
+                    FaultKind::SlowNic { .. } => {
+                        if let Some(d) = f.duration_ms {
+                            assert!(near(d, transfer), "seed {seed}: {d} ms vs {transfer} ms")
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            // A decode batch of one with a transfer timeout of a few milliseconds renews leases
+            // every millisecond on every rank: never both.
+            assert!(!(s.engines.decode_max_batch == 1 && transfer < base.protocol.transfer_timeout_ms));
+            if handshake < base.protocol.handshake_timeout_ms {
+                shortened += s
+                    .faults
+                    .timeline
+                    .iter()
+                    .filter(|f| matches!(f.fault, FaultKind::SlowListener { .. }))
+                    .count();
+            } else {
+                kept += 1;
+            }
+        }
+        assert!(
+            shortened > 5 && kept > 1000,
+            "{shortened} slow listeners at a short timeout, {kept} seeds kept"
+        );
+        // A time drawn near a timeout is the same point of the window near another one.
+        let n = Near { timeout: Timeout::Handshake, point: 1500, of: 2000 };
+        assert_eq!([n.place(10_000), n.place(1), n.place(5), n.place(50)], [10_500, 1, 5, 52]);
+        let n = Near { timeout: Timeout::Transfer, point: 0, of: 2 };
+        assert_eq!([n.place(10), n.place(1), n.place(0)], [9, 0, 0]);
+    }
+
     #[test]
     fn a_search_seed_is_small_varied_and_a_function_of_the_seed() {
         let base = Scenario::from_notation("2P_DP8EP:1D_TP8");
@@ -454,7 +576,7 @@ mod tests {
         for s in &seeds {
             let n = requests(s);
             assert!((2..=24).contains(&n) || n == rounds.min(u64::from(SEARCH_MAX_REQUESTS)), "{n} requests");
-            assert!(s.limits.max_events <= SEARCH_MAX_EVENTS);
+            assert!(s.limits.max_events <= search_max_events(n as u32));
             assert!(s.model.moe_layers <= s.model.layers && s.model.layers >= 2);
             let Length::Uniform { max, .. } = s.workload.output_tokens else {
                 panic!("drawn outputs are uniform")
