@@ -22,6 +22,8 @@ pub(super) struct Req {
     pub(super) first_token_ns: Option<u64>,
     pub(super) done_ns: Option<u64>,
     pub(super) failed: bool,
+    /// A decode worker gave up on its KV at the transfer timeout.
+    pub(super) timed_out: bool,
     pub(super) prefill_blocks: Vec<u32>,
     pub(super) decode_blocks: Vec<u32>,
 }
@@ -122,6 +124,7 @@ impl World {
             first_token_ns: None,
             done_ns: None,
             failed: false,
+            timed_out: false,
             prefill_blocks: Vec::new(),
             decode_blocks: Vec::new(),
         };

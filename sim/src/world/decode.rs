@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use pdkv_core::decode::{DecodeAction, DecodeEvent, ReadOp, RecvRequest};
+use pdkv_core::decode::{DecodeAction, DecodeEvent, ReadOp, RecvError, RecvRequest};
 use pdkv_core::group::{DecodeGroup, GroupAction, GroupEvent, StepReport};
 use pdkv_core::ids::RequestId;
 use pdkv_core::time::Instant;
@@ -413,6 +413,11 @@ impl World {
                         None,
                         format!("{request}: {error}"),
                     );
+                    if matches!(error, RecvError::Timeout { .. }) {
+                        if let Some(req) = self.requests.get_mut(&request) {
+                            req.timed_out = true;
+                        }
+                    }
                     self.report(w, request, true);
                 }
                 DecodeAction::InvalidateBlocks { .. } => {}

@@ -15,7 +15,7 @@ impl World {
     fn stall_window_ns(&self) -> u64 {
         let p = &self.sc.protocol;
         let transfer = ms_ns(p.handshake_timeout_ms)
-            .saturating_add(ms_ns(p.transfer_timeout_ms))
+            .saturating_add(ms_ns(self.sc.transfer_timeout_ms()))
             .saturating_add(ms_ns(p.defer_timeout_ms));
         ms_ns(p.collective_timeout_ms).max(transfer)
     }
@@ -271,6 +271,13 @@ mod outcome_tests {
                 "transfer timeout 1 ms",
                 small("protocol: (transfer_timeout_ms: 1)"),
                 (FailedRequests, [4, 0, 0, 4, 0, 0, 0]),
+            ),
+            // The same timeout imposed as a fault (as the search's storm imposes it): the requests
+            // fail because of it, excused.
+            (
+                "transfer timeout 1 ms imposed as a fault",
+                small("faults: (transfer_timeout_ms: 1)"),
+                (Clean, [4, 0, 4, 0, 0, 0, 0]),
             ),
             (
                 "handshake timeout 1 ms over a 2 ms network",
