@@ -25,6 +25,9 @@ pub enum Property {
     /// Every prefill block freed exactly once, by its releases (the reaper only when the decode
     /// side died or a fault lost a release or lease).
     FreedByReleases,
+    /// Every failed request failed because of an injected fault (`docs/sim.md`, "Excused
+    /// failures"); a failure no fault explains is a protocol or configuration defect.
+    FailuresExcused,
     /// Reads spread over prefill GPUs about as evenly as the fixed routing spreads them for the
     /// deployment (checked when every GPU could have served a few reads).
     Balanced,
@@ -39,6 +42,7 @@ impl Property {
             Property::NoHang => "no-hang",
             Property::EveryRequestEnds => "every-request-ends",
             Property::FreedByReleases => "freed-by-releases",
+            Property::FailuresExcused => "failures-excused",
             Property::Balanced => "balanced",
         }
     }
@@ -53,6 +57,7 @@ impl Property {
             Property::NoHang => "no collective waits past its timeout",
             Property::EveryRequestEnds => "every request finishes or fails with a reported error",
             Property::FreedByReleases => "every prefill block is freed exactly once, by its releases",
+            Property::FailuresExcused => "every failed request failed because of an injected fault",
             Property::Balanced => {
                 "reads spread over the prefill GPUs as evenly as the fixed routing spreads them"
             }
@@ -91,6 +96,11 @@ pub fn broken_properties(result: &RunResult) -> Vec<Property> {
     let held = ledger.held > 0 && cut_off == 0 && !ledger.reaper_pending;
     if held || ledger.reaped > ledger.reaped_excused {
         broken.push(Property::FreedByReleases);
+    }
+    // A request that failed with no injected fault to explain it is no verdict the search may
+    // ignore: the protocol or the scenario's own limits failed it.
+    if result.requests.failed_unexcused > 0 {
+        broken.push(Property::FailuresExcused);
     }
     broken
 }
@@ -425,10 +435,19 @@ fn reductions(s: &Scenario) -> Vec<Scenario> {
     out
 }
 
+/// What shrinking found: the smallest failing scenario, and how many runs it took.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Shrunk {
+    /// The scenario.
+    pub scenario: Scenario,
+    /// Runs the shrinker spent (at most its budget).
+    pub runs: usize,
+}
+
 /// Shrinks a scenario that breaks `property` (with its own seed) to a smaller one that still
 /// breaks it, trying at most `budget` runs. Greedy: the first reduction that still fails is
 /// taken, until none does.
-pub fn shrink(failing: &Scenario, property: Property, budget: usize) -> Scenario {
+pub fn shrink(failing: &Scenario, property: Property, budget: usize) -> Shrunk {
     let mut current = failing.clone();
     let mut runs = 0;
     'outer: loop {
@@ -445,13 +464,14 @@ pub fn shrink(failing: &Scenario, property: Property, budget: usize) -> Scenario
         }
         break;
     }
-    current
+    Shrunk { scenario: current, runs }
 }
 
-/// A shrunk failure made a scenario of its own, and the text of its file.
+/// A seed of an exploration (shrunk, or as it ran) made a scenario of its own, and the text of
+/// its file.
 #[derive(Clone, Debug, PartialEq)]
-pub struct ShrunkFile {
-    /// The scenario: named `<base>-seed<seed>-shrunk`, without expectations.
+pub struct ScenarioFile {
+    /// The scenario: named `<base>-seed<seed>-shrunk` or `<base>-seed<seed>`.
     pub scenario: Scenario,
     /// The RON file: a header saying where it comes from and what it breaks, then the scenario.
     pub text: String,
@@ -464,31 +484,92 @@ pub struct ShrunkFile {
 /// expected to be clean, which a run that breaks a property is not: `pdkv run` of the file
 /// exits 1 for as long as the failure lasts, and 0 once a fix makes it pass. The header says
 /// which property it breaks and the outcome it has (`small` runs once more to learn it); an
-/// error says why it cannot run.
+/// error says why it cannot run. Profiles whose values it no longer holds are dropped
+/// ([`crate::profiles::drop_contradicted`]), so the file loads whatever the original named.
 pub fn shrunk_file(
     base: &Scenario,
     seed: u64,
     property: Property,
     small: &Scenario,
-) -> Result<ShrunkFile, crate::SimError> {
+) -> Result<ScenarioFile, crate::SimError> {
     let mut scenario = small.clone();
     scenario.name = format!("{}-seed{seed}-shrunk", base.name);
     scenario.description =
         format!("Shrunk by pdkv explore from seed {seed} of {}: breaks {property}", base.name);
     scenario.expect = None;
     scenario.expect_jain = None;
+    let declares = match (property, ideal_jain(&scenario)) {
+        // Balance is no outcome: the file bounds the Jain index instead, at what the search
+        // asks (the fixed routing's index less the slack), so `pdkv run` fails on it too.
+        (Property::Balanced, Some(ideal)) => {
+            let at_least = ((ideal.jain - BALANCE_SLACK) * 1000.0).floor() / 1000.0;
+            scenario.expect_jain =
+                Some(crate::scenario::JainBounds { at_least: Some(at_least), at_most: None });
+            format!("`expect_jain: (at_least: {at_least})` (the fixed routing's index less {BALANCE_SLACK}) and no `expect`")
+        }
+        _ => "no `expect`".to_string(),
+    };
+    let dropped = crate::profiles::drop_contradicted(&mut scenario);
     let outcome = crate::run(&scenario, RunOptions::default())?.result.outcome;
     let text = format!(
         "// Shrunk by `pdkv explore` from seed {seed} of {}; its outcome is {}.\n\
          // It breaks the property {property}: {}.\n\
-         // It declares no `expect`, so `pdkv run` expects it clean and exits 1 (NOT AS EXPECTED)\n\
-         // while it breaks the property, and 0 once a fix makes it pass.\n{}",
+         // It declares {declares}, so `pdkv run` expects it clean and exits 1\n\
+         // (NOT AS EXPECTED) while it breaks the property, and 0 once a fix makes it pass.\n{}{}",
         base.name,
         outcome.name(),
         property.meaning(),
+        profiles_note(&dropped),
         crate::load::scenario_to_ron(&scenario)
     );
-    Ok(ShrunkFile { scenario, text })
+    Ok(ScenarioFile { scenario, text })
+}
+
+/// The header lines that say which profiles a written scenario no longer names.
+fn profiles_note(dropped: &[String]) -> String {
+    if dropped.is_empty() {
+        return String::new();
+    }
+    format!(
+        "// It no longer names the {}, whose values it does not hold (a search runs a\n\
+         // shallower twin of the model): its own values are written out below.\n",
+        dropped.join(" and the ")
+    )
+}
+
+/// How many seeds of each outcome but `clean` an exploration names and writes as scenario files
+/// (the smallest ones; the others are counted).
+pub const SEEDS_LISTED_PER_OUTCOME: usize = 10;
+
+/// Seed `seed` of an exploration of `base`, which ran `scenario` and ended `outcome`, as a
+/// scenario file of its own, so `pdkv run` of it replays that seed: named `<base>-seed<seed>`,
+/// its `expect` the outcome it had (`pdkv run` exits 0 while it still ends so), without the
+/// profiles whose values it no longer holds.
+pub fn seed_file(base: &Scenario, seed: u64, scenario: &Scenario, outcome: crate::Outcome) -> ScenarioFile {
+    let mut scenario = scenario.clone();
+    scenario.name = format!("{}-seed{seed}", base.name);
+    scenario.description = format!("Seed {seed} of {} as pdkv explore ran it: {}", base.name, outcome.name());
+    scenario.expect = Some(outcome);
+    scenario.expect_jain = None;
+    let dropped = crate::profiles::drop_contradicted(&mut scenario);
+    let why = match outcome {
+        crate::Outcome::Incomplete => format!(
+            "// Its budget (limits.max_events {}, limits.max_virtual_time_s {}) ended it while requests\n\
+             // were still in flight and progressing: no verdict on liveness. Raise it to see the run end.\n",
+            scenario.limits.max_events, scenario.limits.max_virtual_time_s
+        ),
+        _ => String::new(),
+    };
+    let text = format!(
+        "// Seed {seed} of {} as `pdkv explore` ran it; its outcome is {}.\n{why}\
+         // It declares `expect: {}`, so `pdkv run` of it exits 0 while it still ends so.\n{}{}",
+        base.name,
+        outcome.name(),
+        outcome.name(),
+        profiles_note(&dropped),
+        crate::load::scenario_to_ron(&scenario)
+    );
+    ScenarioFile { scenario, text }
 }
 
 #[cfg(test)]
@@ -634,7 +715,7 @@ mod tests {
         let scenario = crate::load::load_scenario(&path).unwrap();
         let run = crate::run(&scenario, RunOptions::default()).unwrap();
         assert_eq!(broken_properties(&run.result), [Property::FreedByReleases]);
-        let small = shrink(&scenario, Property::FreedByReleases, 200);
+        let small = shrink(&scenario, Property::FreedByReleases, 200).scenario;
         assert!(size(&small) < size(&scenario), "{} !< {}", size(&small), size(&scenario));
         let again = crate::run(&small, RunOptions::default()).unwrap();
         assert!(broken_properties(&again.result).contains(&Property::FreedByReleases));
