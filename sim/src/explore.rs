@@ -85,15 +85,16 @@ pub fn broken_properties(result: &RunResult) -> Vec<Property> {
         broken.push(Property::NoHang);
     }
     // Requests the budget cut off while the run progressed are no verdict on liveness; the
-    // blocks they hold are theirs.
+    // blocks they hold are theirs. Requests of a run that stopped progressing, hung or
+    // `stalled` (no wait the simulator can show), did not end: that breaks the property.
     let cut_off = result.requests.cut_off;
     if result.requests.unfinished > cut_off {
         broken.push(Property::EveryRequestEnds);
     }
     let ledger = &result.ledger;
     // Blocks still held when the budget cut the run, with their reaper still to come, are no
-    // verdict either.
-    let held = ledger.held > 0 && cut_off == 0 && !ledger.reaper_pending;
+    // verdict either; nor are those of requests that never ended, already counted above.
+    let held = ledger.held > 0 && cut_off + result.requests.stalled == 0 && !ledger.reaper_pending;
     if held || ledger.reaped > ledger.reaped_excused {
         broken.push(Property::FreedByReleases);
     }

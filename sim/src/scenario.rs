@@ -150,7 +150,8 @@ pub enum Outcome {
     /// block was freed by its releases; no violation.
     Clean,
     /// The run's budget (`limits.max_virtual_time_s` or `limits.max_events`) ended before the
-    /// workload had sent every request, or while requests were in flight and still progressing.
+    /// workload had sent every request, or while requests were in flight and still progressing,
+    /// or while they were `stalled` (no progress, and no wait the simulator can show).
     Incomplete,
     /// Blocks were freed only by the reaper, or are still held at the end.
     Leak,

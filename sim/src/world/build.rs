@@ -259,7 +259,7 @@ impl World {
             pgroup_generation: vec![0; prefill_group_count],
             stopped: false,
             budget_ended: false,
-            last_end_ns: 0,
+            last_progress_ns: 0,
             max_hold_ns: 0,
             trace_on: options.trace.is_some(),
             trace: options.trace,

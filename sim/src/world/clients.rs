@@ -155,7 +155,7 @@ impl World {
         req.prefill_blocks = Vec::new();
         req.decode_blocks = Vec::new();
         self.requests.ended += 1;
-        self.last_end_ns = self.now;
+        self.last_progress_ns = self.now;
         let _ = self.proxy.handle_finished(id);
         if matches!(self.sc.workload.clients, Clients::Closed { .. }) && self.to_send > 0 {
             self.at(0, Ev::Arrival);

@@ -253,6 +253,9 @@ impl World {
         let mut continuing = 0u64;
         for gi in 0..self.units[unit].groups.len() {
             let g = self.units[unit].groups[gi];
+            if !self.dgroups[g].running.is_empty() {
+                self.last_progress_ns = now;
+            }
             let group = &mut self.dgroups[g];
             let mut context_done = 0u64;
             // Every request of the batch grows by one token; finished ones leave with theirs.
