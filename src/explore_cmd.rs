@@ -47,8 +47,10 @@ messages, slow listeners and degenerate limits). The properties checked: safety 
 freed or foreign memory, no double free), every message reaches a listener, no hang, every
 request ends, every prefill block freed by its releases, every failed request failed because
 of an injected fault, reads spread over the prefill GPUs about as evenly as the fixed routing
-spreads them. The first failing seed is shrunk (fewer requests, shorter prompts, fewer faults)
-and written as a scenario file; the summary says how many runs and how long shrinking took.
+spreads them. The first failing seed is shrunk (fewer requests, shorter prompts, fewer faults,
+fewer engines, DP or TP ranks and layers) to a local minimum, where no single reduction still
+fails, within --shrink-budget runs, and written as a scenario file; the summary says how many
+runs and how long shrinking took, and whether it reached the minimum.
 
 A seed cut by its budget while requests were still in flight (outcome incomplete) has no
 verdict on liveness: it was judged on safety only. The summary says how many there were, and
@@ -109,7 +111,7 @@ pub struct ExploreArgs {
     /// Faults to add to every seed.
     #[arg(long, value_enum, default_value_t = FaultMode::None)]
     faults: FaultMode,
-    /// Runs the shrinker may spend on the first failure.
+    /// Runs the shrinker may spend on the first failure (it stops earlier at a local minimum).
     #[arg(long, default_value_t = 300)]
     shrink_budget: usize,
     /// Folder for the scenario files written: the shrunk failure, or the seeds named by outcome
@@ -440,10 +442,21 @@ pub fn run(args: &ExploreArgs) -> ExitCode {
         eprintln!("error: {message}");
         return ExitCode::from(2);
     }
+    let shape = |s: &Scenario| {
+        format!("{}, {} layer{}", s.deployment, s.model.layers, if s.model.layers == 1 { "" } else { "s" })
+    };
+    let minimum = if reduced.local_minimum {
+        "a local minimum: no single request, fault, engine, DP or TP half or layer less still fails"
+    } else {
+        "the budget ran out before a local minimum: raise --shrink-budget"
+    };
     println!(
-        "shrunk from size {} to {} in {} runs ({shrink_seconds:.1} s; {} seed{} explored before, {seconds:.1} s):",
+        "shrunk from size {} ({}) to {} ({}) in {} runs, {shrink_seconds:.1} s ({minimum}); {} seed{} explored \
+         before, {seconds:.1} s:",
         size(&failing),
+        shape(&failing),
         size(&small),
+        shape(&small),
         reduced.runs,
         found.runs,
         if found.runs == 1 { "" } else { "s" }

@@ -242,19 +242,25 @@ pub fn small_seed(scenario: &mut Scenario, seed: u64, ideal: Option<Ideal>) {
     scenario.workload.output_tokens = Length::Uniform { min: 1, max: longest_output };
     let model = &mut scenario.model;
     let depth = [2, 3, 4, 2, 3, 4, 8, model.layers][streams.below(8) as usize];
-    if depth < model.layers {
-        // Rounded to the nearest, so DeepSeek-R1's 58 MoE layers of 61 stay all but none.
-        let layers = u32::from(model.layers).max(1);
-        let moe = (u32::from(model.moe_layers) * u32::from(depth) + layers / 2) / layers;
-        // A shallower twin of the model: as wide, its parameters in proportion to its depth,
-        // so its weights and step times shrink with it.
-        let ratio = f64::from(depth) / f64::from(model.layers);
-        model.total_params_b *= ratio;
-        model.active_params_b *= ratio;
-        model.moe_layers = moe as u16;
-        model.layers = depth;
-    }
+    shallow_twin(model, depth);
     scenario.limits.max_events = scenario.limits.max_events.min(search_max_events(requests));
+}
+
+/// Makes `model` a shallower twin of itself with `depth` layers (if that is fewer): as wide, its
+/// MoE layers and parameters in proportion to its depth, so its weights and step times shrink
+/// with it.
+fn shallow_twin(model: &mut crate::scenario::ModelProfile, depth: u16) {
+    if depth >= model.layers || depth == 0 {
+        return;
+    }
+    // Rounded to the nearest, so DeepSeek-R1's 58 MoE layers of 61 stay all but none.
+    let layers = u32::from(model.layers).max(1);
+    let moe = (u32::from(model.moe_layers) * u32::from(depth) + layers / 2) / layers;
+    let ratio = f64::from(depth) / f64::from(model.layers);
+    model.total_params_b *= ratio;
+    model.active_params_b *= ratio;
+    model.moe_layers = moe as u16;
+    model.layers = depth;
 }
 
 /// Timing faults and degenerate limits for a swarm seed, on top of the message faults: each is
@@ -370,47 +376,158 @@ impl Near {
     }
 }
 
-/// A measure of a scenario's size: requests, concurrency, tokens and faults.
+/// A measure of a scenario's size: requests, concurrency, tokens and faults (a timeline entry,
+/// a swarm probability, an injected transfer timeout count 10 each).
 pub fn size(scenario: &Scenario) -> u64 {
     let (c, n) = match scenario.workload.clients {
         Clients::Closed { concurrency, requests } => (u64::from(concurrency), u64::from(requests)),
         Clients::Open { requests, .. } => (1, u64::from(requests)),
-    };
-    let len = |l: Length| match l {
-        Length::Fixed(n) => u64::from(n),
-        Length::Uniform { max, .. } => u64::from(max),
     };
     let swarm = &scenario.faults.swarm;
     let swarm_faults = [swarm.loss, swarm.duplicate, swarm.delay, swarm.send_queue_full]
         .iter()
         .filter(|p| **p > 0.0)
         .count();
+    let injected = usize::from(scenario.faults.transfer_timeout_ms.is_some());
     n + c
-        + len(scenario.workload.input_tokens) / 64
-        + len(scenario.workload.output_tokens)
-        + 10 * (scenario.faults.timeline.len() + swarm_faults) as u64
+        + longest(scenario.workload.input_tokens) / 64
+        + longest(scenario.workload.output_tokens)
+        + 10 * (scenario.faults.timeline.len() + swarm_faults + injected) as u64
 }
 
-/// Candidate reductions of `s`, each strictly smaller by [`size`].
+/// The longest length `l` draws.
+fn longest(l: Length) -> u64 {
+    match l {
+        Length::Fixed(n) => u64::from(n),
+        Length::Uniform { max, .. } => u64::from(max),
+    }
+}
+
+/// GPUs of `scenario`'s deployment (0 when it does not parse).
+fn gpus(scenario: &Scenario) -> u64 {
+    pdkv_core::topology::Deployment::parse(&scenario.deployment)
+        .map_or(0, |d| d.prefill.iter().chain(&d.decode).map(|l| u64::from(l.ranks())).sum())
+}
+
+/// What shrinking makes smaller, most important first: [`size`], then the deployment's GPUs,
+/// the model's layers, the longest prompt and output (a halving that [`size`] rounds away), and
+/// the messages the timeline's message faults hit. Every reduction lowers one of them and
+/// raises none of those before it, so shrinking ends.
+fn measure(s: &Scenario) -> (u64, u64, u16, u64, u64) {
+    let hits: u64 = s.faults.timeline.iter().filter_map(|f| f.count).map(u64::from).sum();
+    (
+        size(s),
+        gpus(s),
+        s.model.layers,
+        longest(s.workload.input_tokens) + longest(s.workload.output_tokens),
+        hits,
+    )
+}
+
+/// The deployments one engine, DP group or TP rank smaller than `notation`'s: each engine
+/// dropped (one stays per side), each engine's DP and TP halved. Only those that parse.
+fn smaller_deployments(notation: &str) -> Vec<String> {
+    let Ok(d) = pdkv_core::topology::Deployment::parse(notation) else { return Vec::new() };
+    let mut out = Vec::new();
+    for prefill_side in [true, false] {
+        let engines = if prefill_side { &d.prefill } else { &d.decode };
+        for i in 0..engines.len() {
+            let mut variants = Vec::new();
+            if engines.len() > 1 {
+                let mut fewer = engines.clone();
+                fewer.remove(i);
+                variants.push(fewer);
+            }
+            let layout = engines[i];
+            for smaller in [
+                pdkv_core::topology::Layout { dp: layout.dp / 2, ..layout },
+                pdkv_core::topology::Layout { tp: layout.tp / 2, ..layout },
+            ] {
+                if smaller.dp >= 1 && smaller.tp >= 1 && smaller != layout {
+                    let mut changed = engines.clone();
+                    changed[i] = smaller;
+                    variants.push(changed);
+                }
+            }
+            for engines in variants {
+                let mut t = d.clone();
+                if prefill_side {
+                    t.prefill = engines;
+                } else {
+                    t.decode = engines;
+                }
+                let notation = t.notation();
+                if pdkv_core::topology::Deployment::parse(&notation).is_ok() && !out.contains(&notation) {
+                    out.push(notation);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Candidate reductions of `s`, each strictly smaller by [`measure`] and valid as a scenario
+/// file (a fault whose target the smaller deployment lacks, say, is not offered): one request
+/// fewer or half of them, fewer clients, shorter prompts and outputs, each fault dropped (a
+/// timeline entry, a swarm probability, the injected transfer timeout), each engine, DP group or
+/// TP half of the deployment, fewer layers.
 fn reductions(s: &Scenario) -> Vec<Scenario> {
     let mut out = Vec::new();
     let mut with = |f: &dyn Fn(&mut Scenario)| {
         let mut t = s.clone();
         f(&mut t);
-        if size(&t) < size(s) {
+        if measure(&t) < measure(s) && crate::load::validate(&t).is_ok() {
             out.push(t);
         }
     };
-    if let Clients::Closed { concurrency, requests } = s.workload.clients {
-        with(&|t| t.workload.clients = Clients::Closed { concurrency, requests: (requests / 2).max(1) });
+    // A request fewer shifts every random draw after it, so a failure of many requests may
+    // still show with very few where it does not with one fewer: try those first.
+    let counts = |requests: u32| {
+        let mut counts: Vec<u32> = vec![1, 2, 4, (requests / 2).max(1), requests.saturating_sub(1).max(1)];
+        counts.retain(|&n| n < requests);
+        counts.sort_unstable();
+        counts.dedup();
+        counts
+    };
+    match s.workload.clients {
+        Clients::Closed { concurrency, requests } => {
+            for n in counts(requests) {
+                with(&|t| {
+                    t.workload.clients = Clients::Closed { concurrency: concurrency.min(n), requests: n }
+                });
+            }
+            with(&|t| {
+                let c = (concurrency / 2).max(1);
+                t.workload.clients = Clients::Closed { concurrency: c, requests: requests.max(c) };
+            });
+            with(&|t| {
+                let c = concurrency.saturating_sub(1).max(1);
+                t.workload.clients = Clients::Closed { concurrency: c, requests: requests.max(c) };
+            });
+        }
+        Clients::Open { rate_per_s, requests } => {
+            for n in counts(requests) {
+                with(&|t| t.workload.clients = Clients::Open { rate_per_s, requests: n });
+            }
+        }
+    }
+    for i in 0..s.faults.timeline.len() {
         with(&|t| {
-            t.workload.clients = Clients::Closed { concurrency, requests: requests.saturating_sub(1).max(1) }
-        });
-        with(&|t| {
-            let c = (concurrency / 2).max(1);
-            t.workload.clients = Clients::Closed { concurrency: c, requests: requests.max(c) };
+            t.faults.timeline.remove(i);
         });
     }
+    with(&|t| t.faults.transfer_timeout_ms = None);
+    // A message fault that hits fewer messages.
+    for i in 0..s.faults.timeline.len() {
+        if let Some(count) = s.faults.timeline[i].count.filter(|&c| c > 1) {
+            with(&|t| t.faults.timeline[i].count = Some(1));
+            with(&|t| t.faults.timeline[i].count = Some(count - 1));
+        }
+    }
+    with(&|t| t.faults.swarm.loss = 0.0);
+    with(&|t| t.faults.swarm.duplicate = 0.0);
+    with(&|t| t.faults.swarm.delay = 0.0);
+    with(&|t| t.faults.swarm.send_queue_full = 0.0);
     let halve = |l: Length| match l {
         Length::Fixed(n) => Length::Fixed((n / 2).max(1)),
         Length::Uniform { min, max } => Length::Fixed(((min + max) / 4).max(1)),
@@ -424,15 +541,13 @@ fn reductions(s: &Scenario) -> Vec<Scenario> {
     with(&|t| t.workload.output_tokens = shortest(t.workload.output_tokens));
     with(&|t| t.workload.input_tokens = halve(t.workload.input_tokens));
     with(&|t| t.workload.output_tokens = halve(t.workload.output_tokens));
-    for i in 0..s.faults.timeline.len() {
-        with(&|t| {
-            t.faults.timeline.remove(i);
-        });
+    for notation in smaller_deployments(&s.deployment) {
+        with(&|t| t.deployment = notation.clone());
     }
-    with(&|t| t.faults.swarm.loss = 0.0);
-    with(&|t| t.faults.swarm.duplicate = 0.0);
-    with(&|t| t.faults.swarm.delay = 0.0);
-    with(&|t| t.faults.swarm.send_queue_full = 0.0);
+    let layers = s.model.layers;
+    for depth in [layers / 2, layers.saturating_sub(1)] {
+        with(&|t| shallow_twin(&mut t.model, depth));
+    }
     out
 }
 
@@ -443,29 +558,38 @@ pub struct Shrunk {
     pub scenario: Scenario,
     /// Runs the shrinker spent (at most its budget).
     pub runs: usize,
+    /// Whether it ended at a local minimum: no single reduction of `scenario` (see
+    /// [`reductions`]) still breaks the property. False when the budget ran out first.
+    pub local_minimum: bool,
+}
+
+/// Whether `scenario` (with its own seed) breaks `property`; a scenario that cannot run does
+/// not.
+fn breaks(scenario: &Scenario, property: Property) -> bool {
+    crate::run(scenario, RunOptions::default())
+        .is_ok_and(|run| broken_properties_of(&run.result, ideal_jain(scenario)).contains(&property))
 }
 
 /// Shrinks a scenario that breaks `property` (with its own seed) to a smaller one that still
-/// breaks it, trying at most `budget` runs. Greedy: the first reduction that still fails is
-/// taken, until none does.
+/// breaks it, trying at most `budget` runs. Greedy to a fixpoint: the first reduction that still
+/// fails is taken, and the reductions of the result tried again, until none fails (a local
+/// minimum) or the budget is spent. Deterministic: the same scenario shrinks to the same one.
 pub fn shrink(failing: &Scenario, property: Property, budget: usize) -> Shrunk {
     let mut current = failing.clone();
     let mut runs = 0;
     'outer: loop {
         for candidate in reductions(&current) {
             if runs >= budget {
-                break 'outer;
+                return Shrunk { scenario: current, runs, local_minimum: false };
             }
             runs += 1;
-            let Ok(run) = crate::run(&candidate, RunOptions::default()) else { continue };
-            if broken_properties_of(&run.result, ideal_jain(&candidate)).contains(&property) {
+            if breaks(&candidate, property) {
                 current = candidate;
                 continue 'outer;
             }
         }
-        break;
+        return Shrunk { scenario: current, runs, local_minimum: true };
     }
-    Shrunk { scenario: current, runs }
 }
 
 /// A seed of an exploration (shrunk, or as it ran) made a scenario of its own, and the text of
@@ -706,6 +830,76 @@ mod tests {
         // Every seed of the deployment can run (a twin's weights leave room for its KV).
         for s in seeds.iter().take(40) {
             crate::run(s, RunOptions::default()).expect("a search seed runs");
+        }
+    }
+
+    /// Shrinking ends at a local minimum: no single request, fault, engine, DP group, TP half or
+    /// layer of the result can be removed with the failure kept. Checked on legacy options
+    /// caught as a search (a small seed per seed), where shrinking had stopped early: an open
+    /// loop's requests were never reduced (`prefill-crash-restart` seed 51 stayed at size 128)
+    /// and nothing shrank the deployment or the model.
+    #[test]
+    fn a_shrunk_failure_is_a_local_minimum() {
+        use crate::catch::{catch, rows, Expect, Mode};
+        use pdkv_core::legacy::Legacy;
+        for option in [Legacy::NoZeroQuorum, Legacy::ReadFromDp0, Legacy::ReleaseDuringReads] {
+            let row = rows().into_iter().find(|r| r.option == option).expect("every option has a row");
+            let Expect::Property(property) = row.expect else { panic!("{option}: a property row") };
+            let found = catch(&row, Mode::Search, row.budget(Mode::Search)).expect("runs").expect("caught");
+            let shrunk = shrink(&found.scenario, property, 2000);
+            assert!(shrunk.local_minimum, "{option}: budget spent after {} runs", shrunk.runs);
+            assert!(breaks(&shrunk.scenario, property), "{option}: the result still fails");
+            let candidates = reductions(&shrunk.scenario);
+            assert!(!candidates.is_empty(), "{option}: {:?}", shrunk.scenario);
+            for candidate in candidates {
+                assert!(
+                    !breaks(&candidate, property),
+                    "{option}: a reduction still breaks {property}: {}",
+                    crate::load::scenario_to_ron(&candidate)
+                );
+            }
+            assert!(size(&shrunk.scenario) <= size(&found.scenario));
+            // The same failure shrinks to the same scenario.
+            assert_eq!(shrink(&found.scenario, property, 2000), shrunk, "{option}");
+        }
+    }
+
+    /// The reductions offered include one request fewer for either kind of clients, dropping each
+    /// fault, each engine and half of each layout, and fewer layers; each is strictly smaller and
+    /// a valid scenario.
+    #[test]
+    fn reductions_remove_requests_faults_ranks_and_layers() {
+        let mut s = Scenario::from_notation("2P_TP4:1D_DP2TP2");
+        s.hardware.kv_memory_fraction = 0.5;
+        s.workload.clients = Clients::Open { rate_per_s: 20.0, requests: 9 };
+        s.faults.transfer_timeout_ms = Some(5);
+        s.faults.timeline.push(TimedFault {
+            at_ms: 0,
+            target: Target("P1.dp0.tp*".into()),
+            fault: FaultKind::DelayMessages { delay_ms: 100 },
+            duration_ms: None,
+            count: Some(3),
+        });
+        let all = reductions(&s);
+        let has = |f: &dyn Fn(&Scenario) -> bool| all.iter().any(f);
+        for n in [1, 2, 4, 8] {
+            assert!(has(&|t| t.workload.clients == Clients::Open { rate_per_s: 20.0, requests: n }), "{n}");
+        }
+        assert!(has(&|t| t.faults.timeline.is_empty()));
+        assert!(has(&|t| t.faults.transfer_timeout_ms.is_none()));
+        assert!(has(&|t| t.faults.timeline.first().is_some_and(|f| f.count == Some(1))));
+        let deployments: Vec<&str> =
+            all.iter().map(|t| t.deployment.as_str()).filter(|d| *d != s.deployment).collect();
+        // Dropping an engine of P0 and P1 leaves P0 (the fault's P1 would be gone): not offered.
+        assert_eq!(
+            deployments,
+            ["1P_TP2+1P_TP4:1D_DP2TP2", "1P_TP4+1P_TP2:1D_DP2TP2", "2P_TP4:1D_TP2", "2P_TP4:1D_DP2"]
+        );
+        assert!(has(&|t| t.model.layers == s.model.layers / 2));
+        assert!(has(&|t| t.model.layers == s.model.layers - 1));
+        for t in &all {
+            assert!(measure(t) < measure(&s));
+            crate::load::validate(t).expect("a valid scenario");
         }
     }
 

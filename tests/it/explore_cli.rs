@@ -49,7 +49,8 @@ fn a_shrunk_failure_of_a_profiled_scenario_replays() {
         let args = ["explore", scenario, "--seeds", "20", "--faults", "swarm", "--legacy", legacy];
         let out = pdkv(&dir, &[&args[..], &["--jobs", "1", "--out", "found"]].concat());
         assert_eq!(out.status.code(), Some(1), "{scenario}: {}", text(&out));
-        assert!(text(&out).contains(" runs ("), "{scenario}: says how long shrinking took: {}", text(&out));
+        assert!(text(&out).contains(" runs, "), "{scenario}: says how long shrinking took: {}", text(&out));
+        assert!(text(&out).contains("(a local minimum: "), "{scenario}: {}", text(&out));
         let file = format!("found/{shrunk}.ron");
         let ron = std::fs::read_to_string(dir.join(&file)).unwrap_or_else(|e| panic!("{file}: {e}"));
         assert!(ron.contains(&format!("It breaks the property {property}:")), "{ron}");
