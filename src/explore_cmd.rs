@@ -10,13 +10,13 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use pdkv_sim::explore::{
-    broken_properties_of, ideal_jain, scenario_for_seed, search_scenario_for_seed, shrink, size, Ideal,
-    Property,
+    broken_properties_of, ideal_jain, scenario_for_seed, search_scenario_for_seed, seed_file, shrink, size,
+    Ideal, Property, SEEDS_LISTED_PER_OUTCOME,
 };
 use pdkv_sim::scenario::Scenario;
-use pdkv_sim::RunOptions;
+use pdkv_sim::{Outcome, RunOptions};
 
-use crate::explore_merge::{Campaign, Found, Record};
+use crate::explore_merge::{Campaign, Found, Listed, Record};
 use crate::progress::Bar;
 use crate::shard::Shard;
 
@@ -27,37 +27,51 @@ Examples:
   pdkv explore notify-drift --seeds 100          (finds the leak at once)
   pdkv explore prefill-crash-restart --seeds 10000 --faults swarm --legacy no-incarnation-fence
   pdkv explore notify-drift-fixed --seeds 2000 --faults swarm --jobs 2
+  pdkv explore 2P_TP8-1D_DP8EP-h200 --seeds 50 --faults swarm --legacy no-flexible-reads
   pdkv explore 2P_TP8:1D_DP8EP --full-workload --seeds 4
   pdkv explore notify-drift-fixed --seeds 60 --faults swarm --result out/explore.json
   pdkv explore notify-drift-fixed --seeds 60 --faults swarm --shard 0/3 --result out/shard-0.json
 
-Each seed draws a small workload of its own: mostly 2 to 48 requests (a quarter of the seeds
-send the four rounds of the proxy the balance check needs), closed loops of 1 to 8 clients or
-open loops from a trickle to a burst, prompts of a few to 4,096 tokens and outputs of 1 to 64.
-Protocol bugs come from interleavings and faults, not from request volume, so a search runs
-many small seeds. --full-workload (or --requests/--concurrency) runs the scenario's own
-workload on every seed instead: for a bare notation, 1,280 requests of 8K in / 1K out, about a
-second per seed. --for stops handing out seeds after a time budget. On a terminal a bar shows
-seeds per second and the time left.
+Each seed draws a small workload of its own: mostly 2 to 24 requests (one seed in eight sends
+the four rounds of the proxy the balance check needs), closed loops of 1 to 8 clients or open
+loops from a trickle to a burst, prompts of a few to 4,096 tokens and outputs of 1 to 32, and
+a budget of 1,000 events per request (at least 20,000). Protocol bugs come from interleavings
+and faults, not from request volume, so a search runs many small seeds. --full-workload (or
+--requests/--concurrency) runs the scenario's own workload on every seed instead: for a bare
+notation, 1,280 requests of 8K in / 1K out, about a second per seed. --for stops handing out
+seeds after a time budget. --legacy NAME switches a historical bug on in every seed, to see
+the search find it. On a terminal a bar shows seeds per second and the time left.
 
 Each seed runs the scenario with that seed (and, with --faults swarm, message loss,
-duplication, delay and send-queue-full drawn from the seed). The properties checked: safety
-(no read of freed or foreign memory, no double free), every message reaches a listener, no
-hang, every request ends, every prefill block freed by its releases, reads spread over the
-prefill GPUs about as evenly as the fixed routing spreads them. The first failing seed
-is shrunk (fewer requests, shorter prompts, fewer faults) and written as a scenario file.
+duplication, delay and send-queue-full drawn from the seed, and a storm of slow NICs, late
+messages, slow listeners and degenerate limits). The properties checked: safety (no read of
+freed or foreign memory, no double free), every message reaches a listener, no hang, every
+request ends, every prefill block freed by its releases, every failed request failed because
+of an injected fault, reads spread over the prefill GPUs about as evenly as the fixed routing
+spreads them. The first failing seed is shrunk (fewer requests, shorter prompts, fewer faults,
+fewer engines, DP or TP ranks and layers) to a local minimum, where no single reduction still
+fails, within --shrink-budget runs, and written as a scenario file; the summary says how many
+runs and how long shrinking took, and whether it reached the minimum.
+
+A seed cut by its budget while requests were still in flight (outcome incomplete) has no
+verdict on liveness: it was judged on safety only. The summary says how many there were, and
+for every outcome but clean names its smallest seeds (10) with the command that replays each:
+pdkv run of the seed's scenario file, written to --out (default target/pdkv/explore), which
+exits 0 while the seed still ends so. Files shrunk or written from a scenario that names
+profiles drop the profiles whose values they no longer hold (a search runs shallower twins of
+the model) and write the values out, so they load as they are.
 
 --result FILE writes what the exploration found as JSON that is the same on any machine and
 for any --jobs: the smallest failing seed, what it broke and its shrunk scenario, or, when no
-seed broke a property, the outcomes, the distinct behaviours and the events. --shard i/N runs
-only shard i of N (the seeds whose index is i modulo N, shards numbered from 0) and needs
---result; `pdkv explore-merge` merges the N shard files into the file the unsharded run writes,
-byte for byte, so a campaign can run as a Slurm job array or a Kubernetes Indexed Job
-(docs/cluster-campaigns.md). --for is a time budget, so what it runs depends on the machine: it
-takes neither --shard nor --result.
+seed broke a property, the outcomes, the seeds named with their scenario files, the distinct
+behaviours and the events. --shard i/N runs only shard i of N (the seeds whose index is i
+modulo N, shards numbered from 0) and needs --result; `pdkv explore-merge` merges the N shard
+files into the file the unsharded run writes, byte for byte, so a campaign can run as a Slurm
+job array or a Kubernetes Indexed Job (docs/cluster-campaigns.md). --for is a time budget, so
+what it runs depends on the machine: it takes neither --shard nor --result.
 
-Exit codes: 0 no seed broke a property; 1 one did (its seed, the shrunk scenario and the
-replay command are printed); 2 bad input.";
+Exit codes: 0 no seed broke a property (seeds without a verdict are named, not failed); 1 one
+did (its seed, the shrunk scenario and the replay command are printed); 2 bad input.";
 
 /// Fault injection of an exploration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -99,10 +113,11 @@ pub struct ExploreArgs {
     /// Faults to add to every seed.
     #[arg(long, value_enum, default_value_t = FaultMode::None)]
     faults: FaultMode,
-    /// Runs the shrinker may spend on the first failure.
+    /// Runs the shrinker may spend on the first failure (it stops earlier at a local minimum).
     #[arg(long, default_value_t = 300)]
     shrink_budget: usize,
-    /// Folder for the shrunk scenario file.
+    /// Folder for the scenario files written: the shrunk failure, or the seeds named by outcome
+    /// (default target/pdkv/explore).
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
     /// Write what the exploration found to this JSON file (the same on any machine).
@@ -151,6 +166,9 @@ pub struct Exploration {
     pub behaviours: BTreeSet<Behaviour>,
     /// The smallest failing seed, with what it broke.
     pub failure: Option<(u64, Vec<Property>)>,
+    /// For every outcome but `clean`, its smallest seeds (at most
+    /// [`SEEDS_LISTED_PER_OUTCOME`]), whatever the thread timing.
+    pub listed: BTreeMap<Outcome, BTreeSet<u64>>,
 }
 
 /// How a search makes each seed's scenario, and when it stops handing out seeds.
@@ -197,6 +215,7 @@ pub fn explore(
     let found: Mutex<Vec<(u64, Vec<Property>)>> = Mutex::new(Vec::new());
     let seen: Mutex<BTreeSet<Behaviour>> = Mutex::new(BTreeSet::new());
     let outcomes: Mutex<BTreeMap<&'static str, u64>> = Mutex::new(BTreeMap::new());
+    let listed: Mutex<BTreeMap<Outcome, BTreeSet<u64>>> = Mutex::new(BTreeMap::new());
     let ideal = ideal_jain(base);
     let started = Instant::now();
     std::thread::scope(|scope| {
@@ -220,6 +239,16 @@ pub fn explore(
                 let key = (r.requests.finished, r.requests.failed, r.events, r.outcome.name());
                 seen.lock().expect("no panics while held").insert(key);
                 *outcomes.lock().expect("no panics while held").entry(r.outcome.name()).or_default() += 1;
+                if r.outcome != Outcome::Clean {
+                    // The smallest seeds of each outcome, so the list is the same whatever the
+                    // threads ran first.
+                    let mut listed = listed.lock().expect("no panics while held");
+                    let seeds = listed.entry(r.outcome).or_default();
+                    seeds.insert(seed);
+                    if seeds.len() > SEEDS_LISTED_PER_OUTCOME {
+                        seeds.pop_last();
+                    }
+                }
                 let broken = broken_properties_of(r, ideal);
                 if !broken.is_empty() {
                     found.lock().expect("no panics while held").push((seed, broken));
@@ -255,6 +284,7 @@ pub fn explore(
         outcomes: outcomes.into_inner().expect("threads ended"),
         behaviours: seen.into_inner().expect("threads ended"),
         failure: found.into_iter().next(),
+        listed: listed.into_inner().expect("threads ended"),
     }
 }
 
@@ -330,21 +360,42 @@ pub fn run(args: &ExploreArgs) -> ExitCode {
     bar.into_inner().expect("threads ended").finish();
     let seconds = started.elapsed().as_secs_f64();
     let histogram: Vec<String> = found.outcomes.iter().map(|(name, n)| format!("{name} {n}")).collect();
+    let dir = args.out.clone().unwrap_or_else(|| PathBuf::from("target/pdkv/explore"));
     let Some((seed, broken)) = found.failure else {
+        // Every seed named is written as a scenario file, so `pdkv run` of it replays the seed.
+        let mut listed: BTreeMap<String, Vec<Listed>> = BTreeMap::new();
+        for (&outcome, seeds) in &found.listed {
+            for &seed in seeds {
+                let scenario = search.scenario(&base, seed, ideal);
+                let file = seed_file(&base, seed, &scenario, outcome);
+                let entry = Listed { seed, name: file.scenario.name, text: file.text };
+                listed.entry(outcome.name().to_string()).or_default().push(entry);
+            }
+        }
+        let outcomes: BTreeMap<String, u64> =
+            found.outcomes.iter().map(|(name, n)| (name.to_string(), *n)).collect();
         let clean = Found::Clean {
             runs: found.runs,
             events: found.events,
-            outcomes: found.outcomes.iter().map(|(name, n)| (name.to_string(), *n)).collect(),
+            outcomes: outcomes.clone(),
             behaviours: found.behaviours.iter().map(|&(a, f, e, o)| (a, f, e, o.to_string())).collect(),
+            listed: listed.clone(),
         };
         // The result file first: it is what a campaign keeps, even if stdout is gone.
         if let Err(message) = write_result(args, &base, seeds, search.small, clean) {
             eprintln!("error: {message}");
             return ExitCode::from(2);
         }
+        let lines = match crate::explore_merge::write_listed(&listed, &outcomes, &dir) {
+            Ok(lines) => lines,
+            Err(message) => {
+                eprintln!("error: {message}");
+                return ExitCode::from(2);
+            }
+        };
         println!(
             "explored {} seeds of {} ({} faults, {}{}) on {jobs} thread{} in {seconds:.1} s ({:.1} seeds/s, \
-             {} events, {:.2} M/s): no property broken; outcomes: {}; {} distinct behaviours",
+             {} events, {:.2} M/s): {}; outcomes: {}; {} distinct behaviours",
             found.runs,
             base.name,
             if swarm { "swarm" } else { "scenario" },
@@ -354,16 +405,22 @@ pub fn run(args: &ExploreArgs) -> ExitCode {
             found.runs as f64 / seconds.max(1e-9),
             found.events,
             found.events as f64 / seconds.max(1e-9) / 1e6,
+            crate::explore_merge::verdict(&found.outcomes),
             histogram.join(", "),
             found.behaviours.len()
         );
+        for line in lines {
+            println!("{line}");
+        }
         return ExitCode::SUCCESS;
     };
     let names: Vec<&str> = broken.iter().map(|p| p.name()).collect();
     println!("seed {seed} of {} breaks: {}", base.name, names.join(", "));
     let failing = search.scenario(&base, seed, ideal);
-    let small = shrink(&failing, broken[0], args.shrink_budget);
-    let dir = args.out.clone().unwrap_or_else(|| PathBuf::from("target/pdkv/explore"));
+    let shrinking = Instant::now();
+    let reduced = shrink(&failing, broken[0], args.shrink_budget);
+    let shrink_seconds = shrinking.elapsed().as_secs_f64();
+    let small = reduced.scenario;
     let shrunk = match pdkv_sim::explore::shrunk_file(&base, seed, broken[0], &small) {
         Ok(shrunk) => shrunk,
         Err(message) => {
@@ -387,11 +444,24 @@ pub fn run(args: &ExploreArgs) -> ExitCode {
         eprintln!("error: {message}");
         return ExitCode::from(2);
     }
+    let shape = |s: &Scenario| {
+        format!("{}, {} layer{}", s.deployment, s.model.layers, if s.model.layers == 1 { "" } else { "s" })
+    };
+    let minimum = if reduced.local_minimum {
+        "a local minimum: no single request, fault, engine, DP or TP half or layer less still fails"
+    } else {
+        "the budget ran out before a local minimum: raise --shrink-budget"
+    };
     println!(
-        "shrunk from size {} to {} ({} runs explored before, {seconds:.1} s):",
+        "shrunk from size {} ({}) to {} ({}) in {} runs, {shrink_seconds:.1} s ({minimum}); {} seed{} explored \
+         before, {seconds:.1} s:",
         size(&failing),
+        shape(&failing),
         size(&small),
-        found.runs
+        shape(&small),
+        reduced.runs,
+        found.runs,
+        if found.runs == 1 { "" } else { "s" }
     );
     println!("{text}");
     // The file carries the seed, so running it is the whole replay.

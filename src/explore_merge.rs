@@ -15,9 +15,13 @@ use std::process::ExitCode;
 use clap::Args;
 use serde_json::{json, Value};
 
+use pdkv_sim::Outcome;
+
 use crate::shard::{check_complete, MergeError, Shard};
 
-const FORMAT: &str = "pdkv-explore-result/1";
+/// The format's name and version: 2 added the seeds of every outcome but `clean`
+/// (`found.clean.listed`).
+const FORMAT: &str = "pdkv-explore-result/2";
 
 const EXAMPLES: &str = "\
 Examples:
@@ -84,6 +88,9 @@ pub enum Found {
         outcomes: BTreeMap<String, u64>,
         /// Distinct behaviours: requests finished and failed, events, outcome.
         behaviours: BTreeSet<(u64, u64, u64, String)>,
+        /// For every outcome but `clean`, its smallest seeds (at most
+        /// [`pdkv_sim::explore::SEEDS_LISTED_PER_OUTCOME`]) as scenario files.
+        listed: BTreeMap<String, Vec<Listed>>,
     },
     /// The smallest failing seed.
     Failure {
@@ -94,6 +101,24 @@ pub enum Found {
         shrunk_name: String,
         shrunk_text: String,
     },
+}
+
+/// A seed an exploration names, with the scenario file that replays it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Listed {
+    pub seed: u64,
+    /// The scenario's name (its file is `<name>.ron`).
+    pub name: String,
+    /// The file's text.
+    pub text: String,
+}
+
+/// A scenario name that is a file name in the output folder, or why not.
+fn file_name(name: String) -> Result<String, String> {
+    if name.is_empty() || name.starts_with('.') || name.contains(['/', '\\']) {
+        return Err(format!("the scenario name {name:?} is not a file name"));
+    }
+    Ok(name)
 }
 
 /// One result file: a whole exploration, or one shard of it.
@@ -133,13 +158,20 @@ impl Record {
             value["shard"] = shard.json();
         }
         value["found"] = match &self.found {
-            Found::Clean { runs, events, outcomes, behaviours } => json!({
+            Found::Clean { runs, events, outcomes, behaviours, listed } => json!({
                 "clean": {
                     "runs": runs,
                     "events": events,
                     "outcomes": outcomes,
                     // One line each: "finished failed events outcome".
                     "behaviours": behaviours.iter().map(|(a, b, e, o)| format!("{a} {b} {e} {o}")).collect::<Vec<_>>(),
+                    "listed": listed.iter().map(|(outcome, seeds)| {
+                        let seeds: Vec<Value> = seeds
+                            .iter()
+                            .map(|l| json!({ "seed": l.seed, "name": l.name, "text": l.text }))
+                            .collect();
+                        (outcome.clone(), Value::Array(seeds))
+                    }).collect::<serde_json::Map<String, Value>>(),
                 }
             }),
             Found::Failure { seed, broken, shrunk_name, shrunk_text } => json!({
@@ -187,21 +219,34 @@ impl Record {
                     key.ok_or_else(|| format!("behaviour {b} is not \"finished failed events outcome\""))?;
                 behaviours.insert((a, f, e, o.to_string()));
             }
+            let mut listed = BTreeMap::new();
+            for (outcome, seeds) in
+                clean.get("listed").and_then(Value::as_object).ok_or("`listed` missing")?
+            {
+                let seeds = seeds.as_array().ok_or_else(|| format!("`listed.{outcome}` is not a list"))?;
+                let mut read = Vec::new();
+                for l in seeds {
+                    read.push(Listed {
+                        seed: number(l, "seed")?,
+                        name: file_name(string(l, "name")?)?,
+                        text: string(l, "text")?,
+                    });
+                }
+                listed.insert(outcome.clone(), read);
+            }
             Found::Clean {
                 runs: number(clean, "runs")?,
                 events: number(clean, "events")?,
                 outcomes,
                 behaviours,
+                listed,
             }
         } else if let Some(failure) = found.get("failure") {
             let broken = failure.get("broken").and_then(Value::as_array).ok_or("`broken` missing")?;
             let broken: Option<Vec<String>> = broken.iter().map(|p| p.as_str().map(str::to_string)).collect();
             let shrunk = failure.get("shrunk").ok_or("`shrunk` missing")?;
-            let shrunk_name = string(shrunk, "name")?;
             // The name becomes a file name in the merge's folder.
-            if shrunk_name.is_empty() || shrunk_name.starts_with('.') || shrunk_name.contains(['/', '\\']) {
-                return Err(format!("the shrunk scenario's name {shrunk_name:?} is not a file name"));
-            }
+            let shrunk_name = file_name(string(shrunk, "name")?)?;
             Found::Failure {
                 seed: number(failure, "seed")?,
                 broken: broken.ok_or("`broken` is not a list of property names")?,
@@ -216,18 +261,61 @@ impl Record {
 
     /// The summary line of a clean result, without the wall times a merge cannot know.
     pub fn clean_summary(&self) -> Option<String> {
-        let Found::Clean { runs, events, outcomes, behaviours } = &self.found else { return None };
+        let Found::Clean { runs, events, outcomes, behaviours, .. } = &self.found else { return None };
         let c = &self.campaign;
         let histogram: Vec<String> = outcomes.iter().map(|(name, n)| format!("{name} {n}")).collect();
         Some(format!(
-            "explored {runs} seeds of {} ({} faults, {}), {events} events: no property broken; outcomes: {}; {} distinct behaviours",
+            "explored {runs} seeds of {} ({} faults, {}), {events} events: {}; outcomes: {}; {} distinct behaviours",
             c.scenario,
             if c.faults == "swarm" { "swarm" } else { "scenario" },
             if c.workload == "small" { "a small workload per seed" } else { "the full workload" },
+            verdict(outcomes),
             histogram.join(", "),
             behaviours.len()
         ))
     }
+}
+
+/// What a search that broke no property says of its seeds: how many have no verdict on
+/// liveness (`incomplete`: their budget cut them while requests were still in flight, so they
+/// were judged on safety only).
+pub fn verdict<N: AsRef<str>>(outcomes: &BTreeMap<N, u64>) -> String {
+    let unjudged: u64 =
+        outcomes.iter().filter(|(name, _)| name.as_ref() == Outcome::Incomplete.name()).map(|(_, n)| n).sum();
+    match unjudged {
+        0 => "no property broken".to_string(),
+        n => format!(
+            "no property broken, but {n} seed{} without a verdict on liveness (incomplete: cut by {} budget \
+             while requests were in flight, judged on safety only)",
+            if n == 1 { "" } else { "s" },
+            if n == 1 { "its" } else { "their" }
+        ),
+    }
+}
+
+/// Writes the scenario file of every listed seed to `dir`, and returns the lines that name them
+/// with their replay commands, outcome by outcome, with the count of those not listed.
+pub fn write_listed(
+    listed: &BTreeMap<String, Vec<Listed>>,
+    outcomes: &BTreeMap<String, u64>,
+    dir: &Path,
+) -> Result<Vec<String>, String> {
+    let mut lines = Vec::new();
+    for (outcome, seeds) in listed {
+        let total = outcomes.get(outcome).copied().unwrap_or(0);
+        let shown =
+            if total > seeds.len() as u64 { format!(", the first {}", seeds.len()) } else { String::new() };
+        lines.push(format!("{outcome}: {total} seed{}{shown}:", if total == 1 { "" } else { "s" }));
+        for l in seeds {
+            let file = dir.join(format!("{}.ron", l.name));
+            write(&file, &l.text)?;
+            lines.push(format!("  seed {}: pdkv run {}", l.seed, file.display()));
+        }
+        if total > seeds.len() as u64 {
+            lines.push(format!("  and {} more", total - seeds.len() as u64));
+        }
+    }
+    Ok(lines)
 }
 
 /// Merges the records of every shard of one campaign (each file's name and record) into the
@@ -269,8 +357,9 @@ pub fn merge(records: &[(String, Record)]) -> Result<Record, MergeError> {
     let (mut runs, mut events) = (0u64, 0u64);
     let mut outcomes: BTreeMap<String, u64> = BTreeMap::new();
     let mut behaviours = BTreeSet::new();
+    let mut listed: BTreeMap<String, Vec<Listed>> = BTreeMap::new();
     for (file, record) in records {
-        let Found::Clean { runs: r, events: e, outcomes: o, behaviours: b } = &record.found else {
+        let Found::Clean { runs: r, events: e, outcomes: o, behaviours: b, listed: l } = &record.found else {
             unreachable!("a failure returned above")
         };
         let shard = record.shard.expect("checked above");
@@ -290,8 +379,18 @@ pub fn merge(records: &[(String, Record)]) -> Result<Record, MergeError> {
             *outcomes.entry(name.clone()).or_default() += n;
         }
         behaviours.extend(b.iter().cloned());
+        for (outcome, seeds) in l {
+            listed.entry(outcome.clone()).or_default().extend(seeds.iter().cloned());
+        }
     }
-    Ok(Record { campaign, shard: None, found: Found::Clean { runs, events, outcomes, behaviours } })
+    // Each shard lists its own smallest seeds of each outcome, so the smallest of their union
+    // are the smallest of all.
+    for seeds in listed.values_mut() {
+        seeds.sort();
+        seeds.truncate(pdkv_sim::explore::SEEDS_LISTED_PER_OUTCOME);
+    }
+    let found = Found::Clean { runs, events, outcomes, behaviours, listed };
+    Ok(Record { campaign, shard: None, found })
 }
 
 /// Writes `text` to `file`, creating its folder.
@@ -328,12 +427,20 @@ pub fn run(args: &ExploreMergeArgs) -> ExitCode {
     }
     let shards = records.len();
     match &merged.found {
-        Found::Clean { .. } => {
+        Found::Clean { listed, outcomes, .. } => {
             println!(
                 "merged {shards} shard{}: {}",
                 if shards == 1 { "" } else { "s" },
                 merged.clean_summary().unwrap_or_default()
             );
+            let dir = args.out.clone().unwrap_or_else(|| PathBuf::from("target/pdkv/explore"));
+            match write_listed(listed, outcomes, &dir) {
+                Ok(lines) => lines.iter().for_each(|line| println!("{line}")),
+                Err(message) => {
+                    eprintln!("error: {message}");
+                    return ExitCode::from(2);
+                }
+            }
             ExitCode::SUCCESS
         }
         Found::Failure { seed, broken, shrunk_name, shrunk_text } => {
@@ -380,6 +487,7 @@ mod tests {
             events: 99,
             outcomes: [("clean".to_string(), 3), ("incomplete".to_string(), 1)].into(),
             behaviours: [(1, 0, 40, "clean".to_string()), (0, 2, 59, "incomplete".to_string())].into(),
+            listed: [("incomplete".to_string(), vec![listed(2)])].into(),
         };
         let failure = Found::Failure {
             seed: 7,
@@ -409,10 +517,51 @@ mod tests {
             shrunk_name: format!("n{seed}"),
             shrunk_text: String::new(),
         };
-        let clean =
-            Found::Clean { runs: 3, events: 1, outcomes: BTreeMap::new(), behaviours: BTreeSet::new() };
+        let clean = Found::Clean {
+            runs: 3,
+            events: 1,
+            outcomes: BTreeMap::new(),
+            behaviours: BTreeSet::new(),
+            listed: BTreeMap::new(),
+        };
         let merged = merge(&[shard(0, clean), shard(1, failure(11)), shard(2, failure(5))]).expect("merges");
         assert_eq!(merged.shard, None);
         assert!(matches!(merged.found, Found::Failure { seed: 5, .. }), "{merged:?}");
+    }
+
+    fn listed(seed: u64) -> Listed {
+        Listed { seed, name: format!("s-seed{seed}"), text: format!("// seed {seed}\n") }
+    }
+
+    /// Each shard names its own smallest seeds of an outcome; the merge names the smallest of
+    /// all, as many as one unsharded run does, and counts the rest.
+    #[test]
+    fn the_merge_names_the_smallest_seeds_of_each_outcome() {
+        let n = pdkv_sim::explore::SEEDS_LISTED_PER_OUTCOME as u64;
+        // Shard i of 2 holds the seeds i, i + 2, ...: 3n incomplete seeds of 6n, n listed each.
+        let shard = |index: u64| {
+            let seeds: Vec<Listed> = (0..n).map(|k| listed(index + 2 * k)).collect();
+            let found = Found::Clean {
+                runs: 3 * n,
+                events: 1,
+                outcomes: [("incomplete".to_string(), 3 * n / 2 + index)].into(),
+                behaviours: BTreeSet::new(),
+                listed: [("incomplete".to_string(), seeds)].into(),
+            };
+            let campaign = Campaign { seeds: 6 * n, ..campaign() };
+            (format!("{index}.json"), Record { campaign, shard: Some(Shard { index, count: 2 }), found })
+        };
+        let merged = merge(&[shard(1), shard(0)]).expect("merges");
+        let Found::Clean { listed: l, outcomes, .. } = &merged.found else { panic!("{merged:?}") };
+        let seeds: Vec<u64> = l["incomplete"].iter().map(|l| l.seed).collect();
+        assert_eq!(seeds, (0..n).collect::<Vec<_>>());
+        assert_eq!(outcomes["incomplete"], 3 * n + 1);
+        let dir = std::env::temp_dir().join(format!("pdkv-merge-listed-{}", std::process::id()));
+        let lines = write_listed(l, outcomes, &dir).expect("writes");
+        assert_eq!(lines[0], format!("incomplete: {} seeds, the first {n}:", 3 * n + 1));
+        assert_eq!(lines[1], format!("  seed 0: pdkv run {}", dir.join("s-seed0.ron").display()));
+        assert_eq!(lines.last().map(String::as_str), Some(format!("  and {} more", 2 * n + 1).as_str()));
+        assert_eq!(std::fs::read_to_string(dir.join("s-seed0.ron")).expect("written"), "// seed 0\n");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -331,9 +331,18 @@ pub fn summary(r: &RunResult, files: &[PathBuf], replay: &str) -> String {
     if q.cut_off > 0 {
         let _ = writeln!(
             s,
-            "  CUT OFF      {} requests were in flight when the run's budget ended, and requests were still \
-             ending: the run was progressing, not hung",
+            "  CUT OFF      {} requests were in flight when the run's budget ended, and the run was still \
+             progressing (requests ending, prompts prefilled, tokens generated or KV read): not hung",
             q.cut_off
+        );
+    }
+    if q.stalled > 0 {
+        let _ = writeln!(
+            s,
+            "  STALLED      {} requests were in flight when the run's budget ended, nothing had progressed for \
+             longer than any protocol wait, and nothing waited for anything the simulator models: no \
+             hang it can show (a hang has its wait-for graph), and no verdict",
+            q.stalled
         );
     }
     let t = &r.throughput;

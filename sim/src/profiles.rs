@@ -868,6 +868,36 @@ pub fn resolve(scenario: &mut Scenario, written: &dyn Fn(&str) -> bool) -> Resul
     Ok(())
 }
 
+/// Whether `scenario` holds every value of the `P` profile named `name` (false for an unknown
+/// name).
+fn holds<P: Profile>(scenario: &Scenario, name: &str) -> bool {
+    let Ok(profile) = find::<P>(name) else { return false };
+    let ours = serde_json::to_value(P::of_scenario(name, scenario)).unwrap_or_default();
+    let theirs = serde_json::to_value(&profile).unwrap_or_default();
+    P::FIELDS.iter().all(|field| ours.get(field) == theirs.get(field))
+}
+
+/// Drops from `scenario.profiles` every profile whose values the scenario no longer holds (a
+/// search's shallower twin of a model, say): the scenario keeps the values, so it runs the same,
+/// and written out with all its fields it loads again, since a file that names a profile must
+/// agree with it. Returns what was dropped, as "model profile `deepseek-r1`".
+pub fn drop_contradicted(scenario: &mut Scenario) -> Vec<String> {
+    let mut dropped = Vec::new();
+    let names = scenario.profiles.clone();
+    let mut check = |name: &Option<String>, kind: ProfileKind, held: &dyn Fn(&str) -> bool| match name {
+        Some(name) if !held(name) => {
+            dropped.push(format!("{kind} profile `{name}`"));
+            None
+        }
+        other => other.clone(),
+    };
+    let gpu = check(&names.gpu, Gpu::KIND, &|n| holds::<Gpu>(scenario, n));
+    let nic = check(&names.nic, Nic::KIND, &|n| holds::<Nic>(scenario, n));
+    let model = check(&names.model, Model::KIND, &|n| holds::<Model>(scenario, n));
+    scenario.profiles = crate::scenario::Profiles { gpu, nic, model };
+    dropped
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -909,6 +939,28 @@ mod tests {
         check::<Gpu>("h200-sxm");
         check::<Nic>("cx8-800g");
         check::<Model>("qwen3-235b-a22b");
+    }
+
+    /// A scenario that no longer holds a profile's values stops naming it, and keeps naming the
+    /// ones it still holds; written out, it loads again.
+    #[test]
+    fn contradicted_profiles_are_dropped_and_the_rest_kept() {
+        let text =
+            r#"(name: "p", deployment: "1P_TP8:1D_TP8", profiles: (gpu: "h200-sxm", model: "deepseek-r1"))"#;
+        let mut scenario = crate::load::parse_scenario(text, "<test>").unwrap();
+        let mut same = scenario.clone();
+        assert_eq!(drop_contradicted(&mut same), Vec::<String>::new());
+        assert_eq!(same, scenario);
+        scenario.model.layers = 4;
+        scenario.model.moe_layers = 4;
+        let written = crate::load::scenario_to_ron(&scenario);
+        assert!(crate::load::parse_scenario(&written, "<written>").is_err(), "the loader's rule stays");
+        assert_eq!(drop_contradicted(&mut scenario), ["model profile `deepseek-r1`"]);
+        assert_eq!(scenario.profiles.gpu.as_deref(), Some("h200-sxm"));
+        assert_eq!(scenario.profiles.model, None);
+        let back =
+            crate::load::parse_scenario(&crate::load::scenario_to_ron(&scenario), "<written>").unwrap();
+        assert_eq!(back, scenario);
     }
 
     /// The default model is the `deepseek-r1` profile, value for value, so a scenario naming it

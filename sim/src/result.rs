@@ -75,6 +75,11 @@ pub struct Requests {
     /// they make the run incomplete, not hung. The others are a hang.
     #[serde(default)]
     pub cut_off: u64,
+    /// Of those, requests in a run that made no progress for the stall window while nothing the
+    /// simulator models waited for anything (no wait-for edge to show): no verdict, and the run
+    /// is incomplete rather than a hang without its graph (`docs/sim.md`, "Cut off or hung").
+    #[serde(default)]
+    pub stalled: u64,
     /// Requests the workload had not sent yet when the run's time or event budget ended (an
     /// open loop whose arrivals fall after `limits.max_virtual_time_s`).
     #[serde(default)]

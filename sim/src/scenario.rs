@@ -150,7 +150,8 @@ pub enum Outcome {
     /// block was freed by its releases; no violation.
     Clean,
     /// The run's budget (`limits.max_virtual_time_s` or `limits.max_events`) ended before the
-    /// workload had sent every request, or while requests were in flight and still progressing.
+    /// workload had sent every request, or while requests were in flight and still progressing,
+    /// or while they were `stalled` (no progress, and no wait the simulator can show).
     Incomplete,
     /// Blocks were freed only by the reaper, or are still held at the end.
     Leak,
@@ -681,6 +682,12 @@ pub struct Faults {
     pub timeline: Vec<TimedFault>,
     /// Faults drawn at random.
     pub swarm: Swarm,
+    /// A transfer timeout imposed as a fault, in force instead of
+    /// `protocol.transfer_timeout_ms` (the search's storm draws 1, 5 or 50 ms): a request whose
+    /// KV it fails to receive in time failed because of it, so the failure is excused. The same
+    /// timeout written in `protocol` is the deployment's own, and such failures are not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub transfer_timeout_ms: Option<u64>,
 }
 
 /// Budgets that end a run.
@@ -700,6 +707,12 @@ impl Default for Limits {
 }
 
 impl Scenario {
+    /// The transfer timeout in force: the one the faults impose
+    /// ([`Faults::transfer_timeout_ms`]), else the protocol's.
+    pub fn transfer_timeout_ms(&self) -> u64 {
+        self.faults.transfer_timeout_ms.unwrap_or(self.protocol.transfer_timeout_ms)
+    }
+
     /// The core's view of the model: what routing, the head guard and block sizes need.
     pub fn model_spec(&self) -> pdkv_core::ModelSpec {
         pdkv_core::ModelSpec {

@@ -22,7 +22,7 @@ fn every_legacy_option_is_caught_within_its_budget() {
             match catch(row, mode, budget).expect("the row runs") {
                 Some(found) => {
                     let shrunk = match row.expect {
-                        Expect::Property(p) => size(&shrink(&found.scenario, p, 200)),
+                        Expect::Property(p) => size(&shrink(&found.scenario, p, 200).scenario),
                         Expect::JainAtMost(_) => size(&found.scenario),
                     };
                     eprintln!(

@@ -5,6 +5,7 @@
 mod bounds_cli;
 mod cluster;
 mod docs;
+mod explore_cli;
 mod gallery;
 mod help_examples;
 mod legacy_caught;

@@ -497,7 +497,11 @@ fn validate_faults(scenario: &Scenario, deployment: &Deployment) -> Check {
             "must be at least 1 when faults.swarm.delay is above 0",
         ));
     }
-    at_most("faults.swarm.max_delay_ms", swarm.max_delay_ms, MAX_TIME_MS, " ms (about 115 days)")
+    at_most("faults.swarm.max_delay_ms", swarm.max_delay_ms, MAX_TIME_MS, " ms (about 115 days)")?;
+    match scenario.faults.transfer_timeout_ms {
+        Some(ms) => time_ms("faults.transfer_timeout_ms", ms),
+        None => Ok(()),
+    }
 }
 
 #[cfg(test)]
@@ -640,6 +644,7 @@ mod tests {
                 (Invalid, "faults.timeline[0].target", "TP rank 7 is out of range (largest: tp3)"),
             ),
             (with("faults: (swarm: (loss: -0.1))"), (Invalid, "faults.swarm.loss", "[0, 1]")),
+            (with("faults: (transfer_timeout_ms: 0)"), (Invalid, "faults.transfer_timeout_ms", "at least 1")),
             (
                 with("faults: (swarm: (send_queue_full: 2))"),
                 (Invalid, "faults.swarm.send_queue_full", "[0, 1]"),

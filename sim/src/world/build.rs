@@ -98,7 +98,7 @@ pub(super) fn build_decode_worker(
         DecodeConfig::new(rank, d.layout(rank.engine), d.model.clone(), *policy, book.engine_id(rank.engine));
     config.peers = book.rules.clone();
     config.handshake_timeout_ns = ms_ns(sc.protocol.handshake_timeout_ms);
-    config.transfer_timeout_ns = ms_ns(sc.protocol.transfer_timeout_ms);
+    config.transfer_timeout_ns = ms_ns(sc.transfer_timeout_ms());
     config.granularity = match sc.protocol.reads {
         Reads::PerLayer => ReadGranularity::PerLayer,
         Reads::PerRequest => ReadGranularity::PerRequest,
@@ -287,8 +287,7 @@ impl World {
             retired_regions: BTreeMap::new(),
             excused: BTreeSet::new(),
             touched: vec![Vec::new(); nic_count],
-            grace_ns: ms_ns(sc.protocol.handshake_timeout_ms)
-                .saturating_add(ms_ns(sc.protocol.transfer_timeout_ms)),
+            grace_ns: ms_ns(sc.protocol.handshake_timeout_ms).saturating_add(ms_ns(sc.transfer_timeout_ms())),
             refused: 0,
             reaped_excused: 0,
             lost_in_crash: 0,
@@ -297,7 +296,7 @@ impl World {
             pgroup_generation: vec![0; prefill_group_count],
             stopped: false,
             budget_ended: false,
-            last_end_ns: 0,
+            last_progress_ns: 0,
             max_hold_ns: 0,
             trace_on: options.trace.is_some(),
             trace: options.trace,

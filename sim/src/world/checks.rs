@@ -101,6 +101,10 @@ impl World {
         if self.excused.contains(&req.transfer) {
             return true;
         }
+        // A transfer timeout imposed as a fault: a worker that gave up at it failed because of it.
+        if req.timed_out && self.sc.faults.transfer_timeout_ms.is_some() {
+            return true;
+        }
         let prefill = &self.pgroups[req.prefill_group];
         let mut slots: Vec<usize> = (0..self.p_ranks.len())
             .filter(|&i| {

@@ -22,6 +22,8 @@ pub(super) struct Req {
     pub(super) first_token_ns: Option<u64>,
     pub(super) done_ns: Option<u64>,
     pub(super) failed: bool,
+    /// A decode worker gave up on its KV at the transfer timeout.
+    pub(super) timed_out: bool,
     pub(super) prefill_blocks: Vec<u32>,
     pub(super) decode_blocks: Vec<u32>,
     /// The incarnations holding the transfer, as the prefill engine named them when it
@@ -125,6 +127,7 @@ impl World {
             first_token_ns: None,
             done_ns: None,
             failed: false,
+            timed_out: false,
             prefill_blocks: Vec::new(),
             decode_blocks: Vec::new(),
             holders: None,
@@ -156,7 +159,7 @@ impl World {
         req.prefill_blocks = Vec::new();
         req.decode_blocks = Vec::new();
         self.requests.ended += 1;
-        self.last_end_ns = self.now;
+        self.last_progress_ns = self.now;
         let _ = self.proxy.handle_finished(id);
         if matches!(self.sc.workload.clients, Clients::Closed { .. }) && self.to_send > 0 {
             self.at(0, Ev::Arrival);

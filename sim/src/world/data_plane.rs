@@ -199,6 +199,7 @@ impl World {
         let Some((_, finishes)) = self.nics.finish(self.now, id, version) else { return };
         self.schedule_flows(finishes);
         let Some(info) = self.flows.remove(&id) else { return };
+        self.last_progress_ns = self.now;
         self.kv_read_ms.push((self.now - info.started) as f64 / 1e6);
         let me = self.d_ranks[info.worker];
         let server_rank = self.p_ranks[info.server];

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use pdkv_core::decode::{DecodeAction, DecodeEvent, ReadOp, RecvRequest};
+use pdkv_core::decode::{DecodeAction, DecodeEvent, ReadOp, RecvError, RecvRequest};
 use pdkv_core::group::{DecodeGroup, GroupAction, GroupEvent, StepReport};
 use pdkv_core::ids::RequestId;
 use pdkv_core::time::Instant;
@@ -253,6 +253,9 @@ impl World {
         let mut continuing = 0u64;
         for gi in 0..self.units[unit].groups.len() {
             let g = self.units[unit].groups[gi];
+            if !self.dgroups[g].running.is_empty() {
+                self.last_progress_ns = now;
+            }
             let group = &mut self.dgroups[g];
             let mut context_done = 0u64;
             // Every request of the batch grows by one token; finished ones leave with theirs.
@@ -413,6 +416,11 @@ impl World {
                         None,
                         format!("{request}: {error}"),
                     );
+                    if matches!(error, RecvError::Timeout { .. }) {
+                        if let Some(req) = self.requests.get_mut(&request) {
+                            req.timed_out = true;
+                        }
+                    }
                     self.report(w, request, true);
                 }
                 DecodeAction::InvalidateBlocks { .. } => {}

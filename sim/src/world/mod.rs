@@ -292,9 +292,10 @@ pub struct World {
     stopped: bool,
     /// The run's time or event budget ended with events still to run (not a natural end).
     budget_ended: bool,
-    /// When a request last ended (finished or failed): whether the run was still progressing
-    /// when its budget ended.
-    last_end_ns: u64,
+    /// When the run last made progress: a request ended (finished or failed), a prefill step
+    /// computed prompt tokens, a decode step generated tokens, or a KV read completed. Whether
+    /// the run was still progressing when its budget ended.
+    last_progress_ns: u64,
     max_hold_ns: u64,
     /// Whether `trace` is there: the `trace!` macro's cheap test.
     trace_on: bool,

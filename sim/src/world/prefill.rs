@@ -177,6 +177,9 @@ impl World {
         let mut finished = Vec::new();
         let running = std::mem::take(&mut self.pgroups[g].running);
         for mut p in running {
+            if p.chunk > 0 {
+                self.last_progress_ns = self.now;
+            }
             p.done += std::mem::take(&mut p.chunk);
             if p.done >= self.requests[&p.id].input {
                 finished.push((p.id, p.blocks));
