@@ -82,6 +82,7 @@ fn release(ids: &[TransferId], quorum: usize, i: usize) -> ControlMessage {
         consumer_tp_size: Some(DECODE_TP),
         sender: None,
         incarnation: None,
+        mac: None,
     })
 }
 

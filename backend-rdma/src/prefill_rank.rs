@@ -177,6 +177,7 @@ pub fn notify_event(frame: &[u8]) -> Result<WorkerEvent, String> {
             transfer_id: lease.transfer_id,
             lease_ms: lease.lease_ms,
             incarnation: lease.incarnation,
+            mac: lease.mac,
         }),
         Ok(message) => match message.as_release() {
             Some(release) => Ok(WorkerEvent::Release(release)),
@@ -527,6 +528,19 @@ fn serve(mut ctx: Context, started: Started) -> Result<(), ConnectorError> {
                     ctx.link.send(&FromRank::Leased { transfer_id, remaining_ns })?;
                 }
                 WorkerAction::Ignored { .. } => {}
+                // Counted in the run's result by a later change; reported as notes meanwhile.
+                WorkerAction::Refused { transfer_id, message, verdict } => {
+                    ctx.link.send(&FromRank::Problem {
+                        violation: false,
+                        detail: format!("refused a {message:?} of {transfer_id}: {verdict:?}"),
+                    })?
+                }
+                WorkerAction::LeaseCapped { transfer_id, asked_ms, granted_ms } => {
+                    ctx.link.send(&FromRank::Problem {
+                        violation: false,
+                        detail: format!("lease of {transfer_id} for {asked_ms} ms taken for {granted_ms} ms"),
+                    })?
+                }
                 WorkerAction::Error { rank, error } => ctx
                     .link
                     .send(&FromRank::Problem { violation: true, detail: format!("{rank}: {error}") })?,
@@ -557,6 +571,7 @@ mod tests {
             consumer_tp_size,
             sender: None,
             incarnation: None,
+            mac: None,
         };
         let encode = |message| wire::encode(&message);
         let cases: Vec<(Vec<u8>, Result<WorkerEvent, &str>)> = vec![
@@ -567,8 +582,9 @@ mod tests {
                     transfer_id: tid(),
                     lease_ms: 500,
                     incarnation: None,
+                    mac: None,
                 })),
-                Ok(WorkerEvent::Lease { transfer_id: tid(), lease_ms: 500, incarnation: None }),
+                Ok(WorkerEvent::Lease { transfer_id: tid(), lease_ms: 500, incarnation: None, mac: None }),
             ),
             // vLLM 0.33's WRITE-mode failure notice, which pdkv does not know.
             (

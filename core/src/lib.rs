@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod auth;
 pub mod decode;
 pub mod fence;
 pub mod group;

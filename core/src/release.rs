@@ -56,6 +56,9 @@ pub struct Release {
     /// knows it (a pdkv decode rank releasing a pdkv prefill rank); the prefill worker ignores a
     /// release naming another incarnation of it. `None` is unfenced.
     pub incarnation: Option<Incarnation>,
+    /// Its MAC under the deployment's key, when the sender has the key and the addressed rank
+    /// advertised `auth` ([`crate::auth`]).
+    pub mac: Option<crate::auth::Mac>,
 }
 
 /// MoRIIO's expected releases per prefill rank: 1 when the consumer TP is not larger than the
@@ -450,7 +453,7 @@ mod tests {
     }
 
     fn release(n: u32, sender: Option<ReleaseSender>) -> Release {
-        Release { transfer_id: id(n), consumer_tp_size: Some(8), sender, incarnation: None }
+        Release { transfer_id: id(n), consumer_tp_size: Some(8), sender, incarnation: None, mac: None }
     }
 
     #[test]

@@ -529,7 +529,11 @@ impl World {
                 self.decode(s, to, DecodeEvent::HandshakeDescriptors { session, layers });
             }
             Msg::Lease { to, transfer, lease_ms, incarnation } => {
-                self.prefill(s, to, WorkerEvent::Lease { transfer_id: transfer, lease_ms, incarnation });
+                self.prefill(
+                    s,
+                    to,
+                    WorkerEvent::Lease { transfer_id: transfer, lease_ms, incarnation, mac: None },
+                );
             }
             Msg::Release { to, transfer, sender_tp, incarnation } => {
                 let sender = pdkv_core::release::ReleaseSender {
@@ -542,6 +546,7 @@ impl World {
                     consumer_tp_size: None,
                     sender: Some(sender),
                     incarnation,
+                    mac: None,
                 };
                 self.prefill(s, to, WorkerEvent::Release(release));
             }

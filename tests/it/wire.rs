@@ -28,7 +28,13 @@ fn tid() -> TransferId {
 }
 
 fn release(consumer_tp_size: Option<u16>, sender: Option<ReleaseSender>) -> ControlMessage {
-    ControlMessage::Release(Release { transfer_id: tid(), consumer_tp_size, sender, incarnation: None })
+    ControlMessage::Release(Release {
+        transfer_id: tid(),
+        consumer_tp_size,
+        sender,
+        incarnation: None,
+        mac: None,
+    })
 }
 
 fn metadata(rank: Option<RankInfo>, extensions: Extensions) -> ControlMessage {
@@ -99,6 +105,7 @@ fn well_formed() -> Vec<(&'static str, ControlMessage)> {
                 consumer_tp_size: Some(8),
                 sender: Some(sender),
                 incarnation: incarnation(),
+                mac: None,
             })
         }),
     ]
@@ -120,7 +127,8 @@ fn our_encoding_equals_moriio_bytes() {
 
 #[test]
 fn legacy_completion_and_release_without_tp_size_each_count_as_one_release() {
-    let plain = Release { transfer_id: tid(), consumer_tp_size: None, sender: None, incarnation: None };
+    let plain =
+        Release { transfer_id: tid(), consumer_tp_size: None, sender: None, incarnation: None, mac: None };
     for name in ["legacy_completion.msgpack", "release_without_tp_size.msgpack"] {
         let msg = decode(&fixture(name)).map(|m| m.as_release());
         assert_eq!(msg, Ok(Some(plain.clone())), "{name}");

@@ -192,6 +192,7 @@ fn pdkv_dealer_against_pyzmq_router() {
         consumer_tp_size: Some(8),
         sender: None,
         incarnation: None,
+        mac: None,
     }));
     let legacy = encode(&ControlMessage::LegacyCompletion(tid()));
     let long: Vec<u8> = (0..1000u32).map(|i| (i % 251) as u8).collect();
@@ -200,6 +201,7 @@ fn pdkv_dealer_against_pyzmq_router() {
         consumer_tp_size: Some(8),
         sender: Some(ReleaseSender { engine_id: "decode-0:6301".to_owned(), dp_rank: 3, tp_rank: 5 }),
         incarnation: None,
+        mac: None,
     }));
     let messages: [Vec<&[u8]>; 3] = [vec![&release], vec![&legacy, &long, b""], vec![&with_sender]];
     for (i, frames) in messages.iter().enumerate() {
@@ -322,7 +324,8 @@ fn pyzmq_dealer_against_pdkv_router() {
             transfer_id: tid(),
             consumer_tp_size: Some(4),
             sender: None,
-            incarnation: None
+            incarnation: None,
+            mac: None,
         }))
     );
 
@@ -440,7 +443,8 @@ fn connector_notify_listener_takes_moriio_releases() {
         }
     }
     assert_eq!(peer.finish(), ["sent 2"]);
-    let release = Release { transfer_id: tid(), consumer_tp_size: Some(8), sender: None, incarnation: None };
+    let release =
+        Release { transfer_id: tid(), consumer_tp_size: Some(8), sender: None, incarnation: None, mac: None };
     assert_eq!(decode(&frames[0]), Ok(ControlMessage::Release(release)));
     assert_eq!(decode(&frames[1]), Ok(ControlMessage::LegacyCompletion(tid())));
 }
@@ -516,6 +520,7 @@ fn connector_notify_listener_survives_what_ends_moriio_listener() {
             consumer_tp_size,
             sender: None,
             incarnation: None,
+            mac: None,
         }))
     };
     assert_eq!(

@@ -45,6 +45,9 @@ pub struct DecodeConfig {
     pub backoff_cap_ns: u64,
     /// Per layer (default) or per request.
     pub granularity: ReadGranularity,
+    /// The deployment's control key, if this worker has one: it then MACs the releases and
+    /// leases it sends a rank that advertised `auth` ([`crate::auth`]).
+    pub control_key: Option<crate::auth::ControlKey>,
 }
 
 impl DecodeConfig {
@@ -62,6 +65,7 @@ impl DecodeConfig {
             backoff_initial_ns: NS_PER_MS,
             backoff_cap_ns: 50 * NS_PER_MS,
             granularity: ReadGranularity::PerLayer,
+            control_key: None,
         }
     }
 }

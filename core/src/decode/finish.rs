@@ -66,7 +66,9 @@ impl DecodeWorker {
         out: &mut Vec<DecodeAction>,
     ) {
         let recv = self.requests.remove(&id).expect("caller checked");
-        let named = self.advertised_by(&recv).is_some_and(|e| e.has(Extension::Incarnation));
+        let advertised = self.advertised_by(&recv);
+        let named = advertised.is_some_and(|e| e.has(Extension::Incarnation));
+        let key = self.control_key_for(advertised);
         let message = Release {
             transfer_id: recv.transfer_id.clone(),
             consumer_tp_size: Some(self.config.layout.tp),
@@ -76,13 +78,19 @@ impl DecodeWorker {
                 tp_rank: self.config.rank.tp,
             }),
             incarnation: None,
+            mac: None,
         };
         let releases = if release { recv.releases.as_slice() } else { &[] };
         for (rank, endpoint, incarnation) in releases {
             out.push(DecodeAction::SendRelease {
                 rank: *rank,
                 endpoint: endpoint.clone(),
-                release: Release { incarnation: incarnation.filter(|_| named), ..message.clone() },
+                release: {
+                    let mut release =
+                        Release { incarnation: incarnation.filter(|_| named), ..message.clone() };
+                    release.mac = key.map(|k| crate::auth::release_mac(k, &release));
+                    release
+                },
             });
         }
         match error {

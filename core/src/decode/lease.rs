@@ -44,6 +44,13 @@ impl DecodeWorker {
         }
     }
 
+    /// The key to MAC a message to a rank that advertised `advertised` with: this worker's key,
+    /// if it has one and the rank advertised `auth` (a rank without the key could not check it,
+    /// and a MoRIIO rank is sent nothing it does not know).
+    pub(super) fn control_key_for(&self, advertised: Option<Extensions>) -> Option<&crate::auth::ControlKey> {
+        self.config.control_key.as_ref().filter(|_| advertised.is_some_and(|e| e.has(Extension::Auth)))
+    }
+
     /// What the source of `recv` advertised: its own metadata once heard (which wins), else
     /// its engine's word in the request's parameters; `None` while nothing said.
     pub(super) fn advertised_by(&self, recv: &Recv) -> Option<Extensions> {
@@ -56,10 +63,16 @@ impl DecodeWorker {
         DecodeAction::SendLease {
             rank: recv.target.source,
             endpoint: recv.target.notify.clone(),
-            lease: ReadLease {
-                transfer_id: recv.transfer_id.clone(),
-                lease_ms: lease_ms as u32,
-                incarnation: recv.incarnation.filter(|_| named),
+            lease: {
+                let mut lease = ReadLease {
+                    transfer_id: recv.transfer_id.clone(),
+                    lease_ms: lease_ms as u32,
+                    incarnation: recv.incarnation.filter(|_| named),
+                    mac: None,
+                };
+                lease.mac =
+                    self.control_key_for(self.advertised_by(recv)).map(|k| crate::auth::lease_mac(k, &lease));
+                lease
             },
         }
     }

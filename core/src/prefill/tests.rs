@@ -1,13 +1,14 @@
 //! Tests of the prefill nodes on their own: what a worker and an engine do with incarnations.
 
 use super::*;
+use crate::auth::{self, ControlAuth, ControlKey};
 use crate::ids::{EngineId, Incarnation, RankId, RequestId, TransferId};
 use crate::legacy::{Legacy, LegacyOptions};
 use crate::policy::Policy;
 use crate::release::{Quorum, Release};
 use crate::time::Instant;
 use crate::topology::{Layout, ModelSpec};
-use crate::wire::{Extensions, HandshakeMetadata};
+use crate::wire::{Extension, Extensions, HandshakeMetadata, ReadLease};
 
 fn inc(n: u64) -> Option<Incarnation> {
     Incarnation::new(n)
@@ -40,6 +41,12 @@ fn said(out: &[WorkerAction]) -> Vec<String> {
             WorkerAction::Finished { transfer_id, .. } => format!("finished {transfer_id}"),
             WorkerAction::Leased { transfer_id, .. } => format!("leased {transfer_id}"),
             WorkerAction::Ignored { transfer_id, outcome } => format!("ignored {transfer_id}: {outcome:?}"),
+            WorkerAction::Refused { transfer_id, message, verdict } => {
+                format!("refused {message:?} {transfer_id}: {verdict:?}")
+            }
+            WorkerAction::LeaseCapped { transfer_id, asked_ms, granted_ms } => {
+                format!("capped {transfer_id}: {asked_ms} -> {granted_ms} ms")
+            }
             WorkerAction::Error { error, .. } => format!("error {error}"),
             WorkerAction::SendHandshakeReply { metadata, .. } => format!("reply {:?}", metadata.incarnation),
         })
@@ -47,7 +54,13 @@ fn said(out: &[WorkerAction]) -> Vec<String> {
 }
 
 fn release(n: u32, incarnation: Option<Incarnation>) -> WorkerEvent {
-    WorkerEvent::Release(Release { transfer_id: tx(n), consumer_tp_size: Some(1), sender: None, incarnation })
+    WorkerEvent::Release(Release {
+        transfer_id: tx(n),
+        consumer_tp_size: Some(1),
+        sender: None,
+        incarnation,
+        mac: None,
+    })
 }
 
 /// (events in order, under the legacy option?) -> what the worker said at the last event. A
@@ -59,7 +72,8 @@ fn a_worker_ignores_what_names_another_incarnation_of_it() {
     let register =
         |n, incarnation| WorkerEvent::Register { transfer_id: tx(n), quorum: Quorum::Exact(1), incarnation };
     let retired = |n, incarnation| WorkerEvent::Retired { transfer_id: tx(n), incarnation };
-    let lease = |n, incarnation| WorkerEvent::Lease { transfer_id: tx(n), lease_ms: 100, incarnation };
+    let lease =
+        |n, incarnation| WorkerEvent::Lease { transfer_id: tx(n), lease_ms: 100, incarnation, mac: None };
     let other = |n: u32| format!("ignored tx-{n}: OtherIncarnation");
     let check = |events: Vec<WorkerEvent>, legacy: bool, expected: Vec<String>| {
         let options = if legacy {
@@ -99,6 +113,82 @@ fn a_worker_ignores_what_names_another_incarnation_of_it() {
         vec!["ignored tx-1: Stale".into()],
     );
     assert_eq!(worker(&LegacyOptions::none()).ledger().pending().count(), 0);
+}
+
+/// (the worker's authentication, events in order) -> what it said at the last event. A release
+/// or lease with a wrong MAC is refused before it touches the ledger or the reaper; one without
+/// a MAC is refused only when every peer holds the key (`Require`); `Open` takes anything, as
+/// MoRIIO's listener does. Refusing a forged release leaves the transfer waiting for the real one.
+#[test]
+fn a_worker_takes_releases_and_leases_only_as_its_authentication_says() {
+    let key = ControlKey::from_bytes([3; 32]);
+    let forger = ControlKey::from_bytes([4; 32]);
+    let register =
+        |n| WorkerEvent::Register { transfer_id: tx(n), quorum: Quorum::Exact(1), incarnation: inc(7) };
+    let release = |n: u32, by: Option<&ControlKey>| {
+        let mut r = Release {
+            transfer_id: tx(n),
+            consumer_tp_size: Some(1),
+            sender: None,
+            incarnation: inc(7),
+            mac: None,
+        };
+        r.mac = by.map(|k| auth::release_mac(k, &r));
+        WorkerEvent::Release(r)
+    };
+    let lease = |n: u32, lease_ms: u32, by: Option<&ControlKey>| {
+        let l = ReadLease { transfer_id: tx(n), lease_ms, incarnation: inc(7), mac: None };
+        let mac = by.map(|k| auth::lease_mac(k, &l));
+        WorkerEvent::Lease { transfer_id: tx(n), lease_ms, incarnation: inc(7), mac }
+    };
+    let check = |auth: ControlAuth, events: Vec<WorkerEvent>, expected: &[&str]| {
+        let mut w = worker(&LegacyOptions::none()).with_control_auth(auth.clone()).with_max_lease_ms(30_000);
+        let mut out = Vec::new();
+        for event in events.clone() {
+            out.clear();
+            w.handle(Instant::ZERO, event, &mut out);
+        }
+        assert_eq!(said(&out), expected, "{auth:?} {events:?}");
+    };
+    let open = ControlAuth::Open;
+    let verify = ControlAuth::Verify(key.clone());
+    let require = ControlAuth::Require(key.clone());
+    let finished = ["finished tx-1"];
+    check(open.clone(), vec![register(1), release(1, None)], &finished);
+    check(open.clone(), vec![register(1), release(1, Some(&forger))], &finished);
+    check(verify.clone(), vec![register(1), release(1, None)], &finished);
+    check(verify.clone(), vec![register(1), release(1, Some(&key))], &finished);
+    check(verify.clone(), vec![register(1), release(1, Some(&forger))], &["refused Release tx-1: BadMac"]);
+    check(require.clone(), vec![register(1), release(1, Some(&key))], &finished);
+    check(require.clone(), vec![register(1), release(1, None)], &["refused Release tx-1: Unauthenticated"]);
+    check(require.clone(), vec![register(1), release(1, Some(&forger))], &["refused Release tx-1: BadMac"]);
+    // The forged release changed nothing: the real one still completes the transfer.
+    check(require.clone(), vec![register(1), release(1, None), release(1, Some(&key))], &finished);
+    check(require.clone(), vec![lease(1, 100, None)], &["refused Lease tx-1: Unauthenticated"]);
+    check(require.clone(), vec![lease(1, 100, Some(&forger))], &["refused Lease tx-1: BadMac"]);
+    check(require.clone(), vec![lease(1, 100, Some(&key))], &["leased tx-1"]);
+    // A lease over the transfer limit (here a forged 49 days) is taken for the limit only.
+    check(
+        open.clone(),
+        vec![lease(1, u32::MAX, None)],
+        &["capped tx-1: 4294967295 -> 30000 ms", "leased tx-1"],
+    );
+    check(require, vec![lease(1, 30_001, Some(&key))], &["capped tx-1: 30001 -> 30000 ms", "leased tx-1"]);
+    check(open, vec![lease(1, 30_000, None)], &["leased tx-1"]);
+    // A worker with the key says so in its handshake metadata; one without does not.
+    let reply = |auth: ControlAuth| {
+        let mut out = Vec::new();
+        worker(&LegacyOptions::none()).with_control_auth(auth).handle(
+            Instant::ZERO,
+            WorkerEvent::HandshakeRequest { peer: 1 },
+            &mut out,
+        );
+        match &out[..] {
+            [WorkerAction::SendHandshakeReply { metadata, .. }] => metadata.extensions.has(Extension::Auth),
+            other => panic!("{other:?}"),
+        }
+    };
+    assert!(reply(verify) && !reply(ControlAuth::Open));
 }
 
 /// An engine of one TP2 group whose ranks started as incarnations 1 and 2. It registers, names

@@ -1,11 +1,12 @@
 //! A prefill worker, one per prefill rank: answers handshakes with its metadata and counts the
 //! releases of the transfers registered on it until each one's quorum is met.
 
+use crate::auth::{self, ControlAuth, Mac, Verdict};
 use crate::ids::{Incarnation, RankId, TransferId};
 use crate::policy::Policy;
 use crate::release::{LedgerError, Quorum, RankLedger, Release, ReleaseOutcome};
 use crate::time::{Instant, NS_PER_MS};
-use crate::wire::{HandshakeMetadata, LayerMemoryDesc};
+use crate::wire::{Extension, HandshakeMetadata, LayerMemoryDesc, ReadLease};
 
 /// An input to a prefill worker.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -40,6 +41,8 @@ pub enum WorkerEvent {
         lease_ms: u32,
         /// The incarnation the lease names, if the decode rank named one.
         incarnation: Option<Incarnation>,
+        /// The lease's MAC, if it carried one.
+        mac: Option<Mac>,
     },
     /// The engine freed the transfer's blocks; forget it.
     Retired {
@@ -86,6 +89,26 @@ pub enum WorkerAction {
         /// What the ledger did with it.
         outcome: ReleaseOutcome,
     },
+    /// A release or lease from outside the deployment, or forged: refused before it touched the
+    /// ledger or the reaper (count it, and name its sender in logs).
+    Refused {
+        /// The transfer it named.
+        transfer_id: TransferId,
+        /// What it was.
+        message: Refused,
+        /// Why it was refused.
+        verdict: Verdict,
+    },
+    /// A lease longer than this rank allows ([`PrefillWorker::with_max_lease_ms`]): it was taken
+    /// for the longest allowed instead (count it).
+    LeaseCapped {
+        /// The transfer it leased.
+        transfer_id: TransferId,
+        /// The length it asked for.
+        asked_ms: u32,
+        /// The length it got.
+        granted_ms: u32,
+    },
     /// The engine sent something inconsistent (a bug in the driver or the engine): `rank`'s
     /// ledger refused it.
     Error {
@@ -96,6 +119,19 @@ pub enum WorkerAction {
     },
 }
 
+/// Which message a worker refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Refused {
+    /// A release.
+    Release,
+    /// A read lease.
+    Lease,
+}
+
+/// The longest read lease a worker takes unless told otherwise: the default transfer timeout,
+/// which is what a pdkv decode rank leases for.
+pub const DEFAULT_MAX_LEASE_MS: u32 = 30_000;
+
 /// One prefill rank: answers handshakes and counts releases.
 ///
 /// Its incarnation is the one its handshake metadata names. Under the fixed protocol a
@@ -104,6 +140,10 @@ pub enum WorkerAction {
 /// ([`ReleaseOutcome::OtherIncarnation`]), so an old transfer never touches this incarnation's
 /// ledger and a message for it is never an error. A message naming no incarnation (a MoRIIO
 /// peer's) is taken as it is.
+///
+/// A release frees blocks and a lease holds them, so the worker takes them only as its
+/// [`ControlAuth`] says (a wrong MAC is always refused; no MAC is refused when the deployment's
+/// ranks all hold the key), and a lease for no longer than its transfer limits allow.
 #[derive(Clone, Debug, Hash)]
 pub struct PrefillWorker {
     rank: RankId,
@@ -111,6 +151,8 @@ pub struct PrefillWorker {
     layers: Vec<LayerMemoryDesc>,
     ledger: RankLedger,
     fenced: bool,
+    auth: ControlAuth,
+    max_lease_ms: u32,
 }
 
 impl PrefillWorker {
@@ -127,7 +169,30 @@ impl PrefillWorker {
             layers,
             ledger: RankLedger::new(policy),
             fenced: policy.incarnation.fences(),
+            auth: ControlAuth::Open,
+            max_lease_ms: DEFAULT_MAX_LEASE_MS,
         }
+    }
+
+    /// The worker judges releases and leases by `auth`, and advertises `auth` when it holds a
+    /// key.
+    pub fn with_control_auth(mut self, auth: ControlAuth) -> Self {
+        self.metadata.extensions = if auth.key().is_some() {
+            self.metadata.extensions.with(Extension::Auth)
+        } else {
+            self.metadata.extensions.without(Extension::Auth)
+        };
+        self.auth = auth;
+        self
+    }
+
+    /// The longest read lease the worker takes (at least 1 ms); a longer one is taken for this
+    /// long and reported ([`WorkerAction::LeaseCapped`]). Set it to the deployment's transfer
+    /// timeout: a pdkv decode rank leases for its transfer timeout, and a read that outlives the
+    /// lease fails at the fence instead of reading reused blocks.
+    pub fn with_max_lease_ms(mut self, max_lease_ms: u32) -> Self {
+        self.max_lease_ms = max_lease_ms.max(1);
+        self
     }
 
     /// This worker's rank.
@@ -151,6 +216,32 @@ impl PrefillWorker {
         self.fenced && matches!((named, self.metadata.incarnation), (Some(a), Some(b)) if a != b)
     }
 
+    /// The refusal of a release or lease the worker's [`ControlAuth`] does not take.
+    fn refusal(&self, event: &WorkerEvent) -> Option<WorkerAction> {
+        let (transfer_id, message, verdict) = match event {
+            WorkerEvent::Release(release) => (
+                &release.transfer_id,
+                Refused::Release,
+                self.auth.judge(release.mac, |k| auth::release_mac(k, release)),
+            ),
+            WorkerEvent::Lease { transfer_id, lease_ms, incarnation, mac } => {
+                let lease = ReadLease {
+                    transfer_id: transfer_id.clone(),
+                    lease_ms: *lease_ms,
+                    incarnation: *incarnation,
+                    mac: None,
+                };
+                (transfer_id, Refused::Lease, self.auth.judge(*mac, |k| auth::lease_mac(k, &lease)))
+            }
+            _ => return None,
+        };
+        (verdict != Verdict::Taken).then(|| WorkerAction::Refused {
+            transfer_id: transfer_id.clone(),
+            message,
+            verdict,
+        })
+    }
+
     /// The release ledger (for queries).
     pub fn ledger(&self) -> &RankLedger {
         &self.ledger
@@ -166,6 +257,11 @@ impl PrefillWorker {
                 out.push(WorkerAction::Ignored { transfer_id, outcome });
             }
         };
+        // Authenticity first: a forged message is refused whatever it names.
+        if let Some(refused) = self.refusal(&event) {
+            out.push(refused);
+            return;
+        }
         match event {
             WorkerEvent::HandshakeRequest { peer } => out.push(WorkerAction::SendHandshakeReply {
                 peer,
@@ -198,7 +294,15 @@ impl PrefillWorker {
                 Err(error) => out.push(WorkerAction::Error { rank, error }),
             },
             WorkerEvent::Lease { transfer_id, lease_ms, .. } => {
-                let until = now.add_ns(u64::from(lease_ms) * NS_PER_MS);
+                let granted_ms = lease_ms.min(self.max_lease_ms);
+                if granted_ms < lease_ms {
+                    out.push(WorkerAction::LeaseCapped {
+                        transfer_id: transfer_id.clone(),
+                        asked_ms: lease_ms,
+                        granted_ms,
+                    });
+                }
+                let until = now.add_ns(u64::from(granted_ms) * NS_PER_MS);
                 out.push(WorkerAction::Leased { rank, transfer_id, until });
             }
             WorkerEvent::Retired { transfer_id, .. } => {

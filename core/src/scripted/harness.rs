@@ -223,6 +223,7 @@ impl Harness {
                         transfer_id: lease.transfer_id,
                         lease_ms: lease.lease_ms,
                         incarnation: lease.incarnation,
+                        mac: lease.mac,
                     };
                     self.worker_event(to, event);
                 }

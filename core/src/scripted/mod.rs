@@ -336,7 +336,8 @@ fn flexible_read_completes_the_whole_group() {
 fn early_release_is_applied_at_registration() {
     let mut h = Harness::new("1P_TP1:1D_TP1", LegacyOptions::none());
     let prefill = RankId::new(EngineId::prefill(0), 0, 0);
-    let early = Release { transfer_id: tx(1), consumer_tp_size: Some(1), sender: None, incarnation: None };
+    let early =
+        Release { transfer_id: tx(1), consumer_tp_size: Some(1), sender: None, incarnation: None, mac: None };
     h.worker_event(prefill, WorkerEvent::Release(early));
     assert!(h.frees().is_empty());
     h.prefill_done(1, 0, 0, &[0]);

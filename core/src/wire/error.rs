@@ -125,6 +125,15 @@ pub enum WireError {
         /// The first key of the group, in wire order, that is missing.
         missing: &'static str,
     },
+    /// A blob whose length is fixed (a MAC) has another length.
+    WrongLength {
+        /// The wire key.
+        field: &'static str,
+        /// Its length in bytes.
+        len: usize,
+        /// The length it must have.
+        expected: usize,
+    },
     /// A TP rank not below the TP size it belongs to.
     RankOutOfGroup {
         /// The key holding the rank: `sender_tp_rank` or `tp_rank`.
@@ -186,6 +195,9 @@ impl fmt::Display for WireError {
             }
             WireError::PartialGroup { group, missing } => {
                 write!(f, "the {group} fields come all together or not at all, but `{missing}` is missing")
+            }
+            WireError::WrongLength { field, len, expected } => {
+                write!(f, "field `{field}` is {len} bytes, not {expected}")
             }
             WireError::RankOutOfGroup { field, rank, size } => {
                 write!(f, "field `{field}` is {rank}, not below its TP size {size}")

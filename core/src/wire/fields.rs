@@ -146,6 +146,17 @@ pub(super) fn opt_incarnation(f: &mut Fields) -> Result<Option<crate::ids::Incar
     Ok(f.opt_int("pdkv_incarnation", 1, max)?.and_then(|v| crate::ids::Incarnation::new(narrow(v))))
 }
 
+/// Reads the optional `pdkv_mac` key: a bin of exactly [`MAC_BYTES`](crate::auth::MAC_BYTES).
+pub(super) fn opt_mac(f: &mut Fields) -> Result<Option<crate::auth::Mac>, WireError> {
+    const FIELD: &str = "pdkv_mac";
+    let Some(value) = f.take(FIELD) else { return Ok(None) };
+    let bytes = blob(FIELD, value)?;
+    let mac: [u8; crate::auth::MAC_BYTES] = bytes.as_slice().try_into().map_err(|_| {
+        WireError::WrongLength { field: FIELD, len: bytes.len(), expected: crate::auth::MAC_BYTES }
+    })?;
+    Ok(Some(crate::auth::Mac(mac)))
+}
+
 /// Narrows a value already checked to lie within the target type's range; the fallback is
 /// unreachable and only keeps the conversion free of panics.
 pub(super) fn narrow<T: TryFrom<i128> + Default>(v: i128) -> T {

@@ -26,17 +26,22 @@ pub enum Extension {
     /// ignores releases, leases and reads that name another incarnation of it, so a decode rank
     /// names the incarnation (`pdkv_incarnation`) in what it sends the rank.
     Incarnation,
+    /// The rank holds the deployment's control key and checks the MAC (`pdkv_mac`) of the
+    /// releases and leases it is sent ([`crate::auth`]), so a decode rank with the key MACs what
+    /// it sends the rank.
+    Auth,
 }
 
 impl Extension {
     /// Every extension this pdkv knows, in wire order.
-    pub const ALL: [Extension; 2] = [Extension::ReadLease, Extension::Incarnation];
+    pub const ALL: [Extension; 3] = [Extension::ReadLease, Extension::Incarnation, Extension::Auth];
 
     /// The extension's name in `pdkv_extensions`.
     pub fn wire_name(self) -> &'static str {
         match self {
             Extension::ReadLease => "read_lease",
             Extension::Incarnation => "incarnation",
+            Extension::Auth => "auth",
         }
     }
 
@@ -58,12 +63,18 @@ pub struct Extensions(u8);
 impl Extensions {
     /// No extension: MoRIIO's protocol only.
     pub const NONE: Extensions = Extensions(0);
-    /// Every extension this pdkv speaks, which a pdkv rank advertises.
+    /// The extensions every pdkv rank advertises; one that holds the deployment's control key
+    /// adds [`Extension::Auth`].
     pub const ALL: Extensions = Extensions(0b11);
 
     /// Whether `extension` is in the set.
     pub fn has(self, extension: Extension) -> bool {
         self.0 & extension.bit() != 0
+    }
+
+    /// The set without `extension`.
+    pub fn without(self, extension: Extension) -> Extensions {
+        Extensions(self.0 & !extension.bit())
     }
 
     /// The set with `extension` added.

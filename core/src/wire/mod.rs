@@ -164,6 +164,7 @@ impl ControlMessage {
                 consumer_tp_size: None,
                 sender: None,
                 incarnation: None,
+                mac: None,
             }),
             _ => None,
         }
@@ -196,6 +197,7 @@ pub fn encode(msg: &ControlMessage) -> Vec<u8> {
             sender_dp_rank: release.sender.as_ref().map(|s| s.dp_rank),
             sender_tp_rank: release.sender.as_ref().map(|s| s.tp_rank),
             pdkv_incarnation: release.incarnation.map(Incarnation::value),
+            pdkv_mac: release.mac.as_ref().map(|m| Bin(&m.0)),
         }),
         ControlMessage::LegacyCompletion(id) => id.as_str().as_bytes().to_vec(),
         ControlMessage::RemoteBlocks(blocks) => named(&RemoteBlocksWire {
@@ -213,6 +215,7 @@ pub fn encode(msg: &ControlMessage) -> Vec<u8> {
             transfer_id: lease.transfer_id.as_str(),
             lease_ms: lease.lease_ms,
             pdkv_incarnation: lease.incarnation.map(Incarnation::value),
+            pdkv_mac: lease.mac.as_ref().map(|m| Bin(&m.0)),
         }),
         ControlMessage::HandshakeRequest => HANDSHAKE_REQUEST.to_vec(),
         ControlMessage::HandshakeMetadata(meta) => named(&MetadataWire {

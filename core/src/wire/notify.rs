@@ -4,7 +4,8 @@
 
 use serde::Serialize;
 
-use super::fields::{group, narrow, opt_incarnation, Fields, U16_MAX, U32_MAX};
+use super::fields::{group, narrow, opt_incarnation, opt_mac, Fields, U16_MAX, U32_MAX};
+use super::handshake::Bin;
 use super::{ControlMessage, WireError, MAX_BLOCK_IDS};
 use crate::ids::{Incarnation, TransferId};
 use crate::release::{Release, ReleaseSender};
@@ -44,6 +45,9 @@ pub struct ReadLease {
     /// rank that advertised [`Extension::Incarnation`](super::Extension::Incarnation); the rank
     /// ignores a lease naming another incarnation of it.
     pub incarnation: Option<Incarnation>,
+    /// The lease's MAC under the deployment's key (`pdkv_mac`), sent to a rank that advertised
+    /// [`Extension::Auth`](super::Extension::Auth) ([`crate::auth`]).
+    pub mac: Option<crate::auth::Mac>,
 }
 
 #[derive(Serialize)]
@@ -61,6 +65,8 @@ pub(super) struct ReleaseWire<'a> {
     pub(super) sender_tp_rank: Option<u16>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) pdkv_incarnation: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) pdkv_mac: Option<Bin<'a>>,
 }
 
 #[derive(Serialize)]
@@ -81,6 +87,8 @@ pub(super) struct ReadLeaseWire<'a> {
     pub(super) lease_ms: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) pdkv_incarnation: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) pdkv_mac: Option<Bin<'a>>,
 }
 
 #[derive(Serialize)]
@@ -114,7 +122,8 @@ pub(super) fn release(mut f: Fields) -> Result<ControlMessage, WireError> {
         }
     }
     let incarnation = opt_incarnation(&mut f)?;
-    Ok(ControlMessage::Release(Release { transfer_id, consumer_tp_size, sender, incarnation }))
+    let mac = opt_mac(&mut f)?;
+    Ok(ControlMessage::Release(Release { transfer_id, consumer_tp_size, sender, incarnation, mac }))
 }
 
 pub(super) fn remote_blocks(mut f: Fields) -> Result<ControlMessage, WireError> {
@@ -134,7 +143,8 @@ pub(super) fn read_lease(mut f: Fields) -> Result<ControlMessage, WireError> {
     let transfer_id = transfer_id(&mut f)?;
     let lease_ms = narrow::<u32>(f.int("lease_ms", 1, i128::from(u32::MAX))?);
     let incarnation = opt_incarnation(&mut f)?;
-    Ok(ControlMessage::ReadLease(ReadLease { transfer_id, lease_ms, incarnation }))
+    let mac = opt_mac(&mut f)?;
+    Ok(ControlMessage::ReadLease(ReadLease { transfer_id, lease_ms, incarnation, mac }))
 }
 
 pub(super) fn write_done(mut f: Fields) -> Result<ControlMessage, WireError> {

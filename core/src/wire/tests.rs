@@ -70,6 +70,16 @@ fn release_map(extra: Vec<(&'static str, V)>) -> Vec<u8> {
     pack(entries)
 }
 
+/// `msg` with a `pdkv_mac` (bytes 0, 1, ..., 15), for the messages that carry one.
+fn with_mac(msg: ControlMessage) -> ControlMessage {
+    let mac = Some(crate::auth::Mac(std::array::from_fn(|i| i as u8)));
+    match msg {
+        ControlMessage::Release(r) => ControlMessage::Release(Release { mac, ..r }),
+        ControlMessage::ReadLease(l) => ControlMessage::ReadLease(ReadLease { mac, ..l }),
+        other => other,
+    }
+}
+
 fn release(consumer_tp_size: Option<u16>, sender: Option<(&str, u16, u16)>) -> ControlMessage {
     ControlMessage::Release(Release {
         transfer_id: tid(),
@@ -80,6 +90,7 @@ fn release(consumer_tp_size: Option<u16>, sender: Option<(&str, u16, u16)>) -> C
             tp_rank,
         }),
         incarnation: None,
+        mac: None,
     })
 }
 
@@ -134,13 +145,31 @@ fn every_message_round_trips() {
             decode_dp_rank: 7,
         }),
         ControlMessage::WriteDone(WriteDone { transfer_id: tid() }),
-        ControlMessage::ReadLease(ReadLease { transfer_id: tid(), lease_ms: 30_000, incarnation: None }),
+        ControlMessage::ReadLease(ReadLease {
+            transfer_id: tid(),
+            lease_ms: 30_000,
+            incarnation: None,
+            mac: None,
+        }),
         with_incarnation(
-            ControlMessage::ReadLease(ReadLease { transfer_id: tid(), lease_ms: 1, incarnation: None }),
+            ControlMessage::ReadLease(ReadLease {
+                transfer_id: tid(),
+                lease_ms: 1,
+                incarnation: None,
+                mac: None,
+            }),
             1,
         ),
         with_incarnation(release(Some(8), Some(("decode-0:6301", 3, 5))), Incarnation::MAX),
         with_incarnation(metadata_with(None, Extensions::ALL), 0x1234_5678_9abc),
+        with_mac(with_incarnation(release(Some(8), Some(("decode-0:6301", 3, 5))), 9)),
+        with_mac(ControlMessage::ReadLease(ReadLease {
+            transfer_id: tid(),
+            lease_ms: 30_000,
+            incarnation: None,
+            mac: None,
+        })),
+        metadata_with(None, Extensions::ALL.with(crate::wire::Extension::Auth)),
         ControlMessage::HandshakeRequest,
         metadata(None),
         metadata(Some(RankInfo { dp_rank: 1, tp_rank: 3, tp_size: 8 })),
@@ -269,6 +298,18 @@ fn rejects_malformed_input_with_typed_errors() {
         (
             release_map(vec![("pdkv_incarnation", s("7"))]),
             WrongType { field: "pdkv_incarnation", expected: "int", found: "str" },
+        ),
+        (
+            release_map(vec![("pdkv_mac", V::B(vec![0; 15]))]),
+            WrongLength { field: "pdkv_mac", len: 15, expected: 16 },
+        ),
+        (
+            release_map(vec![("pdkv_mac", V::B(vec![0; 17]))]),
+            WrongLength { field: "pdkv_mac", len: 17, expected: 16 },
+        ),
+        (
+            release_map(vec![("pdkv_mac", s("0123456789abcdef"))]),
+            WrongType { field: "pdkv_mac", expected: "bin", found: "str" },
         ),
         (
             release_map(vec![("consumer_tp_size", V::I(-1))]),
@@ -448,7 +489,8 @@ fn errors_name_the_field() {
 
 #[test]
 fn legacy_completion_counts_as_one_plain_release() {
-    let plain = Release { transfer_id: tid(), consumer_tp_size: None, sender: None, incarnation: None };
+    let plain =
+        Release { transfer_id: tid(), consumer_tp_size: None, sender: None, incarnation: None, mac: None };
     assert_eq!(decode(TID.as_bytes()).map(|m| m.as_release()), Ok(Some(plain)));
     assert_eq!(ControlMessage::HandshakeRequest.as_release(), None);
 }
@@ -506,6 +548,7 @@ fn arb_message() -> impl Strategy<Value = ControlMessage> {
                     tp_rank: size.map_or(tp_rank, |n| tp_rank % n),
                 }),
                 incarnation,
+                mac: None,
             })
         });
     let legacy = "[!-~][ -~é中]{0,40}"
@@ -564,7 +607,7 @@ fn arb_message() -> impl Strategy<Value = ControlMessage> {
             },
         );
     let lease = (arb_id(), 1..=u32::MAX, incarnation()).prop_map(|(id, lease_ms, incarnation)| {
-        ControlMessage::ReadLease(ReadLease { transfer_id: TransferId(id), lease_ms, incarnation })
+        ControlMessage::ReadLease(ReadLease { transfer_id: TransferId(id), lease_ms, incarnation, mac: None })
     });
     prop_oneof![release, legacy, blocks, done, lease, Just(ControlMessage::HandshakeRequest), meta]
 }

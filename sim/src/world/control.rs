@@ -160,6 +160,7 @@ impl World {
                         transfer_id: lease.transfer_id,
                         lease_ms: lease.lease_ms,
                         incarnation: lease.incarnation,
+                        mac: lease.mac,
                     };
                     self.prefill_worker(rank, event);
                 }

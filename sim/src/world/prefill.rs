@@ -356,6 +356,20 @@ impl World {
                     let why = release_outcome_words(&outcome);
                     trace!(self, "release", "ignored", rank, None, format!("{transfer_id}: {why}"));
                 }
+                WorkerAction::Refused { transfer_id, message, verdict } => {
+                    // The simulator has no forger yet, so a refusal means its own ranks
+                    // disagree on the key: a protocol error.
+                    self.violation(
+                        ViolationKind::ProtocolError,
+                        vec![self.p_ranks[i].to_string()],
+                        format!("{transfer_id}: {message:?} refused ({verdict:?})"),
+                    );
+                }
+                WorkerAction::LeaseCapped { transfer_id, asked_ms, granted_ms } => {
+                    let rank = self.p_ranks[i].to_string();
+                    let detail = format!("{transfer_id}: lease of {asked_ms} ms taken for {granted_ms} ms");
+                    trace!(self, "release", "lease_capped", rank, None, detail);
+                }
                 WorkerAction::Error { rank, error } => {
                     self.violation(
                         ViolationKind::ProtocolError,

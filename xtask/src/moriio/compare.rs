@@ -308,6 +308,7 @@ fn acks(c: &Combo, g: &AckGroup) -> Vec<Case> {
                 consumer_tp_size: Some(w),
                 sender: Some(sender.clone()),
                 incarnation: None,
+                mac: None,
             };
             if ledger.handle_release(release) == ReleaseOutcome::Completed && done == Done::Never {
                 done = Done::After(i as u32 + 1);
@@ -459,6 +460,7 @@ fn as_vllm_rules(c: &Combo) -> Vec<Case> {
                     consumer_tp_size: Some(w),
                     sender: Some(sender.clone()),
                     incarnation: None,
+                    mac: None,
                 };
                 if ledger.handle_release(release) == ReleaseOutcome::Completed {
                     reported.push(i as u32 + 1);

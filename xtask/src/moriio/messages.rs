@@ -214,6 +214,7 @@ pub fn every_variant() -> Vec<ControlMessage> {
             }),
             // Named only to a rank that advertised incarnations: a pdkv rank.
             incarnation: Incarnation::new(0x1f_2e3d_4c5b),
+            mac: None,
         }),
         ControlMessage::LegacyCompletion(id()),
         ControlMessage::RemoteBlocks(RemoteBlocks {
@@ -227,6 +228,7 @@ pub fn every_variant() -> Vec<ControlMessage> {
             transfer_id: id(),
             lease_ms: 30_000,
             incarnation: Incarnation::new(0x1f_2e3d_4c5b),
+            mac: None,
         }),
         ControlMessage::HandshakeRequest,
         // What a pdkv prefill rank answers a dial with (the first reply part's payload).
