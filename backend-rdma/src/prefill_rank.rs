@@ -350,7 +350,9 @@ fn start(ctx: &mut Context) -> Result<Started, String> {
         wire::encode(&ControlMessage::HandshakeMetadata(metadata.clone())),
         wire::encode_layer_memory_descs(&layers),
     ]);
-    let worker = PrefillWorker::new(rank, metadata, layers, &policy);
+    // A pdkv decode rank leases for the deployment's transfer timeout; no lease is taken longer.
+    let max_lease_ms = setup.transfer_timeout_ms.min(u64::from(u32::MAX)) as u32;
+    let worker = PrefillWorker::new(rank, metadata, layers, &policy).with_max_lease_ms(max_lease_ms);
     // The listeners bind exactly where the core says this rank listens.
     let listeners = if setup.data_plane_only {
         Vec::new()

@@ -61,7 +61,12 @@ pub(super) fn build_prefill_worker(
     let layers = (0..sc.model.layers)
         .map(|l| LayerMemoryDesc { layer_name: format!("model.layers.{l}"), descs: vec![vec![0]] })
         .collect();
-    (PrefillWorker::new(rank, metadata, layers, policy), bases, region_len)
+    // A lease lasts the decode's transfer timeout: the deployment's, or the shorter one a fault
+    // injects; the worker takes none longer than the deployment's.
+    let max_lease_ms =
+        sc.protocol.transfer_timeout_ms.max(sc.transfer_timeout_ms()).min(u64::from(u32::MAX)) as u32;
+    let worker = PrefillWorker::new(rank, metadata, layers, policy).with_max_lease_ms(max_lease_ms);
+    (worker, bases, region_len)
 }
 
 /// The incarnation of a prefill rank's next life, drawn from the run's process stream, or `None`
