@@ -196,7 +196,8 @@ fn a_pdkv_cluster_stopped_for_longer_than_the_heartbeat_timeout_blames_no_rank()
         .expect("pdkv runs");
     let pdkv = child.id();
     assert!(wait_until(Duration::from_secs(60), || children_of(pdkv).len() == 4), "the ranks never started");
-    sleep(Duration::from_millis(500));
+    // Into the run (it takes about 15 s here): requests are in flight when it stops.
+    sleep(Duration::from_secs(2));
     let signal = |name: &str| {
         let status = Command::new("kill").args([name, &pdkv.to_string()]).status().expect("kill runs");
         assert!(status.success(), "kill {name} {pdkv}");

@@ -357,10 +357,10 @@ impl Cluster {
         // are its own (pdkv's outcome judges pdkv's side); the line says they happened.
         problems.extend(self.foreign_report.reads.problem());
         if self.stalls > 0 {
+            let times = if self.stalls == 1 { "once".to_string() } else { format!("{} times", self.stalls) };
             problems.push(format!(
-                "pdkv cluster itself did not run {} times, {:.1} s in all (stopped, or starved of \
-                 CPU): each time every rank got a fresh heartbeat window instead of the blame",
-                self.stalls,
+                "pdkv cluster itself did not run {times}, {:.1} s in all (stopped, or starved of CPU): \
+                 each time every rank got a fresh heartbeat window instead of the blame",
                 self.stalled_for.as_secs_f64()
             ));
         }
