@@ -121,6 +121,11 @@ pub struct ClusterArgs {
     /// Give up (outcome hang) after this long.
     #[arg(long, default_value_t = 120_000)]
     timeout_ms: u64,
+    /// A rank silent this long (connectors send a heartbeat every 500 ms) while pdkv cluster
+    /// itself runs is lost: killed and reported as stopped answering. The foreign driver may
+    /// leave its input unread twice this long.
+    #[arg(long, default_value_t = 5_000)]
+    heartbeat_timeout_ms: u64,
     /// Fault: kill this prefill rank's process (e.g. P0.dp0.tp1).
     #[arg(long, value_parser = parse_rank)]
     kill: Option<RankId>,
@@ -228,6 +233,7 @@ pub fn run(args: &ClusterArgs) -> ExitCode {
     config.transfer_timeout_ms = args.transfer_timeout_ms;
     config.defer_timeout_ms = args.defer_timeout_ms;
     config.timeout_ms = args.timeout_ms;
+    config.heartbeat_timeout_ms = args.heartbeat_timeout_ms;
     if let Some(rank) = args.kill {
         config.faults.push(Fault::KillPrefill {
             rank,
@@ -290,7 +296,8 @@ pub fn run(args: &ClusterArgs) -> ExitCode {
 /// the requests it hit and the reaping of their transfers), and every process accounted for.
 pub fn as_designed(r: &ClusterResult) -> bool {
     let processes_ok = r.processes.killed_at_shutdown == 0 && r.processes.failed == 0;
-    processes_ok && r.outcome == "clean"
+    let driver_ok = r.foreign.as_ref().map_or(true, |f| f.killed.is_none());
+    processes_ok && driver_ok && r.outcome == "clean"
 }
 
 fn render(r: &ClusterResult) -> String {

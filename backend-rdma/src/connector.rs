@@ -143,17 +143,7 @@ pub fn run(deployment: &str, rank: RankId, scheduler: SocketAddr) -> Result<(), 
     let token = std::env::var(crate::sched::TOKEN_ENV).unwrap_or_default();
     link.send(&FromRank::Hello { rank, pid: std::process::id(), token })?;
     let mut reader = BufReader::new(stream);
-    reader.get_ref().set_read_timeout(Some(JOIN_TIMEOUT)).map_err(sched_err("configure"))?;
-    let setup = match read_frame::<ToRank>(&mut reader) {
-        Ok(ToRank::Setup(setup)) => setup,
-        Ok(ToRank::Refused { reason }) => return Err(ConnectorError::Refused(reason)),
-        Ok(other) => {
-            let detail = format!("expected setup, got {}", other.name());
-            return Err(ConnectorError::Scheduler { op: "join", detail });
-        }
-        Err(e) => return Err(ConnectorError::Scheduler { op: "join", detail: e.to_string() }),
-    };
-    reader.get_ref().set_read_timeout(None).map_err(sched_err("configure"))?;
+    let setup = await_setup(&mut reader, scheduler, JOIN_TIMEOUT)?;
     link.start_heartbeat();
     let deployment = parsed.with_model(setup.model.clone());
     let (tx, rx) = mpsc::channel();
@@ -177,6 +167,41 @@ pub fn run(deployment: &str, rank: RankId, scheduler: SocketAddr) -> Result<(), 
         Role::Prefill => crate::prefill_rank::run(ctx),
         Role::Decode => crate::decode_rank::run(ctx),
     }
+}
+
+/// Waits up to `timeout` for the scheduler's answer to the hello: the setup, or why not, in
+/// words (a scheduler that accepted the connection and then said nothing is named as such, not
+/// as the socket's `EAGAIN`).
+fn await_setup(
+    reader: &mut BufReader<TcpStream>,
+    scheduler: SocketAddr,
+    timeout: Duration,
+) -> Result<Setup, ConnectorError> {
+    let configure = |e: std::io::Error| ConnectorError::Scheduler { op: "configure", detail: e.to_string() };
+    reader.get_ref().set_read_timeout(Some(timeout)).map_err(configure)?;
+    let join = |detail: String| ConnectorError::Scheduler { op: "join", detail };
+    let setup = match read_frame::<ToRank>(reader) {
+        Ok(ToRank::Setup(setup)) => setup,
+        Ok(ToRank::Refused { reason }) => return Err(ConnectorError::Refused(reason)),
+        Ok(other) => return Err(join(format!("expected setup, got {}", other.name()))),
+        Err(FrameError::Io(e))
+            if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) =>
+        {
+            return Err(join(format!(
+                "the scheduler at {scheduler} accepted the connection but sent nothing within {} s \
+                 (is it a pdkv cluster, and is it running?)",
+                timeout.as_secs_f64()
+            )));
+        }
+        Err(FrameError::Closed) => {
+            return Err(join(format!(
+                "the scheduler at {scheduler} closed the connection without answering the hello"
+            )));
+        }
+        Err(e) => return Err(join(e.to_string())),
+    };
+    reader.get_ref().set_read_timeout(None).map_err(configure)?;
+    Ok(setup)
 }
 
 /// What a rank's driver starts with.
@@ -272,3 +297,48 @@ pub fn message_name(message: &pdkv_core::wire::ControlMessage) -> &'static str {
 /// The two messages of a handshake reply, each a list of frames
 /// ([`pdkv_core::wire::handshake_reply`]).
 pub type HandshakeReply = [Vec<Vec<u8>>; 2];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    /// A scheduler that accepts and then does `behave` with the connection, and what a
+    /// connector waiting for its setup reports.
+    fn join_error(behave: fn(TcpStream)) -> (SocketAddr, String) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = thread::spawn(move || behave(listener.accept().unwrap().0));
+        let mut reader = BufReader::new(TcpStream::connect(addr).unwrap());
+        let error = await_setup(&mut reader, addr, Duration::from_millis(300)).unwrap_err().to_string();
+        drop(reader);
+        server.join().unwrap();
+        (addr, error)
+    }
+
+    #[test]
+    fn a_scheduler_that_accepts_and_stays_silent_is_named_in_words() {
+        let check = |behave: fn(TcpStream), expected: &str| {
+            let (addr, error) = join_error(behave);
+            assert_eq!(error, expected.replace("ADDR", &addr.to_string()));
+        };
+        // Silent until the connector gives up (the connection is held until it closes).
+        check(
+            |stream| {
+                let _ = std::io::Read::read(&mut &stream, &mut [0u8; 1]);
+            },
+            "scheduler: join: the scheduler at ADDR accepted the connection but sent nothing within 0.3 s \
+             (is it a pdkv cluster, and is it running?)",
+        );
+        check(
+            drop,
+            "scheduler: join: the scheduler at ADDR closed the connection without answering the hello",
+        );
+        check(
+            |mut stream| {
+                write_frame(&mut stream, &ToRank::Shutdown).unwrap();
+            },
+            "scheduler: join: expected setup, got shutdown",
+        );
+    }
+}

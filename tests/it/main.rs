@@ -4,6 +4,7 @@
 
 mod bounds_cli;
 mod cluster;
+mod cluster_hostile;
 mod docs;
 mod explore_cli;
 mod gallery;

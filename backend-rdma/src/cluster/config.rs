@@ -98,6 +98,10 @@ pub struct ClusterConfig {
     pub defer_timeout_ms: u64,
     /// The run's limit: past it, what is unfinished counts as hung.
     pub timeout_ms: u64,
+    /// How long a rank may say nothing (connectors send a heartbeat every
+    /// [`crate::sched::HEARTBEAT_INTERVAL`]) while the scheduler itself runs before it counts as
+    /// lost; twice this is how long the foreign driver may leave its input unread.
+    pub heartbeat_timeout_ms: u64,
     /// Faults to inject.
     pub faults: Vec<Fault>,
     /// Control messages to lose, duplicate or delay (`--lose-messages`, `--duplicate-messages`,
@@ -127,6 +131,9 @@ pub const MAX_CLUSTER_RANKS: usize = 128;
 pub const MIN_TIMEOUT_MS: u64 = 100;
 /// Longest timeout or delay accepted (a day); longer ones overflow the clocks' arithmetic.
 pub const MAX_TIMEOUT_MS: u64 = 86_400_000;
+/// Shortest heartbeat timeout accepted: two heartbeat intervals, so that one late heartbeat
+/// does not lose a rank.
+pub const MIN_HEARTBEAT_TIMEOUT_MS: u64 = 1_000;
 
 impl ClusterConfig {
     /// Checks what the command line can get wrong before any process starts; the error names
@@ -152,6 +159,12 @@ impl ClusterConfig {
             if !(MIN_TIMEOUT_MS..=MAX_TIMEOUT_MS).contains(&ms) {
                 return Err(format!("{flag} {ms}: must be between {MIN_TIMEOUT_MS} and {MAX_TIMEOUT_MS}"));
             }
+        }
+        if !(MIN_HEARTBEAT_TIMEOUT_MS..=MAX_TIMEOUT_MS).contains(&self.heartbeat_timeout_ms) {
+            return Err(format!(
+                "--heartbeat-timeout-ms {}: must be between {MIN_HEARTBEAT_TIMEOUT_MS} and {MAX_TIMEOUT_MS}",
+                self.heartbeat_timeout_ms
+            ));
         }
         let ranks = d.ranks(Role::Prefill).len() + d.ranks(Role::Decode).len();
         if ranks > MAX_CLUSTER_RANKS {
@@ -254,6 +267,7 @@ impl ClusterConfig {
             transfer_timeout_ms: 30_000,
             defer_timeout_ms: 60_000,
             timeout_ms: 120_000,
+            heartbeat_timeout_ms: 5_000,
             faults: Vec::new(),
             messages: Vec::new(),
             foreign: None,

@@ -31,13 +31,27 @@
 //! - `shutdown`: the driver answers `bye` with its counters and exits.
 //!
 //! At any time the driver may send `problem` (something to report, not fatal).
+//!
+//! The driver is not trusted to behave. The scheduler never writes to its input from its own
+//! loop: lines go into a bounded queue that a writer thread empties into the pipe, so a driver
+//! that stops reading blocks only that thread. A driver that leaves its input unread for
+//! [`Cluster::driver_drain_timeout`] (twice the heartbeat timeout: 10 s by default), or lets
+//! [`MAX_QUEUED_LINES`] lines or [`MAX_QUEUED_BYTES`] pile up, has failed, and the run ends
+//! naming it. The driver runs in a process group of its own, which is killed when the run ends
+//! (on every exit path that runs code: a clean end, a failure, a signal), so processes it started
+//! go with it; and it gets SIGKILL when `pdkv cluster` dies, even by SIGKILL
+//! ([`crate::signals::die_with_parent`]). What that leaves uncovered: a process the driver
+//! started survives a SIGKILL of `pdkv cluster` (the parent-death signal reaches the direct
+//! child alone), and so does one that left the driver's process group (`setsid`).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::Sender;
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
+use std::time::{Duration, Instant};
 
 use pdkv_core::ids::{EngineId, RankId, RequestId, Role, TransferId};
 use pdkv_core::params::KvTransferParams;
@@ -51,6 +65,13 @@ use pdkv_sim::result::ViolationKind;
 
 /// Longest line the driver may send: a `bye` with a few hundred counters fits many times.
 const MAX_LINE_BYTES: u64 = 1 << 20;
+
+/// Most lines waiting for the driver to read them: far more than a run has in flight
+/// (`MAX_CONCURRENCY` requests, a few lines each), so only a driver that stopped reading fills it.
+pub(super) const MAX_QUEUED_LINES: usize = 1 << 16;
+
+/// Most bytes waiting for the driver to read them.
+pub(super) const MAX_QUEUED_BYTES: usize = 64 << 20;
 
 /// The model as the driver needs it.
 #[derive(Clone, Debug, Serialize)]
@@ -250,60 +271,231 @@ pub(super) enum DriverEvent {
     Closed,
 }
 
+/// The lines queued for the driver and not yet written to its input, shared by the scheduler
+/// (which adds) and the writer thread (which takes away). Never held during I/O.
+#[derive(Debug)]
+struct Outbox {
+    lines: usize,
+    bytes: usize,
+    /// When the writer last finished a line, or the queue last became non-empty.
+    since: Instant,
+}
+
 /// The running driver.
 pub(super) struct Driver {
     child: Child,
-    stdin: Option<ChildStdin>,
+    /// Its process group (its own pid: it leads the group).
+    pgid: u32,
+    /// Lines to its input, through the writer thread; `None` once closed or failed.
+    input: Option<SyncSender<Vec<u8>>>,
+    outbox: Arc<Mutex<Outbox>>,
     pub(super) ready: bool,
     pub(super) said_bye: bool,
     pub(super) closed: bool,
+    /// Why the driver counts as failed (it stopped reading its input), once it does.
+    pub(super) failed: Option<String>,
+    /// Whether [`Driver::check_drained`] gave the failure's reason already.
+    failure_told: bool,
+    /// Whether it was killed at the end of the run, and why.
+    pub(super) killed: Option<String>,
 }
 
 impl Driver {
     /// Starts the driver; its lines arrive on `tx` as [`Ev::Driver`].
     pub(super) fn start(foreign: &Foreign, tx: Sender<Ev>) -> Result<Driver, String> {
-        let mut child = Command::new(&foreign.program)
+        let mut command = Command::new(&foreign.program);
+        command
             .args(&foreign.args)
-            // Its own process group, as the connectors: a Ctrl-C reaches only `pdkv cluster`.
+            // Its own process group, as the connectors: a Ctrl-C reaches only `pdkv cluster`,
+            // and the end of the run kills the group, with whatever the driver started.
             .process_group(0)
             .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
+            .stdout(Stdio::piped());
+        crate::signals::die_with_parent(&mut command);
+        let mut child = command
             .spawn()
             .map_err(|e| format!("cannot start the foreign driver {}: {e}", foreign.program.display()))?;
-        let stdin = child.stdin.take();
+        let stdin = child.stdin.take().expect("stdin was piped");
         let stdout = child.stdout.take().expect("stdout was piped");
         thread::spawn(move || read_lines(stdout, &tx));
-        Ok(Driver { child, stdin, ready: false, said_bye: false, closed: false })
+        let outbox = Arc::new(Mutex::new(Outbox { lines: 0, bytes: 0, since: Instant::now() }));
+        let (input, lines) = mpsc::sync_channel(MAX_QUEUED_LINES);
+        let shared = outbox.clone();
+        thread::spawn(move || write_lines(stdin, &lines, &shared));
+        Ok(Driver {
+            pgid: child.id(),
+            child,
+            input: Some(input),
+            outbox,
+            ready: false,
+            said_bye: false,
+            closed: false,
+            failed: None,
+            failure_told: false,
+            killed: None,
+        })
     }
 
-    /// Sends one message; a driver that stopped reading is noted by the caller's next event.
+    /// Queues one message for the driver without ever waiting for it to read; a full queue
+    /// fails the driver.
     pub(super) fn send(&mut self, msg: &ToDriver) {
-        let Some(stdin) = self.stdin.as_mut() else { return };
+        let Some(input) = self.input.as_ref() else { return };
         let mut line = serde_json::to_vec(msg).expect("driver messages serialise");
         line.push(b'\n');
-        if stdin.write_all(&line).and_then(|()| stdin.flush()).is_err() {
-            self.stdin = None;
+        let len = line.len();
+        let mut outbox = self.outbox.lock().unwrap_or_else(PoisonError::into_inner);
+        if outbox.bytes + len > MAX_QUEUED_BYTES {
+            let (lines, bytes) = (outbox.lines, outbox.bytes);
+            drop(outbox);
+            return self.fail(format!(
+                "the foreign driver stopped reading its input: {lines} lines ({bytes} bytes) wait \
+                 unread, and the queue holds at most {MAX_QUEUED_BYTES} bytes"
+            ));
+        }
+        if outbox.lines == 0 {
+            outbox.since = Instant::now();
+        }
+        outbox.lines += 1;
+        outbox.bytes += len;
+        match input.try_send(line) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => {
+                outbox.lines -= 1;
+                outbox.bytes -= len;
+                drop(outbox);
+                self.fail(format!(
+                    "the foreign driver stopped reading its input: {MAX_QUEUED_LINES} lines wait unread"
+                ));
+            }
+            Err(TrySendError::Disconnected(_)) => {
+                // The writer ended: the driver closed its input (it exits, and its output's
+                // end says so).
+                outbox.lines -= 1;
+                outbox.bytes -= len;
+                drop(outbox);
+                self.input = None;
+            }
         }
     }
 
-    /// Waits for the driver to exit until `deadline`, then kills it; `Ok` for a clean exit.
-    pub(super) fn finish(mut self, deadline: std::time::Instant) -> Result<(), String> {
-        drop(self.stdin.take());
-        // A driver that never became ready is not waited for: the run did not start.
-        while self.ready && std::time::Instant::now() < deadline {
-            match self.child.try_wait() {
-                Ok(Some(status)) if status.success() => return Ok(()),
-                Ok(Some(status)) => return Err(format!("the foreign driver exited with {status}")),
-                Ok(None) => thread::sleep(std::time::Duration::from_millis(5)),
-                Err(e) => return Err(format!("cannot wait for the foreign driver: {e}")),
-            }
+    fn fail(&mut self, why: String) {
+        self.input = None;
+        self.failed.get_or_insert(why);
+    }
+
+    /// Fails the driver when lines have waited unread for longer than `limit`; the reason of its
+    /// failure (this one, or a full queue's), the first time it is asked after the failure.
+    pub(super) fn check_drained(&mut self, limit: Duration) -> Option<String> {
+        if let Some(failed) = self.failed.as_ref().filter(|_| !self.failure_told) {
+            self.failure_told = true;
+            return Some(failed.clone());
         }
+        if self.failed.is_some() || self.closed {
+            return None;
+        }
+        let outbox = self.outbox.lock().unwrap_or_else(PoisonError::into_inner);
+        let waited = outbox.since.elapsed();
+        if outbox.lines == 0 || waited <= limit {
+            return None;
+        }
+        let why = format!(
+            "the foreign driver stopped reading its input: {} lines ({} bytes) waited unread for \
+             {:.1} s (the limit is {:.1} s)",
+            outbox.lines,
+            outbox.bytes,
+            waited.as_secs_f64(),
+            limit.as_secs_f64()
+        );
+        drop(outbox);
+        self.fail(why.clone());
+        self.failure_told = true;
+        Some(why)
+    }
+
+    /// Gives the driver a fresh window to read its input: the scheduler itself was not running
+    /// (stopped, or starved), and neither was the writer thread.
+    pub(super) fn fresh_window(&mut self) {
+        self.outbox.lock().unwrap_or_else(PoisonError::into_inner).since = Instant::now();
+    }
+
+    /// Closes the driver's input: it reads what is queued, then its end.
+    pub(super) fn close_input(&mut self) {
+        self.input = None;
+    }
+
+    /// Whether the driver has exited (reaped), with its status.
+    pub(super) fn exited(&mut self) -> Option<Result<(), String>> {
+        match self.child.try_wait() {
+            Ok(Some(status)) if status.success() => Some(Ok(())),
+            Ok(Some(status)) => Some(Err(format!("the foreign driver exited with {status}"))),
+            Ok(None) => None,
+            Err(e) => Some(Err(format!("cannot wait for the foreign driver: {e}"))),
+        }
+    }
+
+    /// Ends the driver: kills what is left of its process group (the driver, if it did not exit
+    /// by now, and anything it started), and says what had to be killed.
+    pub(super) fn finish(&mut self, exited: Option<Result<(), String>>) -> Vec<String> {
+        self.input = None;
+        let mut problems = Vec::new();
+        let still_running = exited.is_none();
+        // Kill the group before reaping a leader still running, so that its id cannot be reused
+        // meanwhile (one that exited already was reaped, but the id stays taken while any
+        // member of its group lives, and only then is there anything to kill).
+        let killed_any = crate::signals::kill_group(self.pgid, crate::signals::SIGKILL);
         let _ = self.child.kill();
         let _ = self.child.wait();
-        if !self.ready {
-            return Ok(());
+        if let Some(Err(e)) = exited {
+            problems.push(e);
         }
-        Err("the foreign driver did not exit after shutdown and was killed".into())
+        if !self.ready {
+            // It never became ready: the start's error says what happened.
+            return problems;
+        }
+        if still_running {
+            let why = match (&self.failed, self.said_bye) {
+                (Some(failed), _) => format!("{failed}; killed it and its process group"),
+                (None, true) => "the foreign driver said bye but did not exit; killed it and its \
+                                 process group"
+                    .to_string(),
+                (None, false) => "the foreign driver did not answer shutdown; killed it and its process \
+                                  group"
+                    .to_string(),
+            };
+            self.killed = Some(why.clone());
+            problems.push(why);
+        } else if killed_any {
+            let why =
+                "the foreign driver exited, leaving processes of its group running; killed them".to_string();
+            self.killed = Some(why.clone());
+            problems.push(why);
+        }
+        problems
+    }
+}
+
+impl Drop for Driver {
+    /// A run that ends without [`Driver::finish`] (a panic) still takes the driver's group down.
+    fn drop(&mut self) {
+        if self.child.try_wait().is_ok_and(|s| s.is_none()) {
+            crate::signals::kill_group(self.pgid, crate::signals::SIGKILL);
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Writes the queued lines to the driver's input until the queue closes or the driver's input
+/// does; blocking here blocks no one else.
+fn write_lines(mut stdin: ChildStdin, lines: &Receiver<Vec<u8>>, outbox: &Mutex<Outbox>) {
+    for line in lines {
+        if stdin.write_all(&line).and_then(|()| stdin.flush()).is_err() {
+            return;
+        }
+        let mut outbox = outbox.lock().unwrap_or_else(PoisonError::into_inner);
+        outbox.lines -= 1;
+        outbox.bytes -= line.len();
+        outbox.since = Instant::now();
     }
 }
 
@@ -366,6 +558,10 @@ pub struct ForeignReport {
     pub stats: BTreeMap<String, u64>,
     /// Decode side: the reads the driver planned, judged against the process holding the KV.
     pub reads: ForeignReads,
+    /// Why the driver, or processes of its group, had to be killed at the end of the run (it
+    /// stopped reading, did not exit after `shutdown` or after its `bye`, or left processes
+    /// running); `None` when it exited by itself and left nothing behind.
+    pub killed: Option<String>,
 }
 
 impl Cluster {

@@ -49,7 +49,7 @@ mod tests;
 
 pub use config::{
     ClusterConfig, ClusterError, Fault, Foreign, MAX_CLUSTER_RANKS, MAX_CONCURRENCY, MAX_LAYERS,
-    MAX_REQUESTS, MAX_TIMEOUT_MS, MIN_TIMEOUT_MS,
+    MAX_REQUESTS, MAX_TIMEOUT_MS, MIN_HEARTBEAT_TIMEOUT_MS, MIN_TIMEOUT_MS,
 };
 pub use foreign::ForeignReport;
 pub use foreign_reads::ForeignReads;
@@ -74,10 +74,11 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often the loop looks at [`ClusterConfig::stop`] and at the ranks' heartbeats.
 const POLL: Duration = Duration::from_millis(50);
-/// How long a rank may say nothing (not even its heartbeat, every
-/// [`crate::sched::HEARTBEAT_INTERVAL`]) before it counts as lost: a stopped process keeps its
-/// connection open, so only silence shows it.
-const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The share of the heartbeat timeout ([`ClusterConfig::heartbeat_timeout_ms`]) past which a gap
+/// between two turns of the scheduler's own loop counts as the scheduler not running (stopped,
+/// or starved of CPU): its loop waits at most [`POLL`] a turn, so such a gap is the scheduler's
+/// stall, not its ranks', and every rank gets a fresh heartbeat window instead of the blame.
+const STALL_SHARE: u32 = 4;
 /// Most failed requests listed in the result: a run whose decode group died can fail a
 /// million requests, and a listing of each would make a result of hundreds of megabytes.
 pub const MAX_FAILURES_LISTED: usize = 1000;
@@ -186,8 +187,7 @@ struct Cluster {
     e2e_ms: Vec<f64>,
     failures: Vec<Failure>,
     violations: Vec<Violation>,
-    problems: Vec<String>,
-    problem_counts: BTreeMap<String, u64>,
+    problems: result::Problems,
     memory: BTreeSet<String>,
     faults_log: Vec<String>,
     ledger: Ledger,
@@ -237,6 +237,10 @@ struct Cluster {
     foreign_restarting: BTreeSet<RankId>,
     /// The run's message faults and what they did ([`messages`]).
     messages: messages::Messages,
+    /// Times the scheduler's own loop did not run for a while (stopped, or starved), and how
+    /// long in all: each gave every rank a fresh heartbeat window.
+    stalls: u64,
+    stalled_for: Duration,
 }
 
 /// Runs a cluster to the end and reports; `progress` is called as requests end.
@@ -345,8 +349,7 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
         e2e_ms: Vec::new(),
         failures: Vec::new(),
         violations: Vec::new(),
-        problems: Vec::new(),
-        problem_counts: BTreeMap::new(),
+        problems: result::Problems::new(MAX_PROBLEMS),
         memory: BTreeSet::new(),
         faults_log: Vec::new(),
         ledger: Ledger::default(),
@@ -377,6 +380,8 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
         foreign_report,
         foreign_restarting: BTreeSet::new(),
         messages: messages::Messages::new(&config),
+        stalls: 0,
+        stalled_for: Duration::ZERO,
         addresses,
         d,
         config,
@@ -521,6 +526,7 @@ impl Cluster {
         let total = u64::from(self.config.requests);
         let mut reported = u64::MAX;
         let mut last_done_at = std::time::Instant::now();
+        let mut last_turn = std::time::Instant::now();
         // A healthy request ends within a handshake and a transfer timeout of its arrival, so a
         // run in which nothing ended for that long is stuck; one that ends its budget sooner
         // after its last finished request was only too short.
@@ -531,12 +537,22 @@ impl Cluster {
             if self.stop_requested() {
                 return;
             }
-            // The foreign side is gone: nothing it played can finish, so the run ends here
-            // (outcome hang, with the reason set when its output closed).
-            if self.driver.as_ref().is_some_and(|d| d.closed && !d.said_bye) {
+            // The foreign side is gone, or stopped reading: nothing it played can finish, so
+            // the run ends here (outcome hang, with the reason set when its output closed or
+            // its input stalled).
+            if self.driver.as_ref().is_some_and(|d| (d.closed && !d.said_bye) || d.failed.is_some()) {
                 return;
             }
+            // A turn of this loop waits at most POLL: a much longer gap since the last one
+            // means this process was not running, and its ranks' silence meanwhile is not theirs.
+            let turn = std::time::Instant::now();
+            let gap = turn.duration_since(last_turn);
+            last_turn = turn;
+            if gap > self.heartbeat_timeout() / STALL_SHARE {
+                self.scheduler_stalled(gap);
+            }
             self.check_heartbeats();
+            self.check_driver(true);
             let done = self.finished + self.failed;
             if done != reported {
                 reported = done;

@@ -18,7 +18,8 @@ use pdkv_core::ids::{EngineId, RankId, RequestId, Role};
 use pdkv_core::prefill::EngineEvent;
 
 use super::foreign::{Driver, ToDriver};
-use super::{Cluster, Ev, EXIT_TIMEOUT, HEARTBEAT_TIMEOUT, MAX_PROBLEMS, POLL, START_TIMEOUT};
+use super::result::Severity;
+use super::{Cluster, Ev, EXIT_TIMEOUT, POLL, START_TIMEOUT};
 use crate::sched::{
     read_frame, read_frame_within, write_frame, FromRank, Setup, ToRank, MAX_HELLO_BYTES, TOKEN_ENV,
 };
@@ -198,7 +199,8 @@ impl Cluster {
         // runs again, and must find the process expected.
         let admission = self.admission.clone();
         let mut admission = admission.lock().unwrap_or_else(PoisonError::into_inner);
-        let child = Command::new(&self.config.exe)
+        let mut command = Command::new(&self.config.exe);
+        command
             .args(["connector", "--deployment", &self.config.deployment, "--role", role])
             .args(["--engine", &rank.engine.index.to_string(), "--dp", &rank.dp.to_string()])
             .args(["--tp", &rank.tp.to_string(), "--scheduler", &self.scheduler_addr.to_string()])
@@ -207,7 +209,11 @@ impl Cluster {
             // then stops its ranks in order and still writes its result.
             .process_group(0)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(Stdio::null());
+        // A connector exits when its scheduler connection closes, but a stopped one cannot: it
+        // dies with `pdkv cluster` all the same.
+        crate::signals::die_with_parent(&mut command);
+        let child = command
             .spawn()
             .map_err(|e| format!("cannot start {} connector: {e}", self.config.exe.display()))?;
         self.processes.started += 1;
@@ -335,20 +341,23 @@ impl Cluster {
         }
     }
 
-    /// Notes a problem line; repeats of a line are counted, not listed again.
+    /// Notes a problem line of the ranks' or the driver's (a note); repeats of a line are
+    /// counted, not listed again.
     pub(super) fn problem(&mut self, line: String) {
-        if let Some(count) = self.problem_counts.get_mut(&line) {
-            *count += 1;
-        } else if self.problem_counts.len() < MAX_PROBLEMS {
-            self.problem_counts.insert(line.clone(), 1);
-            self.problems.push(line);
-        }
+        self.problems.note(Severity::Note, line);
+    }
+
+    /// Notes a problem line that matters more than a note ([`Severity`]): a full list makes
+    /// room for it.
+    pub(super) fn problem_of(&mut self, severity: Severity, line: String) {
+        self.problems.note(severity, line);
     }
 
     /// The acceptor refused a connector ([`Admission`]): counted and reported.
     pub(super) fn refused(&mut self, rank: RankId, pid: u32, reason: &str) {
         self.processes.refused += 1;
-        self.problem(format!("refused a connector that claimed to be {rank} (process {pid}): {reason}"));
+        let line = format!("refused a connector that claimed to be {rank} (process {pid}): {reason}");
+        self.problem_of(Severity::Lost, line);
     }
 
     /// Handles one event; returns a start-up error when a rank cannot start.
@@ -391,7 +400,7 @@ impl Cluster {
                 proc.alive = false;
                 proc.writer = None;
                 if !expected {
-                    self.problem(format!("{rank} disconnected unexpectedly"));
+                    self.problem_of(Severity::Lost, format!("{rank} disconnected unexpectedly"));
                 }
                 // Lost even when it never became ready (a restart that failed), so that its
                 // group's queue fails instead of waiting for it.
@@ -496,13 +505,36 @@ impl Cluster {
         true
     }
 
-    /// Ranks that said nothing, not even a heartbeat, for [`HEARTBEAT_TIMEOUT`]: stopped or
-    /// hung processes, whose connection stays open. Each is killed and lost like a dead one.
+    /// How long a rank may stay silent while the scheduler runs.
+    pub(super) fn heartbeat_timeout(&self) -> Duration {
+        Duration::from_millis(self.config.heartbeat_timeout_ms)
+    }
+
+    /// The scheduler's own loop did not run for `gap` (the process was stopped, or starved of
+    /// CPU): the ranks' heartbeats and the driver's reads waited unread meanwhile, so every
+    /// window starts afresh instead of blaming them. A rank is lost only for silence while the
+    /// scheduler itself was awake.
+    pub(super) fn scheduler_stalled(&mut self, gap: Duration) {
+        let now = std::time::Instant::now();
+        for proc in self.ranks.values_mut() {
+            proc.last_heard = now;
+        }
+        if let Some(driver) = self.driver.as_mut() {
+            driver.fresh_window();
+        }
+        self.stalls += 1;
+        self.stalled_for += gap;
+    }
+
+    /// Ranks that said nothing, not even a heartbeat, for the heartbeat timeout while the
+    /// scheduler ran: stopped or hung processes, whose connection stays open. Each is killed and
+    /// lost like a dead one.
     pub(super) fn check_heartbeats(&mut self) {
+        let timeout = self.heartbeat_timeout();
         let silent: Vec<RankId> = self
             .ranks
             .iter()
-            .filter(|(_, p)| p.alive && p.ready && p.last_heard.elapsed() > HEARTBEAT_TIMEOUT)
+            .filter(|(_, p)| p.alive && p.ready && p.last_heard.elapsed() > timeout)
             .map(|(&r, _)| r)
             .collect();
         for rank in silent {
@@ -512,30 +544,60 @@ impl Cluster {
             }
             proc.alive = false;
             proc.writer = None;
-            let secs = HEARTBEAT_TIMEOUT.as_secs();
-            self.problem(format!(
-                "{rank} stopped answering (nothing for {secs} s, not even a heartbeat); killed it"
-            ));
+            let secs = timeout.as_secs_f64();
+            self.problem_of(
+                Severity::Lost,
+                format!("{rank} stopped answering (nothing for {secs} s, not even a heartbeat); killed it"),
+            );
             self.rank_lost(rank);
         }
     }
 
-    /// Tells every live rank to shut down, waits for each to exit, and kills stragglers.
+    /// How long the foreign driver may leave its input unread: twice the heartbeat timeout.
+    pub(super) fn driver_drain_timeout(&self) -> Duration {
+        2 * self.heartbeat_timeout()
+    }
+
+    /// A driver that stopped reading its input has failed. During the run that ends it
+    /// (outcome hang, naming the driver); at shutdown (`running` false) it is no longer waited
+    /// for, and [`Driver::finish`] says it was killed.
+    pub(super) fn check_driver(&mut self, running: bool) {
+        let limit = self.driver_drain_timeout();
+        let Some(driver) = self.driver.as_mut() else { return };
+        if let Some(why) = driver.check_drained(limit) {
+            if running {
+                self.hung.get_or_insert(why);
+            }
+        }
+    }
+
+    /// Tells every live rank and the driver to shut down, waits for each to exit, and kills
+    /// stragglers: every process is given the same deadline, so one that outstays it (the
+    /// driver, say) costs the others nothing.
     pub(super) fn shutdown(&mut self, rx: &Receiver<Ev>) {
         let live: Vec<RankId> = self.ranks.iter().filter(|(_, p)| p.alive).map(|(&r, _)| r).collect();
         for &rank in &live {
             self.send(rank, &ToRank::Shutdown);
         }
         let deadline = std::time::Instant::now() + EXIT_TIMEOUT;
-        self.tell_driver(&ToDriver::Shutdown);
+        // A driver that failed gets no goodbye to give: it is killed below.
+        if self.driver.as_ref().is_some_and(|d| d.failed.is_none()) {
+            self.tell_driver(&ToDriver::Shutdown);
+        }
         // Collect goodbyes (and anything else still in flight) until every live rank left.
-        let driver_owes_bye =
-            |c: &Cluster| c.driver.as_ref().is_some_and(|d| d.ready && !d.said_bye && !d.closed);
+        let driver_owes_bye = |c: &Cluster| {
+            c.driver.as_ref().is_some_and(|d| d.ready && !d.said_bye && !d.closed && d.failed.is_none())
+        };
         while self.ranks.values().any(|p| p.alive && p.writer.is_some() && !p.said_bye)
             || driver_owes_bye(self)
         {
+            // A driver that stopped reading will not read its `shutdown` either.
+            self.check_driver(false);
             let left = deadline.saturating_duration_since(std::time::Instant::now());
-            match rx.recv_timeout(left) {
+            if left.is_zero() {
+                break;
+            }
+            match rx.recv_timeout(left.min(POLL)) {
                 Ok(Ev::Msg { rank, life, msg: FromRank::Bye { .. } }) => {
                     if let Some(p) = self.ranks.get_mut(&rank).filter(|p| p.life == life) {
                         p.said_bye = true;
@@ -549,32 +611,57 @@ impl Cluster {
                 Ok(Ev::Refused { rank, pid, reason }) => self.refused(rank, pid, &reason),
                 Ok(Ev::Driver(event)) => {
                     if let Some(error) = self.on_driver(event) {
-                        self.problem(error);
+                        self.problem_of(Severity::Fatal, error);
                     }
                 }
                 Ok(_) => {}
-                Err(_) => break,
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
             }
         }
-        if let Some(driver) = self.driver.take() {
-            if let Err(e) = driver.finish(deadline) {
-                self.problem(e);
-            }
+        if let Some(driver) = self.driver.as_mut() {
+            // Its input ends: a driver reading it sees the end, as after its `shutdown`.
+            driver.close_input();
         }
-        for proc in self.ranks.values_mut() {
+        // Wait for every process at once, looking at each at least once, until the deadline.
+        let mut statuses: BTreeMap<RankId, std::process::ExitStatus> = BTreeMap::new();
+        let mut driver_exit = None;
+        loop {
+            for (&rank, proc) in self.ranks.iter_mut() {
+                let Some(child) = proc.child.as_mut().filter(|_| !proc.killed_by_fault) else { continue };
+                if statuses.contains_key(&rank) {
+                    continue;
+                }
+                if let Ok(Some(status)) = child.try_wait() {
+                    statuses.insert(rank, status);
+                }
+            }
+            if driver_exit.is_none() {
+                driver_exit = self.driver.as_mut().and_then(Driver::exited);
+            }
+            let ranks_done = self
+                .ranks
+                .iter()
+                .all(|(rank, p)| p.child.is_none() || p.killed_by_fault || statuses.contains_key(rank));
+            let driver_done =
+                self.driver.as_ref().is_none_or(|d| d.failed.is_some()) || driver_exit.is_some();
+            if (ranks_done && driver_done) || std::time::Instant::now() >= deadline {
+                break;
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
+        if let Some(mut driver) = self.driver.take() {
+            for problem in driver.finish(driver_exit) {
+                self.problem_of(Severity::Fatal, problem);
+            }
+            self.foreign_report.killed = driver.killed.clone();
+        }
+        for (rank, proc) in self.ranks.iter_mut() {
             let Some(mut child) = proc.child.take() else { continue };
             if proc.killed_by_fault {
                 continue;
             }
-            let mut status = None;
-            while std::time::Instant::now() < deadline {
-                if let Ok(Some(s)) = child.try_wait() {
-                    status = Some(s);
-                    break;
-                }
-                thread::sleep(Duration::from_millis(5));
-            }
-            match status {
+            match statuses.get(rank) {
                 Some(s) if s.success() => self.processes.exited_cleanly += 1,
                 Some(_) => self.processes.failed += 1,
                 None => {

@@ -1,5 +1,7 @@
 //! What a cluster run reports (`--json`), and the rules that name its outcome.
 
+use std::collections::BTreeMap;
+
 use pdkv_sim::result::{round3, Summary, ViolationKind};
 use pdkv_sim::Outcome;
 
@@ -166,8 +168,9 @@ pub struct ClusterResult {
     pub processes: Processes,
     /// Every handshake and notify port the ranks listened on (free again once the run ended).
     pub listener_ports: Vec<u16>,
-    /// Notes from the ranks (lost notify messages, reap warnings), each once with its count, at
-    /// most 64 different ones.
+    /// What went wrong, most severe first (the run's end, the foreign driver's failure, lost
+    /// processes, then notes from the ranks), each once with its count, at most 64 different
+    /// ones and a line counting those left out.
     pub problems: Vec<String>,
     /// The side another connector's code played (`--foreign-side`), if any.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -178,6 +181,78 @@ impl ClusterResult {
     /// Pretty JSON.
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("results serialise")
+    }
+}
+
+/// How much a problem line matters: when the list is full, a line of a more severe kind
+/// takes the place of a less severe one, and the list is printed most severe first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Severity {
+    /// What ended or broke the run's own machinery: the foreign driver failed, stalled, or had
+    /// to be killed.
+    Fatal,
+    /// A process lost (stopped answering, disconnected), refused, or a rank that could not
+    /// start again.
+    Lost,
+    /// Everything else: notes of the ranks, the driver's own `problem` lines.
+    Note,
+}
+
+/// The run's problem lines: each distinct line once, with its count, at most `limit` of them.
+/// A line that does not fit takes the place of the latest line of a less severe kind, if any;
+/// what is left out is counted, and said.
+#[derive(Debug)]
+pub(super) struct Problems {
+    limit: usize,
+    lines: Vec<(Severity, String)>,
+    counts: BTreeMap<String, u64>,
+    /// Occurrences of lines that did not fit, or were pushed out.
+    left_out: u64,
+}
+
+impl Problems {
+    pub(super) fn new(limit: usize) -> Problems {
+        Problems { limit, lines: Vec::new(), counts: BTreeMap::new(), left_out: 0 }
+    }
+
+    /// Notes one occurrence of `line`.
+    pub(super) fn note(&mut self, severity: Severity, line: String) {
+        if let Some(count) = self.counts.get_mut(&line) {
+            *count += 1;
+            return;
+        }
+        if self.lines.len() >= self.limit {
+            let Some(at) = self.lines.iter().rposition(|(s, _)| *s > severity) else {
+                self.left_out += 1;
+                return;
+            };
+            let (_, out) = self.lines.remove(at);
+            self.left_out += self.counts.remove(&out).unwrap_or(1);
+        }
+        self.counts.insert(line.clone(), 1);
+        self.lines.push((severity, line));
+    }
+
+    /// The lines, most severe first (in order of arrival within a kind), each with its count
+    /// when it came more than once, and a last line counting what was left out.
+    pub(super) fn lines(&self) -> Vec<String> {
+        let mut sorted: Vec<&(Severity, String)> = self.lines.iter().collect();
+        sorted.sort_by_key(|(s, _)| *s);
+        let mut lines: Vec<String> = sorted
+            .into_iter()
+            .map(|(_, p)| match self.counts.get(p) {
+                Some(&n) if n > 1 => format!("{p} ({n} times)"),
+                _ => p.clone(),
+            })
+            .collect();
+        if self.left_out > 0 {
+            lines.push(format!(
+                "... and {} more problems left out (at most {} different lines are kept, the most \
+                 severe first)",
+                self.left_out, self.limit
+            ));
+        }
+        lines
     }
 }
 
@@ -277,17 +352,18 @@ impl Cluster {
             &requests,
             &ledger,
         );
-        let mut problems: Vec<String> = self
-            .problems
-            .iter()
-            .map(|p| match self.problem_counts.get(p) {
-                Some(&n) if n > 1 => format!("{p} ({n} times)"),
-                _ => p.clone(),
-            })
-            .collect();
+        let mut problems = self.problems.lines();
         // Reads the foreign decode side planned through anything but the holder's live session
         // are its own (pdkv's outcome judges pdkv's side); the line says they happened.
         problems.extend(self.foreign_report.reads.problem());
+        if self.stalls > 0 {
+            let times = if self.stalls == 1 { "once".to_string() } else { format!("{} times", self.stalls) };
+            problems.push(format!(
+                "pdkv cluster itself did not run {times}, {:.1} s in all (stopped, or starved of CPU): \
+                 each time every rank got a fresh heartbeat window instead of the blame",
+                self.stalled_for.as_secs_f64()
+            ));
+        }
         if let Some(signal) = self.interrupted {
             problems
                 .insert(0, format!("interrupted by {}: the result is partial", crate::signals::name(signal)));
@@ -349,5 +425,50 @@ impl Cluster {
             problems,
             foreign: self.config.foreign.as_ref().map(|_| self.foreign_report.clone()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Problems, Severity};
+
+    /// Notes `(severity, line)` in order into a list of `limit` lines and checks what it says.
+    fn check(limit: usize, notes: &[(Severity, &str)], expected: &[&str]) {
+        let mut problems = Problems::new(limit);
+        for &(severity, line) in notes {
+            problems.note(severity, line.to_string());
+        }
+        assert_eq!(problems.lines(), expected, "{notes:?}");
+    }
+
+    #[test]
+    fn a_full_problem_list_keeps_its_most_severe_lines_and_says_what_it_left_out() {
+        use Severity::{Fatal, Lost, Note};
+        let left_out = |n: u64, limit: usize| {
+            format!(
+                "... and {n} more problems left out (at most {limit} different lines are kept, the most \
+                 severe first)"
+            )
+        };
+        // Room for all: most severe first, repeats counted.
+        check(
+            4,
+            &[(Note, "a"), (Fatal, "driver"), (Note, "a"), (Lost, "r")],
+            &["driver", "r", "a (2 times)"],
+        );
+        // A full list of notes: the driver's line pushes out the latest note (and its repeats).
+        check(
+            2,
+            &[(Note, "a"), (Note, "b"), (Note, "b"), (Fatal, "driver killed")],
+            &["driver killed", "a", &left_out(2, 2)],
+        );
+        // A note finds no room and is counted; a lost rank replaces a note, never a fatal line.
+        check(
+            2,
+            &[(Fatal, "driver"), (Note, "a"), (Note, "c"), (Lost, "D0 lost"), (Lost, "D1 lost")],
+            &["driver", "D0 lost", &left_out(3, 2)],
+        );
+        // A repeat of a kept line is counted, even in a full list.
+        check(1, &[(Fatal, "x"), (Fatal, "x"), (Fatal, "y")], &["x (2 times)", &left_out(1, 1)]);
     }
 }
