@@ -37,7 +37,9 @@ losses is about 10^5 states and a few seconds.
 
 Exit codes: 0 every interleaving explored and none broke a property; 1 a violation was found
 (its trace is printed), or the state bound stopped the search before it was complete (no proof);
-2 bad input.";
+2 bad input.
+141: stdout closed before all was printed (e.g. `| head`), quietly; stdout or a result file
+that cannot be written (a full disk): 2, naming it.";
 
 /// Check every interleaving of the protocol nodes on a tiny deployment.
 #[derive(Args, Debug)]
@@ -91,11 +93,11 @@ pub fn run(args: &CheckArgs) -> ExitCode {
     let report = match report {
         Ok(report) => report,
         Err(message) => {
-            eprintln!("error: {message}");
+            errln!("error: {message}");
             return ExitCode::from(2);
         }
     };
-    print!("{}", render(args, &report));
+    out!("{}", render(args, &report));
     if report.violation.is_none() && report.complete {
         ExitCode::SUCCESS
     } else {

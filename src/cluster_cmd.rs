@@ -72,7 +72,9 @@ Exit codes: 0 the run was clean: no violation, no hang, no request failed unless
 fault excuses it, nothing held or reaped unless a fault excuses it, every process accounted for
 (docs/backend.md says exactly what a fault excuses); 1 it was not; 2 bad arguments or the
 cluster could not start; 130 (SIGINT) or 143 (SIGTERM) when a signal stopped it: the ranks are
-shut down and the partial result, outcome interrupted, is still written.";
+shut down and the partial result, outcome interrupted, is still written.
+141: stdout closed before all was printed (e.g. `| head`), quietly; stdout or a result file
+that cannot be written (a full disk): 2, naming it.";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum TransportArg {
@@ -215,7 +217,7 @@ pub fn run(args: &ClusterArgs) -> ExitCode {
     let exe = match std::env::current_exe() {
         Ok(exe) => exe,
         Err(e) => {
-            eprintln!("pdkv cluster: cannot find the pdkv executable: {e}");
+            errln!("pdkv cluster: cannot find the pdkv executable: {e}");
             return ExitCode::from(2);
         }
     };
@@ -271,9 +273,9 @@ pub fn run(args: &ClusterArgs) -> ExitCode {
     match result {
         Ok(result) => {
             if args.json {
-                println!("{}", result.to_json());
+                outln!("{}", result.to_json());
             } else {
-                print!("{}", render(&result));
+                out!("{}", render(&result));
             }
             let signal = pdkv_rdma::signals::CAUGHT.load(std::sync::atomic::Ordering::SeqCst);
             if result.outcome == "interrupted" {
@@ -286,7 +288,7 @@ pub fn run(args: &ClusterArgs) -> ExitCode {
             }
         }
         Err(e) => {
-            eprintln!("pdkv cluster: {e}");
+            errln!("pdkv cluster: {e}");
             ExitCode::from(2)
         }
     }

@@ -17,7 +17,9 @@ its handshake and notify listeners at the ports the core computes and serves unt
 down. It exits when the scheduler's connection closes.
 
 Exit codes: 0 shut down cleanly; 1 the scheduler went away or a listener could not start;
-2 bad arguments (e.g. a rank the deployment does not have).";
+2 bad arguments (e.g. a rank the deployment does not have).
+141: stdout closed before all was printed (e.g. `| head`), quietly; stdout or a result file
+that cannot be written (a full disk): 2, naming it.";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum RoleArg {
@@ -58,11 +60,11 @@ pub fn run(args: &ConnectorArgs) -> ExitCode {
     match pdkv_rdma::connector::run(&args.deployment, rank, args.scheduler) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e @ pdkv_rdma::connector::ConnectorError::NoSuchRank { .. }) => {
-            eprintln!("pdkv connector: {e}");
+            errln!("pdkv connector: {e}");
             ExitCode::from(2)
         }
         Err(e) => {
-            eprintln!("pdkv connector {rank}: {e}");
+            errln!("pdkv connector {rank}: {e}");
             ExitCode::FAILURE
         }
     }

@@ -71,7 +71,9 @@ job array or a Kubernetes Indexed Job (docs/cluster-campaigns.md). --for is a ti
 what it runs depends on the machine: it takes neither --shard nor --result.
 
 Exit codes: 0 no seed broke a property (seeds without a verdict are named, not failed); 1 one
-did (its seed, the shrunk scenario and the replay command are printed); 2 bad input.";
+did (its seed, the shrunk scenario and the replay command are printed); 2 bad input.
+141: stdout closed before all was printed (e.g. `| head`), quietly; stdout or a result file
+that cannot be written (a full disk): 2, naming it.";
 
 /// Fault injection of an exploration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -290,7 +292,7 @@ pub fn explore(
 
 pub fn run(args: &ExploreArgs) -> ExitCode {
     if args.for_.is_some() && (args.shard.is_some() || args.result.is_some()) {
-        eprintln!(
+        errln!(
             "error: --for is a time budget, so how many seeds it runs depends on the machine and its load; \
              a result file or a shard must be the same wherever it runs: give --seeds instead"
         );
@@ -304,7 +306,7 @@ pub fn run(args: &ExploreArgs) -> ExitCode {
         (None, None) => 1000,
     };
     if args.from.checked_add(seeds).is_none() {
-        eprintln!(
+        errln!(
             "error: --from {} --seeds {}: the last seed would be past {} (the largest seed); \
              use --from {} at most",
             args.from,
@@ -325,12 +327,12 @@ pub fn run(args: &ExploreArgs) -> ExitCode {
             s
         }
         Err(message) => {
-            eprintln!("error: {message}");
+            errln!("error: {message}");
             return ExitCode::from(2);
         }
     };
     if let Err(message) = crate::run_cmd::check_overrides(&base, &args.workload.flags()) {
-        eprintln!("error: {message}");
+        errln!("error: {message}");
         return ExitCode::from(2);
     }
     // Explicit workload flags are a workload of the user's own: every seed runs it.
@@ -345,7 +347,7 @@ pub fn run(args: &ExploreArgs) -> ExitCode {
         &Search { swarm: false, ..search }.scenario(&base, args.from, ideal),
         RunOptions::default(),
     ) {
-        eprintln!("error: {}: {message}", args.scenario);
+        errln!("error: {}: {message}", args.scenario);
         return ExitCode::from(2);
     }
     let jobs = args
@@ -383,17 +385,17 @@ pub fn run(args: &ExploreArgs) -> ExitCode {
         };
         // The result file first: it is what a campaign keeps, even if stdout is gone.
         if let Err(message) = write_result(args, &base, seeds, search.small, clean) {
-            eprintln!("error: {message}");
+            errln!("error: {message}");
             return ExitCode::from(2);
         }
         let lines = match crate::explore_merge::write_listed(&listed, &outcomes, &dir) {
             Ok(lines) => lines,
             Err(message) => {
-                eprintln!("error: {message}");
+                errln!("error: {message}");
                 return ExitCode::from(2);
             }
         };
-        println!(
+        outln!(
             "explored {} seeds of {} ({} faults, {}{}) on {jobs} thread{} in {seconds:.1} s ({:.1} seeds/s, \
              {} events, {:.2} M/s): {}; outcomes: {}; {} distinct behaviours",
             found.runs,
@@ -410,12 +412,12 @@ pub fn run(args: &ExploreArgs) -> ExitCode {
             found.behaviours.len()
         );
         for line in lines {
-            println!("{line}");
+            outln!("{line}");
         }
         return ExitCode::SUCCESS;
     };
     let names: Vec<&str> = broken.iter().map(|p| p.name()).collect();
-    println!("seed {seed} of {} breaks: {}", base.name, names.join(", "));
+    outln!("seed {seed} of {} breaks: {}", base.name, names.join(", "));
     let failing = search.scenario(&base, seed, ideal);
     let shrinking = Instant::now();
     let reduced = shrink(&failing, broken[0], args.shrink_budget);
@@ -424,14 +426,16 @@ pub fn run(args: &ExploreArgs) -> ExitCode {
     let shrunk = match pdkv_sim::explore::shrunk_file(&base, seed, broken[0], &small) {
         Ok(shrunk) => shrunk,
         Err(message) => {
-            eprintln!("error: seed {seed} of {}, shrunk: {message}", base.name);
+            errln!("error: seed {seed} of {}, shrunk: {message}", base.name);
             return ExitCode::from(2);
         }
     };
     let file = dir.join(format!("{}.ron", shrunk.scenario.name));
     let text = shrunk.text;
-    if let Err(e) = std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&file, &text)) {
-        eprintln!("error: cannot write {}: {e}", file.display());
+    if let Err(e) =
+        std::fs::create_dir_all(&dir).and_then(|()| pdkv_sim::files::write_atomic(&file, text.as_bytes()))
+    {
+        errln!("error: cannot write {}: {e}", file.display());
         return ExitCode::from(2);
     }
     let failure = Found::Failure {
@@ -441,7 +445,7 @@ pub fn run(args: &ExploreArgs) -> ExitCode {
         shrunk_text: text.clone(),
     };
     if let Err(message) = write_result(args, &base, seeds, search.small, failure) {
-        eprintln!("error: {message}");
+        errln!("error: {message}");
         return ExitCode::from(2);
     }
     let shape = |s: &Scenario| {
@@ -452,7 +456,7 @@ pub fn run(args: &ExploreArgs) -> ExitCode {
     } else {
         "the budget ran out before a local minimum: raise --shrink-budget"
     };
-    println!(
+    outln!(
         "shrunk from size {} ({}) to {} ({}) in {} runs, {shrink_seconds:.1} s ({minimum}); {} seed{} explored \
          before, {seconds:.1} s:",
         size(&failing),
@@ -463,9 +467,9 @@ pub fn run(args: &ExploreArgs) -> ExitCode {
         found.runs,
         if found.runs == 1 { "" } else { "s" }
     );
-    println!("{text}");
+    outln!("{text}");
     // The file carries the seed, so running it is the whole replay.
-    println!("replay: pdkv run {}", file.display());
+    outln!("replay: pdkv run {}", file.display());
     ExitCode::from(1)
 }
 

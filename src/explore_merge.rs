@@ -15,9 +15,31 @@ use std::process::ExitCode;
 use clap::Args;
 use serde_json::{json, Value};
 
+use pdkv_sim::explore::Property;
 use pdkv_sim::Outcome;
 
 use crate::shard::{check_complete, MergeError, Shard};
+
+/// Every outcome a run can have, to check the names a file gives.
+const OUTCOMES: [Outcome; 6] = [
+    Outcome::Clean,
+    Outcome::Incomplete,
+    Outcome::Leak,
+    Outcome::FailedRequests,
+    Outcome::Hang,
+    Outcome::SafetyViolation,
+];
+
+/// Every property an exploration checks, to check the names a file gives.
+const PROPERTIES: [Property; 7] = [
+    Property::Safety,
+    Property::ListenerExists,
+    Property::NoHang,
+    Property::EveryRequestEnds,
+    Property::FreedByReleases,
+    Property::FailuresExcused,
+    Property::Balanced,
+];
 
 /// The format's name and version: 2 added the seeds of every outcome but `clean`
 /// (`found.clean.listed`).
@@ -38,7 +60,9 @@ shards) and hold each shard exactly once. docs/cluster-campaigns.md has the Slur
 Kubernetes recipes.
 
 Exit codes: 0 no seed broke a property; 1 one did (its seed, the shrunk scenario and the
-replay command are printed); 2 bad input (the file at fault is named).";
+replay command are printed); 2 bad input (the file at fault is named).
+141: stdout closed before all was printed (e.g. `| head`), quietly; stdout or a result file
+that cannot be written (a full disk): 2, naming it.";
 
 /// Merge the result files of a sharded exploration into one.
 #[derive(Args, Debug)]
@@ -259,6 +283,122 @@ impl Record {
         Ok(Record { campaign, shard, found })
     }
 
+    /// Checks that what the record claims holds together, as a file `pdkv explore` wrote would:
+    /// counts that add up, only known outcome and property names, no outcome that breaks a
+    /// property in a result that says none was broken, seeds that belong to the shard, and
+    /// scenario texts that the loader of `pdkv run` accepts (`file` names them in its errors).
+    /// A merge trusts nothing else, so a file that was edited or forged is refused here,
+    /// not merged into a verdict it does not support.
+    pub fn check(&self, file: &str) -> Result<(), String> {
+        let c = &self.campaign;
+        if !["none", "swarm"].contains(&c.faults.as_str()) {
+            return Err(format!("`faults` is {:?}, not \"none\" or \"swarm\"", c.faults));
+        }
+        if !["small", "full"].contains(&c.workload.as_str()) {
+            return Err(format!("`workload` is {:?}, not \"small\" or \"full\"", c.workload));
+        }
+        let shard = self.shard.unwrap_or(Shard::WHOLE);
+        // A seed the record names must be one of its shard's seeds.
+        let owned = |seed: u64, what: &str| -> Result<(), String> {
+            let position = seed.checked_sub(c.from).filter(|p| *p < c.seeds);
+            match position {
+                Some(p) if shard.owns(p) => Ok(()),
+                _ => Err(format!(
+                    "{what} is seed {seed}, which is not one of shard {shard}'s seeds of {} from {}",
+                    c.seeds, c.from
+                )),
+            }
+        };
+        let scenario = |text: &str, what: &str| -> Result<(), String> {
+            let limit = pdkv_sim::load::MAX_SCENARIO_BYTES;
+            if text.len() as u64 > limit {
+                return Err(format!(
+                    "{what} is {} bytes, larger than {limit} bytes, the most a scenario may be",
+                    text.len()
+                ));
+            }
+            pdkv_sim::load::parse_scenario(text, &format!("{file} ({what})"))
+                .map(|_| ())
+                .map_err(|e| format!("{what} is not a scenario pdkv run accepts: {e}"))
+        };
+        match &self.found {
+            Found::Clean { runs, events, outcomes, behaviours, listed } => {
+                for (name, n) in outcomes {
+                    let Some(outcome) = OUTCOMES.iter().find(|o| o.name() == name) else {
+                        return Err(format!("outcome `{name}` is not one pdkv knows"));
+                    };
+                    if *n > 0 && !matches!(outcome, Outcome::Clean | Outcome::Incomplete) {
+                        return Err(format!(
+                            "{n} seed{} had outcome `{name}`, which breaks a property, yet the file records no \
+                             failure (`found.clean`)",
+                            if *n == 1 { "" } else { "s" }
+                        ));
+                    }
+                }
+                let total = outcomes.values().try_fold(0u64, |sum, n| sum.checked_add(*n));
+                if total != Some(*runs) {
+                    let total = total.map_or("more than 2^64".to_string(), |t| t.to_string());
+                    return Err(format!("the outcome counts add up to {total}, but `runs` is {runs}"));
+                }
+                if behaviours.len() as u64 > *runs {
+                    return Err(format!("{} distinct behaviours from {runs} seeds", behaviours.len()));
+                }
+                for (finished, failed, e, outcome) in behaviours {
+                    if outcomes.get(outcome).copied().unwrap_or(0) == 0 {
+                        return Err(format!(
+                            "behaviour \"{finished} {failed} {e} {outcome}\" has an outcome no seed had"
+                        ));
+                    }
+                    if e > events {
+                        return Err(format!(
+                            "behaviour \"{finished} {failed} {e} {outcome}\" has more events than all seeds ({events})"
+                        ));
+                    }
+                }
+                for (outcome, seeds) in listed {
+                    let total = outcomes.get(outcome).copied().unwrap_or(0);
+                    let most = total.min(pdkv_sim::explore::SEEDS_LISTED_PER_OUTCOME as u64);
+                    if outcome == Outcome::Clean.name() || seeds.len() as u64 > most {
+                        return Err(format!(
+                            "`listed.{outcome}` names {} seeds, but at most {most} of that outcome are listed",
+                            seeds.len()
+                        ));
+                    }
+                    let mut seen = BTreeSet::new();
+                    for l in seeds {
+                        let what = format!("listed.{outcome} seed {}", l.seed);
+                        owned(l.seed, &what)?;
+                        if !seen.insert(l.seed) {
+                            return Err(format!("{what} is listed twice"));
+                        }
+                        scenario(&l.text, &what)?;
+                    }
+                }
+            }
+            Found::Failure { seed, broken, shrunk_text, .. } => {
+                owned(*seed, "the failure")?;
+                if broken.is_empty() {
+                    return Err("the failure breaks no property (`broken` is empty)".to_string());
+                }
+                let mut seen = BTreeSet::new();
+                for name in broken {
+                    if !PROPERTIES.iter().any(|p| p.name() == name) {
+                        let known: Vec<&str> = PROPERTIES.iter().map(|p| p.name()).collect();
+                        return Err(format!(
+                            "`broken` names {name:?}, which is not a property (they are {})",
+                            known.join(", ")
+                        ));
+                    }
+                    if !seen.insert(name) {
+                        return Err(format!("`broken` names {name:?} twice"));
+                    }
+                }
+                scenario(shrunk_text, "the shrunk scenario")?;
+            }
+        }
+        Ok(())
+    }
+
     /// The summary line of a clean result, without the wall times a merge cannot know.
     pub fn clean_summary(&self) -> Option<String> {
         let Found::Clean { runs, events, outcomes, behaviours, .. } = &self.found else { return None };
@@ -393,21 +533,29 @@ pub fn merge(records: &[(String, Record)]) -> Result<Record, MergeError> {
     Ok(Record { campaign, shard: None, found })
 }
 
-/// Writes `text` to `file`, creating its folder.
+/// Writes `text` to `file` whole or not at all ([`pdkv_sim::files::write_atomic`]), creating its
+/// folder.
 pub fn write(file: &Path, text: &str) -> Result<(), String> {
     if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     }
-    std::fs::write(file, text).map_err(|e| format!("cannot write {}: {e}", file.display()))
+    pdkv_sim::files::write_atomic(file, text.as_bytes())
+        .map_err(|e| format!("cannot write {}: {e}", file.display()))
 }
 
 pub fn run(args: &ExploreMergeArgs) -> ExitCode {
     let mut records = Vec::new();
     for file in &args.files {
-        match crate::shard::read_file(file, Record::parse) {
+        let checked = crate::shard::read_file(file, Record::parse).and_then(|(name, record)| {
+            match record.check(&name) {
+                Ok(()) => Ok((name, record)),
+                Err(reason) => Err(MergeError::Inconsistent { file: name, reason }),
+            }
+        });
+        match checked {
             Ok(named) => records.push(named),
             Err(e) => {
-                eprintln!("error: {e}");
+                errln!("error: {e}");
                 return ExitCode::from(2);
             }
         }
@@ -415,36 +563,36 @@ pub fn run(args: &ExploreMergeArgs) -> ExitCode {
     let merged = match merge(&records) {
         Ok(merged) => merged,
         Err(e) => {
-            eprintln!("error: {e}");
+            errln!("error: {e}");
             return ExitCode::from(2);
         }
     };
     if let Some(file) = &args.result {
         if let Err(message) = write(file, &merged.text()) {
-            eprintln!("error: {message}");
+            errln!("error: {message}");
             return ExitCode::from(2);
         }
     }
     let shards = records.len();
     match &merged.found {
         Found::Clean { listed, outcomes, .. } => {
-            println!(
+            outln!(
                 "merged {shards} shard{}: {}",
                 if shards == 1 { "" } else { "s" },
                 merged.clean_summary().unwrap_or_default()
             );
             let dir = args.out.clone().unwrap_or_else(|| PathBuf::from("target/pdkv/explore"));
             match write_listed(listed, outcomes, &dir) {
-                Ok(lines) => lines.iter().for_each(|line| println!("{line}")),
+                Ok(lines) => lines.iter().for_each(|line| outln!("{line}")),
                 Err(message) => {
-                    eprintln!("error: {message}");
+                    errln!("error: {message}");
                     return ExitCode::from(2);
                 }
             }
             ExitCode::SUCCESS
         }
         Found::Failure { seed, broken, shrunk_name, shrunk_text } => {
-            println!(
+            outln!(
                 "merged {shards} shard{}: seed {seed} of {} breaks: {}",
                 if shards == 1 { "" } else { "s" },
                 merged.campaign.scenario,
@@ -453,12 +601,12 @@ pub fn run(args: &ExploreMergeArgs) -> ExitCode {
             let dir = args.out.clone().unwrap_or_else(|| PathBuf::from("target/pdkv/explore"));
             let file = dir.join(format!("{shrunk_name}.ron"));
             if let Err(message) = write(&file, shrunk_text) {
-                eprintln!("error: {message}");
+                errln!("error: {message}");
                 return ExitCode::from(2);
             }
-            println!("shrunk:");
-            println!("{shrunk_text}");
-            println!("replay: pdkv run {}", file.display());
+            outln!("shrunk:");
+            outln!("{shrunk_text}");
+            outln!("replay: pdkv run {}", file.display());
             ExitCode::from(1)
         }
     }

@@ -13,6 +13,9 @@ use clap::{Parser, Subcommand};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+#[macro_use]
+mod output;
+
 mod builtin;
 mod check_cmd;
 mod cluster_cmd;

@@ -18,7 +18,9 @@ A scenario file names profiles with profiles: (gpu: \"h200-sxm\", nic: \"cx7-400
 A value marked * has a source that says UNVERIFIED (no primary text was found; the source says
 why and where the value comes from).
 
-Exit codes: 0 printed; 2 no profile has that name (the known names are listed).";
+Exit codes: 0 printed; 2 no profile has that name (the known names are listed).
+141: stdout closed before all was printed (e.g. `| head`), quietly; stdout or a result file
+that cannot be written (a full disk): 2, naming it.";
 
 /// List the GPU, NIC and model profiles (profiles/*.ron) a scenario can name.
 #[derive(Args, Debug)]
@@ -35,11 +37,11 @@ pub fn run(args: &ProfilesArgs) -> ExitCode {
     };
     match text {
         Ok(text) => {
-            print!("{text}");
+            out!("{text}");
             ExitCode::SUCCESS
         }
         Err(message) => {
-            eprintln!("error: {message}");
+            errln!("error: {message}");
             ExitCode::from(2)
         }
     }

@@ -14,7 +14,9 @@ Examples:
   pdkv replay /tmp/drift/result.json
 
 Exit codes: 0 the rerun has the recorded outcome (and, normally, a byte-identical result);
-1 it does not; 2 the file cannot be read or holds no runnable scenario.";
+1 it does not; 2 the file cannot be read or holds no runnable scenario.
+141: stdout closed before all was printed (e.g. `| head`), quietly; stdout or a result file
+that cannot be written (a full disk): 2, naming it.";
 
 /// Rerun the scenario and seed stored in a result.json and compare.
 #[derive(Args, Debug)]
@@ -28,7 +30,7 @@ pub fn run(args: &ReplayArgs) -> ExitCode {
     let recorded = match read(args) {
         Ok(r) => r,
         Err(message) => {
-            eprintln!("error: {message}");
+            errln!("error: {message}");
             return ExitCode::from(2);
         }
     };
@@ -36,13 +38,13 @@ pub fn run(args: &ReplayArgs) -> ExitCode {
     // The stored scenario gets the same size bound as a scenario file.
     let limit = pdkv_sim::load::MAX_SCENARIO_BYTES;
     if recorded.scenario_ron.len() as u64 > limit {
-        eprintln!("error: {origin}: the scenario is larger than {limit} bytes, the most a scenario may be");
+        errln!("error: {origin}: the scenario is larger than {limit} bytes, the most a scenario may be");
         return ExitCode::from(2);
     }
     let mut scenario = match pdkv_sim::load::parse_scenario(&recorded.scenario_ron, &origin) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("error: {e}");
+            errln!("error: {e}");
             return ExitCode::from(2);
         }
     };
@@ -50,7 +52,7 @@ pub fn run(args: &ReplayArgs) -> ExitCode {
     let mut rerun = match pdkv_sim::run(&scenario, RunOptions::default()) {
         Ok(run) => run.result,
         Err(e) => {
-            eprintln!("error: {e}");
+            errln!("error: {e}");
             return ExitCode::from(2);
         }
     };
@@ -58,7 +60,7 @@ pub fn run(args: &ReplayArgs) -> ExitCode {
     // the stored scenario does not hold; it is the recorded run's, not an output to compare.
     rerun.label.clone_from(&recorded.label);
     let identical = rerun.to_json() == recorded.to_json();
-    println!(
+    outln!(
         "replayed {}, seed {}: outcome {} (recorded {}){}",
         recorded.title(),
         recorded.seed,

@@ -15,7 +15,9 @@ Examples:
   pdkv routes 2P_DP8EP:1D_TP8 --legacy proxy-aliasing --rounds 4
 
 Exit codes: 0 table printed; 2 bad notation, bad flags, or a pair the routing rules reject
-(with --json, the error is printed as {\"error\": \"...\"}).";
+(with --json, the error is printed as {\"error\": \"...\"}).
+141: stdout closed before all was printed (e.g. `| head`), quietly; stdout or a result file
+that cannot be written (a full disk): 2, naming it.";
 
 /// Show which decode rank reads which prefill rank, the ports dialled, the release quorum of
 /// every prefill rank, and the read count per prefill GPU over rounds of the fixed proxy.
@@ -52,17 +54,17 @@ pub fn run(args: &RoutesArgs) -> ExitCode {
     match report(args) {
         Ok(report) => {
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&report).expect("report serialises"));
+                outln!("{}", serde_json::to_string_pretty(&report).expect("report serialises"));
             } else {
-                print!("{}", render(&report));
+                out!("{}", render(&report));
             }
             ExitCode::SUCCESS
         }
         Err(message) => {
             if args.json {
-                println!("{}", serde_json::json!({ "error": message }));
+                outln!("{}", serde_json::json!({ "error": message }));
             } else {
-                eprintln!("error: {message}");
+                errln!("error: {message}");
             }
             ExitCode::from(2)
         }

@@ -39,7 +39,9 @@ record, virtual time first), streamed to disk as the run goes; --chrome-trace ad
 1 GiB with a trace_truncated record, and the summary says so.
 
 Exit codes: 0 the outcome is the scenario's expected one (clean when none is declared);
-1 it is not; 2 bad input (unreadable or invalid scenario, bad flags).";
+1 it is not; 2 bad input (unreadable or invalid scenario, bad flags).
+141: stdout closed before all was printed (e.g. `| head`), quietly; stdout or a result file
+that cannot be written (a full disk): 2, naming it.";
 
 /// Simulate one scenario and write its result and traces.
 #[derive(Args, Debug)]
@@ -163,12 +165,12 @@ pub fn run(args: &RunArgs) -> ExitCode {
             (scenario, identity)
         }
         Err(message) => {
-            eprintln!("error: {message}");
+            errln!("error: {message}");
             return ExitCode::from(2);
         }
     };
     if let Err(message) = check_overrides(&scenario, &args.workload.flags()) {
-        eprintln!("error: {message}");
+        errln!("error: {message}");
         return ExitCode::from(2);
     }
     let out = args.out.clone().unwrap_or_else(|| PathBuf::from("target/pdkv").join(identity.slug()));
@@ -194,7 +196,7 @@ pub fn run(args: &RunArgs) -> ExitCode {
         let mut run = match simulated {
             Ok(run) => run,
             Err(message) => {
-                eprintln!("error: {}: {message}", args.scenario);
+                errln!("error: {}: {message}", args.scenario);
                 return ExitCode::from(2);
             }
         };
@@ -202,17 +204,17 @@ pub fn run(args: &RunArgs) -> ExitCode {
         let (written, truncated) = match write_files(&out, &run, gpus_per_node, &command, traces, which) {
             Ok(files) => files,
             Err(message) => {
-                eprintln!("error: {message}");
+                errln!("error: {message}");
                 return ExitCode::from(2);
             }
         };
         if args.json {
-            println!("{}", run.result.to_json());
+            outln!("{}", run.result.to_json());
         } else {
-            print!("{}", summary(&run.result, &written, &command));
+            out!("{}", summary(&run.result, &written, &command));
         }
         if let Some(note) = truncated {
-            eprintln!("note: {note}");
+            errln!("note: {note}");
         }
         if run.result.as_expected() {
             ExitCode::SUCCESS
@@ -245,7 +247,7 @@ fn write_files(
     let result_json = out.join("result.json");
     let (pictures, json, traces) = std::thread::scope(|scope| {
         let json = scope.spawn(|| {
-            std::fs::write(&result_json, run.result.to_json())
+            pdkv_sim::files::write_atomic(&result_json, run.result.to_json().as_bytes())
                 .map_err(|e| format!("cannot write {}: {e}", result_json.display()))
         });
         let pictures = pdkv_reports::run_pictures(&run.result, gpus_per_node, out).map_err(|e| e.to_string());

@@ -55,6 +55,6 @@ pub fn run(_args: &ScenariosArgs) -> ExitCode {
             None => {}
         }
     }
-    print!("{out}");
+    out!("{out}");
     ExitCode::SUCCESS
 }

@@ -99,15 +99,22 @@ pub fn number_field(v: &serde_json::Value, name: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("`{name}` missing or not a whole number"))
 }
 
-/// Reads the file at `path` and parses it with `parse`; the error names the file and says what
-/// is wrong. Returns the file's name as messages show it, and what it holds.
+/// Largest shard file read, in bytes. An exploration's shard holds its distinct behaviours (a
+/// line each, tens of bytes) and at most a few scenario files per outcome (each at most
+/// [`pdkv_sim::load::MAX_SCENARIO_BYTES`]); a sweep's shard a line per point. Sixty-four
+/// megabytes is far above both, and keeps `/dev/zero` or a wrong path from filling memory.
+pub const MAX_SHARD_BYTES: u64 = 64 << 20;
+
+/// Reads the file at `path` (a regular file of at most [`MAX_SHARD_BYTES`]) and parses it with
+/// `parse`; the error names the file and says what is wrong. Returns the file's name as
+/// messages show it, and what it holds.
 pub fn read_file<T>(
     path: &std::path::Path,
     parse: impl Fn(&str) -> Result<T, String>,
 ) -> Result<(String, T), MergeError> {
     let name = path.display().to_string();
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| MergeError::Unreadable { file: name.clone(), reason: e.to_string() })?;
+    let text = pdkv_sim::load::read_capped(path, MAX_SHARD_BYTES)
+        .map_err(|reason| MergeError::Unreadable { file: name.clone(), reason })?;
     let value = parse(&text).map_err(|reason| MergeError::Malformed { file: name.clone(), reason })?;
     Ok((name, value))
 }
@@ -155,6 +162,10 @@ pub enum MergeError {
     Missing { shards: Vec<String> },
     /// The file's results do not cover its share of the campaign.
     Incomplete { file: String, reason: String },
+    /// The file contradicts itself or claims what its command never writes (counts that do not
+    /// add up, a property broken in a result that says none was, an unknown name, a scenario
+    /// text that is not a scenario): it was edited or forged, and a merge trusts none of it.
+    Inconsistent { file: String, reason: String },
 }
 
 impl fmt::Display for MergeError {
@@ -174,6 +185,9 @@ impl fmt::Display for MergeError {
                 write!(f, "no file holds shard{} {}", if shards.len() == 1 { "" } else { "s" }, shards.join(", "))
             }
             MergeError::Incomplete { file, reason } => write!(f, "{file}: {reason}"),
+            MergeError::Inconsistent { file, reason } => {
+                write!(f, "{file}: {reason}; the file is not as pdkv wrote it, so it is not merged")
+            }
         }
     }
 }

@@ -40,7 +40,9 @@ writes the report from the N shard folders, every file byte for byte the unshard
 a sweep can run as a Slurm job array or a Kubernetes Indexed Job (docs/cluster-campaigns.md).
 
 Exit codes: 0 every run had its expected outcome (NIC-balance bounds of a scenario file are
-not checked, since the sweep changes its workload); 1 some did not; 2 bad input.";
+not checked, since the sweep changes its workload); 1 some did not; 2 bad input.
+141: stdout closed before all was printed (e.g. `| head`), quietly; stdout or a result file
+that cannot be written (a full disk): 2, naming it.";
 
 /// Run every deployment at every concurrency and chart them together.
 #[derive(Args, Debug)]
@@ -85,7 +87,7 @@ fn default_folder(scenarios: &[(Scenario, String)], args: &SweepArgs) -> PathBuf
 
 pub fn run(args: &SweepArgs) -> ExitCode {
     if args.concurrency.contains(&0) {
-        eprintln!("error: --concurrency values must be at least 1");
+        errln!("error: --concurrency values must be at least 1");
         return ExitCode::from(2);
     }
     // Each line is one scenario, labelled by its identity without the workload: the sweep sets
@@ -95,7 +97,7 @@ pub fn run(args: &SweepArgs) -> ExitCode {
         let (base, notation) = match crate::run_cmd::load_with_notation(spec) {
             Ok(loaded) => loaded,
             Err(message) => {
-                eprintln!("error: {message}");
+                errln!("error: {message}");
                 return ExitCode::from(2);
             }
         };
@@ -107,7 +109,7 @@ pub fn run(args: &SweepArgs) -> ExitCode {
         identity.workload = None;
         let label = identity.label();
         if scenarios.iter().any(|(_, other)| *other == label) {
-            eprintln!("error: {spec}: {label} is in the sweep twice; each line is one scenario or notation");
+            errln!("error: {spec}: {label} is in the sweep twice; each line is one scenario or notation");
             return ExitCode::from(2);
         }
         scenarios.push((scenario, label));
@@ -121,7 +123,7 @@ pub fn run(args: &SweepArgs) -> ExitCode {
                 Clients::Closed { concurrency: c, requests: c.saturating_mul(args.requests_per_client) };
             let flags = format!("--concurrency {c} --requests-per-client {}", args.requests_per_client);
             if let Err(message) = crate::run_cmd::check_overrides(&s, &flags) {
-                eprintln!("error: {message}");
+                errln!("error: {message}");
                 return ExitCode::from(2);
             }
             grid.push((s, label, c));
@@ -147,7 +149,7 @@ pub fn run(args: &SweepArgs) -> ExitCode {
         let result = match result {
             Some(Ok(result)) => result,
             Some(Err(message)) => {
-                eprintln!("error: {}: {message}", s.name);
+                errln!("error: {}: {message}", s.name);
                 return ExitCode::from(2);
             }
             None => unreachable!("a point is left unrun only after an earlier one failed"),
@@ -193,7 +195,7 @@ pub fn run(args: &SweepArgs) -> ExitCode {
             Ok(path) => {
                 let points: Vec<SweepPoint> = file.results.iter().map(|(_, p, _)| p.clone()).collect();
                 print_table(&points, &provenance);
-                println!(
+                outln!(
                     "shard {shard} of the sweep ({} of its {total} points): {}",
                     points.len(),
                     path.display()
@@ -201,7 +203,7 @@ pub fn run(args: &SweepArgs) -> ExitCode {
                 exit_code(file.results.iter().all(|(_, _, e)| *e))
             }
             Err(message) => {
-                eprintln!("error: {message}");
+                errln!("error: {message}");
                 ExitCode::from(2)
             }
         };
@@ -223,10 +225,10 @@ pub fn report(
     match write(out, points, provenance, &error_band(&calibration), command) {
         Ok(page) => {
             print_table(points, provenance);
-            println!("report: {}", page.display());
+            outln!("report: {}", page.display());
         }
         Err(message) => {
-            eprintln!("error: {message}");
+            errln!("error: {message}");
             return ExitCode::from(2);
         }
     }
@@ -249,7 +251,7 @@ fn print_table(points: &[SweepPoint], provenance: &Provenance) {
         v.map_or_else(|| format!("{:>width$}   ", "n/a"), |v| format!("{v:>width$.decimals$} ms"))
     };
     for p in points {
-        println!(
+        outln!(
             "{:<width$} C={:<5} {:>9.0} tok/s  TTFT {}  TPOT {}  {}",
             p.run,
             p.concurrency,
@@ -260,11 +262,11 @@ fn print_table(points: &[SweepPoint], provenance: &Provenance) {
         );
     }
     // What produced the figures, so a ranking is read against the model's error.
-    println!("model:");
+    outln!("model:");
     for (line, hardware) in &provenance.lines {
-        println!("  {line:<width$} {hardware}");
+        outln!("  {line:<width$} {hardware}");
     }
-    println!("{}", provenance.calibration);
+    outln!("{}", provenance.calibration);
 }
 
 /// One result per grid point, in grid order, run on `jobs` threads (each run single-threaded
@@ -347,7 +349,9 @@ fn write(
     std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
     let json =
         serde_json::to_string_pretty(&points.iter().map(point_json).collect::<Vec<_>>()).expect("serialises");
-    std::fs::write(out.join("sweep.json"), json).map_err(|e| format!("cannot write sweep.json: {e}"))?;
+    let file = out.join("sweep.json");
+    pdkv_sim::files::write_atomic(&file, json.as_bytes())
+        .map_err(|e| format!("cannot write {}: {e}", file.display()))?;
     let images = pdkv_reports::sweep_charts(points, band, out).map_err(|e| e.to_string())?;
     pdkv_reports::page::write_sweep_page(out, points, &images, provenance, command)
         .map_err(|e| format!("cannot write {}: {e}", out.join("index.html").display()))

@@ -35,7 +35,9 @@ shards) and hold each shard exactly once. docs/cluster-campaigns.md has the Slur
 Kubernetes recipes.
 
 Exit codes: 0 every run had its expected outcome; 1 some did not; 2 bad input (the file at
-fault is named).";
+fault is named).
+141: stdout closed before all was printed (e.g. `| head`), quietly; stdout or a result file
+that cannot be written (a full disk): 2, naming it.";
 
 /// Write the report of a sharded sweep from its shards' folders.
 #[derive(Args, Debug)]
@@ -216,7 +218,7 @@ pub fn run(args: &SweepMergeArgs) -> ExitCode {
         match crate::shard::read_file(&path, ShardFile::parse) {
             Ok(named) => files.push(named),
             Err(e) => {
-                eprintln!("error: {e}");
+                errln!("error: {e}");
                 return ExitCode::from(2);
             }
         }
@@ -224,7 +226,7 @@ pub fn run(args: &SweepMergeArgs) -> ExitCode {
     let (points, expected) = match merge(&files) {
         Ok(merged) => merged,
         Err(e) => {
-            eprintln!("error: {e}");
+            errln!("error: {e}");
             return ExitCode::from(2);
         }
     };
@@ -232,7 +234,7 @@ pub fn run(args: &SweepMergeArgs) -> ExitCode {
     // The report's error band comes from this binary's calibration: it must be the shards'.
     let calibration = pdkv_sim::calibration::current().summary();
     if calibration != first.calibration {
-        eprintln!(
+        errln!(
             "error: {}: made with the calibration `{}`, but this pdkv has `{calibration}`; merge with the pdkv that ran the shards",
             files[0].0, first.calibration
         );

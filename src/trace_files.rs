@@ -128,10 +128,21 @@ impl<W: Write> Write for Counting<W> {
 
 type Out = Counting<BufWriter<File>>;
 
+impl Counting<BufWriter<File>> {
+    /// Flushes the buffer and the file to the disk, so a full disk is an error here and not a
+    /// short file later.
+    fn sync(self) -> io::Result<()> {
+        self.inner.into_inner().map_err(|e| e.into_error())?.sync_all()
+    }
+}
+
 /// One trace file being written: its format, its path, and the records left out past its limit.
 struct TraceFile {
     format: Format,
     path: PathBuf,
+    /// Where the file is written until it is finished and renamed to `path`, so a run that
+    /// fails midway (a full disk) leaves no trace cut mid-line under the real name.
+    temp: PathBuf,
     dropped: u64,
     last_t_ns: u64,
 }
@@ -139,13 +150,24 @@ struct TraceFile {
 enum Format {
     Text(TextTrace<Out>),
     Chrome(ChromeTrace<Out>),
+    /// Finished (its writer closed).
+    Done,
+}
+
+impl Drop for TraceFile {
+    /// A file not finished (the run or a write failed) leaves no temporary file behind; a
+    /// finished one was renamed, and removing its old name fails harmlessly.
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.temp);
+    }
 }
 
 impl TraceFile {
     fn create(out: &Path, name: &str) -> Result<TraceFile, String> {
         std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
         let path = out.join(name);
-        let file = File::create(&path).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        let temp = pdkv_sim::files::temp_path(&path);
+        let file = File::create(&temp).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         let file = Counting { inner: BufWriter::with_capacity(1 << 20, file), bytes: 0 };
         let format = if name.ends_with(".json") {
             ChromeTrace::new(file).map(Format::Chrome)
@@ -153,7 +175,7 @@ impl TraceFile {
             TextTrace::new(file).map(Format::Text)
         };
         let format = format.map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-        Ok(TraceFile { format, path, dropped: 0, last_t_ns: 0 })
+        Ok(TraceFile { format, path, temp, dropped: 0, last_t_ns: 0 })
     }
 
     fn error(&self, e: io::Error) -> String {
@@ -164,6 +186,7 @@ impl TraceFile {
         match &self.format {
             Format::Text(t) => t.writer().bytes,
             Format::Chrome(c) => c.writer().bytes,
+            Format::Done => 0,
         }
     }
 
@@ -171,6 +194,7 @@ impl TraceFile {
         match &mut self.format {
             Format::Text(t) => t.handle_record(r),
             Format::Chrome(c) => c.handle_record(r),
+            Format::Done => Ok(()),
         }
     }
 
@@ -209,12 +233,15 @@ impl TraceFile {
                 self.dropped
             ));
         }
-        let finished = match self.format {
-            Format::Text(t) => t.finish().map(drop),
-            Format::Chrome(c) => c.finish().map(drop),
+        let finished = match std::mem::replace(&mut self.format, Format::Done) {
+            Format::Text(t) => t.finish().and_then(Counting::sync),
+            Format::Chrome(c) => c.finish().and_then(Counting::sync),
+            Format::Done => Ok(()),
         };
-        finished.map_err(|e| format!("cannot write {}: {e}", self.path.display()))?;
-        Ok((self.path, note))
+        finished
+            .and_then(|()| std::fs::rename(&self.temp, &self.path))
+            .map_err(|e| format!("cannot write {}: {e}", self.path.display()))?;
+        Ok((self.path.clone(), note))
     }
 }
 

@@ -238,7 +238,7 @@ pub fn write_run_page(
     let _ = writeln!(html, "<h2>Scenario</h2>\n<pre>{}</pre>", escape(&r.scenario_ron));
     html.push_str("</body>\n</html>\n");
     let path = dir.join("index.html");
-    std::fs::write(&path, html)?;
+    pdkv_sim::files::write_atomic(&path, html.as_bytes())?;
     Ok(path)
 }
 
@@ -291,7 +291,7 @@ pub fn write_sweep_page(
     let _ = writeln!(html, "<h2>Reproduce</h2>\n<pre>{}</pre>", escape(command));
     html.push_str("</body>\n</html>\n");
     let path = dir.join("index.html");
-    std::fs::write(&path, html)?;
+    pdkv_sim::files::write_atomic(&path, html.as_bytes())?;
     Ok(path)
 }
 

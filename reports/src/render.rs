@@ -75,15 +75,27 @@ pub(crate) fn render(dir: &Path, stem: &str, picture: &impl Picture) -> Result<V
     register()?;
     fs::create_dir_all(dir).map_err(|e| ReportError::io(dir, e))?;
     let png = dir.join(format!("{stem}.png"));
-    // Plotters reports a failed PNG write only as an encoder error; find I/O problems first.
-    fs::File::create(&png).map_err(|e| ReportError::io(&png, e))?;
+    // Drawn into memory and encoded there, then written whole: plotters writing the file itself
+    // reports a full disk as an encoder's debug text, and leaves a cut file behind.
+    let mut pixels = vec![0u8; SIZE.0 as usize * SIZE.1 as usize * 3];
     {
-        let root = Canvas { area: BitMapBackend::new(&png, SIZE).into_drawing_area(), raster: true };
+        let root =
+            Canvas { area: BitMapBackend::with_buffer(&mut pixels, SIZE).into_drawing_area(), raster: true };
         picture
             .draw(&root)
             .and_then(|()| root.present().msg())
             .map_err(|what| ReportError::Draw { path: png.clone(), what })?;
     }
+    let mut encoded = Vec::new();
+    image::ImageEncoder::write_image(
+        image::codecs::png::PngEncoder::new(&mut encoded),
+        &pixels,
+        SIZE.0,
+        SIZE.1,
+        image::ColorType::Rgb8,
+    )
+    .map_err(|e| ReportError::Draw { path: png.clone(), what: e.to_string() })?;
+    pdkv_sim::files::write_atomic(&png, &encoded).map_err(|e| ReportError::io(&png, e))?;
     let svg = dir.join(format!("{stem}.svg"));
     let mut text = String::new();
     {
@@ -94,7 +106,7 @@ pub(crate) fn render(dir: &Path, stem: &str, picture: &impl Picture) -> Result<V
             .and_then(|()| root.present().msg())
             .map_err(|what| ReportError::Draw { path: svg.clone(), what })?;
     }
-    fs::write(&svg, text).map_err(|e| ReportError::io(&svg, e))?;
+    pdkv_sim::files::write_atomic(&svg, text.as_bytes()).map_err(|e| ReportError::io(&svg, e))?;
     Ok(vec![png, svg])
 }
 

@@ -12,6 +12,7 @@ pub mod catch;
 pub mod cost;
 pub mod error;
 pub mod explore;
+pub mod files;
 pub mod identity;
 pub mod load;
 pub mod model_check;

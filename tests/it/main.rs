@@ -9,6 +9,7 @@ mod docs;
 mod explore_cli;
 mod gallery;
 mod help_examples;
+mod hostile_io;
 mod legacy_caught;
 mod machines;
 mod properties;

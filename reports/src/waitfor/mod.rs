@@ -1,7 +1,6 @@
 //! Wait-for graphs of hangs drawn as boxes and arrows (`wait_for_graph`): a layered layout by
 //! longest path from the nodes nobody waits for, with the members of a cycle in one column.
 
-use std::fs;
 use std::path::{Path, PathBuf};
 
 use pdkv_sim::result::Hang;
@@ -18,7 +17,7 @@ pub fn wait_for_graph(hang: &Hang, index: usize, run: &str, dir: &Path) -> Resul
     let stem = format!("wait_for_{index}");
     let mut paths = render(dir, &stem, &WaitFor { hang, run })?;
     let dot = dir.join(format!("{stem}.dot"));
-    fs::write(&dot, &hang.dot).map_err(|e| ReportError::io(&dot, e))?;
+    pdkv_sim::files::write_atomic(&dot, hang.dot.as_bytes()).map_err(|e| ReportError::io(&dot, e))?;
     paths.push(dot);
     Ok(paths)
 }

@@ -97,17 +97,65 @@ pub fn parse_scenario(text: &str, origin: &str) -> Result<Scenario, ScenarioErro
 /// is a few hundred kilobytes, and a bound keeps `/dev/zero` or a wrong path from filling memory.
 pub const MAX_SCENARIO_BYTES: u64 = 1 << 20;
 
-/// Reads at most `limit` bytes of the file at `path` as UTF-8 text; a longer file (or an endless
-/// one such as `/dev/zero`) is an error naming the limit, so no input can fill memory.
+/// Reads at most `limit` bytes of the file at `path` as UTF-8 text: the one reader of every
+/// whole file a command reads from a path it was given (scenarios, results, shards).
+///
+/// The path must name a regular file once symlinks are followed: a device (`/dev/zero` never
+/// ends), a FIFO (opening it waits for a writer) or a folder is refused before it is opened,
+/// naming what it is. A file whose size is over `limit` is refused before it is read, and the
+/// read itself stops at `limit + 1` bytes, so a file that grows while it is read (or a file
+/// system that reports a wrong size) cannot fill memory either. The reason names the size and
+/// the limit; the caller names the file.
 pub fn read_capped(path: &Path, limit: u64) -> Result<String, String> {
     use std::io::Read;
+    let meta = std::fs::metadata(path).map_err(|err| err.to_string())?;
+    not_regular(&meta).map_or(Ok(()), |what| Err(format!("{what}, not a regular file")))?;
+    if meta.len() > limit {
+        return Err(format!(
+            "the file is {} bytes, larger than {limit} bytes, the most this command reads",
+            meta.len()
+        ));
+    }
     let file = std::fs::File::open(path).map_err(|err| err.to_string())?;
+    // The path may have been replaced between the check and the open; check what was opened.
+    let meta = file.metadata().map_err(|err| err.to_string())?;
+    not_regular(&meta).map_or(Ok(()), |what| Err(format!("{what}, not a regular file")))?;
     let mut bytes = Vec::new();
     file.take(limit + 1).read_to_end(&mut bytes).map_err(|err| err.to_string())?;
     if bytes.len() as u64 > limit {
-        return Err(format!("the file is larger than {limit} bytes, the most this command reads"));
+        return Err(format!(
+            "the file is larger than {limit} bytes when read (it grew, or its size was reported wrong), the most this command reads"
+        ));
     }
     String::from_utf8(bytes).map_err(|err| format!("not UTF-8 text ({err})"))
+}
+
+/// What a file that is not a regular file is, in words, or `None` for a regular file.
+fn not_regular(meta: &std::fs::Metadata) -> Option<&'static str> {
+    let kind = meta.file_type();
+    if kind.is_file() {
+        return None;
+    }
+    if kind.is_dir() {
+        return Some("a folder");
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if kind.is_char_device() {
+            return Some("a character device");
+        }
+        if kind.is_block_device() {
+            return Some("a block device");
+        }
+        if kind.is_fifo() {
+            return Some("a FIFO (named pipe)");
+        }
+        if kind.is_socket() {
+            return Some("a socket");
+        }
+    }
+    Some("a special file")
 }
 
 /// Reads the file at `path` (at most [`MAX_SCENARIO_BYTES`]) and parses it with

@@ -395,7 +395,7 @@ mod tests {
         std::fs::write(&big, " ".repeat(MAX_SCENARIO_BYTES as usize + 1)).unwrap();
         let shown = load_scenario(&big).unwrap_err().to_string();
         let _ = std::fs::remove_file(&big);
-        assert!(shown.ends_with("cannot read the scenario file: the file is larger than 1048576 bytes, the most this command reads"), "{shown}");
+        assert!(shown.ends_with("cannot read the scenario file: the file is 1048577 bytes, larger than 1048576 bytes, the most this command reads"), "{shown}");
     }
 
     /// `text` with a `‸` marking a position: the paths the scanner reports there.
