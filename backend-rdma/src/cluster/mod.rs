@@ -237,6 +237,8 @@ struct Cluster {
     foreign_restarting: BTreeSet<RankId>,
     /// The run's message faults and what they did ([`messages`]).
     messages: messages::Messages,
+    /// Decode dispatches held until a killed prefill rank is back ([`faults`]).
+    holds: faults::Holds,
 }
 
 /// Runs a cluster to the end and reports; `progress` is called as requests end.
@@ -377,6 +379,7 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
         foreign_report,
         foreign_restarting: BTreeSet::new(),
         messages: messages::Messages::new(&config),
+        holds: faults::Holds::default(),
         addresses,
         d,
         config,
@@ -503,6 +506,7 @@ impl Cluster {
         if life > 0 {
             self.down_by_fault.remove(&rank);
             self.faults_log.push(format!("{rank} restarted (life {life})"));
+            self.release_held(rank);
             self.pump_prefill(rank.engine, rank.dp);
         }
     }
@@ -561,9 +565,10 @@ impl Cluster {
                 } else {
                     self.hung = Some(format!(
                         "after {} ms: {} requests unfinished, {held} transfers still held; none \
-                         finished in the last {quiet_ms} ms",
+                         finished in the last {quiet_ms} ms{}",
                         self.config.timeout_ms,
-                        total - done
+                        total - done,
+                        self.holds_note()
                     ));
                 }
                 return;
