@@ -20,6 +20,8 @@ Examples:
   pdkv cluster 2P_TP2:1D_DP2 --mla --requests 64 --json
   pdkv cluster 1P_DP2TP2:1D_TP4 --requests 40 --kill P0.dp0.tp1 --kill-after 6 \\
       --restart-after-ms 1000 --handshake-timeout-ms 2000 --transfer-timeout-ms 5000 --defer-timeout-ms 6000
+  pdkv cluster 1P_TP2:1D_TP2 --requests 40 --kill P0.dp0.tp1 --kill-after 1 \\
+      --restart-after-ms 300 --hold-dispatches-until-restart --defer-timeout-ms 3000
   pdkv cluster 1P_TP2:1D_TP2 --requests 8 --drop-releases D0.dp0.tp1=2 \\
       --transfer-timeout-ms 2000 --defer-timeout-ms 3000
   pdkv cluster 1P_TP2:1D_TP2 --requests 16 --lose-messages D0.dp0.tp1:release=2 \\
@@ -40,6 +42,17 @@ nic, ledger). The timeouts default to a 10 s handshake and MoRIIO's 30 s transfe
 reaper. A transfer whose releases were dropped is freed by the reaper only once its read
 lease (--transfer-timeout-ms, plus 1 s) and --defer-timeout-ms have both passed, so fault runs
 set both shorter: with the defaults the --drop-releases example would wait 31 s.
+
+A killed rank's DP group prefills nothing until --restart-after-ms brings it back, but the
+requests it prefilled before are dispatched to decode at once, so whether decode reads them
+before or after the restart depends on the machine's speed. --hold-dispatches-until-restart
+holds the decode dispatch of every request whose KV the group holds (and any a decode group's
+scheduler still queues) until the rank is back: its restarted process reported ready, or, for a
+foreign rank, the driver said `restarted`. Those requests are then read after the restart,
+always; result.requests counts them (held_for_restart) and the dispatches made while the rank
+was down (dispatched_while_down, 0 with the hold). Only with --kill and --restart-after-ms, the
+restart within --timeout-ms; requests dispatched before the kill and already taken by a decode
+rank are not held.
 
 Message faults (each flag repeatable): --lose-messages and --duplicate-messages take
 PATTERN[:KINDS][=COUNT][@PROBABILITY], --delay-messages PATTERN[:KINDS]:DELAY_MS[=COUNT][@PROBABILITY].
@@ -137,6 +150,12 @@ pub struct ClusterArgs {
     /// ... and start it again this long after.
     #[arg(long, requires = "kill")]
     restart_after_ms: Option<u64>,
+    /// Fault: hold the decode dispatch of every request whose KV the killed rank's DP group
+    /// holds until the rank is back (its restarted process is ready, or a foreign driver said it
+    /// restarted), so those requests are read after the restart. Only with --kill and
+    /// --restart-after-ms (within --timeout-ms).
+    #[arg(long)]
+    hold_dispatches_until_restart: bool,
     /// Fault: a decode rank drops its first N releases (RANK=N, e.g. D0.dp0.tp1=2; repeatable);
     /// the same as --lose-messages RANK:release=N.
     #[arg(long, value_parser = parse_drop)]
@@ -236,6 +255,7 @@ pub fn run(args: &ClusterArgs) -> ExitCode {
     config.defer_timeout_ms = args.defer_timeout_ms;
     config.timeout_ms = args.timeout_ms;
     config.heartbeat_timeout_ms = args.heartbeat_timeout_ms;
+    config.hold_dispatches_until_restart = args.hold_dispatches_until_restart;
     if let Some(rank) = args.kill {
         config.faults.push(Fault::KillPrefill {
             rank,

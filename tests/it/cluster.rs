@@ -782,3 +782,66 @@ fn sigint_and_sigterm_stop_the_ranks_and_write_a_partial_result() {
         }
     }
 }
+
+/// `--hold-dispatches-until-restart` on pdkv ranks: a prefill rank killed after the first
+/// prefill and restarted 300 ms later. With the hold, every dispatch of a request its group
+/// holds waits for the restart (none goes on while the rank is down, and the fault log says
+/// when they were released: after the restart); without it, the first is dispatched at once,
+/// at the kill, which is the race the hold removes. Either way the run is clean: every failure
+/// and reaping is the kill's, nothing stays held.
+#[test]
+fn held_dispatches_of_a_killed_group_go_on_only_after_its_restart() {
+    let check = |hold: bool| {
+        let mut config = quick("1P_TP2:1D_TP2", 40);
+        config.defer_timeout_ms = 3_000;
+        config.hold_dispatches_until_restart = hold;
+        let killed = rank(true, 0, 1);
+        config.faults.push(Fault::KillPrefill { rank: killed, after: 1, restart_after_ms: Some(300) });
+        let r = run(config);
+        let json = r.to_json();
+        assert_eq!(r.outcome, "clean", "hold {hold}: {json}");
+        let q = &r.requests;
+        assert_eq!((q.failed_excused, q.unfinished, r.ledger.held), (q.failed, 0, 0), "hold {hold}: {json}");
+        assert_eq!(r.ledger.reaped_excused, r.ledger.reaped, "hold {hold}: {json}");
+        let restarted = r.faults.iter().position(|f| f.starts_with("P0.dp0.tp1 restarted"));
+        let released = r.faults.iter().position(|f| f.starts_with("released "));
+        (
+            q.held_for_restart,
+            q.dispatched_while_down,
+            restarted.is_some(),
+            released.map(|i| Some(i) > restarted),
+        )
+    };
+    // With the hold: between 1 (the request whose prefill set off the kill) and the 8 in flight
+    // are held, none dispatched while the rank is down, all released after the restart.
+    let (held, while_down, restarted, released_after) = check(true);
+    assert!((1..=8).contains(&held) && while_down == 0, "held {held}, dispatched while down {while_down}");
+    assert_eq!((restarted, released_after), (true, Some(true)));
+    // Without it: nothing held, and at least the first request is dispatched at the kill.
+    let (held, while_down, restarted, released_after) = check(false);
+    assert!(held == 0 && while_down >= 1, "held {held}, dispatched while down {while_down}");
+    assert_eq!((restarted, released_after), (true, None));
+}
+
+/// `--hold-dispatches-until-restart` without a kill that restarts, or with a restart past the
+/// run's budget, is refused before any process starts, naming the flag.
+#[test]
+fn hold_dispatches_until_restart_is_refused_without_a_restart() {
+    let check = |extra: &[&str], stderr: &str| {
+        let args =
+            [&["cluster", "1P_TP2:1D_TP2", "--requests", "4", "--hold-dispatches-until-restart"], extra]
+                .concat();
+        let out = std::process::Command::new(exe()).args(&args).output().expect("pdkv runs");
+        let text = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {text}");
+        assert!(text.contains(stderr), "{args:?}: {text}");
+    };
+    let needs = "--hold-dispatches-until-restart: holds decode dispatches until a killed prefill rank is \
+                 back, so it needs --kill and --restart-after-ms";
+    check(&[], needs);
+    check(&["--kill", "P0.dp0.tp1", "--kill-after", "1"], needs);
+    check(
+        &["--kill", "P0.dp0.tp1", "--kill-after", "1", "--restart-after-ms", "5000", "--timeout-ms", "5000"],
+        "--hold-dispatches-until-restart: --restart-after-ms 5000 is not within --timeout-ms 5000",
+    );
+}

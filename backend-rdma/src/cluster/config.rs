@@ -110,6 +110,12 @@ pub struct ClusterConfig {
     pub messages: Vec<MessageFault>,
     /// A side played by another connector's code, if any.
     pub foreign: Option<Foreign>,
+    /// `--hold-dispatches-until-restart`: the proxy holds the decode dispatch of every request
+    /// whose KV the DP group of a rank `--kill` killed holds until the rank is back (its
+    /// restarted process said it is ready, or the foreign driver said `restarted`), so those
+    /// requests are read after the restart whatever the machine's speed. Needs a
+    /// [`Fault::KillPrefill`] with a restart.
+    pub hold_dispatches_until_restart: bool,
     /// Where to look for a stop request: a signal number (nonzero) stops the run in order,
     /// with a partial result whose outcome is `interrupted` ([`crate::signals::CAUGHT`] for the
     /// command line).
@@ -242,7 +248,38 @@ impl ClusterConfig {
                 }
             }
         }
-        Ok(())
+        self.check_hold()
+    }
+
+    /// `--hold-dispatches-until-restart` holds dispatches until a killed rank restarts: without
+    /// a kill that restarts, it would hold nothing, and a restart past the run's budget would
+    /// hold the dispatches until the run gives up.
+    fn check_hold(&self) -> Result<(), String> {
+        if !self.hold_dispatches_until_restart {
+            return Ok(());
+        }
+        let flag = "--hold-dispatches-until-restart";
+        let restarts: Vec<u64> = self
+            .faults
+            .iter()
+            .filter_map(|f| match *f {
+                Fault::KillPrefill { restart_after_ms, .. } => Some(restart_after_ms),
+                Fault::DropReleases { .. } => None,
+            })
+            .collect::<Option<Vec<u64>>>()
+            .unwrap_or_default();
+        match restarts.iter().max() {
+            None => Err(format!(
+                "{flag}: holds decode dispatches until a killed prefill rank is back, so it needs --kill \
+                 and --restart-after-ms"
+            )),
+            Some(&ms) if ms >= self.timeout_ms => Err(format!(
+                "{flag}: --restart-after-ms {ms} is not within --timeout-ms {}, so the dispatches would \
+                 be held until the run gives up",
+                self.timeout_ms
+            )),
+            Some(_) => Ok(()),
+        }
     }
 
     /// Defaults for a loopback run: 8 requests in flight, 4 layers, 512 blocks per prefill rank,
@@ -271,6 +308,7 @@ impl ClusterConfig {
             faults: Vec::new(),
             messages: Vec::new(),
             foreign: None,
+            hold_dispatches_until_restart: false,
             stop: None,
         }
     }

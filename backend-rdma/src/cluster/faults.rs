@@ -1,10 +1,24 @@
-//! Injected faults: killing a prefill rank after N requests, and restarting it.
+//! Injected faults: killing a prefill rank after N requests, restarting it, and holding the
+//! decode dispatches of its group's requests until it is back (`--hold-dispatches-until-restart`).
 
 use std::time::Duration;
 
-use pdkv_core::ids::RankId;
+use pdkv_core::ids::{EngineId, RankId};
 
 use super::{Cluster, Fault};
+use crate::sched::Recv;
+
+/// The decode dispatches held until a killed prefill rank is back, and what was counted.
+#[derive(Default)]
+pub(super) struct Holds {
+    /// Held dispatches, with their decode group, in the order the proxy made them.
+    held: Vec<(usize, Recv)>,
+    /// Dispatches held so far (`requests.held_for_restart`).
+    pub(super) count: u64,
+    /// Dispatches the proxy handed on while a rank of the request's prefill group was down by a
+    /// fault (`requests.dispatched_while_down`): with the hold, none.
+    pub(super) while_down: u64,
+}
 
 impl Cluster {
     pub(super) fn maybe_kill(&mut self) {
@@ -25,6 +39,7 @@ impl Cluster {
             self.processes.killed_by_fault += 1;
             self.down_by_fault.insert(rank);
             self.expose_group(rank);
+            self.hold_queued(rank);
             let at = self.started_at.elapsed().as_millis();
             self.faults_log.push(format!("killed {rank} at {at} ms, after {after} prefills"));
             if self.is_foreign(rank.engine) {
@@ -63,6 +78,102 @@ impl Cluster {
         let life = self.ranks.get(&rank).map_or(0, |p| p.life + 1);
         if let Err(e) = self.spawn(rank, life) {
             self.problem(format!("restart of {rank}: {e}"));
+        }
+    }
+
+    /// The DP group of a prefill request lacks a rank a fault killed and a restart has not yet
+    /// brought back.
+    fn group_down(&self, (engine, dp): (usize, u16)) -> Option<RankId> {
+        let engine = EngineId::prefill(engine as u16);
+        (0..self.d.layout(engine).tp)
+            .map(|tp| RankId::new(engine, dp, tp))
+            .find(|r| self.down_by_fault.contains(r))
+    }
+
+    /// Holds `recv`, the decode dispatch of a request for decode group `g`, when its prefill
+    /// group is down and `--hold-dispatches-until-restart` asks for it (`None`); otherwise gives
+    /// it back, counting it when it goes on while the group is down. A held request is exposed
+    /// to the kill (it already is: it was in flight at the kill, or sent while the rank was
+    /// down), so its failure and its reaping stay excused however long it waits.
+    pub(super) fn hold(&mut self, g: usize, recv: Recv) -> Option<Recv> {
+        let Some(req) = self.requests.get(&recv.request) else { return Some(recv) };
+        if self.group_down(req.prefill).is_none() {
+            return Some(recv);
+        }
+        if !self.config.hold_dispatches_until_restart {
+            self.holds.while_down += 1;
+            return Some(recv);
+        }
+        let req = self.requests.get_mut(&recv.request).expect("looked up above");
+        req.exposed = true;
+        self.exposed.insert(req.transfer_id.clone());
+        self.holds.count += 1;
+        self.holds.held.push((g, recv));
+        None
+    }
+
+    /// The proxy dispatches a prefilled request to decode group `g`: held until the killed rank
+    /// of its prefill group is back ([`Cluster::hold`]), then to the foreign driver playing
+    /// the group or to the group's scheduler.
+    pub(super) fn send_to_decode(&mut self, g: usize, recv: Recv) {
+        let (engine, dp) = (EngineId::decode(self.dgroups[g].engine as u16), self.dgroups[g].dp);
+        if let Some(gone) = self.gone_rank_of_group(engine, dp) {
+            // Registered already: the reaper frees what the dead group never releases.
+            return self.end(recv.request, Some(vec![format!("{gone} is gone")]));
+        }
+        let Some(recv) = self.hold(g, recv) else { return };
+        if self.is_foreign(engine) {
+            self.foreign_recv(recv.request, engine, dp, recv.params);
+        } else {
+            self.dispatch(g, recv);
+        }
+    }
+
+    /// `rank` was killed: with the hold, the dispatches of its group's requests that a decode
+    /// group's scheduler still queues (no decode rank has seen them) are held too.
+    fn hold_queued(&mut self, rank: RankId) {
+        if !self.config.hold_dispatches_until_restart {
+            return;
+        }
+        let group = (usize::from(rank.engine.index), rank.dp);
+        for g in 0..self.dgroups.len() {
+            let queued = std::mem::take(&mut self.dgroups[g].waiting);
+            for recv in queued {
+                if self.requests.get(&recv.request).is_some_and(|r| r.prefill == group) {
+                    let held = self.hold(g, recv);
+                    debug_assert!(held.is_none(), "the group is down and the hold is on");
+                } else {
+                    self.dgroups[g].waiting.push_back(recv);
+                }
+            }
+        }
+    }
+
+    /// `rank` is back: the dispatches held for it go on, in the order they were made (those of
+    /// a group another killed rank still keeps down stay held).
+    pub(super) fn release_held(&mut self, rank: RankId) {
+        let mut released = 0;
+        for (g, recv) in std::mem::take(&mut self.holds.held) {
+            if self.requests.get(&recv.request).and_then(|r| self.group_down(r.prefill)).is_some() {
+                self.holds.held.push((g, recv));
+            } else {
+                released += 1;
+                self.send_to_decode(g, recv);
+            }
+        }
+        if released > 0 {
+            let at = self.started_at.elapsed().as_millis();
+            self.faults_log.push(format!(
+                "released {released} decode dispatches held for {rank} at {at} ms, after its restart"
+            ));
+        }
+    }
+
+    /// What the hold still holds, for a hang's reason.
+    pub(super) fn holds_note(&self) -> String {
+        match self.holds.held.len() {
+            0 => String::new(),
+            n => format!("; {n} decode dispatches held until a killed prefill rank is back"),
         }
     }
 

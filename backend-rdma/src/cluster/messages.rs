@@ -281,6 +281,9 @@ impl Cluster {
     /// Hands the dispatches whose delay ended to their decode groups.
     pub(super) fn dispatch_due(&mut self) {
         while let Some((g, recv)) = self.messages.delayed.pop_due() {
+            // A delay that ends while the request's prefill group is down holds it again.
+            let held = self.config.hold_dispatches_until_restart;
+            let Some(recv) = (if held { self.hold(g, recv) } else { Some(recv) }) else { continue };
             if self.requests.contains_key(&recv.request) {
                 self.take_dispatch(g, recv);
             }

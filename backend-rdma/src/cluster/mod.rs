@@ -241,6 +241,8 @@ struct Cluster {
     /// long in all: each gave every rank a fresh heartbeat window.
     stalls: u64,
     stalled_for: Duration,
+    /// Decode dispatches held until a killed prefill rank is back ([`faults`]).
+    holds: faults::Holds,
 }
 
 /// Runs a cluster to the end and reports; `progress` is called as requests end.
@@ -382,6 +384,7 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
         messages: messages::Messages::new(&config),
         stalls: 0,
         stalled_for: Duration::ZERO,
+        holds: faults::Holds::default(),
         addresses,
         d,
         config,
@@ -508,6 +511,7 @@ impl Cluster {
         if life > 0 {
             self.down_by_fault.remove(&rank);
             self.faults_log.push(format!("{rank} restarted (life {life})"));
+            self.release_held(rank);
             self.pump_prefill(rank.engine, rank.dp);
         }
     }
@@ -577,9 +581,10 @@ impl Cluster {
                 } else {
                     self.hung = Some(format!(
                         "after {} ms: {} requests unfinished, {held} transfers still held; none \
-                         finished in the last {quiet_ms} ms",
+                         finished in the last {quiet_ms} ms{}",
                         self.config.timeout_ms,
-                        total - done
+                        total - done,
+                        self.holds_note()
                     ));
                 }
                 return;

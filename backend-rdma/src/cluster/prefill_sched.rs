@@ -231,15 +231,6 @@ impl Cluster {
                     .iter()
                     .position(|g| g.engine == usize::from(slot.engine.index) && g.dp == slot.dp())
                     .expect("the proxy routes to existing groups");
-                if let Some(gone) = self.gone_rank_of_group(slot.engine, slot.dp()) {
-                    // Registered already: the reaper frees what the dead group never releases.
-                    self.end(id, Some(vec![format!("{gone} is gone")]));
-                    return;
-                }
-                if self.is_foreign(slot.engine) {
-                    self.foreign_recv(id, slot.engine, slot.dp(), params);
-                    return;
-                }
                 let recv = Recv {
                     request: id,
                     prefill_engine: engine,
@@ -247,7 +238,7 @@ impl Cluster {
                     params,
                     local_block_ids: Vec::new(),
                 };
-                self.dispatch(g, recv);
+                self.send_to_decode(g, recv);
             }
             other => {
                 let detail = match other {

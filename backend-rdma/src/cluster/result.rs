@@ -25,6 +25,12 @@ pub struct Requests {
     pub failed_excused: u64,
     /// Still in flight at the end.
     pub unfinished: u64,
+    /// Decode dispatches held until a killed prefill rank was back
+    /// (`--hold-dispatches-until-restart`).
+    pub held_for_restart: u64,
+    /// Decode dispatches the proxy made while a prefill rank of the request's DP group was down
+    /// by `--kill`, waiting for its restart (with the hold, none).
+    pub dispatched_while_down: u64,
 }
 
 /// Throughput over the run (the simulator's `Throughput` plus the verified KV bytes per second).
@@ -341,6 +347,8 @@ impl Cluster {
             failed: self.failed,
             failed_excused: self.failed_excused,
             unfinished,
+            held_for_restart: self.holds.count,
+            dispatched_while_down: self.holds.while_down,
         };
         let incomplete = self.budget_ended.is_some();
         let hung = self.hung.is_some() || (unfinished > 0 && !incomplete);

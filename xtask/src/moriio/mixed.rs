@@ -80,6 +80,10 @@ struct Restart {
     delay_ms: u32,
     /// Requests of the run.
     requests: u32,
+    /// `--hold-dispatches-until-restart`: the requests the killed rank's group holds are
+    /// dispatched to decode only once the rank is back, so they are read after the restart
+    /// however slow the machine (the expectations that need reads after the restart).
+    hold: bool,
 }
 
 /// One mixed run.
@@ -183,7 +187,7 @@ const RUNS: &[Run] = &[
         mla: false,
         about: "P0.dp0.tp1 restarted before vLLM dialled it",
         expect: Expect::StaleReads,
-        restart: Some(Restart { rank: "P0.dp0.tp1", after: 1, delay_ms: 300, requests: 100 }),
+        restart: Some(Restart { rank: "P0.dp0.tp1", after: 1, delay_ms: 300, requests: 100, hold: true }),
     },
     Run {
         side: Side::Decode,
@@ -191,7 +195,11 @@ const RUNS: &[Run] = &[
         mla: false,
         about: "P0.dp0.tp1 restarted after vLLM handshook",
         expect: Expect::DeadSession,
-        restart: Some(Restart { rank: "P0.dp0.tp1", after: 50, delay_ms: 300, requests: 150 }),
+        // No hold: vLLM must have handshaken with the rank before the kill, which the closed
+        // loop guarantees: 50 prefills at 32 in flight need 18 requests ended first, and vLLM
+        // answers one only once every TP rank of its group handshook (an unexcused failure
+        // before the kill fails the run instead).
+        restart: Some(Restart { rank: "P0.dp0.tp1", after: 50, delay_ms: 300, requests: 150, hold: false }),
     },
     Run {
         side: Side::Prefill,
@@ -199,7 +207,7 @@ const RUNS: &[Run] = &[
         mla: false,
         about: "vLLM's P0.dp0.tp1 restarted",
         expect: Expect::RefusedStaleReads,
-        restart: Some(Restart { rank: "P0.dp0.tp1", after: 1, delay_ms: 300, requests: 100 }),
+        restart: Some(Restart { rank: "P0.dp0.tp1", after: 1, delay_ms: 300, requests: 100, hold: true }),
     },
 ];
 
@@ -281,6 +289,9 @@ fn execute(tools: &Tools, run: &Run, verbose: bool) -> Outcome {
     if let Some(restart) = &run.restart {
         cmd.args(["--kill", restart.rank, "--kill-after", &restart.after.to_string()])
             .args(["--restart-after-ms", &restart.delay_ms.to_string()]);
+        if restart.hold {
+            cmd.arg("--hold-dispatches-until-restart");
+        }
         for (flag, value) in RESTART_TIMEOUTS {
             cmd.args([flag, value]);
         }
@@ -511,6 +522,18 @@ fn judge_restart(run: &Run, restart: &Restart, outcome: &Outcome) -> Judged {
     check(violations == 0, format!("{violations} violations: {}", r["violations"]));
     check(u(r, &["processes", "failed"]) == 0, "a pdkv process failed".into());
     check(u(r, &["processes", "killed_at_shutdown"]) == 0, "a pdkv process had to be killed".into());
+    // With the hold, the requests the killed group held waited for its restart: some held,
+    // none dispatched while it was down.
+    let (held, while_down) =
+        (u(r, &["requests", "held_for_restart"]), u(r, &["requests", "dispatched_while_down"]));
+    if restart.hold {
+        check(
+            held > 0 && held != u64::MAX && while_down == 0,
+            format!(
+                "{held} dispatches held for the restart, {while_down} dispatched while the rank was down"
+            ),
+        );
+    }
     let faults: Vec<&str> = r
         .get("faults")
         .and_then(Value::as_array)
@@ -538,6 +561,11 @@ fn judge_restart(run: &Run, restart: &Restart, outcome: &Outcome) -> Judged {
             "pdkv: {finished} finished, {failed} failed and {reaped} reaped (all excused by the kill), nothing \
              held, no violation"
         )
+    };
+    let pdkv = if restart.hold {
+        format!("{pdkv}; {held} decode dispatches held until the restart, none dispatched while the rank was down")
+    } else {
+        pdkv
     };
     let (documented, note) = match run.side {
         Side::Decode => {
@@ -791,7 +819,7 @@ mod tests {
         let n = u64::from(run.requests());
         let mut r = serde_json::json!({
             "outcome": "clean",
-            "requests": {"finished": n, "failed": 0, "failed_excused": 0},
+            "requests": {"finished": n, "failed": 0, "failed_excused": 0, "held_for_restart": 32, "dispatched_while_down": 0},
             "ledger": {"reaped": 0, "reaped_excused": 0, "held": 0, "double_frees": 0},
             "violations": [],
             "processes": {"failed": 0, "killed_at_shutdown": 0},
@@ -909,6 +937,14 @@ mod tests {
         check(DeadSession, &[(&["ledger", "reaped"], 1.into())], None, "1 reaped, 0 excused");
         check(DeadSession, &[(&["ledger", "held"], 1.into())], None, "ledger held 1");
         check(StaleReads, &[(&["faults"], serde_json::json!([]))], None, "was not killed and restarted");
+        // A dispatch that went on while the rank was down: the hold did not hold it.
+        check(
+            StaleReads,
+            &[(&["requests", "dispatched_while_down"], 1.into())],
+            None,
+            "1 dispatched while the rank was down",
+        );
+        check(RefusedStaleReads, &[(&["requests", "held_for_restart"], 0.into())], None, "0 dispatches held");
         // vLLM's prefill changed: no read refused as revoked (the stale read went elsewhere, or
         // failed otherwise), its tables kept a transfer, a listener died.
         check(
