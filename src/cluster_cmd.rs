@@ -156,6 +156,12 @@ pub struct ClusterArgs {
     /// --restart-after-ms (within --timeout-ms).
     #[arg(long)]
     hold_dispatches_until_restart: bool,
+    /// How the prefill ranks take releases and leases: require (a key drawn for the run from
+    /// the operating system; one without its MAC is refused, or with a foreign side only one
+    /// with a wrong MAC) or open (no key: taken from anyone, as MoRIIO's listener does, to
+    /// see what a forger can do). The result's `control` counts what was refused.
+    #[arg(long, value_enum, default_value_t = ControlAuthArg::Require)]
+    control_auth: ControlAuthArg,
     /// Fault: a decode rank drops its first N releases (RANK=N, e.g. D0.dp0.tp1=2; repeatable);
     /// the same as --lose-messages RANK:release=N.
     #[arg(long, value_parser = parse_drop)]
@@ -256,6 +262,10 @@ pub fn run(args: &ClusterArgs) -> ExitCode {
     config.timeout_ms = args.timeout_ms;
     config.heartbeat_timeout_ms = args.heartbeat_timeout_ms;
     config.hold_dispatches_until_restart = args.hold_dispatches_until_restart;
+    config.control_auth = match args.control_auth {
+        ControlAuthArg::Require => pdkv_rdma::cluster::ControlAuthMode::Require,
+        ControlAuthArg::Open => pdkv_rdma::cluster::ControlAuthMode::Open,
+    };
     if let Some(rank) = args.kill {
         config.faults.push(Fault::KillPrefill {
             rank,
@@ -464,4 +474,13 @@ mod tests {
         assert_eq!(parse_drop("D0.dp0.tp1=2").map(|(r, n)| (r.to_string(), n)), Ok(("D0.dp0.tp1".into(), 2)));
         assert!(parse_drop("D0.dp0.tp1").is_err());
     }
+}
+
+/// `--control-auth`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum ControlAuthArg {
+    /// A key for the run; releases and leases without its MAC are refused.
+    Require,
+    /// No key; every release and lease is taken.
+    Open,
 }

@@ -264,7 +264,13 @@ pub enum Input {
         reply: Sender<Vec<HandshakeReply>>,
     },
     /// Prefill: one frame arrived on the notify listener.
-    Notify(Vec<u8>),
+    Notify {
+        /// The frame.
+        frame: Vec<u8>,
+        /// The address of the connection it came on, if the socket knew it (named when the
+        /// message is refused).
+        from: Option<String>,
+    },
     /// Decode: a handshake dial ended.
     Dialled {
         /// The session the dial was for.

@@ -362,6 +362,8 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
     config.peers = setup.peers.clone();
     config.handshake_timeout_ns = setup.handshake_timeout_ms * NS_PER_MS;
     config.transfer_timeout_ns = setup.transfer_timeout_ms * NS_PER_MS;
+    config.control_key =
+        setup.control.auth().map_err(|e| ConnectorError::Setup(format!("control key: {e}")))?.key().cloned();
     config.granularity =
         if setup.per_request_reads { ReadGranularity::PerRequest } else { ReadGranularity::PerLayer };
     let mut worker = DecodeWorker::new(config);
@@ -487,7 +489,7 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
                 worker.handle(now, event, &mut out);
             }
             Some(Input::Problem(detail)) => ctx.link.send(&FromRank::Problem { violation: false, detail })?,
-            Some(Input::HandshakeRequest { .. } | Input::Notify(_)) => {}
+            Some(Input::HandshakeRequest { .. } | Input::Notify { .. }) => {}
         }
         for action in out.drain(..) {
             match action {

@@ -156,9 +156,10 @@ pub fn serve_handshake(mut conn: crate::zmtp::Connection, id: u64, tx: Sender<In
 /// goes to the node thread as it arrived, and the node decodes it; a message of another shape
 /// is reported and skipped (MoRIIO's listener would raise on it and stop serving).
 pub fn serve_notify(mut conn: crate::zmtp::Connection, _id: u64, tx: Sender<Input>) {
+    let from = conn.peer_addr().ok().map(|a| a.to_string());
     while let Ok(frames) = conn.recv() {
         let input = match wire::notify_frame(&frames) {
-            Ok(frame) => Input::Notify(frame.to_vec()),
+            Ok(frame) => Input::Notify { frame: frame.to_vec(), from: from.clone() },
             Err(e) => Input::Problem(format!("notify listener: {e}")),
         };
         if tx.send(input).is_err() {
@@ -352,7 +353,10 @@ fn start(ctx: &mut Context) -> Result<Started, String> {
     ]);
     // A pdkv decode rank leases for the deployment's transfer timeout; no lease is taken longer.
     let max_lease_ms = setup.transfer_timeout_ms.min(u64::from(u32::MAX)) as u32;
-    let worker = PrefillWorker::new(rank, metadata, layers, &policy).with_max_lease_ms(max_lease_ms);
+    let auth = setup.control.auth().map_err(|e| format!("control key: {e}"))?;
+    let worker = PrefillWorker::new(rank, metadata, layers, &policy)
+        .with_max_lease_ms(max_lease_ms)
+        .with_control_auth(auth);
     // The listeners bind exactly where the core says this rank listens.
     let listeners = if setup.data_plane_only {
         Vec::new()
@@ -400,6 +404,8 @@ fn serve(mut ctx: Context, started: Started) -> Result<(), ConnectorError> {
     let mut injector = Injector::new(&ctx.setup.message_faults);
     let mut later: Later<HeldReply> = Later::default();
     let mut out = Vec::new();
+    // Where the notify frame being handled came from, to name a refused sender.
+    let mut sender: Option<String> = None;
     loop {
         let input = match later.wait() {
             None => match ctx.rx.recv() {
@@ -478,8 +484,9 @@ fn serve(mut ctx: Context, started: Started) -> Result<(), ConnectorError> {
                 replies.insert(conn, (reply, peer));
                 worker.handle(now, WorkerEvent::HandshakeRequest { peer: conn }, &mut out);
             }
-            Input::Notify(frame) => match notify_event(&frame) {
+            Input::Notify { frame, from } => match notify_event(&frame) {
                 Ok(event) => {
+                    sender = from;
                     if matches!(event, WorkerEvent::Release(_)) {
                         releases += 1;
                     }
@@ -530,18 +537,25 @@ fn serve(mut ctx: Context, started: Started) -> Result<(), ConnectorError> {
                     ctx.link.send(&FromRank::Leased { transfer_id, remaining_ns })?;
                 }
                 WorkerAction::Ignored { .. } => {}
-                // Counted in the run's result by a later change; reported as notes meanwhile.
                 WorkerAction::Refused { transfer_id, message, verdict } => {
-                    ctx.link.send(&FromRank::Problem {
-                        violation: false,
-                        detail: format!("refused a {message:?} of {transfer_id}: {verdict:?}"),
+                    let message = match message {
+                        pdkv_core::prefill::Refused::Release => "release",
+                        pdkv_core::prefill::Refused::Lease => "lease",
+                    };
+                    let verdict = match verdict {
+                        pdkv_core::auth::Verdict::Unauthenticated => "unauthenticated",
+                        pdkv_core::auth::Verdict::BadMac => "bad MAC",
+                        pdkv_core::auth::Verdict::Taken => "taken",
+                    };
+                    ctx.link.send(&FromRank::Refused {
+                        transfer_id,
+                        message: message.into(),
+                        verdict: verdict.into(),
+                        from: sender.take(),
                     })?
                 }
-                WorkerAction::LeaseCapped { transfer_id, asked_ms, granted_ms } => {
-                    ctx.link.send(&FromRank::Problem {
-                        violation: false,
-                        detail: format!("lease of {transfer_id} for {asked_ms} ms taken for {granted_ms} ms"),
-                    })?
+                WorkerAction::LeaseCapped { transfer_id, asked_ms, .. } => {
+                    ctx.link.send(&FromRank::LeaseCapped { transfer_id, asked_ms })?
                 }
                 WorkerAction::Error { rank, error } => ctx
                     .link

@@ -100,6 +100,34 @@ pub struct Setup {
     /// this rank's control plane (`pdkv cluster --foreign-side prefill`).
     #[serde(default)]
     pub data_plane_only: bool,
+    /// The deployment's control key and how a prefill rank judges releases and leases with it
+    /// (`pdkv_core::auth`). It travels on this channel, which only the run's own processes can
+    /// join (its token).
+    #[serde(default)]
+    pub control: ControlSetup,
+}
+
+/// How a rank authenticates control messages: the deployment's key, and whether a prefill rank
+/// refuses a release or lease without its MAC (every peer is pdkv and holds the key) or only
+/// one with a wrong MAC (a peer may be a vLLM rank, which sends none).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ControlSetup {
+    /// The key as 64 hexadecimal digits; `None`: no key, every message is taken (MoRIIO's way).
+    pub key: Option<String>,
+    /// Refuse messages without a MAC.
+    pub require: bool,
+}
+
+impl ControlSetup {
+    /// The prefill worker's rule, or the reason the key text is bad.
+    pub fn auth(&self) -> Result<pdkv_core::auth::ControlAuth, pdkv_core::auth::KeyError> {
+        use pdkv_core::auth::{ControlAuth, ControlKey};
+        Ok(match &self.key {
+            None => ControlAuth::Open,
+            Some(hex) if self.require => ControlAuth::Require(ControlKey::from_hex(hex)?),
+            Some(hex) => ControlAuth::Verify(ControlKey::from_hex(hex)?),
+        })
+    }
 }
 
 /// One request a decode group takes at a step (the core's `RecvRequest`, in wire form).
@@ -253,6 +281,26 @@ pub enum FromRank {
         transfer_id: TransferId,
         /// Time left on the lease.
         remaining_ns: u64,
+    },
+    /// Prefill: `WorkerAction::Refused`: a release or lease from outside the deployment (or
+    /// forged) was refused before it touched anything.
+    Refused {
+        /// The transfer it named.
+        transfer_id: TransferId,
+        /// `release` or `lease`.
+        message: String,
+        /// `unauthenticated` (no MAC) or `bad MAC`.
+        verdict: String,
+        /// The address it came from, if the socket knew it.
+        from: Option<String>,
+    },
+    /// Prefill: `WorkerAction::LeaseCapped`: a lease longer than the deployment's transfer
+    /// timeout was taken for that long only.
+    LeaseCapped {
+        /// The transfer.
+        transfer_id: TransferId,
+        /// The length asked for.
+        asked_ms: u32,
     },
     /// Decode: `DecodeAction::CastVote`.
     Vote {

@@ -436,7 +436,7 @@ fn connector_notify_listener_takes_moriio_releases() {
     // `wait_for` fails at once when Python exits with an error (a missing package, say), and
     // otherwise at the child's deadline.
     while frames.len() < 2 {
-        if let pdkv_rdma::connector::Input::Notify(frame) =
+        if let pdkv_rdma::connector::Input::Notify { frame, .. } =
             peer.wait_for(&rx, "a notify frame from the connector's listener")
         {
             frames.push(frame);
@@ -507,7 +507,9 @@ fn connector_notify_listener_survives_what_ends_moriio_listener() {
     let mut seen = Vec::new();
     while seen.len() < 5 {
         let outcome = match peer.wait_for(&rx, "a message from the connector's notify listener") {
-            pdkv_rdma::connector::Input::Notify(frame) => pdkv_rdma::prefill_rank::notify_event(&frame),
+            pdkv_rdma::connector::Input::Notify { frame, .. } => {
+                pdkv_rdma::prefill_rank::notify_event(&frame)
+            }
             pdkv_rdma::connector::Input::Problem(line) => Err(line),
             _ => peer.fail("unexpected input from the notify listener"),
         };

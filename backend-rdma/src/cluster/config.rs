@@ -116,10 +116,26 @@ pub struct ClusterConfig {
     /// requests are read after the restart whatever the machine's speed. Needs a
     /// [`Fault::KillPrefill`] with a restart.
     pub hold_dispatches_until_restart: bool,
+    /// Whether the run's ranks authenticate releases and leases with a key drawn for the run
+    /// (`--control-auth`).
+    pub control_auth: ControlAuthMode,
     /// Where to look for a stop request: a signal number (nonzero) stops the run in order,
     /// with a partial result whose outcome is `interrupted` ([`crate::signals::CAUGHT`] for the
     /// command line).
     pub stop: Option<&'static AtomicI32>,
+}
+
+/// How a run's prefill ranks take releases and leases (`--control-auth`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ControlAuthMode {
+    /// The scheduler draws a key for the run from the operating system and hands it to every
+    /// rank: a release or lease without its MAC is refused. With a foreign side, whose vLLM
+    /// ranks send no MAC, one without is taken and only a wrong MAC refused.
+    #[default]
+    Require,
+    /// No key: every release and lease is taken from anyone, as MoRIIO's listener takes it
+    /// (to show what a forger can do).
+    Open,
 }
 
 /// Most requests one run sends (each keeps a few hundred bytes of bookkeeping).
@@ -309,6 +325,7 @@ impl ClusterConfig {
             messages: Vec::new(),
             foreign: None,
             hold_dispatches_until_restart: false,
+            control_auth: ControlAuthMode::Require,
             stop: None,
         }
     }

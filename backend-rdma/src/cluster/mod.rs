@@ -48,15 +48,15 @@ mod result;
 mod tests;
 
 pub use config::{
-    ClusterConfig, ClusterError, Fault, Foreign, MAX_CLUSTER_RANKS, MAX_CONCURRENCY, MAX_LAYERS,
-    MAX_REQUESTS, MAX_TIMEOUT_MS, MIN_HEARTBEAT_TIMEOUT_MS, MIN_TIMEOUT_MS,
+    ClusterConfig, ClusterError, ControlAuthMode, Fault, Foreign, MAX_CLUSTER_RANKS, MAX_CONCURRENCY,
+    MAX_LAYERS, MAX_REQUESTS, MAX_TIMEOUT_MS, MIN_HEARTBEAT_TIMEOUT_MS, MIN_TIMEOUT_MS,
 };
 pub use foreign::ForeignReport;
 pub use foreign_reads::ForeignReads;
 pub use pdkv_sim::result::{Summary, ViolationKind};
-use procs::{free_ports, new_token, Acceptor, Admission, RankProc};
+use procs::{free_ports, new_control_key, new_token, Acceptor, Admission, RankProc};
 pub use result::{
-    ClusterOutcome, ClusterResult, Failure, Latencies, Ledger, Nic, Processes, Progress, Requests,
+    ClusterOutcome, ClusterResult, Control, Failure, Latencies, Ledger, Nic, Processes, Progress, Requests,
     Throughput, Violation,
 };
 
@@ -216,6 +216,9 @@ struct Cluster {
     token: String,
     admission: Arc<Mutex<Admission>>,
     processes: Processes,
+    /// The key every rank gets, and the control messages the prefill ranks refused or capped.
+    control_setup: crate::sched::ControlSetup,
+    control: Control,
     started_at: std::time::Instant,
     /// The rules each engine follows (pdkv's, or the foreign side's).
     peers: PeerBook,
@@ -289,6 +292,15 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
     let admission = Arc::new(Mutex::new(Admission { token: token.clone(), ..Admission::default() }));
     let mut acceptor =
         Acceptor::start(listener, tx.clone(), admission.clone()).map_err(ClusterError::Start)?;
+    // A foreign side's vLLM ranks send releases without a MAC, so there a missing one is taken
+    // and only a wrong one refused.
+    let control_setup = match config.control_auth {
+        ControlAuthMode::Open => crate::sched::ControlSetup::default(),
+        ControlAuthMode::Require => crate::sched::ControlSetup {
+            key: Some(new_control_key().map_err(ClusterError::Start)?),
+            require: config.foreign.is_none(),
+        },
+    };
     let policy = Policy::from(&config.legacy);
     let peers = config.peers(&d);
     let engines = PrefillEngine::for_deployment(&d, policy)
@@ -385,6 +397,16 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
         stalls: 0,
         stalled_for: Duration::ZERO,
         holds: faults::Holds::default(),
+        control: Control {
+            auth: match (&control_setup.key, control_setup.require) {
+                (None, _) => "open",
+                (Some(_), true) => "require",
+                (Some(_), false) => "verify",
+            }
+            .into(),
+            ..Control::default()
+        },
+        control_setup,
         addresses,
         d,
         config,
@@ -446,6 +468,10 @@ impl Cluster {
                 let e = usize::from(rank.engine.index);
                 self.engine(e, EngineEvent::WorkerFinished { rank, transfer_id });
             }
+            FromRank::Refused { message, verdict, from, .. } => {
+                self.control.refused(rank, &message, &verdict, from.as_deref());
+            }
+            FromRank::LeaseCapped { .. } => self.control.leases_capped += 1,
             FromRank::Leased { transfer_id, remaining_ns } => {
                 let e = usize::from(rank.engine.index);
                 self.engine(e, EngineEvent::Leased { transfer_id, until: Instant(now.0 + remaining_ns) });

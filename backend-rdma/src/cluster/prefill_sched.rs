@@ -8,6 +8,7 @@ use pdkv_core::params::{extension_names, incarnation_values, KvTransferParams};
 use pdkv_core::prefill::{EngineAction, EngineEvent, PrefillDone};
 use pdkv_core::proxy::ProxyAction;
 use pdkv_core::topology::Layout;
+use pdkv_core::wire::Extension;
 use pdkv_sim::result::ViolationKind;
 
 use super::foreign::ToDriver;
@@ -216,9 +217,17 @@ impl Cluster {
             remote_notify_port: Some(i64::from(address.notify_port_base)),
             remote_dp_size: Some(i64::from(layout.dp)),
             tp_size: Some(i64::from(layout.tp)),
-            // What the engine's connector advertises: every pdkv extension, or none from an
-            // engine another connector plays.
-            pdkv_extensions: extension_names(self.peers.rules(engine).extensions()),
+            // What the engine's connector advertises: every pdkv extension (auth when its ranks
+            // hold the run's key), or none from an engine another connector plays. A decode
+            // rank leases before it dials, on this word, so it must name auth too.
+            pdkv_extensions: extension_names({
+                let extensions = self.peers.rules(engine).extensions();
+                if extensions.has(Extension::ReadLease) && self.control_setup.key.is_some() {
+                    extensions.with(Extension::Auth)
+                } else {
+                    extensions
+                }
+            }),
             pdkv_incarnations: self.engines[e]
                 .holder_incarnations(&req.transfer_id)
                 .and_then(|h| incarnation_values(&h)),

@@ -77,11 +77,22 @@ impl Admission {
 
 /// A new random token for a run's membership (16 bytes of the system's randomness, in hex).
 pub(super) fn new_token() -> Result<String, String> {
+    random_hex::<16>("membership token")
+}
+
+/// A fresh 256-bit control key for the run's ranks, from the operating system (never from the
+/// seed: a key anyone could derive protects nothing).
+pub(super) fn new_control_key() -> Result<String, String> {
+    random_hex::<32>("control key")
+}
+
+/// `N` bytes from /dev/urandom as hexadecimal digits; the error names `what` they were for.
+fn random_hex<const N: usize>(what: &str) -> Result<String, String> {
     use std::io::Read as _;
-    let mut bytes = [0u8; 16];
+    let mut bytes = [0u8; N];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut bytes))
-        .map_err(|e| format!("membership token: /dev/urandom: {e}"))?;
+        .map_err(|e| format!("{what}: /dev/urandom: {e}"))?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
@@ -249,6 +260,7 @@ impl Cluster {
             life,
             peers: self.peers.clone(),
             data_plane_only: self.is_foreign(rank.engine),
+            control: self.control_setup.clone(),
         }
     }
 

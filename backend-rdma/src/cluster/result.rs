@@ -172,6 +172,9 @@ pub struct ClusterResult {
     pub faults: Vec<String>,
     /// Connector processes.
     pub processes: Processes,
+    /// Releases and leases the prefill ranks refused (from outside the deployment, or forged)
+    /// or took for less than they asked.
+    pub control: Control,
     /// Every handshake and notify port the ranks listened on (free again once the run ended).
     pub listener_ports: Vec<u16>,
     /// What went wrong, most severe first (the run's end, the foreign driver's failure, lost
@@ -187,6 +190,49 @@ impl ClusterResult {
     /// Pretty JSON.
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("results serialise")
+    }
+}
+
+/// What the prefill ranks did with control messages they did not trust.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Control {
+    /// Whether the ranks held a key drawn for the run, and what they refused without it:
+    /// `require` (no MAC, refused), `verify` (a wrong MAC, refused; a foreign side sends none),
+    /// `open` (nothing refused).
+    pub auth: String,
+    /// Releases refused.
+    pub refused_releases: u64,
+    /// Leases refused.
+    pub refused_leases: u64,
+    /// Of those, refused for carrying no MAC.
+    pub unauthenticated: u64,
+    /// Of those, refused for a wrong MAC.
+    pub bad_mac: u64,
+    /// Leases longer than the transfer timeout, taken for the transfer timeout.
+    pub leases_capped: u64,
+    /// Who sent what was refused (`address -> rank: count`), at most
+    /// [`MAX_REFUSED_SENDERS`] lines.
+    pub refused_from: Vec<String>,
+}
+
+/// Most distinct senders of refused messages a result lists.
+pub const MAX_REFUSED_SENDERS: usize = 16;
+
+impl Control {
+    /// Counts one refused message, `from` the address it came on, at `rank`.
+    pub(super) fn refused(&mut self, rank: RankId, message: &str, verdict: &str, from: Option<&str>) {
+        match message {
+            "lease" => self.refused_leases += 1,
+            _ => self.refused_releases += 1,
+        }
+        match verdict {
+            "bad MAC" => self.bad_mac += 1,
+            _ => self.unauthenticated += 1,
+        }
+        let line = format!("{} -> {rank}", from.unwrap_or("an unknown address"));
+        if !self.refused_from.contains(&line) && self.refused_from.len() < MAX_REFUSED_SENDERS {
+            self.refused_from.push(line);
+        }
     }
 }
 
@@ -422,6 +468,7 @@ impl Cluster {
             violations: self.violations.clone(),
             faults: self.fault_lines(),
             processes: self.processes.clone(),
+            control: self.control.clone(),
             listener_ports: self
                 .addresses
                 .iter()

@@ -45,7 +45,7 @@ pub use transfer::{
     representative_states, transfer_step, transition_table, TransferEvent, TransferOutput, TransferRow,
     TransferState, WorkerPart, WorkerParts,
 };
-pub use worker::{PrefillWorker, WorkerAction, WorkerEvent};
+pub use worker::{PrefillWorker, Refused, WorkerAction, WorkerEvent, DEFAULT_MAX_LEASE_MS};
 
 #[cfg(test)]
 mod tests;
