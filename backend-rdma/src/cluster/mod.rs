@@ -85,7 +85,7 @@ pub const MAX_FAILURES_LISTED: usize = 1000;
 /// Most problem lines kept for the report.
 const MAX_PROBLEMS: usize = 64;
 
-/// The stream number of the request draws (ids and lengths) in the project's generator: the
+/// The stream number of the request draws (lengths; and ids, from another seed) in the project's generator: the
 /// simulator's workload stream's number, and apart from stream 0, which the cluster fuzzer draws
 /// its plans from with the same seed, so a plan and its run's requests are not correlated.
 const REQUEST_STREAM: u64 = 1;
@@ -175,8 +175,10 @@ struct Cluster {
     ranks: BTreeMap<RankId, RankProc>,
     requests: BTreeMap<RequestId, Req>,
     clock: Clock,
-    /// Request ids and lengths, from `--seed`.
+    /// Request lengths, from `--seed`.
     stream: Stream,
+    /// Transfer ids, from a seed the operating system drew (unguessable outside the run).
+    ids: Stream,
     sent: u64,
     finished: u64,
     failed: u64,
@@ -301,6 +303,7 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
             require: config.foreign.is_none(),
         },
     };
+    let id_seed = procs::random_u64("transfer ids").map_err(ClusterError::Start)?;
     let policy = Policy::from(&config.legacy);
     let peers = config.peers(&d);
     let engines = PrefillEngine::for_deployment(&d, policy)
@@ -353,6 +356,7 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
         requests: BTreeMap::new(),
         clock: Clock::start(),
         stream: Stream::new(config.seed, REQUEST_STREAM),
+        ids: Stream::new(id_seed, REQUEST_STREAM),
         sent: 0,
         finished: 0,
         failed: 0,

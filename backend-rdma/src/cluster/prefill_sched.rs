@@ -31,7 +31,11 @@ impl Cluster {
             return;
         }
         self.sent += 1;
-        let bits = (u128::from(self.stream.next_u64()) << 64) | u128::from(self.stream.next_u64());
+        // The seed's two draws for the id are still taken, so a seed keeps the workload it had,
+        // but the id comes from a stream seeded by the operating system: a transfer id derived
+        // from a seed anyone can guess is a handle anyone can forge a release for.
+        let _predictable = (self.stream.next_u64(), self.stream.next_u64());
+        let bits = (u128::from(self.ids.next_u64()) << 64) | u128::from(self.ids.next_u64());
         // Both ranges fit in a u32, so the casts keep every value.
         let input = self.stream.range(48, 400) as u32;
         let output = self.stream.range(4, 12) as u32;

@@ -86,14 +86,23 @@ pub(super) fn new_control_key() -> Result<String, String> {
     random_hex::<32>("control key")
 }
 
+/// A seed from the operating system; the error names `what` it was for.
+pub(super) fn random_u64(what: &str) -> Result<u64, String> {
+    Ok(u64::from_le_bytes(random_bytes::<8>(what)?))
+}
+
 /// `N` bytes from /dev/urandom as hexadecimal digits; the error names `what` they were for.
 fn random_hex<const N: usize>(what: &str) -> Result<String, String> {
+    Ok(random_bytes::<N>(what)?.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+fn random_bytes<const N: usize>(what: &str) -> Result<[u8; N], String> {
     use std::io::Read as _;
     let mut bytes = [0u8; N];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut bytes))
         .map_err(|e| format!("{what}: /dev/urandom: {e}"))?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(bytes)
 }
 
 /// Accepts connector connections, admits each one's `Hello` ([`Admission`]) and hands admitted
