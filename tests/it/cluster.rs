@@ -554,12 +554,7 @@ fn connectors_of(deployment: &str) -> Vec<(u32, Vec<String>)> {
         if ppid != Some(me) {
             continue;
         }
-        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { continue };
-        let args: Vec<String> = cmdline
-            .split(|&b| b == 0)
-            .filter(|a| !a.is_empty())
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
+        let Some(args) = cmdline(pid) else { continue };
         if args.iter().any(|a| a == "connector") && args.iter().any(|a| a == deployment) {
             found.push((pid, args));
         }
@@ -844,4 +839,16 @@ fn hold_dispatches_until_restart_is_refused_without_a_restart() {
         &["--kill", "P0.dp0.tp1", "--kill-after", "1", "--restart-after-ms", "5000", "--timeout-ms", "5000"],
         "--hold-dispatches-until-restart: --restart-after-ms 5000 is not within --timeout-ms 5000",
     );
+}
+
+/// The command line of process `pid`, word by word, if it is still there.
+pub(crate) fn cmdline(pid: u32) -> Option<Vec<String>> {
+    let bytes = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    Some(
+        bytes
+            .split(|&b| b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect(),
+    )
 }
