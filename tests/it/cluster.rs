@@ -737,19 +737,7 @@ fn sigint_and_sigterm_stop_the_ranks_and_write_a_partial_result() {
             .expect("pdkv runs");
         // Wait until its four ranks run, then a little, so that requests are in flight.
         let me = child.id();
-        let ranks = || {
-            std::fs::read_dir("/proc")
-                .expect("/proc")
-                .flatten()
-                .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
-                .filter(|pid| {
-                    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-                    let ppid =
-                        stat.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().nth(1)?.parse().ok());
-                    ppid == Some(me)
-                })
-                .collect::<Vec<u32>>()
-        };
+        let ranks = || children_of(me);
         let start = std::time::Instant::now();
         while ranks().len() < 4 && start.elapsed() < std::time::Duration::from_secs(30) {
             std::thread::sleep(std::time::Duration::from_millis(20));
@@ -851,4 +839,18 @@ pub(crate) fn cmdline(pid: u32) -> Option<Vec<String>> {
             .map(|a| String::from_utf8_lossy(a).into_owned())
             .collect(),
     )
+}
+
+/// The children of `parent` (Linux's /proc).
+pub(crate) fn children_of(parent: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .expect("/proc")
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let ppid = stat.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().nth(1)?.parse().ok());
+            ppid == Some(parent)
+        })
+        .collect()
 }

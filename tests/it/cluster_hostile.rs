@@ -32,20 +32,6 @@ fn processes_running(args: &[&str]) -> Vec<u32> {
     found
 }
 
-/// The children of `parent` (Linux's /proc).
-fn children_of(parent: u32) -> Vec<u32> {
-    std::fs::read_dir("/proc")
-        .expect("/proc")
-        .flatten()
-        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
-        .filter(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let ppid = stat.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().nth(1)?.parse().ok());
-            ppid == Some(parent)
-        })
-        .collect()
-}
-
 /// Waits up to `limit` for `done`; whether it came. A bound on a wait for the system to act
 /// (a signal to land), never a measure of how fast pdkv is.
 fn wait_until(limit: Duration, done: impl Fn() -> bool) -> bool {
@@ -166,8 +152,11 @@ fn a_driver_dies_with_a_pdkv_cluster_killed_by_sigkill() {
         .spawn()
         .expect("pdkv runs");
     let pdkv = child.id();
-    let driver =
-        || processes_running(&["sleep", "30931"]).into_iter().find(|p| children_of(pdkv).contains(p));
+    let driver = || {
+        processes_running(&["sleep", "30931"])
+            .into_iter()
+            .find(|p| crate::cluster::children_of(pdkv).contains(p))
+    };
     assert!(wait_until(Duration::from_secs(60), || driver().is_some()), "the driver never started");
     let pid = driver().expect("the driver runs");
     child.kill().expect("SIGKILL");
@@ -190,7 +179,10 @@ fn a_pdkv_cluster_stopped_for_longer_than_the_heartbeat_timeout_blames_no_rank()
         .spawn()
         .expect("pdkv runs");
     let pdkv = child.id();
-    assert!(wait_until(Duration::from_secs(60), || children_of(pdkv).len() == 4), "the ranks never started");
+    assert!(
+        wait_until(Duration::from_secs(60), || crate::cluster::children_of(pdkv).len() == 4),
+        "the ranks never started"
+    );
     // Into the run (it takes about 15 s here): requests are in flight when it stops.
     sleep(Duration::from_secs(2));
     let signal = |name: &str| {
