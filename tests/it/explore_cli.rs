@@ -3,21 +3,15 @@
 //! the original file names (profiles included), and every seed without a verdict is named with
 //! its replay command.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::PathBuf;
+use std::process::Output;
 
 /// A fresh temporary folder of this test process.
 fn folder(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("pdkv-it-explore-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("a temporary folder");
-    dir
+    crate::cli::scratch("explore", name)
 }
 
-/// Runs pdkv in `dir` (so default output folders land there).
-fn pdkv(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pdkv")).current_dir(dir).args(args).output().expect("pdkv runs")
-}
+use crate::cli::pdkv_in as pdkv;
 
 fn text(out: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))

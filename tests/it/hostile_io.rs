@@ -8,15 +8,10 @@ use std::process::{Command, Output, Stdio};
 
 /// A fresh temporary folder of this test process.
 fn folder(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("pdkv-it-hostile-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("a temporary folder");
-    dir
+    crate::cli::scratch("hostile", name)
 }
 
-fn pdkv(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pdkv")).current_dir(dir).args(args).output().expect("pdkv runs")
-}
+use crate::cli::pdkv_in as pdkv;
 
 /// Checks that `output` exited with `code`, its stderr holds `words`, and nothing panicked.
 fn check(what: &str, output: &Output, code: i32, words: &str) {

@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 mod bounds_cli;
+mod cli;
 mod cluster;
 mod cluster_hostile;
 mod docs;

@@ -3,20 +3,13 @@
 //! with the file at fault named (exit 2), never merged into something wrong.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 /// A fresh temporary folder of this test process.
 fn folder(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("pdkv-it-shards-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("a temporary folder");
-    dir
+    crate::cli::scratch("shards", name)
 }
 
-/// Runs pdkv in `dir` (so default output folders land there).
-fn pdkv(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pdkv")).current_dir(dir).args(args).output().expect("pdkv runs")
-}
+use crate::cli::pdkv_in as pdkv;
 
 fn read(path: &Path) -> Vec<u8> {
     std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
