@@ -537,23 +537,9 @@ fn serve(mut ctx: Context, started: Started) -> Result<(), ConnectorError> {
                     ctx.link.send(&FromRank::Leased { transfer_id, remaining_ns })?;
                 }
                 WorkerAction::Ignored { .. } => {}
-                WorkerAction::Refused { transfer_id, message, verdict } => {
-                    let message = match message {
-                        pdkv_core::prefill::Refused::Release => "release",
-                        pdkv_core::prefill::Refused::Lease => "lease",
-                    };
-                    let verdict = match verdict {
-                        pdkv_core::auth::Verdict::Unauthenticated => "unauthenticated",
-                        pdkv_core::auth::Verdict::BadMac => "bad MAC",
-                        pdkv_core::auth::Verdict::Taken => "taken",
-                    };
-                    ctx.link.send(&FromRank::Refused {
-                        transfer_id,
-                        message: message.into(),
-                        verdict: verdict.into(),
-                        from: sender.take(),
-                    })?
-                }
+                WorkerAction::Refused { transfer_id, message, verdict } => ctx
+                    .link
+                    .send(&FromRank::Refused { transfer_id, message, verdict, from: sender.take() })?,
                 WorkerAction::LeaseCapped { transfer_id, asked_ms, .. } => {
                     ctx.link.send(&FromRank::LeaseCapped { transfer_id, asked_ms })?
                 }

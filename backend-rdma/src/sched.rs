@@ -287,10 +287,10 @@ pub enum FromRank {
     Refused {
         /// The transfer it named.
         transfer_id: TransferId,
-        /// `release` or `lease`.
-        message: String,
-        /// `unauthenticated` (no MAC) or `bad MAC`.
-        verdict: String,
+        /// What it was.
+        message: pdkv_core::prefill::Refused,
+        /// Why it was refused (no MAC, or a wrong one).
+        verdict: pdkv_core::auth::Verdict,
         /// The address it came from, if the socket knew it.
         from: Option<String>,
     },

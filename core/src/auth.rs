@@ -185,7 +185,7 @@ pub enum ControlAuth {
 }
 
 /// What a worker decided about one message's MAC.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Verdict {
     /// Taken: its MAC is right, or the worker takes messages without one.
     Taken,

@@ -473,7 +473,7 @@ impl Cluster {
                 self.engine(e, EngineEvent::WorkerFinished { rank, transfer_id });
             }
             FromRank::Refused { message, verdict, from, .. } => {
-                self.control.refused(rank, &message, &verdict, from.as_deref());
+                self.control.refused(rank, message, verdict, from.as_deref());
             }
             FromRank::LeaseCapped { .. } => self.control.leases_capped += 1,
             FromRank::Leased { transfer_id, remaining_ns } => {

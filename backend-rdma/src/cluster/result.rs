@@ -220,14 +220,23 @@ pub const MAX_REFUSED_SENDERS: usize = 16;
 
 impl Control {
     /// Counts one refused message, `from` the address it came on, at `rank`.
-    pub(super) fn refused(&mut self, rank: RankId, message: &str, verdict: &str, from: Option<&str>) {
+    pub(super) fn refused(
+        &mut self,
+        rank: RankId,
+        message: pdkv_core::prefill::Refused,
+        verdict: pdkv_core::auth::Verdict,
+        from: Option<&str>,
+    ) {
+        use pdkv_core::auth::Verdict;
+        use pdkv_core::prefill::Refused;
         match message {
-            "lease" => self.refused_leases += 1,
-            _ => self.refused_releases += 1,
+            Refused::Lease => self.refused_leases += 1,
+            Refused::Release => self.refused_releases += 1,
         }
         match verdict {
-            "bad MAC" => self.bad_mac += 1,
-            _ => self.unauthenticated += 1,
+            Verdict::BadMac => self.bad_mac += 1,
+            // A rank reports only what it refused, so `Taken` never comes.
+            Verdict::Unauthenticated | Verdict::Taken => self.unauthenticated += 1,
         }
         let line = format!("{} -> {rank}", from.unwrap_or("an unknown address"));
         if !self.refused_from.contains(&line) && self.refused_from.len() < MAX_REFUSED_SENDERS {

@@ -120,7 +120,7 @@ pub enum WorkerAction {
 }
 
 /// Which message a worker refused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Refused {
     /// A release.
     Release,
