@@ -162,6 +162,12 @@ pub struct ClusterArgs {
     /// see what a forger can do). The result's `control` counts what was refused.
     #[arg(long, value_enum, default_value_t = ControlAuthArg::Require)]
     control_auth: ControlAuthArg,
+    /// Fault: start a forger outside the deployment that sends, for every transfer as soon as
+    /// it is registered, forged releases (each decode rank's sender key, no MAC or a wrong one,
+    /// and the legacy string) and 49-day read leases to every prefill notify listener. The
+    /// result's `control.forged` says what it sent and how much was refused.
+    #[arg(long)]
+    forge_messages: bool,
     /// Fault: a decode rank drops its first N releases (RANK=N, e.g. D0.dp0.tp1=2; repeatable);
     /// the same as --lose-messages RANK:release=N.
     #[arg(long, value_parser = parse_drop)]
@@ -266,6 +272,7 @@ pub fn run(args: &ClusterArgs) -> ExitCode {
         ControlAuthArg::Require => pdkv_rdma::cluster::ControlAuthMode::Require,
         ControlAuthArg::Open => pdkv_rdma::cluster::ControlAuthMode::Open,
     };
+    config.forge_messages = args.forge_messages;
     if let Some(rank) = args.kill {
         config.faults.push(Fault::KillPrefill {
             rank,

@@ -22,6 +22,7 @@ mod cluster_cmd;
 mod connector_cmd;
 mod explore_cmd;
 mod explore_merge;
+mod forge_cmd;
 mod profiles_cmd;
 mod progress;
 mod replay_cmd;
@@ -70,6 +71,8 @@ enum Command {
     Routes(routes_cmd::RoutesArgs),
     Cluster(cluster_cmd::ClusterArgs),
     Connector(connector_cmd::ConnectorArgs),
+    #[command(hide = true)]
+    Forge(forge_cmd::ForgeArgs),
 }
 
 fn main() -> ExitCode {
@@ -87,5 +90,6 @@ fn main() -> ExitCode {
         Command::Routes(args) => routes_cmd::run(&args),
         Command::Cluster(args) => cluster_cmd::run(&args),
         Command::Connector(args) => connector_cmd::run(&args),
+        Command::Forge(args) => forge_cmd::run(&args),
     }
 }

@@ -854,3 +854,135 @@ pub(crate) fn children_of(parent: u32) -> Vec<u32> {
         })
         .collect()
 }
+
+#[test]
+fn forged_releases_and_leases_from_outside_the_deployment_are_refused_and_counted() {
+    // The forger (`--forge-messages`) sends, for every transfer as it is registered, releases
+    // under each decode rank's sender key with no MAC and a wrong one, the legacy string, and
+    // 49-day leases, to every prefill notify listener, at 256 in flight.
+    let forged_run = |auth| {
+        let mut config = ClusterConfig::new("1P_TP2:1D_TP2", 1000, exe());
+        config.concurrency = 256;
+        config.forge_messages = true;
+        config.control_auth = auth;
+        cluster::run(config, &mut |_| {}).expect("the cluster runs")
+    };
+    let r = forged_run(cluster::ControlAuthMode::Require);
+    let json = r.to_json();
+    assert_eq!(r.outcome, "clean", "{json}");
+    assert!(r.violations.is_empty(), "{json}");
+    assert_eq!((r.requests.finished, r.ledger.freed, r.ledger.reaped), (1000, 1000, 0), "{json}");
+    let c = &r.control;
+    let forged = c.forged.as_ref().expect("the result says what the forger did");
+    assert_eq!(forged.ids_fed + forged.ids_dropped, 1000, "{json}");
+    assert!(forged.releases_sent > 0 && forged.leases_sent > 0, "{json}");
+    // Everything refused came from the forger, and all it sent that arrived was refused:
+    // none was taken, and no lease was long enough to be capped.
+    assert_eq!(forged.refused, c.refused_releases + c.refused_leases, "{json}");
+    assert!(c.refused_releases > 0 && c.refused_leases > 0, "{json}");
+    assert!(forged.refused <= forged.releases_sent + forged.leases_sent, "{json}");
+    assert_eq!(c.unauthenticated + c.bad_mac, forged.refused, "{json}");
+    assert_eq!(c.leases_capped, 0, "{json}");
+    assert!(
+        c.refused_from.iter().all(|line| forged.from.iter().any(|a| line.starts_with(a.as_str()))),
+        "{json}"
+    );
+
+    // The same forger against ranks that take anyone's releases, as MoRIIO's do: blocks are
+    // freed under live reads, and the run's checks catch it (the data plane refuses the reads
+    // of freed blocks, so the requests fail rather than read another request's bytes).
+    let r = forged_run(cluster::ControlAuthMode::Open);
+    let json = r.to_json();
+    assert_ne!(r.outcome, "clean", "{json}");
+    assert!(r.requests.failed > 0, "{json}");
+    let c = &r.control;
+    assert_eq!((c.refused_releases, c.refused_leases), (0, 0), "{json}");
+    // Its leases were taken, but for the transfer timeout, not 49 days.
+    assert!(c.leases_capped > 0, "{json}");
+}
+
+/// The addresses process `pid` listens on, as (IPv4 address in /proc's hex, port) (Linux's
+/// /proc: its socket inodes, found in the system's table of TCP sockets in the LISTEN state).
+fn listening(pid: u32) -> Vec<(String, u16)> {
+    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|dir| {
+            dir.flatten()
+                .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+                .filter_map(|link| {
+                    let link = link.to_string_lossy().into_owned();
+                    Some(link.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    let mut found: Vec<(String, u16)> = table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let listening = fields.get(3) == Some(&"0A");
+            let (ip, port) = fields.get(1)?.rsplit_once(':')?;
+            let port = u16::from_str_radix(port, 16).ok()?;
+            let ours = inodes.iter().any(|i| Some(&i.as_str()) == fields.get(9));
+            (listening && ours).then(|| (ip.to_string(), port))
+        })
+        .collect();
+    found.sort_unstable_by_key(|&(_, port)| port);
+    found
+}
+
+#[test]
+fn a_release_from_a_stranger_is_refused_named_and_the_run_is_not_clean() {
+    // A deployment no other test uses, so that its connectors are this test's.
+    let deployment = "1P_DP1TP1:1D_TP1";
+    let mut config = ClusterConfig::new(deployment, 40, exe());
+    config.concurrency = 2;
+    let mut stranger = None;
+    // Mid-run, a process that is no part of the run (`pdkv forge`, started here, not by the
+    // scheduler) sends a release and two leases to the prefill rank's notify listener. With one
+    // prefill rank, its notify port is its handshake port plus one (both engine port blocks are
+    // one rank wide).
+    let result = cluster::run(config, &mut |p| {
+        if stranger.is_some() || p.done < 3 {
+            return;
+        }
+        let ranks = connectors_of(deployment);
+        let (pid, _) = ranks.iter().find(|(_, a)| a.iter().any(|x| x == "prefill")).expect("a prefill rank");
+        let listening = listening(*pid);
+        // Handshake, notify and data plane, each on the configured host only (127.0.0.1, which
+        // /proc writes as 0100007F), never on every interface.
+        assert_eq!(listening.len(), 3, "{listening:?}");
+        assert!(listening.iter().all(|(ip, _)| ip == "0100007F"), "{listening:?}");
+        let ports: Vec<u16> = listening.iter().map(|&(_, port)| port).collect();
+        let notify = ports.iter().find(|&&p| ports.contains(&(p.wrapping_sub(1)))).copied();
+        let notify = notify.unwrap_or_else(|| panic!("no notify port among {ports:?}"));
+        let mut child = std::process::Command::new(exe())
+            .args(["forge", "--target", &format!("127.0.0.1:{notify}")])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("pdkv runs");
+        use std::io::Write as _;
+        child.stdin.take().unwrap().write_all(b"tx-from-a-stranger\n").unwrap();
+        let out = child.wait_with_output().expect("the forger ends");
+        stranger = Some(String::from_utf8_lossy(&out.stdout).into_owned());
+    })
+    .expect("the cluster runs");
+    let json = result.to_json();
+    let said = stranger.expect("the stranger was sent");
+    let from = said.lines().find_map(|l| l.strip_prefix("from ")).unwrap_or_else(|| panic!("{said}"));
+    assert!(said.ends_with("sent 1 2\n"), "{said}");
+    // The rank refused all three, the result names where they came from, and a run in which
+    // anyone but the deployment sent control messages is not clean.
+    let c = &result.control;
+    // The legacy string and a lease carry no MAC, the other lease a wrong one.
+    assert_eq!((c.refused_releases, c.refused_leases), (1, 2), "{json}");
+    assert_eq!((c.unauthenticated, c.bad_mac), (2, 1), "{json}");
+    assert_eq!(c.refused_from, [format!("{from} -> P0.dp0.tp0")], "{json}");
+    assert_eq!(result.outcome, "safety_violation", "{json}");
+    let detail = &result.violations[0].detail;
+    assert!(detail.contains(&format!("while no forger was injected: 3 from {from}")), "{detail}");
+    // The stranger changed nothing else: every request finished from its own releases.
+    assert_eq!((result.requests.finished, result.ledger.freed, result.ledger.reaped), (40, 40, 0), "{json}");
+}

@@ -119,6 +119,10 @@ pub struct ClusterConfig {
     /// Whether the run's ranks authenticate releases and leases with a key drawn for the run
     /// (`--control-auth`).
     pub control_auth: ControlAuthMode,
+    /// Fault: a forger outside the deployment (`pdkv forge`) sends forged releases and leases
+    /// to every prefill notify listener for each transfer as it is registered
+    /// (`--forge-messages`; [`super::forger`]).
+    pub forge_messages: bool,
     /// Where to look for a stop request: a signal number (nonzero) stops the run in order,
     /// with a partial result whose outcome is `interrupted` ([`crate::signals::CAUGHT`] for the
     /// command line).
@@ -326,6 +330,7 @@ impl ClusterConfig {
             foreign: None,
             hold_dispatches_until_restart: false,
             control_auth: ControlAuthMode::Require,
+            forge_messages: false,
             stop: None,
         }
     }

@@ -40,6 +40,7 @@ mod decode_sched;
 mod faults;
 mod foreign;
 mod foreign_reads;
+pub mod forger;
 mod messages;
 mod prefill_sched;
 mod procs;
@@ -115,6 +116,8 @@ enum Ev {
     },
     /// The foreign side's driver said something ([`foreign`]).
     Driver(foreign::DriverEvent),
+    /// The forger said something ([`forger`]).
+    Forger(forger::ForgerEvent),
 }
 
 // ------------------------------------------------------------------------------ scheduling
@@ -248,6 +251,8 @@ struct Cluster {
     stalled_for: Duration,
     /// Decode dispatches held until a killed prefill rank is back ([`faults`]).
     holds: faults::Holds,
+    /// The forger outside the deployment, if the run has one (`--forge-messages`).
+    forger: Option<forger::Forger>,
 }
 
 /// Runs a cluster to the end and reports; `progress` is called as requests end.
@@ -401,6 +406,7 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
         stalls: 0,
         stalled_for: Duration::ZERO,
         holds: faults::Holds::default(),
+        forger: None,
         control: Control {
             auth: match (&control_setup.key, control_setup.require) {
                 (None, _) => "open",
@@ -420,7 +426,9 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
         Ok(()) => {
             cluster.started_at = std::time::Instant::now();
             cluster.main_loop(&rx, &tx, progress);
+            cluster.stop_forger(&rx, &tx);
             cluster.shutdown(&rx);
+            cluster.judge_refusals();
             Ok(cluster.result())
         }
         Err(e) => {

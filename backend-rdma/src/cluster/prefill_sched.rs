@@ -207,6 +207,10 @@ impl Cluster {
             return;
         }
         self.engine_actions(e, out);
+        // The id now leaves for the proxy and decode, where a sniffer sees it.
+        if let Some(forger) = self.forger.as_mut() {
+            forger.feed(&self.requests[&id].transfer_id);
+        }
         let engine = EngineId::prefill(e as u16);
         let address = self.addresses[&engine].clone();
         let layout: Layout = self.d.prefill[e];

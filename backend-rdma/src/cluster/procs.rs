@@ -20,6 +20,9 @@ use pdkv_core::prefill::EngineEvent;
 use super::foreign::{Driver, ToDriver};
 use super::result::Severity;
 use super::{Cluster, Ev, EXIT_TIMEOUT, POLL, START_TIMEOUT};
+
+/// How long the forger gets, once its input closed, to send what it was given and exit.
+const FORGER_EXIT: std::time::Duration = std::time::Duration::from_secs(3);
 use crate::sched::{
     read_frame, read_frame_within, write_frame, FromRank, Setup, ToRank, MAX_HELLO_BYTES, TOKEN_ENV,
 };
@@ -304,7 +307,47 @@ impl Cluster {
                 format!("the foreign driver {program} was not ready after {} s", START_TIMEOUT.as_secs())
             })?;
         }
+        if self.config.forge_messages {
+            let plan = self.forger_plan()?;
+            self.forger = Some(super::forger::Forger::start(&self.config.exe, &plan, tx.clone())?);
+        }
         Ok(())
+    }
+
+    /// What the forger needs to know, as one sniffing the deployment's traffic would: every
+    /// prefill notify listener, and every decode rank's sender key.
+    fn forger_plan(&self) -> Result<super::forger::ForgerPlan, String> {
+        use std::net::ToSocketAddrs as _;
+        let mut plan = super::forger::ForgerPlan { targets: Vec::new(), senders: Vec::new() };
+        for (engine, address) in &self.addresses {
+            let layout = self.d.layout(*engine);
+            match engine.role {
+                Role::Prefill => {
+                    for i in 0..layout.ranks() as u16 {
+                        let port = address.notify_port_base + i;
+                        let target = (address.host.as_str(), port)
+                            .to_socket_addrs()
+                            .ok()
+                            .and_then(|mut a| a.next())
+                            .ok_or_else(|| {
+                                format!("the forger's target {}:{port} does not resolve", address.host)
+                            })?;
+                        plan.targets.push(target);
+                    }
+                }
+                Role::Decode => {
+                    for rank in self.d.ranks(Role::Decode).into_iter().filter(|r| r.engine == *engine) {
+                        let sender = pdkv_core::release::ReleaseSender {
+                            engine_id: address.engine_id(),
+                            dp_rank: rank.dp,
+                            tp_rank: rank.tp,
+                        };
+                        plan.senders.push((sender, layout.tp));
+                    }
+                }
+            }
+        }
+        Ok(plan)
     }
 
     /// Handles events until `ready` holds, a stop is requested (Ok: the main loop ends at once
@@ -404,6 +447,11 @@ impl Cluster {
             }
             Ev::Refused { rank, pid, reason } => self.refused(rank, pid, &reason),
             Ev::Driver(event) => return self.on_driver(event),
+            Ev::Forger(event) => {
+                if let Some(forger) = self.forger.as_mut() {
+                    forger.on_event(event);
+                }
+            }
             Ev::Msg { rank, life, msg } => {
                 let proc = self.ranks.get_mut(&rank).filter(|p| p.life == life)?;
                 proc.last_heard = std::time::Instant::now();
@@ -595,6 +643,33 @@ impl Cluster {
     /// Tells every live rank and the driver to shut down, waits for each to exit, and kills
     /// stragglers: every process is given the same deadline, so one that outstays it (the
     /// driver, say) costs the others nothing.
+    /// Ends the forger before the ranks shut down: its input closes, it sends what it was
+    /// given, and what the ranks refused meanwhile is still counted; one still busy after
+    /// [`FORGER_EXIT`] is killed with its process group.
+    pub(super) fn stop_forger(&mut self, rx: &Receiver<Ev>, tx: &Sender<Ev>) {
+        let Some(forger) = self.forger.as_mut() else { return };
+        forger.close_input();
+        let deadline = std::time::Instant::now() + FORGER_EXIT;
+        while self.forger.as_ref().is_some_and(|f| !f.closed) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            match rx.recv_timeout(left.min(POLL)) {
+                Ok(ev) => {
+                    if let Some(error) = self.on_event(ev, tx) {
+                        self.problem(error);
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        if let Some(forger) = self.forger.as_mut() {
+            forger.finish();
+        }
+    }
+
     pub(super) fn shutdown(&mut self, rx: &Receiver<Ev>) {
         let live: Vec<RankId> = self.ranks.iter().filter(|(_, p)| p.alive).map(|(&r, _)| r).collect();
         for &rank in &live {

@@ -210,10 +210,21 @@ pub struct Control {
     pub bad_mac: u64,
     /// Leases longer than the transfer timeout, taken for the transfer timeout.
     pub leases_capped: u64,
-    /// Who sent what was refused (`address -> rank: count`), at most
-    /// [`MAX_REFUSED_SENDERS`] lines.
+    /// Who sent what was refused (`address -> rank`), at most [`MAX_REFUSED_SENDERS`] lines.
     pub refused_from: Vec<String>,
+    /// The forger's messages and what became of them, when the run had one
+    /// (`--forge-messages`).
+    pub forged: Option<super::forger::Forged>,
+    /// Refused messages by the address they came from (at most [`MAX_REFUSING_ADDRESSES`];
+    /// the rest under an unknown address), to tell the forger's from any other's.
+    #[serde(skip)]
+    pub(super) by_address: BTreeMap<String, u64>,
 }
+
+/// Most distinct addresses whose refused messages a run counts apart.
+const MAX_REFUSING_ADDRESSES: usize = 4096;
+/// What a refusal's sender is called when its address is unknown (or one too many).
+const UNKNOWN_ADDRESS: &str = "an unknown address";
 
 /// Most distinct senders of refused messages a result lists.
 pub const MAX_REFUSED_SENDERS: usize = 16;
@@ -238,11 +249,56 @@ impl Control {
             // A rank reports only what it refused, so `Taken` never comes.
             Verdict::Unauthenticated | Verdict::Taken => self.unauthenticated += 1,
         }
-        let line = format!("{} -> {rank}", from.unwrap_or("an unknown address"));
+        let address = from
+            .filter(|a| self.by_address.contains_key(*a) || self.by_address.len() < MAX_REFUSING_ADDRESSES)
+            .unwrap_or(UNKNOWN_ADDRESS);
+        *self.by_address.entry(address.to_string()).or_default() += 1;
+        let line = format!("{} -> {rank}", from.unwrap_or(UNKNOWN_ADDRESS));
         if !self.refused_from.contains(&line) && self.refused_from.len() < MAX_REFUSED_SENDERS {
             self.refused_from.push(line);
         }
     }
+}
+
+impl Cluster {
+    /// Counts the forger's refused messages as its own and every other refusal as a protocol
+    /// error ([`judge_refusals`]).
+    pub(super) fn judge_refusals(&mut self) {
+        let forged = self.forger.as_ref().map(|f| f.report.clone());
+        let (forged, error) = judge_refusals(&self.control.by_address, forged);
+        if let Some(detail) = error {
+            self.violations.push(Violation { kind: ViolationKind::ProtocolError, detail });
+        }
+        self.control.forged = forged;
+    }
+}
+
+/// Splits the refused messages, counted by sender address, into the forger's (added to its
+/// report) and any other's, which the second value describes. Without an injected forger
+/// nobody but the deployment's ranks sends releases or leases, so any refusal is either a rank
+/// whose MAC did not verify (a bug) or a sender from outside the run: a protocol error either
+/// way, and such a run is not clean.
+pub(super) fn judge_refusals(
+    by_address: &BTreeMap<String, u64>,
+    mut forged: Option<super::forger::Forged>,
+) -> (Option<super::forger::Forged>, Option<String>) {
+    let mut others = Vec::new();
+    for (address, &count) in by_address {
+        match forged.as_mut() {
+            Some(forged) if forged.from.contains(address) => forged.refused += count,
+            _ => others.push(format!("{count} from {address}")),
+        }
+    }
+    let error = (!others.is_empty()).then(|| {
+        let cause =
+            if forged.is_some() { "other than the injected forger" } else { "while no forger was injected" };
+        format!(
+            "prefill ranks refused releases or leases from senders {cause}: {} (control.refused_from \
+             names the ranks)",
+            others.join(", ")
+        )
+    });
+    (forged, error)
 }
 
 /// How much a problem line matters: when the list is full, a line of a more severe kind
@@ -494,7 +550,43 @@ impl Cluster {
 
 #[cfg(test)]
 mod tests {
-    use super::{Problems, Severity};
+    use super::{judge_refusals, Problems, Severity};
+    use crate::cluster::forger::Forged;
+
+    #[test]
+    fn refusals_from_the_forger_are_its_own_and_any_other_is_a_protocol_error() {
+        let check =
+            |refused: &[(&str, u64)], forger: Option<&[&str]>, expected: (Option<u64>, Option<&str>)| {
+                let by_address = refused.iter().map(|(a, n)| (a.to_string(), *n)).collect();
+                let forged = forger.map(|from| Forged {
+                    from: from.iter().map(|a| a.to_string()).collect(),
+                    ..Forged::default()
+                });
+                let (forged, error) = judge_refusals(&by_address, forged);
+                assert_eq!(forged.map(|f| f.refused), expected.0, "{refused:?} {forger:?}");
+                match (error, expected.1) {
+                    (None, None) => {}
+                    (Some(error), Some(needle)) => assert!(error.contains(needle), "{error}"),
+                    (got, want) => panic!("{refused:?} {forger:?}: got {got:?}, want {want:?}"),
+                }
+            };
+        check(&[], None, (None, None));
+        check(&[], Some(&["a:1"]), (Some(0), None));
+        check(&[("a:1", 5), ("a:2", 7)], Some(&["a:1", "a:2"]), (Some(12), None));
+        // Without a forger, any refusal is an error naming the sender.
+        check(
+            &[("10.0.0.9:555", 3)],
+            None,
+            (None, Some("while no forger was injected: 3 from 10.0.0.9:555")),
+        );
+        // With one, only the others' are.
+        check(
+            &[("a:1", 5), ("b:9", 1)],
+            Some(&["a:1"]),
+            (Some(5), Some("other than the injected forger: 1 from b:9")),
+        );
+        check(&[("an unknown address", 2)], Some(&["a:1"]), (Some(0), Some("2 from an unknown address")));
+    }
 
     /// Notes `(severity, line)` in order into a list of `limit` lines and checks what it says.
     fn check(limit: usize, notes: &[(Severity, &str)], expected: &[&str]) {

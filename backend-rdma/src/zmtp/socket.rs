@@ -178,6 +178,11 @@ impl Connection {
         self.stream.peer_addr().map_err(|e| io_error(Op::Configure, "peer address", &e))
     }
 
+    /// This end's address.
+    pub fn local_addr(&self) -> Result<SocketAddr, ZmtpError> {
+        self.stream.local_addr().map_err(|e| io_error(Op::Configure, "local address", &e))
+    }
+
     /// How many PINGs this connection has answered with a PONG.
     pub fn pings_answered(&self) -> u64 {
         self.pings_answered
