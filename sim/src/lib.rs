@@ -22,6 +22,7 @@ pub mod result;
 pub mod rng;
 pub mod scenario;
 pub mod trace;
+pub mod unique_keys;
 pub mod waitfor;
 pub mod world;
 

@@ -297,6 +297,7 @@ pub struct Gpu {
     /// GPUs per node.
     pub gpus_per_node: u16,
     /// Citation of each value, by field.
+    #[serde(deserialize_with = "crate::unique_keys::deserialize")]
     pub sources: BTreeMap<String, String>,
 }
 
@@ -319,6 +320,7 @@ pub struct Nic {
     /// Messages one queue pair carries, millions per second.
     pub nic_qp_message_rate_mpps: f64,
     /// Citation of each value, by field.
+    #[serde(deserialize_with = "crate::unique_keys::deserialize")]
     pub sources: BTreeMap<String, String>,
 }
 
@@ -361,6 +363,7 @@ pub struct Model {
     /// Query heads.
     pub attention_heads: u16,
     /// Citation of each value, by field.
+    #[serde(deserialize_with = "crate::unique_keys::deserialize")]
     pub sources: BTreeMap<String, String>,
 }
 

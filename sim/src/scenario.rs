@@ -521,7 +521,10 @@ pub struct Protocol {
     /// The rule set of each engine named (`{"P0": "vllm-0.33"}`), where vLLM's current release
     /// and pdkv's protocol differ; an engine not named follows `pdkv`. Read with
     /// [`Scenario::peer_book`].
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(
+        skip_serializing_if = "BTreeMap::is_empty",
+        deserialize_with = "crate::unique_keys::deserialize"
+    )]
     pub peers: BTreeMap<String, String>,
     /// Read granularity.
     pub reads: Reads,

@@ -227,6 +227,9 @@ pub(super) fn from_ron_error(origin: &str, text: &str, err: SpannedError) -> Sce
             field: Some(join(&scanned.container_at_stop, field)),
             message: "the field is given twice".to_string(),
         },
+        RonError::Message(message) if message.ends_with(crate::unique_keys::WRITTEN_TWICE) => {
+            ScenarioError::Syntax { origin, at, field: full, message }
+        }
         RonError::NoSuchEnumVariant { expected, found, .. } => ScenarioError::UnknownVariant {
             origin,
             at,

@@ -218,7 +218,7 @@ mod tests {
         Bad { file, kind, line, column, field, says }
     }
 
-    const BAD: [Bad; 27] = [
+    const BAD: [Bad; 28] = [
         bad("unknown_top_level_field.ron", Kind::UnknownField, 5, 5, "seeds", "expected one of: name, "),
         bad("unknown_nested_field.ron", Kind::UnknownField, 7, 9, "hardware.nic_gbps", "nic_gb_s, "),
         bad(
@@ -317,6 +317,7 @@ mod tests {
             "unknown rule set \"vllm-0.34\"; known rule sets: pdkv, vllm-0.33",
         ),
         bad("peers_not_a_string.ron", Kind::WrongType, 5, 30, "protocol.peers[\"P0\"]", "a string"),
+        bad("peers_key_twice.ron", Kind::Syntax, 5, 58, "protocol.peers[\"P0\"]", "the key \"P0\" is written twice"),
         bad(
             "profile_unknown_gpu.ron",
             Kind::Profile,
