@@ -80,6 +80,10 @@ const POLL: Duration = Duration::from_millis(50);
 /// or starved of CPU): its loop waits at most [`POLL`] a turn, so such a gap is the scheduler's
 /// stall, not its ranks', and every rank gets a fresh heartbeat window instead of the blame.
 const STALL_SHARE: u32 = 4;
+/// How long after such a stall the engines' reapers wait: the whole process was stopped, its
+/// reader threads too, so the releases and finishes the ranks sent meanwhile still sit in the
+/// sockets; they are read first, and only what is still unreleased afterwards is reaped.
+const STALL_GRACE: Duration = Duration::from_millis(500);
 /// Most failed requests listed in the result: a run whose decode group died can fail a
 /// million requests, and a listing of each would make a result of hundreds of megabytes.
 pub const MAX_FAILURES_LISTED: usize = 1000;
@@ -249,6 +253,10 @@ struct Cluster {
     /// long in all: each gave every rank a fresh heartbeat window.
     stalls: u64,
     stalled_for: Duration,
+    /// Requests in flight during those stalls: their failures and reaping are excused.
+    exposed_to_stalls: u64,
+    /// Until when the reapers wait after the scheduler's own stall ([`STALL_GRACE`]).
+    reapers_wait_until: Option<std::time::Instant>,
     /// Decode dispatches held until a killed prefill rank is back ([`faults`]).
     holds: faults::Holds,
     /// The forger outside the deployment, if the run has one (`--forge-messages`).
@@ -405,6 +413,8 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
         messages: messages::Messages::new(&config),
         stalls: 0,
         stalled_for: Duration::ZERO,
+        exposed_to_stalls: 0,
+        reapers_wait_until: None,
         holds: faults::Holds::default(),
         forger: None,
         control: Control {
@@ -441,6 +451,18 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
 }
 
 impl Cluster {
+    /// Notes that the loop runs now. It waits at most [`POLL`] between two notes, so a much
+    /// longer gap since `last` means this process was not running, and its ranks' silence
+    /// meanwhile is not theirs ([`Cluster::scheduler_stalled`]).
+    fn note_turn(&mut self, last: &mut std::time::Instant) {
+        let now = std::time::Instant::now();
+        let gap = now.duration_since(*last);
+        *last = now;
+        if gap > self.heartbeat_timeout() / STALL_SHARE {
+            self.scheduler_stalled(gap);
+        }
+    }
+
     fn on_message(&mut self, rank: RankId, msg: FromRank) -> Option<String> {
         let now = self.clock.now();
         match msg {
@@ -585,14 +607,7 @@ impl Cluster {
             if self.driver.as_ref().is_some_and(|d| (d.closed && !d.said_bye) || d.failed.is_some()) {
                 return;
             }
-            // A turn of this loop waits at most POLL: a much longer gap since the last one
-            // means this process was not running, and its ranks' silence meanwhile is not theirs.
-            let turn = std::time::Instant::now();
-            let gap = turn.duration_since(last_turn);
-            last_turn = turn;
-            if gap > self.heartbeat_timeout() / STALL_SHARE {
-                self.scheduler_stalled(gap);
-            }
+            self.note_turn(&mut last_turn);
             self.check_heartbeats();
             self.check_driver(true);
             let done = self.finished + self.failed;
@@ -654,10 +669,13 @@ impl Cluster {
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return,
             }
+            // A stop that struck during the wait shows here, before any timer fires.
+            self.note_turn(&mut last_turn);
             let now = std::time::Instant::now();
             let core_now = self.clock.now();
+            let reapers_wait = self.reapers_wait_until.is_some_and(|until| now < until);
             for e in 0..self.engines.len() {
-                if self.engines[e].poll_timeout().is_some_and(|at| at <= core_now) {
+                if !reapers_wait && self.engines[e].poll_timeout().is_some_and(|at| at <= core_now) {
                     self.engine(e, EngineEvent::Tick);
                 }
             }

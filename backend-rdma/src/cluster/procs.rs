@@ -581,8 +581,9 @@ impl Cluster {
 
     /// The scheduler's own loop did not run for `gap` (the process was stopped, or starved of
     /// CPU): the ranks' heartbeats and the driver's reads waited unread meanwhile, so every
-    /// window starts afresh instead of blaming them. A rank is lost only for silence while the
-    /// scheduler itself was awake.
+    /// window starts afresh instead of blaming them, the engines' reapers wait
+    /// [`super::STALL_GRACE`] so that what the ranks sent meanwhile is read before anything is
+    /// reaped, and the requests in flight are exposed to the stall. A rank is lost only for silence while the scheduler itself was awake.
     pub(super) fn scheduler_stalled(&mut self, gap: Duration) {
         let now = std::time::Instant::now();
         for proc in self.ranks.values_mut() {
@@ -591,6 +592,15 @@ impl Cluster {
         if let Some(driver) = self.driver.as_mut() {
             driver.fresh_window();
         }
+        self.reapers_wait_until = Some(now + super::STALL_GRACE);
+        // The ranks' own timers (a decode rank's transfer timeout) ran while their engine's
+        // scheduler did not: a request in flight may fail for the scheduler's stall, which is
+        // then excused as an injected fault's would be.
+        for req in self.requests.values_mut() {
+            req.exposed = true;
+            self.exposed.insert(req.transfer_id.clone());
+        }
+        self.exposed_to_stalls += self.requests.len() as u64;
         self.stalls += 1;
         self.stalled_for += gap;
     }

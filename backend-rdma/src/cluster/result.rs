@@ -479,8 +479,10 @@ impl Cluster {
             let times = if self.stalls == 1 { "once".to_string() } else { format!("{} times", self.stalls) };
             problems.push(format!(
                 "pdkv cluster itself did not run {times}, {:.1} s in all (stopped, or starved of CPU): \
-                 each time every rank got a fresh heartbeat window instead of the blame",
-                self.stalled_for.as_secs_f64()
+                 each time every rank got a fresh heartbeat window instead of the blame, and the \
+                 {} requests then in flight were exposed to it (the ranks' timers ran meanwhile)",
+                self.stalled_for.as_secs_f64(),
+                self.exposed_to_stalls
             ));
         }
         if let Some(signal) = self.interrupted {
