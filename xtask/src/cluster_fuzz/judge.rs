@@ -1,6 +1,6 @@
 //! The invariants every fuzz run is judged by, whatever its faults did.
 
-use super::plan::Plan;
+use super::plan::{Driver, Misbehaviour, Plan, SCHEDULER};
 use super::procs::Ran;
 use super::{EXIT_GRACE_MS, ORPHAN_GRACE};
 
@@ -23,16 +23,16 @@ pub(super) fn judge(plan: &Plan, ran: &Ran) -> Result<Figures, Vec<String>> {
         ));
     }
     for o in &ran.orphans {
-        bad.push(format!(
-            "connector {o} still running {} s after its cluster exited",
-            ORPHAN_GRACE.as_secs()
-        ));
+        bad.push(format!("{o} still running {} s after its cluster exited", ORPHAN_GRACE.as_secs()));
     }
     for c in &ran.crashes {
         bad.push(format!("connector {c}: it crashed"));
     }
     if ran.hung {
         return Err(bad);
+    }
+    if let Some(driver) = plan.driver {
+        return judge_driver(driver, ran, bad);
     }
     let Some(exit) = ran.exit else {
         bad.push("pdkv cluster was ended by a signal nobody sent it".into());
@@ -82,6 +82,32 @@ pub(super) fn judge(plan: &Plan, ran: &Ran) -> Result<Figures, Vec<String>> {
             bad.push(format!("{what} is {value}, must be 0"));
         }
     }
+    // A forger's messages are all refused, and nothing else is: the cluster makes any other
+    // refusal a violation, listed above. No lease is ever capped: a deployment rank leases for
+    // the transfer timeout, the longest a prefill rank takes, and a forged one is refused.
+    if plan.forge {
+        let forged = &json["control"]["forged"];
+        let refused =
+            num(&["control", "refused_releases"]).saturating_add(num(&["control", "refused_leases"]));
+        if forged["refused"].as_u64() != Some(refused) {
+            bad.push(format!(
+                "control.forged.refused is {}, but {refused} messages were refused",
+                forged["refused"]
+            ));
+        }
+    }
+    if num(&["control", "leases_capped"]) != 0 {
+        bad.push(format!("control.leases_capped is {}, must be 0", num(&["control", "leases_capped"])));
+    }
+    // A stopped scheduler blames no rank for the silence it did not read.
+    let scheduler_stopped = ran.delivered.iter().any(|d| d.contains(&format!("SIGSTOP {SCHEDULER} ")));
+    let rank_stopped = ran.delivered.iter().any(|d| d.contains("SIGSTOP") && !d.contains(SCHEDULER));
+    if scheduler_stopped && !rank_stopped {
+        let problems = json["problems"].as_array().map(Vec::as_slice).unwrap_or_default();
+        for p in problems.iter().filter_map(|p| p.as_str()).filter(|p| p.contains("stopped answering")) {
+            bad.push(format!("pdkv cluster was stopped, and blamed a rank: {p}"));
+        }
+    }
     if matches!(outcome.as_str(), "safety_violation" | "hang" | "interrupted") {
         bad.push(format!("outcome {outcome}"));
     }
@@ -125,6 +151,55 @@ pub(super) fn judge(plan: &Plan, ran: &Ran) -> Result<Figures, Vec<String>> {
     }
     if bad.is_empty() {
         Ok(Figures { outcome, exit, sent, failed, bytes })
+    } else {
+        Err(bad)
+    }
+}
+
+/// A run whose foreign decode driver misbehaves and never answers a request: it ends by its
+/// budget (outcome hang, exit 1) with a result that names what the driver did, blames no
+/// connector, and leaves no process of the driver's behind (checked with the orphans).
+fn judge_driver(driver: Driver, ran: &Ran, mut bad: Vec<String>) -> Result<Figures, Vec<String>> {
+    let Some(exit) = ran.exit else {
+        bad.push("pdkv cluster was ended by a signal nobody sent it".into());
+        return Err(bad);
+    };
+    let json: serde_json::Value = match serde_json::from_str(&ran.stdout) {
+        Ok(v) => v,
+        Err(e) => {
+            bad.push(format!("exit {exit} and no JSON result on stdout: {e}"));
+            return Err(bad);
+        }
+    };
+    let outcome = json["outcome"].as_str().unwrap_or("(missing)").to_string();
+    if (outcome.as_str(), exit) != ("hang", 1) {
+        bad.push(format!(
+            "outcome {outcome}, exit {exit}; a driver that answers nothing must end hang, exit 1"
+        ));
+    }
+    let p = &json["processes"];
+    if p["killed_at_shutdown"].as_u64() != Some(0) || p["failed"].as_u64() != Some(0) {
+        bad.push(format!("the {} blamed connectors: processes {p}", driver.name()));
+    }
+    let killed = json["foreign"]["killed"].as_str().unwrap_or("");
+    let expected = match driver.kind {
+        Misbehaviour::StopsReading => "; killed it and its process group",
+        Misbehaviour::OutstaysBye => "the foreign driver said bye but did not exit",
+        Misbehaviour::LeavesChild => "the foreign driver exited, leaving processes of its group running",
+    };
+    if !killed.contains(expected) {
+        bad.push(format!("foreign.killed is {killed:?}; expected it to say {expected:?}"));
+    }
+    let problems = json["problems"].as_array().map(Vec::as_slice).unwrap_or_default();
+    if !killed.is_empty() && !problems.iter().any(|p| p.as_str() == Some(killed)) {
+        bad.push("the problem list leaves out the line saying the driver was killed".into());
+    }
+    if let Some(violations) = json["violations"].as_array().filter(|v| !v.is_empty()) {
+        bad.push(format!("violations: {violations:?}"));
+    }
+    if bad.is_empty() {
+        let sent = json["requests"]["sent"].as_u64().unwrap_or(0);
+        Ok(Figures { outcome, exit, sent, failed: 0, bytes: 0 })
     } else {
         Err(bad)
     }

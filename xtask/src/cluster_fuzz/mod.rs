@@ -4,8 +4,10 @@
 //! Every run draws, from the project's seeded stream (`pdkv_core::rng`) of the run's own seed,
 //! a deployment, a workload, short timeouts and up to a few faults: the cluster's own (`--kill`,
 //! `--drop-releases`, `--lose-messages`, `--duplicate-messages`, `--delay-messages`, which it
-//! excuses) and outside ones that this task delivers itself at a
-//! wall-clock moment (SIGKILL of a connector, SIGSTOP for a while then SIGCONT). Run `i` of a
+//! excuses), a forger outside the deployment (`--forge-messages`), a foreign decode driver that
+//! misbehaves (stops reading, outstays its goodbye, leaves a process behind), and outside faults
+//! that this task delivers itself at a wall-clock moment (SIGKILL of a connector, SIGSTOP of a
+//! connector or of `pdkv cluster` itself for a while, then SIGCONT). Run `i` of a
 //! fuzz started with `--seed S` has seed `S + i`, so `--seed S+i --max-runs 1` replays it (the
 //! outside faults land at the same offsets from the start, though not at the same point of the
 //! protocol, since the cluster runs on wall time).
@@ -151,7 +153,19 @@ impl Totals {
             }
         }
         for d in &ran.delivered {
-            count(if d.contains("SIGKILL") { "outside SIGKILL" } else { "outside SIGSTOP" });
+            count(if d.contains("SIGKILL") {
+                "outside SIGKILL"
+            } else if d.contains(plan::SCHEDULER) {
+                "outside SIGSTOP of pdkv cluster"
+            } else {
+                "outside SIGSTOP"
+            });
+        }
+        if plan.forge {
+            count("--forge-messages");
+        }
+        if let Some(driver) = plan.driver {
+            count(driver.name());
         }
         for _ in &ran.missed {
             count("outside fault missed (no process)");
@@ -160,6 +174,8 @@ impl Totals {
             && plan.drops.is_empty()
             && plan.messages.is_empty()
             && ran.delivered.is_empty()
+            && !plan.forge
+            && plan.driver.is_none()
         {
             count("none (fault-free run)");
         }
@@ -334,6 +350,22 @@ mod tests {
                 assert!(*after < a.requests, "seed {seed}: --kill-after must be below --requests");
             }
             assert!(a.handshake_ms < a.transfer_ms && a.transfer_ms < a.defer_ms);
+            if a.driver.is_some() {
+                // A misbehaving driver is the run's only fault.
+                assert!(a.kill.is_none() && a.drops.is_empty() && a.messages.is_empty(), "seed {seed}");
+                assert!(a.outside.is_empty() && !a.forge, "seed {seed}");
+            }
+        }
+        // Each new kind of fault is drawn.
+        let plans: Vec<Plan> = (0..500).map(|seed| Plan::draw(seed, &[])).collect();
+        assert!(plans.iter().any(|p| p.forge));
+        assert!(plans.iter().any(|p| p.outside.iter().any(|o| o.rank == plan::SCHEDULER)));
+        for kind in [
+            plan::Misbehaviour::StopsReading,
+            plan::Misbehaviour::OutstaysBye,
+            plan::Misbehaviour::LeavesChild,
+        ] {
+            assert!(plans.iter().any(|p| p.driver.is_some_and(|d| d.kind == kind)));
         }
     }
 

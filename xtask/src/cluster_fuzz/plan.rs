@@ -94,7 +94,68 @@ pub(super) struct Plan {
     /// `--delay-messages`) and its value.
     pub(super) messages: Vec<(&'static str, String)>,
     pub(super) outside: Vec<Outside>,
+    /// `--forge-messages`: a forger outside the deployment sends forged releases and leases.
+    pub(super) forge: bool,
+    /// A foreign decode side played by a driver that misbehaves (the run has no other fault).
+    pub(super) driver: Option<Driver>,
     pub(super) legacy: Vec<String>,
+}
+
+/// The rank name of an outside fault aimed at `pdkv cluster` itself (its scheduler).
+pub(super) const SCHEDULER: &str = "pdkv cluster";
+
+/// A foreign decode driver that misbehaves, as an `sh` script. Each `sleep` it starts sleeps a
+/// number of seconds of its own (`sleeper`, `sleeper + 1`), so that the fuzzer can tell from
+/// /proc whether one survived the run.
+#[derive(Clone, Copy)]
+pub(super) struct Driver {
+    pub(super) kind: Misbehaviour,
+    pub(super) sleeper: u64,
+}
+
+/// How the driver misbehaves.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Misbehaviour {
+    /// Says ready, then reads nothing, and starts a process of its own.
+    StopsReading,
+    /// Answers bye to shutdown but does not exit.
+    OutstaysBye,
+    /// Starts a process at setup and exits after bye, leaving it running.
+    LeavesChild,
+}
+
+impl Driver {
+    pub(super) fn name(self) -> &'static str {
+        match self.kind {
+            Misbehaviour::StopsReading => "driver stops reading",
+            Misbehaviour::OutstaysBye => "driver outstays bye",
+            Misbehaviour::LeavesChild => "driver leaves a child",
+        }
+    }
+
+    /// The `sh -c` script.
+    pub(super) fn script(self) -> String {
+        let (a, b) = (self.sleeper, self.sleeper + 1);
+        // Answers ready to setup and bye to shutdown, and never answers a request.
+        let polite = |at_setup: &str, after_bye: &str| {
+            format!(
+                "while IFS= read -r line; do case \"$line\" in \
+                   *'\"op\":\"setup\"'*) {at_setup} echo '{{\"op\":\"ready\"}}' ;; \
+                   *'\"op\":\"shutdown\"'*) echo '{{\"op\":\"bye\"}}'; {after_bye} ;; \
+                 esac; done"
+            )
+        };
+        match self.kind {
+            Misbehaviour::StopsReading => format!("echo '{{\"op\":\"ready\"}}'; sleep {a} & exec sleep {b}"),
+            Misbehaviour::OutstaysBye => polite("", &format!("sleep {a} & exec sleep {b}")),
+            Misbehaviour::LeavesChild => polite(&format!("sleep {a} & sleep {b} &"), "exit 0"),
+        }
+    }
+
+    /// The `sleep` arguments its processes run with.
+    pub(super) fn sleepers(self) -> [String; 2] {
+        [self.sleeper.to_string(), (self.sleeper + 1).to_string()]
+    }
 }
 
 impl Plan {
@@ -164,7 +225,26 @@ impl Plan {
             };
             outside.push(Outside { at_ms, rank, stop_ms });
         }
-        Plan {
+        // Drawn after everything above, so that a seed keeps the faults it drew before these
+        // existed.
+        let forge = rng.chance(25);
+        if rng.chance(10) {
+            let at_ms = rng.range(0, horizon_ms);
+            // Longer than a quarter of the heartbeat timeout, which is when the scheduler
+            // notices its own stall; up to past the heartbeat timeout and the reaper's delay.
+            let stop_ms = rng.range(HEARTBEAT_LOSS_MS / 4 + 500, HEARTBEAT_LOSS_MS + 3_000);
+            outside.push(Outside { at_ms, rank: SCHEDULER.to_string(), stop_ms: Some(stop_ms) });
+        }
+        let driver = rng.chance(10).then(|| Driver {
+            kind: *rng.pick(&[
+                Misbehaviour::StopsReading,
+                Misbehaviour::OutstaysBye,
+                Misbehaviour::LeavesChild,
+            ]),
+            // Unlikely to be any other process's sleep.
+            sleeper: 9_000_000 + 2 * (seed % 500_000),
+        });
+        let mut plan = Plan {
             seed,
             deployment,
             mla,
@@ -181,8 +261,21 @@ impl Plan {
             drops,
             messages,
             outside,
+            forge,
+            driver,
             legacy: legacy.to_vec(),
+        };
+        if plan.driver.is_some() {
+            // The driver's misbehaviour alone: a few requests it never answers, a short budget.
+            plan.kill = None;
+            plan.drops.clear();
+            plan.messages.clear();
+            plan.outside.clear();
+            plan.forge = false;
+            plan.requests = plan.requests.min(8);
+            plan.timeout_ms = 3_000;
         }
+        plan
     }
 
     /// The arguments of `pdkv cluster`.
@@ -219,12 +312,31 @@ impl Plan {
         if self.mla {
             a.push("--mla".into());
         }
+        if self.forge {
+            a.push("--forge-messages".into());
+        }
+        if let Some(driver) = self.driver {
+            a.extend(["--foreign-side", "decode", "--foreign-driver", "sh"].map(String::from));
+            a.extend([
+                "--foreign-driver-arg=-c".to_string(),
+                format!("--foreign-driver-arg={}", driver.script()),
+            ]);
+        }
         a.push("--json".into());
         a
     }
 
+    /// The command line, quoted for a POSIX shell where an argument needs it.
     pub(super) fn command_line(&self, exe: &Path) -> String {
-        format!("{} {}", exe.display(), self.args().join(" "))
+        let quote = |a: &str| {
+            if a.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.,:=/@*+".contains(&b)) {
+                a.to_string()
+            } else {
+                format!("'{}'", a.replace('\'', "'\\''"))
+            }
+        };
+        let args: Vec<String> = self.args().iter().map(|a| quote(a)).collect();
+        format!("{} {}", quote(&exe.display().to_string()), args.join(" "))
     }
 
     /// Short description for the progress line.
@@ -248,6 +360,12 @@ impl Plan {
         }
         for (name, value) in &self.messages {
             let _ = write!(s, ", {} {value}", name.trim_start_matches("--").trim_end_matches("-messages"));
+        }
+        if self.forge {
+            s.push_str(", forger");
+        }
+        if let Some(driver) = self.driver {
+            let _ = write!(s, ", {}", driver.name());
         }
         for o in &self.outside {
             match o.stop_ms {

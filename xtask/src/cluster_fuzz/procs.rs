@@ -1,7 +1,7 @@
 //! Running one plan: the `pdkv cluster` process, its connector processes found through /proc,
 //! and the outside SIGKILLs and SIGSTOPs delivered to them.
 
-use super::plan::{Outside, Plan};
+use super::plan::{Outside, Plan, SCHEDULER};
 use super::{EXIT_GRACE_MS, ORPHAN_GRACE};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -171,8 +171,13 @@ pub(super) fn execute(plan: &Plan, exe: &Path, dir: &Path) -> Result<Ran, String
             pending.into_iter().partition(|o| Duration::from_millis(o.at_ms) <= now);
         pending = later;
         for o in due {
-            // The latest incarnation of the rank: a restarted prefill rank replaces the killed one.
-            let target = seen.iter().rev().find(|(p, r)| **r == o.rank && alive(**p)).map(|(p, _)| *p);
+            // The latest incarnation of the rank: a restarted prefill rank replaces the killed
+            // one; or `pdkv cluster` itself.
+            let target = if o.rank == SCHEDULER {
+                stat(cluster).map(|s| Proc { pid: cluster, start: s.start })
+            } else {
+                seen.iter().rev().find(|(p, r)| **r == o.rank && alive(**p)).map(|(p, _)| *p)
+            };
             let sent = target.is_some_and(|p| signal(p, if o.stop_ms.is_some() { "STOP" } else { "KILL" }));
             let at = now.as_millis();
             match (target, sent) {
@@ -216,6 +221,19 @@ pub(super) fn execute(plan: &Plan, exe: &Path, dir: &Path) -> Result<Ran, String
     for (p, _) in &orphans {
         signal(*p, "KILL");
     }
+    // What a misbehaving driver started must be gone with the run too.
+    let mut left = vec![];
+    if let Some(driver) = plan.driver {
+        let sleepers = driver.sleepers();
+        let running = || processes_running_sleep(&sleepers);
+        while !running().is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        for (p, arg) in running() {
+            signal(p, "KILL");
+            left.push(format!("the driver's `sleep {arg}` (pid {})", p.pid));
+        }
+    }
     let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
     let name = |p: &Proc| format!("{} (pid {})", seen.get(p).map(String::as_str).unwrap_or("?"), p.pid);
     let ends = ended.iter().map(|(p, &code)| format!("{}: {}", name(p), describe_status(code))).collect();
@@ -236,6 +254,31 @@ pub(super) fn execute(plan: &Plan, exe: &Path, dir: &Path) -> Result<Ran, String
         seconds,
         delivered,
         missed,
-        orphans: orphans.iter().map(|(p, r)| format!("{r} (pid {})", p.pid)).collect(),
+        orphans: orphans.iter().map(|(p, r)| format!("connector {r} (pid {})", p.pid)).chain(left).collect(),
     })
+}
+
+/// The running (not zombie) processes whose command line is `sleep ARG` for one of `args`.
+fn processes_running_sleep(args: &[String]) -> Vec<(Proc, String)> {
+    let mut out = vec![];
+    let Ok(entries) = std::fs::read_dir("/proc") else { return out };
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { continue };
+        let words: Vec<String> = cmdline
+            .split(|&b| b == 0)
+            .filter(|w| !w.is_empty())
+            .map(|w| String::from_utf8_lossy(w).into_owned())
+            .collect();
+        let [sleep, arg] = words.as_slice() else { continue };
+        if sleep != "sleep" || !args.contains(arg) {
+            continue;
+        }
+        if let Some(Stat { start, state, .. }) = stat(pid) {
+            if state != 'Z' {
+                out.push((Proc { pid, start }, arg.clone()));
+            }
+        }
+    }
+    out
 }
