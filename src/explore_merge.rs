@@ -21,7 +21,7 @@ use pdkv_sim::Outcome;
 use crate::shard::{check_complete, MergeError, Shard};
 
 /// Every outcome a run can have, to check the names a file gives.
-const OUTCOMES: [Outcome; 6] = [
+pub(crate) const OUTCOMES: [Outcome; 6] = [
     Outcome::Clean,
     Outcome::Incomplete,
     Outcome::Leak,

@@ -165,6 +165,15 @@ pub fn merge(files: &[(String, ShardFile)]) -> Result<(Vec<SweepPoint>, Vec<bool
     let Some((first_file, first)) = files.first() else {
         return Err(MergeError::Missing { shards: vec!["0/1".to_string()] });
     };
+    // A file that lies is refused, naming it, before it is compared with any other.
+    for (file, shard) in files {
+        for (index, point, _) in &shard.results {
+            check_point(&shard.lines, point).map_err(|reason| MergeError::Inconsistent {
+                file: file.clone(),
+                reason: format!("point {index}: {reason}"),
+            })?;
+        }
+    }
     for (file, shard) in files {
         let lines = |s: &ShardFile| format!("{:?}", s.lines);
         let fields = [
@@ -209,6 +218,43 @@ pub fn merge(files: &[(String, ShardFile)]) -> Result<(Vec<SweepPoint>, Vec<bool
     }
     // Every shard held its share, without repeats or strangers, so every slot is filled.
     Ok(slots.into_iter().map(|s| s.expect("every point filled")).unzip())
+}
+
+/// Checks that a point holds what `pdkv sweep` writes: one of the sweep's lines, a deployment
+/// the notation parser accepts, at least one client, a known outcome, figures that are finite
+/// and not negative. (Whether a point had its expected outcome cannot be checked here: a
+/// scenario may expect any outcome, a historical bug's included.)
+fn check_point(lines: &[(String, String)], p: &SweepPoint) -> Result<(), String> {
+    if !lines.iter().any(|(line, _)| *line == p.run) {
+        return Err(format!(
+            "`run` {:?} is none of the sweep's lines",
+            p.run.chars().take(80).collect::<String>()
+        ));
+    }
+    pdkv_core::topology::Deployment::parse(&p.deployment)
+        .map_err(|e| format!("`deployment` {:?}: {e}", p.deployment.chars().take(80).collect::<String>()))?;
+    if p.concurrency == 0 {
+        return Err("`concurrency` is 0; a sweep runs at least one client".to_string());
+    }
+    if !crate::explore_merge::OUTCOMES.iter().any(|o| o.name() == p.outcome) {
+        return Err(format!(
+            "outcome `{}` is not one pdkv knows",
+            p.outcome.chars().take(80).collect::<String>()
+        ));
+    }
+    for (name, value) in [
+        ("total_tok_s", Some(p.total_tok_s)),
+        ("ttft_mean_ms", p.ttft_mean_ms),
+        ("tpot_mean_ms", p.tpot_mean_ms),
+    ] {
+        if value.is_some_and(|v| !v.is_finite() || v < 0.0) {
+            return Err(format!(
+                "`{name}` is {}, not a finite figure of at least 0",
+                value.unwrap_or_default()
+            ));
+        }
+    }
+    Ok(())
 }
 
 pub fn run(args: &SweepMergeArgs) -> ExitCode {

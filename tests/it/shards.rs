@@ -177,6 +177,17 @@ fn bad_shards_and_shard_files_exit_2_naming_what_is_wrong() {
     );
     assert_eq!(sweep.status.code(), Some(0), "{}", String::from_utf8_lossy(&sweep.stderr));
     std::fs::create_dir_all(dir.join("empty")).expect("a folder");
+    // Shard files edited to claim what no sweep writes, each named in the table below.
+    let good = std::fs::read_to_string(dir.join("s0/sweep-shard.json")).expect("the shard file");
+    let forge = |name: &str, from: &str, to: &str| {
+        assert!(good.contains(from), "{from} is not in {good}");
+        std::fs::write(dir.join(name), good.replacen(from, to, 1)).expect("writes");
+    };
+    forge("banana.json", "\"outcome\": \"clean\"", "\"outcome\": \"banana\"");
+    forge("stranger-line.json", "\"run\": \"1P_TP8:1D_TP8\"", "\"run\": \"../../etc\"");
+    forge("bad-deployment.json", "\"deployment\": \"1P_TP8:1D_TP8\"", "\"deployment\": \"9Q\"");
+    forge("no-clients.json", "\"concurrency\": 4", "\"concurrency\": 0");
+    forge("nan.json", "\"total_tok_s\": \"", "\"total_tok_s\": \"NaN\", \"was\": \"");
     // (arguments, what stderr must say)
     let table: &[(&[&str], &[&str])] = &[
         (
@@ -218,6 +229,20 @@ fn bad_shards_and_shard_files_exit_2_naming_what_is_wrong() {
         (&["sweep-merge", "s0", "--out", "m"], &["no file holds shard 1/2"]),
         (&["sweep-merge", "s0", "empty", "--out", "m"], &["empty/sweep-shard.json: cannot read it"]),
         (&["sweep-merge", "s0", "a1.json", "--out", "m"], &["a1.json: not a shard file: `format`"]),
+        (
+            &["sweep-merge", "banana.json", "--out", "m"],
+            &["banana.json", "outcome `banana` is not one pdkv knows"],
+        ),
+        (
+            &["sweep-merge", "stranger-line.json", "--out", "m"],
+            &["stranger-line.json", "none of the sweep's lines"],
+        ),
+        (
+            &["sweep-merge", "bad-deployment.json", "--out", "m"],
+            &["bad-deployment.json", "`deployment` \"9Q\""],
+        ),
+        (&["sweep-merge", "no-clients.json", "--out", "m"], &["no-clients.json", "`concurrency` is 0"]),
+        (&["sweep-merge", "nan.json", "--out", "m"], &["nan.json", "`total_tok_s` is NaN"]),
     ];
     for (args, messages) in table {
         let out = pdkv(&dir, args);
