@@ -221,3 +221,40 @@ fn a_pdkv_cluster_stopped_for_longer_than_the_heartbeat_timeout_blames_no_rank()
         ["--handshake-timeout-ms", "1000", "--transfer-timeout-ms", "3000", "--defer-timeout-ms", "4000"];
     check_stopped_scheduler(&short, Duration::from_secs(7));
 }
+
+#[test]
+fn sigterm_ends_a_run_whose_driver_stopped_reading_at_once_with_a_partial_result() {
+    // The driver says ready and reads nothing more, so it never reads its `shutdown` (which
+    // waits in its pipe, where the scheduler's queue cannot see it).
+    let script = "echo '{\"op\":\"ready\"}'; sleep 30941 & exec sleep 30942";
+    let child = Command::new(exe())
+        .args(["cluster", "1P_TP2:1D_TP2", "--requests", "4000", "--concurrency", "1024", "--json"])
+        .args(["--foreign-side", "decode", "--foreign-driver", "sh"])
+        .args(["--foreign-driver-arg", "-c", "--foreign-driver-arg", script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("pdkv runs");
+    let pdkv = child.id();
+    let driver_up = || !processes_running(&["sleep", "30942"]).is_empty();
+    assert!(wait_until(Duration::from_secs(60), driver_up), "the driver never started");
+    sleep(Duration::from_millis(500));
+    let status = Command::new("kill").args(["-TERM", &pdkv.to_string()]).status().expect("kill runs");
+    assert!(status.success());
+    let signalled = Instant::now();
+    let out = child.wait_with_output().expect("pdkv ends");
+    let took = signalled.elapsed();
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(out.status.code(), Some(143), "{json}");
+    assert_eq!(json["outcome"], "interrupted", "{json}");
+    // It gave the driver a second to say bye, not the 10 s exit timeout a shutdown without a
+    // signal allows (a bound on waiting, generous for a loaded machine).
+    assert!(took < Duration::from_secs(6), "SIGTERM took {took:?} to end the run");
+    let killed = "the foreign driver did not answer shutdown; killed it and its process group";
+    assert_eq!(json["foreign"]["killed"], killed, "{json}");
+    connectors_all_exited_cleanly(&json);
+    for sleeper in ["30941", "30942"] {
+        assert_eq!(processes_running(&["sleep", sleeper]), Vec::<u32>::new(), "sleep {sleeper} is left");
+    }
+}

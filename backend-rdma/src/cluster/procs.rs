@@ -21,6 +21,10 @@ use super::foreign::{Driver, ToDriver};
 use super::result::Severity;
 use super::{Cluster, Ev, EXIT_TIMEOUT, POLL, START_TIMEOUT};
 
+/// How long a driver may leave its input unread at shutdown before it counts as not reading.
+const SHUTDOWN_READ: std::time::Duration = std::time::Duration::from_secs(1);
+/// How long a driver has to say bye when a signal ends the run.
+const SIGNALLED_BYE: std::time::Duration = std::time::Duration::from_secs(1);
 /// How long the forger gets, once its input closed, to send what it was given and exit.
 const FORGER_EXIT: std::time::Duration = std::time::Duration::from_secs(3);
 use crate::sched::{
@@ -641,7 +645,14 @@ impl Cluster {
     /// (outcome hang, naming the driver); at shutdown (`running` false) it is no longer waited
     /// for, and [`Driver::finish`] says it was killed.
     pub(super) fn check_driver(&mut self, running: bool) {
-        let limit = self.driver_drain_timeout();
+        // At shutdown a driver that reads takes its `shutdown` at once; one whose queued input
+        // (beyond what the pipe holds) waits unread longer than SHUTDOWN_READ is not reading,
+        // and is not waited for.
+        let limit = if running {
+            self.driver_drain_timeout()
+        } else {
+            SHUTDOWN_READ.min(self.driver_drain_timeout())
+        };
         let Some(driver) = self.driver.as_mut() else { return };
         if let Some(why) = driver.check_drained(limit) {
             if running {
@@ -650,9 +661,6 @@ impl Cluster {
         }
     }
 
-    /// Tells every live rank and the driver to shut down, waits for each to exit, and kills
-    /// stragglers: every process is given the same deadline, so one that outstays it (the
-    /// driver, say) costs the others nothing.
     /// Ends the forger before the ranks shut down: its input closes, it sends what it was
     /// given, and what the ranks refused meanwhile is still counted; one still busy after
     /// [`FORGER_EXIT`] is killed with its process group.
@@ -680,6 +688,9 @@ impl Cluster {
         }
     }
 
+    /// Tells every live rank and the driver to shut down, waits for each to exit, and kills
+    /// stragglers: every process is given the same deadline, so one that outstays it (the
+    /// driver, say) costs the others nothing.
     pub(super) fn shutdown(&mut self, rx: &Receiver<Ev>) {
         let live: Vec<RankId> = self.ranks.iter().filter(|(_, p)| p.alive).map(|(&r, _)| r).collect();
         for &rank in &live {
@@ -691,8 +702,16 @@ impl Cluster {
             self.tell_driver(&ToDriver::Shutdown);
         }
         // Collect goodbyes (and anything else still in flight) until every live rank left.
+        // A signal asks for the run to end now: a driver that has not said bye and exited
+        // within SIGNALLED_BYE is killed rather than waited for. (Its input pipe may hold the unread
+        // `shutdown` of a driver that stopped reading, which the queue cannot see.)
+        let bye_deadline =
+            if self.interrupted.is_some() { std::time::Instant::now() + SIGNALLED_BYE } else { deadline };
         let driver_owes_bye = |c: &Cluster| {
-            c.driver.as_ref().is_some_and(|d| d.ready && !d.said_bye && !d.closed && d.failed.is_none())
+            std::time::Instant::now() < bye_deadline
+                && c.driver
+                    .as_ref()
+                    .is_some_and(|d| d.ready && !d.said_bye && !d.closed && d.failed.is_none())
         };
         while self.ranks.values().any(|p| p.alive && p.writer.is_some() && !p.said_bye)
             || driver_owes_bye(self)
@@ -749,8 +768,9 @@ impl Cluster {
                 .ranks
                 .iter()
                 .all(|(rank, p)| p.child.is_none() || p.killed_by_fault || statuses.contains_key(rank));
-            let driver_done =
-                self.driver.as_ref().is_none_or(|d| d.failed.is_some()) || driver_exit.is_some();
+            let driver_done = self.driver.as_ref().is_none_or(|d| d.failed.is_some())
+                || driver_exit.is_some()
+                || (self.interrupted.is_some() && std::time::Instant::now() >= bye_deadline);
             if (ranks_done && driver_done) || std::time::Instant::now() >= deadline {
                 break;
             }
