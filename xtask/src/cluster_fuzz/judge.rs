@@ -34,10 +34,7 @@ pub(super) fn judge(plan: &Plan, ran: &Ran) -> Result<Figures, Vec<String>> {
     if let Some(driver) = plan.driver {
         return judge_driver(driver, ran, bad);
     }
-    let Some(exit) = ran.exit else {
-        bad.push("pdkv cluster was ended by a signal nobody sent it".into());
-        return Err(bad);
-    };
+    let Some(exit) = exit_of(ran, &mut bad) else { return Err(bad) };
     if exit == 2 {
         // An outside kill that lands while the ranks start leaves a cluster that cannot start:
         // it says which rank and exits 2, which is what it should do.
@@ -50,13 +47,7 @@ pub(super) fn judge(plan: &Plan, ran: &Ran) -> Result<Figures, Vec<String>> {
         bad.push("pdkv cluster exited 2: it refused the arguments or could not start (see stderr)".into());
         return Err(bad);
     }
-    let json: serde_json::Value = match serde_json::from_str(&ran.stdout) {
-        Ok(v) => v,
-        Err(e) => {
-            bad.push(format!("exit {exit} and no JSON result on stdout: {e}"));
-            return Err(bad);
-        }
-    };
+    let Some(json) = result_of(ran, exit, &mut bad) else { return Err(bad) };
     let num = |path: &[&str]| path.iter().fold(&json, |v, k| &v[*k]).as_u64().unwrap_or(u64::MAX);
     let outcome = json["outcome"].as_str().unwrap_or("(missing)").to_string();
     let (sent, finished, failed) =
@@ -156,21 +147,27 @@ pub(super) fn judge(plan: &Plan, ran: &Ran) -> Result<Figures, Vec<String>> {
     }
 }
 
+/// `pdkv cluster`'s exit code; `None` (noted in `bad`) when a signal nobody sent ended it.
+fn exit_of(ran: &Ran, bad: &mut Vec<String>) -> Option<i32> {
+    if ran.exit.is_none() {
+        bad.push("pdkv cluster was ended by a signal nobody sent it".into());
+    }
+    ran.exit
+}
+
+/// The JSON result on stdout; `None` (noted in `bad`) when there is none.
+fn result_of(ran: &Ran, exit: i32, bad: &mut Vec<String>) -> Option<serde_json::Value> {
+    serde_json::from_str(&ran.stdout)
+        .map_err(|e| bad.push(format!("exit {exit} and no JSON result on stdout: {e}")))
+        .ok()
+}
+
 /// A run whose foreign decode driver misbehaves and never answers a request: it ends by its
 /// budget (outcome hang, exit 1) with a result that names what the driver did, blames no
 /// connector, and leaves no process of the driver's behind (checked with the orphans).
 fn judge_driver(driver: Driver, ran: &Ran, mut bad: Vec<String>) -> Result<Figures, Vec<String>> {
-    let Some(exit) = ran.exit else {
-        bad.push("pdkv cluster was ended by a signal nobody sent it".into());
-        return Err(bad);
-    };
-    let json: serde_json::Value = match serde_json::from_str(&ran.stdout) {
-        Ok(v) => v,
-        Err(e) => {
-            bad.push(format!("exit {exit} and no JSON result on stdout: {e}"));
-            return Err(bad);
-        }
-    };
+    let Some(exit) = exit_of(ran, &mut bad) else { return Err(bad) };
+    let Some(json) = result_of(ran, exit, &mut bad) else { return Err(bad) };
     let outcome = json["outcome"].as_str().unwrap_or("(missing)").to_string();
     if (outcome.as_str(), exit) != ("hang", 1) {
         bad.push(format!(
