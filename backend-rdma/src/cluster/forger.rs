@@ -231,6 +231,8 @@ pub(super) struct Forger {
     input: Option<SyncSender<TransferId>>,
     pub(super) report: Forged,
     pub(super) closed: bool,
+    /// Whether [`Forger::finish`] reaped it.
+    reaped: bool,
 }
 
 impl Forger {
@@ -246,7 +248,14 @@ impl Forger {
         thread::spawn(move || read_lines(stdout, &tx));
         let (input, ids) = mpsc::sync_channel(MAX_QUEUED_IDS);
         thread::spawn(move || write_ids(stdin, &ids));
-        Ok(Forger { pgid: child.id(), child, input: Some(input), report: Forged::default(), closed: false })
+        Ok(Forger {
+            pgid: child.id(),
+            child,
+            input: Some(input),
+            report: Forged::default(),
+            closed: false,
+            reaped: false,
+        })
     }
 
     /// Gives the forger a transfer id, never waiting for it.
@@ -280,16 +289,23 @@ impl Forger {
         self.input = None;
     }
 
-    /// Kills what is left of the forger's process group and reaps it.
+    /// Kills what is left of the forger's process group and reaps it, once: the group is
+    /// killed before its leader is reaped, so that its id cannot have been reused meanwhile,
+    /// and never after.
     pub(super) fn finish(&mut self) {
         self.input = None;
+        if self.reaped {
+            return;
+        }
         crate::signals::kill_group(self.pgid, crate::signals::SIGKILL);
         let _ = self.child.kill();
         let _ = self.child.wait();
+        self.reaped = true;
     }
 }
 
 impl Drop for Forger {
+    /// A run that ends without [`Forger::finish`] (a panic) still takes the forger down.
     fn drop(&mut self) {
         self.finish();
     }

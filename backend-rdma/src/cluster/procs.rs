@@ -20,6 +20,9 @@ use pdkv_core::prefill::EngineEvent;
 use super::foreign::{Driver, ToDriver};
 use super::result::Severity;
 use super::{Cluster, Ev, EXIT_TIMEOUT, POLL, START_TIMEOUT};
+use crate::sched::{
+    read_frame, read_frame_within, write_frame, FromRank, Setup, ToRank, MAX_HELLO_BYTES, TOKEN_ENV,
+};
 
 /// How long a driver may leave its input unread at shutdown before it counts as not reading.
 const SHUTDOWN_READ: std::time::Duration = std::time::Duration::from_secs(1);
@@ -27,9 +30,6 @@ const SHUTDOWN_READ: std::time::Duration = std::time::Duration::from_secs(1);
 const SIGNALLED_BYE: std::time::Duration = std::time::Duration::from_secs(1);
 /// How long the forger gets, once its input closed, to send what it was given and exit.
 const FORGER_EXIT: std::time::Duration = std::time::Duration::from_secs(3);
-use crate::sched::{
-    read_frame, read_frame_within, write_frame, FromRank, Setup, ToRank, MAX_HELLO_BYTES, TOKEN_ENV,
-};
 
 pub(super) struct RankProc {
     pub(super) child: Option<Child>,
@@ -587,7 +587,8 @@ impl Cluster {
     /// CPU): the ranks' heartbeats and the driver's reads waited unread meanwhile, so every
     /// window starts afresh instead of blaming them, the engines' reapers wait
     /// [`super::STALL_GRACE`] so that what the ranks sent meanwhile is read before anything is
-    /// reaped, and the requests in flight are exposed to the stall. A rank is lost only for silence while the scheduler itself was awake.
+    /// reaped, and the requests in flight are exposed to the stall. A rank is lost only for
+    /// silence while the scheduler itself was awake.
     pub(super) fn scheduler_stalled(&mut self, gap: Duration) {
         let now = std::time::Instant::now();
         for proc in self.ranks.values_mut() {
