@@ -771,7 +771,7 @@ impl Cluster {
                 .all(|(rank, p)| p.child.is_none() || p.killed_by_fault || statuses.contains_key(rank));
             let driver_done = self.driver.as_ref().is_none_or(|d| d.failed.is_some())
                 || driver_exit.is_some()
-                || (self.interrupted.is_some() && std::time::Instant::now() >= bye_deadline);
+                || std::time::Instant::now() >= bye_deadline;
             if (ranks_done && driver_done) || std::time::Instant::now() >= deadline {
                 break;
             }
