@@ -120,25 +120,27 @@ fn polite_driver(at_setup: &str, after_bye: &str) -> String {
     )
 }
 
-#[test]
-fn a_driver_that_outstays_its_goodbye_is_reported_and_killed_and_no_connector_is_blamed() {
+/// Runs a polite driver that does `at_setup` and `after_bye`, and checks that it was killed
+/// for `killed`, that no connector was blamed, and that its `sleep SLEEPER` is gone.
+fn check_impolite_exit(at_setup: &str, after_bye: &str, killed: &str, sleeper: &str) {
     let flags = ["--requests", "2", "--timeout-ms", "1500"];
-    let (_, json) = run_with_driver("1P_TP1:1D_TP1", &polite_driver("", "exec sleep 30921"), &flags);
-    let killed = "the foreign driver said bye but did not exit; killed it and its process group";
+    let (_, json) = run_with_driver("1P_TP1:1D_TP1", &polite_driver(at_setup, after_bye), &flags);
     assert_eq!(json["foreign"]["killed"], killed, "{json}");
     assert!(problems(&json).iter().any(|p| p == killed), "{json}");
     connectors_all_exited_cleanly(&json);
-    assert_eq!(processes_running(&["sleep", "30921"]), Vec::<u32>::new(), "the driver is left");
+    assert_eq!(processes_running(&["sleep", sleeper]), Vec::<u32>::new(), "sleep {sleeper} is left");
+}
+
+#[test]
+fn a_driver_that_outstays_its_goodbye_is_reported_and_killed_and_no_connector_is_blamed() {
+    let killed = "the foreign driver said bye but did not exit; killed it and its process group";
+    check_impolite_exit("", "exec sleep 30921", killed, "30921");
 }
 
 #[test]
 fn processes_a_driver_leaves_behind_are_killed_with_its_group() {
-    let flags = ["--requests", "2", "--timeout-ms", "1500"];
-    let (_, json) = run_with_driver("1P_TP1:1D_TP1", &polite_driver("sleep 30925 &", "exit 0"), &flags);
     let killed = "the foreign driver exited, leaving processes of its group running; killed them";
-    assert_eq!(json["foreign"]["killed"], killed, "{json}");
-    connectors_all_exited_cleanly(&json);
-    assert_eq!(processes_running(&["sleep", "30925"]), Vec::<u32>::new(), "the driver's child is left");
+    check_impolite_exit("sleep 30925 &", "exit 0", killed, "30925");
 }
 
 #[test]
