@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use pdkv_core::ids::{RankId, TransferId};
 use pdkv_core::rng::Stream;
 use pdkv_core::topology::Deployment;
-use pdkv_sim::load::{parse_target, TargetPattern};
+use pdkv_engine::target::{parse_target, TargetPattern};
 use serde::{Deserialize, Serialize};
 
 /// Most message-fault flags one run takes (each is checked against every message sent).

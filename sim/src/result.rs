@@ -2,6 +2,9 @@
 
 use serde::{Deserialize, Serialize};
 
+// The verdict's vocabulary is the engine layer's, shared with the real cluster's results.
+pub use pdkv_engine::verdict::{jain, percentiles, round3, Ledger, Summary, ViolationKind};
+
 use crate::scenario::{JainBounds, Outcome, Profiles, Scenario, FORMAT_VERSION};
 use crate::waitfor::{WaitEdge, WaitNode};
 
@@ -97,42 +100,6 @@ pub struct Throughput {
     pub requests_per_s: f64,
 }
 
-/// Mean and percentiles of one latency.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Summary {
-    /// Mean.
-    pub mean: f64,
-    /// Median.
-    pub p50: f64,
-    /// 99th percentile.
-    pub p99: f64,
-}
-
-impl Summary {
-    /// Summarises `values` (milliseconds), sorting them; `None` when there are none (no request
-    /// finished: a mean of 0 ms would be a number nobody measured).
-    pub fn of(values: &mut [f64]) -> Option<Summary> {
-        if values.is_empty() {
-            return None;
-        }
-        values.sort_by(f64::total_cmp);
-        let mean = values.iter().sum::<f64>() / values.len() as f64;
-        let at = |q: f64| values[((values.len() - 1) as f64 * q).round() as usize];
-        Some(Summary { mean: round3(mean), p50: round3(at(0.5)), p99: round3(at(0.99)) })
-    }
-}
-
-/// Jain's fairness index of `values`, rounded to three decimals; `None` when there are no
-/// values or all are zero.
-pub fn jain(values: &[u64]) -> Option<f64> {
-    values.iter().any(|&v| v > 0).then(|| round3(pdkv_core::routes::jain_index(values)))
-}
-
-/// Rounds to three decimals so results stay readable (and byte-stable).
-pub fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
-}
-
 /// The four latencies of `vllm bench serve`; each is `None` (`null` in JSON) when nothing was
 /// measured: no request finished, or none produced a second token (TPOT, ITL).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -153,16 +120,6 @@ pub struct Latencies {
     pub ttft_percentiles: Vec<f64>,
     /// TPOT at every percentile 0, 1, ..., 100.
     pub tpot_percentiles: Vec<f64>,
-}
-
-/// The values of `sorted` (ascending) at percentiles 0, 1, ..., 100, rounded to microseconds.
-pub fn percentiles(sorted: &[f64]) -> Vec<f64> {
-    if sorted.is_empty() {
-        return Vec::new();
-    }
-    (0..=100)
-        .map(|p| round3(sorted[((sorted.len() - 1) as f64 * f64::from(p) / 100.0).round() as usize]))
-        .collect()
 }
 
 /// Reads and bytes per prefill GPU (rank order: engine, DP, TP).
@@ -205,31 +162,6 @@ impl NicStats {
     }
 }
 
-/// Prefill block ledger totals.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Ledger {
-    /// Transfers whose blocks are still held at the end.
-    pub held: u64,
-    /// Transfers freed after their releases.
-    pub freed: u64,
-    /// Transfers freed by the reaper.
-    pub reaped: u64,
-    /// Of those, transfers whose decode engine crashed or one of whose releases or leases a
-    /// fault lost: reaping is then the designed recovery and does not make the run a leak.
-    pub reaped_excused: u64,
-    /// Transfers held by a prefill engine when it crashed (their memory went with it).
-    pub lost_in_crash: u64,
-    /// Longest time any transfer's blocks were held, in milliseconds.
-    pub max_hold_ms: f64,
-    /// Time prefill DP ranks spent unable to start a batch for want of free blocks, in seconds.
-    pub prefill_stall_s: f64,
-    /// The run's budget ended while an engine holding blocks still had a reaper deadline ahead:
-    /// the reaper could still have freed them, so blocks held then are no verdict of a leak
-    /// (as requests the budget cut off are no verdict of a hang). Left out when false.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub reaper_pending: bool,
-}
-
 /// A wait that never ended.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Hang {
@@ -247,45 +179,6 @@ pub struct Hang {
     pub cycle: Option<Vec<WaitNode>>,
     /// The wait-for graph in Graphviz form.
     pub dot: String,
-}
-
-/// Which safety check a [`Violation`] broke; written in `result.json` as its snake_case name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ViolationKind {
-    /// A read completed from blocks already freed.
-    ReadFreedBlock,
-    /// A read addressed memory outside every region the prefill rank registered.
-    ReadForeignRegion,
-    /// A block was freed twice.
-    DoubleFree,
-    /// A control message went to a port no listener owns.
-    PortWithoutListener,
-    /// A node reported an inconsistency, or a message could not be decoded.
-    ProtocolError,
-    /// The real cluster only (`pdkv cluster`): bytes decode read differ from the pattern the
-    /// source prefill rank wrote (the wrong rank, block, layer or transfer was read).
-    ReadMismatch,
-}
-
-impl ViolationKind {
-    /// The name `result.json`, traces and summaries use.
-    pub fn name(self) -> &'static str {
-        match self {
-            ViolationKind::ReadFreedBlock => "read_freed_block",
-            ViolationKind::ReadForeignRegion => "read_foreign_region",
-            ViolationKind::DoubleFree => "double_free",
-            ViolationKind::PortWithoutListener => "port_without_listener",
-            ViolationKind::ProtocolError => "protocol_error",
-            ViolationKind::ReadMismatch => "read_mismatch",
-        }
-    }
-}
-
-impl std::fmt::Display for ViolationKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
 }
 
 /// A safety violation.

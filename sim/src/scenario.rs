@@ -10,6 +10,9 @@ use pdkv_core::ids::EngineId;
 use pdkv_core::legacy::Legacy;
 use pdkv_core::policy::{PeerBook, PeerRules};
 use pdkv_core::topology::Deployment;
+use pdkv_engine::timeouts::ProtocolTimeouts;
+/// How a run ended: the engine layer's verdict, which the real cluster's results name too.
+pub use pdkv_engine::verdict::Outcome;
 use serde::{Deserialize, Serialize};
 
 use crate::error::PeerError;
@@ -22,9 +25,10 @@ pub const FORMAT_VERSION: u32 = 2;
 // deployment, and low enough that the simulator's arithmetic (u64 nanoseconds, u32 blocks) and
 // memory stay bounded: a scenario past one is rejected at load with the field and the limit.
 
-/// Largest value of any `_ms` field: 10^10 ms, about 115 days. Times are u64 nanoseconds; at
-/// most 10^16 ns each, a thousand of them add up without overflow (u64 holds 1.8 · 10^19).
-pub const MAX_TIME_MS: u64 = 10_000_000_000;
+/// Largest value of any `_ms` field: 10^10 ms, about 115 days, the engine layer's longest
+/// protocol timeout. Times are u64 nanoseconds; at most 10^16 ns each, a thousand of them add
+/// up without overflow (u64 holds 1.8 · 10^19).
+pub const MAX_TIME_MS: u64 = pdkv_engine::timeouts::MAX_TIMEOUT_MS;
 /// Largest `limits.max_virtual_time_s`: one day, twelve times the default. The result keeps one
 /// NIC utilisation value per prefill GPU per virtual second, so this also bounds its size.
 pub const MAX_VIRTUAL_TIME_S: u64 = 86_400;
@@ -137,43 +141,6 @@ impl std::fmt::Display for JainBounds {
             (Some(lo), None) => write!(f, "at least {lo}"),
             (None, Some(hi)) => write!(f, "at most {hi}"),
             (None, None) => f.write_str("unbounded"),
-        }
-    }
-}
-
-/// How a run ended, from worst to best: a safety violation outranks a hang, which outranks
-/// unexcused request failures, which outrank a leak, which outranks an incomplete workload.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Outcome {
-    /// Every request was sent and ended; every failure was excused by an injected fault; every
-    /// block was freed by its releases; no violation.
-    Clean,
-    /// The run's budget (`limits.max_virtual_time_s` or `limits.max_events`) ended before the
-    /// workload had sent every request, or while requests were in flight and still progressing,
-    /// or while they were `stalled` (no progress, and no wait the simulator can show).
-    Incomplete,
-    /// Blocks were freed only by the reaper, or are still held at the end.
-    Leak,
-    /// A request failed without an injected fault that excuses it (`docs/sim.md`, "Excused
-    /// failures").
-    FailedRequests,
-    /// Something waited past its timeout (a collective), or requests never ended.
-    Hang,
-    /// A read of freed or foreign memory, a double free, or a message to a port nobody owns.
-    SafetyViolation,
-}
-
-impl Outcome {
-    /// The snake_case name used in files and results.
-    pub fn name(self) -> &'static str {
-        match self {
-            Outcome::Clean => "clean",
-            Outcome::Incomplete => "incomplete",
-            Outcome::Leak => "leak",
-            Outcome::FailedRequests => "failed_requests",
-            Outcome::Hang => "hang",
-            Outcome::SafetyViolation => "safety_violation",
         }
     }
 }
@@ -538,16 +505,29 @@ pub struct Protocol {
     pub collective_timeout_ms: u64,
 }
 
+impl Protocol {
+    /// The timeouts this section declares.
+    pub fn timeouts(&self) -> ProtocolTimeouts {
+        ProtocolTimeouts {
+            handshake_ms: self.handshake_timeout_ms,
+            transfer_ms: self.transfer_timeout_ms,
+            defer_ms: self.defer_timeout_ms,
+            collective_ms: self.collective_timeout_ms,
+        }
+    }
+}
+
 impl Default for Protocol {
     fn default() -> Self {
+        let timeouts = ProtocolTimeouts::default();
         Protocol {
             legacy: Vec::new(),
             peers: BTreeMap::new(),
             reads: Reads::PerLayer,
-            handshake_timeout_ms: 10_000,
-            transfer_timeout_ms: 30_000,
-            defer_timeout_ms: 60_000,
-            collective_timeout_ms: 600_000,
+            handshake_timeout_ms: timeouts.handshake_ms,
+            transfer_timeout_ms: timeouts.transfer_ms,
+            defer_timeout_ms: timeouts.defer_ms,
+            collective_timeout_ms: timeouts.collective_ms,
         }
     }
 }
@@ -714,6 +694,11 @@ impl Scenario {
     /// ([`Faults::transfer_timeout_ms`]), else the protocol's.
     pub fn transfer_timeout_ms(&self) -> u64 {
         self.faults.transfer_timeout_ms.unwrap_or(self.protocol.transfer_timeout_ms)
+    }
+
+    /// The protocol's timeouts in force: `protocol`'s, with the transfer timeout a fault injects.
+    pub fn timeouts(&self) -> ProtocolTimeouts {
+        ProtocolTimeouts { transfer_ms: self.transfer_timeout_ms(), ..self.protocol.timeouts() }
     }
 
     /// The core's view of the model: what routing, the head guard and block sizes need.

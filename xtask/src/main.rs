@@ -10,6 +10,7 @@ mod bench;
 mod cluster_fuzz;
 #[cfg(test)]
 mod core_lints;
+mod crate_order;
 mod moriio;
 mod pyenv;
 mod rdma_vm;

@@ -61,7 +61,7 @@ use serde::{Deserialize, Serialize};
 use super::config::Foreign;
 use super::foreign_reads::{self, ForeignReads, Life, Plan};
 use super::{Cluster, Ev, Violation};
-use pdkv_sim::result::ViolationKind;
+use pdkv_engine::verdict::ViolationKind;
 
 /// Longest line the driver may send: a `bye` with a few hundred counters fits many times.
 const MAX_LINE_BYTES: u64 = 1 << 20;

@@ -54,11 +54,11 @@ pub use config::{
 };
 pub use foreign::ForeignReport;
 pub use foreign_reads::ForeignReads;
-pub use pdkv_sim::result::{Summary, ViolationKind};
+pub use pdkv_engine::verdict::{Summary, Verdict, ViolationKind};
 use procs::{free_ports, new_control_key, new_token, Acceptor, Admission, RankProc};
 pub use result::{
-    ClusterOutcome, ClusterResult, Control, Failure, Latencies, Ledger, Nic, Processes, Progress, Requests,
-    Throughput, Violation,
+    ClusterResult, Control, Failure, Latencies, Ledger, Nic, Processes, Progress, Requests, Throughput,
+    Violation,
 };
 
 const NS_PER_MS: u64 = 1_000_000;

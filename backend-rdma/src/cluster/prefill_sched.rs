@@ -9,7 +9,7 @@ use pdkv_core::prefill::{EngineAction, EngineEvent, PrefillDone};
 use pdkv_core::proxy::ProxyAction;
 use pdkv_core::topology::Layout;
 use pdkv_core::wire::Extension;
-use pdkv_sim::result::ViolationKind;
+use pdkv_engine::verdict::ViolationKind;
 
 use super::foreign::ToDriver;
 use super::{Cluster, Req, Violation, NS_PER_MS};

@@ -2,8 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use pdkv_sim::result::{round3, Summary, ViolationKind};
-use pdkv_sim::Outcome;
+use pdkv_engine::verdict::{judge, round3, BudgetRule, Summary, Tally, Verdict, ViolationKind};
 
 use pdkv_core::ids::{RankId, Role};
 use serde::Serialize;
@@ -142,7 +141,7 @@ pub struct ClusterResult {
     pub model: String,
     /// Seed of lengths and ids.
     pub seed: u64,
-    /// [`ClusterOutcome::name`]: the simulator's outcome names, or `interrupted`.
+    /// [`Verdict::name`]: the simulator's outcome names, or `interrupted`.
     pub outcome: String,
     /// Wall time of the run, in seconds.
     pub duration_s: f64,
@@ -382,59 +381,33 @@ pub struct Progress {
     pub total: u64,
 }
 
-/// How a cluster run ended: one of the simulator's outcomes, with its name and meaning, or
-/// stopped by a signal, which a simulated run never is (so `Outcome` has no such variant, and
-/// scenario files cannot expect one).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ClusterOutcome {
-    /// A signal stopped the run; the result is partial.
-    Interrupted,
-    /// The run ended as the simulator's outcome says.
-    Ended(Outcome),
-}
-
-impl ClusterOutcome {
-    /// The snake_case name the result's `outcome` field holds.
-    pub fn name(self) -> &'static str {
-        match self {
-            ClusterOutcome::Interrupted => "interrupted",
-            ClusterOutcome::Ended(outcome) => outcome.name(),
-        }
-    }
-}
-
-/// How a run ended, by the simulator's rules plus two of the cluster's own: a violation trumps
-/// an interruption (a signal stopped the run, so the rest is partial), which trumps a hang; a
-/// hang trumps failed requests, failed requests trump a leak. Requests that failed and transfers
-/// the reaper freed after an injected fault they were exposed to are the fault's designed
-/// effect and recovery, not a failure of the run; any other failed request is.
+/// How a run ended, by the engine's outcome rules under a wall clock's budget
+/// ([`BudgetRule::WallClock`]): this maps what the cluster counted onto their terms. A request
+/// still in flight when the budget ended was cut off by it; any other unfinished request is a
+/// hang. Requests that failed and transfers the reaper freed after an injected fault they were
+/// exposed to are the fault's designed effect and recovery, not a failure of the run.
 pub(super) fn outcome(
     violated: bool,
     interrupted: bool,
     hung: bool,
-    incomplete: bool,
+    budget_ended: bool,
     requests: &Requests,
     ledger: &Ledger,
-) -> ClusterOutcome {
-    let ended = if violated {
-        Outcome::SafetyViolation
-    } else if interrupted {
-        return ClusterOutcome::Interrupted;
-    } else if hung {
-        Outcome::Hang
-    } else if requests.failed > requests.failed_excused {
-        Outcome::FailedRequests
-    } else if incomplete {
-        // The budget ended while requests were still finishing: transfers in flight are held,
-        // which is not a leak. (The simulator ranks a leak above this: its budget ends in
-        // virtual time, with nothing in flight that a real clock's cut would leave held.)
-        Outcome::Incomplete
-    } else if ledger.held > 0 || ledger.reaped > ledger.reaped_excused {
-        Outcome::Leak
-    } else {
-        Outcome::Clean
+) -> Verdict {
+    let tally = Tally {
+        violated,
+        interrupted,
+        hung,
+        budget_ended,
+        unfinished: requests.unfinished,
+        cut_off: if budget_ended { requests.unfinished } else { 0 },
+        failed_unexcused: requests.failed.saturating_sub(requests.failed_excused),
+        held: ledger.held,
+        reaped: ledger.reaped,
+        reaped_excused: ledger.reaped_excused,
+        ..Tally::default()
     };
-    ClusterOutcome::Ended(ended)
+    judge(&tally, BudgetRule::WallClock)
 }
 
 /// Jain's index rounded as the simulator rounds it; always a number, where the simulator's
@@ -461,13 +434,11 @@ impl Cluster {
             held_for_restart: self.holds.count,
             dispatched_while_down: self.holds.while_down,
         };
-        let incomplete = self.budget_ended.is_some();
-        let hung = self.hung.is_some() || (unfinished > 0 && !incomplete);
         let outcome = outcome(
             !self.violations.is_empty(),
             self.interrupted.is_some(),
-            hung,
-            incomplete,
+            self.hung.is_some(),
+            self.budget_ended.is_some(),
             &requests,
             &ledger,
         );

@@ -38,7 +38,6 @@ mod test_support;
 mod validate;
 
 pub use errors::{Location, ScenarioError};
-pub use target::{parse_target, TargetPattern};
 pub use validate::{validate, Violation};
 
 use errors::{from_ron_error, location_of};

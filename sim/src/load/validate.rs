@@ -7,7 +7,10 @@ use pdkv_core::ids::Role;
 use pdkv_core::routing::check_pair;
 use pdkv_core::topology::{Deployment, Layout};
 
-use super::target::{check_target, parse_target};
+use pdkv_engine::target::parse_target;
+use pdkv_engine::timeouts::ProtocolTimeouts;
+
+use super::target::check_target;
 use crate::cost::Cost;
 use crate::scenario::{
     Clients, FaultKind, JainBounds, Length, Scenario, MAX_CONCURRENCY, MAX_ENGINE_CRASHES, MAX_EVENTS,
@@ -403,10 +406,13 @@ fn validate_protocol(scenario: &Scenario) -> Check {
             return Err(violation(format!("protocol.legacy[{i}]"), format!("`{option}` is listed twice")));
         }
     }
-    time_ms("protocol.handshake_timeout_ms", protocol.handshake_timeout_ms)?;
-    time_ms("protocol.transfer_timeout_ms", protocol.transfer_timeout_ms)?;
-    time_ms("protocol.defer_timeout_ms", protocol.defer_timeout_ms)?;
-    time_ms("protocol.collective_timeout_ms", protocol.collective_timeout_ms)
+    // The engine layer's limits, which the cluster's flags share; each names its field here.
+    for (timeout, ms) in protocol.timeouts().each() {
+        if !ProtocolTimeouts::within_limits(ms) {
+            time_ms(&format!("protocol.{}_timeout_ms", timeout.name()), ms)?;
+        }
+    }
+    Ok(())
 }
 
 /// Every key of `protocol.peers` is an engine of the deployment and every value a rule set; the
@@ -499,7 +505,8 @@ fn validate_faults(scenario: &Scenario, deployment: &Deployment) -> Check {
     }
     at_most("faults.swarm.max_delay_ms", swarm.max_delay_ms, MAX_TIME_MS, " ms (about 115 days)")?;
     match scenario.faults.transfer_timeout_ms {
-        Some(ms) => time_ms("faults.transfer_timeout_ms", ms),
+        Some(ms) if !ProtocolTimeouts::within_limits(ms) => time_ms("faults.transfer_timeout_ms", ms),
+        Some(_) => Ok(()),
         None => Ok(()),
     }
 }

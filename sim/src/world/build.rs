@@ -24,7 +24,7 @@ use super::control::Listener;
 use super::decode::{DGroup, Unit};
 use super::pool::Pool;
 use super::prefill::PGroup;
-use super::{ms_ns, RunOptions, World};
+use super::{RunOptions, World};
 
 /// A prefill worker of rank `rank` (index `i`) in its `epoch`-th life, named `incarnation` in its
 /// metadata, with its memory regions (base addresses and their common length). Every life of
@@ -63,8 +63,7 @@ pub(super) fn build_prefill_worker(
         .collect();
     // A lease lasts the decode's transfer timeout: the deployment's, or the shorter one a fault
     // injects; the worker takes none longer than the deployment's.
-    let max_lease_ms =
-        sc.protocol.transfer_timeout_ms.max(sc.transfer_timeout_ms()).min(u64::from(u32::MAX)) as u32;
+    let max_lease_ms = sc.protocol.timeouts().lease_ms().max(sc.timeouts().lease_ms());
     let worker = PrefillWorker::new(rank, metadata, layers, policy).with_max_lease_ms(max_lease_ms);
     (worker, bases, region_len)
 }
@@ -102,8 +101,7 @@ pub(super) fn build_decode_worker(
     let mut config =
         DecodeConfig::new(rank, d.layout(rank.engine), d.model.clone(), *policy, book.engine_id(rank.engine));
     config.peers = book.rules.clone();
-    config.handshake_timeout_ns = ms_ns(sc.protocol.handshake_timeout_ms);
-    config.transfer_timeout_ns = ms_ns(sc.transfer_timeout_ms());
+    sc.timeouts().apply_to(&mut config);
     config.granularity = match sc.protocol.reads {
         Reads::PerLayer => ReadGranularity::PerLayer,
         Reads::PerRequest => ReadGranularity::PerRequest,
@@ -151,7 +149,7 @@ impl World {
             }
             let engine = PrefillEngine::new(EngineId::prefill(e as u16), layout, d.model.clone(), policy)
                 .with_peers(book.rules.clone())
-                .with_defer_timeout_ns(ms_ns(sc.protocol.defer_timeout_ms));
+                .with_defer_timeout_ns(sc.timeouts().defer_ns());
             engines.push(engine);
         }
         let mut regions = BTreeMap::new();
@@ -292,7 +290,7 @@ impl World {
             retired_regions: BTreeMap::new(),
             excused: BTreeSet::new(),
             touched: vec![Vec::new(); nic_count],
-            grace_ns: ms_ns(sc.protocol.handshake_timeout_ms).saturating_add(ms_ns(sc.transfer_timeout_ms())),
+            grace_ns: sc.timeouts().handshake_ns().saturating_add(sc.timeouts().transfer_ns()),
             refused: 0,
             reaped_excused: 0,
             lost_in_crash: 0,

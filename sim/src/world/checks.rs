@@ -9,7 +9,7 @@ use crate::waitfor::{Collective, WaitFor, WaitNode, WaitReason};
 
 use super::clients::Req;
 use super::decode::UnitState;
-use super::{ms, ms_ns, Ev, World};
+use super::{ms, Ev, World};
 
 impl World {
     pub(super) fn violation(&mut self, kind: ViolationKind, ranks: Vec<String>, detail: String) {
@@ -23,7 +23,7 @@ impl World {
     /// step it was armed for completed, it re-arms for the step now waiting (if any).
     pub(super) fn on_collective_timeout(&mut self, unit: usize, _armed_step: u64) {
         self.units[unit].watchdog = false;
-        let timeout = ms_ns(self.sc.protocol.collective_timeout_ms);
+        let timeout = self.sc.timeouts().collective_ns();
         let step = self.units[unit].step;
         let UnitState::Waiting { began } = self.units[unit].state else { return };
         let deadline = began.saturating_add(timeout);

@@ -75,7 +75,7 @@ impl World {
         // reaper could have fired: for the ledger that is a lost message, and reaping the
         // design's recovery.
         if let (Msg::Notify { transfer: Some(t), .. }, Some(&first)) = (&msg, delays.first()) {
-            if first >= ms_ns(self.sc.protocol.defer_timeout_ms) {
+            if first >= self.sc.timeouts().defer_ns() {
                 self.excused.insert(*t);
             }
         }

@@ -13,7 +13,7 @@ use crate::cost::GroupLoad;
 use crate::result::ViolationKind;
 
 use super::pool::Pool;
-use super::{list, ms, ms_ns, Ev, Msg, World, IDLE_STEP_NS};
+use super::{list, ms, Ev, Msg, World, IDLE_STEP_NS};
 
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Running {
@@ -159,7 +159,7 @@ impl World {
         }
         if !self.units[unit].watchdog {
             self.units[unit].watchdog = true;
-            let timeout = ms_ns(self.sc.protocol.collective_timeout_ms);
+            let timeout = self.sc.timeouts().collective_ns();
             self.at(timeout, Ev::CollectiveTimeout { unit, step });
         }
         self.maybe_compute(unit);

@@ -9,8 +9,8 @@ use pdkv_core::legacy::LegacyOptions;
 use pdkv_core::policy::Policy;
 use pdkv_core::prefill::{EngineEvent, PrefillEngine};
 
-use crate::load::{parse_target, TargetPattern};
 use crate::scenario::FaultKind;
+use pdkv_engine::target::{parse_target, TargetPattern};
 
 use super::build::{build_decode_worker, build_prefill_worker, draw_incarnation};
 use super::decode::UnitState;
@@ -234,7 +234,7 @@ impl World {
                 self.lost_in_crash += totals.held;
                 self.crashed_freed += totals.freed;
                 self.crashed_reaped += totals.reaped;
-                let defer = ms_ns(self.sc.protocol.defer_timeout_ms);
+                let defer = self.sc.timeouts().defer_ns();
                 self.engines[e] = PrefillEngine::new(engine, layout, self.d.model.clone(), self.policy())
                     .with_peers(self.book.rules.clone())
                     .with_defer_timeout_ns(defer);

@@ -1,25 +1,15 @@
 //! The end of a run: the `RunResult` (requests, latencies, NICs, ledger) and the outcome rules.
 
 use pdkv_core::time::Instant;
+use pdkv_engine::verdict::{judge, BudgetRule, Tally, Verdict};
 
 use crate::nic::BUCKET_NS;
 use crate::result::{percentiles, round3, Hang, Ledger, NicStats, RunResult, Summary};
-use crate::scenario::Outcome;
 use crate::waitfor::{WaitFor, WaitNode, WaitReason};
 
-use super::{ms, ms_ns, Run, World};
+use super::{ms, Run, World};
 
 impl World {
-    /// The longest a progressing run may go without a request ending: the collective timeout,
-    /// or a transfer's handshake, transfer and defer timeouts in a row, whichever is longer.
-    fn stall_window_ns(&self) -> u64 {
-        let p = &self.sc.protocol;
-        let transfer = ms_ns(p.handshake_timeout_ms)
-            .saturating_add(ms_ns(self.sc.transfer_timeout_ms()))
-            .saturating_add(ms_ns(p.defer_timeout_ms));
-        ms_ns(p.collective_timeout_ms).max(transfer)
-    }
-
     pub(super) fn finish(mut self) -> Run {
         let now = self.now;
         for g in 0..self.pgroups.len() {
@@ -129,7 +119,7 @@ impl World {
         // ended, a prefill step computed prompt tokens, a decode step generated tokens or a KV
         // read completed. A prefill step of one token takes a request's prompt hours; it is slow,
         // not hung, and requests ending is too coarse a sign of it.
-        let stall_window_ns = self.stall_window_ns();
+        let stall_window_ns = self.sc.timeouts().stall_window_ns();
         let progressing = self.budget_ended && now.saturating_sub(self.last_progress_ns) <= stall_window_ns;
         if progressing {
             result.requests.cut_off = result.requests.unfinished;
@@ -171,28 +161,24 @@ impl World {
         }
         result.hangs = self.hangs;
         result.violations = self.violations;
-        result.outcome = if !result.violations.is_empty() {
-            Outcome::SafetyViolation
-        } else if !result.hangs.is_empty() {
-            Outcome::Hang
-        } else if result.requests.failed_unexcused > 0 {
-            Outcome::FailedRequests
-        } else if result.ledger.reaped > result.ledger.reaped_excused
-            || (result.ledger.held > 0
-                && result.requests.cut_off + result.requests.stalled == 0
-                && !result.ledger.reaper_pending)
-        {
-            // Blocks still held by requests the budget cut off are theirs, not leaked.
-            Outcome::Leak
-        } else if result.requests.unsent > 0
-            || result.requests.cut_off > 0
-            || result.requests.stalled > 0
-            || (result.ledger.reaper_pending && result.ledger.held > 0)
-        {
-            // Cut short: requests unsent or cut off, or blocks the reaper had still to free.
-            Outcome::Incomplete
-        } else {
-            Outcome::Clean
+        let tally = Tally {
+            violated: !result.violations.is_empty(),
+            hung: !result.hangs.is_empty(),
+            budget_ended: self.budget_ended,
+            unfinished: result.requests.unfinished,
+            cut_off: result.requests.cut_off,
+            stalled: result.requests.stalled,
+            unsent: result.requests.unsent,
+            failed_unexcused: result.requests.failed_unexcused,
+            held: result.ledger.held,
+            reaped: result.ledger.reaped,
+            reaped_excused: result.ledger.reaped_excused,
+            reaper_pending: result.ledger.reaper_pending,
+            interrupted: false,
+        };
+        result.outcome = match judge(&tally, BudgetRule::Virtual) {
+            Verdict::Ended(outcome) => outcome,
+            Verdict::Interrupted => unreachable!("a simulated run is never interrupted"),
         };
         Run { result }
     }
@@ -223,7 +209,7 @@ fn weighted_summary(samples: &mut [(u64, u64)]) -> Option<Summary> {
 /// Honest outcomes and truthful extremes: every run ends in the outcome its requests earned.
 #[cfg(test)]
 mod outcome_tests {
-    use super::*;
+    use crate::scenario::Outcome;
     use crate::scenario::{Clients, FaultKind, Scenario, Target, TimedFault};
     use crate::world::RunOptions;
 

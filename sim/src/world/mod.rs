@@ -15,12 +15,15 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
+// `ms_ns` saturates: loaded scenarios keep every time far below overflow (`MAX_TIME_MS`); one
+// built in code past that saturates, which means "never".
 use pdkv_core::decode::{DecodeAction, DecodeEvent, DecodeWorker, ReadOutcome, RecvRequest};
 use pdkv_core::ids::{RankId, RequestId, TpRank};
 use pdkv_core::ports::{AddressBook, SessionKey};
 use pdkv_core::prefill::{EngineEvent, PrefillEngine, PrefillWorker, WorkerEvent};
 use pdkv_core::proxy::Proxy;
 use pdkv_core::topology::Deployment;
+use pdkv_engine::timeouts::{ms_ns, NS_PER_MS};
 
 use crate::cost::Cost;
 use crate::nic::{FlowId, Nics};
@@ -60,15 +63,8 @@ use decode::{DGroup, Unit};
 use faults::ActiveFault;
 use prefill::PGroup;
 
-const NS_PER_MS: u64 = 1_000_000;
 /// Delay before a decode engine with requests waiting on reads steps again.
 const IDLE_STEP_NS: u64 = 5 * NS_PER_MS;
-
-/// Nanoseconds of `ms` milliseconds. Loaded scenarios keep every time far below overflow
-/// (`MAX_TIME_MS`); a scenario built in code past that saturates, which means "never" here.
-fn ms_ns(ms: u64) -> u64 {
-    ms.saturating_mul(NS_PER_MS)
-}
 
 /// Nanoseconds of a float duration in microseconds; negative or `NaN` gives 0 and huge values
 /// saturate (Rust's float-to-integer conversion), which the load-time limits keep out of reach.

@@ -267,7 +267,7 @@ impl World {
             match action {
                 EngineAction::Register { rank, transfer_id, quorum, incarnation } => {
                     let delay = ms_ns(self.sc.engines.prefill_register_delay_ms);
-                    if delay >= ms_ns(self.sc.protocol.defer_timeout_ms) {
+                    if delay >= self.sc.timeouts().defer_ns() {
                         // A registration that reaches the worker after the reaper's delay comes
                         // late for the ledger, like a release delayed that long: the reaper may
                         // free the transfer first, which is the design's recovery, and the reads
