@@ -9,10 +9,11 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::Incarnation;
+use crate::ids::{Incarnation, TransferId};
 #[cfg(doc)]
 use crate::legacy::Legacy;
 use crate::policy::TpSizeRule;
+use crate::ports::EngineAddress;
 use crate::topology::{Layout, MAX_PARALLEL_SIZE};
 use crate::wire::{Extension, Extensions};
 
@@ -92,6 +93,82 @@ pub fn incarnation_values(incarnations: &[Incarnation]) -> Option<Vec<i64>> {
 /// `pdkv_extensions` as a pdkv prefill engine writes it in its answer.
 pub fn extension_names(extensions: Extensions) -> Option<Vec<String>> {
     Some(extensions.iter().map(|e| e.wire_name().to_owned()).collect())
+}
+
+/// What a prefill engine tells the proxy of one request whose prompt it computed: the source
+/// of the one place its `kv_transfer_params` are built ([`KvTransferParams::prefill_answer`]).
+#[derive(Clone, Copy, Debug)]
+pub struct PrefillAnswer<'a> {
+    /// The transfer, as the proxy minted it (absent from an answer that does not echo it).
+    pub transfer_id: Option<&'a TransferId>,
+    /// The blocks holding the prompt's KV on every rank of the owner DP group.
+    pub blocks: &'a [u32],
+    /// Where the engine's ranks listen, and its engine id.
+    pub address: &'a EngineAddress,
+    /// The engine's layout.
+    pub layout: Layout,
+    /// The extensions the engine's connector advertises (none from another connector's).
+    pub extensions: Extensions,
+    /// The incarnation of each TP rank holding the transfer, when the engine names them.
+    pub holders: Option<&'a [Incarnation]>,
+}
+
+impl PrefillAnswer<'_> {
+    /// The extensions an engine's connector advertises: its rule set's (none from an engine
+    /// another connector plays), with authenticated control messages when its ranks hold the
+    /// deployment's key. A decode rank leases before it dials, on this word, so it must name
+    /// auth too.
+    pub fn advertised(rule_set: Extensions, keyed: bool) -> Extensions {
+        if rule_set.has(Extension::ReadLease) && keyed {
+            rule_set.with(Extension::Auth)
+        } else {
+            rule_set
+        }
+    }
+}
+
+impl KvTransferParams {
+    /// A prefill engine's answer, as MoRIIO's producer writes it (no DP rank: the proxy adds
+    /// the one it routed to) with pdkv's extension keys.
+    pub fn prefill_answer(answer: &PrefillAnswer) -> KvTransferParams {
+        let address = answer.address;
+        KvTransferParams {
+            do_remote_prefill: true,
+            transfer_id: answer.transfer_id.map(|t| t.0.clone()),
+            remote_block_ids: answer.blocks.iter().map(|&b| u64::from(b)).collect(),
+            remote_engine_id: Some(address.engine_id()),
+            remote_host: Some(address.host.clone()),
+            remote_handshake_port: Some(i64::from(address.handshake_port_base)),
+            remote_notify_port: Some(i64::from(address.notify_port_base)),
+            remote_dp_size: Some(i64::from(answer.layout.dp)),
+            tp_size: Some(i64::from(answer.layout.tp)),
+            pdkv_extensions: extension_names(answer.extensions),
+            pdkv_incarnations: answer.holders.and_then(incarnation_values),
+            ..KvTransferParams::default()
+        }
+    }
+
+    /// A prefill answer as the proxy forwards it to decode: the transfer id the proxy minted
+    /// (whether or not prefill echoed it), the DP rank it routed the prefill to (`None` for a
+    /// single DP group), and one TP size field, the explicit `remote_tp_size`, so a reader that
+    /// looks only at `tp_size` (`Legacy::TpSizeKey`) falls back to 1, exactly as the historical
+    /// pair did.
+    pub fn forwarded(
+        self,
+        transfer_id: &TransferId,
+        dp_rank: Option<u16>,
+        prefill_tp: u16,
+    ) -> KvTransferParams {
+        KvTransferParams {
+            do_remote_prefill: true,
+            do_remote_decode: false,
+            remote_dp_rank: dp_rank.map(i64::from),
+            remote_tp_size: Some(i64::from(prefill_tp)),
+            tp_size: None,
+            transfer_id: Some(transfer_id.0.clone()),
+            ..self
+        }
+    }
 }
 
 /// A size or rank in `kv_transfer_params` that cannot be used.

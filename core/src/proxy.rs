@@ -242,18 +242,7 @@ impl Proxy {
         }
         request.phase = Phase::Decoding;
         let prefill_layout = self.prefill[usize::from(request.prefill.engine.index)];
-        let params = KvTransferParams {
-            do_remote_prefill: true,
-            do_remote_decode: false,
-            remote_dp_rank: request.prefill.dp_rank.map(i64::from),
-            remote_tp_size: Some(i64::from(prefill_layout.tp)),
-            // One TP size field, the explicit one: a reader that looks only at `tp_size`
-            // (Legacy::TpSizeKey) then falls back to 1, exactly as the historical pair did.
-            tp_size: None,
-            // The id the proxy minted, whether or not prefill echoed it.
-            transfer_id: Some(request.transfer_id.0.clone()),
-            ..answer
-        };
+        let params = answer.forwarded(&request.transfer_id, request.prefill.dp_rank, prefill_layout.tp);
         Ok(ProxyAction::SendDecode { request: id, slot: request.decode, params })
     }
 

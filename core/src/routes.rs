@@ -15,15 +15,16 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::{EngineId, RankId, Role};
+use crate::ids::{EngineId, RankId, Role, TransferId};
 use crate::legacy::LegacyOptions;
-use crate::params::{KvTransferParams, ParamsError};
+use crate::params::{KvTransferParams, ParamsError, PrefillAnswer};
 use crate::policy::Policy;
 use crate::ports::{AddressBook, ListenerKind, PortError, ReadTarget};
 use crate::proxy::{flat_slots, Proxy, ProxyAction, ProxyError};
 use crate::release::{quorum_plan, Quorum};
 use crate::routing::{self, ReadRouter, RoutingError};
 use crate::topology::Deployment;
+use crate::wire::Extensions;
 
 /// At most this many rounds, so the table is computed in bounded time.
 pub const MAX_ROUNDS: u32 = 100_000;
@@ -246,14 +247,16 @@ pub fn routes(
             held[deployment.rank_index(RankId::new(prefill_slot.engine, prefill_slot.dp(), tp))] += 1;
         }
         // The prefill answer as MoRIIO's producer writes it (no DP rank; the proxy adds it).
-        let answer = KvTransferParams {
-            do_remote_prefill: true,
-            transfer_id: to_prefill.transfer_id,
-            remote_engine_id: Some(book.engine_id(prefill_slot.engine)),
-            remote_dp_size: Some(i64::from(prefill_layout.dp)),
-            tp_size: Some(i64::from(prefill_layout.tp)),
-            ..KvTransferParams::default()
-        };
+        // The table is about routes, so no blocks, extensions or incarnations.
+        let minted = to_prefill.transfer_id.map(TransferId);
+        let answer = KvTransferParams::prefill_answer(&PrefillAnswer {
+            transfer_id: minted.as_ref(),
+            blocks: &[],
+            address: book.engine(prefill_slot.engine),
+            layout: prefill_layout,
+            extensions: Extensions::NONE,
+            holders: None,
+        });
         let ProxyAction::SendDecode { slot: decode_slot, params, .. } =
             proxy.handle_prefill_response(id, answer)?
         else {

@@ -25,7 +25,7 @@ use pdkv_core::decode::{DecodeAction, DecodeConfig, DecodeEvent, DecodeWorker, R
 use pdkv_core::group::{DecodeGroup, GroupAction, GroupEvent, StepReport};
 use pdkv_core::ids::{EngineId, Incarnation, RankId, RequestId, Role, TransferId};
 use pdkv_core::legacy::LegacyOptions;
-use pdkv_core::params::KvTransferParams;
+use pdkv_core::params::{KvTransferParams, PrefillAnswer};
 use pdkv_core::policy::Policy;
 use pdkv_core::ports::{AddressBook, SessionKey};
 use pdkv_core::prefill::{
@@ -804,21 +804,19 @@ pub fn check_with_progress(
         let holders =
             initial.engine.holder_incarnations(&transfer_id).ok_or("the engine knows every worker")?;
         world.holders.insert(transfer_id.clone(), holders.clone());
+        let answer = KvTransferParams::prefill_answer(&PrefillAnswer {
+            transfer_id: Some(&transfer_id),
+            blocks: &[n as u32],
+            address: book.engine(prefill),
+            layout: pl,
+            extensions: pdkv_core::wire::Extensions::ALL,
+            holders: Some(&holders),
+        });
         requests.push(RecvRequest {
             request: RequestId(n),
             prefill_engine: prefill,
             prefill_address: book.engine(prefill).clone(),
-            params: KvTransferParams {
-                do_remote_prefill: true,
-                transfer_id: Some(transfer_id.0),
-                remote_block_ids: vec![n],
-                remote_dp_size: Some(i64::from(pl.dp)),
-                remote_dp_rank: (pl.dp > 1).then_some(i64::from(owner)),
-                remote_tp_size: Some(i64::from(pl.tp)),
-                pdkv_extensions: pdkv_core::params::extension_names(pdkv_core::wire::Extensions::ALL),
-                pdkv_incarnations: pdkv_core::params::incarnation_values(&holders),
-                ..Default::default()
-            },
+            params: answer.forwarded(&transfer_id, (pl.dp > 1).then_some(owner), pl.tp),
             local_block_ids: vec![n as u32 + 100],
         });
     }

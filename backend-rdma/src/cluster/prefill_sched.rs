@@ -4,11 +4,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use pdkv_core::ids::{EngineId, RankId, RequestId, TransferId};
-use pdkv_core::params::{extension_names, incarnation_values, KvTransferParams};
+use pdkv_core::params::{KvTransferParams, PrefillAnswer};
 use pdkv_core::prefill::{EngineAction, EngineEvent, PrefillDone};
 use pdkv_core::proxy::ProxyAction;
 use pdkv_core::topology::Layout;
-use pdkv_core::wire::Extension;
 use pdkv_engine::verdict::ViolationKind;
 
 use super::foreign::ToDriver;
@@ -215,32 +214,18 @@ impl Cluster {
         let address = self.addresses[&engine].clone();
         let layout: Layout = self.d.prefill[e];
         let req = &self.requests[&id];
-        let answer = KvTransferParams {
-            do_remote_prefill: true,
-            transfer_id: Some(req.transfer_id.0.clone()),
-            remote_block_ids: req.prefill_blocks.iter().map(|&b| u64::from(b)).collect(),
-            remote_engine_id: Some(address.engine_id()),
-            remote_host: Some(address.host.clone()),
-            remote_handshake_port: Some(i64::from(address.handshake_port_base)),
-            remote_notify_port: Some(i64::from(address.notify_port_base)),
-            remote_dp_size: Some(i64::from(layout.dp)),
-            tp_size: Some(i64::from(layout.tp)),
-            // What the engine's connector advertises: every pdkv extension (auth when its ranks
-            // hold the run's key), or none from an engine another connector plays. A decode
-            // rank leases before it dials, on this word, so it must name auth too.
-            pdkv_extensions: extension_names({
-                let extensions = self.peers.rules(engine).extensions();
-                if extensions.has(Extension::ReadLease) && self.control_setup.key.is_some() {
-                    extensions.with(Extension::Auth)
-                } else {
-                    extensions
-                }
-            }),
-            pdkv_incarnations: self.engines[e]
-                .holder_incarnations(&req.transfer_id)
-                .and_then(|h| incarnation_values(&h)),
-            ..KvTransferParams::default()
-        };
+        let holders = self.engines[e].holder_incarnations(&req.transfer_id);
+        let answer = KvTransferParams::prefill_answer(&PrefillAnswer {
+            transfer_id: Some(&req.transfer_id),
+            blocks: &req.prefill_blocks,
+            address: &address,
+            layout,
+            extensions: PrefillAnswer::advertised(
+                self.peers.rules(engine).extensions(),
+                self.control_setup.key.is_some(),
+            ),
+            holders: holders.as_deref(),
+        });
         match self.proxy.handle_prefill_response(id, answer) {
             Ok(ProxyAction::SendDecode { slot, params, .. }) => {
                 let g = self

@@ -10,7 +10,7 @@ use crate::decode::{
 use crate::group::{DecodeGroup, GroupAction, GroupEvent, StepReport};
 use crate::ids::{EngineId, RankId, RequestId, Role, TransferId};
 use crate::legacy::LegacyOptions;
-use crate::params::{extension_names, KvTransferParams};
+use crate::params::{KvTransferParams, PrefillAnswer};
 use crate::policy::{PeerBook, Policy};
 use crate::ports::{AddressBook, SessionKey};
 use crate::prefill::{
@@ -164,21 +164,19 @@ impl Harness {
         self.engines[usize::from(engine)].handle(self.now, event, &mut out).unwrap();
         self.route_engine(out);
         let layout = self.d.layout(prefill);
+        let answer = KvTransferParams::prefill_answer(&PrefillAnswer {
+            transfer_id: Some(&transfer_id),
+            blocks,
+            address: self.book.engine(prefill),
+            layout,
+            extensions: Extensions::ALL,
+            holders: None,
+        });
         RecvRequest {
             request: RequestId(n),
             prefill_engine: prefill,
             prefill_address: self.book.engine(prefill).clone(),
-            params: KvTransferParams {
-                do_remote_prefill: true,
-                transfer_id: Some(transfer_id.0),
-                remote_block_ids: blocks.iter().map(|&b| u64::from(b)).collect(),
-                remote_engine_id: Some(self.book.engine_id(prefill)),
-                remote_dp_size: Some(i64::from(layout.dp)),
-                remote_dp_rank: (layout.dp > 1).then_some(i64::from(owner_dp)),
-                remote_tp_size: Some(i64::from(layout.tp)),
-                pdkv_extensions: extension_names(Extensions::ALL),
-                ..Default::default()
-            },
+            params: answer.forwarded(&transfer_id, (layout.dp > 1).then_some(owner_dp), layout.tp),
             local_block_ids: blocks.iter().map(|b| b + 500).collect(),
         }
     }

@@ -3,7 +3,7 @@
 
 use pdkv_core::decode::RecvRequest;
 use pdkv_core::ids::{EngineId, Incarnation, RequestId, TransferId};
-use pdkv_core::params::KvTransferParams;
+use pdkv_core::params::{KvTransferParams, PrefillAnswer};
 use pdkv_core::proxy::ProxyAction;
 
 use crate::result::ViolationKind;
@@ -172,20 +172,15 @@ impl World {
         let group = &self.pgroups[req.prefill_group];
         let engine = EngineId::prefill(group.engine as u16);
         let address = self.book.engine(engine).clone();
-        let answer = KvTransferParams {
-            do_remote_prefill: true,
-            transfer_id: self.transfers.id(req.transfer).map(|t| t.0),
-            remote_block_ids: req.prefill_blocks.iter().map(|&b| u64::from(b)).collect(),
-            remote_engine_id: Some(address.engine_id()),
-            remote_host: Some(address.host.clone()),
-            remote_handshake_port: Some(i64::from(address.handshake_port_base)),
-            remote_notify_port: Some(i64::from(address.notify_port_base)),
-            remote_dp_size: Some(i64::from(group.layout.dp)),
-            tp_size: Some(i64::from(group.layout.tp)),
-            pdkv_extensions: pdkv_core::params::extension_names(self.book.rules.rules(engine).extensions()),
-            pdkv_incarnations: holders.and_then(|h| pdkv_core::params::incarnation_values(&h)),
-            ..KvTransferParams::default()
-        };
+        let transfer_id = self.transfers.id(req.transfer);
+        let answer = KvTransferParams::prefill_answer(&PrefillAnswer {
+            transfer_id: transfer_id.as_ref(),
+            blocks: &req.prefill_blocks,
+            address: &address,
+            layout: group.layout,
+            extensions: self.book.rules.rules(engine).extensions(),
+            holders: holders.as_deref(),
+        });
         match self.proxy.handle_prefill_response(id, answer) {
             Ok(ProxyAction::SendDecode { params, .. }) => {
                 let recv = RecvRequest {
