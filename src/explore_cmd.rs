@@ -1,24 +1,18 @@
 //! `pdkv explore`: run many seeds of a scenario (in parallel, each run single-threaded and
 //! deterministic), stop at the first broken property, shrink it and print how to replay it.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
-use pdkv_sim::explore::{
-    broken_properties_of, ideal_jain, scenario_for_seed, search_scenario_for_seed, seed_file, shrink, size,
-    Ideal, Property, SEEDS_LISTED_PER_OUTCOME,
-};
+use pdkv_campaign::explore::{self, Campaign, Faults, Found, Record, Search, Workload};
+use pdkv_campaign::Shard;
+use pdkv_sim::explore::size;
 use pdkv_sim::scenario::Scenario;
-use pdkv_sim::{Outcome, RunOptions};
 
-use crate::explore_merge::{Campaign, Found, Listed, Record};
 use crate::progress::Bar;
-use crate::shard::Shard;
 
 const EXAMPLES: &str = "\
 Examples:
@@ -127,7 +121,7 @@ pub struct ExploreArgs {
     result: Option<PathBuf>,
     /// Run only shard I of N (seed indexes equal to I modulo N; I from 0 to N-1), for
     /// `pdkv explore-merge`.
-    #[arg(long, value_name = "I/N", value_parser = crate::shard::parse, requires = "result")]
+    #[arg(long, value_name = "I/N", value_parser = pdkv_campaign::shard::parse, requires = "result")]
     shard: Option<Shard>,
 }
 
@@ -150,144 +144,6 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
         return Err(format!("`{text}` must be between 1ms and a year"));
     }
     Ok(Duration::from_secs_f64(seconds))
-}
-
-/// What tells two runs apart for the count of distinct behaviours: requests finished and
-/// failed, events processed, outcome.
-type Behaviour = (u64, u64, u64, &'static str);
-
-/// What one exploration found.
-pub struct Exploration {
-    /// Seeds run.
-    pub runs: u64,
-    /// Events the seeds ran, in all.
-    pub events: u64,
-    /// Outcome names and how many seeds had each.
-    pub outcomes: BTreeMap<&'static str, u64>,
-    /// Distinct behaviours (requests finished and failed, events, outcome).
-    pub behaviours: BTreeSet<Behaviour>,
-    /// The smallest failing seed, with what it broke.
-    pub failure: Option<(u64, Vec<Property>)>,
-    /// For every outcome but `clean`, its smallest seeds (at most
-    /// [`SEEDS_LISTED_PER_OUTCOME`]), whatever the thread timing.
-    pub listed: BTreeMap<Outcome, BTreeSet<u64>>,
-}
-
-/// How a search makes each seed's scenario, and when it stops handing out seeds.
-#[derive(Clone, Copy, Debug)]
-pub struct Search {
-    /// Swarm faults drawn from each seed.
-    pub swarm: bool,
-    /// A small workload drawn from each seed (else the base's own).
-    pub small: bool,
-    /// No seed is handed out after this instant.
-    pub deadline: Option<Instant>,
-}
-
-impl Search {
-    /// The scenario seed `seed` runs.
-    pub fn scenario(&self, base: &Scenario, seed: u64, ideal: Option<Ideal>) -> Scenario {
-        if self.small {
-            search_scenario_for_seed(base, seed, self.swarm, ideal)
-        } else {
-            scenario_for_seed(base, seed, self.swarm)
-        }
-    }
-}
-
-/// Runs the shard's share of seeds `from..from + seeds` of `base` on `jobs` threads, stopping
-/// early after a failure or at the search's deadline. The smallest failing seed of the share is
-/// reported, whatever the thread timing: every seed below the highest one handed out is run to
-/// the end.
-pub fn explore(
-    base: &Scenario,
-    from: u64,
-    seeds: u64,
-    shard: Shard,
-    jobs: usize,
-    search: &Search,
-    bar: &Mutex<Bar>,
-) -> Exploration {
-    // The caller checked that `from + seeds` does not overflow; saturating keeps this total.
-    let share = shard.share(seeds);
-    let next = AtomicU64::new(0);
-    let stop = AtomicBool::new(false);
-    let done = AtomicU64::new(0);
-    let events = AtomicU64::new(0);
-    let found: Mutex<Vec<(u64, Vec<Property>)>> = Mutex::new(Vec::new());
-    let seen: Mutex<BTreeSet<Behaviour>> = Mutex::new(BTreeSet::new());
-    let outcomes: Mutex<BTreeMap<&'static str, u64>> = Mutex::new(BTreeMap::new());
-    let listed: Mutex<BTreeMap<Outcome, BTreeSet<u64>>> = Mutex::new(BTreeMap::new());
-    let ideal = ideal_jain(base);
-    let started = Instant::now();
-    std::thread::scope(|scope| {
-        for _ in 0..jobs {
-            scope.spawn(|| loop {
-                if stop.load(Ordering::SeqCst) || search.deadline.is_some_and(|d| Instant::now() >= d) {
-                    break;
-                }
-                // Hand out the share's next seed only while one is left, so the counter never
-                // passes `share` (and so never wraps). The caller checked `from + seeds` fits.
-                let Ok(n) =
-                    next.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < share).then_some(n + 1))
-                else {
-                    break;
-                };
-                let seed = from + shard.position(n);
-                let scenario = search.scenario(base, seed, ideal);
-                let Ok(run) = pdkv_sim::run(&scenario, RunOptions::default()) else { break };
-                let r = &run.result;
-                events.fetch_add(r.events, Ordering::Relaxed);
-                let key = (r.requests.finished, r.requests.failed, r.events, r.outcome.name());
-                seen.lock().expect("no panics while held").insert(key);
-                *outcomes.lock().expect("no panics while held").entry(r.outcome.name()).or_default() += 1;
-                if r.outcome != Outcome::Clean {
-                    // The smallest seeds of each outcome, so the list is the same whatever the
-                    // threads ran first.
-                    let mut listed = listed.lock().expect("no panics while held");
-                    let seeds = listed.entry(r.outcome).or_default();
-                    seeds.insert(seed);
-                    if seeds.len() > SEEDS_LISTED_PER_OUTCOME {
-                        seeds.pop_last();
-                    }
-                }
-                let broken = broken_properties_of(r, ideal);
-                if !broken.is_empty() {
-                    found.lock().expect("no panics while held").push((seed, broken));
-                    stop.store(true, Ordering::SeqCst);
-                }
-                let n = done.fetch_add(1, Ordering::SeqCst) + 1;
-                if let Ok(mut bar) = bar.try_lock() {
-                    let elapsed = started.elapsed();
-                    let rate = n as f64 / elapsed.as_secs_f64().max(1e-9);
-                    match search.deadline {
-                        // A time budget: the bar fills with time, and says how many seeds so far.
-                        Some(deadline) => {
-                            let budget =
-                                deadline.saturating_duration_since(started) + Duration::from_millis(1);
-                            let ms = |d: Duration| d.as_millis().min(u128::from(u64::MAX)) as u64;
-                            bar.update(
-                                ms(elapsed).min(ms(budget)),
-                                ms(budget),
-                                format!("ms, {n} seeds, {rate:.1}/s"),
-                            );
-                        }
-                        None => bar.update(n, share, format!("seeds, {rate:.1}/s")),
-                    }
-                }
-            });
-        }
-    });
-    let mut found = found.into_inner().expect("threads ended");
-    found.sort();
-    Exploration {
-        runs: done.into_inner(),
-        events: events.into_inner(),
-        outcomes: outcomes.into_inner().expect("threads ended"),
-        behaviours: seen.into_inner().expect("threads ended"),
-        failure: found.into_iter().next(),
-        listed: listed.into_inner().expect("threads ended"),
-    }
 }
 
 pub fn run(args: &ExploreArgs) -> ExitCode {
@@ -339,14 +195,8 @@ pub fn run(args: &ExploreArgs) -> ExitCode {
     let small =
         !args.full_workload && args.workload.concurrency.is_none() && args.workload.requests.is_none();
     let swarm = args.faults == FaultMode::Swarm;
-    let ideal = ideal_jain(&base);
-    let search = Search { swarm, small, deadline: None };
-    // The first seed's own scenario shows whether the deployment can run at all (a small one
-    // when the search draws them, so this check costs little).
-    if let Err(message) = pdkv_sim::run(
-        &Search { swarm: false, ..search }.scenario(&base, args.from, ideal),
-        RunOptions::default(),
-    ) {
+    let search = Search::new(&base, swarm, small);
+    if let Err(message) = search.check(&base, args.from) {
         errln!("error: {}: {message}", args.scenario);
         return ExitCode::from(2);
     }
@@ -358,37 +208,48 @@ pub fn run(args: &ExploreArgs) -> ExitCode {
     let started = Instant::now();
     let search = Search { deadline: args.for_.map(|budget| started + budget), ..search };
     let shard = args.shard.unwrap_or(Shard::WHOLE);
-    let found = explore(&base, args.from, seeds, shard, jobs, &search, &bar);
+    let progress = |p: explore::Progress| {
+        // A thread that finds the bar busy skips its update rather than wait.
+        let Ok(mut bar) = bar.try_lock() else { return };
+        let elapsed = p.started.elapsed();
+        let rate = p.done as f64 / elapsed.as_secs_f64().max(1e-9);
+        match search.deadline {
+            // A time budget: the bar fills with time, and says how many seeds so far.
+            Some(deadline) => {
+                let budget = deadline.saturating_duration_since(p.started) + Duration::from_millis(1);
+                let ms = |d: Duration| d.as_millis().min(u128::from(u64::MAX)) as u64;
+                bar.update(
+                    ms(elapsed).min(ms(budget)),
+                    ms(budget),
+                    format!("ms, {} seeds, {rate:.1}/s", p.done),
+                );
+            }
+            None => bar.update(p.done, p.share, format!("seeds, {rate:.1}/s")),
+        }
+    };
+    let found = explore::explore(&base, args.from, seeds, shard, jobs, &search, &progress);
     bar.into_inner().expect("threads ended").finish();
     let seconds = started.elapsed().as_secs_f64();
-    let histogram: Vec<String> = found.outcomes.iter().map(|(name, n)| format!("{name} {n}")).collect();
+    let histogram: Vec<String> = pdkv_campaign::names::in_name_order(&found.outcomes)
+        .iter()
+        .map(|(o, n)| format!("{} {n}", o.name()))
+        .collect();
     let dir = args.out.clone().unwrap_or_else(|| PathBuf::from("target/pdkv/explore"));
-    let Some((seed, broken)) = found.failure else {
+    let Some((seed, broken)) = found.failure.clone() else {
         // Every seed named is written as a scenario file, so `pdkv run` of it replays the seed.
-        let mut listed: BTreeMap<String, Vec<Listed>> = BTreeMap::new();
-        for (&outcome, seeds) in &found.listed {
-            for &seed in seeds {
-                let scenario = search.scenario(&base, seed, ideal);
-                let file = seed_file(&base, seed, &scenario, outcome);
-                let entry = Listed { seed, name: file.scenario.name, text: file.text };
-                listed.entry(outcome.name().to_string()).or_default().push(entry);
+        let clean = match found.clean(&base, &search) {
+            Ok(clean) => clean.expect("no seed broke a property"),
+            Err(message) => {
+                errln!("error: {message}");
+                return ExitCode::from(2);
             }
-        }
-        let outcomes: BTreeMap<String, u64> =
-            found.outcomes.iter().map(|(name, n)| (name.to_string(), *n)).collect();
-        let clean = Found::Clean {
-            runs: found.runs,
-            events: found.events,
-            outcomes: outcomes.clone(),
-            behaviours: found.behaviours.iter().map(|&(a, f, e, o)| (a, f, e, o.to_string())).collect(),
-            listed: listed.clone(),
         };
         // The result file first: it is what a campaign keeps, even if stdout is gone.
-        if let Err(message) = write_result(args, &base, seeds, search.small, clean) {
+        if let Err(message) = write_result(args, &base, seeds, small, Found::Clean(clean.clone())) {
             errln!("error: {message}");
             return ExitCode::from(2);
         }
-        let lines = match crate::explore_merge::write_listed(&listed, &outcomes, &dir) {
+        let lines = match crate::explore_merge::listed_lines(&clean, &dir) {
             Ok(lines) => lines,
             Err(message) => {
                 errln!("error: {message}");
@@ -418,56 +279,54 @@ pub fn run(args: &ExploreArgs) -> ExitCode {
     };
     let names: Vec<&str> = broken.iter().map(|p| p.name()).collect();
     outln!("seed {seed} of {} breaks: {}", base.name, names.join(", "));
-    let failing = search.scenario(&base, seed, ideal);
     let shrinking = Instant::now();
-    let reduced = shrink(&failing, broken[0], args.shrink_budget);
-    let shrink_seconds = shrinking.elapsed().as_secs_f64();
-    let small = reduced.scenario;
-    let shrunk = match pdkv_sim::explore::shrunk_file(&base, seed, broken[0], &small) {
+    let shrunk = match explore::shrink_failure(&base, &search, seed, &broken, args.shrink_budget) {
         Ok(shrunk) => shrunk,
         Err(message) => {
             errln!("error: seed {seed} of {}, shrunk: {message}", base.name);
             return ExitCode::from(2);
         }
     };
-    let file = dir.join(format!("{}.ron", shrunk.scenario.name));
-    let text = shrunk.text;
-    if let Err(e) =
-        std::fs::create_dir_all(&dir).and_then(|()| pdkv_sim::files::write_atomic(&file, text.as_bytes()))
-    {
-        errln!("error: cannot write {}: {e}", file.display());
-        return ExitCode::from(2);
-    }
-    let failure = Found::Failure {
-        seed,
-        broken: names.iter().map(|n| n.to_string()).collect(),
-        shrunk_name: shrunk.scenario.name.clone(),
-        shrunk_text: text.clone(),
+    let shrink_seconds = shrinking.elapsed().as_secs_f64();
+    let failure = match shrunk.failure(seed, &broken) {
+        Ok(failure) => failure,
+        Err(message) => {
+            errln!("error: seed {seed} of {}, shrunk: {message}", base.name);
+            return ExitCode::from(2);
+        }
     };
-    if let Err(message) = write_result(args, &base, seeds, search.small, failure) {
+    let file = match failure.shrunk.write_in(&dir) {
+        Ok(file) => file,
+        Err(message) => {
+            errln!("error: {message}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(message) = write_result(args, &base, seeds, small, Found::Failure(failure)) {
         errln!("error: {message}");
         return ExitCode::from(2);
     }
     let shape = |s: &Scenario| {
         format!("{}, {} layer{}", s.deployment, s.model.layers, if s.model.layers == 1 { "" } else { "s" })
     };
-    let minimum = if reduced.local_minimum {
+    let minimum = if shrunk.reduced.local_minimum {
         "a local minimum: no single request, fault, engine, DP or TP half or layer less still fails"
     } else {
         "the budget ran out before a local minimum: raise --shrink-budget"
     };
+    let small = &shrunk.reduced.scenario;
     outln!(
         "shrunk from size {} ({}) to {} ({}) in {} runs, {shrink_seconds:.1} s ({minimum}); {} seed{} explored \
          before, {seconds:.1} s:",
-        size(&failing),
-        shape(&failing),
-        size(&small),
-        shape(&small),
-        reduced.runs,
+        size(&shrunk.failing),
+        shape(&shrunk.failing),
+        size(small),
+        shape(small),
+        shrunk.reduced.runs,
         found.runs,
         if found.runs == 1 { "" } else { "s" }
     );
-    outln!("{text}");
+    outln!("{}", shrunk.file.text);
     // The file carries the seed, so running it is the whole replay.
     outln!("replay: pdkv run {}", file.display());
     ExitCode::from(1)
@@ -480,24 +339,15 @@ fn write_result(
     seeds: u64,
     small: bool,
     found: Found,
-) -> Result<(), String> {
+) -> Result<(), pdkv_campaign::WriteError> {
     let Some(file) = &args.result else { return Ok(()) };
-    // The scenario as JSON tells two different scenarios of one name apart.
-    let scenario = serde_json::to_string(base).map_err(|e| format!("{}: {e}", base.name))?;
-    let record = Record {
-        campaign: Campaign {
-            scenario: base.name.clone(),
-            fingerprint: crate::explore_merge::fingerprint(&scenario),
-            from: args.from,
-            seeds,
-            faults: if args.faults == FaultMode::Swarm { "swarm" } else { "none" }.to_string(),
-            workload: if small { "small" } else { "full" }.to_string(),
-            shrink_budget: args.shrink_budget as u64,
-        },
-        shard: args.shard,
-        found,
+    let faults = match args.faults {
+        FaultMode::None => Faults::None,
+        FaultMode::Swarm => Faults::Swarm,
     };
-    crate::explore_merge::write(file, &record.text())
+    let workload = if small { Workload::Small } else { Workload::Full };
+    let campaign = Campaign::new(base, args.from, seeds, faults, workload, args.shrink_budget as u64);
+    Record { campaign, shard: args.shard, found }.write(Path::new(file))
 }
 
 #[cfg(test)]

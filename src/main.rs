@@ -29,7 +29,6 @@ mod replay_cmd;
 mod routes_cmd;
 mod run_cmd;
 mod scenarios_cmd;
-mod shard;
 mod sweep_cmd;
 mod sweep_merge;
 mod trace_files;

@@ -498,6 +498,7 @@ mod tests {
             "sim/src/lib.rs",
             "sim/examples/quick.rs",
             "reports/src/lib.rs",
+            "campaign/src/lib.rs",
             "backend-rdma/src/lib.rs",
             "backend-rdma/examples/tcp_bench.rs",
             "xtask/src/main.rs",
