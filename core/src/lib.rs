@@ -26,8 +26,6 @@ pub mod release;
 pub mod rng;
 pub mod routes;
 pub mod routing;
-#[cfg(test)]
-mod scripted;
 pub mod step_machine;
 pub mod time;
 pub mod topology;

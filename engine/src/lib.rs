@@ -10,6 +10,9 @@
 
 #![forbid(unsafe_code)]
 
+pub mod decode;
+#[cfg(test)]
+mod scripted;
 pub mod target;
 pub mod timeouts;
 pub mod verdict;

@@ -35,6 +35,7 @@ use pdkv_core::release::Release;
 use pdkv_core::time::Instant;
 use pdkv_core::topology::{Deployment, ModelSpec};
 use pdkv_core::wire::{HandshakeMetadata, LayerMemoryDesc};
+use pdkv_engine::decode::group_input;
 
 /// Most requests [`check`] takes: the state space grows about tenfold with each one.
 pub const MAX_REQUESTS: u64 = 4;
@@ -248,6 +249,10 @@ impl World {
         let mut out = Vec::new();
         s.decoders[w].handle(s.now, event, &mut out);
         for action in out {
+            if let Some(event) = group_input(self.decode_ranks[w].tp_rank(), &action) {
+                self.group(s, event);
+                continue;
+            }
             match action {
                 DecodeAction::DialHandshake { session, rank, .. } => {
                     if let Some(to) = self.prefill_index(rank) {
@@ -267,9 +272,6 @@ impl World {
                         let (transfer, incarnation) = (release.transfer_id, release.incarnation);
                         s.msgs.push(Msg::Release { to, transfer, sender_tp, incarnation });
                     }
-                }
-                DecodeAction::CastVote { step, ok } => {
-                    self.group(s, GroupEvent::Vote { member: self.decode_ranks[w].tp_rank(), step, ok });
                 }
                 DecodeAction::PostRead(op) => match self.prefill_index(op.plan.source) {
                     Some(from) => s.msgs.push(Msg::Read {
@@ -302,14 +304,10 @@ impl World {
                         s.local.push_back(Msg::ReadDone { to: w, request, layer, answer: Answer::Aborted });
                     }
                 }
-                DecodeAction::StepReady { step } => {
-                    let (member, report) = (self.decode_ranks[w].tp_rank(), StepReport::Ready);
-                    self.group(s, GroupEvent::StepReport { member, step, report });
-                }
-                DecodeAction::StepFailed { step, error } => {
-                    let (member, report) = (self.decode_ranks[w].tp_rank(), StepReport::failed(&error));
-                    self.group(s, GroupEvent::StepReport { member, step, report });
-                }
+                // The group's inputs went to the group above.
+                DecodeAction::CastVote { .. }
+                | DecodeAction::StepReady { .. }
+                | DecodeAction::StepFailed { .. } => {}
                 DecodeAction::RequestReceived { .. }
                 | DecodeAction::RequestFailed { .. }
                 | DecodeAction::InvalidateBlocks { .. } => {}

@@ -1,12 +1,12 @@
 //! The decode side's schedulers: each decode DP group's batch and steps through the core's
 //! `DecodeGroup` barrier, the forward, and how requests end.
 
-use std::collections::BTreeSet;
-
 use pdkv_core::group::{GroupAction, GroupEvent, Ignored};
 use pdkv_core::ids::{EngineId, RankId, RequestId};
 
-use super::{Cluster, Failure, Pending, IDLE_STEP, MAX_BATCH, MAX_FAILURES_LISTED};
+use pdkv_engine::decode::Joined;
+
+use super::{Cluster, Failure, IDLE_STEP, MAX_BATCH, MAX_FAILURES_LISTED};
 use crate::sched::ToRank;
 
 impl Cluster {
@@ -72,7 +72,7 @@ impl Cluster {
                 group.free.remove(b);
             }
             recv.local_block_ids = local.clone();
-            group.pending.insert(recv.request, Pending { reported: BTreeSet::new(), errors: Vec::new() });
+            group.pending.admit(recv.request);
             new.push(recv);
         }
         for recv in &new {
@@ -120,22 +120,20 @@ impl Cluster {
 
     pub(super) fn reported(&mut self, rank: RankId, request: RequestId, error: Option<String>) {
         let g = self.dgroup_of(rank);
-        let width = usize::from(self.dgroups[g].tp);
-        let Some(p) = self.dgroups[g].pending.get_mut(&request) else { return };
-        p.reported.insert(rank.tp);
-        if let Some(error) = error {
-            p.errors.push(format!("{rank}: {error}"));
-        }
-        if p.reported.len() < width {
-            return;
-        }
-        let p = self.dgroups[g].pending.remove(&request).expect("present");
-        if p.errors.is_empty() {
-            let output = self.requests[&request].output;
-            self.dgroups[g].running.push((request, output));
-            self.begin_step(g);
-        } else {
-            self.end(request, Some(p.errors));
+        let result = match error {
+            Some(error) => Err(format!("{rank}: {error}")),
+            None => Ok(()),
+        };
+        match self.dgroups[g].pending.report(request, rank.tp_rank(), result) {
+            None => {}
+            Some(Joined::Received) => {
+                let output = self.requests[&request].output;
+                self.dgroups[g].running.push((request, output));
+                self.begin_step(g);
+            }
+            Some(Joined::Failed(errors)) => {
+                self.end(request, Some(errors.into_iter().map(|(_, error)| error).collect()));
+            }
         }
     }
 

@@ -54,6 +54,7 @@ pub use config::{
 };
 pub use foreign::ForeignReport;
 pub use foreign_reads::ForeignReads;
+use pdkv_engine::decode::RequestBarrier;
 pub use pdkv_engine::verdict::{Summary, Verdict, ViolationKind};
 use procs::{free_ports, new_control_key, new_token, Acceptor, Admission, RankProc};
 pub use result::{
@@ -152,11 +153,6 @@ struct PGroup {
     queue: VecDeque<RequestId>,
 }
 
-struct Pending {
-    reported: BTreeSet<u16>,
-    errors: Vec<String>,
-}
-
 struct DGroup {
     engine: usize,
     dp: u16,
@@ -165,7 +161,8 @@ struct DGroup {
     barrier: DecodeGroup,
     waiting: VecDeque<Recv>,
     running: Vec<(RequestId, u32)>,
-    pending: BTreeMap<RequestId, Pending>,
+    /// Admitted requests waiting for every TP rank to report them (each failing rank's error).
+    pending: RequestBarrier<String>,
     free: BTreeSet<u32>,
     next_step: Option<std::time::Instant>,
 }
@@ -355,7 +352,7 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
             barrier: DecodeGroup::new(tp, policy.handshake),
             waiting: VecDeque::new(),
             running: Vec::new(),
-            pending: BTreeMap::new(),
+            pending: RequestBarrier::new(tp),
             free: (0..DECODE_BLOCKS).collect(),
             next_step: None,
         })

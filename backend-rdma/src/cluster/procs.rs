@@ -552,7 +552,7 @@ impl Cluster {
                 group.next_step = None;
                 let mut ids: Vec<RequestId> = group.waiting.drain(..).map(|r| r.request).collect();
                 ids.extend(group.running.drain(..).map(|(id, _)| id));
-                ids.extend(std::mem::take(&mut group.pending).into_keys());
+                ids.extend(group.pending.take_all());
                 for id in ids {
                     self.end(id, Some(vec![error.clone()]));
                 }

@@ -14,6 +14,7 @@ use pdkv_core::proxy::Proxy;
 use pdkv_core::time::Instant;
 use pdkv_core::topology::{Deployment, Layout};
 use pdkv_core::wire::{Extension, HandshakeMetadata, LayerMemoryDesc};
+use pdkv_engine::decode::RequestBarrier;
 
 use crate::cost::Cost;
 use crate::nic::Nics;
@@ -224,7 +225,7 @@ impl World {
                     pool: Pool::new(blocks_for(layout)),
                     waiting: VecDeque::new(),
                     told: 0,
-                    pending: BTreeMap::new(),
+                    pending: RequestBarrier::new(layout.tp),
                     ready: Vec::new(),
                     running: Vec::new(),
                     context_tokens: 0,

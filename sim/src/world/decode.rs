@@ -1,13 +1,15 @@
 //! Decode: units stepping their groups together, each group's barrier, and driving the core's
 //! decode workers.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 
 use pdkv_core::decode::{DecodeAction, DecodeEvent, ReadOp, RecvError, RecvRequest};
-use pdkv_core::group::{DecodeGroup, GroupAction, GroupEvent, StepReport};
+use pdkv_core::group::{DecodeGroup, GroupAction, GroupEvent};
 use pdkv_core::ids::RequestId;
 use pdkv_core::time::Instant;
 use pdkv_core::wire::{self, ControlMessage};
+
+use pdkv_engine::decode::{group_input, Joined, RequestBarrier};
 
 use crate::cost::GroupLoad;
 use crate::result::ViolationKind;
@@ -23,12 +25,6 @@ pub(super) struct Running {
     first: bool,
 }
 
-pub(super) struct Pending {
-    reported: u16,
-    received: u16,
-    failed: bool,
-}
-
 pub(super) struct DGroup {
     pub(super) engine: usize,
     pub(super) workers: Vec<usize>,
@@ -38,7 +34,8 @@ pub(super) struct DGroup {
     /// How many requests at the front of `waiting` the workers were told are queued (they
     /// keep those leased); the rest arrived since the last step began.
     pub(super) told: usize,
-    pub(super) pending: BTreeMap<RequestId, Pending>,
+    /// Admitted requests waiting for every TP rank to report them.
+    pub(super) pending: RequestBarrier<()>,
     pub(super) ready: Vec<RequestId>,
     /// Requests decoding, with what each step needs of them kept inline (no map lookups).
     pub(super) running: Vec<Running>,
@@ -135,7 +132,7 @@ impl World {
                 recv.local_block_ids = local.clone();
                 let r = self.requests.get_mut(&recv.request).expect("exists");
                 r.decode_blocks = local.into_iter().chain(growth).collect();
-                group.pending.insert(recv.request, Pending { reported: 0, received: 0, failed: false });
+                group.pending.admit(recv.request);
                 new.push(recv);
             }
             // The group's barrier admits the step before any worker hears of it (a worker with
@@ -383,28 +380,24 @@ impl World {
                     let bytes = wire::encode(&ControlMessage::Release(release));
                     self.send(w, rank, (endpoint.host, endpoint.port), Msg::Notify { bytes, transfer });
                 }
-                DecodeAction::CastVote { step, ok } => {
-                    let member = self.d_ranks[w].tp_rank();
-                    self.group_event(self.dworker_group[w], GroupEvent::Vote { member, step, ok });
-                }
-                DecodeAction::StepReady { step } => {
-                    let (member, report) = (self.d_ranks[w].tp_rank(), StepReport::Ready);
-                    self.group_event(self.dworker_group[w], GroupEvent::StepReport { member, step, report });
-                }
-                DecodeAction::StepFailed { step, error } => {
-                    trace!(
-                        self,
-                        "decode",
-                        "step_failed",
-                        self.d_ranks[w].to_string(),
-                        None,
-                        error.to_string(),
-                    );
-                    // The group's barrier knows what the failure means: a failure the whole group
-                    // shares (eager vote) skips the forward together; a worker-local one (lazy
+                DecodeAction::CastVote { .. }
+                | DecodeAction::StepReady { .. }
+                | DecodeAction::StepFailed { .. } => {
+                    if let DecodeAction::StepFailed { error, .. } = &action {
+                        trace!(
+                            self,
+                            "decode",
+                            "step_failed",
+                            self.d_ranks[w].to_string(),
+                            None,
+                            error.to_string(),
+                        );
+                    }
+                    // The group's barrier knows what a failure means: one the whole group shares
+                    // (eager vote) skips the forward together; a worker-local one (lazy
                     // handshake) raises on that worker alone, which never reaches the collective.
-                    let (member, report) = (self.d_ranks[w].tp_rank(), StepReport::failed(&error));
-                    self.group_event(self.dworker_group[w], GroupEvent::StepReport { member, step, report });
+                    let event = group_input(self.d_ranks[w].tp_rank(), &action).expect("the group's input");
+                    self.group_event(self.dworker_group[w], event);
                 }
                 DecodeAction::RequestReceived { request } => self.report(w, request, false),
                 DecodeAction::RequestFailed { request, error } => {
@@ -436,17 +429,11 @@ impl World {
     /// the request joins the batch or ends failed.
     fn report(&mut self, w: usize, request: RequestId, failed: bool) {
         let g = self.dworker_group[w];
-        let width = self.dgroups[g].workers.len() as u16;
-        let Some(p) = self.dgroups[g].pending.get_mut(&request) else { return };
-        p.reported += 1;
-        p.failed |= failed;
-        p.received += u16::from(!failed);
-        if p.reported < width {
+        let result = if failed { Err(()) } else { Ok(()) };
+        let Some(joined) = self.dgroups[g].pending.report(request, self.d_ranks[w].tp_rank(), result) else {
             return;
-        }
-        let failed = p.failed;
-        self.dgroups[g].pending.remove(&request);
-        if failed {
+        };
+        if joined != Joined::Received {
             let req = &self.requests[&request];
             let (blocks, transfer) = (req.decode_blocks.clone(), req.transfer);
             self.free_decode_blocks(g, &blocks, transfer);

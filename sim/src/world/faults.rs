@@ -250,7 +250,7 @@ impl World {
                     let mut lost: Vec<RequestId> =
                         self.dgroups[g].waiting.drain(..).map(|r| r.request).collect();
                     self.dgroups[g].told = 0;
-                    lost.extend(std::mem::take(&mut self.dgroups[g].pending).into_keys());
+                    lost.extend(self.dgroups[g].pending.take_all());
                     lost.append(&mut self.dgroups[g].ready);
                     lost.extend(self.dgroups[g].running.drain(..).map(|r| r.id));
                     self.dgroups[g].context_tokens = 0;

@@ -3,13 +3,13 @@
 
 mod harness;
 
-use crate::decode::{DecodeEvent, ReadOp, ReadOutcome, RecvError, RecvRequest, StepError};
-use crate::ids::{EngineId, RankId, RequestId};
-use crate::legacy::{Legacy, LegacyOptions};
-use crate::prefill::{EngineAction, EngineEvent, WorkerEvent};
-use crate::release::Release;
-use crate::time::{NS_PER_MS, NS_PER_S};
 use harness::{tx, Harness, LAYERS};
+use pdkv_core::decode::{DecodeEvent, ReadOp, ReadOutcome, RecvError, RecvRequest, StepError};
+use pdkv_core::ids::{EngineId, RankId, RequestId};
+use pdkv_core::legacy::{Legacy, LegacyOptions};
+use pdkv_core::prefill::{EngineAction, EngineEvent, WorkerEvent};
+use pdkv_core::release::Release;
+use pdkv_core::time::{NS_PER_MS, NS_PER_S};
 
 /// Eager: one lost handshake reply in a TP8 group fails the step on all eight workers with the
 /// same error within the handshake timeout; the next step succeeds once the peer answers, and
@@ -131,8 +131,8 @@ fn p8_to_d4_frees_without_reaper_only_with_zero_quorum() {
 /// the reaper. A pdkv decode adapts to a vLLM prefill, a pdkv prefill to a vLLM decode.
 #[test]
 fn p8_to_d4_under_vllm_rules_releases_every_holder_and_frees_once() {
-    use crate::policy::{PeerBook, PeerRules::Vllm033};
-    use crate::release::Quorum;
+    use pdkv_core::policy::{PeerBook, PeerRules::Vllm033};
+    use pdkv_core::release::Quorum;
     let (p0, d0) = (EngineId::prefill(0), EngineId::decode(0));
     // (peers, releases sent to which prefill TP ranks, quorum registered on each rank)
     let table = [
@@ -168,7 +168,7 @@ fn p8_to_d4_under_vllm_rules_releases_every_holder_and_frees_once() {
 /// prefill ranks, every one of which holds the latent it read; pdkv releases the rank read.
 #[test]
 fn flexible_read_under_vllm_rules_releases_every_prefill_rank() {
-    use crate::policy::{PeerBook, PeerRules::Vllm033};
+    use pdkv_core::policy::{PeerBook, PeerRules::Vllm033};
     for (peers, released) in
         [(PeerBook::pdkv(), 1), (PeerBook::pdkv().with(EngineId::prefill(0), Vllm033), 8)]
     {

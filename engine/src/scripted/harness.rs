@@ -3,23 +3,25 @@
 
 use std::collections::BTreeMap;
 
-use crate::decode::{
+use pdkv_core::decode::{
     DecodeAction, DecodeConfig, DecodeEvent, DecodeWorker, ReadOp, ReadOutcome, RecvError, RecvRequest,
     StepError,
 };
-use crate::group::{DecodeGroup, GroupAction, GroupEvent, StepReport};
-use crate::ids::{EngineId, RankId, RequestId, Role, TransferId};
-use crate::legacy::LegacyOptions;
-use crate::params::{KvTransferParams, PrefillAnswer};
-use crate::policy::{PeerBook, Policy};
-use crate::ports::{AddressBook, SessionKey};
-use crate::prefill::{
+use pdkv_core::group::{DecodeGroup, GroupAction, GroupEvent};
+use pdkv_core::ids::{EngineId, RankId, RequestId, Role, TransferId};
+use pdkv_core::legacy::LegacyOptions;
+use pdkv_core::params::{KvTransferParams, PrefillAnswer};
+use pdkv_core::policy::{PeerBook, Policy};
+use pdkv_core::ports::{AddressBook, SessionKey};
+use pdkv_core::prefill::{
     EngineAction, EngineEvent, PrefillDone, PrefillEngine, PrefillWorker, WorkerAction, WorkerEvent,
 };
-use crate::release::Release;
-use crate::time::Instant;
-use crate::topology::Deployment;
-use crate::wire::{Extensions, HandshakeMetadata, LayerMemoryDesc};
+use pdkv_core::release::Release;
+use pdkv_core::time::Instant;
+use pdkv_core::topology::Deployment;
+use pdkv_core::wire::{Extensions, HandshakeMetadata, LayerMemoryDesc};
+
+use crate::decode::group_input;
 
 /// Blocks in every prefill rank's pool.
 const POOL_BLOCKS: u32 = 1024;
@@ -209,6 +211,21 @@ impl Harness {
         let now = self.now;
         self.decoders.get_mut(&rank).unwrap().handle(now, event, &mut out);
         for action in out {
+            if let Some(event) = group_input(rank.tp_rank(), &action) {
+                // The test reads each worker's step reports; the group takes them as every
+                // driver's group does.
+                match &action {
+                    DecodeAction::StepReady { step } => {
+                        self.steps.entry(rank).or_default().push((*step, None))
+                    }
+                    DecodeAction::StepFailed { step, error } => {
+                        self.steps.entry(rank).or_default().push((*step, Some(error.clone())))
+                    }
+                    _ => {}
+                }
+                self.group_event((rank.engine, rank.dp), event);
+                continue;
+            }
             match action {
                 DecodeAction::DialHandshake { session, rank: to, .. } => {
                     self.dials.push(Dial { from: rank, session, to })
@@ -225,22 +242,9 @@ impl Harness {
                     };
                     self.worker_event(to, event);
                 }
-                DecodeAction::CastVote { step, ok } => {
-                    let member = rank.tp_rank();
-                    self.group_event((rank.engine, rank.dp), GroupEvent::Vote { member, step, ok });
-                }
-                DecodeAction::StepReady { step } => {
-                    self.steps.entry(rank).or_default().push((step, None));
-                    let event =
-                        GroupEvent::StepReport { member: rank.tp_rank(), step, report: StepReport::Ready };
-                    self.group_event((rank.engine, rank.dp), event);
-                }
-                DecodeAction::StepFailed { step, error } => {
-                    let report = StepReport::failed(&error);
-                    self.steps.entry(rank).or_default().push((step, Some(error)));
-                    let event = GroupEvent::StepReport { member: rank.tp_rank(), step, report };
-                    self.group_event((rank.engine, rank.dp), event);
-                }
+                DecodeAction::CastVote { .. }
+                | DecodeAction::StepReady { .. }
+                | DecodeAction::StepFailed { .. } => {}
                 DecodeAction::RequestReceived { request } => self.received.push((rank, request)),
                 DecodeAction::RequestFailed { request, error } => self.failed.push((rank, request, error)),
                 DecodeAction::InvalidateBlocks { request, .. } => self.invalidated.push((rank, request)),
