@@ -17,9 +17,9 @@ use pdkv_core::policy::Policy;
 use pdkv_core::ports::{Endpoint, SessionKey};
 use pdkv_core::wire::{self, ControlMessage, DataPlane, DataTransport};
 
-use crate::connector::{resolve, ConnectorError, Context, Input};
 use crate::message_faults::{sooner, Injector, Later, MessageHit, MessageKind};
 use crate::pattern::{heads_of_rank, transfer_key, BlockKey};
+use crate::rank_io::{resolve, ConnectorError, Context, Dialled, Input, ReadResult};
 use crate::sched::{FromRank, ToRank, TransportKind};
 use crate::tcp::TcpTransport;
 use crate::transport::{ReadTag, Transport, TransportError};
@@ -29,25 +29,12 @@ const NS_PER_MS: u64 = 1_000_000;
 /// How long a release or lease may take to reach a notify listener.
 const NOTIFY_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// A finished read, for the node thread.
-pub struct ReadResult {
-    request: RequestId,
-    layer: Option<u16>,
-    source: RankId,
-    bytes: u64,
-    outcome: ReadOutcome,
-    mismatch: Option<String>,
-}
-
 /// One read for the reader thread: the op, where to read it, and what the bytes must be.
 struct ReadJob {
     op: ReadOp,
     data: Endpoint,
     heads: (u16, u16),
 }
-
-/// What one handshake dial gives: both reply payloads decoded, or why not.
-pub type Dialled = Result<(wire::HandshakeMetadata, Vec<wire::LayerMemoryDesc>), String>;
 
 /// Dials a prefill rank's handshake listener as MoRIIO does (a DEALER sending the one frame
 /// `get_meta_msg`), and decodes the two reply messages, each of which must be `[b"", payload]`
@@ -115,7 +102,7 @@ fn read_reply(conn: &mut Connection, endpoint: &Endpoint) -> Dialled {
         Ok(other) => {
             return Err(format!(
                 "{endpoint} replied {} instead of metadata",
-                crate::connector::message_name(&other)
+                crate::rank_io::message_name(&other)
             ))
         }
         Err(e) => return Err(format!("metadata from {endpoint}: {e}")),
@@ -279,7 +266,7 @@ impl Outbox {
     /// Sends `held` (a message of `kind` to `peer`, about `transfer_id`) as the faults say.
     fn send(
         &mut self,
-        link: &mut crate::connector::SchedLink,
+        link: &mut crate::rank_io::SchedLink,
         kind: MessageKind,
         peer: RankId,
         transfer_id: Option<pdkv_core::ids::TransferId>,

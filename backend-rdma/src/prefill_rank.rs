@@ -16,10 +16,10 @@ use pdkv_core::wire::{
     self, ControlMessage, DataPlane, Extensions, HandshakeMetadata, LayerMemoryDesc, RankInfo,
 };
 
-use crate::connector::{resolve, ConnectorError, Context, HandshakeReply, Input};
 use crate::memory::Regions;
 use crate::message_faults::{Injector, Later, MessageHit, MessageKind};
 use crate::pattern::{heads_of_rank, transfer_key, BlockKey};
+use crate::rank_io::{resolve, ConnectorError, Context, HandshakeReply, Input};
 use crate::sched::{FromRank, ToRank, TransportKind};
 use crate::tcp::TcpReadServer;
 use crate::zmtp::RouterListener;
@@ -182,7 +182,7 @@ pub fn notify_event(frame: &[u8]) -> Result<WorkerEvent, String> {
         }),
         Ok(message) => match message.as_release() {
             Some(release) => Ok(WorkerEvent::Release(release)),
-            None => Err(format!("notify listener: unexpected {}", crate::connector::message_name(&message))),
+            None => Err(format!("notify listener: unexpected {}", crate::rank_io::message_name(&message))),
         },
         Err(e) => Err(format!("notify listener: {e}")),
     }

@@ -32,7 +32,7 @@ use pdkv_core::rng::Stream;
 use pdkv_core::time::Instant;
 use pdkv_core::topology::Deployment;
 
-use crate::connector::Clock;
+use crate::rank_io::Clock;
 use crate::sched::{FromRank, Recv};
 
 mod config;

@@ -1,0 +1,218 @@
+//! What a rank's process shares between its connector (which joins the scheduler and starts the
+//! rank) and its driver (`prefill_rank`, `decode_rank`): the scheduler link, the node thread's
+//! inputs, the context a driver starts with, and the small helpers both use. It sits below both,
+//! so the connector imports the ranks and the ranks import only this.
+
+use std::fmt;
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread;
+use std::time::Duration;
+
+use pdkv_core::decode::ReadOutcome;
+use pdkv_core::ids::{Incarnation, RankId, RequestId};
+use pdkv_core::ports::Endpoint;
+use pdkv_core::time::Instant;
+use pdkv_core::topology::Deployment;
+use pdkv_core::wire;
+
+use crate::sched::{write_frame, FrameError, FromRank, Setup, ToRank, HEARTBEAT_INTERVAL};
+
+/// Why a connector stopped with an error.
+#[derive(Debug)]
+pub enum ConnectorError {
+    /// The command line named a rank the deployment does not have.
+    NoSuchRank {
+        /// The rank asked for.
+        rank: RankId,
+        /// The deployment.
+        deployment: String,
+    },
+    /// The scheduler could not be reached or spoke nonsense.
+    Scheduler {
+        /// What was being done.
+        op: &'static str,
+        /// The error.
+        detail: String,
+    },
+    /// A listener or the data plane could not start.
+    Setup(String),
+    /// The scheduler did not admit this process (see [`crate::sched::ToRank::Refused`]).
+    Refused(String),
+}
+
+impl fmt::Display for ConnectorError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConnectorError::NoSuchRank { rank, deployment } => {
+                write!(f, "deployment {deployment} has no rank {rank}")
+            }
+            ConnectorError::Scheduler { op, detail } => write!(f, "scheduler: {op}: {detail}"),
+            ConnectorError::Setup(detail) => write!(f, "cannot start: {detail}"),
+            ConnectorError::Refused(reason) => write!(f, "the scheduler refused this connector: {reason}"),
+        }
+    }
+}
+
+impl std::error::Error for ConnectorError {}
+
+/// The process clock, in the core's terms: nanoseconds since the connector started.
+#[derive(Clone, Copy, Debug)]
+pub struct Clock(std::time::Instant);
+
+impl Clock {
+    /// A clock starting now.
+    pub fn start() -> Clock {
+        Clock(std::time::Instant::now())
+    }
+
+    /// Now, for the core.
+    pub fn now(&self) -> Instant {
+        Instant(self.0.elapsed().as_nanos() as u64)
+    }
+
+    /// How long from now until `at` (zero if it passed).
+    pub fn until(&self, at: Instant) -> Duration {
+        Duration::from_nanos(at.0.saturating_sub(self.now().0))
+    }
+}
+
+/// The write half of the scheduler connection, shared by the node thread and the heartbeat
+/// thread (a lock keeps their frames whole).
+pub struct SchedLink {
+    stream: Arc<Mutex<TcpStream>>,
+}
+
+impl SchedLink {
+    /// The link over the write half of the scheduler connection.
+    pub(crate) fn new(stream: TcpStream) -> SchedLink {
+        SchedLink { stream: Arc::new(Mutex::new(stream)) }
+    }
+
+    /// Sends one message; an error means the scheduler is gone, and the caller exits.
+    pub fn send(&mut self, msg: &FromRank) -> Result<(), ConnectorError> {
+        let mut stream = self.stream.lock().unwrap_or_else(PoisonError::into_inner);
+        write_frame(&mut *stream, msg)
+            .map_err(|e| ConnectorError::Scheduler { op: "send", detail: e.to_string() })
+    }
+
+    /// Sends a heartbeat every [`HEARTBEAT_INTERVAL`] from a thread of its own until the
+    /// scheduler is gone (the process then exits anyway).
+    pub(crate) fn start_heartbeat(&self) {
+        let mut link = SchedLink { stream: self.stream.clone() };
+        thread::spawn(move || loop {
+            thread::sleep(HEARTBEAT_INTERVAL);
+            if link.send(&FromRank::Heartbeat).is_err() {
+                return;
+            }
+        });
+    }
+}
+
+/// Resolves an endpoint the core computed (host and port) to a socket address.
+pub fn resolve(endpoint: &Endpoint) -> Result<SocketAddr, String> {
+    (endpoint.host.as_str(), endpoint.port)
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {endpoint}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{endpoint} resolves to no address"))
+}
+
+/// What a rank's driver starts with.
+pub struct Context {
+    /// The deployment, with the model the scheduler set.
+    pub deployment: Deployment,
+    /// This rank.
+    pub rank: RankId,
+    /// The scheduler's setup.
+    pub setup: Setup,
+    /// Messages to the scheduler.
+    pub link: SchedLink,
+    /// A sender for I/O threads.
+    pub tx: Sender<Input>,
+    /// The node thread's inputs.
+    pub rx: Receiver<Input>,
+    /// The process clock.
+    pub clock: Clock,
+    /// This process's incarnation, drawn at start: a prefill rank names it in its handshake
+    /// metadata, and its engine in every answer of a transfer the rank holds.
+    pub incarnation: Incarnation,
+}
+
+/// One thing that happened, for the node thread.
+pub enum Input {
+    /// A message from the scheduler.
+    Sched(ToRank),
+    /// The scheduler connection ended.
+    SchedGone(FrameError),
+    /// Prefill: a handshake request arrived on connection `conn`; the reply goes to `reply`.
+    HandshakeRequest {
+        /// The connection's number (the core's opaque peer handle).
+        conn: u64,
+        /// The dialler, when the identity it announced names a rank (pdkv's decode ranks
+        /// announce theirs); message faults match it.
+        peer: Option<RankId>,
+        /// Where the reply messages go: each reply sent on the connection in order (two when a
+        /// fault duplicated it).
+        reply: Sender<Vec<HandshakeReply>>,
+    },
+    /// Prefill: one frame arrived on the notify listener.
+    Notify {
+        /// The frame.
+        frame: Vec<u8>,
+        /// The address of the connection it came on, if the socket knew it (named when the
+        /// message is refused).
+        from: Option<String>,
+    },
+    /// Decode: a handshake dial ended.
+    Dialled {
+        /// The session the dial was for.
+        session: pdkv_core::ports::SessionKey,
+        /// The rank dialled.
+        peer: RankId,
+        /// Both reply payloads decoded, or why not.
+        result: Dialled,
+    },
+    /// Decode: a read finished.
+    ReadDone(ReadResult),
+    /// Something an I/O thread wants reported.
+    Problem(String),
+}
+
+/// A control message's name, for reports (its fields can be long and are not for people).
+pub fn message_name(message: &pdkv_core::wire::ControlMessage) -> &'static str {
+    use pdkv_core::wire::ControlMessage;
+    match message {
+        ControlMessage::Release(_) => "release",
+        ControlMessage::LegacyCompletion(_) => "legacy completion",
+        ControlMessage::RemoteBlocks(_) => "remote blocks",
+        ControlMessage::WriteDone(_) => "write done",
+        ControlMessage::ReadLease(_) => "read lease",
+        ControlMessage::HandshakeRequest => "handshake request",
+        ControlMessage::HandshakeMetadata(_) => "handshake metadata",
+    }
+}
+
+/// The two messages of a handshake reply, each a list of frames
+/// ([`pdkv_core::wire::handshake_reply`]).
+pub type HandshakeReply = [Vec<Vec<u8>>; 2];
+
+/// A finished read, for the node thread.
+pub struct ReadResult {
+    /// The request read.
+    pub request: RequestId,
+    /// The layer, for a per-layer read.
+    pub layer: Option<u16>,
+    /// The prefill rank read.
+    pub source: RankId,
+    /// Bytes read.
+    pub bytes: u64,
+    /// What the node is told.
+    pub outcome: ReadOutcome,
+    /// Where the bytes differ from what prefill wrote, if they do.
+    pub mismatch: Option<String>,
+}
+
+/// What one handshake dial gives: both reply payloads decoded, or why not.
+pub type Dialled = Result<(wire::HandshakeMetadata, Vec<wire::LayerMemoryDesc>), String>;
