@@ -11,8 +11,7 @@ use std::time::Duration;
 use pdkv_core::decode::{
     DecodeAction, DecodeConfig, DecodeEvent, DecodeWorker, ReadGranularity, ReadOp, ReadOutcome, RecvRequest,
 };
-use pdkv_core::group::StepReport;
-use pdkv_core::ids::{RankId, RequestId};
+use pdkv_core::ids::{RankId, RequestId, Role};
 use pdkv_core::policy::Policy;
 use pdkv_core::ports::{Endpoint, SessionKey};
 use pdkv_core::wire::{self, ControlMessage, DataPlane, DataTransport};
@@ -20,7 +19,7 @@ use pdkv_core::wire::{self, ControlMessage, DataPlane, DataTransport};
 use crate::message_faults::{sooner, Injector, Later, MessageHit, MessageKind};
 use crate::pattern::{heads_of_rank, transfer_key, BlockKey};
 use crate::rank_io::{resolve, ConnectorError, Context, Dialled, Input, ReadResult};
-use crate::sched::{FromRank, ToRank, TransportKind};
+use crate::sched::{FromRank, RankProblem, ReadMismatch, ToRank, TransportKind};
 use crate::tcp::TcpTransport;
 use crate::transport::{ReadTag, Transport, TransportError};
 use crate::zmtp::{Connection, SocketType};
@@ -156,9 +155,10 @@ fn reader(
             match transport.read_tagged(&job.data, tag, &ranges, &mut buffer, &cancelled) {
                 Ok(()) => match verify(op, job.heads, &buffer) {
                     None => (ReadOutcome::Ok, None),
-                    Some(detail) => {
-                        (ReadOutcome::Failed(format!("bytes differ from prefill's: {detail}")), Some(detail))
-                    }
+                    Some(mismatch) => (
+                        ReadOutcome::Failed(format!("bytes differ from prefill's: {mismatch}")),
+                        Some(mismatch),
+                    ),
                 },
                 Err(TransportError::Aborted { .. }) => (ReadOutcome::Aborted, None),
                 Err(e) => (ReadOutcome::Failed(e.to_string()), None),
@@ -179,7 +179,7 @@ fn reader(
 
 /// Where a read's bytes differ from the pattern prefill wrote, if anywhere. The buffer holds
 /// the op's layers one after another, each with the request's blocks in request order.
-fn verify(op: &ReadOp, heads: (u16, u16), buffer: &[u8]) -> Option<String> {
+fn verify(op: &ReadOp, heads: (u16, u16), buffer: &[u8]) -> Option<ReadMismatch> {
     let plan = &op.plan;
     let transfer = transfer_key(&plan.transfer_id);
     let block_len = plan.block_len as usize;
@@ -195,10 +195,14 @@ fn verify(op: &ReadOp, heads: (u16, u16), buffer: &[u8]) -> Option<String> {
                 heads: heads.1,
             };
             if let Some(at) = key.first_mismatch(chunk) {
-                return Some(format!(
-                    "{} layer {layer} block {i} (id {block}) from {} differs at byte {at}",
-                    plan.request, plan.source
-                ));
+                return Some(ReadMismatch {
+                    request: plan.request,
+                    layer: layer as u16,
+                    block: i as u32,
+                    block_id: block,
+                    source: plan.source,
+                    byte: at as u64,
+                });
             }
         }
     }
@@ -229,11 +233,8 @@ fn notifier(messages: Receiver<(Endpoint, Vec<u8>)>, identity: String, tx: Sende
             }
             conns.remove(&endpoint);
         }
-        if !sent {
-            let detail = format!("notify message to {endpoint} lost: listener unreachable");
-            if tx.send(Input::Problem(detail)).is_err() {
-                return;
-            }
+        if !sent && tx.send(Input::Problem(RankProblem::NotifyLost { endpoint })).is_err() {
+            return;
         }
     }
 }
@@ -431,10 +432,8 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
             }
             Some(Input::Sched(ToRank::Shutdown)) => break,
             Some(Input::Sched(other)) => {
-                ctx.link.send(&FromRank::Problem {
-                    violation: false,
-                    detail: format!("decode rank got {}", other.name()),
-                })?;
+                let message = other.name().to_string();
+                ctx.link.send(&FromRank::Problem(RankProblem::Unexpected { role: Role::Decode, message }))?;
             }
             Some(Input::SchedGone(e)) => {
                 return Err(ConnectorError::Scheduler { op: "receive", detail: e.to_string() });
@@ -460,8 +459,8 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
                 Err(reason) => worker.handle(now, DecodeEvent::HandshakeFailed { session, reason }, &mut out),
             },
             Some(Input::ReadDone(result)) => {
-                if let Some(detail) = result.mismatch {
-                    ctx.link.send(&FromRank::Mismatch { request: result.request, detail })?;
+                if let Some(mismatch) = result.mismatch {
+                    ctx.link.send(&FromRank::Mismatch(mismatch))?;
                 }
                 if result.outcome == ReadOutcome::Ok {
                     let (request, layer, source, bytes) =
@@ -475,7 +474,7 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
                 };
                 worker.handle(now, event, &mut out);
             }
-            Some(Input::Problem(detail)) => ctx.link.send(&FromRank::Problem { violation: false, detail })?,
+            Some(Input::Problem(problem)) => ctx.link.send(&FromRank::Problem(problem))?,
             Some(Input::HandshakeRequest { .. } | Input::Notify { .. }) => {}
         }
         for action in out.drain(..) {
@@ -523,16 +522,10 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
                 DecodeAction::StepReady { step } => {
                     ctx.link.send(&FromRank::StepDone { step, error: None })?
                 }
+                // The scheduler asks the core whether a failed step still enters the forward pass
+                // with the group or raised out of it alone.
                 DecodeAction::StepFailed { step, error } => {
-                    // The core says whether this rank still enters the forward pass with its
-                    // group or raised out of the step alone.
-                    let msg = match StepReport::failed(&error) {
-                        StepReport::Raised => FromRank::StepRaised { step, error: error.to_string() },
-                        StepReport::Ready | StepReport::FailedWithGroup => {
-                            FromRank::StepDone { step, error: Some(error.to_string()) }
-                        }
-                    };
-                    ctx.link.send(&msg)?;
+                    ctx.link.send(&FromRank::StepDone { step, error: Some(error) })?
                 }
                 DecodeAction::RequestReceived { request } => {
                     ctx.link.send(&FromRank::Received { request })?
@@ -541,7 +534,7 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
                     if let Ok(mut set) = aborted.lock() {
                         set.remove(&request);
                     }
-                    ctx.link.send(&FromRank::RecvFailed { request, error: error.to_string() })?;
+                    ctx.link.send(&FromRank::RecvFailed { request, error })?;
                 }
                 DecodeAction::InvalidateBlocks { .. } => {}
                 DecodeAction::AbortReads { request } => {

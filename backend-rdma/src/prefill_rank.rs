@@ -2,13 +2,14 @@
 //! ROUTERs at the ports the core computes) and a data-plane server over its KV regions.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::net::SocketAddr;
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::thread;
 use std::time::Duration;
 
-use pdkv_core::ids::{Incarnation, RankId, TransferId};
+use pdkv_core::ids::{Incarnation, RankId, Role, TransferId};
 use pdkv_core::policy::Policy;
 use pdkv_core::ports::{Endpoint, ListenerKind};
 use pdkv_core::prefill::{PrefillWorker, WorkerAction, WorkerEvent};
@@ -20,7 +21,7 @@ use crate::memory::Regions;
 use crate::message_faults::{Injector, Later, MessageHit, MessageKind};
 use crate::pattern::{heads_of_rank, transfer_key, BlockKey};
 use crate::rank_io::{resolve, ConnectorError, Context, HandshakeReply, Input};
-use crate::sched::{FromRank, ToRank, TransportKind};
+use crate::sched::{FromRank, KvOp, Listener, RankProblem, ToRank, TransportKind};
 use crate::tcp::TcpReadServer;
 use crate::zmtp::RouterListener;
 
@@ -106,7 +107,8 @@ fn spawn_listener(
                 }
                 // A failed handshake concerns one peer; the listener carries on.
                 Err(e) => {
-                    if tx.send(Input::Problem(format!("listener: {e}"))).is_err() {
+                    let problem = RankProblem::Listener { listener: Listener::Accept, error: e.to_string() };
+                    if tx.send(Input::Problem(problem)).is_err() {
                         return;
                     }
                 }
@@ -144,7 +146,8 @@ pub fn serve_handshake(mut conn: crate::zmtp::Connection, id: u64, tx: Sender<In
                 }
             }
             Err(e) => {
-                if tx.send(Input::Problem(format!("handshake listener: {e}"))).is_err() {
+                let problem = RankProblem::Listener { listener: Listener::Handshake, error: e.to_string() };
+                if tx.send(Input::Problem(problem)).is_err() {
                     return;
                 }
             }
@@ -160,7 +163,9 @@ pub fn serve_notify(mut conn: crate::zmtp::Connection, _id: u64, tx: Sender<Inpu
     while let Ok(frames) = conn.recv() {
         let input = match wire::notify_frame(&frames) {
             Ok(frame) => Input::Notify { frame: frame.to_vec(), from: from.clone() },
-            Err(e) => Input::Problem(format!("notify listener: {e}")),
+            Err(e) => {
+                Input::Problem(RankProblem::Listener { listener: Listener::Notify, error: e.to_string() })
+            }
         };
         if tx.send(input).is_err() {
             return;
@@ -168,11 +173,40 @@ pub fn serve_notify(mut conn: crate::zmtp::Connection, _id: u64, tx: Sender<Inpu
     }
 }
 
+/// Why a notify frame is no event for the worker: it decoded to another message, or not at all.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NotifyError {
+    /// A control message that is neither a release nor a lease.
+    Unexpected {
+        /// Its name ([`message_name`](crate::rank_io::message_name)).
+        message: &'static str,
+    },
+    /// Bytes that are no control message.
+    Wire(wire::WireError),
+}
+
+impl fmt::Display for NotifyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NotifyError::Unexpected { message } => write!(f, "unexpected {message}"),
+            NotifyError::Wire(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for NotifyError {}
+
+impl From<NotifyError> for RankProblem {
+    fn from(e: NotifyError) -> RankProblem {
+        RankProblem::Listener { listener: Listener::Notify, error: e.to_string() }
+    }
+}
+
 /// What a notify frame means for the worker: a release (the map or the legacy string) or a
 /// read lease; anything else (an unknown `type`, a message meant for another socket, bytes that
-/// do not decode) is the line the report gets. The frame is then dropped and the listener
-/// serves on, where MoRIIO's would raise and serve nobody again.
-pub fn notify_event(frame: &[u8]) -> Result<WorkerEvent, String> {
+/// do not decode) is the notify listener's line the report gets. The frame is then dropped and
+/// the listener serves on, where MoRIIO's would raise and serve nobody again.
+pub fn notify_event(frame: &[u8]) -> Result<WorkerEvent, NotifyError> {
     match wire::decode(frame) {
         Ok(ControlMessage::ReadLease(lease)) => Ok(WorkerEvent::Lease {
             transfer_id: lease.transfer_id,
@@ -182,9 +216,9 @@ pub fn notify_event(frame: &[u8]) -> Result<WorkerEvent, String> {
         }),
         Ok(message) => match message.as_release() {
             Some(release) => Ok(WorkerEvent::Release(release)),
-            None => Err(format!("notify listener: unexpected {}", crate::rank_io::message_name(&message))),
+            None => Err(NotifyError::Unexpected { message: crate::rank_io::message_name(&message) }),
         },
-        Err(e) => Err(format!("notify listener: {e}")),
+        Err(e) => Err(NotifyError::Wire(e)),
     }
 }
 
@@ -432,10 +466,12 @@ fn serve(mut ctx: Context, started: Started) -> Result<(), ConnectorError> {
         match input {
             Input::Sched(ToRank::Prefill { transfer_id, blocks }) => {
                 if let Err(e) = kv.fill(&transfer_id, &blocks) {
-                    ctx.link.send(&FromRank::Problem {
-                        violation: false,
-                        detail: format!("prefill of {transfer_id}: {e}"),
-                    })?;
+                    let (transfer_id, error) = (transfer_id.clone(), e.to_string());
+                    ctx.link.send(&FromRank::Problem(RankProblem::Kv {
+                        op: KvOp::Prefill,
+                        transfer_id,
+                        error,
+                    }))?;
                 }
                 filled.insert(transfer_id.clone(), blocks);
                 ctx.link.send(&FromRank::Prefilled { transfer_id })?;
@@ -449,10 +485,9 @@ fn serve(mut ctx: Context, started: Started) -> Result<(), ConnectorError> {
             Input::Sched(ToRank::Retire { transfer_id, incarnation }) => {
                 if let Some(blocks) = filled.remove(&transfer_id) {
                     if let Err(e) = kv.fence(&blocks) {
-                        ctx.link.send(&FromRank::Problem {
-                            violation: false,
-                            detail: format!("retire of {transfer_id}: {e}"),
-                        })?;
+                        let (transfer_id, error) = (transfer_id.clone(), e.to_string());
+                        let problem = RankProblem::Kv { op: KvOp::Retire, transfer_id, error };
+                        ctx.link.send(&FromRank::Problem(problem))?;
                     }
                 }
                 // A data-plane-only rank's worker never heard of the transfer: the control
@@ -463,18 +498,15 @@ fn serve(mut ctx: Context, started: Started) -> Result<(), ConnectorError> {
             }
             Input::Sched(ToRank::Fence { transfer_id, blocks }) => {
                 if let Err(e) = kv.fence(&blocks).and_then(|()| server.fenced(&kv.bases)) {
-                    ctx.link.send(&FromRank::Problem {
-                        violation: false,
-                        detail: format!("fence of {transfer_id}: {e}"),
-                    })?;
+                    let problem = RankProblem::Kv { op: KvOp::Fence, transfer_id, error: e.to_string() };
+                    ctx.link.send(&FromRank::Problem(problem))?;
                 }
             }
             Input::Sched(ToRank::Shutdown) => break,
             Input::Sched(other) => {
-                ctx.link.send(&FromRank::Problem {
-                    violation: false,
-                    detail: format!("prefill rank got {}", other.name()),
-                })?;
+                let message = other.name().to_string();
+                ctx.link
+                    .send(&FromRank::Problem(RankProblem::Unexpected { role: Role::Prefill, message }))?;
             }
             Input::SchedGone(e) => {
                 return Err(ConnectorError::Scheduler { op: "receive", detail: e.to_string() });
@@ -493,9 +525,9 @@ fn serve(mut ctx: Context, started: Started) -> Result<(), ConnectorError> {
                     worker.handle(now, event, &mut out);
                 }
                 // Reported (the run's problems count it) and skipped: the listener serves on.
-                Err(detail) => ctx.link.send(&FromRank::Problem { violation: false, detail })?,
+                Err(e) => ctx.link.send(&FromRank::Problem(e.into()))?,
             },
-            Input::Problem(detail) => ctx.link.send(&FromRank::Problem { violation: false, detail })?,
+            Input::Problem(problem) => ctx.link.send(&FromRank::Problem(problem))?,
             Input::Dialled { .. } | Input::ReadDone(_) => {}
         }
         for action in out.drain(..) {
@@ -543,16 +575,15 @@ fn serve(mut ctx: Context, started: Started) -> Result<(), ConnectorError> {
                 WorkerAction::LeaseCapped { transfer_id, asked_ms, .. } => {
                     ctx.link.send(&FromRank::LeaseCapped { transfer_id, asked_ms })?
                 }
-                WorkerAction::Error { rank, error } => ctx
-                    .link
-                    .send(&FromRank::Problem { violation: true, detail: format!("{rank}: {error}") })?,
+                WorkerAction::Error { rank, error } => {
+                    ctx.link.send(&FromRank::ProtocolError { rank, error })?
+                }
             }
         }
     }
     let shutdown = server.shutdown();
     if let Err(e) = shutdown {
-        ctx.link
-            .send(&FromRank::Problem { violation: false, detail: format!("data server shutdown: {e}") })?;
+        ctx.link.send(&FromRank::Problem(RankProblem::DataServerShutdown { error: e.to_string() }))?;
     }
     ctx.link.send(&FromRank::Bye { releases, messages_faulted: faulted, handshakes })
 }
@@ -614,7 +645,8 @@ mod tests {
             ),
         ];
         for (frame, expected) in cases {
-            assert_eq!(notify_event(&frame), expected.map_err(str::to_owned), "{frame:02x?}");
+            let got = notify_event(&frame).map_err(|e| RankProblem::from(e).to_string());
+            assert_eq!(got, expected.map_err(str::to_owned), "{frame:02x?}");
         }
     }
 }

@@ -17,7 +17,9 @@ use pdkv_core::time::Instant;
 use pdkv_core::topology::Deployment;
 use pdkv_core::wire;
 
-use crate::sched::{write_frame, FrameError, FromRank, Setup, ToRank, HEARTBEAT_INTERVAL};
+use crate::sched::{
+    write_frame, FrameError, FromRank, RankProblem, ReadMismatch, Setup, ToRank, HEARTBEAT_INTERVAL,
+};
 
 /// Why a connector stopped with an error.
 #[derive(Debug)]
@@ -177,7 +179,7 @@ pub enum Input {
     /// Decode: a read finished.
     ReadDone(ReadResult),
     /// Something an I/O thread wants reported.
-    Problem(String),
+    Problem(RankProblem),
 }
 
 /// A control message's name, for reports (its fields can be long and are not for people).
@@ -211,7 +213,7 @@ pub struct ReadResult {
     /// What the node is told.
     pub outcome: ReadOutcome,
     /// Where the bytes differ from what prefill wrote, if they do.
-    pub mismatch: Option<String>,
+    pub mismatch: Option<ReadMismatch>,
 }
 
 /// What one handshake dial gives: both reply payloads decoded, or why not.

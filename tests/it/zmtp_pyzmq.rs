@@ -469,7 +469,7 @@ fn connector_handshake_listener_survives_what_ends_moriio_listener() {
     // This thread plays the node: it answers the one metadata request with the core's reply.
     loop {
         match peer.wait_for(&rx, "the connector's handshake listener") {
-            pdkv_rdma::rank_io::Input::Problem(line) => problems.push(line),
+            pdkv_rdma::rank_io::Input::Problem(problem) => problems.push(problem.to_string()),
             pdkv_rdma::rank_io::Input::HandshakeRequest { conn, reply, .. } => {
                 assert_eq!(conn, 1);
                 reply
@@ -507,8 +507,9 @@ fn connector_notify_listener_survives_what_ends_moriio_listener() {
     let mut seen = Vec::new();
     while seen.len() < 5 {
         let outcome = match peer.wait_for(&rx, "a message from the connector's notify listener") {
-            pdkv_rdma::rank_io::Input::Notify { frame, .. } => pdkv_rdma::prefill_rank::notify_event(&frame),
-            pdkv_rdma::rank_io::Input::Problem(line) => Err(line),
+            pdkv_rdma::rank_io::Input::Notify { frame, .. } => pdkv_rdma::prefill_rank::notify_event(&frame)
+                .map_err(|e| pdkv_rdma::sched::RankProblem::from(e).to_string()),
+            pdkv_rdma::rank_io::Input::Problem(problem) => Err(problem.to_string()),
             _ => peer.fail("unexpected input from the notify listener"),
         };
         seen.push(outcome);

@@ -515,19 +515,17 @@ impl Cluster {
                 self.group_event(self.dgroup_of(rank), event);
             }
             FromRank::StepDone { step, error } => {
-                // Both enter the forward pass: ready, or failed with the whole group.
-                let report = if error.is_some() { StepReport::FailedWithGroup } else { StepReport::Ready };
+                // The core says what the rank's step means for the group: ready, or failed with
+                // the whole group (both enter the forward pass), or raised out of it alone.
+                let report = error.as_ref().map_or(StepReport::Ready, StepReport::failed);
                 let event = GroupEvent::StepReport { member: rank.tp_rank(), step, report };
                 self.group_event(self.dgroup_of(rank), event);
-            }
-            FromRank::StepRaised { step, error } => {
-                let event =
-                    GroupEvent::StepReport { member: rank.tp_rank(), step, report: StepReport::Raised };
-                self.group_event(self.dgroup_of(rank), event);
-                self.problem(format!("{rank} raised at step {step}: {error}"));
+                if let Some(error) = error.filter(|_| report == StepReport::Raised) {
+                    self.problem(format!("{rank} raised at step {step}: {error}"));
+                }
             }
             FromRank::Received { request } => self.reported(rank, request, None),
-            FromRank::RecvFailed { request, error } => self.reported(rank, request, Some(error)),
+            FromRank::RecvFailed { request, error } => self.reported(rank, request, Some(error.to_string())),
             FromRank::ReadVerified { layer, source, bytes, .. } => {
                 let entry = self.reads.entry(source).or_default();
                 // A request's reads count once per decode worker, whatever the granularity.
@@ -537,22 +535,19 @@ impl Cluster {
                 entry.1 += bytes;
                 self.bytes_verified += bytes;
             }
-            FromRank::Mismatch { request, detail } => {
+            FromRank::Mismatch(mismatch) => {
                 self.violations.push(Violation {
                     kind: ViolationKind::ReadMismatch,
-                    detail: format!("{rank}, {request}: {detail}"),
+                    detail: format!("{rank}, {}: {mismatch}", mismatch.request),
                 });
             }
-            FromRank::Problem { violation, detail } => {
-                if violation {
-                    self.violations.push(Violation {
-                        kind: ViolationKind::ProtocolError,
-                        detail: format!("{rank}: {detail}"),
-                    });
-                } else {
-                    self.problem(format!("{rank}: {detail}"));
-                }
+            FromRank::ProtocolError { rank: refused_by, error } => {
+                self.violations.push(Violation {
+                    kind: ViolationKind::ProtocolError,
+                    detail: format!("{rank}: {refused_by}: {error}"),
+                });
             }
+            FromRank::Problem(problem) => self.problem(format!("{rank}: {problem}")),
             FromRank::MessageFault(hit) => self.on_message_fault(rank, hit),
             FromRank::Bye { .. } => {
                 if let Some(proc) = self.ranks.get_mut(&rank) {
