@@ -21,7 +21,7 @@ use pdkv_core::ids::{Incarnation, RankId, Role};
 use pdkv_core::topology::Deployment;
 
 pub use crate::rank_io::ConnectorError;
-use crate::rank_io::{Clock, Context, Input, SchedLink};
+use crate::rank_io::{Clock, Context, Input, LinkError, SchedLink, SetupError};
 use crate::sched::{read_frame, FrameError, FromRank, Setup, ToRank};
 
 /// How long a connector waits to reach its scheduler and hear its setup.
@@ -30,7 +30,8 @@ pub const JOIN_TIMEOUT: Duration = Duration::from_secs(20);
 /// Joins the scheduler at `scheduler` as `rank` of `deployment`, then runs the rank's node until
 /// the scheduler says shut down (Ok) or goes away (Err).
 pub fn run(deployment: &str, rank: RankId, scheduler: SocketAddr) -> Result<(), ConnectorError> {
-    let parsed = Deployment::parse(deployment).map_err(|e| ConnectorError::Setup(e.to_string()))?;
+    let parsed =
+        Deployment::parse(deployment).map_err(|e| ConnectorError::Setup(SetupError::Deployment(e)))?;
     let exists = usize::from(rank.engine.index) < parsed.engines(rank.engine.role).len() && {
         let layout = parsed.layout(rank.engine);
         rank.dp < layout.dp && rank.tp < layout.tp
@@ -38,7 +39,7 @@ pub fn run(deployment: &str, rank: RankId, scheduler: SocketAddr) -> Result<(), 
     if !exists {
         return Err(ConnectorError::NoSuchRank { rank, deployment: deployment.to_owned() });
     }
-    let sched_err = |op| move |e: std::io::Error| ConnectorError::Scheduler { op, detail: e.to_string() };
+    let sched_err = |op| move |e| ConnectorError::Scheduler { op, error: LinkError::Io(e) };
     let stream = TcpStream::connect_timeout(&scheduler, JOIN_TIMEOUT).map_err(sched_err("connect"))?;
     stream.set_nodelay(true).map_err(sched_err("configure"))?;
     let mut link = SchedLink::new(stream.try_clone().map_err(sched_err("configure"))?);
@@ -79,28 +80,20 @@ fn await_setup(
     scheduler: SocketAddr,
     timeout: Duration,
 ) -> Result<Setup, ConnectorError> {
-    let configure = |e: std::io::Error| ConnectorError::Scheduler { op: "configure", detail: e.to_string() };
+    let configure = |e| ConnectorError::Scheduler { op: "configure", error: LinkError::Io(e) };
     reader.get_ref().set_read_timeout(Some(timeout)).map_err(configure)?;
-    let join = |detail: String| ConnectorError::Scheduler { op: "join", detail };
+    let join = |error| ConnectorError::Scheduler { op: "join", error };
     let setup = match read_frame::<ToRank>(reader) {
         Ok(ToRank::Setup(setup)) => setup,
         Ok(ToRank::Refused { reason }) => return Err(ConnectorError::Refused(reason)),
-        Ok(other) => return Err(join(format!("expected setup, got {}", other.name()))),
+        Ok(other) => return Err(join(LinkError::NotSetup { got: other.name() })),
         Err(FrameError::Io(e))
             if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) =>
         {
-            return Err(join(format!(
-                "the scheduler at {scheduler} accepted the connection but sent nothing within {} s \
-                 (is it a pdkv cluster, and is it running?)",
-                timeout.as_secs_f64()
-            )));
+            return Err(join(LinkError::Silent { scheduler, timeout }));
         }
-        Err(FrameError::Closed) => {
-            return Err(join(format!(
-                "the scheduler at {scheduler} closed the connection without answering the hello"
-            )));
-        }
-        Err(e) => return Err(join(e.to_string())),
+        Err(FrameError::Closed) => return Err(join(LinkError::Closed { scheduler })),
+        Err(e) => return Err(join(LinkError::Frame(e))),
     };
     reader.get_ref().set_read_timeout(None).map_err(configure)?;
     Ok(setup)

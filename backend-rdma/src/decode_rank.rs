@@ -3,6 +3,7 @@
 //! the prefill ranks' notify listeners.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -14,11 +15,13 @@ use pdkv_core::decode::{
 use pdkv_core::ids::{RankId, RequestId, Role};
 use pdkv_core::policy::Policy;
 use pdkv_core::ports::{Endpoint, SessionKey};
-use pdkv_core::wire::{self, ControlMessage, DataPlane, DataTransport};
+use pdkv_core::wire::{self, ControlMessage, DataPlane, DataTransport, ForeignDataPlane};
 
 use crate::message_faults::{sooner, Injector, Later, MessageHit, MessageKind};
 use crate::pattern::{heads_of_rank, transfer_key, BlockKey};
-use crate::rank_io::{resolve, ConnectorError, Context, Dialled, Input, ReadResult};
+use crate::rank_io::{
+    resolve, ConnectorError, Context, DialError, Dialled, Input, LinkError, ReadResult, SetupError,
+};
 use crate::sched::{FromRank, RankProblem, ReadMismatch, ToRank, TransportKind};
 use crate::tcp::TcpTransport;
 use crate::transport::{ReadTag, Transport, TransportError};
@@ -78,50 +81,84 @@ fn connect(
     identity: &str,
     timeout: Duration,
     copies: usize,
-) -> Result<Connection, String> {
-    let addr = resolve(endpoint)?;
+) -> Result<Connection, DialError> {
+    let addr = resolve(endpoint).map_err(DialError::Resolve)?;
     let mut conn = Connection::connect(addr, SocketType::Dealer, Some(identity.as_bytes()), timeout)
-        .map_err(|e| format!("dial {endpoint}: {e}"))?;
-    conn.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+        .map_err(|error| DialError::Connect { endpoint: endpoint.clone(), error })?;
+    conn.set_read_timeout(Some(timeout)).map_err(DialError::Configure)?;
     for _ in 0..copies {
-        conn.send(&[wire::HANDSHAKE_REQUEST]).map_err(|e| format!("send to {endpoint}: {e}"))?;
+        conn.send(&[wire::HANDSHAKE_REQUEST])
+            .map_err(|error| DialError::Send { endpoint: endpoint.clone(), error })?;
     }
     Ok(conn)
 }
 
 fn read_reply(conn: &mut Connection, endpoint: &Endpoint) -> Dialled {
-    let mut part = |part: wire::ReplyPart| -> Result<Vec<u8>, String> {
-        let frames = conn.recv().map_err(|e| format!("{part} reply from {endpoint}: {e}"))?;
-        let payload = wire::reply_payload(part, &frames).map_err(|e| format!("{endpoint}: {e}"))?;
+    let endpoint = || endpoint.clone();
+    let mut part = |part: wire::ReplyPart| -> Result<Vec<u8>, DialError> {
+        let frames = conn.recv().map_err(|error| DialError::Recv { part, endpoint: endpoint(), error })?;
+        let payload = wire::reply_payload(part, &frames)
+            .map_err(|error| DialError::Framing { endpoint: endpoint(), error })?;
         Ok(payload.to_vec())
     };
     let metadata = part(wire::ReplyPart::Metadata)?;
     let metadata = match wire::decode(&metadata) {
         Ok(ControlMessage::HandshakeMetadata(m)) => m,
         Ok(other) => {
-            return Err(format!(
-                "{endpoint} replied {} instead of metadata",
-                crate::rank_io::message_name(&other)
-            ))
+            let got = crate::rank_io::message_name(&other);
+            return Err(DialError::NotMetadata { endpoint: endpoint(), got });
         }
-        Err(e) => return Err(format!("metadata from {endpoint}: {e}")),
+        Err(error) => return Err(DialError::Metadata { endpoint: endpoint(), error }),
     };
     let layers = part(wire::ReplyPart::Layers)?;
-    let layers =
-        wire::decode_layer_memory_descs(&layers).map_err(|e| format!("descriptors from {endpoint}: {e}"))?;
+    let layers = wire::decode_layer_memory_descs(&layers)
+        .map_err(|error| DialError::Descriptors { endpoint: endpoint(), error })?;
     Ok((metadata, layers))
 }
 
 /// Where to read rank `peer`'s KV, from the `agent_metadata` of its handshake: a pdkv data-plane
 /// descriptor of this rank's own transport. A foreign one (MoRIIO's packed MoRI `EngineDesc`) or
 /// one of the other transport fails the handshake with a line that names the peer and says why.
-pub fn data_endpoint(peer: RankId, own: TransportKind, agent_metadata: &[u8]) -> Result<Endpoint, String> {
-    let plane = DataPlane::decode(peer, agent_metadata).map_err(|e| e.to_string())?;
+pub fn data_endpoint(
+    peer: RankId,
+    own: TransportKind,
+    agent_metadata: &[u8],
+) -> Result<Endpoint, DataEndpointError> {
+    let plane = DataPlane::decode(peer, agent_metadata).map_err(DataEndpointError::Foreign)?;
     if plane.transport != DataTransport::from(own) {
-        return Err(format!("{peer} serves its KV over {}, and this rank reads over {own}", plane.transport));
+        return Err(DataEndpointError::OtherTransport { peer, serves: plane.transport, own });
     }
     Ok(plane.addr)
 }
+
+/// Why a peer's handshake names no data plane this rank can read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DataEndpointError {
+    /// The descriptor is not pdkv's (MoRIIO's MoRI `EngineDesc`, say).
+    Foreign(ForeignDataPlane),
+    /// A pdkv descriptor of the other transport.
+    OtherTransport {
+        /// The peer.
+        peer: RankId,
+        /// The transport it serves over.
+        serves: DataTransport,
+        /// This rank's.
+        own: TransportKind,
+    },
+}
+
+impl fmt::Display for DataEndpointError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DataEndpointError::Foreign(e) => write!(f, "{e}"),
+            DataEndpointError::OtherTransport { peer, serves, own } => {
+                write!(f, "{peer} serves its KV over {serves}, and this rank reads over {own}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for DataEndpointError {}
 
 /// Requests whose reads the worker aborted ([`DecodeAction::AbortReads`]), shared with the
 /// reader thread; an id leaves when the worker reports the request ended, which it does only
@@ -321,7 +358,7 @@ impl Outbox {
     }
 }
 
-fn transport(kind: TransportKind, io_timeout: Duration) -> Result<Box<dyn Transport + Send>, String> {
+fn transport(kind: TransportKind, io_timeout: Duration) -> Result<Box<dyn Transport + Send>, SetupError> {
     match kind {
         TransportKind::Tcp => {
             Ok(Box::new(TcpTransport::with_timeouts(Duration::from_secs(2), Some(io_timeout))))
@@ -331,7 +368,7 @@ fn transport(kind: TransportKind, io_timeout: Duration) -> Result<Box<dyn Transp
             Ok(Box::new(crate::verbs::VerbsTransport::with_timeouts(Duration::from_secs(2), io_timeout)))
         }
         #[cfg(not(feature = "rdma"))]
-        TransportKind::Rdma => Err("this pdkv was built without the `rdma` feature".into()),
+        TransportKind::Rdma => Err(SetupError::NoRdma),
     }
 }
 
@@ -351,7 +388,7 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
     config.handshake_timeout_ns = setup.handshake_timeout_ms * NS_PER_MS;
     config.transfer_timeout_ns = setup.transfer_timeout_ms * NS_PER_MS;
     config.control_key =
-        setup.control.auth().map_err(|e| ConnectorError::Setup(format!("control key: {e}")))?.key().cloned();
+        setup.control.auth().map_err(|e| ConnectorError::Setup(SetupError::ControlKey(e)))?.key().cloned();
     config.granularity =
         if setup.per_request_reads { ReadGranularity::PerRequest } else { ReadGranularity::PerLayer };
     let mut worker = DecodeWorker::new(config);
@@ -360,7 +397,7 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
     let transport = match transport(setup.transport, transfer_timeout) {
         Ok(t) => t,
         Err(error) => {
-            let _ = ctx.link.send(&FromRank::SetupFailed { error: error.clone() });
+            let _ = ctx.link.send(&FromRank::SetupFailed { error: error.to_string() });
             return Err(ConnectorError::Setup(error));
         }
     };
@@ -436,7 +473,7 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
                 ctx.link.send(&FromRank::Problem(RankProblem::Unexpected { role: Role::Decode, message }))?;
             }
             Some(Input::SchedGone(e)) => {
-                return Err(ConnectorError::Scheduler { op: "receive", detail: e.to_string() });
+                return Err(ConnectorError::Scheduler { op: "receive", error: LinkError::Frame(e) });
             }
             Some(Input::Dialled { session, peer, result }) => match result {
                 Ok((metadata, layers)) => {
@@ -451,12 +488,16 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
                                 &mut out,
                             );
                         }
-                        Err(reason) => {
+                        Err(e) => {
+                            let reason = e.to_string();
                             worker.handle(now, DecodeEvent::HandshakeFailed { session, reason }, &mut out)
                         }
                     }
                 }
-                Err(reason) => worker.handle(now, DecodeEvent::HandshakeFailed { session, reason }, &mut out),
+                Err(e) => {
+                    let reason = e.to_string();
+                    worker.handle(now, DecodeEvent::HandshakeFailed { session, reason }, &mut out)
+                }
             },
             Some(Input::ReadDone(result)) => {
                 if let Some(mismatch) = result.mismatch {
@@ -598,7 +639,8 @@ mod tests {
             ),
         ];
         for (own, bytes, expected) in cases {
-            assert_eq!(data_endpoint(peer, own, &bytes), expected, "{own} {bytes:02x?}");
+            let got = data_endpoint(peer, own, &bytes).map_err(|e| e.to_string());
+            assert_eq!(got, expected, "{own} {bytes:02x?}");
         }
     }
 }

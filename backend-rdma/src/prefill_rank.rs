@@ -17,16 +17,46 @@ use pdkv_core::wire::{
     self, ControlMessage, DataPlane, Extensions, HandshakeMetadata, LayerMemoryDesc, RankInfo,
 };
 
-use crate::memory::Regions;
+use crate::memory::{MemoryError, Regions};
 use crate::message_faults::{Injector, Later, MessageHit, MessageKind};
 use crate::pattern::{heads_of_rank, transfer_key, BlockKey};
-use crate::rank_io::{resolve, ConnectorError, Context, HandshakeReply, Input};
+use crate::rank_io::{resolve, ConnectorError, Context, HandshakeReply, Input, LinkError, SetupError};
 use crate::sched::{FromRank, KvOp, Listener, RankProblem, ToRank, TransportKind};
-use crate::tcp::TcpReadServer;
+use crate::tcp::{ServerError, TcpReadServer};
 use crate::zmtp::RouterListener;
 
 /// How long a handshake connection waits for the node thread's reply.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a prefill rank could not fill, fence or serve its KV blocks.
+#[derive(Debug)]
+pub enum KvError {
+    /// The host regions refused.
+    Memory(MemoryError),
+    /// The TCP data-plane server failed.
+    Tcp(ServerError),
+    /// The HIP device refused a copy.
+    #[cfg(feature = "hip")]
+    Hip(crate::hip::HipError),
+    /// The RDMA data-plane server failed.
+    #[cfg(feature = "rdma")]
+    Verbs(crate::verbs::VerbsError),
+}
+
+impl fmt::Display for KvError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KvError::Memory(e) => write!(f, "{e}"),
+            KvError::Tcp(e) => write!(f, "{e}"),
+            #[cfg(feature = "hip")]
+            KvError::Hip(e) => write!(f, "{e}"),
+            #[cfg(feature = "rdma")]
+            KvError::Verbs(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for KvError {}
 
 /// The KV memory of one prefill rank: one region per layer, `num_blocks` blocks each.
 struct Kv {
@@ -46,7 +76,7 @@ impl Kv {
     }
 
     /// Computes (fills) a request's KV: the pattern of (transfer, layer, block, head).
-    fn fill(&self, transfer_id: &TransferId, blocks: &[u32]) -> Result<(), String> {
+    fn fill(&self, transfer_id: &TransferId, blocks: &[u32]) -> Result<(), KvError> {
         let transfer = transfer_key(transfer_id);
         let mut regions = self.regions.write().unwrap_or_else(PoisonError::into_inner);
         for layer in 0..self.bases.len() {
@@ -56,7 +86,7 @@ impl Kv {
                 // The block holds this transfer's KV now: a read of another transfer (one whose
                 // block this was before it was freed) is refused from here on.
                 regions.grant(addr, self.block_len, transfer);
-                let bytes = regions.slice_mut(addr, self.block_len).map_err(|e| e.to_string())?;
+                let bytes = regions.slice_mut(addr, self.block_len).map_err(KvError::Memory)?;
                 let key = BlockKey {
                     transfer,
                     layer: layer as u16,
@@ -71,19 +101,19 @@ impl Kv {
                     let mut buffers = device.lock().unwrap_or_else(PoisonError::into_inner);
                     let offset = (u64::from(block) * self.block_len) as usize;
                     let buffer = &mut buffers[layer];
-                    buffer.copy_from_host(offset, bytes).map_err(|e| e.to_string())?;
-                    buffer.copy_to_host(offset, bytes).map_err(|e| e.to_string())?;
+                    buffer.copy_from_host(offset, bytes).map_err(KvError::Hip)?;
+                    buffer.copy_to_host(offset, bytes).map_err(KvError::Hip)?;
                 }
             }
         }
         Ok(())
     }
 
-    fn fence(&self, blocks: &[u32]) -> Result<(), String> {
+    fn fence(&self, blocks: &[u32]) -> Result<(), KvError> {
         let mut regions = self.regions.write().unwrap_or_else(PoisonError::into_inner);
         for layer in 0..self.bases.len() {
             for &block in blocks {
-                regions.fence(self.block_addr(layer, block), self.block_len).map_err(|e| e.to_string())?;
+                regions.fence(self.block_addr(layer, block), self.block_len).map_err(KvError::Memory)?;
             }
         }
         Ok(())
@@ -235,45 +265,45 @@ impl DataServer {
         addr: SocketAddr,
         regions: Arc<RwLock<Regions>>,
         incarnation: Incarnation,
-    ) -> Result<(DataServer, SocketAddr), String> {
+    ) -> Result<(DataServer, SocketAddr), SetupError> {
         match kind {
             TransportKind::Tcp => {
                 let server =
-                    TcpReadServer::bind_as(addr, regions, Some(incarnation)).map_err(|e| e.to_string())?;
+                    TcpReadServer::bind_as(addr, regions, Some(incarnation)).map_err(SetupError::Tcp)?;
                 let local = server.local_addr();
                 Ok((DataServer::Tcp(server), local))
             }
             #[cfg(feature = "rdma")]
             TransportKind::Rdma => {
-                let server = crate::verbs::VerbsServer::bind(addr, regions).map_err(|e| e.to_string())?;
+                let server = crate::verbs::VerbsServer::bind(addr, regions).map_err(SetupError::Verbs)?;
                 let local = server.local_addr();
                 Ok((DataServer::Rdma(server), local))
             }
             #[cfg(not(feature = "rdma"))]
-            TransportKind::Rdma => Err("this pdkv was built without the `rdma` feature".into()),
+            TransportKind::Rdma => Err(SetupError::NoRdma),
         }
     }
 
     /// Makes a fence take effect on the wire: TCP checks the registry's fences on every read;
     /// RDMA cannot fence part of a memory region, so the layer regions get new keys.
-    fn fenced(&self, _bases: &[u64]) -> Result<(), String> {
+    fn fenced(&self, _bases: &[u64]) -> Result<(), KvError> {
         match self {
             DataServer::Tcp(_) => Ok(()),
             #[cfg(feature = "rdma")]
             DataServer::Rdma(server) => {
                 for &base in _bases {
-                    server.rekey(base).map_err(|e| e.to_string())?;
+                    server.rekey(base).map_err(KvError::Verbs)?;
                 }
                 Ok(())
             }
         }
     }
 
-    fn shutdown(self) -> Result<(), String> {
+    fn shutdown(self) -> Result<(), KvError> {
         match self {
-            DataServer::Tcp(server) => server.shutdown().map_err(|e| e.to_string()),
+            DataServer::Tcp(server) => server.shutdown().map_err(KvError::Tcp),
             #[cfg(feature = "rdma")]
-            DataServer::Rdma(server) => server.shutdown().map_err(|e| e.to_string()),
+            DataServer::Rdma(server) => server.shutdown().map_err(KvError::Verbs),
         }
     }
 }
@@ -283,7 +313,7 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
     match start(&mut ctx) {
         Ok(started) => serve(ctx, started),
         Err(error) => {
-            let _ = ctx.link.send(&FromRank::SetupFailed { error: error.clone() });
+            let _ = ctx.link.send(&FromRank::SetupFailed { error: error.to_string() });
             Err(ConnectorError::Setup(error))
         }
     }
@@ -295,7 +325,7 @@ struct Started {
     server: DataServer,
 }
 
-fn start(ctx: &mut Context) -> Result<Started, String> {
+fn start(ctx: &mut Context) -> Result<Started, SetupError> {
     let (setup, rank, d) = (&ctx.setup, ctx.rank, &ctx.deployment);
     let layout = d.layout(rank.engine);
     let model = &d.model;
@@ -309,12 +339,12 @@ fn start(ctx: &mut Context) -> Result<Started, String> {
     let mut bases = Vec::new();
     for layer in 0..u64::from(model.layers) {
         let base = rank_base + layer * region_len;
-        regions.register(base, region_len).map_err(|e| format!("KV region of layer {layer}: {e}"))?;
+        regions.register(base, region_len).map_err(|error| SetupError::Region { layer, error })?;
         // Peers may read only blocks that hold a live transfer: everything starts fenced, a
         // prefill lifts the fence from its blocks and retiring the transfer puts it back. A
         // read of blocks this incarnation never filled (a transfer prefilled by a process that
         // died) is then refused instead of returning someone else's bytes.
-        regions.fence(base, region_len).map_err(|e| format!("KV region of layer {layer}: {e}"))?;
+        regions.fence(base, region_len).map_err(|error| SetupError::Region { layer, error })?;
         bases.push(base);
     }
     let regions = Arc::new(RwLock::new(regions));
@@ -349,7 +379,8 @@ fn start(ctx: &mut Context) -> Result<Started, String> {
     };
 
     let address = &setup.address;
-    let host_addr = resolve(&pdkv_core::ports::Endpoint { host: address.host.clone(), port: 0 })?;
+    let host_addr = resolve(&pdkv_core::ports::Endpoint { host: address.host.clone(), port: 0 })
+        .map_err(SetupError::Resolve)?;
     let (server, data_addr) = DataServer::start(setup.transport, host_addr, regions, ctx.incarnation)?;
     // MoRIIO's slot for its engine descriptor carries pdkv's data plane instead.
     let data_plane = DataPlane {
@@ -387,7 +418,7 @@ fn start(ctx: &mut Context) -> Result<Started, String> {
     ]);
     // A pdkv decode rank leases for the deployment's transfer timeout; no lease is taken longer.
     let max_lease_ms = setup.transfer_timeout_ms.min(u64::from(u32::MAX)) as u32;
-    let auth = setup.control.auth().map_err(|e| format!("control key: {e}"))?;
+    let auth = setup.control.auth().map_err(SetupError::ControlKey)?;
     let worker = PrefillWorker::new(rank, metadata, layers, &policy)
         .with_max_lease_ms(max_lease_ms)
         .with_control_auth(auth);
@@ -401,10 +432,10 @@ fn start(ctx: &mut Context) -> Result<Started, String> {
         ]
     };
     for (kind, serve) in listeners {
-        let endpoint = address.listen(layout, rank, kind, &policy).map_err(|e| e.to_string())?;
-        let addr = resolve(&endpoint)?;
+        let endpoint = address.listen(layout, rank, kind, &policy).map_err(SetupError::Listen)?;
+        let addr = resolve(&endpoint).map_err(SetupError::Resolve)?;
         let listener =
-            RouterListener::bind(addr).map_err(|e| format!("{kind} listener at {endpoint}: {e}"))?;
+            RouterListener::bind(addr).map_err(|error| SetupError::Bind { kind, endpoint, error })?;
         spawn_listener(listener, ctx.tx.clone(), serve);
     }
     ctx.link
@@ -414,7 +445,7 @@ fn start(ctx: &mut Context) -> Result<Started, String> {
             handshake,
             incarnation: Some(ctx.incarnation).filter(|_| !ctx.setup.data_plane_only),
         })
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| SetupError::Ready(Box::new(e)))?;
     Ok(Started { worker, kv, server })
 }
 
@@ -509,7 +540,7 @@ fn serve(mut ctx: Context, started: Started) -> Result<(), ConnectorError> {
                     .send(&FromRank::Problem(RankProblem::Unexpected { role: Role::Prefill, message }))?;
             }
             Input::SchedGone(e) => {
-                return Err(ConnectorError::Scheduler { op: "receive", detail: e.to_string() });
+                return Err(ConnectorError::Scheduler { op: "receive", error: LinkError::Frame(e) });
             }
             Input::HandshakeRequest { conn, peer, reply } => {
                 handshakes += 1;

@@ -208,7 +208,7 @@ pub enum ToRank {
     /// that is already running); the connection closes after it.
     Refused {
         /// Why.
-        reason: String,
+        reason: AdmitError,
     },
 }
 
@@ -371,6 +371,49 @@ pub enum FromRank {
         handshakes: u64,
     },
 }
+
+/// Why the scheduler does not admit a connector's [`FromRank::Hello`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AdmitError {
+    /// The hello carries no token: the process was not started by a run.
+    NoToken,
+    /// The hello carries another run's token.
+    WrongToken,
+    /// The run has no such rank.
+    NoSuchRank(RankId),
+    /// The rank is running as another process.
+    AlreadyRunning {
+        /// The rank.
+        rank: RankId,
+        /// The process the run started for it.
+        running: u32,
+        /// The process that said hello.
+        pid: u32,
+    },
+    /// The process joined once already.
+    JoinedAlready {
+        /// The rank.
+        rank: RankId,
+        /// The process.
+        pid: u32,
+    },
+}
+
+impl fmt::Display for AdmitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AdmitError::NoToken => write!(f, "no membership token (the run hands it out in {TOKEN_ENV})"),
+            AdmitError::WrongToken => f.write_str("wrong membership token: not a process of this run"),
+            AdmitError::NoSuchRank(rank) => write!(f, "this run has no rank {rank}"),
+            AdmitError::AlreadyRunning { rank, running, pid } => {
+                write!(f, "{rank} is already running as process {running}; process {pid} is not it")
+            }
+            AdmitError::JoinedAlready { rank, pid } => write!(f, "{rank} (process {pid}) has joined already"),
+        }
+    }
+}
+
+impl std::error::Error for AdmitError {}
 
 /// Where a read's bytes differ from the pattern prefill wrote (`pattern::BlockKey`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -401,7 +401,8 @@ fn connector_dial_decodes_a_moriio_handshake_reply() {
         prefill,
         pdkv_rdma::sched::TransportKind::Tcp,
         &metadata.agent_metadata,
-    );
+    )
+    .map_err(|e| e.to_string());
     assert_eq!(
         refused,
         Err(format!(

@@ -49,13 +49,14 @@ mod result;
 mod tests;
 
 pub use config::{
-    ClusterConfig, ClusterError, ControlAuthMode, Fault, Foreign, MAX_CLUSTER_RANKS, MAX_CONCURRENCY,
-    MAX_LAYERS, MAX_REQUESTS, MAX_TIMEOUT_MS, MIN_HEARTBEAT_TIMEOUT_MS, MIN_TIMEOUT_MS,
+    ClusterConfig, ClusterError, ConfigError, ControlAuthMode, Fault, Foreign, MAX_CLUSTER_RANKS,
+    MAX_CONCURRENCY, MAX_LAYERS, MAX_REQUESTS, MAX_TIMEOUT_MS, MIN_HEARTBEAT_TIMEOUT_MS, MIN_TIMEOUT_MS,
 };
-pub use foreign::ForeignReport;
+pub use foreign::{DriverExit, DriverSetupError, ForeignReport};
 pub use foreign_reads::ForeignReads;
 pub use pdkv_sim::result::{Summary, ViolationKind};
 use procs::{free_ports, new_control_key, new_token, Acceptor, Admission, RankProc};
+pub use procs::{SpawnError, Spawned, StartError};
 pub use result::{
     ClusterOutcome, ClusterResult, Control, Failure, Latencies, Ledger, Nic, Processes, Progress, Requests,
     Throughput, Violation,
@@ -107,7 +108,7 @@ enum Ev {
     Refused {
         rank: RankId,
         pid: u32,
-        reason: String,
+        reason: crate::sched::AdmitError,
     },
     Msg {
         rank: RankId,
@@ -265,13 +266,14 @@ struct Cluster {
 
 /// Runs a cluster to the end and reports; `progress` is called as requests end.
 pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<ClusterResult, ClusterError> {
-    let d = Deployment::parse(&config.deployment).map_err(|e| ClusterError::Config(e.to_string()))?;
+    let d = Deployment::parse(&config.deployment)
+        .map_err(|e| ClusterError::Config(ConfigError::Deployment(e)))?;
     let model = config.model(&d);
     let d = d.with_model(model);
     for &decode in &d.decode {
         for &prefill in &d.prefill {
             pdkv_core::routing::check_pair(decode, prefill, &d.model)
-                .map_err(|e| ClusterError::Config(e.to_string()))?;
+                .map_err(|e| ClusterError::Config(ConfigError::Routing(e)))?;
         }
     }
     config.validate(&d).map_err(ClusterError::Config)?;
@@ -301,7 +303,7 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
     }
 
     let listener = TcpListener::bind((config.host.as_str(), 0))
-        .map_err(|e| ClusterError::Start(format!("scheduler listener: {e}")))?;
+        .map_err(|e| ClusterError::Start(StartError::Listener(e)))?;
     let (tx, rx) = mpsc::channel();
     let token = new_token().map_err(ClusterError::Start)?;
     let admission = Arc::new(Mutex::new(Admission { token: token.clone(), ..Admission::default() }));
@@ -463,7 +465,7 @@ impl Cluster {
         }
     }
 
-    fn on_message(&mut self, rank: RankId, msg: FromRank) -> Option<String> {
+    fn on_message(&mut self, rank: RankId, msg: FromRank) -> Option<StartError> {
         let now = self.clock.now();
         match msg {
             FromRank::Hello { .. } | FromRank::Heartbeat => {}
@@ -492,7 +494,7 @@ impl Cluster {
                     self.rank_up(rank);
                 }
             }
-            FromRank::SetupFailed { error } => return Some(format!("{rank}: {error}")),
+            FromRank::SetupFailed { error } => return Some(StartError::RankSetup { rank, error }),
             FromRank::Prefilled { transfer_id } => {
                 if let Some(id) = self.request_of(&transfer_id) {
                     self.prefill_acked(id, rank);
@@ -658,7 +660,7 @@ impl Cluster {
             match rx.recv_timeout(wake.saturating_duration_since(now).min(POLL)) {
                 Ok(ev) => {
                     if let Some(error) = self.on_event(ev, tx) {
-                        self.problem(error);
+                        self.problem(error.to_string());
                     }
                 }
                 Err(RecvTimeoutError::Timeout) => {}
