@@ -3,6 +3,7 @@
 //! the prefill ranks' notify listeners.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -11,16 +12,17 @@ use std::time::Duration;
 use pdkv_core::decode::{
     DecodeAction, DecodeConfig, DecodeEvent, DecodeWorker, ReadGranularity, ReadOp, ReadOutcome, RecvRequest,
 };
-use pdkv_core::group::StepReport;
-use pdkv_core::ids::{RankId, RequestId};
+use pdkv_core::ids::{RankId, RequestId, Role};
 use pdkv_core::policy::Policy;
 use pdkv_core::ports::{Endpoint, SessionKey};
-use pdkv_core::wire::{self, ControlMessage, DataPlane, DataTransport};
+use pdkv_core::wire::{self, ControlMessage, DataPlane, DataTransport, ForeignDataPlane};
 
-use crate::connector::{resolve, ConnectorError, Context, Input};
 use crate::message_faults::{sooner, Injector, Later, MessageHit, MessageKind};
 use crate::pattern::{heads_of_rank, transfer_key, BlockKey};
-use crate::sched::{FromRank, ToRank, TransportKind};
+use crate::rank_io::{
+    resolve, ConnectorError, Context, DialError, Dialled, Input, LinkError, ReadResult, SetupError,
+};
+use crate::sched::{FromRank, RankProblem, ReadMismatch, ToRank, TransportKind};
 use crate::tcp::TcpTransport;
 use crate::transport::{ReadTag, Transport, TransportError};
 use crate::zmtp::{Connection, SocketType};
@@ -29,25 +31,12 @@ const NS_PER_MS: u64 = 1_000_000;
 /// How long a release or lease may take to reach a notify listener.
 const NOTIFY_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// A finished read, for the node thread.
-pub struct ReadResult {
-    request: RequestId,
-    layer: Option<u16>,
-    source: RankId,
-    bytes: u64,
-    outcome: ReadOutcome,
-    mismatch: Option<String>,
-}
-
 /// One read for the reader thread: the op, where to read it, and what the bytes must be.
 struct ReadJob {
     op: ReadOp,
     data: Endpoint,
     heads: (u16, u16),
 }
-
-/// What one handshake dial gives: both reply payloads decoded, or why not.
-pub type Dialled = Result<(wire::HandshakeMetadata, Vec<wire::LayerMemoryDesc>), String>;
 
 /// Dials a prefill rank's handshake listener as MoRIIO does (a DEALER sending the one frame
 /// `get_meta_msg`), and decodes the two reply messages, each of which must be `[b"", payload]`
@@ -92,50 +81,84 @@ fn connect(
     identity: &str,
     timeout: Duration,
     copies: usize,
-) -> Result<Connection, String> {
-    let addr = resolve(endpoint)?;
+) -> Result<Connection, DialError> {
+    let addr = resolve(endpoint).map_err(DialError::Resolve)?;
     let mut conn = Connection::connect(addr, SocketType::Dealer, Some(identity.as_bytes()), timeout)
-        .map_err(|e| format!("dial {endpoint}: {e}"))?;
-    conn.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+        .map_err(|error| DialError::Connect { endpoint: endpoint.clone(), error })?;
+    conn.set_read_timeout(Some(timeout)).map_err(DialError::Configure)?;
     for _ in 0..copies {
-        conn.send(&[wire::HANDSHAKE_REQUEST]).map_err(|e| format!("send to {endpoint}: {e}"))?;
+        conn.send(&[wire::HANDSHAKE_REQUEST])
+            .map_err(|error| DialError::Send { endpoint: endpoint.clone(), error })?;
     }
     Ok(conn)
 }
 
 fn read_reply(conn: &mut Connection, endpoint: &Endpoint) -> Dialled {
-    let mut part = |part: wire::ReplyPart| -> Result<Vec<u8>, String> {
-        let frames = conn.recv().map_err(|e| format!("{part} reply from {endpoint}: {e}"))?;
-        let payload = wire::reply_payload(part, &frames).map_err(|e| format!("{endpoint}: {e}"))?;
+    let endpoint = || endpoint.clone();
+    let mut part = |part: wire::ReplyPart| -> Result<Vec<u8>, DialError> {
+        let frames = conn.recv().map_err(|error| DialError::Recv { part, endpoint: endpoint(), error })?;
+        let payload = wire::reply_payload(part, &frames)
+            .map_err(|error| DialError::Framing { endpoint: endpoint(), error })?;
         Ok(payload.to_vec())
     };
     let metadata = part(wire::ReplyPart::Metadata)?;
     let metadata = match wire::decode(&metadata) {
         Ok(ControlMessage::HandshakeMetadata(m)) => m,
         Ok(other) => {
-            return Err(format!(
-                "{endpoint} replied {} instead of metadata",
-                crate::connector::message_name(&other)
-            ))
+            let got = crate::rank_io::message_name(&other);
+            return Err(DialError::NotMetadata { endpoint: endpoint(), got });
         }
-        Err(e) => return Err(format!("metadata from {endpoint}: {e}")),
+        Err(error) => return Err(DialError::Metadata { endpoint: endpoint(), error }),
     };
     let layers = part(wire::ReplyPart::Layers)?;
-    let layers =
-        wire::decode_layer_memory_descs(&layers).map_err(|e| format!("descriptors from {endpoint}: {e}"))?;
+    let layers = wire::decode_layer_memory_descs(&layers)
+        .map_err(|error| DialError::Descriptors { endpoint: endpoint(), error })?;
     Ok((metadata, layers))
 }
 
 /// Where to read rank `peer`'s KV, from the `agent_metadata` of its handshake: a pdkv data-plane
 /// descriptor of this rank's own transport. A foreign one (MoRIIO's packed MoRI `EngineDesc`) or
 /// one of the other transport fails the handshake with a line that names the peer and says why.
-pub fn data_endpoint(peer: RankId, own: TransportKind, agent_metadata: &[u8]) -> Result<Endpoint, String> {
-    let plane = DataPlane::decode(peer, agent_metadata).map_err(|e| e.to_string())?;
+pub fn data_endpoint(
+    peer: RankId,
+    own: TransportKind,
+    agent_metadata: &[u8],
+) -> Result<Endpoint, DataEndpointError> {
+    let plane = DataPlane::decode(peer, agent_metadata).map_err(DataEndpointError::Foreign)?;
     if plane.transport != DataTransport::from(own) {
-        return Err(format!("{peer} serves its KV over {}, and this rank reads over {own}", plane.transport));
+        return Err(DataEndpointError::OtherTransport { peer, serves: plane.transport, own });
     }
     Ok(plane.addr)
 }
+
+/// Why a peer's handshake names no data plane this rank can read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DataEndpointError {
+    /// The descriptor is not pdkv's (MoRIIO's MoRI `EngineDesc`, say).
+    Foreign(ForeignDataPlane),
+    /// A pdkv descriptor of the other transport.
+    OtherTransport {
+        /// The peer.
+        peer: RankId,
+        /// The transport it serves over.
+        serves: DataTransport,
+        /// This rank's.
+        own: TransportKind,
+    },
+}
+
+impl fmt::Display for DataEndpointError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DataEndpointError::Foreign(e) => write!(f, "{e}"),
+            DataEndpointError::OtherTransport { peer, serves, own } => {
+                write!(f, "{peer} serves its KV over {serves}, and this rank reads over {own}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for DataEndpointError {}
 
 /// Requests whose reads the worker aborted ([`DecodeAction::AbortReads`]), shared with the
 /// reader thread; an id leaves when the worker reports the request ended, which it does only
@@ -169,9 +192,10 @@ fn reader(
             match transport.read_tagged(&job.data, tag, &ranges, &mut buffer, &cancelled) {
                 Ok(()) => match verify(op, job.heads, &buffer) {
                     None => (ReadOutcome::Ok, None),
-                    Some(detail) => {
-                        (ReadOutcome::Failed(format!("bytes differ from prefill's: {detail}")), Some(detail))
-                    }
+                    Some(mismatch) => (
+                        ReadOutcome::Failed(format!("bytes differ from prefill's: {mismatch}")),
+                        Some(mismatch),
+                    ),
                 },
                 Err(TransportError::Aborted { .. }) => (ReadOutcome::Aborted, None),
                 Err(e) => (ReadOutcome::Failed(e.to_string()), None),
@@ -192,7 +216,7 @@ fn reader(
 
 /// Where a read's bytes differ from the pattern prefill wrote, if anywhere. The buffer holds
 /// the op's layers one after another, each with the request's blocks in request order.
-fn verify(op: &ReadOp, heads: (u16, u16), buffer: &[u8]) -> Option<String> {
+fn verify(op: &ReadOp, heads: (u16, u16), buffer: &[u8]) -> Option<ReadMismatch> {
     let plan = &op.plan;
     let transfer = transfer_key(&plan.transfer_id);
     let block_len = plan.block_len as usize;
@@ -208,10 +232,14 @@ fn verify(op: &ReadOp, heads: (u16, u16), buffer: &[u8]) -> Option<String> {
                 heads: heads.1,
             };
             if let Some(at) = key.first_mismatch(chunk) {
-                return Some(format!(
-                    "{} layer {layer} block {i} (id {block}) from {} differs at byte {at}",
-                    plan.request, plan.source
-                ));
+                return Some(ReadMismatch {
+                    request: plan.request,
+                    layer: layer as u16,
+                    block: i as u32,
+                    block_id: block,
+                    source: plan.source,
+                    byte: at as u64,
+                });
             }
         }
     }
@@ -242,11 +270,8 @@ fn notifier(messages: Receiver<(Endpoint, Vec<u8>)>, identity: String, tx: Sende
             }
             conns.remove(&endpoint);
         }
-        if !sent {
-            let detail = format!("notify message to {endpoint} lost: listener unreachable");
-            if tx.send(Input::Problem(detail)).is_err() {
-                return;
-            }
+        if !sent && tx.send(Input::Problem(RankProblem::NotifyLost { endpoint })).is_err() {
+            return;
         }
     }
 }
@@ -279,7 +304,7 @@ impl Outbox {
     /// Sends `held` (a message of `kind` to `peer`, about `transfer_id`) as the faults say.
     fn send(
         &mut self,
-        link: &mut crate::connector::SchedLink,
+        link: &mut crate::rank_io::SchedLink,
         kind: MessageKind,
         peer: RankId,
         transfer_id: Option<pdkv_core::ids::TransferId>,
@@ -333,7 +358,7 @@ impl Outbox {
     }
 }
 
-fn transport(kind: TransportKind, io_timeout: Duration) -> Result<Box<dyn Transport + Send>, String> {
+fn transport(kind: TransportKind, io_timeout: Duration) -> Result<Box<dyn Transport + Send>, SetupError> {
     match kind {
         TransportKind::Tcp => {
             Ok(Box::new(TcpTransport::with_timeouts(Duration::from_secs(2), Some(io_timeout))))
@@ -343,7 +368,7 @@ fn transport(kind: TransportKind, io_timeout: Duration) -> Result<Box<dyn Transp
             Ok(Box::new(crate::verbs::VerbsTransport::with_timeouts(Duration::from_secs(2), io_timeout)))
         }
         #[cfg(not(feature = "rdma"))]
-        TransportKind::Rdma => Err("this pdkv was built without the `rdma` feature".into()),
+        TransportKind::Rdma => Err(SetupError::NoRdma),
     }
 }
 
@@ -363,7 +388,7 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
     config.handshake_timeout_ns = setup.handshake_timeout_ms * NS_PER_MS;
     config.transfer_timeout_ns = setup.transfer_timeout_ms * NS_PER_MS;
     config.control_key =
-        setup.control.auth().map_err(|e| ConnectorError::Setup(format!("control key: {e}")))?.key().cloned();
+        setup.control.auth().map_err(|e| ConnectorError::Setup(SetupError::ControlKey(e)))?.key().cloned();
     config.granularity =
         if setup.per_request_reads { ReadGranularity::PerRequest } else { ReadGranularity::PerLayer };
     let mut worker = DecodeWorker::new(config);
@@ -372,7 +397,7 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
     let transport = match transport(setup.transport, transfer_timeout) {
         Ok(t) => t,
         Err(error) => {
-            let _ = ctx.link.send(&FromRank::SetupFailed { error: error.clone() });
+            let _ = ctx.link.send(&FromRank::SetupFailed { error: error.to_string() });
             return Err(ConnectorError::Setup(error));
         }
     };
@@ -444,13 +469,11 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
             }
             Some(Input::Sched(ToRank::Shutdown)) => break,
             Some(Input::Sched(other)) => {
-                ctx.link.send(&FromRank::Problem {
-                    violation: false,
-                    detail: format!("decode rank got {}", other.name()),
-                })?;
+                let message = other.name().to_string();
+                ctx.link.send(&FromRank::Problem(RankProblem::Unexpected { role: Role::Decode, message }))?;
             }
             Some(Input::SchedGone(e)) => {
-                return Err(ConnectorError::Scheduler { op: "receive", detail: e.to_string() });
+                return Err(ConnectorError::Scheduler { op: "receive", error: LinkError::Frame(e) });
             }
             Some(Input::Dialled { session, peer, result }) => match result {
                 Ok((metadata, layers)) => {
@@ -465,16 +488,20 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
                                 &mut out,
                             );
                         }
-                        Err(reason) => {
+                        Err(e) => {
+                            let reason = e.to_string();
                             worker.handle(now, DecodeEvent::HandshakeFailed { session, reason }, &mut out)
                         }
                     }
                 }
-                Err(reason) => worker.handle(now, DecodeEvent::HandshakeFailed { session, reason }, &mut out),
+                Err(e) => {
+                    let reason = e.to_string();
+                    worker.handle(now, DecodeEvent::HandshakeFailed { session, reason }, &mut out)
+                }
             },
             Some(Input::ReadDone(result)) => {
-                if let Some(detail) = result.mismatch {
-                    ctx.link.send(&FromRank::Mismatch { request: result.request, detail })?;
+                if let Some(mismatch) = result.mismatch {
+                    ctx.link.send(&FromRank::Mismatch(mismatch))?;
                 }
                 if result.outcome == ReadOutcome::Ok {
                     let (request, layer, source, bytes) =
@@ -488,7 +515,7 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
                 };
                 worker.handle(now, event, &mut out);
             }
-            Some(Input::Problem(detail)) => ctx.link.send(&FromRank::Problem { violation: false, detail })?,
+            Some(Input::Problem(problem)) => ctx.link.send(&FromRank::Problem(problem))?,
             Some(Input::HandshakeRequest { .. } | Input::Notify { .. }) => {}
         }
         for action in out.drain(..) {
@@ -536,16 +563,10 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
                 DecodeAction::StepReady { step } => {
                     ctx.link.send(&FromRank::StepDone { step, error: None })?
                 }
+                // The scheduler asks the core whether a failed step still enters the forward pass
+                // with the group or raised out of it alone.
                 DecodeAction::StepFailed { step, error } => {
-                    // The core says whether this rank still enters the forward pass with its
-                    // group or raised out of the step alone.
-                    let msg = match StepReport::failed(&error) {
-                        StepReport::Raised => FromRank::StepRaised { step, error: error.to_string() },
-                        StepReport::Ready | StepReport::FailedWithGroup => {
-                            FromRank::StepDone { step, error: Some(error.to_string()) }
-                        }
-                    };
-                    ctx.link.send(&msg)?;
+                    ctx.link.send(&FromRank::StepDone { step, error: Some(error) })?
                 }
                 DecodeAction::RequestReceived { request } => {
                     ctx.link.send(&FromRank::Received { request })?
@@ -554,7 +575,7 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
                     if let Ok(mut set) = aborted.lock() {
                         set.remove(&request);
                     }
-                    ctx.link.send(&FromRank::RecvFailed { request, error: error.to_string() })?;
+                    ctx.link.send(&FromRank::RecvFailed { request, error })?;
                 }
                 DecodeAction::InvalidateBlocks { .. } => {}
                 DecodeAction::AbortReads { request } => {
@@ -618,7 +639,8 @@ mod tests {
             ),
         ];
         for (own, bytes, expected) in cases {
-            assert_eq!(data_endpoint(peer, own, &bytes), expected, "{own} {bytes:02x?}");
+            let got = data_endpoint(peer, own, &bytes).map_err(|e| e.to_string());
+            assert_eq!(got, expected, "{own} {bytes:02x?}");
         }
     }
 }

@@ -10,9 +10,11 @@
 //! - [`tcp`]: the TCP data plane: a producer's [`tcp::TcpReadServer`] and a decode rank's
 //!   [`tcp::TcpTransport`], with the wire protocol in its module doc.
 //! - [`connector`], [`prefill_rank`], [`decode_rank`]: one rank's process (`pdkv connector`),
-//!   driving a core node over the pieces above; [`sched`] is its channel to the cluster's
-//!   scheduler, [`pattern`] the KV bytes prefill writes and decode verifies, and
-//!   [`message_faults`] the lost, duplicated and delayed control messages a run can inject.
+//!   driving a core node over the pieces above; [`rank_io`] is what the connector and the two
+//!   drivers share (the scheduler link, the node thread's inputs), below both; [`sched`] is its
+//!   channel to the cluster's scheduler, [`pattern`] the KV bytes prefill writes and decode
+//!   verifies, and [`message_faults`] the lost, duplicated and delayed control messages a run
+//!   can inject.
 //! - [`cluster`]: `pdkv cluster`: the proxy and the engines' schedulers, which start one
 //!   connector process per rank on one host and push requests through them; [`signals`] lets
 //!   its command line stop it in order on SIGINT or SIGTERM.
@@ -33,6 +35,7 @@ pub mod memory;
 pub mod message_faults;
 pub mod pattern;
 pub mod prefill_rank;
+pub mod rank_io;
 pub mod sched;
 // FFI: installs the SIGINT and SIGTERM handlers through libc's `signal`.
 #[allow(unsafe_code)]

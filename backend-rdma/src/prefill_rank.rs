@@ -2,13 +2,14 @@
 //! ROUTERs at the ports the core computes) and a data-plane server over its KV regions.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::net::SocketAddr;
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::thread;
 use std::time::Duration;
 
-use pdkv_core::ids::{Incarnation, RankId, TransferId};
+use pdkv_core::ids::{Incarnation, RankId, Role, TransferId};
 use pdkv_core::policy::Policy;
 use pdkv_core::ports::{Endpoint, ListenerKind};
 use pdkv_core::prefill::{PrefillWorker, WorkerAction, WorkerEvent};
@@ -16,16 +17,46 @@ use pdkv_core::wire::{
     self, ControlMessage, DataPlane, Extensions, HandshakeMetadata, LayerMemoryDesc, RankInfo,
 };
 
-use crate::connector::{resolve, ConnectorError, Context, HandshakeReply, Input};
-use crate::memory::Regions;
+use crate::memory::{MemoryError, Regions};
 use crate::message_faults::{Injector, Later, MessageHit, MessageKind};
 use crate::pattern::{heads_of_rank, transfer_key, BlockKey};
-use crate::sched::{FromRank, ToRank, TransportKind};
-use crate::tcp::TcpReadServer;
+use crate::rank_io::{resolve, ConnectorError, Context, HandshakeReply, Input, LinkError, SetupError};
+use crate::sched::{FromRank, KvOp, Listener, RankProblem, ToRank, TransportKind};
+use crate::tcp::{ServerError, TcpReadServer};
 use crate::zmtp::RouterListener;
 
 /// How long a handshake connection waits for the node thread's reply.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a prefill rank could not fill, fence or serve its KV blocks.
+#[derive(Debug)]
+pub enum KvError {
+    /// The host regions refused.
+    Memory(MemoryError),
+    /// The TCP data-plane server failed.
+    Tcp(ServerError),
+    /// The HIP device refused a copy.
+    #[cfg(feature = "hip")]
+    Hip(crate::hip::HipError),
+    /// The RDMA data-plane server failed.
+    #[cfg(feature = "rdma")]
+    Verbs(crate::verbs::VerbsError),
+}
+
+impl fmt::Display for KvError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KvError::Memory(e) => write!(f, "{e}"),
+            KvError::Tcp(e) => write!(f, "{e}"),
+            #[cfg(feature = "hip")]
+            KvError::Hip(e) => write!(f, "{e}"),
+            #[cfg(feature = "rdma")]
+            KvError::Verbs(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for KvError {}
 
 /// The KV memory of one prefill rank: one region per layer, `num_blocks` blocks each.
 struct Kv {
@@ -45,7 +76,7 @@ impl Kv {
     }
 
     /// Computes (fills) a request's KV: the pattern of (transfer, layer, block, head).
-    fn fill(&self, transfer_id: &TransferId, blocks: &[u32]) -> Result<(), String> {
+    fn fill(&self, transfer_id: &TransferId, blocks: &[u32]) -> Result<(), KvError> {
         let transfer = transfer_key(transfer_id);
         let mut regions = self.regions.write().unwrap_or_else(PoisonError::into_inner);
         for layer in 0..self.bases.len() {
@@ -55,7 +86,7 @@ impl Kv {
                 // The block holds this transfer's KV now: a read of another transfer (one whose
                 // block this was before it was freed) is refused from here on.
                 regions.grant(addr, self.block_len, transfer);
-                let bytes = regions.slice_mut(addr, self.block_len).map_err(|e| e.to_string())?;
+                let bytes = regions.slice_mut(addr, self.block_len).map_err(KvError::Memory)?;
                 let key = BlockKey {
                     transfer,
                     layer: layer as u16,
@@ -70,19 +101,19 @@ impl Kv {
                     let mut buffers = device.lock().unwrap_or_else(PoisonError::into_inner);
                     let offset = (u64::from(block) * self.block_len) as usize;
                     let buffer = &mut buffers[layer];
-                    buffer.copy_from_host(offset, bytes).map_err(|e| e.to_string())?;
-                    buffer.copy_to_host(offset, bytes).map_err(|e| e.to_string())?;
+                    buffer.copy_from_host(offset, bytes).map_err(KvError::Hip)?;
+                    buffer.copy_to_host(offset, bytes).map_err(KvError::Hip)?;
                 }
             }
         }
         Ok(())
     }
 
-    fn fence(&self, blocks: &[u32]) -> Result<(), String> {
+    fn fence(&self, blocks: &[u32]) -> Result<(), KvError> {
         let mut regions = self.regions.write().unwrap_or_else(PoisonError::into_inner);
         for layer in 0..self.bases.len() {
             for &block in blocks {
-                regions.fence(self.block_addr(layer, block), self.block_len).map_err(|e| e.to_string())?;
+                regions.fence(self.block_addr(layer, block), self.block_len).map_err(KvError::Memory)?;
             }
         }
         Ok(())
@@ -106,7 +137,8 @@ fn spawn_listener(
                 }
                 // A failed handshake concerns one peer; the listener carries on.
                 Err(e) => {
-                    if tx.send(Input::Problem(format!("listener: {e}"))).is_err() {
+                    let problem = RankProblem::Listener { listener: Listener::Accept, error: e.to_string() };
+                    if tx.send(Input::Problem(problem)).is_err() {
                         return;
                     }
                 }
@@ -144,7 +176,8 @@ pub fn serve_handshake(mut conn: crate::zmtp::Connection, id: u64, tx: Sender<In
                 }
             }
             Err(e) => {
-                if tx.send(Input::Problem(format!("handshake listener: {e}"))).is_err() {
+                let problem = RankProblem::Listener { listener: Listener::Handshake, error: e.to_string() };
+                if tx.send(Input::Problem(problem)).is_err() {
                     return;
                 }
             }
@@ -160,7 +193,9 @@ pub fn serve_notify(mut conn: crate::zmtp::Connection, _id: u64, tx: Sender<Inpu
     while let Ok(frames) = conn.recv() {
         let input = match wire::notify_frame(&frames) {
             Ok(frame) => Input::Notify { frame: frame.to_vec(), from: from.clone() },
-            Err(e) => Input::Problem(format!("notify listener: {e}")),
+            Err(e) => {
+                Input::Problem(RankProblem::Listener { listener: Listener::Notify, error: e.to_string() })
+            }
         };
         if tx.send(input).is_err() {
             return;
@@ -168,11 +203,40 @@ pub fn serve_notify(mut conn: crate::zmtp::Connection, _id: u64, tx: Sender<Inpu
     }
 }
 
+/// Why a notify frame is no event for the worker: it decoded to another message, or not at all.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NotifyError {
+    /// A control message that is neither a release nor a lease.
+    Unexpected {
+        /// Its name ([`message_name`](crate::rank_io::message_name)).
+        message: &'static str,
+    },
+    /// Bytes that are no control message.
+    Wire(wire::WireError),
+}
+
+impl fmt::Display for NotifyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NotifyError::Unexpected { message } => write!(f, "unexpected {message}"),
+            NotifyError::Wire(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for NotifyError {}
+
+impl From<NotifyError> for RankProblem {
+    fn from(e: NotifyError) -> RankProblem {
+        RankProblem::Listener { listener: Listener::Notify, error: e.to_string() }
+    }
+}
+
 /// What a notify frame means for the worker: a release (the map or the legacy string) or a
 /// read lease; anything else (an unknown `type`, a message meant for another socket, bytes that
-/// do not decode) is the line the report gets. The frame is then dropped and the listener
-/// serves on, where MoRIIO's would raise and serve nobody again.
-pub fn notify_event(frame: &[u8]) -> Result<WorkerEvent, String> {
+/// do not decode) is the notify listener's line the report gets. The frame is then dropped and
+/// the listener serves on, where MoRIIO's would raise and serve nobody again.
+pub fn notify_event(frame: &[u8]) -> Result<WorkerEvent, NotifyError> {
     match wire::decode(frame) {
         Ok(ControlMessage::ReadLease(lease)) => Ok(WorkerEvent::Lease {
             transfer_id: lease.transfer_id,
@@ -182,9 +246,9 @@ pub fn notify_event(frame: &[u8]) -> Result<WorkerEvent, String> {
         }),
         Ok(message) => match message.as_release() {
             Some(release) => Ok(WorkerEvent::Release(release)),
-            None => Err(format!("notify listener: unexpected {}", crate::connector::message_name(&message))),
+            None => Err(NotifyError::Unexpected { message: crate::rank_io::message_name(&message) }),
         },
-        Err(e) => Err(format!("notify listener: {e}")),
+        Err(e) => Err(NotifyError::Wire(e)),
     }
 }
 
@@ -201,45 +265,45 @@ impl DataServer {
         addr: SocketAddr,
         regions: Arc<RwLock<Regions>>,
         incarnation: Incarnation,
-    ) -> Result<(DataServer, SocketAddr), String> {
+    ) -> Result<(DataServer, SocketAddr), SetupError> {
         match kind {
             TransportKind::Tcp => {
                 let server =
-                    TcpReadServer::bind_as(addr, regions, Some(incarnation)).map_err(|e| e.to_string())?;
+                    TcpReadServer::bind_as(addr, regions, Some(incarnation)).map_err(SetupError::Tcp)?;
                 let local = server.local_addr();
                 Ok((DataServer::Tcp(server), local))
             }
             #[cfg(feature = "rdma")]
             TransportKind::Rdma => {
-                let server = crate::verbs::VerbsServer::bind(addr, regions).map_err(|e| e.to_string())?;
+                let server = crate::verbs::VerbsServer::bind(addr, regions).map_err(SetupError::Verbs)?;
                 let local = server.local_addr();
                 Ok((DataServer::Rdma(server), local))
             }
             #[cfg(not(feature = "rdma"))]
-            TransportKind::Rdma => Err("this pdkv was built without the `rdma` feature".into()),
+            TransportKind::Rdma => Err(SetupError::NoRdma),
         }
     }
 
     /// Makes a fence take effect on the wire: TCP checks the registry's fences on every read;
     /// RDMA cannot fence part of a memory region, so the layer regions get new keys.
-    fn fenced(&self, _bases: &[u64]) -> Result<(), String> {
+    fn fenced(&self, _bases: &[u64]) -> Result<(), KvError> {
         match self {
             DataServer::Tcp(_) => Ok(()),
             #[cfg(feature = "rdma")]
             DataServer::Rdma(server) => {
                 for &base in _bases {
-                    server.rekey(base).map_err(|e| e.to_string())?;
+                    server.rekey(base).map_err(KvError::Verbs)?;
                 }
                 Ok(())
             }
         }
     }
 
-    fn shutdown(self) -> Result<(), String> {
+    fn shutdown(self) -> Result<(), KvError> {
         match self {
-            DataServer::Tcp(server) => server.shutdown().map_err(|e| e.to_string()),
+            DataServer::Tcp(server) => server.shutdown().map_err(KvError::Tcp),
             #[cfg(feature = "rdma")]
-            DataServer::Rdma(server) => server.shutdown().map_err(|e| e.to_string()),
+            DataServer::Rdma(server) => server.shutdown().map_err(KvError::Verbs),
         }
     }
 }
@@ -249,7 +313,7 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
     match start(&mut ctx) {
         Ok(started) => serve(ctx, started),
         Err(error) => {
-            let _ = ctx.link.send(&FromRank::SetupFailed { error: error.clone() });
+            let _ = ctx.link.send(&FromRank::SetupFailed { error: error.to_string() });
             Err(ConnectorError::Setup(error))
         }
     }
@@ -261,7 +325,7 @@ struct Started {
     server: DataServer,
 }
 
-fn start(ctx: &mut Context) -> Result<Started, String> {
+fn start(ctx: &mut Context) -> Result<Started, SetupError> {
     let (setup, rank, d) = (&ctx.setup, ctx.rank, &ctx.deployment);
     let layout = d.layout(rank.engine);
     let model = &d.model;
@@ -275,12 +339,12 @@ fn start(ctx: &mut Context) -> Result<Started, String> {
     let mut bases = Vec::new();
     for layer in 0..u64::from(model.layers) {
         let base = rank_base + layer * region_len;
-        regions.register(base, region_len).map_err(|e| format!("KV region of layer {layer}: {e}"))?;
+        regions.register(base, region_len).map_err(|error| SetupError::Region { layer, error })?;
         // Peers may read only blocks that hold a live transfer: everything starts fenced, a
         // prefill lifts the fence from its blocks and retiring the transfer puts it back. A
         // read of blocks this incarnation never filled (a transfer prefilled by a process that
         // died) is then refused instead of returning someone else's bytes.
-        regions.fence(base, region_len).map_err(|e| format!("KV region of layer {layer}: {e}"))?;
+        regions.fence(base, region_len).map_err(|error| SetupError::Region { layer, error })?;
         bases.push(base);
     }
     let regions = Arc::new(RwLock::new(regions));
@@ -315,7 +379,8 @@ fn start(ctx: &mut Context) -> Result<Started, String> {
     };
 
     let address = &setup.address;
-    let host_addr = resolve(&pdkv_core::ports::Endpoint { host: address.host.clone(), port: 0 })?;
+    let host_addr = resolve(&pdkv_core::ports::Endpoint { host: address.host.clone(), port: 0 })
+        .map_err(SetupError::Resolve)?;
     let (server, data_addr) = DataServer::start(setup.transport, host_addr, regions, ctx.incarnation)?;
     // MoRIIO's slot for its engine descriptor carries pdkv's data plane instead.
     let data_plane = DataPlane {
@@ -353,7 +418,7 @@ fn start(ctx: &mut Context) -> Result<Started, String> {
     ]);
     // A pdkv decode rank leases for the deployment's transfer timeout; no lease is taken longer.
     let max_lease_ms = setup.transfer_timeout_ms.min(u64::from(u32::MAX)) as u32;
-    let auth = setup.control.auth().map_err(|e| format!("control key: {e}"))?;
+    let auth = setup.control.auth().map_err(SetupError::ControlKey)?;
     let worker = PrefillWorker::new(rank, metadata, layers, &policy)
         .with_max_lease_ms(max_lease_ms)
         .with_control_auth(auth);
@@ -367,10 +432,10 @@ fn start(ctx: &mut Context) -> Result<Started, String> {
         ]
     };
     for (kind, serve) in listeners {
-        let endpoint = address.listen(layout, rank, kind, &policy).map_err(|e| e.to_string())?;
-        let addr = resolve(&endpoint)?;
+        let endpoint = address.listen(layout, rank, kind, &policy).map_err(SetupError::Listen)?;
+        let addr = resolve(&endpoint).map_err(SetupError::Resolve)?;
         let listener =
-            RouterListener::bind(addr).map_err(|e| format!("{kind} listener at {endpoint}: {e}"))?;
+            RouterListener::bind(addr).map_err(|error| SetupError::Bind { kind, endpoint, error })?;
         spawn_listener(listener, ctx.tx.clone(), serve);
     }
     ctx.link
@@ -380,7 +445,7 @@ fn start(ctx: &mut Context) -> Result<Started, String> {
             handshake,
             incarnation: Some(ctx.incarnation).filter(|_| !ctx.setup.data_plane_only),
         })
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| SetupError::Ready(Box::new(e)))?;
     Ok(Started { worker, kv, server })
 }
 
@@ -432,10 +497,12 @@ fn serve(mut ctx: Context, started: Started) -> Result<(), ConnectorError> {
         match input {
             Input::Sched(ToRank::Prefill { transfer_id, blocks }) => {
                 if let Err(e) = kv.fill(&transfer_id, &blocks) {
-                    ctx.link.send(&FromRank::Problem {
-                        violation: false,
-                        detail: format!("prefill of {transfer_id}: {e}"),
-                    })?;
+                    let (transfer_id, error) = (transfer_id.clone(), e.to_string());
+                    ctx.link.send(&FromRank::Problem(RankProblem::Kv {
+                        op: KvOp::Prefill,
+                        transfer_id,
+                        error,
+                    }))?;
                 }
                 filled.insert(transfer_id.clone(), blocks);
                 ctx.link.send(&FromRank::Prefilled { transfer_id })?;
@@ -449,10 +516,9 @@ fn serve(mut ctx: Context, started: Started) -> Result<(), ConnectorError> {
             Input::Sched(ToRank::Retire { transfer_id, incarnation }) => {
                 if let Some(blocks) = filled.remove(&transfer_id) {
                     if let Err(e) = kv.fence(&blocks) {
-                        ctx.link.send(&FromRank::Problem {
-                            violation: false,
-                            detail: format!("retire of {transfer_id}: {e}"),
-                        })?;
+                        let (transfer_id, error) = (transfer_id.clone(), e.to_string());
+                        let problem = RankProblem::Kv { op: KvOp::Retire, transfer_id, error };
+                        ctx.link.send(&FromRank::Problem(problem))?;
                     }
                 }
                 // A data-plane-only rank's worker never heard of the transfer: the control
@@ -463,21 +529,18 @@ fn serve(mut ctx: Context, started: Started) -> Result<(), ConnectorError> {
             }
             Input::Sched(ToRank::Fence { transfer_id, blocks }) => {
                 if let Err(e) = kv.fence(&blocks).and_then(|()| server.fenced(&kv.bases)) {
-                    ctx.link.send(&FromRank::Problem {
-                        violation: false,
-                        detail: format!("fence of {transfer_id}: {e}"),
-                    })?;
+                    let problem = RankProblem::Kv { op: KvOp::Fence, transfer_id, error: e.to_string() };
+                    ctx.link.send(&FromRank::Problem(problem))?;
                 }
             }
             Input::Sched(ToRank::Shutdown) => break,
             Input::Sched(other) => {
-                ctx.link.send(&FromRank::Problem {
-                    violation: false,
-                    detail: format!("prefill rank got {}", other.name()),
-                })?;
+                let message = other.name().to_string();
+                ctx.link
+                    .send(&FromRank::Problem(RankProblem::Unexpected { role: Role::Prefill, message }))?;
             }
             Input::SchedGone(e) => {
-                return Err(ConnectorError::Scheduler { op: "receive", detail: e.to_string() });
+                return Err(ConnectorError::Scheduler { op: "receive", error: LinkError::Frame(e) });
             }
             Input::HandshakeRequest { conn, peer, reply } => {
                 handshakes += 1;
@@ -493,9 +556,9 @@ fn serve(mut ctx: Context, started: Started) -> Result<(), ConnectorError> {
                     worker.handle(now, event, &mut out);
                 }
                 // Reported (the run's problems count it) and skipped: the listener serves on.
-                Err(detail) => ctx.link.send(&FromRank::Problem { violation: false, detail })?,
+                Err(e) => ctx.link.send(&FromRank::Problem(e.into()))?,
             },
-            Input::Problem(detail) => ctx.link.send(&FromRank::Problem { violation: false, detail })?,
+            Input::Problem(problem) => ctx.link.send(&FromRank::Problem(problem))?,
             Input::Dialled { .. } | Input::ReadDone(_) => {}
         }
         for action in out.drain(..) {
@@ -543,16 +606,15 @@ fn serve(mut ctx: Context, started: Started) -> Result<(), ConnectorError> {
                 WorkerAction::LeaseCapped { transfer_id, asked_ms, .. } => {
                     ctx.link.send(&FromRank::LeaseCapped { transfer_id, asked_ms })?
                 }
-                WorkerAction::Error { rank, error } => ctx
-                    .link
-                    .send(&FromRank::Problem { violation: true, detail: format!("{rank}: {error}") })?,
+                WorkerAction::Error { rank, error } => {
+                    ctx.link.send(&FromRank::ProtocolError { rank, error })?
+                }
             }
         }
     }
     let shutdown = server.shutdown();
     if let Err(e) = shutdown {
-        ctx.link
-            .send(&FromRank::Problem { violation: false, detail: format!("data server shutdown: {e}") })?;
+        ctx.link.send(&FromRank::Problem(RankProblem::DataServerShutdown { error: e.to_string() }))?;
     }
     ctx.link.send(&FromRank::Bye { releases, messages_faulted: faulted, handshakes })
 }
@@ -614,7 +676,8 @@ mod tests {
             ),
         ];
         for (frame, expected) in cases {
-            assert_eq!(notify_event(&frame), expected.map_err(str::to_owned), "{frame:02x?}");
+            let got = notify_event(&frame).map_err(|e| RankProblem::from(e).to_string());
+            assert_eq!(got, expected.map_err(str::to_owned), "{frame:02x?}");
         }
     }
 }

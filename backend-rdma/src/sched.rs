@@ -10,12 +10,13 @@
 use std::fmt;
 use std::io::{self, Read, Write};
 
-use pdkv_core::ids::{EngineId, Incarnation, RankId, RequestId, TransferId};
+use pdkv_core::decode::{RecvError, StepError};
+use pdkv_core::ids::{EngineId, Incarnation, RankId, RequestId, Role, TransferId};
 use pdkv_core::legacy::LegacyOptions;
 use pdkv_core::params::KvTransferParams;
 use pdkv_core::policy::PeerBook;
-use pdkv_core::ports::EngineAddress;
-use pdkv_core::release::Quorum;
+use pdkv_core::ports::{Endpoint, EngineAddress};
+use pdkv_core::release::{LedgerError, Quorum};
 use pdkv_core::topology::ModelSpec;
 use serde::de::DeserializeOwned;
 
@@ -207,7 +208,7 @@ pub enum ToRank {
     /// that is already running); the connection closes after it.
     Refused {
         /// Why.
-        reason: String,
+        reason: AdmitError,
     },
 }
 
@@ -309,33 +310,27 @@ pub enum FromRank {
         /// Whether this rank's handshakes completed.
         ok: bool,
     },
-    /// Decode: `DecodeAction::StepReady`, or `StepFailed` with a group-wide error (both enter
-    /// the forward pass).
+    /// Decode: `DecodeAction::StepReady` (no error), or `StepFailed` with the core's error. The
+    /// scheduler reports it to the group as the core says (`StepReport::failed`): a step failed
+    /// with the whole group still enters the forward pass, one of this rank's own (a
+    /// lazy-handshake divergence) raises and never does.
     StepDone {
         /// The step.
         step: u64,
-        /// The group-wide failure, if the step failed.
-        error: Option<String>,
-    },
-    /// Decode: `StepFailed` with an error of this rank alone: it raises and never enters the
-    /// forward pass (a lazy-handshake divergence).
-    StepRaised {
-        /// The step.
-        step: u64,
-        /// Why.
-        error: String,
+        /// Why the step failed, if it did.
+        error: Option<StepError>,
     },
     /// Decode: every read of a request arrived and verified.
     Received {
         /// The request.
         request: RequestId,
     },
-    /// Decode: a request's KV cannot be received.
+    /// Decode: `DecodeAction::RequestFailed`: a request's KV cannot be received.
     RecvFailed {
         /// The request.
         request: RequestId,
-        /// Why, as the core words it.
-        error: String,
+        /// Why, the core's value.
+        error: RecvError,
     },
     /// Decode: one read finished and its bytes verified.
     ReadVerified {
@@ -349,20 +344,17 @@ pub enum FromRank {
         bytes: u64,
     },
     /// Decode: a read returned bytes that differ from what prefill wrote.
-    Mismatch {
-        /// The request.
-        request: RequestId,
-        /// Where and what.
-        detail: String,
+    Mismatch(ReadMismatch),
+    /// Prefill: `WorkerAction::Error`: the core itself reported an inconsistency (a rank's
+    /// ledger refused what the engine sent), which makes the run a safety violation.
+    ProtocolError {
+        /// The rank whose ledger refused.
+        rank: RankId,
+        /// What the ledger said.
+        error: LedgerError,
     },
-    /// A protocol error the core reported, or a driver problem worth a line in the report.
-    Problem {
-        /// True when the core itself reported an inconsistency (a protocol error), which makes
-        /// the run a safety violation; false for a driver's note (a lost message, say).
-        violation: bool,
-        /// What.
-        detail: String,
-    },
+    /// A driver's note worth a line in the report (a lost message, say); never a violation.
+    Problem(RankProblem),
     /// The rank's fault layer lost, duplicated or delayed a control message it was asked to
     /// send; the report logs it and excuses what it can cause.
     MessageFault(MessageHit),
@@ -378,6 +370,171 @@ pub enum FromRank {
         /// Handshakes dialled (decode) or answered (prefill).
         handshakes: u64,
     },
+}
+
+/// Why the scheduler does not admit a connector's [`FromRank::Hello`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AdmitError {
+    /// The hello carries no token: the process was not started by a run.
+    NoToken,
+    /// The hello carries another run's token.
+    WrongToken,
+    /// The run has no such rank.
+    NoSuchRank(RankId),
+    /// The rank is running as another process.
+    AlreadyRunning {
+        /// The rank.
+        rank: RankId,
+        /// The process the run started for it.
+        running: u32,
+        /// The process that said hello.
+        pid: u32,
+    },
+    /// The process joined once already.
+    JoinedAlready {
+        /// The rank.
+        rank: RankId,
+        /// The process.
+        pid: u32,
+    },
+}
+
+impl fmt::Display for AdmitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AdmitError::NoToken => write!(f, "no membership token (the run hands it out in {TOKEN_ENV})"),
+            AdmitError::WrongToken => f.write_str("wrong membership token: not a process of this run"),
+            AdmitError::NoSuchRank(rank) => write!(f, "this run has no rank {rank}"),
+            AdmitError::AlreadyRunning { rank, running, pid } => {
+                write!(f, "{rank} is already running as process {running}; process {pid} is not it")
+            }
+            AdmitError::JoinedAlready { rank, pid } => write!(f, "{rank} (process {pid}) has joined already"),
+        }
+    }
+}
+
+impl std::error::Error for AdmitError {}
+
+/// Where a read's bytes differ from the pattern prefill wrote (`pattern::BlockKey`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadMismatch {
+    /// The request read.
+    pub request: RequestId,
+    /// The layer.
+    pub layer: u16,
+    /// The block's place in the request's block list.
+    pub block: u32,
+    /// The block's id in the prefill rank's pool.
+    pub block_id: u32,
+    /// The prefill rank read.
+    pub source: RankId,
+    /// The first byte of the block that differs.
+    pub byte: u64,
+}
+
+impl fmt::Display for ReadMismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ReadMismatch { request, layer, block, block_id, source, byte } = self;
+        write!(
+            f,
+            "{request} layer {layer} block {block} (id {block_id}) from {source} differs at byte {byte}"
+        )
+    }
+}
+
+/// What a rank's driver notes for the report beside its node: what went wrong around the node
+/// (a socket, memory, a lost message), never in the protocol.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RankProblem {
+    /// The scheduler sent a message this rank's role does not take.
+    Unexpected {
+        /// The rank's role.
+        role: Role,
+        /// The message's name ([`ToRank::name`]).
+        message: String,
+    },
+    /// Computing, fencing or retiring a transfer's KV blocks failed.
+    Kv {
+        /// What was being done.
+        op: KvOp,
+        /// The transfer.
+        transfer_id: TransferId,
+        /// Why, in the memory's or the data plane's words.
+        error: String,
+    },
+    /// A release or lease was lost: its notify listener stayed unreachable.
+    NotifyLost {
+        /// The listener.
+        endpoint: Endpoint,
+    },
+    /// A listener could not take a connection or a message; it serves on.
+    Listener {
+        /// Which listener.
+        listener: Listener,
+        /// Why, in the socket's or the wire's words.
+        error: String,
+    },
+    /// The data-plane server did not shut down cleanly.
+    DataServerShutdown {
+        /// Why.
+        error: String,
+    },
+}
+
+impl fmt::Display for RankProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RankProblem::Unexpected { role, message } => write!(f, "{} rank got {message}", role.name()),
+            RankProblem::Kv { op, transfer_id, error } => write!(f, "{op} of {transfer_id}: {error}"),
+            RankProblem::NotifyLost { endpoint } => {
+                write!(f, "notify message to {endpoint} lost: listener unreachable")
+            }
+            RankProblem::Listener { listener, error } => write!(f, "{listener}: {error}"),
+            RankProblem::DataServerShutdown { error } => write!(f, "data server shutdown: {error}"),
+        }
+    }
+}
+
+/// What a prefill rank was doing with a transfer's KV blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum KvOp {
+    /// Computing it into its blocks ([`ToRank::Prefill`]).
+    Prefill,
+    /// Fencing its blocks again as the engine retired it ([`ToRank::Retire`]).
+    Retire,
+    /// Revoking remote access to its blocks ([`ToRank::Fence`]).
+    Fence,
+}
+
+impl fmt::Display for KvOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            KvOp::Prefill => "prefill",
+            KvOp::Retire => "retire",
+            KvOp::Fence => "fence",
+        })
+    }
+}
+
+/// A prefill rank's listeners, as its problem lines name them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Listener {
+    /// Accepting a connection on either listener.
+    Accept,
+    /// The handshake listener's messages.
+    Handshake,
+    /// The notify listener's messages.
+    Notify,
+}
+
+impl fmt::Display for Listener {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Listener::Accept => "listener",
+            Listener::Handshake => "handshake listener",
+            Listener::Notify => "notify listener",
+        })
+    }
 }
 
 /// Why a frame could not be read or written.
@@ -472,6 +629,102 @@ mod tests {
         // A hello is held to its own limit.
         let long = read_frame_within::<FromRank>(&mut Cursor::new(vec![0, 0, 16, 1]), MAX_HELLO_BYTES);
         assert_eq!(long.unwrap_err().to_string(), "frame of 4097 bytes is longer than 4096");
+    }
+
+    /// The ranks send the core's own values: each reads back equal, and words as the core words
+    /// it (the cluster's result quotes these texts).
+    #[test]
+    fn typed_reports_round_trip_with_the_core_wording() {
+        use pdkv_core::handshake::HandshakeError;
+        use pdkv_core::ids::EngineId;
+        use pdkv_core::params::ParamsError;
+        use pdkv_core::ports::SessionKey;
+        use pdkv_core::routing::RoutingError;
+        let rank = RankId::new(EngineId::prefill(0), 0, 1);
+        let check = |msg: FromRank, text: &str| {
+            let mut buf = Vec::new();
+            write_frame(&mut buf, &msg).unwrap();
+            let back = read_frame::<FromRank>(&mut Cursor::new(buf)).unwrap();
+            assert_eq!(back, msg);
+            let words = match back {
+                FromRank::StepDone { error: Some(e), .. } => e.to_string(),
+                FromRank::RecvFailed { error, .. } => error.to_string(),
+                FromRank::Mismatch(m) => m.to_string(),
+                FromRank::ProtocolError { rank, error } => format!("{rank}: {error}"),
+                FromRank::Problem(p) => p.to_string(),
+                other => format!("no words for {other:?}"),
+            };
+            assert_eq!(words, text);
+        };
+        let session = SessionKey("prefill-0:6301#1".into());
+        let handshake = StepError::Handshake {
+            session: session.clone(),
+            error: HandshakeError::WrongEngine { expected: "a".into(), got: "b".into() },
+        };
+        check(
+            FromRank::StepDone { step: 7, error: Some(handshake) },
+            "handshake with prefill-0:6301#1: dialled engine a but b answered",
+        );
+        check(
+            FromRank::StepDone { step: 7, error: Some(StepError::GroupHandshakeFailed { step: 7 }) },
+            "step 7: a KV handshake failed on some worker of the TP group",
+        );
+        let params = ParamsError::OutOfRange { field: "remote_tp_size", value: 0, min: 1, max: 256 };
+        check(
+            FromRank::RecvFailed { request: RequestId(3), error: RecvError::Params(params) },
+            "kv_transfer_params remote_tp_size = 0 is outside 1..=256",
+        );
+        let routing = RoutingError::ZeroSize { what: "prefill TP size".into() };
+        check(
+            FromRank::RecvFailed { request: RequestId(3), error: RecvError::Routing(routing.clone()) },
+            &routing.to_string(),
+        );
+        let waited = RecvError::Timeout { waited_ns: 30_000_000_000 };
+        check(
+            FromRank::RecvFailed { request: RequestId(3), error: waited },
+            "KV not received within 30000 ms",
+        );
+        check(
+            FromRank::Mismatch(ReadMismatch {
+                request: RequestId(3),
+                layer: 2,
+                block: 1,
+                block_id: 40,
+                source: rank,
+                byte: 17,
+            }),
+            "req-3 layer 2 block 1 (id 40) from P0.dp0.tp1 differs at byte 17",
+        );
+        check(
+            FromRank::ProtocolError { rank, error: LedgerError::Unknown(TransferId("tx-1".into())) },
+            "P0.dp0.tp1: transfer tx-1 is not registered",
+        );
+        let cases = [
+            (
+                RankProblem::Unexpected { role: Role::Decode, message: "prefill".into() },
+                "decode rank got prefill",
+            ),
+            (
+                RankProblem::Kv {
+                    op: KvOp::Fence,
+                    transfer_id: TransferId("tx-1".into()),
+                    error: "gone".into(),
+                },
+                "fence of tx-1: gone",
+            ),
+            (
+                RankProblem::NotifyLost { endpoint: Endpoint { host: "127.0.0.1".into(), port: 9 } },
+                "notify message to 127.0.0.1:9 lost: listener unreachable",
+            ),
+            (
+                RankProblem::Listener { listener: Listener::Handshake, error: "bad".into() },
+                "handshake listener: bad",
+            ),
+            (RankProblem::DataServerShutdown { error: "stuck".into() }, "data server shutdown: stuck"),
+        ];
+        for (problem, text) in cases {
+            check(FromRank::Problem(problem), text);
+        }
     }
 
     /// Frames pack structs as arrays, and `kv_transfer_params` leaves its last key out when it is

@@ -27,7 +27,7 @@ pub struct Session {
 }
 
 /// Why a handshake did not complete.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum HandshakeError {
     /// No complete reply before the deadline.
     Timeout {

@@ -172,12 +172,13 @@ impl KvTransferParams {
 }
 
 /// A size or rank in `kv_transfer_params` that cannot be used.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum ParamsError {
     /// No key carries the prefill TP size.
     Missing {
         /// The key or keys looked for, e.g. `remote_tp_size (or tp_size)`.
-        field: &'static str,
+        #[serde(deserialize_with = "error_field")]
+        field: ErrorField,
     },
     /// `pdkv_incarnations` does not name one incarnation per TP rank of the prefill engine.
     IncarnationCount {
@@ -190,7 +191,8 @@ pub enum ParamsError {
     /// 1..=2^53-1.
     OutOfRange {
         /// The key that held the value.
-        field: &'static str,
+        #[serde(deserialize_with = "error_field")]
+        field: ErrorField,
         /// The value as received.
         value: i64,
         /// Smallest accepted value.
@@ -216,6 +218,30 @@ impl fmt::Display for ParamsError {
 }
 
 impl std::error::Error for ParamsError {}
+
+/// The key a [`ParamsError`] names. Spelled through an alias so that serde's derive, which reads
+/// types by their spelling, does not take a `&'static str` as borrowed from the input.
+type ErrorField = &'static str;
+
+/// Every key a [`ParamsError`] names: an error read back from a driver's channel names one of
+/// them, so its field stays a `&'static str`.
+const ERROR_FIELDS: [&str; 6] = [
+    "remote_tp_size (or tp_size)",
+    "tp_size",
+    "remote_tp_size",
+    "remote_dp_size",
+    "pdkv_incarnations",
+    "remote_dp_rank",
+];
+
+/// Reads the field of a [`ParamsError`] back: one of [`ERROR_FIELDS`], or an error naming it.
+fn error_field<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ErrorField, D::Error> {
+    let name = String::deserialize(d)?;
+    ERROR_FIELDS
+        .into_iter()
+        .find(|&field| field == name)
+        .ok_or_else(|| serde::de::Error::custom(format!("{name:?} is no kv_transfer_params key")))
+}
 
 fn in_range(field: &'static str, value: i64, min: i64, max: i64) -> Result<u16, ParamsError> {
     if value < min || value > max {
@@ -325,6 +351,46 @@ mod tests {
         // The historical reader: remote_tp_size is ignored and the size collapses to 1.
         check(None, Some(8), true, Ok(1));
         check(Some(8), None, true, Ok(8));
+    }
+
+    /// A driver's channel carries these errors as values: every one the reads of this module
+    /// make reads back equal from MessagePack, every key of [`ERROR_FIELDS`] is one of them, and
+    /// a key the module never names is refused.
+    #[test]
+    fn errors_round_trip_through_messagepack_and_name_only_known_keys() {
+        let params = |f: fn(&mut KvTransferParams)| {
+            let mut p = KvTransferParams::default();
+            f(&mut p);
+            p
+        };
+        let errors = [
+            params(|_| {}).prefill_tp_size(TpSizeRule::RemoteTpSize).unwrap_err(),
+            params(|p| p.tp_size = Some(0)).prefill_tp_size(TpSizeRule::TpSizeKeyOnly).unwrap_err(),
+            params(|p| p.remote_tp_size = Some(0)).prefill_tp_size(TpSizeRule::RemoteTpSize).unwrap_err(),
+            params(|p| p.remote_dp_size = Some(0)).prefill_layout(TpSizeRule::RemoteTpSize).unwrap_err(),
+            params(|p| p.pdkv_incarnations = Some(vec![0])).holder_incarnations(1).unwrap_err(),
+            params(|p| p.pdkv_incarnations = Some(vec![1])).holder_incarnations(2).unwrap_err(),
+            params(|p| p.remote_dp_rank = Some(-1)).owner_dp().unwrap_err(),
+        ];
+        let mut named = Vec::new();
+        for error in errors {
+            let bytes = rmp_serde::to_vec_named(&error).unwrap();
+            assert_eq!(rmp_serde::from_slice::<ParamsError>(&bytes).unwrap(), error);
+            if let ParamsError::Missing { field } | ParamsError::OutOfRange { field, .. } = error {
+                named.push(field);
+            }
+        }
+        named.sort_unstable();
+        let mut all = ERROR_FIELDS.to_vec();
+        all.sort_unstable();
+        assert_eq!(named, all);
+        #[derive(Serialize)]
+        enum Stranger {
+            Missing { field: &'static str },
+        }
+        let stranger = rmp_serde::to_vec_named(&Stranger::Missing { field: "tp_sizes" }).unwrap();
+        let read = rmp_serde::from_slice::<ParamsError>(&stranger).unwrap_err();
+        assert!(read.to_string().contains("\"tp_sizes\" is no kv_transfer_params key"), "{read}");
     }
 
     #[test]

@@ -68,7 +68,7 @@ pub struct EngineAddress {
 }
 
 /// A port that does not fit in 16 bits: the layout is too large for its base.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct PortError {
     /// The rank whose port does not fit.
     pub rank: RankId,

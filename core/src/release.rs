@@ -209,7 +209,7 @@ pub enum ReleaseOutcome {
 }
 
 /// A registration the ledger refuses.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LedgerError {
     /// The transfer is registered on this rank already.
     AlreadyRegistered(TransferId),

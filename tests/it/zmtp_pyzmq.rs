@@ -401,7 +401,8 @@ fn connector_dial_decodes_a_moriio_handshake_reply() {
         prefill,
         pdkv_rdma::sched::TransportKind::Tcp,
         &metadata.agent_metadata,
-    );
+    )
+    .map_err(|e| e.to_string());
     assert_eq!(
         refused,
         Err(format!(
@@ -414,7 +415,7 @@ fn connector_dial_decodes_a_moriio_handshake_reply() {
 
 /// The connector's notify serving code on a loopback ROUTER listener, for one connection: its
 /// port, and the channel it hands the node's inputs to.
-fn notify_listener() -> (String, mpsc::Receiver<pdkv_rdma::connector::Input>) {
+fn notify_listener() -> (String, mpsc::Receiver<pdkv_rdma::rank_io::Input>) {
     let mut listener = RouterListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).expect("bind on loopback");
     let port = listener.local_addr().expect("local address").port().to_string();
     let (tx, rx) = mpsc::channel();
@@ -436,7 +437,7 @@ fn connector_notify_listener_takes_moriio_releases() {
     // `wait_for` fails at once when Python exits with an error (a missing package, say), and
     // otherwise at the child's deadline.
     while frames.len() < 2 {
-        if let pdkv_rdma::connector::Input::Notify { frame, .. } =
+        if let pdkv_rdma::rank_io::Input::Notify { frame, .. } =
             peer.wait_for(&rx, "a notify frame from the connector's listener")
         {
             frames.push(frame);
@@ -469,8 +470,8 @@ fn connector_handshake_listener_survives_what_ends_moriio_listener() {
     // This thread plays the node: it answers the one metadata request with the core's reply.
     loop {
         match peer.wait_for(&rx, "the connector's handshake listener") {
-            pdkv_rdma::connector::Input::Problem(line) => problems.push(line),
-            pdkv_rdma::connector::Input::HandshakeRequest { conn, reply, .. } => {
+            pdkv_rdma::rank_io::Input::Problem(problem) => problems.push(problem.to_string()),
+            pdkv_rdma::rank_io::Input::HandshakeRequest { conn, reply, .. } => {
                 assert_eq!(conn, 1);
                 reply
                     .send(vec![handshake_reply(&metadata(), &layers())])
@@ -507,10 +508,9 @@ fn connector_notify_listener_survives_what_ends_moriio_listener() {
     let mut seen = Vec::new();
     while seen.len() < 5 {
         let outcome = match peer.wait_for(&rx, "a message from the connector's notify listener") {
-            pdkv_rdma::connector::Input::Notify { frame, .. } => {
-                pdkv_rdma::prefill_rank::notify_event(&frame)
-            }
-            pdkv_rdma::connector::Input::Problem(line) => Err(line),
+            pdkv_rdma::rank_io::Input::Notify { frame, .. } => pdkv_rdma::prefill_rank::notify_event(&frame)
+                .map_err(|e| pdkv_rdma::sched::RankProblem::from(e).to_string()),
+            pdkv_rdma::rank_io::Input::Problem(problem) => Err(problem.to_string()),
             _ => peer.fail("unexpected input from the notify listener"),
         };
         seen.push(outcome);

@@ -7,9 +7,11 @@ use std::sync::atomic::AtomicI32;
 use pdkv_core::ids::{RankId, Role};
 use pdkv_core::legacy::LegacyOptions;
 use pdkv_core::policy::{PeerBook, PeerRules};
-use pdkv_core::topology::{Deployment, ModelSpec};
+use pdkv_core::routing::RoutingError;
+use pdkv_core::topology::{Deployment, ModelSpec, NotationError};
 
-use crate::message_faults::{MessageFault, MAX_MESSAGE_FAULTS};
+use super::procs::StartError;
+use crate::message_faults::{MessageFault, MessageFaultError, MAX_MESSAGE_FAULTS};
 use crate::sched::TransportKind;
 
 /// A fault to inject into a cluster run.
@@ -164,12 +166,12 @@ pub const MIN_HEARTBEAT_TIMEOUT_MS: u64 = 1_000;
 impl ClusterConfig {
     /// Checks what the command line can get wrong before any process starts; the error names
     /// the flag. `d` is the parsed deployment.
-    pub fn validate(&self, d: &Deployment) -> Result<(), String> {
-        let count = |flag: &str, value: u32, max: u32| {
+    pub fn validate(&self, d: &Deployment) -> Result<(), ConfigError> {
+        let count = |flag: &'static str, value: u32, max: u32| {
             if (1..=max).contains(&value) {
                 Ok(())
             } else {
-                Err(format!("{flag} {value}: must be between 1 and {max}"))
+                Err(ConfigError::Count { flag, value, max })
             }
         };
         count("--requests", self.requests, MAX_REQUESTS)?;
@@ -183,38 +185,25 @@ impl ClusterConfig {
         ];
         for (flag, ms) in timeouts {
             if !(MIN_TIMEOUT_MS..=MAX_TIMEOUT_MS).contains(&ms) {
-                return Err(format!("{flag} {ms}: must be between {MIN_TIMEOUT_MS} and {MAX_TIMEOUT_MS}"));
+                return Err(ConfigError::Timeout { flag, ms });
             }
         }
         if !(MIN_HEARTBEAT_TIMEOUT_MS..=MAX_TIMEOUT_MS).contains(&self.heartbeat_timeout_ms) {
-            return Err(format!(
-                "--heartbeat-timeout-ms {}: must be between {MIN_HEARTBEAT_TIMEOUT_MS} and {MAX_TIMEOUT_MS}",
-                self.heartbeat_timeout_ms
-            ));
+            return Err(ConfigError::HeartbeatTimeout { ms: self.heartbeat_timeout_ms });
         }
         let ranks = d.ranks(Role::Prefill).len() + d.ranks(Role::Decode).len();
         if ranks > MAX_CLUSTER_RANKS {
-            return Err(format!(
-                "{}: {ranks} ranks, but a cluster on one host starts at most {MAX_CLUSTER_RANKS} processes",
-                self.deployment
-            ));
+            return Err(ConfigError::TooManyRanks { deployment: self.deployment.clone(), ranks });
         }
         if self.transport == TransportKind::Rdma && !cfg!(feature = "rdma") {
-            return Err("--transport rdma: this pdkv was built without the rdma feature (cargo build \
-                        --features rdma)"
-                .into());
+            return Err(ConfigError::NoRdma);
         }
         if let Some(foreign) = &self.foreign {
             if foreign.rules == PeerRules::Pdkv {
-                return Err("--foreign-rules pdkv: the foreign side follows another connector's rules \
-                            (pdkv's own side needs no driver)"
-                    .into());
+                return Err(ConfigError::ForeignRulesPdkv);
             }
             if let Some(fault) = self.messages.first() {
-                return Err(format!(
-                    "{fault}: message faults are injected where pdkv sends, and under --foreign-side \
-                     half of the messages are the foreign driver's"
-                ));
+                return Err(ConfigError::MessageFaultWithForeign { fault: fault.clone() });
             }
             // A kill of a foreign prefill rank kills its data-plane server and has the driver
             // kill the rank's own code with it; nothing else can be injected into the driver.
@@ -222,48 +211,33 @@ impl ClusterConfig {
             if let Some(fault) =
                 self.faults.iter().find(|f| f.rank().engine.role == foreign.side && !injectable(f))
             {
-                return Err(format!(
-                    "{}: {} is played by the foreign driver, which takes no injected faults but --kill",
-                    fault.flag(),
-                    fault.rank()
-                ));
+                return Err(ConfigError::FaultOnForeign { fault: fault.clone() });
             }
         }
         let messages = self.message_faults();
         if messages.len() > MAX_MESSAGE_FAULTS {
-            return Err(format!(
-                "{} message faults (--lose-messages, --duplicate-messages, --delay-messages and \
-                 --drop-releases together): at most {MAX_MESSAGE_FAULTS}",
-                messages.len()
-            ));
+            return Err(ConfigError::TooManyMessageFaults { count: messages.len() });
         }
         for fault in &self.messages {
-            fault.check(d).map_err(|e| format!("{fault}: {e}"))?;
+            fault.check(d).map_err(|error| ConfigError::MessageFault { fault: fault.clone(), error })?;
         }
         for fault in &self.faults {
             match *fault {
                 Fault::KillPrefill { rank, after, restart_after_ms } => {
                     if rank.engine.role != Role::Prefill || !d.ranks(Role::Prefill).contains(&rank) {
-                        return Err(format!("--kill {rank}: {} has no prefill rank {rank}", self.deployment));
+                        return Err(ConfigError::NoPrefillRank { deployment: self.deployment.clone(), rank });
                     }
                     if after >= self.requests {
-                        return Err(format!(
-                            "--kill-after {after}: the run prefills only {} requests, so the kill would \
-                             come after the last one (use 0 to {})",
-                            self.requests,
-                            self.requests - 1
-                        ));
+                        return Err(ConfigError::KillAfterLast { after, requests: self.requests });
                     }
                     if let Some(ms) = restart_after_ms.filter(|&ms| ms > MAX_TIMEOUT_MS) {
-                        return Err(format!("--restart-after-ms {ms}: must be at most {MAX_TIMEOUT_MS}"));
+                        return Err(ConfigError::RestartTooLate { ms });
                     }
                 }
                 Fault::DropReleases { rank, count } => {
                     if rank.engine.role != Role::Decode || !d.ranks(Role::Decode).contains(&rank) {
-                        return Err(format!(
-                            "--drop-releases {rank}={count}: {} has no decode rank {rank}",
-                            self.deployment
-                        ));
+                        let deployment = self.deployment.clone();
+                        return Err(ConfigError::NoDecodeRank { deployment, rank, count });
                     }
                 }
             }
@@ -274,11 +248,10 @@ impl ClusterConfig {
     /// `--hold-dispatches-until-restart` holds dispatches until a killed rank restarts: without
     /// a kill that restarts, it would hold nothing, and a restart past the run's budget would
     /// hold the dispatches until the run gives up.
-    fn check_hold(&self) -> Result<(), String> {
+    fn check_hold(&self) -> Result<(), ConfigError> {
         if !self.hold_dispatches_until_restart {
             return Ok(());
         }
-        let flag = "--hold-dispatches-until-restart";
         let restarts: Vec<u64> = self
             .faults
             .iter()
@@ -289,15 +262,10 @@ impl ClusterConfig {
             .collect::<Option<Vec<u64>>>()
             .unwrap_or_default();
         match restarts.iter().max() {
-            None => Err(format!(
-                "{flag}: holds decode dispatches until a killed prefill rank is back, so it needs --kill \
-                 and --restart-after-ms"
-            )),
-            Some(&ms) if ms >= self.timeout_ms => Err(format!(
-                "{flag}: --restart-after-ms {ms} is not within --timeout-ms {}, so the dispatches would \
-                 be held until the run gives up",
-                self.timeout_ms
-            )),
+            None => Err(ConfigError::HoldWithoutRestart),
+            Some(&ms) if ms >= self.timeout_ms => {
+                Err(ConfigError::HoldPastBudget { restart_ms: ms, timeout_ms: self.timeout_ms })
+            }
             Some(_) => Ok(()),
         }
     }
@@ -377,9 +345,9 @@ impl ClusterConfig {
 #[derive(Debug)]
 pub enum ClusterError {
     /// The configuration is unusable.
-    Config(String),
+    Config(ConfigError),
     /// Ranks could not be started or did not join.
-    Start(String),
+    Start(StartError),
 }
 
 impl fmt::Display for ClusterError {
@@ -392,3 +360,174 @@ impl fmt::Display for ClusterError {
 }
 
 impl std::error::Error for ClusterError {}
+
+/// What is wrong with a run's options, naming the flag.
+#[derive(Debug)]
+pub enum ConfigError {
+    /// The deployment does not parse.
+    Deployment(NotationError),
+    /// A decode engine cannot read from a prefill engine.
+    Routing(RoutingError),
+    /// A count outside `1..=max`.
+    Count {
+        /// The flag.
+        flag: &'static str,
+        /// Its value.
+        value: u32,
+        /// The largest accepted.
+        max: u32,
+    },
+    /// A timeout outside [`MIN_TIMEOUT_MS`]`..=`[`MAX_TIMEOUT_MS`].
+    Timeout {
+        /// The flag.
+        flag: &'static str,
+        /// Its value.
+        ms: u64,
+    },
+    /// `--heartbeat-timeout-ms` outside [`MIN_HEARTBEAT_TIMEOUT_MS`]`..=`[`MAX_TIMEOUT_MS`].
+    HeartbeatTimeout {
+        /// Its value.
+        ms: u64,
+    },
+    /// More ranks than [`MAX_CLUSTER_RANKS`].
+    TooManyRanks {
+        /// The deployment.
+        deployment: String,
+        /// Its ranks.
+        ranks: usize,
+    },
+    /// `--transport rdma` in a build without it.
+    NoRdma,
+    /// `--foreign-rules pdkv`.
+    ForeignRulesPdkv,
+    /// A message fault under `--foreign-side`.
+    MessageFaultWithForeign {
+        /// The first one.
+        fault: MessageFault,
+    },
+    /// A fault other than `--kill` on the foreign side.
+    FaultOnForeign {
+        /// The fault.
+        fault: Fault,
+    },
+    /// More message faults than [`MAX_MESSAGE_FAULTS`].
+    TooManyMessageFaults {
+        /// How many.
+        count: usize,
+    },
+    /// A message fault the deployment cannot have.
+    MessageFault {
+        /// The fault.
+        fault: MessageFault,
+        /// Why.
+        error: MessageFaultError,
+    },
+    /// `--kill` of a rank that is not a prefill rank of the deployment.
+    NoPrefillRank {
+        /// The deployment.
+        deployment: String,
+        /// The rank.
+        rank: RankId,
+    },
+    /// `--kill-after` at or past the last request.
+    KillAfterLast {
+        /// Its value.
+        after: u32,
+        /// The run's requests.
+        requests: u32,
+    },
+    /// `--restart-after-ms` above [`MAX_TIMEOUT_MS`].
+    RestartTooLate {
+        /// Its value.
+        ms: u64,
+    },
+    /// `--drop-releases` of a rank that is not a decode rank of the deployment.
+    NoDecodeRank {
+        /// The deployment.
+        deployment: String,
+        /// The rank.
+        rank: RankId,
+        /// The count asked for.
+        count: u32,
+    },
+    /// `--hold-dispatches-until-restart` without a kill that restarts.
+    HoldWithoutRestart,
+    /// `--hold-dispatches-until-restart` with a restart past the run's budget.
+    HoldPastBudget {
+        /// The latest restart.
+        restart_ms: u64,
+        /// The run's budget.
+        timeout_ms: u64,
+    },
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const HOLD: &str = "--hold-dispatches-until-restart";
+        match self {
+            ConfigError::Deployment(e) => write!(f, "{e}"),
+            ConfigError::Routing(e) => write!(f, "{e}"),
+            ConfigError::Count { flag, value, max } => write!(f, "{flag} {value}: must be between 1 and {max}"),
+            ConfigError::Timeout { flag, ms } => {
+                write!(f, "{flag} {ms}: must be between {MIN_TIMEOUT_MS} and {MAX_TIMEOUT_MS}")
+            }
+            ConfigError::HeartbeatTimeout { ms } => write!(
+                f,
+                "--heartbeat-timeout-ms {ms}: must be between {MIN_HEARTBEAT_TIMEOUT_MS} and {MAX_TIMEOUT_MS}"
+            ),
+            ConfigError::TooManyRanks { deployment, ranks } => write!(
+                f,
+                "{deployment}: {ranks} ranks, but a cluster on one host starts at most {MAX_CLUSTER_RANKS} processes"
+            ),
+            ConfigError::NoRdma => f.write_str(
+                "--transport rdma: this pdkv was built without the rdma feature (cargo build --features rdma)",
+            ),
+            ConfigError::ForeignRulesPdkv => f.write_str(
+                "--foreign-rules pdkv: the foreign side follows another connector's rules (pdkv's own side \
+                 needs no driver)",
+            ),
+            ConfigError::MessageFaultWithForeign { fault } => write!(
+                f,
+                "{fault}: message faults are injected where pdkv sends, and under --foreign-side half of the \
+                 messages are the foreign driver's"
+            ),
+            ConfigError::FaultOnForeign { fault } => write!(
+                f,
+                "{}: {} is played by the foreign driver, which takes no injected faults but --kill",
+                fault.flag(),
+                fault.rank()
+            ),
+            ConfigError::TooManyMessageFaults { count } => write!(
+                f,
+                "{count} message faults (--lose-messages, --duplicate-messages, --delay-messages and \
+                 --drop-releases together): at most {MAX_MESSAGE_FAULTS}"
+            ),
+            ConfigError::MessageFault { fault, error } => write!(f, "{fault}: {error}"),
+            ConfigError::NoPrefillRank { deployment, rank } => {
+                write!(f, "--kill {rank}: {deployment} has no prefill rank {rank}")
+            }
+            ConfigError::KillAfterLast { after, requests } => write!(
+                f,
+                "--kill-after {after}: the run prefills only {requests} requests, so the kill would come \
+                 after the last one (use 0 to {})",
+                requests - 1
+            ),
+            ConfigError::RestartTooLate { ms } => write!(f, "--restart-after-ms {ms}: must be at most {MAX_TIMEOUT_MS}"),
+            ConfigError::NoDecodeRank { deployment, rank, count } => {
+                write!(f, "--drop-releases {rank}={count}: {deployment} has no decode rank {rank}")
+            }
+            ConfigError::HoldWithoutRestart => write!(
+                f,
+                "{HOLD}: holds decode dispatches until a killed prefill rank is back, so it needs --kill and \
+                 --restart-after-ms"
+            ),
+            ConfigError::HoldPastBudget { restart_ms, timeout_ms } => write!(
+                f,
+                "{HOLD}: --restart-after-ms {restart_ms} is not within --timeout-ms {timeout_ms}, so the \
+                 dispatches would be held until the run gives up"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}

@@ -60,6 +60,7 @@ use serde::{Deserialize, Serialize};
 
 use super::config::Foreign;
 use super::foreign_reads::{self, ForeignReads, Life, Plan};
+use super::procs::{SpawnError, Spawned, StartError};
 use super::{Cluster, Ev, Violation};
 use pdkv_engine::verdict::ViolationKind;
 
@@ -281,6 +282,66 @@ struct Outbox {
     since: Instant,
 }
 
+/// How the driver ended badly.
+#[derive(Debug)]
+pub enum DriverExit {
+    /// It exited with a failing status.
+    Status(std::process::ExitStatus),
+    /// It could not be waited for.
+    Wait(std::io::Error),
+}
+
+impl std::fmt::Display for DriverExit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DriverExit::Status(status) => write!(f, "the foreign driver exited with {status}"),
+            DriverExit::Wait(e) => write!(f, "cannot wait for the foreign driver: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for DriverExit {}
+
+/// Why the driver's setup could not be made: a foreign prefill rank's handshake reply, which its
+/// data-plane server hands the scheduler, is missing or does not decode.
+#[derive(Debug)]
+pub enum DriverSetupError {
+    /// The rank gave no reply.
+    NoReply(RankId),
+    /// The reply's first message is not handshake metadata.
+    Metadata {
+        /// The rank.
+        rank: RankId,
+        /// What it decoded to, for people.
+        got: String,
+    },
+    /// The reply's layer descriptors do not decode.
+    Layers {
+        /// The rank.
+        rank: RankId,
+        /// Why.
+        error: wire::WireError,
+    },
+}
+
+impl std::fmt::Display for DriverSetupError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DriverSetupError::NoReply(rank) => {
+                write!(f, "{rank} gave no handshake reply for the foreign driver")
+            }
+            DriverSetupError::Metadata { rank, got } => {
+                write!(f, "{rank}'s handshake metadata does not decode: {got}")
+            }
+            DriverSetupError::Layers { rank, error } => {
+                write!(f, "{rank}'s layer descriptors do not decode: {error}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for DriverSetupError {}
+
 /// The running driver.
 pub(super) struct Driver {
     child: Child,
@@ -302,7 +363,7 @@ pub(super) struct Driver {
 
 impl Driver {
     /// Starts the driver; its lines arrive on `tx` as [`Ev::Driver`].
-    pub(super) fn start(foreign: &Foreign, tx: Sender<Ev>) -> Result<Driver, String> {
+    pub(super) fn start(foreign: &Foreign, tx: Sender<Ev>) -> Result<Driver, SpawnError> {
         let mut command = Command::new(&foreign.program);
         command
             .args(&foreign.args)
@@ -312,9 +373,11 @@ impl Driver {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped());
         crate::signals::die_with_parent(&mut command);
-        let mut child = command
-            .spawn()
-            .map_err(|e| format!("cannot start the foreign driver {}: {e}", foreign.program.display()))?;
+        let mut child = command.spawn().map_err(|error| SpawnError {
+            what: Spawned::ForeignDriver,
+            program: foreign.program.clone(),
+            error,
+        })?;
         let stdin = child.stdin.take().expect("stdin was piped");
         let stdout = child.stdout.take().expect("stdout was piped");
         thread::spawn(move || read_lines(stdout, &tx));
@@ -424,18 +487,18 @@ impl Driver {
     }
 
     /// Whether the driver has exited (reaped), with its status.
-    pub(super) fn exited(&mut self) -> Option<Result<(), String>> {
+    pub(super) fn exited(&mut self) -> Option<Result<(), DriverExit>> {
         match self.child.try_wait() {
             Ok(Some(status)) if status.success() => Some(Ok(())),
-            Ok(Some(status)) => Some(Err(format!("the foreign driver exited with {status}"))),
+            Ok(Some(status)) => Some(Err(DriverExit::Status(status))),
             Ok(None) => None,
-            Err(e) => Some(Err(format!("cannot wait for the foreign driver: {e}"))),
+            Err(e) => Some(Err(DriverExit::Wait(e))),
         }
     }
 
     /// Ends the driver: kills what is left of its process group (the driver, if it did not exit
     /// by now, and anything it started), and says what had to be killed.
-    pub(super) fn finish(&mut self, exited: Option<Result<(), String>>) -> Vec<String> {
+    pub(super) fn finish(&mut self, exited: Option<Result<(), DriverExit>>) -> Vec<String> {
         self.input = None;
         let mut problems = Vec::new();
         let still_running = exited.is_none();
@@ -446,7 +509,7 @@ impl Driver {
         let _ = self.child.kill();
         let _ = self.child.wait();
         if let Some(Err(e)) = exited {
-            problems.push(e);
+            problems.push(e.to_string());
         }
         if !self.ready {
             // It never became ready: the start's error says what happened.
@@ -574,7 +637,7 @@ impl Cluster {
     }
 
     /// The setup message: the foreign engines, and on the prefill side each rank's reply.
-    pub(super) fn driver_setup(&self) -> Result<ToDriver, String> {
+    pub(super) fn driver_setup(&self) -> Result<ToDriver, DriverSetupError> {
         let foreign = self.config.foreign.as_ref().expect("a foreign side");
         let side = foreign.side;
         let engines = self
@@ -618,17 +681,14 @@ impl Cluster {
 
     /// A foreign prefill rank as the driver binds it: the handshake reply its data-plane server
     /// (its latest life) stands behind.
-    fn rank_view(&self, rank: RankId) -> Result<RankView, String> {
-        let [metadata, layers] = self
-            .foreign_replies
-            .get(&rank)
-            .ok_or_else(|| format!("{rank} gave no handshake reply for the foreign driver"))?;
+    fn rank_view(&self, rank: RankId) -> Result<RankView, DriverSetupError> {
+        let [metadata, layers] = self.foreign_replies.get(&rank).ok_or(DriverSetupError::NoReply(rank))?;
         let metadata = match wire::decode(metadata) {
             Ok(ControlMessage::HandshakeMetadata(m)) => m,
-            other => return Err(format!("{rank}'s handshake metadata does not decode: {other:?}")),
+            other => return Err(DriverSetupError::Metadata { rank, got: format!("{other:?}") }),
         };
         let layers = wire::decode_layer_memory_descs(layers)
-            .map_err(|e| format!("{rank}'s layer descriptors do not decode: {e}"))?;
+            .map_err(|error| DriverSetupError::Layers { rank, error })?;
         Ok(RankView {
             engine: rank.engine.index,
             dp: rank.dp,
@@ -759,13 +819,13 @@ impl Cluster {
     }
 
     /// A line of the driver during the run; `Some` is a problem that ends the start.
-    pub(super) fn on_driver(&mut self, event: DriverEvent) -> Option<String> {
+    pub(super) fn on_driver(&mut self, event: DriverEvent) -> Option<StartError> {
         let msg = match event {
             DriverEvent::Msg(msg) => msg,
             DriverEvent::Garbled(detail) => {
                 // Before it is ready the driver is not talking the protocol at all: stop there.
                 if !self.driver.as_ref().is_some_and(|d| d.ready) {
-                    return Some(detail);
+                    return Some(StartError::DriverGarbled(detail));
                 }
                 self.violations.push(Violation { kind: ViolationKind::ProtocolError, detail });
                 return None;
@@ -775,9 +835,7 @@ impl Cluster {
                 driver.closed = true;
                 if !driver.said_bye {
                     if !driver.ready {
-                        return Some(
-                            "the foreign driver exited before it was ready (its messages are above)".into(),
-                        );
+                        return Some(StartError::DriverExited);
                     }
                     let detail = "the foreign driver closed its output (exited?) during the run".to_string();
                     self.hung.get_or_insert(detail);
@@ -791,7 +849,7 @@ impl Cluster {
                     driver.ready = true;
                 }
             }
-            FromDriver::Error { detail } => return Some(format!("the foreign driver: {detail}")),
+            FromDriver::Error { detail } => return Some(StartError::DriverFailed(detail)),
             FromDriver::Problem { detail } => self.problem(format!("foreign driver: {detail}")),
             FromDriver::Bye { stats } => {
                 self.foreign_report.stats = stats;

@@ -20,7 +20,8 @@
 //! <leases>` (the totals so far).
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::fmt;
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -34,6 +35,7 @@ use pdkv_core::release::{Release, ReleaseSender};
 use pdkv_core::wire::{self, ControlMessage, ReadLease};
 use serde::Serialize;
 
+use super::procs::{SpawnError, Spawned};
 use super::Ev;
 use crate::zmtp::{Connection, SocketType};
 
@@ -74,13 +76,56 @@ impl ForgerPlan {
     }
 }
 
+/// Why a `--sender` value is not a sender key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SenderError {
+    /// Not four comma-separated parts.
+    Shape {
+        /// The value.
+        text: String,
+    },
+    /// A part that should be a number is not one.
+    Number {
+        /// The value.
+        text: String,
+        /// Which part.
+        what: &'static str,
+        /// The part.
+        part: String,
+        /// Why.
+        error: std::num::ParseIntError,
+    },
+}
+
+impl fmt::Display for SenderError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SenderError::Shape { text } => {
+                write!(f, "{text:?}: expected <engine id>,<dp>,<tp>,<consumer tp size>")
+            }
+            SenderError::Number { text, what, part, error } => {
+                write!(f, "{text:?}: {what} {part:?}: {error}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for SenderError {}
+
 /// Parses a `--sender` value, `<engine id>,<dp>,<tp>,<consumer tp size>`.
-pub fn parse_sender(text: &str) -> Result<(ReleaseSender, u16), String> {
+pub fn parse_sender(text: &str) -> Result<(ReleaseSender, u16), SenderError> {
     let parts: Vec<&str> = text.rsplitn(4, ',').collect();
     let [tp_size, tp, dp, engine_id] = parts.as_slice() else {
-        return Err(format!("{text:?}: expected <engine id>,<dp>,<tp>,<consumer tp size>"));
+        return Err(SenderError::Shape { text: text.to_owned() });
     };
-    let number = |what: &str, s: &str| s.parse::<u16>().map_err(|e| format!("{text:?}: {what} {s:?}: {e}"));
+    let number = |what: &'static str, part: &str| {
+        part.parse::<u16>().map_err(|error| SenderError::Number {
+            text: text.to_owned(),
+            what,
+            part: part.to_owned(),
+            error,
+        })
+    };
     Ok((
         ReleaseSender {
             engine_id: engine_id.to_string(),
@@ -134,22 +179,42 @@ fn forged(plan: &ForgerPlan, transfer_id: &TransferId, wrong: &mut u64) -> Vec<(
     out
 }
 
+/// Why the forger stopped: its standard input or output failed.
+#[derive(Debug)]
+pub enum ForgerError {
+    /// Reading a transfer id failed.
+    Stdin(io::Error),
+    /// Saying what it did failed.
+    Stdout(io::Error),
+}
+
+impl fmt::Display for ForgerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ForgerError::Stdin(e) => write!(f, "stdin: {e}"),
+            ForgerError::Stdout(e) => write!(f, "stdout: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ForgerError {}
+
 /// Runs the forger: for each transfer id read from `input`, sends the forged messages to every
 /// target, and says on `output` where it sends from and how much it sent so far. A target it cannot reach loses that message (it tries again for the next id).
-pub fn run_forger(plan: &ForgerPlan, input: impl Read, mut output: impl Write) -> Result<Sent, String> {
+pub fn run_forger(plan: &ForgerPlan, input: impl Read, mut output: impl Write) -> Result<Sent, ForgerError> {
     let mut conns: BTreeMap<SocketAddr, Connection> = BTreeMap::new();
     let mut sent = Sent::default();
     let mut wrong = 0u64;
     let mut reader = BufReader::new(input);
     let say = |line: String, output: &mut dyn Write| {
-        writeln!(output, "{line}").and_then(|()| output.flush()).map_err(|e| format!("stdout: {e}"))
+        writeln!(output, "{line}").and_then(|()| output.flush()).map_err(ForgerError::Stdout)
     };
     loop {
         let mut line = Vec::new();
         match (&mut reader).take(MAX_LINE_BYTES).read_until(b'\n', &mut line) {
             Ok(0) => break,
             Ok(_) => {}
-            Err(e) => return Err(format!("stdin: {e}")),
+            Err(e) => return Err(ForgerError::Stdin(e)),
         }
         let text = String::from_utf8_lossy(&line);
         let text = text.trim();
@@ -237,12 +302,19 @@ pub(super) struct Forger {
 
 impl Forger {
     /// Starts `exe forge` with `plan`; its lines arrive on `tx` as [`Ev::Forger`].
-    pub(super) fn start(exe: &std::path::Path, plan: &ForgerPlan, tx: Sender<Ev>) -> Result<Forger, String> {
+    pub(super) fn start(
+        exe: &std::path::Path,
+        plan: &ForgerPlan,
+        tx: Sender<Ev>,
+    ) -> Result<Forger, SpawnError> {
         let mut command = Command::new(exe);
         command.arg("forge").args(plan.args()).process_group(0).stdin(Stdio::piped()).stdout(Stdio::piped());
         crate::signals::die_with_parent(&mut command);
-        let mut child =
-            command.spawn().map_err(|e| format!("cannot start the forger {}: {e}", exe.display()))?;
+        let mut child = command.spawn().map_err(|error| SpawnError {
+            what: Spawned::Forger,
+            program: exe.to_path_buf(),
+            error,
+        })?;
         let stdin = child.stdin.take().expect("stdin was piped");
         let stdout = child.stdout.take().expect("stdout was piped");
         thread::spawn(move || read_lines(stdout, &tx));
@@ -367,7 +439,7 @@ mod tests {
         match expected {
             Ok((engine, dp, tp, size)) => assert_eq!(got, Ok((engine.to_string(), dp, tp, size)), "{text}"),
             Err(needle) => {
-                let error = got.expect_err(text);
+                let error = got.expect_err(text).to_string();
                 assert!(error.contains(needle), "{text}: {error}");
             }
         }

@@ -32,7 +32,7 @@ use pdkv_core::rng::Stream;
 use pdkv_core::time::Instant;
 use pdkv_core::topology::Deployment;
 
-use crate::connector::Clock;
+use crate::rank_io::Clock;
 use crate::sched::{FromRank, Recv};
 
 mod config;
@@ -49,14 +49,15 @@ mod result;
 mod tests;
 
 pub use config::{
-    ClusterConfig, ClusterError, ControlAuthMode, Fault, Foreign, MAX_CLUSTER_RANKS, MAX_CONCURRENCY,
-    MAX_LAYERS, MAX_REQUESTS, MAX_TIMEOUT_MS, MIN_HEARTBEAT_TIMEOUT_MS, MIN_TIMEOUT_MS,
+    ClusterConfig, ClusterError, ConfigError, ControlAuthMode, Fault, Foreign, MAX_CLUSTER_RANKS,
+    MAX_CONCURRENCY, MAX_LAYERS, MAX_REQUESTS, MAX_TIMEOUT_MS, MIN_HEARTBEAT_TIMEOUT_MS, MIN_TIMEOUT_MS,
 };
-pub use foreign::ForeignReport;
+pub use foreign::{DriverExit, DriverSetupError, ForeignReport};
 pub use foreign_reads::ForeignReads;
 use pdkv_engine::decode::RequestBarrier;
 pub use pdkv_engine::verdict::{Summary, Verdict, ViolationKind};
 use procs::{free_ports, new_control_key, new_token, Acceptor, Admission, RankProc};
+pub use procs::{SpawnError, Spawned, StartError};
 pub use result::{
     ClusterResult, Control, Failure, Latencies, Ledger, Nic, Processes, Progress, Requests, Throughput,
     Violation,
@@ -108,7 +109,7 @@ enum Ev {
     Refused {
         rank: RankId,
         pid: u32,
-        reason: String,
+        reason: crate::sched::AdmitError,
     },
     Msg {
         rank: RankId,
@@ -262,13 +263,14 @@ struct Cluster {
 
 /// Runs a cluster to the end and reports; `progress` is called as requests end.
 pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<ClusterResult, ClusterError> {
-    let d = Deployment::parse(&config.deployment).map_err(|e| ClusterError::Config(e.to_string()))?;
+    let d = Deployment::parse(&config.deployment)
+        .map_err(|e| ClusterError::Config(ConfigError::Deployment(e)))?;
     let model = config.model(&d);
     let d = d.with_model(model);
     for &decode in &d.decode {
         for &prefill in &d.prefill {
             pdkv_core::routing::check_pair(decode, prefill, &d.model)
-                .map_err(|e| ClusterError::Config(e.to_string()))?;
+                .map_err(|e| ClusterError::Config(ConfigError::Routing(e)))?;
         }
     }
     config.validate(&d).map_err(ClusterError::Config)?;
@@ -298,7 +300,7 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
     }
 
     let listener = TcpListener::bind((config.host.as_str(), 0))
-        .map_err(|e| ClusterError::Start(format!("scheduler listener: {e}")))?;
+        .map_err(|e| ClusterError::Start(StartError::Listener(e)))?;
     let (tx, rx) = mpsc::channel();
     let token = new_token().map_err(ClusterError::Start)?;
     let admission = Arc::new(Mutex::new(Admission { token: token.clone(), ..Admission::default() }));
@@ -460,7 +462,7 @@ impl Cluster {
         }
     }
 
-    fn on_message(&mut self, rank: RankId, msg: FromRank) -> Option<String> {
+    fn on_message(&mut self, rank: RankId, msg: FromRank) -> Option<StartError> {
         let now = self.clock.now();
         match msg {
             FromRank::Hello { .. } | FromRank::Heartbeat => {}
@@ -489,7 +491,7 @@ impl Cluster {
                     self.rank_up(rank);
                 }
             }
-            FromRank::SetupFailed { error } => return Some(format!("{rank}: {error}")),
+            FromRank::SetupFailed { error } => return Some(StartError::RankSetup { rank, error }),
             FromRank::Prefilled { transfer_id } => {
                 if let Some(id) = self.request_of(&transfer_id) {
                     self.prefill_acked(id, rank);
@@ -512,19 +514,17 @@ impl Cluster {
                 self.group_event(self.dgroup_of(rank), event);
             }
             FromRank::StepDone { step, error } => {
-                // Both enter the forward pass: ready, or failed with the whole group.
-                let report = if error.is_some() { StepReport::FailedWithGroup } else { StepReport::Ready };
+                // The core says what the rank's step means for the group: ready, or failed with
+                // the whole group (both enter the forward pass), or raised out of it alone.
+                let report = error.as_ref().map_or(StepReport::Ready, StepReport::failed);
                 let event = GroupEvent::StepReport { member: rank.tp_rank(), step, report };
                 self.group_event(self.dgroup_of(rank), event);
-            }
-            FromRank::StepRaised { step, error } => {
-                let event =
-                    GroupEvent::StepReport { member: rank.tp_rank(), step, report: StepReport::Raised };
-                self.group_event(self.dgroup_of(rank), event);
-                self.problem(format!("{rank} raised at step {step}: {error}"));
+                if let Some(error) = error.filter(|_| report == StepReport::Raised) {
+                    self.problem(format!("{rank} raised at step {step}: {error}"));
+                }
             }
             FromRank::Received { request } => self.reported(rank, request, None),
-            FromRank::RecvFailed { request, error } => self.reported(rank, request, Some(error)),
+            FromRank::RecvFailed { request, error } => self.reported(rank, request, Some(error.to_string())),
             FromRank::ReadVerified { layer, source, bytes, .. } => {
                 let entry = self.reads.entry(source).or_default();
                 // A request's reads count once per decode worker, whatever the granularity.
@@ -534,22 +534,19 @@ impl Cluster {
                 entry.1 += bytes;
                 self.bytes_verified += bytes;
             }
-            FromRank::Mismatch { request, detail } => {
+            FromRank::Mismatch(mismatch) => {
                 self.violations.push(Violation {
                     kind: ViolationKind::ReadMismatch,
-                    detail: format!("{rank}, {request}: {detail}"),
+                    detail: format!("{rank}, {}: {mismatch}", mismatch.request),
                 });
             }
-            FromRank::Problem { violation, detail } => {
-                if violation {
-                    self.violations.push(Violation {
-                        kind: ViolationKind::ProtocolError,
-                        detail: format!("{rank}: {detail}"),
-                    });
-                } else {
-                    self.problem(format!("{rank}: {detail}"));
-                }
+            FromRank::ProtocolError { rank: refused_by, error } => {
+                self.violations.push(Violation {
+                    kind: ViolationKind::ProtocolError,
+                    detail: format!("{rank}: {refused_by}: {error}"),
+                });
             }
+            FromRank::Problem(problem) => self.problem(format!("{rank}: {problem}")),
             FromRank::MessageFault(hit) => self.on_message_fault(rank, hit),
             FromRank::Bye { .. } => {
                 if let Some(proc) = self.ranks.get_mut(&rank) {
@@ -660,7 +657,7 @@ impl Cluster {
             match rx.recv_timeout(wake.saturating_duration_since(now).min(POLL)) {
                 Ok(ev) => {
                     if let Some(error) = self.on_event(ev, tx) {
-                        self.problem(error);
+                        self.problem(error.to_string());
                     }
                 }
                 Err(RecvTimeoutError::Timeout) => {}

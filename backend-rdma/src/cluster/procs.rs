@@ -2,9 +2,11 @@
 //! loss, signals and shutdown.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::BufReader;
+use std::fmt;
+use std::io::{self, BufReader};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
@@ -21,7 +23,8 @@ use super::foreign::{Driver, ToDriver};
 use super::result::Severity;
 use super::{Cluster, Ev, EXIT_TIMEOUT, POLL, START_TIMEOUT};
 use crate::sched::{
-    read_frame, read_frame_within, write_frame, FromRank, Setup, ToRank, MAX_HELLO_BYTES, TOKEN_ENV,
+    read_frame, read_frame_within, write_frame, AdmitError, FromRank, Setup, ToRank, MAX_HELLO_BYTES,
+    TOKEN_ENV,
 };
 
 /// How long a driver may leave its input unread at shutdown before it counts as not reading.
@@ -30,6 +33,138 @@ const SHUTDOWN_READ: std::time::Duration = std::time::Duration::from_secs(1);
 const SIGNALLED_BYE: std::time::Duration = std::time::Duration::from_secs(1);
 /// How long the forger gets, once its input closed, to send what it was given and exit.
 const FORGER_EXIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Why a run's processes could not start, or did not become ready.
+#[derive(Debug)]
+pub enum StartError {
+    /// No block of free ports for the listeners.
+    NoFreePorts {
+        /// Ports needed.
+        count: u16,
+        /// The host.
+        host: String,
+    },
+    /// The scheduler's own listener could not bind.
+    Listener(io::Error),
+    /// The scheduler's listener has no local address.
+    LocalAddr(io::Error),
+    /// `/dev/urandom` could not be read.
+    Random {
+        /// What the bytes were for.
+        what: &'static str,
+        /// Why.
+        error: io::Error,
+    },
+    /// A process could not be started.
+    Spawn(SpawnError),
+    /// A rank said it could not start (`FromRank::SetupFailed`), in its own words.
+    RankSetup {
+        /// The rank.
+        rank: RankId,
+        /// Why.
+        error: String,
+    },
+    /// A rank's process exited before it was ready.
+    ExitedBeforeReady(RankId),
+    /// Ranks were not ready within the start timeout.
+    NotReady {
+        /// The timeout, in seconds.
+        secs: u64,
+        /// The ranks that were not.
+        missing: Vec<RankId>,
+    },
+    /// The foreign driver was not ready within the start timeout.
+    DriverNotReady {
+        /// The driver program.
+        program: PathBuf,
+        /// The timeout, in seconds.
+        secs: u64,
+    },
+    /// The foreign driver's output is not its protocol before it was ready.
+    DriverGarbled(String),
+    /// The foreign driver exited before it was ready.
+    DriverExited,
+    /// The foreign driver said `error`, in its own words.
+    DriverFailed(String),
+    /// The foreign driver's setup could not be made.
+    DriverSetup(super::foreign::DriverSetupError),
+    /// A prefill notify listener does not resolve for the forger.
+    ForgerTarget {
+        /// The host.
+        host: String,
+        /// The port.
+        port: u16,
+    },
+}
+
+impl fmt::Display for StartError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StartError::NoFreePorts { count, host } => {
+                write!(f, "no {count} consecutive free ports on {host}")
+            }
+            StartError::Listener(e) => write!(f, "scheduler listener: {e}"),
+            StartError::LocalAddr(e) => write!(f, "{e}"),
+            StartError::Random { what, error } => write!(f, "{what}: /dev/urandom: {error}"),
+            StartError::Spawn(e) => write!(f, "{e}"),
+            StartError::RankSetup { rank, error } => write!(f, "{rank}: {error}"),
+            StartError::ExitedBeforeReady(rank) => write!(f, "{rank} exited before it was ready"),
+            StartError::NotReady { secs, missing } => {
+                let missing: Vec<String> = missing.iter().map(RankId::to_string).collect();
+                write!(f, "ranks not ready after {secs} s: {}", missing.join(", "))
+            }
+            StartError::DriverNotReady { program, secs } => {
+                write!(f, "the foreign driver {} was not ready after {secs} s", program.display())
+            }
+            StartError::DriverGarbled(detail) => f.write_str(detail),
+            StartError::DriverExited => {
+                f.write_str("the foreign driver exited before it was ready (its messages are above)")
+            }
+            StartError::DriverFailed(detail) => write!(f, "the foreign driver: {detail}"),
+            StartError::DriverSetup(e) => write!(f, "{e}"),
+            StartError::ForgerTarget { host, port } => {
+                write!(f, "the forger's target {host}:{port} does not resolve")
+            }
+        }
+    }
+}
+
+impl std::error::Error for StartError {}
+
+/// A process the run starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Spawned {
+    /// A rank's `pdkv connector`.
+    Connector,
+    /// The foreign side's driver (`--foreign-side`).
+    ForeignDriver,
+    /// The forger (`--forge-messages`).
+    Forger,
+}
+
+/// Why a process could not be started.
+#[derive(Debug)]
+pub struct SpawnError {
+    /// Which process.
+    pub what: Spawned,
+    /// Its program.
+    pub program: PathBuf,
+    /// Why.
+    pub error: io::Error,
+}
+
+impl fmt::Display for SpawnError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (program, e) = (self.program.display(), &self.error);
+        match self.what {
+            Spawned::Connector => write!(f, "cannot start {program} connector: {e}"),
+            Spawned::ForeignDriver => write!(f, "cannot start the foreign driver {program}: {e}"),
+            Spawned::Forger => write!(f, "cannot start the forger {program}: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for SpawnError {}
 
 pub(super) struct RankProc {
     pub(super) child: Option<Child>,
@@ -62,53 +197,49 @@ pub(super) struct Admission {
 
 impl Admission {
     /// Admits `pid` as `rank` or says why not.
-    pub(super) fn admit(&mut self, rank: RankId, pid: u32, token: &str) -> Result<(), String> {
+    pub(super) fn admit(&mut self, rank: RankId, pid: u32, token: &str) -> Result<(), AdmitError> {
         if token.is_empty() {
-            return Err(format!("no membership token (the run hands it out in {TOKEN_ENV})"));
+            return Err(AdmitError::NoToken);
         }
         if token != self.token {
-            return Err("wrong membership token: not a process of this run".into());
+            return Err(AdmitError::WrongToken);
         }
         match self.expected.get(&rank) {
-            None => Err(format!("this run has no rank {rank}")),
-            Some(&running) if running != pid => {
-                Err(format!("{rank} is already running as process {running}; process {pid} is not it"))
-            }
-            Some(_) if !self.admitted.insert(pid) => {
-                Err(format!("{rank} (process {pid}) has joined already"))
-            }
+            None => Err(AdmitError::NoSuchRank(rank)),
+            Some(&running) if running != pid => Err(AdmitError::AlreadyRunning { rank, running, pid }),
+            Some(_) if !self.admitted.insert(pid) => Err(AdmitError::JoinedAlready { rank, pid }),
             Some(_) => Ok(()),
         }
     }
 }
 
 /// A new random token for a run's membership (16 bytes of the system's randomness, in hex).
-pub(super) fn new_token() -> Result<String, String> {
+pub(super) fn new_token() -> Result<String, StartError> {
     random_hex::<16>("membership token")
 }
 
 /// A fresh 256-bit control key for the run's ranks, from the operating system (never from the
 /// seed: a key anyone could derive protects nothing).
-pub(super) fn new_control_key() -> Result<String, String> {
+pub(super) fn new_control_key() -> Result<String, StartError> {
     random_hex::<32>("control key")
 }
 
 /// A seed from the operating system; the error names `what` it was for.
-pub(super) fn random_u64(what: &str) -> Result<u64, String> {
+pub(super) fn random_u64(what: &'static str) -> Result<u64, StartError> {
     Ok(u64::from_le_bytes(random_bytes::<8>(what)?))
 }
 
 /// `N` bytes from /dev/urandom as hexadecimal digits; the error names `what` they were for.
-fn random_hex<const N: usize>(what: &str) -> Result<String, String> {
+fn random_hex<const N: usize>(what: &'static str) -> Result<String, StartError> {
     Ok(random_bytes::<N>(what)?.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-fn random_bytes<const N: usize>(what: &str) -> Result<[u8; N], String> {
+fn random_bytes<const N: usize>(what: &'static str) -> Result<[u8; N], StartError> {
     use std::io::Read as _;
     let mut bytes = [0u8; N];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut bytes))
-        .map_err(|e| format!("{what}: /dev/urandom: {e}"))?;
+        .map_err(|error| StartError::Random { what, error })?;
     Ok(bytes)
 }
 
@@ -126,8 +257,8 @@ impl Acceptor {
         listener: TcpListener,
         tx: Sender<Ev>,
         admission: Arc<Mutex<Admission>>,
-    ) -> Result<Acceptor, String> {
-        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    ) -> Result<Acceptor, StartError> {
+        let addr = listener.local_addr().map_err(StartError::LocalAddr)?;
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let handle = thread::spawn(move || {
@@ -175,7 +306,7 @@ impl Acceptor {
 }
 
 /// Finds `count` consecutive ports on `host` that can be bound now.
-pub(super) fn free_ports(host: &str, count: u16) -> Result<u16, String> {
+pub(super) fn free_ports(host: &str, count: u16) -> Result<u16, StartError> {
     // Clusters started at once (tests in one process) must not probe the same ports: mix the
     // process id, a per-process counter and the clock.
     static CLUSTERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -196,7 +327,7 @@ pub(super) fn free_ports(host: &str, count: u16) -> Result<u16, String> {
             return Ok(start);
         }
     }
-    Err(format!("no {count} consecutive free ports on {host}"))
+    Err(StartError::NoFreePorts { count, host: host.to_owned() })
 }
 
 /// Where to look for listener ports, `lo..=hi`: outside the system's ephemeral range (Linux's
@@ -217,7 +348,7 @@ pub(super) fn probe_window(ephemeral: Option<(u16, u16)>, count: u16) -> (u16, u
 }
 
 impl Cluster {
-    pub(super) fn spawn(&mut self, rank: RankId, life: u32) -> Result<(), String> {
+    pub(super) fn spawn(&mut self, rank: RankId, life: u32) -> Result<(), SpawnError> {
         let role = match rank.engine.role {
             Role::Prefill => "prefill",
             Role::Decode => "decode",
@@ -240,9 +371,11 @@ impl Cluster {
         // A connector exits when its scheduler connection closes, but a stopped one cannot: it
         // dies with `pdkv cluster` all the same.
         crate::signals::die_with_parent(&mut command);
-        let child = command
-            .spawn()
-            .map_err(|e| format!("cannot start {} connector: {e}", self.config.exe.display()))?;
+        let child = command.spawn().map_err(|error| SpawnError {
+            what: Spawned::Connector,
+            program: self.config.exe.clone(),
+            error,
+        })?;
         self.processes.started += 1;
         admission.expected.insert(rank, child.id());
         drop(admission);
@@ -280,7 +413,7 @@ impl Cluster {
         }
     }
 
-    pub(super) fn start_all(&mut self, rx: &Receiver<Ev>, tx: &Sender<Ev>) -> Result<(), String> {
+    pub(super) fn start_all(&mut self, rx: &Receiver<Ev>, tx: &Sender<Ev>) -> Result<(), StartError> {
         // A foreign decode side has no pdkv process at all; a foreign prefill side's ranks are
         // pdkv data-plane servers whose control plane the driver plays.
         let all: Vec<RankId> = [Role::Prefill, Role::Decode]
@@ -289,38 +422,38 @@ impl Cluster {
             .flat_map(|r| self.d.ranks(r))
             .collect();
         for &rank in &all {
-            self.spawn(rank, 0)?;
+            self.spawn(rank, 0).map_err(StartError::Spawn)?;
         }
         let ranks_ready = |c: &Cluster| c.ranks.values().all(|r| r.ready);
-        self.wait_for(rx, tx, ranks_ready, &|c| {
-            let missing: Vec<String> =
-                c.ranks.iter().filter(|(_, r)| !r.ready).map(|(k, _)| k.to_string()).collect();
-            format!("ranks not ready after {} s: {}", START_TIMEOUT.as_secs(), missing.join(", "))
+        self.wait_for(rx, tx, ranks_ready, &|c| StartError::NotReady {
+            secs: START_TIMEOUT.as_secs(),
+            missing: c.ranks.iter().filter(|(_, r)| !r.ready).map(|(&k, _)| k).collect(),
         })?;
         if self.stop_requested() {
             return Ok(());
         }
         if let Some(foreign) = self.config.foreign.clone() {
-            let setup = self.driver_setup()?;
-            let mut driver = Driver::start(&foreign, tx.clone())?;
+            let setup = self.driver_setup().map_err(StartError::DriverSetup)?;
+            let mut driver = Driver::start(&foreign, tx.clone()).map_err(StartError::Spawn)?;
             driver.send(&setup);
             self.driver = Some(driver);
             let driver_ready = |c: &Cluster| c.driver.as_ref().is_some_and(|d| d.ready);
-            self.wait_for(rx, tx, driver_ready, &|_| {
-                let program = foreign.program.display();
-                format!("the foreign driver {program} was not ready after {} s", START_TIMEOUT.as_secs())
+            self.wait_for(rx, tx, driver_ready, &|_| StartError::DriverNotReady {
+                program: foreign.program.clone(),
+                secs: START_TIMEOUT.as_secs(),
             })?;
         }
         if self.config.forge_messages {
             let plan = self.forger_plan()?;
-            self.forger = Some(super::forger::Forger::start(&self.config.exe, &plan, tx.clone())?);
+            let forger = super::forger::Forger::start(&self.config.exe, &plan, tx.clone());
+            self.forger = Some(forger.map_err(StartError::Spawn)?);
         }
         Ok(())
     }
 
     /// What the forger needs to know, as one sniffing the deployment's traffic would: every
     /// prefill notify listener, and every decode rank's sender key.
-    fn forger_plan(&self) -> Result<super::forger::ForgerPlan, String> {
+    fn forger_plan(&self) -> Result<super::forger::ForgerPlan, StartError> {
         use std::net::ToSocketAddrs as _;
         let mut plan = super::forger::ForgerPlan { targets: Vec::new(), senders: Vec::new() };
         for (engine, address) in &self.addresses {
@@ -333,9 +466,7 @@ impl Cluster {
                             .to_socket_addrs()
                             .ok()
                             .and_then(|mut a| a.next())
-                            .ok_or_else(|| {
-                                format!("the forger's target {}:{port} does not resolve", address.host)
-                            })?;
+                            .ok_or_else(|| StartError::ForgerTarget { host: address.host.clone(), port })?;
                         plan.targets.push(target);
                     }
                 }
@@ -362,8 +493,8 @@ impl Cluster {
         rx: &Receiver<Ev>,
         tx: &Sender<Ev>,
         ready: fn(&Cluster) -> bool,
-        late: &dyn Fn(&Cluster) -> String,
-    ) -> Result<(), String> {
+        late: &dyn Fn(&Cluster) -> StartError,
+    ) -> Result<(), StartError> {
         let deadline = std::time::Instant::now() + START_TIMEOUT;
         while !ready(self) {
             if self.stop_requested() {
@@ -382,7 +513,7 @@ impl Cluster {
             // A process that died before it joined never closes a connection the scheduler
             // would see: its exit says so at once, instead of the start timeout much later.
             if let Some(rank) = self.exited_before_joining() {
-                return Err(format!("{rank} exited before it was ready"));
+                return Err(StartError::ExitedBeforeReady(rank));
             }
         }
         Ok(())
@@ -422,14 +553,14 @@ impl Cluster {
     }
 
     /// The acceptor refused a connector ([`Admission`]): counted and reported.
-    pub(super) fn refused(&mut self, rank: RankId, pid: u32, reason: &str) {
+    pub(super) fn refused(&mut self, rank: RankId, pid: u32, reason: &AdmitError) {
         self.processes.refused += 1;
         let line = format!("refused a connector that claimed to be {rank} (process {pid}): {reason}");
         self.problem_of(Severity::Lost, line);
     }
 
     /// Handles one event; returns a start-up error when a rank cannot start.
-    pub(super) fn on_event(&mut self, ev: Ev, tx: &Sender<Ev>) -> Option<String> {
+    pub(super) fn on_event(&mut self, ev: Ev, tx: &Sender<Ev>) -> Option<StartError> {
         match ev {
             Ev::Joined { rank, stream } => {
                 let proc = self.ranks.get_mut(&rank)?;
@@ -479,7 +610,7 @@ impl Cluster {
                 // group's queue fails instead of waiting for it.
                 self.rank_lost(rank);
                 if !expected && !ready {
-                    return Some(format!("{rank} exited before it was ready"));
+                    return Some(StartError::ExitedBeforeReady(rank));
                 }
             }
         }
@@ -677,7 +808,7 @@ impl Cluster {
             match rx.recv_timeout(left.min(POLL)) {
                 Ok(ev) => {
                     if let Some(error) = self.on_event(ev, tx) {
-                        self.problem(error);
+                        self.problem(error.to_string());
                     }
                 }
                 Err(RecvTimeoutError::Timeout) => {}
@@ -737,7 +868,7 @@ impl Cluster {
                 Ok(Ev::Refused { rank, pid, reason }) => self.refused(rank, pid, &reason),
                 Ok(Ev::Driver(event)) => {
                     if let Some(error) = self.on_driver(event) {
-                        self.problem_of(Severity::Fatal, error);
+                        self.problem_of(Severity::Fatal, error.to_string());
                     }
                 }
                 Ok(_) => {}

@@ -55,7 +55,7 @@ fn only_the_process_started_for_a_rank_joins_and_only_once() {
     admission.expected.insert(p0, 100);
     admission.expected.insert(d1, 101);
     let mut check = |rank, pid, token: &str, expected: Result<(), &str>| {
-        let got = admission.admit(rank, pid, token);
+        let got = admission.admit(rank, pid, token).map_err(|e| e.to_string());
         match expected {
             Ok(()) => assert_eq!(got, Ok(()), "{rank} {pid} {token}"),
             Err(e) => {

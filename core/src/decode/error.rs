@@ -14,7 +14,7 @@ use crate::time::NS_PER_MS;
 use super::{MAX_WORKER_REQUESTS, MAX_WORKER_SESSIONS};
 
 /// Why a whole step failed on this worker.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum StepError {
     /// Eager mode: some worker of the group could not complete a handshake; every worker of
     /// the group reports exactly this value for the step.
@@ -44,7 +44,7 @@ impl fmt::Display for StepError {
 }
 
 /// Why one request's KV could not be received.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum RecvError {
     /// Its `kv_transfer_params` are unusable.
     Params(ParamsError),
