@@ -53,6 +53,7 @@ mod finish;
 mod lazy;
 mod lease;
 mod messages;
+mod plan;
 mod reads;
 mod route;
 mod state;
@@ -75,7 +76,7 @@ use crate::time::{earliest, Instant};
 pub use config::{DecodeConfig, ReadGranularity, MAX_WORKER_REQUESTS, MAX_WORKER_SESSIONS};
 pub use error::{RecvError, StepError};
 pub use messages::{DecodeAction, DecodeEvent, ReadOutcome, RecvRequest};
-pub use reads::{ReadOp, ReadPlan};
+pub use plan::{ReadOp, ReadPlan};
 
 use state::{Recv, RecvPhase, SessionEntry, StepProgress, Waiting};
 
