@@ -1,11 +1,12 @@
-//! HIP device memory (the `hip` feature): counting devices, device buffers that free themselves,
-//! and the choice between device and host memory for a rank's KV.
+//! HIP device memory (the `hip` feature): counting devices and device buffers that free
+//! themselves. The choice between device and host memory for a rank's KV is
+//! `crate::memory::select_backing`, which asks [`device_count`] in a build with this module.
 //!
 //! The runtime comes from `hip-sys` (`hip-runtime-sys`'s pregenerated bindings), linked against
 //! `libamdhip64`; its build script needs `HIP_PATH` such that `$HIP_PATH/include/hip/
 //! hip_runtime_api.h` exists (`/usr` with Debian's `libamdhip64-dev`, `/opt/rocm` with AMD's
 //! packages). A machine without a GPU still runs this code: `hipGetDeviceCount` answers
-//! `hipErrorNoDevice`, which is [`HipError::NoDevice`], and [`select_backing`] falls back to the
+//! `hipErrorNoDevice`, which is [`HipError::NoDevice`], and `select_backing` falls back to the
 //! host with a message saying why.
 //!
 //! Every failed runtime call becomes a [`HipError`] naming the call, the `hipError_t` code and
@@ -22,8 +23,6 @@ use std::ffi::{c_int, c_void, CStr};
 use std::fmt;
 
 use hip_sys::hiprt as ffi;
-
-pub use crate::memory::Backing;
 
 /// A HIP runtime call that failed, or a device-buffer request refused before any call.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -141,20 +140,6 @@ fn set_device(device: u32) -> Result<(), HipError> {
     check("hipSetDevice", unsafe { ffi::hipSetDevice(ordinal) })
 }
 
-/// Chooses the backing for a rank's KV: HIP device 0 when `prefer_device` and a device is
-/// present; otherwise the host, with a message saying why when the device was preferred (e.g.
-/// "no HIP device (hipGetDeviceCount: hipErrorNoDevice); KV stays in host memory").
-pub fn select_backing(prefer_device: bool) -> (Backing, Option<String>) {
-    if !prefer_device {
-        return (Backing::Host, None);
-    }
-    match device_count() {
-        Ok(_) => (Backing::Hip { device: 0 }, None),
-        Err(e @ HipError::NoDevice { .. }) => (Backing::Host, Some(format!("{e}; KV stays in host memory"))),
-        Err(e) => (Backing::Host, Some(format!("HIP is unusable ({e}); KV stays in host memory"))),
-    }
-}
-
 /// Memory on one HIP device, allocated with `hipMalloc` and freed with `hipFree` on drop.
 ///
 /// Every call makes the buffer's device current on the calling thread (`hipSetDevice`) first
@@ -265,6 +250,7 @@ impl Drop for DeviceBuffer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::memory::{select_backing, Backing};
 
     /// Without the kernel driver's node no HIP device can be visible, so the answers are known.
     fn driverless() -> bool {
@@ -282,8 +268,7 @@ mod tests {
         assert_eq!(*call, "hipGetDeviceCount");
         assert!(!detail.is_empty());
         let why = format!("no HIP device (hipGetDeviceCount: {detail}); KV stays in host memory");
-        assert_eq!(select_backing(true), (Backing::Host, Some(why.clone())));
-        assert_eq!(crate::memory::select_backing(true), (Backing::Host, Some(why)));
+        assert_eq!(select_backing(true), (Backing::Host, Some(why)));
         assert_eq!(select_backing(false), (Backing::Host, None));
         assert_eq!(DeviceBuffer::new(0, 16).map(|b| b.len()), Err(err));
         assert_eq!(DeviceBuffer::new(0, 0).map(|b| b.len()), Err(HipError::ZeroLength));

@@ -437,10 +437,19 @@ impl fmt::Display for Backing {
 
 /// Chooses the backing: with `prefer_device`, HIP device 0 when the `hip` feature is built and a
 /// device is present. Falling back to the host comes with a message saying why, for the caller
-/// to log; not preferring the device gives the host with no message.
+/// to log (e.g. "no HIP device (hipGetDeviceCount: hipErrorNoDevice); KV stays in host memory");
+/// not preferring the device gives the host with no message.
 #[cfg(feature = "hip")]
 pub fn select_backing(prefer_device: bool) -> (Backing, Option<String>) {
-    crate::hip::select_backing(prefer_device)
+    use crate::hip::{device_count, HipError};
+    if !prefer_device {
+        return (Backing::Host, None);
+    }
+    match device_count() {
+        Ok(_) => (Backing::Hip { device: 0 }, None),
+        Err(e @ HipError::NoDevice { .. }) => (Backing::Host, Some(format!("{e}; KV stays in host memory"))),
+        Err(e) => (Backing::Host, Some(format!("HIP is unusable ({e}); KV stays in host memory"))),
+    }
 }
 
 /// Chooses the backing: this build has no `hip` feature, so always the host; with

@@ -11,6 +11,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod coverage;
 pub mod error;
 pub mod explore;
 pub mod files;

@@ -16,14 +16,13 @@ use std::fmt;
 use hmac::{Hmac, Mac as _};
 use sha2::Sha256;
 
-use crate::release::Release;
-use crate::wire::ReadLease;
+use crate::wire::{ReadLease, Release};
+
+// A message's MAC and its length are defined with the messages that carry them.
+pub use crate::wire::{Mac, MAC_BYTES};
 
 /// Bytes of a [`ControlKey`].
 pub const KEY_BYTES: usize = 32;
-
-/// Bytes of a [`Mac`]: HMAC-SHA-256 truncated to its first 128 bits.
-pub const MAC_BYTES: usize = 16;
 
 /// Domain separation: a MAC of this scheme is never a MAC of anything else keyed the same.
 const DOMAIN: &[u8] = b"pdkv control message v1\0";
@@ -99,10 +98,6 @@ impl fmt::Display for KeyError {
         }
     }
 }
-
-/// A message's MAC (`pdkv_mac` on the wire, 16 bytes).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
-pub struct Mac(pub [u8; MAC_BYTES]);
 
 /// What the MAC covers, in a fixed order with lengths, so no two messages share an input.
 struct Input(Vec<u8>);

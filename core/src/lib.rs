@@ -21,7 +21,6 @@ pub mod ports;
 pub mod prefill;
 pub mod proxy;
 pub mod recv;
-pub mod registry;
 pub mod release;
 pub mod rng;
 pub mod routes;

@@ -17,10 +17,14 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::{Incarnation, RankId, TransferId};
+use crate::ids::{RankId, TransferId};
 use crate::policy::{EarlyReleases, Policy, QuorumRule, ReleaseCounting, ReleasePlan};
 use crate::routing::{self, RoutingError};
 use crate::topology::{Layout, ModelSpec};
+
+// The release message is defined with the other notify messages: the wire decodes it, the
+// ledger counts it.
+pub use crate::wire::{Release, ReleaseSender};
 
 /// Releases held for transfers not registered yet; the oldest is evicted beyond this.
 pub const MAX_EARLY_RELEASES: usize = 4096;
@@ -30,36 +34,6 @@ pub const MAX_EARLY_RELEASES: usize = 4096;
 /// turn ([`MAX_EARLY_RELEASES`]): ids are never reused, so it can never count. A simulator that
 /// hosts hundreds of ranks keeps this many ids for each, so it stays modest.
 pub const MAX_RETIRED_IDS: usize = 4096;
-
-/// Who sent a release: pdkv's optional sender fields (a MoRIIO peer sends none).
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct ReleaseSender {
-    /// MoRIIO engine id of the decode engine, `"<host>:<handshake port base>"`.
-    pub engine_id: String,
-    /// DP rank of the decode worker that read.
-    pub dp_rank: u16,
-    /// TP rank of the decode worker that read, below the release's `consumer_tp_size`.
-    pub tp_rank: u16,
-}
-
-/// One release message as the ledger sees it, whatever its wire form.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Hash)]
-pub struct Release {
-    /// The transfer whose blocks the sender has finished reading.
-    pub transfer_id: TransferId,
-    /// Decode TP size; `None` for the legacy plain-string completion, which carries only the id.
-    pub consumer_tp_size: Option<u16>,
-    /// The decode rank that sent it, when the peer is pdkv; `None` is an anonymous release,
-    /// which always counts.
-    pub sender: Option<ReleaseSender>,
-    /// The incarnation of the addressed prefill rank that holds the transfer, when the sender
-    /// knows it (a pdkv decode rank releasing a pdkv prefill rank); the prefill worker ignores a
-    /// release naming another incarnation of it. `None` is unfenced.
-    pub incarnation: Option<Incarnation>,
-    /// Its MAC under the deployment's key, when the sender has the key and the addressed rank
-    /// advertised `auth` ([`crate::auth`]).
-    pub mac: Option<crate::auth::Mac>,
-}
 
 /// MoRIIO's expected releases per prefill rank: 1 when the consumer TP is not larger than the
 /// producer TP, else `consumer_tp / producer_tp`. Sizes must be positive multiples.

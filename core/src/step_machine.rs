@@ -15,7 +15,7 @@
 //! `docs/machines/`.
 
 /// Where one worker is in its current step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum StepState {
     /// No step in progress (the last one was reported).
     Idle,

@@ -12,9 +12,7 @@ use std::fmt;
 use pdkv_core::ids::EngineId;
 use pdkv_core::policy::UnknownPeerRules;
 use pdkv_core::routing::{check_pair, RoutingError};
-use pdkv_core::topology::{Deployment, Layout, NotationError};
-
-use crate::scenario::Scenario;
+use pdkv_core::topology::{Deployment, Layout, ModelSpec, NotationError};
 
 /// Why [`crate::run`] refused a scenario.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,7 +47,8 @@ pub enum SimError {
     },
 }
 
-/// A bad entry of a scenario's `protocol.peers` ([`Scenario::peer_book`]).
+/// A bad entry of a scenario's `protocol.peers`
+/// ([`Scenario::peer_book`](crate::scenario::Scenario::peer_book)).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PeerError {
     /// The key is not an engine label like `P0` or `D1`.
@@ -127,10 +126,10 @@ impl fmt::Display for SimError {
 
 impl std::error::Error for SimError {}
 
-/// The scenario's deployment with its model, once every decode engine can read every prefill
-/// engine.
-pub(crate) fn routable_deployment(sc: &Scenario) -> Result<Deployment, SimError> {
-    let d = Deployment::parse(&sc.deployment).map_err(SimError::Deployment)?.with_model(sc.model_spec());
+/// A scenario's deployment (its `deployment` notation, with its model), once every decode engine
+/// can read every prefill engine.
+pub(crate) fn routable_deployment(notation: &str, model: ModelSpec) -> Result<Deployment, SimError> {
+    let d = Deployment::parse(notation).map_err(SimError::Deployment)?.with_model(model);
     for (decode, &decode_layout) in d.decode.iter().enumerate() {
         for (prefill, &prefill_layout) in d.prefill.iter().enumerate() {
             check_pair(decode_layout, prefill_layout, &d.model).map_err(|error| SimError::Unroutable {

@@ -1,6 +1,8 @@
 //! Tidy checks that run as tests: the core's purity rules (the textual part), `//!` headers, no
-//! disabled tests, `unsafe` forbidden in every crate root but the backend's, and no citation of a
-//! file the repository lacks.
+//! disabled tests, `unsafe` forbidden in every crate root but the backend's, no citation of a file
+//! the repository lacks, and no import cycle between the files of a crate (`imports.rs`).
+
+mod imports;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -79,6 +81,7 @@ pub fn check(root: &Path) -> Result<usize, Vec<String>> {
             Err(err) => problems.push(format!("{}: cannot be read: {err}", rel.display())),
         }
     }
+    problems.extend(imports::problems(root, &crate_roots(root)));
     if problems.is_empty() {
         Ok(files.len())
     } else {

@@ -1,9 +1,8 @@
 //! The ZMTP 3.1 codec: greeting, frame headers, commands and READY metadata as pure functions
 //! over bytes, with the limits a peer's input is held to. Nothing here reads or writes a stream.
 
-use std::fmt;
-
 use super::error::ZmtpError;
+use super::socket_type::SocketType;
 
 /// Length of a ZMTP 3 greeting, in bytes.
 pub const GREETING_LEN: usize = 64;
@@ -30,42 +29,6 @@ const NULL_MECHANISM: [u8; 20] = *b"NULL\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0";
 const MAX_PING_CONTEXT: usize = 16;
 /// Longest peer-supplied text (socket type, mechanism, error reason) kept in an error.
 const SHOWN_BYTES: usize = 64;
-
-/// The two ZeroMQ socket types pdkv speaks: MoRIIO's listeners are ROUTERs and its dialers
-/// DEALERs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SocketType {
-    /// Routes by peer identity; pdkv's listeners (handshake and notify).
-    Router,
-    /// Sends to whoever it is connected to; pdkv's dialers.
-    Dealer,
-}
-
-impl SocketType {
-    /// The `Socket-Type` property value: `ROUTER` or `DEALER`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SocketType::Router => "ROUTER",
-            SocketType::Dealer => "DEALER",
-        }
-    }
-
-    /// The socket type a `Socket-Type` value names, if pdkv speaks it (the value is case
-    /// sensitive, as libzmq compares it).
-    fn from_wire(value: &[u8]) -> Option<SocketType> {
-        match value {
-            b"ROUTER" => Some(SocketType::Router),
-            b"DEALER" => Some(SocketType::Dealer),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for SocketType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// Peer bytes as text for an error message: printable ASCII kept, the rest escaped, cut short.
 fn shown(bytes: &[u8]) -> String {

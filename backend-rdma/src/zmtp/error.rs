@@ -4,9 +4,11 @@
 use std::fmt;
 use std::io;
 
-use super::codec::SocketType;
 #[cfg(doc)]
-use super::{Connection, MAX_COMMAND_BYTES, MAX_FRAMES, MAX_FRAME_BYTES, MAX_MESSAGE_BYTES};
+use super::codec::{MAX_COMMAND_BYTES, MAX_FRAMES, MAX_FRAME_BYTES, MAX_MESSAGE_BYTES};
+#[cfg(doc)]
+use super::socket::Connection;
+use super::socket_type::SocketType;
 
 /// What pdkv was doing when an I/O error or timeout struck.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

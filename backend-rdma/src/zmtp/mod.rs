@@ -76,18 +76,19 @@
 //! bytes (greeting, frame headers, commands, READY metadata, limits), `stream` runs it over any
 //! blocking byte stream (reading a greeting, a handshake, a whole message), and `socket` puts that
 //! on TCP ([`Connection`], [`RouterListener`]) with deadlines and timeouts; `error` is their
-//! common [`ZmtpError`].
+//! common [`ZmtpError`], and `socket_type` the [`SocketType`] all of them name.
 
 mod codec;
 mod error;
 mod socket;
+mod socket_type;
 mod stream;
 #[cfg(test)]
 mod test_bytes;
 
 pub use codec::{
-    SocketType, GREETING_LEN, MAX_COMMAND_BYTES, MAX_FRAMES, MAX_FRAME_BYTES, MAX_IDENTITY_BYTES,
-    MAX_MESSAGE_BYTES,
+    GREETING_LEN, MAX_COMMAND_BYTES, MAX_FRAMES, MAX_FRAME_BYTES, MAX_IDENTITY_BYTES, MAX_MESSAGE_BYTES,
 };
 pub use error::{Op, ZmtpError};
 pub use socket::{Connection, RouterListener, DEFAULT_HANDSHAKE_TIMEOUT};
+pub use socket_type::SocketType;

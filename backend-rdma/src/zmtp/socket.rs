@@ -6,8 +6,9 @@ use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use super::codec::{check_identity, check_outgoing, SocketType};
+use super::codec::{check_identity, check_outgoing};
 use super::error::{io_error, Op, ZmtpError};
+use super::socket_type::SocketType;
 use super::stream::{handshake, read_message, write_message, Counted, Role};
 
 /// Handshake timeout of a [`RouterListener`] until [`RouterListener::set_handshake_timeout`].

@@ -6,10 +6,11 @@ use std::io::{self, Read, Write};
 
 use super::codec::{
     check_flags, check_major, check_mechanism, check_signature, error_frame, greeting, handshake_command,
-    push_header, ready_frame, traffic_command, validate_peer, Header, Peer, Ready, SocketType, FLAG_LONG,
-    FLAG_MORE, GREETING_LEN, MAX_COMMAND_BYTES, MAX_FRAMES, MAX_FRAME_BYTES, MAX_MESSAGE_BYTES,
+    push_header, ready_frame, traffic_command, validate_peer, Header, Peer, Ready, FLAG_LONG, FLAG_MORE,
+    GREETING_LEN, MAX_COMMAND_BYTES, MAX_FRAMES, MAX_FRAME_BYTES, MAX_MESSAGE_BYTES,
 };
 use super::error::{io_error, Op, ZmtpError};
+use super::socket_type::SocketType;
 
 /// Frame bodies up to this size are copied next to their header so that a small message
 /// leaves in one write; larger ones are written straight from the caller's slice.

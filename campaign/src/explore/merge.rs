@@ -9,8 +9,9 @@ use pdkv_sim::explore::SEEDS_LISTED_PER_OUTCOME;
 use pdkv_sim::Outcome;
 
 use super::record::{Clean, Found, Listed, Record};
+use crate::coverage::check_complete;
 use crate::error::MergeError;
-use crate::shard::{check_complete, Shard};
+use crate::shard::Shard;
 
 /// Reads every shard file and checks each holds together ([`Record::check`]), in the order
 /// given; the first file that cannot be read or lies is the error.

@@ -7,8 +7,9 @@ use pdkv_core::topology::Deployment;
 
 use super::shard_file::{PointResult, ShardFile};
 use super::Point;
+use crate::coverage::check_complete;
 use crate::error::{Inconsistency, MergeError};
-use crate::shard::{check_complete, Shard};
+use crate::shard::Shard;
 
 /// A merged sweep: what its report shows.
 #[derive(Clone, Debug, PartialEq)]

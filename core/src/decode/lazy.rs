@@ -18,13 +18,12 @@ use crate::step_machine::{StepEvent, StepOutput, StepState};
 use crate::time::Instant;
 use crate::topology::Layout;
 
-use super::state::StepProgress;
 use super::{DecodeAction, DecodeWorker, StepError};
 
 impl DecodeWorker {
     /// True while the worker is blocked in a lazy handshake (it cannot join a collective).
     pub fn is_blocked(&self) -> bool {
-        matches!(self.step, StepProgress::Blocked { .. })
+        matches!(self.step, StepState::Blocked { .. })
     }
 
     /// Lazy: begins `step` blocked in the handshakes of the sessions it needs (`needed`, those
@@ -36,14 +35,14 @@ impl DecodeWorker {
         needed: BTreeSet<SessionKey>,
         out: &mut Vec<DecodeAction>,
     ) {
-        let queue = self.lazy_queue(needed);
+        let queue = self.lazy_sessions(needed);
         let event = StepEvent::BeginLazy { step, sessions: queue.len() as u32 };
-        self.step = StepProgress::Blocked { step, queue };
-        self.run_step(now, StepState::Idle, event, None, out);
+        self.lazy_queue = queue;
+        self.run_step(now, event, None, out);
     }
 
     /// Lazy: the sessions a step handshakes one after another, in order.
-    fn lazy_queue(&mut self, needed: BTreeSet<SessionKey>) -> VecDeque<SessionKey> {
+    fn lazy_sessions(&mut self, needed: BTreeSet<SessionKey>) -> VecDeque<SessionKey> {
         // The historical read path handshook every DP rank of each remote engine it had not met,
         // one after another on one executor, at the TP rank it reads.
         let mut queue: VecDeque<SessionKey> = VecDeque::new();
@@ -87,22 +86,19 @@ impl DecodeWorker {
     ) -> Option<StepEvent> {
         match output {
             StepOutput::DialNext { .. } => {
-                let StepProgress::Blocked { queue, .. } = &self.step else {
-                    unreachable!("the machine dials only while blocked")
-                };
-                let key = queue.front().expect("blocked with sessions left").clone();
+                // The machine dials only while blocked, with a session left: the queue's first.
+                let key = self.lazy_queue.front().expect("blocked with sessions left").clone();
                 self.dial(now, &key, out);
                 if self.sessions.get(&key).is_some_and(|s| s.state.is_waiting()) {
                     return None;
                 }
                 // The session needed no dial after all (it is complete): on to the next.
-                if let StepProgress::Blocked { queue, .. } = &mut self.step {
-                    queue.pop_front();
-                }
+                self.lazy_queue.pop_front();
                 Some(StepEvent::HandshakeDone)
             }
             StepOutput::Raised { step } => {
-                self.step = StepProgress::Idle;
+                // The step ends here: the sessions left are not dialled for it.
+                self.lazy_queue.clear();
                 let error = failure.expect("a raising event carries its error");
                 out.push(DecodeAction::StepFailed { step, error });
                 None
@@ -121,14 +117,12 @@ impl DecodeWorker {
         failed: Option<HandshakeError>,
         out: &mut Vec<DecodeAction>,
     ) {
-        let before = self.step.machine();
-        let StepProgress::Blocked { queue, .. } = &mut self.step else { return };
-        if queue.front() != Some(&key) {
+        if !self.is_blocked() || self.lazy_queue.front() != Some(&key) {
             return;
         }
-        queue.pop_front();
+        self.lazy_queue.pop_front();
         let event = if failed.is_some() { StepEvent::HandshakeFailed } else { StepEvent::HandshakeDone };
         let failure = failed.map(|error| StepError::Handshake { session: key, error });
-        self.run_step(now, before, event, failure, out);
+        self.run_step(now, event, failure, out);
     }
 }

@@ -38,7 +38,7 @@
 //!
 //! One concept per file, each an `impl DecodeWorker` block: this file holds the worker, its
 //! dispatch and its timer; `config`, `messages` and `error` the public value types; `state` the
-//! worker's own bookkeeping (sessions, requests, the step in progress); `route` how a request
+//! worker's own bookkeeping (sessions, requests); `route` how a request
 //! finds its source rank and session; `step` a step of the fixed protocol (admission, eager
 //! handshakes, the vote); `fence` the incarnation fence of [`crate::fence`] applied to the
 //! requests waiting for their sessions; `reads` read planning and read completion; `lease` the
@@ -53,6 +53,7 @@ mod finish;
 mod lazy;
 mod lease;
 mod messages;
+mod plan;
 mod reads;
 mod route;
 mod state;
@@ -61,7 +62,7 @@ mod step;
 mod tests;
 mod tick;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use crate::handshake::{HandshakeEvent, HandshakeState};
 use crate::ids::{RankId, RequestId};
@@ -69,15 +70,15 @@ use crate::ids::{RankId, RequestId};
 use crate::legacy::Legacy;
 use crate::ports::SessionKey;
 use crate::routing::ReadRouter;
-use crate::step_machine::StepEvent;
+use crate::step_machine::{StepEvent, StepState};
 use crate::time::{earliest, Instant};
 
 pub use config::{DecodeConfig, ReadGranularity, MAX_WORKER_REQUESTS, MAX_WORKER_SESSIONS};
 pub use error::{RecvError, StepError};
 pub use messages::{DecodeAction, DecodeEvent, ReadOutcome, RecvRequest};
-pub use reads::{ReadOp, ReadPlan};
+pub use plan::{ReadOp, ReadPlan};
 
-use state::{Recv, RecvPhase, SessionEntry, StepProgress, Waiting};
+use state::{Recv, RecvPhase, SessionEntry, Waiting};
 
 /// The decode worker node. See the module documentation for the calling order.
 #[derive(Clone, Debug, Hash)]
@@ -88,7 +89,16 @@ pub struct DecodeWorker {
     requests: BTreeMap<RequestId, Recv>,
     /// Requests queued by the engine, not admitted to a step yet.
     waiting: BTreeMap<RequestId, Waiting>,
-    step: StepProgress,
+    /// Where the current step is: the step machine's own state, changed only by its transitions
+    /// (`run_step`, `step.rs`). The machine counts dials and sessions; the two fields below say
+    /// which they are.
+    step: StepState,
+    /// Eager, while the step is `Handshaking`: the sessions whose dials it waits for, one for
+    /// each dial the machine counts (empty otherwise).
+    step_dials: BTreeSet<SessionKey>,
+    /// Legacy lazy, while the step is `Blocked`: the sessions still to handshake, the first of
+    /// them in flight, one for each the machine counts (empty otherwise; `lazy.rs`).
+    lazy_queue: VecDeque<SessionKey>,
 }
 
 impl DecodeWorker {
@@ -101,7 +111,9 @@ impl DecodeWorker {
             sessions: BTreeMap::new(),
             requests: BTreeMap::new(),
             waiting: BTreeMap::new(),
-            step: StepProgress::Idle,
+            step: StepState::Idle,
+            step_dials: BTreeSet::new(),
+            lazy_queue: VecDeque::new(),
         }
     }
 
@@ -170,8 +182,7 @@ impl DecodeWorker {
                 self.on_handshake(now, session, HandshakeEvent::TransportFailed(reason), out)
             }
             DecodeEvent::VoteResult { step, ok } => {
-                let before = self.step.machine();
-                self.run_step(now, before, StepEvent::VoteResult { step, ok }, None, out);
+                self.run_step(now, StepEvent::VoteResult { step, ok }, None, out)
             }
             DecodeEvent::ReadDone { request, layer, outcome } => {
                 self.on_read_done(now, request, layer, outcome, out)

@@ -1,16 +1,16 @@
 //! The decode worker's own bookkeeping: the sessions it knows, the requests it holds (and the
-//! phase of each), the requests queued for a later step, and the step in progress. Each maps
-//! onto one of the core's pure machines, which the worker checks it agrees with.
+//! phase of each) and the requests queued for a later step. A request's phase maps onto the
+//! request machine of [`crate::recv`], which the worker checks it agrees with. (The step in
+//! progress is the step machine's own state, which the worker holds: see `mod.rs`.)
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::fence::FenceState;
 use crate::handshake::{HandshakeParams, HandshakeState};
 use crate::ids::{Incarnation, RankId, TransferId};
-use crate::ports::{Endpoint, EngineAddress, ReadTarget, SessionKey};
+use crate::ports::{Endpoint, EngineAddress, ReadTarget};
 use crate::recv::RecvState;
-use crate::step_machine::StepState;
 use crate::time::Instant;
 use crate::topology::Layout;
 use crate::wire::Extensions;
@@ -129,34 +129,4 @@ pub(super) struct Waiting {
     pub(super) recv: Recv,
     /// When to send the next lease.
     pub(super) renew_at: Instant,
-}
-
-/// What the worker is doing for the current step: the step machine of [`crate::step_machine`]
-/// with the sessions it counts.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub(super) enum StepProgress {
-    /// No step in progress (the last one was reported).
-    Idle,
-    /// Eager: waiting for these sessions before voting.
-    Handshaking { step: u64, waiting: BTreeSet<SessionKey> },
-    /// Eager: vote cast, waiting for the group's result.
-    Voting { step: u64 },
-    /// Lazy: blocked in handshakes, dialling `queue` one at a time; its first is in flight.
-    Blocked { step: u64, queue: VecDeque<SessionKey> },
-}
-
-impl StepProgress {
-    /// The progress as the step machine sees it.
-    pub(super) fn machine(&self) -> StepState {
-        match self {
-            StepProgress::Idle => StepState::Idle,
-            StepProgress::Handshaking { step, waiting } => {
-                StepState::Handshaking { step: *step, waiting: waiting.len() as u32 }
-            }
-            StepProgress::Voting { step } => StepState::Voting { step: *step },
-            StepProgress::Blocked { step, queue } => {
-                StepState::Blocked { step: *step, left: queue.len() as u32 }
-            }
-        }
-    }
 }

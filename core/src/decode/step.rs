@@ -11,7 +11,7 @@ use crate::ports::SessionKey;
 use crate::step_machine::{self, StepEvent, StepOutput, StepState};
 use crate::time::Instant;
 
-use super::state::{RecvPhase, StepProgress};
+use super::state::RecvPhase;
 use super::{DecodeAction, DecodeWorker, RecvRequest, StepError};
 
 impl DecodeWorker {
@@ -26,7 +26,7 @@ impl DecodeWorker {
     ) {
         assert_eq!(
             self.step,
-            StepProgress::Idle,
+            StepState::Idle,
             "{}: step {step} began before the last step was reported",
             self.rank()
         );
@@ -53,8 +53,8 @@ impl DecodeWorker {
             }
         }
         let event = StepEvent::Begin { step, dials: waiting.len() as u32 };
-        self.step = StepProgress::Handshaking { step, waiting };
-        self.run_step(now, StepState::Idle, event, None, out);
+        self.step_dials = waiting;
+        self.run_step(now, event, None, out);
     }
 
     /// Dials `key` unless a dial is outstanding or the session is complete.
@@ -117,15 +117,11 @@ impl DecodeWorker {
         if self.is_blocked() {
             return self.lazy_handshake_resolved(now, key, failed, out);
         }
-        let before = self.step.machine();
         let event = if failed.is_some() { StepEvent::HandshakeFailed } else { StepEvent::HandshakeDone };
-        let waited_for = match &mut self.step {
-            StepProgress::Handshaking { waiting, .. } => waiting.remove(&key),
-            _ => false,
-        };
+        let waited_for = matches!(self.step, StepState::Handshaking { .. }) && self.step_dials.remove(&key);
         // A failed dial fails nothing by itself (no error rides along): the vote decides.
         if waited_for {
-            self.run_step(now, before, event, None, out);
+            self.run_step(now, event, None, out);
         }
     }
 
@@ -137,25 +133,25 @@ impl DecodeWorker {
             .all(|r| self.sessions.get(&r.target.session).is_some_and(|s| s.state.session().is_some()))
     }
 
-    /// Runs the step machine of [`crate::step_machine`] for one event whose effect on the
-    /// sessions the caller has applied already (`before` is the machine's state before it), and
-    /// carries out its output; `failure` is why the step fails, for an event that raises.
+    /// Runs the step machine of [`crate::step_machine`] on the worker's step state for one event
+    /// whose effect on the sessions the caller has applied already (a dial it no longer waits
+    /// for, a session off the lazy queue), and carries out its output; `failure` is why the step
+    /// fails, for an event that raises.
     pub(super) fn run_step(
         &mut self,
         now: Instant,
-        mut before: StepState,
         mut event: StepEvent,
         mut failure: Option<StepError>,
         out: &mut Vec<DecodeAction>,
     ) {
         loop {
-            let (after, output) = step_machine::step(before, event);
+            let (after, output) = step_machine::step(self.step, event);
+            self.step = after;
             match output {
                 StepOutput::None | StepOutput::Ignored => {}
                 StepOutput::OutOfOrder => unreachable!("a step begins only on an idle worker"),
                 StepOutput::CastVote { step } => {
                     let ok = self.vote_ok();
-                    self.step = StepProgress::Voting { step };
                     out.push(DecodeAction::CastVote { step, ok });
                 }
                 // Reads of requests whose sessions are complete start whatever the step's outcome:
@@ -164,12 +160,10 @@ impl DecodeWorker {
                 // request of the group until its deadline (found by killing a prefill process
                 // under `pdkv cluster`).
                 StepOutput::Ready { step } => {
-                    self.step = StepProgress::Idle;
                     self.post_ready_reads(now, out);
                     out.push(DecodeAction::StepReady { step });
                 }
                 StepOutput::FailedWithGroup { step } => {
-                    self.step = StepProgress::Idle;
                     self.post_ready_reads(now, out);
                     let error = StepError::GroupHandshakeFailed { step };
                     out.push(DecodeAction::StepFailed { step, error });
@@ -177,13 +171,11 @@ impl DecodeWorker {
                 // Only the legacy lazy handshake dials one session after another and raises alone.
                 StepOutput::DialNext { .. } | StepOutput::Raised { .. } => {
                     if let Some(next) = self.lazy_step_output(now, output, failure.take(), out) {
-                        (before, event) = (after, next);
+                        event = next;
                         continue;
                     }
                 }
             }
-            // The worker's own bookkeeping must agree with the machine (the table is the spec).
-            debug_assert_eq!(self.step.machine(), after, "{before:?} + {event:?}");
             return;
         }
     }

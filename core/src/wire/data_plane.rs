@@ -12,9 +12,9 @@ use std::fmt;
 
 use serde::Serialize;
 
+use super::error::WireError;
 use super::fields::{Fields, U32_MAX};
-use super::msgpack::{check_size, parse_whole, Value};
-use super::{named, WireError};
+use super::msgpack::{check_size, named, parse_whole, Value};
 use crate::ids::RankId;
 use crate::ports::Endpoint;
 

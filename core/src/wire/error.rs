@@ -3,7 +3,7 @@
 use std::fmt;
 
 #[cfg(doc)]
-use super::{
+use super::limits::{
     MAX_BLOB_BYTES, MAX_BLOCK_IDS, MAX_DEPTH, MAX_DESCS_PER_LAYER, MAX_LAYERS, MAX_MESSAGE_BYTES,
     MAX_REGIONS, MAX_STR_BYTES, MAX_VALUES,
 };

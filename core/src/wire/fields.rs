@@ -3,8 +3,9 @@
 
 use std::collections::BTreeMap;
 
+use super::error::WireError;
+use super::limits::{MAX_BLOB_BYTES, MAX_STR_BYTES};
 use super::msgpack::Value;
-use super::{WireError, MAX_BLOB_BYTES, MAX_STR_BYTES};
 
 /// The keys of a message map, each once, with their values.
 pub(super) struct Fields(BTreeMap<String, Value>);
@@ -144,17 +145,6 @@ pub(super) const U64_MAX: i128 = u64::MAX as i128;
 pub(super) fn opt_incarnation(f: &mut Fields) -> Result<Option<crate::ids::Incarnation>, WireError> {
     let max = i128::from(crate::ids::Incarnation::MAX);
     Ok(f.opt_int("pdkv_incarnation", 1, max)?.and_then(|v| crate::ids::Incarnation::new(narrow(v))))
-}
-
-/// Reads the optional `pdkv_mac` key: a bin of exactly [`MAC_BYTES`](crate::auth::MAC_BYTES).
-pub(super) fn opt_mac(f: &mut Fields) -> Result<Option<crate::auth::Mac>, WireError> {
-    const FIELD: &str = "pdkv_mac";
-    let Some(value) = f.take(FIELD) else { return Ok(None) };
-    let bytes = blob(FIELD, value)?;
-    let mac: [u8; crate::auth::MAC_BYTES] = bytes.as_slice().try_into().map_err(|_| {
-        WireError::WrongLength { field: FIELD, len: bytes.len(), expected: crate::auth::MAC_BYTES }
-    })?;
-    Ok(Some(crate::auth::Mac(mac)))
 }
 
 /// Narrows a value already checked to lie within the target type's range; the fallback is

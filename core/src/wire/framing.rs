@@ -20,10 +20,8 @@
 
 use std::fmt;
 
-use super::{encode, encode_layer_memory_descs, ControlMessage, HandshakeMetadata, LayerMemoryDesc};
-
-/// The handshake request (MoRIIO's `GET_META_MSG`), sent as raw bytes in a frame of its own.
-pub const HANDSHAKE_REQUEST: &[u8] = b"get_meta_msg";
+use super::handshake::{encode_layer_memory_descs, HandshakeMetadata, LayerMemoryDesc};
+use super::message::{encode, ControlMessage, HANDSHAKE_REQUEST};
 /// MoRIIO's `POP_DONE_RECV`: a dialer's notice that it received a request's KV, followed by a
 /// second message holding the request id. Its listener accepts it and answers nothing; no
 /// MoRIIO code sends it any more.

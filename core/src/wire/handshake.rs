@@ -8,9 +8,10 @@ use std::collections::BTreeSet;
 use serde::ser::{SerializeMap, SerializeSeq};
 use serde::{Serialize, Serializer};
 
+use super::error::WireError;
 use super::fields::{blob, group, narrow, opt_incarnation, string, Fields, U16_MAX, U32_MAX, U64_MAX};
-use super::msgpack::{check_size, parse_whole, Value};
-use super::{named, ControlMessage, WireError, MAX_DESCS_PER_LAYER, MAX_EXTENSIONS, MAX_LAYERS, MAX_REGIONS};
+use super::limits::{MAX_DESCS_PER_LAYER, MAX_EXTENSIONS, MAX_LAYERS, MAX_REGIONS};
+use super::msgpack::{check_size, named, parse_whole, Value};
 use crate::ids::Incarnation;
 
 /// A message or rule of pdkv's beyond MoRIIO's protocol. A rank uses one with a peer only when
@@ -200,7 +201,7 @@ pub fn encode_layer_memory_descs(layers: &[LayerMemoryDesc]) -> Vec<u8> {
     named(&LayerMap(layers))
 }
 
-pub(super) fn metadata(mut f: Fields) -> Result<ControlMessage, WireError> {
+pub(super) fn metadata(mut f: Fields) -> Result<HandshakeMetadata, WireError> {
     let engine_id = f.str("engine_id")?;
     let agent_metadata = blob("agent_metadata", f.required("agent_metadata")?)?;
     let kv_caches_base_addr =
@@ -232,7 +233,7 @@ pub(super) fn metadata(mut f: Fields) -> Result<ControlMessage, WireError> {
         .filter_map(|name| Extension::from_wire_name(name))
         .fold(Extensions::NONE, Extensions::with);
     let incarnation = opt_incarnation(&mut f)?;
-    Ok(ControlMessage::HandshakeMetadata(HandshakeMetadata {
+    Ok(HandshakeMetadata {
         engine_id,
         agent_metadata,
         kv_caches_base_addr,
@@ -242,7 +243,7 @@ pub(super) fn metadata(mut f: Fields) -> Result<ControlMessage, WireError> {
         rank,
         extensions,
         incarnation,
-    }))
+    })
 }
 
 /// Decodes the second handshake reply payload, `{layer_name: [descriptor, ...]}`, keeping the

@@ -23,7 +23,7 @@
 //! listener thread), so a pdkv rank sends one only to a rank that advertised
 //! [`Extension::ReadLease`] in its handshake metadata (below). A release or lease to a rank that
 //! advertised [`Extension::Incarnation`] also carries `pdkv_incarnation: int`, the incarnation of
-//! that rank which holds the transfer ([`Incarnation`], `1..=2^53-1`); the rank ignores one naming
+//! that rank which holds the transfer ([`Incarnation`](crate::ids::Incarnation), `1..=2^53-1`); the rank ignores one naming
 //! another incarnation of it. A MoRIIO rank advertises nothing and is never sent the key.
 //!
 //! Handshake socket (`handshake_port + dp * T + tp`): the request is one frame, the raw bytes
@@ -39,7 +39,7 @@
 //! at their empty defaults and pdkv ignores). pdkv appends `dp_rank`, `tp_rank` and `tp_size`
 //! (its own names, all three or none) and `pdkv_extensions: [str]`, the names of the
 //! [`Extension`]s it speaks (`["read_lease", "incarnation"]`; left out when empty, so no MoRIIO
-//! key changes), and `pdkv_incarnation: int`, the answering rank's [`Incarnation`].
+//! key changes), and `pdkv_incarnation: int`, the answering rank's [`Incarnation`](crate::ids::Incarnation).
 //! msgspec decodes `MoRIIOAgentMetadata` (a `Struct` without `forbid_unknown_fields`) skipping
 //! unknown keys, so a MoRIIO peer ignores pdkv's. An extension name pdkv does not know is
 //! ignored too (a newer pdkv may list more). The second payload maps each layer name to a list
@@ -67,33 +67,26 @@
 //! release, the same as the legacy string; a `remote_blocks` without `decode_rank` means DP
 //! rank 0, as in MoRIIO. Those older forms decode, but re-encode in the current shape.
 //!
-//! The code: `notify` and `handshake` hold each family's messages, their wire mirrors and their
-//! decoders; `data_plane` pdkv's `agent_metadata`; `framing` how the messages sit in ZeroMQ frames ([`handshake_reply`],
-//! [`reply_payload`], [`handshake_request`], [`notify_frame`]); `msgpack` is the bounded
-//! MessagePack reader, `fields` the typed reading of a map's keys, `error` the [`WireError`];
-//! this file dispatches [`encode`] and [`decode`].
+//! The code: `message` holds [`ControlMessage`] and dispatches [`encode`] and [`decode`];
+//! `notify` and `handshake` hold each family's messages, their wire mirrors and their decoders
+//! (`notify` also the release's [`Release`] and the [`Mac`] of releases and leases);
+//! `data_plane` pdkv's `agent_metadata`; `framing` how the messages sit in ZeroMQ frames
+//! ([`handshake_reply`], [`reply_payload`], [`handshake_request`], [`notify_frame`]); `msgpack`
+//! is the bounded MessagePack reader (and the writer of the mirrors), `fields` the typed reading
+//! of a map's keys, `limits` the bounds, `error` the [`WireError`]. Each imports from its
+//! siblings, never from this file, which only re-exports them.
 
 mod data_plane;
 mod error;
 mod fields;
 mod framing;
 mod handshake;
+mod limits;
+mod message;
 mod msgpack;
 mod notify;
 #[cfg(test)]
 mod tests;
-
-use serde::Serialize;
-
-use crate::ids::{Incarnation, TransferId};
-use crate::release::Release;
-use fields::{string, Fields};
-use handshake::{metadata, Bin, MetadataWire};
-use msgpack::{check_size, parse_whole, Value};
-use notify::{
-    read_lease, release, remote_blocks, write_done, ReadLeaseWire, ReleaseWire, RemoteBlocksWire,
-    WriteDoneWire,
-};
 
 pub use data_plane::{
     DataPlane, DataPlaneError, DataTransport, ForeignDataPlane, ForeignKind, DATA_PLANE_VERSION,
@@ -101,184 +94,15 @@ pub use data_plane::{
 pub use error::WireError;
 pub use framing::{
     handshake_reply, handshake_request, notify_frame, reply_payload, FramingError, HandshakeRequest,
-    ReplyPart, DELIMITER, HANDSHAKE_REQUEST, POP_DONE_RECV,
+    ReplyPart, DELIMITER, POP_DONE_RECV,
 };
 pub use handshake::{
     decode_layer_memory_descs, encode_layer_memory_descs, Extension, Extensions, HandshakeMetadata,
     LayerMemoryDesc, RankInfo,
 };
-pub use notify::{ReadLease, RemoteBlocks, WriteDone};
-
-/// Largest input [`decode`] looks at; a MoRIIO control frame is a few hundred bytes, and the
-/// largest legitimate one (a `remote_blocks` of a very long prompt) stays well below this.
-pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
-/// Deepest nesting of MessagePack containers, counting the message map itself.
-pub const MAX_DEPTH: usize = 32;
-/// Most MessagePack values (scalars and containers) in one message.
-pub const MAX_VALUES: usize = 1 << 18;
-/// Longest string field: transfer, request and engine ids, message types, backend and layer names.
-pub const MAX_STR_BYTES: usize = 1024;
-/// Most block ids in one `remote_blocks` (two million tokens at 16 tokens per block).
-pub const MAX_BLOCK_IDS: usize = 1 << 17;
-/// Most memory regions (`kv_caches_base_addr` entries) in handshake metadata.
-pub const MAX_REGIONS: usize = 4096;
-/// Most layers in the per-layer memory descriptors.
-pub const MAX_LAYERS: usize = 1024;
-/// Most memory descriptors of one layer (MoRIIO registers one tensor per layer).
-pub const MAX_DESCS_PER_LAYER: usize = 16;
-/// Largest opaque MoRI blob (`agent_metadata`, or one memory descriptor).
-pub const MAX_BLOB_BYTES: usize = 64 * 1024;
-/// Most names in `pdkv_extensions` (pdkv knows two; a newer pdkv may list more).
-pub const MAX_EXTENSIONS: usize = 64;
-
-/// A control message on a MoRIIO notify or handshake socket.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ControlMessage {
-    /// A structured release map (`consumer_tp_size` is `None` when an older peer left it out).
-    Release(Release),
-    /// The legacy plain-string completion: one release for this transfer id when a prefill rank
-    /// receives it (a decode rank in WRITE mode reads the same bytes as a write completion).
-    /// Kept apart from [`ControlMessage::Release`] because its wire form differs;
-    /// [`ControlMessage::as_release`] gives the ledger's view of both.
-    LegacyCompletion(TransferId),
-    /// WRITE mode, decode to prefill: which decode blocks to write the transfer into.
-    RemoteBlocks(RemoteBlocks),
-    /// WRITE mode, prefill to decode: the writes of a transfer landed.
-    WriteDone(WriteDone),
-    /// pdkv's read lease (decode → prefill, notify socket): the decode rank is about to read.
-    ReadLease(ReadLease),
-    /// `get_meta_msg`: asks a rank for its [`HandshakeMetadata`].
-    HandshakeRequest,
-    /// The payload of the first reply message to [`ControlMessage::HandshakeRequest`].
-    HandshakeMetadata(HandshakeMetadata),
-}
-
-impl ControlMessage {
-    /// The release this message stands for: the map form as it is, the legacy string as a
-    /// release without TP size or sender; `None` for every other message.
-    pub fn as_release(&self) -> Option<Release> {
-        match self {
-            ControlMessage::Release(release) => Some(release.clone()),
-            ControlMessage::LegacyCompletion(id) => Some(Release {
-                transfer_id: id.clone(),
-                consumer_tp_size: None,
-                sender: None,
-                incarnation: None,
-                mac: None,
-            }),
-            _ => None,
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Encoding: private serde mirrors of each shape (in `notify` and `handshake`), serialized by
-// rmp-serde as named maps. Field order is key order on the wire, and absent optional keys are
-// skipped rather than sent as nil, so the bytes match what MoRIIO's Python packs.
-
-/// Serializes one of the mirrors. Writing into a `Vec` cannot fail and every container has a
-/// known length, so rmp-serde has no error to return here; an error would be a bug in this file.
-pub(super) fn named<T: Serialize>(value: &T) -> Vec<u8> {
-    rmp_serde::to_vec_named(value).expect("rmp-serde cannot fail writing a known-length value to a Vec")
-}
-
-/// Encodes a message exactly as MoRIIO would send it (pdkv's optional keys appended when set).
-///
-/// A message that [`decode`] would reject (an empty transfer id, say) is still encoded; the peer
-/// rejects it. A legacy completion whose id starts with a non-ASCII character, or equals
-/// `get_meta_msg`, is sent as MoRIIO would send it but does not decode back to itself.
-pub fn encode(msg: &ControlMessage) -> Vec<u8> {
-    match msg {
-        ControlMessage::Release(release) => named(&ReleaseWire {
-            kind: "release",
-            transfer_id: release.transfer_id.as_str(),
-            consumer_tp_size: release.consumer_tp_size,
-            sender_engine_id: release.sender.as_ref().map(|s| s.engine_id.as_str()),
-            sender_dp_rank: release.sender.as_ref().map(|s| s.dp_rank),
-            sender_tp_rank: release.sender.as_ref().map(|s| s.tp_rank),
-            pdkv_incarnation: release.incarnation.map(Incarnation::value),
-            pdkv_mac: release.mac.as_ref().map(|m| Bin(&m.0)),
-        }),
-        ControlMessage::LegacyCompletion(id) => id.as_str().as_bytes().to_vec(),
-        ControlMessage::RemoteBlocks(blocks) => named(&RemoteBlocksWire {
-            req_id: &blocks.req_id,
-            transfer_id: blocks.transfer_id.as_str(),
-            block_notify_list: &blocks.block_ids,
-            decode_rank: blocks.decode_dp_rank,
-            kind: "remote_blocks",
-        }),
-        ControlMessage::WriteDone(done) => {
-            named(&WriteDoneWire { kind: "write_done", transfer_id: done.transfer_id.as_str() })
-        }
-        ControlMessage::ReadLease(lease) => named(&ReadLeaseWire {
-            kind: "read_lease",
-            transfer_id: lease.transfer_id.as_str(),
-            lease_ms: lease.lease_ms,
-            pdkv_incarnation: lease.incarnation.map(Incarnation::value),
-            pdkv_mac: lease.mac.as_ref().map(|m| Bin(&m.0)),
-        }),
-        ControlMessage::HandshakeRequest => HANDSHAKE_REQUEST.to_vec(),
-        ControlMessage::HandshakeMetadata(meta) => named(&MetadataWire {
-            engine_id: &meta.engine_id,
-            agent_metadata: Bin(&meta.agent_metadata),
-            kv_caches_base_addr: &meta.kv_caches_base_addr,
-            num_blocks: meta.num_blocks,
-            block_len: meta.block_len,
-            attn_backend_name: &meta.attn_backend_name,
-            dp_rank: meta.rank.map(|r| r.dp_rank),
-            tp_rank: meta.rank.map(|r| r.tp_rank),
-            tp_size: meta.rank.map(|r| r.tp_size),
-            pdkv_extensions: meta.extensions.iter().map(Extension::wire_name).collect(),
-            pdkv_incarnation: meta.incarnation.map(Incarnation::value),
-        }),
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Decoding: the bytes' first form (see the module doc), then each message's fields.
-
-/// Picks the message kind of a map and reads it; see the module docs for the rules.
-fn structured(entries: Vec<(Value, Value)>) -> Result<ControlMessage, WireError> {
-    let mut f = Fields::from_entries(entries)?;
-    match f.take("type") {
-        Some(value) => match string("type", value)?.as_str() {
-            "release" => release(f),
-            "remote_blocks" => remote_blocks(f),
-            "write_done" => write_done(f),
-            "read_lease" => read_lease(f),
-            other => Err(WireError::UnknownType { type_name: other.to_owned() }),
-        },
-        None if f.has("req_id") => remote_blocks(f),
-        None if f.has("engine_id") => metadata(f),
-        None => Err(WireError::MissingField { field: "type" }),
-    }
-}
-
-fn legacy(id: String) -> Result<ControlMessage, WireError> {
-    let id = string("transfer_id", Value::Str(id))?;
-    Ok(ControlMessage::LegacyCompletion(TransferId(id)))
-}
-
-/// Decodes one payload frame of a MoRIIO notify or handshake socket (not the second handshake
-/// reply's payload: see [`decode_layer_memory_descs`]).
-pub fn decode(bytes: &[u8]) -> Result<ControlMessage, WireError> {
-    check_size(bytes)?;
-    if bytes == HANDSHAKE_REQUEST {
-        return Ok(ControlMessage::HandshakeRequest);
-    }
-    match bytes[0] {
-        0x80..=0x8f | 0xde | 0xdf => match parse_whole(bytes)? {
-            Value::Map(entries) => structured(entries),
-            other => Err(WireError::WrongType { field: "message", expected: "map", found: other.kind() }),
-        },
-        0xa0..=0xbf | 0xd9..=0xdb => match parse_whole(bytes)? {
-            Value::Str(s) => legacy(s),
-            _ => Err(WireError::InvalidUtf8 { field: "transfer_id" }),
-        },
-        0x00..=0x7f => match std::str::from_utf8(bytes) {
-            Ok(s) => legacy(s.to_owned()),
-            Err(_) => Err(WireError::InvalidUtf8 { field: "transfer_id" }),
-        },
-        first_byte => Err(WireError::Unrecognized { first_byte }),
-    }
-}
+pub use limits::{
+    MAX_BLOB_BYTES, MAX_BLOCK_IDS, MAX_DEPTH, MAX_DESCS_PER_LAYER, MAX_EXTENSIONS, MAX_LAYERS,
+    MAX_MESSAGE_BYTES, MAX_REGIONS, MAX_STR_BYTES, MAX_VALUES,
+};
+pub use message::{decode, encode, ControlMessage, HANDSHAKE_REQUEST};
+pub use notify::{Mac, ReadLease, Release, ReleaseSender, RemoteBlocks, WriteDone, MAC_BYTES};

@@ -1,7 +1,18 @@
 //! A bounded MessagePack reader into a small value tree, the first stage of decoding: limits on
-//! size, depth and value count are checked against the bytes before anything is allocated.
+//! size, depth and value count are checked against the bytes before anything is allocated. Also
+//! the one writer, [`named`], which encodes the wire mirrors of `notify` and `handshake`.
 
-use super::{WireError, MAX_DEPTH, MAX_MESSAGE_BYTES, MAX_VALUES};
+use serde::Serialize;
+
+use super::error::WireError;
+use super::limits::{MAX_DEPTH, MAX_MESSAGE_BYTES, MAX_VALUES};
+
+/// Serializes one of the wire mirrors as a named map. Writing into a `Vec` cannot fail and every
+/// container has a known length, so rmp-serde has no error to return here; an error would be a
+/// bug in this module.
+pub(super) fn named<T: Serialize>(value: &T) -> Vec<u8> {
+    rmp_serde::to_vec_named(value).expect("rmp-serde cannot fail writing a known-length value to a Vec")
+}
 
 // Decoding, first stage: a bounded MessagePack reader into a small value tree. It is written
 // here rather than taken from rmp-serde because the checks the wire needs are about the bytes:

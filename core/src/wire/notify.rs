@@ -1,14 +1,51 @@
-//! The notify socket's messages: the release map (MoRIIO's, with pdkv's optional sender keys),
-//! pdkv's read lease, and WRITE mode's `remote_blocks` and `write_done`, each with its wire mirror
-//! and its decoder. The legacy plain-string completion has no map and is decoded in `wire`.
+//! The notify socket's messages: the release map (MoRIIO's, with pdkv's optional sender keys;
+//! [`Release`] is also what the ledger counts), pdkv's read lease, the [`Mac`] both may carry,
+//! and WRITE mode's `remote_blocks` and `write_done`, each with its wire mirror and its decoder. The legacy plain-string completion has no map and is decoded in `wire`.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use super::fields::{group, narrow, opt_incarnation, opt_mac, Fields, U16_MAX, U32_MAX};
+use super::error::WireError;
+use super::fields::{blob, group, narrow, opt_incarnation, Fields, U16_MAX, U32_MAX};
 use super::handshake::Bin;
-use super::{ControlMessage, WireError, MAX_BLOCK_IDS};
+use super::limits::MAX_BLOCK_IDS;
 use crate::ids::{Incarnation, TransferId};
-use crate::release::{Release, ReleaseSender};
+
+/// Bytes of a [`Mac`]: HMAC-SHA-256 truncated to its first 128 bits.
+pub const MAC_BYTES: usize = 16;
+
+/// A message's MAC (`pdkv_mac` on the wire, 16 bytes), computed and checked by [`crate::auth`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Mac(pub [u8; MAC_BYTES]);
+
+/// Who sent a release: pdkv's optional sender fields (a MoRIIO peer sends none).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ReleaseSender {
+    /// MoRIIO engine id of the decode engine, `"<host>:<handshake port base>"`.
+    pub engine_id: String,
+    /// DP rank of the decode worker that read.
+    pub dp_rank: u16,
+    /// TP rank of the decode worker that read, below the release's `consumer_tp_size`.
+    pub tp_rank: u16,
+}
+
+/// One release message as the ledger sees it, whatever its wire form.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Hash)]
+pub struct Release {
+    /// The transfer whose blocks the sender has finished reading.
+    pub transfer_id: TransferId,
+    /// Decode TP size; `None` for the legacy plain-string completion, which carries only the id.
+    pub consumer_tp_size: Option<u16>,
+    /// The decode rank that sent it, when the peer is pdkv; `None` is an anonymous release,
+    /// which always counts.
+    pub sender: Option<ReleaseSender>,
+    /// The incarnation of the addressed prefill rank that holds the transfer, when the sender
+    /// knows it (a pdkv decode rank releasing a pdkv prefill rank); the prefill worker ignores a
+    /// release naming another incarnation of it. `None` is unfenced.
+    pub incarnation: Option<Incarnation>,
+    /// Its MAC under the deployment's key, when the sender has the key and the addressed rank
+    /// advertised `auth` ([`crate::auth`]).
+    pub mac: Option<Mac>,
+}
 
 /// A decode rank's notice of which of its blocks a prefill rank should write into (WRITE mode).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,7 +84,7 @@ pub struct ReadLease {
     pub incarnation: Option<Incarnation>,
     /// The lease's MAC under the deployment's key (`pdkv_mac`), sent to a rank that advertised
     /// [`Extension::Auth`](super::Extension::Auth) ([`crate::auth`]).
-    pub mac: Option<crate::auth::Mac>,
+    pub mac: Option<Mac>,
 }
 
 #[derive(Serialize)]
@@ -102,7 +139,20 @@ fn transfer_id(fields: &mut Fields) -> Result<TransferId, WireError> {
     fields.str("transfer_id").map(TransferId)
 }
 
-pub(super) fn release(mut f: Fields) -> Result<ControlMessage, WireError> {
+/// Reads the optional `pdkv_mac` key: a bin of exactly [`MAC_BYTES`].
+fn opt_mac(f: &mut Fields) -> Result<Option<Mac>, WireError> {
+    const FIELD: &str = "pdkv_mac";
+    let Some(value) = f.take(FIELD) else { return Ok(None) };
+    let bytes = blob(FIELD, value)?;
+    let mac: [u8; MAC_BYTES] = bytes.as_slice().try_into().map_err(|_| WireError::WrongLength {
+        field: FIELD,
+        len: bytes.len(),
+        expected: MAC_BYTES,
+    })?;
+    Ok(Some(Mac(mac)))
+}
+
+pub(super) fn release(mut f: Fields) -> Result<Release, WireError> {
     let transfer_id = transfer_id(&mut f)?;
     let consumer_tp_size = f.opt_int("consumer_tp_size", 1, U16_MAX)?.map(narrow::<u16>);
     let sender = group(
@@ -123,10 +173,10 @@ pub(super) fn release(mut f: Fields) -> Result<ControlMessage, WireError> {
     }
     let incarnation = opt_incarnation(&mut f)?;
     let mac = opt_mac(&mut f)?;
-    Ok(ControlMessage::Release(Release { transfer_id, consumer_tp_size, sender, incarnation, mac }))
+    Ok(Release { transfer_id, consumer_tp_size, sender, incarnation, mac })
 }
 
-pub(super) fn remote_blocks(mut f: Fields) -> Result<ControlMessage, WireError> {
+pub(super) fn remote_blocks(mut f: Fields) -> Result<RemoteBlocks, WireError> {
     let req_id = f.str("req_id")?;
     let transfer_id = transfer_id(&mut f)?;
     let block_ids: Vec<u32> =
@@ -136,17 +186,17 @@ pub(super) fn remote_blocks(mut f: Fields) -> Result<ControlMessage, WireError> 
         return Err(WireError::EmptyField { field: "block_notify_list" });
     }
     let decode_dp_rank = f.opt_int("decode_rank", 0, U16_MAX)?.map_or(0, narrow);
-    Ok(ControlMessage::RemoteBlocks(RemoteBlocks { req_id, transfer_id, block_ids, decode_dp_rank }))
+    Ok(RemoteBlocks { req_id, transfer_id, block_ids, decode_dp_rank })
 }
 
-pub(super) fn read_lease(mut f: Fields) -> Result<ControlMessage, WireError> {
+pub(super) fn read_lease(mut f: Fields) -> Result<ReadLease, WireError> {
     let transfer_id = transfer_id(&mut f)?;
     let lease_ms = narrow::<u32>(f.int("lease_ms", 1, i128::from(u32::MAX))?);
     let incarnation = opt_incarnation(&mut f)?;
     let mac = opt_mac(&mut f)?;
-    Ok(ControlMessage::ReadLease(ReadLease { transfer_id, lease_ms, incarnation, mac }))
+    Ok(ReadLease { transfer_id, lease_ms, incarnation, mac })
 }
 
-pub(super) fn write_done(mut f: Fields) -> Result<ControlMessage, WireError> {
-    Ok(ControlMessage::WriteDone(WriteDone { transfer_id: transfer_id(&mut f)? }))
+pub(super) fn write_done(mut f: Fields) -> Result<WriteDone, WireError> {
+    Ok(WriteDone { transfer_id: transfer_id(&mut f)? })
 }

@@ -7,7 +7,7 @@ use serde::{Serialize, Serializer};
 
 use super::fields::U32_MAX;
 use super::*;
-use crate::ids::Incarnation;
+use crate::ids::{Incarnation, TransferId};
 use crate::release::ReleaseSender;
 
 /// A test-only MessagePack value, serialized by rmp-serde, to build malformed maps.

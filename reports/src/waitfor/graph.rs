@@ -3,6 +3,8 @@
 //! same node when they are equal, and are drawn with their `Display` labels.
 
 use pdkv_sim::waitfor::{WaitEdge, WaitNode};
+use petgraph::algo::tarjan_scc;
+use petgraph::graph::{DiGraph, NodeIndex};
 
 /// One wait: `from` waits for `to` because of `reason` (its label, as drawn).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,63 +54,25 @@ impl Graph {
     }
 }
 
-/// Strongly connected components (Tarjan), sinks first.
+/// Strongly connected components of the graph whose successors are `adj`, each sorted, sinks
+/// first (petgraph's Tarjan lists them in reverse topological order, which the layout's longest
+/// path relies on).
 pub(super) fn components(adj: &[Vec<usize>]) -> Vec<Vec<usize>> {
-    struct Tarjan<'a> {
-        adj: &'a [Vec<usize>],
-        index: Vec<Option<usize>>,
-        low: Vec<usize>,
-        on_stack: Vec<bool>,
-        stack: Vec<usize>,
-        next: usize,
-        out: Vec<Vec<usize>>,
+    let mut graph: DiGraph<(), ()> = DiGraph::with_capacity(adj.len(), adj.iter().map(Vec::len).sum());
+    for _ in adj {
+        graph.add_node(());
     }
-    impl Tarjan<'_> {
-        fn visit(&mut self, v: usize) {
-            self.index[v] = Some(self.next);
-            self.low[v] = self.next;
-            self.next += 1;
-            self.stack.push(v);
-            self.on_stack[v] = true;
-            let adj = self.adj;
-            for &w in &adj[v] {
-                match self.index[w] {
-                    None => {
-                        self.visit(w);
-                        self.low[v] = self.low[v].min(self.low[w]);
-                    }
-                    Some(iw) if self.on_stack[w] => self.low[v] = self.low[v].min(iw),
-                    Some(_) => {}
-                }
-            }
-            if Some(self.low[v]) == self.index[v] {
-                let mut component = Vec::new();
-                while let Some(w) = self.stack.pop() {
-                    self.on_stack[w] = false;
-                    component.push(w);
-                    if w == v {
-                        break;
-                    }
-                }
-                component.sort_unstable();
-                self.out.push(component);
-            }
+    for (from, successors) in adj.iter().enumerate() {
+        for &to in successors {
+            graph.add_edge(NodeIndex::new(from), NodeIndex::new(to), ());
         }
     }
-    let n = adj.len();
-    let mut t = Tarjan {
-        adj,
-        index: vec![None; n],
-        low: vec![0; n],
-        on_stack: vec![false; n],
-        stack: Vec::new(),
-        next: 0,
-        out: Vec::new(),
-    };
-    for v in 0..n {
-        if t.index[v].is_none() {
-            t.visit(v);
-        }
-    }
-    t.out
+    tarjan_scc(&graph)
+        .into_iter()
+        .map(|component| {
+            let mut members: Vec<usize> = component.into_iter().map(NodeIndex::index).collect();
+            members.sort_unstable();
+            members
+        })
+        .collect()
 }

@@ -7,24 +7,8 @@ use std::fmt;
 use ron::error::{Error as RonError, SpannedError};
 
 use super::legacy_names::{is_legacy_path, legacy_names};
-use super::path::{ident_end, is_ident_start, scan, skip_blank, skip_string};
+use super::path::{ident_end, is_ident_start, location_of, scan, skip_blank, skip_string, Location};
 use crate::profiles::ProfileError;
-
-/// A place in a scenario's text: 1-based line and column, columns counted in characters (as ron
-/// counts them).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Location {
-    /// Line, from 1.
-    pub line: usize,
-    /// Column, from 1, in characters.
-    pub column: usize,
-}
-
-impl fmt::Display for Location {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}", self.line, self.column)
-    }
-}
 
 /// Why a scenario could not be loaded. `origin` is the file path (or a name such as
 /// `<notation>`); `field` is a dotted path such as `workload.clients.concurrency`.
@@ -449,13 +433,6 @@ fn offset_of(text: &str, at: Location) -> usize {
         }
     }
     text.len()
-}
-
-pub(super) fn location_of(text: &str, offset: usize) -> Location {
-    let before = &text[..offset];
-    let line = 1 + before.matches('\n').count();
-    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
-    Location { line, column: 1 + before[line_start..].chars().count() }
 }
 
 #[cfg(test)]

@@ -37,12 +37,13 @@ mod target;
 mod test_support;
 mod validate;
 
-pub use errors::{Location, ScenarioError};
+pub use errors::ScenarioError;
+pub use path::Location;
 pub use validate::{validate, Violation};
 
-use errors::{from_ron_error, location_of};
+use errors::from_ron_error;
 use legacy_names::{quoted_legacy_names, raw_legacy_names};
-use path::{locate, scan, MAX_NESTING};
+use path::{locate, location_of, scan, MAX_NESTING};
 
 /// The ron options every scenario is read and written with: `implicit_some`, so optional fields
 /// take a bare value (`expect: hang`, `duration_ms: 500`); `Some(..)` is still accepted.

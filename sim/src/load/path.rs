@@ -1,5 +1,6 @@
 //! The field-path scanner: which dotted path (`faults.timeline[1].target`) a position of a
-//! scenario's text belongs to, and where a path's `key:` is written.
+//! scenario's text belongs to, and where a path's `key:` is written ([`Location`], a line and
+//! column).
 //!
 //! ron reports only a line and column. The scanner does not parse RON; it only follows brackets,
 //! skips strings and comments, and notices `identifier:` (a struct field) and `,` (the next field
@@ -18,7 +19,31 @@
 //! validation errors still need the scanner to find their field, and so does the legacy rewrite.
 //! It would have added a dependency and a second source of paths without removing this code.
 
-use super::errors::{location_of, Location};
+use std::fmt;
+
+/// A place in a scenario's text: 1-based line and column, columns counted in characters (as ron
+/// counts them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Location {
+    /// Line, from 1.
+    pub line: usize,
+    /// Column, from 1, in characters.
+    pub column: usize,
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.line, self.column)
+    }
+}
+
+/// The place of byte `offset` of `text`.
+pub(super) fn location_of(text: &str, offset: usize) -> Location {
+    let before = &text[..offset];
+    let line = 1 + before.matches('\n').count();
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    Location { line, column: 1 + before[line_start..].chars().count() }
+}
 
 /// Where the field at dotted `path` is written: its `key:`, or for a list element its first
 /// character. When the path is not in the text (the field keeps its default), the nearest

@@ -6,23 +6,18 @@ use pdkv_core::topology::{Deployment, Layout};
 
 use pdkv_engine::target::{parse_target, TARGET_SYNTAX};
 
-use super::validate::{violation, Check};
-
-pub(super) fn check_target(field: &str, text: &str, deployment: &Deployment) -> Check {
+/// Whether `text` is a rank pattern naming at least one rank of `deployment`; the error says
+/// why not, and the caller names the field.
+pub(super) fn check_target(text: &str, deployment: &Deployment) -> Result<(), String> {
     let Some(pattern) = parse_target(text) else {
-        return Err(violation(
-            field,
-            format!("`{}` is not a rank pattern; expected {TARGET_SYNTAX}", text.escape_debug()),
-        ));
+        return Err(format!("`{}` is not a rank pattern; expected {TARGET_SYNTAX}", text.escape_debug()));
     };
     let letter = pattern.role.letter();
     let side = match pattern.role {
         Role::Prefill => "prefill",
         Role::Decode => "decode",
     };
-    let fail = |why: String| {
-        Err(violation(field, format!("`{text}` matches no rank of {}: {why}", deployment.notation())))
-    };
+    let fail = |why: String| Err(format!("`{text}` matches no rank of {}: {why}", deployment.notation()));
     let engines = deployment.engines(pattern.role);
     let chosen: Vec<Layout> = engines
         .iter()

@@ -436,7 +436,7 @@ fn validate_faults(scenario: &Scenario, deployment: &Deployment) -> Check {
     for (i, timed) in timeline.iter().enumerate() {
         let field = format!("faults.timeline[{i}]");
         at_most(&format!("{field}.at_ms"), timed.at_ms, MAX_TIME_MS, " ms (about 115 days)")?;
-        check_target(&format!("{field}.target"), &timed.target.0, deployment)?;
+        check_target(&timed.target.0, deployment).map_err(|why| violation(format!("{field}.target"), why))?;
         match timed.fault {
             FaultKind::DelayMessages { delay_ms } => time_ms(&format!("{field}.fault.delay_ms"), delay_ms)?,
             FaultKind::SlowListener { service_ms } => {

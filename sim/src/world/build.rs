@@ -113,7 +113,7 @@ pub(super) fn build_decode_worker(
 impl World {
     /// Builds the world of `sc`; fails if the scenario cannot run.
     pub fn new(sc: &Scenario, options: RunOptions) -> Result<World, crate::SimError> {
-        let d = crate::error::routable_deployment(sc)?;
+        let d = crate::error::routable_deployment(&sc.deployment, sc.model_spec())?;
         crate::cost::kv_room(sc, &d)?;
         let policy = Policy::from(&sc.protocol.legacy.iter().copied().collect::<LegacyOptions>());
         let cost = Cost::of(sc);
