@@ -4,7 +4,7 @@
 //! ours.
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The layers, lowest first; a crate may depend on crates of lower layers only. A workspace
 /// crate missing here is a problem, so a new crate has to be placed before it can be used.
@@ -71,7 +71,7 @@ pub fn check_manifest(rel: &Path, text: &str) -> Vec<String> {
 /// The problems of every manifest under `root` (skipping `target/` and hidden folders).
 pub fn check(root: &Path) -> Vec<String> {
     let mut manifests = Vec::new();
-    collect(root, &mut manifests);
+    crate::tree::walk(root, &|name| name == "Cargo.toml", &mut manifests);
     manifests.sort();
     let mut problems = Vec::new();
     for path in manifests {
@@ -82,23 +82,6 @@ pub fn check(root: &Path) -> Vec<String> {
         }
     }
     problems
-}
-
-fn collect(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = fs::read_dir(dir) else { return };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        if name.starts_with('.') || name == "target" {
-            continue;
-        }
-        if path.is_dir() {
-            collect(&path, out);
-        } else if name == "Cargo.toml" {
-            out.push(path);
-        }
-    }
 }
 
 /// The layers in words, for messages.

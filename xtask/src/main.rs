@@ -18,6 +18,7 @@ mod restarts;
 mod results;
 mod suite;
 mod tidy;
+mod tree;
 
 const USAGE: &str = "\
 usage: cargo xtask <task>

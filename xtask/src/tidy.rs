@@ -90,20 +90,7 @@ pub fn check(root: &Path) -> Result<usize, Vec<String>> {
 }
 
 fn collect(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = fs::read_dir(dir) else { return };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        if name.starts_with('.') || name == "target" {
-            continue;
-        }
-        if path.is_dir() {
-            collect(&path, out);
-        } else if name.ends_with(".rs") || name.ends_with(".md") {
-            out.push(path);
-        }
-    }
+    crate::tree::walk(dir, &|name| name.ends_with(".rs") || name.ends_with(".md"), out);
 }
 
 /// Every crate root of every package under `root` (a folder whose `Cargo.toml` has a

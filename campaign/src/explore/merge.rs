@@ -109,20 +109,9 @@ pub fn merge(records: &[(String, Record)]) -> Result<Record, MergeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::explore::{fingerprint, Campaign, Failure, Faults, ScenarioName, ScenarioText, Workload};
+    use crate::explore::record::tests::campaign;
+    use crate::explore::{Campaign, Failure, Faults, ScenarioName, ScenarioText};
     use pdkv_sim::explore::Property;
-
-    fn campaign() -> Campaign {
-        Campaign {
-            scenario: "s".into(),
-            fingerprint: fingerprint("s"),
-            from: 3,
-            seeds: 10,
-            faults: Faults::Swarm,
-            workload: Workload::Small,
-            shrink_budget: 300,
-        }
-    }
 
     fn listed(seed: u64) -> Listed {
         Listed {

@@ -494,7 +494,7 @@ impl Record {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     pub(crate) fn campaign() -> Campaign {
