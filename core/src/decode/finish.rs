@@ -12,7 +12,8 @@ use super::{DecodeAction, DecodeWorker, RecvError};
 
 impl DecodeWorker {
     /// Runs the request machine of [`crate::recv`] for one event whose effect on the request's
-    /// reads the caller has applied already, and carries out its output. `before` is the
+    /// reads the caller has applied already, and carries out its output; the timer table then
+    /// agrees with the request (every change to a held request's phase ends here). `before` is the
     /// machine's state before the event; `error` is why the request fails, for events that fail
     /// it. Returns the machine's output.
     pub(super) fn transition(
@@ -51,6 +52,7 @@ impl DecodeWorker {
             Some(recv) => debug_assert_eq!(recv.phase.machine(), after, "{id}: {before:?} + {event:?}"),
             None => debug_assert_eq!(after, RecvState::Ended, "{id}: {before:?} + {event:?}"),
         }
+        self.retime_request(id);
         output
     }
 

@@ -133,6 +133,7 @@ impl DecodeWorker {
                 self.lease(&mut recv, out);
                 let renew_at = now.add_ns(self.renew_every_ns());
                 self.waiting.insert(id, Waiting { recv, renew_at });
+                self.retime_queued(id);
             }
         }
     }
@@ -147,6 +148,7 @@ impl DecodeWorker {
             self.lease(&mut waiting.recv, out);
             waiting.renew_at = now.add_ns(every);
             self.waiting.insert(id, waiting);
+            self.retime_queued(id);
         }
     }
 }

@@ -43,7 +43,7 @@
 //! handshakes, the vote); `fence` the incarnation fence of [`crate::fence`] applied to the
 //! requests waiting for their sessions; `reads` read planning and read completion; `lease` the
 //! leases of taken and queued requests; `tick` what the clock triggers; `finish` the request
-//! machine's effects and a request's end. `lazy` holds every piece of the legacy lazy handshake, which the fixed
+//! machine's effects and a request's end; `timers` the table of every deadline. `lazy` holds every piece of the legacy lazy handshake, which the fixed
 //! path enters at one point per entry.
 
 mod config;
@@ -61,6 +61,7 @@ mod step;
 #[cfg(test)]
 mod tests;
 mod tick;
+mod timers;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -71,14 +72,15 @@ use crate::legacy::Legacy;
 use crate::ports::SessionKey;
 use crate::routing::ReadRouter;
 use crate::step_machine::{StepEvent, StepState};
-use crate::time::{earliest, Instant};
+use crate::time::Instant;
 
 pub use config::{DecodeConfig, ReadGranularity, MAX_WORKER_REQUESTS, MAX_WORKER_SESSIONS};
 pub use error::{RecvError, StepError};
 pub use messages::{DecodeAction, DecodeEvent, ReadOutcome, RecvRequest};
 pub use plan::{ReadOp, ReadPlan};
 
-use state::{Recv, RecvPhase, SessionEntry, Waiting};
+use state::{Recv, SessionEntry, Waiting};
+use timers::Timers;
 
 /// The decode worker node. See the module documentation for the calling order.
 #[derive(Clone, Debug, Hash)]
@@ -99,6 +101,8 @@ pub struct DecodeWorker {
     /// Legacy lazy, while the step is `Blocked`: the sessions still to handshake, the first of
     /// them in flight, one for each the machine counts (empty otherwise; `lazy.rs`).
     lazy_queue: VecDeque<SessionKey>,
+    /// Every deadline above (handshakes, requests, retries, renewals), ordered by time.
+    timers: Timers,
 }
 
 impl DecodeWorker {
@@ -114,6 +118,7 @@ impl DecodeWorker {
             step: StepState::Idle,
             step_dials: BTreeSet::new(),
             lazy_queue: VecDeque::new(),
+            timers: Timers::default(),
         }
     }
 
@@ -143,28 +148,10 @@ impl DecodeWorker {
         self.sessions.get(session).map(|s| &s.state)
     }
 
-    /// The earliest time the worker must be ticked, if any timer is armed.
+    /// The earliest time the worker must be ticked, if any timer is armed: the first entry of
+    /// its timer table (`timers.rs`).
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let mut next = None;
-        for waiting in self.waiting.values() {
-            next = earliest(next, Some(waiting.renew_at));
-        }
-        for entry in self.sessions.values() {
-            next = earliest(next, entry.state.deadline());
-        }
-        for recv in self.requests.values() {
-            if matches!(recv.phase, RecvPhase::Draining { .. }) {
-                // Draining waits for the driver's answers only: no timer.
-                continue;
-            }
-            next = earliest(next, Some(recv.deadline));
-            if let RecvPhase::Reading { retries, .. } = &recv.phase {
-                for retry in retries.values() {
-                    next = earliest(next, retry.due);
-                }
-            }
-        }
-        next
+        self.timers.first()
     }
 
     /// Applies one event; actions are appended to `out` in the order they must be carried out.

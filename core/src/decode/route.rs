@@ -26,6 +26,7 @@ impl DecodeWorker {
             }
             if self.requests.len() >= MAX_WORKER_REQUESTS {
                 self.waiting.remove(&id);
+                self.retime_queued(id);
                 self.fail_unrouted(id, &request.local_block_ids, RecvError::TooManyRequests, out);
                 continue;
             }
@@ -34,6 +35,7 @@ impl DecodeWorker {
                 Some(waiting) => Ok(waiting.recv),
                 None => self.route(now, &request),
             };
+            self.retime_queued(id);
             let admitted = admitted.and_then(|mut recv| {
                 if recv.remote_block_ids.len() != request.local_block_ids.len() {
                     return Err(RecvError::BlockCountMismatch {
@@ -53,6 +55,7 @@ impl DecodeWorker {
                     // its reads end by its deadline at the latest, when it fails and releases.
                     self.lease(&mut recv, out);
                     self.requests.insert(id, recv);
+                    self.retime_request(id);
                 }
                 Err(error) => self.fail_unrouted(id, &request.local_block_ids, error, out),
             }

@@ -70,6 +70,7 @@ impl DecodeWorker {
                 endpoint: entry.endpoint.clone(),
             });
         }
+        self.retime_session(key);
     }
 
     /// Applies a handshake event to its session's machine and tells the step what resolved.
@@ -95,6 +96,7 @@ impl DecodeWorker {
         let (next, output) = handshake::step(state, event, now, &entry.params);
         let took = matches!(next, HandshakeState::GotMetadata { .. } | HandshakeState::Complete(_));
         entry.state = next;
+        self.retime_session(&key);
         if let (Some(extensions), true) = (advertised, took) {
             self.advertised(&key, extensions, out);
         }

@@ -295,3 +295,153 @@ fn a_transfer_of_a_gone_incarnation_is_never_read_leased_or_released() {
     let old = step_answering(&mut w, 3, vec![request_held_by(3, one)], Some(two));
     assert_eq!(summary(&old), ["lease 1", "dial", "read 2"]);
 }
+
+/// A driver that keeps to the calling order and picks, with a seeded stream, among the events
+/// that apply: steps of new and queued requests, queued requests, handshake replies and
+/// failures, votes, read answers of every kind (refusals arm retries), ticks and waits. After
+/// every event the worker's timer table must be the one a scan of its sessions, requests,
+/// retries and renewals builds, so `poll_timeout` is the earliest of them. Returns how many
+/// events it fed and how many of them were ticks that found something due.
+fn drive_and_check_timers(seed: u64, lazy: bool) -> (usize, usize) {
+    use crate::handshake::HandshakeState;
+    use crate::rng::Stream;
+    use crate::step_machine::StepState;
+    use std::collections::BTreeSet;
+
+    let legacy = if lazy { LegacyOptions::none().with(Legacy::LazyHandshake) } else { LegacyOptions::none() };
+    let mut w = worker(&legacy);
+    w.config.granularity = ReadGranularity::PerLayer;
+    w.config.handshake_timeout_ns = 40 * crate::time::NS_PER_MS;
+    w.config.transfer_timeout_ns = 300 * crate::time::NS_PER_MS;
+    w.config.backoff_initial_ns = crate::time::NS_PER_MS;
+    w.config.backoff_cap_ns = 8 * crate::time::NS_PER_MS;
+    let mut rng = Stream::new(seed, 0);
+    let mut now = Instant::ZERO;
+    let mut step = 0;
+    let mut next_request = 0;
+    let mut queued: Vec<RecvRequest> = Vec::new();
+    // Reads posted and not answered yet.
+    let mut posted: BTreeSet<(RequestId, Option<u16>)> = BTreeSet::new();
+    let (mut events, mut due_ticks) = (0, 0);
+    let mut new_request = |rng: &mut Stream| {
+        next_request += 1;
+        let mut request = request_on_own_host(rng.below(3));
+        request.request = RequestId(next_request);
+        request.params.transfer_id = Some(format!("transfer-{next_request}"));
+        request
+    };
+    for _ in 0..200 {
+        let waiting_sessions: Vec<SessionKey> = w.waiting_sessions().into_iter().map(|(k, _)| k).collect();
+        let event = match rng.below(10) {
+            0 | 1 if w.step == StepState::Idle => {
+                step += 1;
+                let mut requests: Vec<RecvRequest> = queued.drain(..).filter(|_| rng.chance(0.7)).collect();
+                requests.extend((0..rng.below(3)).map(|_| new_request(&mut rng)));
+                DecodeEvent::StepBegin { step, requests }
+            }
+            2 => {
+                let request = new_request(&mut rng);
+                queued.push(request.clone());
+                DecodeEvent::Queued { requests: vec![request] }
+            }
+            3 | 4 if !waiting_sessions.is_empty() => {
+                let session = rng.pick(&waiting_sessions).clone();
+                let entry = &w.sessions[&session];
+                match (&entry.state, rng.below(8)) {
+                    (_, 0) => DecodeEvent::HandshakeFailed { session, reason: "refused".into() },
+                    (HandshakeState::GotMetadata { .. }, _) => {
+                        let layers = vec![crate::wire::LayerMemoryDesc {
+                            layer_name: "l0".into(),
+                            descs: vec![vec![0]],
+                        }];
+                        DecodeEvent::HandshakeDescriptors { session, layers }
+                    }
+                    _ => {
+                        let mut metadata = metadata(Extensions::ALL);
+                        metadata.engine_id = entry.params.expected_engine_id.clone();
+                        metadata.kv_caches_base_addr = vec![1 << 30, 2 << 30];
+                        DecodeEvent::HandshakeMetadata { session, metadata }
+                    }
+                }
+            }
+            5 if matches!(w.step, StepState::Voting { .. }) => {
+                let StepState::Voting { step } = w.step else { unreachable!() };
+                DecodeEvent::VoteResult { step, ok: rng.chance(0.8) }
+            }
+            6 | 7 if !posted.is_empty() => {
+                let reads: Vec<(RequestId, Option<u16>)> = posted.iter().copied().collect();
+                let (request, layer) = *rng.pick(&reads);
+                posted.remove(&(request, layer));
+                let outcome = match rng.below(6) {
+                    0 => ReadOutcome::Failed("nic".into()),
+                    1 => ReadOutcome::Aborted,
+                    2 | 3 => ReadOutcome::SendQueueFull,
+                    _ => ReadOutcome::Ok,
+                };
+                DecodeEvent::ReadDone { request, layer, outcome }
+            }
+            8 => {
+                let due = w.poll_timeout().is_some_and(|at| at <= now);
+                due_ticks += usize::from(due);
+                DecodeEvent::Tick
+            }
+            _ => {
+                // Time passes, up to the next deadline or a little past it.
+                now = match w.poll_timeout() {
+                    Some(at) if rng.chance(0.6) => at.max(now),
+                    _ => now.add_ns(rng.below(20 * crate::time::NS_PER_MS)),
+                };
+                continue;
+            }
+        };
+        let mut out = Vec::new();
+        w.handle(now, event, &mut out);
+        events += 1;
+        for action in &out {
+            if let DecodeAction::PostRead(op) = action {
+                posted.insert((op.request(), op.layer));
+            }
+        }
+        assert_eq!(w.timers, w.timers_by_scan(), "seed {seed}, lazy {lazy}, after event {events}");
+    }
+    (events, due_ticks)
+}
+
+/// The timer table holds exactly the worker's deadlines, whatever the driver does; the drives
+/// reach ticks that find work, so the deadlines they check do move.
+#[test]
+fn the_timer_table_is_every_deadline_of_the_worker() {
+    let mut due_ticks = 0;
+    for seed in 0..64 {
+        for lazy in [false, true] {
+            let (events, due) = drive_and_check_timers(seed, lazy);
+            assert!(events > 50, "seed {seed}: only {events} events");
+            due_ticks += due;
+        }
+    }
+    assert!(due_ticks > 100, "only {due_ticks} ticks found a deadline due");
+}
+
+/// A queued request refused at admission because the worker holds as many requests as it may
+/// fails with a typed error and leaves no lease renewal armed (the random drives never fill the
+/// worker).
+#[test]
+fn a_queued_request_refused_as_one_too_many_leaves_no_timer() {
+    let mut w = worker(&LegacyOptions::none());
+    let numbered = |n: u64| {
+        let mut request = request_on_own_host(n % 3);
+        request.request = RequestId(n);
+        request.params.transfer_id = Some(format!("transfer-{n}"));
+        request
+    };
+    let last = RequestId(MAX_WORKER_REQUESTS as u64);
+    let mut out = Vec::new();
+    w.handle(Instant::ZERO, DecodeEvent::Queued { requests: vec![numbered(last.0)] }, &mut out);
+    assert_eq!(w.queued_requests(), 1);
+    let mut requests: Vec<RecvRequest> = (0..MAX_WORKER_REQUESTS as u64).map(numbered).collect();
+    requests.push(numbered(last.0));
+    w.handle(Instant::ZERO, DecodeEvent::StepBegin { step: 1, requests }, &mut out);
+    assert!(out.contains(&DecodeAction::RequestFailed { request: last, error: RecvError::TooManyRequests }));
+    assert_eq!((w.pending_requests(), w.queued_requests()), (MAX_WORKER_REQUESTS, 0));
+    assert_eq!(w.timers, w.timers_by_scan());
+}
