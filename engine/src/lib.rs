@@ -11,6 +11,7 @@
 #![forbid(unsafe_code)]
 
 pub mod decode;
+pub mod pool;
 #[cfg(test)]
 mod scripted;
 pub mod target;

@@ -23,9 +23,9 @@ use crate::scenario::{Clients, Reads, Scenario};
 
 use super::control::Listener;
 use super::decode::{DGroup, Unit};
-use super::pool::Pool;
 use super::prefill::PGroup;
 use super::{RunOptions, World};
+use pdkv_engine::pool::Pool;
 
 /// A prefill worker of rank `rank` (index `i`) in its `epoch`-th life, named `incarnation` in its
 /// metadata, with its memory regions (base addresses and their common length). Every life of

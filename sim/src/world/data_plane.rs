@@ -10,8 +10,8 @@ use crate::nic::{Finish, FlowId};
 use crate::result::ViolationKind;
 use crate::scenario::FaultKind;
 
-use super::pool::FREE;
 use super::{list, Ev, World};
+use pdkv_engine::pool::FREE;
 
 pub(super) struct FlowInfo {
     worker: usize,
@@ -159,7 +159,7 @@ impl World {
         if wrong.is_empty() {
             return;
         }
-        let freed = wrong.iter().all(|&b| pool.owner_of(b) == FREE && b < pool.capacity);
+        let freed = wrong.iter().all(|&b| pool.owner_of(b) == FREE && b < pool.capacity());
         let what = if freed { "freed" } else { "another request's (or unallocated)" };
         let name = self.transfers.id(transfer).map_or("?".to_string(), |t| t.0);
         let shown: Vec<u32> = wrong.iter().copied().take(4).collect();

@@ -14,8 +14,8 @@ use pdkv_engine::decode::{group_input, Joined, RequestBarrier};
 use crate::cost::GroupLoad;
 use crate::result::ViolationKind;
 
-use super::pool::Pool;
 use super::{list, ms, Ev, Msg, World, IDLE_STEP_NS};
+use pdkv_engine::pool::Pool;
 
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Running {

@@ -14,8 +14,8 @@ use pdkv_engine::target::{parse_target, TargetPattern};
 
 use super::build::{build_decode_worker, build_prefill_worker, draw_incarnation};
 use super::decode::UnitState;
-use super::pool::Pool;
 use super::{ms_ns, World};
+use pdkv_engine::pool::Pool;
 
 pub(super) struct ActiveFault {
     pub(super) pattern: TargetPattern,
@@ -224,7 +224,7 @@ impl World {
                     lost.extend(std::mem::take(&mut self.pgroups[g].running).into_iter().map(|p| p.id));
                     self.pgroups[g].busy = false;
                     self.pgroups[g].stalled_since = None;
-                    let blocks = self.pgroups[g].pool.capacity;
+                    let blocks = self.pgroups[g].pool.capacity();
                     self.pgroups[g].pool = Pool::new(blocks);
                     for id in lost {
                         self.end_request(id, true);
@@ -257,7 +257,7 @@ impl World {
                     // The group restarts with its workers: a fresh barrier, on no step.
                     let width = self.d.decode[e].tp;
                     self.dgroups[g].barrier = DecodeGroup::new(width, self.policy().handshake);
-                    let blocks = self.dgroups[g].pool.capacity;
+                    let blocks = self.dgroups[g].pool.capacity();
                     self.dgroups[g].pool = Pool::new(blocks);
                     for w in self.dgroups[g].workers.clone() {
                         // The step it was in dies with it, all-to-all included.
@@ -315,7 +315,7 @@ impl World {
                     }
                     self.epoch[i] += 1;
                     let g = self.pgroup_base[e] + usize::from(rank.dp);
-                    let blocks = self.pgroups[g].pool.capacity;
+                    let blocks = self.pgroups[g].pool.capacity();
                     let incarnation =
                         draw_incarnation(&self.book, rank, &mut self.streams, &mut self.incarnations[i]);
                     let (worker, bases, len) = build_prefill_worker(

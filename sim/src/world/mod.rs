@@ -9,8 +9,8 @@
 //! each concept's `impl World` block is in the file named for it: `build` (`World::new`),
 //! `clients` (arrivals and the proxy), `prefill`, `decode` (units, groups and their barrier),
 //! `control` (control messages and listeners), `data_plane` (reads and NIC flows), `faults`,
-//! `checks` (violations and hangs), `finish` (the `RunResult` and the outcome rules), and
-//! `pool` (KV block pools).
+//! `checks` (violations and hangs) and `finish` (the `RunResult` and the outcome rules). KV
+//! block pools are the engine layer's (`pdkv_engine::pool`).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -53,7 +53,6 @@ mod data_plane;
 mod decode;
 mod faults;
 mod finish;
-mod pool;
 mod prefill;
 mod transfers;
 

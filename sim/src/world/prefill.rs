@@ -9,8 +9,8 @@ use pdkv_core::topology::Layout;
 
 use crate::result::ViolationKind;
 
-use super::pool::{Pool, FREE};
 use super::{list, ms, ms_ns, Ev, World};
+use pdkv_engine::pool::{Pool, FREE};
 
 pub(super) struct PGroup {
     pub(super) engine: usize,

@@ -1,4 +1,5 @@
-//! KV block pools: the blocks of one engine DP rank, and the transfer that owns each.
+//! KV block pools: the blocks of one engine DP rank, handed out as vLLM hands them out, and the
+//! transfer (an owner number the driver chooses) that holds each.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -11,8 +12,8 @@ use std::collections::{BTreeMap, VecDeque};
 /// freed before it, and a read's RDMA operations depend on both pools' histories
 /// (`ReadOp::messages`).
 #[derive(Clone, Debug)]
-pub(super) struct Pool {
-    pub(super) capacity: u32,
+pub struct Pool {
+    capacity: u32,
     next: u32,
     /// The free queue, as runs of consecutive ids: a request's blocks come back last first, so
     /// a run of them is one entry, and a pool that has handed out every block once keeps a few
@@ -48,17 +49,24 @@ impl Run {
     }
 }
 
-pub(super) const FREE: u32 = u32::MAX;
+/// What [`Pool::owner_of`] says of a block no transfer holds; no driver's owner number.
+pub const FREE: u32 = u32::MAX;
 
 impl Pool {
     /// A pool of `blocks` ids. Ids never used are handed out fresh, in ascending order, before
     /// any freed one; nothing is allocated for them until then, so a short run with a large
     /// pool stays cheap.
-    pub(super) fn new(blocks: u32) -> Pool {
+    pub fn new(blocks: u32) -> Pool {
         Pool { capacity: blocks, next: 0, free: VecDeque::new(), free_blocks: 0, owner: BTreeMap::new() }
     }
 
-    pub(super) fn available(&self) -> usize {
+    /// The pool's size in blocks.
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// Blocks free now (never used, or freed).
+    pub fn available(&self) -> usize {
         self.free_blocks + (self.capacity - self.next) as usize
     }
 
@@ -97,7 +105,8 @@ impl Pool {
         self.free.push_back(Run { first: b, len: 1, down: true });
     }
 
-    pub(super) fn alloc(&mut self, n: usize, owner: u32) -> Vec<u32> {
+    /// Hands out `n` blocks to `owner`; the caller checked that `n` are available.
+    pub fn alloc(&mut self, n: usize, owner: u32) -> Vec<u32> {
         debug_assert!(n <= self.available(), "caller checks availability");
         let mut blocks = Vec::with_capacity(n);
         while blocks.len() < n {
@@ -133,7 +142,7 @@ impl Pool {
     }
 
     /// The blocks of `blocks` that `owner` does not hold, in order.
-    pub(super) fn not_owned_by(&self, blocks: &[u32], owner: u32) -> Vec<u32> {
+    pub fn not_owned_by(&self, blocks: &[u32], owner: u32) -> Vec<u32> {
         let mut wrong = Vec::new();
         let mut i = 0;
         while i < blocks.len() {
@@ -156,7 +165,7 @@ impl Pool {
 
     /// Frees `blocks` of `owner`, last block first; returns the blocks that were not `owner`'s
     /// (a double free).
-    pub(super) fn release(&mut self, blocks: &[u32], owner: u32) -> Vec<u32> {
+    pub fn release(&mut self, blocks: &[u32], owner: u32) -> Vec<u32> {
         let mut bad = Vec::new();
         for &b in blocks.iter().rev() {
             match self.interval_of(b) {
@@ -179,7 +188,7 @@ impl Pool {
     }
 
     /// The owner of block `b` (`FREE` if free or never used).
-    pub(super) fn owner_of(&self, b: u32) -> u32 {
+    pub fn owner_of(&self, b: u32) -> u32 {
         self.interval_of(b).map_or(FREE, |(_, _, owner)| owner)
     }
 }
