@@ -4,7 +4,6 @@
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 
 use pdkv_core::decode::{DecodeConfig, DecodeWorker, ReadGranularity};
-use pdkv_core::group::DecodeGroup;
 use pdkv_core::ids::{EngineId, Incarnation, RankId, Role};
 use pdkv_core::legacy::LegacyOptions;
 use pdkv_core::policy::Policy;
@@ -14,7 +13,7 @@ use pdkv_core::proxy::Proxy;
 use pdkv_core::time::Instant;
 use pdkv_core::topology::{Deployment, Layout};
 use pdkv_core::wire::{Extension, HandshakeMetadata, LayerMemoryDesc};
-use pdkv_engine::decode::RequestBarrier;
+use pdkv_engine::decode::{DecodeScheduler, SchedulerLimits};
 
 use crate::cost::Cost;
 use crate::nic::Nics;
@@ -218,18 +217,17 @@ impl World {
                     dworkers.push(build_decode_worker(sc, &d, &book, &policy, rank));
                     dworker_group.push(g);
                 }
+                let limits = SchedulerLimits {
+                    width: layout.tp,
+                    max_batch: sc.engines.decode_max_batch as usize,
+                    pool_blocks: blocks_for(layout),
+                    block_size_tokens: sc.model.block_size_tokens,
+                };
                 dgroups.push(DGroup {
                     engine: e,
                     workers,
                     unit,
-                    pool: Pool::new(blocks_for(layout)),
-                    waiting: VecDeque::new(),
-                    told: 0,
-                    pending: RequestBarrier::new(layout.tp),
-                    ready: Vec::new(),
-                    running: Vec::new(),
-                    context_tokens: 0,
-                    barrier: DecodeGroup::new(layout.tp, policy.handshake),
+                    sched: DecodeScheduler::new(limits, policy.handshake),
                 });
             }
         }

@@ -41,7 +41,7 @@ impl World {
         let collective = WaitNode::Collective { op, engine: engine_id, step };
         let mut ranks = Vec::new();
         for &g in &self.units[unit].groups {
-            let barrier = &self.dgroups[g].barrier;
+            let barrier = &self.dgroups[g].sched.barrier();
             for (&w, member) in self.dgroups[g].workers.iter().zip((0..).map(TpRank)) {
                 let report = barrier.report(member);
                 if report.is_some_and(StepReport::enters_forward) {
@@ -68,7 +68,9 @@ impl World {
         }
         // Workers waiting for a group vote wait for the workers that have not voted yet.
         for &g in &self.units[unit].groups {
-            let Some(open) = self.dgroups[g].barrier.open_vote().filter(|v| v.step == step) else { continue };
+            let Some(open) = self.dgroups[g].sched.barrier().open_vote().filter(|v| v.step == step) else {
+                continue;
+            };
             let vote = WaitNode::Vote { engine: engine_id, group: g, step };
             let worker = |member: TpRank| WaitNode::Rank {
                 rank: self.d_ranks[self.dgroups[g].workers[usize::from(member.0)]],

@@ -1,48 +1,26 @@
-//! Decode: units stepping their groups together, each group's barrier, and driving the core's
-//! decode workers.
+//! Decode: units stepping their groups together, carrying out what each group's scheduler (the
+//! engine layer's) asks, and driving the core's decode workers.
 
-use std::collections::VecDeque;
-
-use pdkv_core::decode::{DecodeAction, DecodeEvent, ReadOp, RecvError, RecvRequest};
-use pdkv_core::group::{DecodeGroup, GroupAction, GroupEvent};
-use pdkv_core::ids::RequestId;
+use pdkv_core::decode::{DecodeAction, DecodeEvent, ReadOp, RecvError};
+use pdkv_core::group::{GroupAction, GroupEvent};
+use pdkv_core::ids::{RequestId, TpRank};
 use pdkv_core::time::Instant;
 use pdkv_core::wire::{self, ControlMessage};
 
-use pdkv_engine::decode::{group_input, Joined, RequestBarrier};
+use pdkv_engine::decode::{group_input, DecodeScheduler, SchedulerOutput};
 
 use crate::cost::GroupLoad;
 use crate::result::ViolationKind;
 
 use super::{list, ms, Ev, Msg, World, IDLE_STEP_NS};
-use pdkv_engine::pool::Pool;
 
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Running {
-    pub(super) id: RequestId,
-    left: u32,
-    context: u64,
-    first: bool,
-}
-
+/// A decode DP group: its engine, its workers and unit, and its scheduler (the engine layer's:
+/// admission, the request barrier, the batch, the pool and the group's barrier).
 pub(super) struct DGroup {
     pub(super) engine: usize,
     pub(super) workers: Vec<usize>,
     pub(super) unit: usize,
-    pub(super) pool: Pool,
-    pub(super) waiting: VecDeque<RecvRequest>,
-    /// How many requests at the front of `waiting` the workers were told are queued (they
-    /// keep those leased); the rest arrived since the last step began.
-    pub(super) told: usize,
-    /// Admitted requests waiting for every TP rank to report them.
-    pub(super) pending: RequestBarrier<()>,
-    pub(super) ready: Vec<RequestId>,
-    /// Requests decoding, with what each step needs of them kept inline (no map lookups).
-    pub(super) running: Vec<Running>,
-    /// Sum of the running requests' context lengths.
-    pub(super) context_tokens: u64,
-    /// The group's barrier: step admission, the MIN vote, forward readiness.
-    pub(super) barrier: DecodeGroup,
+    pub(super) sched: DecodeScheduler<()>,
 }
 
 #[derive(PartialEq, Eq)]
@@ -101,58 +79,12 @@ impl World {
         }
         self.units[unit].step += 1;
         let step = self.units[unit].step;
-        let max_batch = self.sc.engines.decode_max_batch as usize;
-        let block = self.sc.model.block_size_tokens;
         self.units[unit].state = UnitState::Waiting { began: self.now };
+        let mut out = Vec::new();
         for gi in 0..self.units[unit].groups.len() {
             let g = self.units[unit].groups[gi];
-            // Requests whose KV arrived join the batch at this step boundary.
-            let group = &mut self.dgroups[g];
-            let room = max_batch.saturating_sub(group.running.len());
-            for id in group.ready.drain(..group.ready.len().min(room)) {
-                let r = &self.requests[&id];
-                group.context_tokens += u64::from(r.input);
-                group.running.push(Running { id, left: r.output, context: u64::from(r.input), first: true });
-            }
-            // Admit waiting requests while blocks and batch room last.
-            let mut new = Vec::new();
-            while let Some(recv) = group.waiting.front() {
-                let req = &self.requests[&recv.request];
-                let remote = recv.params.remote_block_ids.len();
-                let extra = req.output.div_ceil(block) as usize;
-                let busy = group.running.len() + group.ready.len() + group.pending.len();
-                if busy >= max_batch || group.pool.available() < remote + extra {
-                    break;
-                }
-                let mut recv = group.waiting.pop_front().expect("front exists");
-                group.told = group.told.saturating_sub(1);
-                let transfer = req.transfer;
-                let local = group.pool.alloc(remote, transfer);
-                let growth = group.pool.alloc(extra, transfer);
-                recv.local_block_ids = local.clone();
-                let r = self.requests.get_mut(&recv.request).expect("exists");
-                r.decode_blocks = local.into_iter().chain(growth).collect();
-                group.pending.admit(recv.request);
-                new.push(recv);
-            }
-            // The group's barrier admits the step before any worker hears of it (a worker with
-            // nothing to dial votes at once).
-            self.group_event(g, GroupEvent::StepBegin { step });
-            for i in 0..self.dgroups[g].workers.len() {
-                let w = self.dgroups[g].workers[i];
-                self.decode(w, DecodeEvent::StepBegin { step, requests: new.clone() });
-            }
-            // Requests that stay queued behind a full batch or pool: the workers lease them
-            // until they are admitted, so their prefill blocks are not reaped meanwhile.
-            let group = &mut self.dgroups[g];
-            if group.told < group.waiting.len() {
-                let queued: Vec<RecvRequest> = group.waiting.iter().skip(group.told).cloned().collect();
-                group.told = group.waiting.len();
-                for i in 0..self.dgroups[g].workers.len() {
-                    let w = self.dgroups[g].workers[i];
-                    self.decode(w, DecodeEvent::Queued { requests: queued.clone() });
-                }
-            }
+            self.dgroups[g].sched.handle_step_begin(step, &mut out);
+            self.sched_outputs(g, &mut out);
         }
         if !self.units[unit].watchdog {
             self.units[unit].watchdog = true;
@@ -162,18 +94,35 @@ impl World {
         self.maybe_compute(unit);
     }
 
-    /// Feeds decode group `g`'s barrier and carries out what it decides: vote results reach
-    /// the members one control latency later, and a group whose members all entered the
-    /// forward may let its unit compute.
+    /// Feeds decode group `g`'s barrier and carries out what it decides.
     fn group_event(&mut self, g: usize, event: GroupEvent) {
         let mut out = Vec::new();
-        self.dgroups[g].barrier.handle(event, &mut out);
+        self.dgroups[g].sched.handle_group_event(event, &mut out);
+        self.sched_outputs(g, &mut out);
+    }
+
+    /// Carries out what decode group `g`'s scheduler asked, in order: inputs for its workers
+    /// now; the vote results of one barrier decision one control latency later, together; a
+    /// group whose members all entered the forward may let its unit compute; a request every
+    /// rank received joins at the next step, one a rank failed ends.
+    fn sched_outputs(&mut self, g: usize, out: &mut Vec<SchedulerOutput<()>>) {
         let mut results = Vec::new();
-        for action in out {
-            match action {
-                GroupAction::VoteResult { member, step, ok } => results.push((member, step, ok)),
-                GroupAction::Forward { .. } => self.maybe_compute(self.dgroups[g].unit),
-                GroupAction::Ignored(why) => {
+        for output in out.drain(..) {
+            if !matches!(output, SchedulerOutput::Group(_)) {
+                self.vote_results(g, std::mem::take(&mut results));
+            }
+            match output {
+                SchedulerOutput::ToMember { member, event } => {
+                    let w = self.dgroups[g].workers[usize::from(member.0)];
+                    self.decode(w, event);
+                }
+                SchedulerOutput::Group(GroupAction::VoteResult { member, step, ok }) => {
+                    results.push((member, step, ok))
+                }
+                SchedulerOutput::Group(GroupAction::Forward { .. }) => {
+                    self.maybe_compute(self.dgroups[g].unit)
+                }
+                SchedulerOutput::Group(GroupAction::Ignored(why)) => {
                     let engine = self.dgroups[g].engine;
                     self.violation(
                         ViolationKind::ProtocolError,
@@ -181,8 +130,23 @@ impl World {
                         format!("group {g}: {why}"),
                     );
                 }
+                SchedulerOutput::Joined(_) => self.wake(self.dgroups[g].unit),
+                SchedulerOutput::Failed { request, .. } => self.end_request(request, true),
+                SchedulerOutput::DoubleFree { blocks, .. } => {
+                    let engine = self.dgroups[g].engine;
+                    self.violation(
+                        ViolationKind::DoubleFree,
+                        vec![format!("D{engine}")],
+                        format!("decode blocks {} freed twice", list(&blocks)),
+                    );
+                }
             }
         }
+        self.vote_results(g, results);
+    }
+
+    /// The vote results of one barrier decision reach the members one control latency later.
+    fn vote_results(&mut self, g: usize, results: Vec<(TpRank, u64, bool)>) {
         if !results.is_empty() {
             let latency = self.control_ns();
             self.at(latency, Ev::VoteResults { group: g, results });
@@ -193,7 +157,7 @@ impl World {
     fn maybe_compute(&mut self, unit: usize) {
         let UnitState::Waiting { began } = self.units[unit].state else { return };
         let step = self.units[unit].step;
-        if !self.units[unit].groups.iter().all(|&g| self.dgroups[g].barrier.forward_ready(step)) {
+        if !self.units[unit].groups.iter().all(|&g| self.dgroups[g].sched.barrier().forward_ready(step)) {
             return;
         }
         let layout = self.d.decode[self.units[unit].engine];
@@ -201,8 +165,8 @@ impl World {
             .groups
             .iter()
             .map(|&g| GroupLoad {
-                batch: self.dgroups[g].running.len() as u64,
-                context_tokens: self.dgroups[g].context_tokens,
+                batch: self.dgroups[g].sched.batch_len() as u64,
+                context_tokens: self.dgroups[g].sched.context_tokens(),
             })
             .collect();
         let duration = self.cost.decode_step_ns(layout, &loads);
@@ -245,40 +209,22 @@ impl World {
             self.set_background(&nics, 0.0);
         }
         let now = self.now;
-        let mut finished = Vec::new();
-        let mut firsts = Vec::new();
+        let mut out = Vec::new();
+        let mut ended = Vec::new();
         let mut continuing = 0u64;
         for gi in 0..self.units[unit].groups.len() {
             let g = self.units[unit].groups[gi];
-            if !self.dgroups[g].running.is_empty() {
+            if self.dgroups[g].sched.batch_len() > 0 {
                 self.last_progress_ns = now;
             }
-            let group = &mut self.dgroups[g];
-            let mut context_done = 0u64;
-            // Every request of the batch grows by one token; finished ones leave with theirs.
-            group.context_tokens += group.running.len() as u64;
-            group.running.retain_mut(|r| {
-                r.left -= 1;
-                r.context += 1;
-                if r.first {
-                    r.first = false;
-                    firsts.push(r.id);
-                } else {
-                    continuing += 1;
+            let forwarded = self.dgroups[g].sched.handle_forward(&mut out);
+            for id in forwarded.first {
+                if let Some(r) = self.requests.get_mut(&id) {
+                    r.first_token_ns = Some(now);
                 }
-                if r.left == 0 {
-                    finished.push((g, r.id));
-                    context_done += r.context;
-                    return false;
-                }
-                true
-            });
-            group.context_tokens -= context_done;
-        }
-        for id in firsts {
-            if let Some(r) = self.requests.get_mut(&id) {
-                r.first_token_ns = Some(now);
             }
+            continuing += forwarded.continuing;
+            ended.push((g, std::mem::take(&mut out), forwarded.finished));
         }
         // Inter-token latency: every request that already had a token waited one step gap.
         if let Some(last) = self.units[unit].last_step_end.replace(now) {
@@ -286,11 +232,11 @@ impl World {
                 self.itl.push((now - last, continuing));
             }
         }
-        for (g, id) in finished {
-            let req = &self.requests[&id];
-            let (blocks, transfer) = (req.decode_blocks.clone(), req.transfer);
-            self.free_decode_blocks(g, &blocks, transfer);
-            self.end_request(id, false);
+        for (g, mut out, finished) in ended {
+            self.sched_outputs(g, &mut out);
+            for id in finished {
+                self.end_request(id, false);
+            }
         }
         self.units[unit].state = UnitState::Idle;
         if self.unit_has_work(unit) {
@@ -301,25 +247,8 @@ impl World {
         }
     }
 
-    /// Returns a request's decode blocks to its group's pool; freeing blocks it does not hold
-    /// is a double free.
-    fn free_decode_blocks(&mut self, g: usize, blocks: &[u32], transfer: u32) {
-        let bad = self.dgroups[g].pool.release(blocks, transfer);
-        if !bad.is_empty() {
-            let engine = self.dgroups[g].engine;
-            self.violation(
-                ViolationKind::DoubleFree,
-                vec![format!("D{engine}")],
-                format!("decode blocks {} freed twice", list(&bad)),
-            );
-        }
-    }
-
     fn unit_has_work(&self, unit: usize) -> bool {
-        self.units[unit].groups.iter().any(|&g| {
-            let group = &self.dgroups[g];
-            !group.running.is_empty() || !group.ready.is_empty() || !group.waiting.is_empty()
-        })
+        self.units[unit].groups.iter().any(|&g| self.dgroups[g].sched.has_work())
     }
 
     fn unit_has_pending(&self, unit: usize) -> bool {
@@ -430,18 +359,9 @@ impl World {
     fn report(&mut self, w: usize, request: RequestId, failed: bool) {
         let g = self.dworker_group[w];
         let result = if failed { Err(()) } else { Ok(()) };
-        let Some(joined) = self.dgroups[g].pending.report(request, self.d_ranks[w].tp_rank(), result) else {
-            return;
-        };
-        if joined != Joined::Received {
-            let req = &self.requests[&request];
-            let (blocks, transfer) = (req.decode_blocks.clone(), req.transfer);
-            self.free_decode_blocks(g, &blocks, transfer);
-            self.end_request(request, true);
-        } else {
-            self.dgroups[g].ready.push(request);
-            self.wake(self.dgroups[g].unit);
-        }
+        let mut out = Vec::new();
+        self.dgroups[g].sched.handle_report(request, self.d_ranks[w].tp_rank(), result, &mut out);
+        self.sched_outputs(g, &mut out);
     }
 }
 

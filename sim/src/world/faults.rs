@@ -3,7 +3,6 @@
 
 use std::collections::BTreeSet;
 
-use pdkv_core::group::DecodeGroup;
 use pdkv_core::ids::{EngineId, RankId, RequestId, Role};
 use pdkv_core::legacy::LegacyOptions;
 use pdkv_core::policy::Policy;
@@ -247,18 +246,8 @@ impl World {
                 self.decode_down[e] = true;
                 let first = self.dgroup_base[e];
                 for g in first..first + usize::from(self.d.decode[e].dp) {
-                    let mut lost: Vec<RequestId> =
-                        self.dgroups[g].waiting.drain(..).map(|r| r.request).collect();
-                    self.dgroups[g].told = 0;
-                    lost.extend(self.dgroups[g].pending.take_all());
-                    lost.append(&mut self.dgroups[g].ready);
-                    lost.extend(self.dgroups[g].running.drain(..).map(|r| r.id));
-                    self.dgroups[g].context_tokens = 0;
-                    // The group restarts with its workers: a fresh barrier, on no step.
-                    let width = self.d.decode[e].tp;
-                    self.dgroups[g].barrier = DecodeGroup::new(width, self.policy().handshake);
-                    let blocks = self.dgroups[g].pool.capacity();
-                    self.dgroups[g].pool = Pool::new(blocks);
+                    // The group restarts with its workers: a fresh barrier on no step, an empty pool.
+                    let lost = self.dgroups[g].sched.reset();
                     for w in self.dgroups[g].workers.clone() {
                         // The step it was in dies with it, all-to-all included.
                         self.set_background(&[self.decode_nic(w)], 0.0);

@@ -23,6 +23,7 @@ use pdkv_core::ports::{AddressBook, SessionKey};
 use pdkv_core::prefill::{EngineEvent, PrefillEngine, PrefillWorker, WorkerEvent};
 use pdkv_core::proxy::Proxy;
 use pdkv_core::topology::Deployment;
+use pdkv_engine::decode::Tokens;
 use pdkv_engine::timeouts::{ms_ns, NS_PER_MS};
 
 use crate::cost::Cost;
@@ -418,7 +419,11 @@ impl World {
                     self.end_request(recv.request, true);
                     return;
                 }
-                self.dgroups[g].waiting.push_back(*recv);
+                let tokens = Tokens {
+                    input: self.requests[&recv.request].input,
+                    output: self.requests[&recv.request].output,
+                };
+                self.dgroups[g].sched.handle_arrival(*recv, tokens);
                 self.wake(self.dgroups[g].unit);
             }
             Ev::StepBegin { unit } => self.on_step_begin(unit),

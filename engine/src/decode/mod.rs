@@ -1,12 +1,16 @@
 //! The decode side's glue between the core's nodes, written once for every driver: which of a
-//! decode worker's actions are its group's input, and the per-request barrier at which every TP
-//! rank of a DP group has reported a request.
+//! decode worker's actions are its group's input, the per-request barrier at which every TP
+//! rank of a DP group has reported a request, and the group's scheduler (`scheduler.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use pdkv_core::decode::DecodeAction;
 use pdkv_core::group::{GroupEvent, StepReport};
 use pdkv_core::ids::{RequestId, TpRank};
+
+mod scheduler;
+
+pub use scheduler::{DecodeScheduler, Forwarded, SchedulerLimits, SchedulerOutput, Tokens};
 
 /// The input to its decode group that a worker's action is, if any: its vote on a step, or its
 /// report of the step (ready; failed with the group, which still enters the forward; or raised
