@@ -151,4 +151,13 @@ impl DecodeWorker {
             self.retime_queued(id);
         }
     }
+
+    /// Stops renewing the leases of queued requests the engine took back.
+    pub(super) fn on_dequeued(&mut self, requests: &[RequestId]) {
+        for &id in requests {
+            if self.waiting.remove(&id).is_some() {
+                self.retime_queued(id);
+            }
+        }
+    }
 }

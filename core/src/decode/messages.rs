@@ -6,13 +6,15 @@ use crate::params::KvTransferParams;
 use crate::ports::{Endpoint, EngineAddress, SessionKey};
 use crate::release::Release;
 use crate::wire::{HandshakeMetadata, LayerMemoryDesc, ReadLease};
+use serde::{Deserialize, Serialize};
 
 #[cfg(doc)]
 use super::DecodeWorker;
 use super::{ReadOp, RecvError, StepError};
 
-/// A request whose KV this worker must read, as the scheduler hands it over.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A request whose KV this worker must read, as the scheduler hands it over (serialisable, so a
+/// scheduler in another process hands over the same value).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RecvRequest {
     /// The proxy's request number.
     pub request: RequestId,
@@ -44,6 +46,14 @@ pub enum DecodeEvent {
     Queued {
         /// The queued requests, in queue order.
         requests: Vec<RecvRequest>,
+    },
+    /// Requests the engine had queued and took back without admitting them (their group lost a
+    /// member, or the driver holds them elsewhere): the worker stops renewing their leases, so
+    /// a request that never comes back does not keep its transfer leased forever; the lease
+    /// already granted runs out. A request that comes back is queued anew.
+    Dequeued {
+        /// The requests taken back.
+        requests: Vec<RequestId>,
     },
     /// The first handshake reply frame from the rank dialled under `session`.
     HandshakeMetadata {

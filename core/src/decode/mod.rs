@@ -159,6 +159,7 @@ impl DecodeWorker {
         match event {
             DecodeEvent::StepBegin { step, requests } => self.on_step_begin(now, step, requests, out),
             DecodeEvent::Queued { requests } => self.on_queued(now, requests, out),
+            DecodeEvent::Dequeued { requests } => self.on_dequeued(&requests),
             DecodeEvent::HandshakeMetadata { session, metadata } => {
                 self.on_handshake(now, session, HandshakeEvent::Metadata(metadata), out)
             }

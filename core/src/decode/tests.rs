@@ -173,6 +173,23 @@ fn leases_go_only_to_ranks_that_advertised_them() {
     }
 }
 
+/// A queued request the engine takes back is no longer renewed: once every one is taken back
+/// no renewal is armed, so a request that never comes back cannot keep its transfer leased.
+#[test]
+fn a_dequeued_request_is_no_longer_renewed() {
+    let mut w = worker(&LegacyOptions::none());
+    let mut out = Vec::new();
+    let queued = vec![request_with(1, None), request_with(2, None)];
+    w.handle(Instant::ZERO, DecodeEvent::Queued { requests: queued }, &mut out);
+    assert_eq!(w.queued_requests(), 2);
+    let rows: [(&[u64], usize, bool); 3] = [(&[1], 1, true), (&[1, 7], 1, true), (&[2], 0, false)];
+    for (taken, queued, armed) in rows {
+        let requests = taken.iter().map(|&n| RequestId(n)).collect();
+        w.handle(Instant::ZERO, DecodeEvent::Dequeued { requests }, &mut out);
+        assert_eq!((w.queued_requests(), w.poll_timeout().is_some()), (queued, armed), "{taken:?}");
+    }
+}
+
 /// Queued requests of a rank nobody advertised for: no lease and no renewal until the rank's
 /// metadata arrives (a step admits one of them and dials); then every held lease of that rank
 /// goes at once, and the queued one is renewed from then on. A MoRIIO rank gets none, ever.
@@ -343,6 +360,10 @@ fn drive_and_check_timers(seed: u64, lazy: bool) -> (usize, usize) {
                 let request = new_request(&mut rng);
                 queued.push(request.clone());
                 DecodeEvent::Queued { requests: vec![request] }
+            }
+            5 if !queued.is_empty() => {
+                let taken = queued.remove(rng.below(queued.len() as u64) as usize);
+                DecodeEvent::Dequeued { requests: vec![taken.request] }
             }
             3 | 4 if !waiting_sessions.is_empty() => {
                 let session = rng.pick(&waiting_sessions).clone();

@@ -304,13 +304,21 @@ impl<E> DecodeScheduler<E> {
     }
 
     /// Takes the waiting requests `take` picks out of the queue (a driver holding them back),
-    /// keeping the others in order.
-    pub fn take_waiting(&mut self, mut take: impl FnMut(&RecvRequest) -> bool) -> Vec<RecvRequest> {
+    /// keeping the others in order. Workers told of a taken request stop leasing it.
+    pub fn take_waiting(
+        &mut self,
+        mut take: impl FnMut(&RecvRequest) -> bool,
+        out: &mut Vec<SchedulerOutput<E>>,
+    ) -> Vec<RecvRequest> {
         let mut taken = Vec::new();
+        let mut untold = Vec::new();
         let mut kept = VecDeque::with_capacity(self.waiting.len());
         let mut told = 0;
         for (i, (recv, tokens)) in std::mem::take(&mut self.waiting).into_iter().enumerate() {
             if take(&recv) {
+                if i < self.told {
+                    untold.push(recv.request);
+                }
                 taken.push(recv);
             } else {
                 told += usize::from(i < self.told);
@@ -319,17 +327,45 @@ impl<E> DecodeScheduler<E> {
         }
         self.waiting = kept;
         self.told = told;
+        self.dequeue(untold, out);
         taken
     }
 
-    /// The group is lost (its engine crashed, or a rank died): it restarts empty, with a fresh
-    /// barrier and pool. Returns every request it had, in the order waiting, waiting for
-    /// reports, joining, running.
-    pub fn reset(&mut self) -> Vec<RequestId> {
+    /// Tells every worker to stop leasing `requests`, which they were told are queued.
+    fn dequeue(&self, requests: Vec<RequestId>, out: &mut Vec<SchedulerOutput<E>>) {
+        if requests.is_empty() {
+            return;
+        }
+        for member in (0..self.limits.width).map(TpRank) {
+            out.push(SchedulerOutput::ToMember {
+                member,
+                event: DecodeEvent::Dequeued { requests: requests.clone() },
+            });
+        }
+    }
+
+    /// Ends every request the group has, its barrier kept (a group that lost a member stays
+    /// stopped: no later step begins), and tells the workers to stop leasing the queued ones;
+    /// the pool is whole again. Returns the requests in the order waiting, waiting for reports,
+    /// joining, running.
+    pub fn drain(&mut self, out: &mut Vec<SchedulerOutput<E>>) -> Vec<RequestId> {
+        let told: Vec<RequestId> = self.waiting.iter().take(self.told).map(|(r, _)| r.request).collect();
+        self.dequeue(told, out);
         let mut lost: Vec<RequestId> = self.waiting.drain(..).map(|(r, _)| r.request).collect();
         lost.extend(self.pending.take_all());
         lost.append(&mut self.ready);
         lost.extend(self.running.drain(..).map(|r| r.id));
+        self.told = 0;
+        self.context_tokens = 0;
+        self.held.clear();
+        self.pool = Pool::new(self.limits.pool_blocks);
+        lost
+    }
+
+    /// The group restarts empty with its workers (its engine crashed), with a fresh barrier and
+    /// pool. Returns what [`Self::drain`] does; the new workers need telling nothing.
+    pub fn reset(&mut self) -> Vec<RequestId> {
+        let lost = self.drain(&mut Vec::new());
         *self = DecodeScheduler::new(self.limits, self.handshake);
         lost
     }
@@ -416,7 +452,10 @@ mod tests {
                 let fin: Vec<String> = f.finished.iter().map(|r| r.0.to_string()).collect();
                 said.push(format!("first[{}] more{} done[{}]", first.join(","), f.continuing, fin.join(",")));
             }
-            Take(n) => said.push(format!("took[{}]", ids(&s.take_waiting(|r| r.request == RequestId(n))))),
+            Take(n) => {
+                let took = s.take_waiting(|r| r.request == RequestId(n), &mut out);
+                said.push(format!("took[{}]", ids(&took)));
+            }
             Reset => {
                 let lost: Vec<String> = s.reset().iter().map(|r| r.0.to_string()).collect();
                 said.push(format!("lost[{}]", lost.join(",")));
@@ -434,6 +473,13 @@ mod tests {
                 }
                 SchedulerOutput::ToMember { member: TpRank(0), event: DecodeEvent::Queued { requests } } => {
                     said.push(format!("queued[{}]", ids(&requests)))
+                }
+                SchedulerOutput::ToMember {
+                    member: TpRank(0),
+                    event: DecodeEvent::Dequeued { requests },
+                } => {
+                    let ids: Vec<String> = requests.iter().map(|r| r.0.to_string()).collect();
+                    said.push(format!("dequeued[{}]", ids.join(",")))
                 }
                 SchedulerOutput::ToMember { .. } | SchedulerOutput::Group(_) => {}
                 SchedulerOutput::Joined(r) => said.push(format!("joined{}", r.0)),
@@ -529,7 +575,10 @@ mod tests {
                 (Arrive { n: 2, blocks: 1, output: 1 }, "free2 batch0"),
                 (Step, "begin[] queued[1,2] free2 batch0"),
                 (Arrive { n: 3, blocks: 1, output: 1 }, "free2 batch0"),
-                (Take(1), "took[1] free2 batch0"),
+                // The workers were told of 1: they stop leasing it. 3 was never told.
+                (Take(1), "took[1] dequeued[1] free2 batch0"),
+                (Take(3), "took[3] free2 batch0"),
+                (Arrive { n: 3, blocks: 1, output: 1 }, "free2 batch0"),
                 // 2 was told already; only 3 is news.
                 (Step, "begin[2][0] queued[3] free0 batch0"),
             ],
@@ -554,5 +603,28 @@ mod tests {
                 (Step, "begin[] free100 batch0"),
             ],
         );
+    }
+
+    #[test]
+    fn a_drained_group_keeps_its_barrier_so_a_lost_member_still_stops_it() {
+        let limits = SchedulerLimits { width: 2, max_batch: 4, pool_blocks: 10, block_size_tokens: 16 };
+        let mut s = DecodeScheduler::<&str>::new(limits, HandshakeMode::Eager);
+        let mut out = Vec::new();
+        s.handle_arrival(recv(1, 2), Tokens { input: 16, output: 4 });
+        s.handle_step_begin(1, &mut out);
+        s.handle_group_event(GroupEvent::MemberLost { member: TpRank(1) }, &mut out);
+        s.handle_arrival(recv(2, 20), Tokens { input: 16, output: 4 });
+        s.handle_step_begin(2, &mut out);
+        out.clear();
+        assert_eq!(s.drain(&mut out), vec![RequestId(2), RequestId(1)]);
+        let told = out.iter().filter(|o| {
+            matches!(o, SchedulerOutput::ToMember { event: DecodeEvent::Dequeued { requests }, .. }
+                if requests == &[RequestId(2)])
+        });
+        assert_eq!(told.count(), 2, "both workers stop leasing the queued request: {out:?}");
+        assert_eq!((s.free_blocks(), s.has_work(), s.pending_len()), (10, false, 0));
+        assert!(!s.barrier().may_begin(), "a group with a lost member begins no step");
+        assert_eq!(s.reset(), Vec::<RequestId>::new());
+        assert!(s.barrier().may_begin(), "a restarted group begins steps again");
     }
 }
