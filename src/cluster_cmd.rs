@@ -107,6 +107,10 @@ pub struct ClusterArgs {
     /// Requests in flight at once.
     #[arg(long, default_value_t = 8)]
     concurrency: u32,
+    /// Requests a decode DP group runs, or waits on, at once; the rest queue (their transfers
+    /// leased) until a step has room.
+    #[arg(long, default_value_t = 64)]
+    decode_max_batch: u32,
     /// Data plane.
     #[arg(long, value_enum, default_value_t = TransportArg::Tcp)]
     transport: TransportArg,
@@ -254,6 +258,7 @@ pub fn run(args: &ClusterArgs) -> ExitCode {
     };
     let mut config = ClusterConfig::new(&args.deployment, args.requests, exe);
     config.concurrency = args.concurrency;
+    config.decode_max_batch = args.decode_max_batch;
     config.transport = match args.transport {
         TransportArg::Tcp => TransportKind::Tcp,
         TransportArg::Rdma => TransportKind::Rdma,

@@ -10,7 +10,7 @@ use std::thread;
 use std::time::Duration;
 
 use pdkv_core::decode::{
-    DecodeAction, DecodeConfig, DecodeEvent, DecodeWorker, ReadGranularity, ReadOp, ReadOutcome, RecvRequest,
+    DecodeAction, DecodeConfig, DecodeEvent, DecodeWorker, ReadGranularity, ReadOp, ReadOutcome,
 };
 use pdkv_core::ids::{RankId, RequestId, Role};
 use pdkv_core::policy::Policy;
@@ -452,17 +452,13 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
                 }
             }
             Some(Input::Sched(ToRank::StepBegin { step, requests })) => {
-                let requests = requests
-                    .into_iter()
-                    .map(|r| RecvRequest {
-                        request: r.request,
-                        prefill_engine: r.prefill_engine,
-                        prefill_address: r.prefill_address,
-                        params: r.params,
-                        local_block_ids: r.local_block_ids,
-                    })
-                    .collect();
                 worker.handle(now, DecodeEvent::StepBegin { step, requests }, &mut out);
+            }
+            Some(Input::Sched(ToRank::Queued { requests })) => {
+                worker.handle(now, DecodeEvent::Queued { requests }, &mut out);
+            }
+            Some(Input::Sched(ToRank::Dequeued { requests })) => {
+                worker.handle(now, DecodeEvent::Dequeued { requests }, &mut out);
             }
             Some(Input::Sched(ToRank::VoteResult { step, ok })) => {
                 worker.handle(now, DecodeEvent::VoteResult { step, ok }, &mut out);

@@ -10,10 +10,9 @@
 use std::fmt;
 use std::io::{self, Read, Write};
 
-use pdkv_core::decode::{RecvError, StepError};
-use pdkv_core::ids::{EngineId, Incarnation, RankId, RequestId, Role, TransferId};
+use pdkv_core::decode::{RecvError, RecvRequest, StepError};
+use pdkv_core::ids::{Incarnation, RankId, RequestId, Role, TransferId};
 use pdkv_core::legacy::LegacyOptions;
-use pdkv_core::params::KvTransferParams;
 use pdkv_core::policy::PeerBook;
 use pdkv_core::ports::{Endpoint, EngineAddress};
 use pdkv_core::release::{LedgerError, Quorum};
@@ -131,21 +130,6 @@ impl ControlSetup {
     }
 }
 
-/// One request a decode group takes at a step (the core's `RecvRequest`, in wire form).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Recv {
-    /// The request.
-    pub request: RequestId,
-    /// The prefill engine that holds its KV.
-    pub prefill_engine: EngineId,
-    /// Where that engine's ranks listen.
-    pub prefill_address: EngineAddress,
-    /// The proxy's `kv_transfer_params`.
-    pub params: KvTransferParams,
-    /// Decode blocks the KV lands in.
-    pub local_block_ids: Vec<u32>,
-}
-
 /// Scheduler to rank.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ToRank {
@@ -193,7 +177,19 @@ pub enum ToRank {
         /// Step number, the same on every rank of the group.
         step: u64,
         /// Requests new at this step.
-        requests: Vec<Recv>,
+        requests: Vec<RecvRequest>,
+    },
+    /// Decode: requests the group's scheduler queued behind a full batch or pool; the ranks
+    /// lease their KV until a step hands them over (`DecodeEvent::Queued`).
+    Queued {
+        /// The requests newly queued.
+        requests: Vec<RecvRequest>,
+    },
+    /// Decode: queued requests the scheduler took back (`DecodeEvent::Dequeued`): the ranks
+    /// stop renewing their leases.
+    Dequeued {
+        /// The requests taken back.
+        requests: Vec<RequestId>,
     },
     /// Decode: the MIN of the group's votes for `step`.
     VoteResult {
@@ -223,6 +219,8 @@ impl ToRank {
             ToRank::Retire { .. } => "retire",
             ToRank::Fence { .. } => "fence",
             ToRank::StepBegin { .. } => "step_begin",
+            ToRank::Queued { .. } => "queued",
+            ToRank::Dequeued { .. } => "dequeued",
             ToRank::VoteResult { .. } => "vote_result",
             ToRank::Shutdown => "shutdown",
             ToRank::Refused { .. } => "refused",

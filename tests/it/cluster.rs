@@ -97,6 +97,23 @@ fn clusters_under_load_finish_every_request_and_verify_every_byte() {
     check_loaded("1P_TP1:1D_TP1", false, 300, 100, 1);
 }
 
+/// A decode group that runs one request at a time (`--decode-max-batch 1`): the rest queue at
+/// its scheduler, announced to its ranks, which lease their transfers until a step hands them
+/// over; every request still finishes and every transfer is freed once, by its releases.
+#[test]
+fn requests_queued_behind_a_full_decode_batch_all_finish_and_free_once() {
+    let mut config = ClusterConfig::new("1P_TP2:1D_TP2", 200, exe());
+    config.concurrency = 32;
+    config.decode_max_batch = 1;
+    let r = run(config);
+    let json = r.to_json();
+    assert_eq!(r.outcome, "clean", "{json}");
+    let (q, l) = (&r.requests, &r.ledger);
+    assert_eq!((q.finished, q.failed, q.unfinished), (200, 0, 0), "{json}");
+    assert!(q.queued_at_decode > 0, "no request ever queued at decode: {json}");
+    assert_eq!((l.freed, l.held, l.reaped, l.double_frees), (200, 0, 0, 0), "{json}");
+}
+
 #[test]
 fn a_cluster_leaves_no_process_or_listener_behind() {
     let r = run(ClusterConfig::new("1P_TP2:1D_TP2", 4, exe()));
@@ -418,6 +435,8 @@ fn cluster_cli_prints_the_result_and_refuses_bad_arguments() {
         (&["--requests", "1000001"], "--requests 1000001: must be between 1 and 1000000"),
         (&["--concurrency", "0"], "--concurrency 0: must be between 1 and 4096"),
         (&["--concurrency", "4097"], "--concurrency 4097: must be between 1 and 4096"),
+        (&["--decode-max-batch", "0"], "--decode-max-batch 0: must be between 1 and 4096"),
+        (&["--decode-max-batch", "4097"], "--decode-max-batch 4097: must be between 1 and 4096"),
         (&["--layers", "0"], "--layers 0: must be between 1 and 64"),
         (&["--layers", "65535"], "--layers 65535: must be between 1 and 64"),
         (&["--handshake-timeout-ms", "0"], "--handshake-timeout-ms 0: must be between 100 and"),
@@ -689,6 +708,23 @@ fn a_lost_decode_group_never_leaves_the_prefill_queue_waiting_for_blocks() {
     assert_eq!(r.outcome, "failed_requests", "{json}");
     assert_eq!((r.requests.unfinished, r.ledger.held, r.ledger.double_frees), (0, 0, 0), "{json}");
     assert_eq!(r.requests.finished + r.requests.failed, 200, "{json}");
+}
+
+#[test]
+fn a_decode_group_that_lost_a_rank_stops_leasing_the_requests_it_had_queued() {
+    // One request at a time, 64 in flight: when D0.dp0.tp1 dies, its group's scheduler still
+    // queues requests its live rank leases. The scheduler takes them back (`Dequeued`), so the
+    // live rank stops renewing, their leases run out and the engine reaps them after the
+    // transfer timeout; without that, the live rank renewed them for as long as it ran and the
+    // run ended with them held.
+    let mut config = quick("1P_TP2:1D_DP1TP2", 300);
+    config.decode_max_batch = 1;
+    let r = run_and_hit_with(config, 64, ["decode", "0", "0", "1"], "-KILL");
+    let json = r.to_json();
+    assert_eq!(r.outcome, "failed_requests", "{json}");
+    assert!(r.requests.queued_at_decode > 0, "{json}");
+    assert_eq!((r.requests.unfinished, r.ledger.held, r.ledger.double_frees), (0, 0, 0), "{json}");
+    assert_eq!(r.requests.finished + r.requests.failed, 300, "{json}");
 }
 
 #[test]

@@ -76,6 +76,9 @@ pub struct ClusterConfig {
     pub requests: u32,
     /// Requests in flight at once (closed loop).
     pub concurrency: u32,
+    /// Requests a decode DP group runs, or waits on, at once (vLLM's `--max-num-seqs`); the
+    /// rest queue, leased, until a step has room.
+    pub decode_max_batch: u32,
     /// The data plane.
     pub transport: TransportKind,
     /// MLA model (flexible reads) instead of a GQA model.
@@ -176,6 +179,7 @@ impl ClusterConfig {
         };
         count("--requests", self.requests, MAX_REQUESTS)?;
         count("--concurrency", self.concurrency, MAX_CONCURRENCY)?;
+        count("--decode-max-batch", self.decode_max_batch, MAX_CONCURRENCY)?;
         count("--layers", u32::from(self.layers), u32::from(MAX_LAYERS))?;
         let timeouts = [
             ("--handshake-timeout-ms", self.handshake_timeout_ms),
@@ -277,6 +281,7 @@ impl ClusterConfig {
             deployment: deployment.to_owned(),
             requests,
             concurrency: 8,
+            decode_max_batch: 64,
             transport: TransportKind::Tcp,
             mla: false,
             layers: 4,

@@ -1,32 +1,64 @@
-//! The decode side's schedulers: each decode DP group's batch and steps through the core's
-//! `DecodeGroup` barrier, the forward, and how requests end.
+//! The decode side's schedulers: carrying out what each decode DP group's `DecodeScheduler`
+//! (the engine layer's) asks, the forward's first tokens, and how requests end.
 
+use pdkv_core::decode::{DecodeEvent, RecvRequest};
 use pdkv_core::group::{GroupAction, GroupEvent, Ignored};
 use pdkv_core::ids::{EngineId, RankId, RequestId};
+use pdkv_engine::decode::{SchedulerOutput, Tokens};
+use pdkv_engine::verdict::ViolationKind;
 
-use pdkv_engine::decode::Joined;
-
-use super::{Cluster, Failure, IDLE_STEP, MAX_BATCH, MAX_FAILURES_LISTED};
+use super::{Cluster, Failure, Violation, IDLE_STEP, MAX_FAILURES_LISTED};
 use crate::sched::ToRank;
 
 impl Cluster {
-    /// Feeds decode group `g`'s barrier and carries out what it decides: vote results go to
-    /// the ranks they name, and a group every rank of which entered the forward runs it.
+    /// Feeds decode group `g`'s barrier and carries out what it decides.
     pub(super) fn group_event(&mut self, g: usize, event: GroupEvent) {
         let mut out = Vec::new();
-        self.dgroups[g].barrier.handle(event, &mut out);
-        for action in out {
-            match action {
-                GroupAction::VoteResult { member, step, ok } => {
+        self.dgroups[g].sched.handle_group_event(event, &mut out);
+        self.sched_outputs(g, out);
+    }
+
+    /// Carries out what decode group `g`'s scheduler asks, in order: inputs go to the ranks
+    /// they name, a group every rank of which entered the forward runs it, a joined request
+    /// starts a step, a failed one ends.
+    pub(super) fn sched_outputs(&mut self, g: usize, out: Vec<SchedulerOutput<String>>) {
+        for output in out {
+            match output {
+                SchedulerOutput::ToMember { member, event } => {
+                    let rank = self.decode_rank(g, member.0);
+                    let message = match event {
+                        DecodeEvent::StepBegin { step, requests } => ToRank::StepBegin { step, requests },
+                        DecodeEvent::Queued { requests } => ToRank::Queued { requests },
+                        DecodeEvent::Dequeued { requests } => ToRank::Dequeued { requests },
+                        other => {
+                            unreachable!("a decode scheduler tells its members only of steps: {other:?}")
+                        }
+                    };
+                    self.send(rank, &message);
+                }
+                SchedulerOutput::Group(GroupAction::VoteResult { member, step, ok }) => {
                     let rank = self.decode_rank(g, member.0);
                     self.send(rank, &ToRank::VoteResult { step, ok });
                 }
-                GroupAction::Forward { .. } => self.forward(g),
+                SchedulerOutput::Group(GroupAction::Forward { .. }) => self.forward(g),
                 // A lost rank's last messages may still be on their way when it is lost.
-                GroupAction::Ignored(Ignored::LostMember { .. }) => {}
-                GroupAction::Ignored(why) => {
+                SchedulerOutput::Group(GroupAction::Ignored(Ignored::LostMember { .. })) => {}
+                SchedulerOutput::Group(GroupAction::Ignored(why)) => {
                     let (engine, dp) = (self.dgroups[g].engine, self.dgroups[g].dp);
                     self.problem(format!("D{engine}.dp{dp}: the decode group ignored an input: {why}"));
+                }
+                SchedulerOutput::Joined(_) => self.begin_step(g),
+                SchedulerOutput::Failed { request, errors } => {
+                    self.end(request, Some(errors.into_iter().map(|(_, error)| error).collect()));
+                }
+                SchedulerOutput::DoubleFree { request, blocks } => {
+                    let (engine, dp) = (self.dgroups[g].engine, self.dgroups[g].dp);
+                    self.violations.push(Violation {
+                        kind: ViolationKind::DoubleFree,
+                        detail: format!(
+                            "D{engine}.dp{dp}: {request} freed blocks {blocks:?} it did not hold"
+                        ),
+                    });
                 }
             }
         }
@@ -44,76 +76,48 @@ impl Cluster {
         RankId::new(EngineId::decode(group.engine as u16), group.dp, tp)
     }
 
-    pub(super) fn has_work(&self, g: usize) -> bool {
-        let group = &self.dgroups[g];
-        !group.waiting.is_empty() || !group.running.is_empty() || !group.pending.is_empty()
+    /// A request reached decode group `g`: it waits for a step with room for it.
+    pub(super) fn decode_arrival(&mut self, g: usize, recv: RecvRequest) {
+        let Some(req) = self.requests.get(&recv.request) else { return };
+        let tokens = Tokens { input: req.input, output: req.output };
+        self.dgroups[g].sched.handle_arrival(recv, tokens);
+        self.begin_step(g);
     }
 
     pub(super) fn begin_step(&mut self, g: usize) {
         // The barrier admits a step once the last one ran its forward, and never after a rank
-        // of the group was lost (its collectives can never complete).
-        if !self.dgroups[g].barrier.may_begin() || !self.has_work(g) {
+        // of the group was lost (its collectives can never complete). Requests waiting for
+        // their KV need steps too: the ranks redial their sources at step boundaries.
+        let sched = &self.dgroups[g].sched;
+        if !sched.barrier().may_begin() || !(sched.has_work() || sched.pending_len() > 0) {
             return;
         }
-        let step = self.dgroups[g].barrier.step().map_or(1, |s| s + 1);
-        self.group_event(g, GroupEvent::StepBegin { step });
-        let group = &mut self.dgroups[g];
-        group.next_step = None;
-        let mut new = Vec::new();
-        while let Some(recv) = group.waiting.front() {
-            let need = recv.params.remote_block_ids.len();
-            let busy = group.running.len() + group.pending.len();
-            if busy >= MAX_BATCH || group.free.len() < need {
-                break;
-            }
-            let mut recv = group.waiting.pop_front().expect("front exists");
-            let local: Vec<u32> = group.free.iter().take(need).copied().collect();
-            for b in &local {
-                group.free.remove(b);
-            }
-            recv.local_block_ids = local.clone();
-            group.pending.admit(recv.request);
-            new.push(recv);
-        }
-        for recv in &new {
-            if let Some(req) = self.requests.get_mut(&recv.request) {
-                req.local_blocks = recv.local_block_ids.clone();
-            }
-        }
-        for tp in 0..self.dgroups[g].tp {
-            let rank = self.decode_rank(g, tp);
-            self.send(rank, &ToRank::StepBegin { step, requests: new.clone() });
-        }
+        let step = sched.barrier().step().map_or(1, |s| s + 1);
+        self.dgroups[g].next_step = None;
+        let mut out = Vec::new();
+        self.dgroups[g].sched.handle_step_begin(step, &mut out);
+        self.sched_outputs(g, out);
     }
 
     /// Every rank of the group entered the forward pass: one token for every running request.
     pub(super) fn forward(&mut self, g: usize) {
-        let group = &mut self.dgroups[g];
         let now = std::time::Instant::now();
-        let mut finished = Vec::new();
-        for (id, left) in group.running.iter_mut() {
-            *left -= 1;
-            if *left == 0 {
-                finished.push(*id);
+        let mut out = Vec::new();
+        let done = self.dgroups[g].sched.handle_forward(&mut out);
+        for id in &done.first {
+            if let Some(req) = self.requests.get_mut(id) {
+                req.first_token = Some(now);
+                self.ttft_ms.push((now - req.started).as_secs_f64() * 1e3);
             }
         }
-        group.running.retain(|(_, left)| *left > 0);
-        let running: Vec<RequestId> =
-            group.running.iter().map(|(id, _)| *id).chain(finished.iter().copied()).collect();
-        for id in running {
-            if let Some(req) = self.requests.get_mut(&id) {
-                if req.first_token.is_none() {
-                    req.first_token = Some(now);
-                    self.ttft_ms.push((now - req.started).as_secs_f64() * 1e3);
-                }
-            }
-        }
-        for id in finished {
+        self.sched_outputs(g, out);
+        for id in done.finished {
             self.end(id, None);
         }
-        if !self.dgroups[g].running.is_empty() || !self.dgroups[g].waiting.is_empty() {
+        let sched = &self.dgroups[g].sched;
+        if sched.has_work() {
             self.begin_step(g);
-        } else if !self.dgroups[g].pending.is_empty() {
+        } else if sched.pending_len() > 0 {
             self.dgroups[g].next_step = Some(now + IDLE_STEP);
         }
     }
@@ -124,26 +128,14 @@ impl Cluster {
             Some(error) => Err(format!("{rank}: {error}")),
             None => Ok(()),
         };
-        match self.dgroups[g].pending.report(request, rank.tp_rank(), result) {
-            None => {}
-            Some(Joined::Received) => {
-                let output = self.requests[&request].output;
-                self.dgroups[g].running.push((request, output));
-                self.begin_step(g);
-            }
-            Some(Joined::Failed(errors)) => {
-                self.end(request, Some(errors.into_iter().map(|(_, error)| error).collect()));
-            }
-        }
+        let mut out = Vec::new();
+        self.dgroups[g].sched.handle_report(request, rank.tp_rank(), result, &mut out);
+        self.sched_outputs(g, out);
     }
 
     /// A request ended: finished (`None`) or failed with each worker's error.
     pub(super) fn end(&mut self, id: RequestId, errors: Option<Vec<String>>) {
         let Some(req) = self.requests.remove(&id) else { return };
-        let g = self.dgroups.iter().position(|g| (g.engine, g.dp) == req.decode).expect("decode group");
-        for b in &req.local_blocks {
-            self.dgroups[g].free.insert(*b);
-        }
         let _ = self.proxy.handle_finished(id);
         match errors {
             None => {

@@ -6,13 +6,13 @@ use std::time::Duration;
 use pdkv_core::ids::{EngineId, RankId};
 
 use super::{Cluster, Fault};
-use crate::sched::Recv;
+use pdkv_core::decode::RecvRequest;
 
 /// The decode dispatches held until a killed prefill rank is back, and what was counted.
 #[derive(Default)]
 pub(super) struct Holds {
     /// Held dispatches, with their decode group, in the order the proxy made them.
-    held: Vec<(usize, Recv)>,
+    held: Vec<(usize, RecvRequest)>,
     /// Dispatches held so far (`requests.held_for_restart`).
     pub(super) count: u64,
     /// Dispatches the proxy handed on while a rank of the request's prefill group was down by a
@@ -95,7 +95,7 @@ impl Cluster {
     /// it back, counting it when it goes on while the group is down. A held request is exposed
     /// to the kill (it already is: it was in flight at the kill, or sent while the rank was
     /// down), so its failure and its reaping stay excused however long it waits.
-    pub(super) fn hold(&mut self, g: usize, recv: Recv) -> Option<Recv> {
+    pub(super) fn hold(&mut self, g: usize, recv: RecvRequest) -> Option<RecvRequest> {
         let Some(req) = self.requests.get(&recv.request) else { return Some(recv) };
         if self.group_down(req.prefill).is_none() {
             return Some(recv);
@@ -115,7 +115,7 @@ impl Cluster {
     /// The proxy dispatches a prefilled request to decode group `g`: held until the killed rank
     /// of its prefill group is back ([`Cluster::hold`]), then to the foreign driver playing
     /// the group or to the group's scheduler.
-    pub(super) fn send_to_decode(&mut self, g: usize, recv: Recv) {
+    pub(super) fn send_to_decode(&mut self, g: usize, recv: RecvRequest) {
         let (engine, dp) = (EngineId::decode(self.dgroups[g].engine as u16), self.dgroups[g].dp);
         if let Some(gone) = self.gone_rank_of_group(engine, dp) {
             // Registered already: the reaper frees what the dead group never releases.
@@ -137,14 +137,16 @@ impl Cluster {
         }
         let group = (usize::from(rank.engine.index), rank.dp);
         for g in 0..self.dgroups.len() {
-            let queued = std::mem::take(&mut self.dgroups[g].waiting);
+            let requests = &self.requests;
+            let mut out = Vec::new();
+            let queued = self.dgroups[g].sched.take_waiting(
+                |recv| requests.get(&recv.request).is_some_and(|r| r.prefill == group),
+                &mut out,
+            );
+            self.sched_outputs(g, out);
             for recv in queued {
-                if self.requests.get(&recv.request).is_some_and(|r| r.prefill == group) {
-                    let held = self.hold(g, recv);
-                    debug_assert!(held.is_none(), "the group is down and the hold is on");
-                } else {
-                    self.dgroups[g].waiting.push_back(recv);
-                }
+                let held = self.hold(g, recv);
+                debug_assert!(held.is_none(), "the group is down and the hold is on");
             }
         }
     }

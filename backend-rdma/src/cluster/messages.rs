@@ -20,7 +20,7 @@ use super::{Cluster, ClusterConfig, Fault, Req};
 use crate::message_faults::{
     Injector, Later, MessageAction, MessageFault, MessageHit, MessageKind, SenderFaults,
 };
-use crate::sched::Recv;
+use pdkv_core::decode::RecvRequest;
 
 /// Most message-fault lines listed in the fault log; the rest are counted in its summary line.
 const MAX_LISTED: usize = 1000;
@@ -41,7 +41,7 @@ pub(super) struct Messages {
     /// The scheduler's own fault layer (dispatches).
     injector: Injector,
     /// Dispatches a delay holds, with their decode group.
-    delayed: Later<(usize, Recv)>,
+    delayed: Later<(usize, RecvRequest)>,
     /// Messages each fault hit, per sender: a restarted sender gets what is left of a count.
     used: BTreeMap<(u16, RankId), u32>,
     /// When a fault touched each DP group.
@@ -246,7 +246,7 @@ impl Cluster {
     /// The proxy dispatches a prefilled request to decode group `g`: now, later, or never, as
     /// the dispatch faults say. A lost dispatch fails its request at once (the client would see
     /// its decode request go unanswered), and its registered transfer waits for the reaper.
-    pub(super) fn dispatch(&mut self, g: usize, recv: Recv) {
+    pub(super) fn dispatch(&mut self, g: usize, recv: RecvRequest) {
         let id = recv.request;
         let Some(req) = self.requests.get(&id) else { return };
         let (decode, (pe, pdp)) =
@@ -290,14 +290,13 @@ impl Cluster {
         }
     }
 
-    fn take_dispatch(&mut self, g: usize, recv: Recv) {
+    fn take_dispatch(&mut self, g: usize, recv: RecvRequest) {
         let (engine, dp) = (EngineId::decode(self.dgroups[g].engine as u16), self.dgroups[g].dp);
         // The group died while the dispatch was held: as for a dispatch to a dead group.
         if let Some(gone) = self.gone_rank_of_group(engine, dp) {
             return self.end(recv.request, Some(vec![format!("{gone} is gone")]));
         }
-        self.dgroups[g].waiting.push_back(recv);
-        self.begin_step(g);
+        self.decode_arrival(g, recv);
     }
 
     /// Whether a handshake fault touched the DP group of `req`'s prefill or decode while it was

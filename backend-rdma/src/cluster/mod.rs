@@ -5,8 +5,9 @@
 //! This process plays the parts vLLM keeps outside its workers: the proxy (the core's
 //! [`Proxy`]), each prefill engine's scheduler with its block pool and the engine node
 //! ([`PrefillEngine`]: registration quorums, frees, the reaper), and each decode DP group's
-//! scheduler (steps, the forward pass, and the TP group's barrier: the core's [`DecodeGroup`]
-//! takes the MIN vote). The ranks run the worker nodes
+//! scheduler (the engine layer's [`DecodeScheduler`], the simulator's too: admission by pool
+//! space, the request barrier, the batch, and the TP group's barrier that takes the MIN vote).
+//! The ranks run the worker nodes
 //! behind real listeners and a real data plane. Nothing here computes a rank, a port or a quorum
 //! either: the proxy routes, the engine registers, the workers decide whom to read.
 //!
@@ -22,7 +23,7 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use pdkv_core::group::{DecodeGroup, GroupEvent, StepReport};
+use pdkv_core::group::{GroupEvent, StepReport};
 use pdkv_core::ids::{EngineId, Incarnation, RankId, RequestId, Role, TransferId};
 use pdkv_core::policy::{PeerBook, Policy};
 use pdkv_core::ports::EngineAddress;
@@ -33,7 +34,7 @@ use pdkv_core::time::Instant;
 use pdkv_core::topology::Deployment;
 
 use crate::rank_io::Clock;
-use crate::sched::{FromRank, Recv};
+use crate::sched::FromRank;
 
 mod config;
 mod decode_sched;
@@ -54,7 +55,7 @@ pub use config::{
 };
 pub use foreign::{DriverExit, DriverSetupError, ForeignReport};
 pub use foreign_reads::ForeignReads;
-use pdkv_engine::decode::RequestBarrier;
+use pdkv_engine::decode::{DecodeScheduler, SchedulerLimits};
 pub use pdkv_engine::verdict::{Summary, Verdict, ViolationKind};
 use procs::{free_ports, new_control_key, new_token, Acceptor, Admission, RankProc};
 pub use procs::{SpawnError, Spawned, StartError};
@@ -64,10 +65,9 @@ pub use result::{
 };
 
 const NS_PER_MS: u64 = 1_000_000;
-/// Decode blocks per decode DP group (the KV lands there; only ids are tracked here).
+/// Decode blocks per decode DP group (the KV lands there; only ids are tracked here). Admission
+/// reserves a request's prompt blocks and its answer's growth from them, as the simulator's does.
 const DECODE_BLOCKS: u32 = 1 << 16;
-/// Requests a decode DP group runs at once.
-const MAX_BATCH: usize = 64;
 /// How long a decode group with nothing to compute waits before its next step, so queued
 /// requests get redialled without spinning.
 const IDLE_STEP: Duration = Duration::from_millis(2);
@@ -135,7 +135,6 @@ struct Req {
     prefill: (usize, u16),
     decode: (usize, u16),
     prefill_blocks: Vec<u32>,
-    local_blocks: Vec<u32>,
     acks_needed: BTreeSet<RankId>,
     /// The incarnation of each TP rank of the owner group whose process computed the KV (the
     /// process that acknowledged the prefill, or that died computing it).
@@ -158,13 +157,9 @@ struct DGroup {
     engine: usize,
     dp: u16,
     tp: u16,
-    /// The TP group's barrier: which step it is on, the MIN vote, who entered the forward.
-    barrier: DecodeGroup,
-    waiting: VecDeque<Recv>,
-    running: Vec<(RequestId, u32)>,
-    /// Admitted requests waiting for every TP rank to report them (each failing rank's error).
-    pending: RequestBarrier<String>,
-    free: BTreeSet<u32>,
+    /// The group's scheduler: its queue, pool, batch, request barrier and step barrier (the
+    /// same one the simulator drives).
+    sched: DecodeScheduler<String>,
     next_step: Option<std::time::Instant>,
 }
 
@@ -342,6 +337,7 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
             queue: VecDeque::new(),
         })
         .collect();
+    let block_size_tokens = d.model.block_size_tokens;
     let dgroups = d
         .decode
         .iter()
@@ -351,11 +347,15 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
             engine,
             dp,
             tp,
-            barrier: DecodeGroup::new(tp, policy.handshake),
-            waiting: VecDeque::new(),
-            running: Vec::new(),
-            pending: RequestBarrier::new(tp),
-            free: (0..DECODE_BLOCKS).collect(),
+            sched: DecodeScheduler::new(
+                SchedulerLimits {
+                    width: tp,
+                    max_batch: config.decode_max_batch as usize,
+                    pool_blocks: DECODE_BLOCKS,
+                    block_size_tokens,
+                },
+                policy.handshake,
+            ),
             next_step: None,
         })
         .collect();

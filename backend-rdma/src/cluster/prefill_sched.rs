@@ -12,7 +12,8 @@ use pdkv_engine::verdict::ViolationKind;
 
 use super::foreign::ToDriver;
 use super::{Cluster, Req, Violation, NS_PER_MS};
-use crate::sched::{Recv, ToRank};
+use crate::sched::ToRank;
+use pdkv_core::decode::RecvRequest;
 
 impl Cluster {
     pub(super) fn request_of(&self, transfer_id: &TransferId) -> Option<RequestId> {
@@ -59,7 +60,6 @@ impl Cluster {
             prefill: (usize::from(slot.engine.index), slot.dp()),
             decode: (usize::from(record.decode.engine.index), record.decode.dp()),
             prefill_blocks: Vec::new(),
-            local_blocks: Vec::new(),
             acks_needed: BTreeSet::new(),
             holders: BTreeMap::new(),
             started: std::time::Instant::now(),
@@ -233,7 +233,7 @@ impl Cluster {
                     .iter()
                     .position(|g| g.engine == usize::from(slot.engine.index) && g.dp == slot.dp())
                     .expect("the proxy routes to existing groups");
-                let recv = Recv {
+                let recv = RecvRequest {
                     request: id,
                     prefill_engine: engine,
                     prefill_address: address,

@@ -679,12 +679,11 @@ impl Cluster {
                 // open, so the live ranks fail the step's requests at once and release their
                 // transfers, and no later step begins); the driver only reports the loss.
                 self.group_event(g, GroupEvent::MemberLost { member: rank.tp_rank() });
-                let group = &mut self.dgroups[g];
-                group.next_step = None;
-                let mut ids: Vec<RequestId> = group.waiting.drain(..).map(|r| r.request).collect();
-                ids.extend(group.running.drain(..).map(|(id, _)| id));
-                ids.extend(group.pending.take_all());
-                for id in ids {
+                self.dgroups[g].next_step = None;
+                let mut out = Vec::new();
+                let lost = self.dgroups[g].sched.drain(&mut out);
+                self.sched_outputs(g, out);
+                for id in lost {
                     self.end(id, Some(vec![error.clone()]));
                 }
             }

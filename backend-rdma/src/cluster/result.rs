@@ -24,6 +24,9 @@ pub struct Requests {
     pub failed_excused: u64,
     /// Still in flight at the end.
     pub unfinished: u64,
+    /// Times a request waited behind a full decode batch or pool at a step (its transfer
+    /// leased meanwhile); `--decode-max-batch` sets the batch.
+    pub queued_at_decode: u64,
     /// Decode dispatches held until a killed prefill rank was back
     /// (`--hold-dispatches-until-restart`).
     pub held_for_restart: u64,
@@ -431,6 +434,7 @@ impl Cluster {
             failed: self.failed,
             failed_excused: self.failed_excused,
             unfinished,
+            queued_at_decode: self.dgroups.iter().map(|g| g.sched.queued_total()).sum(),
             held_for_restart: self.holds.count,
             dispatched_while_down: self.holds.while_down,
         };

@@ -126,6 +126,9 @@ pub struct DecodeScheduler<E> {
     /// The next owner number for the pool (a request's, from admission to its end).
     next_owner: u32,
     barrier: DecodeGroup,
+    /// Requests the workers were ever told are queued (a request taken back and returned
+    /// counts again).
+    queued_total: u64,
 }
 
 impl<E> DecodeScheduler<E> {
@@ -145,6 +148,7 @@ impl<E> DecodeScheduler<E> {
             held: BTreeMap::new(),
             next_owner: 0,
             barrier: DecodeGroup::new(limits.width, handshake),
+            queued_total: 0,
         }
     }
 
@@ -176,6 +180,12 @@ impl<E> DecodeScheduler<E> {
     /// Blocks free in the pool.
     pub fn free_blocks(&self) -> usize {
         self.pool.available()
+    }
+
+    /// Requests that waited behind a full batch or pool at a step, since the group was made
+    /// (a reset starts again from 0).
+    pub fn queued_total(&self) -> u64 {
+        self.queued_total
     }
 
     /// A request reached the group: it waits for a step that has room for it.
@@ -235,6 +245,7 @@ impl<E> DecodeScheduler<E> {
             let queued: Vec<RecvRequest> =
                 self.waiting.iter().skip(self.told).map(|(r, _)| r.clone()).collect();
             self.told = self.waiting.len();
+            self.queued_total += queued.len() as u64;
             for member in (0..self.limits.width).map(TpRank) {
                 out.push(SchedulerOutput::ToMember {
                     member,
@@ -496,13 +507,14 @@ mod tests {
 
     /// Runs `script` on a group of two ranks, a batch of `max_batch` and a pool of `blocks`
     /// blocks of 16 tokens, and compares what each input did with the table.
-    fn check(max_batch: usize, blocks: u32, script: &[(Op, &str)]) {
+    fn check(max_batch: usize, blocks: u32, script: &[(Op, &str)]) -> DecodeScheduler<&'static str> {
         let limits = SchedulerLimits { width: 2, max_batch, pool_blocks: blocks, block_size_tokens: 16 };
         let mut s = DecodeScheduler::new(limits, HandshakeMode::Eager);
         let mut step = 0;
         for (i, (op, expected)) in script.iter().enumerate() {
             assert_eq!(render(&mut s, *op, &mut step), *expected, "input {i}: {op:?}");
         }
+        s
     }
 
     #[test]
@@ -567,7 +579,7 @@ mod tests {
 
     #[test]
     fn taking_a_queued_request_keeps_the_others_told() {
-        check(
+        let s = check(
             4,
             2,
             &[
@@ -583,6 +595,8 @@ mod tests {
                 (Step, "begin[2][0] queued[3] free0 batch0"),
             ],
         );
+        // 1 and 2 at the first step, 3 at the second (1 was taken back and never returned).
+        assert_eq!(s.queued_total(), 3);
     }
 
     #[test]
