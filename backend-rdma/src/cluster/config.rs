@@ -11,7 +11,7 @@ use pdkv_core::routing::RoutingError;
 use pdkv_core::topology::{Deployment, ModelSpec, NotationError};
 use pdkv_engine::timeouts::{ProtocolTimeouts, Timeout, TimeoutError, MAX_TIMEOUT_MS, MIN_TIMEOUT_MS};
 
-use super::procs::StartError;
+use super::errors::StartError;
 use crate::message_faults::{MessageFault, MessageFaultError, MAX_MESSAGE_FAULTS};
 use crate::sched::TransportKind;
 

@@ -37,6 +37,7 @@ use crate::sched::{FromRank, Recv};
 
 mod config;
 mod decode_sched;
+mod errors;
 mod faults;
 mod foreign;
 mod foreign_reads;
@@ -52,15 +53,15 @@ pub use config::{
     ClusterConfig, ClusterError, ConfigError, ControlAuthMode, Fault, Foreign, MAX_CLUSTER_RANKS,
     MAX_CONCURRENCY, MAX_LAYERS, MAX_REQUESTS, MIN_HEARTBEAT_TIMEOUT_MS, MIN_RUN_TIMEOUT_MS,
 };
-pub use foreign::{DriverExit, DriverSetupError, ForeignReport};
+pub use errors::{DriverSetupError, SpawnError, Spawned, StartError};
+pub use foreign::DriverExit;
 pub use foreign_reads::ForeignReads;
 use pdkv_engine::decode::RequestBarrier;
 pub use pdkv_engine::verdict::{Summary, Verdict, ViolationKind};
 use procs::{free_ports, new_control_key, new_token, Acceptor, Admission, RankProc};
-pub use procs::{SpawnError, Spawned, StartError};
 pub use result::{
-    ClusterResult, Control, Failure, Latencies, Ledger, Nic, Processes, Progress, Requests, Throughput,
-    Violation,
+    ClusterResult, Control, Failure, ForeignReport, Latencies, Ledger, Nic, Processes, Progress, Requests,
+    Throughput, Violation,
 };
 
 /// Decode blocks per decode DP group (the KV lands there; only ids are tracked here).
