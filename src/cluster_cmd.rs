@@ -267,9 +267,9 @@ pub fn run(args: &ClusterArgs) -> ExitCode {
     config.layers = args.layers;
     config.seed = args.seed;
     config.legacy = args.legacy.iter().fold(LegacyOptions::none(), |l, &o| l.with(o));
-    config.handshake_timeout_ms = args.handshake_timeout_ms;
-    config.transfer_timeout_ms = args.transfer_timeout_ms;
-    config.defer_timeout_ms = args.defer_timeout_ms;
+    config.timeouts.handshake_ms = args.handshake_timeout_ms;
+    config.timeouts.transfer_ms = args.transfer_timeout_ms;
+    config.timeouts.defer_ms = args.defer_timeout_ms;
     config.timeout_ms = args.timeout_ms;
     config.heartbeat_timeout_ms = args.heartbeat_timeout_ms;
     config.hold_dispatches_until_restart = args.hold_dispatches_until_restart;

@@ -7,10 +7,10 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use clap::Args;
-use pdkv_campaign::sweep::{self, Point, ShardFile, Sweep};
+use pdkv_campaign::sweep::{self, ShardFile, Sweep, SweepPoint};
 use pdkv_campaign::Shard;
 use pdkv_reports::page::Provenance;
-use pdkv_reports::{ErrorBand, SweepPoint};
+use pdkv_reports::ErrorBand;
 use pdkv_sim::calibration::Calibration;
 
 use crate::progress::Bar;
@@ -131,7 +131,7 @@ pub fn run(args: &SweepArgs) -> ExitCode {
         };
         return match file.write(&out) {
             Ok(path) => {
-                let points: Vec<Point> = file.results.iter().map(|r| r.point.clone()).collect();
+                let points: Vec<SweepPoint> = file.results.iter().map(|r| r.point.clone()).collect();
                 print_table(&points, &provenance);
                 outln!(
                     "shard {shard} of the sweep ({} of its {} points): {}",
@@ -149,7 +149,7 @@ pub fn run(args: &SweepArgs) -> ExitCode {
     }
     let out = args.out.clone().unwrap_or_else(|| sweep.default_folder());
     let all_expected = results.iter().all(|r| r.as_expected);
-    let points: Vec<Point> = results.into_iter().map(|r| r.point).collect();
+    let points: Vec<SweepPoint> = results.into_iter().map(|r| r.point).collect();
     report(&out, &points, &provenance, &command, all_expected)
 }
 
@@ -157,7 +157,7 @@ pub fn run(args: &SweepArgs) -> ExitCode {
 /// had its expected outcome (exit 0) or not (exit 1); 2 when the report cannot be written.
 pub fn report(
     out: &Path,
-    points: &[Point],
+    points: &[SweepPoint],
     provenance: &Provenance,
     command: &str,
     all_expected: bool,
@@ -185,7 +185,7 @@ fn exit_code(all_expected: bool) -> ExitCode {
 }
 
 /// Prints one line per point, then what produced the figures.
-fn print_table(points: &[Point], provenance: &Provenance) {
+fn print_table(points: &[SweepPoint], provenance: &Provenance) {
     let width = points.iter().map(|p| p.run.chars().count()).max().unwrap_or(0).max(24);
     // A run without finished requests has no latency: "n/a", in the numbers' columns.
     let ms = |v: Option<f64>, width: usize, decimals: usize| {
@@ -223,29 +223,15 @@ fn error_band(c: &Calibration) -> ErrorBand {
     }
 }
 
-/// A point as the charts and the page draw it.
-fn chart_point(p: &Point) -> SweepPoint {
-    SweepPoint {
-        run: p.run.clone(),
-        deployment: p.deployment.clone(),
-        concurrency: p.concurrency,
-        total_tok_s: p.total_tok_s,
-        ttft_mean_ms: p.ttft_mean_ms,
-        tpot_mean_ms: p.tpot_mean_ms,
-        outcome: p.outcome.name().to_string(),
-    }
-}
-
 fn write(
     out: &Path,
-    points: &[Point],
+    points: &[SweepPoint],
     provenance: &Provenance,
     band: &ErrorBand,
     command: &str,
 ) -> Result<PathBuf, String> {
     sweep::write_report_points(out, points).map_err(|e| e.to_string())?;
-    let points: Vec<SweepPoint> = points.iter().map(chart_point).collect();
-    let images = pdkv_reports::sweep_charts(&points, band, out).map_err(|e| e.to_string())?;
-    pdkv_reports::page::write_sweep_page(out, &points, &images, provenance, command)
+    let images = pdkv_reports::sweep_charts(points, band, out).map_err(|e| e.to_string())?;
+    pdkv_reports::page::write_sweep_page(out, points, &images, provenance, command)
         .map_err(|e| format!("cannot write {}: {e}", out.join("index.html").display()))
 }

@@ -27,7 +27,6 @@ use crate::tcp::TcpTransport;
 use crate::transport::{ReadTag, Transport, TransportError};
 use crate::zmtp::{Connection, SocketType};
 
-const NS_PER_MS: u64 = 1_000_000;
 /// How long a release or lease may take to reach a notify listener.
 const NOTIFY_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -385,15 +384,14 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
         setup.address.engine_id(),
     );
     config.peers = setup.peers.clone();
-    config.handshake_timeout_ns = setup.handshake_timeout_ms * NS_PER_MS;
-    config.transfer_timeout_ns = setup.transfer_timeout_ms * NS_PER_MS;
+    setup.timeouts.apply_to(&mut config);
     config.control_key =
         setup.control.auth().map_err(|e| ConnectorError::Setup(SetupError::ControlKey(e)))?.key().cloned();
     config.granularity =
         if setup.per_request_reads { ReadGranularity::PerRequest } else { ReadGranularity::PerLayer };
     let mut worker = DecodeWorker::new(config);
-    let transfer_timeout = Duration::from_millis(setup.transfer_timeout_ms);
-    let handshake_timeout = Duration::from_millis(setup.handshake_timeout_ms);
+    let transfer_timeout = Duration::from_millis(setup.timeouts.transfer_ms);
+    let handshake_timeout = Duration::from_millis(setup.timeouts.handshake_ms);
     let transport = match transport(setup.transport, transfer_timeout) {
         Ok(t) => t,
         Err(error) => {

@@ -417,7 +417,7 @@ fn start(ctx: &mut Context) -> Result<Started, SetupError> {
         wire::encode_layer_memory_descs(&layers),
     ]);
     // A pdkv decode rank leases for the deployment's transfer timeout; no lease is taken longer.
-    let max_lease_ms = setup.transfer_timeout_ms.min(u64::from(u32::MAX)) as u32;
+    let max_lease_ms = setup.timeouts.lease_ms();
     let auth = setup.control.auth().map_err(SetupError::ControlKey)?;
     let worker = PrefillWorker::new(rank, metadata, layers, &policy)
         .with_max_lease_ms(max_lease_ms)

@@ -17,6 +17,7 @@ use pdkv_core::policy::PeerBook;
 use pdkv_core::ports::{Endpoint, EngineAddress};
 use pdkv_core::release::{LedgerError, Quorum};
 use pdkv_core::topology::ModelSpec;
+use pdkv_engine::timeouts::ProtocolTimeouts;
 use serde::de::DeserializeOwned;
 
 use crate::message_faults::{MessageHit, SenderFaults};
@@ -76,10 +77,9 @@ pub struct Setup {
     pub num_blocks: u32,
     /// Which data plane to use.
     pub transport: TransportKind,
-    /// Decode: handshake timeout.
-    pub handshake_timeout_ms: u64,
-    /// Decode: transfer timeout.
-    pub transfer_timeout_ms: u64,
+    /// The protocol's timeouts: a decode rank's handshake and transfer timeouts, and the read
+    /// lease a prefill rank grants at most.
+    pub timeouts: ProtocolTimeouts,
     /// Decode: read every layer of a request in one read instead of one read per layer.
     pub per_request_reads: bool,
     /// The message faults this rank applies to what it sends (`pdkv cluster --lose-messages`,

@@ -117,7 +117,7 @@ fn main() {
                 total_tok_s: r.throughput.total_tok_s,
                 ttft_mean_ms: r.latency_ms.ttft.map(|t| t.mean),
                 tpot_mean_ms: r.latency_ms.tpot.map(|t| t.mean),
-                outcome: r.outcome.name().to_string(),
+                outcome: r.outcome,
             });
         }
     }
@@ -131,7 +131,7 @@ fn main() {
     }
     // The same sweep with one run marked as hung (synthetic), to see how that is shown.
     let mut marked = points.clone();
-    marked[8].outcome = "hang".to_string();
+    marked[8].outcome = pdkv_sim::Outcome::Hang;
     marked[8].total_tok_s = 0.0;
     marked[8].ttft_mean_ms = None;
     marked[8].tpot_mean_ms = None;

@@ -23,7 +23,8 @@ mod tests;
 pub use error::ReportError;
 pub use latency::latency_cdf;
 pub use nic::{nic_balance, nic_by_node, nic_utilisation, DrillDown, NodePictures, MAX_BARS};
-pub use sweep::{sweep_charts, ErrorBand, SweepPoint};
+pub use pdkv_sim::result::SweepPoint;
+pub use sweep::{sweep_charts, ErrorBand};
 pub use waitfor::wait_for_graph;
 
 /// The pictures of one run.

@@ -277,7 +277,7 @@ pub fn write_sweep_page(
             p.total_tok_s,
             p.ttft_mean_ms.map_or("n/a".to_string(), |v| format!("{v:.0}")),
             p.tpot_mean_ms.map_or("n/a".to_string(), |v| format!("{v:.1}")),
-            escape(&p.outcome)
+            escape(p.outcome.name())
         );
     }
     html.push_str("</table>\n<h2>Model</h2>\n<table>\n<tr><th>line</th><th>hardware and model</th></tr>\n");
@@ -318,7 +318,7 @@ mod tests {
             total_tok_s: 1000.0,
             ttft_mean_ms: None,
             tpot_mean_ms: Some(25.0),
-            outcome: "clean".into(),
+            outcome: pdkv_sim::Outcome::Clean,
         }];
         let provenance = Provenance {
             lines: vec![

@@ -6,32 +6,14 @@ use std::path::{Path, PathBuf};
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, VPos};
 
+use pdkv_sim::result::SweepPoint;
+use pdkv_sim::Outcome;
+
 use crate::error::ReportError;
 use crate::render::{
     fit, legend_column, marker, note, num, polyline, render, series_colour, style, text, title, x_ticks,
     y_ticks, Area, Drawn, Frame, Marker, Msg, Picture, Scale, Swatch, ALERT, MUTED, SUBTITLE, TICK,
 };
-
-/// One point of a sweep.
-#[derive(Clone, Debug, PartialEq)]
-pub struct SweepPoint {
-    /// The run's label without its workload ([`pdkv_sim::RunIdentity`]): one line per distinct
-    /// value, so two scenarios of one deployment (a bug and its fix) are two lines.
-    pub run: String,
-    /// The deployment notation.
-    pub deployment: String,
-    /// Clients in flight.
-    pub concurrency: u32,
-    /// Prompt plus generated tokens per second.
-    pub total_tok_s: f64,
-    /// Mean time to first token, in milliseconds (`None` when no request finished).
-    pub ttft_mean_ms: Option<f64>,
-    /// Mean time per output token, in milliseconds (`None` when no finished request produced a
-    /// second token).
-    pub tpot_mean_ms: Option<f64>,
-    /// How the run ended (`clean` or the outcome's name).
-    pub outcome: String,
-}
 
 /// How far the sweep's figures can be trusted, from the calibration that produced them. The
 /// caller says where that comes from (`pdkv sweep` reads `profiles/calibration.ron`), so the
@@ -190,8 +172,8 @@ impl Picture for Chart<'_> {
         levels.dedup();
         let mut bad: Vec<&str> = Vec::new();
         for p in self.points {
-            if p.outcome != "clean" && !bad.contains(&p.outcome.as_str()) {
-                bad.push(&p.outcome);
+            if p.outcome != Outcome::Clean && !bad.contains(&p.outcome.name()) {
+                bad.push(p.outcome.name());
             }
         }
         title(
@@ -269,7 +251,7 @@ impl Picture for Chart<'_> {
             for p in &mine {
                 if let Some(xy) = at(p) {
                     marker(root, shape, xy, 6, colour)?;
-                    if p.outcome != "clean" {
+                    if p.outcome != Outcome::Clean {
                         marker(root, Marker::Cross, xy, 9, ALERT)?;
                     }
                 }

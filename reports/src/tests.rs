@@ -275,7 +275,7 @@ fn sweep() -> Vec<SweepPoint> {
                 total_tok_s: if hung { 0.0 } else { 8000.0 * (1.0 + i as f64) + 900.0 * k },
                 ttft_mean_ms: if hung { None } else { Some(3000.0 * 6f64.powi(i as i32) + 100.0 * k) },
                 tpot_mean_ms: if hung { None } else { Some(25.0 + k) },
-                outcome: if hung { "hang".to_string() } else { "clean".to_string() },
+                outcome: if hung { pdkv_sim::Outcome::Hang } else { pdkv_sim::Outcome::Clean },
             });
         }
     }

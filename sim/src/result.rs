@@ -8,6 +8,30 @@ pub use pdkv_engine::verdict::{jain, percentiles, round3, Ledger, Summary, Viola
 use crate::scenario::{JainBounds, Outcome, Profiles, Scenario, FORMAT_VERSION};
 use crate::waitfor::{WaitEdge, WaitNode};
 
+/// One run of a sweep (one line's scenario at one concurrency level), in the figures a sweep's
+/// report shows: what `pdkv-campaign` runs, writes to shard files and merges, and what
+/// `pdkv-reports` draws.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SweepPoint {
+    /// The line's label: the run's identity without its workload ([`crate::RunIdentity`]), one
+    /// line per distinct value, so two scenarios of one deployment (a bug and its fix) are two
+    /// lines.
+    pub run: String,
+    /// The deployment notation.
+    pub deployment: String,
+    /// Clients in flight.
+    pub concurrency: u32,
+    /// Prompt plus generated tokens per second.
+    pub total_tok_s: f64,
+    /// Mean time to first token, in milliseconds (`None` when no request finished).
+    pub ttft_mean_ms: Option<f64>,
+    /// Mean time per output token, in milliseconds (`None` when no finished request produced a
+    /// second token).
+    pub tpot_mean_ms: Option<f64>,
+    /// How the run ended.
+    pub outcome: Outcome,
+}
+
 /// Everything a run measured.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RunResult {

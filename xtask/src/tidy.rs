@@ -1,7 +1,10 @@
 //! Tidy checks that run as tests: the core's purity rules (the textual part), `//!` headers, no
 //! disabled tests, `unsafe` forbidden in every crate root but the backend's, no citation of a file
-//! the repository lacks, and no import cycle between the files of a crate (`imports.rs`).
+//! the repository lacks, no import cycle between the files of a crate (`imports.rs`), and an
+//! ARCHITECTURE.md whose every path exists and that names every crate, module folder and top
+//! file (`architecture.rs`).
 
+mod architecture;
 mod imports;
 
 use std::fs;
@@ -82,6 +85,7 @@ pub fn check(root: &Path) -> Result<usize, Vec<String>> {
         }
     }
     problems.extend(imports::problems(root, &crate_roots(root)));
+    problems.extend(architecture::problems(root));
     if problems.is_empty() {
         Ok(files.len())
     } else {
@@ -450,6 +454,8 @@ mod tests {
             ("newcrate/examples/demo/main.rs", "//! An example.\n\nfn main() {}\n"),
             ("newcrate/tests/it.rs", "//! A test.\n"),
             ("Cargo.toml", "[workspace]\nmembers = [\"newcrate\"]\n"),
+            // The map names the crate and its top file, so only the roots are reported.
+            ("ARCHITECTURE.md", "| `newcrate/` | `helper.rs` |\n"),
         ];
         for (path, text) in files {
             let path = root.join(path);

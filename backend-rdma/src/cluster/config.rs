@@ -9,8 +9,9 @@ use pdkv_core::legacy::LegacyOptions;
 use pdkv_core::policy::{PeerBook, PeerRules};
 use pdkv_core::routing::RoutingError;
 use pdkv_core::topology::{Deployment, ModelSpec, NotationError};
+use pdkv_engine::timeouts::{ProtocolTimeouts, Timeout, TimeoutError, MAX_TIMEOUT_MS, MIN_TIMEOUT_MS};
 
-use super::procs::StartError;
+use super::errors::StartError;
 use crate::message_faults::{MessageFault, MessageFaultError, MAX_MESSAGE_FAULTS};
 use crate::sched::TransportKind;
 
@@ -95,12 +96,10 @@ pub struct ClusterConfig {
     pub seed: u64,
     /// Blocks per prefill rank.
     pub num_blocks: u32,
-    /// Decode handshake timeout.
-    pub handshake_timeout_ms: u64,
-    /// Decode transfer timeout (also the read lease).
-    pub transfer_timeout_ms: u64,
-    /// The prefill engines' reaper (`defer_timeout`).
-    pub defer_timeout_ms: u64,
+    /// The protocol's timeouts: `--handshake-timeout-ms` and `--transfer-timeout-ms` (also the
+    /// read lease) for the decode ranks, `--defer-timeout-ms` for the prefill engines' reaper.
+    /// The cluster runs no collective of its own, so the collective timeout keeps its default.
+    pub timeouts: ProtocolTimeouts,
     /// The run's limit: past it, what is unfinished counts as hung.
     pub timeout_ms: u64,
     /// How long a rank may say nothing (connectors send a heartbeat every
@@ -157,11 +156,10 @@ pub const MAX_CONCURRENCY: u32 = 4096;
 pub const MAX_LAYERS: u16 = 64;
 /// Most ranks (processes) one cluster starts on this host.
 pub const MAX_CLUSTER_RANKS: usize = 128;
-/// Shortest timeout accepted: less fails every request on a loaded host before its KV can
-/// move, which tests nothing.
-pub const MIN_TIMEOUT_MS: u64 = 100;
-/// Longest timeout or delay accepted (a day); longer ones overflow the clocks' arithmetic.
-pub const MAX_TIMEOUT_MS: u64 = 86_400_000;
+/// Shortest budget a run accepts (`--timeout-ms`): less ends every run on a loaded host before
+/// a KV cache can move, which tests nothing. The protocol's timeouts have the limits of every
+/// driver instead ([`ProtocolTimeouts::check`]).
+pub const MIN_RUN_TIMEOUT_MS: u64 = 100;
 /// Shortest heartbeat timeout accepted: two heartbeat intervals, so that one late heartbeat
 /// does not lose a rank.
 pub const MIN_HEARTBEAT_TIMEOUT_MS: u64 = 1_000;
@@ -181,16 +179,9 @@ impl ClusterConfig {
         count("--concurrency", self.concurrency, MAX_CONCURRENCY)?;
         count("--decode-max-batch", self.decode_max_batch, MAX_CONCURRENCY)?;
         count("--layers", u32::from(self.layers), u32::from(MAX_LAYERS))?;
-        let timeouts = [
-            ("--handshake-timeout-ms", self.handshake_timeout_ms),
-            ("--transfer-timeout-ms", self.transfer_timeout_ms),
-            ("--defer-timeout-ms", self.defer_timeout_ms),
-            ("--timeout-ms", self.timeout_ms),
-        ];
-        for (flag, ms) in timeouts {
-            if !(MIN_TIMEOUT_MS..=MAX_TIMEOUT_MS).contains(&ms) {
-                return Err(ConfigError::Timeout { flag, ms });
-            }
+        self.timeouts.check().map_err(ConfigError::ProtocolTimeout)?;
+        if !(MIN_RUN_TIMEOUT_MS..=MAX_TIMEOUT_MS).contains(&self.timeout_ms) {
+            return Err(ConfigError::RunTimeout { ms: self.timeout_ms });
         }
         if !(MIN_HEARTBEAT_TIMEOUT_MS..=MAX_TIMEOUT_MS).contains(&self.heartbeat_timeout_ms) {
             return Err(ConfigError::HeartbeatTimeout { ms: self.heartbeat_timeout_ms });
@@ -290,12 +281,10 @@ impl ClusterConfig {
             host: "127.0.0.1".into(),
             seed: 0,
             num_blocks: 512,
-            // The core's defaults (docs/reference.md says which are MoRIIO's): a fault-free run
-            // never waits for them, and a loaded machine (CI) must not turn a slow read into a
-            // failure.
-            handshake_timeout_ms: 10_000,
-            transfer_timeout_ms: 30_000,
-            defer_timeout_ms: 60_000,
+            // The protocol's defaults (docs/reference.md says which are MoRIIO's): a fault-free
+            // run never waits for them, and a loaded machine (CI) must not turn a slow read into
+            // a failure.
+            timeouts: ProtocolTimeouts::default(),
             timeout_ms: 120_000,
             heartbeat_timeout_ms: 5_000,
             faults: Vec::new(),
@@ -382,10 +371,10 @@ pub enum ConfigError {
         /// The largest accepted.
         max: u32,
     },
-    /// A timeout outside [`MIN_TIMEOUT_MS`]`..=`[`MAX_TIMEOUT_MS`].
-    Timeout {
-        /// The flag.
-        flag: &'static str,
+    /// A protocol timeout outside the limits every driver shares.
+    ProtocolTimeout(TimeoutError),
+    /// `--timeout-ms` outside [`MIN_RUN_TIMEOUT_MS`]`..=`[`MAX_TIMEOUT_MS`].
+    RunTimeout {
         /// Its value.
         ms: u64,
     },
@@ -473,8 +462,11 @@ impl fmt::Display for ConfigError {
             ConfigError::Deployment(e) => write!(f, "{e}"),
             ConfigError::Routing(e) => write!(f, "{e}"),
             ConfigError::Count { flag, value, max } => write!(f, "{flag} {value}: must be between 1 and {max}"),
-            ConfigError::Timeout { flag, ms } => {
-                write!(f, "{flag} {ms}: must be between {MIN_TIMEOUT_MS} and {MAX_TIMEOUT_MS}")
+            ConfigError::ProtocolTimeout(TimeoutError { timeout, value_ms }) => {
+                write!(f, "{} {value_ms}: must be between {MIN_TIMEOUT_MS} and {MAX_TIMEOUT_MS}", timeout_flag(*timeout))
+            }
+            ConfigError::RunTimeout { ms } => {
+                write!(f, "--timeout-ms {ms}: must be between {MIN_RUN_TIMEOUT_MS} and {MAX_TIMEOUT_MS}")
             }
             ConfigError::HeartbeatTimeout { ms } => write!(
                 f,
@@ -536,3 +528,52 @@ impl fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
+
+/// The flag that sets a protocol timeout. The collective timeout has none (the cluster runs no
+/// collective of its own and keeps the default), so it is named in words.
+pub fn timeout_flag(timeout: Timeout) -> &'static str {
+    match timeout {
+        Timeout::Handshake => "--handshake-timeout-ms",
+        Timeout::Transfer => "--transfer-timeout-ms",
+        Timeout::Defer => "--defer-timeout-ms",
+        Timeout::Collective => "the collective timeout",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The protocol's timeout flags take the limits every driver shares, and an error names the
+    /// flag; the run's budget keeps its own floor.
+    #[test]
+    fn timeout_flags_have_the_protocols_limits() {
+        let d = Deployment::parse("1P_TP1:1D_TP1").expect("parses");
+        let check = |set: fn(&mut ClusterConfig, u64), value: u64, expected: Result<(), String>| {
+            let mut config = ClusterConfig::new("1P_TP1:1D_TP1", 4, PathBuf::from("pdkv"));
+            set(&mut config, value);
+            assert_eq!(config.validate(&d).map_err(|e| e.to_string()), expected, "{value}");
+        };
+        let out = |flag: &str, value: u64| Err(format!("{flag} {value}: must be between 1 and 10000000000"));
+        type Set = fn(&mut ClusterConfig, u64);
+        let flags: [(&str, Set); 3] = [
+            ("--handshake-timeout-ms", |c, ms| c.timeouts.handshake_ms = ms),
+            ("--transfer-timeout-ms", |c, ms| c.timeouts.transfer_ms = ms),
+            ("--defer-timeout-ms", |c, ms| c.timeouts.defer_ms = ms),
+        ];
+        for (flag, set) in flags {
+            check(set, 0, out(flag, 0));
+            check(set, 1, Ok(()));
+            check(set, MAX_TIMEOUT_MS, Ok(()));
+            check(set, MAX_TIMEOUT_MS + 1, out(flag, MAX_TIMEOUT_MS + 1));
+            check(set, u64::MAX, out(flag, u64::MAX));
+        }
+        let budget = |c: &mut ClusterConfig, ms| c.timeout_ms = ms;
+        let over = |ms: u64| Err(format!("--timeout-ms {ms}: must be between 100 and 10000000000"));
+        check(budget, 99, over(99));
+        check(budget, 100, Ok(()));
+        check(budget, MAX_TIMEOUT_MS, Ok(()));
+        check(budget, MAX_TIMEOUT_MS + 1, over(MAX_TIMEOUT_MS + 1));
+        check(budget, u64::MAX, over(u64::MAX));
+    }
+}

@@ -59,8 +59,8 @@ use pdkv_core::wire::{self, ControlMessage};
 use serde::{Deserialize, Serialize};
 
 use super::config::Foreign;
-use super::foreign_reads::{self, ForeignReads, Life, Plan};
-use super::procs::{SpawnError, Spawned, StartError};
+use super::errors::{DriverSetupError, SpawnError, Spawned, StartError};
+use super::foreign_reads::{self, Life, Plan};
 use super::{Cluster, Ev, Violation};
 use pdkv_engine::verdict::ViolationKind;
 
@@ -301,46 +301,6 @@ impl std::fmt::Display for DriverExit {
 }
 
 impl std::error::Error for DriverExit {}
-
-/// Why the driver's setup could not be made: a foreign prefill rank's handshake reply, which its
-/// data-plane server hands the scheduler, is missing or does not decode.
-#[derive(Debug)]
-pub enum DriverSetupError {
-    /// The rank gave no reply.
-    NoReply(RankId),
-    /// The reply's first message is not handshake metadata.
-    Metadata {
-        /// The rank.
-        rank: RankId,
-        /// What it decoded to, for people.
-        got: String,
-    },
-    /// The reply's layer descriptors do not decode.
-    Layers {
-        /// The rank.
-        rank: RankId,
-        /// Why.
-        error: wire::WireError,
-    },
-}
-
-impl std::fmt::Display for DriverSetupError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            DriverSetupError::NoReply(rank) => {
-                write!(f, "{rank} gave no handshake reply for the foreign driver")
-            }
-            DriverSetupError::Metadata { rank, got } => {
-                write!(f, "{rank}'s handshake metadata does not decode: {got}")
-            }
-            DriverSetupError::Layers { rank, error } => {
-                write!(f, "{rank}'s layer descriptors do not decode: {error}")
-            }
-        }
-    }
-}
-
-impl std::error::Error for DriverSetupError {}
 
 /// The running driver.
 pub(super) struct Driver {
@@ -602,29 +562,6 @@ fn parse_line(number: u64, line: &[u8]) -> DriverEvent {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// What the run saw of the foreign side, for the result.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct ForeignReport {
-    /// Which side the driver played.
-    pub side: String,
-    /// The rules it follows.
-    pub rules: String,
-    /// Decode side: requests the driver's decode groups handled without an error.
-    pub received: u64,
-    /// Prefill side: transfers the driver's ranks reported finished (one per rank holding it).
-    pub finished: u64,
-    /// Prefill side: a report of a transfer the rank did not hold, or reported twice (must be 0).
-    pub unexpected_finishes: u64,
-    /// The driver's own counters, from its goodbye.
-    pub stats: BTreeMap<String, u64>,
-    /// Decode side: the reads the driver planned, judged against the process holding the KV.
-    pub reads: ForeignReads,
-    /// Why the driver, or processes of its group, had to be killed at the end of the run (it
-    /// stopped reading, did not exit after `shutdown` or after its `bye`, or left processes
-    /// running); `None` when it exited by itself and left nothing behind.
-    pub killed: Option<String>,
 }
 
 impl Cluster {

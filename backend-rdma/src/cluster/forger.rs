@@ -35,7 +35,7 @@ use pdkv_core::release::{Release, ReleaseSender};
 use pdkv_core::wire::{self, ControlMessage, ReadLease};
 use serde::Serialize;
 
-use super::procs::{SpawnError, Spawned};
+use super::errors::{SpawnError, Spawned};
 use super::Ev;
 use crate::zmtp::{Connection, SocketType};
 

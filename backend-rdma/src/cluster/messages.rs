@@ -67,7 +67,7 @@ impl Messages {
             used: BTreeMap::new(),
             touched: Touches::default(),
             grace: Duration::from_millis(
-                config.handshake_timeout_ms.saturating_add(config.transfer_timeout_ms),
+                config.timeouts.handshake_ms.saturating_add(config.timeouts.transfer_ms),
             ),
             counts: BTreeMap::new(),
             listed: 0,

@@ -38,6 +38,7 @@ use crate::sched::FromRank;
 
 mod config;
 mod decode_sched;
+mod errors;
 mod faults;
 mod foreign;
 mod foreign_reads;
@@ -51,20 +52,19 @@ mod tests;
 
 pub use config::{
     ClusterConfig, ClusterError, ConfigError, ControlAuthMode, Fault, Foreign, MAX_CLUSTER_RANKS,
-    MAX_CONCURRENCY, MAX_LAYERS, MAX_REQUESTS, MAX_TIMEOUT_MS, MIN_HEARTBEAT_TIMEOUT_MS, MIN_TIMEOUT_MS,
+    MAX_CONCURRENCY, MAX_LAYERS, MAX_REQUESTS, MIN_HEARTBEAT_TIMEOUT_MS, MIN_RUN_TIMEOUT_MS,
 };
-pub use foreign::{DriverExit, DriverSetupError, ForeignReport};
+pub use errors::{DriverSetupError, SpawnError, Spawned, StartError};
+pub use foreign::DriverExit;
 pub use foreign_reads::ForeignReads;
 use pdkv_engine::decode::{DecodeScheduler, SchedulerLimits};
 pub use pdkv_engine::verdict::{Summary, Verdict, ViolationKind};
 use procs::{free_ports, new_control_key, new_token, Acceptor, Admission, RankProc};
-pub use procs::{SpawnError, Spawned, StartError};
 pub use result::{
-    ClusterResult, Control, Failure, Latencies, Ledger, Nic, Processes, Progress, Requests, Throughput,
-    Violation,
+    ClusterResult, Control, Failure, ForeignReport, Latencies, Ledger, Nic, Processes, Progress, Requests,
+    Throughput, Violation,
 };
 
-const NS_PER_MS: u64 = 1_000_000;
 /// Decode blocks per decode DP group (the KV lands there; only ids are tracked here). Admission
 /// reserves a request's prompt blocks and its answer's growth from them, as the simulator's does.
 const DECODE_BLOCKS: u32 = 1 << 16;
@@ -315,9 +315,7 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
     let peers = config.peers(&d);
     let engines = PrefillEngine::for_deployment(&d, policy)
         .into_iter()
-        .map(|engine| {
-            engine.with_defer_timeout_ns(config.defer_timeout_ms * NS_PER_MS).with_peers(peers.clone())
-        })
+        .map(|engine| engine.with_defer_timeout_ns(config.timeouts.defer_ns()).with_peers(peers.clone()))
         .collect();
     let foreign_report = config.foreign.as_ref().map_or_else(ForeignReport::default, |f| ForeignReport {
         side: f.side.name().to_string(),
@@ -589,7 +587,7 @@ impl Cluster {
         // run in which nothing ended for that long is stuck; one that ends its budget sooner
         // after its last finished request was only too short.
         let stall = Duration::from_millis(
-            self.config.handshake_timeout_ms.saturating_add(self.config.transfer_timeout_ms),
+            self.config.timeouts.handshake_ms.saturating_add(self.config.timeouts.transfer_ms),
         );
         loop {
             if self.stop_requested() {

@@ -8,10 +8,11 @@ use pdkv_core::params::{KvTransferParams, PrefillAnswer};
 use pdkv_core::prefill::{EngineAction, EngineEvent, PrefillDone};
 use pdkv_core::proxy::ProxyAction;
 use pdkv_core::topology::Layout;
+use pdkv_engine::timeouts::NS_PER_MS;
 use pdkv_engine::verdict::ViolationKind;
 
 use super::foreign::ToDriver;
-use super::{Cluster, Req, Violation, NS_PER_MS};
+use super::{Cluster, Req, Violation};
 use crate::sched::ToRank;
 use pdkv_core::decode::RecvRequest;
 

@@ -2,11 +2,9 @@
 //! loss, signals and shutdown.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
-use std::io::{self, BufReader};
+use std::io::BufReader;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
@@ -19,6 +17,7 @@ use pdkv_core::ids::Incarnation;
 use pdkv_core::ids::{EngineId, RankId, RequestId, Role};
 use pdkv_core::prefill::EngineEvent;
 
+use super::errors::{SpawnError, Spawned, StartError};
 use super::foreign::{Driver, ToDriver};
 use super::result::Severity;
 use super::{Cluster, Ev, EXIT_TIMEOUT, POLL, START_TIMEOUT};
@@ -33,138 +32,6 @@ const SHUTDOWN_READ: std::time::Duration = std::time::Duration::from_secs(1);
 const SIGNALLED_BYE: std::time::Duration = std::time::Duration::from_secs(1);
 /// How long the forger gets, once its input closed, to send what it was given and exit.
 const FORGER_EXIT: std::time::Duration = std::time::Duration::from_secs(3);
-
-/// Why a run's processes could not start, or did not become ready.
-#[derive(Debug)]
-pub enum StartError {
-    /// No block of free ports for the listeners.
-    NoFreePorts {
-        /// Ports needed.
-        count: u16,
-        /// The host.
-        host: String,
-    },
-    /// The scheduler's own listener could not bind.
-    Listener(io::Error),
-    /// The scheduler's listener has no local address.
-    LocalAddr(io::Error),
-    /// `/dev/urandom` could not be read.
-    Random {
-        /// What the bytes were for.
-        what: &'static str,
-        /// Why.
-        error: io::Error,
-    },
-    /// A process could not be started.
-    Spawn(SpawnError),
-    /// A rank said it could not start (`FromRank::SetupFailed`), in its own words.
-    RankSetup {
-        /// The rank.
-        rank: RankId,
-        /// Why.
-        error: String,
-    },
-    /// A rank's process exited before it was ready.
-    ExitedBeforeReady(RankId),
-    /// Ranks were not ready within the start timeout.
-    NotReady {
-        /// The timeout, in seconds.
-        secs: u64,
-        /// The ranks that were not.
-        missing: Vec<RankId>,
-    },
-    /// The foreign driver was not ready within the start timeout.
-    DriverNotReady {
-        /// The driver program.
-        program: PathBuf,
-        /// The timeout, in seconds.
-        secs: u64,
-    },
-    /// The foreign driver's output is not its protocol before it was ready.
-    DriverGarbled(String),
-    /// The foreign driver exited before it was ready.
-    DriverExited,
-    /// The foreign driver said `error`, in its own words.
-    DriverFailed(String),
-    /// The foreign driver's setup could not be made.
-    DriverSetup(super::foreign::DriverSetupError),
-    /// A prefill notify listener does not resolve for the forger.
-    ForgerTarget {
-        /// The host.
-        host: String,
-        /// The port.
-        port: u16,
-    },
-}
-
-impl fmt::Display for StartError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            StartError::NoFreePorts { count, host } => {
-                write!(f, "no {count} consecutive free ports on {host}")
-            }
-            StartError::Listener(e) => write!(f, "scheduler listener: {e}"),
-            StartError::LocalAddr(e) => write!(f, "{e}"),
-            StartError::Random { what, error } => write!(f, "{what}: /dev/urandom: {error}"),
-            StartError::Spawn(e) => write!(f, "{e}"),
-            StartError::RankSetup { rank, error } => write!(f, "{rank}: {error}"),
-            StartError::ExitedBeforeReady(rank) => write!(f, "{rank} exited before it was ready"),
-            StartError::NotReady { secs, missing } => {
-                let missing: Vec<String> = missing.iter().map(RankId::to_string).collect();
-                write!(f, "ranks not ready after {secs} s: {}", missing.join(", "))
-            }
-            StartError::DriverNotReady { program, secs } => {
-                write!(f, "the foreign driver {} was not ready after {secs} s", program.display())
-            }
-            StartError::DriverGarbled(detail) => f.write_str(detail),
-            StartError::DriverExited => {
-                f.write_str("the foreign driver exited before it was ready (its messages are above)")
-            }
-            StartError::DriverFailed(detail) => write!(f, "the foreign driver: {detail}"),
-            StartError::DriverSetup(e) => write!(f, "{e}"),
-            StartError::ForgerTarget { host, port } => {
-                write!(f, "the forger's target {host}:{port} does not resolve")
-            }
-        }
-    }
-}
-
-impl std::error::Error for StartError {}
-
-/// A process the run starts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Spawned {
-    /// A rank's `pdkv connector`.
-    Connector,
-    /// The foreign side's driver (`--foreign-side`).
-    ForeignDriver,
-    /// The forger (`--forge-messages`).
-    Forger,
-}
-
-/// Why a process could not be started.
-#[derive(Debug)]
-pub struct SpawnError {
-    /// Which process.
-    pub what: Spawned,
-    /// Its program.
-    pub program: PathBuf,
-    /// Why.
-    pub error: io::Error,
-}
-
-impl fmt::Display for SpawnError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (program, e) = (self.program.display(), &self.error);
-        match self.what {
-            Spawned::Connector => write!(f, "cannot start {program} connector: {e}"),
-            Spawned::ForeignDriver => write!(f, "cannot start the foreign driver {program}: {e}"),
-            Spawned::Forger => write!(f, "cannot start the forger {program}: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for SpawnError {}
 
 pub(super) struct RankProc {
     pub(super) child: Option<Child>,
@@ -402,8 +269,7 @@ impl Cluster {
             address: self.addresses[&rank.engine].clone(),
             num_blocks: self.config.num_blocks,
             transport: self.config.transport,
-            handshake_timeout_ms: self.config.handshake_timeout_ms,
-            transfer_timeout_ms: self.config.transfer_timeout_ms,
+            timeouts: self.config.timeouts,
             per_request_reads: false,
             message_faults: self.sender_faults(rank, life),
             life,

@@ -7,6 +7,7 @@ use pdkv_engine::verdict::{judge, round3, BudgetRule, Summary, Tally, Verdict, V
 use pdkv_core::ids::{RankId, Role};
 use serde::Serialize;
 
+use super::foreign_reads::ForeignReads;
 use super::Cluster;
 
 /// Requests by how they ended (the simulator's names). Not the simulator's `Requests`: that one
@@ -133,6 +134,29 @@ pub struct Processes {
     pub refused: u64,
 }
 
+/// What the run saw of the foreign side, for the result.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ForeignReport {
+    /// Which side the driver played.
+    pub side: String,
+    /// The rules it follows.
+    pub rules: String,
+    /// Decode side: requests the driver's decode groups handled without an error.
+    pub received: u64,
+    /// Prefill side: transfers the driver's ranks reported finished (one per rank holding it).
+    pub finished: u64,
+    /// Prefill side: a report of a transfer the rank did not hold, or reported twice (must be 0).
+    pub unexpected_finishes: u64,
+    /// The driver's own counters, from its goodbye.
+    pub stats: BTreeMap<String, u64>,
+    /// Decode side: the reads the driver planned, judged against the process holding the KV.
+    pub reads: ForeignReads,
+    /// Why the driver, or processes of its group, had to be killed at the end of the run (it
+    /// stopped reading, did not exit after `shutdown` or after its `bye`, or left processes
+    /// running); `None` when it exited by itself and left nothing behind.
+    pub killed: Option<String>,
+}
+
 /// What a cluster run measured, in the simulator's result schema where it applies.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ClusterResult {
@@ -185,7 +209,7 @@ pub struct ClusterResult {
     pub problems: Vec<String>,
     /// The side another connector's code played (`--foreign-side`), if any.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub foreign: Option<super::ForeignReport>,
+    pub foreign: Option<ForeignReport>,
 }
 
 impl ClusterResult {

@@ -6,7 +6,7 @@ use std::path::Path;
 use pdkv_core::topology::Deployment;
 
 use super::shard_file::{PointResult, ShardFile};
-use super::Point;
+use super::SweepPoint;
 use crate::coverage::check_complete;
 use crate::error::{Inconsistency, MergeError};
 use crate::shard::Shard;
@@ -21,7 +21,7 @@ pub struct Merged {
     /// Each line with where its hardware and model come from.
     pub lines: Vec<(String, String)>,
     /// Every point, in grid order.
-    pub points: Vec<Point>,
+    pub points: Vec<SweepPoint>,
     /// Whether each point had its expected outcome.
     pub expected: Vec<bool>,
 }
@@ -74,7 +74,8 @@ pub fn merge(files: &[(String, ShardFile)], calibration: &str) -> Result<Merged,
     }
     // The shares add up to the points, and each file holds its share: as many slots as the
     // files hold points.
-    let mut slots: Vec<Option<(Point, bool)>> = vec![None; files.iter().map(|(_, s)| s.results.len()).sum()];
+    let mut slots: Vec<Option<(SweepPoint, bool)>> =
+        vec![None; files.iter().map(|(_, s)| s.results.len()).sum()];
     for (file, shard) in files {
         for r in &shard.results {
             let slot = slots.get_mut(r.index as usize).filter(|_| shard.shard.owns(r.index));
@@ -135,7 +136,7 @@ mod tests {
     use pdkv_sim::Outcome;
 
     fn result(index: u64) -> PointResult {
-        let point = Point {
+        let point = SweepPoint {
             run: "a".into(),
             deployment: "1P_TP8:1D_TP8".into(),
             concurrency: 4 + index as u32,

@@ -12,34 +12,15 @@ use std::sync::Mutex;
 
 use pdkv_sim::load::Violation;
 use pdkv_sim::scenario::{Clients, Hardware, ModelProfile, Scenario};
-use pdkv_sim::{Outcome, RunIdentity, RunOptions, RunResult, SimError};
+use pdkv_sim::{RunIdentity, RunOptions, RunResult, SimError};
 use serde::Serialize;
 
 use crate::files::WriteError;
 use crate::shard::Shard;
 
 pub use merge::{merge, read_shards, Merged};
+pub use pdkv_sim::result::SweepPoint;
 pub use shard_file::{PointResult, ShardFile, FILE, FORMAT};
-
-/// One run of a sweep, in the figures the report shows.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Point {
-    /// The line's label: the run's identity without its workload.
-    pub run: String,
-    /// The deployment notation.
-    pub deployment: String,
-    /// Clients in flight.
-    pub concurrency: u32,
-    /// Prompt plus generated tokens per second.
-    pub total_tok_s: f64,
-    /// Mean time to first token, in milliseconds (`None` when no request finished).
-    pub ttft_mean_ms: Option<f64>,
-    /// Mean time per output token, in milliseconds (`None` when no finished request produced a
-    /// second token).
-    pub tpot_mean_ms: Option<f64>,
-    /// How the run ended.
-    pub outcome: Outcome,
-}
 
 /// One line of a sweep: a scenario, and its label (its identity without the workload, which the
 /// sweep sets; concurrency is the charts' x axis).
@@ -262,7 +243,7 @@ pub fn run(
         };
         // The sweep replaces the workload, so only the outcome is compared: a scenario's
         // NIC-balance bounds belong to its own request count.
-        let point = Point {
+        let point = SweepPoint {
             run: p.label.clone(),
             deployment: p.scenario.deployment.clone(),
             concurrency: p.concurrency,
@@ -293,7 +274,7 @@ pub const REPORT_FILE: &str = "sweep.json";
 
 /// Writes the report's points file, [`REPORT_FILE`], into `out` (creating it), returning its
 /// path.
-pub fn write_report_points(out: &Path, points: &[Point]) -> Result<PathBuf, WriteError> {
+pub fn write_report_points(out: &Path, points: &[SweepPoint]) -> Result<PathBuf, WriteError> {
     let listed: Vec<ReportPoint<'_>> = points
         .iter()
         .map(|p| ReportPoint {
@@ -315,10 +296,12 @@ pub fn write_report_points(out: &Path, points: &[Point]) -> Result<PathBuf, Writ
 
 #[cfg(test)]
 mod tests {
+    use pdkv_sim::Outcome;
+
     use super::*;
 
-    fn point(outcome: Outcome, ttft: Option<f64>) -> Point {
-        Point {
+    fn point(outcome: Outcome, ttft: Option<f64>) -> SweepPoint {
+        SweepPoint {
             run: "a".into(),
             deployment: "1P_TP8:1D_TP8".into(),
             concurrency: 8,

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::Point;
+use super::SweepPoint;
 use crate::files::{ReadError, WriteError};
 use crate::shard::Shard;
 
@@ -27,7 +27,7 @@ pub const FILE: &str = "sweep-shard.json";
 #[serde(into = "ResultEntry", from = "ResultEntry")]
 pub struct PointResult {
     pub index: u64,
-    pub point: Point,
+    pub point: SweepPoint,
     pub as_expected: bool,
 }
 
@@ -69,7 +69,7 @@ impl From<PointResult> for ResultEntry {
 
 impl From<ResultEntry> for PointResult {
     fn from(e: ResultEntry) -> PointResult {
-        let point = Point {
+        let point = SweepPoint {
             run: e.run,
             deployment: e.deployment,
             concurrency: e.concurrency,
@@ -217,8 +217,8 @@ mod tests {
     use super::*;
     use pdkv_sim::Outcome;
 
-    fn point(x: f64) -> Point {
-        Point {
+    fn point(x: f64) -> SweepPoint {
+        SweepPoint {
             run: "a".into(),
             deployment: "1P_TP8:1D_TP8".into(),
             concurrency: 8,
