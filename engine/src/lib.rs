@@ -12,6 +12,7 @@
 
 pub mod decode;
 pub mod pool;
+pub mod prefill;
 #[cfg(test)]
 mod scripted;
 pub mod target;

@@ -114,6 +114,28 @@ fn requests_queued_behind_a_full_decode_batch_all_finish_and_free_once() {
     assert_eq!((l.freed, l.held, l.reaped, l.double_frees), (200, 0, 0, 0), "{json}");
 }
 
+/// A prefill pool of 25 blocks, exactly the longest prompt (400 tokens of 16): at most a few
+/// requests fit at once, so most wait in each group's queue behind a head that waits for blocks,
+/// and every block is handed out many times over, in vLLM's order (the engine layer's
+/// `PrefillScheduler`). Every request still finishes, every byte verifies, every transfer is
+/// freed once and nothing stays held.
+#[test]
+fn a_prefill_pool_as_small_as_one_prompt_serves_every_request_in_order() {
+    for deployment in ["1P_TP2:1D_TP2", "1P_DP2TP1:1D_TP2"] {
+        let mut config = ClusterConfig::new(deployment, 40, exe());
+        config.num_blocks = 25;
+        config.concurrency = 16;
+        let r = run(config);
+        let json = r.to_json();
+        assert_eq!(r.outcome, "clean", "{deployment}: {json}");
+        let q = &r.requests;
+        assert_eq!((q.sent, q.finished, q.failed, q.unfinished), (40, 40, 0, 0), "{deployment}: {json}");
+        let l = &r.ledger;
+        assert_eq!((l.freed, l.held, l.reaped, l.double_frees), (40, 0, 0, 0), "{deployment}: {json}");
+        assert_eq!(r.bytes_verified, r.nic.bytes_per_prefill_gpu.iter().sum::<u64>(), "{deployment}: {json}");
+    }
+}
+
 #[test]
 fn a_cluster_leaves_no_process_or_listener_behind() {
     let r = run(ClusterConfig::new("1P_TP2:1D_TP2", 4, exe()));

@@ -17,7 +17,7 @@
 //! (lost, duplicated and delayed control messages) and `result.rs` (the report, in the
 //! simulator's vocabulary).
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
@@ -145,12 +145,15 @@ struct Req {
     exposed: bool,
 }
 
+/// A prefill DP group: its queue and block pool are the engine layer's scheduler, the one the
+/// simulator's groups run, planned with whole prompts (a rank computes a request at once).
 struct PGroup {
     engine: usize,
     dp: u16,
-    free: BTreeSet<u32>,
-    owner: BTreeMap<u32, TransferId>,
-    queue: VecDeque<RequestId>,
+    sched: pdkv_engine::prefill::PrefillScheduler,
+    /// The pool's owner number of each transfer from its arrival until its blocks are freed.
+    owners: BTreeMap<TransferId, u32>,
+    next_owner: u32,
 }
 
 struct DGroup {
@@ -330,9 +333,9 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
         .map(|(engine, dp)| PGroup {
             engine,
             dp,
-            free: (0..config.num_blocks).collect(),
-            owner: BTreeMap::new(),
-            queue: VecDeque::new(),
+            sched: pdkv_engine::prefill::PrefillScheduler::new(config.num_blocks, d.model.block_size_tokens),
+            owners: BTreeMap::new(),
+            next_owner: 0,
         })
         .collect();
     let block_size_tokens = d.model.block_size_tokens;

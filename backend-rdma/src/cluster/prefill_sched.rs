@@ -1,5 +1,6 @@
 //! The prefill side's schedulers: submitting requests through the proxy, each prefill DP
-//! group's block pool and queue, and the engine node's actions (frees, fences).
+//! group's admission (the engine layer's `PrefillScheduler`: its queue and block pool), and the
+//! engine node's actions (frees, fences).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -8,13 +9,31 @@ use pdkv_core::params::{KvTransferParams, PrefillAnswer};
 use pdkv_core::prefill::{EngineAction, EngineEvent, PrefillDone};
 use pdkv_core::proxy::ProxyAction;
 use pdkv_core::topology::Layout;
+use pdkv_engine::pool::FREE;
+use pdkv_engine::prefill::{Prefilled, WHOLE_PROMPTS};
 use pdkv_engine::timeouts::NS_PER_MS;
 use pdkv_engine::verdict::ViolationKind;
 
 use super::foreign::ToDriver;
-use super::{Cluster, Req, Violation};
+use super::{Cluster, PGroup, Req, Violation};
 use crate::sched::ToRank;
 use pdkv_core::decode::RecvRequest;
+
+/// What a free names for a transfer the group does not know (never queued there, or freed
+/// already): an owner number no transfer has, so every block of the free is a double free.
+const UNKNOWN_OWNER: u32 = FREE - 1;
+
+impl PGroup {
+    /// Request `id` of transfer `transfer_id` and `input` prompt tokens queues; its blocks will
+    /// be held under an owner number of its own.
+    fn handle_arrival(&mut self, id: RequestId, transfer_id: TransferId, input: u32) {
+        let owner = self.next_owner;
+        // Owner numbers only tell live transfers apart; `FREE` and `UNKNOWN_OWNER` are nobody's.
+        self.next_owner = (self.next_owner + 1) % UNKNOWN_OWNER;
+        self.owners.insert(transfer_id, owner);
+        self.sched.handle_arrival(id, input, owner);
+    }
+}
 
 impl Cluster {
     pub(super) fn request_of(&self, transfer_id: &TransferId) -> Option<RequestId> {
@@ -78,7 +97,8 @@ impl Cluster {
             return;
         }
         let g = self.pgroup_index(usize::from(slot.engine.index), slot.dp());
-        self.pgroups[g].queue.push_back(id);
+        let transfer_id = self.requests[&id].transfer_id.clone();
+        self.pgroups[g].handle_arrival(id, transfer_id, input);
         self.pump_prefill(slot.engine, slot.dp());
     }
 
@@ -99,12 +119,17 @@ impl Cluster {
 
     // -------------------------------------------------------------------------- faults
 
-    /// Starts prefills of a group's queue while its blocks last.
+    /// Starts prefills of a group's queue while its blocks last: the scheduler admits in arrival
+    /// order every request whose whole prompt fits (the head is never skipped), with blocks
+    /// handed out as vLLM's pool hands them out.
     pub(super) fn pump_prefill(&mut self, engine: EngineId, dp: u16) {
         let g = self.pgroup_index(usize::from(engine.index), dp);
         if let Some(gone) = self.gone_rank_of_group(engine, dp) {
-            let queued: Vec<RequestId> = self.pgroups[g].queue.drain(..).collect();
+            let queued = self.pgroups[g].sched.take_queued();
             for id in queued {
+                if let Some(req) = self.requests.get(&id) {
+                    self.pgroups[g].owners.remove(&req.transfer_id);
+                }
                 self.end(id, Some(vec![format!("{gone} is gone")]));
             }
             return;
@@ -117,19 +142,20 @@ impl Cluster {
         if incomplete {
             return;
         }
-        let block = self.d.model.block_size_tokens;
-        while let Some(&id) = self.pgroups[g].queue.front() {
-            let need = self.requests[&id].input.div_ceil(block) as usize;
-            if self.pgroups[g].free.len() < need {
-                break;
-            }
-            self.pgroups[g].queue.pop_front();
-            let blocks: Vec<u32> = self.pgroups[g].free.iter().take(need).copied().collect();
-            let transfer_id = self.requests[&id].transfer_id.clone();
-            for b in &blocks {
-                self.pgroups[g].free.remove(b);
-                self.pgroups[g].owner.insert(*b, transfer_id.clone());
-            }
+        // The ranks compute a request whole, and each acknowledges it (`prefill_acked`): the
+        // scheduler's step ends as soon as it is planned, and the requests it admitted leave it
+        // with their blocks at once. A call made while these are sent (a request that ends at
+        // once frees its blocks and pumps again) plans a step of its own.
+        let now = self.clock.now().0;
+        self.pgroups[g].sched.plan_step(now, WHOLE_PROMPTS);
+        let admitted = self.pgroups[g].sched.handle_step_done().finished;
+        for Prefilled { request: id, owner, blocks } in admitted {
+            let Some(req) = self.requests.get(&id) else {
+                // Ended while queued: nobody will free its blocks but the scheduler.
+                let _ = self.pgroups[g].sched.handle_free(owner, &blocks);
+                continue;
+            };
+            let transfer_id = req.transfer_id.clone();
             let layout = self.d.layout(engine);
             let live: BTreeSet<RankId> = (0..layout.tp)
                 .map(|tp| RankId::new(engine, dp, tp))
@@ -362,15 +388,14 @@ impl Cluster {
         blocks: &[u32],
     ) {
         let g = self.pgroup_index(e, dp);
-        for &b in blocks {
-            if self.pgroups[g].owner.get(&b) == Some(transfer_id) {
-                self.pgroups[g].owner.remove(&b);
-                self.pgroups[g].free.insert(b);
-            } else {
-                self.ledger.double_frees += 1;
-                let detail = format!("P{e}.dp{dp}: block {b} freed for {transfer_id}, which did not hold it");
-                self.violations.push(Violation { kind: ViolationKind::DoubleFree, detail });
-            }
+        let group = &mut self.pgroups[g];
+        let owner = group.owners.remove(transfer_id).unwrap_or(UNKNOWN_OWNER);
+        let Err(bad) = group.sched.handle_free(owner, blocks) else { return };
+        // The pool names them last first, as it frees; the violations keep the request's order.
+        for &b in bad.blocks.iter().rev() {
+            self.ledger.double_frees += 1;
+            let detail = format!("P{e}.dp{dp}: block {b} freed for {transfer_id}, which did not hold it");
+            self.violations.push(Violation { kind: ViolationKind::DoubleFree, detail });
         }
     }
 

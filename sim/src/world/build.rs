@@ -1,7 +1,7 @@
 //! Building the world of a scenario: prefill and decode nodes with their memory regions,
 //! listeners, and the decode groups and units.
 
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 use pdkv_core::decode::{DecodeConfig, DecodeWorker, ReadGranularity};
 use pdkv_core::ids::{EngineId, Incarnation, RankId, Role};
@@ -24,7 +24,7 @@ use super::control::Listener;
 use super::decode::{DGroup, Unit};
 use super::prefill::PGroup;
 use super::{RunOptions, World};
-use pdkv_engine::pool::Pool;
+use pdkv_engine::prefill::PrefillScheduler;
 
 /// A prefill worker of rank `rank` (index `i`) in its `epoch`-th life, named `incarnation` in its
 /// metadata, with its memory regions (base addresses and their common length). Every life of
@@ -139,12 +139,8 @@ impl World {
                     engine: e,
                     dp,
                     layout,
-                    queue: VecDeque::new(),
-                    running: Vec::new(),
+                    sched: PrefillScheduler::new(blocks_for(layout), sc.model.block_size_tokens),
                     busy: false,
-                    pool: Pool::new(blocks_for(layout)),
-                    stalled_since: None,
-                    stall_ns: 0,
                 });
             }
             let engine = PrefillEngine::new(EngineId::prefill(e as u16), layout, d.model.clone(), policy)

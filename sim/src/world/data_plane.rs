@@ -154,7 +154,7 @@ impl World {
     fn check_blocks(&mut self, me: RankId, server: usize, transfer: u32, blocks: &[u32], when: &str) {
         let rank = self.p_ranks[server];
         let g = self.pgroup_base[usize::from(rank.engine.index)] + usize::from(rank.dp);
-        let pool = &self.pgroups[g].pool;
+        let pool = self.pgroups[g].sched.pool();
         let wrong = pool.not_owned_by(blocks, transfer);
         if wrong.is_empty() {
             return;

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use pdkv_core::ids::{EngineId, RankId, RequestId, Role};
+use pdkv_core::ids::{EngineId, RankId, Role};
 use pdkv_core::legacy::LegacyOptions;
 use pdkv_core::policy::Policy;
 use pdkv_core::prefill::{EngineEvent, PrefillEngine};
@@ -14,7 +14,6 @@ use pdkv_engine::target::{parse_target, TargetPattern};
 use super::build::{build_decode_worker, build_prefill_worker, draw_incarnation};
 use super::decode::UnitState;
 use super::{ms_ns, World};
-use pdkv_engine::pool::Pool;
 
 pub(super) struct ActiveFault {
     pub(super) pattern: TargetPattern,
@@ -219,12 +218,9 @@ impl World {
                 let layout = self.d.prefill[e];
                 for g in first..first + usize::from(layout.dp) {
                     self.pgroup_generation[g] += 1;
-                    let mut lost: Vec<RequestId> = self.pgroups[g].queue.drain(..).collect();
-                    lost.extend(std::mem::take(&mut self.pgroups[g].running).into_iter().map(|p| p.id));
+                    // Queued requests first, then the prefilling ones; the pool restarts empty.
+                    let lost = self.pgroups[g].sched.reset();
                     self.pgroups[g].busy = false;
-                    self.pgroups[g].stalled_since = None;
-                    let blocks = self.pgroups[g].pool.capacity();
-                    self.pgroups[g].pool = Pool::new(blocks);
                     for id in lost {
                         self.end_request(id, true);
                     }
@@ -304,7 +300,7 @@ impl World {
                     }
                     self.epoch[i] += 1;
                     let g = self.pgroup_base[e] + usize::from(rank.dp);
-                    let blocks = self.pgroups[g].pool.capacity();
+                    let blocks = self.pgroups[g].sched.pool().capacity();
                     let incarnation =
                         draw_incarnation(&self.book, rank, &mut self.streams, &mut self.incarnations[i]);
                     let (worker, bases, len) = build_prefill_worker(

@@ -12,11 +12,6 @@ use super::{ms, Run, World};
 impl World {
     pub(super) fn finish(mut self) -> Run {
         let now = self.now;
-        for g in 0..self.pgroups.len() {
-            if let Some(since) = self.pgroups[g].stalled_since.take() {
-                self.pgroups[g].stall_ns += now - since;
-            }
-        }
         let mut result = RunResult::empty(&self.sc, crate::load::scenario_to_ron(&self.sc));
         // Like `vllm bench serve`: the run lasts until its last request ended (a hang or an
         // unfinished request extends it to the end of the simulation).
@@ -108,7 +103,8 @@ impl World {
         ledger.max_hold_ms = ms(self.max_hold_ns);
         ledger.reaped_excused = self.reaped_excused;
         ledger.lost_in_crash = self.lost_in_crash;
-        ledger.prefill_stall_s = round3(self.pgroups.iter().map(|g| g.stall_ns).sum::<u64>() as f64 / 1e9);
+        ledger.prefill_stall_s =
+            round3(self.pgroups.iter().map(|g| g.sched.stall_ns(now)).sum::<u64>() as f64 / 1e9);
         ledger.reaper_pending = self.budget_ended
             && self.engines.iter().any(|e| e.totals().held > 0 && e.poll_timeout().is_some());
         result.ledger = ledger;

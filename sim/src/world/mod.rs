@@ -402,7 +402,8 @@ impl World {
                     self.end_request(req, true);
                     return;
                 }
-                self.pgroups[g].queue.push_back(req);
+                let (input, transfer) = (self.requests[&req].input, self.requests[&req].transfer);
+                self.pgroups[g].sched.handle_arrival(req, input, transfer);
                 self.try_prefill(g);
             }
             Ev::PrefillDone { group, generation } => {

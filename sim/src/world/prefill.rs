@@ -1,8 +1,6 @@
 //! Prefill: batching on each DP group, and driving the core's prefill engines and workers.
 
-use std::collections::VecDeque;
-
-use pdkv_core::ids::{EngineId, RankId, RequestId};
+use pdkv_core::ids::{EngineId, RankId};
 use pdkv_core::prefill::{EngineAction, EngineEvent, PrefillDone, WorkerAction, WorkerEvent};
 use pdkv_core::time::Instant;
 use pdkv_core::topology::Layout;
@@ -10,30 +8,18 @@ use pdkv_core::topology::Layout;
 use crate::result::ViolationKind;
 
 use super::{list, ms, ms_ns, Ev, World};
-use pdkv_engine::pool::{Pool, FREE};
+use pdkv_engine::pool::FREE;
+use pdkv_engine::prefill::PrefillScheduler;
 
 pub(super) struct PGroup {
     pub(super) engine: usize,
     pub(super) dp: u16,
     pub(super) layout: Layout,
-    pub(super) queue: VecDeque<RequestId>,
-    /// Requests being prefilled, in admission order: their blocks (allocated whole at
-    /// admission), the prompt tokens done, and the tokens of the step in progress.
-    pub(super) running: Vec<Prefilling>,
+    /// The group's queue, chunked plan, pool and stall time (the engine layer's scheduler); the
+    /// pool's owner numbers are the requests' transfer numbers.
+    pub(super) sched: PrefillScheduler,
+    /// A step (possibly an empty one that only keeps EP peers company) is in progress.
     pub(super) busy: bool,
-    pub(super) pool: Pool,
-    pub(super) stalled_since: Option<u64>,
-    pub(super) stall_ns: u64,
-}
-
-/// A request on a prefill DP group, between admission and its last chunk.
-pub(super) struct Prefilling {
-    pub(super) id: RequestId,
-    pub(super) blocks: Vec<u32>,
-    /// Prompt tokens computed in earlier steps.
-    pub(super) done: u32,
-    /// Prompt tokens of the step in progress (0 when the step does not include it).
-    pub(super) chunk: u32,
 }
 
 impl World {
@@ -53,10 +39,10 @@ impl World {
             if self.pgroups[g].busy {
                 return;
             }
-            let tokens = self.plan_prefill(g);
+            let (requests, tokens) = self.plan_prefill(g);
             if tokens > 0 {
                 let duration = self.cost.prefill_batch_ns(layout, tokens);
-                self.start_prefill(g, tokens, duration);
+                self.start_prefill(g, requests, tokens, duration);
             }
             return;
         }
@@ -65,20 +51,21 @@ impl World {
         if groups.clone().any(|i| self.pgroups[i].busy) {
             return;
         }
-        let tokens: Vec<u64> = groups.clone().map(|i| self.plan_prefill(i)).collect();
+        let plans: Vec<(usize, u64)> = groups.clone().map(|i| self.plan_prefill(i)).collect();
+        let tokens: Vec<u64> = plans.iter().map(|&(_, t)| t).collect();
         if tokens.iter().all(|&t| t == 0) {
             return;
         }
         let duration = self.cost.prefill_ep_step_ns(layout, &tokens);
         let spans_nodes = self.cost.ep_spans_nodes(layout);
-        for (i, t) in groups.zip(tokens) {
+        for (i, (requests, t)) in groups.zip(plans) {
             if spans_nodes {
                 // An all-to-all that leaves the node takes its share of each rank's NIC.
                 let share = self.cost.ep_nic_share(layout, t as f64, duration);
                 let nics = self.pgroup_nics(i);
                 self.set_background(&nics, share);
             }
-            self.start_prefill(i, t, duration);
+            self.start_prefill(i, requests, t, duration);
         }
     }
 
@@ -102,56 +89,21 @@ impl World {
         }
     }
 
-    /// Chooses the chunks of group `g`'s next step (see [`World::try_prefill`]); returns its
-    /// prompt tokens, 0 when it has nothing it can run (a stall when requests wait for blocks).
-    fn plan_prefill(&mut self, g: usize) -> u64 {
-        let block = u64::from(self.sc.model.block_size_tokens);
-        let max_tokens = u64::from(self.sc.engines.prefill_max_batched_tokens);
-        let group = &mut self.pgroups[g];
-        if group.queue.is_empty() && group.running.is_empty() {
-            return 0;
-        }
-        let mut left = max_tokens;
-        for p in group.running.iter_mut() {
-            let input = u64::from(self.requests[&p.id].input);
-            let chunk = (input - u64::from(p.done)).min(left);
-            p.chunk = chunk as u32;
-            left -= chunk;
-        }
-        while left > 0 {
-            let Some(&id) = group.queue.front() else { break };
-            let req = &self.requests[&id];
-            let need = u64::from(req.input).div_ceil(block) as usize;
-            if group.pool.available() < need {
-                break;
-            }
-            group.queue.pop_front();
-            let chunk = u64::from(req.input).min(left);
-            left -= chunk;
-            let blocks = group.pool.alloc(need, req.transfer);
-            group.running.push(Prefilling { id, blocks, done: 0, chunk: chunk as u32 });
-        }
-        let tokens = max_tokens - left;
-        if tokens == 0 {
-            // Nothing prefilling and the head does not fit in the free blocks: prefill stalls
-            // until blocks are freed.
-            group.stalled_since.get_or_insert(self.now);
-        }
-        tokens
+    /// Chooses the chunks of group `g`'s next step (see [`World::try_prefill`]): returns how
+    /// many requests it computes and their prompt tokens, 0 when it has nothing it can run (a
+    /// stall, which the scheduler times, when requests wait for blocks).
+    fn plan_prefill(&mut self, g: usize) -> (usize, u64) {
+        let budget = u64::from(self.sc.engines.prefill_max_batched_tokens);
+        let plan = self.pgroups[g].sched.plan_step(self.now, budget);
+        (plan.chunks.len(), plan.tokens)
     }
 
-    /// Marks group `g` busy for a step of `duration` with `tokens` prompt tokens (none for a
-    /// rank that only keeps its EP peers company).
-    fn start_prefill(&mut self, g: usize, tokens: u64, duration: u64) {
+    /// Marks group `g` busy for a step of `duration` with `requests` requests of `tokens` prompt
+    /// tokens in all (none for a rank that only keeps its EP peers company).
+    fn start_prefill(&mut self, g: usize, requests: usize, tokens: u64, duration: u64) {
         let group = &mut self.pgroups[g];
-        if tokens > 0 {
-            if let Some(since) = group.stalled_since.take() {
-                group.stall_ns += self.now - since;
-            }
-        }
         group.busy = true;
         let (engine, dp) = (group.engine, group.dp);
-        let count = group.running.iter().filter(|p| p.chunk > 0).count();
         if tokens > 0 {
             trace!(
                 self,
@@ -159,7 +111,7 @@ impl World {
                 "batch",
                 format!("P{engine}.dp{dp}"),
                 Some(duration),
-                format!("requests={count} tokens={tokens}"),
+                format!("requests={requests} tokens={tokens}"),
             );
         }
         let generation = self.pgroup_generation[g];
@@ -174,19 +126,11 @@ impl World {
         }
         let (e, dp) = (self.pgroups[g].engine, self.pgroups[g].dp);
         // Requests whose last chunk this step computed leave; the rest continue next step.
-        let mut finished = Vec::new();
-        let running = std::mem::take(&mut self.pgroups[g].running);
-        for mut p in running {
-            if p.chunk > 0 {
-                self.last_progress_ns = self.now;
-            }
-            p.done += std::mem::take(&mut p.chunk);
-            if p.done >= self.requests[&p.id].input {
-                finished.push((p.id, p.blocks));
-            } else {
-                self.pgroups[g].running.push(p);
-            }
+        let done = self.pgroups[g].sched.handle_step_done();
+        if done.computed {
+            self.last_progress_ns = self.now;
         }
+        let finished = done.finished.into_iter().map(|p| (p.request, p.blocks));
         for (id, blocks) in finished {
             let req = self.requests.get_mut(&id).expect("batched requests exist");
             req.prefill_blocks = blocks.clone();
@@ -222,7 +166,9 @@ impl World {
                     self.at(latency, Ev::ProxyAnswer { req: id });
                 }
                 Err(error) => {
-                    self.pgroups[g].pool.release(&blocks, transfer);
+                    // The blocks were handed out to this request a moment ago, so this free
+                    // cannot be a double free.
+                    let _ = self.pgroups[g].sched.handle_free(transfer, &blocks);
                     trace!(
                         self,
                         "prefill",
@@ -301,9 +247,9 @@ impl World {
                 EngineAction::FreeBlocks { transfer_id, owner_dp, blocks, reaped } => {
                     let g = self.pgroup_base[e] + usize::from(owner_dp);
                     let t = self.transfers.number(&transfer_id).unwrap_or(FREE - 1);
-                    let bad = self.pgroups[g].pool.release(&blocks, t);
-                    if !bad.is_empty() {
-                        let detail = format!("{transfer_id}: blocks {} were not held by it", list(&bad));
+                    if let Err(bad) = self.pgroups[g].sched.handle_free(t, &blocks) {
+                        let detail =
+                            format!("{transfer_id}: blocks {} were not held by it", list(&bad.blocks));
                         self.violation(ViolationKind::DoubleFree, vec![format!("P{e}.dp{owner_dp}")], detail);
                     }
                     let name = if reaped { "reap" } else { "free" };
