@@ -4,12 +4,24 @@
 use pdkv_core::decode::RecvRequest;
 use pdkv_core::ids::{EngineId, Incarnation, RequestId, TransferId};
 use pdkv_core::params::{KvTransferParams, PrefillAnswer};
-use pdkv_core::proxy::ProxyAction;
+use pdkv_core::proxy::{Proxy, ProxyAction};
 
 use crate::result::ViolationKind;
 use crate::scenario::{Clients, Length};
 
 use super::{Ev, World};
+
+/// The clients' side: the proxy, what is left to send, and the requests and transfers in
+/// flight.
+pub(super) struct ClientSide {
+    pub(super) proxy: Proxy,
+    /// Requests not sent yet.
+    pub(super) to_send: u64,
+    /// The open loop's arrival rate per second (`None`: closed loop).
+    pub(super) open_loop: Option<f64>,
+    pub(super) requests: Requests,
+    pub(super) transfers: super::transfers::Transfers,
+}
 
 pub(super) struct Req {
     pub(super) sent_ns: u64,
@@ -91,31 +103,32 @@ impl World {
     }
 
     pub(super) fn on_arrival(&mut self) {
-        if self.to_send == 0 {
+        if self.clients.to_send == 0 {
             return;
         }
-        self.to_send -= 1;
-        if let (Some(rate), true) = (self.open_loop, self.to_send > 0) {
+        self.clients.to_send -= 1;
+        if let (Some(rate), true) = (self.clients.open_loop, self.clients.to_send > 0) {
             let gap = self.streams.exponential_ns(rate);
             self.at(gap, Ev::Arrival);
         }
         let input = self.length(self.sc.workload.input_tokens).max(1);
         let output = self.length(self.sc.workload.output_tokens).max(1);
         let bits = self.streams.transfer_bits();
-        let Ok((id, action)) = self.proxy.handle_request(bits) else {
+        let Ok((id, action)) = self.clients.proxy.handle_request(bits) else {
             // The load-time limits keep requests below the proxy's in-flight cap, so this does
             // not happen for a loaded scenario; if it does, the request is counted, not lost.
-            self.refused += 1;
+            self.stats.refused += 1;
             return;
         };
         let ProxyAction::SendPrefill { slot, params, .. } = action else {
             unreachable!("new requests go to prefill")
         };
-        let prefill_group = self.pgroup_base[usize::from(slot.engine.index)] + usize::from(slot.dp());
-        let decode_slot = self.proxy.request(id).expect("just routed").decode;
+        let prefill_group = self.prefill.group_base[usize::from(slot.engine.index)] + usize::from(slot.dp());
+        let decode_slot = self.clients.proxy.request(id).expect("just routed").decode;
         let decode_group =
-            self.dgroup_base[usize::from(decode_slot.engine.index)] + usize::from(decode_slot.dp());
-        let transfer = self.transfers.push(TransferId(params.transfer_id.clone().unwrap_or_default()));
+            self.decode.group_base[usize::from(decode_slot.engine.index)] + usize::from(decode_slot.dp());
+        let transfer =
+            self.clients.transfers.push(TransferId(params.transfer_id.clone().unwrap_or_default()));
         let req = Req {
             sent_ns: self.now,
             input,
@@ -132,7 +145,7 @@ impl World {
             decode_blocks: Vec::new(),
             holders: None,
         };
-        self.requests.insert(id, req);
+        self.clients.requests.insert(id, req);
         trace!(
             self,
             "proxy",
@@ -147,7 +160,7 @@ impl World {
 
     /// A request ended (finished or failed): the closed-loop client sends its next one.
     pub(super) fn end_request(&mut self, id: RequestId, failed: bool) {
-        let Some(req) = self.requests.get_mut(&id) else { return };
+        let Some(req) = self.clients.requests.get_mut(&id) else { return };
         if req.done_ns.is_some() {
             return;
         }
@@ -158,21 +171,21 @@ impl World {
         // the requests in flight rather than with every request of the run.
         req.prefill_blocks = Vec::new();
         req.decode_blocks = Vec::new();
-        self.requests.ended += 1;
-        self.last_progress_ns = self.now;
-        let _ = self.proxy.handle_finished(id);
-        if matches!(self.sc.workload.clients, Clients::Closed { .. }) && self.to_send > 0 {
+        self.clients.requests.ended += 1;
+        self.stats.last_progress_ns = self.now;
+        let _ = self.clients.proxy.handle_finished(id);
+        if matches!(self.sc.workload.clients, Clients::Closed { .. }) && self.clients.to_send > 0 {
             self.at(0, Ev::Arrival);
         }
     }
 
     pub(super) fn on_proxy_answer(&mut self, id: RequestId) {
-        let holders = self.requests.get_mut(&id).and_then(|r| r.holders.take());
-        let req = &self.requests[&id];
-        let group = &self.pgroups[req.prefill_group];
+        let holders = self.clients.requests.get_mut(&id).and_then(|r| r.holders.take());
+        let req = &self.clients.requests[&id];
+        let group = &self.prefill.groups[req.prefill_group];
         let engine = EngineId::prefill(group.engine as u16);
         let address = self.book.engine(engine).clone();
-        let transfer_id = self.transfers.id(req.transfer);
+        let transfer_id = self.clients.transfers.id(req.transfer);
         let answer = KvTransferParams::prefill_answer(&PrefillAnswer {
             transfer_id: transfer_id.as_ref(),
             blocks: &req.prefill_blocks,
@@ -181,7 +194,7 @@ impl World {
             extensions: self.book.rules.rules(engine).extensions(),
             holders: holders.as_deref(),
         });
-        match self.proxy.handle_prefill_response(id, answer) {
+        match self.clients.proxy.handle_prefill_response(id, answer) {
             Ok(ProxyAction::SendDecode { params, .. }) => {
                 let recv = RecvRequest {
                     request: id,

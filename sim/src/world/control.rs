@@ -26,17 +26,17 @@ impl World {
 
     /// Sends a control message from decode worker `w` about prefill rank `peer` to `to`.
     pub(super) fn send(&mut self, w: usize, peer: RankId, to: (String, u16), msg: Msg) {
-        let Some(&listener) = self.listener_at.get(&to) else {
+        let Some(&listener) = self.net.listener_at.get(&to) else {
             let detail = format!(
                 "{} sent {} to {}:{}, where no listener is bound",
-                self.d_ranks[w],
+                self.decode.ranks[w],
                 msg_name(&msg),
                 to.0,
                 to.1
             );
             self.violation(
                 ViolationKind::PortWithoutListener,
-                vec![self.d_ranks[w].to_string(), peer.to_string()],
+                vec![self.decode.ranks[w].to_string(), peer.to_string()],
                 detail,
             );
             if let Msg::Dial { session, .. } = msg {
@@ -46,12 +46,19 @@ impl World {
             }
             return;
         };
-        let owner = self.listeners[listener].rank;
-        if self.prefill_down[usize::from(owner.engine.index)] {
+        let owner = self.net.listeners[listener].rank;
+        if self.prefill.down[usize::from(owner.engine.index)] {
             // The port is known but its engine is down: the connection is refused, which is a
             // failure the protocol must handle, not an arithmetic bug.
-            trace!(self, "fault", "refused", self.d_ranks[w].to_string(), None, format!("{owner} is down"));
-            self.touch(self.d_ranks[w], self.now, self.now);
+            trace!(
+                self,
+                "fault",
+                "refused",
+                self.decode.ranks[w].to_string(),
+                None,
+                format!("{owner} is down")
+            );
+            self.touch(self.decode.ranks[w], self.now, self.now);
             if let Msg::Dial { session, .. } = msg {
                 let event = DecodeEvent::HandshakeFailed {
                     session,
@@ -62,12 +69,12 @@ impl World {
             }
             return;
         }
-        let ranks = [self.d_ranks[w], owner];
+        let ranks = [self.decode.ranks[w], owner];
         let Some(delays) = self.fate(&ranks) else {
-            trace!(self, "fault", "lost", self.d_ranks[w].to_string(), None, msg_name(&msg).to_string());
+            trace!(self, "fault", "lost", self.decode.ranks[w].to_string(), None, msg_name(&msg).to_string());
             // A lost release or lease leaves its transfer to the reaper, the designed recovery.
             if let Msg::Notify { transfer: Some(t), .. } = msg {
-                self.excused.insert(t);
+                self.checks.excused.insert(t);
             }
             return;
         };
@@ -76,7 +83,7 @@ impl World {
         // design's recovery.
         if let (Msg::Notify { transfer: Some(t), .. }, Some(&first)) = (&msg, delays.first()) {
             if first >= self.sc.timeouts().defer_ns() {
-                self.excused.insert(*t);
+                self.checks.excused.insert(*t);
             }
         }
         let latency = self.control_ns();
@@ -89,7 +96,7 @@ impl World {
     }
 
     fn listener_service_ns(&self, listener: usize) -> Option<u64> {
-        let l = &self.listeners[listener];
+        let l = &self.net.listeners[listener];
         let mut service = us_ns(self.sc.hardware.listener_service_us);
         for fault in self.faults.iter().flatten() {
             if l.kind != ListenerKind::Handshake || !fault.pattern.matches(l.rank) {
@@ -110,15 +117,15 @@ impl World {
         // waits for every dial), so the fault touches the dialler too.
         if service.is_none_or(|ns| ns > us_ns(self.sc.hardware.listener_service_us)) {
             if let Msg::Dial { from, .. } = msg {
-                self.touch(self.d_ranks[from], self.now, self.now);
+                self.touch(self.decode.ranks[from], self.now, self.now);
             }
         }
         let Some(service) = service else {
-            let rank = self.listeners[listener].rank.to_string();
+            let rank = self.net.listeners[listener].rank.to_string();
             trace!(self, "fault", "dead_listener", rank, None, msg_name(&msg).to_string());
             return;
         };
-        let l = &mut self.listeners[listener];
+        let l = &mut self.net.listeners[listener];
         let start = l.busy_until.max(self.now);
         l.busy_until = start.saturating_add(service);
         let delay = l.busy_until - self.now;
@@ -126,11 +133,11 @@ impl World {
     }
 
     pub(super) fn on_serve(&mut self, listener: usize, msg: Msg) {
-        let rank = self.listeners[listener].rank;
-        if self.prefill_down[usize::from(rank.engine.index)] {
+        let rank = self.net.listeners[listener].rank;
+        if self.prefill.down[usize::from(rank.engine.index)] {
             // Dropped by a crashed engine: the crash touches the dialler's step as well.
             if let Msg::Dial { from, .. } = msg {
-                self.touch(self.d_ranks[from], self.now, self.now);
+                self.touch(self.decode.ranks[from], self.now, self.now);
             }
             return;
         }
@@ -138,14 +145,14 @@ impl World {
         match msg {
             Msg::Dial { from, session } => {
                 let mut out = Vec::new();
-                self.pworkers[i].handle(
+                self.prefill.workers[i].handle(
                     Instant(self.now),
                     WorkerEvent::HandshakeRequest { peer: from as u64 },
                     &mut out,
                 );
                 for action in out {
                     if let WorkerAction::SendHandshakeReply { metadata, layers, .. } = action {
-                        let Some(delays) = self.fate(&[self.d_ranks[from], rank]) else { continue };
+                        let Some(delays) = self.fate(&[self.decode.ranks[from], rank]) else { continue };
                         let latency = self.control_ns().saturating_add(delays[0]);
                         let meta = DecodeEvent::HandshakeMetadata { session: session.clone(), metadata };
                         self.at(latency, Ev::ToDecode { worker: from, event: Box::new(meta) });

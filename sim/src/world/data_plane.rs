@@ -6,12 +6,27 @@ use std::collections::BTreeMap;
 use pdkv_core::decode::{DecodeEvent, ReadOp, ReadOutcome};
 use pdkv_core::ids::{RankId, RequestId, Role};
 
-use crate::nic::{Finish, FlowId};
+use crate::nic::{Finish, FlowId, Nics};
+
+use super::control::Listener;
 use crate::result::ViolationKind;
 use crate::scenario::FaultKind;
 
 use super::{list, Ev, World};
 use pdkv_engine::pool::FREE;
+
+/// The network: listeners, registered memory, NICs and the flows on them.
+pub(super) struct Network {
+    pub(super) listeners: Vec<Listener>,
+    /// Which listener binds each (host, port).
+    pub(super) listener_at: BTreeMap<(String, u16), usize>,
+    /// Registered memory regions by base address: (prefill rank index, length).
+    pub(super) regions: BTreeMap<u64, (usize, u64)>,
+    /// Regions of crashed incarnations: reads into them fail as a NIC would (stale keys).
+    pub(super) retired_regions: BTreeMap<u64, (usize, u64)>,
+    pub(super) nics: Nics,
+    pub(super) flows: BTreeMap<FlowId, FlowInfo>,
+}
 
 pub(super) struct FlowInfo {
     worker: usize,
@@ -25,8 +40,8 @@ pub(super) struct FlowInfo {
 impl World {
     fn nic_down(&self, rank: RankId) -> bool {
         let crashed = match rank.engine.role {
-            Role::Prefill => self.prefill_down[usize::from(rank.engine.index)],
-            Role::Decode => self.decode_down[usize::from(rank.engine.index)],
+            Role::Prefill => self.prefill.down[usize::from(rank.engine.index)],
+            Role::Decode => self.decode.down[usize::from(rank.engine.index)],
         };
         crashed
             || self
@@ -55,7 +70,7 @@ impl World {
     pub(super) fn post_reads(&mut self, w: usize, ops: Vec<ReadOp>) {
         let first = &ops[0];
         let request = first.request();
-        let me = self.d_ranks[w];
+        let me = self.decode.ranks[w];
         if self.send_queue_full(me) {
             for op in &ops {
                 let ev = Ev::ReadLater {
@@ -76,8 +91,8 @@ impl World {
                 .next_back()
                 .and_then(|(&base, &(rank, len))| (address < base + len).then_some(rank))
         };
-        let server = owner(&self.regions);
-        if server.is_none() && owner(&self.retired_regions).is_some() {
+        let server = owner(&self.net.regions);
+        if server.is_none() && owner(&self.net.retired_regions).is_some() {
             // Memory of a crashed incarnation: its keys died with it, so the NIC refuses the read.
             self.fail_reads(w, &ops, "remote access error (memory of a restarted rank)");
             return;
@@ -91,7 +106,7 @@ impl World {
             self.fail_reads(w, &ops, "remote access error");
             return;
         };
-        let server_rank = self.p_ranks[server];
+        let server_rank = self.prefill.ranks[server];
         // A down NIC (or crashed engine) fails the read before it touches any memory.
         if self.nic_down(server_rank) || self.nic_down(me) {
             self.fail_reads(w, &ops, "NIC down");
@@ -106,8 +121,8 @@ impl World {
                 detail,
             );
         }
-        let transfer = self.transfers.number(&first.plan.transfer_id).unwrap_or(FREE - 1);
-        if self.fenced.contains(&transfer) {
+        let transfer = self.clients.transfers.number(&first.plan.transfer_id).unwrap_or(FREE - 1);
+        if self.checks.fenced.contains(&transfer) {
             // The reaper revoked remote access: the read fails at the NIC, touching nothing.
             self.fail_reads(w, &ops, "remote access revoked (fenced)");
             return;
@@ -116,14 +131,14 @@ impl World {
         let nic_src = server;
         let nic_dst = self.decode_nic(w);
         let bytes: u64 = ops.iter().map(ReadOp::bytes).sum();
-        self.reads[server] += 1;
-        self.bytes[server] += bytes;
+        self.stats.reads[server] += 1;
+        self.stats.bytes[server] += bytes;
         // Every RDMA operation takes one of the NIC's message slots as well as its bytes: at
         // `nic_message_rate_mpps` operations a second, one is worth `nic_gb_s / rate` of the
         // NIC's bandwidth. So a read of many small runs (one-token blocks, a fragmented pool)
         // occupies both ends for longer than its bytes alone would.
         let messages: u64 = ops.iter().map(ReadOp::messages).sum();
-        self.messages[server] += messages;
+        self.stats.messages[server] += messages;
         let hw = &self.sc.hardware;
         let per_message_bytes = hw.nic_gb_s * 1e3 / hw.nic_message_rate_mpps;
         let work = bytes.saturating_add((messages as f64 * per_message_bytes) as u64);
@@ -137,7 +152,7 @@ impl World {
             work as f64 / (seconds * 1e9)
         };
         let latency = (hw.nic_latency_us * 1e3) as u64;
-        let (id, finishes) = self.nics.start(self.now + latency, nic_src, nic_dst, work, cap);
+        let (id, finishes) = self.net.nics.start(self.now + latency, nic_src, nic_dst, work, cap);
         self.schedule_flows(finishes);
         let info = FlowInfo {
             worker: w,
@@ -147,21 +162,21 @@ impl World {
             blocks: first.plan.remote_block_ids.clone(),
             started: self.now,
         };
-        self.flows.insert(id, info);
+        self.net.flows.insert(id, info);
     }
 
     /// A read touches blocks that are not its transfer's: freed, or another request's.
     fn check_blocks(&mut self, me: RankId, server: usize, transfer: u32, blocks: &[u32], when: &str) {
-        let rank = self.p_ranks[server];
-        let g = self.pgroup_base[usize::from(rank.engine.index)] + usize::from(rank.dp);
-        let pool = self.pgroups[g].sched.pool();
+        let rank = self.prefill.ranks[server];
+        let g = self.prefill.group_base[usize::from(rank.engine.index)] + usize::from(rank.dp);
+        let pool = self.prefill.groups[g].sched.pool();
         let wrong = pool.not_owned_by(blocks, transfer);
         if wrong.is_empty() {
             return;
         }
         let freed = wrong.iter().all(|&b| pool.owner_of(b) == FREE && b < pool.capacity());
         let what = if freed { "freed" } else { "another request's (or unallocated)" };
-        let name = self.transfers.id(transfer).map_or("?".to_string(), |t| t.0);
+        let name = self.clients.transfers.id(transfer).map_or("?".to_string(), |t| t.0);
         let shown: Vec<u32> = wrong.iter().copied().take(4).collect();
         let more = if wrong.len() > shown.len() {
             format!(" and {} more", wrong.len() - shown.len())
@@ -196,13 +211,13 @@ impl World {
     }
 
     pub(super) fn on_flow(&mut self, id: FlowId, version: u64) {
-        let Some((_, finishes)) = self.nics.finish(self.now, id, version) else { return };
+        let Some((_, finishes)) = self.net.nics.finish(self.now, id, version) else { return };
         self.schedule_flows(finishes);
-        let Some(info) = self.flows.remove(&id) else { return };
-        self.last_progress_ns = self.now;
-        self.kv_read_ms.push((self.now - info.started) as f64 / 1e6);
-        let me = self.d_ranks[info.worker];
-        let server_rank = self.p_ranks[info.server];
+        let Some(info) = self.net.flows.remove(&id) else { return };
+        self.stats.last_progress_ns = self.now;
+        self.stats.kv_read_ms.push((self.now - info.started) as f64 / 1e6);
+        let me = self.decode.ranks[info.worker];
+        let server_rank = self.prefill.ranks[info.server];
         trace!(
             self,
             "nic",
@@ -211,14 +226,17 @@ impl World {
             Some(self.now - info.started),
             format!("to {me} layers={}", info.ops.len()),
         );
-        let outcome = if self.fenced.contains(&info.transfer) {
+        let outcome = if self.checks.fenced.contains(&info.transfer) {
             ReadOutcome::Failed("remote access revoked (fenced)".into())
         } else {
             self.check_blocks(me, info.server, info.transfer, &info.blocks, "completed");
             ReadOutcome::Ok
         };
         for (request, layer) in info.ops {
-            self.decode(info.worker, DecodeEvent::ReadDone { request, layer, outcome: outcome.clone() });
+            self.decode_worker(
+                info.worker,
+                DecodeEvent::ReadDone { request, layer, outcome: outcome.clone() },
+            );
         }
     }
 
@@ -228,6 +246,7 @@ impl World {
     /// with a full send queue, or failing at posting) are answered by their own pending events.
     pub(super) fn abort_reads(&mut self, w: usize, request: RequestId) {
         let ids: Vec<FlowId> = self
+            .net
             .flows
             .iter()
             .filter(|(_, info)| info.worker == w && info.ops.iter().any(|(r, _)| *r == request))
@@ -235,17 +254,17 @@ impl World {
             .collect();
         let latency = (self.sc.hardware.nic_latency_us * 1e3) as u64;
         for id in ids {
-            if let Some((_, finishes)) = self.nics.abort(self.now, id) {
+            if let Some((_, finishes)) = self.net.nics.abort(self.now, id) {
                 self.schedule_flows(finishes);
             }
-            let Some(info) = self.flows.remove(&id) else { continue };
+            let Some(info) = self.net.flows.remove(&id) else { continue };
             trace!(
                 self,
                 "nic",
                 "read_aborted",
-                self.p_ranks[info.server].to_string(),
+                self.prefill.ranks[info.server].to_string(),
                 Some(self.now - info.started),
-                format!("to {} layers={}", self.d_ranks[w], info.ops.len()),
+                format!("to {} layers={}", self.decode.ranks[w], info.ops.len()),
             );
             for (request, layer) in info.ops {
                 let outcome = Box::new(ReadOutcome::Aborted);
@@ -256,14 +275,14 @@ impl World {
 
     /// Ends every flow touching `nic`; the reading workers get a failed read.
     pub(super) fn abort_flows_on(&mut self, nic: usize, reason: &str) {
-        for id in self.nics.flows_on(nic) {
-            if let Some((_, finishes)) = self.nics.abort(self.now, id) {
+        for id in self.net.nics.flows_on(nic) {
+            if let Some((_, finishes)) = self.net.nics.abort(self.now, id) {
                 self.schedule_flows(finishes);
             }
-            if let Some(info) = self.flows.remove(&id) {
+            if let Some(info) = self.net.flows.remove(&id) {
                 for (request, layer) in info.ops {
                     let outcome = ReadOutcome::Failed(reason.to_string());
-                    self.decode(info.worker, DecodeEvent::ReadDone { request, layer, outcome });
+                    self.decode_worker(info.worker, DecodeEvent::ReadDone { request, layer, outcome });
                 }
             }
         }

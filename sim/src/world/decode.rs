@@ -1,9 +1,9 @@
 //! Decode: units stepping their groups together, carrying out what each group's scheduler (the
 //! engine layer's) asks, and driving the core's decode workers.
 
-use pdkv_core::decode::{DecodeAction, DecodeEvent, ReadOp, RecvError};
+use pdkv_core::decode::{DecodeAction, DecodeEvent, DecodeWorker, ReadOp, RecvError};
 use pdkv_core::group::{GroupAction, GroupEvent};
-use pdkv_core::ids::{RequestId, TpRank};
+use pdkv_core::ids::{RankId, RequestId, TpRank};
 use pdkv_core::time::Instant;
 use pdkv_core::wire::{self, ControlMessage};
 
@@ -13,6 +13,25 @@ use crate::cost::GroupLoad;
 use crate::result::ViolationKind;
 
 use super::{list, ms, Ev, Msg, World, IDLE_STEP_NS};
+
+/// The decode side: units stepping groups together, each group's scheduler, and the workers.
+pub(super) struct DecodeSide {
+    /// Every decode rank, in worker order (a rank's NIC follows every prefill rank's).
+    pub(super) ranks: Vec<RankId>,
+    /// Index of each engine's first group in `groups`.
+    pub(super) group_base: Vec<usize>,
+    pub(super) groups: Vec<DGroup>,
+    pub(super) units: Vec<Unit>,
+    pub(super) workers: Vec<DecodeWorker>,
+    /// The earliest worker timer a `DecodeTick` is scheduled for, per worker.
+    pub(super) worker_tick: Vec<Option<u64>>,
+    /// Each worker's group.
+    pub(super) worker_group: Vec<usize>,
+    /// Spare action buffers for `decode_worker` (reused, never shrunk).
+    pub(super) buffers: Vec<Vec<DecodeAction>>,
+    /// Engines that are down (crashed, not yet restarted).
+    pub(super) down: Vec<bool>,
+}
 
 /// A decode DP group: its engine, its workers and unit, and its scheduler (the engine layer's:
 /// admission, the request barrier, the batch, the pool and the group's barrier).
@@ -62,10 +81,10 @@ impl Unit {
 
 impl World {
     pub(super) fn wake(&mut self, unit: usize) {
-        if self.decode_down[self.units[unit].engine] {
+        if self.decode.down[self.decode.units[unit].engine] {
             return;
         }
-        let u = &mut self.units[unit];
+        let u = &mut self.decode.units[unit];
         if u.state == UnitState::Idle && !u.wake_scheduled {
             u.wake_scheduled = true;
             self.at(0, Ev::StepBegin { unit });
@@ -73,21 +92,23 @@ impl World {
     }
 
     pub(super) fn on_step_begin(&mut self, unit: usize) {
-        self.units[unit].wake_scheduled = false;
-        if self.units[unit].state != UnitState::Idle || self.decode_down[self.units[unit].engine] {
+        self.decode.units[unit].wake_scheduled = false;
+        if self.decode.units[unit].state != UnitState::Idle
+            || self.decode.down[self.decode.units[unit].engine]
+        {
             return;
         }
-        self.units[unit].step += 1;
-        let step = self.units[unit].step;
-        self.units[unit].state = UnitState::Waiting { began: self.now };
+        self.decode.units[unit].step += 1;
+        let step = self.decode.units[unit].step;
+        self.decode.units[unit].state = UnitState::Waiting { began: self.now };
         let mut out = Vec::new();
-        for gi in 0..self.units[unit].groups.len() {
-            let g = self.units[unit].groups[gi];
-            self.dgroups[g].sched.handle_step_begin(step, &mut out);
+        for gi in 0..self.decode.units[unit].groups.len() {
+            let g = self.decode.units[unit].groups[gi];
+            self.decode.groups[g].sched.handle_step_begin(step, &mut out);
             self.sched_outputs(g, &mut out);
         }
-        if !self.units[unit].watchdog {
-            self.units[unit].watchdog = true;
+        if !self.decode.units[unit].watchdog {
+            self.decode.units[unit].watchdog = true;
             let timeout = self.sc.timeouts().collective_ns();
             self.at(timeout, Ev::CollectiveTimeout { unit, step });
         }
@@ -97,7 +118,7 @@ impl World {
     /// Feeds decode group `g`'s barrier and carries out what it decides.
     fn group_event(&mut self, g: usize, event: GroupEvent) {
         let mut out = Vec::new();
-        self.dgroups[g].sched.handle_group_event(event, &mut out);
+        self.decode.groups[g].sched.handle_group_event(event, &mut out);
         self.sched_outputs(g, &mut out);
     }
 
@@ -113,27 +134,27 @@ impl World {
             }
             match output {
                 SchedulerOutput::ToMember { member, event } => {
-                    let w = self.dgroups[g].workers[usize::from(member.0)];
-                    self.decode(w, event);
+                    let w = self.decode.groups[g].workers[usize::from(member.0)];
+                    self.decode_worker(w, event);
                 }
                 SchedulerOutput::Group(GroupAction::VoteResult { member, step, ok }) => {
                     results.push((member, step, ok))
                 }
                 SchedulerOutput::Group(GroupAction::Forward { .. }) => {
-                    self.maybe_compute(self.dgroups[g].unit)
+                    self.maybe_compute(self.decode.groups[g].unit)
                 }
                 SchedulerOutput::Group(GroupAction::Ignored(why)) => {
-                    let engine = self.dgroups[g].engine;
+                    let engine = self.decode.groups[g].engine;
                     self.violation(
                         ViolationKind::ProtocolError,
                         vec![format!("D{engine}")],
                         format!("group {g}: {why}"),
                     );
                 }
-                SchedulerOutput::Joined(_) => self.wake(self.dgroups[g].unit),
+                SchedulerOutput::Joined(_) => self.wake(self.decode.groups[g].unit),
                 SchedulerOutput::Failed { request, .. } => self.end_request(request, true),
                 SchedulerOutput::DoubleFree { blocks, .. } => {
-                    let engine = self.dgroups[g].engine;
+                    let engine = self.decode.groups[g].engine;
                     self.violation(
                         ViolationKind::DoubleFree,
                         vec![format!("D{engine}")],
@@ -155,35 +176,40 @@ impl World {
 
     /// Computes the unit's step once every member of each of its groups entered the forward.
     fn maybe_compute(&mut self, unit: usize) {
-        let UnitState::Waiting { began } = self.units[unit].state else { return };
-        let step = self.units[unit].step;
-        if !self.units[unit].groups.iter().all(|&g| self.dgroups[g].sched.barrier().forward_ready(step)) {
+        let UnitState::Waiting { began } = self.decode.units[unit].state else { return };
+        let step = self.decode.units[unit].step;
+        if !self.decode.units[unit]
+            .groups
+            .iter()
+            .all(|&g| self.decode.groups[g].sched.barrier().forward_ready(step))
+        {
             return;
         }
-        let layout = self.d.decode[self.units[unit].engine];
-        let loads: Vec<GroupLoad> = self.units[unit]
+        let layout = self.d.decode[self.decode.units[unit].engine];
+        let loads: Vec<GroupLoad> = self.decode.units[unit]
             .groups
             .iter()
             .map(|&g| GroupLoad {
-                batch: self.dgroups[g].sched.batch_len() as u64,
-                context_tokens: self.dgroups[g].sched.context_tokens(),
+                batch: self.decode.groups[g].sched.batch_len() as u64,
+                context_tokens: self.decode.groups[g].sched.context_tokens(),
             })
             .collect();
         let duration = self.cost.decode_step_ns(layout, &loads);
-        self.units[unit].state = UnitState::Computing;
+        self.decode.units[unit].state = UnitState::Computing;
         // An all-to-all that leaves the node takes its share of each rank's NIC for the step.
         if self.cost.ep_spans_nodes(layout) {
             for (gi, load) in loads.iter().enumerate() {
                 let share = self.cost.ep_nic_share(layout, load.batch as f64, duration);
-                let g = self.units[unit].groups[gi];
-                let nics: Vec<usize> = self.dgroups[g].workers.iter().map(|&w| self.decode_nic(w)).collect();
+                let g = self.decode.units[unit].groups[gi];
+                let nics: Vec<usize> =
+                    self.decode.groups[g].workers.iter().map(|&w| self.decode_nic(w)).collect();
                 self.set_background(&nics, share);
             }
         }
         if self.trace_on {
             let batch: u64 = loads.iter().map(|l| l.batch).sum();
             let waited = self.now - began;
-            let name = format!("D{}.u{unit}", self.units[unit].engine);
+            let name = format!("D{}.u{unit}", self.decode.units[unit].engine);
             trace!(
                 self,
                 "decode",
@@ -197,14 +223,14 @@ impl World {
     }
 
     pub(super) fn on_step_end(&mut self, unit: usize, step: u64) {
-        if self.units[unit].step != step || self.units[unit].state != UnitState::Computing {
+        if self.decode.units[unit].step != step || self.decode.units[unit].state != UnitState::Computing {
             return;
         }
-        if self.cost.ep_spans_nodes(self.d.decode[self.units[unit].engine]) {
-            let nics: Vec<usize> = self.units[unit]
+        if self.cost.ep_spans_nodes(self.d.decode[self.decode.units[unit].engine]) {
+            let nics: Vec<usize> = self.decode.units[unit]
                 .groups
                 .iter()
-                .flat_map(|&g| self.dgroups[g].workers.iter().map(|&w| self.decode_nic(w)))
+                .flat_map(|&g| self.decode.groups[g].workers.iter().map(|&w| self.decode_nic(w)))
                 .collect();
             self.set_background(&nics, 0.0);
         }
@@ -212,14 +238,14 @@ impl World {
         let mut out = Vec::new();
         let mut ended = Vec::new();
         let mut continuing = 0u64;
-        for gi in 0..self.units[unit].groups.len() {
-            let g = self.units[unit].groups[gi];
-            if self.dgroups[g].sched.batch_len() > 0 {
-                self.last_progress_ns = now;
+        for gi in 0..self.decode.units[unit].groups.len() {
+            let g = self.decode.units[unit].groups[gi];
+            if self.decode.groups[g].sched.batch_len() > 0 {
+                self.stats.last_progress_ns = now;
             }
-            let forwarded = self.dgroups[g].sched.handle_forward(&mut out);
+            let forwarded = self.decode.groups[g].sched.handle_forward(&mut out);
             for id in forwarded.first {
-                if let Some(r) = self.requests.get_mut(&id) {
+                if let Some(r) = self.clients.requests.get_mut(&id) {
                     r.first_token_ns = Some(now);
                 }
             }
@@ -227,9 +253,9 @@ impl World {
             ended.push((g, std::mem::take(&mut out), forwarded.finished));
         }
         // Inter-token latency: every request that already had a token waited one step gap.
-        if let Some(last) = self.units[unit].last_step_end.replace(now) {
+        if let Some(last) = self.decode.units[unit].last_step_end.replace(now) {
             if continuing > 0 {
-                self.itl.push((now - last, continuing));
+                self.stats.itl.push((now - last, continuing));
             }
         }
         for (g, mut out, finished) in ended {
@@ -238,36 +264,35 @@ impl World {
                 self.end_request(id, false);
             }
         }
-        self.units[unit].state = UnitState::Idle;
+        self.decode.units[unit].state = UnitState::Idle;
         if self.unit_has_work(unit) {
             self.wake(unit);
         } else if self.unit_has_pending(unit) {
-            self.units[unit].wake_scheduled = true;
+            self.decode.units[unit].wake_scheduled = true;
             self.at(IDLE_STEP_NS, Ev::StepBegin { unit });
         }
     }
 
     fn unit_has_work(&self, unit: usize) -> bool {
-        self.units[unit].groups.iter().any(|&g| self.dgroups[g].sched.has_work())
+        self.decode.units[unit].groups.iter().any(|&g| self.decode.groups[g].sched.has_work())
     }
 
     fn unit_has_pending(&self, unit: usize) -> bool {
-        self.units[unit]
-            .groups
-            .iter()
-            .any(|&g| self.dgroups[g].workers.iter().any(|&w| self.dworkers[w].pending_requests() > 0))
+        self.decode.units[unit].groups.iter().any(|&g| {
+            self.decode.groups[g].workers.iter().any(|&w| self.decode.workers[w].pending_requests() > 0)
+        })
     }
 
-    pub(super) fn decode(&mut self, w: usize, event: DecodeEvent) {
+    pub(super) fn decode_worker(&mut self, w: usize, event: DecodeEvent) {
         // Action buffers are reused: a decode step hands every worker an event, and a fresh
         // vector per call was a measurable share of the simulator's time.
-        let mut out = self.buffers.pop().unwrap_or_default();
-        self.dworkers[w].handle(Instant(self.now), event, &mut out);
+        let mut out = self.decode.buffers.pop().unwrap_or_default();
+        self.decode.workers[w].handle(Instant(self.now), event, &mut out);
         self.decode_actions(w, &mut out);
-        self.buffers.push(out);
-        if let Some(Instant(t)) = self.dworkers[w].poll_timeout() {
-            if self.dworker_tick[w].is_none_or(|s| t < s || s < self.now) {
-                self.dworker_tick[w] = Some(t);
+        self.decode.buffers.push(out);
+        if let Some(Instant(t)) = self.decode.workers[w].poll_timeout() {
+            if self.decode.worker_tick[w].is_none_or(|s| t < s || s < self.now) {
+                self.decode.worker_tick[w] = Some(t);
                 let delay = t.saturating_sub(self.now);
                 self.at(delay, Ev::DecodeTick { worker: w });
             }
@@ -293,19 +318,19 @@ impl World {
                         self,
                         "handshake",
                         "dial",
-                        self.d_ranks[w].to_string(),
+                        self.decode.ranks[w].to_string(),
                         None,
                         format!("{rank} at {endpoint}"),
                     );
                     self.send(w, rank, (endpoint.host, endpoint.port), Msg::Dial { from: w, session });
                 }
                 DecodeAction::SendLease { rank, endpoint, lease } => {
-                    let transfer = self.transfers.number(&lease.transfer_id);
+                    let transfer = self.clients.transfers.number(&lease.transfer_id);
                     let bytes = wire::encode(&ControlMessage::ReadLease(lease));
                     self.send(w, rank, (endpoint.host, endpoint.port), Msg::Notify { bytes, transfer });
                 }
                 DecodeAction::SendRelease { rank, endpoint, release } => {
-                    let transfer = self.transfers.number(&release.transfer_id);
+                    let transfer = self.clients.transfers.number(&release.transfer_id);
                     let bytes = wire::encode(&ControlMessage::Release(release));
                     self.send(w, rank, (endpoint.host, endpoint.port), Msg::Notify { bytes, transfer });
                 }
@@ -317,7 +342,7 @@ impl World {
                             self,
                             "decode",
                             "step_failed",
-                            self.d_ranks[w].to_string(),
+                            self.decode.ranks[w].to_string(),
                             None,
                             error.to_string(),
                         );
@@ -325,8 +350,9 @@ impl World {
                     // The group's barrier knows what a failure means: one the whole group shares
                     // (eager vote) skips the forward together; a worker-local one (lazy
                     // handshake) raises on that worker alone, which never reaches the collective.
-                    let event = group_input(self.d_ranks[w].tp_rank(), &action).expect("the group's input");
-                    self.group_event(self.dworker_group[w], event);
+                    let event =
+                        group_input(self.decode.ranks[w].tp_rank(), &action).expect("the group's input");
+                    self.group_event(self.decode.worker_group[w], event);
                 }
                 DecodeAction::RequestReceived { request } => self.report(w, request, false),
                 DecodeAction::RequestFailed { request, error } => {
@@ -334,12 +360,12 @@ impl World {
                         self,
                         "decode",
                         "request_failed",
-                        self.d_ranks[w].to_string(),
+                        self.decode.ranks[w].to_string(),
                         None,
                         format!("{request}: {error}"),
                     );
                     if matches!(error, RecvError::Timeout { .. }) {
-                        if let Some(req) = self.requests.get_mut(&request) {
+                        if let Some(req) = self.clients.requests.get_mut(&request) {
                             req.timed_out = true;
                         }
                     }
@@ -357,10 +383,10 @@ impl World {
     /// One worker finished (or failed) receiving `request`; once every worker of the group has,
     /// the request joins the batch or ends failed.
     fn report(&mut self, w: usize, request: RequestId, failed: bool) {
-        let g = self.dworker_group[w];
+        let g = self.decode.worker_group[w];
         let result = if failed { Err(()) } else { Ok(()) };
         let mut out = Vec::new();
-        self.dgroups[g].sched.handle_report(request, self.d_ranks[w].tp_rank(), result, &mut out);
+        self.decode.groups[g].sched.handle_report(request, self.decode.ranks[w].tp_rank(), result, &mut out);
         self.sched_outputs(g, &mut out);
     }
 }
@@ -390,9 +416,13 @@ mod tests {
         world.decode_actions(1, &mut vote());
         assert_eq!(results(&world), 1, "both voted");
         // The group reports the repeated vote instead of counting it.
-        let kinds: Vec<&str> = world.violations.iter().map(|v| v.kind.name()).collect();
+        let kinds: Vec<&str> = world.checks.violations.iter().map(|v| v.kind.name()).collect();
         assert_eq!(kinds, ["protocol_error"]);
-        assert!(world.violations[0].detail.contains("voted on step 1 already"), "{:?}", world.violations);
+        assert!(
+            world.checks.violations[0].detail.contains("voted on step 1 already"),
+            "{:?}",
+            world.checks.violations
+        );
     }
 
     /// A decode engine whose EP group spans two nodes sends part of every all-to-all over its

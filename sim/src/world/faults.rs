@@ -77,7 +77,7 @@ impl World {
     fn rank_slot(&self, rank: RankId) -> usize {
         match rank.engine.role {
             Role::Prefill => self.d.rank_index(rank),
-            Role::Decode => self.p_ranks.len() + self.d.rank_index(rank),
+            Role::Decode => self.prefill.ranks.len() + self.d.rank_index(rank),
         }
     }
 
@@ -85,9 +85,9 @@ impl World {
     /// later are excused. Touches come in time order, so an overlapping one extends the last
     /// interval and the list stays short.
     pub(super) fn touch(&mut self, rank: RankId, from: u64, to: u64) {
-        let to = to.saturating_add(self.grace_ns);
+        let to = to.saturating_add(self.checks.grace_ns);
         let slot = self.rank_slot(rank);
-        let intervals = &mut self.touched[slot];
+        let intervals = &mut self.checks.touched[slot];
         match intervals.last_mut() {
             Some(last) if last.1 >= from => last.1 = last.1.max(to),
             _ => intervals.push((from, to)),
@@ -96,7 +96,7 @@ impl World {
 
     /// True when a fault touched one of `ranks` (NIC-order slots) during `[from, to]`.
     pub(super) fn touched_during(&self, slots: &[usize], from: u64, to: u64) -> bool {
-        slots.iter().any(|&slot| self.touched[slot].iter().any(|&(a, b)| a <= to && b >= from))
+        slots.iter().any(|&slot| self.checks.touched[slot].iter().any(|&(a, b)| a <= to && b >= from))
     }
 
     pub(super) fn on_fault(&mut self, index: usize, start: bool) {
@@ -118,9 +118,10 @@ impl World {
         self.faults[index] =
             start.then_some(ActiveFault { pattern, kind: spec.fault.clone(), remaining: spec.count });
         let nics: Vec<usize> = self
-            .p_ranks
+            .prefill
+            .ranks
             .iter()
-            .chain(self.d_ranks.iter())
+            .chain(self.decode.ranks.iter())
             .enumerate()
             .filter(|(_, r)| pattern.matches(**r))
             .map(|(i, _)| i)
@@ -128,7 +129,8 @@ impl World {
         match (&spec.fault, start) {
             (FaultKind::SlowNic { .. }, _) => {
                 // Overlapping slow-NIC faults multiply; the end of one leaves the others.
-                let ranks: Vec<RankId> = self.p_ranks.iter().chain(self.d_ranks.iter()).copied().collect();
+                let ranks: Vec<RankId> =
+                    self.prefill.ranks.iter().chain(self.decode.ranks.iter()).copied().collect();
                 for nic in nics {
                     let factor: f64 = self
                         .faults
@@ -139,7 +141,7 @@ impl World {
                             _ => None,
                         })
                         .product();
-                    let finishes = self.nics.set_factor(self.now, nic, factor);
+                    let finishes = self.net.nics.set_factor(self.now, nic, factor);
                     self.schedule_flows(finishes);
                 }
             }
@@ -150,7 +152,7 @@ impl World {
             }
             (FaultKind::EngineCrash, _) => {
                 let mut engines: BTreeSet<EngineId> = BTreeSet::new();
-                for rank in self.p_ranks.iter().chain(self.d_ranks.iter()) {
+                for rank in self.prefill.ranks.iter().chain(self.decode.ranks.iter()) {
                     if pattern.matches(*rank) {
                         engines.insert(rank.engine);
                     }
@@ -174,7 +176,7 @@ impl World {
     fn touch_window(&mut self, index: usize, pattern: TargetPattern) {
         let spec = &self.sc.faults.timeline[index];
         let end = spec.duration_ms.map_or(u64::MAX, |d| self.now.saturating_add(ms_ns(d)));
-        let ranks: Vec<RankId> = self.p_ranks.iter().chain(self.d_ranks.iter()).copied().collect();
+        let ranks: Vec<RankId> = self.prefill.ranks.iter().chain(self.decode.ranks.iter()).copied().collect();
         match spec.fault {
             FaultKind::LoseMessages | FaultKind::DelayMessages { .. } | FaultKind::DuplicateMessages => {}
             FaultKind::EngineCrash => {
@@ -202,73 +204,75 @@ impl World {
         trace!(self, "fault", "crash", engine.to_string(), None, String::new());
         match engine.role {
             Role::Prefill => {
-                if self.prefill_down[e] {
+                if self.prefill.down[e] {
                     return;
                 }
-                self.prefill_down[e] = true;
-                let ranks: Vec<usize> =
-                    (0..self.p_ranks.len()).filter(|&i| self.p_ranks[i].engine == engine).collect();
+                self.prefill.down[e] = true;
+                let ranks: Vec<usize> = (0..self.prefill.ranks.len())
+                    .filter(|&i| self.prefill.ranks[i].engine == engine)
+                    .collect();
                 // The step it was in dies with it, all-to-all included.
                 self.set_background(&ranks, 0.0);
                 for &i in &ranks {
                     self.abort_flows_on(i, "peer down");
                 }
                 // Its queued and prefilling requests die with it; its held blocks are gone.
-                let first = self.pgroup_base[e];
+                let first = self.prefill.group_base[e];
                 let layout = self.d.prefill[e];
                 for g in first..first + usize::from(layout.dp) {
-                    self.pgroup_generation[g] += 1;
+                    self.prefill.generation[g] += 1;
                     // Queued requests first, then the prefilling ones; the pool restarts empty.
-                    let lost = self.pgroups[g].sched.reset();
-                    self.pgroups[g].busy = false;
+                    let lost = self.prefill.groups[g].sched.reset();
+                    self.prefill.groups[g].busy = false;
                     for id in lost {
                         self.end_request(id, true);
                     }
                 }
-                let totals = self.engines[e].totals();
-                self.lost_in_crash += totals.held;
-                self.crashed_freed += totals.freed;
-                self.crashed_reaped += totals.reaped;
+                let totals = self.prefill.engines[e].totals();
+                self.stats.lost_in_crash += totals.held;
+                self.stats.crashed_freed += totals.freed;
+                self.stats.crashed_reaped += totals.reaped;
                 let defer = self.sc.timeouts().defer_ns();
-                self.engines[e] = PrefillEngine::new(engine, layout, self.d.model.clone(), self.policy())
-                    .with_peers(self.book.rules.clone())
-                    .with_defer_timeout_ns(defer);
-                self.engine_tick[e] = None;
+                self.prefill.engines[e] =
+                    PrefillEngine::new(engine, layout, self.d.model.clone(), self.policy())
+                        .with_peers(self.book.rules.clone())
+                        .with_defer_timeout_ns(defer);
+                self.prefill.engine_tick[e] = None;
             }
             Role::Decode => {
-                if self.decode_down[e] {
+                if self.decode.down[e] {
                     return;
                 }
-                self.decode_down[e] = true;
-                let first = self.dgroup_base[e];
+                self.decode.down[e] = true;
+                let first = self.decode.group_base[e];
                 for g in first..first + usize::from(self.d.decode[e].dp) {
                     // The group restarts with its workers: a fresh barrier on no step, an empty pool.
-                    let lost = self.dgroups[g].sched.reset();
-                    for w in self.dgroups[g].workers.clone() {
+                    let lost = self.decode.groups[g].sched.reset();
+                    for w in self.decode.groups[g].workers.clone() {
                         // The step it was in dies with it, all-to-all included.
                         self.set_background(&[self.decode_nic(w)], 0.0);
                         self.abort_flows_on(self.decode_nic(w), "peer down");
-                        self.dworkers[w] = build_decode_worker(
+                        self.decode.workers[w] = build_decode_worker(
                             &self.sc,
                             &self.d,
                             &self.book,
                             &self.policy(),
-                            self.d_ranks[w],
+                            self.decode.ranks[w],
                         );
-                        self.dworker_tick[w] = None;
+                        self.decode.worker_tick[w] = None;
                     }
                     for id in lost {
                         // Its prefill side will reap these transfers: expected, since the reader died.
-                        self.excused.insert(self.requests[&id].transfer);
+                        self.checks.excused.insert(self.clients.requests[&id].transfer);
                         self.end_request(id, true);
                     }
                 }
-                for unit in 0..self.units.len() {
-                    if self.units[unit].engine == e {
+                for unit in 0..self.decode.units.len() {
+                    if self.decode.units[unit].engine == e {
                         // Bumping the step makes in-flight step events stale.
-                        self.units[unit].step += 1;
-                        self.units[unit].state = UnitState::Idle;
-                        self.units[unit].last_step_end = None;
+                        self.decode.units[unit].step += 1;
+                        self.decode.units[unit].state = UnitState::Idle;
+                        self.decode.units[unit].last_step_end = None;
                     }
                 }
             }
@@ -281,28 +285,32 @@ impl World {
         trace!(self, "fault", "restart", engine.to_string(), None, String::new());
         match engine.role {
             Role::Prefill => {
-                if !self.prefill_down[e] {
+                if !self.prefill.down[e] {
                     return;
                 }
-                self.prefill_down[e] = false;
+                self.prefill.down[e] = false;
                 let policy = self.policy();
-                for i in 0..self.p_ranks.len() {
-                    let rank = self.p_ranks[i];
+                for i in 0..self.prefill.ranks.len() {
+                    let rank = self.prefill.ranks[i];
                     if rank.engine != engine {
                         continue;
                     }
                     let old: Vec<u64> =
-                        self.regions.iter().filter(|(_, (r, _))| *r == i).map(|(b, _)| *b).collect();
+                        self.net.regions.iter().filter(|(_, (r, _))| *r == i).map(|(b, _)| *b).collect();
                     for base in old {
-                        if let Some(region) = self.regions.remove(&base) {
-                            self.retired_regions.insert(base, region);
+                        if let Some(region) = self.net.regions.remove(&base) {
+                            self.net.retired_regions.insert(base, region);
                         }
                     }
-                    self.epoch[i] += 1;
-                    let g = self.pgroup_base[e] + usize::from(rank.dp);
-                    let blocks = self.pgroups[g].sched.pool().capacity();
-                    let incarnation =
-                        draw_incarnation(&self.book, rank, &mut self.streams, &mut self.incarnations[i]);
+                    self.prefill.epoch[i] += 1;
+                    let g = self.prefill.group_base[e] + usize::from(rank.dp);
+                    let blocks = self.prefill.groups[g].sched.pool().capacity();
+                    let incarnation = draw_incarnation(
+                        &self.book,
+                        rank,
+                        &mut self.streams,
+                        &mut self.prefill.incarnations[i],
+                    );
                     let (worker, bases, len) = build_prefill_worker(
                         &self.sc,
                         &self.d,
@@ -311,26 +319,26 @@ impl World {
                         &policy,
                         rank,
                         i,
-                        self.epoch[i],
+                        self.prefill.epoch[i],
                         incarnation,
                         blocks,
                     );
                     for base in bases {
-                        self.regions.insert(base, (i, len));
+                        self.net.regions.insert(base, (i, len));
                     }
-                    self.pworkers[i] = worker;
+                    self.prefill.workers[i] = worker;
                     if let Some(incarnation) = incarnation {
                         trace!(self, "fault", "incarnation", rank.to_string(), None, incarnation.to_string());
                         self.engine(e, EngineEvent::WorkerUp { rank, incarnation });
                     }
                 }
-                let first = self.pgroup_base[e];
+                let first = self.prefill.group_base[e];
                 for g in first..first + usize::from(self.d.prefill[e].dp) {
                     self.try_prefill(g);
                 }
             }
             Role::Decode => {
-                self.decode_down[e] = false;
+                self.decode.down[e] = false;
             }
         }
     }
@@ -365,9 +373,9 @@ mod tests {
         let check = |world: &mut World, index: usize, start: bool, expected: f64| {
             world.on_fault(index, start);
             assert!(
-                (world.nics.factor(0) - expected).abs() < 1e-12,
+                (world.net.nics.factor(0) - expected).abs() < 1e-12,
                 "{} != {expected}",
-                world.nics.factor(0)
+                world.net.nics.factor(0)
             );
         };
         check(&mut world, 0, true, 0.5);

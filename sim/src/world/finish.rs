@@ -9,15 +9,42 @@ use crate::waitfor::{WaitFor, WaitNode, WaitReason};
 
 use super::{ms, Run, World};
 
+/// What the result counts as the run goes.
+pub(super) struct Stats {
+    /// KV reads served per prefill GPU.
+    pub(super) reads: Vec<u64>,
+    /// KV bytes served per prefill GPU.
+    pub(super) bytes: Vec<u64>,
+    /// RDMA operations served per prefill GPU.
+    pub(super) messages: Vec<u64>,
+    /// Duration of every completed KV read flow, in milliseconds.
+    pub(super) kv_read_ms: Vec<f64>,
+    /// Decode step gaps and how many tokens waited each one.
+    pub(super) itl: Vec<(u64, u64)>,
+    /// Arrivals the proxy refused (its in-flight cap); counted as unsent.
+    pub(super) refused: u64,
+    pub(super) reaped_excused: u64,
+    /// Transfers whose prefill engine crashed while holding them.
+    pub(super) lost_in_crash: u64,
+    /// Freed and reaped counts of prefill engine incarnations that crashed.
+    pub(super) crashed_freed: u64,
+    pub(super) crashed_reaped: u64,
+    pub(super) max_hold_ns: u64,
+    /// When the run last made progress: a request ended (finished or failed), a prefill step
+    /// computed prompt tokens, a decode step generated tokens, or a KV read completed. Whether
+    /// the run was still progressing when its budget ended.
+    pub(super) last_progress_ns: u64,
+}
+
 impl World {
     pub(super) fn finish(mut self) -> Run {
         let now = self.now;
         let mut result = RunResult::empty(&self.sc, crate::load::scenario_to_ron(&self.sc));
         // Like `vllm bench serve`: the run lasts until its last request ended (a hang or an
         // unfinished request extends it to the end of the simulation).
-        let last_end = self.requests.values().filter_map(|r| r.done_ns).max().unwrap_or(0);
-        let unfinished = self.requests.values().any(|r| r.done_ns.is_none());
-        let end = if unfinished || !self.hangs.is_empty() { now } else { last_end };
+        let last_end = self.clients.requests.values().filter_map(|r| r.done_ns).max().unwrap_or(0);
+        let unfinished = self.clients.requests.values().any(|r| r.done_ns.is_none());
+        let end = if unfinished || !self.checks.hangs.is_empty() { now } else { last_end };
         result.duration_s = round3(end as f64 / 1e9);
         result.events = self.events;
 
@@ -26,7 +53,7 @@ impl World {
         let mut tpot = Vec::new();
         let mut e2e = Vec::new();
         let (mut total_tokens, mut output_tokens) = (0u64, 0u64);
-        for req in self.requests.values() {
+        for req in self.clients.requests.values() {
             result.requests.sent += 1;
             match (req.done_ns, req.failed) {
                 (Some(done), false) => {
@@ -51,7 +78,7 @@ impl World {
                 (None, _) => result.requests.unfinished += 1,
             }
         }
-        result.requests.unsent = self.to_send + self.refused;
+        result.requests.unsent = self.clients.to_send + self.stats.refused;
         let seconds = (end as f64 / 1e9).max(1e-9);
         result.throughput.total_tok_s = round3(total_tokens as f64 / seconds);
         result.throughput.output_tok_s = round3(output_tokens as f64 / seconds);
@@ -62,23 +89,23 @@ impl World {
         result.latency_ms.ttft_percentiles = percentiles(&ttft);
         result.latency_ms.tpot_percentiles = percentiles(&tpot);
         result.latency_ms.e2e = Summary::of(&mut e2e);
-        result.latency_ms.kv_read = Summary::of(&mut std::mem::take(&mut self.kv_read_ms));
-        result.latency_ms.itl = weighted_summary(&mut self.itl);
+        result.latency_ms.kv_read = Summary::of(&mut std::mem::take(&mut self.stats.kv_read_ms));
+        result.latency_ms.itl = weighted_summary(&mut self.stats.itl);
 
         // NICs.
         let bucket_bytes = self.sc.hardware.nic_gb_s * 1e9 * (BUCKET_NS as f64 / 1e9);
         result.nic = NicStats {
-            prefill_gpus: self.p_ranks.iter().map(|r| r.to_string()).collect(),
-            jain: crate::result::jain(&self.reads),
-            jain_bytes: crate::result::jain(&self.bytes),
-            reads_per_prefill_gpu: self.reads.clone(),
-            bytes_per_prefill_gpu: self.bytes.clone(),
-            messages_per_prefill_gpu: self.messages.clone(),
+            prefill_gpus: self.prefill.ranks.iter().map(|r| r.to_string()).collect(),
+            jain: crate::result::jain(&self.stats.reads),
+            jain_bytes: crate::result::jain(&self.stats.bytes),
+            reads_per_prefill_gpu: self.stats.reads.clone(),
+            bytes_per_prefill_gpu: self.stats.bytes.clone(),
+            messages_per_prefill_gpu: self.stats.messages.clone(),
             // One value per second of the run for every GPU (idle seconds are 0), with enough
             // precision for the sub-percent loads a 48 GB/s NIC usually sees.
-            utilisation: (0..self.p_ranks.len())
+            utilisation: (0..self.prefill.ranks.len())
                 .map(|i| {
-                    let sent = self.nics.sent_per_bucket(i);
+                    let sent = self.net.nics.sent_per_bucket(i);
                     let seconds = (end.div_ceil(BUCKET_NS) as usize).max(sent.len());
                     (0..seconds)
                         .map(|b| sent.get(b).map_or(0.0, |x| (x / bucket_bytes * 1e6).round() / 1e6))
@@ -88,25 +115,28 @@ impl World {
         };
 
         // Ledger.
-        let mut ledger =
-            Ledger { freed: self.crashed_freed, reaped: self.crashed_reaped, ..Ledger::default() };
-        for engine in &self.engines {
+        let mut ledger = Ledger {
+            freed: self.stats.crashed_freed,
+            reaped: self.stats.crashed_reaped,
+            ..Ledger::default()
+        };
+        for engine in &self.prefill.engines {
             let totals = engine.totals();
             ledger.held += totals.held;
             ledger.freed += totals.freed;
             ledger.reaped += totals.reaped;
-            self.max_hold_ns = self.max_hold_ns.max(totals.longest_hold_ns);
+            self.stats.max_hold_ns = self.stats.max_hold_ns.max(totals.longest_hold_ns);
             for record in engine.held() {
-                self.max_hold_ns = self.max_hold_ns.max(record.held_ns(Instant(now)));
+                self.stats.max_hold_ns = self.stats.max_hold_ns.max(record.held_ns(Instant(now)));
             }
         }
-        ledger.max_hold_ms = ms(self.max_hold_ns);
-        ledger.reaped_excused = self.reaped_excused;
-        ledger.lost_in_crash = self.lost_in_crash;
+        ledger.max_hold_ms = ms(self.stats.max_hold_ns);
+        ledger.reaped_excused = self.stats.reaped_excused;
+        ledger.lost_in_crash = self.stats.lost_in_crash;
         ledger.prefill_stall_s =
-            round3(self.pgroups.iter().map(|g| g.sched.stall_ns(now)).sum::<u64>() as f64 / 1e9);
+            round3(self.prefill.groups.iter().map(|g| g.sched.stall_ns(now)).sum::<u64>() as f64 / 1e9);
         ledger.reaper_pending = self.budget_ended
-            && self.engines.iter().any(|e| e.totals().held > 0 && e.poll_timeout().is_some());
+            && self.prefill.engines.iter().any(|e| e.totals().held > 0 && e.poll_timeout().is_some());
         result.ledger = ledger;
 
         // Requests in flight when the budget ended are cut off, not hung, if the run was still
@@ -116,18 +146,19 @@ impl World {
         // read completed. A prefill step of one token takes a request's prompt hours; it is slow,
         // not hung, and requests ending is too coarse a sign of it.
         let stall_window_ns = self.sc.timeouts().stall_window_ns();
-        let progressing = self.budget_ended && now.saturating_sub(self.last_progress_ns) <= stall_window_ns;
+        let progressing =
+            self.budget_ended && now.saturating_sub(self.stats.last_progress_ns) <= stall_window_ns;
         if progressing {
             result.requests.cut_off = result.requests.unfinished;
         }
         // Requests that never ended are a hang even when no collective timed out, when the
         // world can say what they wait for.
-        if result.requests.unfinished > result.requests.cut_off && self.hangs.is_empty() {
+        if result.requests.unfinished > result.requests.cut_off && self.checks.hangs.is_empty() {
             let mut graph = WaitFor::default();
             let mut ranks = Vec::new();
-            for (w, worker) in self.dworkers.iter().enumerate() {
+            for (w, worker) in self.decode.workers.iter().enumerate() {
                 for (session, target) in worker.waiting_sessions() {
-                    let rank = self.d_ranks[w];
+                    let rank = self.decode.ranks[w];
                     graph.edge(
                         WaitNode::Rank { rank },
                         WaitNode::HandshakeListener { rank: target },
@@ -142,7 +173,7 @@ impl World {
                 // graph) and no progress it can see. No verdict on liveness, said so.
                 result.requests.stalled = result.requests.unfinished - result.requests.cut_off;
             } else {
-                self.hangs.push(Hang {
+                self.checks.hangs.push(Hang {
                     t_ms: ms(now),
                     what: format!(
                         "{} requests never finished by the end of the run",
@@ -155,8 +186,8 @@ impl World {
                 });
             }
         }
-        result.hangs = self.hangs;
-        result.violations = self.violations;
+        result.hangs = self.checks.hangs;
+        result.violations = self.checks.violations;
         let tally = Tally {
             violated: !result.violations.is_empty(),
             hung: !result.hangs.is_empty(),

@@ -5,30 +5,33 @@
 //! latencies, service times and faults) and carries out their actions. Checkers look at each
 //! action as it is carried out (safety) and at the end of the run (liveness).
 //!
-//! `mod.rs` holds the `World` struct, the event enum, the run loop and the dispatch of events;
-//! each concept's `impl World` block is in the file named for it: `build` (`World::new`),
-//! `clients` (arrivals and the proxy), `prefill`, `decode` (units, groups and their barrier),
-//! `control` (control messages and listeners), `data_plane` (reads and NIC flows), `faults`,
-//! `checks` (violations and hangs) and `finish` (the `RunResult` and the outcome rules). KV
-//! block pools are the engine layer's (`pdkv_engine::pool`).
+//! `mod.rs` holds the `World` struct, the event enum, the run loop and the dispatch of events.
+//! The world keeps what only the driver owns (the scenario, the clock, the event queue, the
+//! random streams, the active faults, the trace) and one value per subsystem, each defined in
+//! the file named for it together with that concept's `impl World` block: `clients`
+//! (`ClientSide`: arrivals, the proxy, requests and transfers), `prefill` (`PrefillSide`:
+//! engines, each DP group's scheduler, workers), `decode` (`DecodeSide`: units, groups with
+//! their schedulers, workers), `data_plane` (`Network`: listeners, regions, NICs and flows;
+//! `control` carries control messages over it), `finish` (`Stats`, and the `RunResult`) and
+//! `checks` (`Checks`: violations, hangs, excuses); `build` is `World::new`, `faults` injects
+//! faults. Schedulers and block pools are the engine layer's (`pdkv_engine`).
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::collections::BinaryHeap;
 
 // `ms_ns` saturates: loaded scenarios keep every time far below overflow (`MAX_TIME_MS`); one
 // built in code past that saturates, which means "never".
-use pdkv_core::decode::{DecodeAction, DecodeEvent, DecodeWorker, ReadOutcome, RecvRequest};
+use pdkv_core::decode::{DecodeEvent, ReadOutcome, RecvRequest};
 use pdkv_core::ids::{RankId, RequestId, TpRank};
 use pdkv_core::ports::{AddressBook, SessionKey};
-use pdkv_core::prefill::{EngineEvent, PrefillEngine, PrefillWorker, WorkerEvent};
-use pdkv_core::proxy::Proxy;
+use pdkv_core::prefill::{EngineEvent, WorkerEvent};
 use pdkv_core::topology::Deployment;
 use pdkv_engine::decode::Tokens;
 use pdkv_engine::timeouts::{ms_ns, NS_PER_MS};
 
 use crate::cost::Cost;
-use crate::nic::{FlowId, Nics};
-use crate::result::{round3, Hang, RunResult, Violation};
+use crate::nic::FlowId;
+use crate::result::{round3, RunResult};
 use crate::rng::Streams;
 use crate::scenario::{Clients, Scenario};
 use crate::trace::{TraceRecord, TraceSink};
@@ -57,11 +60,13 @@ mod finish;
 mod prefill;
 mod transfers;
 
-use control::Listener;
-use data_plane::FlowInfo;
-use decode::{DGroup, Unit};
+use checks::Checks;
+use clients::ClientSide;
+use data_plane::Network;
+use decode::DecodeSide;
 use faults::ActiveFault;
-use prefill::PGroup;
+use finish::Stats;
+use prefill::PrefillSide;
 
 /// Delay before a decode engine with requests waiting on reads steps again.
 const IDLE_STEP_NS: u64 = 5 * NS_PER_MS;
@@ -219,80 +224,22 @@ pub struct World {
     queue: BinaryHeap<Reverse<Scheduled>>,
     events: u64,
     streams: Streams,
-    proxy: Proxy,
-    to_send: u64,
-    open_loop: Option<f64>,
-    requests: clients::Requests,
-    transfers: transfers::Transfers,
-    fenced: BTreeSet<u32>,
-    p_ranks: Vec<RankId>,
-    d_ranks: Vec<RankId>,
-    pgroup_base: Vec<usize>,
-    pgroups: Vec<PGroup>,
-    engines: Vec<PrefillEngine>,
-    engine_tick: Vec<Option<u64>>,
-    pworkers: Vec<PrefillWorker>,
-    dgroup_base: Vec<usize>,
-    dgroups: Vec<DGroup>,
-    units: Vec<Unit>,
-    dworkers: Vec<DecodeWorker>,
-    dworker_tick: Vec<Option<u64>>,
-    dworker_group: Vec<usize>,
-    listeners: Vec<Listener>,
-    listener_at: BTreeMap<(String, u16), usize>,
-    regions: BTreeMap<u64, (usize, u64)>,
-    nics: Nics,
-    flows: BTreeMap<FlowId, FlowInfo>,
     faults: Vec<Option<ActiveFault>>,
-    reads: Vec<u64>,
-    bytes: Vec<u64>,
-    /// RDMA operations served per prefill GPU.
-    messages: Vec<u64>,
-    /// Duration of every completed KV read flow, in milliseconds.
-    kv_read_ms: Vec<f64>,
-    /// Decode step gaps and how many tokens waited each one.
-    itl: Vec<(u64, u64)>,
-    violations: Vec<Violation>,
-    hangs: Vec<Hang>,
-    /// Prefill and decode engines that are down (crashed, not yet restarted).
-    prefill_down: Vec<bool>,
-    decode_down: Vec<bool>,
-    /// Lives of each prefill rank (bumped at every restart; it moves the memory regions).
-    epoch: Vec<u64>,
-    /// The incarnations of each prefill rank so far, the current one last (none for a rank
-    /// following vLLM's rules).
-    incarnations: Vec<Vec<pdkv_core::ids::Incarnation>>,
-    /// Regions of crashed incarnations: reads into them fail as a NIC would (stale keys).
-    retired_regions: BTreeMap<u64, (usize, u64)>,
-    /// Transfers whose decode side crashed: their reaping is expected, not a leak.
-    excused: BTreeSet<u32>,
-    /// Per rank (prefill ranks, then decode ranks, as NICs are numbered), the merged time
-    /// intervals in which an injected fault touched it, each widened by `grace_ns`; a failed
-    /// request is excused when one overlaps its life on one of its ranks.
-    touched: Vec<Vec<(u64, u64)>>,
-    /// How long after a fault touched a rank a request can still fail because of it: a lost
-    /// dial surfaces at the handshake timeout, a lost read at the transfer timeout.
-    grace_ns: u64,
-    /// Arrivals the proxy refused (its in-flight cap); counted as unsent.
-    refused: u64,
-    reaped_excused: u64,
-    /// Transfers whose prefill engine crashed while holding them.
-    lost_in_crash: u64,
-    /// Freed and reaped counts of prefill engine incarnations that crashed.
-    crashed_freed: u64,
-    crashed_reaped: u64,
-    /// Generation of each prefill group, bumped by a crash so its in-flight batch is dropped.
-    pgroup_generation: Vec<u64>,
-    /// Spare action buffers for `decode` (reused, never shrunk).
-    buffers: Vec<Vec<DecodeAction>>,
+    /// The clients, the proxy and the requests and transfers in flight (`clients.rs`).
+    clients: ClientSide,
+    /// Prefill engines, their DP groups' schedulers and their workers (`prefill.rs`).
+    prefill: PrefillSide,
+    /// Decode engines: units, groups (each with its scheduler) and workers (`decode.rs`).
+    decode: DecodeSide,
+    /// Listeners, memory regions, NICs and their flows (`control.rs`, `data_plane.rs`).
+    net: Network,
+    /// What the result counts (`finish.rs`).
+    stats: Stats,
+    /// Violations, hangs and what excuses a failure (`checks.rs`).
+    checks: Checks,
     stopped: bool,
     /// The run's time or event budget ended with events still to run (not a natural end).
     budget_ended: bool,
-    /// When the run last made progress: a request ended (finished or failed), a prefill step
-    /// computed prompt tokens, a decode step generated tokens, or a KV read completed. Whether
-    /// the run was still progressing when its budget ended.
-    last_progress_ns: u64,
-    max_hold_ns: u64,
     /// Whether `trace` is there: the `trace!` macro's cheap test.
     trace_on: bool,
     trace: Option<Box<dyn TraceSink>>,
@@ -331,9 +278,9 @@ impl World {
     }
 
     fn start(&mut self) {
-        match (self.sc.workload.clients, self.open_loop) {
+        match (self.sc.workload.clients, self.clients.open_loop) {
             (Clients::Closed { concurrency, .. }, _) => {
-                for _ in 0..concurrency.min(self.to_send as u32) {
+                for _ in 0..concurrency.min(self.clients.to_send as u32) {
                     self.at(0, Ev::Arrival);
                 }
             }
@@ -389,8 +336,8 @@ impl World {
         match ev {
             Ev::Arrival => self.on_arrival(),
             Ev::PrefillQueue { req } => {
-                let g = self.requests[&req].prefill_group;
-                if self.prefill_down[self.pgroups[g].engine] {
+                let g = self.clients.requests[&req].prefill_group;
+                if self.prefill.down[self.prefill.groups[g].engine] {
                     trace!(
                         self,
                         "proxy",
@@ -402,57 +349,58 @@ impl World {
                     self.end_request(req, true);
                     return;
                 }
-                let (input, transfer) = (self.requests[&req].input, self.requests[&req].transfer);
-                self.pgroups[g].sched.handle_arrival(req, input, transfer);
+                let (input, transfer) =
+                    (self.clients.requests[&req].input, self.clients.requests[&req].transfer);
+                self.prefill.groups[g].sched.handle_arrival(req, input, transfer);
                 self.try_prefill(g);
             }
             Ev::PrefillDone { group, generation } => {
-                if generation == self.pgroup_generation[group] {
+                if generation == self.prefill.generation[group] {
                     self.on_prefill_done(group);
                 }
             }
             Ev::ProxyAnswer { req } => self.on_proxy_answer(req),
             Ev::DecodeArrive { recv } => {
-                let g = self.requests[&recv.request].decode_group;
-                if self.decode_down[self.dgroups[g].engine] {
-                    let transfer = self.requests[&recv.request].transfer;
-                    self.excused.insert(transfer);
+                let g = self.clients.requests[&recv.request].decode_group;
+                if self.decode.down[self.decode.groups[g].engine] {
+                    let transfer = self.clients.requests[&recv.request].transfer;
+                    self.checks.excused.insert(transfer);
                     self.end_request(recv.request, true);
                     return;
                 }
                 let tokens = Tokens {
-                    input: self.requests[&recv.request].input,
-                    output: self.requests[&recv.request].output,
+                    input: self.clients.requests[&recv.request].input,
+                    output: self.clients.requests[&recv.request].output,
                 };
-                self.dgroups[g].sched.handle_arrival(*recv, tokens);
-                self.wake(self.dgroups[g].unit);
+                self.decode.groups[g].sched.handle_arrival(*recv, tokens);
+                self.wake(self.decode.groups[g].unit);
             }
             Ev::StepBegin { unit } => self.on_step_begin(unit),
             Ev::StepEnd { unit, step } => self.on_step_end(unit, step),
             Ev::CollectiveTimeout { unit, step } => self.on_collective_timeout(unit, step),
             Ev::VoteResults { group, results } => {
                 for (member, step, ok) in results {
-                    let w = self.dgroups[group].workers[usize::from(member.0)];
-                    self.decode(w, DecodeEvent::VoteResult { step, ok });
+                    let w = self.decode.groups[group].workers[usize::from(member.0)];
+                    self.decode_worker(w, DecodeEvent::VoteResult { step, ok });
                 }
             }
             Ev::AtListener { listener, msg } => self.on_at_listener(listener, *msg),
             Ev::Serve { listener, msg } => self.on_serve(listener, *msg),
-            Ev::ToDecode { worker, event } => self.decode(worker, *event),
+            Ev::ToDecode { worker, event } => self.decode_worker(worker, *event),
             Ev::ToPrefill { rank, event } => self.prefill_worker(rank, *event),
             Ev::Flow { id, version } => self.on_flow(id, version),
             Ev::ReadLater { worker, request, layer, outcome } => {
-                self.decode(worker, DecodeEvent::ReadDone { request, layer, outcome: *outcome })
+                self.decode_worker(worker, DecodeEvent::ReadDone { request, layer, outcome: *outcome })
             }
             Ev::DecodeTick { worker } => {
-                if self.dworker_tick[worker] == Some(self.now) {
-                    self.dworker_tick[worker] = None;
-                    self.decode(worker, DecodeEvent::Tick);
+                if self.decode.worker_tick[worker] == Some(self.now) {
+                    self.decode.worker_tick[worker] = None;
+                    self.decode_worker(worker, DecodeEvent::Tick);
                 }
             }
             Ev::EngineTick { engine } => {
-                if self.engine_tick[engine] == Some(self.now) {
-                    self.engine_tick[engine] = None;
+                if self.prefill.engine_tick[engine] == Some(self.now) {
+                    self.prefill.engine_tick[engine] = None;
                     self.engine(engine, EngineEvent::Tick);
                 }
             }
@@ -461,7 +409,7 @@ impl World {
     }
 
     fn progress(&self) -> Progress {
-        let ended = self.requests.ended();
+        let ended = self.clients.requests.ended();
         let total = match self.sc.workload.clients {
             Clients::Closed { requests, .. } | Clients::Open { requests, .. } => u64::from(requests),
         };

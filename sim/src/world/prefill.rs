@@ -1,7 +1,9 @@
 //! Prefill: batching on each DP group, and driving the core's prefill engines and workers.
 
-use pdkv_core::ids::{EngineId, RankId};
-use pdkv_core::prefill::{EngineAction, EngineEvent, PrefillDone, WorkerAction, WorkerEvent};
+use pdkv_core::ids::{EngineId, Incarnation, RankId};
+use pdkv_core::prefill::{
+    EngineAction, EngineEvent, PrefillDone, PrefillEngine, PrefillWorker, WorkerAction, WorkerEvent,
+};
 use pdkv_core::time::Instant;
 use pdkv_core::topology::Layout;
 
@@ -10,6 +12,29 @@ use crate::result::ViolationKind;
 use super::{list, ms, ms_ns, Ev, World};
 use pdkv_engine::pool::FREE;
 use pdkv_engine::prefill::PrefillScheduler;
+
+/// The prefill side: each engine's node and workers, each DP group's scheduler, and what a
+/// crash and a restart change of them.
+pub(super) struct PrefillSide {
+    /// Every prefill rank, in rank-index order (a rank's NIC is its index).
+    pub(super) ranks: Vec<RankId>,
+    /// Index of each engine's first group in `groups`.
+    pub(super) group_base: Vec<usize>,
+    pub(super) groups: Vec<PGroup>,
+    pub(super) engines: Vec<PrefillEngine>,
+    /// The earliest engine timer an `EngineTick` is scheduled for, per engine.
+    pub(super) engine_tick: Vec<Option<u64>>,
+    pub(super) workers: Vec<PrefillWorker>,
+    /// Generation of each group, bumped by a crash so its in-flight batch is dropped.
+    pub(super) generation: Vec<u64>,
+    /// Engines that are down (crashed, not yet restarted).
+    pub(super) down: Vec<bool>,
+    /// Lives of each rank (bumped at every restart; it moves the memory regions).
+    pub(super) epoch: Vec<u64>,
+    /// The incarnations of each rank so far, the current one last (none for a rank following
+    /// vLLM's rules).
+    pub(super) incarnations: Vec<Vec<Incarnation>>,
+}
 
 pub(super) struct PGroup {
     pub(super) engine: usize,
@@ -34,9 +59,9 @@ impl World {
     /// a step starts once every rank is idle, each rank batches its own requests, a rank with
     /// none runs an empty step, and the step lasts as long as the slowest rank.
     pub(super) fn try_prefill(&mut self, g: usize) {
-        let layout = self.pgroups[g].layout;
+        let layout = self.prefill.groups[g].layout;
         if !layout.ep {
-            if self.pgroups[g].busy {
+            if self.prefill.groups[g].busy {
                 return;
             }
             let (requests, tokens) = self.plan_prefill(g);
@@ -46,9 +71,9 @@ impl World {
             }
             return;
         }
-        let first = g - usize::from(self.pgroups[g].dp);
+        let first = g - usize::from(self.prefill.groups[g].dp);
         let groups = first..first + usize::from(layout.dp);
-        if groups.clone().any(|i| self.pgroups[i].busy) {
+        if groups.clone().any(|i| self.prefill.groups[i].busy) {
             return;
         }
         let plans: Vec<(usize, u64)> = groups.clone().map(|i| self.plan_prefill(i)).collect();
@@ -71,20 +96,20 @@ impl World {
 
     /// The NICs of prefill group `g`'s GPUs (a prefill rank's NIC is its rank index).
     fn pgroup_nics(&self, g: usize) -> Vec<usize> {
-        let group = &self.pgroups[g];
+        let group = &self.prefill.groups[g];
         let engine = EngineId::prefill(group.engine as u16);
         (0..group.layout.tp).map(|tp| self.d.rank_index(RankId::new(engine, group.dp, tp))).collect()
     }
 
     /// The NIC of decode worker `w` (after every prefill rank's).
     pub(super) fn decode_nic(&self, w: usize) -> usize {
-        self.p_ranks.len() + w
+        self.prefill.ranks.len() + w
     }
 
     /// Gives `share` of each of `nics` to traffic other than KV reads (0 gives it back).
     pub(super) fn set_background(&mut self, nics: &[usize], share: f64) {
         for &nic in nics {
-            let finishes = self.nics.set_background(self.now, nic, share);
+            let finishes = self.net.nics.set_background(self.now, nic, share);
             self.schedule_flows(finishes);
         }
     }
@@ -94,14 +119,14 @@ impl World {
     /// stall, which the scheduler times, when requests wait for blocks).
     fn plan_prefill(&mut self, g: usize) -> (usize, u64) {
         let budget = u64::from(self.sc.engines.prefill_max_batched_tokens);
-        let plan = self.pgroups[g].sched.plan_step(self.now, budget);
+        let plan = self.prefill.groups[g].sched.plan_step(self.now, budget);
         (plan.chunks.len(), plan.tokens)
     }
 
     /// Marks group `g` busy for a step of `duration` with `requests` requests of `tokens` prompt
     /// tokens in all (none for a rank that only keeps its EP peers company).
     fn start_prefill(&mut self, g: usize, requests: usize, tokens: u64, duration: u64) {
-        let group = &mut self.pgroups[g];
+        let group = &mut self.prefill.groups[g];
         group.busy = true;
         let (engine, dp) = (group.engine, group.dp);
         if tokens > 0 {
@@ -114,34 +139,38 @@ impl World {
                 format!("requests={requests} tokens={tokens}"),
             );
         }
-        let generation = self.pgroup_generation[g];
+        let generation = self.prefill.generation[g];
         self.at(duration, Ev::PrefillDone { group: g, generation });
     }
 
     pub(super) fn on_prefill_done(&mut self, g: usize) {
-        self.pgroups[g].busy = false;
-        if self.cost.ep_spans_nodes(self.pgroups[g].layout) {
+        self.prefill.groups[g].busy = false;
+        if self.cost.ep_spans_nodes(self.prefill.groups[g].layout) {
             let nics = self.pgroup_nics(g);
             self.set_background(&nics, 0.0);
         }
-        let (e, dp) = (self.pgroups[g].engine, self.pgroups[g].dp);
+        let (e, dp) = (self.prefill.groups[g].engine, self.prefill.groups[g].dp);
         // Requests whose last chunk this step computed leave; the rest continue next step.
-        let done = self.pgroups[g].sched.handle_step_done();
+        let done = self.prefill.groups[g].sched.handle_step_done();
         if done.computed {
-            self.last_progress_ns = self.now;
+            self.stats.last_progress_ns = self.now;
         }
         let finished = done.finished.into_iter().map(|p| (p.request, p.blocks));
         for (id, blocks) in finished {
-            let req = self.requests.get_mut(&id).expect("batched requests exist");
+            let req = self.clients.requests.get_mut(&id).expect("batched requests exist");
             req.prefill_blocks = blocks.clone();
             let (decode_engine, decode_dp) = {
-                let group = &self.dgroups[req.decode_group];
-                (group.engine, req.decode_group - self.dgroup_base[group.engine])
+                let group = &self.decode.groups[req.decode_group];
+                (group.engine, req.decode_group - self.decode.group_base[group.engine])
             };
             let decode = self.d.decode[decode_engine];
             let event = EngineEvent::PrefillDone(PrefillDone {
                 request: id,
-                transfer_id: self.transfers.id(req.transfer).expect("a request's transfer is numbered"),
+                transfer_id: self
+                    .clients
+                    .transfers
+                    .id(req.transfer)
+                    .expect("a request's transfer is numbered"),
                 owner_dp: dp,
                 blocks: blocks.clone(),
                 decode,
@@ -152,13 +181,14 @@ impl World {
             });
             let transfer = req.transfer;
             let mut out = Vec::new();
-            match self.engines[e].handle(Instant(self.now), event, &mut out) {
+            match self.prefill.engines[e].handle(Instant(self.now), event, &mut out) {
                 Ok(()) => {
                     // The answer names the incarnations the engine registered the transfer on,
                     // whatever happens to them before it is sent.
-                    let transfer_id = self.transfers.id(transfer).expect("a request's transfer is numbered");
-                    let holders = self.engines[e].holder_incarnations(&transfer_id);
-                    if let Some(req) = self.requests.get_mut(&id) {
+                    let transfer_id =
+                        self.clients.transfers.id(transfer).expect("a request's transfer is numbered");
+                    let holders = self.prefill.engines[e].holder_incarnations(&transfer_id);
+                    if let Some(req) = self.clients.requests.get_mut(&id) {
                         req.holders = holders.map(Vec::into_boxed_slice);
                     }
                     self.engine_actions(e, out);
@@ -168,7 +198,7 @@ impl World {
                 Err(error) => {
                     // The blocks were handed out to this request a moment ago, so this free
                     // cannot be a double free.
-                    let _ = self.pgroups[g].sched.handle_free(transfer, &blocks);
+                    let _ = self.prefill.groups[g].sched.handle_free(transfer, &blocks);
                     trace!(
                         self,
                         "prefill",
@@ -187,7 +217,7 @@ impl World {
 
     pub(super) fn engine(&mut self, e: usize, event: EngineEvent) {
         let mut out = Vec::new();
-        if let Err(error) = self.engines[e].handle(Instant(self.now), event, &mut out) {
+        if let Err(error) = self.prefill.engines[e].handle(Instant(self.now), event, &mut out) {
             self.violation(ViolationKind::ProtocolError, vec![format!("P{e}")], error.to_string());
         }
         self.engine_actions(e, out);
@@ -195,9 +225,9 @@ impl World {
     }
 
     fn engine_timer(&mut self, e: usize) {
-        if let Some(Instant(t)) = self.engines[e].poll_timeout() {
-            if self.engine_tick[e].is_none_or(|s| t < s) {
-                self.engine_tick[e] = Some(t);
+        if let Some(Instant(t)) = self.prefill.engines[e].poll_timeout() {
+            if self.prefill.engine_tick[e].is_none_or(|s| t < s) {
+                self.prefill.engine_tick[e] = Some(t);
                 let delay = t.saturating_sub(self.now);
                 self.at(delay, Ev::EngineTick { engine: e });
             }
@@ -218,8 +248,8 @@ impl World {
                         // late for the ledger, like a release delayed that long: the reaper may
                         // free the transfer first, which is the design's recovery, and the reads
                         // it fences fail because of the delay.
-                        if let Some(t) = self.transfers.number(&transfer_id) {
-                            self.excused.insert(t);
+                        if let Some(t) = self.clients.transfers.number(&transfer_id) {
+                            self.checks.excused.insert(t);
                         }
                         self.touch(rank, self.now, self.now.saturating_add(delay));
                     }
@@ -240,14 +270,14 @@ impl World {
                     trace!(self, "prefill", "finished_sending", format!("P{e}"), None, format!("{request}"));
                 }
                 EngineAction::Fence { transfer_id, .. } => {
-                    if let Some(t) = self.transfers.number(&transfer_id) {
-                        self.fenced.insert(t);
+                    if let Some(t) = self.clients.transfers.number(&transfer_id) {
+                        self.checks.fenced.insert(t);
                     }
                 }
                 EngineAction::FreeBlocks { transfer_id, owner_dp, blocks, reaped } => {
-                    let g = self.pgroup_base[e] + usize::from(owner_dp);
-                    let t = self.transfers.number(&transfer_id).unwrap_or(FREE - 1);
-                    if let Err(bad) = self.pgroups[g].sched.handle_free(t, &blocks) {
+                    let g = self.prefill.group_base[e] + usize::from(owner_dp);
+                    let t = self.clients.transfers.number(&transfer_id).unwrap_or(FREE - 1);
+                    if let Err(bad) = self.prefill.groups[g].sched.handle_free(t, &blocks) {
                         let detail =
                             format!("{transfer_id}: blocks {} were not held by it", list(&bad.blocks));
                         self.violation(ViolationKind::DoubleFree, vec![format!("P{e}.dp{owner_dp}")], detail);
@@ -264,9 +294,14 @@ impl World {
                     self.try_prefill(g);
                 }
                 EngineAction::ReapWarning { transfer_id, held_ns, unfinished_tp } => {
-                    self.max_hold_ns = self.max_hold_ns.max(held_ns);
-                    if self.transfers.number(&transfer_id).is_some_and(|t| self.excused.contains(&t)) {
-                        self.reaped_excused += 1;
+                    self.stats.max_hold_ns = self.stats.max_hold_ns.max(held_ns);
+                    if self
+                        .clients
+                        .transfers
+                        .number(&transfer_id)
+                        .is_some_and(|t| self.checks.excused.contains(&t))
+                    {
+                        self.stats.reaped_excused += 1;
                     }
                     let detail = format!(
                         "{transfer_id} held {} ms; unreleased TP ranks {}",
@@ -282,7 +317,7 @@ impl World {
     pub(super) fn prefill_worker(&mut self, rank: RankId, event: WorkerEvent) {
         let i = self.pworker_index(rank);
         let mut out = Vec::new();
-        self.pworkers[i].handle(Instant(self.now), event, &mut out);
+        self.prefill.workers[i].handle(Instant(self.now), event, &mut out);
         self.worker_actions(i, out);
     }
 
@@ -298,7 +333,7 @@ impl World {
                     self.engine(e, EngineEvent::Leased { transfer_id, until });
                 }
                 WorkerAction::Ignored { transfer_id, outcome } => {
-                    let rank = self.p_ranks[i].to_string();
+                    let rank = self.prefill.ranks[i].to_string();
                     let why = release_outcome_words(&outcome);
                     trace!(self, "release", "ignored", rank, None, format!("{transfer_id}: {why}"));
                 }
@@ -307,19 +342,19 @@ impl World {
                     // disagree on the key: a protocol error.
                     self.violation(
                         ViolationKind::ProtocolError,
-                        vec![self.p_ranks[i].to_string()],
+                        vec![self.prefill.ranks[i].to_string()],
                         format!("{transfer_id}: {message:?} refused ({verdict:?})"),
                     );
                 }
                 WorkerAction::LeaseCapped { transfer_id, asked_ms, granted_ms } => {
-                    let rank = self.p_ranks[i].to_string();
+                    let rank = self.prefill.ranks[i].to_string();
                     let detail = format!("{transfer_id}: lease of {asked_ms} ms taken for {granted_ms} ms");
                     trace!(self, "release", "lease_capped", rank, None, detail);
                 }
                 WorkerAction::Error { rank, error } => {
                     self.violation(
                         ViolationKind::ProtocolError,
-                        vec![self.p_ranks[i].to_string()],
+                        vec![self.prefill.ranks[i].to_string()],
                         format!("{rank}: {error}"),
                     );
                 }
