@@ -1,6 +1,7 @@
 //! The decode side's glue between the core's nodes, written once for every driver: which of a
 //! decode worker's actions are its group's input, the per-request barrier at which every TP
-//! rank of a DP group has reported a request, and the group's scheduler (`scheduler.rs`).
+//! rank of a DP group has reported a request, the group's scheduler (`scheduler.rs`), and the
+//! workers and groups routed to each other (`nodes.rs`), for a driver that runs the workers.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -8,8 +9,10 @@ use pdkv_core::decode::DecodeAction;
 use pdkv_core::group::{GroupEvent, StepReport};
 use pdkv_core::ids::{RequestId, TpRank};
 
+mod nodes;
 mod scheduler;
 
+pub use nodes::{DecodeNodes, NodeOutput};
 pub use scheduler::{DecodeScheduler, Forwarded, SchedulerLimits, SchedulerOutput, Tokens};
 
 /// The input to its decode group that a worker's action is, if any: its vote on a step, or its

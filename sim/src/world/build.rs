@@ -13,7 +13,7 @@ use pdkv_core::proxy::Proxy;
 use pdkv_core::time::Instant;
 use pdkv_core::topology::{Deployment, Layout};
 use pdkv_core::wire::{Extension, HandshakeMetadata, LayerMemoryDesc};
-use pdkv_engine::decode::{DecodeScheduler, SchedulerLimits};
+use pdkv_engine::decode::{DecodeNodes, DecodeScheduler, SchedulerLimits};
 
 use crate::cost::Cost;
 use crate::nic::Nics;
@@ -189,8 +189,7 @@ impl World {
         let mut dgroup_base = Vec::new();
         let mut dgroups = Vec::new();
         let mut units = Vec::new();
-        let mut dworkers = Vec::new();
-        let mut dworker_group = Vec::new();
+        let mut nodes = DecodeNodes::new();
         for (e, &layout) in d.decode.iter().enumerate() {
             dgroup_base.push(dgroups.len());
             let engine_unit = units.len();
@@ -204,27 +203,20 @@ impl World {
                     units.push(Unit::new(e));
                     units.len() - 1
                 };
-                let g = dgroups.len();
-                units[unit].groups.push(g);
-                let mut workers = Vec::new();
-                for tp in 0..layout.tp {
-                    let rank = RankId::new(EngineId::decode(e as u16), dp, tp);
-                    workers.push(dworkers.len());
-                    dworkers.push(build_decode_worker(sc, &d, &book, &policy, rank));
-                    dworker_group.push(g);
-                }
                 let limits = SchedulerLimits {
                     width: layout.tp,
                     max_batch: sc.engines.decode_max_batch as usize,
                     pool_blocks: blocks_for(layout),
                     block_size_tokens: sc.model.block_size_tokens,
                 };
-                dgroups.push(DGroup {
-                    engine: e,
-                    workers,
-                    unit,
-                    sched: DecodeScheduler::new(limits, policy.handshake),
-                });
+                let g = nodes.add_group(DecodeScheduler::new(limits, policy.handshake));
+                debug_assert_eq!(g, dgroups.len(), "the nodes number groups as the world does");
+                units[unit].groups.push(g);
+                for tp in 0..layout.tp {
+                    let rank = RankId::new(EngineId::decode(e as u16), dp, tp);
+                    nodes.add_worker(g, build_decode_worker(sc, &d, &book, &policy, rank));
+                }
+                dgroups.push(DGroup { engine: e, unit });
             }
         }
 
@@ -267,14 +259,12 @@ impl World {
                 incarnations,
             },
             decode: DecodeSide {
-                worker_tick: vec![None; dworkers.len()],
+                worker_tick: vec![None; nodes.workers().len()],
                 ranks: d_ranks,
                 group_base: dgroup_base,
                 groups: dgroups,
                 units,
-                workers: dworkers,
-                worker_group: dworker_group,
-                buffers: Vec::new(),
+                nodes,
                 down: vec![false; d_decode_engines],
             },
             net: Network {

@@ -60,8 +60,8 @@ impl World {
         let collective = WaitNode::Collective { op, engine: engine_id, step };
         let mut ranks = Vec::new();
         for &g in &self.decode.units[unit].groups {
-            let barrier = &self.decode.groups[g].sched.barrier();
-            for (&w, member) in self.decode.groups[g].workers.iter().zip((0..).map(TpRank)) {
+            let barrier = &self.decode.nodes.sched(g).barrier();
+            for (&w, member) in self.decode.nodes.members(g).iter().zip((0..).map(TpRank)) {
                 let report = barrier.report(member);
                 if report.is_some_and(StepReport::enters_forward) {
                     continue;
@@ -76,7 +76,7 @@ impl World {
                         WaitReason::RaisedOutOfStep,
                     );
                 }
-                for (session, target) in self.decode.workers[w].waiting_sessions() {
+                for (session, target) in self.decode.nodes.worker(w).waiting_sessions() {
                     graph.edge(
                         WaitNode::Rank { rank },
                         WaitNode::HandshakeListener { rank: target },
@@ -87,13 +87,13 @@ impl World {
         }
         // Workers waiting for a group vote wait for the workers that have not voted yet.
         for &g in &self.decode.units[unit].groups {
-            let Some(open) = self.decode.groups[g].sched.barrier().open_vote().filter(|v| v.step == step)
+            let Some(open) = self.decode.nodes.sched(g).barrier().open_vote().filter(|v| v.step == step)
             else {
                 continue;
             };
             let vote = WaitNode::Vote { engine: engine_id, group: g, step };
             let worker = |member: TpRank| WaitNode::Rank {
-                rank: self.decode.ranks[self.decode.groups[g].workers[usize::from(member.0)]],
+                rank: self.decode.ranks[self.decode.nodes.members(g)[usize::from(member.0)]],
             };
             for &member in &open.voted {
                 graph.edge(worker(member), vote.clone(), WaitReason::WaitingForMinVote);
@@ -138,7 +138,7 @@ impl World {
         // group's step stalls the whole unit's.
         let unit = &self.decode.units[self.decode.groups[req.decode_group].unit];
         for &g in &unit.groups {
-            slots.extend(self.decode.groups[g].workers.iter().map(|&w| self.decode_nic(w)));
+            slots.extend(self.decode.nodes.members(g).iter().map(|&w| self.decode_nic(w)));
         }
         self.touched_during(&slots, req.sent_ns, done)
     }

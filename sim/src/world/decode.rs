@@ -1,20 +1,21 @@
-//! Decode: units stepping their groups together, carrying out what each group's scheduler (the
-//! engine layer's) asks, and driving the core's decode workers.
+//! Decode: units stepping their groups together, and carrying out what the decode nodes (the
+//! engine layer's workers and group schedulers, routed to each other) ask of the world.
 
-use pdkv_core::decode::{DecodeAction, DecodeEvent, DecodeWorker, ReadOp, RecvError};
-use pdkv_core::group::{GroupAction, GroupEvent};
-use pdkv_core::ids::{RankId, RequestId, TpRank};
+use pdkv_core::decode::{DecodeAction, DecodeEvent, ReadOp, RecvError};
+use pdkv_core::group::GroupAction;
+use pdkv_core::ids::{RankId, TpRank};
 use pdkv_core::time::Instant;
 use pdkv_core::wire::{self, ControlMessage};
 
-use pdkv_engine::decode::{group_input, DecodeScheduler, SchedulerOutput};
+use pdkv_engine::decode::{DecodeNodes, NodeOutput, SchedulerOutput};
 
 use crate::cost::GroupLoad;
 use crate::result::ViolationKind;
 
 use super::{list, ms, Ev, Msg, World, IDLE_STEP_NS};
 
-/// The decode side: units stepping groups together, each group's scheduler, and the workers.
+/// The decode side: the nodes (workers and each group's scheduler, numbered alike here), and
+/// what the simulator adds: units stepping groups together, and crashes.
 pub(super) struct DecodeSide {
     /// Every decode rank, in worker order (a rank's NIC follows every prefill rank's).
     pub(super) ranks: Vec<RankId>,
@@ -22,24 +23,20 @@ pub(super) struct DecodeSide {
     pub(super) group_base: Vec<usize>,
     pub(super) groups: Vec<DGroup>,
     pub(super) units: Vec<Unit>,
-    pub(super) workers: Vec<DecodeWorker>,
+    /// The workers and the groups' schedulers (admission, the request barrier, the batch, the
+    /// pool and the group's barrier), routed to each other.
+    pub(super) nodes: DecodeNodes,
     /// The earliest worker timer a `DecodeTick` is scheduled for, per worker.
     pub(super) worker_tick: Vec<Option<u64>>,
-    /// Each worker's group.
-    pub(super) worker_group: Vec<usize>,
-    /// Spare action buffers for `decode_worker` (reused, never shrunk).
-    pub(super) buffers: Vec<Vec<DecodeAction>>,
     /// Engines that are down (crashed, not yet restarted).
     pub(super) down: Vec<bool>,
 }
 
-/// A decode DP group: its engine, its workers and unit, and its scheduler (the engine layer's:
-/// admission, the request barrier, the batch, the pool and the group's barrier).
+/// A decode DP group's place in the simulator: its engine and unit (its workers and scheduler
+/// are the nodes').
 pub(super) struct DGroup {
     pub(super) engine: usize,
-    pub(super) workers: Vec<usize>,
     pub(super) unit: usize,
-    pub(super) sched: DecodeScheduler<()>,
 }
 
 #[derive(PartialEq, Eq)]
@@ -104,8 +101,8 @@ impl World {
         let mut out = Vec::new();
         for gi in 0..self.decode.units[unit].groups.len() {
             let g = self.decode.units[unit].groups[gi];
-            self.decode.groups[g].sched.handle_step_begin(step, &mut out);
-            self.sched_outputs(g, &mut out);
+            self.decode.nodes.handle_step_begin(Instant(self.now), g, step, &mut out);
+            self.node_outputs(&mut out);
         }
         if !self.decode.units[unit].watchdog {
             self.decode.units[unit].watchdog = true;
@@ -115,55 +112,97 @@ impl World {
         self.maybe_compute(unit);
     }
 
-    /// Feeds decode group `g`'s barrier and carries out what it decides.
-    fn group_event(&mut self, g: usize, event: GroupEvent) {
+    /// Feeds decode group `g`'s barrier and carries out what it decides (the world's own inputs
+    /// reach the barrier through the nodes; tests feed it directly).
+    #[cfg(test)]
+    fn group_event(&mut self, g: usize, event: pdkv_core::group::GroupEvent) {
         let mut out = Vec::new();
-        self.decode.groups[g].sched.handle_group_event(event, &mut out);
-        self.sched_outputs(g, &mut out);
+        self.decode.nodes.handle_group_event(Instant(self.now), g, event, &mut out);
+        self.node_outputs(&mut out);
     }
 
-    /// Carries out what decode group `g`'s scheduler asked, in order: inputs for its workers
-    /// now; the vote results of one barrier decision one control latency later, together; a
+    /// Carries out what the decode nodes asked, in order: a worker's actions (its reads posted
+    /// together, request by request; its messages sent; its timer armed once it handled an
+    /// event); the vote results of one barrier decision one control latency later, together; a
     /// group whose members all entered the forward may let its unit compute; a request every
     /// rank received joins at the next step, one a rank failed ends.
-    fn sched_outputs(&mut self, g: usize, out: &mut Vec<SchedulerOutput<()>>) {
+    fn node_outputs(&mut self, out: &mut Vec<NodeOutput>) {
+        let mut reads: Vec<ReadOp> = Vec::new();
+        let mut reader = 0;
         let mut results = Vec::new();
+        let mut voted = 0;
         for output in out.drain(..) {
-            if !matches!(output, SchedulerOutput::Group(_)) {
-                self.vote_results(g, std::mem::take(&mut results));
+            let posts = match &output {
+                NodeOutput::Action { worker, action: DecodeAction::PostRead(op) } => {
+                    Some((*worker, op.request()))
+                }
+                _ => None,
+            };
+            if !reads.is_empty() && posts.is_none_or(|(w, r)| w != reader || reads[0].request() != r) {
+                self.post_reads(reader, std::mem::take(&mut reads));
+            }
+            let votes = matches!(&output, NodeOutput::Group { group, output: SchedulerOutput::Group(_) } if *group == voted);
+            if !votes {
+                self.vote_results(voted, std::mem::take(&mut results));
             }
             match output {
-                SchedulerOutput::ToMember { member, event } => {
-                    let w = self.decode.groups[g].workers[usize::from(member.0)];
-                    self.decode_worker(w, event);
+                NodeOutput::Action { worker, action } => {
+                    if let DecodeAction::PostRead(op) = action {
+                        reader = worker;
+                        reads.push(op);
+                    } else {
+                        self.decode_action(worker, action);
+                    }
                 }
-                SchedulerOutput::Group(GroupAction::VoteResult { member, step, ok }) => {
-                    results.push((member, step, ok))
-                }
-                SchedulerOutput::Group(GroupAction::Forward { .. }) => {
-                    self.maybe_compute(self.decode.groups[g].unit)
-                }
-                SchedulerOutput::Group(GroupAction::Ignored(why)) => {
-                    let engine = self.decode.groups[g].engine;
-                    self.violation(
-                        ViolationKind::ProtocolError,
-                        vec![format!("D{engine}")],
-                        format!("group {g}: {why}"),
-                    );
-                }
-                SchedulerOutput::Joined(_) => self.wake(self.decode.groups[g].unit),
-                SchedulerOutput::Failed { request, .. } => self.end_request(request, true),
-                SchedulerOutput::DoubleFree { blocks, .. } => {
-                    let engine = self.decode.groups[g].engine;
-                    self.violation(
-                        ViolationKind::DoubleFree,
-                        vec![format!("D{engine}")],
-                        format!("decode blocks {} freed twice", list(&blocks)),
-                    );
+                NodeOutput::Handled { worker, timeout } => self.arm_decode_timer(worker, timeout),
+                NodeOutput::Group { group, output } => {
+                    voted = group;
+                    self.group_output(group, output, &mut results);
                 }
             }
         }
-        self.vote_results(g, results);
+        if !reads.is_empty() {
+            self.post_reads(reader, reads);
+        }
+        self.vote_results(voted, results);
+    }
+
+    /// Carries out one decision of group `g`'s scheduler (vote results gather in `results`).
+    fn group_output(
+        &mut self,
+        g: usize,
+        output: SchedulerOutput<RecvError>,
+        results: &mut Vec<(TpRank, u64, bool)>,
+    ) {
+        match output {
+            SchedulerOutput::ToMember { .. } => {
+                unreachable!("the nodes deliver a group's inputs for its members")
+            }
+            SchedulerOutput::Group(GroupAction::VoteResult { member, step, ok }) => {
+                results.push((member, step, ok))
+            }
+            SchedulerOutput::Group(GroupAction::Forward { .. }) => {
+                self.maybe_compute(self.decode.groups[g].unit)
+            }
+            SchedulerOutput::Group(GroupAction::Ignored(why)) => {
+                let engine = self.decode.groups[g].engine;
+                self.violation(
+                    ViolationKind::ProtocolError,
+                    vec![format!("D{engine}")],
+                    format!("group {g}: {why}"),
+                );
+            }
+            SchedulerOutput::Joined(_) => self.wake(self.decode.groups[g].unit),
+            SchedulerOutput::Failed { request, .. } => self.end_request(request, true),
+            SchedulerOutput::DoubleFree { blocks, .. } => {
+                let engine = self.decode.groups[g].engine;
+                self.violation(
+                    ViolationKind::DoubleFree,
+                    vec![format!("D{engine}")],
+                    format!("decode blocks {} freed twice", list(&blocks)),
+                );
+            }
+        }
     }
 
     /// The vote results of one barrier decision reach the members one control latency later.
@@ -181,7 +220,7 @@ impl World {
         if !self.decode.units[unit]
             .groups
             .iter()
-            .all(|&g| self.decode.groups[g].sched.barrier().forward_ready(step))
+            .all(|&g| self.decode.nodes.sched(g).barrier().forward_ready(step))
         {
             return;
         }
@@ -190,8 +229,8 @@ impl World {
             .groups
             .iter()
             .map(|&g| GroupLoad {
-                batch: self.decode.groups[g].sched.batch_len() as u64,
-                context_tokens: self.decode.groups[g].sched.context_tokens(),
+                batch: self.decode.nodes.sched(g).batch_len() as u64,
+                context_tokens: self.decode.nodes.sched(g).context_tokens(),
             })
             .collect();
         let duration = self.cost.decode_step_ns(layout, &loads);
@@ -202,7 +241,7 @@ impl World {
                 let share = self.cost.ep_nic_share(layout, load.batch as f64, duration);
                 let g = self.decode.units[unit].groups[gi];
                 let nics: Vec<usize> =
-                    self.decode.groups[g].workers.iter().map(|&w| self.decode_nic(w)).collect();
+                    self.decode.nodes.members(g).iter().map(|&w| self.decode_nic(w)).collect();
                 self.set_background(&nics, share);
             }
         }
@@ -230,7 +269,7 @@ impl World {
             let nics: Vec<usize> = self.decode.units[unit]
                 .groups
                 .iter()
-                .flat_map(|&g| self.decode.groups[g].workers.iter().map(|&w| self.decode_nic(w)))
+                .flat_map(|&g| self.decode.nodes.members(g).iter().map(|&w| self.decode_nic(w)))
                 .collect();
             self.set_background(&nics, 0.0);
         }
@@ -240,17 +279,17 @@ impl World {
         let mut continuing = 0u64;
         for gi in 0..self.decode.units[unit].groups.len() {
             let g = self.decode.units[unit].groups[gi];
-            if self.decode.groups[g].sched.batch_len() > 0 {
+            if self.decode.nodes.sched(g).batch_len() > 0 {
                 self.stats.last_progress_ns = now;
             }
-            let forwarded = self.decode.groups[g].sched.handle_forward(&mut out);
+            let forwarded = self.decode.nodes.handle_forward(Instant(now), g, &mut out);
             for id in forwarded.first {
                 if let Some(r) = self.clients.requests.get_mut(&id) {
                     r.first_token_ns = Some(now);
                 }
             }
             continuing += forwarded.continuing;
-            ended.push((g, std::mem::take(&mut out), forwarded.finished));
+            ended.push((std::mem::take(&mut out), forwarded.finished));
         }
         // Inter-token latency: every request that already had a token waited one step gap.
         if let Some(last) = self.decode.units[unit].last_step_end.replace(now) {
@@ -258,8 +297,8 @@ impl World {
                 self.stats.itl.push((now - last, continuing));
             }
         }
-        for (g, mut out, finished) in ended {
-            self.sched_outputs(g, &mut out);
+        for (mut out, finished) in ended {
+            self.node_outputs(&mut out);
             for id in finished {
                 self.end_request(id, false);
             }
@@ -274,23 +313,26 @@ impl World {
     }
 
     fn unit_has_work(&self, unit: usize) -> bool {
-        self.decode.units[unit].groups.iter().any(|&g| self.decode.groups[g].sched.has_work())
+        self.decode.units[unit].groups.iter().any(|&g| self.decode.nodes.sched(g).has_work())
     }
 
     fn unit_has_pending(&self, unit: usize) -> bool {
         self.decode.units[unit].groups.iter().any(|&g| {
-            self.decode.groups[g].workers.iter().any(|&w| self.decode.workers[w].pending_requests() > 0)
+            self.decode.nodes.members(g).iter().any(|&w| self.decode.nodes.worker(w).pending_requests() > 0)
         })
     }
 
+    /// Decode worker `w` handles `event`, and the world carries out what follows.
     pub(super) fn decode_worker(&mut self, w: usize, event: DecodeEvent) {
-        // Action buffers are reused: a decode step hands every worker an event, and a fresh
-        // vector per call was a measurable share of the simulator's time.
-        let mut out = self.decode.buffers.pop().unwrap_or_default();
-        self.decode.workers[w].handle(Instant(self.now), event, &mut out);
-        self.decode_actions(w, &mut out);
-        self.decode.buffers.push(out);
-        if let Some(Instant(t)) = self.decode.workers[w].poll_timeout() {
+        let mut out = Vec::new();
+        self.decode.nodes.handle_worker(Instant(self.now), w, event, &mut out);
+        self.node_outputs(&mut out);
+    }
+
+    /// Arms worker `w`'s timer at `timeout` (its timer right after an event), unless a tick is
+    /// already due no later.
+    fn arm_decode_timer(&mut self, w: usize, timeout: Option<Instant>) {
+        if let Some(Instant(t)) = timeout {
             if self.decode.worker_tick[w].is_none_or(|s| t < s || s < self.now) {
                 self.decode.worker_tick[w] = Some(t);
                 let delay = t.saturating_sub(self.now);
@@ -299,95 +341,63 @@ impl World {
         }
     }
 
-    fn decode_actions(&mut self, w: usize, buffer: &mut Vec<DecodeAction>) {
-        let actions = buffer.drain(..);
-        let mut reads: Vec<ReadOp> = Vec::new();
-        for action in actions {
-            if !matches!(action, DecodeAction::PostRead(_)) && !reads.is_empty() {
-                self.post_reads(w, std::mem::take(&mut reads));
+    /// Carries out one action of decode worker `w` other than a read (reads go together, in
+    /// `node_outputs`); its votes, step reports and request reports were routed by the nodes.
+    fn decode_action(&mut self, w: usize, action: DecodeAction) {
+        match action {
+            DecodeAction::PostRead(_) => unreachable!("reads are posted together"),
+            DecodeAction::DialHandshake { session, rank, endpoint } => {
+                trace!(
+                    self,
+                    "handshake",
+                    "dial",
+                    self.decode.ranks[w].to_string(),
+                    None,
+                    format!("{rank} at {endpoint}"),
+                );
+                self.send(w, rank, (endpoint.host, endpoint.port), Msg::Dial { from: w, session });
             }
-            match action {
-                DecodeAction::PostRead(op) => {
-                    if reads.last().is_some_and(|last| last.request() != op.request()) {
-                        self.post_reads(w, std::mem::take(&mut reads));
-                    }
-                    reads.push(op);
-                }
-                DecodeAction::DialHandshake { session, rank, endpoint } => {
-                    trace!(
-                        self,
-                        "handshake",
-                        "dial",
-                        self.decode.ranks[w].to_string(),
-                        None,
-                        format!("{rank} at {endpoint}"),
-                    );
-                    self.send(w, rank, (endpoint.host, endpoint.port), Msg::Dial { from: w, session });
-                }
-                DecodeAction::SendLease { rank, endpoint, lease } => {
-                    let transfer = self.clients.transfers.number(&lease.transfer_id);
-                    let bytes = wire::encode(&ControlMessage::ReadLease(lease));
-                    self.send(w, rank, (endpoint.host, endpoint.port), Msg::Notify { bytes, transfer });
-                }
-                DecodeAction::SendRelease { rank, endpoint, release } => {
-                    let transfer = self.clients.transfers.number(&release.transfer_id);
-                    let bytes = wire::encode(&ControlMessage::Release(release));
-                    self.send(w, rank, (endpoint.host, endpoint.port), Msg::Notify { bytes, transfer });
-                }
-                DecodeAction::CastVote { .. }
-                | DecodeAction::StepReady { .. }
-                | DecodeAction::StepFailed { .. } => {
-                    if let DecodeAction::StepFailed { error, .. } = &action {
-                        trace!(
-                            self,
-                            "decode",
-                            "step_failed",
-                            self.decode.ranks[w].to_string(),
-                            None,
-                            error.to_string(),
-                        );
-                    }
-                    // The group's barrier knows what a failure means: one the whole group shares
-                    // (eager vote) skips the forward together; a worker-local one (lazy
-                    // handshake) raises on that worker alone, which never reaches the collective.
-                    let event =
-                        group_input(self.decode.ranks[w].tp_rank(), &action).expect("the group's input");
-                    self.group_event(self.decode.worker_group[w], event);
-                }
-                DecodeAction::RequestReceived { request } => self.report(w, request, false),
-                DecodeAction::RequestFailed { request, error } => {
-                    trace!(
-                        self,
-                        "decode",
-                        "request_failed",
-                        self.decode.ranks[w].to_string(),
-                        None,
-                        format!("{request}: {error}"),
-                    );
-                    if matches!(error, RecvError::Timeout { .. }) {
-                        if let Some(req) = self.clients.requests.get_mut(&request) {
-                            req.timed_out = true;
-                        }
-                    }
-                    self.report(w, request, true);
-                }
-                DecodeAction::InvalidateBlocks { .. } => {}
-                DecodeAction::AbortReads { request } => self.abort_reads(w, request),
+            DecodeAction::SendLease { rank, endpoint, lease } => {
+                let transfer = self.clients.transfers.number(&lease.transfer_id);
+                let bytes = wire::encode(&ControlMessage::ReadLease(lease));
+                self.send(w, rank, (endpoint.host, endpoint.port), Msg::Notify { bytes, transfer });
             }
+            DecodeAction::SendRelease { rank, endpoint, release } => {
+                let transfer = self.clients.transfers.number(&release.transfer_id);
+                let bytes = wire::encode(&ControlMessage::Release(release));
+                self.send(w, rank, (endpoint.host, endpoint.port), Msg::Notify { bytes, transfer });
+            }
+            DecodeAction::StepFailed { error, .. } => {
+                trace!(
+                    self,
+                    "decode",
+                    "step_failed",
+                    self.decode.ranks[w].to_string(),
+                    None,
+                    error.to_string()
+                );
+            }
+            DecodeAction::CastVote { .. }
+            | DecodeAction::StepReady { .. }
+            | DecodeAction::RequestReceived { .. } => {}
+            DecodeAction::RequestFailed { request, error } => {
+                trace!(
+                    self,
+                    "decode",
+                    "request_failed",
+                    self.decode.ranks[w].to_string(),
+                    None,
+                    format!("{request}: {error}"),
+                );
+                if matches!(error, RecvError::Timeout { .. }) {
+                    if let Some(req) = self.clients.requests.get_mut(&request) {
+                        req.timed_out = true;
+                    }
+                }
+            }
+            DecodeAction::InvalidateBlocks { .. } => {}
+            DecodeAction::AbortReads { request } => self.abort_reads(w, request),
         }
-        if !reads.is_empty() {
-            self.post_reads(w, reads);
-        }
-    }
-
-    /// One worker finished (or failed) receiving `request`; once every worker of the group has,
-    /// the request joins the batch or ends failed.
-    fn report(&mut self, w: usize, request: RequestId, failed: bool) {
-        let g = self.decode.worker_group[w];
-        let result = if failed { Err(()) } else { Ok(()) };
-        let mut out = Vec::new();
-        self.decode.groups[g].sched.handle_report(request, self.decode.ranks[w].tp_rank(), result, &mut out);
-        self.sched_outputs(g, &mut out);
     }
 }
 
@@ -396,6 +406,7 @@ mod tests {
     use super::*;
     use crate::scenario::Scenario;
     use crate::world::RunOptions;
+    use pdkv_core::group::GroupEvent;
 
     /// A worker's vote counts once however often it arrives: a repeated ballot from one worker
     /// of a TP2 group must not stand in for its peer's (it did when ballots were counted by
@@ -408,12 +419,12 @@ mod tests {
         let mut world = World::new(&sc, RunOptions::default()).unwrap();
         let results =
             |world: &World| world.queue.iter().filter(|s| matches!(s.0.ev, Ev::VoteResults { .. })).count();
-        let vote = || vec![DecodeAction::CastVote { step: 1, ok: true }];
+        let vote = |member| GroupEvent::Vote { member: TpRank(member), step: 1, ok: true };
         world.group_event(0, GroupEvent::StepBegin { step: 1 });
-        world.decode_actions(0, &mut vote());
-        world.decode_actions(0, &mut vote());
+        world.group_event(0, vote(0));
+        world.group_event(0, vote(0));
         assert_eq!(results(&world), 0, "one worker of two voted, twice");
-        world.decode_actions(1, &mut vote());
+        world.group_event(0, vote(1));
         assert_eq!(results(&world), 1, "both voted");
         // The group reports the repeated vote instead of counting it.
         let kinds: Vec<&str> = world.checks.violations.iter().map(|v| v.kind.name()).collect();

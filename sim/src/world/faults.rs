@@ -247,18 +247,19 @@ impl World {
                 let first = self.decode.group_base[e];
                 for g in first..first + usize::from(self.d.decode[e].dp) {
                     // The group restarts with its workers: a fresh barrier on no step, an empty pool.
-                    let lost = self.decode.groups[g].sched.reset();
-                    for w in self.decode.groups[g].workers.clone() {
+                    let lost = self.decode.nodes.sched_mut(g).reset();
+                    for w in self.decode.nodes.members(g).to_vec() {
                         // The step it was in dies with it, all-to-all included.
                         self.set_background(&[self.decode_nic(w)], 0.0);
                         self.abort_flows_on(self.decode_nic(w), "peer down");
-                        self.decode.workers[w] = build_decode_worker(
+                        let fresh = build_decode_worker(
                             &self.sc,
                             &self.d,
                             &self.book,
                             &self.policy(),
                             self.decode.ranks[w],
                         );
+                        self.decode.nodes.replace_worker(w, fresh);
                         self.decode.worker_tick[w] = None;
                     }
                     for id in lost {

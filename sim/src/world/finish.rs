@@ -156,7 +156,7 @@ impl World {
         if result.requests.unfinished > result.requests.cut_off && self.checks.hangs.is_empty() {
             let mut graph = WaitFor::default();
             let mut ranks = Vec::new();
-            for (w, worker) in self.decode.workers.iter().enumerate() {
+            for (w, worker) in self.decode.nodes.workers().iter().enumerate() {
                 for (session, target) in worker.waiting_sessions() {
                     let rank = self.decode.ranks[w];
                     graph.edge(

@@ -372,7 +372,7 @@ impl World {
                     input: self.clients.requests[&recv.request].input,
                     output: self.clients.requests[&recv.request].output,
                 };
-                self.decode.groups[g].sched.handle_arrival(*recv, tokens);
+                self.decode.nodes.sched_mut(g).handle_arrival(*recv, tokens);
                 self.wake(self.decode.groups[g].unit);
             }
             Ev::StepBegin { unit } => self.on_step_begin(unit),
@@ -380,7 +380,7 @@ impl World {
             Ev::CollectiveTimeout { unit, step } => self.on_collective_timeout(unit, step),
             Ev::VoteResults { group, results } => {
                 for (member, step, ok) in results {
-                    let w = self.decode.groups[group].workers[usize::from(member.0)];
+                    let w = self.decode.nodes.members(group)[usize::from(member.0)];
                     self.decode_worker(w, DecodeEvent::VoteResult { step, ok });
                 }
             }
