@@ -23,7 +23,7 @@ use crate::wire::{Extension, Extensions};
 /// `params.get(key, default)`, which returns the `None` of a key present as null, and then fails on
 /// `int(None)` (vLLM 0.33's `remote_dp_rank`, found by the mixed deployments of
 /// `cargo xtask moriio-conformance`).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(default)]
 pub struct KvTransferParams {
     /// True on prefill's answer and the request to decode: the KV was computed remotely and

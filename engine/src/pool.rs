@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, VecDeque};
 /// first). So after the first pass a request's blocks are the reversed runs of the requests
 /// freed before it, and a read's RDMA operations depend on both pools' histories
 /// (`ReadOp::messages`).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Hash)]
 pub struct Pool {
     capacity: u32,
     next: u32,
@@ -31,7 +31,7 @@ pub struct Pool {
 
 /// Consecutive free ids in queue order: `first`, then `len - 1` more, each one below the one
 /// before (`down`, how a request's blocks come back) or above it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct Run {
     first: u32,
     len: u32,

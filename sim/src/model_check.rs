@@ -11,10 +11,12 @@
 //! violation at once; every other state is checked when it has nothing left to do: the group's
 //! step reached its forward (no worker raised alone or stayed blocked while its peers went on),
 //! every request received or failed on every worker, every prefill transfer freed (by the reaper
-//! only if a message was lost or late). The TP group's barrier is the core's
-//! [`DecodeGroup`] node, explored like the workers: votes and step reports go to it, its vote
-//! results come back, and a step begins only when it admits one. An input it ignores (a repeated
-//! or stale vote, a report against its decision) is a violation at once.
+//! only if a message was lost or late). The workers and the TP group's barrier (the core's
+//! `DecodeGroup`, inside the group's scheduler) are the engine layer's [`DecodeNodes`], which
+//! route votes and step reports to the barrier themselves: this checker only chooses which
+//! message, read or timer comes next. Vote results come back as local completions, and a step
+//! begins only when the barrier admits one. An input it ignores (a repeated or stale vote, a
+//! report against its decision) is a violation at once.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, HashSet, VecDeque};
@@ -22,7 +24,7 @@ use std::hash::{Hash, Hasher};
 use std::time::Instant as WallClock;
 
 use pdkv_core::decode::{DecodeAction, DecodeConfig, DecodeEvent, DecodeWorker, ReadOutcome, RecvRequest};
-use pdkv_core::group::{DecodeGroup, GroupAction, GroupEvent, StepReport};
+use pdkv_core::group::{GroupAction, GroupEvent, StepReport};
 use pdkv_core::ids::{EngineId, Incarnation, RankId, RequestId, Role, TransferId};
 use pdkv_core::legacy::LegacyOptions;
 use pdkv_core::params::{KvTransferParams, PrefillAnswer};
@@ -35,7 +37,7 @@ use pdkv_core::release::Release;
 use pdkv_core::time::Instant;
 use pdkv_core::topology::{Deployment, ModelSpec};
 use pdkv_core::wire::{HandshakeMetadata, LayerMemoryDesc};
-use pdkv_engine::decode::group_input;
+use pdkv_engine::decode::{DecodeNodes, DecodeScheduler, NodeOutput, SchedulerLimits, SchedulerOutput};
 
 /// Most requests [`check`] takes: the state space grows about tenfold with each one.
 pub const MAX_REQUESTS: u64 = 4;
@@ -177,12 +179,12 @@ fn layers(layer: Option<u16>) -> String {
 #[derive(Clone, Debug)]
 struct State {
     now: Instant,
-    decoders: Vec<DecodeWorker>,
+    /// The decode group's workers and its barrier (its step, votes, decision and who entered
+    /// the forward), routed to each other.
+    nodes: DecodeNodes,
     workers: Vec<PrefillWorker>,
     engine: PrefillEngine,
     msgs: Vec<Msg>,
-    /// The decode group's barrier: its step, votes, decision and who entered the forward.
-    group: DecodeGroup,
     lost: u32,
     /// True once a timer fired while a message was in flight (that message arrives late).
     late: bool,
@@ -221,19 +223,7 @@ struct World {
 /// exactly when their fields are equal (up to a 64-bit collision).
 fn fingerprint(s: &State) -> u64 {
     let mut h = DefaultHasher::new();
-    (
-        &s.now,
-        &s.decoders,
-        &s.workers,
-        &s.engine,
-        &s.msgs,
-        &s.group,
-        s.lost,
-        s.late,
-        &s.frees,
-        &s.fenced,
-        &s.violation,
-    )
+    (&s.now, &s.nodes, &s.workers, &s.engine, &s.msgs, s.lost, s.late, &s.frees, &s.fenced, &s.violation)
         .hash(&mut h);
     (&s.incarnations, s.restarts).hash(&mut h);
     h.finish()
@@ -244,94 +234,109 @@ impl World {
         self.prefill_ranks.iter().position(|r| *r == rank)
     }
 
-    /// Feeds an event to decode worker `w` and turns its actions into messages and reports.
+    /// Feeds an event to decode worker `w` and turns what follows into messages and reports.
     fn decode(&self, s: &mut State, w: usize, event: DecodeEvent) {
         let mut out = Vec::new();
-        s.decoders[w].handle(s.now, event, &mut out);
-        for action in out {
-            if let Some(event) = group_input(self.decode_ranks[w].tp_rank(), &action) {
-                self.group(s, event);
-                continue;
-            }
-            match action {
-                DecodeAction::DialHandshake { session, rank, .. } => {
-                    if let Some(to) = self.prefill_index(rank) {
-                        s.msgs.push(Msg::Dial { from: w, session, to });
+        s.nodes.handle_worker(s.now, w, event, &mut out);
+        self.node_outputs(s, out);
+    }
+
+    /// Feeds the decode group's barrier from outside its workers (a step's begin).
+    fn group(&self, s: &mut State, event: GroupEvent) {
+        let mut out = Vec::new();
+        s.nodes.handle_group_event(s.now, 0, event, &mut out);
+        self.node_outputs(s, out);
+    }
+
+    /// What the decode nodes asked, in order: a worker's actions become messages; the barrier's
+    /// vote results are local completions for the members it names; an input it ignores is a
+    /// violation.
+    fn node_outputs(&self, s: &mut State, out: Vec<NodeOutput>) {
+        for output in out {
+            match output {
+                NodeOutput::Action { worker, action } => self.decode_action(s, worker, action),
+                NodeOutput::Handled { .. } => {}
+                NodeOutput::Group { output, .. } => match output {
+                    SchedulerOutput::Group(GroupAction::VoteResult { member, step, ok }) => {
+                        s.local.push_back(Msg::Vote { to: usize::from(member.0), step, ok })
                     }
-                }
-                DecodeAction::SendLease { rank, lease, .. } => {
-                    if let Some(to) = self.prefill_index(rank) {
-                        let (transfer, lease_ms, incarnation) =
-                            (lease.transfer_id, lease.lease_ms, lease.incarnation);
-                        s.msgs.push(Msg::Lease { to, transfer, lease_ms, incarnation });
-                    }
-                }
-                DecodeAction::SendRelease { rank, release, .. } => {
-                    if let Some(to) = self.prefill_index(rank) {
-                        let sender_tp = release.sender.as_ref().map_or(0, |x| x.tp_rank);
-                        let (transfer, incarnation) = (release.transfer_id, release.incarnation);
-                        s.msgs.push(Msg::Release { to, transfer, sender_tp, incarnation });
-                    }
-                }
-                DecodeAction::PostRead(op) => match self.prefill_index(op.plan.source) {
-                    Some(from) => s.msgs.push(Msg::Read {
-                        to: w,
-                        request: op.request(),
-                        layer: op.layer,
-                        from,
-                        transfer: op.plan.transfer_id.clone(),
-                        memory: op.plan.incarnation,
-                    }),
-                    None => s.local.push_back(Msg::ReadDone {
-                        to: w,
-                        request: op.request(),
-                        layer: op.layer,
-                        answer: Answer::Failed,
-                    }),
-                },
-                DecodeAction::AbortReads { request } => {
-                    // The driver flushes the request's posted reads: each is answered aborted
-                    // and touches no memory any more.
-                    let mut aborted = Vec::new();
-                    s.msgs.retain(|m| match m {
-                        Msg::Read { to, request: r, layer, .. } if *to == w && *r == request => {
-                            aborted.push(*layer);
-                            false
+                    SchedulerOutput::Group(GroupAction::Forward { .. }) => {}
+                    SchedulerOutput::Group(GroupAction::Ignored(why)) => {
+                        if s.violation.is_none() {
+                            s.violation = Some(format!("the decode group ignored an input: {why}"));
                         }
-                        _ => true,
-                    });
-                    for layer in aborted {
-                        s.local.push_back(Msg::ReadDone { to: w, request, layer, answer: Answer::Aborted });
                     }
-                }
-                // The group's inputs went to the group above.
-                DecodeAction::CastVote { .. }
-                | DecodeAction::StepReady { .. }
-                | DecodeAction::StepFailed { .. } => {}
-                DecodeAction::RequestReceived { .. }
-                | DecodeAction::RequestFailed { .. }
-                | DecodeAction::InvalidateBlocks { .. } => {}
+                    // Requests are handed to the workers here, not admitted by the scheduler, so
+                    // its request barrier decides nothing.
+                    SchedulerOutput::ToMember { .. }
+                    | SchedulerOutput::Joined(_)
+                    | SchedulerOutput::Failed { .. }
+                    | SchedulerOutput::DoubleFree { .. } => {}
+                },
             }
         }
     }
 
-    /// Feeds the decode group's barrier: its vote results are local completions for the
-    /// members it names; an input it ignores is a violation.
-    fn group(&self, s: &mut State, event: GroupEvent) {
-        let mut out = Vec::new();
-        s.group.handle(event, &mut out);
-        for action in out {
-            match action {
-                GroupAction::VoteResult { member, step, ok } => {
-                    s.local.push_back(Msg::Vote { to: usize::from(member.0), step, ok })
-                }
-                GroupAction::Forward { .. } => {}
-                GroupAction::Ignored(why) => {
-                    if s.violation.is_none() {
-                        s.violation = Some(format!("the decode group ignored an input: {why}"));
-                    }
+    /// Turns decode worker `w`'s action into messages.
+    fn decode_action(&self, s: &mut State, w: usize, action: DecodeAction) {
+        match action {
+            DecodeAction::DialHandshake { session, rank, .. } => {
+                if let Some(to) = self.prefill_index(rank) {
+                    s.msgs.push(Msg::Dial { from: w, session, to });
                 }
             }
+            DecodeAction::SendLease { rank, lease, .. } => {
+                if let Some(to) = self.prefill_index(rank) {
+                    let (transfer, lease_ms, incarnation) =
+                        (lease.transfer_id, lease.lease_ms, lease.incarnation);
+                    s.msgs.push(Msg::Lease { to, transfer, lease_ms, incarnation });
+                }
+            }
+            DecodeAction::SendRelease { rank, release, .. } => {
+                if let Some(to) = self.prefill_index(rank) {
+                    let sender_tp = release.sender.as_ref().map_or(0, |x| x.tp_rank);
+                    let (transfer, incarnation) = (release.transfer_id, release.incarnation);
+                    s.msgs.push(Msg::Release { to, transfer, sender_tp, incarnation });
+                }
+            }
+            DecodeAction::PostRead(op) => match self.prefill_index(op.plan.source) {
+                Some(from) => s.msgs.push(Msg::Read {
+                    to: w,
+                    request: op.request(),
+                    layer: op.layer,
+                    from,
+                    transfer: op.plan.transfer_id.clone(),
+                    memory: op.plan.incarnation,
+                }),
+                None => s.local.push_back(Msg::ReadDone {
+                    to: w,
+                    request: op.request(),
+                    layer: op.layer,
+                    answer: Answer::Failed,
+                }),
+            },
+            DecodeAction::AbortReads { request } => {
+                // The driver flushes the request's posted reads: each is answered aborted
+                // and touches no memory any more.
+                let mut aborted = Vec::new();
+                s.msgs.retain(|m| match m {
+                    Msg::Read { to, request: r, layer, .. } if *to == w && *r == request => {
+                        aborted.push(*layer);
+                        false
+                    }
+                    _ => true,
+                });
+                for layer in aborted {
+                    s.local.push_back(Msg::ReadDone { to: w, request, layer, answer: Answer::Aborted });
+                }
+            }
+            // The group's inputs: the nodes routed them to the barrier.
+            DecodeAction::CastVote { .. }
+            | DecodeAction::StepReady { .. }
+            | DecodeAction::StepFailed { .. } => {}
+            DecodeAction::RequestReceived { .. }
+            | DecodeAction::RequestFailed { .. }
+            | DecodeAction::InvalidateBlocks { .. } => {}
         }
     }
 
@@ -425,14 +430,19 @@ impl World {
         // Time passes until the earliest timer, firing every timer due then, at any point: with
         // messages or reads still in flight too, which then arrive late (a read that outlives its
         // request's transfer timeout is exactly the case the drain rule exists for).
-        let deadline =
-            s.decoders.iter().filter_map(DecodeWorker::poll_timeout).chain(s.engine.poll_timeout()).min();
+        let deadline = s
+            .nodes
+            .workers()
+            .iter()
+            .filter_map(DecodeWorker::poll_timeout)
+            .chain(s.engine.poll_timeout())
+            .min();
         if let Some(t) = deadline {
             let mut next = s.clone();
             next.now = t.max(s.now);
             next.late |= !s.msgs.is_empty();
-            for w in 0..next.decoders.len() {
-                if next.decoders[w].poll_timeout().is_some_and(|d| d <= next.now) {
+            for w in 0..next.nodes.workers().len() {
+                if next.nodes.worker(w).poll_timeout().is_some_and(|d| d <= next.now) {
                     self.decode(&mut next, w, DecodeEvent::Tick);
                 }
             }
@@ -442,13 +452,14 @@ impl World {
             out.push((format!("time passes to {}", next.now), next));
         }
         // The group begins its next step once this one reached its forward.
-        let current = s.group.step().unwrap_or(0);
-        let pending = s.decoders.iter().any(|d| d.pending_requests() > 0);
-        if s.group.may_begin() && pending && current < self.max_steps {
+        let barrier = s.nodes.sched(0).barrier();
+        let current = barrier.step().unwrap_or(0);
+        let pending = s.nodes.workers().iter().any(|d| d.pending_requests() > 0);
+        if barrier.may_begin() && pending && current < self.max_steps {
             let mut next = s.clone();
             let step = current + 1;
             self.group(&mut next, GroupEvent::StepBegin { step });
-            for w in 0..next.decoders.len() {
+            for w in 0..next.nodes.workers().len() {
                 self.decode(&mut next, w, DecodeEvent::StepBegin { step, requests: Vec::new() });
             }
             out.push((format!("step {step} begins"), next));
@@ -602,11 +613,12 @@ impl World {
         }
         // The group's step must have reached its forward: every worker entered it as the
         // group decided.
-        let step = s.group.step().unwrap_or(0);
-        if !s.group.forward_ready(step) {
+        let barrier = s.nodes.sched(0).barrier();
+        let step = barrier.step().unwrap_or(0);
+        if !barrier.forward_ready(step) {
             let names =
                 |members: &[&RankId]| members.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ");
-            let report = |r: &RankId| s.group.report(r.tp_rank());
+            let report = |r: &RankId| barrier.report(r.tp_rank());
             let (entered, stuck): (Vec<&RankId>, Vec<&RankId>) =
                 self.decode_ranks.iter().partition(|r| report(r).is_some_and(StepReport::enters_forward));
             if self.decode_ranks.iter().any(|r| report(r).is_some()) {
@@ -622,7 +634,7 @@ impl World {
         if step >= self.max_steps {
             return None;
         }
-        if let Some(w) = s.decoders.iter().position(|d| d.pending_requests() > 0) {
+        if let Some(w) = s.nodes.workers().iter().position(|d| d.pending_requests() > 0) {
             return Some(format!("{} never finished its requests", self.decode_ranks[w]));
         }
         if s.engine.totals().held > 0 {
@@ -749,12 +761,15 @@ pub fn check_with_progress(
         holders: BTreeMap::new(),
     };
     let incarnations: Vec<Incarnation> = (0..prefill_ranks.len()).map(|i| incarnation_of(i, 0)).collect();
-    let decoders = decode_ranks
-        .iter()
-        .map(|&r| {
-            DecodeWorker::new(DecodeConfig::new(r, dl, d.model.clone(), policy, book.engine_id(decode)))
-        })
-        .collect();
+    // The scheduler admits nothing here (the requests are handed to the workers below), so its
+    // batch and pool are never used.
+    let limits = SchedulerLimits { width: dl.tp, max_batch: 1, pool_blocks: 0, block_size_tokens: 1 };
+    let mut nodes = DecodeNodes::new();
+    let group = nodes.add_group(DecodeScheduler::new(limits, policy.handshake));
+    for &r in &decode_ranks {
+        let config = DecodeConfig::new(r, dl, d.model.clone(), policy, book.engine_id(decode));
+        nodes.add_worker(group, DecodeWorker::new(config));
+    }
     let workers = prefill_ranks
         .iter()
         .enumerate()
@@ -771,11 +786,10 @@ pub fn check_with_progress(
     }
     let mut initial = State {
         now: Instant::ZERO,
-        decoders,
+        nodes,
         workers,
         engine,
         msgs: Vec::new(),
-        group: DecodeGroup::new(dl.tp, policy.handshake),
         lost: 0,
         late: false,
         frees: BTreeMap::new(),
@@ -819,7 +833,7 @@ pub fn check_with_progress(
         });
     }
     world.group(&mut initial, GroupEvent::StepBegin { step: 1 });
-    for w in 0..initial.decoders.len() {
+    for w in 0..initial.nodes.workers().len() {
         world.decode(&mut initial, w, DecodeEvent::StepBegin { step: 1, requests: requests.clone() });
     }
     world.drain_local(&mut initial);

@@ -14,7 +14,7 @@ use super::{ReadOp, RecvError, StepError};
 
 /// A request whose KV this worker must read, as the scheduler hands it over (serialisable, so a
 /// scheduler in another process hands over the same value).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct RecvRequest {
     /// The proxy's request number.
     pub request: RequestId,

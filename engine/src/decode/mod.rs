@@ -43,7 +43,7 @@ pub enum Joined<E> {
 }
 
 /// What one rank reported of a request so far, until the whole group has.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Hash)]
 struct Reports<E> {
     reported: BTreeSet<TpRank>,
     errors: Vec<(TpRank, E)>,
@@ -53,7 +53,7 @@ struct Reports<E> {
 /// of the group reported it received or failed. Reports are keyed by rank, so a repeated
 /// report counts once; a report of a request the barrier does not wait for (never admitted, or
 /// already decided) is ignored.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Hash)]
 pub struct RequestBarrier<E> {
     width: u16,
     waiting: BTreeMap<RequestId, Reports<E>>,

@@ -41,13 +41,14 @@ pub enum NodeOutput {
 }
 
 /// One DP group: its scheduler and its members (worker indices, in TP order).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Hash)]
 struct Group {
     sched: DecodeScheduler<RecvError>,
     members: Vec<usize>,
 }
 
-/// Decode workers and their DP groups, numbered in the order they are added.
+/// Decode workers and their DP groups, numbered in the order they are added. Its hash is its
+/// state's (the spare buffers, always empty, are not state), for a model checker's visited set.
 #[derive(Clone, Debug, Default)]
 pub struct DecodeNodes {
     workers: Vec<DecodeWorker>,
@@ -57,6 +58,12 @@ pub struct DecodeNodes {
     /// Spare action buffers (reused, never shrunk): a decode step hands every worker an event,
     /// and a fresh vector per event was a measurable share of the simulator's time.
     spare: Vec<Vec<DecodeAction>>,
+}
+
+impl std::hash::Hash for DecodeNodes {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (&self.workers, &self.seats, &self.groups).hash(state);
+    }
 }
 
 impl DecodeNodes {
@@ -316,5 +323,23 @@ mod tests {
         };
         assert_eq!(errors.iter().map(|(m, _)| m.0).collect::<Vec<_>>(), [0, 1]);
         assert_eq!((n.members(0), n.group_of(1), n.workers().len()), (&[0, 1][..], 0, 2));
+    }
+
+    /// The hash is the state's: an event that changes nothing (a tick with no timer due) leaves
+    /// it equal, though the nodes now keep a spare buffer, so a model checker sees one state.
+    #[test]
+    fn the_hash_ignores_spare_buffers() {
+        use std::hash::{DefaultHasher, Hash, Hasher};
+        let hash = |n: &DecodeNodes| {
+            let mut h = DefaultHasher::new();
+            n.hash(&mut h);
+            h.finish()
+        };
+        let before = nodes(2);
+        let mut after = before.clone();
+        let mut out = Vec::new();
+        after.handle_worker(Instant::ZERO, 0, DecodeEvent::Tick, &mut out);
+        assert_eq!(render(&out), ["w0 handled"]);
+        assert_eq!(hash(&before), hash(&after));
     }
 }

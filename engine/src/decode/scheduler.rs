@@ -13,7 +13,7 @@ use super::{Joined, RequestBarrier};
 use crate::pool::{Pool, FREE};
 
 /// The sizes that bound a decode DP group.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SchedulerLimits {
     /// TP ranks in the group.
     pub width: u16,
@@ -27,7 +27,7 @@ pub struct SchedulerLimits {
 
 /// A request's prompt and answer lengths, in tokens: its context at admission and how many
 /// steps it decodes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Tokens {
     /// Prompt tokens (the context the first step attends to).
     pub input: u32,
@@ -36,7 +36,7 @@ pub struct Tokens {
 }
 
 /// A request in the batch, with what each step needs of it kept inline.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Hash)]
 struct Running {
     id: RequestId,
     left: u32,
@@ -45,7 +45,7 @@ struct Running {
 }
 
 /// What the scheduler holds of an admitted request until it ends.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Hash)]
 struct Held {
     tokens: Tokens,
     owner: u32,
@@ -104,7 +104,7 @@ pub struct Forwarded {
 /// the group's barrier ([`Self::handle_group_event`]); the ranks' reports of each request to the
 /// request barrier ([`Self::handle_report`]). Effects leave as [`SchedulerOutput`]s; time never
 /// enters: when to step is the driver's.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Hash)]
 pub struct DecodeScheduler<E> {
     limits: SchedulerLimits,
     handshake: HandshakeMode,
