@@ -8,6 +8,7 @@ use pdkv_core::decode::{
     StepError,
 };
 use pdkv_core::group::{DecodeGroup, GroupAction, GroupEvent};
+
 use pdkv_core::ids::{EngineId, RankId, RequestId, Role, TransferId};
 use pdkv_core::legacy::LegacyOptions;
 use pdkv_core::params::{KvTransferParams, PrefillAnswer};
@@ -21,7 +22,7 @@ use pdkv_core::time::Instant;
 use pdkv_core::topology::Deployment;
 use pdkv_core::wire::{Extensions, HandshakeMetadata, LayerMemoryDesc};
 
-use crate::decode::group_input;
+use crate::decode::{DecodeNodes, DecodeScheduler, NodeOutput, SchedulerLimits, SchedulerOutput};
 
 /// Blocks in every prefill rank's pool.
 const POOL_BLOCKS: u32 = 1024;
@@ -67,14 +68,19 @@ pub(super) struct Harness {
     pub(super) d: Deployment,
     pub(super) book: AddressBook,
     pub(super) now: Instant,
-    pub(super) decoders: BTreeMap<RankId, DecodeWorker>,
+    /// Every decode worker and its DP group's barrier, routed to each other (the engine layer's,
+    /// as every driver's): the harness only picks which message is delivered when.
+    pub(super) nodes: DecodeNodes,
+    /// Each decode rank's worker number in `nodes`, and back.
+    pub(super) worker_of: BTreeMap<RankId, usize>,
+    pub(super) rank_of: Vec<RankId>,
+    /// Each decode DP group's number in `nodes`.
+    pub(super) group_of: BTreeMap<(EngineId, u16), usize>,
     pub(super) workers: BTreeMap<RankId, PrefillWorker>,
     pub(super) engines: Vec<PrefillEngine>,
     pub(super) dials: Vec<Dial>,
     pub(super) reads: Vec<(RankId, ReadOp)>,
     pub(super) releases: Vec<(RankId, Release)>,
-    /// The barrier of every decode DP group.
-    pub(super) groups: BTreeMap<(EngineId, u16), DecodeGroup>,
     /// Vote results the groups decided, not delivered yet: `(to, step, ok)`.
     pub(super) results: Vec<(RankId, u64, bool)>,
     /// Step results per decode rank, in order: `(step, None)` ready, `(step, Some(e))` failed.
@@ -100,11 +106,16 @@ impl Harness {
         let policy = Policy::from(&legacy);
         let d = Deployment::parse(notation).unwrap();
         let book = AddressBook::one_host_per_engine(&d).with_rules(peers);
-        let mut decoders = BTreeMap::new();
-        let mut groups = BTreeMap::new();
+        let mut nodes = DecodeNodes::new();
+        let (mut worker_of, mut rank_of, mut group_of) = (BTreeMap::new(), Vec::new(), BTreeMap::new());
         for rank in d.ranks(Role::Decode) {
             let width = d.layout(rank.engine).tp;
-            groups.entry((rank.engine, rank.dp)).or_insert_with(|| DecodeGroup::new(width, policy.handshake));
+            // The scheduler admits nothing here (tests hand requests to the workers), so only
+            // its barrier is used.
+            let limits = SchedulerLimits { width, max_batch: 1, pool_blocks: 0, block_size_tokens: 1 };
+            let group = *group_of
+                .entry((rank.engine, rank.dp))
+                .or_insert_with(|| nodes.add_group(DecodeScheduler::new(limits, policy.handshake)));
             let mut config = DecodeConfig::new(
                 rank,
                 d.layout(rank.engine),
@@ -113,7 +124,8 @@ impl Harness {
                 book.engine_id(rank.engine),
             );
             config.peers = book.rules.clone();
-            decoders.insert(rank, DecodeWorker::new(config));
+            worker_of.insert(rank, nodes.add_worker(group, DecodeWorker::new(config)));
+            rank_of.push(rank);
         }
         let mut workers = BTreeMap::new();
         for rank in d.ranks(Role::Prefill) {
@@ -128,13 +140,15 @@ impl Harness {
             d,
             book,
             now: Instant::ZERO,
-            decoders,
+            nodes,
+            worker_of,
+            rank_of,
+            group_of,
             workers,
             engines,
             dials: Vec::new(),
             reads: Vec::new(),
             releases: Vec::new(),
-            groups,
             results: Vec::new(),
             steps: BTreeMap::new(),
             received: Vec::new(),
@@ -184,7 +198,17 @@ impl Harness {
     }
 
     pub(super) fn group(&self, dp: u16) -> Vec<RankId> {
-        self.decoders.keys().copied().filter(|r| r.engine == EngineId::decode(0) && r.dp == dp).collect()
+        self.worker_of.keys().copied().filter(|r| r.engine == EngineId::decode(0) && r.dp == dp).collect()
+    }
+
+    /// Decode rank `rank`'s worker.
+    pub(super) fn decoder(&self, rank: RankId) -> &DecodeWorker {
+        self.nodes.worker(self.worker_of[&rank])
+    }
+
+    /// The barrier of decode engine 0's DP group `dp`.
+    pub(super) fn barrier(&self, dp: u16) -> &DecodeGroup {
+        self.nodes.sched(self.group_of[&(EngineId::decode(0), dp)]).barrier()
     }
 
     /// Every worker of decode DP group `dp` begins `step` with `requests` (its barrier first).
@@ -208,24 +232,23 @@ impl Harness {
 
     pub(super) fn decode_event(&mut self, rank: RankId, event: DecodeEvent) {
         let mut out = Vec::new();
-        let now = self.now;
-        self.decoders.get_mut(&rank).unwrap().handle(now, event, &mut out);
-        for action in out {
-            if let Some(event) = group_input(rank.tp_rank(), &action) {
-                // The test reads each worker's step reports; the group takes them as every
-                // driver's group does.
-                match &action {
-                    DecodeAction::StepReady { step } => {
-                        self.steps.entry(rank).or_default().push((*step, None))
-                    }
-                    DecodeAction::StepFailed { step, error } => {
-                        self.steps.entry(rank).or_default().push((*step, Some(error.clone())))
-                    }
-                    _ => {}
+        self.nodes.handle_worker(self.now, self.worker_of[&rank], event, &mut out);
+        self.node_outputs(out);
+    }
+
+    /// What the decode nodes asked: messages wait until a test delivers them, vote results
+    /// wait in `results`; what the workers reported is logged for the tests.
+    fn node_outputs(&mut self, out: Vec<NodeOutput>) {
+        for output in out {
+            let (worker, action) = match output {
+                NodeOutput::Action { worker, action } => (worker, action),
+                NodeOutput::Handled { .. } => continue,
+                NodeOutput::Group { group, output } => {
+                    self.group_output(group, output);
+                    continue;
                 }
-                self.group_event((rank.engine, rank.dp), event);
-                continue;
-            }
+            };
+            let rank = self.rank_of[worker];
             match action {
                 DecodeAction::DialHandshake { session, rank: to, .. } => {
                     self.dials.push(Dial { from: rank, session, to })
@@ -242,14 +265,38 @@ impl Harness {
                     };
                     self.worker_event(to, event);
                 }
-                DecodeAction::CastVote { .. }
-                | DecodeAction::StepReady { .. }
-                | DecodeAction::StepFailed { .. } => {}
+                // The group took the vote and the step reports (the nodes routed them); the
+                // tests read each worker's step reports.
+                DecodeAction::CastVote { .. } => {}
+                DecodeAction::StepReady { step } => self.steps.entry(rank).or_default().push((step, None)),
+                DecodeAction::StepFailed { step, error } => {
+                    self.steps.entry(rank).or_default().push((step, Some(error)))
+                }
                 DecodeAction::RequestReceived { request } => self.received.push((rank, request)),
                 DecodeAction::RequestFailed { request, error } => self.failed.push((rank, request, error)),
                 DecodeAction::InvalidateBlocks { request, .. } => self.invalidated.push((rank, request)),
                 DecodeAction::AbortReads { request } => self.aborts.push((rank, request)),
             }
+        }
+    }
+
+    /// A decode DP group's barrier decided: its vote results wait in `results`.
+    fn group_output(&mut self, group: usize, output: SchedulerOutput<RecvError>) {
+        match output {
+            SchedulerOutput::Group(GroupAction::VoteResult { member, step, ok }) => {
+                let worker = self.nodes.members(group)[usize::from(member.0)];
+                self.results.push((self.rank_of[worker], step, ok))
+            }
+            SchedulerOutput::Group(GroupAction::Ignored(why)) => {
+                panic!("the scripted driver fed group {group} an input it ignored: {why}")
+            }
+            // Requests are handed to the workers, not admitted, so the scheduler's request
+            // barrier decides nothing.
+            SchedulerOutput::Group(GroupAction::Forward { .. })
+            | SchedulerOutput::ToMember { .. }
+            | SchedulerOutput::Joined(_)
+            | SchedulerOutput::Failed { .. }
+            | SchedulerOutput::DoubleFree { .. } => {}
         }
     }
 
@@ -280,18 +327,8 @@ impl Harness {
     /// Feeds a decode DP group's barrier; the vote results it decides wait in `results`.
     pub(super) fn group_event(&mut self, group: (EngineId, u16), event: GroupEvent) {
         let mut out = Vec::new();
-        self.groups.get_mut(&group).expect("a decode DP group").handle(event, &mut out);
-        for action in out {
-            match action {
-                GroupAction::VoteResult { member, step, ok } => {
-                    self.results.push((RankId::new(group.0, group.1, member.0), step, ok))
-                }
-                GroupAction::Forward { .. } => {}
-                GroupAction::Ignored(why) => {
-                    panic!("the scripted driver fed {group:?} an input it ignored: {why}")
-                }
-            }
-        }
+        self.nodes.handle_group_event(self.now, self.group_of[&group], event, &mut out);
+        self.node_outputs(out);
     }
 
     /// The MIN collective's answers: delivers every vote result the groups decided.
@@ -368,9 +405,9 @@ impl Harness {
         self.now = self.now.add_ns(ns);
         loop {
             let due: Vec<RankId> = self
-                .decoders
+                .worker_of
                 .iter()
-                .filter(|(_, w)| w.poll_timeout().is_some_and(|t| t <= self.now))
+                .filter(|(_, &w)| self.nodes.worker(w).poll_timeout().is_some_and(|t| t <= self.now))
                 .map(|(r, _)| *r)
                 .collect();
             let engines: Vec<usize> = (0..self.engines.len())

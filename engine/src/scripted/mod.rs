@@ -22,7 +22,7 @@ fn eager_lost_reply_fails_the_whole_group_then_recovers() {
     assert_eq!(h.dials.len(), 8);
     let lost = RankId::new(EngineId::decode(0), 0, 3);
     h.deliver_dials(|d| d.from != lost);
-    let open = h.groups[&(EngineId::decode(0), 0)].open_vote().expect("the vote is open");
+    let open = h.barrier(0).open_vote().expect("the vote is open");
     assert_eq!(open.missing, [lost.tp_rank()], "seven workers voted; the eighth still waits for its reply");
     h.advance(10 * NS_PER_S);
     h.deliver_votes();
@@ -64,7 +64,7 @@ fn lazy_lost_reply_blocks_one_worker_while_peers_are_ready() {
     assert_eq!(results.len(), 7, "{results:?}");
     assert!(results.iter().all(|(rank, r)| *rank != lost && r.is_none()));
     h.advance(600 * NS_PER_S);
-    assert!(h.decoders[&lost].is_blocked(), "still blocked after the 600 s collective timeout");
+    assert!(h.decoder(lost).is_blocked(), "still blocked after the 600 s collective timeout");
     assert_eq!(h.step_results(1).len(), 7);
 
     // With a handshake timeout but still lazy, the blocked worker fails alone after 10 s,
@@ -252,7 +252,7 @@ fn send_queue_full_backs_off_until_transfer_timeout() {
                 outcome: ReadOutcome::SendQueueFull,
             },
         );
-        let due = h.decoders[&rank].poll_timeout().unwrap();
+        let due = h.decoder(rank).poll_timeout().unwrap();
         delays.push(due.since_ns(before) / NS_PER_MS);
         h.advance(due.since_ns(before));
         assert_eq!(h.reads.len(), 1, "the read is posted again when its retry is due");
@@ -469,7 +469,7 @@ fn a_queued_request_keeps_its_source_leased_until_admission() {
         h.complete_reads(|_, _| ReadOutcome::Ok);
         h.deliver_releases(1);
         assert_eq!(h.frees(), [(tx(1), false)], "freed by its release, not reaped");
-        assert_eq!(h.decoders[&rank].queued_requests(), 0);
+        assert_eq!(h.decoder(rank).queued_requests(), 0);
     }
 }
 
