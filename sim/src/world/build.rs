@@ -24,7 +24,7 @@ use super::control::Listener;
 use super::decode::{DGroup, Unit};
 use super::prefill::PGroup;
 use super::{Checks, ClientSide, DecodeSide, Network, PrefillSide, RunOptions, Stats, World};
-use pdkv_engine::prefill::PrefillScheduler;
+use pdkv_engine::prefill::{PrefillNodes, PrefillScheduler};
 
 /// A prefill worker of rank `rank` (index `i`) in its `epoch`-th life, named `incarnation` in its
 /// metadata, with its memory regions (base addresses and their common length). Every life of
@@ -226,6 +226,17 @@ impl World {
         };
         let nic_count = p_ranks.len() + d_ranks.len();
         let (d_prefill_engines, d_decode_engines) = (d.prefill.len(), d.decode.len());
+        // A delayed registration is the world's to deliver; otherwise the nodes deliver it.
+        let mut prefill_nodes =
+            PrefillNodes::new().with_held_registrations(sc.engines.prefill_register_delay_ms > 0);
+        let engine_count = engines.len();
+        for engine in engines {
+            prefill_nodes.add_engine(engine);
+        }
+        for (&rank, worker) in p_ranks.iter().zip(pworkers) {
+            let i = prefill_nodes.add_worker(rank, worker);
+            debug_assert_eq!(i, d.rank_index(rank), "the nodes number prefill workers as the world does");
+        }
         let (prefill_rank_count, prefill_group_count) = (p_ranks.len(), pgroups.len());
         let proxy = Proxy::new(&d, policy.proxy);
         let mut world = World {
@@ -247,12 +258,11 @@ impl World {
                 transfers: Default::default(),
             },
             prefill: PrefillSide {
-                engine_tick: vec![None; engines.len()],
+                engine_tick: vec![None; engine_count],
                 ranks: p_ranks,
                 group_base: pgroup_base,
                 groups: pgroups,
-                engines,
-                workers: pworkers,
+                nodes: prefill_nodes,
                 generation: vec![0; prefill_group_count],
                 down: vec![false; d_prefill_engines],
                 epoch: vec![0; prefill_rank_count],

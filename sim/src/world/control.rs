@@ -145,7 +145,7 @@ impl World {
         match msg {
             Msg::Dial { from, session } => {
                 let mut out = Vec::new();
-                self.prefill.workers[i].handle(
+                self.prefill.nodes.worker_mut(i).handle(
                     Instant(self.now),
                     WorkerEvent::HandshakeRequest { peer: from as u64 },
                     &mut out,

@@ -228,15 +228,15 @@ impl World {
                         self.end_request(id, true);
                     }
                 }
-                let totals = self.prefill.engines[e].totals();
+                let totals = self.prefill.nodes.engine(e).totals();
                 self.stats.lost_in_crash += totals.held;
                 self.stats.crashed_freed += totals.freed;
                 self.stats.crashed_reaped += totals.reaped;
                 let defer = self.sc.timeouts().defer_ns();
-                self.prefill.engines[e] =
-                    PrefillEngine::new(engine, layout, self.d.model.clone(), self.policy())
-                        .with_peers(self.book.rules.clone())
-                        .with_defer_timeout_ns(defer);
+                let fresh = PrefillEngine::new(engine, layout, self.d.model.clone(), self.policy())
+                    .with_peers(self.book.rules.clone())
+                    .with_defer_timeout_ns(defer);
+                self.prefill.nodes.replace_engine(e, fresh);
                 self.prefill.engine_tick[e] = None;
             }
             Role::Decode => {
@@ -327,7 +327,7 @@ impl World {
                     for base in bases {
                         self.net.regions.insert(base, (i, len));
                     }
-                    self.prefill.workers[i] = worker;
+                    self.prefill.nodes.replace_worker(i, worker);
                     if let Some(incarnation) = incarnation {
                         trace!(self, "fault", "incarnation", rank.to_string(), None, incarnation.to_string());
                         self.engine(e, EngineEvent::WorkerUp { rank, incarnation });

@@ -120,7 +120,7 @@ impl World {
             reaped: self.stats.crashed_reaped,
             ..Ledger::default()
         };
-        for engine in &self.prefill.engines {
+        for engine in self.prefill.nodes.engines() {
             let totals = engine.totals();
             ledger.held += totals.held;
             ledger.freed += totals.freed;
@@ -136,7 +136,7 @@ impl World {
         ledger.prefill_stall_s =
             round3(self.prefill.groups.iter().map(|g| g.sched.stall_ns(now)).sum::<u64>() as f64 / 1e9);
         ledger.reaper_pending = self.budget_ended
-            && self.prefill.engines.iter().any(|e| e.totals().held > 0 && e.poll_timeout().is_some());
+            && self.prefill.nodes.engines().iter().any(|e| e.totals().held > 0 && e.poll_timeout().is_some());
         result.ledger = ledger;
 
         // Requests in flight when the budget ended are cut off, not hung, if the run was still

@@ -1,9 +1,7 @@
 //! Prefill: batching on each DP group, and driving the core's prefill engines and workers.
 
 use pdkv_core::ids::{EngineId, Incarnation, RankId};
-use pdkv_core::prefill::{
-    EngineAction, EngineEvent, PrefillDone, PrefillEngine, PrefillWorker, WorkerAction, WorkerEvent,
-};
+use pdkv_core::prefill::{EngineAction, EngineEvent, PrefillDone, WorkerAction, WorkerEvent};
 use pdkv_core::time::Instant;
 use pdkv_core::topology::Layout;
 
@@ -11,7 +9,7 @@ use crate::result::ViolationKind;
 
 use super::{list, ms, ms_ns, Ev, World};
 use pdkv_engine::pool::FREE;
-use pdkv_engine::prefill::PrefillScheduler;
+use pdkv_engine::prefill::{PrefillNodes, PrefillOutput, PrefillScheduler};
 
 /// The prefill side: each engine's node and workers, each DP group's scheduler, and what a
 /// crash and a restart change of them.
@@ -21,10 +19,10 @@ pub(super) struct PrefillSide {
     /// Index of each engine's first group in `groups`.
     pub(super) group_base: Vec<usize>,
     pub(super) groups: Vec<PGroup>,
-    pub(super) engines: Vec<PrefillEngine>,
+    /// The engines and workers (numbered as `ranks`), routed to each other.
+    pub(super) nodes: PrefillNodes,
     /// The earliest engine timer an `EngineTick` is scheduled for, per engine.
     pub(super) engine_tick: Vec<Option<u64>>,
-    pub(super) workers: Vec<PrefillWorker>,
     /// Generation of each group, bumped by a crash so its in-flight batch is dropped.
     pub(super) generation: Vec<u64>,
     /// Engines that are down (crashed, not yet restarted).
@@ -181,21 +179,30 @@ impl World {
             });
             let transfer = req.transfer;
             let mut out = Vec::new();
-            match self.prefill.engines[e].handle(Instant(self.now), event, &mut out) {
+            match self.prefill.nodes.handle_engine(Instant(self.now), e, event, &mut out) {
                 Ok(()) => {
                     // The answer names the incarnations the engine registered the transfer on,
                     // whatever happens to them before it is sent.
                     let transfer_id =
                         self.clients.transfers.id(transfer).expect("a request's transfer is numbered");
-                    let holders = self.prefill.engines[e].holder_incarnations(&transfer_id);
+                    let holders = self.prefill.nodes.engine(e).holder_incarnations(&transfer_id);
                     if let Some(req) = self.clients.requests.get_mut(&id) {
                         req.holders = holders.map(Vec::into_boxed_slice);
                     }
-                    self.engine_actions(e, out);
+                    self.prefill_outputs(out);
                     let latency = self.control_ns();
                     self.at(latency, Ev::ProxyAnswer { req: id });
                 }
                 Err(error) => {
+                    // A refused prefill is this request's failure, not a protocol error; the
+                    // engine took no action for it.
+                    debug_assert!(
+                        out.iter().all(|o| matches!(
+                            o,
+                            PrefillOutput::Refused { .. } | PrefillOutput::EngineHandled { .. }
+                        )),
+                        "{out:?}"
+                    );
                     // The blocks were handed out to this request a moment ago, so this free
                     // cannot be a double free.
                     let _ = self.prefill.groups[g].sched.handle_free(transfer, &blocks);
@@ -211,21 +218,20 @@ impl World {
                 }
             }
         }
-        self.engine_timer(e);
+        self.engine_timer(e, self.prefill.nodes.engine(e).poll_timeout());
         self.try_prefill(g);
     }
 
     pub(super) fn engine(&mut self, e: usize, event: EngineEvent) {
         let mut out = Vec::new();
-        if let Err(error) = self.prefill.engines[e].handle(Instant(self.now), event, &mut out) {
-            self.violation(ViolationKind::ProtocolError, vec![format!("P{e}")], error.to_string());
-        }
-        self.engine_actions(e, out);
-        self.engine_timer(e);
+        let _ = self.prefill.nodes.handle_engine(Instant(self.now), e, event, &mut out);
+        self.prefill_outputs(out);
     }
 
-    fn engine_timer(&mut self, e: usize) {
-        if let Some(Instant(t)) = self.prefill.engines[e].poll_timeout() {
+    /// Arms engine `e`'s tick for `timeout` (its timer at the end of an input), unless one is
+    /// due no later.
+    fn engine_timer(&mut self, e: usize, timeout: Option<Instant>) {
+        if let Some(Instant(t)) = timeout {
             if self.prefill.engine_tick[e].is_none_or(|s| t < s) {
                 self.prefill.engine_tick[e] = Some(t);
                 let delay = t.saturating_sub(self.now);
@@ -234,82 +240,94 @@ impl World {
         }
     }
 
+    /// Carries out what the prefill nodes asked, in order.
+    fn prefill_outputs(&mut self, out: Vec<PrefillOutput>) {
+        for output in out {
+            match output {
+                PrefillOutput::Worker { worker, action } => self.worker_action(worker, action),
+                PrefillOutput::Engine { engine, action } => self.engine_action(engine, action),
+                PrefillOutput::Refused { engine, error } => {
+                    self.violation(
+                        ViolationKind::ProtocolError,
+                        vec![format!("P{engine}")],
+                        error.to_string(),
+                    );
+                }
+                PrefillOutput::EngineHandled { engine, timeout } => self.engine_timer(engine, timeout),
+            }
+        }
+    }
+
     pub(super) fn pworker_index(&self, rank: RankId) -> usize {
         self.d.rank_index(rank)
     }
 
-    fn engine_actions(&mut self, e: usize, actions: Vec<EngineAction>) {
-        for action in actions {
-            match action {
-                EngineAction::Register { rank, transfer_id, quorum, incarnation } => {
-                    let delay = ms_ns(self.sc.engines.prefill_register_delay_ms);
-                    if delay >= self.sc.timeouts().defer_ns() {
-                        // A registration that reaches the worker after the reaper's delay comes
-                        // late for the ledger, like a release delayed that long: the reaper may
-                        // free the transfer first, which is the design's recovery, and the reads
-                        // it fences fail because of the delay.
-                        if let Some(t) = self.clients.transfers.number(&transfer_id) {
-                            self.checks.excused.insert(t);
-                        }
-                        self.touch(rank, self.now, self.now.saturating_add(delay));
-                    }
-                    let event = WorkerEvent::Register { transfer_id, quorum, incarnation };
-                    if delay == 0 {
-                        self.prefill_worker(rank, event);
-                    } else {
-                        self.at(delay, Ev::ToPrefill { rank, event: Box::new(event) });
-                    }
-                }
-                EngineAction::GroupDone { rank, transfer_id } => {
-                    self.prefill_worker(rank, WorkerEvent::GroupDone { transfer_id })
-                }
-                EngineAction::Retire { rank, transfer_id, incarnation } => {
-                    self.prefill_worker(rank, WorkerEvent::Retired { transfer_id, incarnation })
-                }
-                EngineAction::FinishedSending { request, .. } => {
-                    trace!(self, "prefill", "finished_sending", format!("P{e}"), None, format!("{request}"));
-                }
-                EngineAction::Fence { transfer_id, .. } => {
+    /// Carries out one action of engine `e` (the nodes delivered its words for workers, and
+    /// registrations too unless they are delayed).
+    fn engine_action(&mut self, e: usize, action: EngineAction) {
+        match action {
+            EngineAction::Register { rank, transfer_id, quorum, incarnation } => {
+                let delay = ms_ns(self.sc.engines.prefill_register_delay_ms);
+                if delay >= self.sc.timeouts().defer_ns() {
+                    // A registration that reaches the worker after the reaper's delay comes
+                    // late for the ledger, like a release delayed that long: the reaper may
+                    // free the transfer first, which is the design's recovery, and the reads
+                    // it fences fail because of the delay.
                     if let Some(t) = self.clients.transfers.number(&transfer_id) {
-                        self.checks.fenced.insert(t);
+                        self.checks.excused.insert(t);
                     }
+                    self.touch(rank, self.now, self.now.saturating_add(delay));
                 }
-                EngineAction::FreeBlocks { transfer_id, owner_dp, blocks, reaped } => {
-                    let g = self.prefill.group_base[e] + usize::from(owner_dp);
-                    let t = self.clients.transfers.number(&transfer_id).unwrap_or(FREE - 1);
-                    if let Err(bad) = self.prefill.groups[g].sched.handle_free(t, &blocks) {
-                        let detail =
-                            format!("{transfer_id}: blocks {} were not held by it", list(&bad.blocks));
-                        self.violation(ViolationKind::DoubleFree, vec![format!("P{e}.dp{owner_dp}")], detail);
-                    }
-                    let name = if reaped { "reap" } else { "free" };
-                    trace!(
-                        self,
-                        "prefill",
-                        name,
-                        format!("P{e}.dp{owner_dp}"),
-                        None,
-                        format!("{transfer_id} blocks={}", blocks.len()),
-                    );
-                    self.try_prefill(g);
+                // Without a delay the nodes delivered it (they hold registrations only when
+                // the scenario delays them).
+                if delay > 0 {
+                    let event = WorkerEvent::Register { transfer_id, quorum, incarnation };
+                    self.at(delay, Ev::ToPrefill { rank, event: Box::new(event) });
                 }
-                EngineAction::ReapWarning { transfer_id, held_ns, unfinished_tp } => {
-                    self.stats.max_hold_ns = self.stats.max_hold_ns.max(held_ns);
-                    if self
-                        .clients
-                        .transfers
-                        .number(&transfer_id)
-                        .is_some_and(|t| self.checks.excused.contains(&t))
-                    {
-                        self.stats.reaped_excused += 1;
-                    }
-                    let detail = format!(
-                        "{transfer_id} held {} ms; unreleased TP ranks {}",
-                        ms(held_ns),
-                        list(&unfinished_tp)
-                    );
-                    trace!(self, "prefill", "reap_warning", format!("P{e}"), None, detail);
+            }
+            EngineAction::GroupDone { .. } | EngineAction::Retire { .. } => {}
+            EngineAction::FinishedSending { request, .. } => {
+                trace!(self, "prefill", "finished_sending", format!("P{e}"), None, format!("{request}"));
+            }
+            EngineAction::Fence { transfer_id, .. } => {
+                if let Some(t) = self.clients.transfers.number(&transfer_id) {
+                    self.checks.fenced.insert(t);
                 }
+            }
+            EngineAction::FreeBlocks { transfer_id, owner_dp, blocks, reaped } => {
+                let g = self.prefill.group_base[e] + usize::from(owner_dp);
+                let t = self.clients.transfers.number(&transfer_id).unwrap_or(FREE - 1);
+                if let Err(bad) = self.prefill.groups[g].sched.handle_free(t, &blocks) {
+                    let detail = format!("{transfer_id}: blocks {} were not held by it", list(&bad.blocks));
+                    self.violation(ViolationKind::DoubleFree, vec![format!("P{e}.dp{owner_dp}")], detail);
+                }
+                let name = if reaped { "reap" } else { "free" };
+                trace!(
+                    self,
+                    "prefill",
+                    name,
+                    format!("P{e}.dp{owner_dp}"),
+                    None,
+                    format!("{transfer_id} blocks={}", blocks.len()),
+                );
+                self.try_prefill(g);
+            }
+            EngineAction::ReapWarning { transfer_id, held_ns, unfinished_tp } => {
+                self.stats.max_hold_ns = self.stats.max_hold_ns.max(held_ns);
+                if self
+                    .clients
+                    .transfers
+                    .number(&transfer_id)
+                    .is_some_and(|t| self.checks.excused.contains(&t))
+                {
+                    self.stats.reaped_excused += 1;
+                }
+                let detail = format!(
+                    "{transfer_id} held {} ms; unreleased TP ranks {}",
+                    ms(held_ns),
+                    list(&unfinished_tp)
+                );
+                trace!(self, "prefill", "reap_warning", format!("P{e}"), None, detail);
             }
         }
     }
@@ -317,50 +335,43 @@ impl World {
     pub(super) fn prefill_worker(&mut self, rank: RankId, event: WorkerEvent) {
         let i = self.pworker_index(rank);
         let mut out = Vec::new();
-        self.prefill.workers[i].handle(Instant(self.now), event, &mut out);
-        self.worker_actions(i, out);
+        self.prefill.nodes.handle_worker(Instant(self.now), i, event, &mut out);
+        self.prefill_outputs(out);
     }
 
-    fn worker_actions(&mut self, i: usize, actions: Vec<WorkerAction>) {
-        for action in actions {
-            match action {
-                WorkerAction::Finished { rank, transfer_id } => {
-                    let e = usize::from(rank.engine.index);
-                    self.engine(e, EngineEvent::WorkerFinished { rank, transfer_id });
-                }
-                WorkerAction::Leased { rank, transfer_id, until } => {
-                    let e = usize::from(rank.engine.index);
-                    self.engine(e, EngineEvent::Leased { transfer_id, until });
-                }
-                WorkerAction::Ignored { transfer_id, outcome } => {
-                    let rank = self.prefill.ranks[i].to_string();
-                    let why = release_outcome_words(&outcome);
-                    trace!(self, "release", "ignored", rank, None, format!("{transfer_id}: {why}"));
-                }
-                WorkerAction::Refused { transfer_id, message, verdict } => {
-                    // The simulator has no forger yet, so a refusal means its own ranks
-                    // disagree on the key: a protocol error.
-                    self.violation(
-                        ViolationKind::ProtocolError,
-                        vec![self.prefill.ranks[i].to_string()],
-                        format!("{transfer_id}: {message:?} refused ({verdict:?})"),
-                    );
-                }
-                WorkerAction::LeaseCapped { transfer_id, asked_ms, granted_ms } => {
-                    let rank = self.prefill.ranks[i].to_string();
-                    let detail = format!("{transfer_id}: lease of {asked_ms} ms taken for {granted_ms} ms");
-                    trace!(self, "release", "lease_capped", rank, None, detail);
-                }
-                WorkerAction::Error { rank, error } => {
-                    self.violation(
-                        ViolationKind::ProtocolError,
-                        vec![self.prefill.ranks[i].to_string()],
-                        format!("{rank}: {error}"),
-                    );
-                }
-                WorkerAction::SendHandshakeReply { .. } => {
-                    // Replies are sent by the listener that carried the request (on_serve).
-                }
+    /// Carries out one action of prefill worker `i` (the nodes routed its finished parts and
+    /// leases to its engine).
+    fn worker_action(&mut self, i: usize, action: WorkerAction) {
+        match action {
+            WorkerAction::Finished { .. } | WorkerAction::Leased { .. } => {}
+            WorkerAction::Ignored { transfer_id, outcome } => {
+                let rank = self.prefill.ranks[i].to_string();
+                let why = release_outcome_words(&outcome);
+                trace!(self, "release", "ignored", rank, None, format!("{transfer_id}: {why}"));
+            }
+            WorkerAction::Refused { transfer_id, message, verdict } => {
+                // The simulator has no forger yet, so a refusal means its own ranks
+                // disagree on the key: a protocol error.
+                self.violation(
+                    ViolationKind::ProtocolError,
+                    vec![self.prefill.ranks[i].to_string()],
+                    format!("{transfer_id}: {message:?} refused ({verdict:?})"),
+                );
+            }
+            WorkerAction::LeaseCapped { transfer_id, asked_ms, granted_ms } => {
+                let rank = self.prefill.ranks[i].to_string();
+                let detail = format!("{transfer_id}: lease of {asked_ms} ms taken for {granted_ms} ms");
+                trace!(self, "release", "lease_capped", rank, None, detail);
+            }
+            WorkerAction::Error { rank, error } => {
+                self.violation(
+                    ViolationKind::ProtocolError,
+                    vec![self.prefill.ranks[i].to_string()],
+                    format!("{rank}: {error}"),
+                );
+            }
+            WorkerAction::SendHandshakeReply { .. } => {
+                // Replies are sent by the listener that carried the request (on_serve).
             }
         }
     }

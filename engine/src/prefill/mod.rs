@@ -1,13 +1,18 @@
 //! A prefill DP group's scheduler, written once for every driver: the requests it queues, vLLM's
 //! chunked prefill plan of each step under a token budget, admission by pool space, the requests
 //! that leave with their blocks once their last chunk is computed, the frees of those blocks,
-//! and how long the group stalled for blocks.
+//! and how long the group stalled for blocks; and the prefill engines and workers routed to
+//! each other (`nodes.rs`), for a driver that runs the workers.
 
 use std::collections::VecDeque;
 
 use pdkv_core::ids::RequestId;
 
 use crate::pool::Pool;
+
+mod nodes;
+
+pub use nodes::{PrefillNodes, PrefillOutput};
 
 /// The budget of a driver that does not chunk: every admitted request's whole prompt in one step.
 pub const WHOLE_PROMPTS: u64 = u64::MAX;
