@@ -7,7 +7,7 @@ use pdkv_core::ids::{EngineId, RankId, RequestId};
 use pdkv_engine::decode::{SchedulerOutput, Tokens};
 use pdkv_engine::verdict::ViolationKind;
 
-use super::{Cluster, Failure, Violation, IDLE_STEP, MAX_FAILURES_LISTED};
+use super::{Cluster, Failure, IDLE_STEP};
 use crate::sched::ToRank;
 
 impl Cluster {
@@ -45,7 +45,7 @@ impl Cluster {
                 SchedulerOutput::Group(GroupAction::Ignored(Ignored::LostMember { .. })) => {}
                 SchedulerOutput::Group(GroupAction::Ignored(why)) => {
                     let (engine, dp) = (self.dgroups[g].engine, self.dgroups[g].dp);
-                    self.problem(format!("D{engine}.dp{dp}: the decode group ignored an input: {why}"));
+                    self.tally.problem(format!("D{engine}.dp{dp}: the decode group ignored an input: {why}"));
                 }
                 SchedulerOutput::Joined(_) => self.begin_step(g),
                 SchedulerOutput::Failed { request, errors } => {
@@ -53,12 +53,10 @@ impl Cluster {
                 }
                 SchedulerOutput::DoubleFree { request, blocks } => {
                     let (engine, dp) = (self.dgroups[g].engine, self.dgroups[g].dp);
-                    self.violations.push(Violation {
-                        kind: ViolationKind::DoubleFree,
-                        detail: format!(
-                            "D{engine}.dp{dp}: {request} freed blocks {blocks:?} it did not hold"
-                        ),
-                    });
+                    self.tally.violation(
+                        ViolationKind::DoubleFree,
+                        format!("D{engine}.dp{dp}: {request} freed blocks {blocks:?} it did not hold"),
+                    );
                 }
             }
         }
@@ -107,7 +105,7 @@ impl Cluster {
         for id in &done.first {
             if let Some(req) = self.requests.get_mut(id) {
                 req.first_token = Some(now);
-                self.ttft_ms.push((now - req.started).as_secs_f64() * 1e3);
+                self.tally.record_first_token((now - req.started).as_secs_f64() * 1e3);
             }
         }
         self.sched_outputs(g, out);
@@ -139,28 +137,24 @@ impl Cluster {
         let _ = self.proxy.handle_finished(id);
         match errors {
             None => {
-                self.finished += 1;
                 let m = &self.d.model;
                 let block_bytes = u64::from(m.block_size_tokens) * u64::from(m.bytes_per_token_per_layer);
-                self.prompt_kv_bytes += req.prefill_blocks.len() as u64 * block_bytes * u64::from(m.layers);
-                self.e2e_ms.push(req.started.elapsed().as_secs_f64() * 1e3);
-                self.tokens_in += u64::from(req.input);
-                self.tokens_out += u64::from(req.output);
+                let prompt_kv_bytes = req.prefill_blocks.len() as u64 * block_bytes * u64::from(m.layers);
+                let e2e_ms = req.started.elapsed().as_secs_f64() * 1e3;
+                self.tally.record_finished(req.input, req.output, prompt_kv_bytes, e2e_ms);
             }
             Some(errors) => {
-                self.failed += 1;
-                if req.exposed || self.touched_by_message_fault(&req) {
-                    self.failed_excused += 1;
+                let excused = req.exposed || self.touched_by_message_fault(&req);
+                if excused {
                     self.exposed.insert(req.transfer_id.clone());
                 }
-                if self.failures.len() < MAX_FAILURES_LISTED {
-                    self.failures.push(Failure {
-                        request: id.0,
-                        transfer_id: req.transfer_id.0.clone(),
-                        prefill: format!("P{}.dp{}", req.prefill.0, req.prefill.1),
-                        errors,
-                    });
-                }
+                let failure = Failure {
+                    request: id.0,
+                    transfer_id: req.transfer_id.0.clone(),
+                    prefill: format!("P{}.dp{}", req.prefill.0, req.prefill.1),
+                    errors,
+                };
+                self.tally.record_failed(failure, excused);
             }
         }
         self.owed += 1;

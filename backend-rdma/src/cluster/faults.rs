@@ -25,7 +25,7 @@ impl Cluster {
         let faults = self.config.faults.clone();
         for fault in faults {
             let Fault::KillPrefill { rank, after, restart_after_ms } = fault else { continue };
-            if self.prefilled != after {
+            if self.tally.prefilled != after {
                 continue;
             }
             let Some(proc) = self.ranks.get_mut(&rank) else { continue };
@@ -41,7 +41,7 @@ impl Cluster {
             self.expose_group(rank);
             self.hold_queued(rank);
             let at = self.started_at.elapsed().as_millis();
-            self.faults_log.push(format!("killed {rank} at {at} ms, after {after} prefills"));
+            self.tally.faults_log.push(format!("killed {rank} at {at} ms, after {after} prefills"));
             if self.is_foreign(rank.engine) {
                 self.foreign_killed(rank);
             }
@@ -77,7 +77,7 @@ impl Cluster {
     pub(super) fn restart(&mut self, rank: RankId) {
         let life = self.ranks.get(&rank).map_or(0, |p| p.life + 1);
         if let Err(e) = self.spawn(rank, life) {
-            self.problem(format!("restart of {rank}: {e}"));
+            self.tally.problem(format!("restart of {rank}: {e}"));
         }
     }
 
@@ -165,7 +165,7 @@ impl Cluster {
         }
         if released > 0 {
             let at = self.started_at.elapsed().as_millis();
-            self.faults_log.push(format!(
+            self.tally.faults_log.push(format!(
                 "released {released} decode dispatches held for {rank} at {at} ms, after its restart"
             ));
         }

@@ -61,7 +61,7 @@ use serde::{Deserialize, Serialize};
 use super::config::Foreign;
 use super::errors::{DriverSetupError, SpawnError, Spawned, StartError};
 use super::foreign_reads::{self, Life, Plan};
-use super::{Cluster, Ev, Violation};
+use super::{Cluster, Ev};
 use pdkv_engine::verdict::ViolationKind;
 
 /// Longest line the driver may send: a `bye` with a few hundred counters fits many times.
@@ -660,7 +660,7 @@ impl Cluster {
                 self.foreign_restarting.insert(rank);
                 self.tell_driver(&ToDriver::Restart { rank: view });
             }
-            Err(e) => self.problem(format!("restart of the foreign {rank}: {e}")),
+            Err(e) => self.tally.problem(format!("restart of the foreign {rank}: {e}")),
         }
     }
 
@@ -700,10 +700,10 @@ impl Cluster {
         let Some(proc) = self.ranks.get(&rank) else { return };
         let engine_desc = match wire::decode(&reply[0]) {
             Ok(ControlMessage::HandshakeMetadata(m)) => m.agent_metadata,
-            _ => return self.problem(format!("{rank}'s handshake metadata does not decode")),
+            _ => return self.tally.problem(format!("{rank}'s handshake metadata does not decode")),
         };
         let Ok(layers) = wire::decode_layer_memory_descs(&reply[1]) else {
-            return self.problem(format!("{rank}'s layer descriptors do not decode"));
+            return self.tally.problem(format!("{rank}'s layer descriptors do not decode"));
         };
         let memory_descs = layers.into_iter().flat_map(|l| l.descs).collect();
         self.lives.insert((rank, proc.life), Life { incarnation, engine_desc, memory_descs });
@@ -764,7 +764,7 @@ impl Cluster {
                 if !self.driver.as_ref().is_some_and(|d| d.ready) {
                     return Some(StartError::DriverGarbled(detail));
                 }
-                self.violations.push(Violation { kind: ViolationKind::ProtocolError, detail });
+                self.tally.violation(ViolationKind::ProtocolError, detail);
                 return None;
             }
             DriverEvent::Closed => {
@@ -787,7 +787,7 @@ impl Cluster {
                 }
             }
             FromDriver::Error { detail } => return Some(StartError::DriverFailed(detail)),
-            FromDriver::Problem { detail } => self.problem(format!("foreign driver: {detail}")),
+            FromDriver::Problem { detail } => self.tally.problem(format!("foreign driver: {detail}")),
             FromDriver::Bye { stats } => {
                 self.foreign_report.stats = stats;
                 if let Some(driver) = self.driver.as_mut() {
@@ -798,12 +798,10 @@ impl Cluster {
                 let Some(id) =
                     request.parse().ok().map(RequestId).filter(|id| self.foreign_pending.remove(id))
                 else {
-                    self.violations.push(Violation {
-                        kind: ViolationKind::ProtocolError,
-                        detail: format!(
-                            "the foreign driver reported request {request:?}, which it was not given"
-                        ),
-                    });
+                    self.tally.violation(
+                        ViolationKind::ProtocolError,
+                        format!("the foreign driver reported request {request:?}, which it was not given"),
+                    );
                     return None;
                 };
                 if ok {
@@ -811,7 +809,7 @@ impl Cluster {
                     if let Some(req) = self.requests.get_mut(&id) {
                         let now = std::time::Instant::now();
                         req.first_token = Some(now);
-                        self.ttft_ms.push((now - req.started).as_secs_f64() * 1e3);
+                        self.tally.record_first_token((now - req.started).as_secs_f64() * 1e3);
                     }
                     self.end(id, None);
                 } else {
@@ -822,12 +820,10 @@ impl Cluster {
             FromDriver::Restarted { engine, dp, tp } => {
                 let rank = RankId::new(EngineId::prefill(engine), dp, tp);
                 if !self.foreign_restarting.remove(&rank) {
-                    self.violations.push(Violation {
-                        kind: ViolationKind::ProtocolError,
-                        detail: format!(
-                            "the foreign driver restarted {rank}, which it was not asked to restart"
-                        ),
-                    });
+                    self.tally.violation(
+                        ViolationKind::ProtocolError,
+                        format!("the foreign driver restarted {rank}, which it was not asked to restart"),
+                    );
                     return None;
                 }
                 self.rank_up(rank);
@@ -835,7 +831,7 @@ impl Cluster {
             FromDriver::ReadPlan(line) => {
                 if let Err(refused) = self.read_planned(line) {
                     let detail = format!("the foreign driver's read_plan: {refused}");
-                    self.violations.push(Violation { kind: ViolationKind::ProtocolError, detail });
+                    self.tally.violation(ViolationKind::ProtocolError, detail);
                 }
             }
             FromDriver::Finished { transfer_id, engine, dp, tp } => {
@@ -846,13 +842,13 @@ impl Cluster {
                     && self.foreign_finished.insert((rank, transfer_id.clone()));
                 if !held {
                     self.foreign_report.unexpected_finishes += 1;
-                    self.violations.push(Violation {
-                        kind: ViolationKind::ProtocolError,
-                        detail: format!(
+                    self.tally.violation(
+                        ViolationKind::ProtocolError,
+                        format!(
                             "the foreign {rank} reported {transfer_id} finished, which it does not hold \
                              or reported before"
                         ),
-                    });
+                    );
                     return None;
                 }
                 self.foreign_report.finished += 1;

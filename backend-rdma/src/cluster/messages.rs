@@ -180,7 +180,7 @@ impl Cluster {
     /// The fault log's first lines: what each message fault does.
     pub(super) fn log_message_faults(&mut self) {
         for fault in &self.messages.faults {
-            self.faults_log.push(fault.describe());
+            self.tally.faults_log.push(fault.describe());
         }
     }
 
@@ -235,7 +235,7 @@ impl Cluster {
         let about = hit.transfer_id.as_ref().map(|t| format!(" of {t}")).unwrap_or_default();
         let faults: Vec<String> =
             hit.fate.faults.iter().map(|&i| self.messages.faults[usize::from(i)].to_string()).collect();
-        self.faults_log.push(format!(
+        self.tally.faults_log.push(format!(
             "{at} ms: {} {}{about} from {from} to {to} ({})",
             hit.fate.words(),
             hit.kind.words(),
@@ -312,7 +312,7 @@ impl Cluster {
     /// The fault log, with a summary of the message faults when any were asked for.
     pub(super) fn fault_lines(&self) -> Vec<String> {
         let m = &self.messages;
-        let mut lines = self.faults_log.clone();
+        let mut lines = self.tally.faults_log.clone();
         if m.faults.is_empty() {
             return lines;
         }

@@ -62,7 +62,7 @@ pub use pdkv_engine::verdict::{Summary, Verdict, ViolationKind};
 use procs::{free_ports, new_control_key, new_token, Acceptor, Admission, RankProc};
 pub use result::{
     ClusterResult, Control, Failure, ForeignReport, Latencies, Ledger, Nic, Processes, Progress, Requests,
-    Throughput, Violation,
+    Throughput, Violation, MAX_FAILURES_LISTED,
 };
 
 /// Decode blocks per decode DP group (the KV lands there; only ids are tracked here). Admission
@@ -86,11 +86,6 @@ const STALL_SHARE: u32 = 4;
 /// reader threads too, so the releases and finishes the ranks sent meanwhile still sit in the
 /// sockets; they are read first, and only what is still unreleased afterwards is reaped.
 const STALL_GRACE: Duration = Duration::from_millis(500);
-/// Most failed requests listed in the result: a run whose decode group died can fail a
-/// million requests, and a listing of each would make a result of hundreds of megabytes.
-pub const MAX_FAILURES_LISTED: usize = 1000;
-/// Most problem lines kept for the report.
-const MAX_PROBLEMS: usize = 64;
 
 /// The stream number of the request draws (lengths; and ids, from another seed) in the project's generator: the
 /// simulator's workload stream's number, and apart from stream 0, which the cluster fuzzer draws
@@ -178,35 +173,19 @@ struct Cluster {
     ranks: BTreeMap<RankId, RankProc>,
     requests: BTreeMap<RequestId, Req>,
     clock: Clock,
+    /// What the run counted for its report ([`result`]).
+    tally: result::Tally,
     /// Request lengths, from `--seed`.
     stream: Stream,
     /// Transfer ids, from a seed the operating system drew (unguessable outside the run).
     ids: Stream,
-    sent: u64,
-    finished: u64,
-    failed: u64,
-    prefilled: u32,
-    tokens_in: u64,
-    tokens_out: u64,
-    ttft_ms: Vec<f64>,
-    e2e_ms: Vec<f64>,
-    failures: Vec<Failure>,
-    violations: Vec<Violation>,
-    problems: result::Problems,
-    memory: BTreeSet<String>,
-    faults_log: Vec<String>,
-    ledger: Ledger,
-    reads: BTreeMap<RankId, (u64, u64)>,
     /// Which life of each rank a transfer was registered on: a worker's later events
     /// (group done, retire) go only to the process that holds its registration.
     registered: BTreeMap<(RankId, TransferId), u32>,
-    bytes_verified: u64,
     /// Transfers an injected fault was exposed to: their failures and reaping are excused.
     exposed: BTreeSet<TransferId>,
     /// Prefill ranks a fault killed and that have not restarted yet.
     down_by_fault: BTreeSet<RankId>,
-    failed_excused: u64,
-    prompt_kv_bytes: u64,
     /// Requests to send as soon as the current one is sent ([`Cluster::submit_owed`]).
     owed: u64,
     submitting: bool,
@@ -221,9 +200,8 @@ struct Cluster {
     token: String,
     admission: Arc<Mutex<Admission>>,
     processes: Processes,
-    /// The key every rank gets, and the control messages the prefill ranks refused or capped.
+    /// The key every rank gets.
     control_setup: crate::sched::ControlSetup,
-    control: Control,
     started_at: std::time::Instant,
     /// The rules each engine follows (pdkv's, or the foreign side's).
     peers: PeerBook,
@@ -245,12 +223,6 @@ struct Cluster {
     foreign_restarting: BTreeSet<RankId>,
     /// The run's message faults and what they did ([`messages`]).
     messages: messages::Messages,
-    /// Times the scheduler's own loop did not run for a while (stopped, or starved), and how
-    /// long in all: each gave every rank a fresh heartbeat window.
-    stalls: u64,
-    stalled_for: Duration,
-    /// Requests in flight during those stalls: their failures and reaping are excused.
-    exposed_to_stalls: u64,
     /// Until when the reapers wait after the scheduler's own stall ([`STALL_GRACE`]).
     reapers_wait_until: Option<std::time::Instant>,
     /// Decode dispatches held until a killed prefill rank is back ([`faults`]).
@@ -360,7 +332,13 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
             next_step: None,
         })
         .collect();
+    let auth = match (&control_setup.key, control_setup.require) {
+        (None, _) => "open",
+        (Some(_), true) => "require",
+        (Some(_), false) => "verify",
+    };
     let mut cluster = Cluster {
+        tally: result::Tally::new(auth),
         proxy: Proxy::new(&d, policy.proxy),
         engines,
         pgroups,
@@ -370,27 +348,9 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
         clock: Clock::start(),
         stream: Stream::new(config.seed, REQUEST_STREAM),
         ids: Stream::new(id_seed, REQUEST_STREAM),
-        sent: 0,
-        finished: 0,
-        failed: 0,
-        prefilled: 0,
-        tokens_in: 0,
-        tokens_out: 0,
-        ttft_ms: Vec::new(),
-        e2e_ms: Vec::new(),
-        failures: Vec::new(),
-        violations: Vec::new(),
-        problems: result::Problems::new(MAX_PROBLEMS),
-        memory: BTreeSet::new(),
-        faults_log: Vec::new(),
-        ledger: Ledger::default(),
-        reads: BTreeMap::new(),
         registered: BTreeMap::new(),
-        bytes_verified: 0,
         exposed: BTreeSet::new(),
         down_by_fault: BTreeSet::new(),
-        failed_excused: 0,
-        prompt_kv_bytes: 0,
         owed: 0,
         submitting: false,
         restart_at: None,
@@ -411,21 +371,9 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
         foreign_report,
         foreign_restarting: BTreeSet::new(),
         messages: messages::Messages::new(&config),
-        stalls: 0,
-        stalled_for: Duration::ZERO,
-        exposed_to_stalls: 0,
         reapers_wait_until: None,
         holds: faults::Holds::default(),
         forger: None,
-        control: Control {
-            auth: match (&control_setup.key, control_setup.require) {
-                (None, _) => "open",
-                (Some(_), true) => "require",
-                (Some(_), false) => "verify",
-            }
-            .into(),
-            ..Control::default()
-        },
         control_setup,
         addresses,
         d,
@@ -469,7 +417,7 @@ impl Cluster {
             FromRank::Hello { .. } | FromRank::Heartbeat => {}
             FromRank::Ready { data_addr, memory, handshake, incarnation } => {
                 if rank.engine.role == Role::Prefill {
-                    self.memory.insert(memory);
+                    self.tally.memory.insert(memory);
                 }
                 if let Some(incarnation) = incarnation.filter(|_| rank.engine.role == Role::Prefill) {
                     // The engine registers, answers and retires under the incarnation each of
@@ -503,9 +451,9 @@ impl Cluster {
                 self.engine(e, EngineEvent::WorkerFinished { rank, transfer_id });
             }
             FromRank::Refused { message, verdict, from, .. } => {
-                self.control.refused(rank, message, verdict, from.as_deref());
+                self.tally.control.refused(rank, message, verdict, from.as_deref());
             }
-            FromRank::LeaseCapped { .. } => self.control.leases_capped += 1,
+            FromRank::LeaseCapped { .. } => self.tally.control.leases_capped += 1,
             FromRank::Leased { transfer_id, remaining_ns } => {
                 let e = usize::from(rank.engine.index);
                 self.engine(e, EngineEvent::Leased { transfer_id, until: Instant(now.0 + remaining_ns) });
@@ -521,33 +469,24 @@ impl Cluster {
                 let event = GroupEvent::StepReport { member: rank.tp_rank(), step, report };
                 self.group_event(self.dgroup_of(rank), event);
                 if let Some(error) = error.filter(|_| report == StepReport::Raised) {
-                    self.problem(format!("{rank} raised at step {step}: {error}"));
+                    self.tally.problem(format!("{rank} raised at step {step}: {error}"));
                 }
             }
             FromRank::Received { request } => self.reported(rank, request, None),
             FromRank::RecvFailed { request, error } => self.reported(rank, request, Some(error.to_string())),
             FromRank::ReadVerified { layer, source, bytes, .. } => {
-                let entry = self.reads.entry(source).or_default();
-                // A request's reads count once per decode worker, whatever the granularity.
-                if layer.is_none_or(|l| l == 0) {
-                    entry.0 += 1;
-                }
-                entry.1 += bytes;
-                self.bytes_verified += bytes;
+                self.tally.record_read(source, layer, bytes);
             }
             FromRank::Mismatch(mismatch) => {
-                self.violations.push(Violation {
-                    kind: ViolationKind::ReadMismatch,
-                    detail: format!("{rank}, {}: {mismatch}", mismatch.request),
-                });
+                self.tally.violation(
+                    ViolationKind::ReadMismatch,
+                    format!("{rank}, {}: {mismatch}", mismatch.request),
+                );
             }
             FromRank::ProtocolError { rank: refused_by, error } => {
-                self.violations.push(Violation {
-                    kind: ViolationKind::ProtocolError,
-                    detail: format!("{rank}: {refused_by}: {error}"),
-                });
+                self.tally.violation(ViolationKind::ProtocolError, format!("{rank}: {refused_by}: {error}"));
             }
-            FromRank::Problem(problem) => self.problem(format!("{rank}: {problem}")),
+            FromRank::Problem(problem) => self.tally.problem(format!("{rank}: {problem}")),
             FromRank::MessageFault(hit) => self.on_message_fault(rank, hit),
             FromRank::Bye { .. } => {
                 if let Some(proc) = self.ranks.get_mut(&rank) {
@@ -565,7 +504,7 @@ impl Cluster {
         let life = proc.life;
         if life > 0 {
             self.down_by_fault.remove(&rank);
-            self.faults_log.push(format!("{rank} restarted (life {life})"));
+            self.tally.faults_log.push(format!("{rank} restarted (life {life})"));
             self.release_held(rank);
             self.pump_prefill(rank.engine, rank.dp);
         }
@@ -605,7 +544,7 @@ impl Cluster {
             self.note_turn(&mut last_turn);
             self.check_heartbeats();
             self.check_driver(true);
-            let done = self.finished + self.failed;
+            let done = self.tally.done();
             if done != reported {
                 reported = done;
                 last_done_at = std::time::Instant::now();
@@ -658,7 +597,7 @@ impl Cluster {
             match rx.recv_timeout(wake.saturating_duration_since(now).min(POLL)) {
                 Ok(ev) => {
                     if let Some(error) = self.on_event(ev, tx) {
-                        self.problem(error.to_string());
+                        self.tally.problem(error.to_string());
                     }
                 }
                 Err(RecvTimeoutError::Timeout) => {}

@@ -15,7 +15,7 @@ use pdkv_engine::timeouts::NS_PER_MS;
 use pdkv_engine::verdict::ViolationKind;
 
 use super::foreign::ToDriver;
-use super::{Cluster, PGroup, Req, Violation};
+use super::{Cluster, PGroup, Req};
 use crate::sched::ToRank;
 use pdkv_core::decode::RecvRequest;
 
@@ -47,10 +47,10 @@ impl Cluster {
     // -------------------------------------------------------------------------- requests
 
     pub(super) fn submit(&mut self) {
-        if self.sent >= u64::from(self.config.requests) {
+        if self.tally.sent >= u64::from(self.config.requests) {
             return;
         }
-        self.sent += 1;
+        self.tally.sent += 1;
         // The seed's two draws for the id are still taken, so a seed keeps the workload it had,
         // but the id comes from a stream seeded by the operating system: a transfer id derived
         // from a seed anyone can guess is a handle anyone can forge a release for.
@@ -62,10 +62,7 @@ impl Cluster {
         let (id, action) = match self.proxy.handle_request(bits) {
             Ok(x) => x,
             Err(e) => {
-                self.violations.push(Violation {
-                    kind: ViolationKind::ProtocolError,
-                    detail: format!("proxy refused: {e}"),
-                });
+                self.tally.violation(ViolationKind::ProtocolError, format!("proxy refused: {e}"));
                 return;
             }
         };
@@ -191,7 +188,7 @@ impl Cluster {
 
     /// Every live rank of the owner group holds the request's KV: register, answer the proxy.
     pub(super) fn prefill_done(&mut self, id: RequestId) {
-        self.prefilled += 1;
+        self.tally.prefilled += 1;
         self.maybe_kill();
         let req = &self.requests[&id];
         let (e, dp) = req.prefill;
@@ -224,7 +221,7 @@ impl Cluster {
         let mut out = Vec::new();
         let now = self.clock.now();
         if let Err(error) = self.engines[e].handle(now, event, &mut out) {
-            self.problem(format!("P{e} refused {id}: {error}"));
+            self.tally.problem(format!("P{e} refused {id}: {error}"));
             let blocks = self.requests[&id].prefill_blocks.clone();
             let transfer_id = self.requests[&id].transfer_id.clone();
             self.free_prefill_blocks(e, dp, &transfer_id, &blocks);
@@ -274,7 +271,7 @@ impl Cluster {
                     Ok(_) => format!("proxy answered the prefill response of {id} with no decode dispatch"),
                     Err(e) => format!("proxy refused the prefill response of {id}: {e}"),
                 };
-                self.violations.push(Violation { kind: ViolationKind::ProtocolError, detail });
+                self.tally.violation(ViolationKind::ProtocolError, detail);
             }
         }
     }
@@ -282,8 +279,7 @@ impl Cluster {
     pub(super) fn engine(&mut self, e: usize, event: EngineEvent) {
         let mut out = Vec::new();
         if let Err(error) = self.engines[e].handle(self.clock.now(), event, &mut out) {
-            self.violations
-                .push(Violation { kind: ViolationKind::ProtocolError, detail: format!("P{e}: {error}") });
+            self.tally.violation(ViolationKind::ProtocolError, format!("P{e}: {error}"));
         }
         self.engine_actions(e, out);
     }
@@ -342,7 +338,7 @@ impl Cluster {
                 }
                 EngineAction::FinishedSending { .. } => {}
                 EngineAction::Fence { transfer_id, owner_dp, blocks } => {
-                    self.ledger.fenced += 1;
+                    self.tally.ledger.fenced += 1;
                     let engine = EngineId::prefill(e as u16);
                     for tp in 0..self.d.prefill[e].tp {
                         let msg = ToRank::Fence { transfer_id: transfer_id.clone(), blocks: blocks.clone() };
@@ -351,12 +347,12 @@ impl Cluster {
                 }
                 EngineAction::FreeBlocks { transfer_id, owner_dp, blocks, reaped } => {
                     if reaped {
-                        self.ledger.reaped += 1;
+                        self.tally.ledger.reaped += 1;
                         if self.exposed.contains(&transfer_id) {
-                            self.ledger.reaped_excused += 1;
+                            self.tally.ledger.reaped_excused += 1;
                         }
                     } else {
-                        self.ledger.freed += 1;
+                        self.tally.ledger.freed += 1;
                     }
                     self.free_prefill_blocks(e, owner_dp, &transfer_id, &blocks);
                     self.pump_prefill(EngineId::prefill(e as u16), owner_dp);
@@ -364,7 +360,7 @@ impl Cluster {
                 EngineAction::ReapWarning { transfer_id, held_ns, unfinished_tp } => {
                     let ms = held_ns / NS_PER_MS;
                     let unreleased: Vec<String> = unfinished_tp.iter().map(u16::to_string).collect();
-                    self.problem(format!(
+                    self.tally.problem(format!(
                         "P{e} reaped {transfer_id} after {ms} ms; unreleased TP ranks {}",
                         unreleased.join(", ")
                     ));
@@ -393,9 +389,9 @@ impl Cluster {
         let Err(bad) = group.sched.handle_free(owner, blocks) else { return };
         // The pool names them last first, as it frees; the violations keep the request's order.
         for &b in bad.blocks.iter().rev() {
-            self.ledger.double_frees += 1;
+            self.tally.ledger.double_frees += 1;
             let detail = format!("P{e}.dp{dp}: block {b} freed for {transfer_id}, which did not hold it");
-            self.violations.push(Violation { kind: ViolationKind::DoubleFree, detail });
+            self.tally.violation(ViolationKind::DoubleFree, detail);
         }
     }
 

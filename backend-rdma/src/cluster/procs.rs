@@ -406,23 +406,11 @@ impl Cluster {
         }
     }
 
-    /// Notes a problem line of the ranks' or the driver's (a note); repeats of a line are
-    /// counted, not listed again.
-    pub(super) fn problem(&mut self, line: String) {
-        self.problems.note(Severity::Note, line);
-    }
-
-    /// Notes a problem line that matters more than a note ([`Severity`]): a full list makes
-    /// room for it.
-    pub(super) fn problem_of(&mut self, severity: Severity, line: String) {
-        self.problems.note(severity, line);
-    }
-
     /// The acceptor refused a connector ([`Admission`]): counted and reported.
     pub(super) fn refused(&mut self, rank: RankId, pid: u32, reason: &AdmitError) {
         self.processes.refused += 1;
         let line = format!("refused a connector that claimed to be {rank} (process {pid}): {reason}");
-        self.problem_of(Severity::Lost, line);
+        self.tally.problem_of(Severity::Lost, line);
     }
 
     /// Handles one event; returns a start-up error when a rank cannot start.
@@ -470,7 +458,7 @@ impl Cluster {
                 proc.alive = false;
                 proc.writer = None;
                 if !expected {
-                    self.problem_of(Severity::Lost, format!("{rank} disconnected unexpectedly"));
+                    self.tally.problem_of(Severity::Lost, format!("{rank} disconnected unexpectedly"));
                 }
                 // Lost even when it never became ready (a restart that failed), so that its
                 // group's queue fails instead of waiting for it.
@@ -601,9 +589,7 @@ impl Cluster {
             req.exposed = true;
             self.exposed.insert(req.transfer_id.clone());
         }
-        self.exposed_to_stalls += self.requests.len() as u64;
-        self.stalls += 1;
-        self.stalled_for += gap;
+        self.tally.record_stall(gap, self.requests.len() as u64);
     }
 
     /// Ranks that said nothing, not even a heartbeat, for the heartbeat timeout while the
@@ -625,7 +611,7 @@ impl Cluster {
             proc.alive = false;
             proc.writer = None;
             let secs = timeout.as_secs_f64();
-            self.problem_of(
+            self.tally.problem_of(
                 Severity::Lost,
                 format!("{rank} stopped answering (nothing for {secs} s, not even a heartbeat); killed it"),
             );
@@ -673,7 +659,7 @@ impl Cluster {
             match rx.recv_timeout(left.min(POLL)) {
                 Ok(ev) => {
                     if let Some(error) = self.on_event(ev, tx) {
-                        self.problem(error.to_string());
+                        self.tally.problem(error.to_string());
                     }
                 }
                 Err(RecvTimeoutError::Timeout) => {}
@@ -733,7 +719,7 @@ impl Cluster {
                 Ok(Ev::Refused { rank, pid, reason }) => self.refused(rank, pid, &reason),
                 Ok(Ev::Driver(event)) => {
                     if let Some(error) = self.on_driver(event) {
-                        self.problem_of(Severity::Fatal, error.to_string());
+                        self.tally.problem_of(Severity::Fatal, error.to_string());
                     }
                 }
                 Ok(_) => {}
@@ -775,7 +761,7 @@ impl Cluster {
         }
         if let Some(mut driver) = self.driver.take() {
             for problem in driver.finish(driver_exit) {
-                self.problem_of(Severity::Fatal, problem);
+                self.tally.problem_of(Severity::Fatal, problem);
             }
             self.foreign_report.killed = driver.killed.clone();
         }
