@@ -34,11 +34,11 @@ impl Cluster {
                             unreachable!("a decode scheduler tells its members only of steps: {other:?}")
                         }
                     };
-                    self.send(rank, &message);
+                    self.procs.send(rank, &message);
                 }
                 SchedulerOutput::Group(GroupAction::VoteResult { member, step, ok }) => {
                     let rank = self.decode_rank(g, member.0);
-                    self.send(rank, &ToRank::VoteResult { step, ok });
+                    self.procs.send(rank, &ToRank::VoteResult { step, ok });
                 }
                 SchedulerOutput::Group(GroupAction::Forward { .. }) => self.forward(g),
                 // A lost rank's last messages may still be on their way when it is lost.

@@ -28,7 +28,7 @@ impl Cluster {
             if self.tally.prefilled != after {
                 continue;
             }
-            let Some(proc) = self.ranks.get_mut(&rank) else { continue };
+            let Some(proc) = self.procs.ranks.get_mut(&rank) else { continue };
             if let Some(child) = proc.child.as_mut() {
                 let _ = child.kill();
                 let _ = child.wait();
@@ -36,7 +36,7 @@ impl Cluster {
             proc.killed_by_fault = true;
             proc.alive = false;
             proc.writer = None;
-            self.processes.killed_by_fault += 1;
+            self.procs.processes.killed_by_fault += 1;
             self.down_by_fault.insert(rank);
             self.expose_group(rank);
             self.hold_queued(rank);
@@ -75,8 +75,8 @@ impl Cluster {
     }
 
     pub(super) fn restart(&mut self, rank: RankId) {
-        let life = self.ranks.get(&rank).map_or(0, |p| p.life + 1);
-        if let Err(e) = self.spawn(rank, life) {
+        let life = self.procs.ranks.get(&rank).map_or(0, |p| p.life + 1);
+        if let Err(e) = self.procs.spawn(&self.config, rank, life) {
             self.tally.problem(format!("restart of {rank}: {e}"));
         }
     }

@@ -697,7 +697,7 @@ impl Cluster {
         incarnation: Option<pdkv_core::ids::Incarnation>,
         reply: &[Vec<u8>; 2],
     ) {
-        let Some(proc) = self.ranks.get(&rank) else { return };
+        let Some(proc) = self.procs.ranks.get(&rank) else { return };
         let engine_desc = match wire::decode(&reply[0]) {
             Ok(ControlMessage::HandshakeMetadata(m)) => m.agent_metadata,
             _ => return self.tally.problem(format!("{rank}'s handshake metadata does not decode")),
@@ -749,7 +749,7 @@ impl Cluster {
         let holder = (source.0 == req.prefill.1).then(|| req.holders.get(&source.1).copied()).flatten();
         let held = req.prefill_blocks.clone();
         let plan = Plan { source: source_rank, block_ids, engine_desc, memory_descs };
-        let live = self.ranks.get(&source_rank).filter(|p| p.alive).map(|p| p.life);
+        let live = self.procs.ranks.get(&source_rank).filter(|p| p.alive).map(|p| p.life);
         let verdict = foreign_reads::judge(&plan, &held, holder, &self.lives, live);
         self.foreign_report.reads.count(reader, source_rank, &transfer_id, &verdict);
         Ok(())

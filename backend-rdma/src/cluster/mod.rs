@@ -18,7 +18,7 @@
 //! simulator's vocabulary).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{SocketAddr, TcpListener};
+use std::net::TcpListener;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -59,7 +59,7 @@ pub use foreign::DriverExit;
 pub use foreign_reads::ForeignReads;
 use pdkv_engine::decode::{DecodeScheduler, SchedulerLimits};
 pub use pdkv_engine::verdict::{Summary, Verdict, ViolationKind};
-use procs::{free_ports, new_control_key, new_token, Acceptor, Admission, RankProc};
+use procs::{free_ports, new_control_key, new_token, Acceptor, Admission};
 pub use result::{
     ClusterResult, Control, Failure, ForeignReport, Latencies, Ledger, Nic, Processes, Progress, Requests,
     Throughput, Violation, MAX_FAILURES_LISTED,
@@ -170,9 +170,10 @@ struct Cluster {
     engines: Vec<PrefillEngine>,
     pgroups: Vec<PGroup>,
     dgroups: Vec<DGroup>,
-    ranks: BTreeMap<RankId, RankProc>,
     requests: BTreeMap<RequestId, Req>,
     clock: Clock,
+    /// The rank processes and their membership ([`procs`]).
+    procs: procs::Procs,
     /// What the run counted for its report ([`result`]).
     tally: result::Tally,
     /// Request lengths, from `--seed`.
@@ -193,15 +194,6 @@ struct Cluster {
     hung: Option<String>,
     /// The run's budget (`--timeout-ms`) ended while requests were still finishing.
     budget_ended: Option<String>,
-    /// The signal that stopped the run, if one did.
-    interrupted: Option<i32>,
-    scheduler_addr: SocketAddr,
-    /// The run's membership token and who may join ([`Admission`]).
-    token: String,
-    admission: Arc<Mutex<Admission>>,
-    processes: Processes,
-    /// The key every rank gets.
-    control_setup: crate::sched::ControlSetup,
     started_at: std::time::Instant,
     /// The rules each engine follows (pdkv's, or the foreign side's).
     peers: PeerBook,
@@ -339,11 +331,11 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
     };
     let mut cluster = Cluster {
         tally: result::Tally::new(auth),
+        procs: procs::Procs::new(acceptor.addr, token, admission, control_setup),
         proxy: Proxy::new(&d, policy.proxy),
         engines,
         pgroups,
         dgroups,
-        ranks: BTreeMap::new(),
         requests: BTreeMap::new(),
         clock: Clock::start(),
         stream: Stream::new(config.seed, REQUEST_STREAM),
@@ -356,11 +348,6 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
         restart_at: None,
         hung: None,
         budget_ended: None,
-        interrupted: None,
-        scheduler_addr: acceptor.addr,
-        token,
-        admission,
-        processes: Processes::default(),
         started_at: std::time::Instant::now(),
         peers,
         driver: None,
@@ -374,7 +361,6 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
         reapers_wait_until: None,
         holds: faults::Holds::default(),
         forger: None,
-        control_setup,
         addresses,
         d,
         config,
@@ -430,7 +416,7 @@ impl Cluster {
                         self.foreign_replies.insert(rank, reply);
                     }
                 }
-                let proc = self.ranks.get_mut(&rank).expect("known rank");
+                let proc = self.procs.ranks.get_mut(&rank).expect("known rank");
                 proc.data_addr = data_addr;
                 proc.incarnation = incarnation;
                 if proc.life > 0 && self.is_foreign(rank.engine) {
@@ -489,7 +475,7 @@ impl Cluster {
             FromRank::Problem(problem) => self.tally.problem(format!("{rank}: {problem}")),
             FromRank::MessageFault(hit) => self.on_message_fault(rank, hit),
             FromRank::Bye { .. } => {
-                if let Some(proc) = self.ranks.get_mut(&rank) {
+                if let Some(proc) = self.procs.ranks.get_mut(&rank) {
                     proc.said_bye = true;
                 }
             }
@@ -499,7 +485,7 @@ impl Cluster {
 
     /// A rank is ready; a restarted one is back, and its group's prefills go on.
     fn rank_up(&mut self, rank: RankId) {
-        let Some(proc) = self.ranks.get_mut(&rank) else { return };
+        let Some(proc) = self.procs.ranks.get_mut(&rank) else { return };
         proc.ready = true;
         let life = proc.life;
         if life > 0 {

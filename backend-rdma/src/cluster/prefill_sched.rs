@@ -134,8 +134,9 @@ impl Cluster {
         // A killed rank that a restart brings back: the group's prefills wait for it, since
         // KV prefilled without it could not be read from it.
         let tp = self.d.layout(engine).tp;
-        let incomplete = (0..tp)
-            .any(|tp| self.ranks.get(&RankId::new(engine, dp, tp)).is_some_and(|p| !(p.alive && p.ready)));
+        let incomplete = (0..tp).any(|tp| {
+            self.procs.ranks.get(&RankId::new(engine, dp, tp)).is_some_and(|p| !(p.alive && p.ready))
+        });
         if incomplete {
             return;
         }
@@ -156,13 +157,13 @@ impl Cluster {
             let layout = self.d.layout(engine);
             let live: BTreeSet<RankId> = (0..layout.tp)
                 .map(|tp| RankId::new(engine, dp, tp))
-                .filter(|r| self.ranks.get(r).is_some_and(|p| p.alive && p.ready))
+                .filter(|&r| self.procs.is_up(r))
                 .collect();
             let req = self.requests.get_mut(&id).expect("queued requests exist");
             req.prefill_blocks = blocks.clone();
             req.acks_needed = live.clone();
             for rank in live {
-                self.send(
+                self.procs.send(
                     rank,
                     &ToRank::Prefill { transfer_id: transfer_id.clone(), blocks: blocks.clone() },
                 );
@@ -176,7 +177,7 @@ impl Cluster {
     /// `rank`'s process computed its part of the request (or died computing it, when a restart
     /// will bring the rank back): the part is that process's incarnation's.
     pub(super) fn prefill_acked(&mut self, id: RequestId, rank: RankId) {
-        let incarnation = self.ranks.get(&rank).and_then(|p| p.incarnation);
+        let incarnation = self.procs.ranks.get(&rank).and_then(|p| p.incarnation);
         let Some(req) = self.requests.get_mut(&id) else { return };
         if let Some(incarnation) = incarnation {
             req.holders.insert(rank.tp, incarnation);
@@ -246,7 +247,7 @@ impl Cluster {
             layout,
             extensions: PrefillAnswer::advertised(
                 self.peers.rules(engine).extensions(),
-                self.control_setup.key.is_some(),
+                self.procs.control_setup.key.is_some(),
             ),
             holders: holders.as_deref(),
         });
@@ -288,7 +289,7 @@ impl Cluster {
         for action in actions {
             match action {
                 EngineAction::Register { rank, transfer_id, quorum, incarnation } => {
-                    if let Some(proc) = self.ranks.get(&rank).filter(|p| p.alive) {
+                    if let Some(proc) = self.procs.ranks.get(&rank).filter(|p| p.alive) {
                         self.registered.insert((rank, transfer_id.clone()), proc.life);
                     }
                     if self.is_foreign(rank.engine) {
@@ -296,7 +297,7 @@ impl Cluster {
                         // pdkv's model of them and stays with the engine node. A rank that is
                         // down (killed, or restarting) never hears of the transfer: its part
                         // is the reaper's.
-                        if !self.ranks.get(&rank).is_some_and(|p| p.alive && p.ready) {
+                        if !self.procs.is_up(rank) {
                             continue;
                         }
                         let request =
@@ -310,20 +311,21 @@ impl Cluster {
                         };
                         self.tell_driver(&msg);
                     } else {
-                        self.send(rank, &ToRank::Register { transfer_id, quorum, incarnation });
+                        self.procs.send(rank, &ToRank::Register { transfer_id, quorum, incarnation });
                     }
                 }
                 EngineAction::GroupDone { rank, transfer_id } => {
                     // A foreign rank has no such notice: its own accounting finished it.
                     if self.holds_registration(rank, &transfer_id) && !self.is_foreign(rank.engine) {
-                        self.send(rank, &ToRank::GroupDone { transfer_id });
+                        self.procs.send(rank, &ToRank::GroupDone { transfer_id });
                     }
                 }
                 EngineAction::Retire { rank, transfer_id, incarnation } => {
                     if self.holds_registration(rank, &transfer_id) {
                         // A foreign rank's data-plane server fences the blocks; its driver
                         // forgets the transfer.
-                        self.send(rank, &ToRank::Retire { transfer_id: transfer_id.clone(), incarnation });
+                        self.procs
+                            .send(rank, &ToRank::Retire { transfer_id: transfer_id.clone(), incarnation });
                         if self.is_foreign(rank.engine) {
                             let msg = ToDriver::Retire {
                                 transfer_id: transfer_id.0.clone(),
@@ -342,7 +344,7 @@ impl Cluster {
                     let engine = EngineId::prefill(e as u16);
                     for tp in 0..self.d.prefill[e].tp {
                         let msg = ToRank::Fence { transfer_id: transfer_id.clone(), blocks: blocks.clone() };
-                        self.send(RankId::new(engine, owner_dp, tp), &msg);
+                        self.procs.send(RankId::new(engine, owner_dp, tp), &msg);
                     }
                 }
                 EngineAction::FreeBlocks { transfer_id, owner_dp, blocks, reaped } => {
@@ -373,7 +375,7 @@ impl Cluster {
     /// rank never heard of transfers registered before it started).
     pub(super) fn holds_registration(&self, rank: RankId, transfer_id: &TransferId) -> bool {
         let registered = self.registered.get(&(rank, transfer_id.clone()));
-        self.ranks.get(&rank).is_some_and(|p| p.alive && registered == Some(&p.life))
+        self.procs.ranks.get(&rank).is_some_and(|p| p.alive && registered == Some(&p.life))
     }
 
     pub(super) fn free_prefill_blocks(

@@ -20,10 +20,10 @@ use pdkv_core::prefill::EngineEvent;
 use super::errors::{SpawnError, Spawned, StartError};
 use super::foreign::{Driver, ToDriver};
 use super::result::Severity;
-use super::{Cluster, Ev, EXIT_TIMEOUT, POLL, START_TIMEOUT};
+use super::{Cluster, ClusterConfig, Ev, Processes, EXIT_TIMEOUT, POLL, START_TIMEOUT};
 use crate::sched::{
-    read_frame, read_frame_within, write_frame, AdmitError, FromRank, Setup, ToRank, MAX_HELLO_BYTES,
-    TOKEN_ENV,
+    read_frame, read_frame_within, write_frame, AdmitError, ControlSetup, FromRank, Setup, ToRank,
+    MAX_HELLO_BYTES, TOKEN_ENV,
 };
 
 /// How long a driver may leave its input unread at shutdown before it counts as not reading.
@@ -214,8 +214,46 @@ pub(super) fn probe_window(ephemeral: Option<(u16, u16)>, count: u16) -> (u16, u
     }
 }
 
-impl Cluster {
-    pub(super) fn spawn(&mut self, rank: RankId, life: u32) -> Result<(), SpawnError> {
+/// The rank processes and their membership: each rank's process, who may join and with what
+/// token, the key every rank gets, how processes ended, and the signal that stopped the run.
+pub(super) struct Procs {
+    pub(super) ranks: BTreeMap<RankId, RankProc>,
+    pub(super) scheduler_addr: SocketAddr,
+    /// The run's membership token and who may join ([`Admission`]).
+    pub(super) token: String,
+    pub(super) admission: Arc<Mutex<Admission>>,
+    pub(super) processes: Processes,
+    /// The key every rank gets, and whether the prefill ranks require it.
+    pub(super) control_setup: ControlSetup,
+    /// The signal that stopped the run, if one did.
+    pub(super) interrupted: Option<i32>,
+}
+
+impl Procs {
+    pub(super) fn new(
+        scheduler_addr: SocketAddr,
+        token: String,
+        admission: Arc<Mutex<Admission>>,
+        control_setup: ControlSetup,
+    ) -> Procs {
+        Procs {
+            ranks: BTreeMap::new(),
+            scheduler_addr,
+            token,
+            admission,
+            processes: Processes::default(),
+            control_setup,
+            interrupted: None,
+        }
+    }
+
+    /// Starts `rank`'s process for its life `life`, expected at admission.
+    pub(super) fn spawn(
+        &mut self,
+        config: &ClusterConfig,
+        rank: RankId,
+        life: u32,
+    ) -> Result<(), SpawnError> {
         let role = match rank.engine.role {
             Role::Prefill => "prefill",
             Role::Decode => "decode",
@@ -224,9 +262,9 @@ impl Cluster {
         // runs again, and must find the process expected.
         let admission = self.admission.clone();
         let mut admission = admission.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut command = Command::new(&self.config.exe);
+        let mut command = Command::new(&config.exe);
         command
-            .args(["connector", "--deployment", &self.config.deployment, "--role", role])
+            .args(["connector", "--deployment", &config.deployment, "--role", role])
             .args(["--engine", &rank.engine.index.to_string(), "--dp", &rank.dp.to_string()])
             .args(["--tp", &rank.tp.to_string(), "--scheduler", &self.scheduler_addr.to_string()])
             .env(TOKEN_ENV, &self.token)
@@ -240,7 +278,7 @@ impl Cluster {
         crate::signals::die_with_parent(&mut command);
         let child = command.spawn().map_err(|error| SpawnError {
             what: Spawned::Connector,
-            program: self.config.exe.clone(),
+            program: config.exe.clone(),
             error,
         })?;
         self.processes.started += 1;
@@ -262,6 +300,35 @@ impl Cluster {
         Ok(())
     }
 
+    /// A rank whose process this run started has exited before it said hello, if any.
+    pub(super) fn exited_before_joining(&mut self) -> Option<RankId> {
+        self.ranks.iter_mut().find_map(|(rank, proc)| {
+            let joined = proc.writer.is_some() || proc.ready;
+            let exited = proc.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))));
+            (!joined && exited).then_some(*rank)
+        })
+    }
+
+    /// Whether `rank`'s process is alive and ready.
+    pub(super) fn is_up(&self, rank: RankId) -> bool {
+        self.ranks.get(&rank).is_some_and(|p| p.alive && p.ready)
+    }
+
+    /// Sends `msg` to `rank`'s live process; a connection that fails is dropped.
+    pub(super) fn send(&mut self, rank: RankId, msg: &ToRank) {
+        let Some(proc) = self.ranks.get_mut(&rank) else { return };
+        if !proc.alive {
+            return;
+        }
+        if let Some(writer) = proc.writer.as_mut() {
+            if write_frame(writer, msg).is_err() {
+                proc.writer = None;
+            }
+        }
+    }
+}
+
+impl Cluster {
     pub(super) fn setup_for(&self, rank: RankId, life: u32) -> Setup {
         Setup {
             model: self.d.model.clone(),
@@ -275,7 +342,7 @@ impl Cluster {
             life,
             peers: self.peers.clone(),
             data_plane_only: self.is_foreign(rank.engine),
-            control: self.control_setup.clone(),
+            control: self.procs.control_setup.clone(),
         }
     }
 
@@ -288,12 +355,12 @@ impl Cluster {
             .flat_map(|r| self.d.ranks(r))
             .collect();
         for &rank in &all {
-            self.spawn(rank, 0).map_err(StartError::Spawn)?;
+            self.procs.spawn(&self.config, rank, 0).map_err(StartError::Spawn)?;
         }
-        let ranks_ready = |c: &Cluster| c.ranks.values().all(|r| r.ready);
+        let ranks_ready = |c: &Cluster| c.procs.ranks.values().all(|r| r.ready);
         self.wait_for(rx, tx, ranks_ready, &|c| StartError::NotReady {
             secs: START_TIMEOUT.as_secs(),
-            missing: c.ranks.iter().filter(|(_, r)| !r.ready).map(|(&k, _)| k).collect(),
+            missing: c.procs.ranks.iter().filter(|(_, r)| !r.ready).map(|(&k, _)| k).collect(),
         })?;
         if self.stop_requested() {
             return Ok(());
@@ -378,37 +445,16 @@ impl Cluster {
             }
             // A process that died before it joined never closes a connection the scheduler
             // would see: its exit says so at once, instead of the start timeout much later.
-            if let Some(rank) = self.exited_before_joining() {
+            if let Some(rank) = self.procs.exited_before_joining() {
                 return Err(StartError::ExitedBeforeReady(rank));
             }
         }
         Ok(())
     }
 
-    /// A rank whose process this run started has exited before it said hello, if any.
-    fn exited_before_joining(&mut self) -> Option<RankId> {
-        self.ranks.iter_mut().find_map(|(rank, proc)| {
-            let joined = proc.writer.is_some() || proc.ready;
-            let exited = proc.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))));
-            (!joined && exited).then_some(*rank)
-        })
-    }
-
-    pub(super) fn send(&mut self, rank: RankId, msg: &ToRank) {
-        let Some(proc) = self.ranks.get_mut(&rank) else { return };
-        if !proc.alive {
-            return;
-        }
-        if let Some(writer) = proc.writer.as_mut() {
-            if write_frame(writer, msg).is_err() {
-                proc.writer = None;
-            }
-        }
-    }
-
     /// The acceptor refused a connector ([`Admission`]): counted and reported.
     pub(super) fn refused(&mut self, rank: RankId, pid: u32, reason: &AdmitError) {
-        self.processes.refused += 1;
+        self.procs.processes.refused += 1;
         let line = format!("refused a connector that claimed to be {rank} (process {pid}): {reason}");
         self.tally.problem_of(Severity::Lost, line);
     }
@@ -417,7 +463,7 @@ impl Cluster {
     pub(super) fn on_event(&mut self, ev: Ev, tx: &Sender<Ev>) -> Option<StartError> {
         match ev {
             Ev::Joined { rank, stream } => {
-                let proc = self.ranks.get_mut(&rank)?;
+                let proc = self.procs.ranks.get_mut(&rank)?;
                 let life = proc.life;
                 let reader = stream.try_clone().ok()?;
                 proc.writer = Some(stream);
@@ -432,7 +478,7 @@ impl Cluster {
                     let _ = tx.send(Ev::Gone { rank, life });
                 });
                 let setup = self.setup_for(rank, life);
-                self.send(rank, &ToRank::Setup(setup));
+                self.procs.send(rank, &ToRank::Setup(setup));
             }
             Ev::Refused { rank, pid, reason } => self.refused(rank, pid, &reason),
             Ev::Driver(event) => return self.on_driver(event),
@@ -442,12 +488,12 @@ impl Cluster {
                 }
             }
             Ev::Msg { rank, life, msg } => {
-                let proc = self.ranks.get_mut(&rank).filter(|p| p.life == life)?;
+                let proc = self.procs.ranks.get_mut(&rank).filter(|p| p.life == life)?;
                 proc.last_heard = std::time::Instant::now();
                 return self.on_message(rank, msg);
             }
             Ev::Gone { rank, life } => {
-                let proc = self.ranks.get_mut(&rank)?;
+                let proc = self.procs.ranks.get_mut(&rank)?;
                 // A rank already counted as lost (killed by a fault, or for its silence) is
                 // not lost twice.
                 if proc.life != life || !proc.alive {
@@ -475,7 +521,7 @@ impl Cluster {
     /// fault killed with `restart_after_ms`).
     pub(super) fn gone_for_good(&self, rank: RankId) -> bool {
         let restarting = self.restart_at.is_some_and(|(_, r)| r == rank);
-        self.ranks.get(&rank).is_some_and(|p| !p.alive) && !restarting
+        self.procs.ranks.get(&rank).is_some_and(|p| !p.alive) && !restarting
     }
 
     /// The first rank of a DP group that is gone for good, if any.
@@ -546,7 +592,7 @@ impl Cluster {
 
     /// Whether [`ClusterConfig::stop`] asks the run to stop; notes the signal once.
     pub(super) fn stop_requested(&mut self) -> bool {
-        if self.interrupted.is_some() {
+        if self.procs.interrupted.is_some() {
             return true;
         }
         let Some(flag) = self.config.stop else { return false };
@@ -554,7 +600,7 @@ impl Cluster {
         if signal == 0 {
             return false;
         }
-        self.interrupted = Some(signal);
+        self.procs.interrupted = Some(signal);
         if std::ptr::eq(flag, &crate::signals::CAUGHT) {
             // A second Ctrl-C during the orderly stop ends the process at once.
             crate::signals::restore();
@@ -575,7 +621,7 @@ impl Cluster {
     /// silence while the scheduler itself was awake.
     pub(super) fn scheduler_stalled(&mut self, gap: Duration) {
         let now = std::time::Instant::now();
-        for proc in self.ranks.values_mut() {
+        for proc in self.procs.ranks.values_mut() {
             proc.last_heard = now;
         }
         if let Some(driver) = self.driver.as_mut() {
@@ -598,13 +644,14 @@ impl Cluster {
     pub(super) fn check_heartbeats(&mut self) {
         let timeout = self.heartbeat_timeout();
         let silent: Vec<RankId> = self
+            .procs
             .ranks
             .iter()
             .filter(|(_, p)| p.alive && p.ready && p.last_heard.elapsed() > timeout)
             .map(|(&r, _)| r)
             .collect();
         for rank in silent {
-            let proc = self.ranks.get_mut(&rank).expect("listed above");
+            let proc = self.procs.ranks.get_mut(&rank).expect("listed above");
             if let Some(child) = proc.child.as_mut() {
                 let _ = child.kill();
             }
@@ -675,9 +722,9 @@ impl Cluster {
     /// stragglers: every process is given the same deadline, so one that outstays it (the
     /// driver, say) costs the others nothing.
     pub(super) fn shutdown(&mut self, rx: &Receiver<Ev>) {
-        let live: Vec<RankId> = self.ranks.iter().filter(|(_, p)| p.alive).map(|(&r, _)| r).collect();
+        let live: Vec<RankId> = self.procs.ranks.iter().filter(|(_, p)| p.alive).map(|(&r, _)| r).collect();
         for &rank in &live {
-            self.send(rank, &ToRank::Shutdown);
+            self.procs.send(rank, &ToRank::Shutdown);
         }
         let deadline = std::time::Instant::now() + EXIT_TIMEOUT;
         // A driver that failed gets no goodbye to give: it is killed below.
@@ -688,15 +735,18 @@ impl Cluster {
         // A signal asks for the run to end now: a driver that has not said bye and exited
         // within SIGNALLED_BYE is killed rather than waited for. (Its input pipe may hold the unread
         // `shutdown` of a driver that stopped reading, which the queue cannot see.)
-        let bye_deadline =
-            if self.interrupted.is_some() { std::time::Instant::now() + SIGNALLED_BYE } else { deadline };
+        let bye_deadline = if self.procs.interrupted.is_some() {
+            std::time::Instant::now() + SIGNALLED_BYE
+        } else {
+            deadline
+        };
         let driver_owes_bye = |c: &Cluster| {
             std::time::Instant::now() < bye_deadline
                 && c.driver
                     .as_ref()
                     .is_some_and(|d| d.ready && !d.said_bye && !d.closed && d.failed.is_none())
         };
-        while self.ranks.values().any(|p| p.alive && p.writer.is_some() && !p.said_bye)
+        while self.procs.ranks.values().any(|p| p.alive && p.writer.is_some() && !p.said_bye)
             || driver_owes_bye(self)
         {
             // A driver that stopped reading will not read its `shutdown` either.
@@ -707,12 +757,12 @@ impl Cluster {
             }
             match rx.recv_timeout(left.min(POLL)) {
                 Ok(Ev::Msg { rank, life, msg: FromRank::Bye { .. } }) => {
-                    if let Some(p) = self.ranks.get_mut(&rank).filter(|p| p.life == life) {
+                    if let Some(p) = self.procs.ranks.get_mut(&rank).filter(|p| p.life == life) {
                         p.said_bye = true;
                     }
                 }
                 Ok(Ev::Gone { rank, life }) => {
-                    if let Some(p) = self.ranks.get_mut(&rank).filter(|p| p.life == life) {
+                    if let Some(p) = self.procs.ranks.get_mut(&rank).filter(|p| p.life == life) {
                         p.alive = false;
                     }
                 }
@@ -735,7 +785,7 @@ impl Cluster {
         let mut statuses: BTreeMap<RankId, std::process::ExitStatus> = BTreeMap::new();
         let mut driver_exit = None;
         loop {
-            for (&rank, proc) in self.ranks.iter_mut() {
+            for (&rank, proc) in self.procs.ranks.iter_mut() {
                 let Some(child) = proc.child.as_mut().filter(|_| !proc.killed_by_fault) else { continue };
                 if statuses.contains_key(&rank) {
                     continue;
@@ -748,6 +798,7 @@ impl Cluster {
                 driver_exit = self.driver.as_mut().and_then(Driver::exited);
             }
             let ranks_done = self
+                .procs
                 .ranks
                 .iter()
                 .all(|(rank, p)| p.child.is_none() || p.killed_by_fault || statuses.contains_key(rank));
@@ -765,18 +816,18 @@ impl Cluster {
             }
             self.foreign_report.killed = driver.killed.clone();
         }
-        for (rank, proc) in self.ranks.iter_mut() {
+        for (rank, proc) in self.procs.ranks.iter_mut() {
             let Some(mut child) = proc.child.take() else { continue };
             if proc.killed_by_fault {
                 continue;
             }
             match statuses.get(rank) {
-                Some(s) if s.success() => self.processes.exited_cleanly += 1,
-                Some(_) => self.processes.failed += 1,
+                Some(s) if s.success() => self.procs.processes.exited_cleanly += 1,
+                Some(_) => self.procs.processes.failed += 1,
                 None => {
                     let _ = child.kill();
                     let _ = child.wait();
-                    self.processes.killed_at_shutdown += 1;
+                    self.procs.processes.killed_at_shutdown += 1;
                 }
             }
         }

@@ -599,7 +599,7 @@ impl Cluster {
         };
         let outcome = outcome(
             !self.tally.violations.is_empty(),
-            self.interrupted.is_some(),
+            self.procs.interrupted.is_some(),
             self.hung.is_some(),
             self.budget_ended.is_some(),
             &requests,
@@ -623,7 +623,7 @@ impl Cluster {
                 self.tally.exposed_to_stalls
             ));
         }
-        if let Some(signal) = self.interrupted {
+        if let Some(signal) = self.procs.interrupted {
             problems
                 .insert(0, format!("interrupted by {}: the result is partial", crate::signals::name(signal)));
         }
@@ -672,7 +672,7 @@ impl Cluster {
             failures: self.tally.failures.clone(),
             violations: self.tally.violations.clone(),
             faults: self.fault_lines(),
-            processes: self.processes.clone(),
+            processes: self.procs.processes.clone(),
             control: self.tally.control.clone(),
             listener_ports: self
                 .addresses
