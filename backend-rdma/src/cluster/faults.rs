@@ -43,7 +43,7 @@ impl Cluster {
             let at = self.started_at.elapsed().as_millis();
             self.tally.faults_log.push(format!("killed {rank} at {at} ms, after {after} prefills"));
             if self.is_foreign(rank.engine) {
-                self.foreign_killed(rank);
+                self.foreign.killed(rank);
             }
             if let Some(ms) = restart_after_ms {
                 self.restart_at = Some((std::time::Instant::now() + Duration::from_millis(ms), rank));
@@ -123,7 +123,7 @@ impl Cluster {
         }
         let Some(recv) = self.hold(g, recv) else { return };
         if self.is_foreign(engine) {
-            self.foreign_recv(recv.request, engine, dp, recv.params);
+            self.foreign.recv(recv.request, engine, dp, recv.params);
         } else {
             self.dispatch(g, recv);
         }

@@ -197,22 +197,8 @@ struct Cluster {
     started_at: std::time::Instant,
     /// The rules each engine follows (pdkv's, or the foreign side's).
     peers: PeerBook,
-    /// The driver playing the foreign side, if any ([`foreign`]).
-    driver: Option<foreign::Driver>,
-    /// Foreign prefill: each data-plane-only rank's handshake reply, for the driver's setup.
-    foreign_replies: BTreeMap<RankId, [Vec<u8>; 2]>,
-    /// The descriptors each prefill process (rank, life) handed out, to tell whose session a
-    /// foreign decode's planned read goes through ([`foreign_reads`]).
-    lives: BTreeMap<(RankId, u32), foreign_reads::Life>,
-    /// Foreign decode: requests handed to the driver and not yet answered.
-    foreign_pending: BTreeSet<RequestId>,
-    /// Foreign prefill: transfers each foreign rank reported finished (a second report is a
-    /// violation).
-    foreign_finished: BTreeSet<(RankId, TransferId)>,
-    foreign_report: ForeignReport,
-    /// Foreign prefill ranks whose data-plane server restarted and whose driver has not yet
-    /// said `restarted`: not ready.
-    foreign_restarting: BTreeSet<RankId>,
+    /// The foreign side, its driver and its report ([`foreign`]).
+    foreign: foreign::ForeignSide,
     /// The run's message faults and what they did ([`messages`]).
     messages: messages::Messages,
     /// Until when the reapers wait after the scheduler's own stall ([`STALL_GRACE`]).
@@ -350,13 +336,7 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
         budget_ended: None,
         started_at: std::time::Instant::now(),
         peers,
-        driver: None,
-        foreign_replies: BTreeMap::new(),
-        lives: BTreeMap::new(),
-        foreign_pending: BTreeSet::new(),
-        foreign_finished: BTreeSet::new(),
-        foreign_report,
-        foreign_restarting: BTreeSet::new(),
+        foreign: foreign::ForeignSide::new(foreign_report),
         messages: messages::Messages::new(&config),
         reapers_wait_until: None,
         holds: faults::Holds::default(),
@@ -413,7 +393,7 @@ impl Cluster {
                 if let Some(reply) = handshake {
                     self.record_life(rank, incarnation, &reply);
                     if self.is_foreign(rank.engine) {
-                        self.foreign_replies.insert(rank, reply);
+                        self.foreign.replies.insert(rank, reply);
                     }
                 }
                 let proc = self.procs.ranks.get_mut(&rank).expect("known rank");
@@ -524,7 +504,7 @@ impl Cluster {
             // The foreign side is gone, or stopped reading: nothing it played can finish, so
             // the run ends here (outcome hang, with the reason set when its output closed or
             // its input stalled).
-            if self.driver.as_ref().is_some_and(|d| (d.closed && !d.said_bye) || d.failed.is_some()) {
+            if self.foreign.driver.as_ref().is_some_and(|d| (d.closed && !d.said_bye) || d.failed.is_some()) {
                 return;
             }
             self.note_turn(&mut last_turn);

@@ -309,7 +309,7 @@ impl Cluster {
                             dp: rank.dp,
                             tp: rank.tp,
                         };
-                        self.tell_driver(&msg);
+                        self.foreign.tell(&msg);
                     } else {
                         self.procs.send(rank, &ToRank::Register { transfer_id, quorum, incarnation });
                     }
@@ -333,7 +333,7 @@ impl Cluster {
                                 dp: rank.dp,
                                 tp: rank.tp,
                             };
-                            self.tell_driver(&msg);
+                            self.foreign.tell(&msg);
                         }
                     }
                     self.registered.remove(&(rank, transfer_id));

@@ -369,8 +369,8 @@ impl Cluster {
             let setup = self.driver_setup().map_err(StartError::DriverSetup)?;
             let mut driver = Driver::start(&foreign, tx.clone()).map_err(StartError::Spawn)?;
             driver.send(&setup);
-            self.driver = Some(driver);
-            let driver_ready = |c: &Cluster| c.driver.as_ref().is_some_and(|d| d.ready);
+            self.foreign.driver = Some(driver);
+            let driver_ready = |c: &Cluster| c.foreign.driver.as_ref().is_some_and(|d| d.ready);
             self.wait_for(rx, tx, driver_ready, &|_| StartError::DriverNotReady {
                 program: foreign.program.clone(),
                 secs: START_TIMEOUT.as_secs(),
@@ -624,7 +624,7 @@ impl Cluster {
         for proc in self.procs.ranks.values_mut() {
             proc.last_heard = now;
         }
-        if let Some(driver) = self.driver.as_mut() {
+        if let Some(driver) = self.foreign.driver.as_mut() {
             driver.fresh_window();
         }
         self.reapers_wait_until = Some(now + super::STALL_GRACE);
@@ -683,7 +683,7 @@ impl Cluster {
         } else {
             SHUTDOWN_READ.min(self.driver_drain_timeout())
         };
-        let Some(driver) = self.driver.as_mut() else { return };
+        let Some(driver) = self.foreign.driver.as_mut() else { return };
         if let Some(why) = driver.check_drained(limit) {
             if running {
                 self.hung.get_or_insert(why);
@@ -728,8 +728,8 @@ impl Cluster {
         }
         let deadline = std::time::Instant::now() + EXIT_TIMEOUT;
         // A driver that failed gets no goodbye to give: it is killed below.
-        if self.driver.as_ref().is_some_and(|d| d.failed.is_none()) {
-            self.tell_driver(&ToDriver::Shutdown);
+        if self.foreign.driver.as_ref().is_some_and(|d| d.failed.is_none()) {
+            self.foreign.tell(&ToDriver::Shutdown);
         }
         // Collect goodbyes (and anything else still in flight) until every live rank left.
         // A signal asks for the run to end now: a driver that has not said bye and exited
@@ -742,7 +742,8 @@ impl Cluster {
         };
         let driver_owes_bye = |c: &Cluster| {
             std::time::Instant::now() < bye_deadline
-                && c.driver
+                && c.foreign
+                    .driver
                     .as_ref()
                     .is_some_and(|d| d.ready && !d.said_bye && !d.closed && d.failed.is_none())
         };
@@ -777,7 +778,7 @@ impl Cluster {
                 Err(RecvTimeoutError::Disconnected) => break,
             }
         }
-        if let Some(driver) = self.driver.as_mut() {
+        if let Some(driver) = self.foreign.driver.as_mut() {
             // Its input ends: a driver reading it sees the end, as after its `shutdown`.
             driver.close_input();
         }
@@ -795,14 +796,14 @@ impl Cluster {
                 }
             }
             if driver_exit.is_none() {
-                driver_exit = self.driver.as_mut().and_then(Driver::exited);
+                driver_exit = self.foreign.driver.as_mut().and_then(Driver::exited);
             }
             let ranks_done = self
                 .procs
                 .ranks
                 .iter()
                 .all(|(rank, p)| p.child.is_none() || p.killed_by_fault || statuses.contains_key(rank));
-            let driver_done = self.driver.as_ref().is_none_or(|d| d.failed.is_some())
+            let driver_done = self.foreign.driver.as_ref().is_none_or(|d| d.failed.is_some())
                 || driver_exit.is_some()
                 || std::time::Instant::now() >= bye_deadline;
             if (ranks_done && driver_done) || std::time::Instant::now() >= deadline {
@@ -810,11 +811,11 @@ impl Cluster {
             }
             thread::sleep(Duration::from_millis(5));
         }
-        if let Some(mut driver) = self.driver.take() {
+        if let Some(mut driver) = self.foreign.driver.take() {
             for problem in driver.finish(driver_exit) {
                 self.tally.problem_of(Severity::Fatal, problem);
             }
-            self.foreign_report.killed = driver.killed.clone();
+            self.foreign.report.killed = driver.killed.clone();
         }
         for (rank, proc) in self.procs.ranks.iter_mut() {
             let Some(mut child) = proc.child.take() else { continue };

@@ -608,7 +608,7 @@ impl Cluster {
         let mut problems = self.tally.problems.lines();
         // Reads the foreign decode side planned through anything but the holder's live session
         // are its own (pdkv's outcome judges pdkv's side); the line says they happened.
-        problems.extend(self.foreign_report.reads.problem());
+        problems.extend(self.foreign.report.reads.problem());
         if self.tally.stalls > 0 {
             let times = if self.tally.stalls == 1 {
                 "once".to_string()
@@ -683,7 +683,7 @@ impl Cluster {
                 })
                 .collect(),
             problems,
-            foreign: self.config.foreign.as_ref().map(|_| self.foreign_report.clone()),
+            foreign: self.config.foreign.as_ref().map(|_| self.foreign.report.clone()),
         }
     }
 }
