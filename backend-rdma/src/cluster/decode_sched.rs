@@ -7,7 +7,7 @@ use pdkv_core::ids::{EngineId, RankId, RequestId};
 use pdkv_engine::decode::{SchedulerOutput, Tokens};
 use pdkv_engine::verdict::ViolationKind;
 
-use super::{Cluster, Failure, IDLE_STEP};
+use super::{Cluster, IDLE_STEP};
 use crate::sched::ToRank;
 
 impl Cluster {
@@ -76,7 +76,7 @@ impl Cluster {
 
     /// A request reached decode group `g`: it waits for a step with room for it.
     pub(super) fn decode_arrival(&mut self, g: usize, recv: RecvRequest) {
-        let Some(req) = self.requests.get(&recv.request) else { return };
+        let Some(req) = self.clients.requests.get(&recv.request) else { return };
         let tokens = Tokens { input: req.input, output: req.output };
         self.dgroups[g].sched.handle_arrival(recv, tokens);
         self.begin_step(g);
@@ -103,7 +103,7 @@ impl Cluster {
         let mut out = Vec::new();
         let done = self.dgroups[g].sched.handle_forward(&mut out);
         for id in &done.first {
-            if let Some(req) = self.requests.get_mut(id) {
+            if let Some(req) = self.clients.requests.get_mut(id) {
                 req.first_token = Some(now);
                 self.tally.record_first_token((now - req.started).as_secs_f64() * 1e3);
             }
@@ -129,35 +129,5 @@ impl Cluster {
         let mut out = Vec::new();
         self.dgroups[g].sched.handle_report(request, rank.tp_rank(), result, &mut out);
         self.sched_outputs(g, out);
-    }
-
-    /// A request ended: finished (`None`) or failed with each worker's error.
-    pub(super) fn end(&mut self, id: RequestId, errors: Option<Vec<String>>) {
-        let Some(req) = self.requests.remove(&id) else { return };
-        let _ = self.proxy.handle_finished(id);
-        match errors {
-            None => {
-                let m = &self.d.model;
-                let block_bytes = u64::from(m.block_size_tokens) * u64::from(m.bytes_per_token_per_layer);
-                let prompt_kv_bytes = req.prefill_blocks.len() as u64 * block_bytes * u64::from(m.layers);
-                let e2e_ms = req.started.elapsed().as_secs_f64() * 1e3;
-                self.tally.record_finished(req.input, req.output, prompt_kv_bytes, e2e_ms);
-            }
-            Some(errors) => {
-                let excused = req.exposed || self.touched_by_message_fault(&req);
-                if excused {
-                    self.exposed.insert(req.transfer_id.clone());
-                }
-                let failure = Failure {
-                    request: id.0,
-                    transfer_id: req.transfer_id.0.clone(),
-                    prefill: format!("P{}.dp{}", req.prefill.0, req.prefill.1),
-                    errors,
-                };
-                self.tally.record_failed(failure, excused);
-            }
-        }
-        self.owed += 1;
-        self.submit_owed();
     }
 }

@@ -59,7 +59,7 @@ impl Cluster {
     /// sent ([`Cluster::submit`]).
     pub(super) fn expose_group(&mut self, rank: RankId) {
         let group = (usize::from(rank.engine.index), rank.dp);
-        for req in self.requests.values_mut().filter(|r| r.prefill == group) {
+        for req in self.clients.requests.values_mut().filter(|r| r.prefill == group) {
             req.exposed = true;
             self.exposed.insert(req.transfer_id.clone());
         }
@@ -96,7 +96,7 @@ impl Cluster {
     /// to the kill (it already is: it was in flight at the kill, or sent while the rank was
     /// down), so its failure and its reaping stay excused however long it waits.
     pub(super) fn hold(&mut self, g: usize, recv: RecvRequest) -> Option<RecvRequest> {
-        let Some(req) = self.requests.get(&recv.request) else { return Some(recv) };
+        let Some(req) = self.clients.requests.get(&recv.request) else { return Some(recv) };
         if self.group_down(req.prefill).is_none() {
             return Some(recv);
         }
@@ -104,7 +104,7 @@ impl Cluster {
             self.holds.while_down += 1;
             return Some(recv);
         }
-        let req = self.requests.get_mut(&recv.request).expect("looked up above");
+        let req = self.clients.requests.get_mut(&recv.request).expect("looked up above");
         req.exposed = true;
         self.exposed.insert(req.transfer_id.clone());
         self.holds.count += 1;
@@ -137,7 +137,7 @@ impl Cluster {
         }
         let group = (usize::from(rank.engine.index), rank.dp);
         for g in 0..self.dgroups.len() {
-            let requests = &self.requests;
+            let requests = &self.clients.requests;
             let mut out = Vec::new();
             let queued = self.dgroups[g].sched.take_waiting(
                 |recv| requests.get(&recv.request).is_some_and(|r| r.prefill == group),
@@ -156,7 +156,7 @@ impl Cluster {
     pub(super) fn release_held(&mut self, rank: RankId) {
         let mut released = 0;
         for (g, recv) in std::mem::take(&mut self.holds.held) {
-            if self.requests.get(&recv.request).and_then(|r| self.group_down(r.prefill)).is_some() {
+            if self.clients.requests.get(&recv.request).and_then(|r| self.group_down(r.prefill)).is_some() {
                 self.holds.held.push((g, recv));
             } else {
                 released += 1;

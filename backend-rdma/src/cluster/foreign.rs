@@ -754,7 +754,7 @@ impl Cluster {
             .ok()
             .map(RequestId)
             .filter(|id| self.foreign.pending.contains(id))
-            .and_then(|id| self.requests.get(&id))
+            .and_then(|id| self.clients.requests.get(&id))
             .ok_or_else(|| PlanRefused::NotHeld(request.clone()))?;
         if req.transfer_id.0 != transfer_id {
             return Err(PlanRefused::OtherTransfer {
@@ -837,7 +837,7 @@ impl Cluster {
                 };
                 if ok {
                     self.foreign.report.received += 1;
-                    if let Some(req) = self.requests.get_mut(&id) {
+                    if let Some(req) = self.clients.requests.get_mut(&id) {
                         let now = std::time::Instant::now();
                         req.first_token = Some(now);
                         self.tally.record_first_token((now - req.started).as_secs_f64() * 1e3);

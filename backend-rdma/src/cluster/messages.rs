@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use pdkv_core::ids::{EngineId, RankId, Role, TransferId};
 
-use super::{Cluster, ClusterConfig, Fault, Req};
+use super::clients::Req;
+use super::{Cluster, ClusterConfig, Fault};
 use crate::message_faults::{
     Injector, Later, MessageAction, MessageFault, MessageHit, MessageKind, SenderFaults,
 };
@@ -210,8 +211,8 @@ impl Cluster {
     }
 
     fn expose_request(&mut self, t: TransferId) {
-        if let Some(id) = self.request_of(&t) {
-            if let Some(req) = self.requests.get_mut(&id) {
+        if let Some(id) = self.clients.request_of(&t) {
+            if let Some(req) = self.clients.requests.get_mut(&id) {
                 req.exposed = true;
             }
         }
@@ -248,7 +249,7 @@ impl Cluster {
     /// its decode request go unanswered), and its registered transfer waits for the reaper.
     pub(super) fn dispatch(&mut self, g: usize, recv: RecvRequest) {
         let id = recv.request;
-        let Some(req) = self.requests.get(&id) else { return };
+        let Some(req) = self.clients.requests.get(&id) else { return };
         let (decode, (pe, pdp)) =
             ((self.dgroups[g].engine, self.dgroups[g].dp, self.dgroups[g].tp), req.prefill);
         let prefill = EngineId::prefill(pe as u16);
@@ -284,7 +285,7 @@ impl Cluster {
             // A delay that ends while the request's prefill group is down holds it again.
             let held = self.config.hold_dispatches_until_restart;
             let Some(recv) = (if held { self.hold(g, recv) } else { Some(recv) }) else { continue };
-            if self.requests.contains_key(&recv.request) {
+            if self.clients.requests.contains_key(&recv.request) {
                 self.take_dispatch(g, recv);
             }
         }

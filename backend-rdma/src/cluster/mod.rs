@@ -11,7 +11,8 @@
 //! behind real listeners and a real data plane. Nothing here computes a rank, a port or a quorum
 //! either: the proxy routes, the engine registers, the workers decide whom to read.
 //!
-//! This file holds the run's state and main loop; the rest is split by concept: `config.rs`
+//! This file holds the run's state and main loop; the rest is split by concept: `clients.rs`
+//! (the proxy and the requests in flight), `config.rs`
 //! (the options), `procs.rs` (processes and membership), `prefill_sched.rs` and
 //! `decode_sched.rs` (the engines' schedulers), `faults.rs` (kills and restarts), `messages.rs`
 //! (lost, duplicated and delayed control messages) and `result.rs` (the report, in the
@@ -24,18 +25,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pdkv_core::group::{GroupEvent, StepReport};
-use pdkv_core::ids::{EngineId, Incarnation, RankId, RequestId, Role, TransferId};
+use pdkv_core::ids::{EngineId, RankId, Role, TransferId};
 use pdkv_core::policy::{PeerBook, Policy};
 use pdkv_core::ports::EngineAddress;
 use pdkv_core::prefill::{EngineEvent, PrefillEngine};
 use pdkv_core::proxy::Proxy;
-use pdkv_core::rng::Stream;
 use pdkv_core::time::Instant;
 use pdkv_core::topology::Deployment;
 
 use crate::rank_io::Clock;
 use crate::sched::FromRank;
 
+mod clients;
 mod config;
 mod decode_sched;
 mod errors;
@@ -87,11 +88,6 @@ const STALL_SHARE: u32 = 4;
 /// sockets; they are read first, and only what is still unreleased afterwards is reaped.
 const STALL_GRACE: Duration = Duration::from_millis(500);
 
-/// The stream number of the request draws (lengths; and ids, from another seed) in the project's generator: the
-/// simulator's workload stream's number, and apart from stream 0, which the cluster fuzzer draws
-/// its plans from with the same seed, so a plan and its run's requests are not correlated.
-const REQUEST_STREAM: u64 = 1;
-
 // ------------------------------------------------------------------------------ processes
 
 /// What the run's threads (acceptor, rank readers, the foreign driver's reader) tell the main
@@ -123,23 +119,6 @@ enum Ev {
 
 // ------------------------------------------------------------------------------ scheduling
 
-struct Req {
-    transfer_id: TransferId,
-    input: u32,
-    output: u32,
-    prefill: (usize, u16),
-    decode: (usize, u16),
-    prefill_blocks: Vec<u32>,
-    acks_needed: BTreeSet<RankId>,
-    /// The incarnation of each TP rank of the owner group whose process computed the KV (the
-    /// process that acknowledged the prefill, or that died computing it).
-    holders: BTreeMap<u16, Incarnation>,
-    started: std::time::Instant,
-    first_token: Option<std::time::Instant>,
-    /// An injected fault may cause its failure (see [`Cluster::expose_group`]).
-    exposed: bool,
-}
-
 /// A prefill DP group: its queue and block pool are the engine layer's scheduler, the one the
 /// simulator's groups run, planned with whole prompts (a rank computes a request at once).
 struct PGroup {
@@ -166,20 +145,16 @@ struct Cluster {
     config: ClusterConfig,
     d: Deployment,
     addresses: BTreeMap<EngineId, EngineAddress>,
-    proxy: Proxy,
     engines: Vec<PrefillEngine>,
     pgroups: Vec<PGroup>,
     dgroups: Vec<DGroup>,
-    requests: BTreeMap<RequestId, Req>,
     clock: Clock,
+    /// The proxy, the request stream and the requests in flight ([`clients`]).
+    clients: clients::Clients,
     /// The rank processes and their membership ([`procs`]).
     procs: procs::Procs,
     /// What the run counted for its report ([`result`]).
     tally: result::Tally,
-    /// Request lengths, from `--seed`.
-    stream: Stream,
-    /// Transfer ids, from a seed the operating system drew (unguessable outside the run).
-    ids: Stream,
     /// Which life of each rank a transfer was registered on: a worker's later events
     /// (group done, retire) go only to the process that holds its registration.
     registered: BTreeMap<(RankId, TransferId), u32>,
@@ -187,9 +162,6 @@ struct Cluster {
     exposed: BTreeSet<TransferId>,
     /// Prefill ranks a fault killed and that have not restarted yet.
     down_by_fault: BTreeSet<RankId>,
-    /// Requests to send as soon as the current one is sent ([`Cluster::submit_owed`]).
-    owed: u64,
-    submitting: bool,
     restart_at: Option<(std::time::Instant, RankId)>,
     hung: Option<String>,
     /// The run's budget (`--timeout-ms`) ended while requests were still finishing.
@@ -317,20 +289,15 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
     };
     let mut cluster = Cluster {
         tally: result::Tally::new(auth),
+        clients: clients::Clients::new(Proxy::new(&d, policy.proxy), config.seed, id_seed),
         procs: procs::Procs::new(acceptor.addr, token, admission, control_setup),
-        proxy: Proxy::new(&d, policy.proxy),
         engines,
         pgroups,
         dgroups,
-        requests: BTreeMap::new(),
         clock: Clock::start(),
-        stream: Stream::new(config.seed, REQUEST_STREAM),
-        ids: Stream::new(id_seed, REQUEST_STREAM),
         registered: BTreeMap::new(),
         exposed: BTreeSet::new(),
         down_by_fault: BTreeSet::new(),
-        owed: 0,
-        submitting: false,
         restart_at: None,
         hung: None,
         budget_ended: None,
@@ -408,7 +375,7 @@ impl Cluster {
             }
             FromRank::SetupFailed { error } => return Some(StartError::RankSetup { rank, error }),
             FromRank::Prefilled { transfer_id } => {
-                if let Some(id) = self.request_of(&transfer_id) {
+                if let Some(id) = self.clients.request_of(&transfer_id) {
                     self.prefill_acked(id, rank);
                 }
             }
@@ -484,7 +451,7 @@ impl Cluster {
         self.log_message_faults();
         // A kill after 0 prefills happens before the first request.
         self.maybe_kill();
-        self.owed += u64::from(self.config.concurrency.min(self.config.requests));
+        self.clients.owed += u64::from(self.config.concurrency.min(self.config.requests));
         self.submit_owed();
         let deadline = self.started_at + Duration::from_millis(self.config.timeout_ms);
         let total = u64::from(self.config.requests);

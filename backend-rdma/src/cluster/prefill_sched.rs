@@ -2,7 +2,7 @@
 //! group's admission (the engine layer's `PrefillScheduler`: its queue and block pool), and the
 //! engine node's actions (frees, fences).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use pdkv_core::ids::{EngineId, RankId, RequestId, TransferId};
 use pdkv_core::params::{KvTransferParams, PrefillAnswer};
@@ -15,7 +15,7 @@ use pdkv_engine::timeouts::NS_PER_MS;
 use pdkv_engine::verdict::ViolationKind;
 
 use super::foreign::ToDriver;
-use super::{Cluster, PGroup, Req};
+use super::{Cluster, PGroup};
 use crate::sched::ToRank;
 use pdkv_core::decode::RecvRequest;
 
@@ -26,7 +26,7 @@ const UNKNOWN_OWNER: u32 = FREE - 1;
 impl PGroup {
     /// Request `id` of transfer `transfer_id` and `input` prompt tokens queues; its blocks will
     /// be held under an owner number of its own.
-    fn handle_arrival(&mut self, id: RequestId, transfer_id: TransferId, input: u32) {
+    pub(super) fn handle_arrival(&mut self, id: RequestId, transfer_id: TransferId, input: u32) {
         let owner = self.next_owner;
         // Owner numbers only tell live transfers apart; `FREE` and `UNKNOWN_OWNER` are nobody's.
         self.next_owner = (self.next_owner + 1) % UNKNOWN_OWNER;
@@ -36,82 +36,8 @@ impl PGroup {
 }
 
 impl Cluster {
-    pub(super) fn request_of(&self, transfer_id: &TransferId) -> Option<RequestId> {
-        self.requests.iter().find(|(_, r)| &r.transfer_id == transfer_id).map(|(&id, _)| id)
-    }
-
     pub(super) fn pgroup_index(&self, engine: usize, dp: u16) -> usize {
         self.pgroups.iter().position(|g| g.engine == engine && g.dp == dp).expect("prefill groups exist")
-    }
-
-    // -------------------------------------------------------------------------- requests
-
-    pub(super) fn submit(&mut self) {
-        if self.tally.sent >= u64::from(self.config.requests) {
-            return;
-        }
-        self.tally.sent += 1;
-        // The seed's two draws for the id are still taken, so a seed keeps the workload it had,
-        // but the id comes from a stream seeded by the operating system: a transfer id derived
-        // from a seed anyone can guess is a handle anyone can forge a release for.
-        let _predictable = (self.stream.next_u64(), self.stream.next_u64());
-        let bits = (u128::from(self.ids.next_u64()) << 64) | u128::from(self.ids.next_u64());
-        // Both ranges fit in a u32, so the casts keep every value.
-        let input = self.stream.range(48, 400) as u32;
-        let output = self.stream.range(4, 12) as u32;
-        let (id, action) = match self.proxy.handle_request(bits) {
-            Ok(x) => x,
-            Err(e) => {
-                self.tally.violation(ViolationKind::ProtocolError, format!("proxy refused: {e}"));
-                return;
-            }
-        };
-        let ProxyAction::SendPrefill { slot, .. } = action else {
-            unreachable!("a new request goes to prefill first")
-        };
-        let record = self.proxy.request(id).expect("just routed").clone();
-        let req = Req {
-            transfer_id: record.transfer_id,
-            input,
-            output,
-            prefill: (usize::from(slot.engine.index), slot.dp()),
-            decode: (usize::from(record.decode.engine.index), record.decode.dp()),
-            prefill_blocks: Vec::new(),
-            acks_needed: BTreeSet::new(),
-            holders: BTreeMap::new(),
-            started: std::time::Instant::now(),
-            first_token: None,
-            // The group lacks a rank a fault killed: the request may fail for it.
-            exposed: (0..self.d.layout(slot.engine).tp)
-                .any(|tp| self.down_by_fault.contains(&RankId::new(slot.engine, slot.dp(), tp))),
-        };
-        if req.exposed {
-            self.exposed.insert(req.transfer_id.clone());
-        }
-        self.requests.insert(id, req);
-        if let Some(gone) = self.gone_rank_of_group(record.decode.engine, record.decode.dp()) {
-            self.end(id, Some(vec![format!("{gone} is gone")]));
-            return;
-        }
-        let g = self.pgroup_index(usize::from(slot.engine.index), slot.dp());
-        let transfer_id = self.requests[&id].transfer_id.clone();
-        self.pgroups[g].handle_arrival(id, transfer_id, input);
-        self.pump_prefill(slot.engine, slot.dp());
-    }
-
-    /// Sends the requests that ended requests made room for. A request can end while another
-    /// is being sent (its group is gone), so sending is not reentrant: the outermost call sends
-    /// them all, in a loop rather than a recursion as deep as the run is long.
-    pub(super) fn submit_owed(&mut self) {
-        if self.submitting {
-            return;
-        }
-        self.submitting = true;
-        while self.owed > 0 {
-            self.owed -= 1;
-            self.submit();
-        }
-        self.submitting = false;
     }
 
     // -------------------------------------------------------------------------- faults
@@ -124,7 +50,7 @@ impl Cluster {
         if let Some(gone) = self.gone_rank_of_group(engine, dp) {
             let queued = self.pgroups[g].sched.take_queued();
             for id in queued {
-                if let Some(req) = self.requests.get(&id) {
+                if let Some(req) = self.clients.requests.get(&id) {
                     self.pgroups[g].owners.remove(&req.transfer_id);
                 }
                 self.end(id, Some(vec![format!("{gone} is gone")]));
@@ -148,7 +74,7 @@ impl Cluster {
         self.pgroups[g].sched.plan_step(now, WHOLE_PROMPTS);
         let admitted = self.pgroups[g].sched.handle_step_done().finished;
         for Prefilled { request: id, owner, blocks } in admitted {
-            let Some(req) = self.requests.get(&id) else {
+            let Some(req) = self.clients.requests.get(&id) else {
                 // Ended while queued: nobody will free its blocks but the scheduler.
                 let _ = self.pgroups[g].sched.handle_free(owner, &blocks);
                 continue;
@@ -159,7 +85,7 @@ impl Cluster {
                 .map(|tp| RankId::new(engine, dp, tp))
                 .filter(|&r| self.procs.is_up(r))
                 .collect();
-            let req = self.requests.get_mut(&id).expect("queued requests exist");
+            let req = self.clients.requests.get_mut(&id).expect("queued requests exist");
             req.prefill_blocks = blocks.clone();
             req.acks_needed = live.clone();
             for rank in live {
@@ -168,7 +94,7 @@ impl Cluster {
                     &ToRank::Prefill { transfer_id: transfer_id.clone(), blocks: blocks.clone() },
                 );
             }
-            if self.requests[&id].acks_needed.is_empty() {
+            if self.clients.requests[&id].acks_needed.is_empty() {
                 self.prefill_done(id);
             }
         }
@@ -178,7 +104,7 @@ impl Cluster {
     /// will bring the rank back): the part is that process's incarnation's.
     pub(super) fn prefill_acked(&mut self, id: RequestId, rank: RankId) {
         let incarnation = self.procs.ranks.get(&rank).and_then(|p| p.incarnation);
-        let Some(req) = self.requests.get_mut(&id) else { return };
+        let Some(req) = self.clients.requests.get_mut(&id) else { return };
         if let Some(incarnation) = incarnation {
             req.holders.insert(rank.tp, incarnation);
         }
@@ -191,7 +117,7 @@ impl Cluster {
     pub(super) fn prefill_done(&mut self, id: RequestId) {
         self.tally.prefilled += 1;
         self.maybe_kill();
-        let req = &self.requests[&id];
+        let req = &self.clients.requests[&id];
         let (e, dp) = req.prefill;
         let decode_engine = EngineId::decode(req.decode.0 as u16);
         if let Some(gone) = self.gone_rank_of_group(decode_engine, req.decode.1) {
@@ -206,7 +132,7 @@ impl Cluster {
             self.pump_prefill(EngineId::prefill(e as u16), dp);
             return;
         }
-        let req = &self.requests[&id];
+        let req = &self.clients.requests[&id];
         let decode_layout = self.d.decode[req.decode.0];
         let event = EngineEvent::PrefillDone(PrefillDone {
             request: id,
@@ -223,8 +149,8 @@ impl Cluster {
         let now = self.clock.now();
         if let Err(error) = self.engines[e].handle(now, event, &mut out) {
             self.tally.problem(format!("P{e} refused {id}: {error}"));
-            let blocks = self.requests[&id].prefill_blocks.clone();
-            let transfer_id = self.requests[&id].transfer_id.clone();
+            let blocks = self.clients.requests[&id].prefill_blocks.clone();
+            let transfer_id = self.clients.requests[&id].transfer_id.clone();
             self.free_prefill_blocks(e, dp, &transfer_id, &blocks);
             self.end(id, Some(vec![format!("prefill refused: {error}")]));
             self.pump_prefill(EngineId::prefill(e as u16), dp);
@@ -233,12 +159,12 @@ impl Cluster {
         self.engine_actions(e, out);
         // The id now leaves for the proxy and decode, where a sniffer sees it.
         if let Some(forger) = self.forger.as_mut() {
-            forger.feed(&self.requests[&id].transfer_id);
+            forger.feed(&self.clients.requests[&id].transfer_id);
         }
         let engine = EngineId::prefill(e as u16);
         let address = self.addresses[&engine].clone();
         let layout: Layout = self.d.prefill[e];
-        let req = &self.requests[&id];
+        let req = &self.clients.requests[&id];
         let holders = self.engines[e].holder_incarnations(&req.transfer_id);
         let answer = KvTransferParams::prefill_answer(&PrefillAnswer {
             transfer_id: Some(&req.transfer_id),
@@ -251,7 +177,7 @@ impl Cluster {
             ),
             holders: holders.as_deref(),
         });
-        match self.proxy.handle_prefill_response(id, answer) {
+        match self.clients.proxy.handle_prefill_response(id, answer) {
             Ok(ProxyAction::SendDecode { slot, params, .. }) => {
                 let g = self
                     .dgroups
@@ -300,8 +226,10 @@ impl Cluster {
                         if !self.procs.is_up(rank) {
                             continue;
                         }
-                        let request =
-                            self.request_of(&transfer_id).map_or_else(String::new, |id| id.0.to_string());
+                        let request = self
+                            .clients
+                            .request_of(&transfer_id)
+                            .map_or_else(String::new, |id| id.0.to_string());
                         let msg = ToDriver::Register {
                             transfer_id: transfer_id.0,
                             request,

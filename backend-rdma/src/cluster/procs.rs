@@ -546,8 +546,13 @@ impl Cluster {
             // transfer from it, so its old transfers wait for the reaper, fenced meanwhile.
             self.engine(usize::from(rank.engine.index), EngineEvent::WorkerLost { rank });
         }
-        let waiting: Vec<RequestId> =
-            self.requests.iter().filter(|(_, r)| r.acks_needed.contains(&rank)).map(|(&id, _)| id).collect();
+        let waiting: Vec<RequestId> = self
+            .clients
+            .requests
+            .iter()
+            .filter(|(_, r)| r.acks_needed.contains(&rank))
+            .map(|(&id, _)| id)
+            .collect();
         if !self.gone_for_good(rank) {
             for id in waiting {
                 self.prefill_acked(id, rank);
@@ -559,7 +564,7 @@ impl Cluster {
             Role::Prefill => {
                 // Not registered yet: the scheduler still owns their blocks.
                 for id in waiting {
-                    let req = &self.requests[&id];
+                    let req = &self.clients.requests[&id];
                     let ((e, dp), transfer_id, blocks) =
                         (req.prefill, req.transfer_id.clone(), req.prefill_blocks.clone());
                     self.free_prefill_blocks(e, dp, &transfer_id, &blocks);
@@ -631,11 +636,11 @@ impl Cluster {
         // The ranks' own timers (a decode rank's transfer timeout) ran while their engine's
         // scheduler did not: a request in flight may fail for the scheduler's stall, which is
         // then excused as an injected fault's would be.
-        for req in self.requests.values_mut() {
+        for req in self.clients.requests.values_mut() {
             req.exposed = true;
             self.exposed.insert(req.transfer_id.clone());
         }
-        self.tally.record_stall(gap, self.requests.len() as u64);
+        self.tally.record_stall(gap, self.clients.requests.len() as u64);
     }
 
     /// Ranks that said nothing, not even a heartbeat, for the heartbeat timeout while the
