@@ -121,9 +121,9 @@ impl Cluster {
             self.end(id, Some(vec![format!("{gone} is gone")]));
             return;
         }
-        let g = self.pgroup_index(usize::from(slot.engine.index), slot.dp());
+        let g = self.prefill.group_index(usize::from(slot.engine.index), slot.dp());
         let transfer_id = self.clients.requests[&id].transfer_id.clone();
-        self.pgroups[g].handle_arrival(id, transfer_id, input);
+        self.prefill.groups[g].handle_arrival(id, transfer_id, input);
         self.pump_prefill(slot.engine, slot.dp());
     }
 

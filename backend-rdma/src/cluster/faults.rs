@@ -66,7 +66,7 @@ impl Cluster {
         // So is every transfer the group still holds whose request already ended: its releases
         // may be on their way to the killed rank and lost with it (a request ends when its KV
         // arrived, before its release is delivered).
-        let held: Vec<_> = self.engines[group.0]
+        let held: Vec<_> = self.prefill.engines[group.0]
             .held()
             .filter(|t| t.owner_dp == rank.dp)
             .map(|t| t.transfer_id.clone())

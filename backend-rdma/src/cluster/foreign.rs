@@ -869,7 +869,7 @@ impl Cluster {
                 let rank = RankId::new(EngineId::prefill(engine), dp, tp);
                 let transfer_id = TransferId(transfer_id);
                 let held = self.d.ranks(Role::Prefill).contains(&rank)
-                    && self.registered.contains_key(&(rank, transfer_id.clone()))
+                    && self.prefill.registered.contains_key(&(rank, transfer_id.clone()))
                     && self.foreign.finished.insert((rank, transfer_id.clone()));
                 if !held {
                     self.foreign.report.unexpected_finishes += 1;

@@ -28,7 +28,7 @@ use pdkv_core::group::{GroupEvent, StepReport};
 use pdkv_core::ids::{EngineId, RankId, Role, TransferId};
 use pdkv_core::policy::{PeerBook, Policy};
 use pdkv_core::ports::EngineAddress;
-use pdkv_core::prefill::{EngineEvent, PrefillEngine};
+use pdkv_core::prefill::EngineEvent;
 use pdkv_core::proxy::Proxy;
 use pdkv_core::time::Instant;
 use pdkv_core::topology::Deployment;
@@ -119,17 +119,6 @@ enum Ev {
 
 // ------------------------------------------------------------------------------ scheduling
 
-/// A prefill DP group: its queue and block pool are the engine layer's scheduler, the one the
-/// simulator's groups run, planned with whole prompts (a rank computes a request at once).
-struct PGroup {
-    engine: usize,
-    dp: u16,
-    sched: pdkv_engine::prefill::PrefillScheduler,
-    /// The pool's owner number of each transfer from its arrival until its blocks are freed.
-    owners: BTreeMap<TransferId, u32>,
-    next_owner: u32,
-}
-
 struct DGroup {
     engine: usize,
     dp: u16,
@@ -145,19 +134,16 @@ struct Cluster {
     config: ClusterConfig,
     d: Deployment,
     addresses: BTreeMap<EngineId, EngineAddress>,
-    engines: Vec<PrefillEngine>,
-    pgroups: Vec<PGroup>,
     dgroups: Vec<DGroup>,
     clock: Clock,
+    /// The prefill engines and their DP groups' schedulers ([`prefill_sched`]).
+    prefill: prefill_sched::PrefillSide,
     /// The proxy, the request stream and the requests in flight ([`clients`]).
     clients: clients::Clients,
     /// The rank processes and their membership ([`procs`]).
     procs: procs::Procs,
     /// What the run counted for its report ([`result`]).
     tally: result::Tally,
-    /// Which life of each rank a transfer was registered on: a worker's later events
-    /// (group done, retire) go only to the process that holds its registration.
-    registered: BTreeMap<(RankId, TransferId), u32>,
     /// Transfers an injected fault was exposed to: their failures and reaping are excused.
     exposed: BTreeSet<TransferId>,
     /// Prefill ranks a fault killed and that have not restarted yet.
@@ -173,8 +159,6 @@ struct Cluster {
     foreign: foreign::ForeignSide,
     /// The run's message faults and what they did ([`messages`]).
     messages: messages::Messages,
-    /// Until when the reapers wait after the scheduler's own stall ([`STALL_GRACE`]).
-    reapers_wait_until: Option<std::time::Instant>,
     /// Decode dispatches held until a killed prefill rank is back ([`faults`]).
     holds: faults::Holds,
     /// The forger outside the deployment, if the run has one (`--forge-messages`).
@@ -238,28 +222,11 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
     let id_seed = procs::random_u64("transfer ids").map_err(ClusterError::Start)?;
     let policy = Policy::from(&config.legacy);
     let peers = config.peers(&d);
-    let engines = PrefillEngine::for_deployment(&d, policy)
-        .into_iter()
-        .map(|engine| engine.with_defer_timeout_ns(config.timeouts.defer_ns()).with_peers(peers.clone()))
-        .collect();
     let foreign_report = config.foreign.as_ref().map_or_else(ForeignReport::default, |f| ForeignReport {
         side: f.side.name().to_string(),
         rules: f.rules.to_string(),
         ..ForeignReport::default()
     });
-    let pgroups = d
-        .prefill
-        .iter()
-        .enumerate()
-        .flat_map(|(e, l)| (0..l.dp).map(move |dp| (e, dp)))
-        .map(|(engine, dp)| PGroup {
-            engine,
-            dp,
-            sched: pdkv_engine::prefill::PrefillScheduler::new(config.num_blocks, d.model.block_size_tokens),
-            owners: BTreeMap::new(),
-            next_owner: 0,
-        })
-        .collect();
     let block_size_tokens = d.model.block_size_tokens;
     let dgroups = d
         .decode
@@ -289,13 +256,11 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
     };
     let mut cluster = Cluster {
         tally: result::Tally::new(auth),
+        prefill: prefill_sched::PrefillSide::new(&d, &config, policy, &peers),
         clients: clients::Clients::new(Proxy::new(&d, policy.proxy), config.seed, id_seed),
         procs: procs::Procs::new(acceptor.addr, token, admission, control_setup),
-        engines,
-        pgroups,
         dgroups,
         clock: Clock::start(),
-        registered: BTreeMap::new(),
         exposed: BTreeSet::new(),
         down_by_fault: BTreeSet::new(),
         restart_at: None,
@@ -305,7 +270,6 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
         peers,
         foreign: foreign::ForeignSide::new(foreign_report),
         messages: messages::Messages::new(&config),
-        reapers_wait_until: None,
         holds: faults::Holds::default(),
         forger: None,
         addresses,
@@ -443,10 +407,6 @@ impl Cluster {
         }
     }
 
-    fn held(&self) -> u64 {
-        self.engines.iter().map(|e| e.held().count() as u64).sum()
-    }
-
     fn main_loop(&mut self, rx: &Receiver<Ev>, tx: &Sender<Ev>, progress: &mut dyn FnMut(Progress)) {
         self.log_message_faults();
         // A kill after 0 prefills happens before the first request.
@@ -483,12 +443,12 @@ impl Cluster {
                 last_done_at = std::time::Instant::now();
                 progress(Progress { done, total });
             }
-            if done >= total && self.held() == 0 {
+            if done >= total && self.prefill.held() == 0 {
                 return;
             }
             let now = std::time::Instant::now();
             if now >= deadline {
-                let held = self.held();
+                let held = self.prefill.held();
                 let quiet_ms = now.duration_since(last_done_at).as_millis();
                 if done > 0 && now.duration_since(last_done_at) < stall {
                     self.budget_ended = Some(format!(
@@ -511,7 +471,7 @@ impl Cluster {
             }
             // The next timer: an engine's reaper, a group's idle step, a restart, the deadline.
             let mut wake = deadline;
-            for e in &self.engines {
+            for e in &self.prefill.engines {
                 if let Some(at) = e.poll_timeout() {
                     wake = wake.min(now + self.clock.until(at));
                 }
@@ -540,9 +500,9 @@ impl Cluster {
             self.note_turn(&mut last_turn);
             let now = std::time::Instant::now();
             let core_now = self.clock.now();
-            let reapers_wait = self.reapers_wait_until.is_some_and(|until| now < until);
-            for e in 0..self.engines.len() {
-                if !reapers_wait && self.engines[e].poll_timeout().is_some_and(|at| at <= core_now) {
+            let reapers_wait = self.prefill.reapers_wait_until.is_some_and(|until| now < until);
+            for e in 0..self.prefill.engines.len() {
+                if !reapers_wait && self.prefill.engines[e].poll_timeout().is_some_and(|at| at <= core_now) {
                     self.engine(e, EngineEvent::Tick);
                 }
             }

@@ -2,26 +2,93 @@
 //! group's admission (the engine layer's `PrefillScheduler`: its queue and block pool), and the
 //! engine node's actions (frees, fences).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use pdkv_core::ids::{EngineId, RankId, RequestId, TransferId};
 use pdkv_core::params::{KvTransferParams, PrefillAnswer};
-use pdkv_core::prefill::{EngineAction, EngineEvent, PrefillDone};
+use pdkv_core::policy::{PeerBook, Policy};
+use pdkv_core::prefill::{EngineAction, EngineEvent, PrefillDone, PrefillEngine};
 use pdkv_core::proxy::ProxyAction;
-use pdkv_core::topology::Layout;
+use pdkv_core::topology::{Deployment, Layout};
 use pdkv_engine::pool::FREE;
 use pdkv_engine::prefill::{Prefilled, WHOLE_PROMPTS};
 use pdkv_engine::timeouts::NS_PER_MS;
 use pdkv_engine::verdict::ViolationKind;
 
 use super::foreign::ToDriver;
-use super::{Cluster, PGroup};
+use super::{Cluster, ClusterConfig};
 use crate::sched::ToRank;
 use pdkv_core::decode::RecvRequest;
 
 /// What a free names for a transfer the group does not know (never queued there, or freed
 /// already): an owner number no transfer has, so every block of the free is a double free.
 const UNKNOWN_OWNER: u32 = FREE - 1;
+
+/// A prefill DP group: its queue and block pool are the engine layer's scheduler, the one the
+/// simulator's groups run, planned with whole prompts (a rank computes a request at once).
+pub(super) struct PGroup {
+    engine: usize,
+    dp: u16,
+    sched: pdkv_engine::prefill::PrefillScheduler,
+    /// The pool's owner number of each transfer from its arrival until its blocks are freed.
+    owners: BTreeMap<TransferId, u32>,
+    next_owner: u32,
+}
+
+/// The prefill side: each prefill engine's node (registration quorums, frees, the reaper) and
+/// each of its DP groups' schedulers, with the lives transfers were registered on.
+pub(super) struct PrefillSide {
+    pub(super) engines: Vec<PrefillEngine>,
+    pub(super) groups: Vec<PGroup>,
+    /// Which life of each rank a transfer was registered on: a worker's later events
+    /// (group done, retire) go only to the process that holds its registration.
+    pub(super) registered: BTreeMap<(RankId, TransferId), u32>,
+    /// Until when the reapers wait after the scheduler's own stall ([`super::STALL_GRACE`]).
+    pub(super) reapers_wait_until: Option<std::time::Instant>,
+}
+
+impl PrefillSide {
+    /// The engines of `d`'s prefill side, under `policy` and with `peers`' rules, and a
+    /// scheduler for each of their DP groups.
+    pub(super) fn new(
+        d: &Deployment,
+        config: &ClusterConfig,
+        policy: Policy,
+        peers: &PeerBook,
+    ) -> PrefillSide {
+        let engines = PrefillEngine::for_deployment(d, policy)
+            .into_iter()
+            .map(|engine| engine.with_defer_timeout_ns(config.timeouts.defer_ns()).with_peers(peers.clone()))
+            .collect();
+        let groups = d
+            .prefill
+            .iter()
+            .enumerate()
+            .flat_map(|(e, l)| (0..l.dp).map(move |dp| (e, dp)))
+            .map(|(engine, dp)| PGroup {
+                engine,
+                dp,
+                sched: pdkv_engine::prefill::PrefillScheduler::new(
+                    config.num_blocks,
+                    d.model.block_size_tokens,
+                ),
+                owners: BTreeMap::new(),
+                next_owner: 0,
+            })
+            .collect();
+        PrefillSide { engines, groups, registered: BTreeMap::new(), reapers_wait_until: None }
+    }
+
+    /// Transfers the engines hold.
+    pub(super) fn held(&self) -> u64 {
+        self.engines.iter().map(|e| e.held().count() as u64).sum()
+    }
+
+    /// The index of DP group `dp` of prefill engine `engine`.
+    pub(super) fn group_index(&self, engine: usize, dp: u16) -> usize {
+        self.groups.iter().position(|g| g.engine == engine && g.dp == dp).expect("prefill groups exist")
+    }
+}
 
 impl PGroup {
     /// Request `id` of transfer `transfer_id` and `input` prompt tokens queues; its blocks will
@@ -36,22 +103,18 @@ impl PGroup {
 }
 
 impl Cluster {
-    pub(super) fn pgroup_index(&self, engine: usize, dp: u16) -> usize {
-        self.pgroups.iter().position(|g| g.engine == engine && g.dp == dp).expect("prefill groups exist")
-    }
-
     // -------------------------------------------------------------------------- faults
 
     /// Starts prefills of a group's queue while its blocks last: the scheduler admits in arrival
     /// order every request whose whole prompt fits (the head is never skipped), with blocks
     /// handed out as vLLM's pool hands them out.
     pub(super) fn pump_prefill(&mut self, engine: EngineId, dp: u16) {
-        let g = self.pgroup_index(usize::from(engine.index), dp);
+        let g = self.prefill.group_index(usize::from(engine.index), dp);
         if let Some(gone) = self.gone_rank_of_group(engine, dp) {
-            let queued = self.pgroups[g].sched.take_queued();
+            let queued = self.prefill.groups[g].sched.take_queued();
             for id in queued {
                 if let Some(req) = self.clients.requests.get(&id) {
-                    self.pgroups[g].owners.remove(&req.transfer_id);
+                    self.prefill.groups[g].owners.remove(&req.transfer_id);
                 }
                 self.end(id, Some(vec![format!("{gone} is gone")]));
             }
@@ -71,12 +134,12 @@ impl Cluster {
         // with their blocks at once. A call made while these are sent (a request that ends at
         // once frees its blocks and pumps again) plans a step of its own.
         let now = self.clock.now().0;
-        self.pgroups[g].sched.plan_step(now, WHOLE_PROMPTS);
-        let admitted = self.pgroups[g].sched.handle_step_done().finished;
+        self.prefill.groups[g].sched.plan_step(now, WHOLE_PROMPTS);
+        let admitted = self.prefill.groups[g].sched.handle_step_done().finished;
         for Prefilled { request: id, owner, blocks } in admitted {
             let Some(req) = self.clients.requests.get(&id) else {
                 // Ended while queued: nobody will free its blocks but the scheduler.
-                let _ = self.pgroups[g].sched.handle_free(owner, &blocks);
+                let _ = self.prefill.groups[g].sched.handle_free(owner, &blocks);
                 continue;
             };
             let transfer_id = req.transfer_id.clone();
@@ -147,7 +210,7 @@ impl Cluster {
         });
         let mut out = Vec::new();
         let now = self.clock.now();
-        if let Err(error) = self.engines[e].handle(now, event, &mut out) {
+        if let Err(error) = self.prefill.engines[e].handle(now, event, &mut out) {
             self.tally.problem(format!("P{e} refused {id}: {error}"));
             let blocks = self.clients.requests[&id].prefill_blocks.clone();
             let transfer_id = self.clients.requests[&id].transfer_id.clone();
@@ -165,7 +228,7 @@ impl Cluster {
         let address = self.addresses[&engine].clone();
         let layout: Layout = self.d.prefill[e];
         let req = &self.clients.requests[&id];
-        let holders = self.engines[e].holder_incarnations(&req.transfer_id);
+        let holders = self.prefill.engines[e].holder_incarnations(&req.transfer_id);
         let answer = KvTransferParams::prefill_answer(&PrefillAnswer {
             transfer_id: Some(&req.transfer_id),
             blocks: &req.prefill_blocks,
@@ -205,7 +268,7 @@ impl Cluster {
 
     pub(super) fn engine(&mut self, e: usize, event: EngineEvent) {
         let mut out = Vec::new();
-        if let Err(error) = self.engines[e].handle(self.clock.now(), event, &mut out) {
+        if let Err(error) = self.prefill.engines[e].handle(self.clock.now(), event, &mut out) {
             self.tally.violation(ViolationKind::ProtocolError, format!("P{e}: {error}"));
         }
         self.engine_actions(e, out);
@@ -216,7 +279,7 @@ impl Cluster {
             match action {
                 EngineAction::Register { rank, transfer_id, quorum, incarnation } => {
                     if let Some(proc) = self.procs.ranks.get(&rank).filter(|p| p.alive) {
-                        self.registered.insert((rank, transfer_id.clone()), proc.life);
+                        self.prefill.registered.insert((rank, transfer_id.clone()), proc.life);
                     }
                     if self.is_foreign(rank.engine) {
                         // The foreign rank counts its releases by its own rules; the quorum is
@@ -264,7 +327,7 @@ impl Cluster {
                             self.foreign.tell(&msg);
                         }
                     }
-                    self.registered.remove(&(rank, transfer_id));
+                    self.prefill.registered.remove(&(rank, transfer_id));
                 }
                 EngineAction::FinishedSending { .. } => {}
                 EngineAction::Fence { transfer_id, owner_dp, blocks } => {
@@ -302,7 +365,7 @@ impl Cluster {
     /// Whether the live process of `rank` is the one the transfer was registered on (a restarted
     /// rank never heard of transfers registered before it started).
     pub(super) fn holds_registration(&self, rank: RankId, transfer_id: &TransferId) -> bool {
-        let registered = self.registered.get(&(rank, transfer_id.clone()));
+        let registered = self.prefill.registered.get(&(rank, transfer_id.clone()));
         self.procs.ranks.get(&rank).is_some_and(|p| p.alive && registered == Some(&p.life))
     }
 
@@ -313,8 +376,8 @@ impl Cluster {
         transfer_id: &TransferId,
         blocks: &[u32],
     ) {
-        let g = self.pgroup_index(e, dp);
-        let group = &mut self.pgroups[g];
+        let g = self.prefill.group_index(e, dp);
+        let group = &mut self.prefill.groups[g];
         let owner = group.owners.remove(transfer_id).unwrap_or(UNKNOWN_OWNER);
         let Err(bad) = group.sched.handle_free(owner, blocks) else { return };
         // The pool names them last first, as it frees; the violations keep the request's order.

@@ -576,7 +576,7 @@ impl Cluster {
                 // Its group's transfers are reaped (fenced first) once their read leases end,
                 // not at the reaper's full delay: its releases will never come. The engines
                 // decide; the driver only reports the loss.
-                for e in 0..self.engines.len() {
+                for e in 0..self.prefill.engines.len() {
                     self.engine(e, EngineEvent::ReaderLost { rank });
                 }
                 let g = self.dgroup_of(rank);
@@ -632,7 +632,7 @@ impl Cluster {
         if let Some(driver) = self.foreign.driver.as_mut() {
             driver.fresh_window();
         }
-        self.reapers_wait_until = Some(now + super::STALL_GRACE);
+        self.prefill.reapers_wait_until = Some(now + super::STALL_GRACE);
         // The ranks' own timers (a decode rank's transfer timeout) ran while their engine's
         // scheduler did not: a request in flight may fail for the scheduler's stall, which is
         // then excused as an injected fault's would be.

@@ -581,7 +581,7 @@ pub(super) fn jain(values: &[u64]) -> f64 {
 impl Cluster {
     pub(super) fn result(&self) -> ClusterResult {
         let duration_s = self.started_at.elapsed().as_secs_f64();
-        let held = self.held();
+        let held = self.prefill.held();
         let unfinished = u64::from(self.config.requests) - self.tally.finished - self.tally.failed;
         let gpus: Vec<RankId> = self.d.ranks(Role::Prefill);
         let reads: Vec<u64> = gpus.iter().map(|r| self.tally.reads.get(r).map_or(0, |v| v.0)).collect();
