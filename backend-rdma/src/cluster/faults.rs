@@ -116,7 +116,7 @@ impl Cluster {
     /// of its prefill group is back ([`Cluster::hold`]), then to the foreign driver playing
     /// the group or to the group's scheduler.
     pub(super) fn send_to_decode(&mut self, g: usize, recv: RecvRequest) {
-        let (engine, dp) = (EngineId::decode(self.dgroups[g].engine as u16), self.dgroups[g].dp);
+        let (engine, dp) = (EngineId::decode(self.decode.groups[g].engine as u16), self.decode.groups[g].dp);
         if let Some(gone) = self.gone_rank_of_group(engine, dp) {
             // Registered already: the reaper frees what the dead group never releases.
             return self.end(recv.request, Some(vec![format!("{gone} is gone")]));
@@ -136,10 +136,10 @@ impl Cluster {
             return;
         }
         let group = (usize::from(rank.engine.index), rank.dp);
-        for g in 0..self.dgroups.len() {
+        for g in 0..self.decode.groups.len() {
             let requests = &self.clients.requests;
             let mut out = Vec::new();
-            let queued = self.dgroups[g].sched.take_waiting(
+            let queued = self.decode.groups[g].sched.take_waiting(
                 |recv| requests.get(&recv.request).is_some_and(|r| r.prefill == group),
                 &mut out,
             );

@@ -251,7 +251,7 @@ impl Cluster {
         let id = recv.request;
         let Some(req) = self.clients.requests.get(&id) else { return };
         let (decode, (pe, pdp)) =
-            ((self.dgroups[g].engine, self.dgroups[g].dp, self.dgroups[g].tp), req.prefill);
+            ((self.decode.groups[g].engine, self.decode.groups[g].dp, self.decode.groups[g].tp), req.prefill);
         let prefill = EngineId::prefill(pe as u16);
         let mut ranks: Vec<RankId> =
             (0..decode.2).map(|tp| RankId::new(EngineId::decode(decode.0 as u16), decode.1, tp)).collect();
@@ -292,7 +292,7 @@ impl Cluster {
     }
 
     fn take_dispatch(&mut self, g: usize, recv: RecvRequest) {
-        let (engine, dp) = (EngineId::decode(self.dgroups[g].engine as u16), self.dgroups[g].dp);
+        let (engine, dp) = (EngineId::decode(self.decode.groups[g].engine as u16), self.decode.groups[g].dp);
         // The group died while the dispatch was held: as for a dispatch to a dead group.
         if let Some(gone) = self.gone_rank_of_group(engine, dp) {
             return self.end(recv.request, Some(vec![format!("{gone} is gone")]));

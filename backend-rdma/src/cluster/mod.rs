@@ -4,12 +4,13 @@
 //!
 //! This process plays the parts vLLM keeps outside its workers: the proxy (the core's
 //! [`Proxy`]), each prefill engine's scheduler with its block pool and the engine node
-//! ([`PrefillEngine`]: registration quorums, frees, the reaper), and each decode DP group's
-//! scheduler (the engine layer's [`DecodeScheduler`], the simulator's too: admission by pool
-//! space, the request barrier, the batch, and the TP group's barrier that takes the MIN vote).
-//! The ranks run the worker nodes
-//! behind real listeners and a real data plane. Nothing here computes a rank, a port or a quorum
-//! either: the proxy routes, the engine registers, the workers decide whom to read.
+//! ([`PrefillEngine`](pdkv_core::prefill::PrefillEngine): registration quorums, frees, the
+//! reaper), and each decode DP group's scheduler (the engine layer's
+//! [`DecodeScheduler`](pdkv_engine::decode::DecodeScheduler), the simulator's too: admission by
+//! pool space, the request barrier, the batch, and the TP group's barrier that takes the MIN
+//! vote). The ranks run the worker nodes behind real listeners and a real data plane. Nothing
+//! here computes a rank, a port or a quorum either: the proxy routes, the engine registers, the
+//! workers decide whom to read.
 //!
 //! This file holds the run's state and main loop; the rest is split by concept: `clients.rs`
 //! (the proxy and the requests in flight), `config.rs`
@@ -58,7 +59,6 @@ pub use config::{
 pub use errors::{DriverSetupError, SpawnError, Spawned, StartError};
 pub use foreign::DriverExit;
 pub use foreign_reads::ForeignReads;
-use pdkv_engine::decode::{DecodeScheduler, SchedulerLimits};
 pub use pdkv_engine::verdict::{Summary, Verdict, ViolationKind};
 use procs::{free_ports, new_control_key, new_token, Acceptor, Admission};
 pub use result::{
@@ -66,12 +66,6 @@ pub use result::{
     Throughput, Violation, MAX_FAILURES_LISTED,
 };
 
-/// Decode blocks per decode DP group (the KV lands there; only ids are tracked here). Admission
-/// reserves a request's prompt blocks and its answer's growth from them, as the simulator's does.
-const DECODE_BLOCKS: u32 = 1 << 16;
-/// How long a decode group with nothing to compute waits before its next step, so queued
-/// requests get redialled without spinning.
-const IDLE_STEP: Duration = Duration::from_millis(2);
 /// How long ranks get to start, join and bind.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long ranks get to say goodbye and exit after shutdown.
@@ -119,23 +113,14 @@ enum Ev {
 
 // ------------------------------------------------------------------------------ scheduling
 
-struct DGroup {
-    engine: usize,
-    dp: u16,
-    tp: u16,
-    /// The group's scheduler: its queue, pool, batch, request barrier and step barrier (the
-    /// same one the simulator drives).
-    sched: DecodeScheduler<String>,
-    next_step: Option<std::time::Instant>,
-}
-
 /// The whole run's state.
 struct Cluster {
     config: ClusterConfig,
     d: Deployment,
     addresses: BTreeMap<EngineId, EngineAddress>,
-    dgroups: Vec<DGroup>,
     clock: Clock,
+    /// The decode DP groups' schedulers ([`decode_sched`]).
+    decode: decode_sched::DecodeSide,
     /// The prefill engines and their DP groups' schedulers ([`prefill_sched`]).
     prefill: prefill_sched::PrefillSide,
     /// The proxy, the request stream and the requests in flight ([`clients`]).
@@ -227,28 +212,6 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
         rules: f.rules.to_string(),
         ..ForeignReport::default()
     });
-    let block_size_tokens = d.model.block_size_tokens;
-    let dgroups = d
-        .decode
-        .iter()
-        .enumerate()
-        .flat_map(|(e, l)| (0..l.dp).map(move |dp| (e, dp, l.tp)))
-        .map(|(engine, dp, tp)| DGroup {
-            engine,
-            dp,
-            tp,
-            sched: DecodeScheduler::new(
-                SchedulerLimits {
-                    width: tp,
-                    max_batch: config.decode_max_batch as usize,
-                    pool_blocks: DECODE_BLOCKS,
-                    block_size_tokens,
-                },
-                policy.handshake,
-            ),
-            next_step: None,
-        })
-        .collect();
     let auth = match (&control_setup.key, control_setup.require) {
         (None, _) => "open",
         (Some(_), true) => "require",
@@ -256,10 +219,10 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
     };
     let mut cluster = Cluster {
         tally: result::Tally::new(auth),
+        decode: decode_sched::DecodeSide::new(&d, &config, policy),
         prefill: prefill_sched::PrefillSide::new(&d, &config, policy, &peers),
         clients: clients::Clients::new(Proxy::new(&d, policy.proxy), config.seed, id_seed),
         procs: procs::Procs::new(acceptor.addr, token, admission, control_setup),
-        dgroups,
         clock: Clock::start(),
         exposed: BTreeSet::new(),
         down_by_fault: BTreeSet::new(),
@@ -357,14 +320,14 @@ impl Cluster {
             }
             FromRank::Vote { step, ok } => {
                 let event = GroupEvent::Vote { member: rank.tp_rank(), step, ok };
-                self.group_event(self.dgroup_of(rank), event);
+                self.group_event(self.decode.group_of(rank), event);
             }
             FromRank::StepDone { step, error } => {
                 // The core says what the rank's step means for the group: ready, or failed with
                 // the whole group (both enter the forward pass), or raised out of it alone.
                 let report = error.as_ref().map_or(StepReport::Ready, StepReport::failed);
                 let event = GroupEvent::StepReport { member: rank.tp_rank(), step, report };
-                self.group_event(self.dgroup_of(rank), event);
+                self.group_event(self.decode.group_of(rank), event);
                 if let Some(error) = error.filter(|_| report == StepReport::Raised) {
                     self.tally.problem(format!("{rank} raised at step {step}: {error}"));
                 }
@@ -476,7 +439,7 @@ impl Cluster {
                     wake = wake.min(now + self.clock.until(at));
                 }
             }
-            for g in &self.dgroups {
+            for g in &self.decode.groups {
                 if let Some(at) = g.next_step {
                     wake = wake.min(at);
                 }
@@ -507,9 +470,9 @@ impl Cluster {
                 }
             }
             self.dispatch_due();
-            for g in 0..self.dgroups.len() {
-                if self.dgroups[g].next_step.is_some_and(|at| at <= now) {
-                    self.dgroups[g].next_step = None;
+            for g in 0..self.decode.groups.len() {
+                if self.decode.groups[g].next_step.is_some_and(|at| at <= now) {
+                    self.decode.groups[g].next_step = None;
                     self.begin_step(g);
                 }
             }

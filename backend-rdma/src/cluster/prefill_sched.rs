@@ -243,7 +243,8 @@ impl Cluster {
         match self.clients.proxy.handle_prefill_response(id, answer) {
             Ok(ProxyAction::SendDecode { slot, params, .. }) => {
                 let g = self
-                    .dgroups
+                    .decode
+                    .groups
                     .iter()
                     .position(|g| g.engine == usize::from(slot.engine.index) && g.dp == slot.dp())
                     .expect("the proxy routes to existing groups");

@@ -579,14 +579,14 @@ impl Cluster {
                 for e in 0..self.prefill.engines.len() {
                     self.engine(e, EngineEvent::ReaderLost { rank });
                 }
-                let g = self.dgroup_of(rank);
+                let g = self.decode.group_of(rank);
                 // The group decides what a dead member means (it votes no on the step it left
                 // open, so the live ranks fail the step's requests at once and release their
                 // transfers, and no later step begins); the driver only reports the loss.
                 self.group_event(g, GroupEvent::MemberLost { member: rank.tp_rank() });
-                self.dgroups[g].next_step = None;
+                self.decode.groups[g].next_step = None;
                 let mut out = Vec::new();
-                let lost = self.dgroups[g].sched.drain(&mut out);
+                let lost = self.decode.groups[g].sched.drain(&mut out);
                 self.sched_outputs(g, out);
                 for id in lost {
                     self.end(id, Some(vec![error.clone()]));

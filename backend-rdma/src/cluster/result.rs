@@ -593,7 +593,7 @@ impl Cluster {
             failed: self.tally.failed,
             failed_excused: self.tally.failed_excused,
             unfinished,
-            queued_at_decode: self.dgroups.iter().map(|g| g.sched.queued_total()).sum(),
+            queued_at_decode: self.decode.queued_total(),
             held_for_restart: self.holds.count,
             dispatched_while_down: self.holds.while_down,
         };
