@@ -111,10 +111,10 @@ impl Cluster {
             first_token: None,
             // The group lacks a rank a fault killed: the request may fail for it.
             exposed: (0..self.d.layout(slot.engine).tp)
-                .any(|tp| self.down_by_fault.contains(&RankId::new(slot.engine, slot.dp(), tp))),
+                .any(|tp| self.faults.down_by_fault.contains(&RankId::new(slot.engine, slot.dp(), tp))),
         };
         if req.exposed {
-            self.exposed.insert(req.transfer_id.clone());
+            self.faults.expose(req.transfer_id.clone());
         }
         self.clients.requests.insert(id, req);
         if let Some(gone) = self.gone_rank_of_group(record.decode.engine, record.decode.dp()) {
@@ -157,7 +157,7 @@ impl Cluster {
             Some(errors) => {
                 let excused = req.exposed || self.touched_by_message_fault(&req);
                 if excused {
-                    self.exposed.insert(req.transfer_id.clone());
+                    self.faults.expose(req.transfer_id.clone());
                 }
                 let failure = Failure {
                     request: id.0,

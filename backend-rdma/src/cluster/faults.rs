@@ -1,9 +1,10 @@
 //! Injected faults: killing a prefill rank after N requests, restarting it, and holding the
 //! decode dispatches of its group's requests until it is back (`--hold-dispatches-until-restart`).
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
-use pdkv_core::ids::{EngineId, RankId};
+use pdkv_core::ids::{EngineId, RankId, TransferId};
 
 use super::{Cluster, Fault};
 use pdkv_core::decode::RecvRequest;
@@ -18,6 +19,41 @@ pub(super) struct Holds {
     /// Dispatches the proxy handed on while a rank of the request's prefill group was down by a
     /// fault (`requests.dispatched_while_down`): with the hold, none.
     pub(super) while_down: u64,
+}
+
+/// The injected faults' state: the prefill ranks a kill keeps down and the restart due, the
+/// decode dispatches held meanwhile, and the transfers a fault (a kill, a message fault, the
+/// scheduler's own stall) was exposed to, whose requests' failures and reaping it excuses.
+#[derive(Default)]
+pub(super) struct Faults {
+    /// Transfers an injected fault was exposed to: their failures and reaping are excused.
+    pub(super) exposed: BTreeSet<TransferId>,
+    /// Prefill ranks a fault killed and that have not restarted yet.
+    pub(super) down_by_fault: BTreeSet<RankId>,
+    /// When a killed rank restarts, and which.
+    pub(super) restart_at: Option<(std::time::Instant, RankId)>,
+    /// Decode dispatches held until a killed prefill rank is back.
+    pub(super) holds: Holds,
+}
+
+impl Faults {
+    /// A fault was exposed to transfer `t`: its request's failure and its reaping are excused.
+    pub(super) fn expose(&mut self, t: TransferId) {
+        self.exposed.insert(t);
+    }
+
+    /// Whether a fault was exposed to transfer `t`.
+    pub(super) fn is_exposed(&self, t: &TransferId) -> bool {
+        self.exposed.contains(t)
+    }
+
+    /// What the hold still holds, for a hang's reason.
+    pub(super) fn holds_note(&self) -> String {
+        match self.holds.held.len() {
+            0 => String::new(),
+            n => format!("; {n} decode dispatches held until a killed prefill rank is back"),
+        }
+    }
 }
 
 impl Cluster {
@@ -37,7 +73,7 @@ impl Cluster {
             proc.alive = false;
             proc.writer = None;
             self.procs.processes.killed_by_fault += 1;
-            self.down_by_fault.insert(rank);
+            self.faults.down_by_fault.insert(rank);
             self.expose_group(rank);
             self.hold_queued(rank);
             let at = self.started_at.elapsed().as_millis();
@@ -46,7 +82,7 @@ impl Cluster {
                 self.foreign.killed(rank);
             }
             if let Some(ms) = restart_after_ms {
-                self.restart_at = Some((std::time::Instant::now() + Duration::from_millis(ms), rank));
+                self.faults.restart_at = Some((std::time::Instant::now() + Duration::from_millis(ms), rank));
             }
             self.rank_lost(rank);
         }
@@ -61,7 +97,7 @@ impl Cluster {
         let group = (usize::from(rank.engine.index), rank.dp);
         for req in self.clients.requests.values_mut().filter(|r| r.prefill == group) {
             req.exposed = true;
-            self.exposed.insert(req.transfer_id.clone());
+            self.faults.expose(req.transfer_id.clone());
         }
         // So is every transfer the group still holds whose request already ended: its releases
         // may be on their way to the killed rank and lost with it (a request ends when its KV
@@ -71,7 +107,7 @@ impl Cluster {
             .filter(|t| t.owner_dp == rank.dp)
             .map(|t| t.transfer_id.clone())
             .collect();
-        self.exposed.extend(held);
+        self.faults.exposed.extend(held);
     }
 
     pub(super) fn restart(&mut self, rank: RankId) {
@@ -87,7 +123,7 @@ impl Cluster {
         let engine = EngineId::prefill(engine as u16);
         (0..self.d.layout(engine).tp)
             .map(|tp| RankId::new(engine, dp, tp))
-            .find(|r| self.down_by_fault.contains(r))
+            .find(|r| self.faults.down_by_fault.contains(r))
     }
 
     /// Holds `recv`, the decode dispatch of a request for decode group `g`, when its prefill
@@ -101,14 +137,14 @@ impl Cluster {
             return Some(recv);
         }
         if !self.config.hold_dispatches_until_restart {
-            self.holds.while_down += 1;
+            self.faults.holds.while_down += 1;
             return Some(recv);
         }
         let req = self.clients.requests.get_mut(&recv.request).expect("looked up above");
         req.exposed = true;
-        self.exposed.insert(req.transfer_id.clone());
-        self.holds.count += 1;
-        self.holds.held.push((g, recv));
+        self.faults.expose(req.transfer_id.clone());
+        self.faults.holds.count += 1;
+        self.faults.holds.held.push((g, recv));
         None
     }
 
@@ -155,9 +191,9 @@ impl Cluster {
     /// a group another killed rank still keeps down stay held).
     pub(super) fn release_held(&mut self, rank: RankId) {
         let mut released = 0;
-        for (g, recv) in std::mem::take(&mut self.holds.held) {
+        for (g, recv) in std::mem::take(&mut self.faults.holds.held) {
             if self.clients.requests.get(&recv.request).and_then(|r| self.group_down(r.prefill)).is_some() {
-                self.holds.held.push((g, recv));
+                self.faults.holds.held.push((g, recv));
             } else {
                 released += 1;
                 self.send_to_decode(g, recv);
@@ -170,14 +206,4 @@ impl Cluster {
             ));
         }
     }
-
-    /// What the hold still holds, for a hang's reason.
-    pub(super) fn holds_note(&self) -> String {
-        match self.holds.held.len() {
-            0 => String::new(),
-            n => format!("; {n} decode dispatches held until a killed prefill rank is back"),
-        }
-    }
-
-    // -------------------------------------------------------------------------- the loop
 }

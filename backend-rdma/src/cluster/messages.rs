@@ -198,7 +198,7 @@ impl Cluster {
         match excuse(&hit, self.messages.grace) {
             Excuse::Nothing => {}
             Excuse::Reaping(t) => {
-                self.exposed.insert(t);
+                self.faults.expose(t);
             }
             Excuse::Request(t) => self.expose_request(t),
             Excuse::Touch { ranks, lasting } => {
@@ -216,7 +216,7 @@ impl Cluster {
                 req.exposed = true;
             }
         }
-        self.exposed.insert(t);
+        self.faults.expose(t);
     }
 
     fn log_message_hit(&mut self, hit: &MessageHit, from: String, to: String) {

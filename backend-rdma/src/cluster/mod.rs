@@ -19,14 +19,14 @@
 //! (lost, duplicated and delayed control messages) and `result.rs` (the report, in the
 //! simulator's vocabulary).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pdkv_core::group::{GroupEvent, StepReport};
-use pdkv_core::ids::{EngineId, RankId, Role, TransferId};
+use pdkv_core::ids::{EngineId, RankId, Role};
 use pdkv_core::policy::{PeerBook, Policy};
 use pdkv_core::ports::EngineAddress;
 use pdkv_core::prefill::EngineEvent;
@@ -129,11 +129,8 @@ struct Cluster {
     procs: procs::Procs,
     /// What the run counted for its report ([`result`]).
     tally: result::Tally,
-    /// Transfers an injected fault was exposed to: their failures and reaping are excused.
-    exposed: BTreeSet<TransferId>,
-    /// Prefill ranks a fault killed and that have not restarted yet.
-    down_by_fault: BTreeSet<RankId>,
-    restart_at: Option<(std::time::Instant, RankId)>,
+    /// Kills, restarts, held dispatches and what faults excuse ([`faults`]).
+    faults: faults::Faults,
     hung: Option<String>,
     /// The run's budget (`--timeout-ms`) ended while requests were still finishing.
     budget_ended: Option<String>,
@@ -144,8 +141,6 @@ struct Cluster {
     foreign: foreign::ForeignSide,
     /// The run's message faults and what they did ([`messages`]).
     messages: messages::Messages,
-    /// Decode dispatches held until a killed prefill rank is back ([`faults`]).
-    holds: faults::Holds,
     /// The forger outside the deployment, if the run has one (`--forge-messages`).
     forger: Option<forger::Forger>,
 }
@@ -219,21 +214,18 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
     };
     let mut cluster = Cluster {
         tally: result::Tally::new(auth),
+        faults: faults::Faults::default(),
         decode: decode_sched::DecodeSide::new(&d, &config, policy),
         prefill: prefill_sched::PrefillSide::new(&d, &config, policy, &peers),
         clients: clients::Clients::new(Proxy::new(&d, policy.proxy), config.seed, id_seed),
         procs: procs::Procs::new(acceptor.addr, token, admission, control_setup),
         clock: Clock::start(),
-        exposed: BTreeSet::new(),
-        down_by_fault: BTreeSet::new(),
-        restart_at: None,
         hung: None,
         budget_ended: None,
         started_at: std::time::Instant::now(),
         peers,
         foreign: foreign::ForeignSide::new(foreign_report),
         messages: messages::Messages::new(&config),
-        holds: faults::Holds::default(),
         forger: None,
         addresses,
         d,
@@ -363,7 +355,7 @@ impl Cluster {
         proc.ready = true;
         let life = proc.life;
         if life > 0 {
-            self.down_by_fault.remove(&rank);
+            self.faults.down_by_fault.remove(&rank);
             self.tally.faults_log.push(format!("{rank} restarted (life {life})"));
             self.release_held(rank);
             self.pump_prefill(rank.engine, rank.dp);
@@ -427,7 +419,7 @@ impl Cluster {
                          finished in the last {quiet_ms} ms{}",
                         self.config.timeout_ms,
                         total - done,
-                        self.holds_note()
+                        self.faults.holds_note()
                     ));
                 }
                 return;
@@ -444,7 +436,7 @@ impl Cluster {
                     wake = wake.min(at);
                 }
             }
-            if let Some((at, _)) = self.restart_at {
+            if let Some((at, _)) = self.faults.restart_at {
                 wake = wake.min(at);
             }
             if let Some(wait) = self.messages.wait() {
@@ -476,9 +468,9 @@ impl Cluster {
                     self.begin_step(g);
                 }
             }
-            if let Some((at, rank)) = self.restart_at {
+            if let Some((at, rank)) = self.faults.restart_at {
                 if at <= now {
-                    self.restart_at = None;
+                    self.faults.restart_at = None;
                     self.restart(rank);
                 }
             }

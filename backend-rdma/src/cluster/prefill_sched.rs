@@ -342,7 +342,7 @@ impl Cluster {
                 EngineAction::FreeBlocks { transfer_id, owner_dp, blocks, reaped } => {
                     if reaped {
                         self.tally.ledger.reaped += 1;
-                        if self.exposed.contains(&transfer_id) {
+                        if self.faults.is_exposed(&transfer_id) {
                             self.tally.ledger.reaped_excused += 1;
                         }
                     } else {

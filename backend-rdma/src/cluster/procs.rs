@@ -520,7 +520,7 @@ impl Cluster {
     /// Whether `rank` is gone and will not come back (a restart brings back only the rank a
     /// fault killed with `restart_after_ms`).
     pub(super) fn gone_for_good(&self, rank: RankId) -> bool {
-        let restarting = self.restart_at.is_some_and(|(_, r)| r == rank);
+        let restarting = self.faults.restart_at.is_some_and(|(_, r)| r == rank);
         self.procs.ranks.get(&rank).is_some_and(|p| !p.alive) && !restarting
     }
 
@@ -638,7 +638,7 @@ impl Cluster {
         // then excused as an injected fault's would be.
         for req in self.clients.requests.values_mut() {
             req.exposed = true;
-            self.exposed.insert(req.transfer_id.clone());
+            self.faults.expose(req.transfer_id.clone());
         }
         self.tally.record_stall(gap, self.clients.requests.len() as u64);
     }

@@ -594,8 +594,8 @@ impl Cluster {
             failed_excused: self.tally.failed_excused,
             unfinished,
             queued_at_decode: self.decode.queued_total(),
-            held_for_restart: self.holds.count,
-            dispatched_while_down: self.holds.while_down,
+            held_for_restart: self.faults.holds.count,
+            dispatched_while_down: self.faults.holds.while_down,
         };
         let outcome = outcome(
             !self.tally.violations.is_empty(),
