@@ -12,12 +12,18 @@
 //! here computes a rank, a port or a quorum either: the proxy routes, the engine registers, the
 //! workers decide whom to read.
 //!
-//! This file holds the run's state and main loop; the rest is split by concept: `clients.rs`
-//! (the proxy and the requests in flight), `config.rs`
-//! (the options), `procs.rs` (processes and membership), `prefill_sched.rs` and
-//! `decode_sched.rs` (the engines' schedulers), `faults.rs` (kills and restarts), `messages.rs`
-//! (lost, duplicated and delayed control messages) and `result.rs` (the report, in the
-//! simulator's vocabulary).
+//! This file holds the run's main loop and [`Cluster`], which keeps only what the driver alone
+//! owns (the options, the deployment, the addresses and peer rules, the clock, when the run
+//! started, and why it hung or ran out of budget) and one owned subsystem per concept, each in
+//! its own file with the methods that touch only it: `clients.rs` ([`clients::Clients`]: the
+//! proxy, the request stream, the requests in flight), `procs.rs` ([`procs::Procs`]: processes
+//! and membership), `prefill_sched.rs` and `decode_sched.rs` ([`prefill_sched::PrefillSide`],
+//! [`decode_sched::DecodeSide`]: the engines' nodes and schedulers), `faults.rs`
+//! ([`faults::Faults`]: kills, restarts, held dispatches, what faults excuse), `messages.rs`
+//! ([`messages::Messages`]: lost, duplicated and delayed control messages), `foreign.rs`
+//! ([`foreign::ForeignSide`]: the side another connector's code plays), `forger.rs` (the
+//! forger) and `result.rs` ([`result::Tally`], the run's counters, and the report, in the
+//! simulator's vocabulary). `config.rs` holds the options.
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
@@ -113,36 +119,38 @@ enum Ev {
 
 // ------------------------------------------------------------------------------ scheduling
 
-/// The whole run's state.
+/// The whole run: what its driver alone owns, and the subsystems that own the rest.
 struct Cluster {
     config: ClusterConfig,
     d: Deployment,
+    /// Where each engine's handshake and notify listeners are based.
     addresses: BTreeMap<EngineId, EngineAddress>,
+    /// The rules each engine follows (pdkv's, or the foreign side's).
+    peers: PeerBook,
     clock: Clock,
-    /// The decode DP groups' schedulers ([`decode_sched`]).
-    decode: decode_sched::DecodeSide,
-    /// The prefill engines and their DP groups' schedulers ([`prefill_sched`]).
-    prefill: prefill_sched::PrefillSide,
-    /// The proxy, the request stream and the requests in flight ([`clients`]).
-    clients: clients::Clients,
-    /// The rank processes and their membership ([`procs`]).
-    procs: procs::Procs,
-    /// What the run counted for its report ([`result`]).
-    tally: result::Tally,
-    /// Kills, restarts, held dispatches and what faults excuse ([`faults`]).
-    faults: faults::Faults,
+    started_at: std::time::Instant,
+    /// Why the run hung, if it did.
     hung: Option<String>,
     /// The run's budget (`--timeout-ms`) ended while requests were still finishing.
     budget_ended: Option<String>,
-    started_at: std::time::Instant,
-    /// The rules each engine follows (pdkv's, or the foreign side's).
-    peers: PeerBook,
-    /// The foreign side, its driver and its report ([`foreign`]).
-    foreign: foreign::ForeignSide,
+    /// The proxy, the request stream and the requests in flight ([`clients`]).
+    clients: clients::Clients,
+    /// The prefill engines and their DP groups' schedulers ([`prefill_sched`]).
+    prefill: prefill_sched::PrefillSide,
+    /// The decode DP groups' schedulers ([`decode_sched`]).
+    decode: decode_sched::DecodeSide,
+    /// The rank processes and their membership ([`procs`]).
+    procs: procs::Procs,
+    /// Kills, restarts, held dispatches and what faults excuse ([`faults`]).
+    faults: faults::Faults,
     /// The run's message faults and what they did ([`messages`]).
     messages: messages::Messages,
+    /// The foreign side, its driver and its report ([`foreign`]).
+    foreign: foreign::ForeignSide,
     /// The forger outside the deployment, if the run has one (`--forge-messages`).
     forger: Option<forger::Forger>,
+    /// What the run counted for its report ([`result`]).
+    tally: result::Tally,
 }
 
 /// Runs a cluster to the end and reports; `progress` is called as requests end.
@@ -212,24 +220,28 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
         (Some(_), true) => "require",
         (Some(_), false) => "verify",
     };
+    let clients = clients::Clients::new(Proxy::new(&d, policy.proxy), config.seed, id_seed);
+    let prefill = prefill_sched::PrefillSide::new(&d, &config, policy, &peers);
+    let decode = decode_sched::DecodeSide::new(&d, &config, policy);
+    let messages = messages::Messages::new(&config);
     let mut cluster = Cluster {
-        tally: result::Tally::new(auth),
-        faults: faults::Faults::default(),
-        decode: decode_sched::DecodeSide::new(&d, &config, policy),
-        prefill: prefill_sched::PrefillSide::new(&d, &config, policy, &peers),
-        clients: clients::Clients::new(Proxy::new(&d, policy.proxy), config.seed, id_seed),
-        procs: procs::Procs::new(acceptor.addr, token, admission, control_setup),
         clock: Clock::start(),
+        started_at: std::time::Instant::now(),
         hung: None,
         budget_ended: None,
-        started_at: std::time::Instant::now(),
-        peers,
+        clients,
+        prefill,
+        decode,
+        procs: procs::Procs::new(acceptor.addr, token, admission, control_setup),
+        faults: faults::Faults::default(),
+        messages,
         foreign: foreign::ForeignSide::new(foreign_report),
-        messages: messages::Messages::new(&config),
         forger: None,
-        addresses,
-        d,
+        tally: result::Tally::new(auth),
         config,
+        d,
+        addresses,
+        peers,
     };
     let started = cluster.start_all(&rx, &tx);
     let result = match started {
