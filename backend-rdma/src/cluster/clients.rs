@@ -11,9 +11,10 @@ use pdkv_engine::verdict::ViolationKind;
 
 use super::{Cluster, Failure};
 
-/// The stream number of the request draws (lengths; and ids, from another seed) in the project's generator: the
-/// simulator's workload stream's number, and apart from stream 0, which the cluster fuzzer draws
-/// its plans from with the same seed, so a plan and its run's requests are not correlated.
+/// The stream number of the request draws (lengths; and ids, from another seed) in the
+/// project's generator: the simulator's workload stream's number, and apart from stream 0, which
+/// the cluster fuzzer draws its plans from with the same seed, so a plan and its run's requests
+/// are not correlated.
 pub(super) const REQUEST_STREAM: u64 = 1;
 
 /// A request in flight, from its arrival to its end.
@@ -81,6 +82,8 @@ impl Clients {
 }
 
 impl Cluster {
+    /// A client sends its next request, if any is left: drawn, routed by the proxy to a prefill
+    /// DP group and queued there, or ended at once when its decode group is gone.
     pub(super) fn submit(&mut self) {
         if self.tally.sent >= u64::from(self.config.requests) {
             return;

@@ -230,6 +230,8 @@ pub(super) struct Procs {
 }
 
 impl Procs {
+    /// No process started yet: joins come to `scheduler_addr` with `token`, admitted by
+    /// `admission`, and each rank gets `control_setup`.
     pub(super) fn new(
         scheduler_addr: SocketAddr,
         token: String,
