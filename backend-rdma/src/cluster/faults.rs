@@ -1,9 +1,10 @@
 //! Injected faults: killing a prefill rank after N requests, restarting it, and holding the
 //! decode dispatches of its group's requests until it is back (`--hold-dispatches-until-restart`).
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
-use pdkv_core::ids::{EngineId, RankId};
+use pdkv_core::ids::{EngineId, RankId, TransferId};
 
 use super::{Cluster, Fault};
 use pdkv_core::decode::RecvRequest;
@@ -20,15 +21,50 @@ pub(super) struct Holds {
     pub(super) while_down: u64,
 }
 
+/// The injected faults' state: the prefill ranks a kill keeps down and the restart due, the
+/// decode dispatches held meanwhile, and the transfers a fault (a kill, a message fault, the
+/// scheduler's own stall) was exposed to, whose requests' failures and reaping it excuses.
+#[derive(Default)]
+pub(super) struct Faults {
+    /// Transfers an injected fault was exposed to: their failures and reaping are excused.
+    pub(super) exposed: BTreeSet<TransferId>,
+    /// Prefill ranks a fault killed and that have not restarted yet.
+    pub(super) down_by_fault: BTreeSet<RankId>,
+    /// When a killed rank restarts, and which.
+    pub(super) restart_at: Option<(std::time::Instant, RankId)>,
+    /// Decode dispatches held until a killed prefill rank is back.
+    pub(super) holds: Holds,
+}
+
+impl Faults {
+    /// A fault was exposed to transfer `t`: its request's failure and its reaping are excused.
+    pub(super) fn expose(&mut self, t: TransferId) {
+        self.exposed.insert(t);
+    }
+
+    /// Whether a fault was exposed to transfer `t`.
+    pub(super) fn is_exposed(&self, t: &TransferId) -> bool {
+        self.exposed.contains(t)
+    }
+
+    /// What the hold still holds, for a hang's reason.
+    pub(super) fn holds_note(&self) -> String {
+        match self.holds.held.len() {
+            0 => String::new(),
+            n => format!("; {n} decode dispatches held until a killed prefill rank is back"),
+        }
+    }
+}
+
 impl Cluster {
     pub(super) fn maybe_kill(&mut self) {
         let faults = self.config.faults.clone();
         for fault in faults {
             let Fault::KillPrefill { rank, after, restart_after_ms } = fault else { continue };
-            if self.prefilled != after {
+            if self.tally.prefilled != after {
                 continue;
             }
-            let Some(proc) = self.ranks.get_mut(&rank) else { continue };
+            let Some(proc) = self.procs.ranks.get_mut(&rank) else { continue };
             if let Some(child) = proc.child.as_mut() {
                 let _ = child.kill();
                 let _ = child.wait();
@@ -36,17 +72,17 @@ impl Cluster {
             proc.killed_by_fault = true;
             proc.alive = false;
             proc.writer = None;
-            self.processes.killed_by_fault += 1;
-            self.down_by_fault.insert(rank);
+            self.procs.processes.killed_by_fault += 1;
+            self.faults.down_by_fault.insert(rank);
             self.expose_group(rank);
             self.hold_queued(rank);
             let at = self.started_at.elapsed().as_millis();
-            self.faults_log.push(format!("killed {rank} at {at} ms, after {after} prefills"));
+            self.tally.faults_log.push(format!("killed {rank} at {at} ms, after {after} prefills"));
             if self.is_foreign(rank.engine) {
-                self.foreign_killed(rank);
+                self.foreign.killed(rank);
             }
             if let Some(ms) = restart_after_ms {
-                self.restart_at = Some((std::time::Instant::now() + Duration::from_millis(ms), rank));
+                self.faults.restart_at = Some((std::time::Instant::now() + Duration::from_millis(ms), rank));
             }
             self.rank_lost(rank);
         }
@@ -59,25 +95,25 @@ impl Cluster {
     /// sent ([`Cluster::submit`]).
     pub(super) fn expose_group(&mut self, rank: RankId) {
         let group = (usize::from(rank.engine.index), rank.dp);
-        for req in self.requests.values_mut().filter(|r| r.prefill == group) {
+        for req in self.clients.requests.values_mut().filter(|r| r.prefill == group) {
             req.exposed = true;
-            self.exposed.insert(req.transfer_id.clone());
+            self.faults.expose(req.transfer_id.clone());
         }
         // So is every transfer the group still holds whose request already ended: its releases
         // may be on their way to the killed rank and lost with it (a request ends when its KV
         // arrived, before its release is delivered).
-        let held: Vec<_> = self.engines[group.0]
+        let held: Vec<_> = self.prefill.engines[group.0]
             .held()
             .filter(|t| t.owner_dp == rank.dp)
             .map(|t| t.transfer_id.clone())
             .collect();
-        self.exposed.extend(held);
+        self.faults.exposed.extend(held);
     }
 
     pub(super) fn restart(&mut self, rank: RankId) {
-        let life = self.ranks.get(&rank).map_or(0, |p| p.life + 1);
-        if let Err(e) = self.spawn(rank, life) {
-            self.problem(format!("restart of {rank}: {e}"));
+        let life = self.procs.ranks.get(&rank).map_or(0, |p| p.life + 1);
+        if let Err(e) = self.procs.spawn(&self.config, rank, life) {
+            self.tally.problem(format!("restart of {rank}: {e}"));
         }
     }
 
@@ -87,7 +123,7 @@ impl Cluster {
         let engine = EngineId::prefill(engine as u16);
         (0..self.d.layout(engine).tp)
             .map(|tp| RankId::new(engine, dp, tp))
-            .find(|r| self.down_by_fault.contains(r))
+            .find(|r| self.faults.down_by_fault.contains(r))
     }
 
     /// Holds `recv`, the decode dispatch of a request for decode group `g`, when its prefill
@@ -96,19 +132,19 @@ impl Cluster {
     /// to the kill (it already is: it was in flight at the kill, or sent while the rank was
     /// down), so its failure and its reaping stay excused however long it waits.
     pub(super) fn hold(&mut self, g: usize, recv: RecvRequest) -> Option<RecvRequest> {
-        let Some(req) = self.requests.get(&recv.request) else { return Some(recv) };
+        let Some(req) = self.clients.requests.get(&recv.request) else { return Some(recv) };
         if self.group_down(req.prefill).is_none() {
             return Some(recv);
         }
         if !self.config.hold_dispatches_until_restart {
-            self.holds.while_down += 1;
+            self.faults.holds.while_down += 1;
             return Some(recv);
         }
-        let req = self.requests.get_mut(&recv.request).expect("looked up above");
+        let req = self.clients.requests.get_mut(&recv.request).expect("looked up above");
         req.exposed = true;
-        self.exposed.insert(req.transfer_id.clone());
-        self.holds.count += 1;
-        self.holds.held.push((g, recv));
+        self.faults.expose(req.transfer_id.clone());
+        self.faults.holds.count += 1;
+        self.faults.holds.held.push((g, recv));
         None
     }
 
@@ -116,14 +152,14 @@ impl Cluster {
     /// of its prefill group is back ([`Cluster::hold`]), then to the foreign driver playing
     /// the group or to the group's scheduler.
     pub(super) fn send_to_decode(&mut self, g: usize, recv: RecvRequest) {
-        let (engine, dp) = (EngineId::decode(self.dgroups[g].engine as u16), self.dgroups[g].dp);
+        let (engine, dp) = (EngineId::decode(self.decode.groups[g].engine as u16), self.decode.groups[g].dp);
         if let Some(gone) = self.gone_rank_of_group(engine, dp) {
             // Registered already: the reaper frees what the dead group never releases.
             return self.end(recv.request, Some(vec![format!("{gone} is gone")]));
         }
         let Some(recv) = self.hold(g, recv) else { return };
         if self.is_foreign(engine) {
-            self.foreign_recv(recv.request, engine, dp, recv.params);
+            self.foreign.recv(recv.request, engine, dp, recv.params);
         } else {
             self.dispatch(g, recv);
         }
@@ -136,10 +172,10 @@ impl Cluster {
             return;
         }
         let group = (usize::from(rank.engine.index), rank.dp);
-        for g in 0..self.dgroups.len() {
-            let requests = &self.requests;
+        for g in 0..self.decode.groups.len() {
+            let requests = &self.clients.requests;
             let mut out = Vec::new();
-            let queued = self.dgroups[g].sched.take_waiting(
+            let queued = self.decode.groups[g].sched.take_waiting(
                 |recv| requests.get(&recv.request).is_some_and(|r| r.prefill == group),
                 &mut out,
             );
@@ -155,9 +191,9 @@ impl Cluster {
     /// a group another killed rank still keeps down stay held).
     pub(super) fn release_held(&mut self, rank: RankId) {
         let mut released = 0;
-        for (g, recv) in std::mem::take(&mut self.holds.held) {
-            if self.requests.get(&recv.request).and_then(|r| self.group_down(r.prefill)).is_some() {
-                self.holds.held.push((g, recv));
+        for (g, recv) in std::mem::take(&mut self.faults.holds.held) {
+            if self.clients.requests.get(&recv.request).and_then(|r| self.group_down(r.prefill)).is_some() {
+                self.faults.holds.held.push((g, recv));
             } else {
                 released += 1;
                 self.send_to_decode(g, recv);
@@ -165,19 +201,9 @@ impl Cluster {
         }
         if released > 0 {
             let at = self.started_at.elapsed().as_millis();
-            self.faults_log.push(format!(
+            self.tally.faults_log.push(format!(
                 "released {released} decode dispatches held for {rank} at {at} ms, after its restart"
             ));
         }
     }
-
-    /// What the hold still holds, for a hang's reason.
-    pub(super) fn holds_note(&self) -> String {
-        match self.holds.held.len() {
-            0 => String::new(),
-            n => format!("; {n} decode dispatches held until a killed prefill rank is back"),
-        }
-    }
-
-    // -------------------------------------------------------------------------- the loop
 }

@@ -44,7 +44,7 @@
 //! started survives a SIGKILL of `pdkv cluster` (the parent-death signal reaches the direct
 //! child alone), and so does one that left the driver's process group (`setsid`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -61,7 +61,7 @@ use serde::{Deserialize, Serialize};
 use super::config::Foreign;
 use super::errors::{DriverSetupError, SpawnError, Spawned, StartError};
 use super::foreign_reads::{self, Life, Plan};
-use super::{Cluster, Ev, Violation};
+use super::{Cluster, Ev, ForeignReport};
 use pdkv_engine::verdict::ViolationKind;
 
 /// Longest line the driver may send: a `bye` with a few hundred counters fits many times.
@@ -560,6 +560,68 @@ fn parse_line(number: u64, line: &[u8]) -> DriverEvent {
     }
 }
 
+/// The foreign side of a mixed run: its driver, what the run learnt from and about the side it
+/// plays, and its report. Empty, with no driver, in a run without a foreign side.
+pub(super) struct ForeignSide {
+    /// The driver playing the foreign side, if any.
+    pub(super) driver: Option<Driver>,
+    /// Foreign prefill: each data-plane-only rank's handshake reply, for the driver's setup.
+    pub(super) replies: BTreeMap<RankId, [Vec<u8>; 2]>,
+    /// The descriptors each prefill process (rank, life) handed out, to tell whose session a
+    /// foreign decode's planned read goes through ([`foreign_reads`]).
+    pub(super) lives: BTreeMap<(RankId, u32), Life>,
+    /// Foreign decode: requests handed to the driver and not yet answered.
+    pub(super) pending: BTreeSet<RequestId>,
+    /// Foreign prefill: transfers each foreign rank reported finished (a second report is a
+    /// violation).
+    pub(super) finished: BTreeSet<(RankId, TransferId)>,
+    pub(super) report: ForeignReport,
+    /// Foreign prefill ranks whose data-plane server restarted and whose driver has not yet
+    /// said `restarted`: not ready.
+    pub(super) restarting: BTreeSet<RankId>,
+}
+
+impl ForeignSide {
+    /// A foreign side without a driver yet, reporting into `report`.
+    pub(super) fn new(report: ForeignReport) -> ForeignSide {
+        ForeignSide {
+            driver: None,
+            replies: BTreeMap::new(),
+            lives: BTreeMap::new(),
+            pending: BTreeSet::new(),
+            finished: BTreeSet::new(),
+            report,
+            restarting: BTreeSet::new(),
+        }
+    }
+
+    /// Queues `msg` for the driver, if there is one.
+    pub(super) fn tell(&mut self, msg: &ToDriver) {
+        if let Some(driver) = self.driver.as_mut() {
+            driver.send(msg);
+        }
+    }
+
+    /// A foreign decode group takes request `id`.
+    pub(super) fn recv(&mut self, id: RequestId, engine: EngineId, dp: u16, params: KvTransferParams) {
+        self.pending.insert(id);
+        let msg = ToDriver::Recv {
+            request: id.0.to_string(),
+            engine: engine.index,
+            dp,
+            params,
+            local_block_ids: Vec::new(),
+        };
+        self.tell(&msg);
+    }
+
+    /// `--kill` stopped a foreign prefill rank's data-plane server: the driver stops the rank's
+    /// listeners and forgets what it held, as the process's death would.
+    pub(super) fn killed(&mut self, rank: RankId) {
+        self.tell(&ToDriver::Kill { engine: rank.engine.index, dp: rank.dp, tp: rank.tp });
+    }
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -619,7 +681,7 @@ impl Cluster {
     /// A foreign prefill rank as the driver binds it: the handshake reply its data-plane server
     /// (its latest life) stands behind.
     fn rank_view(&self, rank: RankId) -> Result<RankView, DriverSetupError> {
-        let [metadata, layers] = self.foreign_replies.get(&rank).ok_or(DriverSetupError::NoReply(rank))?;
+        let [metadata, layers] = self.foreign.replies.get(&rank).ok_or(DriverSetupError::NoReply(rank))?;
         let metadata = match wire::decode(metadata) {
             Ok(ControlMessage::HandshakeMetadata(m)) => m,
             other => return Err(DriverSetupError::Metadata { rank, got: format!("{other:?}") }),
@@ -645,48 +707,17 @@ impl Cluster {
         })
     }
 
-    /// `--kill` stopped a foreign prefill rank's data-plane server: the driver stops the rank's
-    /// listeners and forgets what it held, as the process's death would.
-    pub(super) fn foreign_killed(&mut self, rank: RankId) {
-        self.tell_driver(&ToDriver::Kill { engine: rank.engine.index, dp: rank.dp, tp: rank.tp });
-    }
-
     /// The restarted data-plane server of a foreign prefill rank is ready: the driver starts the
     /// rank again, a fresh process of its code answering with the new server's descriptors,
     /// and the rank counts as ready once the driver says `restarted`.
     pub(super) fn foreign_restart(&mut self, rank: RankId) {
         match self.rank_view(rank) {
             Ok(view) => {
-                self.foreign_restarting.insert(rank);
-                self.tell_driver(&ToDriver::Restart { rank: view });
+                self.foreign.restarting.insert(rank);
+                self.foreign.tell(&ToDriver::Restart { rank: view });
             }
-            Err(e) => self.problem(format!("restart of the foreign {rank}: {e}")),
+            Err(e) => self.tally.problem(format!("restart of the foreign {rank}: {e}")),
         }
-    }
-
-    pub(super) fn tell_driver(&mut self, msg: &ToDriver) {
-        if let Some(driver) = self.driver.as_mut() {
-            driver.send(msg);
-        }
-    }
-
-    /// A foreign decode group takes request `id`.
-    pub(super) fn foreign_recv(
-        &mut self,
-        id: RequestId,
-        engine: EngineId,
-        dp: u16,
-        params: KvTransferParams,
-    ) {
-        self.foreign_pending.insert(id);
-        let msg = ToDriver::Recv {
-            request: id.0.to_string(),
-            engine: engine.index,
-            dp,
-            params,
-            local_block_ids: Vec::new(),
-        };
-        self.tell_driver(&msg);
     }
 
     /// Records the descriptors a prefill process handed out in its handshake reply (metadata,
@@ -697,16 +728,16 @@ impl Cluster {
         incarnation: Option<pdkv_core::ids::Incarnation>,
         reply: &[Vec<u8>; 2],
     ) {
-        let Some(proc) = self.ranks.get(&rank) else { return };
+        let Some(proc) = self.procs.ranks.get(&rank) else { return };
         let engine_desc = match wire::decode(&reply[0]) {
             Ok(ControlMessage::HandshakeMetadata(m)) => m.agent_metadata,
-            _ => return self.problem(format!("{rank}'s handshake metadata does not decode")),
+            _ => return self.tally.problem(format!("{rank}'s handshake metadata does not decode")),
         };
         let Ok(layers) = wire::decode_layer_memory_descs(&reply[1]) else {
-            return self.problem(format!("{rank}'s layer descriptors do not decode"));
+            return self.tally.problem(format!("{rank}'s layer descriptors do not decode"));
         };
         let memory_descs = layers.into_iter().flat_map(|l| l.descs).collect();
-        self.lives.insert((rank, proc.life), Life { incarnation, engine_desc, memory_descs });
+        self.foreign.lives.insert((rank, proc.life), Life { incarnation, engine_desc, memory_descs });
     }
 
     /// A foreign decode rank planned a read: judged and counted, or refused when the line
@@ -722,8 +753,8 @@ impl Cluster {
             .parse()
             .ok()
             .map(RequestId)
-            .filter(|id| self.foreign_pending.contains(id))
-            .and_then(|id| self.requests.get(&id))
+            .filter(|id| self.foreign.pending.contains(id))
+            .and_then(|id| self.clients.requests.get(&id))
             .ok_or_else(|| PlanRefused::NotHeld(request.clone()))?;
         if req.transfer_id.0 != transfer_id {
             return Err(PlanRefused::OtherTransfer {
@@ -749,9 +780,9 @@ impl Cluster {
         let holder = (source.0 == req.prefill.1).then(|| req.holders.get(&source.1).copied()).flatten();
         let held = req.prefill_blocks.clone();
         let plan = Plan { source: source_rank, block_ids, engine_desc, memory_descs };
-        let live = self.ranks.get(&source_rank).filter(|p| p.alive).map(|p| p.life);
-        let verdict = foreign_reads::judge(&plan, &held, holder, &self.lives, live);
-        self.foreign_report.reads.count(reader, source_rank, &transfer_id, &verdict);
+        let live = self.procs.ranks.get(&source_rank).filter(|p| p.alive).map(|p| p.life);
+        let verdict = foreign_reads::judge(&plan, &held, holder, &self.foreign.lives, live);
+        self.foreign.report.reads.count(reader, source_rank, &transfer_id, &verdict);
         Ok(())
     }
 
@@ -761,14 +792,14 @@ impl Cluster {
             DriverEvent::Msg(msg) => msg,
             DriverEvent::Garbled(detail) => {
                 // Before it is ready the driver is not talking the protocol at all: stop there.
-                if !self.driver.as_ref().is_some_and(|d| d.ready) {
+                if !self.foreign.driver.as_ref().is_some_and(|d| d.ready) {
                     return Some(StartError::DriverGarbled(detail));
                 }
-                self.violations.push(Violation { kind: ViolationKind::ProtocolError, detail });
+                self.tally.violation(ViolationKind::ProtocolError, detail);
                 return None;
             }
             DriverEvent::Closed => {
-                let driver = self.driver.as_mut()?;
+                let driver = self.foreign.driver.as_mut()?;
                 driver.closed = true;
                 if !driver.said_bye {
                     if !driver.ready {
@@ -782,36 +813,34 @@ impl Cluster {
         };
         match msg {
             FromDriver::Ready {} => {
-                if let Some(driver) = self.driver.as_mut() {
+                if let Some(driver) = self.foreign.driver.as_mut() {
                     driver.ready = true;
                 }
             }
             FromDriver::Error { detail } => return Some(StartError::DriverFailed(detail)),
-            FromDriver::Problem { detail } => self.problem(format!("foreign driver: {detail}")),
+            FromDriver::Problem { detail } => self.tally.problem(format!("foreign driver: {detail}")),
             FromDriver::Bye { stats } => {
-                self.foreign_report.stats = stats;
-                if let Some(driver) = self.driver.as_mut() {
+                self.foreign.report.stats = stats;
+                if let Some(driver) = self.foreign.driver.as_mut() {
                     driver.said_bye = true;
                 }
             }
             FromDriver::Received { request, ok, error } => {
                 let Some(id) =
-                    request.parse().ok().map(RequestId).filter(|id| self.foreign_pending.remove(id))
+                    request.parse().ok().map(RequestId).filter(|id| self.foreign.pending.remove(id))
                 else {
-                    self.violations.push(Violation {
-                        kind: ViolationKind::ProtocolError,
-                        detail: format!(
-                            "the foreign driver reported request {request:?}, which it was not given"
-                        ),
-                    });
+                    self.tally.violation(
+                        ViolationKind::ProtocolError,
+                        format!("the foreign driver reported request {request:?}, which it was not given"),
+                    );
                     return None;
                 };
                 if ok {
-                    self.foreign_report.received += 1;
-                    if let Some(req) = self.requests.get_mut(&id) {
+                    self.foreign.report.received += 1;
+                    if let Some(req) = self.clients.requests.get_mut(&id) {
                         let now = std::time::Instant::now();
                         req.first_token = Some(now);
-                        self.ttft_ms.push((now - req.started).as_secs_f64() * 1e3);
+                        self.tally.record_first_token((now - req.started).as_secs_f64() * 1e3);
                     }
                     self.end(id, None);
                 } else {
@@ -821,13 +850,11 @@ impl Cluster {
             }
             FromDriver::Restarted { engine, dp, tp } => {
                 let rank = RankId::new(EngineId::prefill(engine), dp, tp);
-                if !self.foreign_restarting.remove(&rank) {
-                    self.violations.push(Violation {
-                        kind: ViolationKind::ProtocolError,
-                        detail: format!(
-                            "the foreign driver restarted {rank}, which it was not asked to restart"
-                        ),
-                    });
+                if !self.foreign.restarting.remove(&rank) {
+                    self.tally.violation(
+                        ViolationKind::ProtocolError,
+                        format!("the foreign driver restarted {rank}, which it was not asked to restart"),
+                    );
                     return None;
                 }
                 self.rank_up(rank);
@@ -835,27 +862,27 @@ impl Cluster {
             FromDriver::ReadPlan(line) => {
                 if let Err(refused) = self.read_planned(line) {
                     let detail = format!("the foreign driver's read_plan: {refused}");
-                    self.violations.push(Violation { kind: ViolationKind::ProtocolError, detail });
+                    self.tally.violation(ViolationKind::ProtocolError, detail);
                 }
             }
             FromDriver::Finished { transfer_id, engine, dp, tp } => {
                 let rank = RankId::new(EngineId::prefill(engine), dp, tp);
                 let transfer_id = TransferId(transfer_id);
                 let held = self.d.ranks(Role::Prefill).contains(&rank)
-                    && self.registered.contains_key(&(rank, transfer_id.clone()))
-                    && self.foreign_finished.insert((rank, transfer_id.clone()));
+                    && self.prefill.registered.contains_key(&(rank, transfer_id.clone()))
+                    && self.foreign.finished.insert((rank, transfer_id.clone()));
                 if !held {
-                    self.foreign_report.unexpected_finishes += 1;
-                    self.violations.push(Violation {
-                        kind: ViolationKind::ProtocolError,
-                        detail: format!(
+                    self.foreign.report.unexpected_finishes += 1;
+                    self.tally.violation(
+                        ViolationKind::ProtocolError,
+                        format!(
                             "the foreign {rank} reported {transfer_id} finished, which it does not hold \
                              or reported before"
                         ),
-                    });
+                    );
                     return None;
                 }
-                self.foreign_report.finished += 1;
+                self.foreign.report.finished += 1;
                 self.engine(
                     usize::from(engine),
                     pdkv_core::prefill::EngineEvent::WorkerFinished { rank, transfer_id },

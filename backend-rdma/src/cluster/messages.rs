@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use pdkv_core::ids::{EngineId, RankId, Role, TransferId};
 
-use super::{Cluster, ClusterConfig, Fault, Req};
+use super::clients::Req;
+use super::{Cluster, ClusterConfig, Fault};
 use crate::message_faults::{
     Injector, Later, MessageAction, MessageFault, MessageHit, MessageKind, SenderFaults,
 };
@@ -180,7 +181,7 @@ impl Cluster {
     /// The fault log's first lines: what each message fault does.
     pub(super) fn log_message_faults(&mut self) {
         for fault in &self.messages.faults {
-            self.faults_log.push(fault.describe());
+            self.tally.faults_log.push(fault.describe());
         }
     }
 
@@ -197,7 +198,7 @@ impl Cluster {
         match excuse(&hit, self.messages.grace) {
             Excuse::Nothing => {}
             Excuse::Reaping(t) => {
-                self.exposed.insert(t);
+                self.faults.expose(t);
             }
             Excuse::Request(t) => self.expose_request(t),
             Excuse::Touch { ranks, lasting } => {
@@ -210,12 +211,12 @@ impl Cluster {
     }
 
     fn expose_request(&mut self, t: TransferId) {
-        if let Some(id) = self.request_of(&t) {
-            if let Some(req) = self.requests.get_mut(&id) {
+        if let Some(id) = self.clients.request_of(&t) {
+            if let Some(req) = self.clients.requests.get_mut(&id) {
                 req.exposed = true;
             }
         }
-        self.exposed.insert(t);
+        self.faults.expose(t);
     }
 
     fn log_message_hit(&mut self, hit: &MessageHit, from: String, to: String) {
@@ -235,7 +236,7 @@ impl Cluster {
         let about = hit.transfer_id.as_ref().map(|t| format!(" of {t}")).unwrap_or_default();
         let faults: Vec<String> =
             hit.fate.faults.iter().map(|&i| self.messages.faults[usize::from(i)].to_string()).collect();
-        self.faults_log.push(format!(
+        self.tally.faults_log.push(format!(
             "{at} ms: {} {}{about} from {from} to {to} ({})",
             hit.fate.words(),
             hit.kind.words(),
@@ -248,9 +249,9 @@ impl Cluster {
     /// its decode request go unanswered), and its registered transfer waits for the reaper.
     pub(super) fn dispatch(&mut self, g: usize, recv: RecvRequest) {
         let id = recv.request;
-        let Some(req) = self.requests.get(&id) else { return };
+        let Some(req) = self.clients.requests.get(&id) else { return };
         let (decode, (pe, pdp)) =
-            ((self.dgroups[g].engine, self.dgroups[g].dp, self.dgroups[g].tp), req.prefill);
+            ((self.decode.groups[g].engine, self.decode.groups[g].dp, self.decode.groups[g].tp), req.prefill);
         let prefill = EngineId::prefill(pe as u16);
         let mut ranks: Vec<RankId> =
             (0..decode.2).map(|tp| RankId::new(EngineId::decode(decode.0 as u16), decode.1, tp)).collect();
@@ -284,14 +285,14 @@ impl Cluster {
             // A delay that ends while the request's prefill group is down holds it again.
             let held = self.config.hold_dispatches_until_restart;
             let Some(recv) = (if held { self.hold(g, recv) } else { Some(recv) }) else { continue };
-            if self.requests.contains_key(&recv.request) {
+            if self.clients.requests.contains_key(&recv.request) {
                 self.take_dispatch(g, recv);
             }
         }
     }
 
     fn take_dispatch(&mut self, g: usize, recv: RecvRequest) {
-        let (engine, dp) = (EngineId::decode(self.dgroups[g].engine as u16), self.dgroups[g].dp);
+        let (engine, dp) = (EngineId::decode(self.decode.groups[g].engine as u16), self.decode.groups[g].dp);
         // The group died while the dispatch was held: as for a dispatch to a dead group.
         if let Some(gone) = self.gone_rank_of_group(engine, dp) {
             return self.end(recv.request, Some(vec![format!("{gone} is gone")]));
@@ -312,7 +313,7 @@ impl Cluster {
     /// The fault log, with a summary of the message faults when any were asked for.
     pub(super) fn fault_lines(&self) -> Vec<String> {
         let m = &self.messages;
-        let mut lines = self.faults_log.clone();
+        let mut lines = self.tally.faults_log.clone();
         if m.faults.is_empty() {
             return lines;
         }

@@ -4,38 +4,46 @@
 //!
 //! This process plays the parts vLLM keeps outside its workers: the proxy (the core's
 //! [`Proxy`]), each prefill engine's scheduler with its block pool and the engine node
-//! ([`PrefillEngine`]: registration quorums, frees, the reaper), and each decode DP group's
-//! scheduler (the engine layer's [`DecodeScheduler`], the simulator's too: admission by pool
-//! space, the request barrier, the batch, and the TP group's barrier that takes the MIN vote).
-//! The ranks run the worker nodes
-//! behind real listeners and a real data plane. Nothing here computes a rank, a port or a quorum
-//! either: the proxy routes, the engine registers, the workers decide whom to read.
+//! ([`PrefillEngine`](pdkv_core::prefill::PrefillEngine): registration quorums, frees, the
+//! reaper), and each decode DP group's scheduler (the engine layer's
+//! [`DecodeScheduler`](pdkv_engine::decode::DecodeScheduler), the simulator's too: admission by
+//! pool space, the request barrier, the batch, and the TP group's barrier that takes the MIN
+//! vote). The ranks run the worker nodes behind real listeners and a real data plane. Nothing
+//! here computes a rank, a port or a quorum either: the proxy routes, the engine registers, the
+//! workers decide whom to read.
 //!
-//! This file holds the run's state and main loop; the rest is split by concept: `config.rs`
-//! (the options), `procs.rs` (processes and membership), `prefill_sched.rs` and
-//! `decode_sched.rs` (the engines' schedulers), `faults.rs` (kills and restarts), `messages.rs`
-//! (lost, duplicated and delayed control messages) and `result.rs` (the report, in the
-//! simulator's vocabulary).
+//! This file holds the run's main loop and [`Cluster`], which keeps only what the driver alone
+//! owns (the options, the deployment, the addresses and peer rules, the clock, when the run
+//! started, and why it hung or ran out of budget) and one owned subsystem per concept, each in
+//! its own file with the methods that touch only it: `clients.rs` ([`clients::Clients`]: the
+//! proxy, the request stream, the requests in flight), `procs.rs` ([`procs::Procs`]: processes
+//! and membership), `prefill_sched.rs` and `decode_sched.rs` ([`prefill_sched::PrefillSide`],
+//! [`decode_sched::DecodeSide`]: the engines' nodes and schedulers), `faults.rs`
+//! ([`faults::Faults`]: kills, restarts, held dispatches, what faults excuse), `messages.rs`
+//! ([`messages::Messages`]: lost, duplicated and delayed control messages), `foreign.rs`
+//! ([`foreign::ForeignSide`]: the side another connector's code plays), `forger.rs` (the
+//! forger) and `result.rs` ([`result::Tally`], the run's counters, and the report, in the
+//! simulator's vocabulary). `config.rs` holds the options.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::net::{SocketAddr, TcpListener};
+use std::collections::BTreeMap;
+use std::net::TcpListener;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pdkv_core::group::{GroupEvent, StepReport};
-use pdkv_core::ids::{EngineId, Incarnation, RankId, RequestId, Role, TransferId};
+use pdkv_core::ids::{EngineId, RankId, Role};
 use pdkv_core::policy::{PeerBook, Policy};
 use pdkv_core::ports::EngineAddress;
-use pdkv_core::prefill::{EngineEvent, PrefillEngine};
+use pdkv_core::prefill::EngineEvent;
 use pdkv_core::proxy::Proxy;
-use pdkv_core::rng::Stream;
 use pdkv_core::time::Instant;
 use pdkv_core::topology::Deployment;
 
 use crate::rank_io::Clock;
 use crate::sched::FromRank;
 
+mod clients;
 mod config;
 mod decode_sched;
 mod errors;
@@ -57,20 +65,13 @@ pub use config::{
 pub use errors::{DriverSetupError, SpawnError, Spawned, StartError};
 pub use foreign::DriverExit;
 pub use foreign_reads::ForeignReads;
-use pdkv_engine::decode::{DecodeScheduler, SchedulerLimits};
 pub use pdkv_engine::verdict::{Summary, Verdict, ViolationKind};
-use procs::{free_ports, new_control_key, new_token, Acceptor, Admission, RankProc};
+use procs::{free_ports, new_control_key, new_token, Acceptor, Admission};
 pub use result::{
     ClusterResult, Control, Failure, ForeignReport, Latencies, Ledger, Nic, Processes, Progress, Requests,
-    Throughput, Violation,
+    Throughput, Violation, MAX_FAILURES_LISTED,
 };
 
-/// Decode blocks per decode DP group (the KV lands there; only ids are tracked here). Admission
-/// reserves a request's prompt blocks and its answer's growth from them, as the simulator's does.
-const DECODE_BLOCKS: u32 = 1 << 16;
-/// How long a decode group with nothing to compute waits before its next step, so queued
-/// requests get redialled without spinning.
-const IDLE_STEP: Duration = Duration::from_millis(2);
 /// How long ranks get to start, join and bind.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long ranks get to say goodbye and exit after shutdown.
@@ -86,16 +87,6 @@ const STALL_SHARE: u32 = 4;
 /// reader threads too, so the releases and finishes the ranks sent meanwhile still sit in the
 /// sockets; they are read first, and only what is still unreleased afterwards is reaped.
 const STALL_GRACE: Duration = Duration::from_millis(500);
-/// Most failed requests listed in the result: a run whose decode group died can fail a
-/// million requests, and a listing of each would make a result of hundreds of megabytes.
-pub const MAX_FAILURES_LISTED: usize = 1000;
-/// Most problem lines kept for the report.
-const MAX_PROBLEMS: usize = 64;
-
-/// The stream number of the request draws (lengths; and ids, from another seed) in the project's generator: the
-/// simulator's workload stream's number, and apart from stream 0, which the cluster fuzzer draws
-/// its plans from with the same seed, so a plan and its run's requests are not correlated.
-const REQUEST_STREAM: u64 = 1;
 
 // ------------------------------------------------------------------------------ processes
 
@@ -128,135 +119,38 @@ enum Ev {
 
 // ------------------------------------------------------------------------------ scheduling
 
-struct Req {
-    transfer_id: TransferId,
-    input: u32,
-    output: u32,
-    prefill: (usize, u16),
-    decode: (usize, u16),
-    prefill_blocks: Vec<u32>,
-    acks_needed: BTreeSet<RankId>,
-    /// The incarnation of each TP rank of the owner group whose process computed the KV (the
-    /// process that acknowledged the prefill, or that died computing it).
-    holders: BTreeMap<u16, Incarnation>,
-    started: std::time::Instant,
-    first_token: Option<std::time::Instant>,
-    /// An injected fault may cause its failure (see [`Cluster::expose_group`]).
-    exposed: bool,
-}
-
-/// A prefill DP group: its queue and block pool are the engine layer's scheduler, the one the
-/// simulator's groups run, planned with whole prompts (a rank computes a request at once).
-struct PGroup {
-    engine: usize,
-    dp: u16,
-    sched: pdkv_engine::prefill::PrefillScheduler,
-    /// The pool's owner number of each transfer from its arrival until its blocks are freed.
-    owners: BTreeMap<TransferId, u32>,
-    next_owner: u32,
-}
-
-struct DGroup {
-    engine: usize,
-    dp: u16,
-    tp: u16,
-    /// The group's scheduler: its queue, pool, batch, request barrier and step barrier (the
-    /// same one the simulator drives).
-    sched: DecodeScheduler<String>,
-    next_step: Option<std::time::Instant>,
-}
-
-/// The whole run's state.
+/// The whole run: what its driver alone owns, and the subsystems that own the rest.
 struct Cluster {
     config: ClusterConfig,
     d: Deployment,
+    /// Where each engine's handshake and notify listeners are based.
     addresses: BTreeMap<EngineId, EngineAddress>,
-    proxy: Proxy,
-    engines: Vec<PrefillEngine>,
-    pgroups: Vec<PGroup>,
-    dgroups: Vec<DGroup>,
-    ranks: BTreeMap<RankId, RankProc>,
-    requests: BTreeMap<RequestId, Req>,
+    /// The rules each engine follows (pdkv's, or the foreign side's).
+    peers: PeerBook,
     clock: Clock,
-    /// Request lengths, from `--seed`.
-    stream: Stream,
-    /// Transfer ids, from a seed the operating system drew (unguessable outside the run).
-    ids: Stream,
-    sent: u64,
-    finished: u64,
-    failed: u64,
-    prefilled: u32,
-    tokens_in: u64,
-    tokens_out: u64,
-    ttft_ms: Vec<f64>,
-    e2e_ms: Vec<f64>,
-    failures: Vec<Failure>,
-    violations: Vec<Violation>,
-    problems: result::Problems,
-    memory: BTreeSet<String>,
-    faults_log: Vec<String>,
-    ledger: Ledger,
-    reads: BTreeMap<RankId, (u64, u64)>,
-    /// Which life of each rank a transfer was registered on: a worker's later events
-    /// (group done, retire) go only to the process that holds its registration.
-    registered: BTreeMap<(RankId, TransferId), u32>,
-    bytes_verified: u64,
-    /// Transfers an injected fault was exposed to: their failures and reaping are excused.
-    exposed: BTreeSet<TransferId>,
-    /// Prefill ranks a fault killed and that have not restarted yet.
-    down_by_fault: BTreeSet<RankId>,
-    failed_excused: u64,
-    prompt_kv_bytes: u64,
-    /// Requests to send as soon as the current one is sent ([`Cluster::submit_owed`]).
-    owed: u64,
-    submitting: bool,
-    restart_at: Option<(std::time::Instant, RankId)>,
+    started_at: std::time::Instant,
+    /// Why the run hung, if it did.
     hung: Option<String>,
     /// The run's budget (`--timeout-ms`) ended while requests were still finishing.
     budget_ended: Option<String>,
-    /// The signal that stopped the run, if one did.
-    interrupted: Option<i32>,
-    scheduler_addr: SocketAddr,
-    /// The run's membership token and who may join ([`Admission`]).
-    token: String,
-    admission: Arc<Mutex<Admission>>,
-    processes: Processes,
-    /// The key every rank gets, and the control messages the prefill ranks refused or capped.
-    control_setup: crate::sched::ControlSetup,
-    control: Control,
-    started_at: std::time::Instant,
-    /// The rules each engine follows (pdkv's, or the foreign side's).
-    peers: PeerBook,
-    /// The driver playing the foreign side, if any ([`foreign`]).
-    driver: Option<foreign::Driver>,
-    /// Foreign prefill: each data-plane-only rank's handshake reply, for the driver's setup.
-    foreign_replies: BTreeMap<RankId, [Vec<u8>; 2]>,
-    /// The descriptors each prefill process (rank, life) handed out, to tell whose session a
-    /// foreign decode's planned read goes through ([`foreign_reads`]).
-    lives: BTreeMap<(RankId, u32), foreign_reads::Life>,
-    /// Foreign decode: requests handed to the driver and not yet answered.
-    foreign_pending: BTreeSet<RequestId>,
-    /// Foreign prefill: transfers each foreign rank reported finished (a second report is a
-    /// violation).
-    foreign_finished: BTreeSet<(RankId, TransferId)>,
-    foreign_report: ForeignReport,
-    /// Foreign prefill ranks whose data-plane server restarted and whose driver has not yet
-    /// said `restarted`: not ready.
-    foreign_restarting: BTreeSet<RankId>,
+    /// The proxy, the request stream and the requests in flight ([`clients`]).
+    clients: clients::Clients,
+    /// The prefill engines and their DP groups' schedulers ([`prefill_sched`]).
+    prefill: prefill_sched::PrefillSide,
+    /// The decode DP groups' schedulers ([`decode_sched`]).
+    decode: decode_sched::DecodeSide,
+    /// The rank processes and their membership ([`procs`]).
+    procs: procs::Procs,
+    /// Kills, restarts, held dispatches and what faults excuse ([`faults`]).
+    faults: faults::Faults,
     /// The run's message faults and what they did ([`messages`]).
     messages: messages::Messages,
-    /// Times the scheduler's own loop did not run for a while (stopped, or starved), and how
-    /// long in all: each gave every rank a fresh heartbeat window.
-    stalls: u64,
-    stalled_for: Duration,
-    /// Requests in flight during those stalls: their failures and reaping are excused.
-    exposed_to_stalls: u64,
-    /// Until when the reapers wait after the scheduler's own stall ([`STALL_GRACE`]).
-    reapers_wait_until: Option<std::time::Instant>,
-    /// Decode dispatches held until a killed prefill rank is back ([`faults`]).
-    holds: faults::Holds,
+    /// The foreign side, its driver and its report ([`foreign`]).
+    foreign: foreign::ForeignSide,
     /// The forger outside the deployment, if the run has one (`--forge-messages`).
     forger: Option<forger::Forger>,
+    /// What the run counted for its report ([`result`]).
+    tally: result::Tally,
 }
 
 /// Runs a cluster to the end and reports; `progress` is called as requests end.
@@ -316,120 +210,38 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
     let id_seed = procs::random_u64("transfer ids").map_err(ClusterError::Start)?;
     let policy = Policy::from(&config.legacy);
     let peers = config.peers(&d);
-    let engines = PrefillEngine::for_deployment(&d, policy)
-        .into_iter()
-        .map(|engine| engine.with_defer_timeout_ns(config.timeouts.defer_ns()).with_peers(peers.clone()))
-        .collect();
     let foreign_report = config.foreign.as_ref().map_or_else(ForeignReport::default, |f| ForeignReport {
         side: f.side.name().to_string(),
         rules: f.rules.to_string(),
         ..ForeignReport::default()
     });
-    let pgroups = d
-        .prefill
-        .iter()
-        .enumerate()
-        .flat_map(|(e, l)| (0..l.dp).map(move |dp| (e, dp)))
-        .map(|(engine, dp)| PGroup {
-            engine,
-            dp,
-            sched: pdkv_engine::prefill::PrefillScheduler::new(config.num_blocks, d.model.block_size_tokens),
-            owners: BTreeMap::new(),
-            next_owner: 0,
-        })
-        .collect();
-    let block_size_tokens = d.model.block_size_tokens;
-    let dgroups = d
-        .decode
-        .iter()
-        .enumerate()
-        .flat_map(|(e, l)| (0..l.dp).map(move |dp| (e, dp, l.tp)))
-        .map(|(engine, dp, tp)| DGroup {
-            engine,
-            dp,
-            tp,
-            sched: DecodeScheduler::new(
-                SchedulerLimits {
-                    width: tp,
-                    max_batch: config.decode_max_batch as usize,
-                    pool_blocks: DECODE_BLOCKS,
-                    block_size_tokens,
-                },
-                policy.handshake,
-            ),
-            next_step: None,
-        })
-        .collect();
+    let auth = match (&control_setup.key, control_setup.require) {
+        (None, _) => "open",
+        (Some(_), true) => "require",
+        (Some(_), false) => "verify",
+    };
+    let clients = clients::Clients::new(Proxy::new(&d, policy.proxy), config.seed, id_seed);
+    let prefill = prefill_sched::PrefillSide::new(&d, &config, policy, &peers);
+    let decode = decode_sched::DecodeSide::new(&d, &config, policy);
+    let messages = messages::Messages::new(&config);
     let mut cluster = Cluster {
-        proxy: Proxy::new(&d, policy.proxy),
-        engines,
-        pgroups,
-        dgroups,
-        ranks: BTreeMap::new(),
-        requests: BTreeMap::new(),
         clock: Clock::start(),
-        stream: Stream::new(config.seed, REQUEST_STREAM),
-        ids: Stream::new(id_seed, REQUEST_STREAM),
-        sent: 0,
-        finished: 0,
-        failed: 0,
-        prefilled: 0,
-        tokens_in: 0,
-        tokens_out: 0,
-        ttft_ms: Vec::new(),
-        e2e_ms: Vec::new(),
-        failures: Vec::new(),
-        violations: Vec::new(),
-        problems: result::Problems::new(MAX_PROBLEMS),
-        memory: BTreeSet::new(),
-        faults_log: Vec::new(),
-        ledger: Ledger::default(),
-        reads: BTreeMap::new(),
-        registered: BTreeMap::new(),
-        bytes_verified: 0,
-        exposed: BTreeSet::new(),
-        down_by_fault: BTreeSet::new(),
-        failed_excused: 0,
-        prompt_kv_bytes: 0,
-        owed: 0,
-        submitting: false,
-        restart_at: None,
+        started_at: std::time::Instant::now(),
         hung: None,
         budget_ended: None,
-        interrupted: None,
-        scheduler_addr: acceptor.addr,
-        token,
-        admission,
-        processes: Processes::default(),
-        started_at: std::time::Instant::now(),
-        peers,
-        driver: None,
-        foreign_replies: BTreeMap::new(),
-        lives: BTreeMap::new(),
-        foreign_pending: BTreeSet::new(),
-        foreign_finished: BTreeSet::new(),
-        foreign_report,
-        foreign_restarting: BTreeSet::new(),
-        messages: messages::Messages::new(&config),
-        stalls: 0,
-        stalled_for: Duration::ZERO,
-        exposed_to_stalls: 0,
-        reapers_wait_until: None,
-        holds: faults::Holds::default(),
+        clients,
+        prefill,
+        decode,
+        procs: procs::Procs::new(acceptor.addr, token, admission, control_setup),
+        faults: faults::Faults::default(),
+        messages,
+        foreign: foreign::ForeignSide::new(foreign_report),
         forger: None,
-        control: Control {
-            auth: match (&control_setup.key, control_setup.require) {
-                (None, _) => "open",
-                (Some(_), true) => "require",
-                (Some(_), false) => "verify",
-            }
-            .into(),
-            ..Control::default()
-        },
-        control_setup,
-        addresses,
-        d,
+        tally: result::Tally::new(auth),
         config,
+        d,
+        addresses,
+        peers,
     };
     let started = cluster.start_all(&rx, &tx);
     let result = match started {
@@ -469,7 +281,7 @@ impl Cluster {
             FromRank::Hello { .. } | FromRank::Heartbeat => {}
             FromRank::Ready { data_addr, memory, handshake, incarnation } => {
                 if rank.engine.role == Role::Prefill {
-                    self.memory.insert(memory);
+                    self.tally.memory.insert(memory);
                 }
                 if let Some(incarnation) = incarnation.filter(|_| rank.engine.role == Role::Prefill) {
                     // The engine registers, answers and retires under the incarnation each of
@@ -479,10 +291,10 @@ impl Cluster {
                 if let Some(reply) = handshake {
                     self.record_life(rank, incarnation, &reply);
                     if self.is_foreign(rank.engine) {
-                        self.foreign_replies.insert(rank, reply);
+                        self.foreign.replies.insert(rank, reply);
                     }
                 }
-                let proc = self.ranks.get_mut(&rank).expect("known rank");
+                let proc = self.procs.ranks.get_mut(&rank).expect("known rank");
                 proc.data_addr = data_addr;
                 proc.incarnation = incarnation;
                 if proc.life > 0 && self.is_foreign(rank.engine) {
@@ -494,7 +306,7 @@ impl Cluster {
             }
             FromRank::SetupFailed { error } => return Some(StartError::RankSetup { rank, error }),
             FromRank::Prefilled { transfer_id } => {
-                if let Some(id) = self.request_of(&transfer_id) {
+                if let Some(id) = self.clients.request_of(&transfer_id) {
                     self.prefill_acked(id, rank);
                 }
             }
@@ -503,54 +315,45 @@ impl Cluster {
                 self.engine(e, EngineEvent::WorkerFinished { rank, transfer_id });
             }
             FromRank::Refused { message, verdict, from, .. } => {
-                self.control.refused(rank, message, verdict, from.as_deref());
+                self.tally.control.refused(rank, message, verdict, from.as_deref());
             }
-            FromRank::LeaseCapped { .. } => self.control.leases_capped += 1,
+            FromRank::LeaseCapped { .. } => self.tally.control.leases_capped += 1,
             FromRank::Leased { transfer_id, remaining_ns } => {
                 let e = usize::from(rank.engine.index);
                 self.engine(e, EngineEvent::Leased { transfer_id, until: Instant(now.0 + remaining_ns) });
             }
             FromRank::Vote { step, ok } => {
                 let event = GroupEvent::Vote { member: rank.tp_rank(), step, ok };
-                self.group_event(self.dgroup_of(rank), event);
+                self.group_event(self.decode.group_of(rank), event);
             }
             FromRank::StepDone { step, error } => {
                 // The core says what the rank's step means for the group: ready, or failed with
                 // the whole group (both enter the forward pass), or raised out of it alone.
                 let report = error.as_ref().map_or(StepReport::Ready, StepReport::failed);
                 let event = GroupEvent::StepReport { member: rank.tp_rank(), step, report };
-                self.group_event(self.dgroup_of(rank), event);
+                self.group_event(self.decode.group_of(rank), event);
                 if let Some(error) = error.filter(|_| report == StepReport::Raised) {
-                    self.problem(format!("{rank} raised at step {step}: {error}"));
+                    self.tally.problem(format!("{rank} raised at step {step}: {error}"));
                 }
             }
             FromRank::Received { request } => self.reported(rank, request, None),
             FromRank::RecvFailed { request, error } => self.reported(rank, request, Some(error.to_string())),
             FromRank::ReadVerified { layer, source, bytes, .. } => {
-                let entry = self.reads.entry(source).or_default();
-                // A request's reads count once per decode worker, whatever the granularity.
-                if layer.is_none_or(|l| l == 0) {
-                    entry.0 += 1;
-                }
-                entry.1 += bytes;
-                self.bytes_verified += bytes;
+                self.tally.record_read(source, layer, bytes);
             }
             FromRank::Mismatch(mismatch) => {
-                self.violations.push(Violation {
-                    kind: ViolationKind::ReadMismatch,
-                    detail: format!("{rank}, {}: {mismatch}", mismatch.request),
-                });
+                self.tally.violation(
+                    ViolationKind::ReadMismatch,
+                    format!("{rank}, {}: {mismatch}", mismatch.request),
+                );
             }
             FromRank::ProtocolError { rank: refused_by, error } => {
-                self.violations.push(Violation {
-                    kind: ViolationKind::ProtocolError,
-                    detail: format!("{rank}: {refused_by}: {error}"),
-                });
+                self.tally.violation(ViolationKind::ProtocolError, format!("{rank}: {refused_by}: {error}"));
             }
-            FromRank::Problem(problem) => self.problem(format!("{rank}: {problem}")),
+            FromRank::Problem(problem) => self.tally.problem(format!("{rank}: {problem}")),
             FromRank::MessageFault(hit) => self.on_message_fault(rank, hit),
             FromRank::Bye { .. } => {
-                if let Some(proc) = self.ranks.get_mut(&rank) {
+                if let Some(proc) = self.procs.ranks.get_mut(&rank) {
                     proc.said_bye = true;
                 }
             }
@@ -560,26 +363,22 @@ impl Cluster {
 
     /// A rank is ready; a restarted one is back, and its group's prefills go on.
     fn rank_up(&mut self, rank: RankId) {
-        let Some(proc) = self.ranks.get_mut(&rank) else { return };
+        let Some(proc) = self.procs.ranks.get_mut(&rank) else { return };
         proc.ready = true;
         let life = proc.life;
         if life > 0 {
-            self.down_by_fault.remove(&rank);
-            self.faults_log.push(format!("{rank} restarted (life {life})"));
+            self.faults.down_by_fault.remove(&rank);
+            self.tally.faults_log.push(format!("{rank} restarted (life {life})"));
             self.release_held(rank);
             self.pump_prefill(rank.engine, rank.dp);
         }
-    }
-
-    fn held(&self) -> u64 {
-        self.engines.iter().map(|e| e.held().count() as u64).sum()
     }
 
     fn main_loop(&mut self, rx: &Receiver<Ev>, tx: &Sender<Ev>, progress: &mut dyn FnMut(Progress)) {
         self.log_message_faults();
         // A kill after 0 prefills happens before the first request.
         self.maybe_kill();
-        self.owed += u64::from(self.config.concurrency.min(self.config.requests));
+        self.clients.owed += u64::from(self.config.concurrency.min(self.config.requests));
         self.submit_owed();
         let deadline = self.started_at + Duration::from_millis(self.config.timeout_ms);
         let total = u64::from(self.config.requests);
@@ -599,24 +398,24 @@ impl Cluster {
             // The foreign side is gone, or stopped reading: nothing it played can finish, so
             // the run ends here (outcome hang, with the reason set when its output closed or
             // its input stalled).
-            if self.driver.as_ref().is_some_and(|d| (d.closed && !d.said_bye) || d.failed.is_some()) {
+            if self.foreign.driver.as_ref().is_some_and(|d| (d.closed && !d.said_bye) || d.failed.is_some()) {
                 return;
             }
             self.note_turn(&mut last_turn);
             self.check_heartbeats();
             self.check_driver(true);
-            let done = self.finished + self.failed;
+            let done = self.tally.done();
             if done != reported {
                 reported = done;
                 last_done_at = std::time::Instant::now();
                 progress(Progress { done, total });
             }
-            if done >= total && self.held() == 0 {
+            if done >= total && self.prefill.held() == 0 {
                 return;
             }
             let now = std::time::Instant::now();
             if now >= deadline {
-                let held = self.held();
+                let held = self.prefill.held();
                 let quiet_ms = now.duration_since(last_done_at).as_millis();
                 if done > 0 && now.duration_since(last_done_at) < stall {
                     self.budget_ended = Some(format!(
@@ -632,24 +431,24 @@ impl Cluster {
                          finished in the last {quiet_ms} ms{}",
                         self.config.timeout_ms,
                         total - done,
-                        self.holds_note()
+                        self.faults.holds_note()
                     ));
                 }
                 return;
             }
             // The next timer: an engine's reaper, a group's idle step, a restart, the deadline.
             let mut wake = deadline;
-            for e in &self.engines {
+            for e in &self.prefill.engines {
                 if let Some(at) = e.poll_timeout() {
                     wake = wake.min(now + self.clock.until(at));
                 }
             }
-            for g in &self.dgroups {
+            for g in &self.decode.groups {
                 if let Some(at) = g.next_step {
                     wake = wake.min(at);
                 }
             }
-            if let Some((at, _)) = self.restart_at {
+            if let Some((at, _)) = self.faults.restart_at {
                 wake = wake.min(at);
             }
             if let Some(wait) = self.messages.wait() {
@@ -658,7 +457,7 @@ impl Cluster {
             match rx.recv_timeout(wake.saturating_duration_since(now).min(POLL)) {
                 Ok(ev) => {
                     if let Some(error) = self.on_event(ev, tx) {
-                        self.problem(error.to_string());
+                        self.tally.problem(error.to_string());
                     }
                 }
                 Err(RecvTimeoutError::Timeout) => {}
@@ -668,22 +467,22 @@ impl Cluster {
             self.note_turn(&mut last_turn);
             let now = std::time::Instant::now();
             let core_now = self.clock.now();
-            let reapers_wait = self.reapers_wait_until.is_some_and(|until| now < until);
-            for e in 0..self.engines.len() {
-                if !reapers_wait && self.engines[e].poll_timeout().is_some_and(|at| at <= core_now) {
+            let reapers_wait = self.prefill.reapers_wait_until.is_some_and(|until| now < until);
+            for e in 0..self.prefill.engines.len() {
+                if !reapers_wait && self.prefill.engines[e].poll_timeout().is_some_and(|at| at <= core_now) {
                     self.engine(e, EngineEvent::Tick);
                 }
             }
             self.dispatch_due();
-            for g in 0..self.dgroups.len() {
-                if self.dgroups[g].next_step.is_some_and(|at| at <= now) {
-                    self.dgroups[g].next_step = None;
+            for g in 0..self.decode.groups.len() {
+                if self.decode.groups[g].next_step.is_some_and(|at| at <= now) {
+                    self.decode.groups[g].next_step = None;
                     self.begin_step(g);
                 }
             }
-            if let Some((at, rank)) = self.restart_at {
+            if let Some((at, rank)) = self.faults.restart_at {
                 if at <= now {
-                    self.restart_at = None;
+                    self.faults.restart_at = None;
                     self.restart(rank);
                 }
             }

@@ -6,16 +6,17 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use pdkv_core::ids::{EngineId, RankId, RequestId, TransferId};
 use pdkv_core::params::{KvTransferParams, PrefillAnswer};
-use pdkv_core::prefill::{EngineAction, EngineEvent, PrefillDone};
+use pdkv_core::policy::{PeerBook, Policy};
+use pdkv_core::prefill::{EngineAction, EngineEvent, PrefillDone, PrefillEngine};
 use pdkv_core::proxy::ProxyAction;
-use pdkv_core::topology::Layout;
+use pdkv_core::topology::{Deployment, Layout};
 use pdkv_engine::pool::FREE;
 use pdkv_engine::prefill::{Prefilled, WHOLE_PROMPTS};
 use pdkv_engine::timeouts::NS_PER_MS;
 use pdkv_engine::verdict::ViolationKind;
 
 use super::foreign::ToDriver;
-use super::{Cluster, PGroup, Req, Violation};
+use super::{Cluster, ClusterConfig};
 use crate::sched::ToRank;
 use pdkv_core::decode::RecvRequest;
 
@@ -23,10 +24,76 @@ use pdkv_core::decode::RecvRequest;
 /// already): an owner number no transfer has, so every block of the free is a double free.
 const UNKNOWN_OWNER: u32 = FREE - 1;
 
+/// A prefill DP group: its queue and block pool are the engine layer's scheduler, the one the
+/// simulator's groups run, planned with whole prompts (a rank computes a request at once).
+pub(super) struct PGroup {
+    engine: usize,
+    dp: u16,
+    sched: pdkv_engine::prefill::PrefillScheduler,
+    /// The pool's owner number of each transfer from its arrival until its blocks are freed.
+    owners: BTreeMap<TransferId, u32>,
+    next_owner: u32,
+}
+
+/// The prefill side: each prefill engine's node (registration quorums, frees, the reaper) and
+/// each of its DP groups' schedulers, with the lives transfers were registered on.
+pub(super) struct PrefillSide {
+    pub(super) engines: Vec<PrefillEngine>,
+    pub(super) groups: Vec<PGroup>,
+    /// Which life of each rank a transfer was registered on: a worker's later events
+    /// (group done, retire) go only to the process that holds its registration.
+    pub(super) registered: BTreeMap<(RankId, TransferId), u32>,
+    /// Until when the reapers wait after the scheduler's own stall ([`super::STALL_GRACE`]).
+    pub(super) reapers_wait_until: Option<std::time::Instant>,
+}
+
+impl PrefillSide {
+    /// The engines of `d`'s prefill side, under `policy` and with `peers`' rules, and a
+    /// scheduler for each of their DP groups.
+    pub(super) fn new(
+        d: &Deployment,
+        config: &ClusterConfig,
+        policy: Policy,
+        peers: &PeerBook,
+    ) -> PrefillSide {
+        let engines = PrefillEngine::for_deployment(d, policy)
+            .into_iter()
+            .map(|engine| engine.with_defer_timeout_ns(config.timeouts.defer_ns()).with_peers(peers.clone()))
+            .collect();
+        let groups = d
+            .prefill
+            .iter()
+            .enumerate()
+            .flat_map(|(e, l)| (0..l.dp).map(move |dp| (e, dp)))
+            .map(|(engine, dp)| PGroup {
+                engine,
+                dp,
+                sched: pdkv_engine::prefill::PrefillScheduler::new(
+                    config.num_blocks,
+                    d.model.block_size_tokens,
+                ),
+                owners: BTreeMap::new(),
+                next_owner: 0,
+            })
+            .collect();
+        PrefillSide { engines, groups, registered: BTreeMap::new(), reapers_wait_until: None }
+    }
+
+    /// Transfers the engines hold.
+    pub(super) fn held(&self) -> u64 {
+        self.engines.iter().map(|e| e.held().count() as u64).sum()
+    }
+
+    /// The index of DP group `dp` of prefill engine `engine`.
+    pub(super) fn group_index(&self, engine: usize, dp: u16) -> usize {
+        self.groups.iter().position(|g| g.engine == engine && g.dp == dp).expect("prefill groups exist")
+    }
+}
+
 impl PGroup {
     /// Request `id` of transfer `transfer_id` and `input` prompt tokens queues; its blocks will
     /// be held under an owner number of its own.
-    fn handle_arrival(&mut self, id: RequestId, transfer_id: TransferId, input: u32) {
+    pub(super) fn handle_arrival(&mut self, id: RequestId, transfer_id: TransferId, input: u32) {
         let owner = self.next_owner;
         // Owner numbers only tell live transfers apart; `FREE` and `UNKNOWN_OWNER` are nobody's.
         self.next_owner = (self.next_owner + 1) % UNKNOWN_OWNER;
@@ -36,99 +103,18 @@ impl PGroup {
 }
 
 impl Cluster {
-    pub(super) fn request_of(&self, transfer_id: &TransferId) -> Option<RequestId> {
-        self.requests.iter().find(|(_, r)| &r.transfer_id == transfer_id).map(|(&id, _)| id)
-    }
-
-    pub(super) fn pgroup_index(&self, engine: usize, dp: u16) -> usize {
-        self.pgroups.iter().position(|g| g.engine == engine && g.dp == dp).expect("prefill groups exist")
-    }
-
-    // -------------------------------------------------------------------------- requests
-
-    pub(super) fn submit(&mut self) {
-        if self.sent >= u64::from(self.config.requests) {
-            return;
-        }
-        self.sent += 1;
-        // The seed's two draws for the id are still taken, so a seed keeps the workload it had,
-        // but the id comes from a stream seeded by the operating system: a transfer id derived
-        // from a seed anyone can guess is a handle anyone can forge a release for.
-        let _predictable = (self.stream.next_u64(), self.stream.next_u64());
-        let bits = (u128::from(self.ids.next_u64()) << 64) | u128::from(self.ids.next_u64());
-        // Both ranges fit in a u32, so the casts keep every value.
-        let input = self.stream.range(48, 400) as u32;
-        let output = self.stream.range(4, 12) as u32;
-        let (id, action) = match self.proxy.handle_request(bits) {
-            Ok(x) => x,
-            Err(e) => {
-                self.violations.push(Violation {
-                    kind: ViolationKind::ProtocolError,
-                    detail: format!("proxy refused: {e}"),
-                });
-                return;
-            }
-        };
-        let ProxyAction::SendPrefill { slot, .. } = action else {
-            unreachable!("a new request goes to prefill first")
-        };
-        let record = self.proxy.request(id).expect("just routed").clone();
-        let req = Req {
-            transfer_id: record.transfer_id,
-            input,
-            output,
-            prefill: (usize::from(slot.engine.index), slot.dp()),
-            decode: (usize::from(record.decode.engine.index), record.decode.dp()),
-            prefill_blocks: Vec::new(),
-            acks_needed: BTreeSet::new(),
-            holders: BTreeMap::new(),
-            started: std::time::Instant::now(),
-            first_token: None,
-            // The group lacks a rank a fault killed: the request may fail for it.
-            exposed: (0..self.d.layout(slot.engine).tp)
-                .any(|tp| self.down_by_fault.contains(&RankId::new(slot.engine, slot.dp(), tp))),
-        };
-        if req.exposed {
-            self.exposed.insert(req.transfer_id.clone());
-        }
-        self.requests.insert(id, req);
-        if let Some(gone) = self.gone_rank_of_group(record.decode.engine, record.decode.dp()) {
-            self.end(id, Some(vec![format!("{gone} is gone")]));
-            return;
-        }
-        let g = self.pgroup_index(usize::from(slot.engine.index), slot.dp());
-        let transfer_id = self.requests[&id].transfer_id.clone();
-        self.pgroups[g].handle_arrival(id, transfer_id, input);
-        self.pump_prefill(slot.engine, slot.dp());
-    }
-
-    /// Sends the requests that ended requests made room for. A request can end while another
-    /// is being sent (its group is gone), so sending is not reentrant: the outermost call sends
-    /// them all, in a loop rather than a recursion as deep as the run is long.
-    pub(super) fn submit_owed(&mut self) {
-        if self.submitting {
-            return;
-        }
-        self.submitting = true;
-        while self.owed > 0 {
-            self.owed -= 1;
-            self.submit();
-        }
-        self.submitting = false;
-    }
-
     // -------------------------------------------------------------------------- faults
 
     /// Starts prefills of a group's queue while its blocks last: the scheduler admits in arrival
     /// order every request whose whole prompt fits (the head is never skipped), with blocks
     /// handed out as vLLM's pool hands them out.
     pub(super) fn pump_prefill(&mut self, engine: EngineId, dp: u16) {
-        let g = self.pgroup_index(usize::from(engine.index), dp);
+        let g = self.prefill.group_index(usize::from(engine.index), dp);
         if let Some(gone) = self.gone_rank_of_group(engine, dp) {
-            let queued = self.pgroups[g].sched.take_queued();
+            let queued = self.prefill.groups[g].sched.take_queued();
             for id in queued {
-                if let Some(req) = self.requests.get(&id) {
-                    self.pgroups[g].owners.remove(&req.transfer_id);
+                if let Some(req) = self.clients.requests.get(&id) {
+                    self.prefill.groups[g].owners.remove(&req.transfer_id);
                 }
                 self.end(id, Some(vec![format!("{gone} is gone")]));
             }
@@ -137,8 +123,9 @@ impl Cluster {
         // A killed rank that a restart brings back: the group's prefills wait for it, since
         // KV prefilled without it could not be read from it.
         let tp = self.d.layout(engine).tp;
-        let incomplete = (0..tp)
-            .any(|tp| self.ranks.get(&RankId::new(engine, dp, tp)).is_some_and(|p| !(p.alive && p.ready)));
+        let incomplete = (0..tp).any(|tp| {
+            self.procs.ranks.get(&RankId::new(engine, dp, tp)).is_some_and(|p| !(p.alive && p.ready))
+        });
         if incomplete {
             return;
         }
@@ -147,30 +134,30 @@ impl Cluster {
         // with their blocks at once. A call made while these are sent (a request that ends at
         // once frees its blocks and pumps again) plans a step of its own.
         let now = self.clock.now().0;
-        self.pgroups[g].sched.plan_step(now, WHOLE_PROMPTS);
-        let admitted = self.pgroups[g].sched.handle_step_done().finished;
+        self.prefill.groups[g].sched.plan_step(now, WHOLE_PROMPTS);
+        let admitted = self.prefill.groups[g].sched.handle_step_done().finished;
         for Prefilled { request: id, owner, blocks } in admitted {
-            let Some(req) = self.requests.get(&id) else {
+            let Some(req) = self.clients.requests.get(&id) else {
                 // Ended while queued: nobody will free its blocks but the scheduler.
-                let _ = self.pgroups[g].sched.handle_free(owner, &blocks);
+                let _ = self.prefill.groups[g].sched.handle_free(owner, &blocks);
                 continue;
             };
             let transfer_id = req.transfer_id.clone();
             let layout = self.d.layout(engine);
             let live: BTreeSet<RankId> = (0..layout.tp)
                 .map(|tp| RankId::new(engine, dp, tp))
-                .filter(|r| self.ranks.get(r).is_some_and(|p| p.alive && p.ready))
+                .filter(|&r| self.procs.is_up(r))
                 .collect();
-            let req = self.requests.get_mut(&id).expect("queued requests exist");
+            let req = self.clients.requests.get_mut(&id).expect("queued requests exist");
             req.prefill_blocks = blocks.clone();
             req.acks_needed = live.clone();
             for rank in live {
-                self.send(
+                self.procs.send(
                     rank,
                     &ToRank::Prefill { transfer_id: transfer_id.clone(), blocks: blocks.clone() },
                 );
             }
-            if self.requests[&id].acks_needed.is_empty() {
+            if self.clients.requests[&id].acks_needed.is_empty() {
                 self.prefill_done(id);
             }
         }
@@ -179,8 +166,8 @@ impl Cluster {
     /// `rank`'s process computed its part of the request (or died computing it, when a restart
     /// will bring the rank back): the part is that process's incarnation's.
     pub(super) fn prefill_acked(&mut self, id: RequestId, rank: RankId) {
-        let incarnation = self.ranks.get(&rank).and_then(|p| p.incarnation);
-        let Some(req) = self.requests.get_mut(&id) else { return };
+        let incarnation = self.procs.ranks.get(&rank).and_then(|p| p.incarnation);
+        let Some(req) = self.clients.requests.get_mut(&id) else { return };
         if let Some(incarnation) = incarnation {
             req.holders.insert(rank.tp, incarnation);
         }
@@ -191,9 +178,9 @@ impl Cluster {
 
     /// Every live rank of the owner group holds the request's KV: register, answer the proxy.
     pub(super) fn prefill_done(&mut self, id: RequestId) {
-        self.prefilled += 1;
+        self.tally.prefilled += 1;
         self.maybe_kill();
-        let req = &self.requests[&id];
+        let req = &self.clients.requests[&id];
         let (e, dp) = req.prefill;
         let decode_engine = EngineId::decode(req.decode.0 as u16);
         if let Some(gone) = self.gone_rank_of_group(decode_engine, req.decode.1) {
@@ -208,7 +195,7 @@ impl Cluster {
             self.pump_prefill(EngineId::prefill(e as u16), dp);
             return;
         }
-        let req = &self.requests[&id];
+        let req = &self.clients.requests[&id];
         let decode_layout = self.d.decode[req.decode.0];
         let event = EngineEvent::PrefillDone(PrefillDone {
             request: id,
@@ -223,10 +210,10 @@ impl Cluster {
         });
         let mut out = Vec::new();
         let now = self.clock.now();
-        if let Err(error) = self.engines[e].handle(now, event, &mut out) {
-            self.problem(format!("P{e} refused {id}: {error}"));
-            let blocks = self.requests[&id].prefill_blocks.clone();
-            let transfer_id = self.requests[&id].transfer_id.clone();
+        if let Err(error) = self.prefill.engines[e].handle(now, event, &mut out) {
+            self.tally.problem(format!("P{e} refused {id}: {error}"));
+            let blocks = self.clients.requests[&id].prefill_blocks.clone();
+            let transfer_id = self.clients.requests[&id].transfer_id.clone();
             self.free_prefill_blocks(e, dp, &transfer_id, &blocks);
             self.end(id, Some(vec![format!("prefill refused: {error}")]));
             self.pump_prefill(EngineId::prefill(e as u16), dp);
@@ -235,13 +222,13 @@ impl Cluster {
         self.engine_actions(e, out);
         // The id now leaves for the proxy and decode, where a sniffer sees it.
         if let Some(forger) = self.forger.as_mut() {
-            forger.feed(&self.requests[&id].transfer_id);
+            forger.feed(&self.clients.requests[&id].transfer_id);
         }
         let engine = EngineId::prefill(e as u16);
         let address = self.addresses[&engine].clone();
         let layout: Layout = self.d.prefill[e];
-        let req = &self.requests[&id];
-        let holders = self.engines[e].holder_incarnations(&req.transfer_id);
+        let req = &self.clients.requests[&id];
+        let holders = self.prefill.engines[e].holder_incarnations(&req.transfer_id);
         let answer = KvTransferParams::prefill_answer(&PrefillAnswer {
             transfer_id: Some(&req.transfer_id),
             blocks: &req.prefill_blocks,
@@ -249,14 +236,15 @@ impl Cluster {
             layout,
             extensions: PrefillAnswer::advertised(
                 self.peers.rules(engine).extensions(),
-                self.control_setup.key.is_some(),
+                self.procs.control_setup.key.is_some(),
             ),
             holders: holders.as_deref(),
         });
-        match self.proxy.handle_prefill_response(id, answer) {
+        match self.clients.proxy.handle_prefill_response(id, answer) {
             Ok(ProxyAction::SendDecode { slot, params, .. }) => {
                 let g = self
-                    .dgroups
+                    .decode
+                    .groups
                     .iter()
                     .position(|g| g.engine == usize::from(slot.engine.index) && g.dp == slot.dp())
                     .expect("the proxy routes to existing groups");
@@ -274,16 +262,15 @@ impl Cluster {
                     Ok(_) => format!("proxy answered the prefill response of {id} with no decode dispatch"),
                     Err(e) => format!("proxy refused the prefill response of {id}: {e}"),
                 };
-                self.violations.push(Violation { kind: ViolationKind::ProtocolError, detail });
+                self.tally.violation(ViolationKind::ProtocolError, detail);
             }
         }
     }
 
     pub(super) fn engine(&mut self, e: usize, event: EngineEvent) {
         let mut out = Vec::new();
-        if let Err(error) = self.engines[e].handle(self.clock.now(), event, &mut out) {
-            self.violations
-                .push(Violation { kind: ViolationKind::ProtocolError, detail: format!("P{e}: {error}") });
+        if let Err(error) = self.prefill.engines[e].handle(self.clock.now(), event, &mut out) {
+            self.tally.violation(ViolationKind::ProtocolError, format!("P{e}: {error}"));
         }
         self.engine_actions(e, out);
     }
@@ -292,19 +279,21 @@ impl Cluster {
         for action in actions {
             match action {
                 EngineAction::Register { rank, transfer_id, quorum, incarnation } => {
-                    if let Some(proc) = self.ranks.get(&rank).filter(|p| p.alive) {
-                        self.registered.insert((rank, transfer_id.clone()), proc.life);
+                    if let Some(proc) = self.procs.ranks.get(&rank).filter(|p| p.alive) {
+                        self.prefill.registered.insert((rank, transfer_id.clone()), proc.life);
                     }
                     if self.is_foreign(rank.engine) {
                         // The foreign rank counts its releases by its own rules; the quorum is
                         // pdkv's model of them and stays with the engine node. A rank that is
                         // down (killed, or restarting) never hears of the transfer: its part
                         // is the reaper's.
-                        if !self.ranks.get(&rank).is_some_and(|p| p.alive && p.ready) {
+                        if !self.procs.is_up(rank) {
                             continue;
                         }
-                        let request =
-                            self.request_of(&transfer_id).map_or_else(String::new, |id| id.0.to_string());
+                        let request = self
+                            .clients
+                            .request_of(&transfer_id)
+                            .map_or_else(String::new, |id| id.0.to_string());
                         let msg = ToDriver::Register {
                             transfer_id: transfer_id.0,
                             request,
@@ -312,22 +301,23 @@ impl Cluster {
                             dp: rank.dp,
                             tp: rank.tp,
                         };
-                        self.tell_driver(&msg);
+                        self.foreign.tell(&msg);
                     } else {
-                        self.send(rank, &ToRank::Register { transfer_id, quorum, incarnation });
+                        self.procs.send(rank, &ToRank::Register { transfer_id, quorum, incarnation });
                     }
                 }
                 EngineAction::GroupDone { rank, transfer_id } => {
                     // A foreign rank has no such notice: its own accounting finished it.
                     if self.holds_registration(rank, &transfer_id) && !self.is_foreign(rank.engine) {
-                        self.send(rank, &ToRank::GroupDone { transfer_id });
+                        self.procs.send(rank, &ToRank::GroupDone { transfer_id });
                     }
                 }
                 EngineAction::Retire { rank, transfer_id, incarnation } => {
                     if self.holds_registration(rank, &transfer_id) {
                         // A foreign rank's data-plane server fences the blocks; its driver
                         // forgets the transfer.
-                        self.send(rank, &ToRank::Retire { transfer_id: transfer_id.clone(), incarnation });
+                        self.procs
+                            .send(rank, &ToRank::Retire { transfer_id: transfer_id.clone(), incarnation });
                         if self.is_foreign(rank.engine) {
                             let msg = ToDriver::Retire {
                                 transfer_id: transfer_id.0.clone(),
@@ -335,28 +325,28 @@ impl Cluster {
                                 dp: rank.dp,
                                 tp: rank.tp,
                             };
-                            self.tell_driver(&msg);
+                            self.foreign.tell(&msg);
                         }
                     }
-                    self.registered.remove(&(rank, transfer_id));
+                    self.prefill.registered.remove(&(rank, transfer_id));
                 }
                 EngineAction::FinishedSending { .. } => {}
                 EngineAction::Fence { transfer_id, owner_dp, blocks } => {
-                    self.ledger.fenced += 1;
+                    self.tally.ledger.fenced += 1;
                     let engine = EngineId::prefill(e as u16);
                     for tp in 0..self.d.prefill[e].tp {
                         let msg = ToRank::Fence { transfer_id: transfer_id.clone(), blocks: blocks.clone() };
-                        self.send(RankId::new(engine, owner_dp, tp), &msg);
+                        self.procs.send(RankId::new(engine, owner_dp, tp), &msg);
                     }
                 }
                 EngineAction::FreeBlocks { transfer_id, owner_dp, blocks, reaped } => {
                     if reaped {
-                        self.ledger.reaped += 1;
-                        if self.exposed.contains(&transfer_id) {
-                            self.ledger.reaped_excused += 1;
+                        self.tally.ledger.reaped += 1;
+                        if self.faults.is_exposed(&transfer_id) {
+                            self.tally.ledger.reaped_excused += 1;
                         }
                     } else {
-                        self.ledger.freed += 1;
+                        self.tally.ledger.freed += 1;
                     }
                     self.free_prefill_blocks(e, owner_dp, &transfer_id, &blocks);
                     self.pump_prefill(EngineId::prefill(e as u16), owner_dp);
@@ -364,7 +354,7 @@ impl Cluster {
                 EngineAction::ReapWarning { transfer_id, held_ns, unfinished_tp } => {
                     let ms = held_ns / NS_PER_MS;
                     let unreleased: Vec<String> = unfinished_tp.iter().map(u16::to_string).collect();
-                    self.problem(format!(
+                    self.tally.problem(format!(
                         "P{e} reaped {transfer_id} after {ms} ms; unreleased TP ranks {}",
                         unreleased.join(", ")
                     ));
@@ -376,8 +366,8 @@ impl Cluster {
     /// Whether the live process of `rank` is the one the transfer was registered on (a restarted
     /// rank never heard of transfers registered before it started).
     pub(super) fn holds_registration(&self, rank: RankId, transfer_id: &TransferId) -> bool {
-        let registered = self.registered.get(&(rank, transfer_id.clone()));
-        self.ranks.get(&rank).is_some_and(|p| p.alive && registered == Some(&p.life))
+        let registered = self.prefill.registered.get(&(rank, transfer_id.clone()));
+        self.procs.ranks.get(&rank).is_some_and(|p| p.alive && registered == Some(&p.life))
     }
 
     pub(super) fn free_prefill_blocks(
@@ -387,15 +377,15 @@ impl Cluster {
         transfer_id: &TransferId,
         blocks: &[u32],
     ) {
-        let g = self.pgroup_index(e, dp);
-        let group = &mut self.pgroups[g];
+        let g = self.prefill.group_index(e, dp);
+        let group = &mut self.prefill.groups[g];
         let owner = group.owners.remove(transfer_id).unwrap_or(UNKNOWN_OWNER);
         let Err(bad) = group.sched.handle_free(owner, blocks) else { return };
         // The pool names them last first, as it frees; the violations keep the request's order.
         for &b in bad.blocks.iter().rev() {
-            self.ledger.double_frees += 1;
+            self.tally.ledger.double_frees += 1;
             let detail = format!("P{e}.dp{dp}: block {b} freed for {transfer_id}, which did not hold it");
-            self.violations.push(Violation { kind: ViolationKind::DoubleFree, detail });
+            self.tally.violation(ViolationKind::DoubleFree, detail);
         }
     }
 

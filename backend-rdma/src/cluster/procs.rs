@@ -20,10 +20,10 @@ use pdkv_core::prefill::EngineEvent;
 use super::errors::{SpawnError, Spawned, StartError};
 use super::foreign::{Driver, ToDriver};
 use super::result::Severity;
-use super::{Cluster, Ev, EXIT_TIMEOUT, POLL, START_TIMEOUT};
+use super::{Cluster, ClusterConfig, Ev, Processes, EXIT_TIMEOUT, POLL, START_TIMEOUT};
 use crate::sched::{
-    read_frame, read_frame_within, write_frame, AdmitError, FromRank, Setup, ToRank, MAX_HELLO_BYTES,
-    TOKEN_ENV,
+    read_frame, read_frame_within, write_frame, AdmitError, ControlSetup, FromRank, Setup, ToRank,
+    MAX_HELLO_BYTES, TOKEN_ENV,
 };
 
 /// How long a driver may leave its input unread at shutdown before it counts as not reading.
@@ -214,8 +214,48 @@ pub(super) fn probe_window(ephemeral: Option<(u16, u16)>, count: u16) -> (u16, u
     }
 }
 
-impl Cluster {
-    pub(super) fn spawn(&mut self, rank: RankId, life: u32) -> Result<(), SpawnError> {
+/// The rank processes and their membership: each rank's process, who may join and with what
+/// token, the key every rank gets, how processes ended, and the signal that stopped the run.
+pub(super) struct Procs {
+    pub(super) ranks: BTreeMap<RankId, RankProc>,
+    pub(super) scheduler_addr: SocketAddr,
+    /// The run's membership token and who may join ([`Admission`]).
+    pub(super) token: String,
+    pub(super) admission: Arc<Mutex<Admission>>,
+    pub(super) processes: Processes,
+    /// The key every rank gets, and whether the prefill ranks require it.
+    pub(super) control_setup: ControlSetup,
+    /// The signal that stopped the run, if one did.
+    pub(super) interrupted: Option<i32>,
+}
+
+impl Procs {
+    /// No process started yet: joins come to `scheduler_addr` with `token`, admitted by
+    /// `admission`, and each rank gets `control_setup`.
+    pub(super) fn new(
+        scheduler_addr: SocketAddr,
+        token: String,
+        admission: Arc<Mutex<Admission>>,
+        control_setup: ControlSetup,
+    ) -> Procs {
+        Procs {
+            ranks: BTreeMap::new(),
+            scheduler_addr,
+            token,
+            admission,
+            processes: Processes::default(),
+            control_setup,
+            interrupted: None,
+        }
+    }
+
+    /// Starts `rank`'s process for its life `life`, expected at admission.
+    pub(super) fn spawn(
+        &mut self,
+        config: &ClusterConfig,
+        rank: RankId,
+        life: u32,
+    ) -> Result<(), SpawnError> {
         let role = match rank.engine.role {
             Role::Prefill => "prefill",
             Role::Decode => "decode",
@@ -224,9 +264,9 @@ impl Cluster {
         // runs again, and must find the process expected.
         let admission = self.admission.clone();
         let mut admission = admission.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut command = Command::new(&self.config.exe);
+        let mut command = Command::new(&config.exe);
         command
-            .args(["connector", "--deployment", &self.config.deployment, "--role", role])
+            .args(["connector", "--deployment", &config.deployment, "--role", role])
             .args(["--engine", &rank.engine.index.to_string(), "--dp", &rank.dp.to_string()])
             .args(["--tp", &rank.tp.to_string(), "--scheduler", &self.scheduler_addr.to_string()])
             .env(TOKEN_ENV, &self.token)
@@ -240,7 +280,7 @@ impl Cluster {
         crate::signals::die_with_parent(&mut command);
         let child = command.spawn().map_err(|error| SpawnError {
             what: Spawned::Connector,
-            program: self.config.exe.clone(),
+            program: config.exe.clone(),
             error,
         })?;
         self.processes.started += 1;
@@ -262,6 +302,35 @@ impl Cluster {
         Ok(())
     }
 
+    /// A rank whose process this run started has exited before it said hello, if any.
+    pub(super) fn exited_before_joining(&mut self) -> Option<RankId> {
+        self.ranks.iter_mut().find_map(|(rank, proc)| {
+            let joined = proc.writer.is_some() || proc.ready;
+            let exited = proc.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))));
+            (!joined && exited).then_some(*rank)
+        })
+    }
+
+    /// Whether `rank`'s process is alive and ready.
+    pub(super) fn is_up(&self, rank: RankId) -> bool {
+        self.ranks.get(&rank).is_some_and(|p| p.alive && p.ready)
+    }
+
+    /// Sends `msg` to `rank`'s live process; a connection that fails is dropped.
+    pub(super) fn send(&mut self, rank: RankId, msg: &ToRank) {
+        let Some(proc) = self.ranks.get_mut(&rank) else { return };
+        if !proc.alive {
+            return;
+        }
+        if let Some(writer) = proc.writer.as_mut() {
+            if write_frame(writer, msg).is_err() {
+                proc.writer = None;
+            }
+        }
+    }
+}
+
+impl Cluster {
     pub(super) fn setup_for(&self, rank: RankId, life: u32) -> Setup {
         Setup {
             model: self.d.model.clone(),
@@ -275,7 +344,7 @@ impl Cluster {
             life,
             peers: self.peers.clone(),
             data_plane_only: self.is_foreign(rank.engine),
-            control: self.control_setup.clone(),
+            control: self.procs.control_setup.clone(),
         }
     }
 
@@ -288,12 +357,12 @@ impl Cluster {
             .flat_map(|r| self.d.ranks(r))
             .collect();
         for &rank in &all {
-            self.spawn(rank, 0).map_err(StartError::Spawn)?;
+            self.procs.spawn(&self.config, rank, 0).map_err(StartError::Spawn)?;
         }
-        let ranks_ready = |c: &Cluster| c.ranks.values().all(|r| r.ready);
+        let ranks_ready = |c: &Cluster| c.procs.ranks.values().all(|r| r.ready);
         self.wait_for(rx, tx, ranks_ready, &|c| StartError::NotReady {
             secs: START_TIMEOUT.as_secs(),
-            missing: c.ranks.iter().filter(|(_, r)| !r.ready).map(|(&k, _)| k).collect(),
+            missing: c.procs.ranks.iter().filter(|(_, r)| !r.ready).map(|(&k, _)| k).collect(),
         })?;
         if self.stop_requested() {
             return Ok(());
@@ -302,8 +371,8 @@ impl Cluster {
             let setup = self.driver_setup().map_err(StartError::DriverSetup)?;
             let mut driver = Driver::start(&foreign, tx.clone()).map_err(StartError::Spawn)?;
             driver.send(&setup);
-            self.driver = Some(driver);
-            let driver_ready = |c: &Cluster| c.driver.as_ref().is_some_and(|d| d.ready);
+            self.foreign.driver = Some(driver);
+            let driver_ready = |c: &Cluster| c.foreign.driver.as_ref().is_some_and(|d| d.ready);
             self.wait_for(rx, tx, driver_ready, &|_| StartError::DriverNotReady {
                 program: foreign.program.clone(),
                 secs: START_TIMEOUT.as_secs(),
@@ -378,58 +447,25 @@ impl Cluster {
             }
             // A process that died before it joined never closes a connection the scheduler
             // would see: its exit says so at once, instead of the start timeout much later.
-            if let Some(rank) = self.exited_before_joining() {
+            if let Some(rank) = self.procs.exited_before_joining() {
                 return Err(StartError::ExitedBeforeReady(rank));
             }
         }
         Ok(())
     }
 
-    /// A rank whose process this run started has exited before it said hello, if any.
-    fn exited_before_joining(&mut self) -> Option<RankId> {
-        self.ranks.iter_mut().find_map(|(rank, proc)| {
-            let joined = proc.writer.is_some() || proc.ready;
-            let exited = proc.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))));
-            (!joined && exited).then_some(*rank)
-        })
-    }
-
-    pub(super) fn send(&mut self, rank: RankId, msg: &ToRank) {
-        let Some(proc) = self.ranks.get_mut(&rank) else { return };
-        if !proc.alive {
-            return;
-        }
-        if let Some(writer) = proc.writer.as_mut() {
-            if write_frame(writer, msg).is_err() {
-                proc.writer = None;
-            }
-        }
-    }
-
-    /// Notes a problem line of the ranks' or the driver's (a note); repeats of a line are
-    /// counted, not listed again.
-    pub(super) fn problem(&mut self, line: String) {
-        self.problems.note(Severity::Note, line);
-    }
-
-    /// Notes a problem line that matters more than a note ([`Severity`]): a full list makes
-    /// room for it.
-    pub(super) fn problem_of(&mut self, severity: Severity, line: String) {
-        self.problems.note(severity, line);
-    }
-
     /// The acceptor refused a connector ([`Admission`]): counted and reported.
     pub(super) fn refused(&mut self, rank: RankId, pid: u32, reason: &AdmitError) {
-        self.processes.refused += 1;
+        self.procs.processes.refused += 1;
         let line = format!("refused a connector that claimed to be {rank} (process {pid}): {reason}");
-        self.problem_of(Severity::Lost, line);
+        self.tally.problem_of(Severity::Lost, line);
     }
 
     /// Handles one event; returns a start-up error when a rank cannot start.
     pub(super) fn on_event(&mut self, ev: Ev, tx: &Sender<Ev>) -> Option<StartError> {
         match ev {
             Ev::Joined { rank, stream } => {
-                let proc = self.ranks.get_mut(&rank)?;
+                let proc = self.procs.ranks.get_mut(&rank)?;
                 let life = proc.life;
                 let reader = stream.try_clone().ok()?;
                 proc.writer = Some(stream);
@@ -444,7 +480,7 @@ impl Cluster {
                     let _ = tx.send(Ev::Gone { rank, life });
                 });
                 let setup = self.setup_for(rank, life);
-                self.send(rank, &ToRank::Setup(setup));
+                self.procs.send(rank, &ToRank::Setup(setup));
             }
             Ev::Refused { rank, pid, reason } => self.refused(rank, pid, &reason),
             Ev::Driver(event) => return self.on_driver(event),
@@ -454,12 +490,12 @@ impl Cluster {
                 }
             }
             Ev::Msg { rank, life, msg } => {
-                let proc = self.ranks.get_mut(&rank).filter(|p| p.life == life)?;
+                let proc = self.procs.ranks.get_mut(&rank).filter(|p| p.life == life)?;
                 proc.last_heard = std::time::Instant::now();
                 return self.on_message(rank, msg);
             }
             Ev::Gone { rank, life } => {
-                let proc = self.ranks.get_mut(&rank)?;
+                let proc = self.procs.ranks.get_mut(&rank)?;
                 // A rank already counted as lost (killed by a fault, or for its silence) is
                 // not lost twice.
                 if proc.life != life || !proc.alive {
@@ -470,7 +506,7 @@ impl Cluster {
                 proc.alive = false;
                 proc.writer = None;
                 if !expected {
-                    self.problem_of(Severity::Lost, format!("{rank} disconnected unexpectedly"));
+                    self.tally.problem_of(Severity::Lost, format!("{rank} disconnected unexpectedly"));
                 }
                 // Lost even when it never became ready (a restart that failed), so that its
                 // group's queue fails instead of waiting for it.
@@ -486,8 +522,8 @@ impl Cluster {
     /// Whether `rank` is gone and will not come back (a restart brings back only the rank a
     /// fault killed with `restart_after_ms`).
     pub(super) fn gone_for_good(&self, rank: RankId) -> bool {
-        let restarting = self.restart_at.is_some_and(|(_, r)| r == rank);
-        self.ranks.get(&rank).is_some_and(|p| !p.alive) && !restarting
+        let restarting = self.faults.restart_at.is_some_and(|(_, r)| r == rank);
+        self.procs.ranks.get(&rank).is_some_and(|p| !p.alive) && !restarting
     }
 
     /// The first rank of a DP group that is gone for good, if any.
@@ -512,8 +548,13 @@ impl Cluster {
             // transfer from it, so its old transfers wait for the reaper, fenced meanwhile.
             self.engine(usize::from(rank.engine.index), EngineEvent::WorkerLost { rank });
         }
-        let waiting: Vec<RequestId> =
-            self.requests.iter().filter(|(_, r)| r.acks_needed.contains(&rank)).map(|(&id, _)| id).collect();
+        let waiting: Vec<RequestId> = self
+            .clients
+            .requests
+            .iter()
+            .filter(|(_, r)| r.acks_needed.contains(&rank))
+            .map(|(&id, _)| id)
+            .collect();
         if !self.gone_for_good(rank) {
             for id in waiting {
                 self.prefill_acked(id, rank);
@@ -525,7 +566,7 @@ impl Cluster {
             Role::Prefill => {
                 // Not registered yet: the scheduler still owns their blocks.
                 for id in waiting {
-                    let req = &self.requests[&id];
+                    let req = &self.clients.requests[&id];
                     let ((e, dp), transfer_id, blocks) =
                         (req.prefill, req.transfer_id.clone(), req.prefill_blocks.clone());
                     self.free_prefill_blocks(e, dp, &transfer_id, &blocks);
@@ -537,17 +578,17 @@ impl Cluster {
                 // Its group's transfers are reaped (fenced first) once their read leases end,
                 // not at the reaper's full delay: its releases will never come. The engines
                 // decide; the driver only reports the loss.
-                for e in 0..self.engines.len() {
+                for e in 0..self.prefill.engines.len() {
                     self.engine(e, EngineEvent::ReaderLost { rank });
                 }
-                let g = self.dgroup_of(rank);
+                let g = self.decode.group_of(rank);
                 // The group decides what a dead member means (it votes no on the step it left
                 // open, so the live ranks fail the step's requests at once and release their
                 // transfers, and no later step begins); the driver only reports the loss.
                 self.group_event(g, GroupEvent::MemberLost { member: rank.tp_rank() });
-                self.dgroups[g].next_step = None;
+                self.decode.groups[g].next_step = None;
                 let mut out = Vec::new();
-                let lost = self.dgroups[g].sched.drain(&mut out);
+                let lost = self.decode.groups[g].sched.drain(&mut out);
                 self.sched_outputs(g, out);
                 for id in lost {
                     self.end(id, Some(vec![error.clone()]));
@@ -558,7 +599,7 @@ impl Cluster {
 
     /// Whether [`ClusterConfig::stop`] asks the run to stop; notes the signal once.
     pub(super) fn stop_requested(&mut self) -> bool {
-        if self.interrupted.is_some() {
+        if self.procs.interrupted.is_some() {
             return true;
         }
         let Some(flag) = self.config.stop else { return false };
@@ -566,7 +607,7 @@ impl Cluster {
         if signal == 0 {
             return false;
         }
-        self.interrupted = Some(signal);
+        self.procs.interrupted = Some(signal);
         if std::ptr::eq(flag, &crate::signals::CAUGHT) {
             // A second Ctrl-C during the orderly stop ends the process at once.
             crate::signals::restore();
@@ -587,23 +628,21 @@ impl Cluster {
     /// silence while the scheduler itself was awake.
     pub(super) fn scheduler_stalled(&mut self, gap: Duration) {
         let now = std::time::Instant::now();
-        for proc in self.ranks.values_mut() {
+        for proc in self.procs.ranks.values_mut() {
             proc.last_heard = now;
         }
-        if let Some(driver) = self.driver.as_mut() {
+        if let Some(driver) = self.foreign.driver.as_mut() {
             driver.fresh_window();
         }
-        self.reapers_wait_until = Some(now + super::STALL_GRACE);
+        self.prefill.reapers_wait_until = Some(now + super::STALL_GRACE);
         // The ranks' own timers (a decode rank's transfer timeout) ran while their engine's
         // scheduler did not: a request in flight may fail for the scheduler's stall, which is
         // then excused as an injected fault's would be.
-        for req in self.requests.values_mut() {
+        for req in self.clients.requests.values_mut() {
             req.exposed = true;
-            self.exposed.insert(req.transfer_id.clone());
+            self.faults.expose(req.transfer_id.clone());
         }
-        self.exposed_to_stalls += self.requests.len() as u64;
-        self.stalls += 1;
-        self.stalled_for += gap;
+        self.tally.record_stall(gap, self.clients.requests.len() as u64);
     }
 
     /// Ranks that said nothing, not even a heartbeat, for the heartbeat timeout while the
@@ -612,20 +651,21 @@ impl Cluster {
     pub(super) fn check_heartbeats(&mut self) {
         let timeout = self.heartbeat_timeout();
         let silent: Vec<RankId> = self
+            .procs
             .ranks
             .iter()
             .filter(|(_, p)| p.alive && p.ready && p.last_heard.elapsed() > timeout)
             .map(|(&r, _)| r)
             .collect();
         for rank in silent {
-            let proc = self.ranks.get_mut(&rank).expect("listed above");
+            let proc = self.procs.ranks.get_mut(&rank).expect("listed above");
             if let Some(child) = proc.child.as_mut() {
                 let _ = child.kill();
             }
             proc.alive = false;
             proc.writer = None;
             let secs = timeout.as_secs_f64();
-            self.problem_of(
+            self.tally.problem_of(
                 Severity::Lost,
                 format!("{rank} stopped answering (nothing for {secs} s, not even a heartbeat); killed it"),
             );
@@ -650,7 +690,7 @@ impl Cluster {
         } else {
             SHUTDOWN_READ.min(self.driver_drain_timeout())
         };
-        let Some(driver) = self.driver.as_mut() else { return };
+        let Some(driver) = self.foreign.driver.as_mut() else { return };
         if let Some(why) = driver.check_drained(limit) {
             if running {
                 self.hung.get_or_insert(why);
@@ -673,7 +713,7 @@ impl Cluster {
             match rx.recv_timeout(left.min(POLL)) {
                 Ok(ev) => {
                     if let Some(error) = self.on_event(ev, tx) {
-                        self.problem(error.to_string());
+                        self.tally.problem(error.to_string());
                     }
                 }
                 Err(RecvTimeoutError::Timeout) => {}
@@ -689,28 +729,32 @@ impl Cluster {
     /// stragglers: every process is given the same deadline, so one that outstays it (the
     /// driver, say) costs the others nothing.
     pub(super) fn shutdown(&mut self, rx: &Receiver<Ev>) {
-        let live: Vec<RankId> = self.ranks.iter().filter(|(_, p)| p.alive).map(|(&r, _)| r).collect();
+        let live: Vec<RankId> = self.procs.ranks.iter().filter(|(_, p)| p.alive).map(|(&r, _)| r).collect();
         for &rank in &live {
-            self.send(rank, &ToRank::Shutdown);
+            self.procs.send(rank, &ToRank::Shutdown);
         }
         let deadline = std::time::Instant::now() + EXIT_TIMEOUT;
         // A driver that failed gets no goodbye to give: it is killed below.
-        if self.driver.as_ref().is_some_and(|d| d.failed.is_none()) {
-            self.tell_driver(&ToDriver::Shutdown);
+        if self.foreign.driver.as_ref().is_some_and(|d| d.failed.is_none()) {
+            self.foreign.tell(&ToDriver::Shutdown);
         }
         // Collect goodbyes (and anything else still in flight) until every live rank left.
         // A signal asks for the run to end now: a driver that has not said bye and exited
         // within SIGNALLED_BYE is killed rather than waited for. (Its input pipe may hold the unread
         // `shutdown` of a driver that stopped reading, which the queue cannot see.)
-        let bye_deadline =
-            if self.interrupted.is_some() { std::time::Instant::now() + SIGNALLED_BYE } else { deadline };
+        let bye_deadline = if self.procs.interrupted.is_some() {
+            std::time::Instant::now() + SIGNALLED_BYE
+        } else {
+            deadline
+        };
         let driver_owes_bye = |c: &Cluster| {
             std::time::Instant::now() < bye_deadline
-                && c.driver
+                && c.foreign
+                    .driver
                     .as_ref()
                     .is_some_and(|d| d.ready && !d.said_bye && !d.closed && d.failed.is_none())
         };
-        while self.ranks.values().any(|p| p.alive && p.writer.is_some() && !p.said_bye)
+        while self.procs.ranks.values().any(|p| p.alive && p.writer.is_some() && !p.said_bye)
             || driver_owes_bye(self)
         {
             // A driver that stopped reading will not read its `shutdown` either.
@@ -721,19 +765,19 @@ impl Cluster {
             }
             match rx.recv_timeout(left.min(POLL)) {
                 Ok(Ev::Msg { rank, life, msg: FromRank::Bye { .. } }) => {
-                    if let Some(p) = self.ranks.get_mut(&rank).filter(|p| p.life == life) {
+                    if let Some(p) = self.procs.ranks.get_mut(&rank).filter(|p| p.life == life) {
                         p.said_bye = true;
                     }
                 }
                 Ok(Ev::Gone { rank, life }) => {
-                    if let Some(p) = self.ranks.get_mut(&rank).filter(|p| p.life == life) {
+                    if let Some(p) = self.procs.ranks.get_mut(&rank).filter(|p| p.life == life) {
                         p.alive = false;
                     }
                 }
                 Ok(Ev::Refused { rank, pid, reason }) => self.refused(rank, pid, &reason),
                 Ok(Ev::Driver(event)) => {
                     if let Some(error) = self.on_driver(event) {
-                        self.problem_of(Severity::Fatal, error.to_string());
+                        self.tally.problem_of(Severity::Fatal, error.to_string());
                     }
                 }
                 Ok(_) => {}
@@ -741,7 +785,7 @@ impl Cluster {
                 Err(RecvTimeoutError::Disconnected) => break,
             }
         }
-        if let Some(driver) = self.driver.as_mut() {
+        if let Some(driver) = self.foreign.driver.as_mut() {
             // Its input ends: a driver reading it sees the end, as after its `shutdown`.
             driver.close_input();
         }
@@ -749,7 +793,7 @@ impl Cluster {
         let mut statuses: BTreeMap<RankId, std::process::ExitStatus> = BTreeMap::new();
         let mut driver_exit = None;
         loop {
-            for (&rank, proc) in self.ranks.iter_mut() {
+            for (&rank, proc) in self.procs.ranks.iter_mut() {
                 let Some(child) = proc.child.as_mut().filter(|_| !proc.killed_by_fault) else { continue };
                 if statuses.contains_key(&rank) {
                     continue;
@@ -759,13 +803,14 @@ impl Cluster {
                 }
             }
             if driver_exit.is_none() {
-                driver_exit = self.driver.as_mut().and_then(Driver::exited);
+                driver_exit = self.foreign.driver.as_mut().and_then(Driver::exited);
             }
             let ranks_done = self
+                .procs
                 .ranks
                 .iter()
                 .all(|(rank, p)| p.child.is_none() || p.killed_by_fault || statuses.contains_key(rank));
-            let driver_done = self.driver.as_ref().is_none_or(|d| d.failed.is_some())
+            let driver_done = self.foreign.driver.as_ref().is_none_or(|d| d.failed.is_some())
                 || driver_exit.is_some()
                 || std::time::Instant::now() >= bye_deadline;
             if (ranks_done && driver_done) || std::time::Instant::now() >= deadline {
@@ -773,24 +818,24 @@ impl Cluster {
             }
             thread::sleep(Duration::from_millis(5));
         }
-        if let Some(mut driver) = self.driver.take() {
+        if let Some(mut driver) = self.foreign.driver.take() {
             for problem in driver.finish(driver_exit) {
-                self.problem_of(Severity::Fatal, problem);
+                self.tally.problem_of(Severity::Fatal, problem);
             }
-            self.foreign_report.killed = driver.killed.clone();
+            self.foreign.report.killed = driver.killed.clone();
         }
-        for (rank, proc) in self.ranks.iter_mut() {
+        for (rank, proc) in self.procs.ranks.iter_mut() {
             let Some(mut child) = proc.child.take() else { continue };
             if proc.killed_by_fault {
                 continue;
             }
             match statuses.get(rank) {
-                Some(s) if s.success() => self.processes.exited_cleanly += 1,
-                Some(_) => self.processes.failed += 1,
+                Some(s) if s.success() => self.procs.processes.exited_cleanly += 1,
+                Some(_) => self.procs.processes.failed += 1,
                 None => {
                     let _ = child.kill();
                     let _ = child.wait();
-                    self.processes.killed_at_shutdown += 1;
+                    self.procs.processes.killed_at_shutdown += 1;
                 }
             }
         }

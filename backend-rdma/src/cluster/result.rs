@@ -1,8 +1,9 @@
 //! What a cluster run reports (`--json`), and the rules that name its outcome.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
-use pdkv_engine::verdict::{judge, round3, BudgetRule, Summary, Tally, Verdict, ViolationKind};
+use pdkv_engine::verdict::{self, judge, round3, BudgetRule, Summary, Verdict, ViolationKind};
 
 use pdkv_core::ids::{RankId, Role};
 use serde::Serialize;
@@ -190,7 +191,7 @@ pub struct ClusterResult {
     pub prompt_kv_bytes: u64,
     /// Where the prefill ranks kept their KV (host memory, or a HIP device), and why.
     pub memory: Vec<String>,
-    /// Failed requests, the first [`MAX_FAILURES_LISTED`](super::MAX_FAILURES_LISTED) (`requests.failed` counts them all).
+    /// Failed requests, the first [`MAX_FAILURES_LISTED`] (`requests.failed` counts them all).
     pub failures: Vec<Failure>,
     /// Safety violations.
     pub violations: Vec<Violation>,
@@ -291,11 +292,11 @@ impl Cluster {
     /// error ([`judge_refusals`]).
     pub(super) fn judge_refusals(&mut self) {
         let forged = self.forger.as_ref().map(|f| f.report.clone());
-        let (forged, error) = judge_refusals(&self.control.by_address, forged);
+        let (forged, error) = judge_refusals(&self.tally.control.by_address, forged);
         if let Some(detail) = error {
-            self.violations.push(Violation { kind: ViolationKind::ProtocolError, detail });
+            self.tally.violation(ViolationKind::ProtocolError, detail);
         }
-        self.control.forged = forged;
+        self.tally.control.forged = forged;
     }
 }
 
@@ -399,6 +400,140 @@ impl Problems {
     }
 }
 
+/// Most failed requests listed in the result: a run whose decode group died can fail a
+/// million requests, and a listing of each would make a result of hundreds of megabytes.
+pub const MAX_FAILURES_LISTED: usize = 1000;
+/// Most problem lines kept for the report.
+const MAX_PROBLEMS: usize = 64;
+
+/// What the run counted for its report: requests and their latencies, tokens, reads and bytes,
+/// the block ledger, violations, problems, the fault log, the scheduler's own stalls and the
+/// control messages the ranks refused. Every file of the cluster adds to it; only
+/// [`Cluster::result`] reads it whole.
+pub(super) struct Tally {
+    pub(super) sent: u64,
+    pub(super) finished: u64,
+    pub(super) failed: u64,
+    pub(super) failed_excused: u64,
+    pub(super) prefilled: u32,
+    pub(super) tokens_in: u64,
+    pub(super) tokens_out: u64,
+    pub(super) ttft_ms: Vec<f64>,
+    pub(super) e2e_ms: Vec<f64>,
+    pub(super) failures: Vec<Failure>,
+    pub(super) violations: Vec<Violation>,
+    pub(super) problems: Problems,
+    pub(super) memory: BTreeSet<String>,
+    pub(super) faults_log: Vec<String>,
+    pub(super) ledger: Ledger,
+    /// Reads and bytes each prefill rank served.
+    pub(super) reads: BTreeMap<RankId, (u64, u64)>,
+    pub(super) bytes_verified: u64,
+    pub(super) prompt_kv_bytes: u64,
+    /// Times the scheduler's own loop did not run for a while (stopped, or starved), and how
+    /// long in all: each gave every rank a fresh heartbeat window.
+    pub(super) stalls: u64,
+    pub(super) stalled_for: Duration,
+    /// Requests in flight during those stalls: their failures and reaping are excused.
+    pub(super) exposed_to_stalls: u64,
+    pub(super) control: Control,
+}
+
+impl Tally {
+    /// An empty tally; `auth` is how the ranks take control messages ([`Control::auth`]).
+    pub(super) fn new(auth: &str) -> Tally {
+        Tally {
+            sent: 0,
+            finished: 0,
+            failed: 0,
+            failed_excused: 0,
+            prefilled: 0,
+            tokens_in: 0,
+            tokens_out: 0,
+            ttft_ms: Vec::new(),
+            e2e_ms: Vec::new(),
+            failures: Vec::new(),
+            violations: Vec::new(),
+            problems: Problems::new(MAX_PROBLEMS),
+            memory: BTreeSet::new(),
+            faults_log: Vec::new(),
+            ledger: Ledger::default(),
+            reads: BTreeMap::new(),
+            bytes_verified: 0,
+            prompt_kv_bytes: 0,
+            stalls: 0,
+            stalled_for: Duration::ZERO,
+            exposed_to_stalls: 0,
+            control: Control { auth: auth.into(), ..Control::default() },
+        }
+    }
+
+    /// Requests that ended, finished or failed.
+    pub(super) fn done(&self) -> u64 {
+        self.finished + self.failed
+    }
+
+    /// A safety violation.
+    pub(super) fn violation(&mut self, kind: ViolationKind, detail: String) {
+        self.violations.push(Violation { kind, detail });
+    }
+
+    /// Notes a problem line of the ranks' or the driver's (a note); repeats of a line are
+    /// counted, not listed again.
+    pub(super) fn problem(&mut self, line: String) {
+        self.problems.note(Severity::Note, line);
+    }
+
+    /// Notes a problem line that matters more than a note ([`Severity`]): a full list makes
+    /// room for it.
+    pub(super) fn problem_of(&mut self, severity: Severity, line: String) {
+        self.problems.note(severity, line);
+    }
+
+    /// A request produced its first token `ttft_ms` after it was sent.
+    pub(super) fn record_first_token(&mut self, ttft_ms: f64) {
+        self.ttft_ms.push(ttft_ms);
+    }
+
+    /// A request finished: its tokens, its prompt's KV bytes and its latency.
+    pub(super) fn record_finished(&mut self, input: u32, output: u32, prompt_kv_bytes: u64, e2e_ms: f64) {
+        self.finished += 1;
+        self.prompt_kv_bytes += prompt_kv_bytes;
+        self.e2e_ms.push(e2e_ms);
+        self.tokens_in += u64::from(input);
+        self.tokens_out += u64::from(output);
+    }
+
+    /// A request failed, `excused` by a fault it was exposed to; listed while the list has room.
+    pub(super) fn record_failed(&mut self, failure: Failure, excused: bool) {
+        self.failed += 1;
+        if excused {
+            self.failed_excused += 1;
+        }
+        if self.failures.len() < MAX_FAILURES_LISTED {
+            self.failures.push(failure);
+        }
+    }
+
+    /// A decode rank verified `bytes` read from `source`; a request's reads count once per
+    /// decode worker, whatever the granularity (`layer` is `None` or the first layer once).
+    pub(super) fn record_read(&mut self, source: RankId, layer: Option<u16>, bytes: u64) {
+        let entry = self.reads.entry(source).or_default();
+        if layer.is_none_or(|l| l == 0) {
+            entry.0 += 1;
+        }
+        entry.1 += bytes;
+        self.bytes_verified += bytes;
+    }
+
+    /// The scheduler itself did not run for `gap`, with `in_flight` requests exposed to it.
+    pub(super) fn record_stall(&mut self, gap: Duration, in_flight: u64) {
+        self.exposed_to_stalls += in_flight;
+        self.stalls += 1;
+        self.stalled_for += gap;
+    }
+}
+
 /// Progress for a bar.
 #[derive(Clone, Copy, Debug)]
 pub struct Progress {
@@ -421,7 +556,7 @@ pub(super) fn outcome(
     requests: &Requests,
     ledger: &Ledger,
 ) -> Verdict {
-    let tally = Tally {
+    let tally = verdict::Tally {
         violated,
         interrupted,
         hung,
@@ -432,7 +567,7 @@ pub(super) fn outcome(
         held: ledger.held,
         reaped: ledger.reaped,
         reaped_excused: ledger.reaped_excused,
-        ..Tally::default()
+        ..verdict::Tally::default()
     };
     judge(&tally, BudgetRule::WallClock)
 }
@@ -446,45 +581,49 @@ pub(super) fn jain(values: &[u64]) -> f64 {
 impl Cluster {
     pub(super) fn result(&self) -> ClusterResult {
         let duration_s = self.started_at.elapsed().as_secs_f64();
-        let held = self.held();
-        let unfinished = u64::from(self.config.requests) - self.finished - self.failed;
+        let held = self.prefill.held();
+        let unfinished = u64::from(self.config.requests) - self.tally.finished - self.tally.failed;
         let gpus: Vec<RankId> = self.d.ranks(Role::Prefill);
-        let reads: Vec<u64> = gpus.iter().map(|r| self.reads.get(r).map_or(0, |v| v.0)).collect();
-        let bytes: Vec<u64> = gpus.iter().map(|r| self.reads.get(r).map_or(0, |v| v.1)).collect();
-        let ledger = Ledger { held, ..self.ledger.clone() };
+        let reads: Vec<u64> = gpus.iter().map(|r| self.tally.reads.get(r).map_or(0, |v| v.0)).collect();
+        let bytes: Vec<u64> = gpus.iter().map(|r| self.tally.reads.get(r).map_or(0, |v| v.1)).collect();
+        let ledger = Ledger { held, ..self.tally.ledger.clone() };
         let requests = Requests {
-            sent: self.sent,
-            finished: self.finished,
-            failed: self.failed,
-            failed_excused: self.failed_excused,
+            sent: self.tally.sent,
+            finished: self.tally.finished,
+            failed: self.tally.failed,
+            failed_excused: self.tally.failed_excused,
             unfinished,
-            queued_at_decode: self.dgroups.iter().map(|g| g.sched.queued_total()).sum(),
-            held_for_restart: self.holds.count,
-            dispatched_while_down: self.holds.while_down,
+            queued_at_decode: self.decode.queued_total(),
+            held_for_restart: self.faults.holds.count,
+            dispatched_while_down: self.faults.holds.while_down,
         };
         let outcome = outcome(
-            !self.violations.is_empty(),
-            self.interrupted.is_some(),
+            !self.tally.violations.is_empty(),
+            self.procs.interrupted.is_some(),
             self.hung.is_some(),
             self.budget_ended.is_some(),
             &requests,
             &ledger,
         );
-        let mut problems = self.problems.lines();
+        let mut problems = self.tally.problems.lines();
         // Reads the foreign decode side planned through anything but the holder's live session
         // are its own (pdkv's outcome judges pdkv's side); the line says they happened.
-        problems.extend(self.foreign_report.reads.problem());
-        if self.stalls > 0 {
-            let times = if self.stalls == 1 { "once".to_string() } else { format!("{} times", self.stalls) };
+        problems.extend(self.foreign.report.reads.problem());
+        if self.tally.stalls > 0 {
+            let times = if self.tally.stalls == 1 {
+                "once".to_string()
+            } else {
+                format!("{} times", self.tally.stalls)
+            };
             problems.push(format!(
                 "pdkv cluster itself did not run {times}, {:.1} s in all (stopped, or starved of CPU): \
                  each time every rank got a fresh heartbeat window instead of the blame, and the \
                  {} requests then in flight were exposed to it (the ranks' timers ran meanwhile)",
-                self.stalled_for.as_secs_f64(),
-                self.exposed_to_stalls
+                self.tally.stalled_for.as_secs_f64(),
+                self.tally.exposed_to_stalls
             ));
         }
-        if let Some(signal) = self.interrupted {
+        if let Some(signal) = self.procs.interrupted {
             problems
                 .insert(0, format!("interrupted by {}: the result is partial", crate::signals::name(signal)));
         }
@@ -510,14 +649,14 @@ impl Cluster {
             duration_s: (duration_s * 1000.0).round() / 1000.0,
             requests,
             throughput: Throughput {
-                total_tok_s: per_s((self.tokens_in + self.tokens_out) as f64),
-                output_tok_s: per_s(self.tokens_out as f64),
-                requests_per_s: per_s(self.finished as f64),
-                kv_bytes_per_s: per_s(self.bytes_verified as f64),
+                total_tok_s: per_s((self.tally.tokens_in + self.tally.tokens_out) as f64),
+                output_tok_s: per_s(self.tally.tokens_out as f64),
+                requests_per_s: per_s(self.tally.finished as f64),
+                kv_bytes_per_s: per_s(self.tally.bytes_verified as f64),
             },
             latency_ms: Latencies {
-                ttft: Summary::of(&mut self.ttft_ms.clone()).unwrap_or_default(),
-                e2e: Summary::of(&mut self.e2e_ms.clone()).unwrap_or_default(),
+                ttft: Summary::of(&mut self.tally.ttft_ms.clone()).unwrap_or_default(),
+                e2e: Summary::of(&mut self.tally.e2e_ms.clone()).unwrap_or_default(),
             },
             nic: Nic {
                 prefill_gpus: gpus.iter().map(|r| r.to_string()).collect(),
@@ -527,14 +666,14 @@ impl Cluster {
                 bytes_per_prefill_gpu: bytes,
             },
             ledger,
-            bytes_verified: self.bytes_verified,
-            prompt_kv_bytes: self.prompt_kv_bytes,
-            memory: self.memory.iter().cloned().collect(),
-            failures: self.failures.clone(),
-            violations: self.violations.clone(),
+            bytes_verified: self.tally.bytes_verified,
+            prompt_kv_bytes: self.tally.prompt_kv_bytes,
+            memory: self.tally.memory.iter().cloned().collect(),
+            failures: self.tally.failures.clone(),
+            violations: self.tally.violations.clone(),
             faults: self.fault_lines(),
-            processes: self.processes.clone(),
-            control: self.control.clone(),
+            processes: self.procs.processes.clone(),
+            control: self.tally.control.clone(),
             listener_ports: self
                 .addresses
                 .iter()
@@ -544,7 +683,7 @@ impl Cluster {
                 })
                 .collect(),
             problems,
-            foreign: self.config.foreign.as_ref().map(|_| self.foreign_report.clone()),
+            foreign: self.config.foreign.as_ref().map(|_| self.foreign.report.clone()),
         }
     }
 }

@@ -2,6 +2,9 @@
 
 use std::path::PathBuf;
 
+use pdkv_core::rng::Stream;
+
+use super::clients::REQUEST_STREAM;
 use super::procs::probe_window;
 use super::result::outcome;
 use super::*;
