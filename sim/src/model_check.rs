@@ -38,6 +38,7 @@ use pdkv_core::time::Instant;
 use pdkv_core::topology::{Deployment, ModelSpec};
 use pdkv_core::wire::{HandshakeMetadata, LayerMemoryDesc};
 use pdkv_engine::decode::{DecodeNodes, DecodeScheduler, NodeOutput, SchedulerLimits, SchedulerOutput};
+use pdkv_engine::prefill::{PrefillNodes, PrefillOutput};
 
 /// Most requests [`check`] takes: the state space grows about tenfold with each one.
 pub const MAX_REQUESTS: u64 = 4;
@@ -182,8 +183,8 @@ struct State {
     /// The decode group's workers and its barrier (its step, votes, decision and who entered
     /// the forward), routed to each other.
     nodes: DecodeNodes,
-    workers: Vec<PrefillWorker>,
-    engine: PrefillEngine,
+    /// The prefill owner group's workers and their engine, routed to each other.
+    prefill: PrefillNodes,
     msgs: Vec<Msg>,
     lost: u32,
     /// True once a timer fired while a message was in flight (that message arrives late).
@@ -223,8 +224,7 @@ struct World {
 /// exactly when their fields are equal (up to a 64-bit collision).
 fn fingerprint(s: &State) -> u64 {
     let mut h = DefaultHasher::new();
-    (&s.now, &s.nodes, &s.workers, &s.engine, &s.msgs, s.lost, s.late, &s.frees, &s.fenced, &s.violation)
-        .hash(&mut h);
+    (&s.now, &s.nodes, &s.prefill, &s.msgs, s.lost, s.late, &s.frees, &s.fenced, &s.violation).hash(&mut h);
     (&s.incarnations, s.restarts).hash(&mut h);
     h.finish()
 }
@@ -340,53 +340,41 @@ impl World {
         }
     }
 
+    /// Feeds an event to prefill worker `i`; returns its own actions (routing to its engine,
+    /// and the engine's words for workers, the nodes carried out).
     fn prefill(&self, s: &mut State, i: usize, event: WorkerEvent) -> Vec<WorkerAction> {
         let mut out = Vec::new();
-        s.workers[i].handle(s.now, event, &mut out);
-        let mut rest = Vec::new();
-        for action in out {
-            match action {
-                WorkerAction::Finished { rank, transfer_id } => {
-                    self.engine(s, EngineEvent::WorkerFinished { rank, transfer_id });
-                }
-                WorkerAction::Leased { transfer_id, until, .. } => {
-                    self.engine(s, EngineEvent::Leased { transfer_id, until });
-                }
-                other => rest.push(other),
-            }
-        }
-        rest
+        s.prefill.handle_worker(s.now, i, event, &mut out);
+        self.prefill_outputs(s, i, out)
     }
 
     fn engine(&self, s: &mut State, event: EngineEvent) {
         let mut out = Vec::new();
-        s.engine.handle(s.now, event, &mut out).expect("the model registers valid transfers");
-        for action in out {
-            match action {
-                EngineAction::Register { rank, transfer_id, quorum, incarnation } => {
-                    if let Some(i) = self.prefill_index(rank) {
-                        self.prefill(s, i, WorkerEvent::Register { transfer_id, quorum, incarnation });
-                    }
-                }
-                EngineAction::GroupDone { rank, transfer_id } => {
-                    if let Some(i) = self.prefill_index(rank) {
-                        self.prefill(s, i, WorkerEvent::GroupDone { transfer_id });
-                    }
-                }
-                EngineAction::Retire { rank, transfer_id, incarnation } => {
-                    if let Some(i) = self.prefill_index(rank) {
-                        self.prefill(s, i, WorkerEvent::Retired { transfer_id, incarnation });
-                    }
-                }
-                EngineAction::FreeBlocks { transfer_id, reaped, .. } => {
+        s.prefill.handle_engine(s.now, 0, event, &mut out).expect("the model registers valid transfers");
+        self.prefill_outputs(s, usize::MAX, out);
+    }
+
+    /// Records the engine's frees and fences; returns worker `i`'s actions.
+    fn prefill_outputs(&self, s: &mut State, i: usize, out: Vec<PrefillOutput>) -> Vec<WorkerAction> {
+        let mut own = Vec::new();
+        for output in out {
+            match output {
+                PrefillOutput::Worker { worker, action } if worker == i => own.push(action),
+                PrefillOutput::Engine {
+                    action: EngineAction::FreeBlocks { transfer_id, reaped, .. },
+                    ..
+                } => {
                     let entry = s.frees.entry(transfer_id).or_insert((0, false));
                     entry.0 += 1;
                     entry.1 |= reaped;
                 }
-                EngineAction::Fence { transfer_id, .. } => s.fenced.push(transfer_id),
-                EngineAction::FinishedSending { .. } | EngineAction::ReapWarning { .. } => {}
+                PrefillOutput::Engine { action: EngineAction::Fence { transfer_id, .. }, .. } => {
+                    s.fenced.push(transfer_id)
+                }
+                _ => {}
             }
         }
+        own
     }
 
     /// Every transition out of `s`, with a line describing it.
@@ -435,7 +423,7 @@ impl World {
             .workers()
             .iter()
             .filter_map(DecodeWorker::poll_timeout)
-            .chain(s.engine.poll_timeout())
+            .chain(s.prefill.engine(0).poll_timeout())
             .min();
         if let Some(t) = deadline {
             let mut next = s.clone();
@@ -446,7 +434,7 @@ impl World {
                     self.decode(&mut next, w, DecodeEvent::Tick);
                 }
             }
-            if next.engine.poll_timeout().is_some_and(|d| d <= next.now) {
+            if next.prefill.engine(0).poll_timeout().is_some_and(|d| d <= next.now) {
                 self.engine(&mut next, EngineEvent::Tick);
             }
             out.push((format!("time passes to {}", next.now), next));
@@ -480,7 +468,7 @@ impl World {
         s.incarnations[i] = incarnation;
         let rank = self.prefill_ranks[i];
         let (metadata, layers) = self.metadata_of(i, incarnation);
-        s.workers[i] = PrefillWorker::new(rank, metadata, layers, &self.policy);
+        s.prefill.replace_worker(i, PrefillWorker::new(rank, metadata, layers, &self.policy));
         self.engine(s, EngineEvent::WorkerUp { rank, incarnation });
         format!("RESTART {rank} as {incarnation}")
     }
@@ -637,8 +625,8 @@ impl World {
         if let Some(w) = s.nodes.workers().iter().position(|d| d.pending_requests() > 0) {
             return Some(format!("{} never finished its requests", self.decode_ranks[w]));
         }
-        if s.engine.totals().held > 0 {
-            return Some(format!("{} transfers still held", s.engine.totals().held));
+        if s.prefill.engine(0).totals().held > 0 {
+            return Some(format!("{} transfers still held", s.prefill.engine(0).totals().held));
         }
         for (transfer, (count, reaped)) in &s.frees {
             if *count != 1 {
@@ -770,25 +758,24 @@ pub fn check_with_progress(
         let config = DecodeConfig::new(r, dl, d.model.clone(), policy, book.engine_id(decode));
         nodes.add_worker(group, DecodeWorker::new(config));
     }
-    let workers = prefill_ranks
-        .iter()
-        .enumerate()
-        .map(|(i, &r)| {
-            let (m, l) = world.metadata_of(i, incarnations[i]);
-            PrefillWorker::new(r, m, l, &policy)
-        })
-        .collect();
+    // The owner group's workers, numbered as `prefill_ranks`; the engine's words for ranks of
+    // other groups are dropped.
+    let mut prefill_nodes = PrefillNodes::new();
     let mut engine = PrefillEngine::new(prefill, pl, d.model.clone(), policy);
     for (&rank, &incarnation) in prefill_ranks.iter().zip(&incarnations) {
         engine
             .handle(Instant::ZERO, EngineEvent::WorkerUp { rank, incarnation }, &mut Vec::new())
             .map_err(|e| e.to_string())?;
     }
+    prefill_nodes.add_engine(engine);
+    for (i, &r) in prefill_ranks.iter().enumerate() {
+        let (m, l) = world.metadata_of(i, incarnations[i]);
+        prefill_nodes.add_worker(r, PrefillWorker::new(r, m, l, &policy));
+    }
     let mut initial = State {
         now: Instant::ZERO,
         nodes,
-        workers,
-        engine,
+        prefill: prefill_nodes,
         msgs: Vec::new(),
         lost: 0,
         late: false,
@@ -813,8 +800,11 @@ pub fn check_with_progress(
             holders: None,
         });
         world.engine(&mut initial, event);
-        let holders =
-            initial.engine.holder_incarnations(&transfer_id).ok_or("the engine knows every worker")?;
+        let holders = initial
+            .prefill
+            .engine(0)
+            .holder_incarnations(&transfer_id)
+            .ok_or("the engine knows every worker")?;
         world.holders.insert(transfer_id.clone(), holders.clone());
         let answer = KvTransferParams::prefill_answer(&PrefillAnswer {
             transfer_id: Some(&transfer_id),
