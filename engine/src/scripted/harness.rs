@@ -23,6 +23,7 @@ use pdkv_core::topology::Deployment;
 use pdkv_core::wire::{Extensions, HandshakeMetadata, LayerMemoryDesc};
 
 use crate::decode::{DecodeNodes, DecodeScheduler, NodeOutput, SchedulerLimits, SchedulerOutput};
+use crate::prefill::{PrefillNodes, PrefillOutput};
 
 /// Blocks in every prefill rank's pool.
 const POOL_BLOCKS: u32 = 1024;
@@ -76,8 +77,8 @@ pub(super) struct Harness {
     pub(super) rank_of: Vec<RankId>,
     /// Each decode DP group's number in `nodes`.
     pub(super) group_of: BTreeMap<(EngineId, u16), usize>,
-    pub(super) workers: BTreeMap<RankId, PrefillWorker>,
-    pub(super) engines: Vec<PrefillEngine>,
+    /// Every prefill engine and worker, routed to each other (the engine layer's).
+    pub(super) prefill: PrefillNodes,
     pub(super) dials: Vec<Dial>,
     pub(super) reads: Vec<(RankId, ReadOp)>,
     pub(super) releases: Vec<(RankId, Release)>,
@@ -127,15 +128,14 @@ impl Harness {
             worker_of.insert(rank, nodes.add_worker(group, DecodeWorker::new(config)));
             rank_of.push(rank);
         }
-        let mut workers = BTreeMap::new();
+        let mut prefill = PrefillNodes::new();
+        for engine in PrefillEngine::for_deployment(&d, policy) {
+            prefill.add_engine(engine.with_peers(book.rules.clone()));
+        }
         for rank in d.ranks(Role::Prefill) {
             let (metadata, layers) = metadata_for(&book, &d, rank);
-            workers.insert(rank, PrefillWorker::new(rank, metadata, layers, &policy));
+            prefill.add_worker(rank, PrefillWorker::new(rank, metadata, layers, &policy));
         }
-        let engines = PrefillEngine::for_deployment(&d, policy)
-            .into_iter()
-            .map(|engine| engine.with_peers(book.rules.clone()))
-            .collect();
         Harness {
             d,
             book,
@@ -144,8 +144,7 @@ impl Harness {
             worker_of,
             rank_of,
             group_of,
-            workers,
-            engines,
+            prefill,
             dials: Vec::new(),
             reads: Vec::new(),
             releases: Vec::new(),
@@ -176,9 +175,7 @@ impl Harness {
             reader: Some((EngineId::decode(0), 0)),
             holders: None,
         });
-        let mut out = Vec::new();
-        self.engines[usize::from(engine)].handle(self.now, event, &mut out).unwrap();
-        self.route_engine(out);
+        self.engine_event(usize::from(engine), event);
         let layout = self.d.layout(prefill);
         let answer = KvTransferParams::prefill_answer(&PrefillAnswer {
             transfer_id: Some(&transfer_id),
@@ -305,7 +302,8 @@ impl Harness {
         let dials = std::mem::take(&mut self.dials);
         for dial in dials.into_iter().filter(|d| keep(d)) {
             let mut out = Vec::new();
-            self.workers.get_mut(&dial.to).unwrap().handle(
+            let worker = self.prefill.worker_of(dial.to).expect("a prefill rank");
+            self.prefill.worker_mut(worker).handle(
                 self.now,
                 WorkerEvent::HandshakeRequest { peer: 0 },
                 &mut out,
@@ -361,41 +359,34 @@ impl Harness {
     }
 
     pub(super) fn worker_event(&mut self, rank: RankId, event: WorkerEvent) {
+        let Some(worker) = self.prefill.worker_of(rank) else { return };
         let mut out = Vec::new();
-        let Some(worker) = self.workers.get_mut(&rank) else { return };
-        worker.handle(self.now, event, &mut out);
-        for action in out {
-            self.worker_log.push(action.clone());
-            let (rank, event) = match action {
-                WorkerAction::Finished { rank, transfer_id } => {
-                    (rank, EngineEvent::WorkerFinished { rank, transfer_id })
-                }
-                WorkerAction::Leased { rank, transfer_id, until } => {
-                    (rank, EngineEvent::Leased { transfer_id, until })
-                }
-                _ => continue,
-            };
-            let mut engine_out = Vec::new();
-            let engine = &mut self.engines[usize::from(rank.engine.index)];
-            engine.handle(self.now, event, &mut engine_out).unwrap();
-            self.route_engine(engine_out);
+        self.prefill.handle_worker(self.now, worker, event, &mut out);
+        self.log_prefill(out);
+    }
+
+    /// Prefill engine `engine` handles `event` (which it must take).
+    pub(super) fn engine_event(&mut self, engine: usize, event: EngineEvent) {
+        let mut out = Vec::new();
+        self.prefill.handle_engine(self.now, engine, event, &mut out).unwrap();
+        self.log_prefill(out);
+    }
+
+    /// Every prefill engine reaps after `ns`.
+    pub(super) fn set_defer_timeout_ns(&mut self, ns: u64) {
+        for e in 0..self.prefill.engines().len() {
+            let engine = self.prefill.engine(e).clone().with_defer_timeout_ns(ns);
+            self.prefill.replace_engine(e, engine);
         }
     }
 
-    pub(super) fn route_engine(&mut self, actions: Vec<EngineAction>) {
-        for action in actions {
-            self.engine_log.push(action.clone());
-            match action {
-                EngineAction::Register { rank, transfer_id, quorum, incarnation } => {
-                    self.worker_event(rank, WorkerEvent::Register { transfer_id, quorum, incarnation })
-                }
-                EngineAction::GroupDone { rank, transfer_id } => {
-                    self.worker_event(rank, WorkerEvent::GroupDone { transfer_id })
-                }
-                EngineAction::Retire { rank, transfer_id, incarnation } => {
-                    self.worker_event(rank, WorkerEvent::Retired { transfer_id, incarnation })
-                }
-                _ => {}
+    /// Logs what the prefill nodes did, for the tests (the nodes delivered what they route).
+    fn log_prefill(&mut self, out: Vec<PrefillOutput>) {
+        for output in out {
+            match output {
+                PrefillOutput::Worker { action, .. } => self.worker_log.push(action),
+                PrefillOutput::Engine { action, .. } => self.engine_log.push(action),
+                PrefillOutput::Refused { .. } | PrefillOutput::EngineHandled { .. } => {}
             }
         }
     }
@@ -410,8 +401,8 @@ impl Harness {
                 .filter(|(_, &w)| self.nodes.worker(w).poll_timeout().is_some_and(|t| t <= self.now))
                 .map(|(r, _)| *r)
                 .collect();
-            let engines: Vec<usize> = (0..self.engines.len())
-                .filter(|&i| self.engines[i].poll_timeout().is_some_and(|t| t <= self.now))
+            let engines: Vec<usize> = (0..self.prefill.engines().len())
+                .filter(|&i| self.prefill.engine(i).poll_timeout().is_some_and(|t| t <= self.now))
                 .collect();
             if due.is_empty() && engines.is_empty() {
                 break;
@@ -420,9 +411,7 @@ impl Harness {
                 self.decode_event(rank, DecodeEvent::Tick);
             }
             for i in engines {
-                let mut out = Vec::new();
-                self.engines[i].handle(self.now, EngineEvent::Tick, &mut out).unwrap();
-                self.route_engine(out);
+                self.engine_event(i, EngineEvent::Tick);
             }
         }
     }

@@ -121,7 +121,7 @@ fn p8_to_d4_frees_without_reaper_only_with_zero_quorum() {
             h.advance(60 * NS_PER_S);
         }
         assert_eq!(h.frees(), [(tx(1), reaped)], "{legacy:?}");
-        assert_eq!(h.engines[0].totals().reaped, u64::from(reaped));
+        assert_eq!(h.prefill.engine(0).totals().reaped, u64::from(reaped));
     }
 }
 
@@ -352,8 +352,7 @@ fn read_lease_defers_the_reaper_until_the_read_can_no_longer_run() {
         [(LegacyOptions::none(), false), (LegacyOptions::none().with(Legacy::ReaperIgnoresReads), true)]
     {
         let mut h = Harness::new("1P_TP1:1D_TP1", legacy.clone());
-        let engines = std::mem::take(&mut h.engines);
-        h.engines = engines.into_iter().map(|e| e.with_defer_timeout_ns(NS_PER_S)).collect();
+        h.set_defer_timeout_ns(NS_PER_S);
         h.step_with_request(1, 0, &[5], 0);
         assert_eq!(h.leases, 1, "one lease per request, sent when the worker takes it");
         h.advance(5 * NS_PER_S);
@@ -492,9 +491,7 @@ fn a_lost_prefill_worker_does_not_hold_its_group_until_the_reaper() {
     h.releases.retain(|(to, _)| *to != dead);
     h.deliver_releases(1);
     assert!(h.frees().is_empty(), "the dead rank's part is still owed");
-    let mut out = Vec::new();
-    h.engines[0].handle(h.now, EngineEvent::WorkerLost { rank: dead }, &mut out).unwrap();
-    h.route_engine(out);
+    h.engine_event(0, EngineEvent::WorkerLost { rank: dead });
     assert_eq!(h.frees(), [(tx(1), false)], "freed by the live release and the loss, not reaped");
 
     // Flexible: TP1 decode reads one of eight replicated ranks; losing another rank completes
@@ -503,9 +500,7 @@ fn a_lost_prefill_worker_does_not_hold_its_group_until_the_reaper() {
     h.step_with_request(1, 0, &[6], 3);
     let read = h.reads[0].1.plan.source;
     let other = RankId::new(EngineId::prefill(0), 0, (read.tp + 1) % 8);
-    let mut out = Vec::new();
-    h.engines[0].handle(h.now, EngineEvent::WorkerLost { rank: other }, &mut out).unwrap();
-    h.route_engine(out);
+    h.engine_event(0, EngineEvent::WorkerLost { rank: other });
     assert!(h.frees().is_empty(), "a loss is never the read of a flexible transfer");
     h.complete_reads(|_, _| ReadOutcome::Ok);
     h.deliver_releases(1);
@@ -518,8 +513,7 @@ fn a_lost_prefill_worker_does_not_hold_its_group_until_the_reaper() {
 #[test]
 fn a_lost_reader_has_its_transfers_reaped_when_their_leases_end() {
     let mut h = Harness::new("1P_TP2:1D_TP2", LegacyOptions::none());
-    let engines = std::mem::take(&mut h.engines);
-    h.engines = engines.into_iter().map(|e| e.with_defer_timeout_ns(600 * NS_PER_S)).collect();
+    h.set_defer_timeout_ns(600 * NS_PER_S);
     h.step_with_request(1, 0, &[3], 0);
     let dead = RankId::new(EngineId::decode(0), 0, 1);
     // The live rank reads and releases; the dead one never does.
@@ -527,9 +521,7 @@ fn a_lost_reader_has_its_transfers_reaped_when_their_leases_end() {
     let live_releases: Vec<_> = h.releases.iter().filter(|(to, _)| to.tp == 0).cloned().collect();
     h.releases = live_releases;
     h.deliver_releases(1);
-    let mut out = Vec::new();
-    h.engines[0].handle(h.now, EngineEvent::ReaderLost { rank: dead }, &mut out).unwrap();
-    h.route_engine(out);
+    h.engine_event(0, EngineEvent::ReaderLost { rank: dead });
     assert!(h.frees().is_empty(), "the lease (30 s) still covers the reads");
     h.advance(32 * NS_PER_S);
     assert_eq!(h.frees(), [(tx(1), true)], "reaped after the lease and its grace, not after 600 s");
