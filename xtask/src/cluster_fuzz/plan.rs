@@ -98,6 +98,9 @@ pub(super) struct Plan {
     pub(super) forge: bool,
     /// A foreign decode side played by a driver that misbehaves (the run has no other fault).
     pub(super) driver: Option<Driver>,
+    /// `--decode-max-batch N`: a small decode batch queues requests behind it (leased, and
+    /// taken back from a group that loses a rank).
+    pub(super) decode_max_batch: Option<u64>,
     pub(super) legacy: Vec<String>,
 }
 
@@ -244,6 +247,7 @@ impl Plan {
             // Unlikely to be any other process's sleep.
             sleeper: 9_000_000 + 2 * (seed % 500_000),
         });
+        let decode_max_batch = rng.chance(30).then(|| rng.log_uniform(8));
         let mut plan = Plan {
             seed,
             deployment,
@@ -263,6 +267,7 @@ impl Plan {
             outside,
             forge,
             driver,
+            decode_max_batch,
             legacy: legacy.to_vec(),
         };
         if plan.driver.is_some() {
@@ -288,6 +293,9 @@ impl Plan {
         flag("--requests", self.requests.to_string());
         flag("--concurrency", self.concurrency.to_string());
         flag("--layers", self.layers.to_string());
+        if let Some(batch) = self.decode_max_batch {
+            flag("--decode-max-batch", batch.to_string());
+        }
         flag("--seed", self.seed.to_string());
         flag("--handshake-timeout-ms", self.handshake_ms.to_string());
         flag("--transfer-timeout-ms", self.transfer_ms.to_string());
@@ -349,6 +357,9 @@ impl Plan {
             self.concurrency,
             self.layers
         );
+        if let Some(batch) = self.decode_max_batch {
+            let _ = write!(s, ", batch {batch}");
+        }
         if let Some((rank, after, restart)) = &self.kill {
             let _ = write!(s, ", kill {rank} after {after}");
             if let Some(ms) = restart {
