@@ -138,8 +138,11 @@ impl Cluster {
         let admitted = self.prefill.groups[g].sched.handle_step_done().finished;
         for Prefilled { request: id, owner, blocks } in admitted {
             let Some(req) = self.clients.requests.get(&id) else {
-                // Ended while queued: nobody will free its blocks but the scheduler.
-                let _ = self.prefill.groups[g].sched.handle_free(owner, &blocks);
+                // Ended while queued: nobody will free its blocks but the scheduler, and its
+                // owner number goes with them (its record, which named the transfer, is gone).
+                let group = &mut self.prefill.groups[g];
+                let _ = group.sched.handle_free(owner, &blocks);
+                group.owners.retain(|_, held| *held != owner);
                 continue;
             };
             let transfer_id = req.transfer_id.clone();
