@@ -276,6 +276,7 @@ impl World {
                 units,
                 nodes,
                 down: vec![false; d_decode_engines],
+                spare: Vec::new(),
             },
             net: Network {
                 nics: Nics::new(nic_count, sc.hardware.nic_gb_s),

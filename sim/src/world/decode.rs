@@ -30,6 +30,10 @@ pub(super) struct DecodeSide {
     pub(super) worker_tick: Vec<Option<u64>>,
     /// Engines that are down (crashed, not yet restarted).
     pub(super) down: Vec<bool>,
+    /// Spare output buffers for `decode_worker` (reused, never shrunk): every decode step hands
+    /// every worker an event, and a fresh vector per event was a measurable share of the
+    /// simulator's time.
+    pub(super) spare: Vec<Vec<NodeOutput>>,
 }
 
 /// A decode DP group's place in the simulator: its engine and unit (its workers and scheduler
@@ -324,9 +328,10 @@ impl World {
 
     /// Decode worker `w` handles `event`, and the world carries out what follows.
     pub(super) fn decode_worker(&mut self, w: usize, event: DecodeEvent) {
-        let mut out = Vec::new();
+        let mut out = self.decode.spare.pop().unwrap_or_default();
         self.decode.nodes.handle_worker(Instant(self.now), w, event, &mut out);
         self.node_outputs(&mut out);
+        self.decode.spare.push(out);
     }
 
     /// Arms worker `w`'s timer at `timeout` (its timer right after an event), unless a tick is
