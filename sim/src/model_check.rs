@@ -345,21 +345,26 @@ impl World {
     fn prefill(&self, s: &mut State, i: usize, event: WorkerEvent) -> Vec<WorkerAction> {
         let mut out = Vec::new();
         s.prefill.handle_worker(s.now, i, event, &mut out);
-        self.prefill_outputs(s, i, out)
+        self.prefill_outputs(s, Some(i), out)
     }
 
     fn engine(&self, s: &mut State, event: EngineEvent) {
         let mut out = Vec::new();
         s.prefill.handle_engine(s.now, 0, event, &mut out).expect("the model registers valid transfers");
-        self.prefill_outputs(s, usize::MAX, out);
+        self.prefill_outputs(s, None, out);
     }
 
-    /// Records the engine's frees and fences; returns worker `i`'s actions.
-    fn prefill_outputs(&self, s: &mut State, i: usize, out: Vec<PrefillOutput>) -> Vec<WorkerAction> {
-        let mut own = Vec::new();
+    /// Records the engine's frees and fences; returns worker `own`'s actions (none without one).
+    fn prefill_outputs(
+        &self,
+        s: &mut State,
+        own: Option<usize>,
+        out: Vec<PrefillOutput>,
+    ) -> Vec<WorkerAction> {
+        let mut actions = Vec::new();
         for output in out {
             match output {
-                PrefillOutput::Worker { worker, action } if worker == i => own.push(action),
+                PrefillOutput::Worker { worker, action } if Some(worker) == own => actions.push(action),
                 PrefillOutput::Engine {
                     action: EngineAction::FreeBlocks { transfer_id, reaped, .. },
                     ..
@@ -374,7 +379,7 @@ impl World {
                 _ => {}
             }
         }
-        own
+        actions
     }
 
     /// Every transition out of `s`, with a line describing it.
