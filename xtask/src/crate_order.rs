@@ -14,9 +14,16 @@ pub const LAYERS: [&[&str]; 5] = [
     // The two drivers of the engine layer: neither may link the other (the connector stands
     // alone, and the simulator owes nothing to sockets).
     &["pdkv-sim", "pdkv-rdma"],
-    &["pdkv-reports", "pdkv-campaign"],
+    &["pdkv-reports", "pdkv-campaign", "pdkv-python"],
     &["pdkv", "xtask"],
 ];
+
+/// Dependencies the layers would allow but which must never be: `(crate, dependency, why)`.
+pub const NEVER: &[(&str, &str, &str)] = &[(
+    "pdkv-python",
+    "pdkv-sim",
+    "the vLLM plugin runs the connector in production and must not link the simulator",
+)];
 
 fn layer(name: &str) -> Option<usize> {
     LAYERS.iter().position(|layer| layer.contains(&name))
@@ -63,7 +70,10 @@ pub fn check_manifest(rel: &Path, text: &str) -> Vec<String> {
                  layers ({})",
                 order()
             )),
-            Some(_) => None,
+            Some(_) => NEVER
+                .iter()
+                .find(|(from, to, _)| *from == name && *to == dep)
+                .map(|(_, _, why)| format!("{shown}: [{section}] `{name}` may not depend on `{dep}`: {why}")),
         })
         .collect()
 }
@@ -118,6 +128,10 @@ mod tests {
             &["pdkv-core"],
         );
         check("[package]\nname = \"pdkv-new\"\n", &["`pdkv-new` has no place"]);
+        // The vLLM plugin may use the connector, never the simulator.
+        let python = "[package]\nname = \"pdkv-python\"\n[dependencies]\npdkv-rdma.workspace = true\n";
+        check(python, &[]);
+        check(&format!("{python}pdkv-sim.workspace = true\n"), &["must not link the simulator"]);
         check(
             "[package]\nname = \"pdkv\"\n[dependencies]\npdkv-mystery.workspace = true\n",
             &["`pdkv-mystery`"],
