@@ -65,7 +65,8 @@ pub fn run(deployment: &str, rank: RankId, scheduler: SocketAddr) -> Result<(), 
         }
     });
     let incarnation = draw_incarnation();
-    let ctx = Context { deployment, rank, setup, link, tx, rx, clock: Clock::start(), incarnation };
+    let ctx =
+        Context { deployment, rank, setup, link, tx, rx, clock: Clock::start(), incarnation, staged: None };
     match rank.engine.role {
         Role::Prefill => crate::prefill_rank::run(ctx),
         Role::Decode => crate::decode_rank::run(ctx),

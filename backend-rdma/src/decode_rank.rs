@@ -21,6 +21,7 @@ use crate::message_faults::{sooner, Injector, Later, MessageHit, MessageKind};
 use crate::pattern::{heads_of_rank, transfer_key, BlockKey};
 use crate::rank_io::{
     resolve, ConnectorError, Context, DialError, Dialled, Input, LinkError, ReadResult, SetupError,
+    StageError, StagedKv,
 };
 use crate::sched::{FromRank, RankProblem, ReadMismatch, ToRank, TransportKind};
 use crate::tcp::TcpTransport;
@@ -174,6 +175,7 @@ fn reader(
     tx: Sender<Input>,
     mut transport: Box<dyn Transport + Send>,
     aborted: Aborted,
+    staged: Option<Arc<StagedKv>>,
 ) {
     let mut buffer = Vec::new();
     for job in jobs {
@@ -189,12 +191,19 @@ fn reader(
             ReadTag { incarnation: op.plan.incarnation, transfer: Some(transfer_key(&op.plan.transfer_id)) };
         let (outcome, mismatch) =
             match transport.read_tagged(&job.data, tag, &ranges, &mut buffer, &cancelled) {
-                Ok(()) => match verify(op, job.heads, &buffer) {
-                    None => (ReadOutcome::Ok, None),
-                    Some(mismatch) => (
-                        ReadOutcome::Failed(format!("bytes differ from prefill's: {mismatch}")),
-                        Some(mismatch),
-                    ),
+                Ok(()) => match &staged {
+                    // The host program checks its own KV; the bytes go to the request's blocks.
+                    Some(staged) => match land(op, staged, &buffer) {
+                        Ok(()) => (ReadOutcome::Ok, None),
+                        Err(e) => (ReadOutcome::Failed(format!("cannot land the bytes read: {e}")), None),
+                    },
+                    None => match verify(op, job.heads, &buffer) {
+                        None => (ReadOutcome::Ok, None),
+                        Some(mismatch) => (
+                            ReadOutcome::Failed(format!("bytes differ from prefill's: {mismatch}")),
+                            Some(mismatch),
+                        ),
+                    },
                 },
                 Err(TransportError::Aborted { .. }) => (ReadOutcome::Aborted, None),
                 Err(e) => (ReadOutcome::Failed(e.to_string()), None),
@@ -211,6 +220,20 @@ fn reader(
             return;
         }
     }
+}
+
+/// Writes a read's bytes (the op's layers one after another, each with the request's blocks in
+/// request order) into the host program's KV at the request's local blocks.
+fn land(op: &ReadOp, staged: &StagedKv, buffer: &[u8]) -> Result<(), StageError> {
+    let plan = &op.plan;
+    if plan.block_len != staged.block_len {
+        return Err(StageError::Length { got: plan.block_len, expected: staged.block_len });
+    }
+    let per_layer = plan.local_block_ids.len() * plan.block_len as usize;
+    for (layer, bytes) in op.layers.clone().zip(buffer.chunks(per_layer.max(1))) {
+        staged.stage(layer, &plan.local_block_ids, bytes)?;
+    }
+    Ok(())
 }
 
 /// Where a read's bytes differ from the pattern prefill wrote, if anywhere. The buffer holds
@@ -403,7 +426,8 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
     let tx = ctx.tx.clone();
     let aborted: Aborted = Arc::default();
     let reader_aborted = aborted.clone();
-    thread::spawn(move || reader(jobs_rx, tx, transport, reader_aborted));
+    let staged = ctx.staged.clone();
+    thread::spawn(move || reader(jobs_rx, tx, transport, reader_aborted, staged));
     let (notify_tx, notify_rx) = mpsc::channel();
     let (tx, identity) = (ctx.tx.clone(), rank.to_string());
     thread::spawn(move || notifier(notify_rx, identity, tx));

@@ -412,6 +412,23 @@ impl Regions {
         self.slice_mut(addr, data.len() as u64)?.copy_from_slice(data);
         Ok(())
     }
+
+    /// Copies `data` to `addr` for the memory's owner, fences ignored: a fence keeps peers'
+    /// reads out, not the owner staging its own blocks.
+    pub fn write_own(&mut self, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
+        let len = data.len() as u64;
+        let (base, start, end) = self.locate_live(addr, len)?;
+        let region = self.live.get_mut(&base).ok_or(MemoryError::Unregistered { addr, len })?;
+        region.bytes[start..end].copy_from_slice(data);
+        Ok(())
+    }
+
+    /// The `len` bytes at `addr` for the memory's owner, fences ignored.
+    pub fn read_own(&self, addr: u64, len: u64) -> Result<&[u8], MemoryError> {
+        let (base, start, end) = self.locate_live(addr, len)?;
+        let region = self.live.get(&base).ok_or(MemoryError::Unregistered { addr, len })?;
+        Ok(&region.bytes[start..end])
+    }
 }
 
 /// Where a rank keeps the KV it serves.

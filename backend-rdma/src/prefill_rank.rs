@@ -64,6 +64,9 @@ struct Kv {
     bases: Vec<u64>,
     block_len: u64,
     heads: (u16, u16),
+    /// The host program staged the KV ([`Context::staged`]): a prefill grants the blocks and
+    /// writes nothing.
+    staged: bool,
     /// With a HIP device, the KV's home: one device buffer per layer. Prefill writes each block
     /// there and the host region (what the TCP data plane serves) is filled from the device.
     #[cfg(feature = "hip")]
@@ -86,6 +89,9 @@ impl Kv {
                 // The block holds this transfer's KV now: a read of another transfer (one whose
                 // block this was before it was freed) is refused from here on.
                 regions.grant(addr, self.block_len, transfer);
+                if self.staged {
+                    continue;
+                }
                 let bytes = regions.slice_mut(addr, self.block_len).map_err(KvError::Memory)?;
                 let key = BlockKey {
                     transfer,
@@ -329,27 +335,15 @@ fn start(ctx: &mut Context) -> Result<Started, SetupError> {
     let (setup, rank, d) = (&ctx.setup, ctx.rank, &ctx.deployment);
     let layout = d.layout(rank.engine);
     let model = &d.model;
-    let block_len = u64::from(model.block_size_tokens) * model.bytes_per_token_per_layer_per_rank(layout.tp);
-    let region_len = u64::from(setup.num_blocks) * block_len;
-    // Each rank and life gets its own slice of the address space, so an address says whose
-    // memory it is, and a read meant for a dead process finds nothing registered.
-    let index = d.rank_index(rank) as u64;
-    let rank_base = ((index + 1) << 44) + (u64::from(setup.life % 64) << 38);
-    let mut regions = Regions::new();
-    let mut bases = Vec::new();
-    for layer in 0..u64::from(model.layers) {
-        let base = rank_base + layer * region_len;
-        regions.register(base, region_len).map_err(|error| SetupError::Region { layer, error })?;
-        // Peers may read only blocks that hold a live transfer: everything starts fenced, a
-        // prefill lifts the fence from its blocks and retiring the transfer puts it back. A
-        // read of blocks this incarnation never filled (a transfer prefilled by a process that
-        // died) is then refused instead of returning someone else's bytes.
-        regions.fence(base, region_len).map_err(|error| SetupError::Region { layer, error })?;
-        bases.push(base);
-    }
-    let regions = Arc::new(RwLock::new(regions));
+    let (regions, bases, block_len) = match &ctx.staged {
+        // The host program's KV, staged into regions it registered.
+        Some(staged) => (staged.regions.clone(), staged.bases.clone(), staged.block_len),
+        None => own_regions(ctx)?,
+    };
+    let num_blocks = ctx.staged.as_ref().map_or(setup.num_blocks, |staged| staged.num_blocks);
+    let region_len = u64::from(num_blocks) * block_len;
     let heads = heads_of_rank(model, layout.tp, rank.tp);
-    let (backing, note) = crate::memory::select_backing(true);
+    let (backing, note) = crate::memory::select_backing(ctx.staged.is_none());
     let memory = match &note {
         Some(note) => format!("{backing} ({note})"),
         None => backing.to_string(),
@@ -374,6 +368,7 @@ fn start(ctx: &mut Context) -> Result<Started, SetupError> {
         bases: bases.clone(),
         block_len,
         heads,
+        staged: ctx.staged.is_some(),
         #[cfg(feature = "hip")]
         device,
     };
@@ -391,7 +386,7 @@ fn start(ctx: &mut Context) -> Result<Started, SetupError> {
         engine_id: address.engine_id(),
         agent_metadata: data_plane.encode(),
         kv_caches_base_addr: bases.clone(),
-        num_blocks: setup.num_blocks,
+        num_blocks,
         block_len,
         attn_backend_name: if model.use_mla { "FLASHMLA" } else { "FLASH_ATTN" }.into(),
         rank: Some(RankInfo { dp_rank: rank.dp, tp_rank: rank.tp, tp_size: layout.tp }),
@@ -447,6 +442,35 @@ fn start(ctx: &mut Context) -> Result<Started, SetupError> {
         })
         .map_err(|e| SetupError::Ready(Box::new(e)))?;
     Ok(Started { worker, kv, server })
+}
+
+/// KV regions, the base address of each layer's, and the bytes of one block.
+type KvRegions = (Arc<RwLock<Regions>>, Vec<u64>, u64);
+
+/// The rank's own KV regions: one per layer, `num_blocks` blocks each, every byte fenced.
+fn own_regions(ctx: &Context) -> Result<KvRegions, SetupError> {
+    let (setup, rank, d) = (&ctx.setup, ctx.rank, &ctx.deployment);
+    let layout = d.layout(rank.engine);
+    let model = &d.model;
+    let block_len = u64::from(model.block_size_tokens) * model.bytes_per_token_per_layer_per_rank(layout.tp);
+    let region_len = u64::from(setup.num_blocks) * block_len;
+    // Each rank and life gets its own slice of the address space, so an address says whose
+    // memory it is, and a read meant for a dead process finds nothing registered.
+    let index = d.rank_index(rank) as u64;
+    let rank_base = ((index + 1) << 44) + (u64::from(setup.life % 64) << 38);
+    let mut regions = Regions::new();
+    let mut bases = Vec::new();
+    for layer in 0..u64::from(model.layers) {
+        let base = rank_base + layer * region_len;
+        regions.register(base, region_len).map_err(|error| SetupError::Region { layer, error })?;
+        // Peers may read only blocks that hold a live transfer: everything starts fenced, a
+        // prefill lifts the fence from its blocks and retiring the transfer puts it back. A
+        // read of blocks this incarnation never filled (a transfer prefilled by a process that
+        // died) is then refused instead of returning someone else's bytes.
+        regions.fence(base, region_len).map_err(|error| SetupError::Region { layer, error })?;
+        bases.push(base);
+    }
+    Ok((Arc::new(RwLock::new(regions)), bases, block_len))
 }
 
 /// Where a handshake reply goes: the connection's thread, which sends what it is given.

@@ -7,7 +7,7 @@ use std::fmt;
 use std::io;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::mpsc::{Receiver, Sender};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::thread;
 use std::time::Duration;
 
@@ -19,7 +19,7 @@ use pdkv_core::time::Instant;
 use pdkv_core::topology::{Deployment, NotationError};
 use pdkv_core::wire::{self, FramingError, ReplyPart, WireError};
 
-use crate::memory::MemoryError;
+use crate::memory::{MemoryError, Regions};
 use crate::sched::{
     write_frame, AdmitError, FrameError, FromRank, RankProblem, ReadMismatch, Setup, ToRank,
     HEARTBEAT_INTERVAL,
@@ -299,29 +299,51 @@ impl Clock {
     }
 }
 
-/// The write half of the scheduler connection, shared by the node thread and the heartbeat
-/// thread (a lock keeps their frames whole).
+/// Where a rank's messages to its scheduler go: the write half of the scheduler connection
+/// (a `pdkv cluster` process), shared by the node thread and the heartbeat thread (a lock keeps
+/// their frames whole); or, for a rank that runs inside another program's process (the vLLM
+/// plugin), a channel that program drains.
 pub struct SchedLink {
-    stream: Arc<Mutex<TcpStream>>,
+    sink: Sink,
+}
+
+enum Sink {
+    Tcp(Arc<Mutex<TcpStream>>),
+    Channel(Sender<FromRank>),
 }
 
 impl SchedLink {
     /// The link over the write half of the scheduler connection.
     pub(crate) fn new(stream: TcpStream) -> SchedLink {
-        SchedLink { stream: Arc::new(Mutex::new(stream)) }
+        SchedLink { sink: Sink::Tcp(Arc::new(Mutex::new(stream))) }
+    }
+
+    /// A link whose messages go to `tx`, for a rank running in its host program's process.
+    pub fn channel(tx: Sender<FromRank>) -> SchedLink {
+        SchedLink { sink: Sink::Channel(tx) }
     }
 
     /// Sends one message; an error means the scheduler is gone, and the caller exits.
     pub fn send(&mut self, msg: &FromRank) -> Result<(), ConnectorError> {
-        let mut stream = self.stream.lock().unwrap_or_else(PoisonError::into_inner);
-        write_frame(&mut *stream, msg)
-            .map_err(|e| ConnectorError::Scheduler { op: "send", error: LinkError::Frame(e) })
+        match &self.sink {
+            Sink::Tcp(stream) => {
+                let mut stream = stream.lock().unwrap_or_else(PoisonError::into_inner);
+                write_frame(&mut *stream, msg)
+                    .map_err(|e| ConnectorError::Scheduler { op: "send", error: LinkError::Frame(e) })
+            }
+            Sink::Channel(tx) => tx.send(msg.clone()).map_err(|_| ConnectorError::Scheduler {
+                op: "send",
+                error: LinkError::Io(io::Error::new(io::ErrorKind::BrokenPipe, "the host program is gone")),
+            }),
+        }
     }
 
     /// Sends a heartbeat every [`HEARTBEAT_INTERVAL`] from a thread of its own until the
-    /// scheduler is gone (the process then exits anyway).
+    /// scheduler is gone (the process then exits anyway). A channel link needs none: its
+    /// host program shares the process, so it cannot outlive it.
     pub(crate) fn start_heartbeat(&self) {
-        let mut link = SchedLink { stream: self.stream.clone() };
+        let Sink::Tcp(stream) = &self.sink else { return };
+        let mut link = SchedLink { sink: Sink::Tcp(stream.clone()) };
         thread::spawn(move || loop {
             thread::sleep(HEARTBEAT_INTERVAL);
             if link.send(&FromRank::Heartbeat).is_err() {
@@ -330,6 +352,144 @@ impl SchedLink {
         });
     }
 }
+
+/// KV memory a rank shares with its host program, which keeps the KV's home (vLLM's cache
+/// tensors) and copies blocks in and out of these regions: one region per layer, `num_blocks`
+/// blocks of `block_len` bytes each, at `bases`. A prefill rank serves reads from them and
+/// takes a [`ToRank::Prefill`] to mean the blocks were staged (it grants them to the transfer
+/// and fills nothing); a decode rank writes what it reads into them at the request's local
+/// blocks instead of checking a pattern.
+pub struct StagedKv {
+    /// The regions, as the data plane serves them.
+    pub regions: Arc<RwLock<Regions>>,
+    /// Base address of each layer's region.
+    pub bases: Vec<u64>,
+    /// Bytes of one block of one layer.
+    pub block_len: u64,
+    /// Blocks per layer.
+    pub num_blocks: u32,
+}
+
+impl StagedKv {
+    /// Registers `layers` regions of `num_blocks` blocks of `block_len` bytes, from `first_base`
+    /// on, every byte fenced (a prefill rank's peers read only blocks staged for a live
+    /// transfer).
+    pub fn new(
+        first_base: u64,
+        layers: u16,
+        num_blocks: u32,
+        block_len: u64,
+    ) -> Result<StagedKv, StageError> {
+        let too_large = StageError::TooLarge { layers, num_blocks, block_len };
+        let region_len = u64::from(num_blocks).checked_mul(block_len).ok_or(too_large)?;
+        let mut regions = Regions::new();
+        let mut bases = Vec::new();
+        for layer in 0..u64::from(layers) {
+            let base = layer
+                .checked_mul(region_len)
+                .and_then(|offset| first_base.checked_add(offset))
+                .ok_or(StageError::TooLarge { layers, num_blocks, block_len })?;
+            regions.register(base, region_len).map_err(StageError::Memory)?;
+            regions.fence(base, region_len).map_err(StageError::Memory)?;
+            bases.push(base);
+        }
+        Ok(StagedKv { regions: Arc::new(RwLock::new(regions)), bases, block_len, num_blocks })
+    }
+
+    /// Address of `block` of `layer`, or why there is none.
+    pub fn block_addr(&self, layer: usize, block: u32) -> Result<u64, StageError> {
+        let base = *self.bases.get(layer).ok_or(StageError::NoLayer { layer, layers: self.bases.len() })?;
+        if block >= self.num_blocks {
+            return Err(StageError::NoBlock { block, num_blocks: self.num_blocks });
+        }
+        Ok(base + u64::from(block) * self.block_len)
+    }
+
+    /// Copies `data`, the bytes of `blocks` of `layer` one block after another, into the regions.
+    pub fn stage(&self, layer: usize, blocks: &[u32], data: &[u8]) -> Result<(), StageError> {
+        let expected = blocks.len() as u64 * self.block_len;
+        if data.len() as u64 != expected {
+            return Err(StageError::Length { got: data.len() as u64, expected });
+        }
+        let mut regions = self.regions.write().unwrap_or_else(PoisonError::into_inner);
+        for (&block, chunk) in blocks.iter().zip(data.chunks(self.block_len as usize)) {
+            let addr = self.block_addr(layer, block)?;
+            regions.write_own(addr, chunk).map_err(StageError::Memory)?;
+        }
+        Ok(())
+    }
+
+    /// The bytes of `blocks` of `layer`, one block after another.
+    pub fn unstage(&self, layer: usize, blocks: &[u32]) -> Result<Vec<u8>, StageError> {
+        let regions = self.regions.read().unwrap_or_else(PoisonError::into_inner);
+        let mut out = Vec::with_capacity(blocks.len() * self.block_len as usize);
+        for &block in blocks {
+            let addr = self.block_addr(layer, block)?;
+            out.extend_from_slice(regions.read_own(addr, self.block_len).map_err(StageError::Memory)?);
+        }
+        Ok(out)
+    }
+}
+
+/// Why blocks could not be copied into or out of [`StagedKv`].
+#[derive(Debug)]
+pub enum StageError {
+    /// The layer is not one of the regions'.
+    NoLayer {
+        /// The layer asked for.
+        layer: usize,
+        /// Layers there are.
+        layers: usize,
+    },
+    /// The block is past the end of the regions.
+    NoBlock {
+        /// The block asked for.
+        block: u32,
+        /// Blocks there are.
+        num_blocks: u32,
+    },
+    /// The bytes given are not whole blocks of the listed blocks.
+    Length {
+        /// Bytes given.
+        got: u64,
+        /// Bytes the blocks hold.
+        expected: u64,
+    },
+    /// The regions would not fit in the address space.
+    TooLarge {
+        /// Layers asked for.
+        layers: u16,
+        /// Blocks per layer.
+        num_blocks: u32,
+        /// Bytes per block.
+        block_len: u64,
+    },
+    /// The regions refused.
+    Memory(MemoryError),
+}
+
+impl fmt::Display for StageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StageError::NoLayer { layer, layers } => {
+                write!(f, "layer {layer} of a KV cache of {layers} layers")
+            }
+            StageError::NoBlock { block, num_blocks } => {
+                write!(f, "block {block} of a KV cache of {num_blocks} blocks")
+            }
+            StageError::Length { got, expected } => {
+                write!(f, "{got} bytes given for blocks that hold {expected}")
+            }
+            StageError::TooLarge { layers, num_blocks, block_len } => write!(
+                f,
+                "{layers} layers of {num_blocks} blocks of {block_len} bytes do not fit in the address space"
+            ),
+            StageError::Memory(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for StageError {}
 
 /// Resolves an endpoint the core computed (host and port) to a socket address.
 pub fn resolve(endpoint: &Endpoint) -> Result<SocketAddr, ResolveError> {
@@ -359,6 +519,9 @@ pub struct Context {
     /// This process's incarnation, drawn at start: a prefill rank names it in its handshake
     /// metadata, and its engine in every answer of a transfer the rank holds.
     pub incarnation: Incarnation,
+    /// KV memory shared with the host program, for a rank running inside it; `None`: the rank
+    /// owns its KV and fills (prefill) or checks (decode) pdkv's byte pattern.
+    pub staged: Option<Arc<StagedKv>>,
 }
 
 /// One thing that happened, for the node thread.
