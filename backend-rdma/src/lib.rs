@@ -34,6 +34,7 @@ pub mod hip;
 pub mod memory;
 pub mod message_faults;
 pub mod pattern;
+pub mod plugin;
 pub mod prefill_rank;
 pub mod rank_io;
 pub mod sched;

@@ -1,0 +1,167 @@
+//! One rank's driver running inside its host program's process (a vLLM worker): the same
+//! prefill or decode driver `pdkv cluster` runs as a process, on a thread, with its scheduler
+//! link a channel the host drains and its KV in regions the host stages vLLM's blocks into.
+
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use pdkv_core::ids::{RankId, Role, TransferId};
+use pdkv_core::legacy::LegacyOptions;
+use pdkv_core::policy::PeerBook;
+
+use super::config::Engine;
+use crate::message_faults::SenderFaults;
+use crate::rank_io::{Clock, Context, Input, SchedLink, StageError, StagedKv};
+use crate::sched::{ControlSetup, FromRank, Setup, ToRank};
+
+/// Where the staged regions of an in-process rank start; any base serves, since addresses name
+/// memory only inside this process's registry.
+const STAGED_BASE: u64 = 1 << 44;
+
+/// Why an in-process rank could not start or be reached.
+#[derive(Debug)]
+pub enum RankError {
+    /// The KV geometry the host described does not fit.
+    Staging(StageError),
+    /// The rank's thread could not be started.
+    Spawn(std::io::Error),
+    /// The rank's thread has ended (its error, if it said one, came as `SetupFailed`).
+    Gone,
+}
+
+impl std::fmt::Display for RankError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RankError::Staging(e) => write!(f, "KV staging regions: {e}"),
+            RankError::Spawn(e) => write!(f, "cannot start the rank's thread: {e}"),
+            RankError::Gone => f.write_str("the rank's driver has stopped"),
+        }
+    }
+}
+
+impl std::error::Error for RankError {}
+
+/// A rank's driver on a thread of this process.
+pub struct InProcessRank {
+    rank: RankId,
+    tx: Sender<Input>,
+    rx: Mutex<Receiver<FromRank>>,
+    staged: Arc<StagedKv>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl InProcessRank {
+    /// Starts `rank` of `engine` with KV regions of `num_blocks` blocks per layer, each of the
+    /// size the model gives a block on this rank.
+    pub fn start(engine: &Engine, rank: RankId, num_blocks: u32) -> Result<InProcessRank, RankError> {
+        let d = &engine.deployment;
+        let layout = d.layout(rank.engine);
+        let block_len =
+            u64::from(d.model.block_size_tokens) * d.model.bytes_per_token_per_layer_per_rank(layout.tp);
+        let staged = Arc::new(
+            StagedKv::new(STAGED_BASE, d.model.layers, num_blocks, block_len).map_err(RankError::Staging)?,
+        );
+        let setup = Setup {
+            model: d.model.clone(),
+            legacy: LegacyOptions::default(),
+            address: engine.address.clone(),
+            num_blocks,
+            transport: engine.transport,
+            timeouts: engine.timeouts,
+            per_request_reads: false,
+            message_faults: SenderFaults::default(),
+            life: 0,
+            peers: PeerBook::default(),
+            data_plane_only: false,
+            control: ControlSetup::default(),
+        };
+        let (tx, rx) = mpsc::channel();
+        let (out_tx, out_rx) = mpsc::channel();
+        let ctx = Context {
+            deployment: d.clone(),
+            rank,
+            setup,
+            link: SchedLink::channel(out_tx),
+            tx: tx.clone(),
+            rx,
+            clock: Clock::start(),
+            incarnation: crate::connector::draw_incarnation(),
+            staged: Some(staged.clone()),
+        };
+        let thread = thread::Builder::new()
+            .name(format!("pdkv {rank}"))
+            .spawn(move || {
+                // The error, if any, was sent as `SetupFailed` or ends the channel; the host
+                // sees either.
+                let _ = match rank.engine.role {
+                    Role::Prefill => crate::prefill_rank::run(ctx),
+                    Role::Decode => crate::decode_rank::run(ctx),
+                };
+            })
+            .map_err(RankError::Spawn)?;
+        Ok(InProcessRank { rank, tx, rx: Mutex::new(out_rx), staged, thread: Mutex::new(Some(thread)) })
+    }
+
+    /// The rank.
+    pub fn rank(&self) -> RankId {
+        self.rank
+    }
+
+    /// The KV regions the host stages blocks into and out of.
+    pub fn staged(&self) -> &StagedKv {
+        &self.staged
+    }
+
+    /// Hands the driver a message, as its scheduler would.
+    pub fn deliver(&self, msg: ToRank) -> Result<(), RankError> {
+        self.tx.send(Input::Sched(msg)).map_err(|_| RankError::Gone)
+    }
+
+    /// The blocks of `transfer_id` hold its KV now (the host staged every layer): the rank
+    /// grants them to the transfer.
+    pub fn staged_transfer(&self, transfer_id: TransferId, blocks: Vec<u32>) -> Result<(), RankError> {
+        self.deliver(ToRank::Prefill { transfer_id, blocks })
+    }
+
+    /// What the driver said: waits up to `timeout` for the first message, then takes every one
+    /// waiting. Empty on timeout; `Gone` once the driver has stopped and said everything.
+    pub fn poll(&self, timeout: Duration) -> Result<Vec<FromRank>, RankError> {
+        let rx = self.rx.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut out = Vec::new();
+        match rx.recv_timeout(timeout) {
+            Ok(msg) => out.push(msg),
+            Err(RecvTimeoutError::Timeout) => return Ok(out),
+            Err(RecvTimeoutError::Disconnected) => return Err(RankError::Gone),
+        }
+        out.extend(rx.try_iter());
+        Ok(out)
+    }
+
+    /// Asks the driver to stop and waits up to `timeout` for it: its last messages (the `Bye`
+    /// with its counters among them).
+    pub fn shutdown(&self, timeout: Duration) -> Vec<FromRank> {
+        let _ = self.deliver(ToRank::Shutdown);
+        let deadline = Instant::now() + timeout;
+        let mut out = Vec::new();
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match self.poll(left) {
+                Ok(msgs) => {
+                    let bye = msgs.iter().any(|m| matches!(m, FromRank::Bye { .. }));
+                    out.extend(msgs);
+                    if bye {
+                        break;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        if let Some(thread) = self.thread.lock().unwrap_or_else(PoisonError::into_inner).take() {
+            if thread.is_finished() {
+                let _ = thread.join();
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,92 @@
+//! The plugin's nodes on loopback without vLLM: a prefill rank and a decode rank run in this
+//! process, wired as the Python connector wires them; every landed byte must be the staged one,
+//! and the engine must free each transfer once.
+
+use std::time::{Duration, Instant};
+
+use pdkv_core::ids::RankId;
+
+use super::config::EngineConfig;
+use super::decode::DecodeNode;
+use super::prefill::PrefillNode;
+use super::rank::InProcessRank;
+use crate::sched::{FromRank, ToRank};
+
+fn config(engine: &str, port: u16) -> String {
+    format!(
+        r#"{{"deployment": "1P_TP1:1D_TP1", "engine": "{engine}", "host": "127.0.0.1",
+        "handshake_port": {port}, "notify_port": {}, "model": {{"use_mla": false, "kv_heads": 2,
+        "layers": 2, "bytes_per_token_per_layer": 64, "block_size_tokens": 4}}}}"#,
+        port + 100
+    )
+}
+
+/// Waits for the first message `pick` accepts, keeping the others in `backlog`.
+fn wait(rank: &InProcessRank, backlog: &mut Vec<FromRank>, pick: impl Fn(&FromRank) -> bool) -> FromRank {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(i) = backlog.iter().position(&pick) {
+            return backlog.remove(i);
+        }
+        assert!(Instant::now() < deadline, "{}: nothing wanted came; got {backlog:?}", rank.rank());
+        backlog.extend(rank.poll(Duration::from_millis(200)).expect("the rank runs"));
+    }
+}
+
+#[test]
+fn staged_kv_crosses_from_prefill_to_decode_and_is_freed_once() {
+    let port = 21_000 + (std::process::id() % 20_000) as u16;
+    let (p, d) = (config("P0", port), config("D0", port));
+    let (p, d) = (EngineConfig::parse(&p).expect("valid"), EngineConfig::parse(&d).expect("valid"));
+    let p_rank = InProcessRank::start(&p, RankId::new(p.engine, 0, 0), 16).expect("starts");
+    let d_rank = InProcessRank::start(&d, RankId::new(d.engine, 0, 0), 16).expect("starts");
+    let (mut p_said, mut d_said) = (Vec::new(), Vec::new());
+    let ready = wait(&p_rank, &mut p_said, |m| matches!(m, FromRank::Ready { .. }));
+    wait(&d_rank, &mut d_said, |m| matches!(m, FromRank::Ready { .. }));
+    let mut prefill = PrefillNode::new(p);
+    prefill.handle_worker_message(p_rank.rank(), ready);
+    let mut decode = DecodeNode::new(d);
+
+    let block_len = p_rank.staged().block_len as usize;
+    let blocks = vec![5, 2, 9];
+    let layers: Vec<Vec<u8>> =
+        (0..2u8).map(|l| (0..blocks.len() * block_len).map(|i| (i as u8) ^ (l * 37)).collect()).collect();
+    for (layer, data) in layers.iter().enumerate() {
+        p_rank.staged().stage(layer, &blocks, data).expect("fits");
+    }
+    let transfer = pdkv_core::ids::TransferId("tx-00000000000000000000000000000001".into());
+    p_rank.staged_transfer(transfer.clone(), blocks.clone()).expect("delivered");
+    let params = pdkv_core::params::KvTransferParams {
+        do_remote_decode: true,
+        transfer_id: Some(transfer.0.clone()),
+        remote_tp_size: Some(1),
+        ..Default::default()
+    };
+    let answer = prefill.handle_finished("req-0", &params, 0, blocks.clone()).expect("held");
+    for (_, msg) in prefill.poll_to_workers() {
+        p_rank.deliver(msg).expect("delivered");
+    }
+    let local = vec![1, 0, 15];
+    decode.handle_request("req-0", answer, local.clone()).expect("routable");
+    let Some((step, begin)) = decode.poll_step() else { panic!("a step with the request") };
+    d_rank.deliver(begin).expect("delivered");
+    let vote = wait(&d_rank, &mut d_said, |m| matches!(m, FromRank::Vote { .. }));
+    assert_eq!(vote, FromRank::Vote { step, ok: true });
+    d_rank.deliver(ToRank::VoteResult { step, ok: true }).expect("delivered");
+    let got =
+        wait(&d_rank, &mut d_said, |m| matches!(m, FromRank::Received { .. } | FromRank::RecvFailed { .. }));
+    assert!(matches!(got, FromRank::Received { .. }), "{got:?}");
+    for (layer, data) in layers.iter().enumerate() {
+        assert_eq!(&d_rank.staged().unstage(layer, &local).expect("fits"), data, "layer {layer}");
+    }
+    let finished = wait(&p_rank, &mut p_said, |m| matches!(m, FromRank::Finished { .. }));
+    prefill.handle_worker_message(p_rank.rank(), finished);
+    assert_eq!(prefill.poll_freed(), vec!["req-0".to_string()]);
+    assert_eq!(prefill.held(), 0);
+    // Freed once: the retirement goes to the rank, and nothing is freed again.
+    assert!(prefill.poll_to_workers().iter().any(|(_, m)| matches!(m, ToRank::Retire { .. })));
+    prefill.handle_tick();
+    assert!(prefill.poll_freed().is_empty());
+    p_rank.shutdown(Duration::from_secs(5));
+    d_rank.shutdown(Duration::from_secs(5));
+}
