@@ -19,6 +19,7 @@ mod results;
 mod suite;
 mod tidy;
 mod tree;
+mod vllm_env;
 
 const USAGE: &str = "\
 usage: cargo xtask <task>
@@ -52,6 +53,18 @@ tasks:
            hash-checked, into target/vllm-<version>/): every pure rule over every layout up to
            16 ranks a side, and vLLM's wire code against itself; prints the compatibility
            matrix (`cargo xtask moriio-conformance --help` says more)
+  vllm-env [--print-python]
+           the venv in which pdkv's vLLM plugin is tested on a CPU: vLLM 0.34.0 (pinned wheel)
+           and its requirements without the GPU- and media-only ones, made once under
+           $PDKV_CACHE_DIR, $XDG_CACHE_HOME/pdkv or ~/.cache/pdkv (about 4 GB the first time)
+           and reused; --print-python prints its Python (`cargo xtask vllm-env --help` says more)
+  python-wheel
+           builds the pdkv wheel from python/ with the pinned maturin into target/wheels and
+           installs it into that venv
+  vllm-test [ARGS]...
+           vllm-env, python-wheel, then `python -m pdkv_vllm_test.run ARGS...` with the venv's
+           Python and PYTHONPATH=tests/vllm (until tests/vllm/pdkv_vllm_test/ exists it says
+           that no test ran, and succeeds)
   check-model  bounded model checking of the protocol nodes on tiny deployments
   rdma-vm  the RDMA verbs tests (feature `rdma`) in a qemu guest with Soft-RoCE (rdma_rxe)
   cluster-fuzz [--for 60s] [--seed N] [--max-runs N] [--legacy NAME]...
@@ -105,6 +118,18 @@ fn main() -> ExitCode {
         Some("moriio-conformance") => {
             let args: Vec<String> = std::env::args().skip(2).collect();
             moriio::run(&args, &workspace_root())
+        }
+        Some("vllm-env") => {
+            let args: Vec<String> = std::env::args().skip(2).collect();
+            vllm_env::run_env(&args, &workspace_root())
+        }
+        Some("python-wheel") => {
+            let args: Vec<String> = std::env::args().skip(2).collect();
+            vllm_env::run_wheel(&args, &workspace_root())
+        }
+        Some("vllm-test") => {
+            let args: Vec<String> = std::env::args().skip(2).collect();
+            vllm_env::run_test(&args, &workspace_root())
         }
         Some("results") => {
             let args: Vec<String> = std::env::args().skip(2).collect();

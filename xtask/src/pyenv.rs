@@ -439,7 +439,7 @@ os.replace(path + '.tmp', path)
 ";
 
 /// Installs pip into the venv at `dir` from [`PIP_WHEEL`], downloaded and hash-checked.
-fn bootstrap_pip(dir: &Path) -> Result<(), PyEnvError> {
+pub(crate) fn bootstrap_pip(dir: &Path) -> Result<(), PyEnvError> {
     let python = venv_python(dir);
     let wheel = dir.join(PIP_WHEEL.file);
     eprintln!("  fetching {} from PyPI (sha256-checked) ...", PIP_WHEEL.file);
