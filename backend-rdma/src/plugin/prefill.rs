@@ -95,7 +95,7 @@ impl PrefillNode {
     ) -> Result<KvTransferParams, PrefillError> {
         let transfer_id =
             TransferId(params.transfer_id.clone().ok_or(PrefillError::Params("no `transfer_id`".into()))?);
-        let decode = decode_layout(params).map_err(PrefillError::Params)?;
+        let decode = decode_layout(params, &self.config.deployment.decode).map_err(PrefillError::Params)?;
         let id = RequestId(self.next_request);
         let done = PrefillDone {
             request: id,
@@ -234,9 +234,20 @@ impl PrefillNode {
     }
 }
 
-/// The decode engine's layout from the request's parameters: `remote_tp_size` and
-/// `remote_dp_size` as a router sends them to prefill (1 where absent).
-fn decode_layout(params: &KvTransferParams) -> Result<Layout, String> {
+/// The decode engine's layout: `remote_tp_size` and `remote_dp_size` (1 where absent) as a
+/// router sends them to prefill, or, when the router sends neither, the deployment's decode
+/// engine if it has only one.
+fn decode_layout(params: &KvTransferParams, decode: &[Layout]) -> Result<Layout, String> {
+    if params.remote_tp_size.is_none() && params.remote_dp_size.is_none() {
+        return match decode {
+            [only] => Ok(*only),
+            _ => Err(format!(
+                "no `remote_tp_size`, and the deployment has {} decode engines: the router must say \
+                 which one reads",
+                decode.len()
+            )),
+        };
+    }
     let size = |field: &str, value: Option<i64>| -> Result<u16, String> {
         let v = value.unwrap_or(1);
         u16::try_from(v)
@@ -247,4 +258,28 @@ fn decode_layout(params: &KvTransferParams) -> Result<Layout, String> {
     let tp = size("remote_tp_size", params.remote_tp_size)?;
     let dp = size("remote_dp_size", params.remote_dp_size)?;
     Ok(Layout::new(dp, tp, false))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_decode_layout_comes_from_the_request_or_the_only_decode_engine() {
+        let check = |tp: Option<i64>, dp: Option<i64>, engines: &[Layout], expected: Result<Layout, &str>| {
+            let params = KvTransferParams { remote_tp_size: tp, remote_dp_size: dp, ..Default::default() };
+            let got = decode_layout(&params, engines);
+            match expected {
+                Ok(layout) => assert_eq!(got, Ok(layout)),
+                Err(words) => assert!(got.as_ref().is_err_and(|e| e.contains(words)), "{got:?}"),
+            }
+        };
+        let (tp2, tp4) = (Layout::new(1, 2, false), Layout::new(1, 4, false));
+        check(None, None, &[tp2], Ok(tp2));
+        check(Some(4), None, &[tp2], Ok(tp4));
+        check(None, Some(2), &[tp2], Ok(Layout::new(2, 1, false)));
+        check(None, None, &[tp2, tp4], Err("2 decode engines"));
+        check(Some(0), None, &[tp2], Err("`remote_tp_size` is 0"));
+        check(Some(1 << 40), None, &[tp2], Err("not 1 to 256"));
+    }
 }
