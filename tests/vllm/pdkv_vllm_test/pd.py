@@ -241,28 +241,51 @@ def make_prompts(args: argparse.Namespace) -> list[list[int]]:
 
 
 async def side_report(engine: Any, tally: Tally, args: argparse.Namespace) -> dict[str, Any]:
-    workers = await engine.collective_rpc("pdkv_test_report")
-    # Connectors may free blocks a few steps after the last output; wait for the pool to fill.
-    deadline = time.monotonic() + args.drain_timeout
-    while True:
-        blocks = await engine.engine_core.call_utility_async("pdkv_test_kv_blocks")
-        if blocks["free"] == blocks["usable"] or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(0.1)
-    mismatches = [m for w in workers for m in w["mismatches"]]
-    return {
+    side: dict[str, Any] = {
         "requests_finished": tally.finished,
         "requests_failed": tally.failed,
-        "bytes_verified": sum(w["bytes_verified"] for w in workers),
-        "requests_checked": max((w["requests_checked"] for w in workers), default=0),
-        "tokens_checked": max((w["tokens_checked"] for w in workers), default=0),
-        "mismatched_bytes": sum(w["mismatched_bytes"] for w in workers),
-        "mismatches": mismatches[:20],
-        "corrupted": [c for w in workers for c in w["corrupted"]],
-        "blocks": blocks,
-        "blocks_returned": blocks["free"] == blocks["usable"],
-        "steps": max((w["steps"] for w in workers), default=0),
     }
+    try:
+        workers = await asyncio.wait_for(engine.collective_rpc("pdkv_test_report"), 30)
+        # Connectors may free blocks a few steps after the last output (and vLLM defers a
+        # free while a step that may still write the blocks is in flight): wait for the pool.
+        deadline = time.monotonic() + args.drain_timeout
+        while True:
+            blocks = await asyncio.wait_for(
+                engine.engine_core.call_utility_async("pdkv_test_kv_blocks"), 30
+            )
+            if blocks["free"] == blocks["usable"] or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
+        # A second opinion from vLLM's own API, no utility of ours: resetting the prefix
+        # cache succeeds only when every block but the null block is free.
+        side["vllm_reset_prefix_cache"] = await asyncio.wait_for(
+            engine.reset_prefix_cache(), 30
+        )
+    except Exception as e:  # noqa: BLE001 - a dead engine is a verdict, not a crash
+        side["error"] = f"{type(e).__name__}: {e}"
+        side["blocks_returned"] = False
+        side["mismatched_bytes"] = 0
+        side["bytes_verified"] = 0
+        return side
+    mismatches = [m for w in workers for m in w["mismatches"]]
+    side.update(
+        {
+            # Summed over TP ranks: each rank checks the heads it holds.
+            "bytes_verified": sum(w["bytes_verified"] for w in workers),
+            "requests_checked": max((w["requests_checked"] for w in workers), default=0),
+            "tokens_checked": max((w["tokens_checked"] for w in workers), default=0),
+            "mismatched_bytes": sum(w["mismatched_bytes"] for w in workers),
+            "mismatches": mismatches[:20],
+            "corrupted": [c for w in workers for c in w["corrupted"]],
+            "blocks": blocks,
+            "blocks_returned": blocks["free"] == blocks["usable"]
+            and side["vllm_reset_prefix_cache"],
+            "steps": max((w["steps"] for w in workers), default=0),
+            "tp_ranks": len(workers),
+        }
+    )
+    return side
 
 
 async def drive(args: argparse.Namespace, kv: dict[str, Any]) -> dict[str, Any]:
@@ -276,32 +299,47 @@ async def drive(args: argparse.Namespace, kv: dict[str, Any]) -> dict[str, Any]:
         pf = df = None
     t_up = time.monotonic()
     run = Run(args=args, hook=load_hook(args.proxy_hook), prefill=prefill, decode=decode)
+    error = None
     try:
         sem = asyncio.Semaphore(args.concurrency)
         prompts = make_prompts(args)
-        await asyncio.gather(
-            *(one_request(run, f"req-{i}", p, sem) for i, p in enumerate(prompts))
-        )
+        tasks = [
+            asyncio.ensure_future(one_request(run, f"req-{i}", p, sem))
+            for i, p in enumerate(prompts)
+        ]
+        _, pending = await asyncio.wait(tasks, timeout=args.timeout)
+        if pending:
+            error = f"{len(pending)} requests still in flight after {args.timeout} s"
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
         t_run = time.monotonic()
         sides = {
             "prefill": await side_report(prefill, run.tallies["prefill"], args),
             "decode": await side_report(decode, run.tallies["decode"], args),
         }
     finally:
-        prefill.shutdown()
-        decode.shutdown()
+        for engine in (prefill, decode):
+            try:
+                engine.shutdown()
+            except Exception:  # noqa: BLE001, S110 - shutting down a dead engine may raise
+                pass
         # Drop the last references now: AsyncLLM.__del__ at interpreter exit finds its
         # module globals gone and prints a TypeError.
-        run.prefill = run.decode = prefill = decode = None
+        run.prefill = run.decode = prefill = decode = engine = None
     ok = (
-        all(s["requests_failed"] == 0 for s in sides.values())
+        error is None
+        and all("error" not in s for s in sides.values())
+        and all(s["requests_failed"] == 0 for s in sides.values())
         and sides["decode"]["requests_finished"] == args.requests
         and all(s["mismatched_bytes"] == 0 for s in sides.values())
         and all(s["blocks_returned"] for s in sides.values())
+        # A run in which no byte crossed is no evidence.
         and sides["decode"]["bytes_verified"] > 0
     )
     return {
         "ok": ok,
+        "error": error,
         "config": {
             "requests": args.requests,
             "prompt_lens": args.prompt_lens,
@@ -311,6 +349,8 @@ async def drive(args: argparse.Namespace, kv: dict[str, Any]) -> dict[str, Any]:
             "decode_tp": args.decode_tp,
             "block_size": args.block_size,
             "num_kv_heads": args.num_kv_heads,
+            "async_scheduling": args.async_scheduling,
+            "chunked_prefill": args.chunked_prefill,
             "kv_transfer_config": kv,
             "corrupt": args.corrupt,
         },
@@ -358,6 +398,9 @@ def parser() -> argparse.ArgumentParser:
         help="vLLM's ExampleConnector: kv_producer / kv_consumer on a shared tmp folder",
     )
     p.add_argument("--proxy-hook", help="module:ProxyHookSubclass")
+    p.add_argument(
+        "--trace", help="with --example-connector: log every connector hook call to this file"
+    )
     p.add_argument("--corrupt", type=parse_corrupt, help="prefill flips request:layer:position:byte[:K|V]")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--num-layers", type=int, default=2)
@@ -372,6 +415,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--chunked-prefill", action="store_true")
     p.add_argument("--async-scheduling", action="store_true")
     p.add_argument("--drain-timeout", type=float, default=10.0)
+    p.add_argument("--timeout", type=float, default=300.0, help="for all requests, seconds")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep-tmp", action="store_true")
     return p
@@ -393,6 +437,13 @@ def main(argv: list[str] | None = None) -> int:
             }
             for side, role in (("prefill", "kv_producer"), ("decode", "kv_consumer"))
         }
+        if args.trace:
+            # The same connector, every hook logged (tracing.py).
+            for side, config in kv.items():
+                config["kv_connector"] = "TracingExampleConnector"
+                config["kv_connector_module_path"] = "pdkv_vllm_test.tracing"
+                config["kv_connector_extra_config"]["trace_path"] = os.path.abspath(args.trace)
+                config["kv_connector_extra_config"]["trace_side"] = side
     else:
         if not (args.kv_transfer_config_prefill and args.kv_transfer_config_decode):
             print("give --example-connector or both --kv-transfer-config-*", file=sys.stderr)
