@@ -275,6 +275,7 @@ async def side_report(engine: Any, tally: Tally, args: argparse.Namespace) -> di
             "bytes_verified": sum(w["bytes_verified"] for w in workers),
             "requests_checked": max((w["requests_checked"] for w in workers), default=0),
             "tokens_checked": max((w["tokens_checked"] for w in workers), default=0),
+            "requests_readded": max((w["requests_readded"] for w in workers), default=0),
             "mismatched_bytes": sum(w["mismatched_bytes"] for w in workers),
             "mismatches": mismatches[:20],
             "corrupted": [c for w in workers for c in w["corrupted"]],
@@ -283,6 +284,9 @@ async def side_report(engine: Any, tally: Tally, args: argparse.Namespace) -> di
             and side["vllm_reset_prefix_cache"],
             "steps": max((w["steps"] for w in workers), default=0),
             "tp_ranks": len(workers),
+            "engine": {
+                k: workers[0][k] for k in ("async_scheduling", "chunked_prefill", "kv_cache_layout")
+            },
         }
     )
     return side
@@ -411,9 +415,21 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--kv-cache-bytes", type=int, default=64 << 20)
-    p.add_argument("--prefix-caching", action="store_true")
-    p.add_argument("--chunked-prefill", action="store_true")
-    p.add_argument("--async-scheduling", action="store_true")
+    p.add_argument(
+        "--prefix-caching",
+        action="store_true",
+        help="off by default, so that what decode checks is exactly what the connector loaded",
+    )
+    p.add_argument(
+        "--chunked-prefill",
+        action=argparse.BooleanOptionalAction,
+        help="default: vLLM's (on), but off with --example-connector, which cannot chunk",
+    )
+    p.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        help="default: vLLM's (on when the executor supports it)",
+    )
     p.add_argument("--drain-timeout", type=float, default=10.0)
     p.add_argument("--timeout", type=float, default=300.0, help="for all requests, seconds")
     p.add_argument("--seed", type=int, default=0)
@@ -427,6 +443,9 @@ def main(argv: list[str] | None = None) -> int:
     args.model_dir = os.path.join(tmp, "model")
     write_model(args.model_dir, args)
     if args.example_connector:
+        if args.chunked_prefill is None:
+            # ExampleConnector saves only the first chunk's blocks (see README.md).
+            args.chunked_prefill = False
         storage = os.path.join(tmp, "kv")
         os.makedirs(storage)
         kv = {

@@ -25,6 +25,8 @@ class Case:
     # For a run that must fail: the mismatch the decode side must name.
     expect_mismatch: dict[str, Any] | None = None
     note: str = ""
+    # Decode-side figures that must reach at least these values.
+    expect_decode_min: dict[str, int] = field(default_factory=dict)
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -48,6 +50,21 @@ CASES = [
         EXAMPLE + ["--requests", "256", "--concurrency", "256"],
         True,
         note="256 requests in flight",
+    ),
+    Case(
+        "sync-sched",
+        EXAMPLE + ["--requests", "32", "--no-async-scheduling"],
+        True,
+        note="vLLM's synchronous scheduler (async scheduling, vLLM's default, elsewhere)",
+    ),
+    Case(
+        "preempt",
+        EXAMPLE
+        + ["--requests", "64", "--concurrency", "64", "--max-tokens", "32"]
+        + ["--max-model-len", "256", "--kv-cache-bytes", "300000"],
+        True,
+        expect_decode_min={"requests_readded": 1},
+        note="a KV pool of 73 blocks: decode preempts and resumes requests",
     ),
     Case(
         "corrupt",
@@ -96,6 +113,9 @@ def run_case(case: Case, python: str) -> dict[str, Any]:
             for m in named
         ):
             why.append(f"expected exactly the mismatch {case.expect_mismatch}, got {named}")
+    for key, least in case.expect_decode_min.items():
+        if (verdict["decode"].get(key) or 0) < least:
+            why.append(f"decode {key}={verdict['decode'].get(key)}, expected >= {least}")
     summary = {
         side: {
             k: verdict[side].get(k)
@@ -104,6 +124,7 @@ def run_case(case: Case, python: str) -> dict[str, Any]:
                 "requests_failed",
                 "bytes_verified",
                 "requests_checked",
+                "requests_readded",
                 "mismatched_bytes",
                 "blocks_returned",
             )

@@ -141,6 +141,8 @@ class StandInModelRunner:
         self.batch: dict[str, Any] | None = None
         self.result = kvpattern.CheckResult()
         self.requests_checked = 0
+        self.requests_readded = 0
+        self.seen: set[str] = set()
         self.tokens_checked = 0
         self.tokens_written = 0
         self.steps = 0
@@ -203,13 +205,21 @@ class StandInModelRunner:
     # -- one step --------------------------------------------------------------------------
 
     def _update_states(self, scheduler_output: SchedulerOutput) -> list[str]:
-        """Applies the scheduler's view; returns the ids of requests seen for the first time."""
+        """Applies the scheduler's view; returns the ids vLLM sent in full this step.
+
+        Those are new requests, or requests again after a preemption: every position before
+        their first scheduled token was computed outside this step, and is checked.
+        """
         gone = set(scheduler_output.finished_req_ids)
         gone |= scheduler_output.preempted_req_ids or set()
         for req_id in gone:
             self.requests.pop(req_id, None)
         added = []
         for new in scheduler_output.scheduled_new_reqs:
+            # A request vLLM sends again in full was preempted (or is a streaming update).
+            if new.req_id in self.seen:
+                self.requests_readded += 1
+            self.seen.add(new.req_id)
             self.requests[new.req_id] = RequestState(
                 token_ids=list(new.prefill_token_ids),
                 prompt_len=len(new.prompt_token_ids or []),
@@ -399,12 +409,17 @@ class StandInModelRunner:
             "steps": self.steps,
             "tokens_written": self.tokens_written,
             "requests_checked": self.requests_checked,
+            "requests_readded": self.requests_readded,
             "tokens_checked": self.tokens_checked,
             "bytes_verified": self.result.bytes_verified,
             "mismatched_bytes": self.result.mismatched_bytes,
             "mismatches": [dataclasses.asdict(m) for m in self.result.mismatches],
             "corrupted": self.corrupted,
             "requests_alive": len(self.requests),
+            # As the engine resolved them, not as the driver asked.
+            "async_scheduling": self.vllm_config.scheduler_config.async_scheduling,
+            "chunked_prefill": self.vllm_config.scheduler_config.enable_chunked_prefill,
+            "kv_cache_layout": str(self.cache_config.get_resolved_kv_cache_layout()),
         }
 
 
