@@ -403,6 +403,11 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--proxy-hook", help="module:ProxyHookSubclass")
     p.add_argument(
+        "--leak",
+        action="store_true",
+        help="with --example-connector: prefill never returns one request's blocks",
+    )
+    p.add_argument(
         "--trace", help="with --example-connector: log every connector hook call to this file"
     )
     p.add_argument("--corrupt", type=parse_corrupt, help="prefill flips request:layer:position:byte[:K|V]")
@@ -456,9 +461,15 @@ def main(argv: list[str] | None = None) -> int:
             }
             for side, role in (("prefill", "kv_producer"), ("decode", "kv_consumer"))
         }
+        if args.leak:
+            # The prefill side holds one request's blocks for ever (tracing.py).
+            kv["prefill"]["kv_connector"] = "LeakingExampleConnector"
+            kv["prefill"]["kv_connector_module_path"] = "pdkv_vllm_test.tracing"
         if args.trace:
             # The same connector, every hook logged (tracing.py).
             for side, config in kv.items():
+                if config["kv_connector"] != EXAMPLE_CONNECTOR:
+                    continue
                 config["kv_connector"] = "TracingExampleConnector"
                 config["kv_connector_module_path"] = "pdkv_vllm_test.tracing"
                 config["kv_connector_extra_config"]["trace_path"] = os.path.abspath(args.trace)

@@ -27,6 +27,10 @@ class Case:
     note: str = ""
     # Decode-side figures that must reach at least these values.
     expect_decode_min: dict[str, int] = field(default_factory=dict)
+    # Whether each side must get all of its blocks back (default: both).
+    expect_blocks_returned: dict[str, bool] = field(
+        default_factory=lambda: {"prefill": True, "decode": True}
+    )
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -74,6 +78,14 @@ CASES = [
         note="prefill flips byte 3 of K, position 5, layer 1 of req-4: decode must name it",
     ),
     Case(
+        "leak",
+        EXAMPLE + ["--requests", "16", "--leak", "--drain-timeout", "2"],
+        False,
+        expect_blocks_returned={"prefill": False, "decode": True},
+        note="prefill's connector holds one request's blocks and never reports them sent: "
+        "the prefill pool must come back one block short",
+    ),
+    Case(
         "tp2-kvheads2",
         EXAMPLE + ["--requests", "32", "--prefill-tp", "2", "--num-kv-heads", "2"],
         False,
@@ -113,6 +125,9 @@ def run_case(case: Case, python: str) -> dict[str, Any]:
             for m in named
         ):
             why.append(f"expected exactly the mismatch {case.expect_mismatch}, got {named}")
+    for side, returned in case.expect_blocks_returned.items():
+        if verdict[side].get("blocks_returned") != returned:
+            why.append(f"{side} blocks_returned={verdict[side].get('blocks_returned')}")
     for key, least in case.expect_decode_min.items():
         if (verdict["decode"].get(key) or 0) < least:
             why.append(f"decode {key}={verdict['decode'].get(key)}, expected >= {least}")
@@ -127,6 +142,7 @@ def run_case(case: Case, python: str) -> dict[str, Any]:
                 "requests_readded",
                 "mismatched_bytes",
                 "blocks_returned",
+                "blocks",
             )
         }
         for side in ("prefill", "decode")

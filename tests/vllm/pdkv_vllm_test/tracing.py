@@ -1,8 +1,9 @@
-"""A tracing wrapper around vLLM's ExampleConnector: records which process calls which hook of
-`KVConnectorBase_V1`, in what order, with what request ids, as JSON lines.
+"""Wrappers around vLLM's ExampleConnector for testing the harness itself.
 
-It changes no behaviour; it exists to show (and let tests assert) how vLLM 0.34 drives a
-connector. Load it with `kv_connector_module_path: "pdkv_vllm_test.tracing"`,
+`TracingExampleConnector` records which process calls which hook of `KVConnectorBase_V1`, in
+what order, with what request ids, as JSON lines. It changes no behaviour; it exists to show
+how vLLM 0.34 drives a connector. `LeakingExampleConnector` (at the end) breaks the block
+contract on purpose. Load it with `kv_connector_module_path: "pdkv_vllm_test.tracing"`,
 `kv_connector: "TracingExampleConnector"`, and `kv_connector_extra_config.trace_path`.
 """
 
@@ -102,3 +103,20 @@ for _name in _hook_names():
     if isinstance(vars(KVConnectorBase_V1)[_name], (staticmethod, classmethod)):
         continue
     setattr(TracingExampleConnector, _name, _wrap(_name))
+
+
+class LeakingExampleConnector(ExampleConnector):
+    """A deliberately broken connector, to show the block check is not vacuous: the scheduler
+    side asks vLLM to hold the blocks of the first finished request (`request_finished` returns
+    True, the contract for "I am still sending") and no worker ever reports it in
+    `finished_sending`, so those blocks never go back to the pool."""
+
+    def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        self._leaked: str | None = None
+
+    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, Any]:
+        if self._leaked is None:
+            self._leaked = request.request_id
+            return True, None
+        return super().request_finished(request, block_ids)
