@@ -131,7 +131,7 @@ class StandInModelRunner:
             dtype_size=torch.tensor([], dtype=self.dtype).element_size(),
         )
         options = (vllm_config.additional_config or {}).get(CONFIG_KEY, {})
-        self.corrupt: dict[str, int] | None = options.get("corrupt")
+        self.corrupt: dict[str, Any] | None = options.get("corrupt")
         self.corrupted: list[dict[str, Any]] = []
         self.layers: dict[str, StandInAttention] = {}
         self.requests: dict[str, RequestState] = {}
