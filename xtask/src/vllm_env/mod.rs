@@ -237,13 +237,10 @@ pub fn run_test(args: &[String], root: &Path) -> ExitCode {
     }
     let tests = root.join(TESTS_DIR);
     if !tests.join(TESTS_PACKAGE).is_dir() {
-        // Until the tests land the task checks only that the venv and the wheel are made; it
-        // says so rather than passing in silence.
         eprintln!(
-            "vllm-test: NO TESTS RUN: {TESTS_DIR}/{TESTS_PACKAGE}/ does not exist yet; the venv and the pdkv \
-             wheel are ready"
+            "vllm-test: {TESTS_DIR}/{TESTS_PACKAGE}/ is missing: nothing to run is a failure, not a pass"
         );
-        return ExitCode::SUCCESS;
+        return ExitCode::FAILURE;
     }
     eprintln!("$ PYTHONPATH={TESTS_DIR} {} -m {TESTS_PACKAGE}.run {}", env.python.display(), args.join(" "));
     let status = Command::new(&env.python)

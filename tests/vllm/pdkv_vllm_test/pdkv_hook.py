@@ -1,0 +1,44 @@
+"""What a router does for a pair of engines running pdkv's connector: mint the transfer id
+each request's KV is known by on both legs (MoRIIO's routers mint ``tx-<uuid4 hex>`` too), and
+hand decode the ``kv_transfer_params`` prefill answered with, unchanged."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from pdkv_vllm_test.pd import ProxyHook
+
+
+class PdkvHook(ProxyHook):
+    def prefill_params(self, request_id: str) -> dict[str, Any] | None:
+        return {
+            "do_remote_decode": True,
+            "do_remote_prefill": False,
+            "transfer_id": f"tx-{uuid.uuid4().hex}",
+        }
+
+
+def pdkv_args(deployment: str, port: int) -> list[str]:
+    """The driver's arguments for a pair of engines with pdkv's connector on `port` (handshake
+    listeners from there, notify listeners from `port + 100`), described by `deployment`."""
+    import json
+
+    def config(role: str) -> str:
+        return json.dumps({
+            "kv_connector": "PdkvConnector",
+            "kv_connector_module_path": "pdkv.connector",
+            "kv_role": role,
+            "kv_connector_extra_config": {
+                "host_ip": "127.0.0.1",
+                "handshake_port": port,
+                "notify_port": port + 100,
+                "deployment": deployment,
+            },
+        })
+
+    return [
+        "--kv-transfer-config-prefill", config("kv_producer"),
+        "--kv-transfer-config-decode", config("kv_consumer"),
+        "--proxy-hook", "pdkv_vllm_test.pdkv_hook:PdkvHook",
+    ]
