@@ -119,9 +119,12 @@ impl InProcessRank {
         self.tx.send(Input::Sched(msg)).map_err(|_| RankError::Gone)
     }
 
-    /// The blocks of `transfer_id` hold its KV now (the host staged every layer): the rank
-    /// grants them to the transfer.
+    /// The blocks of `transfer_id` hold its KV now (the host staged every layer): they are
+    /// granted to the transfer before this returns, so a decode rank the host's answer reaches
+    /// can read them however fast it comes; the driver then records them as the transfer's (to
+    /// fence them again when it is retired).
     pub fn staged_transfer(&self, transfer_id: TransferId, blocks: Vec<u32>) -> Result<(), RankError> {
+        self.staged.grant(crate::pattern::transfer_key(&transfer_id), &blocks).map_err(RankError::Staging)?;
         self.deliver(ToRank::Prefill { transfer_id, blocks })
     }
 

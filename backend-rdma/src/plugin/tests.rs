@@ -90,3 +90,68 @@ fn staged_kv_crosses_from_prefill_to_decode_and_is_freed_once() {
     p_rank.shutdown(Duration::from_secs(5));
     d_rank.shutdown(Duration::from_secs(5));
 }
+
+/// A read of blocks the prefill rank never staged (its host lost the race, or never computed
+/// them) is refused; the decode rank fails the request, and its release still reaches the
+/// prefill rank, so the engine frees the transfer at once instead of holding it until the
+/// reaper.
+#[test]
+fn a_refused_read_fails_the_request_and_still_releases_the_transfer() {
+    refused_read(23_000, false);
+}
+
+/// The same with the registration reaching the prefill rank after the release (vLLM carries it
+/// in the next step's metadata, and the decode side may be faster): the early release is kept
+/// and counted when the registration comes.
+#[test]
+fn a_release_that_overtakes_its_registration_is_counted_when_it_comes() {
+    refused_read(24_000, true);
+}
+
+fn refused_read(base: u16, register_late: bool) {
+    let port = base + (std::process::id() % 800) as u16 * 2;
+    let (p, d) = (config("P0", port), config("D0", port));
+    let (p, d) = (EngineConfig::parse(&p).expect("valid"), EngineConfig::parse(&d).expect("valid"));
+    let p_rank = InProcessRank::start(&p, RankId::new(p.engine, 0, 0), 16).expect("starts");
+    let d_rank = InProcessRank::start(&d, RankId::new(d.engine, 0, 0), 16).expect("starts");
+    let (mut p_said, mut d_said) = (Vec::new(), Vec::new());
+    let ready = wait(&p_rank, &mut p_said, |m| matches!(m, FromRank::Ready { .. }));
+    wait(&d_rank, &mut d_said, |m| matches!(m, FromRank::Ready { .. }));
+    let mut prefill = PrefillNode::new(p);
+    prefill.handle_worker_message(p_rank.rank(), ready);
+    let mut decode = DecodeNode::new(d);
+    let transfer = pdkv_core::ids::TransferId("tx-00000000000000000000000000000002".into());
+    let params = pdkv_core::params::KvTransferParams {
+        do_remote_decode: true,
+        transfer_id: Some(transfer.0.clone()),
+        ..Default::default()
+    };
+    // Registered, but never staged.
+    let answer = prefill.handle_finished("req-1", &params, 0, vec![3, 4]).expect("held");
+    let registration = prefill.poll_to_workers();
+    if !register_late {
+        for (_, msg) in registration.clone() {
+            p_rank.deliver(msg).expect("delivered");
+        }
+    }
+    decode.handle_request("req-1", answer, vec![7, 8]).expect("routable");
+    let Some((step, begin)) = decode.poll_step() else { panic!("a step with the request") };
+    d_rank.deliver(begin).expect("delivered");
+    wait(&d_rank, &mut d_said, |m| matches!(m, FromRank::Vote { .. }));
+    d_rank.deliver(ToRank::VoteResult { step, ok: true }).expect("delivered");
+    let got =
+        wait(&d_rank, &mut d_said, |m| matches!(m, FromRank::Received { .. } | FromRank::RecvFailed { .. }));
+    assert!(matches!(got, FromRank::RecvFailed { .. }), "{got:?}");
+    if register_late {
+        // Give the release time to arrive first.
+        std::thread::sleep(Duration::from_millis(200));
+        for (_, msg) in registration {
+            p_rank.deliver(msg).expect("delivered");
+        }
+    }
+    let finished = wait(&p_rank, &mut p_said, |m| matches!(m, FromRank::Finished { .. }));
+    prefill.handle_worker_message(p_rank.rank(), finished);
+    assert_eq!(prefill.poll_freed(), vec!["req-1".to_string()]);
+    p_rank.shutdown(Duration::from_secs(5));
+    d_rank.shutdown(Duration::from_secs(5));
+}

@@ -196,8 +196,14 @@ class PdkvConnector(KVConnectorBase_V1):
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs) -> None:
         return
 
+    def finish_forward(self) -> None:
+        # The forward has written this step's KV: stage it now, before vLLM can hand the step's
+        # output (and a finished request's kv_transfer_params) to anyone. wait_for_save may
+        # come a step later under async scheduling, after a decode engine has started reading.
+        self._worker.save(self._connector_metadata)
+
     def wait_for_save(self):
-        self._worker.save(self._get_connector_metadata())
+        return
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         super().bind_connector_metadata(connector_metadata)
