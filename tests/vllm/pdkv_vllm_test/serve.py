@@ -1,0 +1,203 @@
+"""`vllm serve` with pdkv's connector on each side, behind pdkv's proxy (`python -m pdkv.proxy`),
+on loopback: completions go client -> proxy -> prefill server -> proxy -> decode server, as in a
+deployment. Each server is vLLM's own OpenAI server with the stand-in worker (the platform plugin
+of this folder), so every KV byte decode loaded is checked against what prefill's forward wrote;
+the figures come from the servers' workers (vLLM's dev-mode `/collective_rpc`), and each server's
+`/reset_prefix_cache` must succeed at the end, which vLLM allows only when no block is held.
+
+    cd tests/vllm && PYTHONPATH=. python -m pdkv_vllm_test.serve [--prefill-tp 2 --decode-tp 2]
+
+Prints one JSON object; exits 0 only when every completion has the expected tokens, some KV
+crossed, no byte differed and both servers hold no block.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from pdkv_vllm_test import pd
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def kv_config(role: str, deployment: str, port: int) -> str:
+    return json.dumps({
+        "kv_connector": "PdkvConnector",
+        "kv_connector_module_path": "pdkv.connector",
+        "kv_role": role,
+        "kv_connector_extra_config": {
+            "host_ip": "127.0.0.1",
+            "handshake_port": port,
+            "notify_port": port + 100,
+            "deployment": deployment,
+        },
+    })
+
+
+def serve(args, model_dir: str, side: str, tp: int, http_port: int, deployment: str, log) -> subprocess.Popen:
+    role = "kv_producer" if side == "prefill" else "kv_consumer"
+    argv = [
+        os.path.join(os.path.dirname(sys.executable), "vllm"), "serve", model_dir,
+        "--host", "127.0.0.1", "--port", str(http_port),
+        "--skip-tokenizer-init", "--load-format", "dummy",
+        "--tensor-parallel-size", str(tp),
+        "--max-model-len", str(args.max_model_len), "--block-size", "16",
+        "--kv-cache-memory-bytes", str(args.kv_cache_bytes),
+        "--max-num-seqs", str(max(args.concurrency, 1)),
+        "--additional-config", json.dumps({"pdkv_test": {"side": side}}),
+        "--kv-transfer-config", kv_config(role, deployment, args.kv_port),
+        "--disable-log-stats",
+    ]
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "HF_HUB_OFFLINE": "1",
+           "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
+    return subprocess.Popen(argv, stdout=log, stderr=log, env=env, start_new_session=True)
+
+
+async def wait_healthy(session, url: str, proc: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url} exited with {proc.returncode} before it was healthy")
+        try:
+            async with session.get(url + "/health") as r:
+                if r.status == 200:
+                    return
+        except Exception:
+            pass
+        await asyncio.sleep(0.5)
+    raise RuntimeError(f"{url} was not healthy within {timeout_s:.0f} s")
+
+
+async def run(args) -> dict[str, Any]:
+    from aiohttp import ClientSession, ClientTimeout
+
+    model_dir = tempfile.mkdtemp(prefix="pdkv-serve-model-")
+    model_args = pd.parser().parse_args([])
+    model_args.requests = args.requests
+    pd.write_model(model_dir, model_args)
+    deployment = f"1P_TP{args.prefill_tp}:1D_TP{args.decode_tp}"
+    p_port, d_port, proxy_port = free_port(), free_port(), free_port()
+    logs = tempfile.mkdtemp(prefix="pdkv-serve-logs-")
+    procs: dict[str, subprocess.Popen] = {}
+    result: dict[str, Any] = {"deployment": deployment, "logs": logs}
+    started = time.monotonic()
+    try:
+        procs["prefill"] = serve(args, model_dir, "prefill", args.prefill_tp, p_port, deployment,
+                                 open(os.path.join(logs, "prefill.log"), "w"))
+        procs["decode"] = serve(args, model_dir, "decode", args.decode_tp, d_port, deployment,
+                                open(os.path.join(logs, "decode.log"), "w"))
+        procs["proxy"] = subprocess.Popen(
+            [sys.executable, "-m", "pdkv.proxy", "--prefill", f"http://127.0.0.1:{p_port}",
+             "--decode", f"http://127.0.0.1:{d_port}", "--port", str(proxy_port)],
+            stdout=open(os.path.join(logs, "proxy.log"), "w"), stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        async with ClientSession(timeout=ClientTimeout(total=args.timeout)) as session:
+            for name, port in (("prefill", p_port), ("decode", d_port), ("proxy", proxy_port)):
+                await wait_healthy(session, f"http://127.0.0.1:{port}", procs[name], args.startup_timeout)
+            result["startup_s"] = round(time.monotonic() - started, 1)
+            prompts = pd.make_prompts(model_args)[: args.requests]
+            while len(prompts) < args.requests:
+                prompts += pd.make_prompts(model_args)[: args.requests - len(prompts)]
+            sem = asyncio.Semaphore(args.concurrency)
+            failures: list[str] = []
+
+            async def one(i: int, prompt: list[int]) -> None:
+                body = {"model": model_dir, "prompt": prompt, "max_tokens": args.max_tokens,
+                        "temperature": 0, "return_token_ids": True}
+                async with sem:
+                    async with session.post(f"http://127.0.0.1:{proxy_port}/v1/completions", json=body) as r:
+                        text = await r.text()
+                if r.status != 200:
+                    failures.append(f"request {i}: {r.status} {text[:500]}")
+                    return
+                tokens = json.loads(text)["choices"][0].get("token_ids")
+                expected = pd.expected_tokens(prompt, args.max_tokens, model_args.vocab_size)
+                if tokens != expected:
+                    failures.append(f"request {i}: tokens {tokens}, expected {expected}")
+
+            t0 = time.monotonic()
+            await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+            result["run_s"] = round(time.monotonic() - t0, 2)
+            result["requests"] = len(prompts)
+            result["failures"] = failures[:10]
+            result["failed"] = len(failures)
+            for side, port in (("prefill", p_port), ("decode", d_port)):
+                base = f"http://127.0.0.1:{port}"
+                async with session.post(base + "/collective_rpc", json={"method": "pdkv_test_report"}) as r:
+                    reports = (await r.json())["results"]
+                # Blocks of finished transfers may come back a step or two late.
+                reset = False
+                deadline = time.monotonic() + args.drain_timeout
+                while not reset and time.monotonic() < deadline:
+                    async with session.post(base + "/reset_prefix_cache") as r:
+                        reset = bool((await r.json()).get("success"))
+                    if not reset:
+                        await asyncio.sleep(0.5)
+                result[side] = {
+                    "bytes_verified": sum(x["bytes_verified"] for x in reports),
+                    "mismatched_bytes": sum(x["mismatched_bytes"] for x in reports),
+                    "requests_checked": max(x["requests_checked"] for x in reports),
+                    "tp_ranks": len(reports),
+                    "no_block_held": reset,
+                }
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs.values():
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+    result["wall_s"] = round(time.monotonic() - started, 1)
+    dec = result.get("decode", {})
+    result["ok"] = (
+        result.get("failed", 1) == 0
+        and dec.get("bytes_verified", 0) > 0
+        and dec.get("mismatched_bytes", 1) == 0
+        and all(result.get(s, {}).get("no_block_held") for s in ("prefill", "decode"))
+    )
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pdkv_vllm_test.serve", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prefill-tp", type=int, default=1)
+    parser.add_argument("--decode-tp", type=int, default=1)
+    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--max-model-len", type=int, default=512)
+    parser.add_argument("--kv-cache-bytes", type=int, default=64 << 20)
+    parser.add_argument("--kv-port", type=int, default=0, help="handshake port base (notify: +100); 0 picks one")
+    parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--startup-timeout", type=float, default=180.0)
+    parser.add_argument("--drain-timeout", type=float, default=10.0)
+    args = parser.parse_args(argv)
+    if args.kv_port == 0:
+        args.kv_port = 27000 + os.getpid() % 2000
+    try:
+        result = asyncio.run(run(args))
+    except Exception as e:  # The verdict still comes out as JSON.
+        result = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    print(json.dumps(result, indent=1))
+    return 0 if result.get("ok") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
