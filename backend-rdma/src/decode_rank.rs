@@ -189,30 +189,33 @@ fn reader(
         // serves it only from that incarnation's blocks of that transfer.
         let tag =
             ReadTag { incarnation: op.plan.incarnation, transfer: Some(transfer_key(&op.plan.transfer_id)) };
-        let (outcome, mismatch) =
-            match transport.read_tagged(&job.data, tag, &ranges, &mut buffer, &cancelled) {
-                Ok(()) => match &staged {
-                    // The host program checks its own KV; the bytes go to the request's blocks.
-                    Some(staged) => match land(op, staged, &buffer) {
-                        Ok(()) => (ReadOutcome::Ok, None),
-                        Err(e) => (ReadOutcome::Failed(format!("cannot land the bytes read: {e}")), None),
-                    },
-                    None => match verify(op, job.heads, &buffer) {
-                        None => (ReadOutcome::Ok, None),
-                        Some(mismatch) => (
-                            ReadOutcome::Failed(format!("bytes differ from prefill's: {mismatch}")),
-                            Some(mismatch),
-                        ),
-                    },
+        let started = std::time::Instant::now();
+        let read = transport.read_tagged(&job.data, tag, &ranges, &mut buffer, &cancelled);
+        let elapsed_us = started.elapsed().as_micros() as u64;
+        let (outcome, mismatch) = match read {
+            Ok(()) => match &staged {
+                // The host program checks its own KV; the bytes go to the request's blocks.
+                Some(staged) => match land(op, staged, &buffer) {
+                    Ok(()) => (ReadOutcome::Ok, None),
+                    Err(e) => (ReadOutcome::Failed(format!("cannot land the bytes read: {e}")), None),
                 },
-                Err(TransportError::Aborted { .. }) => (ReadOutcome::Aborted, None),
-                Err(e) => (ReadOutcome::Failed(e.to_string()), None),
-            };
+                None => match verify(op, job.heads, &buffer) {
+                    None => (ReadOutcome::Ok, None),
+                    Some(mismatch) => (
+                        ReadOutcome::Failed(format!("bytes differ from prefill's: {mismatch}")),
+                        Some(mismatch),
+                    ),
+                },
+            },
+            Err(TransportError::Aborted { .. }) => (ReadOutcome::Aborted, None),
+            Err(e) => (ReadOutcome::Failed(e.to_string()), None),
+        };
         let result = ReadResult {
             request: op.request(),
             layer: op.layer,
             source: op.plan.source,
             bytes,
+            elapsed_us,
             outcome,
             mismatch,
         };
@@ -366,8 +369,11 @@ impl Outbox {
                 let (tx, identity, timeout) =
                     (self.tx.clone(), self.rank.to_string(), self.handshake_timeout);
                 thread::spawn(move || {
+                    let started = std::time::Instant::now();
                     dial_repeated(&endpoint, &identity, timeout, copies, &mut |result| {
-                        let _ = tx.send(Input::Dialled { session: session.clone(), peer, result });
+                        let elapsed_us = started.elapsed().as_micros() as u64;
+                        let _ =
+                            tx.send(Input::Dialled { session: session.clone(), peer, result, elapsed_us });
                     });
                 });
             }
@@ -493,30 +499,34 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
             Some(Input::SchedGone(e)) => {
                 return Err(ConnectorError::Scheduler { op: "receive", error: LinkError::Frame(e) });
             }
-            Some(Input::Dialled { session, peer, result }) => match result {
-                Ok((metadata, layers)) => {
-                    match data_endpoint(peer, setup.transport, &metadata.agent_metadata) {
-                        Ok(endpoint) => {
-                            data.insert(session.clone(), endpoint);
-                            let meta = DecodeEvent::HandshakeMetadata { session: session.clone(), metadata };
-                            worker.handle(now, meta, &mut out);
-                            worker.handle(
-                                now,
-                                DecodeEvent::HandshakeDescriptors { session, layers },
-                                &mut out,
-                            );
-                        }
-                        Err(e) => {
-                            let reason = e.to_string();
-                            worker.handle(now, DecodeEvent::HandshakeFailed { session, reason }, &mut out)
+            Some(Input::Dialled { session, peer, result, elapsed_us }) => {
+                ctx.link.send(&FromRank::Dialled { peer, ok: result.is_ok(), elapsed_us })?;
+                match result {
+                    Ok((metadata, layers)) => {
+                        match data_endpoint(peer, setup.transport, &metadata.agent_metadata) {
+                            Ok(endpoint) => {
+                                data.insert(session.clone(), endpoint);
+                                let meta =
+                                    DecodeEvent::HandshakeMetadata { session: session.clone(), metadata };
+                                worker.handle(now, meta, &mut out);
+                                worker.handle(
+                                    now,
+                                    DecodeEvent::HandshakeDescriptors { session, layers },
+                                    &mut out,
+                                );
+                            }
+                            Err(e) => {
+                                let reason = e.to_string();
+                                worker.handle(now, DecodeEvent::HandshakeFailed { session, reason }, &mut out)
+                            }
                         }
                     }
+                    Err(e) => {
+                        let reason = e.to_string();
+                        worker.handle(now, DecodeEvent::HandshakeFailed { session, reason }, &mut out)
+                    }
                 }
-                Err(e) => {
-                    let reason = e.to_string();
-                    worker.handle(now, DecodeEvent::HandshakeFailed { session, reason }, &mut out)
-                }
-            },
+            }
             Some(Input::ReadDone(result)) => {
                 if let Some(mismatch) = result.mismatch {
                     ctx.link.send(&FromRank::Mismatch(mismatch))?;
@@ -524,7 +534,8 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
                 if result.outcome == ReadOutcome::Ok {
                     let (request, layer, source, bytes) =
                         (result.request, result.layer, result.source, result.bytes);
-                    ctx.link.send(&FromRank::ReadVerified { request, layer, source, bytes })?;
+                    let elapsed_us = result.elapsed_us;
+                    ctx.link.send(&FromRank::ReadVerified { request, layer, source, bytes, elapsed_us })?;
                 }
                 let event = DecodeEvent::ReadDone {
                     request: result.request,
@@ -554,6 +565,7 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
                             layer: op.layer,
                             source,
                             bytes: 0,
+                            elapsed_us: 0,
                             outcome: ReadOutcome::Failed(reason),
                             mismatch: None,
                         };

@@ -419,20 +419,6 @@ impl StagedKv {
         Ok(())
     }
 
-    /// Opens `blocks` of every layer to peers' reads of `transfer` (their staged bytes are its
-    /// KV now), at once: a read that arrives after this returns finds them.
-    pub fn grant(&self, transfer: u64, blocks: &[u32]) -> Result<(), StageError> {
-        let mut regions = self.regions.write().unwrap_or_else(PoisonError::into_inner);
-        for layer in 0..self.bases.len() {
-            for &block in blocks {
-                let addr = self.block_addr(layer, block)?;
-                regions.unfence(addr, self.block_len);
-                regions.grant(addr, self.block_len, transfer);
-            }
-        }
-        Ok(())
-    }
-
     /// The bytes of `blocks` of `layer`, one block after another.
     pub fn unstage(&self, layer: usize, blocks: &[u32]) -> Result<Vec<u8>, StageError> {
         let regions = self.regions.read().unwrap_or_else(PoisonError::into_inner);
@@ -571,6 +557,8 @@ pub enum Input {
         peer: RankId,
         /// Both reply payloads decoded, or why not.
         result: Dialled,
+        /// From the dial to the end of the reply, in microseconds.
+        elapsed_us: u64,
     },
     /// Decode: a read finished.
     ReadDone(ReadResult),
@@ -606,6 +594,8 @@ pub struct ReadResult {
     pub source: RankId,
     /// Bytes read.
     pub bytes: u64,
+    /// How long the data plane took, in microseconds.
+    pub elapsed_us: u64,
     /// What the node is told.
     pub outcome: ReadOutcome,
     /// Where the bytes differ from what prefill wrote, if they do.

@@ -340,6 +340,18 @@ pub enum FromRank {
         source: RankId,
         /// Bytes read.
         bytes: u64,
+        /// How long the read took on the data plane, in microseconds.
+        #[serde(default)]
+        elapsed_us: u64,
+    },
+    /// Decode: a handshake dial ended (for metrics; the node got its result already).
+    Dialled {
+        /// The prefill rank dialled.
+        peer: RankId,
+        /// Whether both reply messages came and decoded.
+        ok: bool,
+        /// From the dial to the end of the reply, in microseconds.
+        elapsed_us: u64,
     },
     /// Decode: a read returned bytes that differ from what prefill wrote.
     Mismatch(ReadMismatch),

@@ -87,6 +87,16 @@ impl Rank {
         self.inner.rank().to_string()
     }
 
+    /// Where the rank serves its Prometheus metrics (`host:port`), or `None`.
+    fn metrics_address(&self) -> Option<String> {
+        self.inner.metrics_addr().map(|a| a.to_string())
+    }
+
+    /// The rank's metrics in Prometheus's text format.
+    fn metrics(&self) -> String {
+        self.inner.metrics_text()
+    }
+
     /// Bytes of one block of one layer in the staged regions.
     fn block_len(&self) -> u64 {
         self.inner.staged().block_len
@@ -102,9 +112,19 @@ impl Rank {
         self.inner.deliver(ToRank::VoteResult { step, ok }).map_err(runtime_error)
     }
 
-    /// Every layer of `blocks` holds `transfer_id`'s KV now: peers may read them.
-    fn staged_transfer(&self, transfer_id: String, blocks: Vec<u32>) -> PyResult<()> {
-        self.inner.staged_transfer(pdkv_core::ids::TransferId(transfer_id), blocks).map_err(runtime_error)
+    /// Every layer of `blocks` holds `transfer_id`'s KV now: returns once peers may read them
+    /// (waiting up to `timeout_s` seconds, without the GIL).
+    #[pyo3(signature = (transfer_id, blocks, timeout_s = 10.0))]
+    fn staged_transfer(
+        &self,
+        py: Python<'_>,
+        transfer_id: String,
+        blocks: Vec<u32>,
+        timeout_s: f64,
+    ) -> PyResult<()> {
+        let timeout = Duration::try_from_secs_f64(timeout_s.max(0.0)).map_err(value_error)?;
+        let transfer_id = pdkv_core::ids::TransferId(transfer_id);
+        py.detach(|| self.inner.staged_transfer(transfer_id, blocks, timeout)).map_err(runtime_error)
     }
 
     /// Copies `data` (the bytes of `blocks` of `layer`, one block after another) into the

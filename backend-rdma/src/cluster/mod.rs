@@ -278,7 +278,8 @@ impl Cluster {
     fn on_message(&mut self, rank: RankId, msg: FromRank) -> Option<StartError> {
         let now = self.clock.now();
         match msg {
-            FromRank::Hello { .. } | FromRank::Heartbeat => {}
+            // A dial's timing is for the plugin's metrics; the run counts handshakes at `Bye`.
+            FromRank::Hello { .. } | FromRank::Heartbeat | FromRank::Dialled { .. } => {}
             FromRank::Ready { data_addr, memory, handshake, incarnation } => {
                 if rank.engine.role == Role::Prefill {
                     self.tally.memory.insert(memory);

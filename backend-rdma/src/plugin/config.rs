@@ -104,6 +104,10 @@ pub struct EngineConfig {
     /// The data plane: `tcp` or `rdma`.
     #[serde(default = "tcp")]
     pub transport: String,
+    /// Where rank (0, 0) serves its Prometheus metrics; rank (dp, tp) at `+ dp * tp_size + tp`.
+    /// Absent: no endpoint.
+    #[serde(default)]
+    pub metrics_port: Option<u16>,
 }
 
 fn tcp() -> String {
@@ -122,6 +126,8 @@ pub struct Engine {
     pub timeouts: ProtocolTimeouts,
     /// The data plane.
     pub transport: TransportKind,
+    /// Where rank (0, 0) serves its metrics, if anywhere.
+    pub metrics_port: Option<u16>,
 }
 
 impl EngineConfig {
@@ -162,6 +168,7 @@ impl EngineConfig {
             },
             timeouts,
             transport,
+            metrics_port: self.metrics_port,
         })
     }
 }

@@ -5,6 +5,7 @@
 
 pub mod config;
 pub mod decode;
+pub mod metrics;
 pub mod prefill;
 pub mod rank;
 

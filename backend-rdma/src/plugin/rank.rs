@@ -2,6 +2,7 @@
 //! prefill or decode driver `pdkv cluster` runs as a process, on a thread, with its scheduler
 //! link a channel the host drains and its KV in regions the host stages vLLM's blocks into.
 
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
@@ -12,6 +13,7 @@ use pdkv_core::legacy::LegacyOptions;
 use pdkv_core::policy::PeerBook;
 
 use super::config::Engine;
+use super::metrics::RankMetrics;
 use crate::message_faults::SenderFaults;
 use crate::rank_io::{Clock, Context, Input, SchedLink, StageError, StagedKv};
 use crate::sched::{ControlSetup, FromRank, Setup, ToRank};
@@ -29,6 +31,15 @@ pub enum RankError {
     Spawn(std::io::Error),
     /// The rank's thread has ended (its error, if it said one, came as `SetupFailed`).
     Gone,
+    /// The driver did not acknowledge a staged transfer in time.
+    Unanswered,
+    /// The metrics endpoint could not start.
+    Metrics {
+        /// Where it was to listen.
+        addr: String,
+        /// Why not.
+        error: std::io::Error,
+    },
 }
 
 impl std::fmt::Display for RankError {
@@ -37,6 +48,8 @@ impl std::fmt::Display for RankError {
             RankError::Staging(e) => write!(f, "KV staging regions: {e}"),
             RankError::Spawn(e) => write!(f, "cannot start the rank's thread: {e}"),
             RankError::Gone => f.write_str("the rank's driver has stopped"),
+            RankError::Unanswered => f.write_str("the rank's driver did not take the staged blocks in time"),
+            RankError::Metrics { addr, error } => write!(f, "metrics endpoint at {addr}: {error}"),
         }
     }
 }
@@ -50,6 +63,10 @@ pub struct InProcessRank {
     rx: Mutex<Receiver<FromRank>>,
     staged: Arc<StagedKv>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    metrics: Arc<Mutex<RankMetrics>>,
+    metrics_addr: Option<SocketAddr>,
+    /// What the driver said while [`InProcessRank::staged_transfer`] waited, for the next poll.
+    backlog: Mutex<Vec<FromRank>>,
 }
 
 impl InProcessRank {
@@ -77,6 +94,26 @@ impl InProcessRank {
             data_plane_only: false,
             control: ControlSetup::default(),
         };
+        let metrics = Arc::new(Mutex::new(RankMetrics::new(rank)));
+        let metrics_addr = match engine.metrics_port {
+            None => None,
+            Some(base) => {
+                // The rank's offset from the base is the core's, as for its listeners.
+                let at =
+                    pdkv_core::ports::EngineAddress { handshake_port_base: base, ..engine.address.clone() };
+                let addr = format!("{}:{base} + the offset of {rank}", engine.address.host);
+                let bad = |error| RankError::Metrics { addr: addr.clone(), error };
+                let endpoint = at
+                    .dial(layout, rank, pdkv_core::ports::ListenerKind::Handshake)
+                    .map_err(|e| bad(std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string())))?;
+                let resolved = (endpoint.host.as_str(), endpoint.port)
+                    .to_socket_addrs()
+                    .map_err(bad)?
+                    .next()
+                    .ok_or_else(|| bad(std::io::Error::new(std::io::ErrorKind::NotFound, "no address")))?;
+                Some(super::metrics::serve(resolved, metrics.clone()).map_err(bad)?)
+            }
+        };
         let (tx, rx) = mpsc::channel();
         let (out_tx, out_rx) = mpsc::channel();
         let ctx = Context {
@@ -101,7 +138,16 @@ impl InProcessRank {
                 };
             })
             .map_err(RankError::Spawn)?;
-        Ok(InProcessRank { rank, tx, rx: Mutex::new(out_rx), staged, thread: Mutex::new(Some(thread)) })
+        Ok(InProcessRank {
+            rank,
+            tx,
+            rx: Mutex::new(out_rx),
+            staged,
+            thread: Mutex::new(Some(thread)),
+            metrics,
+            metrics_addr,
+            backlog: Mutex::new(Vec::new()),
+        })
     }
 
     /// The rank.
@@ -116,21 +162,62 @@ impl InProcessRank {
 
     /// Hands the driver a message, as its scheduler would.
     pub fn deliver(&self, msg: ToRank) -> Result<(), RankError> {
+        self.metrics.lock().unwrap_or_else(PoisonError::into_inner).observe_to(&msg);
         self.tx.send(Input::Sched(msg)).map_err(|_| RankError::Gone)
     }
 
-    /// The blocks of `transfer_id` hold its KV now (the host staged every layer): they are
-    /// granted to the transfer before this returns, so a decode rank the host's answer reaches
-    /// can read them however fast it comes; the driver then records them as the transfer's (to
-    /// fence them again when it is retired).
-    pub fn staged_transfer(&self, transfer_id: TransferId, blocks: Vec<u32>) -> Result<(), RankError> {
-        self.staged.grant(crate::pattern::transfer_key(&transfer_id), &blocks).map_err(RankError::Staging)?;
-        self.deliver(ToRank::Prefill { transfer_id, blocks })
+    /// Where the rank serves its metrics, if it does.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    /// The rank's metrics in Prometheus's text format.
+    pub fn metrics_text(&self) -> String {
+        self.metrics.lock().unwrap_or_else(PoisonError::into_inner).render()
+    }
+
+    /// The blocks of `transfer_id` hold its KV now (the host staged every layer): the driver
+    /// grants them to the transfer, in order with what it was told before (a retirement that
+    /// fences the same blocks for the transfer that held them last comes first), and this
+    /// returns once it has, so a decode rank the host's answer reaches can read them however
+    /// fast it comes. Waits up to `timeout`.
+    pub fn staged_transfer(
+        &self,
+        transfer_id: TransferId,
+        blocks: Vec<u32>,
+        timeout: Duration,
+    ) -> Result<(), RankError> {
+        self.deliver(ToRank::Prefill { transfer_id: transfer_id.clone(), blocks })?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.checked_duration_since(Instant::now()).ok_or(RankError::Unanswered)?;
+            let msgs = self.receive(left)?;
+            let mut backlog = self.backlog.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut acked = false;
+            for msg in msgs {
+                match &msg {
+                    FromRank::Prefilled { transfer_id: id } if *id == transfer_id => acked = true,
+                    _ => backlog.push(msg),
+                }
+            }
+            if acked {
+                return Ok(());
+            }
+        }
     }
 
     /// What the driver said: waits up to `timeout` for the first message, then takes every one
     /// waiting. Empty on timeout; `Gone` once the driver has stopped and said everything.
     pub fn poll(&self, timeout: Duration) -> Result<Vec<FromRank>, RankError> {
+        let kept = std::mem::take(&mut *self.backlog.lock().unwrap_or_else(PoisonError::into_inner));
+        if !kept.is_empty() {
+            return Ok(kept);
+        }
+        self.receive(timeout)
+    }
+
+    /// What the driver said, from the channel: as [`InProcessRank::poll`] without the backlog.
+    fn receive(&self, timeout: Duration) -> Result<Vec<FromRank>, RankError> {
         let rx = self.rx.lock().unwrap_or_else(PoisonError::into_inner);
         let mut out = Vec::new();
         match rx.recv_timeout(timeout) {
@@ -139,6 +226,10 @@ impl InProcessRank {
             Err(RecvTimeoutError::Disconnected) => return Err(RankError::Gone),
         }
         out.extend(rx.try_iter());
+        let mut metrics = self.metrics.lock().unwrap_or_else(PoisonError::into_inner);
+        for msg in &out {
+            metrics.observe_from(msg);
+        }
         Ok(out)
     }
 

@@ -55,7 +55,7 @@ fn staged_kv_crosses_from_prefill_to_decode_and_is_freed_once() {
         p_rank.staged().stage(layer, &blocks, data).expect("fits");
     }
     let transfer = pdkv_core::ids::TransferId("tx-00000000000000000000000000000001".into());
-    p_rank.staged_transfer(transfer.clone(), blocks.clone()).expect("delivered");
+    p_rank.staged_transfer(transfer.clone(), blocks.clone(), Duration::from_secs(10)).expect("granted");
     let params = pdkv_core::params::KvTransferParams {
         do_remote_decode: true,
         transfer_id: Some(transfer.0.clone()),
@@ -152,6 +152,55 @@ fn refused_read(base: u16, register_late: bool) {
     let finished = wait(&p_rank, &mut p_said, |m| matches!(m, FromRank::Finished { .. }));
     prefill.handle_worker_message(p_rank.rank(), finished);
     assert_eq!(prefill.poll_freed(), vec!["req-1".to_string()]);
+    p_rank.shutdown(Duration::from_secs(5));
+    d_rank.shutdown(Duration::from_secs(5));
+}
+
+/// Blocks vLLM frees and hands to the next request: the retirement of the transfer that held
+/// them (which fences them) reaches the rank before the new transfer's staging (which opens
+/// them), in that order, however the two race; a read of the new transfer then succeeds.
+#[test]
+fn blocks_reused_after_a_retirement_are_readable_by_the_next_transfer() {
+    let port = 25_000 + (std::process::id() % 800) as u16 * 2;
+    let (p, d) = (config("P0", port), config("D0", port));
+    let (p, d) = (EngineConfig::parse(&p).expect("valid"), EngineConfig::parse(&d).expect("valid"));
+    let p_rank = InProcessRank::start(&p, RankId::new(p.engine, 0, 0), 16).expect("starts");
+    let d_rank = InProcessRank::start(&d, RankId::new(d.engine, 0, 0), 16).expect("starts");
+    let (mut p_said, mut d_said) = (Vec::new(), Vec::new());
+    wait(&p_rank, &mut p_said, |m| matches!(m, FromRank::Ready { .. }));
+    wait(&d_rank, &mut d_said, |m| matches!(m, FromRank::Ready { .. }));
+    let mut decode = DecodeNode::new(d);
+    let block_len = p_rank.staged().block_len as usize;
+    let blocks = vec![6, 1];
+    let old = pdkv_core::ids::TransferId("tx-000000000000000000000000000000aa".into());
+    let new = pdkv_core::ids::TransferId("tx-000000000000000000000000000000bb".into());
+    p_rank.staged_transfer(old.clone(), blocks.clone(), Duration::from_secs(10)).expect("granted");
+    // The old transfer is retired (its blocks fenced) just before the new one is staged.
+    p_rank.deliver(ToRank::Retire { transfer_id: old, incarnation: None }).expect("delivered");
+    let data: Vec<u8> = (0..blocks.len() * block_len).map(|i| (i % 251) as u8).collect();
+    for layer in 0..2 {
+        p_rank.staged().stage(layer, &blocks, &data).expect("fits");
+    }
+    p_rank.staged_transfer(new.clone(), blocks.clone(), Duration::from_secs(10)).expect("granted");
+    let mut prefill = PrefillNode::new(p);
+    let params = pdkv_core::params::KvTransferParams {
+        do_remote_decode: true,
+        transfer_id: Some(new.0.clone()),
+        ..Default::default()
+    };
+    let answer = prefill.handle_finished("req-2", &params, 0, blocks.clone()).expect("held");
+    for (_, msg) in prefill.poll_to_workers() {
+        p_rank.deliver(msg).expect("delivered");
+    }
+    decode.handle_request("req-2", answer, vec![2, 3]).expect("routable");
+    let Some((step, begin)) = decode.poll_step() else { panic!("a step with the request") };
+    d_rank.deliver(begin).expect("delivered");
+    wait(&d_rank, &mut d_said, |m| matches!(m, FromRank::Vote { .. }));
+    d_rank.deliver(ToRank::VoteResult { step, ok: true }).expect("delivered");
+    let got =
+        wait(&d_rank, &mut d_said, |m| matches!(m, FromRank::Received { .. } | FromRank::RecvFailed { .. }));
+    assert!(matches!(got, FromRank::Received { .. }), "{got:?}");
+    assert_eq!(d_rank.staged().unstage(1, &[2, 3]).expect("fits"), data);
     p_rank.shutdown(Duration::from_secs(5));
     d_rank.shutdown(Duration::from_secs(5));
 }

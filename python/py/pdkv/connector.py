@@ -20,7 +20,8 @@ Configure it with ``--kv-transfer-config``::
 (seconds) mean what they mean for vLLM's MoRIIO connector. pdkv's own keys: ``deployment``
 (pdkv's notation of the P/D deployment; by default one prefill and one decode engine of this
 engine's TP size), ``engine`` (``P0``, ``D0``, ...; by default the first of this role),
-``transport`` (``tcp`` or ``rdma``), ``handshake_timeout`` (seconds).
+``transport`` (``tcp`` or ``rdma``), ``handshake_timeout`` (seconds), ``metrics_port`` (rank
+(0, 0)'s Prometheus endpoint; rank (dp, tp) serves at ``+ dp * tp_size + tp``).
 """
 
 from __future__ import annotations
@@ -119,6 +120,7 @@ def _config(vllm_config, role_char: str) -> dict[str, Any]:
         "notify_port": int(extra.get("notify_port", 61005)),
         "timeouts": timeouts,
         "transport": extra.get("transport", "tcp"),
+        "metrics_port": int(extra["metrics_port"]) if "metrics_port" in extra else None,
     }
 
 
@@ -235,6 +237,7 @@ class _PrefillScheduler:
     def __init__(self, config_json: str, vllm_config):
         self._node = _native.PrefillNode(config_json)
         self._dp = vllm_config.parallel_config.data_parallel_rank or 0
+        self._block_size = vllm_config.cache_config.block_size
         # vLLM id -> (transfer id, blocks so far) of requests prefilled for a remote decode.
         self._remote: dict[str, tuple[str, list[int]]] = {}
 
@@ -284,6 +287,10 @@ class _PrefillScheduler:
             # Aborted or stopped early: nobody will read it.
             return False, None
         blocks = list(block_ids[0]) if block_ids and isinstance(block_ids[0], list) else list(block_ids)
+        # Only the prompt's blocks hold KV this engine computed. Under async scheduling vLLM may
+        # already have given the request a block for its next token (a prompt that fills its
+        # last block exactly), which was never staged for this transfer.
+        blocks = blocks[: -(-request.num_prompt_tokens // self._block_size)]
         try:
             answer = self._node.finished(request.request_id, json.dumps(params), self._dp, blocks)
         except ValueError as e:
@@ -398,7 +405,12 @@ class _Worker:
                     raise RuntimeError(f"pdkv: {self._rank.name()} could not start: {said['SetupFailed']['error']}")
                 if "Ready" in said:
                     self._ready = bytes(raw)
-                    logger.info("pdkv: %s ready: %s", self._rank.name(), said["Ready"].get("memory"))
+                    logger.info(
+                        "pdkv: %s ready (%s); metrics at %s",
+                        self._rank.name(),
+                        said["Ready"].get("memory"),
+                        self._rank.metrics_address() or "(no metrics_port)",
+                    )
                 else:
                     self._said.append((self._rank.name(), bytes(raw)))
 
@@ -489,7 +501,7 @@ class _PrefillWorker(_Worker):
                 continue
             for layer in range(len(self._layers)):
                 self._rank.stage(layer, blocks, self._gather(layer, blocks))
-            self._rank.staged_transfer(transfer_id, blocks)
+            self._rank.staged_transfer(transfer_id, blocks, 10.0)
 
 
 class _DecodeWorker(_Worker):

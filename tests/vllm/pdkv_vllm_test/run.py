@@ -1,6 +1,7 @@
 """Everything `cargo xtask vllm-test` runs: the harness's unit tests, the native module on
-loopback without vLLM (python/tests/test_native.py), then the proof runs of the suite (vLLM's
-ExampleConnector and pdkv's connector, each driven by vLLM 0.34's scheduler and engine core).
+loopback without vLLM (python/tests/test_native.py), the proof runs of the suite (vLLM's
+ExampleConnector and pdkv's connector, each driven by vLLM 0.34's scheduler and engine core),
+then `vllm serve` pairs behind pdkv's proxy (serve.py).
 Arguments go to the suite (`--only NAME ...`). Exits non-zero when any part fails.
 
     PYTHONPATH=tests/vllm python -m pdkv_vllm_test.run [--only NAME ...]
@@ -33,6 +34,13 @@ def main(argv: list[str]) -> int:
         step("harness unit tests", [python, "-m", "unittest", "-q", "pdkv_vllm_test.test_kvpattern"], ROOT),
         step("native module on loopback", [python, os.path.join(ROOT, "python", "tests", "test_native.py")], ROOT),
         step("proof runs", [python, "-m", "pdkv_vllm_test.suite", *argv], ROOT),
+        step("vllm serve, TP1 -> TP1", [python, "-m", "pdkv_vllm_test.serve", "--requests", "32"], ROOT),
+        step(
+            "vllm serve, TP2 -> TP2, 64 in flight",
+            [python, "-m", "pdkv_vllm_test.serve", "--prefill-tp", "2", "--decode-tp", "2",
+             "--requests", "64", "--concurrency", "64"],
+            ROOT,
+        ),
     ]
     return 0 if all(results) else 1
 

@@ -34,6 +34,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def metrics_base(role: str, port: int) -> int:
+    """Where rank (0, 0) of each side serves its Prometheus metrics."""
+    return port + (200 if role == "kv_producer" else 300)
+
+
 def kv_config(role: str, deployment: str, port: int) -> str:
     return json.dumps({
         "kv_connector": "PdkvConnector",
@@ -44,6 +49,7 @@ def kv_config(role: str, deployment: str, port: int) -> str:
             "handshake_port": port,
             "notify_port": port + 100,
             "deployment": deployment,
+            "metrics_port": metrics_base(role, port),
         },
     })
 
@@ -148,7 +154,19 @@ async def run(args) -> dict[str, Any]:
                         reset = bool((await r.json()).get("success"))
                     if not reset:
                         await asyncio.sleep(0.5)
+                # Every rank's Prometheus endpoint, scraped as Prometheus would.
+                role = "kv_producer" if side == "prefill" else "kv_consumer"
+                tp = args.prefill_tp if side == "prefill" else args.decode_tp
+                scraped: dict[str, float] = {}
+                for rank in range(tp):
+                    url = f"http://127.0.0.1:{metrics_base(role, args.kv_port) + rank}/metrics"
+                    async with session.get(url) as r:
+                        for line in (await r.text()).splitlines():
+                            if line.startswith("pdkv_") and "_bucket" not in line:
+                                name = line.split("{")[0]
+                                scraped[name] = scraped.get(name, 0) + float(line.rsplit(" ", 1)[1])
                 result[side] = {
+                    "metrics": {k: v for k, v in scraped.items() if v},
                     "bytes_verified": sum(x["bytes_verified"] for x in reports),
                     "mismatched_bytes": sum(x["mismatched_bytes"] for x in reports),
                     "requests_checked": max(x["requests_checked"] for x in reports),
@@ -166,8 +184,13 @@ async def run(args) -> dict[str, Any]:
                 os.killpg(proc.pid, signal.SIGKILL)
     result["wall_s"] = round(time.monotonic() - started, 1)
     dec = result.get("decode", {})
+    metrics = {s: result.get(s, {}).get("metrics", {}) for s in ("prefill", "decode")}
     result["ok"] = (
         result.get("failed", 1) == 0
+        # The endpoints count what crossed: every request read and finished.
+        and metrics["decode"].get("pdkv_requests_received_total", 0) >= args.requests * args.decode_tp
+        and metrics["prefill"].get("pdkv_transfers_finished_total", 0) >= args.requests
+        and metrics["decode"].get("pdkv_read_bytes_total", 0) > 0
         and dec.get("bytes_verified", 0) > 0
         and dec.get("mismatched_bytes", 1) == 0
         and all(result.get(s, {}).get("no_block_held") for s in ("prefill", "decode"))

@@ -103,35 +103,35 @@ CASES = [
     # pdkv's connector, each pair on its own ports.
     Case(
         "pdkv-tp1",
-        _pdkv("1P_TP1:1D_TP1", 26300) + ["--requests", "32"],
+        _pdkv("1P_TP1:1D_TP1", 26500) + ["--requests", "32"],
         True,
         expect_decode_min={"requests_checked": 32},
         note="pdkv: TP1 prefill -> TP1 decode; every request's KV read, none recomputed",
     ),
     Case(
         "pdkv-tp2",
-        _pdkv("1P_TP2:1D_TP2", 26310) + ["--requests", "32", "--prefill-tp", "2", "--decode-tp", "2"],
+        _pdkv("1P_TP2:1D_TP2", 26510) + ["--requests", "32", "--prefill-tp", "2", "--decode-tp", "2"],
         True,
         expect_decode_min={"requests_checked": 32},
         note="pdkv: TP2 -> TP2, two KV heads split over the ranks; the eager barrier's MIN over gloo",
     ),
     Case(
         "pdkv-tp2-tp1",
-        _pdkv("1P_TP2:1D_TP1", 26320) + ["--requests", "32", "--prefill-tp", "2", "--num-kv-heads", "1"],
+        _pdkv("1P_TP2:1D_TP1", 26520) + ["--requests", "32", "--prefill-tp", "2", "--num-kv-heads", "1"],
         True,
         expect_decode_min={"requests_checked": 32},
         note="pdkv: TP2 -> TP1, one replicated KV head: rank 1 is not read and has a zero quorum",
     ),
     Case(
         "pdkv-tp1-tp2",
-        _pdkv("1P_TP1:1D_TP2", 26330) + ["--requests", "32", "--decode-tp", "2", "--num-kv-heads", "1"],
+        _pdkv("1P_TP1:1D_TP2", 26530) + ["--requests", "32", "--decode-tp", "2", "--num-kv-heads", "1"],
         True,
         expect_decode_min={"requests_checked": 32},
         note="pdkv: TP1 -> TP2, both decode ranks read the one prefill rank (a quorum of two)",
     ),
     Case(
         "pdkv-c256",
-        _pdkv("1P_TP2:1D_TP2", 26340)
+        _pdkv("1P_TP2:1D_TP2", 26540)
         + ["--requests", "256", "--concurrency", "256", "--prefill-tp", "2", "--decode-tp", "2"],
         True,
         expect_decode_min={"requests_checked": 256},
@@ -139,7 +139,7 @@ CASES = [
     ),
     Case(
         "pdkv-preempt",
-        _pdkv("1P_TP1:1D_TP1", 26350)
+        _pdkv("1P_TP1:1D_TP1", 26550)
         + ["--requests", "64", "--concurrency", "64", "--max-tokens", "32"]
         + ["--max-model-len", "256", "--kv-cache-bytes", "300000"],
         True,
@@ -148,7 +148,7 @@ CASES = [
     ),
     Case(
         "pdkv-corrupt",
-        _pdkv("1P_TP1:1D_TP1", 26360) + ["--requests", "32", "--corrupt", "4:1:5:3"],
+        _pdkv("1P_TP1:1D_TP1", 26560) + ["--requests", "32", "--corrupt", "4:1:5:3"],
         False,
         expect_mismatch={"layer": 1, "position": 5, "kv": "K", "byte_offset": 3},
         note="pdkv: prefill flips a byte after its forward; decode must name it",
