@@ -499,9 +499,14 @@ class _PrefillWorker(_Worker):
         for transfer_id, blocks in meta.save:
             if not blocks:
                 continue
-            for layer in range(len(self._layers)):
-                self._rank.stage(layer, blocks, self._gather(layer, blocks))
-            self._rank.staged_transfer(transfer_id, blocks, 10.0)
+            try:
+                for layer in range(len(self._layers)):
+                    self._rank.stage(layer, blocks, self._gather(layer, blocks))
+                self._rank.staged_transfer(transfer_id, blocks, 10.0)
+            except (RuntimeError, ValueError) as e:
+                # Its blocks stay fenced: decode's reads of it are refused and fail the request
+                # there, and the engine's reaper frees the blocks.
+                logger.error("pdkv: %s: cannot stage %s: %s", self._rank.name(), transfer_id, e)
 
 
 class _DecodeWorker(_Worker):
@@ -521,30 +526,47 @@ class _DecodeWorker(_Worker):
             return
         step, begin = meta.step
         meta.step = None  # once per step: vLLM may call start_load_kv again after the forward
-        self._rank.deliver(begin)
-        vote = self._await(lambda said: "Vote" in said and said["Vote"]["step"] == step, f"its vote for step {step}")
-        ok = self._min_over_tp(bool(vote["Vote"]["ok"]))
-        self._rank.vote_result(step, ok)
+        # Nothing between here and the MIN may raise or return early: a worker that left would
+        # leave its TP peers waiting in the all-reduce (the lazy-handshake hang in another form).
+        vote = None
+        try:
+            self._rank.deliver(begin)
+            vote = self._await(lambda s: "Vote" in s and s["Vote"]["step"] == step, f"its vote for step {step}")
+        except (RuntimeError, ValueError) as e:
+            logger.error("pdkv: %s: step %d: %s", self._rank.name(), step, e)
+        ok = self._min_over_tp(bool(vote and vote["Vote"]["ok"]))
         waiting = set(meta.requests)
-        while waiting:
-            said = self._await(
-                lambda s: ("Received" in s and s["Received"]["request"] in waiting)
-                or ("RecvFailed" in s and s["RecvFailed"]["request"] in waiting),
-                f"{len(waiting)} requests of step {step}",
-            )
-            if "Received" in said:
-                number = said["Received"]["request"]
-                _, local = meta.requests[number]
-                for layer in range(len(self._layers)):
-                    self._scatter(layer, local, self._rank.unstage(layer, local))
-            else:
-                number = said["RecvFailed"]["request"]
-                req_id, local = meta.requests[number]
-                logger.error("pdkv: KV of %s cannot be received: %s", req_id, said["RecvFailed"]["error"])
-                self._errors.update(local)
-            waiting.discard(number)
+        try:
+            self._rank.vote_result(step, ok)
+            while waiting:
+                said = self._await(
+                    lambda s: ("Received" in s and s["Received"]["request"] in waiting)
+                    or ("RecvFailed" in s and s["RecvFailed"]["request"] in waiting),
+                    f"{len(waiting)} requests of step {step}",
+                )
+                if said is None:
+                    break
+                if "Received" in said:
+                    number = said["Received"]["request"]
+                    _, local = meta.requests[number]
+                    for layer in range(len(self._layers)):
+                        self._scatter(layer, local, self._rank.unstage(layer, local))
+                else:
+                    number = said["RecvFailed"]["request"]
+                    req_id, local = meta.requests[number]
+                    logger.error("pdkv: KV of %s cannot be received: %s", req_id, said["RecvFailed"]["error"])
+                    self._errors.update(local)
+                waiting.discard(number)
+        except (RuntimeError, ValueError) as e:
+            logger.error("pdkv: %s: step %d: %s", self._rank.name(), step, e)
+        # What did not arrive is reported to vLLM as blocks that failed to load.
+        for number in waiting:
+            req_id, local = meta.requests[number]
+            logger.error("pdkv: KV of %s did not arrive in %.0f s", req_id, self._wait_s)
+            self._errors.update(local)
 
-    def _await(self, wanted, what: str) -> dict:
+    def _await(self, wanted, what: str) -> dict | None:
+        """The first thing the rank says that `wanted` accepts, or None after the wait."""
         import time
 
         deadline = time.monotonic() + self._wait_s
@@ -555,7 +577,8 @@ class _DecodeWorker(_Worker):
                     return said
             left = deadline - time.monotonic()
             if left <= 0:
-                raise RuntimeError(f"pdkv: {self._rank.name()} gave no answer for {what} in {self._wait_s:.0f} s")
+                logger.error("pdkv: %s gave no answer for %s in %.0f s", self._rank.name(), what, self._wait_s)
+                return None
             self._held.extend(self._collect(min(left, 1.0)))
 
     @staticmethod
