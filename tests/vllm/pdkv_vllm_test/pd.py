@@ -411,6 +411,7 @@ async def side_report(engine: Any, tally: Tally, args: argparse.Namespace) -> di
             "requests_checked": max((w["requests_checked"] for w in workers), default=0),
             "tokens_checked": max((w["tokens_checked"] for w in workers), default=0),
             "requests_readded": max((w["requests_readded"] for w in workers), default=0),
+            "requests_rolled_back": max((w["requests_rolled_back"] for w in workers), default=0),
             "mismatched_bytes": sum(w["mismatched_bytes"] for w in workers),
             "mismatches": mismatches[:20],
             "corrupted": [c for w in workers for c in w["corrupted"]],

@@ -24,10 +24,12 @@ def pdkv_args(
     port: int,
     notify_port: int | None = None,
     extra: dict[str, Any] | None = None,
+    top: dict[str, Any] | None = None,
 ) -> list[str]:
     """The driver's arguments for a pair of engines with pdkv's connector on `port` (handshake
     listeners from there, notify listeners from `notify_port`, by default `port + 100`),
-    described by `deployment`; `extra` adds keys to both sides' extra config (timeouts)."""
+    described by `deployment`; `extra` adds keys to both sides' extra config (timeouts), `top`
+    to both sides' kv-transfer-config itself (vLLM's `kv_load_failure_policy`)."""
     import json
 
     def config(role: str) -> str:
@@ -42,6 +44,7 @@ def pdkv_args(
                 "deployment": deployment,
                 **(extra or {}),
             },
+            **(top or {}),
         })
 
     return [

@@ -151,6 +151,7 @@ class StandInModelRunner:
         self.load_failed_requests: set[str] = set()
         self.requests_checked = 0
         self.requests_readded = 0
+        self.requests_rolled_back = 0
         self.seen: set[str] = set()
         self.tokens_checked = 0
         self.tokens_written = 0
@@ -237,10 +238,18 @@ class StandInModelRunner:
             )
             added.append(new.req_id)
         cached = scheduler_output.scheduled_cached_reqs
-        for req_id, num_computed, new_block_ids in zip(
-            cached.req_ids, cached.num_computed_tokens, cached.new_block_ids
+        for req_id, num_computed, new_block_ids, num_output in zip(
+            cached.req_ids,
+            cached.num_computed_tokens,
+            cached.new_block_ids,
+            cached.num_output_tokens,
         ):
             state = self.requests[req_id]
+            if num_computed < state.num_computed_tokens:
+                # vLLM went back (it recomputes KV a connector failed to load, and drops the
+                # token sampled on top of it): forget the tokens it dropped too.
+                self.requests_rolled_back += 1
+                del state.token_ids[max(state.prompt_len + num_output, num_computed + 1) :]
             state.num_computed_tokens = num_computed
             if new_block_ids is not None:
                 state.block_ids.extend(new_block_ids[0])
@@ -434,6 +443,7 @@ class StandInModelRunner:
             "tokens_written": self.tokens_written,
             "requests_checked": self.requests_checked,
             "requests_readded": self.requests_readded,
+            "requests_rolled_back": self.requests_rolled_back,
             "tokens_checked": self.tokens_checked,
             "bytes_verified": self.result.bytes_verified,
             "mismatched_bytes": self.result.mismatched_bytes,
