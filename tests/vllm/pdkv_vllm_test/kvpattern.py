@@ -140,6 +140,13 @@ class CheckResult:
     mismatches: list[Mismatch] = field(default_factory=list)
 
 
+def merge(into: CheckResult, other: CheckResult, keep: int = 32) -> None:
+    """Adds `other`'s counts to `into`, keeping at most `keep` recorded mismatches."""
+    into.bytes_verified += other.bytes_verified
+    into.mismatched_bytes += other.mismatched_bytes
+    into.mismatches.extend(other.mismatches[: max(0, keep - len(into.mismatches))])
+
+
 def check(
     kv_cache: torch.Tensor,
     slots: torch.Tensor,

@@ -20,6 +20,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -148,6 +149,8 @@ def make_engine(args: argparse.Namespace, side: str, kv_config: dict[str, Any] |
 class Tally:
     finished: int = 0
     failed: int = 0
+    # Failed requests the injected fault (`--kill`) explains; the verdict forgives only these.
+    failed_excused: int = 0
 
 
 @dataclass
@@ -160,11 +163,66 @@ class Run:
         default_factory=lambda: {"prefill": Tally(), "decode": Tally()}
     )
     failures: list[dict[str, Any]] = field(default_factory=list)
+    # Every failure, for the verdict; `failures` keeps the first 50 for the JSON.
+    all_failures: list[dict[str, Any]] = field(default_factory=list)
+    t_up: float = 0.0
+    # Requests in each leg right now, for the kill record.
+    in_flight: dict[str, int] = field(default_factory=lambda: {"prefill": 0, "decode": 0})
+    # What `--kill` did, once it did it.
+    kill: dict[str, Any] | None = None
+    # Client request id -> whether its prefill answered before the kill.
+    answered_before_kill: dict[str, bool] = field(default_factory=dict)
 
-    def fail(self, side: str, request_id: str, reason: str) -> None:
+    def fail(self, side: str, request_id: str, reason: str, kind: str) -> None:
+        """`kind`: `exception` (the leg raised), `error` (vLLM finished it with
+        finish_reason error, as it does when a connector cannot load its KV) or `output`
+        (finished with wrong tokens: never excused)."""
+        excuse = self.excuse(side, request_id, kind)
         self.tallies[side].failed += 1
+        if excuse:
+            self.tallies[side].failed_excused += 1
+        record = {
+            "side": side,
+            "request_id": request_id,
+            "reason": reason,
+            "kind": kind,
+            "at_s": round(time.monotonic() - self.t_up, 3),
+            "after_kill": self.kill is not None,
+            "excused": excuse,
+        }
+        self.all_failures.append(record)
         if len(self.failures) < 50:
-            self.failures.append({"side": side, "request_id": request_id, "reason": reason})
+            self.failures.append(record)
+
+    def excuse(self, side: str, request_id: str, kind: str) -> str | None:
+        """Why the injected fault explains this failure, or None when it does not.
+
+        Only failures after the kill, and only of the kinds the kill causes: a leg on the
+        killed engine raising (vLLM's EngineDeadError), or, with prefill killed, decode
+        failing a request (finish_reason error) whose KV was on the dead prefill. A wrong
+        output is never excused; the decode side's figures are checked against these
+        excuses once the run is over (`check_excuses`).
+        """
+        if self.kill is None or kind == "output":
+            return None
+        killed = self.kill["side"]
+        if side == killed and kind == "exception":
+            return f"sent to or running on the killed {killed} engine"
+        if killed == "prefill" and side == "decode" and kind == "error":
+            return "its KV was on the killed prefill engine: decode could not load it"
+        return None
+
+    def check_excuses(self, decode: dict[str, Any]) -> None:
+        """A decode failure excused as a KV load failure must be one the decode workers saw
+        vLLM told of (`invalid_block_ids` covering its loaded blocks); otherwise it is not
+        explained by the fault and stops being excused."""
+        seen = {r.rsplit("-d-", 1)[0] for r in decode.get("load_failed_requests", [])}
+        for record in self.all_failures:
+            if record["excused"] and record["kind"] == "error":
+                if record["request_id"] not in seen:
+                    record["excused"] = None
+                    record["reason"] += " (no load error was reported for it)"
+                    self.tallies["decode"].failed_excused -= 1
 
 
 async def final_output(engine: Any, prompt: list[int], params: Any, request_id: str) -> Any:
@@ -179,49 +237,125 @@ def expected_tokens(prompt: list[int], n: int, vocab: int) -> list[int]:
     return [(prompt[-1] + 1 + i) % vocab for i in range(n)]
 
 
+def engine_processes(engine: Any) -> list[dict[str, Any]]:
+    """The processes of one engine: its engine core, from vLLM's client objects
+    (`AsyncLLM.engine_core.resources.engine_manager.processes`, the processes vLLM itself
+    started and monitors), and every process below it (for TP > 1, the `MultiprocExecutor`
+    workers), by psutil. Each with the title vLLM gave it (`VLLM::EngineCore`,
+    `VLLM::Worker_TP0`, ...)."""
+    import psutil
+
+    found = []
+    for core in engine.engine_core.resources.engine_manager.processes:
+        proc = psutil.Process(core.pid)
+        for p in [proc, *proc.children(recursive=True)]:
+            try:
+                title = " ".join(p.cmdline()).strip() or p.name()
+            except psutil.Error:
+                title = "?"
+            found.append({"pid": p.pid, "title": title, "parent": p.ppid()})
+    return found
+
+
+def do_kill(run: Run) -> None:
+    """SIGKILLs every process of the named engine at once, and records when and what."""
+    side = run.args.kill["side"]
+    engine = run.prefill if side == "prefill" else run.decode
+    procs = engine_processes(engine)
+    run.kill = {
+        "side": side,
+        "after_prefill_answers": run.args.kill["after"],
+        "at_s": round(time.monotonic() - run.t_up, 3),
+        "prefill_answers_at_kill": run.tallies["prefill"].finished,
+        "in_flight": {
+            "prefill_leg": run.in_flight["prefill"],
+            "decode_leg": run.in_flight["decode"],
+        },
+        "processes": procs,
+        "how": "engine core pid from AsyncLLM.engine_core.resources.engine_manager.processes, "
+        "its workers by psutil.Process(core).children(recursive=True); SIGKILL to each",
+    }
+    for p in procs:
+        try:
+            os.kill(p["pid"], signal.SIGKILL)
+        except ProcessLookupError:
+            p["already_gone"] = True
+    print(f"pdkv-test: killed {side}: {procs}", file=sys.stderr)
+
+
 async def one_request(run: Run, request_id: str, prompt: list[int], sem: asyncio.Semaphore):
+    async with sem:
+        await proxy(run, request_id, prompt)
+
+
+async def leg(run: Run, side: str, prompt: list[int], params: Any, request_id: str) -> Any:
+    engine = run.prefill if side == "prefill" else run.decode
+    run.in_flight[side] += 1
+    try:
+        return await final_output(engine, prompt, params, request_id)
+    finally:
+        run.in_flight[side] -= 1
+
+
+async def proxy(run: Run, request_id: str, prompt: list[int]):
     from vllm import SamplingParams
 
     args = run.args
-    async with sem:
-        # Leg 1: prefill computes the prompt's KV and one token, and keeps the KV for decode.
-        params = SamplingParams(
-            max_tokens=1,
-            ignore_eos=True,
-            detokenize=False,
-            extra_args={"kv_transfer_params": run.hook.prefill_params(request_id)},
+    # Leg 1: prefill computes the prompt's KV and one token, and keeps the KV for decode.
+    params = SamplingParams(
+        max_tokens=1,
+        ignore_eos=True,
+        detokenize=False,
+        extra_args={"kv_transfer_params": run.hook.prefill_params(request_id)},
+    )
+    try:
+        out = await leg(run, "prefill", prompt, params, f"{request_id}-p")
+    except Exception as e:  # noqa: BLE001 - any engine error fails the request, not the run
+        run.fail("prefill", request_id, f"{type(e).__name__}: {e}", "exception")
+        return
+    got = list(out.outputs[0].token_ids) if out is not None else None
+    if out is None or not out.finished or got != expected_tokens(prompt, 1, args.vocab_size):
+        reason = out.outputs[0].finish_reason if out is not None else None
+        run.fail(
+            "prefill",
+            request_id,
+            f"unexpected prefill output {got} (finish_reason {reason})",
+            "error" if reason == "error" else "output",
         )
-        try:
-            out = await final_output(run.prefill, prompt, params, f"{request_id}-p")
-        except Exception as e:  # noqa: BLE001 - any engine error fails the request, not the run
-            run.fail("prefill", request_id, f"{type(e).__name__}: {e}")
-            return
-        got = list(out.outputs[0].token_ids) if out is not None else None
-        if out is None or not out.finished or got != expected_tokens(prompt, 1, args.vocab_size):
-            run.fail("prefill", request_id, f"unexpected prefill output {got}")
-            return
-        run.tallies["prefill"].finished += 1
+        return
+    run.tallies["prefill"].finished += 1
+    run.answered_before_kill[request_id] = run.kill is None
+    if args.kill and run.kill is None and run.tallies["prefill"].finished >= args.kill["after"]:
+        do_kill(run)
 
-        # Leg 2: decode gets the prompt again with what prefill returned.
-        params = SamplingParams(
-            max_tokens=args.max_tokens,
-            ignore_eos=True,
-            detokenize=False,
-            extra_args={
-                "kv_transfer_params": run.hook.decode_params(request_id, out.kv_transfer_params)
-            },
+    # Leg 2: decode gets the prompt again with what prefill returned.
+    params = SamplingParams(
+        max_tokens=args.max_tokens,
+        ignore_eos=True,
+        detokenize=False,
+        extra_args={
+            "kv_transfer_params": run.hook.decode_params(request_id, out.kv_transfer_params)
+        },
+    )
+    try:
+        out = await leg(run, "decode", prompt, params, f"{request_id}-d")
+    except Exception as e:  # noqa: BLE001
+        run.fail("decode", request_id, f"{type(e).__name__}: {e}", "exception")
+        return
+    got = list(out.outputs[0].token_ids) if out is not None else None
+    want = expected_tokens(prompt, args.max_tokens, args.vocab_size)
+    if out is None or not out.finished or got != want:
+        reason = out.outputs[0].finish_reason if out is not None else None
+        run.fail(
+            "decode",
+            request_id,
+            f"decode output {got}, expected {want} (finish_reason {reason})",
+            # vLLM finishes a request it cannot load (kv_load_failure_policy "fail") with
+            # finish_reason "error".
+            "error" if reason == "error" else "output",
         )
-        try:
-            out = await final_output(run.decode, prompt, params, f"{request_id}-d")
-        except Exception as e:  # noqa: BLE001
-            run.fail("decode", request_id, f"{type(e).__name__}: {e}")
-            return
-        got = list(out.outputs[0].token_ids) if out is not None else None
-        want = expected_tokens(prompt, args.max_tokens, args.vocab_size)
-        if out is None or not out.finished or got != want:
-            run.fail("decode", request_id, f"decode output {got}, expected {want}")
-            return
-        run.tallies["decode"].finished += 1
+        return
+    run.tallies["decode"].finished += 1
 
 
 def make_prompts(args: argparse.Namespace) -> list[list[int]]:
@@ -244,6 +378,7 @@ async def side_report(engine: Any, tally: Tally, args: argparse.Namespace) -> di
     side: dict[str, Any] = {
         "requests_finished": tally.finished,
         "requests_failed": tally.failed,
+        "requests_failed_excused": tally.failed_excused,
     }
     try:
         workers = await asyncio.wait_for(engine.collective_rpc("pdkv_test_report"), 30)
@@ -276,9 +411,19 @@ async def side_report(engine: Any, tally: Tally, args: argparse.Namespace) -> di
             "requests_checked": max((w["requests_checked"] for w in workers), default=0),
             "tokens_checked": max((w["tokens_checked"] for w in workers), default=0),
             "requests_readded": max((w["requests_readded"] for w in workers), default=0),
+            "requests_rolled_back": max((w["requests_rolled_back"] for w in workers), default=0),
             "mismatched_bytes": sum(w["mismatched_bytes"] for w in workers),
             "mismatches": mismatches[:20],
             "corrupted": [c for w in workers for c in w["corrupted"]],
+            # Requests whose loaded blocks vLLM was told failed to load (any rank), and the
+            # bytes found in those blocks (not counted above: vLLM fails or recomputes them).
+            "load_failed_requests": sorted(
+                {r for w in workers for r in w["load_failed_requests"]}
+            ),
+            "load_failed_bytes": sum(w["load_failed_bytes"] for w in workers),
+            "load_failed_mismatched_bytes": sum(
+                w["load_failed_mismatched_bytes"] for w in workers
+            ),
             "blocks": blocks,
             "blocks_returned": blocks["free"] == blocks["usable"]
             and side["vllm_reset_prefix_cache"],
@@ -295,14 +440,23 @@ async def side_report(engine: Any, tally: Tally, args: argparse.Namespace) -> di
 async def drive(args: argparse.Namespace, kv: dict[str, Any]) -> dict[str, Any]:
     install_block_report()
     t0 = time.monotonic()
-    # Both engines start at once: most of a start-up is one process importing and initialising.
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        pf = pool.submit(make_engine, args, "prefill", kv["prefill"], args.prefill_tp)
-        df = pool.submit(make_engine, args, "decode", kv["decode"], args.decode_tp)
-        prefill, decode = pf.result(), df.result()
-        pf = df = None
+    if args.kill:
+        # One after the other: an engine core forked while the other engine's thread is
+        # forking its own would inherit the write end of that engine core's sentinel pipe
+        # (multiprocessing's liveness signal), and vLLM's monitor would never see it die.
+        prefill = make_engine(args, "prefill", kv["prefill"], args.prefill_tp)
+        decode = make_engine(args, "decode", kv["decode"], args.decode_tp)
+    else:
+        # Both engines start at once: most of a start-up is one process importing and
+        # initialising.
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            pf = pool.submit(make_engine, args, "prefill", kv["prefill"], args.prefill_tp)
+            df = pool.submit(make_engine, args, "decode", kv["decode"], args.decode_tp)
+            prefill, decode = pf.result(), df.result()
+            pf = df = None
     t_up = time.monotonic()
     run = Run(args=args, hook=load_hook(args.proxy_hook), prefill=prefill, decode=decode)
+    run.t_up = t_up
     error = None
     try:
         sem = asyncio.Semaphore(args.concurrency)
@@ -331,19 +485,13 @@ async def drive(args: argparse.Namespace, kv: dict[str, Any]) -> dict[str, Any]:
         # Drop the last references now: AsyncLLM.__del__ at interpreter exit finds its
         # module globals gone and prints a TypeError.
         run.prefill = run.decode = prefill = decode = engine = None
-    ok = (
-        error is None
-        and all("error" not in s for s in sides.values())
-        and all(s["requests_failed"] == 0 for s in sides.values())
-        and sides["decode"]["requests_finished"] == args.requests
-        and all(s["mismatched_bytes"] == 0 for s in sides.values())
-        and all(s["blocks_returned"] for s in sides.values())
-        # A run in which no byte crossed is no evidence.
-        and sides["decode"]["bytes_verified"] > 0
-    )
+    run.check_excuses(sides["decode"])
+    why = verdict(run, sides, error)
     return {
-        "ok": ok,
+        "ok": not why,
+        "why": why,
         "error": error,
+        "kill": kill_report(run),
         "config": {
             "requests": args.requests,
             "prompt_lens": args.prompt_lens,
@@ -357,6 +505,7 @@ async def drive(args: argparse.Namespace, kv: dict[str, Any]) -> dict[str, Any]:
             "chunked_prefill": args.chunked_prefill,
             "kv_transfer_config": kv,
             "corrupt": args.corrupt,
+            "kill": args.kill,
         },
         "prefill": sides["prefill"],
         "decode": sides["decode"],
@@ -365,6 +514,82 @@ async def drive(args: argparse.Namespace, kv: dict[str, Any]) -> dict[str, Any]:
         "run_s": round(t_run - t_up, 2),
         "wall_s": round(time.monotonic() - t0, 2),
     }
+
+
+def verdict(run: Run, sides: dict[str, dict[str, Any]], error: str | None) -> list[str]:
+    """Why the run fails; empty when it passes.
+
+    Without `--kill`: every request finished on both legs with the expected tokens, no byte
+    differed, both pools got every block back and some bytes crossed. With `--kill`: the
+    killed engine's report is not asked for (it is dead); every failure must be excused by
+    the kill; the surviving engine must have no wrong byte and every block back.
+    """
+    args = run.args
+    killed = args.kill["side"] if args.kill else None
+    why = []
+    if error is not None:
+        why.append(error)
+    if killed and run.kill is None:
+        why.append(f"the kill never happened (fewer than {args.kill['after']} prefill answers)")
+    for name, side in sides.items():
+        if name == killed:
+            continue
+        if "error" in side:
+            why.append(f"{name} engine: {side['error']}")
+            continue
+        if side["mismatched_bytes"]:
+            why.append(f"{name}: {side['mismatched_bytes']} KV bytes wrong")
+        if not side["blocks_returned"]:
+            blocks = side.get("blocks") or {}
+            why.append(
+                f"{name} blocks not returned: {blocks.get('free')} of {blocks.get('usable')} "
+                f"free, {blocks.get('scheduler_requests')} requests still held by the scheduler"
+            )
+    unexcused = [f for f in run.all_failures if not f["excused"]]
+    if unexcused:
+        first = unexcused[0]
+        why.append(
+            f"{len(unexcused)} failed requests not explained by an injected fault "
+            f"(first: {first['request_id']} on {first['side']}: {first['reason']})"
+        )
+    if not killed and sides["decode"]["requests_finished"] != args.requests:
+        why.append(f"{sides['decode']['requests_finished']} of {args.requests} finished on decode")
+    # A run in which no byte crossed is no evidence.
+    if killed != "decode" and not sides["decode"].get("bytes_verified"):
+        why.append("no KV byte crossed")
+    return why
+
+
+def kill_report(run: Run) -> dict[str, Any] | None:
+    """The kill, and what became of the requests whose prefill answered before it."""
+    if run.kill is None:
+        return None
+    before = [r for r, b in run.answered_before_kill.items() if b]
+    failed = {f["request_id"]: f for f in run.all_failures if f["side"] == "decode"}
+    outcome = {"finished": 0, "failed_excused": 0, "failed_not_excused": 0}
+    for request_id in before:
+        f = failed.get(request_id)
+        if f is None:
+            outcome["finished"] += 1
+        elif f["excused"]:
+            outcome["failed_excused"] += 1
+        else:
+            outcome["failed_not_excused"] += 1
+    return {
+        **run.kill,
+        "answered_before_kill": len(before),
+        "answered_before_kill_outcome": outcome,
+        "failed_excused": sum(1 for f in run.all_failures if f["excused"]),
+        "failed_not_excused": sum(1 for f in run.all_failures if not f["excused"]),
+    }
+
+
+def parse_kill(text: str) -> dict[str, Any]:
+    """`prefill:N` or `decode:N`: SIGKILL that engine once N prefill legs have answered."""
+    side, _, n = text.partition(":")
+    if side not in ("prefill", "decode") or not n.isdigit() or int(n) < 1:
+        raise argparse.ArgumentTypeError("expected prefill:N or decode:N, N >= 1")
+    return {"side": side, "after": int(n)}
 
 
 def parse_corrupt(text: str) -> dict[str, Any]:
@@ -411,6 +636,12 @@ def parser() -> argparse.ArgumentParser:
         "--trace", help="with --example-connector: log every connector hook call to this file"
     )
     p.add_argument("--corrupt", type=parse_corrupt, help="prefill flips request:layer:position:byte[:K|V]")
+    p.add_argument(
+        "--kill",
+        type=parse_kill,
+        help="prefill:N or decode:N: SIGKILL that engine's processes (engine core and workers) "
+        "once N requests have had their prefill answer",
+    )
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--num-layers", type=int, default=2)
     p.add_argument("--num-heads", type=int, default=4)

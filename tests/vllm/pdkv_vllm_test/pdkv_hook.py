@@ -19,9 +19,17 @@ class PdkvHook(ProxyHook):
         }
 
 
-def pdkv_args(deployment: str, port: int) -> list[str]:
+def pdkv_args(
+    deployment: str,
+    port: int,
+    notify_port: int | None = None,
+    extra: dict[str, Any] | None = None,
+    top: dict[str, Any] | None = None,
+) -> list[str]:
     """The driver's arguments for a pair of engines with pdkv's connector on `port` (handshake
-    listeners from there, notify listeners from `port + 100`), described by `deployment`."""
+    listeners from there, notify listeners from `notify_port`, by default `port + 100`),
+    described by `deployment`; `extra` adds keys to both sides' extra config (timeouts), `top`
+    to both sides' kv-transfer-config itself (vLLM's `kv_load_failure_policy`)."""
     import json
 
     def config(role: str) -> str:
@@ -32,9 +40,11 @@ def pdkv_args(deployment: str, port: int) -> list[str]:
             "kv_connector_extra_config": {
                 "host_ip": "127.0.0.1",
                 "handshake_port": port,
-                "notify_port": port + 100,
+                "notify_port": port + 100 if notify_port is None else notify_port,
                 "deployment": deployment,
+                **(extra or {}),
             },
+            **(top or {}),
         })
 
     return [

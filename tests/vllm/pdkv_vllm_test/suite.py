@@ -32,15 +32,34 @@ class Case:
         default_factory=lambda: {"prefill": True, "decode": True}
     )
     extra_env: dict[str, str] = field(default_factory=dict)
+    # For a `--kill` run: the engine that must have been killed, with this many processes.
+    expect_kill: str | None = None
+    expect_killed_processes: int = 1
+    # A phrase the verdict's `why` must contain (a run that must fail, for that reason).
+    expect_why: str | None = None
+    # For a `--kill` run: every request whose prefill answered before the kill must finish.
+    expect_answered_finish: bool = False
 
 
 EXAMPLE = ["--example-connector"]
 
 
-def _pdkv(deployment: str, port: int) -> list[str]:
+def _pdkv(
+    deployment: str,
+    port: int,
+    notify_port: int | None = None,
+    extra: dict[str, Any] | None = None,
+    top: dict[str, Any] | None = None,
+) -> list[str]:
     from pdkv_vllm_test.pdkv_hook import pdkv_args
 
-    return pdkv_args(deployment, port)
+    return pdkv_args(deployment, port, notify_port, extra, top)
+
+
+# The hostile runs: TP2 on both sides, 64 requests, 32 in flight, one engine SIGKILLed once 40
+# prefill legs have answered. Small pdkv timeouts, so that reads of a dead peer fail fast.
+_FAST = {"transfer_timeout": 3, "handshake_timeout": 2}
+_KILL_RUN = ["--requests", "64", "--concurrency", "32", "--prefill-tp", "2", "--decode-tp", "2"]
 
 
 CASES = [
@@ -153,6 +172,86 @@ CASES = [
         expect_mismatch={"layer": 1, "position": 5, "kv": "K", "byte_offset": 3},
         note="pdkv: prefill flips a byte after its forward; decode must name it",
     ),
+    # Hostile runs of pdkv's connector (ports 26400-26499).
+    Case(
+        "pdkv-kill-prefill",
+        _pdkv("1P_TP2:1D_TP2", 26400, 26450, _FAST)
+        + _KILL_RUN
+        + ["--kill", "prefill:40", "--timeout", "60", "--drain-timeout", "15"],
+        True,
+        expect_blocks_returned={"decode": True},
+        expect_kill="prefill",
+        expect_killed_processes=3,
+        note="pdkv: prefill's engine core and both workers SIGKILLed with requests in flight: no "
+        "hang, requests read before the kill finish with every byte right, the others fail as "
+        "the kill explains, decode gets every block back",
+    ),
+    Case(
+        "pdkv-kill-prefill-recompute",
+        _pdkv("1P_TP2:1D_TP2", 26444, 26494, _FAST, {"kv_load_failure_policy": "recompute"})
+        + _KILL_RUN
+        + ["--kill", "prefill:40", "--timeout", "60", "--drain-timeout", "15"]
+        + ["--no-async-scheduling"],
+        True,
+        expect_blocks_returned={"decode": True},
+        expect_kill="prefill",
+        expect_killed_processes=3,
+        expect_answered_finish=True,
+        expect_decode_min={"requests_rolled_back": 1},
+        note="pdkv-kill-prefill with vLLM's kv_load_failure_policy recompute: decode recomputes "
+        "what it could not read, so every request that reached decode finishes with the right "
+        "tokens (synchronous scheduling: the stand-in's sampler does not follow vLLM's rollback "
+        "under async scheduling)",
+    ),
+    Case(
+        "pdkv-kill-decode",
+        _pdkv("1P_TP2:1D_TP2", 26410, 26460, {**_FAST, "defer_timeout": 3})
+        + _KILL_RUN
+        + ["--kill", "decode:40", "--timeout", "60", "--drain-timeout", "20"],
+        True,
+        expect_blocks_returned={"prefill": True},
+        expect_kill="decode",
+        expect_killed_processes=3,
+        note="pdkv: decode SIGKILLed; prefill's reaper frees what decode never released "
+        "(defer_timeout 3 s): the prefill pool must come back whole",
+    ),
+    Case(
+        "pdkv-kill-decode-noreap",
+        _pdkv("1P_TP2:1D_TP2", 26420, 26470, {**_FAST, "defer_timeout": 600})
+        + _KILL_RUN
+        + ["--kill", "decode:40", "--timeout", "60", "--drain-timeout", "5"],
+        False,
+        expect_blocks_returned={"prefill": False},
+        expect_kill="decode",
+        expect_killed_processes=3,
+        expect_why="prefill blocks not returned",
+        note="pdkv-kill-decode with a reaper that cannot run in time (defer_timeout 600 s, "
+        "drain 5 s): the check must find the prefill pool short",
+    ),
+    Case(
+        "pdkv-kill-decode-tp1",
+        _pdkv("1P_TP1:1D_TP1", 26440, 26490, {**_FAST, "defer_timeout": 3})
+        + ["--requests", "64", "--concurrency", "32"]
+        + ["--kill", "decode:40", "--timeout", "60", "--drain-timeout", "20"],
+        True,
+        expect_blocks_returned={"prefill": True},
+        expect_kill="decode",
+        note="pdkv-kill-decode on TP1 engines (vLLM's UniProcExecutor). Expected to pass; it "
+        "FAILS (README, findings): an idle TP1 prefill engine never calls the connector's "
+        "update_connector_output, so pdkv's reaper never runs and the prefill pool stays short",
+    ),
+    Case(
+        "pdkv-chunked",
+        _pdkv("1P_TP2:1D_TP2", 26430, 26480)
+        + ["--requests", "128", "--concurrency", "128", "--prefill-tp", "2", "--decode-tp", "2"]
+        + ["--chunked-prefill", "--max-num-batched-tokens", "128"]
+        + ["--prompt-lens", "200,300,511,700,1000,1500"],
+        True,
+        expect_decode_min={"requests_checked": 128},
+        note="pdkv: chunked prefill, a step budget of 128 tokens (vLLM wants at least "
+        "max_num_seqs), prompts of 2 to 12 chunks; prefill stages a request's blocks after "
+        "each chunk, decode reads them all",
+    ),
 ]
 
 
@@ -192,28 +291,64 @@ def run_case(case: Case, python: str) -> dict[str, Any]:
     for key, least in case.expect_decode_min.items():
         if (verdict["decode"].get(key) or 0) < least:
             why.append(f"decode {key}={verdict['decode'].get(key)}, expected >= {least}")
+    kill = verdict.get("kill")
+    if case.expect_kill is not None:
+        if kill is None or kill["side"] != case.expect_kill:
+            why.append(f"expected {case.expect_kill} killed, got {kill and kill['side']}")
+        elif len(kill["processes"]) < case.expect_killed_processes:
+            why.append(f"killed {len(kill['processes'])} processes, expected >= {case.expect_killed_processes}")
+        elif not kill["failed_excused"]:
+            why.append("the kill failed no request: it hit nothing in flight")
+    if case.expect_answered_finish and kill is not None:
+        outcome = kill["answered_before_kill_outcome"]
+        if outcome["failed_excused"] or outcome["failed_not_excused"]:
+            why.append(f"requests answered before the kill did not all finish: {outcome}")
+    if case.expect_why is not None and not any(case.expect_why in w for w in verdict.get("why", [])):
+        why.append(f"expected the verdict to say {case.expect_why!r}, it says {verdict.get('why')}")
     summary = {
         side: {
             k: verdict[side].get(k)
             for k in (
                 "requests_finished",
                 "requests_failed",
+                "requests_failed_excused",
                 "bytes_verified",
                 "requests_checked",
                 "requests_readded",
+                "requests_rolled_back",
                 "mismatched_bytes",
                 "blocks_returned",
                 "blocks",
+                "load_failed_bytes",
+                "steps",
+                "error",
             )
         }
         for side in ("prefill", "decode")
     }
+    if kill is not None:
+        kill = {
+            k: kill[k]
+            for k in (
+                "side",
+                "at_s",
+                "prefill_answers_at_kill",
+                "in_flight",
+                "answered_before_kill",
+                "answered_before_kill_outcome",
+                "failed_excused",
+                "failed_not_excused",
+            )
+        } | {"processes": [f"{p['pid']} {p['title'][:40]}" for p in kill["processes"]]}
     return {
         "name": case.name,
         "note": case.note,
         "passed": not why,
         "why": "; ".join(why) or None,
         "ok": verdict["ok"],
+        "verdict_why": verdict.get("why"),
+        "kill": kill,
+        "run_s": verdict.get("run_s"),
         "sides": summary,
         "first_mismatch": (verdict["decode"].get("mismatches") or [None])[0],
         "corrupted": verdict["prefill"].get("corrupted"),

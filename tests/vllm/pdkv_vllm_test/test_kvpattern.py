@@ -11,7 +11,7 @@ import unittest
 import torch
 
 from pdkv_vllm_test import kvpattern
-from pdkv_vllm_test.pd import expected_tokens, parse_corrupt
+from pdkv_vllm_test.pd import Run, expected_tokens, parse_corrupt, parse_kill
 
 BLOCK = 4
 HEAD_SIZE = 2
@@ -112,6 +112,26 @@ class WriteCheckTest(unittest.TestCase):
                 self.assertEqual((m.position, m.kv, m.byte_offset), (pos, kv, offset))
 
 
+class MergeTest(unittest.TestCase):
+    def test_merge_adds_counts_and_keeps_the_first_mismatches(self) -> None:
+        def result(n: int, wrong: int) -> kvpattern.CheckResult:
+            m = kvpattern.Mismatch("r", 0, 0, "K", 0, 1, 2)
+            return kvpattern.CheckResult(n, wrong, [m] * wrong)
+
+        # (into, other, keep) -> (bytes, mismatched, recorded)
+        table = [
+            ((result(10, 0), result(5, 0), 32), (15, 0, 0)),
+            ((result(10, 2), result(5, 3), 32), (15, 5, 5)),
+            ((result(10, 2), result(5, 3), 4), (15, 5, 4)),
+            ((result(10, 4), result(5, 3), 4), (15, 7, 4)),
+        ]
+        for (into, other, keep), expected in table:
+            with self.subTest(expected=expected):
+                kvpattern.merge(into, other, keep)
+                got = (into.bytes_verified, into.mismatched_bytes, len(into.mismatches))
+                self.assertEqual(got, expected)
+
+
 class DriverOptionsTest(unittest.TestCase):
     def test_parse_corrupt(self) -> None:
         table = [
@@ -128,6 +148,45 @@ class DriverOptionsTest(unittest.TestCase):
                         parse_corrupt(text)
                 else:
                     self.assertEqual(parse_corrupt(text), expected)
+
+    def test_parse_kill(self) -> None:
+        table = [
+            ("prefill:16", {"side": "prefill", "after": 16}),
+            ("decode:1", {"side": "decode", "after": 1}),
+            ("decode:0", None),
+            ("router:3", None),
+            ("prefill", None),
+            ("prefill:x", None),
+        ]
+        for text, expected in table:
+            with self.subTest(text=text):
+                if expected is None:
+                    with self.assertRaises(argparse.ArgumentTypeError):
+                        parse_kill(text)
+                else:
+                    self.assertEqual(parse_kill(text), expected)
+
+    def test_excuse(self) -> None:
+        """Only what the kill causes, only after it: a leg on the killed engine raising, or
+        decode failing a load of KV that was on a killed prefill. Never a wrong output."""
+        table = [
+            # (killed side or None, failing side, kind), excused?
+            ((None, "prefill", "exception"), False),
+            ((None, "decode", "error"), False),
+            (("prefill", "prefill", "exception"), True),
+            (("prefill", "decode", "error"), True),
+            (("prefill", "decode", "exception"), False),
+            (("prefill", "decode", "output"), False),
+            (("prefill", "prefill", "output"), False),
+            (("decode", "decode", "exception"), True),
+            (("decode", "decode", "error"), False),
+            (("decode", "prefill", "exception"), False),
+        ]
+        for (killed, side, kind), expected in table:
+            with self.subTest(killed=killed, side=side, kind=kind):
+                run = Run(args=None, hook=None, prefill=None, decode=None)
+                run.kill = None if killed is None else {"side": killed}
+                self.assertEqual(bool(run.excuse(side, "req-1", kind)), expected)
 
     def test_expected_tokens(self) -> None:
         table = [(([3, 9], 3, 1024), [10, 11, 12]), (([1023], 2, 1024), [0, 1])]

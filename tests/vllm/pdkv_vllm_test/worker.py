@@ -95,6 +95,11 @@ class StepState:
     req_ids: list[str]
     num_scheduled: list[int]
     finished_req_ids: set[str]
+    # The checks of this step, per (request, block): judged once vLLM knows which blocks the
+    # connector failed to load (`invalid_block_ids`, reported after the forward).
+    checked: dict[tuple[str, int], kvpattern.CheckResult] = dataclasses.field(
+        default_factory=dict
+    )
 
 
 # The runner of this process; the per-layer stand-in attention is a module function so that
@@ -140,8 +145,13 @@ class StandInModelRunner:
         self.step: StepState | None = None
         self.batch: dict[str, Any] | None = None
         self.result = kvpattern.CheckResult()
+        # Loaded positions in blocks the connector reported it could not load: vLLM fails or
+        # recomputes those requests, so their bytes are not the connector's answer.
+        self.load_failed = kvpattern.CheckResult()
+        self.load_failed_requests: set[str] = set()
         self.requests_checked = 0
         self.requests_readded = 0
+        self.requests_rolled_back = 0
         self.seen: set[str] = set()
         self.tokens_checked = 0
         self.tokens_written = 0
@@ -228,10 +238,18 @@ class StandInModelRunner:
             )
             added.append(new.req_id)
         cached = scheduler_output.scheduled_cached_reqs
-        for req_id, num_computed, new_block_ids in zip(
-            cached.req_ids, cached.num_computed_tokens, cached.new_block_ids
+        for req_id, num_computed, new_block_ids, num_output in zip(
+            cached.req_ids,
+            cached.num_computed_tokens,
+            cached.new_block_ids,
+            cached.num_output_tokens,
         ):
             state = self.requests[req_id]
+            if num_computed < state.num_computed_tokens:
+                # vLLM went back (it recomputes KV a connector failed to load, and drops the
+                # token sampled on top of it): forget the tokens it dropped too.
+                self.requests_rolled_back += 1
+                del state.token_ids[max(state.prompt_len + num_output, num_computed + 1) :]
             state.num_computed_tokens = num_computed
             if new_block_ids is not None:
                 state.block_ids.extend(new_block_ids[0])
@@ -276,15 +294,20 @@ class StandInModelRunner:
             if n > 0:
                 self.requests_checked += 1
                 self.tokens_checked += n
-                checks.append(
-                    (
-                        req_id,
-                        self._slots(state, 0, n),
-                        torch.tensor(state.token_ids[:n], dtype=torch.int64),
-                        torch.arange(0, n, dtype=torch.int64),
+                # One check per block, so that a block vLLM is told failed to load can be
+                # set apart from the others after the forward.
+                for start in range(0, n, self.block_size):
+                    end = min(n, start + self.block_size)
+                    checks.append(
+                        (
+                            req_id,
+                            state.block_ids[start // self.block_size],
+                            self._slots(state, start, end),
+                            torch.tensor(state.token_ids[start:end], dtype=torch.int64),
+                            torch.arange(start, end, dtype=torch.int64),
+                        )
                     )
-                )
-        self.batch = {"writes": writes, "checks": checks}
+        self.batch = {"writes": writes, "checks": checks, "checked": {}}
 
         slot_mapping = torch.cat([w[1] for w in writes])
         query_start_loc = torch.tensor([0, *torch.tensor(num_scheduled).cumsum(0).tolist()])
@@ -316,11 +339,13 @@ class StandInModelRunner:
             for name in self.layers:
                 stand_in_attention(name)
         self.kv_connector.finish_forward()
+        checked = self.batch["checked"]
         self.batch = None
         self.step = StepState(
             req_ids=req_ids,
             num_scheduled=num_scheduled,
             finished_req_ids=scheduler_output.finished_req_ids,
+            checked=checked,
         )
         return None
 
@@ -328,7 +353,7 @@ class StandInModelRunner:
         assert self.batch is not None
         layer = self.layers[layer_name]
         cache = layer.kv_cache
-        for req_id, slots, tokens, positions in self.batch["checks"]:
+        for req_id, block, slots, tokens, positions in self.batch["checks"]:
             kvpattern.check(
                 cache,
                 slots,
@@ -338,7 +363,7 @@ class StandInModelRunner:
                 layer.layer_index,
                 self.geometry,
                 req_id,
-                self.result,
+                self.batch["checked"].setdefault((req_id, block), kvpattern.CheckResult()),
             )
         for req_id, slots, tokens, positions in self.batch["writes"]:
             kvpattern.write(
@@ -401,6 +426,14 @@ class StandInModelRunner:
                 sampled.append([])
         output = ModelRunnerOutput(req_ids=step.req_ids, sampled_token_ids=sampled)
         output.kv_connector_output = self.kv_connector.post_forward(step.finished_req_ids)
+        connector_output = output.kv_connector_output
+        invalid = set(getattr(connector_output, "invalid_block_ids", None) or ())
+        for (req_id, block), result in step.checked.items():
+            if block in invalid:
+                self.load_failed_requests.add(req_id)
+                kvpattern.merge(self.load_failed, result)
+            else:
+                kvpattern.merge(self.result, result)
         return output
 
     def report(self) -> dict[str, Any]:
@@ -410,11 +443,15 @@ class StandInModelRunner:
             "tokens_written": self.tokens_written,
             "requests_checked": self.requests_checked,
             "requests_readded": self.requests_readded,
+            "requests_rolled_back": self.requests_rolled_back,
             "tokens_checked": self.tokens_checked,
             "bytes_verified": self.result.bytes_verified,
             "mismatched_bytes": self.result.mismatched_bytes,
             "mismatches": [dataclasses.asdict(m) for m in self.result.mismatches],
             "corrupted": self.corrupted,
+            "load_failed_requests": sorted(self.load_failed_requests),
+            "load_failed_bytes": self.load_failed.bytes_verified,
+            "load_failed_mismatched_bytes": self.load_failed.mismatched_bytes,
             "requests_alive": len(self.requests),
             # As the engine resolved them, not as the driver asked.
             "async_scheduling": self.vllm_config.scheduler_config.async_scheduling,
