@@ -461,7 +461,11 @@ class _Worker:
             return None
         self._collect(0.0)
         said, self._said = self._said, []
-        return PdkvWorkerMetadata(said) if said else None
+        # Always an answer, empty or not: vLLM calls the scheduler side's update_connector_output
+        # only for a step whose workers said something, and that call is where the prefill
+        # engine's reaper runs. Saying nothing on idle steps left a TP1 prefill holding the
+        # blocks of a dead decode forever (TP2 workers happened to always say something).
+        return PdkvWorkerMetadata(said)
 
     def _collect(self, timeout_s: float) -> list[dict]:
         """What the rank said; kept for the scheduler, and returned for this worker to read."""
