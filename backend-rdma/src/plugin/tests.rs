@@ -33,62 +33,100 @@ fn wait(rank: &InProcessRank, backlog: &mut Vec<FromRank>, pick: impl Fn(&FromRa
     }
 }
 
+/// A prefill rank and a decode rank of `1P_TP1:1D_TP1` on loopback, both ready, with the
+/// prefill engine's node (told the prefill rank's incarnation) and the decode side's node.
+struct Pair {
+    p_rank: InProcessRank,
+    d_rank: InProcessRank,
+    p_said: Vec<FromRank>,
+    d_said: Vec<FromRank>,
+    prefill: PrefillNode,
+    decode: DecodeNode,
+}
+
+impl Pair {
+    /// The pair on ports from `base` (plus a per-process offset, so parallel test runs differ).
+    fn start(base: u16) -> Pair {
+        let port = base + (std::process::id() % 800) as u16 * 2;
+        let (p, d) = (config("P0", port), config("D0", port));
+        let (p, d) = (EngineConfig::parse(&p).expect("valid"), EngineConfig::parse(&d).expect("valid"));
+        let p_rank = InProcessRank::start(&p, RankId::new(p.engine, 0, 0), 16).expect("starts");
+        let d_rank = InProcessRank::start(&d, RankId::new(d.engine, 0, 0), 16).expect("starts");
+        let (mut p_said, mut d_said) = (Vec::new(), Vec::new());
+        let ready = wait(&p_rank, &mut p_said, |m| matches!(m, FromRank::Ready { .. }));
+        wait(&d_rank, &mut d_said, |m| matches!(m, FromRank::Ready { .. }));
+        let mut prefill = PrefillNode::new(p);
+        prefill.handle_worker_message(p_rank.rank(), ready);
+        Pair { p_rank, d_rank, p_said, d_said, prefill, decode: DecodeNode::new(d) }
+    }
+
+    /// The decode side asks for `answer`'s KV into `local` blocks and runs the step: returns
+    /// what the decode rank said of the request (received or failed).
+    fn receive(
+        &mut self,
+        request: &str,
+        answer: pdkv_core::params::KvTransferParams,
+        local: Vec<u32>,
+    ) -> FromRank {
+        self.decode.handle_request(request, answer, local).expect("routable");
+        let Some((step, begin)) = self.decode.poll_step() else { panic!("a step with the request") };
+        self.d_rank.deliver(begin).expect("delivered");
+        let vote = wait(&self.d_rank, &mut self.d_said, |m| matches!(m, FromRank::Vote { .. }));
+        assert_eq!(vote, FromRank::Vote { step, ok: true });
+        self.d_rank.deliver(ToRank::VoteResult { step, ok: true }).expect("delivered");
+        wait(&self.d_rank, &mut self.d_said, |m| {
+            matches!(m, FromRank::Received { .. } | FromRank::RecvFailed { .. })
+        })
+    }
+
+    fn stop(self) {
+        self.p_rank.shutdown(Duration::from_secs(5));
+        self.d_rank.shutdown(Duration::from_secs(5));
+    }
+}
+
+/// `kv_transfer_params` a router sends to prefill for `transfer`.
+fn remote_decode(transfer: &pdkv_core::ids::TransferId) -> pdkv_core::params::KvTransferParams {
+    pdkv_core::params::KvTransferParams {
+        do_remote_decode: true,
+        transfer_id: Some(transfer.0.clone()),
+        ..Default::default()
+    }
+}
+
 #[test]
 fn staged_kv_crosses_from_prefill_to_decode_and_is_freed_once() {
-    let port = 21_000 + (std::process::id() % 20_000) as u16;
-    let (p, d) = (config("P0", port), config("D0", port));
-    let (p, d) = (EngineConfig::parse(&p).expect("valid"), EngineConfig::parse(&d).expect("valid"));
-    let p_rank = InProcessRank::start(&p, RankId::new(p.engine, 0, 0), 16).expect("starts");
-    let d_rank = InProcessRank::start(&d, RankId::new(d.engine, 0, 0), 16).expect("starts");
-    let (mut p_said, mut d_said) = (Vec::new(), Vec::new());
-    let ready = wait(&p_rank, &mut p_said, |m| matches!(m, FromRank::Ready { .. }));
-    wait(&d_rank, &mut d_said, |m| matches!(m, FromRank::Ready { .. }));
-    let mut prefill = PrefillNode::new(p);
-    prefill.handle_worker_message(p_rank.rank(), ready);
-    let mut decode = DecodeNode::new(d);
-
-    let block_len = p_rank.staged().block_len as usize;
+    let mut pair = Pair::start(21_000);
+    let block_len = pair.p_rank.staged().block_len as usize;
     let blocks = vec![5, 2, 9];
     let layers: Vec<Vec<u8>> =
         (0..2u8).map(|l| (0..blocks.len() * block_len).map(|i| (i as u8) ^ (l * 37)).collect()).collect();
     for (layer, data) in layers.iter().enumerate() {
-        p_rank.staged().stage(layer, &blocks, data).expect("fits");
+        pair.p_rank.staged().stage(layer, &blocks, data).expect("fits");
     }
     let transfer = pdkv_core::ids::TransferId("tx-00000000000000000000000000000001".into());
-    p_rank.staged_transfer(transfer.clone(), blocks.clone(), Duration::from_secs(10)).expect("granted");
-    let params = pdkv_core::params::KvTransferParams {
-        do_remote_decode: true,
-        transfer_id: Some(transfer.0.clone()),
-        remote_tp_size: Some(1),
-        ..Default::default()
-    };
-    let answer = prefill.handle_finished("req-0", &params, 0, blocks.clone()).expect("held");
-    for (_, msg) in prefill.poll_to_workers() {
-        p_rank.deliver(msg).expect("delivered");
+    pair.p_rank.staged_transfer(transfer.clone(), blocks.clone(), Duration::from_secs(10)).expect("granted");
+    let mut params = remote_decode(&transfer);
+    params.remote_tp_size = Some(1);
+    let answer = pair.prefill.handle_finished("req-0", &params, 0, blocks.clone()).expect("held");
+    for (_, msg) in pair.prefill.poll_to_workers() {
+        pair.p_rank.deliver(msg).expect("delivered");
     }
     let local = vec![1, 0, 15];
-    decode.handle_request("req-0", answer, local.clone()).expect("routable");
-    let Some((step, begin)) = decode.poll_step() else { panic!("a step with the request") };
-    d_rank.deliver(begin).expect("delivered");
-    let vote = wait(&d_rank, &mut d_said, |m| matches!(m, FromRank::Vote { .. }));
-    assert_eq!(vote, FromRank::Vote { step, ok: true });
-    d_rank.deliver(ToRank::VoteResult { step, ok: true }).expect("delivered");
-    let got =
-        wait(&d_rank, &mut d_said, |m| matches!(m, FromRank::Received { .. } | FromRank::RecvFailed { .. }));
+    let got = pair.receive("req-0", answer, local.clone());
     assert!(matches!(got, FromRank::Received { .. }), "{got:?}");
     for (layer, data) in layers.iter().enumerate() {
-        assert_eq!(&d_rank.staged().unstage(layer, &local).expect("fits"), data, "layer {layer}");
+        assert_eq!(&pair.d_rank.staged().unstage(layer, &local).expect("fits"), data, "layer {layer}");
     }
-    let finished = wait(&p_rank, &mut p_said, |m| matches!(m, FromRank::Finished { .. }));
-    prefill.handle_worker_message(p_rank.rank(), finished);
-    assert_eq!(prefill.poll_freed(), vec!["req-0".to_string()]);
-    assert_eq!(prefill.held(), 0);
+    let finished = wait(&pair.p_rank, &mut pair.p_said, |m| matches!(m, FromRank::Finished { .. }));
+    pair.prefill.handle_worker_message(pair.p_rank.rank(), finished);
+    assert_eq!(pair.prefill.poll_freed(), vec!["req-0".to_string()]);
+    assert_eq!(pair.prefill.held(), 0);
     // Freed once: the retirement goes to the rank, and nothing is freed again.
-    assert!(prefill.poll_to_workers().iter().any(|(_, m)| matches!(m, ToRank::Retire { .. })));
-    prefill.handle_tick();
-    assert!(prefill.poll_freed().is_empty());
-    p_rank.shutdown(Duration::from_secs(5));
-    d_rank.shutdown(Duration::from_secs(5));
+    assert!(pair.prefill.poll_to_workers().iter().any(|(_, m)| matches!(m, ToRank::Retire { .. })));
+    pair.prefill.handle_tick();
+    assert!(pair.prefill.poll_freed().is_empty());
+    pair.stop();
 }
 
 /// A read of blocks the prefill rank never staged (its host lost the race, or never computed
@@ -109,51 +147,30 @@ fn a_release_that_overtakes_its_registration_is_counted_when_it_comes() {
 }
 
 fn refused_read(base: u16, register_late: bool) {
-    let port = base + (std::process::id() % 800) as u16 * 2;
-    let (p, d) = (config("P0", port), config("D0", port));
-    let (p, d) = (EngineConfig::parse(&p).expect("valid"), EngineConfig::parse(&d).expect("valid"));
-    let p_rank = InProcessRank::start(&p, RankId::new(p.engine, 0, 0), 16).expect("starts");
-    let d_rank = InProcessRank::start(&d, RankId::new(d.engine, 0, 0), 16).expect("starts");
-    let (mut p_said, mut d_said) = (Vec::new(), Vec::new());
-    let ready = wait(&p_rank, &mut p_said, |m| matches!(m, FromRank::Ready { .. }));
-    wait(&d_rank, &mut d_said, |m| matches!(m, FromRank::Ready { .. }));
-    let mut prefill = PrefillNode::new(p);
-    prefill.handle_worker_message(p_rank.rank(), ready);
-    let mut decode = DecodeNode::new(d);
+    let mut pair = Pair::start(base);
     let transfer = pdkv_core::ids::TransferId("tx-00000000000000000000000000000002".into());
-    let params = pdkv_core::params::KvTransferParams {
-        do_remote_decode: true,
-        transfer_id: Some(transfer.0.clone()),
-        ..Default::default()
-    };
     // Registered, but never staged.
-    let answer = prefill.handle_finished("req-1", &params, 0, vec![3, 4]).expect("held");
-    let registration = prefill.poll_to_workers();
+    let answer =
+        pair.prefill.handle_finished("req-1", &remote_decode(&transfer), 0, vec![3, 4]).expect("held");
+    let registration = pair.prefill.poll_to_workers();
     if !register_late {
         for (_, msg) in registration.clone() {
-            p_rank.deliver(msg).expect("delivered");
+            pair.p_rank.deliver(msg).expect("delivered");
         }
     }
-    decode.handle_request("req-1", answer, vec![7, 8]).expect("routable");
-    let Some((step, begin)) = decode.poll_step() else { panic!("a step with the request") };
-    d_rank.deliver(begin).expect("delivered");
-    wait(&d_rank, &mut d_said, |m| matches!(m, FromRank::Vote { .. }));
-    d_rank.deliver(ToRank::VoteResult { step, ok: true }).expect("delivered");
-    let got =
-        wait(&d_rank, &mut d_said, |m| matches!(m, FromRank::Received { .. } | FromRank::RecvFailed { .. }));
+    let got = pair.receive("req-1", answer, vec![7, 8]);
     assert!(matches!(got, FromRank::RecvFailed { .. }), "{got:?}");
     if register_late {
         // Give the release time to arrive first.
         std::thread::sleep(Duration::from_millis(200));
         for (_, msg) in registration {
-            p_rank.deliver(msg).expect("delivered");
+            pair.p_rank.deliver(msg).expect("delivered");
         }
     }
-    let finished = wait(&p_rank, &mut p_said, |m| matches!(m, FromRank::Finished { .. }));
-    prefill.handle_worker_message(p_rank.rank(), finished);
-    assert_eq!(prefill.poll_freed(), vec!["req-1".to_string()]);
-    p_rank.shutdown(Duration::from_secs(5));
-    d_rank.shutdown(Duration::from_secs(5));
+    let finished = wait(&pair.p_rank, &mut pair.p_said, |m| matches!(m, FromRank::Finished { .. }));
+    pair.prefill.handle_worker_message(pair.p_rank.rank(), finished);
+    assert_eq!(pair.prefill.poll_freed(), vec!["req-1".to_string()]);
+    pair.stop();
 }
 
 /// Blocks vLLM frees and hands to the next request: the retirement of the transfer that held
@@ -161,46 +178,25 @@ fn refused_read(base: u16, register_late: bool) {
 /// them), in that order, however the two race; a read of the new transfer then succeeds.
 #[test]
 fn blocks_reused_after_a_retirement_are_readable_by_the_next_transfer() {
-    let port = 25_000 + (std::process::id() % 800) as u16 * 2;
-    let (p, d) = (config("P0", port), config("D0", port));
-    let (p, d) = (EngineConfig::parse(&p).expect("valid"), EngineConfig::parse(&d).expect("valid"));
-    let p_rank = InProcessRank::start(&p, RankId::new(p.engine, 0, 0), 16).expect("starts");
-    let d_rank = InProcessRank::start(&d, RankId::new(d.engine, 0, 0), 16).expect("starts");
-    let (mut p_said, mut d_said) = (Vec::new(), Vec::new());
-    wait(&p_rank, &mut p_said, |m| matches!(m, FromRank::Ready { .. }));
-    wait(&d_rank, &mut d_said, |m| matches!(m, FromRank::Ready { .. }));
-    let mut decode = DecodeNode::new(d);
-    let block_len = p_rank.staged().block_len as usize;
+    let mut pair = Pair::start(25_000);
+    let block_len = pair.p_rank.staged().block_len as usize;
     let blocks = vec![6, 1];
     let old = pdkv_core::ids::TransferId("tx-000000000000000000000000000000aa".into());
     let new = pdkv_core::ids::TransferId("tx-000000000000000000000000000000bb".into());
-    p_rank.staged_transfer(old.clone(), blocks.clone(), Duration::from_secs(10)).expect("granted");
+    pair.p_rank.staged_transfer(old.clone(), blocks.clone(), Duration::from_secs(10)).expect("granted");
     // The old transfer is retired (its blocks fenced) just before the new one is staged.
-    p_rank.deliver(ToRank::Retire { transfer_id: old, incarnation: None }).expect("delivered");
+    pair.p_rank.deliver(ToRank::Retire { transfer_id: old, incarnation: None }).expect("delivered");
     let data: Vec<u8> = (0..blocks.len() * block_len).map(|i| (i % 251) as u8).collect();
     for layer in 0..2 {
-        p_rank.staged().stage(layer, &blocks, &data).expect("fits");
+        pair.p_rank.staged().stage(layer, &blocks, &data).expect("fits");
     }
-    p_rank.staged_transfer(new.clone(), blocks.clone(), Duration::from_secs(10)).expect("granted");
-    let mut prefill = PrefillNode::new(p);
-    let params = pdkv_core::params::KvTransferParams {
-        do_remote_decode: true,
-        transfer_id: Some(new.0.clone()),
-        ..Default::default()
-    };
-    let answer = prefill.handle_finished("req-2", &params, 0, blocks.clone()).expect("held");
-    for (_, msg) in prefill.poll_to_workers() {
-        p_rank.deliver(msg).expect("delivered");
+    pair.p_rank.staged_transfer(new.clone(), blocks.clone(), Duration::from_secs(10)).expect("granted");
+    let answer = pair.prefill.handle_finished("req-2", &remote_decode(&new), 0, blocks).expect("held");
+    for (_, msg) in pair.prefill.poll_to_workers() {
+        pair.p_rank.deliver(msg).expect("delivered");
     }
-    decode.handle_request("req-2", answer, vec![2, 3]).expect("routable");
-    let Some((step, begin)) = decode.poll_step() else { panic!("a step with the request") };
-    d_rank.deliver(begin).expect("delivered");
-    wait(&d_rank, &mut d_said, |m| matches!(m, FromRank::Vote { .. }));
-    d_rank.deliver(ToRank::VoteResult { step, ok: true }).expect("delivered");
-    let got =
-        wait(&d_rank, &mut d_said, |m| matches!(m, FromRank::Received { .. } | FromRank::RecvFailed { .. }));
+    let got = pair.receive("req-2", answer, vec![2, 3]);
     assert!(matches!(got, FromRank::Received { .. }), "{got:?}");
-    assert_eq!(d_rank.staged().unstage(1, &[2, 3]).expect("fits"), data);
-    p_rank.shutdown(Duration::from_secs(5));
-    d_rank.shutdown(Duration::from_secs(5));
+    assert_eq!(pair.d_rank.staged().unstage(1, &[2, 3]).expect("fits"), data);
+    pair.stop();
 }

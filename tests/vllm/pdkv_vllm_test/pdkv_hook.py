@@ -19,6 +19,33 @@ class PdkvHook(ProxyHook):
         }
 
 
+def kv_transfer_config(
+    role: str,
+    deployment: str,
+    port: int,
+    notify_port: int | None = None,
+    extra: dict[str, Any] | None = None,
+    top: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One side's `--kv-transfer-config` for pdkv's connector on loopback: handshake listeners
+    from `port`, notify listeners from `notify_port` (by default `port + 100`), the deployment;
+    `extra` adds keys to the extra config (timeouts, metrics), `top` to the config itself
+    (vLLM's `kv_load_failure_policy`)."""
+    return {
+        "kv_connector": "PdkvConnector",
+        "kv_connector_module_path": "pdkv.connector",
+        "kv_role": role,
+        "kv_connector_extra_config": {
+            "host_ip": "127.0.0.1",
+            "handshake_port": port,
+            "notify_port": port + 100 if notify_port is None else notify_port,
+            "deployment": deployment,
+            **(extra or {}),
+        },
+        **(top or {}),
+    }
+
+
 def pdkv_args(
     deployment: str,
     port: int,
@@ -26,26 +53,12 @@ def pdkv_args(
     extra: dict[str, Any] | None = None,
     top: dict[str, Any] | None = None,
 ) -> list[str]:
-    """The driver's arguments for a pair of engines with pdkv's connector on `port` (handshake
-    listeners from there, notify listeners from `notify_port`, by default `port + 100`),
-    described by `deployment`; `extra` adds keys to both sides' extra config (timeouts), `top`
-    to both sides' kv-transfer-config itself (vLLM's `kv_load_failure_policy`)."""
+    """The driver's arguments for a pair of engines with pdkv's connector, both sides configured
+    by `kv_transfer_config`, and pdkv's router hook."""
     import json
 
     def config(role: str) -> str:
-        return json.dumps({
-            "kv_connector": "PdkvConnector",
-            "kv_connector_module_path": "pdkv.connector",
-            "kv_role": role,
-            "kv_connector_extra_config": {
-                "host_ip": "127.0.0.1",
-                "handshake_port": port,
-                "notify_port": port + 100 if notify_port is None else notify_port,
-                "deployment": deployment,
-                **(extra or {}),
-            },
-            **(top or {}),
-        })
+        return json.dumps(kv_transfer_config(role, deployment, port, notify_port, extra, top))
 
     return [
         "--kv-transfer-config-prefill", config("kv_producer"),

@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 from pdkv_vllm_test import pd
+from pdkv_vllm_test.pdkv_hook import kv_transfer_config
 
 
 def free_port() -> int:
@@ -40,18 +41,8 @@ def metrics_base(role: str, port: int) -> int:
 
 
 def kv_config(role: str, deployment: str, port: int) -> str:
-    return json.dumps({
-        "kv_connector": "PdkvConnector",
-        "kv_connector_module_path": "pdkv.connector",
-        "kv_role": role,
-        "kv_connector_extra_config": {
-            "host_ip": "127.0.0.1",
-            "handshake_port": port,
-            "notify_port": port + 100,
-            "deployment": deployment,
-            "metrics_port": metrics_base(role, port),
-        },
-    })
+    extra = {"metrics_port": metrics_base(role, port)}
+    return json.dumps(kv_transfer_config(role, deployment, port, extra=extra))
 
 
 def serve(args, model_dir: str, side: str, tp: int, http_port: int, deployment: str, log) -> subprocess.Popen:
