@@ -59,6 +59,8 @@ def serve(args, model_dir: str, side: str, tp: int, http_port: int, deployment: 
         "--kv-transfer-config", kv_config(role, deployment, args.kv_port),
         "--disable-log-stats",
     ]
+    if args.prefix_caching is not None:
+        argv.append("--enable-prefix-caching" if args.prefix_caching else "--no-enable-prefix-caching")
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "HF_HUB_OFFLINE": "1",
            "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
     return subprocess.Popen(argv, stdout=log, stderr=log, env=env, start_new_session=True)
@@ -202,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=120.0)
     parser.add_argument("--startup-timeout", type=float, default=180.0)
     parser.add_argument("--drain-timeout", type=float, default=10.0)
+    parser.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                        help="vLLM's prefix caching on both servers (default: vLLM's default, on)")
     args = parser.parse_args(argv)
     if args.kv_port == 0:
         args.kv_port = 27000 + os.getpid() % 2000
