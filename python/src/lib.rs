@@ -250,13 +250,11 @@ impl DecodeNode {
         Ok(DecodeNode { inner: Mutex::new(DecodeSide::new(engine)) })
     }
 
-    /// vLLM allocated `local_blocks` for `request`, whose `kv_transfer_params` (JSON) name the
+    /// vLLM allocated `local_blocks` for a request whose `kv_transfer_params` (JSON) name the
     /// prefill engine holding its KV. Returns the number the workers know the request by.
-    fn request(&self, request: &str, params: &str, local_blocks: Vec<u32>) -> PyResult<u64> {
+    fn request(&self, params: &str, local_blocks: Vec<u32>) -> PyResult<u64> {
         let params: KvTransferParams = serde_json::from_str(params).map_err(value_error)?;
-        self.with(|node| node.handle_request(request, params, local_blocks))
-            .map(|id| id.0)
-            .map_err(value_error)
+        self.with(|node| node.handle_request(params, local_blocks)).map(|id| id.0).map_err(value_error)
     }
 
     /// The next step, `(step, MessagePack bytes)`, when requests are waiting for one.

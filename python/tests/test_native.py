@@ -72,7 +72,7 @@ def main() -> int:
             assert rank == p_rank.name()
             p_rank.deliver(msg)
         local = [num_blocks - 1 - b for b in range(r * 3 % 24, r * 3 % 24 + 3)]
-        number = decode.request(f"req-{r}", json.dumps(answer), local)
+        number = decode.request(json.dumps(answer), local)
         requests.append((number, local, layers, f"req-{r}"))
 
     step, begin = decode.step()

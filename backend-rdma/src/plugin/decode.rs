@@ -2,8 +2,6 @@
 //! for whose KV is remote, numbered and described as the core's decode workers take them
 //! (`RecvRequest`), and gathered into the step every worker of the engine begins together.
 
-use std::collections::BTreeMap;
-
 use pdkv_core::decode::RecvRequest;
 use pdkv_core::ids::{EngineId, RequestId};
 use pdkv_core::params::KvTransferParams;
@@ -30,20 +28,18 @@ pub struct DecodeNode {
     next_request: u64,
     next_step: u64,
     pending: Vec<RecvRequest>,
-    names: BTreeMap<RequestId, String>,
 }
 
 impl DecodeNode {
     /// The side of `config`'s engine (a decode engine).
     pub fn new(config: Engine) -> DecodeNode {
-        DecodeNode { config, next_request: 0, next_step: 0, pending: Vec::new(), names: BTreeMap::new() }
+        DecodeNode { config, next_request: 0, next_step: 0, pending: Vec::new() }
     }
 
-    /// vLLM allocated `local_blocks` for `request`, whose KV the prefill engine named in
+    /// vLLM allocated `local_blocks` for a request whose KV the prefill engine named in
     /// `params` holds: the request joins the next step. Returns the number the workers know it by.
     pub fn handle_request(
         &mut self,
-        request: &str,
         params: KvTransferParams,
         local_blocks: Vec<u32>,
     ) -> Result<RequestId, RequestError> {
@@ -68,7 +64,6 @@ impl DecodeNode {
         let prefill_engine = self.prefill_engine(&params)?;
         let id = RequestId(self.next_request);
         self.next_request += 1;
-        self.names.insert(id, request.to_string());
         self.pending.push(RecvRequest {
             request: id,
             prefill_engine,
@@ -102,10 +97,5 @@ impl DecodeNode {
         let step = self.next_step;
         self.next_step += 1;
         Some((step, ToRank::StepBegin { step, requests: std::mem::take(&mut self.pending) }))
-    }
-
-    /// vLLM's name of a request the workers know by number, which it then forgets.
-    pub fn take_name(&mut self, id: RequestId) -> Option<String> {
-        self.names.remove(&id)
     }
 }

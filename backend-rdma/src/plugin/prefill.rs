@@ -41,8 +41,8 @@ pub struct PrefillNode {
     engine: PrefillEngine,
     config: Engine,
     clock: Clock,
-    /// vLLM's request id of each transfer held, and the engine's number for it.
-    requests: BTreeMap<TransferId, (String, RequestId)>,
+    /// vLLM's request id of each transfer held.
+    requests: BTreeMap<TransferId, String>,
     next_request: u64,
     /// Messages for the workers, by rank, in order.
     to_workers: Vec<(RankId, ToRank)>,
@@ -112,7 +112,7 @@ impl PrefillNode {
             .handle(now, EngineEvent::PrefillDone(done), &mut out)
             .map_err(|e| PrefillError::Engine(e.to_string()))?;
         self.next_request += 1;
-        self.requests.insert(transfer_id.clone(), (request.to_string(), id));
+        self.requests.insert(transfer_id.clone(), request.to_string());
         self.actions(out);
         let holders = self.engine.holder_incarnations(&transfer_id);
         let layout = self.config.deployment.layout(self.config.engine);
@@ -213,7 +213,7 @@ impl PrefillNode {
                     }
                 }
                 EngineAction::FreeBlocks { transfer_id, reaped, .. } => {
-                    if let Some((request, _)) = self.requests.remove(&transfer_id) {
+                    if let Some(request) = self.requests.remove(&transfer_id) {
                         if reaped {
                             self.notes.push(format!(
                                 "reaped {transfer_id} (request {request}): its releases did not come in time"

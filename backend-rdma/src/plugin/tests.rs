@@ -62,13 +62,8 @@ impl Pair {
 
     /// The decode side asks for `answer`'s KV into `local` blocks and runs the step: returns
     /// what the decode rank said of the request (received or failed).
-    fn receive(
-        &mut self,
-        request: &str,
-        answer: pdkv_core::params::KvTransferParams,
-        local: Vec<u32>,
-    ) -> FromRank {
-        self.decode.handle_request(request, answer, local).expect("routable");
+    fn receive(&mut self, answer: pdkv_core::params::KvTransferParams, local: Vec<u32>) -> FromRank {
+        self.decode.handle_request(answer, local).expect("routable");
         let Some((step, begin)) = self.decode.poll_step() else { panic!("a step with the request") };
         self.d_rank.deliver(begin).expect("delivered");
         let vote = wait(&self.d_rank, &mut self.d_said, |m| matches!(m, FromRank::Vote { .. }));
@@ -113,7 +108,7 @@ fn staged_kv_crosses_from_prefill_to_decode_and_is_freed_once() {
         pair.p_rank.deliver(msg).expect("delivered");
     }
     let local = vec![1, 0, 15];
-    let got = pair.receive("req-0", answer, local.clone());
+    let got = pair.receive(answer, local.clone());
     assert!(matches!(got, FromRank::Received { .. }), "{got:?}");
     for (layer, data) in layers.iter().enumerate() {
         assert_eq!(&pair.d_rank.staged().unstage(layer, &local).expect("fits"), data, "layer {layer}");
@@ -158,7 +153,7 @@ fn refused_read(base: u16, register_late: bool) {
             pair.p_rank.deliver(msg).expect("delivered");
         }
     }
-    let got = pair.receive("req-1", answer, vec![7, 8]);
+    let got = pair.receive(answer, vec![7, 8]);
     assert!(matches!(got, FromRank::RecvFailed { .. }), "{got:?}");
     if register_late {
         // Give the release time to arrive first.
@@ -195,7 +190,7 @@ fn blocks_reused_after_a_retirement_are_readable_by_the_next_transfer() {
     for (_, msg) in pair.prefill.poll_to_workers() {
         pair.p_rank.deliver(msg).expect("delivered");
     }
-    let got = pair.receive("req-2", answer, vec![2, 3]);
+    let got = pair.receive(answer, vec![2, 3]);
     assert!(matches!(got, FromRank::Received { .. }), "{got:?}");
     assert_eq!(pair.d_rank.staged().unstage(1, &[2, 3]).expect("fits"), data);
     pair.stop();

@@ -337,7 +337,7 @@ class _DecodeScheduler:
         self._loaded.add(request.request_id)
         remote = params.get("remote_block_ids") or []
         local = list(blocks.get_block_ids()[0])[: len(remote)]
-        number = self._node.request(request.request_id, json.dumps(params), local)
+        number = self._node.request(json.dumps(params), local)
         self._requests[number] = (request.request_id, local)
 
     def metadata(self, scheduler_output) -> PdkvMetadata:

@@ -44,16 +44,7 @@ class Case:
 EXAMPLE = ["--example-connector"]
 
 
-def _pdkv(
-    deployment: str,
-    port: int,
-    notify_port: int | None = None,
-    extra: dict[str, Any] | None = None,
-    top: dict[str, Any] | None = None,
-) -> list[str]:
-    from pdkv_vllm_test.pdkv_hook import pdkv_args
-
-    return pdkv_args(deployment, port, notify_port, extra, top)
+from pdkv_vllm_test.pdkv_hook import pdkv_args as _pdkv  # noqa: E402
 
 
 # The hostile runs: TP2 on both sides, 64 requests, 32 in flight, one engine SIGKILLed once 40
