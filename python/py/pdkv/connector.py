@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,26 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from pdkv import _native
 
 logger = logging.getLogger("pdkv.connector")
+
+
+def _log_from_env() -> None:
+    """``PDKV_LOG=debug|info|warning`` gives pdkv's logger a handler of its own with times and
+    process ids (vLLM configures only its own loggers, so without it pdkv's warnings reach
+    stderr bare and its debug lines nowhere)."""
+    level = os.environ.get("PDKV_LOG")
+    root = logging.getLogger("pdkv")
+    if not level or root.handlers:
+        return
+    if level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ValueError(f"PDKV_LOG={level!r}: expected debug, info, warning or error")
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s.%(msecs)03d pid=%(process)d %(levelname)s %(message)s", "%H:%M:%S"))
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    root.propagate = False
+
+
+_log_from_env()
 
 # How long a worker waits for its own rank's vote or step end before calling the step failed;
 # the core's own timeouts (handshake, transfer) end a stuck request well before this.
@@ -296,6 +317,7 @@ class _PrefillScheduler:
         except ValueError as e:
             logger.error("pdkv: request %s is not handed to decode: %s", request.request_id, e)
             return False, None
+        logger.debug("pdkv: prefill answers %s for %s (%d blocks)", params.get("transfer_id"), request.request_id, len(blocks))
         return True, json.loads(answer)
 
     def output(self, connector_output) -> None:
@@ -307,6 +329,8 @@ class _PrefillScheduler:
         for note in self._node.notes():
             logger.warning("pdkv: %s", note)
         freed = set(self._node.freed())
+        if freed:
+            logger.debug("pdkv: prefill frees %s", sorted(freed))
         # Blocks are freed when the engine says, never on a worker's word alone.
         connector_output.finished_sending = freed or None
 
@@ -339,6 +363,7 @@ class _DecodeScheduler:
         local = list(blocks.get_block_ids()[0])[: len(remote)]
         number = self._node.request(json.dumps(params), local)
         self._requests[number] = (request.request_id, local)
+        logger.debug("pdkv: decode request %d is %s (%s, %d blocks)", number, request.request_id, params.get("transfer_id"), len(local))
 
     def metadata(self, scheduler_output) -> PdkvMetadata:
         meta = PdkvMetadata()
@@ -346,6 +371,7 @@ class _DecodeScheduler:
         if step is not None:
             meta.step = (step[0], bytes(step[1]))
             meta.requests, self._requests = self._requests, {}
+            logger.debug("pdkv: decode step %d begins with requests %s", step[0], sorted(meta.requests))
         return meta
 
     def finished(self, request, block_ids):
@@ -473,6 +499,7 @@ class _Worker:
         for text, raw in self._rank.poll(timeout_s):
             said = json.loads(text)
             out.append(said)
+            logger.debug("pdkv: %s said %.300s", self._rank.name(), text)
             kind = next(iter(said)) if isinstance(said, dict) else said
             if kind in ("Finished", "Leased", "Refused", "LeaseCapped", "ProtocolError", "Problem"):
                 self._said.append((self._rank.name(), bytes(raw)))
@@ -504,9 +531,11 @@ class _PrefillWorker(_Worker):
             if not blocks:
                 continue
             try:
+                began = time.monotonic()
                 for layer in range(len(self._layers)):
                     self._rank.stage(layer, blocks, self._gather(layer, blocks))
                 self._rank.staged_transfer(transfer_id, blocks, 10.0)
+                logger.debug("pdkv: %s staged %s (%d blocks) in %.1f ms", self._rank.name(), transfer_id, len(blocks), (time.monotonic() - began) * 1e3)
             except (RuntimeError, ValueError) as e:
                 # Its blocks stay fenced: decode's reads of it are refused and fail the request
                 # there, and the engine's reaper frees the blocks.
@@ -533,12 +562,19 @@ class _DecodeWorker(_Worker):
         # Nothing between here and the MIN may raise or return early: a worker that left would
         # leave its TP peers waiting in the all-reduce (the lazy-handshake hang in another form).
         vote = None
+        began = time.monotonic()
         try:
             self._rank.deliver(begin)
             vote = self._await(lambda s: "Vote" in s and s["Vote"]["step"] == step, f"its vote for step {step}")
         except (RuntimeError, ValueError) as e:
             logger.error("pdkv: %s: step %d: %s", self._rank.name(), step, e)
+        voted = time.monotonic()
         ok = self._min_over_tp(bool(vote and vote["Vote"]["ok"]))
+        logger.debug(
+            "pdkv: %s: step %d (requests %s) voted %s in %.1f ms, MIN %s after %.1f ms more",
+            self._rank.name(), step, sorted(meta.requests), vote and vote["Vote"]["ok"],
+            (voted - began) * 1e3, ok, (time.monotonic() - voted) * 1e3,
+        )
         waiting = set(meta.requests)
         try:
             self._rank.vote_result(step, ok)
@@ -550,6 +586,7 @@ class _DecodeWorker(_Worker):
                 )
                 if said is None:
                     break
+                logger.debug("pdkv: %s: step %d: %s after %.1f ms", self._rank.name(), step, next(iter(said)), (time.monotonic() - began) * 1e3)
                 if "Received" in said:
                     number = said["Received"]["request"]
                     _, local = meta.requests[number]
@@ -571,8 +608,6 @@ class _DecodeWorker(_Worker):
 
     def _await(self, wanted, what: str) -> dict | None:
         """The first thing the rank says that `wanted` accepts, or None after the wait."""
-        import time
-
         deadline = time.monotonic() + self._wait_s
         while True:
             for said in list(self._held):

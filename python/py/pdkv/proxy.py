@@ -106,6 +106,7 @@ def make_app(prefill: list[str], decode: list[str], timeout_s: float):
             )
         logger.debug("%s: prefill %s answered %s", transfer_id, p_url, params)
         async with await post(session, d_url + request.path, decode_body(body, params)) as r:
+            logger.debug("%s: decode %s answered %d", transfer_id, d_url, r.status)
             if not body.get("stream"):
                 return web.Response(status=r.status, body=await r.read(), content_type="application/json")
             out = web.StreamResponse(status=r.status, headers={"Content-Type": "text/event-stream"})

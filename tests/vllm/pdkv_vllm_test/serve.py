@@ -101,7 +101,8 @@ async def run(args) -> dict[str, Any]:
                                 open(os.path.join(logs, "decode.log"), "w"))
         procs["proxy"] = subprocess.Popen(
             [sys.executable, "-m", "pdkv.proxy", "--prefill", f"http://127.0.0.1:{p_port}",
-             "--decode", f"http://127.0.0.1:{d_port}", "--port", str(proxy_port)],
+             "--decode", f"http://127.0.0.1:{d_port}", "--port", str(proxy_port),
+             "--log-level", os.environ.get("PDKV_LOG", "info")],
             stdout=open(os.path.join(logs, "proxy.log"), "w"), stderr=subprocess.STDOUT,
             start_new_session=True,
         )
