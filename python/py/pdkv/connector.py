@@ -542,6 +542,54 @@ class _PrefillWorker(_Worker):
                 logger.error("pdkv: %s: cannot stage %s: %s", self._rank.name(), transfer_id, e)
 
 
+class _Inbox:
+    """What a decode rank said that its worker may still wait for: votes and request outcomes.
+
+    Everything else the rank says (reads verified, dials, step ends, heartbeats) is logged and
+    forwarded by `_collect` and never held, and what a finished step could have wanted is
+    forgotten with it, so the inbox holds at most one step's worth. Holding every message grew
+    it by a read per layer per request for the life of the server, and every wait scanned it.
+    """
+
+    KINDS = ("Vote", "Received", "RecvFailed")
+
+    def __init__(self) -> None:
+        self._held: list[dict] = []
+        # The last step forgotten and the highest request number it or an earlier one had:
+        # the decode node numbers requests in order and a step takes every request numbered
+        # since the previous one, so nothing at or below these can be waited for again.
+        self._last_step = -1
+        self._last_request = -1
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def _live(self, s: dict) -> bool:
+        kind, body = next(iter(s.items()))
+        if kind == "Vote":
+            return body["step"] > self._last_step
+        return body["request"] > self._last_request
+
+    def add(self, said: list) -> None:
+        self._held.extend(
+            s for s in said if isinstance(s, dict) and next(iter(s), None) in self.KINDS and self._live(s)
+        )
+
+    def take(self, wanted) -> dict | None:
+        """The oldest held message `wanted` accepts, removed; None when none is held."""
+        for i, s in enumerate(self._held):
+            if wanted(s):
+                return self._held.pop(i)
+        return None
+
+    def forget_step(self, step: int, requests) -> None:
+        """Drops what step `step` (whose request numbers are `requests`) or an earlier one
+        could have wanted, now or when it comes: a vote or an outcome after its wait gave up."""
+        self._last_step = max(self._last_step, step)
+        self._last_request = max(self._last_request, max(requests, default=-1))
+        self._held = [s for s in self._held if self._live(s)]
+
+
 class _DecodeWorker(_Worker):
     """A decode rank: the step's eager handshakes and the TP group's MIN vote, then the reads,
     landed in vLLM's blocks before the forward."""
@@ -549,8 +597,7 @@ class _DecodeWorker(_Worker):
     def __init__(self, config_json: str, vllm_config):
         super().__init__(config_json, vllm_config)
         self._errors: set[int] = set()
-        # What the rank said that this worker has not waited for yet.
-        self._held: list[dict] = []
+        self._inbox = _Inbox()
         timeouts = json.loads(config_json)["timeouts"]
         self._wait_s = (timeouts["handshake_ms"] + timeouts["transfer_ms"]) / 1000 + _STEP_WAIT_MARGIN_S
 
@@ -605,20 +652,20 @@ class _DecodeWorker(_Worker):
             req_id, local = meta.requests[number]
             logger.error("pdkv: KV of %s did not arrive in %.0f s", req_id, self._wait_s)
             self._errors.update(local)
+        self._inbox.forget_step(step, meta.requests)
 
     def _await(self, wanted, what: str) -> dict | None:
         """The first thing the rank says that `wanted` accepts, or None after the wait."""
         deadline = time.monotonic() + self._wait_s
         while True:
-            for said in list(self._held):
-                if wanted(said):
-                    self._held.remove(said)
-                    return said
+            said = self._inbox.take(wanted)
+            if said is not None:
+                return said
             left = deadline - time.monotonic()
             if left <= 0:
                 logger.error("pdkv: %s gave no answer for %s in %.0f s", self._rank.name(), what, self._wait_s)
                 return None
-            self._held.extend(self._collect(min(left, 1.0)))
+            self._inbox.add(self._collect(min(left, 1.0)))
 
     @staticmethod
     def _min_over_tp(ok: bool) -> bool:

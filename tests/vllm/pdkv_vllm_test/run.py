@@ -1,5 +1,6 @@
-"""Everything `cargo xtask vllm-test` runs: the harness's unit tests, the native module on
-loopback without vLLM (python/tests/test_native.py), the proof runs of the suite (vLLM's
+"""Everything `cargo xtask vllm-test` runs: the harness's and the connector's unit tests
+(python/tests/test_connector.py), the native module on loopback without vLLM
+(python/tests/test_native.py), the proof runs of the suite (vLLM's
 ExampleConnector and pdkv's connector, each driven by vLLM 0.34's scheduler and engine core),
 then `vllm serve` pairs behind pdkv's proxy (serve.py).
 Arguments go to the suite (`--only NAME ...`). Exits non-zero when any part fails.
@@ -32,6 +33,7 @@ def main(argv: list[str]) -> int:
     python = sys.executable
     results = [
         step("harness unit tests", [python, "-m", "unittest", "-q", "pdkv_vllm_test.test_kvpattern"], ROOT),
+        step("connector unit tests", [python, os.path.join(ROOT, "python", "tests", "test_connector.py")], ROOT),
         step("native module on loopback", [python, os.path.join(ROOT, "python", "tests", "test_native.py")], ROOT),
         step("proof runs", [python, "-m", "pdkv_vllm_test.suite", *argv], ROOT),
         step("vllm serve, TP1 -> TP1", [python, "-m", "pdkv_vllm_test.serve", "--requests", "32"], ROOT),
