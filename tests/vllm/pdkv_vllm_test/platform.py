@@ -9,7 +9,10 @@ PYTHONPATH is all it takes. vLLM's own CpuPlatform is not used: it needs the CPU
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import os
+import sys
 
 import torch
 from vllm.platforms.interface import Platform, PlatformEnum
@@ -25,7 +28,71 @@ def register() -> str | None:
     """
     if os.environ.get("PDKV_VLLM_TEST_PLATFORM", "1") == "0":
         return None
+    _shorten_shm_spin()
     return "pdkv_vllm_test.platform.PdkvTestCpuPlatform"
+
+
+# How long a reader of vLLM's shared-memory message queues spins (sched_yield in a loop) after
+# each message before it parks on the queue's notify socket; vLLM spins for 1 s.
+SHM_SPIN_S = float(os.environ.get("PDKV_VLLM_TEST_SHM_SPIN_S", "0.002"))
+
+
+def _shorten_shm_spin() -> None:
+    """Shortens vLLM's busy-wait on its shared-memory queues to `SHM_SPIN_S`.
+
+    vLLM's queue readers (every worker, on the engine core's broadcasts; the engine core, on
+    the workers' answers) spin for a second after each message, which costs nothing on a GPU
+    host with a core per process. A P/D pair with TP 2 is eight such processes on CI's two
+    cores: under load the spinning workers took both CPUs (perf: their time is sched_yield and
+    the loop around it) and every other process of the deployment, the kernel's own workers
+    included ("workqueue lockup ... stuck for 31s"), waited 30 to 60 s at a time. That is
+    longer than the connector's timeouts, so requests failed for the host's sake, not the
+    protocol's. Nothing of the connector's path changes: a reader that stops spinning waits on
+    the notify socket vLLM already has for exactly that.
+    """
+    name = "vllm.distributed.device_communicators.shm_broadcast"
+    if name in sys.modules:
+        _patch_spin(sys.modules[name])
+    elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        # Importing the module here would be circular (register() runs while vllm.distributed
+        # is half imported), so the patch waits for vLLM's own import of it.
+        sys.meta_path.insert(0, _AfterImport(name, _patch_spin))
+
+
+def _patch_spin(module) -> None:
+    cls = module.SpinCondition
+    if getattr(cls, "_pdkv_spin_s", None) is not None:
+        return
+    original = cls.__init__
+
+    def __init__(self, is_reader, context, notify_address, busy_loop_s: float = 1):
+        original(self, is_reader, context, notify_address, min(busy_loop_s, SHM_SPIN_S))
+
+    cls.__init__ = __init__
+    cls._pdkv_spin_s = SHM_SPIN_S
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs `then(module)` once the module `name` has been imported, by whoever imports it."""
+
+    def __init__(self, name: str, then):
+        self._name, self._then = name, then
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self._name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module, then = spec.loader.exec_module, self._then
+
+        def exec_then(module):
+            exec_module(module)
+            then(module)
+
+        spec.loader.exec_module = exec_then
+        return spec
 
 
 class PdkvTestCpuPlatform(Platform):
