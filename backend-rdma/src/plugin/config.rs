@@ -4,6 +4,7 @@
 
 use std::fmt;
 
+use crate::message_faults::{MessageFault, MessageKind, Verb, MAX_MESSAGE_FAULTS};
 use crate::sched::TransportKind;
 use pdkv_core::ids::{EngineId, RankId, Role};
 use pdkv_core::ports::EngineAddress;
@@ -108,6 +109,62 @@ pub struct EngineConfig {
     /// Absent: no endpoint.
     #[serde(default)]
     pub metrics_port: Option<u16>,
+    /// Faults on the control messages this engine's ranks send, for hostile tests.
+    #[serde(default)]
+    pub message_faults: MessageFaultsConfig,
+}
+
+/// Faults on the control messages an engine's ranks send (handshake requests and replies,
+/// releases, leases), in the syntax of `pdkv cluster`'s `--lose-messages`,
+/// `--duplicate-messages` and `--delay-messages`: for hostile tests of a deployment, never for
+/// serving. Each rank applies them to what it sends; the connector's decisions are unchanged.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MessageFaultsConfig {
+    /// `PATTERN[:KINDS][=COUNT][@PROBABILITY]`: the messages are never sent.
+    #[serde(default)]
+    pub lose: Vec<String>,
+    /// `PATTERN[:KINDS][=COUNT][@PROBABILITY]`: the messages are sent twice.
+    #[serde(default)]
+    pub duplicate: Vec<String>,
+    /// `PATTERN[:KINDS]:DELAY_MS[=COUNT][@PROBABILITY]`: the messages are sent that much later.
+    #[serde(default)]
+    pub delay: Vec<String>,
+    /// The seed of the probabilities' draws (a stream per rank).
+    #[serde(default)]
+    pub seed: u64,
+}
+
+impl MessageFaultsConfig {
+    fn check(&self, d: &Deployment) -> Result<Vec<MessageFault>, ConfigError> {
+        let lists = [
+            (Verb::Lose, &self.lose, "message_faults.lose"),
+            (Verb::Duplicate, &self.duplicate, "message_faults.duplicate"),
+            (Verb::Delay, &self.delay, "message_faults.delay"),
+        ];
+        let mut faults = Vec::new();
+        for (verb, texts, name) in lists {
+            for text in texts {
+                let fault =
+                    MessageFault::parse(verb, text).map_err(|e| field(name, format!("`{text}`: {e}")))?;
+                fault.check(d).map_err(|e| field(name, format!("`{text}`: {e}")))?;
+                if fault.kinds().contains(&MessageKind::Dispatch) {
+                    return Err(field(
+                        name,
+                        format!("`{text}`: the connector sends no dispatches (the router does)"),
+                    ));
+                }
+                faults.push(fault);
+            }
+        }
+        if faults.len() > MAX_MESSAGE_FAULTS {
+            return Err(field(
+                "message_faults",
+                format!("{} faults, at most {MAX_MESSAGE_FAULTS}", faults.len()),
+            ));
+        }
+        Ok(faults)
+    }
 }
 
 fn tcp() -> String {
@@ -128,6 +185,10 @@ pub struct Engine {
     pub transport: TransportKind,
     /// Where rank (0, 0) serves its metrics, if anywhere.
     pub metrics_port: Option<u16>,
+    /// Faults on the control messages the ranks send (none when serving).
+    pub message_faults: Vec<MessageFault>,
+    /// The seed of the faults' draws.
+    pub fault_seed: u64,
 }
 
 impl EngineConfig {
@@ -158,6 +219,7 @@ impl EngineConfig {
             "rdma" => TransportKind::Rdma,
             other => return Err(field("transport", format!("`{other}` is neither `tcp` nor `rdma`"))),
         };
+        let message_faults = self.message_faults.check(&deployment)?;
         Ok(Engine {
             deployment,
             engine,
@@ -169,6 +231,8 @@ impl EngineConfig {
             timeouts,
             transport,
             metrics_port: self.metrics_port,
+            message_faults,
+            fault_seed: self.message_faults.seed,
         })
     }
 }
@@ -210,6 +274,19 @@ mod tests {
         check(r#", "transport": "carrier-pigeon""#, "`transport`: `carrier-pigeon` is neither");
         check(r#", "colour": 1"#, "unknown field `colour`");
         check(r#", "model2": 1"#, "unknown field `model2`");
+        check(
+            r#", "message_faults": {"delay": ["D0.dp*.tp*:release"]}"#,
+            "`message_faults.delay`: `D0.dp*.tp*:release`",
+        );
+        check(r#", "message_faults": {"lose": ["D7.dp0.tp0"]}"#, "`message_faults.lose`: `D7.dp0.tp0`");
+        check(r#", "message_faults": {"delay": ["P0.dp0.tp*:dispatch:5"]}"#, "sends no dispatches");
+        check(r#", "message_faults": {"drop": []}"#, "unknown field `drop`");
+        let many = vec![r#""D0.dp0.tp0:release""#; MAX_MESSAGE_FAULTS + 1].join(",");
+        check(&format!(r#", "message_faults": {{"lose": [{many}]}}"#), "at most 32");
+        let ok = r#", "message_faults": {"delay": ["D0.dp*.tp*:release,lease:1500@0.5"], "lose": ["D0.dp0.tp1:release=2"], "seed": 7}"#;
+        let engine = EngineConfig::parse(&config(ok)).expect("a valid fault list");
+        assert_eq!(engine.message_faults.len(), 2);
+        assert_eq!(engine.fault_seed, 7);
         assert!(EngineConfig::parse(&config("")).is_ok());
     }
 }

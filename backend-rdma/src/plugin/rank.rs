@@ -69,6 +69,18 @@ pub struct InProcessRank {
     backlog: Mutex<Vec<FromRank>>,
 }
 
+/// What `rank` applies to the control messages it sends: the engine's faults, each counted per
+/// rank, with a stream of the seed of its own (the cluster's numbering of ranks).
+fn sender_faults(engine: &Engine, rank: RankId) -> SenderFaults {
+    let d = &engine.deployment;
+    let slot = match rank.engine.role {
+        Role::Prefill => d.rank_index(rank),
+        Role::Decode => d.ranks(Role::Prefill).len() + d.rank_index(rank),
+    };
+    let faults = engine.message_faults.iter().enumerate().map(|(i, f)| (i as u16, f.clone())).collect();
+    SenderFaults { seed: engine.fault_seed, stream: 16 + slot as u64, faults }
+}
+
 impl InProcessRank {
     /// Starts `rank` of `engine` with KV regions of `num_blocks` blocks per layer, each of the
     /// size the model gives a block on this rank.
@@ -88,7 +100,7 @@ impl InProcessRank {
             transport: engine.transport,
             timeouts: engine.timeouts,
             per_request_reads: false,
-            message_faults: SenderFaults::default(),
+            message_faults: sender_faults(engine, rank),
             life: 0,
             peers: PeerBook::default(),
             data_plane_only: false,

@@ -142,6 +142,8 @@ def _config(vllm_config, role_char: str) -> dict[str, Any]:
         "timeouts": timeouts,
         "transport": extra.get("transport", "tcp"),
         "metrics_port": int(extra["metrics_port"]) if "metrics_port" in extra else None,
+        # For hostile tests only: faults on the control messages the ranks send.
+        "message_faults": extra.get("pdkv_message_faults", {}),
     }
 
 
@@ -505,6 +507,8 @@ class _Worker:
                 self._said.append((self._rank.name(), bytes(raw)))
             if kind == "Problem":
                 logger.warning("pdkv: %s: %s", self._rank.name(), said["Problem"])
+            if kind == "MessageFault":
+                logger.warning("pdkv: %s: injected message fault: %s", self._rank.name(), said["MessageFault"])
         return out
 
     def load(self, meta) -> None:

@@ -39,6 +39,8 @@ class Case:
     expect_why: str | None = None
     # For a `--kill` run: every request whose prefill answered before the kill must finish.
     expect_answered_finish: bool = False
+    # A phrase the run's log (stderr) must contain, e.g. that an injected fault hit.
+    expect_log: str | None = None
 
 
 EXAMPLE = ["--example-connector"]
@@ -232,6 +234,34 @@ CASES = [
         "update_connector_output, so pdkv's reaper never runs and the prefill pool stays short",
     ),
     Case(
+        "pdkv-delay-control",
+        _pdkv("1P_TP2:1D_TP2", 26414, 26464, {"pdkv_message_faults": {
+            "delay": ["P0.dp*.tp*:handshake-reply:1500", "D0.dp*.tp*:handshake-request:700",
+                      "D0.dp*.tp*:release,lease:1000@0.5"],
+            "seed": 7,
+        }})
+        + ["--requests", "64", "--concurrency", "32", "--prefill-tp", "2", "--decode-tp", "2"],
+        True,
+        expect_decode_min={"requests_checked": 64},
+        expect_log="injected message fault",
+        note="pdkv: every handshake request and reply held back (0.7 s, 1.5 s) and half of "
+        "decode's releases and leases (1 s): every request finishes, every block comes back",
+    ),
+    Case(
+        "pdkv-lose-releases",
+        _pdkv("1P_TP2:1D_TP2", 26424, 26474, {
+            **_FAST, "defer_timeout": 3,
+            "pdkv_message_faults": {"lose": ["D0.dp*.tp*:release"]},
+        })
+        + _KILL_RUN
+        + ["--drain-timeout", "20"],
+        True,
+        expect_decode_min={"requests_checked": 64},
+        expect_log="injected message fault",
+        note="pdkv: every release decode sends is lost; the reads are done, so every request "
+        "finishes, and prefill's reaper (defer_timeout 3 s) frees every block",
+    ),
+    Case(
         "pdkv-chunked",
         _pdkv("1P_TP2:1D_TP2", 26430, 26480)
         + ["--requests", "128", "--concurrency", "128", "--prefill-tp", "2", "--decode-tp", "2"]
@@ -294,6 +324,8 @@ def run_case(case: Case, python: str) -> dict[str, Any]:
         outcome = kill["answered_before_kill_outcome"]
         if outcome["failed_excused"] or outcome["failed_not_excused"]:
             why.append(f"requests answered before the kill did not all finish: {outcome}")
+    if case.expect_log is not None and case.expect_log not in proc.stderr:
+        why.append(f"expected the log to say {case.expect_log!r}")
     if case.expect_why is not None and not any(case.expect_why in w for w in verdict.get("why", [])):
         why.append(f"expected the verdict to say {case.expect_why!r}, it says {verdict.get('why')}")
     summary = {
