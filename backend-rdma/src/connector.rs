@@ -85,7 +85,7 @@ fn await_setup(
     reader.get_ref().set_read_timeout(Some(timeout)).map_err(configure)?;
     let join = |error| ConnectorError::Scheduler { op: "join", error };
     let setup = match read_frame::<ToRank>(reader) {
-        Ok(ToRank::Setup(setup)) => setup,
+        Ok(ToRank::Setup(setup)) => *setup,
         Ok(ToRank::Refused { reason }) => return Err(ConnectorError::Refused(reason)),
         Ok(other) => return Err(join(LinkError::NotSetup { got: other.name() })),
         Err(FrameError::Io(e))

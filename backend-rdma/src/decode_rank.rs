@@ -386,17 +386,25 @@ impl Outbox {
     }
 }
 
-fn transport(kind: TransportKind, io_timeout: Duration) -> Result<Box<dyn Transport + Send>, SetupError> {
+fn transport(
+    kind: TransportKind,
+    rdma_device: Option<&str>,
+    io_timeout: Duration,
+) -> Result<Box<dyn Transport + Send>, SetupError> {
     match kind {
         TransportKind::Tcp => {
             Ok(Box::new(TcpTransport::with_timeouts(Duration::from_secs(2), Some(io_timeout))))
         }
         #[cfg(feature = "rdma")]
-        TransportKind::Rdma => {
-            Ok(Box::new(crate::verbs::VerbsTransport::with_timeouts(Duration::from_secs(2), io_timeout)))
-        }
+        TransportKind::Rdma => Ok(Box::new(
+            crate::verbs::VerbsTransport::with_timeouts(Duration::from_secs(2), io_timeout)
+                .on_device(rdma_device.map(str::to_string)),
+        )),
         #[cfg(not(feature = "rdma"))]
-        TransportKind::Rdma => Err(SetupError::NoRdma),
+        TransportKind::Rdma => {
+            let _ = rdma_device;
+            Err(SetupError::NoRdma)
+        }
     }
 }
 
@@ -421,7 +429,7 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
     let mut worker = DecodeWorker::new(config);
     let transfer_timeout = Duration::from_millis(setup.timeouts.transfer_ms);
     let handshake_timeout = Duration::from_millis(setup.timeouts.handshake_ms);
-    let transport = match transport(setup.transport, transfer_timeout) {
+    let transport = match transport(setup.transport, setup.rdma_device.as_deref(), transfer_timeout) {
         Ok(t) => t,
         Err(error) => {
             let _ = ctx.link.send(&FromRank::SetupFailed { error: error.to_string() });

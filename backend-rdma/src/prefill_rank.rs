@@ -268,6 +268,7 @@ enum DataServer {
 impl DataServer {
     fn start(
         kind: TransportKind,
+        rdma_device: Option<&str>,
         addr: SocketAddr,
         regions: Arc<RwLock<Regions>>,
         incarnation: Incarnation,
@@ -281,12 +282,16 @@ impl DataServer {
             }
             #[cfg(feature = "rdma")]
             TransportKind::Rdma => {
-                let server = crate::verbs::VerbsServer::bind(addr, regions).map_err(SetupError::Verbs)?;
+                let server = crate::verbs::VerbsServer::bind_on(addr, regions, rdma_device)
+                    .map_err(SetupError::Verbs)?;
                 let local = server.local_addr();
                 Ok((DataServer::Rdma(server), local))
             }
             #[cfg(not(feature = "rdma"))]
-            TransportKind::Rdma => Err(SetupError::NoRdma),
+            TransportKind::Rdma => {
+                let _ = rdma_device;
+                Err(SetupError::NoRdma)
+            }
         }
     }
 
@@ -376,7 +381,13 @@ fn start(ctx: &mut Context) -> Result<Started, SetupError> {
     let address = &setup.address;
     let host_addr = resolve(&pdkv_core::ports::Endpoint { host: address.host.clone(), port: 0 })
         .map_err(SetupError::Resolve)?;
-    let (server, data_addr) = DataServer::start(setup.transport, host_addr, regions, ctx.incarnation)?;
+    let (server, data_addr) = DataServer::start(
+        setup.transport,
+        setup.rdma_device.as_deref(),
+        host_addr,
+        regions,
+        ctx.incarnation,
+    )?;
     // MoRIIO's slot for its engine descriptor carries pdkv's data plane instead.
     let data_plane = DataPlane {
         transport: setup.transport.into(),

@@ -77,6 +77,10 @@ pub struct Setup {
     pub num_blocks: u32,
     /// Which data plane to use.
     pub transport: TransportKind,
+    /// RDMA: the device (NIC) this rank reads or serves through; `None` for the one
+    /// `PDKV_RDMA_DEVICE` names, else the first.
+    #[serde(default)]
+    pub rdma_device: Option<String>,
     /// The protocol's timeouts: a decode rank's handshake and transfer timeouts, and the read
     /// lease a prefill rank grants at most.
     pub timeouts: ProtocolTimeouts,
@@ -134,7 +138,7 @@ impl ControlSetup {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ToRank {
     /// The answer to [`FromRank::Hello`].
-    Setup(Setup),
+    Setup(Box<Setup>),
     /// Prefill: compute (fill) a request's KV into these blocks.
     Prefill {
         /// The transfer.

@@ -338,6 +338,7 @@ impl Cluster {
             address: self.addresses[&rank.engine].clone(),
             num_blocks: self.config.num_blocks,
             transport: self.config.transport,
+            rdma_device: None,
             timeouts: self.config.timeouts,
             per_request_reads: false,
             message_faults: self.sender_faults(rank, life),
@@ -480,7 +481,7 @@ impl Cluster {
                     let _ = tx.send(Ev::Gone { rank, life });
                 });
                 let setup = self.setup_for(rank, life);
-                self.procs.send(rank, &ToRank::Setup(setup));
+                self.procs.send(rank, &ToRank::Setup(Box::new(setup)));
             }
             Ev::Refused { rank, pid, reason } => self.refused(rank, pid, &reason),
             Ev::Driver(event) => return self.on_driver(event),

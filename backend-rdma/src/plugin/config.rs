@@ -105,6 +105,11 @@ pub struct EngineConfig {
     /// The data plane: `tcp` or `rdma`.
     #[serde(default = "tcp")]
     pub transport: String,
+    /// RDMA: the NIC of each of this engine's ranks on a host, by local rank `dp * tp_size +
+    /// tp` (cycled), e.g. one per GPU. Empty: every rank opens the one `PDKV_RDMA_DEVICE` names,
+    /// else the first, so one NIC carries all of the engine's KV.
+    #[serde(default)]
+    pub rdma_devices: Vec<String>,
     /// Where rank (0, 0) serves its Prometheus metrics; rank (dp, tp) at `+ dp * tp_size + tp`.
     /// Absent: no endpoint.
     #[serde(default)]
@@ -183,6 +188,8 @@ pub struct Engine {
     pub timeouts: ProtocolTimeouts,
     /// The data plane.
     pub transport: TransportKind,
+    /// RDMA: each local rank's NIC, cycled (empty: the process's default device).
+    pub rdma_devices: Vec<String>,
     /// Where rank (0, 0) serves its metrics, if anywhere.
     pub metrics_port: Option<u16>,
     /// Faults on the control messages the ranks send (none when serving).
@@ -220,6 +227,12 @@ impl EngineConfig {
             other => return Err(field("transport", format!("`{other}` is neither `tcp` nor `rdma`"))),
         };
         let message_faults = self.message_faults.check(&deployment)?;
+        if !self.rdma_devices.is_empty() && transport != TransportKind::Rdma {
+            return Err(field("rdma_devices", "given, but the transport is not `rdma`"));
+        }
+        if let Some(bad) = self.rdma_devices.iter().find(|n| n.is_empty() || n.len() > 64) {
+            return Err(field("rdma_devices", format!("{bad:?} is not a device name")));
+        }
         Ok(Engine {
             deployment,
             engine,
@@ -230,10 +243,32 @@ impl EngineConfig {
             },
             timeouts,
             transport,
+            rdma_devices: self.rdma_devices.clone(),
             metrics_port: self.metrics_port,
             message_faults,
             fault_seed: self.message_faults.seed,
         })
+    }
+}
+
+impl Engine {
+    /// The NIC `rank` of this engine moves KV through: its RDMA device, `rdma` for the
+    /// process's default device, or `tcp`.
+    pub fn nic(&self, rank: RankId) -> String {
+        match self.transport {
+            TransportKind::Tcp => "tcp".into(),
+            TransportKind::Rdma if self.rdma_devices.is_empty() => "rdma".into(),
+            TransportKind::Rdma => {
+                let layout = self.deployment.layout(self.engine);
+                let local = usize::from(rank.dp) * usize::from(layout.tp) + usize::from(rank.tp);
+                self.rdma_devices[local % self.rdma_devices.len()].clone()
+            }
+        }
+    }
+
+    /// The device `rank` opens, if the configuration names one.
+    pub fn rdma_device(&self, rank: RankId) -> Option<String> {
+        (self.transport == TransportKind::Rdma && !self.rdma_devices.is_empty()).then(|| self.nic(rank))
     }
 }
 
@@ -284,9 +319,38 @@ mod tests {
         let many = vec![r#""D0.dp0.tp0:release""#; MAX_MESSAGE_FAULTS + 1].join(",");
         check(&format!(r#", "message_faults": {{"lose": [{many}]}}"#), "at most 32");
         let ok = r#", "message_faults": {"delay": ["D0.dp*.tp*:release,lease:1500@0.5"], "lose": ["D0.dp0.tp1:release=2"], "seed": 7}"#;
+        check(r#", "rdma_devices": ["mlx5_0"]"#, "`rdma_devices`: given, but the transport is not `rdma`");
+        check(r#", "transport": "rdma", "rdma_devices": [""]"#, "`rdma_devices`: \"\" is not a device name");
         let engine = EngineConfig::parse(&config(ok)).expect("a valid fault list");
         assert_eq!(engine.message_faults.len(), 2);
         assert_eq!(engine.fault_seed, 7);
+    }
+
+    #[test]
+    fn each_rank_gets_its_nic() {
+        // Prefill TP2 (ranks 0, 1) over three devices; decode DP2 TP2 over two; TCP and the
+        // default device name no device.
+        let check = |deployment: &str, engine: &str, transport: &str, devices: &str, expected: &[&str]| {
+            let patch = format!(r#", "transport": "{transport}", "rdma_devices": [{devices}]"#);
+            let json = config(&patch)
+                .replace("1P_TP2:1D_TP2", deployment)
+                .replace(r#""engine": "P0""#, &format!(r#""engine": "{engine}""#));
+            let e = EngineConfig::parse(&json).expect("valid");
+            let layout = e.deployment.layout(e.engine);
+            let mut got = Vec::new();
+            for dp in 0..layout.dp {
+                for tp in 0..layout.tp {
+                    let rank = RankId::new(e.engine, dp, tp);
+                    got.push(e.nic(rank));
+                    assert_eq!(e.rdma_device(rank).is_some(), !devices.is_empty(), "{deployment} {rank}");
+                }
+            }
+            assert_eq!(got, expected, "{deployment} {engine} {transport} [{devices}]");
+        };
+        check("1P_TP2:1D_TP2", "P0", "rdma", r#""a", "b", "c""#, &["a", "b"]);
+        check("1P_TP2:1D_DP2TP2", "D0", "rdma", r#""a", "b""#, &["a", "b", "a", "b"]);
+        check("1P_TP2:1D_DP2TP2", "D0", "rdma", "", &["rdma", "rdma", "rdma", "rdma"]);
+        check("1P_TP2:1D_TP2", "P0", "tcp", "", &["tcp", "tcp"]);
         assert!(EngineConfig::parse(&config("")).is_ok());
     }
 }

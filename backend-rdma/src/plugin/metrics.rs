@@ -39,22 +39,23 @@ impl Histogram {
         self.count += 1;
     }
 
-    fn render(&self, out: &mut String, name: &str, help: &str, rank: &str) {
+    fn render(&self, out: &mut String, name: &str, help: &str, labels: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
         for (bound, count) in BUCKETS_US.iter().zip(self.counts.iter()) {
             let le = *bound as f64 / 1e6;
-            let _ = writeln!(out, "{name}_bucket{{rank=\"{rank}\",le=\"{le}\"}} {count}");
+            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {count}");
         }
-        let _ = writeln!(out, "{name}_bucket{{rank=\"{rank}\",le=\"+Inf\"}} {}", self.count);
-        let _ = writeln!(out, "{name}_sum{{rank=\"{rank}\"}} {}", self.sum_us as f64 / 1e6);
-        let _ = writeln!(out, "{name}_count{{rank=\"{rank}\"}} {}", self.count);
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {}", self.count);
+        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", self.sum_us as f64 / 1e6);
+        let _ = writeln!(out, "{name}_count{{{labels}}} {}", self.count);
     }
 }
 
 /// What one rank has done, as counters by name and peer.
 #[derive(Debug, Default)]
 pub struct RankMetrics {
-    rank: String,
+    /// The labels of every series: the rank and its NIC.
+    labels: String,
     /// `(metric, peer)` to value; `peer` is empty for counters of the rank alone.
     counters: BTreeMap<(&'static str, String), u64>,
     read_latency: Histogram,
@@ -82,9 +83,11 @@ const HELP: &[(&str, &str)] = &[
 ];
 
 impl RankMetrics {
-    /// The metrics of `rank`, all zero.
-    pub fn new(rank: RankId) -> RankMetrics {
-        RankMetrics { rank: rank.to_string(), ..RankMetrics::default() }
+    /// The metrics of `rank`, which moves KV through `nic` (an RDMA device, `rdma` or `tcp`),
+    /// all zero. Every series carries both, so that a query can sum a host's traffic by NIC.
+    pub fn new(rank: RankId, nic: String) -> RankMetrics {
+        let labels = format!("rank=\"{rank}\",nic=\"{}\"", escape(&nic));
+        RankMetrics { labels, ..RankMetrics::default() }
     }
 
     fn add(&mut self, name: &'static str, peer: String, n: u64) {
@@ -135,7 +138,7 @@ impl RankMetrics {
     /// The metrics in Prometheus's text format: every counter with its help line, zero or not.
     pub fn render(&self) -> String {
         let mut out = String::new();
-        let rank = &self.rank;
+        let labels = &self.labels;
         for (name, help) in HELP {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
             let mut any = false;
@@ -144,19 +147,29 @@ impl RankMetrics {
             {
                 any = true;
                 if peer.is_empty() {
-                    let _ = writeln!(out, "{name}{{rank=\"{rank}\"}} {value}");
+                    let _ = writeln!(out, "{name}{{{labels}}} {value}");
                 } else {
-                    let _ = writeln!(out, "{name}{{rank=\"{rank}\",peer=\"{peer}\"}} {value}");
+                    let _ = writeln!(out, "{name}{{{labels},peer=\"{peer}\"}} {value}");
                 }
             }
             if !any {
-                let _ = writeln!(out, "{name}{{rank=\"{rank}\"}} 0");
+                let _ = writeln!(out, "{name}{{{labels}}} 0");
             }
         }
-        self.read_latency.render(&mut out, "pdkv_read_seconds", "time of one read on the data plane", rank);
-        self.handshake_latency.render(&mut out, "pdkv_handshake_seconds", "time of one handshake dial", rank);
+        self.read_latency.render(&mut out, "pdkv_read_seconds", "time of one read on the data plane", labels);
+        self.handshake_latency.render(
+            &mut out,
+            "pdkv_handshake_seconds",
+            "time of one handshake dial",
+            labels,
+        );
         out
     }
+}
+
+/// `text` as a Prometheus label value (backslash, double quote and newline escaped).
+fn escape(text: &str) -> String {
+    text.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
 /// Serves `metrics` at `http://addr/metrics` from a thread of its own until the process ends.
@@ -207,7 +220,7 @@ mod tests {
     fn counters_and_histograms_follow_what_the_rank_said() {
         let rank = RankId::new(EngineId::decode(0), 0, 1);
         let source = RankId::new(EngineId::prefill(0), 0, 1);
-        let mut m = RankMetrics::new(rank);
+        let mut m = RankMetrics::new(rank, "mlx5_1".into());
         let read = |bytes, elapsed_us| FromRank::ReadVerified {
             request: pdkv_core::ids::RequestId(0),
             layer: None,
@@ -221,19 +234,22 @@ mod tests {
         m.observe_from(&FromRank::Vote { step: 0, ok: false });
         let text = m.render();
         let check = |line: &str| assert!(text.lines().any(|l| l == line), "{line} not in\n{text}");
-        check("pdkv_read_bytes_total{rank=\"D0.dp0.tp1\",peer=\"P0.dp0.tp1\"} 5120");
-        check("pdkv_reads_total{rank=\"D0.dp0.tp1\",peer=\"P0.dp0.tp1\"} 2");
-        check("pdkv_handshake_failures_total{rank=\"D0.dp0.tp1\",peer=\"P0.dp0.tp1\"} 1");
-        check("pdkv_handshakes_total{rank=\"D0.dp0.tp1\"} 0");
-        check("pdkv_votes_failed_total{rank=\"D0.dp0.tp1\"} 1");
-        check("pdkv_read_seconds_bucket{rank=\"D0.dp0.tp1\",le=\"0.0005\"} 1");
-        check("pdkv_read_seconds_bucket{rank=\"D0.dp0.tp1\",le=\"0.05\"} 2");
-        check("pdkv_read_seconds_count{rank=\"D0.dp0.tp1\"} 2");
+        check("pdkv_read_bytes_total{rank=\"D0.dp0.tp1\",nic=\"mlx5_1\",peer=\"P0.dp0.tp1\"} 5120");
+        check("pdkv_reads_total{rank=\"D0.dp0.tp1\",nic=\"mlx5_1\",peer=\"P0.dp0.tp1\"} 2");
+        check("pdkv_handshake_failures_total{rank=\"D0.dp0.tp1\",nic=\"mlx5_1\",peer=\"P0.dp0.tp1\"} 1");
+        check("pdkv_handshakes_total{rank=\"D0.dp0.tp1\",nic=\"mlx5_1\"} 0");
+        check("pdkv_votes_failed_total{rank=\"D0.dp0.tp1\",nic=\"mlx5_1\"} 1");
+        check("pdkv_read_seconds_bucket{rank=\"D0.dp0.tp1\",nic=\"mlx5_1\",le=\"0.0005\"} 1");
+        check("pdkv_read_seconds_bucket{rank=\"D0.dp0.tp1\",nic=\"mlx5_1\",le=\"0.05\"} 2");
+        check("pdkv_read_seconds_count{rank=\"D0.dp0.tp1\",nic=\"mlx5_1\"} 2");
+        let odd = RankMetrics::new(rank, "a\"b\\c\nd".into()).render();
+        assert!(odd.contains(r#"pdkv_votes_total{rank="D0.dp0.tp1",nic="a\"b\\c\nd"} 0"#), "{odd}");
     }
 
     #[test]
     fn the_endpoint_answers_a_scrape_and_refuses_other_paths() {
-        let metrics = Arc::new(Mutex::new(RankMetrics::new(RankId::new(EngineId::prefill(0), 0, 0))));
+        let metrics =
+            Arc::new(Mutex::new(RankMetrics::new(RankId::new(EngineId::prefill(0), 0, 0), "tcp".into())));
         metrics.lock().expect("not poisoned").observe_to(&ToRank::Fence {
             transfer_id: pdkv_core::ids::TransferId("tx-1".into()),
             blocks: vec![1],
@@ -248,7 +264,7 @@ mod tests {
         };
         let text = get("/metrics");
         assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
-        assert!(text.contains("pdkv_fences_total{rank=\"P0.dp0.tp0\"} 1"), "{text}");
+        assert!(text.contains("pdkv_fences_total{rank=\"P0.dp0.tp0\",nic=\"tcp\"} 1"), "{text}");
         assert!(get("/secrets").starts_with("HTTP/1.1 404"));
     }
 }

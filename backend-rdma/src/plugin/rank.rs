@@ -98,6 +98,7 @@ impl InProcessRank {
             address: engine.address.clone(),
             num_blocks,
             transport: engine.transport,
+            rdma_device: engine.rdma_device(rank),
             timeouts: engine.timeouts,
             per_request_reads: false,
             message_faults: sender_faults(engine, rank),
@@ -106,7 +107,7 @@ impl InProcessRank {
             data_plane_only: false,
             control: ControlSetup::default(),
         };
-        let metrics = Arc::new(Mutex::new(RankMetrics::new(rank)));
+        let metrics = Arc::new(Mutex::new(RankMetrics::new(rank, engine.nic(rank))));
         let metrics_addr = match engine.metrics_port {
             None => None,
             Some(base) => {

@@ -90,6 +90,8 @@ pub struct VerbsTransport {
     pub(super) conns: BTreeMap<Endpoint, Conn>,
     bounce: Option<Bounce>,
     dev: Option<Arc<Device>>,
+    /// The device to open (`None`: `PDKV_RDMA_DEVICE`, else the first).
+    device_name: Option<String>,
     connect_timeout: Duration,
     io_timeout: Duration,
     direct_threshold: usize,
@@ -124,10 +126,18 @@ impl VerbsTransport {
             conns: BTreeMap::new(),
             bounce: None,
             dev: None,
+            device_name: None,
             connect_timeout,
             io_timeout,
             direct_threshold: DEFAULT_DIRECT_THRESHOLD,
         }
+    }
+
+    /// Reads through the device named `device` (`None`: `PDKV_RDMA_DEVICE`, else the first);
+    /// it is opened at the first read.
+    pub fn on_device(mut self, device: Option<String>) -> VerbsTransport {
+        self.device_name = device;
+        self
     }
 
     /// Sets the size from which reads go straight into the caller's buffer (registered for the
@@ -152,7 +162,7 @@ impl VerbsTransport {
         if let Some(d) = &self.dev {
             return Ok(Arc::clone(d));
         }
-        let dev = Device::open().map_err(|e| setup_error(peer, &e))?;
+        let dev = Device::open(self.device_name.as_deref()).map_err(|e| setup_error(peer, &e))?;
         self.dev = Some(Arc::clone(&dev));
         Ok(dev)
     }

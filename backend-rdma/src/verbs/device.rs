@@ -127,10 +127,15 @@ impl Drop for DeviceList {
 }
 
 impl Device {
-    pub(super) fn open() -> Result<Arc<Device>, VerbsError> {
+    /// Opens the device named `want`, else the one `PDKV_RDMA_DEVICE` names, else the first.
+    pub(super) fn open(want: Option<&str>) -> Result<Arc<Device>, VerbsError> {
         let list = DeviceList::get()?;
         let names: Vec<String> = (0..list.1).map(|i| list.name(i)).collect();
-        let index = match env_setting("PDKV_RDMA_DEVICE")? {
+        let want = match want {
+            Some(name) => Some(name.to_string()),
+            None => env_setting("PDKV_RDMA_DEVICE")?,
+        };
+        let index = match want {
             None => 0,
             Some(want) => names
                 .iter()

@@ -15,7 +15,7 @@ pub enum VerbsError {
         /// What `ibv_get_device_list` said.
         detail: String,
     },
-    /// `PDKV_RDMA_DEVICE` names a device that is not present.
+    /// The configuration or `PDKV_RDMA_DEVICE` names a device that is not present.
     NoSuchDevice {
         /// The name asked for.
         name: String,
@@ -79,7 +79,7 @@ impl fmt::Display for VerbsError {
             ),
             VerbsError::NoSuchDevice { name, available } => {
                 let present = if available.is_empty() { "none".to_string() } else { available.join(", ") };
-                write!(f, "no RDMA device named {name:?} (PDKV_RDMA_DEVICE); present: {present}")
+                write!(f, "no RDMA device named {name:?}; present: {present}")
             }
             VerbsError::PortNotActive { device, port, state } => {
                 write!(f, "port {port} of RDMA device {device} is not active (state {state})")

@@ -9,7 +9,8 @@
 //!
 //! # Device
 //!
-//! The first device `ibv_get_device_list` reports, or the one named by `PDKV_RDMA_DEVICE`;
+//! The device a rank's configuration names, else the one `PDKV_RDMA_DEVICE` names, else the
+//! first `ibv_get_device_list` reports;
 //! port 1, or `PDKV_RDMA_PORT`; the GID is the first IPv4-mapped one in the port's table (the
 //! usual RoCE v2 choice), else the first non-zero one, or index `PDKV_RDMA_GID_INDEX`. Without
 //! a device, [`VerbsServer::bind`] returns [`VerbsError::NoDevice`] and [`VerbsTransport`]'s

@@ -112,7 +112,17 @@ impl VerbsServer {
     /// connections, and starts serving `regions`. Fails with [`VerbsError::NoDevice`] when
     /// there is no RDMA device.
     pub fn bind(addr: SocketAddr, regions: Arc<RwLock<Regions>>) -> Result<VerbsServer, VerbsError> {
-        let dev = Device::open()?;
+        VerbsServer::bind_on(addr, regions, None)
+    }
+
+    /// [`VerbsServer::bind`] on the device named `device` (`None`: `PDKV_RDMA_DEVICE`, else the
+    /// first).
+    pub fn bind_on(
+        addr: SocketAddr,
+        regions: Arc<RwLock<Regions>>,
+        device: Option<&str>,
+    ) -> Result<VerbsServer, VerbsError> {
+        let dev = Device::open(device)?;
         let cq = Cq::create(&dev, 16)?;
         let listener = TcpListener::bind(addr)
             .map_err(|e| VerbsError::Server(crate::tcp::ServerError::bind(addr, &e)))?;

@@ -20,7 +20,7 @@ use crate::transport::{Endpoint, RemoteCode, Transport, TransportError};
 /// reason on stderr (written past the test harness's capture), unless `PDKV_RDMA_REQUIRED=1`
 /// (the rdma-vm guest), where a missing device fails the test.
 fn device_present(test: &str) -> bool {
-    match Device::open() {
+    match Device::open(None) {
         Ok(_) => true,
         Err(e) => {
             let required = std::env::var("PDKV_RDMA_REQUIRED").is_ok_and(|v| v == "1");
@@ -260,7 +260,7 @@ fn verbs_unanswered_reads_time_out() {
     if !device_present("verbs_unanswered_reads_time_out") {
         return;
     }
-    let dev = Device::open().expect("device");
+    let dev = Device::open(None).expect("device");
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
     let peer = Endpoint { host: "127.0.0.1".into(), port: listener.local_addr().expect("addr").port() };
     let fake = thread::spawn(move || {
@@ -297,7 +297,7 @@ fn verbs_unanswered_reads_time_out() {
 
 #[test]
 fn verbs_without_device_gives_typed_errors() {
-    let Err(e) = Device::open() else {
+    let Err(e) = Device::open(None) else {
         let _ =
             writeln!(io::stderr(), "skipping verbs_without_device_gives_typed_errors: a device is present");
         return;

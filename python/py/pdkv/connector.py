@@ -141,6 +141,7 @@ def _config(vllm_config, role_char: str) -> dict[str, Any]:
         "notify_port": int(extra.get("notify_port", 61005)),
         "timeouts": timeouts,
         "transport": extra.get("transport", "tcp"),
+        "rdma_devices": list(extra.get("rdma_devices", [])),
         "metrics_port": int(extra["metrics_port"]) if "metrics_port" in extra else None,
         # For hostile tests only: faults on the control messages the ranks send.
         "message_faults": extra.get("pdkv_message_faults", {}),

@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -152,15 +153,21 @@ async def run(args) -> dict[str, Any]:
                 role = "kv_producer" if side == "prefill" else "kv_consumer"
                 tp = args.prefill_tp if side == "prefill" else args.decode_tp
                 scraped: dict[str, float] = {}
+                by_nic: dict[str, float] = {}
                 for rank in range(tp):
                     url = f"http://127.0.0.1:{metrics_base(role, args.kv_port) + rank}/metrics"
                     async with session.get(url) as r:
                         for line in (await r.text()).splitlines():
                             if line.startswith("pdkv_") and "_bucket" not in line:
                                 name = line.split("{")[0]
-                                scraped[name] = scraped.get(name, 0) + float(line.rsplit(" ", 1)[1])
+                                value = float(line.rsplit(" ", 1)[1])
+                                scraped[name] = scraped.get(name, 0) + value
+                                nic = re.search(r'nic="([^"]*)"', line)
+                                if name == "pdkv_read_bytes_total" and nic:
+                                    by_nic[nic.group(1)] = by_nic.get(nic.group(1), 0) + value
                 result[side] = {
                     "metrics": {k: v for k, v in scraped.items() if v},
+                    "read_bytes_by_nic": by_nic,
                     "bytes_verified": sum(x["bytes_verified"] for x in reports),
                     "mismatched_bytes": sum(x["mismatched_bytes"] for x in reports),
                     "requests_checked": max(x["requests_checked"] for x in reports),
@@ -185,6 +192,8 @@ async def run(args) -> dict[str, Any]:
         and metrics["decode"].get("pdkv_requests_received_total", 0) >= args.requests * args.decode_tp
         and metrics["prefill"].get("pdkv_transfers_finished_total", 0) >= args.requests
         and metrics["decode"].get("pdkv_read_bytes_total", 0) > 0
+        # Every byte read is counted on the NIC it crossed.
+        and sum(dec.get("read_bytes_by_nic", {}).values()) == metrics["decode"]["pdkv_read_bytes_total"]
         and dec.get("bytes_verified", 0) > 0
         and dec.get("mismatched_bytes", 1) == 0
         and all(result.get(s, {}).get("no_block_held") for s in ("prefill", "decode"))
