@@ -1,5 +1,5 @@
 """Unit tests of the connector's pure-Python parts that need no engine: the decode worker's inbox
-(what it holds of its rank's messages, and for how long). Needs vLLM importable (the connector
+(what it holds of its rank's messages, and for how long), and the bytes a block is staged as. Needs vLLM importable (the connector
 module subclasses vLLM's connector base), as in the venv `cargo xtask vllm-test` builds.
 
     python python/tests/test_connector.py
@@ -7,7 +7,9 @@ module subclasses vLLM's connector base), as in the venv `cargo xtask vllm-test`
 
 import unittest
 
-from pdkv.connector import _Inbox
+import torch
+
+from pdkv.connector import _block_view, _gather, _Inbox, _scatter
 
 
 def vote(step, ok=True):
@@ -87,6 +89,57 @@ class InboxTest(unittest.TestCase):
         self.assertEqual(inbox.take(lambda s: next(iter(s.values()))["request"] == 3), received(3))
         self.assertEqual(inbox.take(lambda s: True), failed(3))
         self.assertIsNone(inbox.take(lambda s: True))
+
+
+class BlockBytesTest(unittest.TestCase):
+    """A staged block must be that block's bytes as they lie in memory: what a MoRIIO peer reads
+    at `base + block * block_len` and writes back the same way. Each case builds a cache the way
+    vLLM does (a backing buffer viewed in physical order, permuted to the logical order the
+    connector is handed) and names where each block's bytes are in the backing buffer."""
+
+    BLOCKS, HEADS, TOKENS, DIM = 5, 2, 4, 3
+
+    def check(self, physical, to_logical, block_spans, blocks=(3, 0, 4)):
+        """`physical`: the backing buffer's shape; `to_logical`: the permutation vLLM applies;
+        `block_spans(b)`: the (start, end) element ranges of block b in the buffer, in order."""
+        numel = 1
+        for n in physical:
+            numel *= n
+        backing = torch.arange(numel, dtype=torch.int32)
+        cache = backing.view(physical).permute(to_logical)
+        view = _block_view(cache, self.BLOCKS)
+        expected = torch.cat([backing[a:e] for b in blocks for a, e in block_spans(b)])
+        self.assertEqual(_gather(view, list(blocks)), expected.numpy().tobytes())
+        # Writing the bytes back lands them where they came from, and nowhere else.
+        copy = torch.zeros(numel, dtype=torch.int32)
+        _scatter(_block_view(copy.view(physical).permute(to_logical), self.BLOCKS), list(blocks), expected.numpy().tobytes())
+        spans = [span for b in blocks for span in block_spans(b)]
+        for i in range(numel):
+            inside = any(a <= i < e for a, e in spans)
+            self.assertEqual(int(copy[i]), i if inside else 0, f"element {i}")
+
+    def test_nhd_blocks_first(self):
+        # vLLM 0.34's default here: logical [B, H, N, C] over physical [B, N, H, C].
+        block = self.HEADS * self.TOKENS * self.DIM
+        self.check((self.BLOCKS, self.TOKENS, self.HEADS, self.DIM), (0, 2, 1, 3), lambda b: [(b * block, (b + 1) * block)])
+
+    def test_hnd_blocks_first(self):
+        block = self.HEADS * self.TOKENS * self.DIM
+        self.check((self.BLOCKS, self.HEADS, self.TOKENS, self.DIM), (0, 1, 2, 3), lambda b: [(b * block, (b + 1) * block)])
+
+    def test_kv_first(self):
+        # Older layouts: [2, B, N, H, C], a block's K half then its V half.
+        half = self.HEADS * self.TOKENS * self.DIM
+        kv = self.BLOCKS * half
+        self.check(
+            (2, self.BLOCKS, self.TOKENS, self.HEADS, self.DIM),
+            (0, 1, 2, 3, 4),
+            lambda b: [(b * half, (b + 1) * half), (kv + b * half, kv + (b + 1) * half)],
+        )
+
+    def test_no_block_dimension_is_refused(self):
+        with self.assertRaisesRegex(ValueError, "no block dimension of 5"):
+            _block_view(torch.zeros(2, 3, 4), self.BLOCKS)
 
 
 if __name__ == "__main__":

@@ -388,13 +388,31 @@ class _DecodeScheduler:
 # ---------------------------------------------------------------- worker side
 
 
-def _block_dim(tensor: torch.Tensor, num_blocks: int) -> int:
-    """Which of a layer's first two dimensions indexes blocks (vLLM's layouts put K/V first or
-    blocks first)."""
+def _block_view(tensor: torch.Tensor, num_blocks: int) -> torch.Tensor:
+    """A view of a layer's KV cache with blocks first and every other dimension in the order
+    of its memory (largest stride first), so that one block's entry holds that block's bytes as
+    they lie in memory: the bytes a MoRIIO peer moves. vLLM's layouts put blocks or K/V first,
+    and its 0.34 views are logical ``[B, H, N, C]`` over a physical ``[B, N, H, C]`` by default
+    (`VLLM_KV_CACHE_LAYOUT`): copying the logical order instead, as pdkv did, agreed with MoRIIO
+    only for one KV head per rank or the ``HND`` layout."""
     for dim in range(min(2, tensor.dim())):
         if tensor.shape[dim] == num_blocks:
-            return dim
+            rest = sorted((d for d in range(tensor.dim()) if d != dim), key=lambda d: -tensor.stride(d))
+            return tensor.permute([dim, *rest])
     raise ValueError(f"pdkv: a KV cache of shape {tuple(tensor.shape)} has no block dimension of {num_blocks}")
+
+
+def _gather(view: torch.Tensor, blocks: list[int]) -> bytes:
+    """The bytes of `blocks` of a `_block_view`, block after block."""
+    index = torch.tensor(blocks, dtype=torch.long, device=view.device)
+    return view.index_select(0, index).contiguous().view(torch.uint8).cpu().numpy().tobytes()
+
+
+def _scatter(view: torch.Tensor, blocks: list[int], data: bytes) -> None:
+    """Writes `_gather`'s bytes of `blocks` back into a `_block_view` (and so into the cache)."""
+    index = torch.tensor(blocks, dtype=torch.long, device=view.device)
+    values = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(view.dtype)
+    view.index_copy_(0, index, values.reshape(len(blocks), *view.shape[1:]).to(view.device))
 
 
 class _Worker:
@@ -406,7 +424,7 @@ class _Worker:
         self._rank = None
         self._ready: bytes | None = None
         self._layers: list[torch.Tensor] = []
-        self._block_dims: list[int] = []
+        self._block_views: list[torch.Tensor] = []
         self._meta: PdkvMetadata | None = None
         self._said: list[tuple[str, bytes]] = []
 
@@ -419,7 +437,7 @@ class _Worker:
         dp = self._vllm_config.parallel_config.data_parallel_rank or 0
         self._rank = _native.Rank(self._config_json, dp, tp_group.rank_in_group, num_blocks)
         self._layers = tensors
-        self._block_dims = [_block_dim(t, num_blocks) for t in tensors]
+        self._block_views = [_block_view(t, num_blocks) for t in tensors]
         block_len = self._rank.block_len()
         got = tensors[0].element_size() * tensors[0].numel() // num_blocks
         if got != block_len:
@@ -450,26 +468,6 @@ class _Worker:
         first = tensors[0]
         # Blocks are the larger of the first two dimensions (the other is K/V's 2).
         return int(first.shape[1] if first.shape[0] == 2 and first.dim() > 2 else first.shape[0])
-
-    def _gather(self, layer: int, blocks: list[int]) -> bytes:
-        tensor, dim = self._layers[layer], self._block_dims[layer]
-        index = torch.tensor(blocks, dtype=torch.long, device=tensor.device)
-        picked = tensor.index_select(dim, index)
-        if dim == 1:
-            picked = picked.transpose(0, 1)
-        return picked.contiguous().view(torch.uint8).cpu().numpy().tobytes()
-
-    def _scatter(self, layer: int, blocks: list[int], data: bytes) -> None:
-        tensor, dim = self._layers[layer], self._block_dims[layer]
-        index = torch.tensor(blocks, dtype=torch.long, device=tensor.device)
-        shape = list(tensor.shape)
-        shape[dim] = len(blocks)
-        if dim == 1:
-            shape[0], shape[1] = shape[1], shape[0]
-        values = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(tensor.dtype).reshape(shape)
-        if dim == 1:
-            values = values.transpose(0, 1)
-        tensor.index_copy_(dim, index, values.to(tensor.device))
 
     def bind(self, meta) -> None:
         self._meta = meta if isinstance(meta, PdkvMetadata) else None
@@ -538,7 +536,7 @@ class _PrefillWorker(_Worker):
             try:
                 began = time.monotonic()
                 for layer in range(len(self._layers)):
-                    self._rank.stage(layer, blocks, self._gather(layer, blocks))
+                    self._rank.stage(layer, blocks, _gather(self._block_views[layer], blocks))
                 self._rank.staged_transfer(transfer_id, blocks, 10.0)
                 logger.debug("pdkv: %s staged %s (%d blocks) in %.1f ms", self._rank.name(), transfer_id, len(blocks), (time.monotonic() - began) * 1e3)
             except (RuntimeError, ValueError) as e:
@@ -643,7 +641,7 @@ class _DecodeWorker(_Worker):
                     number = said["Received"]["request"]
                     _, local = meta.requests[number]
                     for layer in range(len(self._layers)):
-                        self._scatter(layer, local, self._rank.unstage(layer, local))
+                        _scatter(self._block_views[layer], local, self._rank.unstage(layer, local))
                 else:
                     number = said["RecvFailed"]["request"]
                     req_id, local = meta.requests[number]
