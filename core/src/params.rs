@@ -36,7 +36,8 @@ pub struct KvTransferParams {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub transfer_id: Option<String>,
     /// Prefill's KV block ids holding the prompt, in the owner DP rank's pool; decode reads them.
-    pub remote_block_ids: Vec<u64>,
+    /// One list per KV cache group as MoRIIO writes it, or one flat list.
+    pub remote_block_ids: BlockIds,
     /// MoRIIO engine id of the prefill engine, `"<host>:<handshake port base>"`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub remote_engine_id: Option<String>,
@@ -56,7 +57,8 @@ pub struct KvTransferParams {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub remote_dp_size: Option<i64>,
     /// The prefill DP rank that owns the request (holds its blocks), added by the proxy on the
-    /// request to decode; absent when the prefill engine has one DP rank. Prefill never sends it.
+    /// request to decode; absent when the prefill engine has one DP rank. pdkv's prefill leaves it
+    /// to the proxy at DP 1; MoRIIO's producer always writes its own (global) DP rank.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub remote_dp_rank: Option<i64>,
     /// Prefill's own TP size as prefill writes it in its answer; the proxy clears it when it sets
@@ -81,6 +83,48 @@ pub struct KvTransferParams {
     /// received; see [`KvTransferParams::holder_incarnations`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pdkv_incarnations: Option<Vec<i64>>,
+}
+
+/// `remote_block_ids`, as received or to be sent. vLLM's MoRIIO producer (0.33 and 0.34 alike)
+/// writes one list per KV cache group (`[[3, 4, 5]]` for a model with full attention only), and
+/// its consumer reads nothing else: its scheduler zips the groups with its own, so a flat list
+/// raises there. pdkv wrote a flat list until its prefill met MoRIIO's decode inside vLLM; it now
+/// writes MoRIIO's shape and reads both, so a writer of the flat form (an older pdkv, a test
+/// harness) is still understood.
+///
+/// pdkv moves one KV cache group (models with full attention only), so a list of several groups
+/// is kept as received and refused where it is used ([`BlockIds::single_group`]).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum BlockIds {
+    /// One flat list.
+    Flat(Vec<u64>),
+    /// One list per KV cache group.
+    PerGroup(Vec<Vec<u64>>),
+}
+
+impl Default for BlockIds {
+    fn default() -> BlockIds {
+        BlockIds::Flat(Vec::new())
+    }
+}
+
+impl From<Vec<u64>> for BlockIds {
+    fn from(ids: Vec<u64>) -> BlockIds {
+        BlockIds::Flat(ids)
+    }
+}
+
+impl BlockIds {
+    /// The block ids of the one KV cache group pdkv moves; an error when the list names none or
+    /// several.
+    pub fn single_group(&self) -> Result<&[u64], ParamsError> {
+        match self {
+            BlockIds::Flat(ids) => Ok(ids),
+            BlockIds::PerGroup(groups) if groups.len() == 1 => Ok(&groups[0]),
+            BlockIds::PerGroup(groups) => Err(ParamsError::KvCacheGroups { groups: groups.len() }),
+        }
+    }
 }
 
 /// `pdkv_incarnations` as a pdkv prefill engine writes it in its answer: the holding
@@ -128,14 +172,14 @@ impl PrefillAnswer<'_> {
 }
 
 impl KvTransferParams {
-    /// A prefill engine's answer, as MoRIIO's producer writes it (no DP rank: the proxy adds
-    /// the one it routed to) with pdkv's extension keys.
+    /// A prefill engine's answer, as MoRIIO's producer writes it (one KV cache group; no DP
+    /// rank: the proxy adds the one it routed to) with pdkv's extension keys.
     pub fn prefill_answer(answer: &PrefillAnswer) -> KvTransferParams {
         let address = answer.address;
         KvTransferParams {
             do_remote_prefill: true,
             transfer_id: answer.transfer_id.map(|t| t.0.clone()),
-            remote_block_ids: answer.blocks.iter().map(|&b| u64::from(b)).collect(),
+            remote_block_ids: BlockIds::PerGroup(vec![answer.blocks.iter().map(|&b| u64::from(b)).collect()]),
             remote_engine_id: Some(address.engine_id()),
             remote_host: Some(address.host.clone()),
             remote_handshake_port: Some(i64::from(address.handshake_port_base)),
@@ -187,6 +231,11 @@ pub enum ParamsError {
         /// The prefill TP size.
         tp: u16,
     },
+    /// `remote_block_ids` names a number of KV cache groups other than one.
+    KvCacheGroups {
+        /// Groups named.
+        groups: usize,
+    },
     /// A size outside 1..=256, an owner DP rank outside 0..=255, or an incarnation outside
     /// 1..=2^53-1.
     OutOfRange {
@@ -209,6 +258,10 @@ impl fmt::Display for ParamsError {
             ParamsError::IncarnationCount { len, tp } => write!(
                 f,
                 "kv_transfer_params pdkv_incarnations names {len} incarnations for a prefill TP size of {tp}"
+            ),
+            ParamsError::KvCacheGroups { groups } => write!(
+                f,
+                "kv_transfer_params remote_block_ids names {groups} KV cache groups; pdkv moves exactly one (models with full attention only)"
             ),
             ParamsError::OutOfRange { field, value, min, max } => {
                 write!(f, "kv_transfer_params {field} = {value} is outside {min}..={max}")
@@ -371,6 +424,10 @@ mod tests {
             params(|p| p.pdkv_incarnations = Some(vec![0])).holder_incarnations(1).unwrap_err(),
             params(|p| p.pdkv_incarnations = Some(vec![1])).holder_incarnations(2).unwrap_err(),
             params(|p| p.remote_dp_rank = Some(-1)).owner_dp().unwrap_err(),
+            params(|p| p.remote_block_ids = BlockIds::PerGroup(vec![vec![1], vec![2]]))
+                .remote_block_ids
+                .single_group()
+                .unwrap_err(),
         ];
         let mut named = Vec::new();
         for error in errors {
@@ -478,5 +535,38 @@ mod tests {
             KvTransferParams { pdkv_extensions: extension_names(Extensions::ALL), ..Default::default() };
         assert_eq!(written.pdkv_extensions, Some(vec!["read_lease".to_owned(), "incarnation".to_owned()]));
         assert_eq!(written.advertised_extensions(), Some(Extensions::ALL));
+    }
+
+    /// `remote_block_ids` in both shapes: read from the JSON each release writes, written back
+    /// unchanged (a proxy that parses and re-serializes keeps the peer's shape), and turned into
+    /// the one group pdkv reads or refused with what is wrong.
+    #[test]
+    fn remote_block_ids_read_in_both_shapes() {
+        let check = |json: &str, reads: bool, expected: Result<&[u64], &str>| {
+            let text = format!("{{\"remote_block_ids\": {json}}}");
+            let params = serde_json::from_str::<KvTransferParams>(&text);
+            if !reads {
+                let error = params.expect_err(json).to_string();
+                assert!(error.contains(expected.unwrap_err()), "{json}: {error}");
+                return;
+            }
+            let params = params.expect(json);
+            let back = serde_json::to_value(&params).unwrap()["remote_block_ids"].clone();
+            assert_eq!(back, serde_json::from_str::<serde_json::Value>(json).unwrap(), "{json}");
+            let got = params.remote_block_ids.single_group().map_err(|e| e.to_string());
+            match expected {
+                Ok(ids) => assert_eq!(got, Ok(ids), "{json}"),
+                Err(text) => assert!(got.as_ref().is_err_and(|e| e.contains(text)), "{json}: {got:?}"),
+            }
+        };
+        check("[3, 4, 5]", true, Ok(&[3, 4, 5]));
+        check("[]", true, Ok(&[]));
+        check("[[3, 4, 5]]", true, Ok(&[3, 4, 5]));
+        check("[[]]", true, Ok(&[]));
+        check("[[3], [4]]", true, Err("names 2 KV cache groups; pdkv moves exactly one"));
+        check("[3, [4]]", false, Err("did not match any variant"));
+        check("[-1]", false, Err("did not match any variant"));
+        check("[[18446744073709551616]]", false, Err("did not match any variant"));
+        check("\"3\"", false, Err("did not match any variant"));
     }
 }

@@ -342,11 +342,11 @@ mod tests {
         );
 
         let answer =
-            KvTransferParams { tp_size: Some(1), remote_block_ids: vec![4, 5], ..Default::default() };
+            KvTransferParams { tp_size: Some(1), remote_block_ids: vec![4, 5].into(), ..Default::default() };
         let action = proxy.handle_prefill_response(id, answer.clone()).unwrap();
         let ProxyAction::SendDecode { params, .. } = action else { panic!("{action:?}") };
         assert_eq!((params.remote_dp_rank, params.remote_tp_size), (Some(0), Some(1)));
-        assert_eq!(params.remote_block_ids, [4, 5]);
+        assert_eq!(params.remote_block_ids, vec![4, 5].into());
         assert!(params.do_remote_prefill);
         assert_eq!(params.transfer_id.as_deref(), Some("tx-00000000-0000-0000-0000-000000000007"));
         assert_eq!(proxy.handle_prefill_response(id, answer.clone()), Err(ProxyError::NotPrefilling(id)));

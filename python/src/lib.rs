@@ -251,10 +251,14 @@ impl DecodeNode {
     }
 
     /// vLLM allocated `local_blocks` for a request whose `kv_transfer_params` (JSON) name the
-    /// prefill engine holding its KV. Returns the number the workers know the request by.
-    fn request(&self, params: &str, local_blocks: Vec<u32>) -> PyResult<u64> {
-        let params: KvTransferParams = serde_json::from_str(params).map_err(value_error)?;
-        self.with(|node| node.handle_request(params, local_blocks)).map(|id| id.0).map_err(value_error)
+    /// prefill engine holding its KV. Returns the number the workers know the request by and
+    /// the local blocks its read fills.
+    fn request(&self, params: &str, local_blocks: Vec<u32>) -> PyResult<(u64, Vec<u32>)> {
+        let params: KvTransferParams =
+            serde_json::from_str(params).map_err(|e| value_error(format!("kv_transfer_params: {e}")))?;
+        self.with(|node| node.handle_request(params, local_blocks))
+            .map(|(id, local)| (id.0, local))
+            .map_err(value_error)
     }
 
     /// The next step, `(step, MessagePack bytes)`, when requests are waiting for one.

@@ -4,7 +4,7 @@
 
 use pdkv_core::decode::RecvRequest;
 use pdkv_core::ids::{EngineId, RequestId};
-use pdkv_core::params::KvTransferParams;
+use pdkv_core::params::{BlockIds, KvTransferParams};
 use pdkv_core::ports::EngineAddress;
 
 use super::config::Engine;
@@ -37,12 +37,14 @@ impl DecodeNode {
     }
 
     /// vLLM allocated `local_blocks` for a request whose KV the prefill engine named in
-    /// `params` holds: the request joins the next step. Returns the number the workers know it by.
+    /// `params` holds: the request joins the next step. Returns the number the workers know it by
+    /// and the local blocks the read fills (the ones that pair with a remote block holding prompt
+    /// KV).
     pub fn handle_request(
         &mut self,
         params: KvTransferParams,
         local_blocks: Vec<u32>,
-    ) -> Result<RequestId, RequestError> {
+    ) -> Result<(RequestId, Vec<u32>), RequestError> {
         let missing = |field: &str| RequestError(format!("no `{field}`"));
         let host = params.remote_host.clone().ok_or_else(|| missing("remote_host"))?;
         let port = |field: &str, value: Option<i64>| -> Result<u16, RequestError> {
@@ -54,13 +56,19 @@ impl DecodeNode {
             handshake_port_base: port("remote_handshake_port", params.remote_handshake_port)?,
             notify_port_base: port("remote_notify_port", params.remote_notify_port)?,
         };
-        if params.remote_block_ids.len() != local_blocks.len() {
-            return Err(RequestError(format!(
-                "{} remote blocks for {} local ones",
-                params.remote_block_ids.len(),
-                local_blocks.len()
-            )));
+        let remote = params.remote_block_ids.single_group().map_err(|e| RequestError(e.to_string()))?;
+        // Block i of one side holds the same tokens as block i of the other. vLLM allocates
+        // decode's blocks for the whole prompt, and may have added one for the first new token;
+        // a MoRIIO prefill (vLLM 0.34) may name a block past the prompt that was allocated for
+        // its next token under async scheduling. Neither tail holds prompt KV.
+        let blocks = remote.len().min(local_blocks.len());
+        if blocks == 0 && !remote.is_empty() {
+            return Err(RequestError(format!("{} remote blocks for no local ones", remote.len())));
         }
+        let remote = remote[..blocks].to_vec();
+        let mut local_blocks = local_blocks;
+        local_blocks.truncate(blocks);
+        let params = KvTransferParams { remote_block_ids: BlockIds::Flat(remote), ..params };
         let prefill_engine = self.prefill_engine(&params)?;
         let id = RequestId(self.next_request);
         self.next_request += 1;
@@ -69,9 +77,9 @@ impl DecodeNode {
             prefill_engine,
             prefill_address,
             params,
-            local_block_ids: local_blocks,
+            local_block_ids: local_blocks.clone(),
         });
-        Ok(id)
+        Ok((id, local_blocks))
     }
 
     /// The prefill engine a request's KV is on. The deployment names engines by position; the

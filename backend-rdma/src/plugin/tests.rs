@@ -195,3 +195,40 @@ fn blocks_reused_after_a_retirement_are_readable_by_the_next_transfer() {
     assert_eq!(pair.d_rank.staged().unstage(1, &[2, 3]).expect("fits"), data);
     pair.stop();
 }
+
+/// What a decode request reads: block i of the prompt on each side, in either shape of
+/// `remote_block_ids`, with the tail that holds no prompt KV (decode's block for its first new
+/// token, or a MoRIIO prefill's block for its next one) left out; anything unreadable refused.
+#[test]
+fn a_request_pairs_each_prompt_block_with_its_remote_block() {
+    let engine = EngineConfig::parse(&config("D0", 9)).expect("valid");
+    let mut node = DecodeNode::new(engine);
+    let mut check = |remote: &str, local: &[u32], expected: Result<(&[u64], &[u32]), &str>| {
+        let params = format!(
+            r#"{{"do_remote_prefill": true, "transfer_id": "tx-1", "remote_block_ids": {remote},
+            "remote_engine_id": "127.0.0.1:9000", "remote_host": "127.0.0.1",
+            "remote_handshake_port": 9000, "remote_notify_port": 9100, "remote_tp_size": 1}}"#
+        );
+        let params = serde_json::from_str(&params).expect("parses");
+        let got = node.handle_request(params, local.to_vec()).map_err(|e| e.to_string());
+        match expected {
+            Ok((remote, local)) => {
+                assert_eq!(got.as_ref().map(|(_, l)| l.as_slice()), Ok(local), "{remote:?}");
+                let Some((_, ToRank::StepBegin { requests, .. })) = node.poll_step() else {
+                    panic!("a step with the request")
+                };
+                let read = &requests[0];
+                assert_eq!(read.params.remote_block_ids.single_group(), Ok(remote), "{remote:?}");
+                assert_eq!(read.local_block_ids, local, "{remote:?}");
+            }
+            Err(text) => assert!(got.as_ref().is_err_and(|e| e.contains(text)), "{remote}: {got:?}"),
+        }
+    };
+    check("[4, 5, 6]", &[1, 2, 3], Ok((&[4, 5, 6], &[1, 2, 3])));
+    check("[[4, 5, 6]]", &[1, 2, 3], Ok((&[4, 5, 6], &[1, 2, 3])));
+    check("[[4, 5]]", &[1, 2, 3], Ok((&[4, 5], &[1, 2])));
+    check("[[4, 5, 6, 7]]", &[1, 2, 3], Ok((&[4, 5, 6], &[1, 2, 3])));
+    check("[]", &[1], Ok((&[], &[])));
+    check("[[4], [5]]", &[1], Err("names 2 KV cache groups"));
+    check("[4]", &[], Err("1 remote blocks for no local ones"));
+}

@@ -74,6 +74,8 @@ impl DecodeWorker {
         let owner = params.owner_dp().map_err(RecvError::Params)?;
         let remote_block_ids: Vec<u32> = params
             .remote_block_ids
+            .single_group()
+            .map_err(RecvError::Params)?
             .iter()
             .map(|&b| u32::try_from(b).map_err(|_| RecvError::BlockIdTooLarge(b)))
             .collect::<Result<_, _>>()?;

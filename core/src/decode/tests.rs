@@ -35,7 +35,7 @@ fn request_on_own_host(n: u64) -> RecvRequest {
         params: KvTransferParams {
             do_remote_prefill: true,
             transfer_id: Some(format!("transfer-{n}")),
-            remote_block_ids: vec![1],
+            remote_block_ids: vec![1].into(),
             remote_engine_id: Some(address.engine_id()),
             remote_dp_size: Some(1),
             remote_tp_size: Some(1),

@@ -301,7 +301,7 @@ mod tests {
             params: KvTransferParams {
                 do_remote_prefill: true,
                 transfer_id: Some("tx-9".into()),
-                remote_block_ids: vec![3],
+                remote_block_ids: vec![3].into(),
                 ..Default::default()
             },
             local_block_ids: Vec::new(),

@@ -209,7 +209,8 @@ impl<E> DecodeScheduler<E> {
         }
         let mut new = Vec::new();
         while let Some((recv, tokens)) = self.waiting.front() {
-            let remote = recv.params.remote_block_ids.len();
+            // A list the core refuses (several KV cache groups) gets no blocks; its route fails.
+            let remote = recv.params.remote_block_ids.single_group().map_or(0, <[u64]>::len);
             let growth = tokens.output.div_ceil(self.limits.block_size_tokens) as usize;
             let busy = self.running.len() + self.ready.len() + self.pending.len();
             if busy >= self.limits.max_batch || self.pool.available() < remote.saturating_add(growth) {
@@ -430,7 +431,7 @@ mod tests {
                 handshake_port_base: 6301,
                 notify_port_base: 61005,
             },
-            params: KvTransferParams { remote_block_ids: vec![0; blocks], ..Default::default() },
+            params: KvTransferParams { remote_block_ids: vec![0; blocks].into(), ..Default::default() },
             local_block_ids: Vec::new(),
         }
     }

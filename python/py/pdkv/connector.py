@@ -83,6 +83,9 @@ class PdkvMetadata(KVConnectorMetadata):
     # Decode: the step every worker begins, and its requests: number -> (vLLM id, local blocks).
     step: tuple[int, bytes] | None = None
     requests: dict[int, tuple[str, list[int]]] = field(default_factory=dict)
+    # Decode: blocks of requests whose kv_transfer_params could not be used; the workers report
+    # them to vLLM as failed loads, so vLLM computes the prompt itself.
+    refused: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -345,6 +348,7 @@ class _DecodeScheduler:
         self._node = _native.DecodeNode(config_json)
         self._loaded: set[str] = set()
         self._requests: dict[int, tuple[str, list[int]]] = {}
+        self._refused: list[int] = []
 
     def handshakes(self, metadata) -> None:
         return
@@ -362,14 +366,22 @@ class _DecodeScheduler:
         if not params.get("do_remote_prefill") or request.request_id in self._loaded:
             return
         self._loaded.add(request.request_id)
-        remote = params.get("remote_block_ids") or []
-        local = list(blocks.get_block_ids()[0])[: len(remote)]
-        number = self._node.request(json.dumps(params), local)
+        blocks = list(blocks.get_block_ids()[0])
+        try:
+            number, local = self._node.request(json.dumps(params), blocks)
+        except ValueError as e:
+            # Bad params from the wire fail this request's load, never the engine: vLLM was told
+            # the prompt's KV is external, so its blocks go back as failed loads and vLLM computes
+            # them here.
+            logger.error("pdkv: KV of %s cannot be asked for: %s", request.request_id, e)
+            self._refused.extend(blocks)
+            return
         self._requests[number] = (request.request_id, local)
         logger.debug("pdkv: decode request %d is %s (%s, %d blocks)", number, request.request_id, params.get("transfer_id"), len(local))
 
     def metadata(self, scheduler_output) -> PdkvMetadata:
         meta = PdkvMetadata()
+        meta.refused, self._refused = self._refused, []
         step = self._node.step()
         if step is not None:
             meta.step = (step[0], bytes(step[1]))
@@ -605,6 +617,9 @@ class _DecodeWorker(_Worker):
         self._wait_s = (timeouts["handshake_ms"] + timeouts["transfer_ms"]) / 1000 + _STEP_WAIT_MARGIN_S
 
     def load(self, meta) -> None:
+        if isinstance(meta, PdkvMetadata) and meta.refused:
+            self._errors.update(meta.refused)
+            meta.refused = []
         if not isinstance(meta, PdkvMetadata) or meta.step is None or self._rank is None:
             return
         step, begin = meta.step

@@ -393,7 +393,7 @@ fn run(
         params: KvTransferParams {
             do_remote_prefill: true,
             transfer_id: Some(TRANSFER_ID.into()),
-            remote_block_ids: vec![1, 2],
+            remote_block_ids: vec![1, 2].into(),
             remote_engine_id: Some(address().engine_id()),
             remote_dp_size: Some(i64::from(remote.dp)),
             remote_tp_size: Some(i64::from(remote.tp)),
