@@ -67,12 +67,14 @@ def main() -> int:
         p_rank.staged_transfer(transfer, blocks)
         params = {"do_remote_decode": True, "transfer_id": transfer, "remote_tp_size": 1}
         answer = json.loads(prefill.finished(f"req-{r}", json.dumps(params), 0, blocks))
-        assert answer["remote_block_ids"] == blocks and answer["do_remote_prefill"], answer
+        # One list per KV cache group, as vLLM's MoRIIO writes it.
+        assert answer["remote_block_ids"] == [blocks] and answer["do_remote_prefill"], answer
         for rank, msg in prefill.to_workers():
             assert rank == p_rank.name()
             p_rank.deliver(msg)
         local = [num_blocks - 1 - b for b in range(r * 3 % 24, r * 3 % 24 + 3)]
-        number = decode.request(json.dumps(answer), local)
+        number, reads_into = decode.request(json.dumps(answer), local)
+        assert reads_into == local, (reads_into, local)
         requests.append((number, local, layers, f"req-{r}"))
 
     step, begin = decode.step()
