@@ -8,6 +8,7 @@
 mod cache;
 mod marker;
 mod metadata;
+mod moriio_extras;
 mod pdkv_wheel;
 mod pin;
 mod steps;
@@ -218,8 +219,9 @@ pub fn run_wheel(args: &[String], root: &Path) -> ExitCode {
     }
 }
 
-/// `cargo xtask vllm-test [ARGS]...`: the venv, the wheel, then `python -m pdkv_vllm_test.run
-/// ARGS...` with `PYTHONPATH=tests/vllm`, its exit code passed on.
+/// `cargo xtask vllm-test [ARGS]...`: the venv, the wheel, MoRIIO's extra imports beside the venv
+/// (`PDKV_MORIIO_EXTRAS`), then `python -m pdkv_vllm_test.run ARGS...` with
+/// `PYTHONPATH=tests/vllm`, its exit code passed on.
 pub fn run_test(args: &[String], root: &Path) -> ExitCode {
     let env = match ensure(root) {
         Ok(env) => env,
@@ -235,6 +237,13 @@ pub fn run_test(args: &[String], root: &Path) -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
+    let extras = match moriio_extras::ensure(&env) {
+        Ok(dir) => dir,
+        Err(e) => {
+            eprintln!("vllm-test: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let tests = root.join(TESTS_DIR);
     if !tests.join(TESTS_PACKAGE).is_dir() {
         eprintln!(
@@ -247,6 +256,7 @@ pub fn run_test(args: &[String], root: &Path) -> ExitCode {
         .args(["-m", &format!("{TESTS_PACKAGE}.run")])
         .args(args)
         .env("PYTHONPATH", &tests)
+        .env("PDKV_MORIIO_EXTRAS", &extras)
         .current_dir(root)
         .status();
     match status {
