@@ -29,6 +29,7 @@ host with the CUDA wheel (Triton and `torch.ops._C` kernels are missing):
 from __future__ import annotations
 
 import dataclasses
+import mmap
 import time
 from contextlib import AbstractContextManager, nullcontext
 from types import SimpleNamespace
@@ -54,6 +55,15 @@ from vllm.v1.worker.worker_base import CompilationTimes
 from pdkv_vllm_test import kvpattern
 
 logger = init_logger(__name__)
+
+
+def _page_aligned(size: int) -> torch.Tensor:
+    """The KV cache's backing buffer, starting on a page and padded to whole pages, as device
+    memory is and as vLLM pads it on ROCm for MoRIIO: MoRIIO registers the whole backing as one
+    memory region through a view that starts at the page boundary below the first layer, which
+    on a CPU tensor (64 bytes past a page) is a negative storage offset torch refuses."""
+    pages = mmap.mmap(-1, max(-(-size // mmap.PAGESIZE), 1) * mmap.PAGESIZE)
+    return torch.frombuffer(pages, dtype=torch.int8)
 
 # The harness's options reach every worker through `additional_config["pdkv_test"]`.
 CONFIG_KEY = "pdkv_test"
@@ -198,6 +208,7 @@ class StandInModelRunner:
             kv_cache_config,
             self.device,
             self.cache_config.get_resolved_kv_cache_layout(),
+            allocate=_page_aligned,
         )
         for name, cache in self.kv_caches.items():
             self.layers[name].bind_kv_cache(cache)
@@ -492,7 +503,13 @@ class StandInWorker(Worker):
 
     def pdkv_test_report(self) -> dict[str, Any]:
         """Reached from the driver through `collective_rpc("pdkv_test_report")`."""
+        import sys
+
         report = self.model_runner.report()
         report["rank"] = self.rank
         report["time"] = time.time()
+        # A MoRIIO side's data plane (the test's `mori` stub): what it read and served.
+        stub = sys.modules.get("mori.io")
+        if stub is not None and hasattr(stub, "STATS"):
+            report["mori_stub"] = dict(stub.STATS)
         return report
