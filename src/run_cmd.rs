@@ -481,22 +481,31 @@ mod tests {
         );
     }
 
-    /// (profiles named) -> the summary's profiles line, absent when none are named.
+    /// (profiles named, fields overridden) -> the summary's profiles line, absent when none are
+    /// named.
     #[test]
     fn summary_names_the_profiles_used() {
-        let check = |gpu: Option<&str>, model: Option<&str>, expected: Option<&str>| {
+        let check = |gpu: Option<&str>, model: Option<&str>, overrides: &[&str], expected: Option<&str>| {
             let mut r = RunResult::empty(&Scenario::from_notation("1P_TP2:1D_TP2"), String::new());
             r.profiles.gpu = gpu.map(str::to_string);
             r.profiles.model = model.map(str::to_string);
+            r.profiles.overrides = overrides.iter().map(|path| path.to_string()).collect();
             let text = summary(&r, &[], "pdkv run x");
             assert_eq!(text.lines().find(|l| l.starts_with("  profiles")), expected, "{text}");
         };
-        check(None, None, None);
-        check(Some("h200-sxm"), None, Some("  profiles     gpu h200-sxm (profiles/*.ron)"));
+        check(None, None, &[], None);
+        check(Some("h200-sxm"), None, &[], Some("  profiles     gpu h200-sxm (profiles/*.ron)"));
         check(
             Some("mi355x"),
             Some("deepseek-r1"),
+            &[],
             Some("  profiles     gpu mi355x, model deepseek-r1 (profiles/*.ron)"),
+        );
+        check(
+            Some("mi300x"),
+            None,
+            &["hardware.fp8_tflops"],
+            Some("  profiles     gpu mi300x; overridden: hardware.fp8_tflops (profiles/*.ron)"),
         );
     }
 

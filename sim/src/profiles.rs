@@ -14,6 +14,11 @@
 //! (the scenario a result prints, which `pdkv replay` reads back, repeats them); any other value
 //! is an error naming the field and the profile, so a profile is never mixed silently with
 //! hand-set numbers, and replaying a result after a profile changed says which value moved.
+//! A field the scenario means to set itself ("MI300X with FP8 off") is listed in
+//! `profiles.overrides` by its dotted path (`hardware.fp8_tflops`) and written: it keeps the
+//! written value, and the list, carried into the printed scenario and the result, says which
+//! values are not the profile's. Listing a field that is not written, that no named profile
+//! fills, or twice, is an error.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -21,7 +26,7 @@ use std::fmt;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::scenario::{ModelProfile, Scenario, RATE_RANGE};
+use crate::scenario::{ModelProfile, Profiles, Scenario, RATE_RANGE};
 
 /// Which file a profile lives in, and which part of a scenario it fills.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -79,6 +84,31 @@ impl ProfileKind {
         match self {
             ProfileKind::Gpu | ProfileKind::Nic => "hardware",
             ProfileKind::Model => "model",
+        }
+    }
+
+    /// The fields of [`ProfileKind::section`] a profile of this kind fills ([`Profile::FIELDS`]).
+    pub fn fields(self) -> &'static [&'static str] {
+        match self {
+            ProfileKind::Gpu => Gpu::FIELDS,
+            ProfileKind::Nic => Nic::FIELDS,
+            ProfileKind::Model => Model::FIELDS,
+        }
+    }
+
+    /// The kind of profile that fills the scenario field at dotted `path` (`hardware.hbm_gb`
+    /// is a GPU's), if any does.
+    pub fn filling(path: &str) -> Option<ProfileKind> {
+        let (section, field) = path.split_once('.')?;
+        ProfileKind::ALL.into_iter().find(|kind| kind.section() == section && kind.fields().contains(&field))
+    }
+
+    /// The profile of this kind `profiles` names, if any.
+    fn named(self, profiles: &Profiles) -> Option<&String> {
+        match self {
+            ProfileKind::Gpu => profiles.gpu.as_ref(),
+            ProfileKind::Nic => profiles.nic.as_ref(),
+            ProfileKind::Model => profiles.model.as_ref(),
         }
     }
 }
@@ -169,7 +199,8 @@ pub enum ProfileError {
         /// The names the file has, sorted.
         known: Vec<String>,
     },
-    /// A scenario names a profile and writes one of the fields it fills with another value.
+    /// A scenario names a profile and writes one of the fields it fills with another value,
+    /// without listing it in `profiles.overrides`.
     Conflict {
         /// The profile's file.
         kind: ProfileKind,
@@ -181,6 +212,25 @@ pub enum ProfileError {
         written: String,
         /// The profile's value.
         value: String,
+    },
+    /// `profiles.overrides` lists a path no named profile fills: one no profile fills at all
+    /// (`kind` is `None`), or one only a kind of profile the scenario does not name fills.
+    OverrideUnfilled {
+        /// The path as listed.
+        path: String,
+        /// The kind of profile that would fill it.
+        kind: Option<ProfileKind>,
+    },
+    /// `profiles.overrides` lists a field the scenario does not write, so there is no value of
+    /// its own to keep.
+    OverrideNotWritten {
+        /// The path as listed.
+        path: String,
+    },
+    /// `profiles.overrides` lists a path twice.
+    OverrideTwice {
+        /// The path as listed.
+        path: String,
     },
 }
 
@@ -231,9 +281,30 @@ impl fmt::Display for ProfileError {
             ProfileError::Conflict { kind, profile, field, written, value } => write!(
                 f,
                 "is {written} but the {kind} profile `{profile}` ({}) says {value}; a scenario that names \
-                 a profile takes the profile's values: remove `{field}` or the profile",
+                 a profile takes the profile's values: remove `{field}` or the profile, or keep this value \
+                 by listing the field in `profiles`: `overrides: [\"{field}\"]`",
                 kind.file()
             ),
+            ProfileError::OverrideUnfilled { path, kind: None } => write!(
+                f,
+                "`profiles.overrides` lists `{}`, which no profile fills; a GPU or NIC profile fills \
+                 fields of `hardware`, a model profile fields of `model` (`pdkv profiles` shows them)",
+                path.escape_debug()
+            ),
+            ProfileError::OverrideUnfilled { path, kind: Some(kind) } => write!(
+                f,
+                "`profiles.overrides` lists `{path}`, which a {kind} profile fills, but the scenario names \
+                 none (`profiles.{}`)",
+                kind.key()
+            ),
+            ProfileError::OverrideNotWritten { path } => write!(
+                f,
+                "`profiles.overrides` lists `{path}`, which the scenario does not write; write the value \
+                 it should have instead of the profile's, or take it off the list"
+            ),
+            ProfileError::OverrideTwice { path } => {
+                write!(f, "`profiles.overrides` lists `{}` twice", path.escape_debug())
+            }
         }
     }
 }
@@ -245,7 +316,8 @@ impl std::error::Error for ProfileError {}
 #[derive(Clone, Debug, PartialEq)]
 pub struct ResolveError {
     /// Dotted path: `profiles.gpu` (or `.nic`, `.model`) for a name the file lacks or a file
-    /// that does not load, the written field (e.g. `hardware.hbm_gb`) for a conflict.
+    /// that does not load, the written field (e.g. `hardware.hbm_gb`) for a conflict, the entry
+    /// (e.g. `profiles.overrides[1]`) for a bad override.
     pub field: String,
     /// What is wrong.
     pub error: Box<ProfileError>,
@@ -270,8 +342,9 @@ pub trait Profile: Serialize + DeserializeOwned {
     fn sources(&self) -> &BTreeMap<String, String>;
     /// The rules of the values beyond their types; the first one broken, as (field, why).
     fn check(&self) -> Result<(), (&'static str, String)>;
-    /// Writes the profile's values into the scenario.
-    fn apply(&self, scenario: &mut Scenario);
+    /// Writes the profile's values into the scenario, except the fields `keep` names (by field
+    /// name, e.g. `fp8_tflops`), which keep the scenario's own values.
+    fn apply(&self, scenario: &mut Scenario, keep: &dyn Fn(&str) -> bool);
     /// The values `scenario` holds now, as a profile of this kind (named `name`, without
     /// sources): what a written field is compared with. (A scenario section's own serialization
     /// would not do: it leaves out fields at their defaults.)
@@ -367,6 +440,14 @@ pub struct Model {
     pub sources: BTreeMap<String, String>,
 }
 
+/// Writes a profile's `value` of `field` into the scenario's `slot`, unless `keep` names the
+/// field (the scenario overrides it).
+fn put<T>(slot: &mut T, field: &str, value: T, keep: &dyn Fn(&str) -> bool) {
+    if !keep(field) {
+        *slot = value;
+    }
+}
+
 /// A rate, size or count given as a float: positive, finite and within the scenario format's
 /// [`RATE_RANGE`], so whatever a profile fills, the scenario's own checks accept.
 fn positive(field: &'static str, value: f64) -> Result<(), (&'static str, String)> {
@@ -417,14 +498,14 @@ impl Profile for Gpu {
         Ok(())
     }
 
-    fn apply(&self, scenario: &mut Scenario) {
+    fn apply(&self, scenario: &mut Scenario, keep: &dyn Fn(&str) -> bool) {
         let hw = &mut scenario.hardware;
-        hw.hbm_gb = self.hbm_gb;
-        hw.hbm_tb_s = self.hbm_tb_s;
-        hw.fp8_tflops = self.fp8_tflops;
-        hw.bf16_tflops = self.bf16_tflops;
-        hw.fabric_gb_s = self.fabric_gb_s;
-        hw.gpus_per_node = self.gpus_per_node;
+        put(&mut hw.hbm_gb, "hbm_gb", self.hbm_gb, keep);
+        put(&mut hw.hbm_tb_s, "hbm_tb_s", self.hbm_tb_s, keep);
+        put(&mut hw.fp8_tflops, "fp8_tflops", self.fp8_tflops, keep);
+        put(&mut hw.bf16_tflops, "bf16_tflops", self.bf16_tflops, keep);
+        put(&mut hw.fabric_gb_s, "fabric_gb_s", self.fabric_gb_s, keep);
+        put(&mut hw.gpus_per_node, "gpus_per_node", self.gpus_per_node, keep);
     }
 
     fn of_scenario(name: &str, scenario: &Scenario) -> Self {
@@ -482,14 +563,19 @@ impl Profile for Nic {
         Ok(())
     }
 
-    fn apply(&self, scenario: &mut Scenario) {
+    fn apply(&self, scenario: &mut Scenario, keep: &dyn Fn(&str) -> bool) {
         let hw = &mut scenario.hardware;
-        hw.nic_gb_s = self.nic_gb_s;
-        hw.line_rate_gbit = self.line_rate_gbit;
-        hw.nic_latency_us = self.nic_latency_us;
-        hw.nic_message_rate_mpps = self.nic_message_rate_mpps;
-        hw.nic_qps = self.nic_qps;
-        hw.nic_qp_message_rate_mpps = self.nic_qp_message_rate_mpps;
+        put(&mut hw.nic_gb_s, "nic_gb_s", self.nic_gb_s, keep);
+        put(&mut hw.line_rate_gbit, "line_rate_gbit", self.line_rate_gbit, keep);
+        put(&mut hw.nic_latency_us, "nic_latency_us", self.nic_latency_us, keep);
+        put(&mut hw.nic_message_rate_mpps, "nic_message_rate_mpps", self.nic_message_rate_mpps, keep);
+        put(&mut hw.nic_qps, "nic_qps", self.nic_qps, keep);
+        put(
+            &mut hw.nic_qp_message_rate_mpps,
+            "nic_qp_message_rate_mpps",
+            self.nic_qp_message_rate_mpps,
+            keep,
+        );
     }
 
     fn of_scenario(name: &str, scenario: &Scenario) -> Self {
@@ -683,8 +769,34 @@ impl Profile for Model {
         self.check_experts()
     }
 
-    fn apply(&self, scenario: &mut Scenario) {
-        scenario.model = self.to_model_profile();
+    fn apply(&self, scenario: &mut Scenario, keep: &dyn Fn(&str) -> bool) {
+        let m = &mut scenario.model;
+        put(&mut m.use_mla, "use_mla", self.use_mla, keep);
+        put(&mut m.kv_heads, "kv_heads", self.kv_heads, keep);
+        put(&mut m.head_dim, "head_dim", self.head_dim, keep);
+        put(&mut m.layers, "layers", self.layers, keep);
+        put(&mut m.moe_layers, "moe_layers", self.moe_layers, keep);
+        put(&mut m.hidden_size, "hidden_size", self.hidden_size, keep);
+        put(
+            &mut m.kv_bytes_per_token_per_layer,
+            "kv_bytes_per_token_per_layer",
+            self.kv_bytes_per_token_per_layer,
+            keep,
+        );
+        put(&mut m.block_size_tokens, "block_size_tokens", self.block_size_tokens, keep);
+        put(&mut m.total_params_b, "total_params_b", self.total_params_b, keep);
+        put(&mut m.active_params_b, "active_params_b", self.active_params_b, keep);
+        put(&mut m.routed_experts, "routed_experts", self.routed_experts, keep);
+        put(&mut m.experts_per_token, "experts_per_token", self.experts_per_token, keep);
+        put(&mut m.shared_experts, "shared_experts", self.shared_experts, keep);
+        put(
+            &mut m.expert_params_per_layer_m,
+            "expert_params_per_layer_m",
+            self.expert_params_per_layer_m,
+            keep,
+        );
+        put(&mut m.weight_bytes_per_param, "weight_bytes_per_param", self.weight_bytes_per_param, keep);
+        put(&mut m.attention_heads, "attention_heads", self.attention_heads, keep);
     }
 
     fn of_scenario(name: &str, scenario: &Scenario) -> Self {
@@ -824,8 +936,13 @@ fn shown(value: Option<&serde_json::Value>) -> String {
     }
 }
 
+/// Whether `overrides` lists field `field` of the section `kind`'s profiles fill.
+fn overridden(overrides: &[String], kind: ProfileKind, field: &str) -> bool {
+    overrides.iter().any(|path| path.split_once('.') == Some((kind.section(), field)))
+}
+
 /// Applies the profile of `P`'s kind named `name` to `scenario`, after checking the fields the
-/// scenario writes against it.
+/// scenario writes against it; the fields `profiles.overrides` lists keep the scenario's values.
 fn apply_named<P: Profile>(
     scenario: &mut Scenario,
     name: &str,
@@ -834,9 +951,11 @@ fn apply_named<P: Profile>(
     let kind = P::KIND;
     let profile =
         find::<P>(name).map_err(|error| ResolveError::new(format!("profiles.{}", kind.key()), error))?;
+    let overrides = scenario.profiles.overrides.clone();
+    let keep = |field: &str| overridden(&overrides, kind, field);
     let ours = serde_json::to_value(P::of_scenario(name, scenario)).unwrap_or_default();
     let theirs = serde_json::to_value(&profile).unwrap_or_default();
-    for field in P::FIELDS {
+    for field in P::FIELDS.iter().filter(|field| !keep(field)) {
         let path = format!("{}.{field}", kind.section());
         if written(&path) && ours.get(field) != theirs.get(field) {
             let error = ProfileError::Conflict {
@@ -849,16 +968,41 @@ fn apply_named<P: Profile>(
             return Err(ResolveError::new(path, error));
         }
     }
-    profile.apply(scenario);
+    profile.apply(scenario, &keep);
+    Ok(())
+}
+
+/// Checks `profiles.overrides`: each entry a field a named profile fills, written in the
+/// scenario (`written`, as for [`resolve`]), listed once. The error names the entry.
+fn check_overrides(profiles: &Profiles, written: &dyn Fn(&str) -> bool) -> Result<(), ResolveError> {
+    for (index, path) in profiles.overrides.iter().enumerate() {
+        let error = if profiles.overrides[..index].contains(path) {
+            Some(ProfileError::OverrideTwice { path: path.clone() })
+        } else {
+            match ProfileKind::filling(path) {
+                None => Some(ProfileError::OverrideUnfilled { path: path.clone(), kind: None }),
+                Some(kind) if kind.named(profiles).is_none() => {
+                    Some(ProfileError::OverrideUnfilled { path: path.clone(), kind: Some(kind) })
+                }
+                Some(_) if !written(path) => Some(ProfileError::OverrideNotWritten { path: path.clone() }),
+                Some(_) => None,
+            }
+        };
+        if let Some(error) = error {
+            return Err(ResolveError::new(format!("profiles.overrides[{index}]"), error));
+        }
+    }
     Ok(())
 }
 
 /// Fills `scenario`'s hardware and model from the profiles it names (GPU, then NIC, then
 /// model). `written` says whether the scenario's text writes a field, by dotted path such as
-/// `hardware.hbm_gb`: such a field must already hold the profile's value. The error names the
-/// scenario field to point at.
+/// `hardware.hbm_gb`: such a field must already hold the profile's value, unless
+/// `profiles.overrides` lists it, when it keeps its own. The error names the scenario field to
+/// point at.
 pub fn resolve(scenario: &mut Scenario, written: &dyn Fn(&str) -> bool) -> Result<(), ResolveError> {
     let names = scenario.profiles.clone();
+    check_overrides(&names, written)?;
     if let Some(name) = &names.gpu {
         apply_named::<Gpu>(scenario, name, written)?;
     }
@@ -871,19 +1015,36 @@ pub fn resolve(scenario: &mut Scenario, written: &dyn Fn(&str) -> bool) -> Resul
     Ok(())
 }
 
-/// Whether `scenario` holds every value of the `P` profile named `name` (false for an unknown
-/// name).
+/// Whether `scenario` holds every value of the `P` profile named `name` but the ones its
+/// `profiles.overrides` lists (false for an unknown name).
 fn holds<P: Profile>(scenario: &Scenario, name: &str) -> bool {
     let Ok(profile) = find::<P>(name) else { return false };
     let ours = serde_json::to_value(P::of_scenario(name, scenario)).unwrap_or_default();
     let theirs = serde_json::to_value(&profile).unwrap_or_default();
-    P::FIELDS.iter().all(|field| ours.get(field) == theirs.get(field))
+    P::FIELDS
+        .iter()
+        .filter(|field| !overridden(&scenario.profiles.overrides, P::KIND, field))
+        .all(|field| ours.get(field) == theirs.get(field))
+}
+
+/// The value of the scenario field at dotted `path` that a profile fills (`hardware.bf16_tflops`),
+/// as serde writes it; `None` for a path no profile fills. A printed scenario leaves some of
+/// these out at their defaults, which an overridden field must not be.
+pub fn filled_value(scenario: &Scenario, path: &str) -> Option<serde_json::Value> {
+    let (_, field) = path.split_once('.')?;
+    let values = match ProfileKind::filling(path)? {
+        ProfileKind::Gpu => serde_json::to_value(Gpu::of_scenario("", scenario)),
+        ProfileKind::Nic => serde_json::to_value(Nic::of_scenario("", scenario)),
+        ProfileKind::Model => serde_json::to_value(Model::of_scenario("", scenario)),
+    };
+    values.ok()?.get(field).cloned()
 }
 
 /// Drops from `scenario.profiles` every profile whose values the scenario no longer holds (a
-/// search's shallower twin of a model, say): the scenario keeps the values, so it runs the same,
-/// and written out with all its fields it loads again, since a file that names a profile must
-/// agree with it. Returns what was dropped, as "model profile `deepseek-r1`".
+/// search's shallower twin of a model, say), with the overrides of its fields: the scenario
+/// keeps the values, so it runs the same, and written out with all its fields it loads again,
+/// since a file that names a profile must agree with it. Returns what was dropped, as "model
+/// profile `deepseek-r1`".
 pub fn drop_contradicted(scenario: &mut Scenario) -> Vec<String> {
     let mut dropped = Vec::new();
     let names = scenario.profiles.clone();
@@ -897,7 +1058,14 @@ pub fn drop_contradicted(scenario: &mut Scenario) -> Vec<String> {
     let gpu = check(&names.gpu, Gpu::KIND, &|n| holds::<Gpu>(scenario, n));
     let nic = check(&names.nic, Nic::KIND, &|n| holds::<Nic>(scenario, n));
     let model = check(&names.model, Model::KIND, &|n| holds::<Model>(scenario, n));
-    scenario.profiles = crate::scenario::Profiles { gpu, nic, model };
+    let mut kept = Profiles { gpu, nic, model, overrides: Vec::new() };
+    kept.overrides = names
+        .overrides
+        .iter()
+        .filter(|path| ProfileKind::filling(path).is_some_and(|kind| kind.named(&kept).is_some()))
+        .cloned()
+        .collect();
+    scenario.profiles = kept;
     dropped
 }
 
@@ -931,11 +1099,11 @@ mod tests {
             listed.sort();
             assert_eq!(listed, value_fields(&profile), "{}", P::KIND.file());
             let mut scenario = Scenario::from_notation("1P_TP8:1D_TP8");
-            profile.apply(&mut scenario);
+            profile.apply(&mut scenario, &|_| false);
             let read = P::of_scenario(name, &scenario);
             assert!(read.sources().is_empty());
             let mut back = scenario.clone();
-            read.apply(&mut back);
+            read.apply(&mut back, &|_| false);
             assert_eq!(back, scenario, "{name}");
             assert_eq!(value_fields(&read), value_fields(&profile));
         }
@@ -961,6 +1129,189 @@ mod tests {
         assert_eq!(drop_contradicted(&mut scenario), ["model profile `deepseek-r1`"]);
         assert_eq!(scenario.profiles.gpu.as_deref(), Some("h200-sxm"));
         assert_eq!(scenario.profiles.model, None);
+        let back =
+            crate::load::parse_scenario(&crate::load::scenario_to_ron(&scenario), "<written>").unwrap();
+        assert_eq!(back, scenario);
+    }
+
+    /// A profile applied with one field kept writes every other field and leaves that one
+    /// alone, for every field of every kind: the names `apply` keeps by are `FIELDS`.
+    #[test]
+    fn apply_keeps_exactly_the_field_it_is_told_to() {
+        fn check<P: Profile>(name: &str) {
+            let profile = find::<P>(name).unwrap();
+            // A profile of the same kind with every value moved: numbers up by one, bools flipped.
+            let mut moved = serde_json::to_value(&profile).unwrap();
+            for field in P::FIELDS {
+                let value = &mut moved[*field];
+                *value = match &*value {
+                    serde_json::Value::Bool(b) => serde_json::Value::Bool(!b),
+                    serde_json::Value::Number(n) if n.is_u64() => (n.as_u64().unwrap() + 1).into(),
+                    serde_json::Value::Number(n) => (n.as_f64().unwrap() + 1.0).into(),
+                    other => panic!("{field}: {other}"),
+                };
+            }
+            let moved: P = serde_json::from_value(moved).unwrap();
+            for kept in P::FIELDS {
+                let mut scenario = Scenario::from_notation("1P_TP8:1D_TP8");
+                moved.apply(&mut scenario, &|_| false);
+                profile.apply(&mut scenario, &|field| field == *kept);
+                let now = serde_json::to_value(P::of_scenario(name, &scenario)).unwrap();
+                let (theirs, before) =
+                    (serde_json::to_value(&profile).unwrap(), serde_json::to_value(&moved).unwrap());
+                for field in P::FIELDS {
+                    let wanted = if field == kept { &before[*field] } else { &theirs[*field] };
+                    assert_eq!(&now[*field], wanted, "{name}, keeping {kept}: {field}");
+                }
+            }
+        }
+        check::<Gpu>("mi300x");
+        check::<Nic>("thor2-400g");
+        check::<Model>("llama-3.1-70b");
+    }
+
+    /// (path) -> the kind of profile that fills it.
+    #[test]
+    fn paths_a_profile_fills() {
+        let check = |path: &str, expected: Option<ProfileKind>| {
+            assert_eq!(ProfileKind::filling(path), expected, "{path}");
+        };
+        check("hardware.hbm_gb", Some(ProfileKind::Gpu));
+        check("hardware.gpus_per_node", Some(ProfileKind::Gpu));
+        check("hardware.nic_qps", Some(ProfileKind::Nic));
+        check("model.layers", Some(ProfileKind::Model));
+        check("model.attention_heads", Some(ProfileKind::Model));
+        check("hardware.control_latency_us", None);
+        check("hardware.kv_memory_fraction", None);
+        check("hardware.layers", None);
+        check("model.hbm_gb", None);
+        check("gpu.hbm_gb", None);
+        check("hbm_gb", None);
+        check("hardware.hbm_gb.x", None);
+        check("", None);
+    }
+
+    /// (scenario fields) -> what loading gives: the values of some fields a profile fills, or
+    /// the error's field and words. A written field listed in `profiles.overrides` keeps its
+    /// value; every entry must be written, filled by a named profile, and listed once.
+    #[test]
+    fn overrides_keep_the_written_value_and_each_entry_is_checked() {
+        let check = |fields: &str, expected: Result<&[(&str, &str)], (&str, &str)>| {
+            let text = format!("(name: \"o\", deployment: \"1P_TP8:1D_TP8\", {fields})");
+            match (crate::load::parse_scenario(&text, "<o>"), expected) {
+                (Ok(scenario), Ok(values)) => {
+                    for (path, value) in values {
+                        let got = filled_value(&scenario, path).map(|v| v.to_string());
+                        assert_eq!(got.as_deref(), Some(*value), "{fields}: {path}");
+                    }
+                }
+                (Err(err), Err((field, words))) => {
+                    assert_eq!(err.field(), Some(field), "{fields}: {err}");
+                    assert!(err.to_string().contains(words), "{fields}: {err}");
+                }
+                (got, _) => panic!("{fields}: {got:?}, expected {expected:?}"),
+            }
+        };
+        // MI300X with FP8 off: its FP8 peak is its BF16 one, the rest is the profile's.
+        check(
+            r#"profiles: (gpu: "mi300x", overrides: ["hardware.fp8_tflops"]), hardware: (fp8_tflops: 1307.4)"#,
+            Ok(&[
+                ("hardware.fp8_tflops", "1307.4"),
+                ("hardware.bf16_tflops", "1307.4"),
+                ("hardware.hbm_gb", "192.0"),
+            ]),
+        );
+        check(
+            r#"profiles: (gpu: "h200-sxm", nic: "cx7-400g", overrides: ["hardware.hbm_gb", "hardware.nic_qps"]),
+               hardware: (hbm_gb: 192, nic_qps: 8)"#,
+            Ok(&[
+                ("hardware.hbm_gb", "192.0"),
+                ("hardware.nic_qps", "8"),
+                ("hardware.hbm_tb_s", "4.8"),
+                ("hardware.nic_gb_s", "44.78"),
+            ]),
+        );
+        check(
+            r#"profiles: (model: "llama-3.1-70b", overrides: ["model.layers"]), model: (layers: 40)"#,
+            Ok(&[("model.layers", "40"), ("model.kv_heads", "8"), ("model.use_mla", "false")]),
+        );
+        // Listed with the profile's own value: nothing to keep, nothing wrong.
+        check(
+            r#"profiles: (gpu: "h200-sxm", overrides: ["hardware.hbm_gb"]), hardware: (hbm_gb: 141)"#,
+            Ok(&[("hardware.hbm_gb", "141.0")]),
+        );
+        // Without the list, the written value is a conflict whose message says how to list it.
+        check(
+            r#"profiles: (gpu: "mi300x"), hardware: (fp8_tflops: 1307.4)"#,
+            Err((
+                "hardware.fp8_tflops",
+                "is 1307.4 but the GPU profile `mi300x` (profiles/gpus.ron) says 2614.9; a scenario that \
+                 names a profile takes the profile's values: remove `hardware.fp8_tflops` or the profile, or \
+                 keep this value by listing the field in `profiles`: `overrides: [\"hardware.fp8_tflops\"]`",
+            )),
+        );
+        // One field listed does not let another through.
+        check(
+            r#"profiles: (gpu: "mi300x", overrides: ["hardware.hbm_gb"]), hardware: (hbm_gb: 80, fp8_tflops: 1000)"#,
+            Err(("hardware.fp8_tflops", "is 1000.0 but the GPU profile `mi300x`")),
+        );
+        check(
+            r#"profiles: (gpu: "mi300x", overrides: ["hardware.fp8_tflops"])"#,
+            Err((
+                "profiles.overrides[0]",
+                "`profiles.overrides` lists `hardware.fp8_tflops`, which the scenario does not write; write \
+                 the value it should have instead of the profile's, or take it off the list",
+            )),
+        );
+        check(
+            r#"profiles: (gpu: "mi300x", overrides: ["hardware.control_latency_us"]), hardware: (control_latency_us: 5)"#,
+            Err(("profiles.overrides[0]", "lists `hardware.control_latency_us`, which no profile fills")),
+        );
+        check(
+            r#"profiles: (gpu: "mi300x", overrides: ["hardware.hbm_gb", "gpu.fp8_tflops"]), hardware: (hbm_gb: 80)"#,
+            Err(("profiles.overrides[1]", "lists `gpu.fp8_tflops`, which no profile fills")),
+        );
+        check(
+            r#"profiles: (gpu: "mi300x", overrides: ["hardware.nic_gb_s"]), hardware: (nic_gb_s: 20)"#,
+            Err((
+                "profiles.overrides[0]",
+                "lists `hardware.nic_gb_s`, which a NIC profile fills, but the scenario names none (`profiles.nic`)",
+            )),
+        );
+        check(
+            r#"profiles: (overrides: ["model.layers"]), model: (layers: 4, moe_layers: 4)"#,
+            Err((
+                "profiles.overrides[0]",
+                "which a model profile fills, but the scenario names none (`profiles.model`)",
+            )),
+        );
+        check(
+            r#"profiles: (gpu: "mi300x", overrides: ["hardware.hbm_gb", "hardware.hbm_gb"]), hardware: (hbm_gb: 80)"#,
+            Err(("profiles.overrides[1]", "`profiles.overrides` lists `hardware.hbm_gb` twice")),
+        );
+        // An overridden value still meets the format's rules, checked after the profiles.
+        check(
+            r#"profiles: (model: "deepseek-r1", overrides: ["model.kv_heads"]), model: (kv_heads: 2)"#,
+            Err(("model.kv_heads", "must be 1 when model.use_mla is true")),
+        );
+    }
+
+    /// An overridden field does not contradict its profile; a profile dropped takes the
+    /// overrides of its fields with it, and the scenario written out loads again.
+    #[test]
+    fn overridden_fields_never_contradict_and_leave_with_their_profile() {
+        let text = r#"(name: "p", deployment: "1P_TP8:1D_TP8",
+            profiles: (gpu: "h200-sxm", model: "deepseek-r1", overrides: ["hardware.hbm_gb", "model.layers"]),
+            hardware: (hbm_gb: 192), model: (layers: 60))"#;
+        let mut scenario = crate::load::parse_scenario(text, "<test>").unwrap();
+        let mut same = scenario.clone();
+        assert_eq!(drop_contradicted(&mut same), Vec::<String>::new());
+        assert_eq!(same, scenario);
+        scenario.model.moe_layers = 4;
+        assert_eq!(drop_contradicted(&mut scenario), ["model profile `deepseek-r1`"]);
+        assert_eq!(scenario.profiles.gpu.as_deref(), Some("h200-sxm"));
+        assert_eq!(scenario.profiles.overrides, ["hardware.hbm_gb"]);
+        assert_eq!((scenario.hardware.hbm_gb, scenario.model.layers), (192.0, 60));
         let back =
             crate::load::parse_scenario(&crate::load::scenario_to_ron(&scenario), "<written>").unwrap();
         assert_eq!(back, scenario);

@@ -160,28 +160,39 @@ pub struct Profiles {
     /// A model profile: every field of `model`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// Fields a named profile fills that the scenario sets itself, as dotted paths of the
+    /// scenario (`hardware.fp8_tflops`, `model.layers`): each must be written in the scenario,
+    /// and its written value is kept instead of the profile's. Left out of printed scenarios and
+    /// results while empty.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub overrides: Vec<String>,
 }
 
 impl Profiles {
-    /// True when no profile is named (the scenario's own values, or the defaults, are used).
+    /// True when no profile is named and nothing is overridden (the scenario's own values, or
+    /// the defaults, are used).
     pub fn is_empty(&self) -> bool {
-        self.gpu.is_none() && self.nic.is_none() && self.model.is_none()
+        self.gpu.is_none() && self.nic.is_none() && self.model.is_none() && self.overrides.is_empty()
     }
 }
 
 impl std::fmt::Display for Profiles {
-    /// The named profiles as a person reads them, e.g. `gpu h200-sxm, model deepseek-r1`, or
-    /// `none`.
+    /// The named profiles as a person reads them, e.g. `gpu h200-sxm, model deepseek-r1`, then
+    /// the fields overridden, e.g. `gpu mi300x; overridden: hardware.fp8_tflops`; or `none`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let named: Vec<String> = [("gpu", &self.gpu), ("nic", &self.nic), ("model", &self.model)]
             .into_iter()
             .filter_map(|(kind, name)| name.as_ref().map(|name| format!("{kind} {name}")))
             .collect();
         if named.is_empty() {
-            f.write_str("none")
+            f.write_str("none")?;
         } else {
-            f.write_str(&named.join(", "))
+            f.write_str(&named.join(", "))?;
         }
+        if !self.overrides.is_empty() {
+            write!(f, "; overridden: {}", self.overrides.join(", "))?;
+        }
+        Ok(())
     }
 }
 
@@ -755,6 +766,29 @@ impl Scenario {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// (profiles) -> how a summary, a report page and `pdkv scenarios` show them.
+    #[test]
+    fn profiles_read_as_words() {
+        let check = |gpu: Option<&str>, model: Option<&str>, overrides: &[&str], expected: &str| {
+            let profiles = Profiles {
+                gpu: gpu.map(str::to_string),
+                nic: None,
+                model: model.map(str::to_string),
+                overrides: overrides.iter().map(|path| path.to_string()).collect(),
+            };
+            assert_eq!(profiles.to_string(), expected);
+        };
+        check(None, None, &[], "none");
+        check(Some("h200-sxm"), Some("deepseek-r1"), &[], "gpu h200-sxm, model deepseek-r1");
+        check(Some("mi300x"), None, &["hardware.fp8_tflops"], "gpu mi300x; overridden: hardware.fp8_tflops");
+        check(
+            Some("mi300x"),
+            Some("deepseek-r1"),
+            &["hardware.fp8_tflops", "model.layers"],
+            "gpu mi300x, model deepseek-r1; overridden: hardware.fp8_tflops, model.layers",
+        );
+    }
 
     #[test]
     fn jain_bounds_read_as_words() {

@@ -386,6 +386,62 @@ fn sweep_of_a_bug_and_its_fix_draws_one_line_each() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// A scenario that overrides fields of its profiles ("H200 with FP8 off") runs on its own
+/// values, names the overrides in its summary and `result.json`, and replays byte for byte: the
+/// printed scenario keeps the list and the values, `bf16_tflops` at its default included.
+#[test]
+fn overridden_profile_fields_run_are_recorded_and_replay() {
+    let dir = out_dir("overrides");
+    std::fs::create_dir_all(&dir).unwrap();
+    let scenario = |name: &str, overrides: &str| {
+        let file = dir.join(format!("{name}.ron"));
+        let text = format!(
+            "(name: \"{name}\", deployment: \"1P_TP8:1D_TP8\", profiles: (gpu: \"h200-sxm\", nic: \"cx7-400g\"{overrides}),\n\
+             workload: (clients: Closed(concurrency: 2, requests: 4), input_tokens: Fixed(8192), output_tokens: Fixed(8)))"
+        );
+        std::fs::write(&file, text).unwrap();
+        file.to_string_lossy().into_owned()
+    };
+    let run = |file: &str, out: &str| {
+        let out = dir.join(out);
+        let run = pdkv(&["run", file, "--no-trace", "--out", out.to_str().unwrap()]);
+        let text = String::from_utf8_lossy(&run.stdout).into_owned();
+        assert_eq!(run.status.code(), Some(0), "{file}: {text}{}", String::from_utf8_lossy(&run.stderr));
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("result.json")).unwrap()).unwrap();
+        (text, json, out)
+    };
+    let profile = scenario("h200", "");
+    let fp8_off = scenario(
+        "h200-fp8-off",
+        ", overrides: [\"hardware.fp8_tflops\", \"hardware.bf16_tflops\"]), hardware: (fp8_tflops: 1300, bf16_tflops: 1300",
+    );
+    let (_, plain, _) = run(&profile, "plain");
+    let (text, json, out) = run(&fp8_off, "fp8-off");
+    assert!(
+        text.contains(
+            "\n  profiles     gpu h200-sxm, nic cx7-400g; overridden: hardware.fp8_tflops, hardware.bf16_tflops \
+             (profiles/*.ron)\n"
+        ),
+        "{text}"
+    );
+    assert_eq!(
+        json["profiles"]["overrides"],
+        serde_json::json!(["hardware.fp8_tflops", "hardware.bf16_tflops"])
+    );
+    assert!(plain["profiles"].get("overrides").is_none(), "{}", plain["profiles"]);
+    let printed = json["scenario_ron"].as_str().unwrap();
+    assert!(printed.contains("fp8_tflops: 1300.0,") && printed.contains("bf16_tflops: 1300.0,"), "{printed}");
+    // FP8 at 1,300 TFLOP/s instead of the H200's 1,979 makes every prefill slower.
+    let ttft = |json: &serde_json::Value| json["latency_ms"]["ttft"]["mean"].as_f64().unwrap();
+    assert!(ttft(&json) > 1.2 * ttft(&plain), "{} vs {}", ttft(&json), ttft(&plain));
+    let replay = pdkv(&["replay", out.join("result.json").to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&replay.stdout);
+    assert_eq!(replay.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&replay.stderr));
+    assert!(text.contains("result byte-identical"), "{text}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// (arguments) -> (exit code, text the output must contain).
 #[test]
 fn scenarios_and_bad_input_table() {

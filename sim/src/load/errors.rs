@@ -98,7 +98,8 @@ pub enum ScenarioError {
         /// Where the field's name is written, when it is.
         at: Option<Location>,
         /// Dotted path of the field: `profiles.gpu` (or `.nic`, `.model`) for the name, the
-        /// written field (e.g. `hardware.hbm_gb`) for a conflict.
+        /// written field (e.g. `hardware.hbm_gb`) for a conflict, the entry (e.g.
+        /// `profiles.overrides[0]`) for a bad override.
         field: String,
         /// What is wrong.
         error: Box<ProfileError>,

@@ -15,7 +15,8 @@
 //!    ron's error into a [`ScenarioError`] in words.
 //! 3. When the scenario names profiles (`profiles: (gpu: "h200-sxm")`), `crate::profiles`
 //!    fills `hardware` and `model` from them; the scanner says which fields the text writes,
-//!    since a written field must agree with the profile.
+//!    since a written field must agree with the profile unless `profiles.overrides` lists it
+//!    (and a listed field must be written).
 //! 4. [`validate()`] checks what serde cannot (positive sizes, probabilities, routable engine
 //!    pairs, and, in module `target`, fault targets inside the deployment). Its violations name
 //!    a dotted path; the same scanner finds where that field's `key:` is written. A field the
@@ -69,9 +70,10 @@ pub fn parse_scenario(text: &str, origin: &str) -> Result<Scenario, ScenarioErro
     let mut scenario: Scenario =
         ron_options().from_str(&text).map_err(|err| from_ron_error(origin, &text, err))?;
     if !scenario.profiles.is_empty() {
-        // Which fields the text writes: a named profile may fill only the others, or those it
-        // agrees with. serde's defaults cannot tell a field left out from one written as its
-        // default, so the text itself is scanned.
+        // Which fields the text writes: a named profile may fill only the others, those it
+        // agrees with, or those `profiles.overrides` lists (which must be written). serde's
+        // defaults cannot tell a field left out from one written as its default, so the text
+        // itself is scanned.
         let in_sections = |path: &str| path.starts_with("hardware.") || path.starts_with("model.");
         let written: BTreeSet<String> =
             scan(&text, text.len(), &in_sections).anchors.into_iter().map(|anchor| anchor.path).collect();
@@ -177,7 +179,37 @@ pub fn scenario_to_ron(scenario: &Scenario) -> String {
     // ron fails only when the writer fails (a String never does) or nesting exceeds the
     // recursion limit (the scenario is six levels deep), so failure is a programmer error.
     let text = ron_options().to_string_pretty(scenario, config).expect("a scenario always serializes to RON");
-    quoted_legacy_names(&text)
+    with_overridden_fields(quoted_legacy_names(&text), scenario)
+}
+
+/// `text`, `scenario` printed, with every field `profiles.overrides` lists written. A field that
+/// came with the profiles is left out of a printed scenario while it has its default
+/// (`at_default` in `scenario.rs`), but an overridden one must be written to read back: the
+/// loader refuses an override of a field not written, and the profile would fill it. The
+/// missing ones go at the end of their section (`hardware` or `model`, always printed).
+fn with_overridden_fields(mut text: String, scenario: &Scenario) -> String {
+    let overrides = &scenario.profiles.overrides;
+    if overrides.is_empty() {
+        return text;
+    }
+    let written: BTreeSet<String> = scan(&text, text.len(), &|path| overrides.iter().any(|o| o == path))
+        .anchors
+        .into_iter()
+        .map(|anchor| anchor.path)
+        .collect();
+    for path in overrides.iter().filter(|path| !written.contains(*path)) {
+        let (Some((section, field)), Some(value)) =
+            (path.split_once('.'), crate::profiles::filled_value(scenario, path))
+        else {
+            continue;
+        };
+        let open = format!("\n    {section}: (\n");
+        let Some(start) = text.find(&open).map(|at| at + open.len()) else { continue };
+        let Some(end) = text[start..].find("\n    ),").map(|at| start + at + 1) else { continue };
+        let value = ron_options().to_string(&value).expect("a number or a bool always serializes to RON");
+        text.insert_str(end, &format!("        {field}: {value},\n"));
+    }
+    text
 }
 
 #[cfg(test)]
@@ -218,7 +250,7 @@ mod tests {
         Bad { file, kind, line, column, field, says }
     }
 
-    const BAD: [Bad; 28] = [
+    const BAD: [Bad; 30] = [
         bad("unknown_top_level_field.ron", Kind::UnknownField, 5, 5, "seeds", "expected one of: name, "),
         bad("unknown_nested_field.ron", Kind::UnknownField, 7, 9, "hardware.nic_gbps", "nic_gb_s, "),
         bad(
@@ -333,6 +365,22 @@ mod tests {
             9,
             "hardware.hbm_gb",
             "is 192.0 but the GPU profile `h200-sxm` (profiles/gpus.ron) says 141.0",
+        ),
+        bad(
+            "profile_override_not_written.ron",
+            Kind::Profile,
+            8,
+            40,
+            "profiles.overrides[1]",
+            "`profiles.overrides` lists `hardware.fp8_tflops`, which the scenario does not write",
+        ),
+        bad(
+            "profile_override_unfilled.ron",
+            Kind::Profile,
+            5,
+            45,
+            "profiles.overrides[0]",
+            "lists `hardware.nic_gb_s`, which a NIC profile fills, but the scenario names none (`profiles.nic`)",
         ),
         bad("missing_paren.ron", Kind::Syntax, 7, 2, "workload", "unexpected end of file"),
         bad("missing_comma.ron", Kind::Syntax, 4, 5, "name", "expected `,`"),
@@ -583,7 +631,8 @@ mod tests {
                     Kind::Profile,
                     "hardware.hbm_gb",
                     "field `hardware.hbm_gb`: is 192.0 but the GPU profile `h200-sxm` (profiles/gpus.ron) says 141.0; \
-                     a scenario that names a profile takes the profile's values: remove `hardware.hbm_gb` or the profile",
+                     a scenario that names a profile takes the profile's values: remove `hardware.hbm_gb` or the profile, \
+                     or keep this value by listing the field in `profiles`: `overrides: [\"hardware.hbm_gb\"]`",
                 ),
             ),
             (
@@ -600,7 +649,11 @@ mod tests {
             ),
             (
                 with(r#"profiles: (cpu: "epyc")"#),
-                (Kind::UnknownField, "profiles.cpu", "expected one of: gpu, nic, model"),
+                (Kind::UnknownField, "profiles.cpu", "expected one of: gpu, nic, model, overrides"),
+            ),
+            (
+                with(r#"profiles: (gpu: "mi300x", overrides: "hardware.hbm_gb")"#),
+                (Kind::WrongType, "profiles.overrides", "expected a list `[...]`, found the string \"hardware.hbm_gb\""),
             ),
             // The profile is applied before the format's rules, which then hold for its values:
             // Llama's 8 KV heads cannot be split between TP4 and TP8.
@@ -621,15 +674,29 @@ mod tests {
         };
         at(r#"profiles: (gpu: "h200-sxm"), hardware: (hbm_gb: 192)"#, "hbm_gb");
         at(r#"profiles: (gpu: "h300")"#, "gpu:");
+        // A bad override points at its entry in the list.
+        at(
+            r#"profiles: (gpu: "mi300x", overrides: ["hardware.hbm_gb", "model.layers"]), hardware: (hbm_gb: 80)"#,
+            "\"model.",
+        );
     }
 
     #[test]
     fn load_printed_scenarios_read_back_unchanged() {
         let mut scenarios = vec![full_expected()];
-        let profiled = r#"profiles: (gpu: "h200-sxm", nic: "cx7-400g", model: "llama-3.1-70b")"#;
-        match parse_scenario(&with(profiled), "<profiled>") {
-            Ok(scenario) => scenarios.push(scenario),
-            Err(err) => panic!("{err}"),
+        let profiled = [
+            r#"profiles: (gpu: "h200-sxm", nic: "cx7-400g", model: "llama-3.1-70b")"#,
+            // Overridden fields are printed whatever their value, the default included (1300 is
+            // the default `bf16_tflops`, which a printed scenario otherwise leaves out).
+            r#"profiles: (gpu: "h200-sxm", model: "llama-3.1-70b",
+                overrides: ["hardware.bf16_tflops", "hardware.fp8_tflops", "model.layers", "model.attention_heads"]),
+               hardware: (bf16_tflops: 1300, fp8_tflops: 1300), model: (layers: 40, attention_heads: 128)"#,
+        ];
+        for fields in profiled {
+            match parse_scenario(&with(fields), "<profiled>") {
+                Ok(scenario) => scenarios.push(scenario),
+                Err(err) => panic!("{err}"),
+            }
         }
         for notation in ["1P_TP8:1D_TP8", "2P_TP8:1D_DP8EP", "1P_TP4+1P_DP2TP4:2D_TP8"] {
             let mut scenario = Scenario::from_notation(notation);
@@ -637,6 +704,7 @@ mod tests {
             scenario.hardware.kv_memory_fraction = 0.5;
             scenarios.push(scenario);
         }
+        let overridden = scenario_to_ron(&scenarios[2]);
         for scenario in scenarios {
             let text = scenario_to_ron(&scenario);
             assert_eq!(parse_scenario(&text, "<printed>"), Ok(scenario.clone()), "{text}");
@@ -646,6 +714,13 @@ mod tests {
             assert!(!text.contains("r#"), "{text}");
             // Absent options are left out rather than printed as Rust's `None`.
             assert!(!text.contains("None"), "{text}");
+        }
+        for line in [
+            "        overrides: [\n            \"hardware.bf16_tflops\",\n",
+            "        bf16_tflops: 1300.0,\n",
+            "        attention_heads: 128,\n",
+        ] {
+            assert!(overridden.contains(line), "{line}: {overridden}");
         }
         let text = scenario_to_ron(&full_expected());
         assert!(text.contains("        legacy: [\n            \"lazy-handshake\",\n"), "{text}");
