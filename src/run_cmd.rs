@@ -481,6 +481,25 @@ mod tests {
         );
     }
 
+    /// (what is typed) -> (the scenario's name, its deployment, whether it was a notation): a
+    /// built-in and the notation of its deployment are two scenarios with two names.
+    #[test]
+    fn a_built_in_and_the_notation_of_its_deployment_are_named_apart() {
+        let check = |spec: &str, expected: (&str, &str, bool)| {
+            let (scenario, notation) = match load_with_notation(spec) {
+                Ok(loaded) => loaded,
+                Err(err) => panic!("{spec}: {err}"),
+            };
+            assert_eq!((scenario.name.as_str(), scenario.deployment.as_str(), notation.is_some()), expected);
+        };
+        check("2P_TP8-1D_DP8EP", ("2P_TP8-1D_DP8EP", "2P_TP8:1D_DP8EP", false));
+        check("2P_TP8:1D_DP8EP", ("2P_TP8:1D_DP8EP", "2P_TP8:1D_DP8EP", true));
+        check("1P_TP8-1D_TP8", ("1P_TP8-1D_TP8", "1P_TP8:1D_TP8", false));
+        check("1P_TP8:1D_TP8", ("1P_TP8:1D_TP8", "1P_TP8:1D_TP8", true));
+        check("1P_TP8+1P_DP8EP:1D_TP8", ("1P_TP8+1P_DP8EP:1D_TP8", "1P_TP8+1P_DP8EP:1D_TP8", true));
+        check("proxy-aliasing", ("proxy-aliasing", "2P_DP8EP:1D_TP8", false));
+    }
+
     /// (profiles named, fields overridden) -> the summary's profiles line, absent when none are
     /// named.
     #[test]

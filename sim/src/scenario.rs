@@ -741,10 +741,14 @@ impl Scenario {
         Ok(book)
     }
 
-    /// A scenario for a bare notation with the default profile and workload.
+    /// A scenario for a bare notation with the default profile and workload, named by the
+    /// notation itself (`2P_TP8:1D_DP8EP`). A built-in scenario file's name is its file name,
+    /// which writes the `:` as `-` (`2P_TP8-1D_DP8EP`) and is not a notation, so a notation's run
+    /// and a built-in's never record the same `scenario` (a test checks every built-in). Folder
+    /// names come from [`crate::RunIdentity::slug`], which writes the `:` as `-`.
     pub fn from_notation(notation: &str) -> Scenario {
         Scenario {
-            name: notation.replace(':', "-"),
+            name: notation.to_string(),
             description: format!("{notation} with the default profile and workload"),
             deployment: notation.to_string(),
             profiles: Profiles::default(),
@@ -766,6 +770,22 @@ impl Scenario {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// (notation) -> the name of its scenario: the notation as typed, which parses as one, so no
+    /// file name (which has no `:`) can equal it.
+    #[test]
+    fn a_notation_names_its_scenario() {
+        let check = |notation: &str, expected: &str| {
+            let scenario = Scenario::from_notation(notation);
+            assert_eq!(scenario.name, expected);
+            assert!(Deployment::parse(&scenario.name).is_ok(), "{notation}");
+            assert_eq!(crate::load::validate(&scenario), Ok(()), "{notation}");
+        };
+        check("2P_TP8:1D_DP8EP", "2P_TP8:1D_DP8EP");
+        check("1P_TP8:1D_TP8", "1P_TP8:1D_TP8");
+        check("1P_TP8+1P_DP8EP:1D_TP8", "1P_TP8+1P_DP8EP:1D_TP8");
+        check("64P_TP8:8D_DP64EP", "64P_TP8:8D_DP64EP");
+    }
 
     /// (profiles) -> how a summary, a report page and `pdkv scenarios` show them.
     #[test]

@@ -75,7 +75,7 @@ fn a_shrunk_failure_of_a_profiled_scenario_replays() {
 fn seeds_without_a_verdict_are_named_and_replay() {
     let dir = folder("unjudged");
     for (scenario, name) in
-        [("2P_DP8EP:1D_TP8", "2P_DP8EP-1D_TP8"), ("2P_TP8-1D_DP8EP-h200", "2P_TP8-1D_DP8EP-h200")]
+        [("2P_DP8EP:1D_TP8", "2P_DP8EP:1D_TP8"), ("2P_TP8-1D_DP8EP-h200", "2P_TP8-1D_DP8EP-h200")]
     {
         let args = ["explore", scenario, "--from", "57", "--seeds", "2", "--faults", "swarm", "--jobs", "1"];
         let out = pdkv(&dir, &[&args[..], &["--out", "found"]].concat());

@@ -196,26 +196,41 @@ fn runs_that_differ_leave_reports_side_by_side_each_titled_with_what_it_ran() {
     let plain = [&["run", "2P_TP8:1D_DP8EP"][..], &small].concat();
     let legacy = [&plain[..], &["--legacy", "no-flexible-reads"]].concat();
     let seeded: Vec<&str> = vec!["run", "notify-drift-fixed", "--seed", "3"];
-    // (arguments) -> (folder under target/pdkv, label)
+    let built_in: Vec<&str> = vec!["run", "2P_TP8-1D_DP8EP"];
+    // (arguments) -> (folder under target/pdkv, label, the scenario result.json names, its
+    // deployment): the built-in `2P_TP8-1D_DP8EP` and the notation `2P_TP8:1D_DP8EP` run other
+    // workloads, and say so in every name.
     let runs = [
-        (&plain, "2P_TP8-1D_DP8EP_C4-x8-8K-1K", "2P_TP8:1D_DP8EP, C4 x8 8K/1K"),
+        (
+            &plain,
+            "2P_TP8-1D_DP8EP_C4-x8-8K-1K",
+            "2P_TP8:1D_DP8EP, C4 x8 8K/1K",
+            "2P_TP8:1D_DP8EP",
+            "2P_TP8:1D_DP8EP",
+        ),
         (
             &legacy,
             "2P_TP8-1D_DP8EP_C4-x8-8K-1K_legacy-no-flexible-reads",
             "2P_TP8:1D_DP8EP, C4 x8 8K/1K, legacy no-flexible-reads",
+            "2P_TP8:1D_DP8EP",
+            "2P_TP8:1D_DP8EP",
         ),
-        (&seeded, "notify-drift-fixed_seed-3", "notify-drift-fixed, seed 3"),
+        (
+            &seeded,
+            "notify-drift-fixed_seed-3",
+            "notify-drift-fixed, seed 3",
+            "notify-drift-fixed",
+            "1P_DP2:1D_TP2",
+        ),
+        (&built_in, "2P_TP8-1D_DP8EP", "2P_TP8-1D_DP8EP", "2P_TP8-1D_DP8EP", "2P_TP8:1D_DP8EP"),
     ];
-    for (args, folder, label) in runs {
+    for (args, folder, label, scenario, deployment) in runs {
         let out = pdkv_in(&cwd, args);
         let text = String::from_utf8_lossy(&out.stdout);
         assert_eq!(out.status.code(), Some(0), "{args:?}: {text}{}", String::from_utf8_lossy(&out.stderr));
         let dir = cwd.join("target/pdkv").join(folder);
-        let title = if label.starts_with("2P_TP8:1D_DP8EP") {
-            label.to_string()
-        } else {
-            format!("{label} (1P_DP2:1D_TP2)")
-        };
+        let title =
+            if label.starts_with(deployment) { label.to_string() } else { format!("{label} ({deployment})") };
         assert_eq!(text.lines().next(), Some(format!("pdkv run {title}").as_str()), "{args:?}");
         assert!(text.contains(&format!("target/pdkv/{folder}/index.html")), "{args:?}: {text}");
         let index = std::fs::read_to_string(dir.join("index.html")).expect("index.html");
@@ -225,7 +240,7 @@ fn runs_that_differ_leave_reports_side_by_side_each_titled_with_what_it_ran() {
         assert!(svg.contains(&format!("NIC balance per prefill GPU: {title}")), "{args:?}");
         let json: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("result.json")).unwrap()).unwrap();
-        assert_eq!(json["label"], *label, "{args:?}");
+        assert_eq!((&json["label"], &json["scenario"]), (&(*label).into(), &scenario.into()), "{args:?}");
     }
     let mut folders: Vec<String> = std::fs::read_dir(cwd.join("target/pdkv"))
         .unwrap()
@@ -244,7 +259,7 @@ fn runs_that_differ_leave_reports_side_by_side_each_titled_with_what_it_ran() {
         let again = std::fs::read(folder.join(file)).unwrap();
         assert!(*first == again, "the same run gives the same {file}");
     }
-    assert_eq!(std::fs::read_dir(cwd.join("target/pdkv")).unwrap().count(), 3, "and no new folder");
+    assert_eq!(std::fs::read_dir(cwd.join("target/pdkv")).unwrap().count(), 4, "and no new folder");
     std::fs::remove_dir_all(&cwd).ok();
 }
 
