@@ -435,7 +435,7 @@ mod tests {
 
     #[test]
     fn summary_says_na_where_nothing_was_measured() {
-        let some = |mean| Some(Summary { mean, p50: mean, p99: mean });
+        let some = |mean| Some(Summary { mean, p50: mean, p90: mean, p99: mean });
         // (requests finished, TTFT, TPOT, reads per GPU) -> (latency line, NIC balance line)
         let check = |finished, ttft, tpot, reads: [u64; 2], expected: [&str; 2]| {
             let mut r = RunResult::empty(&Scenario::from_notation("1P_TP2:1D_TP2"), String::new());

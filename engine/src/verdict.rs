@@ -101,13 +101,17 @@ pub struct Summary {
     pub mean: f64,
     /// Median.
     pub p50: f64,
+    /// 90th percentile (results written before it existed read as 0).
+    #[serde(default)]
+    pub p90: f64,
     /// 99th percentile.
     pub p99: f64,
 }
 
 impl Summary {
     /// Summarises `values` (milliseconds), sorting them; `None` when there are none (no request
-    /// finished: a mean of 0 ms would be a number nobody measured).
+    /// finished: a mean of 0 ms would be a number nobody measured). A percentile q is the value
+    /// at index `round((n - 1) * q)` of the sorted values (nearest rank, no interpolation).
     pub fn of(values: &mut [f64]) -> Option<Summary> {
         if values.is_empty() {
             return None;
@@ -115,7 +119,12 @@ impl Summary {
         values.sort_by(f64::total_cmp);
         let mean = values.iter().sum::<f64>() / values.len() as f64;
         let at = |q: f64| values[((values.len() - 1) as f64 * q).round() as usize];
-        Some(Summary { mean: round3(mean), p50: round3(at(0.5)), p99: round3(at(0.99)) })
+        Some(Summary {
+            mean: round3(mean),
+            p50: round3(at(0.5)),
+            p90: round3(at(0.9)),
+            p99: round3(at(0.99)),
+        })
     }
 }
 
@@ -336,6 +345,28 @@ mod tests {
             check(tally, Virtual, virtual_time);
             check(tally, WallClock, wall_clock);
         }
+    }
+
+    /// (values) -> (mean, p50, p90, p99): the percentile of q is the sorted value at index
+    /// round((n - 1) * q), with no interpolation.
+    #[test]
+    fn summaries_take_the_nearest_rank() {
+        let check = |values: &[f64], expected: Option<[f64; 4]>| {
+            let got = Summary::of(&mut values.to_vec()).map(|s| [s.mean, s.p50, s.p90, s.p99]);
+            assert_eq!(got, expected, "{values:?}");
+        };
+        check(&[], None);
+        check(&[7.0], Some([7.0, 7.0, 7.0, 7.0]));
+        // Index round(1 * 0.5) = 1 (half away from zero), round(0.9) = 1, round(0.99) = 1.
+        check(&[2.0, 1.0], Some([1.5, 2.0, 2.0, 2.0]));
+        // 1..=100: index round(99 q) = 50, 89, 98 (values 51, 90, 99).
+        let hundred: Vec<f64> = (1..=100).rev().map(f64::from).collect();
+        check(&hundred, Some([50.5, 51.0, 90.0, 99.0]));
+        // 1..=10: round(4.5) = 5, round(8.1) = 8, round(8.91) = 9.
+        let ten: Vec<f64> = (1..=10).map(f64::from).collect();
+        check(&ten, Some([5.5, 6.0, 9.0, 10.0]));
+        // Three decimals, as results are written.
+        check(&[1.23456, 1.23456], Some([1.235, 1.235, 1.235, 1.235]));
     }
 
     #[test]

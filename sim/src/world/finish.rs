@@ -230,7 +230,7 @@ fn weighted_summary(samples: &mut [(u64, u64)]) -> Option<Summary> {
         }
         samples.last().map_or(0.0, |(d, _)| *d as f64 / 1e6)
     };
-    Some(Summary { mean: round3(mean), p50: round3(at(0.5)), p99: round3(at(0.99)) })
+    Some(Summary { mean: round3(mean), p50: round3(at(0.5)), p90: round3(at(0.9)), p99: round3(at(0.99)) })
 }
 
 /// Honest outcomes and truthful extremes: every run ends in the outcome its requests earned.
