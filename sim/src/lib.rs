@@ -15,6 +15,7 @@ pub mod explore;
 pub mod files;
 pub mod identity;
 pub mod load;
+pub mod measure;
 pub mod model_check;
 pub mod nic;
 pub mod profiles;

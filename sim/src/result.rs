@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 // The verdict's vocabulary is the engine layer's, shared with the real cluster's results.
 pub use pdkv_engine::verdict::{jain, percentiles, round3, Ledger, Summary, ViolationKind};
 
-use crate::scenario::{JainBounds, Outcome, Profiles, Scenario, FORMAT_VERSION};
+use crate::scenario::{JainBounds, Outcome, Profiles, Scenario, Slo, FORMAT_VERSION};
 use crate::waitfor::{WaitEdge, WaitNode};
 
 /// One run of a sweep (one line's scenario at one concurrency level), in the figures a sweep's
@@ -66,6 +66,14 @@ pub struct RunResult {
     pub throughput: Throughput,
     /// Latency distributions, in milliseconds.
     pub latency_ms: Latencies,
+    /// The deployment's GPUs by role. Results written before it existed read as none.
+    #[serde(default)]
+    pub gpus: Gpus,
+    /// The figures of the steady-state window (`docs/sim.md`, "Steady state"): latency
+    /// percentiles, throughput per GPU and per phase, goodput. Results written before it existed
+    /// read as an empty window.
+    #[serde(default)]
+    pub steady: Steady,
     /// NIC balance over prefill GPUs.
     pub nic: NicStats,
     /// What happened to prefill blocks.
@@ -144,6 +152,132 @@ pub struct Latencies {
     pub ttft_percentiles: Vec<f64>,
     /// TPOT at every percentile 0, 1, ..., 100.
     pub tpot_percentiles: Vec<f64>,
+}
+
+/// GPUs by role: one per rank, whatever the layout (a DP8EP engine is 8 GPUs, a TP8 one 8, a
+/// DP2TP4 one 8; expert parallelism spans the same ranks).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gpus {
+    /// Prefill GPUs.
+    pub prefill: u32,
+    /// Decode GPUs.
+    pub decode: u32,
+}
+
+impl Gpus {
+    /// Every GPU of the deployment.
+    pub fn total(&self) -> u32 {
+        self.prefill + self.decode
+    }
+}
+
+/// What a run measured in its steady-state window, or over the whole run when the window says
+/// so ([`crate::measure`]).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Steady {
+    /// Which requests and which time it covers.
+    pub window: Window,
+    /// Latencies of the requests that arrived inside it; ITL of the decode steps that ended
+    /// inside it.
+    pub latency_ms: WindowLatencies,
+    /// What completed inside its time span, per second.
+    pub throughput: WindowThroughput,
+    /// Requests meeting the scenario's SLO; left out when it has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub goodput: Option<Goodput>,
+}
+
+/// Whether the figures are the steady state's or the whole run's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WindowKind {
+    /// Warm-up and drain left out.
+    #[default]
+    Steady,
+    /// The whole run, as `measure.whole_run` (`--whole-run`) asked.
+    WholeRunAsked,
+    /// The whole run, since the run left no window: no request arrived between the warm-up and
+    /// the drain, or they arrived at one instant.
+    WholeRunTooShort,
+}
+
+impl WindowKind {
+    /// The kind as `result.json` writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            WindowKind::Steady => "steady",
+            WindowKind::WholeRunAsked => "whole_run_asked",
+            WindowKind::WholeRunTooShort => "whole_run_too_short",
+        }
+    }
+}
+
+/// A measurement window: requests by arrival order, and a time span.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Window {
+    /// Steady, or the whole run and why.
+    pub kind: WindowKind,
+    /// Requests left out at the start, by arrival order.
+    pub warmup_requests: u64,
+    /// Requests left out at the end, by arrival order.
+    pub drain_requests: u64,
+    /// Requests that arrived inside it (its latencies are theirs).
+    pub requests: u64,
+    /// Its start, virtual seconds: the arrival of its first request (0 for the whole run).
+    pub start_s: f64,
+    /// Its end: the arrival of the first drain request (the run's end for the whole run).
+    pub end_s: f64,
+}
+
+/// The latencies of `vllm bench serve`, in milliseconds, each `{mean, p50, p90, p99}` or `None`
+/// when nothing was measured.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WindowLatencies {
+    /// Time to first token.
+    pub ttft: Option<Summary>,
+    /// Time per output token after the first, per request.
+    pub tpot: Option<Summary>,
+    /// Inter-token latency, per token.
+    pub itl: Option<Summary>,
+    /// End to end.
+    pub e2e: Option<Summary>,
+}
+
+/// Throughput over a window's time span: what completed in it divided by its length.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WindowThroughput {
+    /// Requests that finished.
+    pub requests_per_s: f64,
+    /// Prompt tokens prefill steps computed.
+    pub input_tok_s: f64,
+    /// Tokens decode steps generated.
+    pub output_tok_s: f64,
+    /// Both.
+    pub total_tok_s: f64,
+    /// Requests per second per GPU of the deployment (prefill and decode).
+    pub requests_per_s_per_gpu: f64,
+    /// Prompt and generated tokens per second per GPU of the deployment.
+    pub total_tok_s_per_gpu: f64,
+    /// Generated tokens per second per GPU of the deployment.
+    pub output_tok_s_per_gpu: f64,
+    /// Prompt tokens per second per prefill GPU.
+    pub input_tok_s_per_prefill_gpu: f64,
+    /// Generated tokens per second per decode GPU.
+    pub output_tok_s_per_decode_gpu: f64,
+}
+
+/// Goodput: requests that meet every target of an SLO.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Goodput {
+    /// The targets.
+    pub slo: Slo,
+    /// Requests that finished inside the window meeting them, per second.
+    pub requests_per_s: f64,
+    /// The same per GPU of the deployment.
+    pub requests_per_s_per_gpu: f64,
+    /// Of the requests that arrived inside the window, the fraction that finished meeting them
+    /// (failed and unfinished ones miss).
+    pub met_fraction: f64,
 }
 
 /// Reads and bytes per prefill GPU (rank order: engine, DP, TP).
@@ -236,6 +370,8 @@ impl RunResult {
             requests: Requests::default(),
             throughput: Throughput::default(),
             latency_ms: Latencies::default(),
+            gpus: Gpus::default(),
+            steady: Steady::default(),
             nic: NicStats::default(),
             ledger: Ledger::default(),
             hangs: Vec::new(),

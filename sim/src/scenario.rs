@@ -105,6 +105,13 @@ pub struct Scenario {
     /// Budgets that end a run.
     #[serde(default)]
     pub limits: Limits,
+    /// Which requests the run's steady-state figures cover (`docs/sim.md`, "Steady state");
+    /// absent from printed scenarios while it keeps its default.
+    #[serde(default, skip_serializing_if = "Measure::is_default")]
+    pub measure: Measure,
+    /// Latency targets a request must meet to count towards goodput; no goodput without them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slo: Option<Slo>,
     /// The outcome this scenario is expected to have (`clean` when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expect: Option<Outcome>,
@@ -700,6 +707,61 @@ impl Default for Limits {
     }
 }
 
+/// How the run's steady-state figures are taken: by default without the warm-up at the start
+/// and the drain at the end (`docs/sim.md`, "Steady state"; `crate::measure` computes it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Measure {
+    /// Requests, in arrival order, left out at the start as warm-up, instead of the default
+    /// (closed loop: the larger of C and a tenth of the requests; open loop: a tenth).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warmup_requests: Option<u32>,
+    /// Take the figures over the whole run: no warm-up, no drain.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub whole_run: bool,
+}
+
+impl Measure {
+    /// True when nothing overrides the default window.
+    pub fn is_default(&self) -> bool {
+        *self == Measure::default()
+    }
+}
+
+/// Service-level objectives: the latencies a finished request must meet to count towards
+/// goodput (`vllm bench serve --goodput ttft:MS tpot:MS`). Either may be left out; at least one
+/// is given.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Slo {
+    /// Longest time to first token.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttft_ms: Option<f64>,
+    /// Longest time per output token after the first (a request of one output token has none,
+    /// and meets it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tpot_ms: Option<f64>,
+}
+
+impl Slo {
+    /// True when a request with this TTFT and TPOT (`None`: one output token) meets every target.
+    pub fn met(&self, ttft_ms: f64, tpot_ms: Option<f64>) -> bool {
+        self.ttft_ms.is_none_or(|target| ttft_ms <= target)
+            && self.tpot_ms.is_none_or(|target| tpot_ms.is_none_or(|tpot| tpot <= target))
+    }
+}
+
+impl std::fmt::Display for Slo {
+    /// The targets as a person reads them: `TTFT <= 2000 ms, TPOT <= 50 ms`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts: Vec<String> = [("TTFT", self.ttft_ms), ("TPOT", self.tpot_ms)]
+            .into_iter()
+            .filter_map(|(what, target)| target.map(|ms| format!("{what} <= {ms} ms")))
+            .collect();
+        f.write_str(&parts.join(", "))
+    }
+}
+
 impl Scenario {
     /// The transfer timeout in force: the one the faults impose
     /// ([`Faults::transfer_timeout_ms`]), else the protocol's.
@@ -761,6 +823,8 @@ impl Scenario {
             faults: Faults::default(),
             seed: 0,
             limits: Limits::default(),
+            measure: Measure::default(),
+            slo: None,
             expect: None,
             expect_jain: None,
         }
@@ -819,5 +883,28 @@ mod tests {
         check(None, Some(0.5), "at most 0.5");
         check(Some(0.2), Some(0.8), "in [0.2, 0.8]");
         check(None, None, "unbounded");
+    }
+
+    /// (targets, TTFT, TPOT) -> met, and how the targets read.
+    #[test]
+    fn slos_are_met_at_or_below_their_targets() {
+        let both = Slo { ttft_ms: Some(2000.0), tpot_ms: Some(50.0) };
+        let ttft = Slo { ttft_ms: Some(2000.0), tpot_ms: None };
+        let tpot = Slo { ttft_ms: None, tpot_ms: Some(50.0) };
+        let table: &[(Slo, f64, Option<f64>, bool)] = &[
+            (both, 2000.0, Some(50.0), true),
+            (both, 2000.001, Some(50.0), false),
+            (both, 10.0, Some(50.001), false),
+            // One output token: no TPOT, so nothing to miss.
+            (both, 10.0, None, true),
+            (ttft, 10.0, Some(1e9), true),
+            (tpot, 1e9, Some(49.0), true),
+            (Slo::default(), 1e9, Some(1e9), true),
+        ];
+        for &(slo, ttft_ms, tpot_ms, met) in table {
+            assert_eq!(slo.met(ttft_ms, tpot_ms), met, "{slo:?} {ttft_ms} {tpot_ms:?}");
+        }
+        assert_eq!(both.to_string(), "TTFT <= 2000 ms, TPOT <= 50 ms");
+        assert_eq!(tpot.to_string(), "TPOT <= 50 ms");
     }
 }

@@ -219,8 +219,8 @@ mod tests {
     use pdkv_core::legacy::Legacy;
 
     use crate::scenario::{
-        Clients, CostModel, EngineLimits, FaultKind, Faults, Hardware, Length, Limits, ModelProfile, Outcome,
-        Profiles, Protocol, Reads, Swarm, Target, TimedFault, Workload,
+        Clients, CostModel, EngineLimits, FaultKind, Faults, Hardware, Length, Limits, Measure, ModelProfile,
+        Outcome, Profiles, Protocol, Reads, Slo, Swarm, Target, TimedFault, Workload,
     };
     use path::skip_string;
 
@@ -460,6 +460,8 @@ mod tests {
             faults: Faults::default(),
             seed: 0,
             limits: Limits::default(),
+            measure: Measure::default(),
+            slo: None,
             expect: None,
             expect_jain: None,
         };
@@ -499,6 +501,8 @@ mod tests {
     ),
     seed: 42,
     limits: (max_virtual_time_s: 600),
+    measure: (warmup_requests: 4),
+    slo: (ttft_ms: 2000, tpot_ms: Some(50.5)),
     expect: hang,
 )
 "#;
@@ -562,6 +566,8 @@ mod tests {
             },
             seed: 42,
             limits: Limits { max_virtual_time_s: 600, ..Limits::default() },
+            measure: Measure { warmup_requests: Some(4), whole_run: false },
+            slo: Some(Slo { ttft_ms: Some(2000.0), tpot_ms: Some(50.5) }),
             expect: Some(Outcome::Hang),
             expect_jain: None,
         }

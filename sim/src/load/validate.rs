@@ -151,8 +151,39 @@ pub fn validate(scenario: &Scenario) -> Result<(), Violation> {
     at_most("limits.max_virtual_time_s", limits.max_virtual_time_s, MAX_VIRTUAL_TIME_S, " s (one day)")?;
     at_least_one("limits.max_events", limits.max_events)?;
     at_most("limits.max_events", limits.max_events, MAX_EVENTS, "")?;
+    validate_measure(scenario)?;
     if let Some(bounds) = scenario.expect_jain {
         validate_jain(bounds)?;
+    }
+    Ok(())
+}
+
+/// A warm-up is at most the largest run, and a whole run has none; an SLO gives at least one
+/// target, each a positive time of at most [`MAX_TIME_MS`].
+fn validate_measure(scenario: &Scenario) -> Check {
+    let measure = &scenario.measure;
+    if let Some(warmup) = measure.warmup_requests {
+        at_most("measure.warmup_requests", warmup.into(), MAX_REQUESTS.into(), " requests")?;
+        if measure.whole_run {
+            return Err(violation(
+                "measure.warmup_requests",
+                "cannot be given with measure.whole_run: true (a whole run has no warm-up)",
+            ));
+        }
+    }
+    let Some(slo) = scenario.slo else { return Ok(()) };
+    if slo.ttft_ms.is_none() && slo.tpot_ms.is_none() {
+        return Err(violation("slo", "must give ttft_ms, tpot_ms or both"));
+    }
+    for (field, target) in [("slo.ttft_ms", slo.ttft_ms), ("slo.tpot_ms", slo.tpot_ms)] {
+        if let Some(ms) = target {
+            if !(ms.is_finite() && ms > 0.0 && ms <= MAX_TIME_MS as f64) {
+                return Err(violation(
+                    field,
+                    format!("must be a time above 0 and at most {MAX_TIME_MS} ms (about 115 days), got {ms}"),
+                ));
+            }
+        }
     }
     Ok(())
 }
@@ -773,6 +804,19 @@ mod tests {
                 with("engines: (kv_blocks_per_gpu: 4000000000), model: (layers: 1, moe_layers: 1, kv_bytes_per_token_per_layer: 1, block_size_tokens: 1)"),
                 (Invalid, "engines.kv_blocks_per_gpu", "at most 268435456 are simulated"),
             ),
+            // A measurement window and targets that mean nothing.
+            (
+                with("measure: (warmup_requests: 1000001)"),
+                (Invalid, "measure.warmup_requests", "at most 1000000 requests, got 1000001"),
+            ),
+            (
+                with("measure: (warmup_requests: 10, whole_run: true)"),
+                (Invalid, "measure.warmup_requests", "cannot be given with measure.whole_run"),
+            ),
+            (with("slo: ()"), (Invalid, "slo", "must give ttft_ms, tpot_ms or both")),
+            (with("slo: (ttft_ms: 0)"), (Invalid, "slo.ttft_ms", "above 0 and at most 10000000000 ms")),
+            (with("slo: (ttft_ms: 100, tpot_ms: NaN)"), (Invalid, "slo.tpot_ms", "got NaN")),
+            (with("slo: (tpot_ms: 1e11)"), (Invalid, "slo.tpot_ms", "got 100000000000")),
             // Jain bounds that could never hold (or always would).
             (with("expect_jain: (at_least: NaN)"), (Invalid, "expect_jain.at_least", "in [0, 1] (a Jain index), got NaN")),
             (with("expect_jain: (at_most: 1.5)"), (Invalid, "expect_jain.at_most", "got 1.5")),

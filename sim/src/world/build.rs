@@ -141,6 +141,7 @@ impl World {
                     layout,
                     sched: PrefillScheduler::new(blocks_for(layout), sc.model.block_size_tokens),
                     busy: false,
+                    step_tokens: 0,
                 });
             }
             let engine = PrefillEngine::new(EngineId::prefill(e as u16), layout, d.model.clone(), policy)
@@ -291,7 +292,8 @@ impl World {
                 bytes: vec![0; prefill_rank_count],
                 messages: vec![0; prefill_rank_count],
                 kv_read_ms: Vec::new(),
-                itl: Vec::new(),
+                decode_steps: Vec::new(),
+                prefill_steps: Vec::new(),
                 refused: 0,
                 reaped_excused: 0,
                 lost_in_crash: 0,

@@ -6,6 +6,7 @@ use pdkv_core::ids::{EngineId, Incarnation, RequestId, TransferId};
 use pdkv_core::params::{KvTransferParams, PrefillAnswer};
 use pdkv_core::proxy::{Proxy, ProxyAction};
 
+use crate::measure::RequestTimes;
 use crate::result::ViolationKind;
 use crate::scenario::{Clients, Length};
 
@@ -43,6 +44,19 @@ pub(super) struct Req {
     pub(super) holders: Option<Box<[Incarnation]>>,
 }
 
+impl Req {
+    /// Its times, as the steady-state figures take them.
+    pub(super) fn times(&self) -> RequestTimes {
+        RequestTimes {
+            sent_ns: self.sent_ns,
+            first_token_ns: self.first_token_ns,
+            done_ns: self.done_ns,
+            finished: self.done_ns.is_some() && !self.failed,
+            output: self.output,
+        }
+    }
+}
+
 /// Every request of the run, ended or not, by id. The proxy numbers requests 1, 2, 3, ... in
 /// arrival order, so a vector indexed by the number holds them: a million requests are a million
 /// slots of a hundred-odd bytes, with nothing per request besides (a map kept a tree node too),
@@ -76,7 +90,7 @@ impl Requests {
     }
 
     /// Every request, in id order.
-    pub(super) fn values(&self) -> impl Iterator<Item = &Req> {
+    pub(super) fn values(&self) -> impl Iterator<Item = &Req> + Clone {
         self.slots.iter().flatten()
     }
 

@@ -10,6 +10,7 @@ use pdkv_core::wire::{self, ControlMessage};
 use pdkv_engine::decode::{DecodeNodes, NodeOutput, SchedulerOutput};
 
 use crate::cost::GroupLoad;
+use crate::measure::DecodeStep;
 use crate::result::ViolationKind;
 
 use super::{list, ms, Ev, Msg, World, IDLE_STEP_NS};
@@ -280,13 +281,14 @@ impl World {
         let now = self.now;
         let mut out = Vec::new();
         let mut ended = Vec::new();
-        let mut continuing = 0u64;
+        let (mut continuing, mut first) = (0u64, 0u64);
         for gi in 0..self.decode.units[unit].groups.len() {
             let g = self.decode.units[unit].groups[gi];
             if self.decode.nodes.sched(g).batch_len() > 0 {
                 self.stats.last_progress_ns = now;
             }
             let forwarded = self.decode.nodes.handle_forward(Instant(now), g, &mut out);
+            first += forwarded.first.len() as u64;
             for id in forwarded.first {
                 if let Some(r) = self.clients.requests.get_mut(&id) {
                     r.first_token_ns = Some(now);
@@ -295,11 +297,18 @@ impl World {
             continuing += forwarded.continuing;
             ended.push((std::mem::take(&mut out), forwarded.finished));
         }
-        // Inter-token latency: every request that already had a token waited one step gap.
-        if let Some(last) = self.decode.units[unit].last_step_end.replace(now) {
-            if continuing > 0 {
-                self.stats.itl.push((now - last, continuing));
-            }
+        // Inter-token latency: every request that already had a token waited one step gap (a
+        // unit's first step has none: no request had a token before it).
+        let last = self.decode.units[unit].last_step_end.replace(now);
+        let (gap_ns, later_tokens) = last.map_or((0, 0), |last| (now - last, continuing));
+        if continuing + first > 0 {
+            let count = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+            self.stats.decode_steps.push(DecodeStep {
+                end_ns: now,
+                gap_ns,
+                later_tokens: count(later_tokens),
+                tokens: count(continuing + first),
+            });
         }
         for (mut out, finished) in ended {
             self.node_outputs(&mut out);

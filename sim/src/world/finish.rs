@@ -3,8 +3,9 @@
 use pdkv_core::time::Instant;
 use pdkv_engine::verdict::{judge, BudgetRule, Tally, Verdict};
 
+use crate::measure::{self, DecodeStep, PrefillStep};
 use crate::nic::BUCKET_NS;
-use crate::result::{percentiles, round3, Hang, Ledger, NicStats, RunResult, Summary};
+use crate::result::{percentiles, round3, Gpus, Hang, Ledger, NicStats, RunResult, Summary};
 use crate::waitfor::{WaitFor, WaitNode, WaitReason};
 
 use super::{ms, Run, World};
@@ -19,8 +20,12 @@ pub(super) struct Stats {
     pub(super) messages: Vec<u64>,
     /// Duration of every completed KV read flow, in milliseconds.
     pub(super) kv_read_ms: Vec<f64>,
-    /// Decode step gaps and how many tokens waited each one.
-    pub(super) itl: Vec<(u64, u64)>,
+    /// Every decode step that generated tokens: its end, its gap and its tokens (ITL, and the
+    /// steady window's output throughput).
+    pub(super) decode_steps: Vec<DecodeStep>,
+    /// Every prefill step that computed prompt tokens: its end and its tokens (the steady
+    /// window's input throughput).
+    pub(super) prefill_steps: Vec<PrefillStep>,
     /// Arrivals the proxy refused (its in-flight cap); counted as unsent.
     pub(super) refused: u64,
     pub(super) reaped_excused: u64,
@@ -90,7 +95,22 @@ impl World {
         result.latency_ms.tpot_percentiles = percentiles(&tpot);
         result.latency_ms.e2e = Summary::of(&mut e2e);
         result.latency_ms.kv_read = Summary::of(&mut std::mem::take(&mut self.stats.kv_read_ms));
-        result.latency_ms.itl = weighted_summary(&mut self.stats.itl);
+        result.latency_ms.itl = measure::itl(self.stats.decode_steps.iter());
+        drop((ttft, tpot, e2e));
+
+        // The steady-state window and its figures.
+        result.gpus =
+            Gpus { prefill: self.prefill.ranks.len() as u32, decode: self.decode.ranks.len() as u32 };
+        let times = || self.clients.requests.values().map(super::clients::Req::times);
+        let span = measure::select(self.sc.workload.clients, self.sc.measure, times(), end);
+        result.steady = measure::steady(
+            &span,
+            times(),
+            &self.stats.decode_steps,
+            &self.stats.prefill_steps,
+            result.gpus,
+            self.sc.slo,
+        );
 
         // NICs.
         let bucket_bytes = self.sc.hardware.nic_gb_s * 1e9 * (BUCKET_NS as f64 / 1e9);
@@ -209,28 +229,6 @@ impl World {
         };
         Run { result }
     }
-}
-
-/// Mean and percentiles (ms) of step gaps `(ns, tokens)`, each gap counted once per token.
-fn weighted_summary(samples: &mut [(u64, u64)]) -> Option<Summary> {
-    let total: u64 = samples.iter().map(|(_, n)| n).sum();
-    if total == 0 {
-        return None;
-    }
-    samples.sort_unstable();
-    let mean = samples.iter().map(|(d, n)| *d as f64 * *n as f64).sum::<f64>() / total as f64 / 1e6;
-    let at = |q: f64| {
-        let target = ((total - 1) as f64 * q).round() as u64;
-        let mut seen = 0;
-        for (d, n) in samples.iter() {
-            seen += n;
-            if seen > target {
-                return *d as f64 / 1e6;
-            }
-        }
-        samples.last().map_or(0.0, |(d, _)| *d as f64 / 1e6)
-    };
-    Some(Summary { mean: round3(mean), p50: round3(at(0.5)), p90: round3(at(0.9)), p99: round3(at(0.99)) })
 }
 
 /// Honest outcomes and truthful extremes: every run ends in the outcome its requests earned.

@@ -5,6 +5,7 @@ use pdkv_core::prefill::{EngineAction, EngineEvent, PrefillDone, WorkerAction, W
 use pdkv_core::time::Instant;
 use pdkv_core::topology::Layout;
 
+use crate::measure::PrefillStep;
 use crate::result::ViolationKind;
 
 use super::{list, ms, ms_ns, Ev, World};
@@ -43,6 +44,8 @@ pub(super) struct PGroup {
     pub(super) sched: PrefillScheduler,
     /// A step (possibly an empty one that only keeps EP peers company) is in progress.
     pub(super) busy: bool,
+    /// Prompt tokens of the step in progress, counted when it ends.
+    pub(super) step_tokens: u64,
 }
 
 impl World {
@@ -126,6 +129,7 @@ impl World {
     fn start_prefill(&mut self, g: usize, requests: usize, tokens: u64, duration: u64) {
         let group = &mut self.prefill.groups[g];
         group.busy = true;
+        group.step_tokens = tokens;
         let (engine, dp) = (group.engine, group.dp);
         if tokens > 0 {
             trace!(
@@ -150,8 +154,10 @@ impl World {
         let (e, dp) = (self.prefill.groups[g].engine, self.prefill.groups[g].dp);
         // Requests whose last chunk this step computed leave; the rest continue next step.
         let done = self.prefill.groups[g].sched.handle_step_done();
+        let tokens = std::mem::take(&mut self.prefill.groups[g].step_tokens);
         if done.computed {
             self.stats.last_progress_ns = self.now;
+            self.stats.prefill_steps.push(PrefillStep { end_ns: self.now, tokens });
         }
         let finished = done.finished.into_iter().map(|p| (p.request, p.blocks));
         for (id, blocks) in finished {
