@@ -6,7 +6,8 @@ use std::process::ExitCode;
 
 use clap::Args;
 use pdkv_core::legacy::Legacy;
-use pdkv_sim::scenario::{Clients, Scenario};
+use pdkv_sim::result::{Steady, WindowKind};
+use pdkv_sim::scenario::{Clients, Measure, Scenario, Slo};
 use pdkv_sim::{Run, RunIdentity, RunOptions, RunResult};
 
 use crate::progress::Bar;
@@ -21,9 +22,19 @@ Examples:
   pdkv run lazy-handshake-delayed-reply          (a built-in scenario; see pdkv scenarios)
   pdkv run scenarios/notify-drift.ron --seed 7
   pdkv run 1P_TP8:1D_TP8 --concurrency 32 --requests 320 --out /tmp/run
+  pdkv run 2P_TP8:1D_DP8EP --slo-ttft-ms 3000 --slo-tpot-ms 50
+  pdkv run 2P_TP8:1D_DP8EP --requests 5120 --warmup 1000
+  pdkv run 2P_TP8:1D_DP8EP --whole-run
 
 A bare notation runs the default profile (DeepSeek-R1 on MI300X-class GPUs) and workload
-(closed loop, C = 128, 10 x C requests, 8K in / 1K out). A scenario file can name GPU, NIC and
+(closed loop, C = 128, 10 x C requests, 8K in / 1K out).
+
+The summary gives whole-run throughput and latency, then the steady state: p50/p90/p99 of
+TTFT, TPOT, ITL and E2E, request and token rates overall, per GPU and per phase, and with an SLO
+goodput. The steady window leaves out the warm-up (a closed loop's first max(C, N/10)
+arrivals, an open loop's first N/10; --warmup N sets it) and the drain (the last arrivals, as
+many as were in flight at the last arrival: C in a closed loop); --whole-run measures the whole
+run instead. A run too short to leave a window is measured whole, and says so. A scenario file can name GPU, NIC and
 model profiles instead (profiles: (gpu: \"h200-sxm\", nic: \"cx7-400g\", model: \"deepseek-r1\"),
 listed by pdkv profiles); the summary and result.json then name them.
 
@@ -58,6 +69,8 @@ pub struct RunArgs {
     legacy: Vec<Legacy>,
     #[command(flatten)]
     workload: WorkloadArgs,
+    #[command(flatten)]
+    measure: MeasureArgs,
     /// Print the result object as JSON on stdout instead of the summary.
     #[arg(long)]
     json: bool,
@@ -143,6 +156,60 @@ impl WorkloadArgs {
     }
 }
 
+/// How `pdkv run` measures: the steady window and the targets of goodput. Each sets the
+/// scenario's `measure` or `slo` field, so result.json's scenario (and `pdkv replay`) keeps it.
+#[derive(Args, Debug, Clone, Copy, Default)]
+pub struct MeasureArgs {
+    /// Requests, in arrival order, left out at the start of the steady window (default: the
+    /// larger of C and a tenth of the requests for a closed loop, a tenth for an open one).
+    #[arg(long, value_name = "N", conflicts_with = "whole_run")]
+    pub warmup: Option<u32>,
+    /// Measure the whole run: no warm-up, no drain.
+    #[arg(long)]
+    pub whole_run: bool,
+    /// Goodput's TTFT target, in milliseconds (with or without --slo-tpot-ms).
+    #[arg(long, value_name = "MS")]
+    pub slo_ttft_ms: Option<f64>,
+    /// Goodput's TPOT target, in milliseconds.
+    #[arg(long, value_name = "MS")]
+    pub slo_tpot_ms: Option<f64>,
+}
+
+impl MeasureArgs {
+    /// The flags given, as the user wrote them.
+    fn flags(&self) -> Vec<String> {
+        let mut flags = Vec::new();
+        if let Some(n) = self.warmup {
+            flags.push(format!("--warmup {n}"));
+        }
+        if self.whole_run {
+            flags.push("--whole-run".into());
+        }
+        if let Some(ms) = self.slo_ttft_ms {
+            flags.push(format!("--slo-ttft-ms {ms}"));
+        }
+        if let Some(ms) = self.slo_tpot_ms {
+            flags.push(format!("--slo-tpot-ms {ms}"));
+        }
+        flags
+    }
+
+    /// Applies the flags to a scenario's `measure` and `slo`.
+    fn apply(&self, scenario: &mut Scenario) {
+        if let Some(n) = self.warmup {
+            scenario.measure = Measure { warmup_requests: Some(n), whole_run: false };
+        }
+        if self.whole_run {
+            scenario.measure = Measure { warmup_requests: None, whole_run: true };
+        }
+        if self.slo_ttft_ms.is_some() || self.slo_tpot_ms.is_some() {
+            let slo = scenario.slo.get_or_insert_with(Slo::default);
+            slo.ttft_ms = self.slo_ttft_ms.or(slo.ttft_ms);
+            slo.tpot_ms = self.slo_tpot_ms.or(slo.tpot_ms);
+        }
+    }
+}
+
 /// Applies the command-line overrides to a scenario.
 fn apply(args: &RunArgs, mut scenario: Scenario) -> Scenario {
     if let Some(seed) = args.seed {
@@ -154,6 +221,7 @@ fn apply(args: &RunArgs, mut scenario: Scenario) -> Scenario {
         }
     }
     args.workload.apply(&mut scenario);
+    args.measure.apply(&mut scenario);
     scenario
 }
 
@@ -169,7 +237,14 @@ pub fn run(args: &RunArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Err(message) = check_overrides(&scenario, &args.workload.flags()) {
+    let flags = match args.measure.flags() {
+        measure if measure.is_empty() => args.workload.flags(),
+        measure if args.workload.concurrency.is_none() && args.workload.requests.is_none() => {
+            measure.join(" ")
+        }
+        measure => format!("{} {}", args.workload.flags(), measure.join(" ")),
+    };
+    if let Err(message) = check_overrides(&scenario, &flags) {
         errln!("error: {message}");
         return ExitCode::from(2);
     }
@@ -294,6 +369,9 @@ fn replay_command(args: &RunArgs, scenario: &Scenario) -> String {
     if let Some(n) = args.workload.requests {
         let _ = write!(cmd, " --requests {n}");
     }
+    for flag in args.measure.flags() {
+        let _ = write!(cmd, " {flag}");
+    }
     cmd
 }
 
@@ -348,8 +426,11 @@ pub fn summary(r: &RunResult, files: &[PathBuf], replay: &str) -> String {
         );
     }
     let t = &r.throughput;
-    let _ =
-        writeln!(s, "  throughput   {:.0} tok/s total, {:.0} tok/s output", t.total_tok_s, t.output_tok_s);
+    let _ = writeln!(
+        s,
+        "  throughput   {:.0} tok/s total, {:.0} tok/s output over the whole run",
+        t.total_tok_s, t.output_tok_s
+    );
     let l = &r.latency_ms;
     let na = |what: &str| {
         if q.finished == 0 {
@@ -363,12 +444,13 @@ pub fn summary(r: &RunResult, files: &[PathBuf], replay: &str) -> String {
     let latency = match (l.ttft, l.tpot, l.itl) {
         (None, ..) => ttft,
         (Some(_), tpot, itl) => format!(
-            "{ttft}, {}, {}",
+            "{ttft}, {}, {} over the whole run",
             tpot.map_or_else(|| na("TPOT"), |t| format!("TPOT mean {:.1} ms (p99 {:.1})", t.mean, t.p99)),
             itl.map_or_else(|| na("ITL"), |t| format!("ITL p99 {:.1} ms", t.p99))
         ),
     };
     let _ = writeln!(s, "  latency      {latency}");
+    steady_lines(&mut s, r);
     let n = &r.nic;
     if let Some(bounds) = r.expected_jain {
         let holds = match n.jain {
@@ -428,6 +510,68 @@ pub fn summary(r: &RunResult, files: &[PathBuf], replay: &str) -> String {
     s
 }
 
+/// The steady-state part of the summary: the window, GPUs, a `vllm bench serve` style table of
+/// latency percentiles, rates overall, per GPU and per phase, and goodput when an SLO is set.
+fn steady_lines(s: &mut String, r: &RunResult) {
+    let Steady { window: w, latency_ms: l, throughput: t, goodput } = &r.steady;
+    let sent = r.requests.sent;
+    let window = match w.kind {
+        WindowKind::Steady => format!(
+            "steady: arrivals {} to {} of {sent} (warm-up {}, drain {}), {:.1} s to {:.1} s virtual",
+            w.warmup_requests + 1,
+            w.warmup_requests + w.requests,
+            w.warmup_requests,
+            w.drain_requests,
+            w.start_s,
+            w.end_s
+        ),
+        WindowKind::WholeRunAsked => format!("the whole run, as asked ({sent} arrivals)"),
+        WindowKind::WholeRunTooShort => {
+            format!("the whole run: its {sent} arrivals leave no steady window between warm-up and drain")
+        }
+    };
+    let _ = writeln!(s, "  window       {window}");
+    let _ = writeln!(s, "  GPUs         {} prefill, {} decode", r.gpus.prefill, r.gpus.decode);
+    if r.requests.finished == 0 {
+        // Rates of nothing would read as measured zeros.
+        let _ = writeln!(s, "  steady       n/a (no request finished)");
+        return;
+    }
+    let _ = writeln!(s, "    ms            mean       p50       p90       p99");
+    for (name, summary) in [("TTFT", l.ttft), ("TPOT", l.tpot), ("ITL", l.itl), ("E2E", l.e2e)] {
+        let _ = match summary {
+            Some(x) => {
+                writeln!(s, "    {name:<6}{:>12.1}{:>10.1}{:>10.1}{:>10.1}", x.mean, x.p50, x.p90, x.p99)
+            }
+            None => writeln!(s, "    {name:<6}{:>12}", "n/a"),
+        };
+    }
+    let _ = writeln!(
+        s,
+        "  rate         {:.3} req/s, {:.0} tok/s ({:.0} in, {:.0} out)",
+        t.requests_per_s, t.total_tok_s, t.input_tok_s, t.output_tok_s
+    );
+    let _ = writeln!(
+        s,
+        "  per GPU      {:.3} req/s, {:.0} tok/s ({:.0} out); {:.0} in per prefill GPU, {:.0} out per decode GPU",
+        t.requests_per_s_per_gpu,
+        t.total_tok_s_per_gpu,
+        t.output_tok_s_per_gpu,
+        t.input_tok_s_per_prefill_gpu,
+        t.output_tok_s_per_decode_gpu
+    );
+    if let Some(g) = goodput {
+        let _ = writeln!(
+            s,
+            "  goodput      {:.3} req/s ({:.3} per GPU); {:.1}% of the window's requests met {}",
+            g.requests_per_s,
+            g.requests_per_s_per_gpu,
+            100.0 * g.met_fraction,
+            g.slo
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -465,7 +609,7 @@ mod tests {
             None,
             [4, 4],
             [
-                "  latency      TTFT mean 900 ms (p99 900), TPOT n/a, ITL n/a",
+                "  latency      TTFT mean 900 ms (p99 900), TPOT n/a, ITL n/a over the whole run",
                 "  NIC balance  Jain 1.000 over 2 prefill GPUs; every GPU read 4 times",
             ],
         );
@@ -475,7 +619,7 @@ mod tests {
             some(25.0),
             [8, 0],
             [
-                "  latency      TTFT mean 900 ms (p99 900), TPOT mean 25.0 ms (p99 25.0), ITL p99 25.0 ms",
+                "  latency      TTFT mean 900 ms (p99 900), TPOT mean 25.0 ms (p99 25.0), ITL p99 25.0 ms over the whole run",
                 "  NIC balance  Jain 0.500 over 2 prefill GPUs; most read P0.dp0.tp0 (8), least read P0.dp0.tp1 (0)",
             ],
         );
@@ -498,6 +642,87 @@ mod tests {
         check("1P_TP8:1D_TP8", ("1P_TP8:1D_TP8", "1P_TP8:1D_TP8", true));
         check("1P_TP8+1P_DP8EP:1D_TP8", ("1P_TP8+1P_DP8EP:1D_TP8", "1P_TP8+1P_DP8EP:1D_TP8", true));
         check("proxy-aliasing", ("proxy-aliasing", "2P_DP8EP:1D_TP8", false));
+    }
+
+    /// The steady part of the summary: the window (steady, or the whole run and why), GPUs, the
+    /// percentile table, rates and goodput (only with an SLO).
+    #[test]
+    fn summary_shows_the_steady_window_as_a_table() {
+        use pdkv_sim::result::{Goodput, Gpus, Window, WindowLatencies, WindowThroughput};
+        let mut r = RunResult::empty(&Scenario::from_notation("2P_TP8:1D_DP8EP"), String::new());
+        r.requests.sent = 1280;
+        r.gpus = Gpus { prefill: 16, decode: 8 };
+        assert!(summary(&r, &[], "x")
+            .contains("\n  GPUs         16 prefill, 8 decode\n  steady       n/a (no request finished)\n"));
+        r.requests.finished = 1280;
+        let x = |mean, p50, p90, p99| Some(Summary { mean, p50, p90, p99 });
+        r.steady = Steady {
+            window: Window {
+                kind: WindowKind::Steady,
+                warmup_requests: 128,
+                drain_requests: 128,
+                requests: 1024,
+                start_s: 60.24,
+                end_s: 480.5,
+            },
+            latency_ms: WindowLatencies {
+                ttft: x(1612.34, 1502.1, 2890.0, 5012.24),
+                tpot: x(42.8, 42.9, 43.1, 43.3),
+                itl: None,
+                e2e: x(45012.0, 44000.0, 47000.0, 52000.0),
+            },
+            throughput: WindowThroughput {
+                requests_per_s: 2.4,
+                input_tok_s: 19661.0,
+                output_tok_s: 2457.4,
+                total_tok_s: 22118.5,
+                requests_per_s_per_gpu: 0.1,
+                total_tok_s_per_gpu: 921.6,
+                output_tok_s_per_gpu: 102.4,
+                input_tok_s_per_prefill_gpu: 1228.8,
+                output_tok_s_per_decode_gpu: 307.2,
+            },
+            goodput: None,
+        };
+        let steady = |r: &RunResult| {
+            let text = summary(r, &[], "pdkv run x");
+            let start = text.find("  window").expect("a window line");
+            let end = text.find("  ledger").expect("a ledger line");
+            text[start..end].to_string()
+        };
+        assert_eq!(
+            steady(&r),
+            "  window       steady: arrivals 129 to 1152 of 1280 (warm-up 128, drain 128), 60.2 s to 480.5 s virtual
+  GPUs         16 prefill, 8 decode
+    ms            mean       p50       p90       p99
+    TTFT        1612.3    1502.1    2890.0    5012.2
+    TPOT          42.8      42.9      43.1      43.3
+    ITL            n/a
+    E2E        45012.0   44000.0   47000.0   52000.0
+  rate         2.400 req/s, 22118 tok/s (19661 in, 2457 out)
+  per GPU      0.100 req/s, 922 tok/s (102 out); 1229 in per prefill GPU, 307 out per decode GPU
+"
+        );
+        r.steady.window.kind = WindowKind::WholeRunTooShort;
+        r.steady.goodput = Some(Goodput {
+            slo: Slo { ttft_ms: Some(3000.0), tpot_ms: None },
+            requests_per_s: 2.1,
+            requests_per_s_per_gpu: 0.0874,
+            met_fraction: 0.876,
+        });
+        let text = steady(&r);
+        assert!(
+            text.starts_with(
+                "  window       the whole run: its 1280 arrivals leave no steady window between warm-up and drain\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("  goodput      2.100 req/s (0.087 per GPU); 87.6% of the window's requests met TTFT <= 3000 ms\n"),
+            "{text}"
+        );
+        r.steady.window.kind = WindowKind::WholeRunAsked;
+        assert!(steady(&r).starts_with("  window       the whole run, as asked (1280 arrivals)\n"));
     }
 
     /// (profiles named, fields overridden) -> the summary's profiles line, absent when none are

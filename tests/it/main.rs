@@ -18,5 +18,6 @@ mod reports_cli;
 mod routes_cli;
 mod scenarios;
 mod shards;
+mod steady;
 mod wire;
 mod zmtp_pyzmq;
