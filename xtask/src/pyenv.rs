@@ -303,8 +303,13 @@ pub fn package_list() -> String {
 /// pip's requirements file: every package pinned to its version with each allowed hash. It is
 /// also the stamp's body, so any change to [`PACKAGES`] invalidates an existing environment.
 pub fn requirements() -> String {
+    requirements_of(PACKAGES.iter())
+}
+
+/// pip's requirements file for `packages`: each pinned to its version with each allowed hash.
+pub fn requirements_of<'a>(packages: impl Iterator<Item = &'a PyPackage>) -> String {
     let mut text = String::new();
-    for p in PACKAGES {
+    for p in packages {
         text.push_str(&format!("{}=={}", p.name, p.version));
         for (_, sha256) in p.wheels {
             text.push_str(&format!(" \\\n    --hash=sha256:{sha256}"));

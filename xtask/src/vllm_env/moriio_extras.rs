@@ -16,15 +16,7 @@ const NAMES: &[&str] = &["msgpack"];
 
 /// The pinned requirements for [`NAMES`], with their hashes; also the folder's stamp.
 fn requirements() -> String {
-    let mut text = String::new();
-    for p in crate::pyenv::PACKAGES.iter().filter(|p| NAMES.contains(&p.name)) {
-        text.push_str(&format!("{}=={}", p.name, p.version));
-        for (_, sha256) in p.wheels {
-            text.push_str(&format!(" \\\n    --hash=sha256:{sha256}"));
-        }
-        text.push('\n');
-    }
-    text
+    crate::pyenv::requirements_of(crate::pyenv::PACKAGES.iter().filter(|p| NAMES.contains(&p.name)))
 }
 
 const STAMP: &str = "pdkv-extras.txt";
