@@ -340,7 +340,7 @@ pub fn run(args: &ClusterArgs) -> ExitCode {
 /// the requests it hit and the reaping of their transfers), and every process accounted for.
 pub fn as_designed(r: &ClusterResult) -> bool {
     let processes_ok = r.processes.killed_at_shutdown == 0 && r.processes.failed == 0;
-    let driver_ok = r.foreign.as_ref().map_or(true, |f| f.killed.is_none());
+    let driver_ok = r.foreign.as_ref().is_none_or(|f| f.killed.is_none());
     processes_ok && driver_ok && r.outcome == "clean"
 }
 

@@ -119,17 +119,19 @@ fn shards_that_lie_are_refused_naming_the_file_and_the_lie() {
     check("honest", &pdkv(&dir, &["explore-merge", "s0.json", "s1.json"]), 0, "");
 }
 
-/// Runs `args` with stdout a pipe whose reader is closed before pdkv writes.
+/// Runs `args` with stdout a pipe whose reader is closed before pdkv starts, so its first write
+/// meets a broken pipe whatever the scheduling (closing the reader after the spawn raced a command
+/// as quick as `profiles`, whose whole output could land in the pipe's buffer first).
 fn with_closed_stdout(dir: &Path, args: &[&str]) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pdkv"))
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    drop(reader);
+    Command::new(env!("CARGO_BIN_EXE_pdkv"))
         .current_dir(dir)
         .args(args)
-        .stdout(Stdio::piped())
+        .stdout(writer)
         .stderr(Stdio::piped())
-        .spawn()
-        .expect("pdkv starts");
-    drop(child.stdout.take());
-    child.wait_with_output().expect("pdkv ends")
+        .output()
+        .expect("pdkv runs")
 }
 
 #[test]

@@ -140,7 +140,7 @@ fn layer_memory_descs_match_moriio_bytes() {
     let expected: Vec<LayerMemoryDesc> = (0..3u8)
         .map(|i| {
             let mut desc = b"\x01memdesc-".to_vec();
-            desc.extend(std::iter::repeat(i).take(usize::from(i) + 1));
+            desc.extend(std::iter::repeat_n(i, usize::from(i) + 1));
             LayerMemoryDesc { layer_name: format!("model.layers.{i}.self_attn.attn"), descs: vec![desc] }
         })
         .collect();
