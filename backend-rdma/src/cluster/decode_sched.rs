@@ -8,7 +8,7 @@ use pdkv_core::group::{GroupAction, GroupEvent, Ignored};
 use pdkv_core::ids::{EngineId, RankId, RequestId};
 use pdkv_core::policy::Policy;
 use pdkv_core::topology::Deployment;
-use pdkv_engine::decode::{DecodeScheduler, SchedulerLimits, SchedulerOutput, Tokens};
+use pdkv_engine::decode::{DecodeScheduler, KvAllocation, SchedulerLimits, SchedulerOutput, Tokens};
 use pdkv_engine::verdict::ViolationKind;
 
 use super::{Cluster, ClusterConfig};
@@ -57,6 +57,7 @@ impl DecodeSide {
                         max_batch: config.decode_max_batch as usize,
                         pool_blocks: DECODE_BLOCKS,
                         block_size_tokens,
+                        allocation: KvAllocation::Reserve,
                     },
                     policy.handshake,
                 ),
@@ -126,6 +127,12 @@ impl Cluster {
                 SchedulerOutput::Joined(_) => self.begin_step(g),
                 SchedulerOutput::Failed { request, errors } => {
                     self.end(request, Some(errors.into_iter().map(|(_, error)| error).collect()));
+                }
+                // The cluster reserves a request's blocks at admission, so nothing is preempted.
+                SchedulerOutput::Preempted(request) | SchedulerOutput::Resumed { request, .. } => {
+                    let (engine, dp) = (self.decode.groups[g].engine, self.decode.groups[g].dp);
+                    self.tally
+                        .problem(format!("D{engine}.dp{dp}: {request} preempted under reserved allocation"));
                 }
                 SchedulerOutput::DoubleFree { request, blocks } => {
                     let (engine, dp) = (self.decode.groups[g].engine, self.decode.groups[g].dp);

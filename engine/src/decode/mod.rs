@@ -13,7 +13,7 @@ mod nodes;
 mod scheduler;
 
 pub use nodes::{DecodeNodes, NodeOutput};
-pub use scheduler::{DecodeScheduler, Forwarded, SchedulerLimits, SchedulerOutput, Tokens};
+pub use scheduler::{DecodeScheduler, Forwarded, KvAllocation, SchedulerLimits, SchedulerOutput, Tokens};
 
 /// The input to its decode group that a worker's action is, if any: its vote on a step, or its
 /// report of the step (ready; failed with the group, which still enters the forward; or raised

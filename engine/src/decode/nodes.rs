@@ -206,7 +206,7 @@ impl DecodeNodes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decode::{SchedulerLimits, Tokens};
+    use crate::decode::{KvAllocation, SchedulerLimits, Tokens};
     use pdkv_core::decode::{DecodeConfig, RecvRequest};
     use pdkv_core::ids::{EngineId, RankId, RequestId};
     use pdkv_core::params::KvTransferParams;
@@ -219,7 +219,13 @@ mod tests {
         let d = Deployment::parse(&format!("1P_TP1:1D_TP{tp}")).expect("a deployment");
         let book = AddressBook::one_host_per_engine(&d);
         let engine = EngineId::decode(0);
-        let limits = SchedulerLimits { width: tp, max_batch: 4, pool_blocks: 64, block_size_tokens: 16 };
+        let limits = SchedulerLimits {
+            width: tp,
+            max_batch: 4,
+            pool_blocks: 64,
+            block_size_tokens: 16,
+            allocation: KvAllocation::Reserve,
+        };
         let mut nodes = DecodeNodes::new();
         let g = nodes.add_group(DecodeScheduler::new(limits, HandshakeMode::Eager));
         for t in 0..tp {

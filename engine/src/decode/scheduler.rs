@@ -23,6 +23,28 @@ pub struct SchedulerLimits {
     pub pool_blocks: u32,
     /// Tokens a block holds.
     pub block_size_tokens: u32,
+    /// How the pool holds a request's KV while it decodes.
+    pub allocation: KvAllocation,
+}
+
+/// How a group's pool holds a request's KV while it decodes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum KvAllocation {
+    /// Blocks for the prompt and the whole answer at admission: nothing grows later and
+    /// nothing is preempted. The protocol's drivers (the cluster, the model checker) use it:
+    /// a request's blocks are then fixed from admission to its end.
+    #[default]
+    Reserve,
+    /// vLLM's way: blocks for the prompt at admission, one more each time the context crosses a
+    /// block boundary. When the pool cannot give a running request its next block, the newest
+    /// running request is preempted (its blocks go back) until it can; a preempted request
+    /// rejoins ahead of new ones by recomputing its whole context locally, and while any
+    /// request was preempted at a step no request is admitted at it.
+    OnDemand {
+        /// Blocks a waiting or preempted request must leave free when the batch is not empty
+        /// (vLLM's KV-cache watermark; 0 in vLLM by default).
+        watermark_blocks: u32,
+    },
 }
 
 /// A request's prompt and answer lengths, in tokens: its context at admission and how many
@@ -35,7 +57,7 @@ pub struct Tokens {
     pub output: u32,
 }
 
-/// A request in the batch, with what each step needs of it kept inline.
+/// A request in the batch (or preempted out of it), with what each step needs of it kept inline.
 #[derive(Clone, Copy, Debug, Hash)]
 struct Running {
     id: RequestId,
@@ -74,6 +96,17 @@ pub enum SchedulerOutput<E> {
         request: RequestId,
         /// `(rank, error)` in the order they reported.
         errors: Vec<(TpRank, E)>,
+    },
+    /// The pool could not give a running request its next block: `request` left the batch and
+    /// its blocks went back to the pool (on-demand allocation only). It rejoins by recomputing.
+    Preempted(RequestId),
+    /// A preempted request rejoined the batch: this step recomputes its `tokens` of context
+    /// before it decodes on (on-demand allocation only).
+    Resumed {
+        /// The request.
+        request: RequestId,
+        /// Context tokens recomputed.
+        tokens: u64,
     },
     /// Freeing a request's blocks found some it did not hold (a double free): a bug.
     DoubleFree {
@@ -119,6 +152,12 @@ pub struct DecodeScheduler<E> {
     /// Requests every rank received, joining the batch at the next step.
     ready: Vec<RequestId>,
     running: Vec<Running>,
+    /// Requests preempted out of the batch, oldest first: they rejoin before any waiting one.
+    preempted: VecDeque<Running>,
+    /// Context tokens the step that began last recomputes for requests that rejoined at it.
+    recompute_tokens: u64,
+    /// Preemptions since the group was made.
+    preemptions_total: u64,
     /// Sum of the running requests' context lengths.
     context_tokens: u64,
     /// Admitted requests' blocks and lengths, until they end.
@@ -144,6 +183,9 @@ impl<E> DecodeScheduler<E> {
             pending: RequestBarrier::new(limits.width),
             ready: Vec::new(),
             running: Vec::new(),
+            preempted: VecDeque::new(),
+            recompute_tokens: 0,
+            preemptions_total: 0,
             context_tokens: 0,
             held: BTreeMap::new(),
             next_owner: 0,
@@ -174,7 +216,20 @@ impl<E> DecodeScheduler<E> {
 
     /// Whether a step has something to do: requests running, joining, or waiting for room.
     pub fn has_work(&self) -> bool {
-        !self.running.is_empty() || !self.ready.is_empty() || !self.waiting.is_empty()
+        !self.running.is_empty()
+            || !self.ready.is_empty()
+            || !self.waiting.is_empty()
+            || !self.preempted.is_empty()
+    }
+
+    /// Context tokens the step that began last recomputes for preempted requests that rejoined.
+    pub fn recompute_tokens(&self) -> u64 {
+        self.recompute_tokens
+    }
+
+    /// Requests preempted since the group was made (a reset starts again from 0).
+    pub fn preemptions_total(&self) -> u64 {
+        self.preemptions_total
     }
 
     /// Blocks free in the pool.
@@ -207,13 +262,37 @@ impl<E> DecodeScheduler<E> {
                 first: true,
             });
         }
+        self.recompute_tokens = 0;
+        let watermark = match self.limits.allocation {
+            KvAllocation::Reserve => 0,
+            KvAllocation::OnDemand { watermark_blocks } => {
+                if self.grow_running(out) {
+                    // vLLM admits nothing at a step that had to preempt.
+                    self.announce(step, Vec::new(), out);
+                    return;
+                }
+                self.resume_preempted(watermark_blocks as usize, out);
+                if !self.preempted.is_empty() {
+                    self.announce(step, Vec::new(), out);
+                    return;
+                }
+                watermark_blocks as usize
+            }
+        };
         let mut new = Vec::new();
         while let Some((recv, tokens)) = self.waiting.front() {
             // A list the core refuses (several KV cache groups) gets no blocks; its route fails.
             let remote = recv.params.remote_block_ids.single_group().map_or(0, <[u64]>::len);
-            let growth = tokens.output.div_ceil(self.limits.block_size_tokens) as usize;
+            let growth = match self.limits.allocation {
+                KvAllocation::Reserve => tokens.output.div_ceil(self.limits.block_size_tokens) as usize,
+                KvAllocation::OnDemand { .. } => 0,
+            };
             let busy = self.running.len() + self.ready.len() + self.pending.len();
-            if busy >= self.limits.max_batch || self.pool.available() < remote.saturating_add(growth) {
+            // The watermark applies only when some request is already scheduled, as in vLLM.
+            let spare = if busy > 0 { watermark } else { 0 };
+            if busy >= self.limits.max_batch
+                || self.pool.available() < remote.saturating_add(growth).saturating_add(spare)
+            {
                 break;
             }
             let (mut recv, tokens) = self.waiting.pop_front().expect("front exists");
@@ -231,6 +310,79 @@ impl<E> DecodeScheduler<E> {
             self.pending.admit(recv.request);
             new.push(recv);
         }
+        self.announce(step, new, out);
+    }
+
+    /// Blocks a request of `context` tokens needs beyond the `held` it has.
+    fn blocks_short(&self, context: u64, held: usize) -> usize {
+        let need = context.div_ceil(u64::from(self.limits.block_size_tokens));
+        usize::try_from(need).unwrap_or(usize::MAX).saturating_sub(held)
+    }
+
+    /// On-demand allocation: gives every running request, in batch order, the blocks this
+    /// step's token needs, preempting the newest running requests while the pool is short (a
+    /// request that would have to preempt itself is preempted). Returns whether any was.
+    fn grow_running(&mut self, out: &mut Vec<SchedulerOutput<E>>) -> bool {
+        let mut preempted_any = false;
+        let mut i = 0;
+        while i < self.running.len() {
+            let Running { id, context, .. } = self.running[i];
+            let short = self.blocks_short(context, self.held[&id].blocks.len());
+            while self.pool.available() < short && i < self.running.len() {
+                let victim = self.running.pop().expect("the batch holds request i");
+                self.preempt(victim, out);
+                preempted_any = true;
+            }
+            if i >= self.running.len() {
+                break;
+            }
+            let held = self.held.get_mut(&id).expect("a running request is held");
+            held.blocks.extend(self.pool.alloc(short, held.owner));
+            i += 1;
+        }
+        preempted_any
+    }
+
+    /// Takes `victim` (already out of the batch) off the pool; it waits to rejoin, oldest first.
+    fn preempt(&mut self, victim: Running, out: &mut Vec<SchedulerOutput<E>>) {
+        self.context_tokens -= victim.context;
+        let held = self.held.get_mut(&victim.id).expect("a running request is held");
+        let blocks = std::mem::take(&mut held.blocks);
+        let owner = held.owner;
+        let bad = self.pool.release(&blocks, owner);
+        if !bad.is_empty() {
+            out.push(SchedulerOutput::DoubleFree { request: victim.id, blocks: bad });
+        }
+        // The newest running request is preempted first, so pushing to the front keeps the
+        // queue oldest first.
+        self.preempted.push_front(victim);
+        self.preemptions_total += 1;
+        out.push(SchedulerOutput::Preempted(victim.id));
+    }
+
+    /// Preempted requests rejoin, oldest first, while the batch has room and the pool their
+    /// whole context (plus the watermark when the batch is not empty); this step recomputes it.
+    fn resume_preempted(&mut self, watermark: usize, out: &mut Vec<SchedulerOutput<E>>) {
+        while let Some(&r) = self.preempted.front() {
+            let busy = self.running.len() + self.ready.len() + self.pending.len();
+            let short = self.blocks_short(r.context, 0);
+            let spare = if busy > 0 { watermark } else { 0 };
+            if busy >= self.limits.max_batch || self.pool.available() < short.saturating_add(spare) {
+                break;
+            }
+            self.preempted.pop_front();
+            let held = self.held.get_mut(&r.id).expect("a preempted request is held");
+            held.blocks = self.pool.alloc(short, held.owner);
+            self.context_tokens += r.context;
+            self.recompute_tokens += r.context;
+            self.running.push(r);
+            out.push(SchedulerOutput::Resumed { request: r.id, tokens: r.context });
+        }
+    }
+
+    /// Step `step` begins with `new` requests admitted: the barrier, then every worker, hears
+    /// of it, and of requests still queued.
+    fn announce(&mut self, step: u64, new: Vec<RecvRequest>, out: &mut Vec<SchedulerOutput<E>>) {
         // The barrier admits the step before any worker hears of it (a worker with nothing to
         // dial votes at once).
         self.handle_group_event(GroupEvent::StepBegin { step }, out);
@@ -359,7 +511,7 @@ impl<E> DecodeScheduler<E> {
     /// Ends every request the group has, its barrier kept (a group that lost a member stays
     /// stopped: no later step begins), and tells the workers to stop leasing the queued ones;
     /// the pool is whole again. Returns the requests in the order waiting, waiting for reports,
-    /// joining, running.
+    /// joining, running, preempted.
     pub fn drain(&mut self, out: &mut Vec<SchedulerOutput<E>>) -> Vec<RequestId> {
         let told: Vec<RequestId> = self.waiting.iter().take(self.told).map(|(r, _)| r.request).collect();
         self.dequeue(told, out);
@@ -367,6 +519,7 @@ impl<E> DecodeScheduler<E> {
         lost.extend(self.pending.take_all());
         lost.append(&mut self.ready);
         lost.extend(self.running.drain(..).map(|r| r.id));
+        lost.extend(self.preempted.drain(..).map(|r| r.id));
         self.told = 0;
         self.context_tokens = 0;
         self.held.clear();
@@ -500,6 +653,10 @@ mod tests {
                     said.push(format!("failed{} by[{}]", request.0, ranks.join(",")))
                 }
                 SchedulerOutput::DoubleFree { request, .. } => said.push(format!("double-free{}", request.0)),
+                SchedulerOutput::Preempted(r) => said.push(format!("preempted{}", r.0)),
+                SchedulerOutput::Resumed { request, tokens } => {
+                    said.push(format!("resumed{}+{tokens}", request.0))
+                }
             }
         }
         said.push(format!("free{} batch{}", s.free_blocks(), s.batch_len()));
@@ -509,7 +666,18 @@ mod tests {
     /// Runs `script` on a group of two ranks, a batch of `max_batch` and a pool of `blocks`
     /// blocks of 16 tokens, and compares what each input did with the table.
     fn check(max_batch: usize, blocks: u32, script: &[(Op, &str)]) -> DecodeScheduler<&'static str> {
-        let limits = SchedulerLimits { width: 2, max_batch, pool_blocks: blocks, block_size_tokens: 16 };
+        check_allocating(KvAllocation::Reserve, max_batch, blocks, script)
+    }
+
+    /// [`check`] with the pool allocating as `allocation` says.
+    fn check_allocating(
+        allocation: KvAllocation,
+        max_batch: usize,
+        blocks: u32,
+        script: &[(Op, &str)],
+    ) -> DecodeScheduler<&'static str> {
+        let limits =
+            SchedulerLimits { width: 2, max_batch, pool_blocks: blocks, block_size_tokens: 16, allocation };
         let mut s = DecodeScheduler::new(limits, HandshakeMode::Eager);
         let mut step = 0;
         for (i, (op, expected)) in script.iter().enumerate() {
@@ -537,6 +705,58 @@ mod tests {
                 (Step, "begin[] free3 batch1"),
                 (Forward, "first[1] more0 done[1] free6 batch0"),
                 (Step, "begin[2,3][3, 4, 5][1] free0 batch0"),
+            ],
+        );
+    }
+
+    #[test]
+    fn on_demand_grows_at_block_boundaries_preempts_the_newest_and_resumes_oldest_first() {
+        let on_demand = KvAllocation::OnDemand { watermark_blocks: 0 };
+        let s = check_allocating(
+            on_demand,
+            4,
+            3,
+            &[
+                // Prompts of 16 tokens: one block each at admission, none for the answer.
+                (Arrive { n: 1, blocks: 1, output: 3 }, "free3 batch0"),
+                (Arrive { n: 2, blocks: 1, output: 20 }, "free3 batch0"),
+                (Arrive { n: 3, blocks: 1, output: 20 }, "free3 batch0"),
+                (Step, "begin[1,2,3][0][1][2] free0 batch0"),
+                (Report { n: 1, rank: 0, failed: false }, "free0 batch0"),
+                (Report { n: 1, rank: 1, failed: false }, "joined1 free0 batch0"),
+                (Report { n: 2, rank: 0, failed: false }, "free0 batch0"),
+                (Report { n: 2, rank: 1, failed: false }, "joined2 free0 batch0"),
+                (Report { n: 3, rank: 0, failed: false }, "free0 batch0"),
+                (Report { n: 3, rank: 1, failed: false }, "joined3 free0 batch0"),
+                // 16 tokens of context fit their one block.
+                (Step, "begin[] free0 batch3"),
+                (Forward, "first[1,2,3] more0 done[] free0 batch3"),
+                // The 17th token needs a second block: 1 gets the newest's (3); 2 would have to
+                // preempt itself, and is (its block goes back too).
+                (Step, "preempted3 preempted2 begin[] free1 batch1"),
+                (Forward, "first[] more1 done[] free1 batch1"),
+                // No room for 2's 17 tokens yet, so nothing else is admitted either.
+                (Step, "begin[] free1 batch1"),
+                (Forward, "first[] more1 done[1] free3 batch0"),
+                // The oldest preempted request rejoins, recomputing its context; 3 waits.
+                (Step, "resumed2+17 begin[] free1 batch1"),
+            ],
+        );
+        assert_eq!((s.preemptions_total(), s.recompute_tokens(), s.has_work()), (2, 17, true));
+    }
+
+    #[test]
+    fn on_demand_admits_on_the_prompt_alone_and_leaves_the_watermark_once_the_batch_is_busy() {
+        check_allocating(
+            KvAllocation::OnDemand { watermark_blocks: 1 },
+            4,
+            3,
+            &[
+                (Arrive { n: 1, blocks: 1, output: 100 }, "free3 batch0"),
+                (Arrive { n: 2, blocks: 1, output: 100 }, "free3 batch0"),
+                (Arrive { n: 3, blocks: 1, output: 100 }, "free3 batch0"),
+                // 1 needs no spare block (nothing scheduled yet); 2 leaves one; 3 would not.
+                (Step, "begin[1,2][0][1] queued[3] free1 batch0"),
             ],
         );
     }
@@ -622,7 +842,13 @@ mod tests {
 
     #[test]
     fn a_drained_group_keeps_its_barrier_so_a_lost_member_still_stops_it() {
-        let limits = SchedulerLimits { width: 2, max_batch: 4, pool_blocks: 10, block_size_tokens: 16 };
+        let limits = SchedulerLimits {
+            width: 2,
+            max_batch: 4,
+            pool_blocks: 10,
+            block_size_tokens: 16,
+            allocation: KvAllocation::Reserve,
+        };
         let mut s = DecodeScheduler::<&str>::new(limits, HandshakeMode::Eager);
         let mut out = Vec::new();
         s.handle_arrival(recv(1, 2), Tokens { input: 16, output: 4 });

@@ -22,7 +22,9 @@ use pdkv_core::time::Instant;
 use pdkv_core::topology::Deployment;
 use pdkv_core::wire::{Extensions, HandshakeMetadata, LayerMemoryDesc};
 
-use crate::decode::{DecodeNodes, DecodeScheduler, NodeOutput, SchedulerLimits, SchedulerOutput};
+use crate::decode::{
+    DecodeNodes, DecodeScheduler, KvAllocation, NodeOutput, SchedulerLimits, SchedulerOutput,
+};
 use crate::prefill::{PrefillNodes, PrefillOutput};
 
 /// Blocks in every prefill rank's pool.
@@ -113,7 +115,13 @@ impl Harness {
             let width = d.layout(rank.engine).tp;
             // The scheduler admits nothing here (tests hand requests to the workers), so only
             // its barrier is used.
-            let limits = SchedulerLimits { width, max_batch: 1, pool_blocks: 0, block_size_tokens: 1 };
+            let limits = SchedulerLimits {
+                width,
+                max_batch: 1,
+                pool_blocks: 0,
+                block_size_tokens: 1,
+                allocation: KvAllocation::Reserve,
+            };
             let group = *group_of
                 .entry((rank.engine, rank.dp))
                 .or_insert_with(|| nodes.add_group(DecodeScheduler::new(limits, policy.handshake)));
@@ -294,6 +302,9 @@ impl Harness {
             | SchedulerOutput::Joined(_)
             | SchedulerOutput::Failed { .. }
             | SchedulerOutput::DoubleFree { .. } => {}
+            SchedulerOutput::Preempted(_) | SchedulerOutput::Resumed { .. } => {
+                unreachable!("a reserved allocation preempts nothing")
+            }
         }
     }
 
