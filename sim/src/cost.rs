@@ -251,6 +251,19 @@ impl Cost {
         (seconds * 1e9) as u64
     }
 
+    /// Extra time of a decode step in which groups recompute the context of preempted requests
+    /// (`tokens` per group, computed side by side): the prompt-like FLOPs at the prefill MFU,
+    /// the slowest group deciding a unit's lockstep. No fixed cost: the step pays that already.
+    pub fn recompute_ns(&self, layout: Layout, tokens: &[u64]) -> u64 {
+        let most = tokens.iter().copied().max().unwrap_or(0);
+        if most == 0 {
+            return 0;
+        }
+        let flops = 2.0 * self.model.active_params_b * 1e9 * most as f64;
+        let peak = f64::from(layout.tp) * self.hw.fp8_tflops * 1e12 * self.cost.prefill_mfu;
+        (flops / peak * 1e9) as u64
+    }
+
     /// Bytes of weights one GPU of `layout` holds: its share of the routed experts (`1/ranks`
     /// of them under EP, a `1/tp` slice of each otherwise) and a `1/tp` slice of everything
     /// else (attention, dense layers, shared experts, embeddings), which DP ranks replicate.

@@ -37,7 +37,9 @@ use pdkv_core::release::Release;
 use pdkv_core::time::Instant;
 use pdkv_core::topology::{Deployment, ModelSpec};
 use pdkv_core::wire::{HandshakeMetadata, LayerMemoryDesc};
-use pdkv_engine::decode::{DecodeNodes, DecodeScheduler, NodeOutput, SchedulerLimits, SchedulerOutput};
+use pdkv_engine::decode::{
+    DecodeNodes, DecodeScheduler, KvAllocation, NodeOutput, SchedulerLimits, SchedulerOutput,
+};
 use pdkv_engine::prefill::{PrefillNodes, PrefillOutput};
 
 /// Most requests [`check`] takes: the state space grows about tenfold with each one.
@@ -272,6 +274,9 @@ impl World {
                     | SchedulerOutput::Joined(_)
                     | SchedulerOutput::Failed { .. }
                     | SchedulerOutput::DoubleFree { .. } => {}
+                    SchedulerOutput::Preempted(_) | SchedulerOutput::Resumed { .. } => {
+                        unreachable!("a reserved allocation preempts nothing")
+                    }
                 },
             }
         }
@@ -756,7 +761,13 @@ pub fn check_with_progress(
     let incarnations: Vec<Incarnation> = (0..prefill_ranks.len()).map(|i| incarnation_of(i, 0)).collect();
     // The scheduler admits nothing here (the requests are handed to the workers below), so its
     // batch and pool are never used.
-    let limits = SchedulerLimits { width: dl.tp, max_batch: 1, pool_blocks: 0, block_size_tokens: 1 };
+    let limits = SchedulerLimits {
+        width: dl.tp,
+        max_batch: 1,
+        pool_blocks: 0,
+        block_size_tokens: 1,
+        allocation: KvAllocation::Reserve,
+    };
     let mut nodes = DecodeNodes::new();
     let group = nodes.add_group(DecodeScheduler::new(limits, policy.handshake));
     for &r in &decode_ranks {

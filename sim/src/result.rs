@@ -105,6 +105,10 @@ pub struct Requests {
     pub failed_unexcused: u64,
     /// Requests still in flight when the run ended.
     pub unfinished: u64,
+    /// Times a decode rank preempted a running request for its blocks (on-demand allocation:
+    /// `engines.decode_kv_allocation`); a preempted request recomputes its context and goes on.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub preemptions: u64,
     /// Of those, requests the run's time or event budget cut off while the run was still
     /// progressing (a request had ended within the stall window before the end, `docs/sim.md`);
     /// they make the run incomplete, not hung. The others are a hang.
@@ -403,4 +407,9 @@ impl RunResult {
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("results serialise")
     }
+}
+
+/// Whether a count is zero: a field added later stays out of results that never had it.
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }

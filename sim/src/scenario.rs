@@ -221,7 +221,7 @@ mod at_default {
         shared_experts: u16, expert_params_per_layer_m: f64, weight_bytes_per_param: f64, attention_heads: u16);
     at_default!(Hardware: bf16_tflops: f64, gpus_per_node: u16, line_rate_gbit: f64, nic_message_rate_mpps: f64,
         nic_qps: u16, nic_qp_message_rate_mpps: f64);
-    at_default!(EngineLimits: gpu_memory_utilization: f64);
+    at_default!(EngineLimits: gpu_memory_utilization: f64, decode_kv_allocation: super::KvAllocationMode);
     at_default!(CostModel: activation_reserve_gb: f64);
 }
 
@@ -570,6 +570,21 @@ pub struct EngineLimits {
     /// it with the next step's connector metadata). A release that arrives in this window is
     /// early: buffered by the fixed protocol, dropped under `drop-early-releases`.
     pub prefill_register_delay_ms: u64,
+    /// How a decode DP rank's pool holds a request's KV: `Reserve` (prompt and whole answer at
+    /// admission) or `OnDemand` (vLLM's: a block at a time, preempting the newest running
+    /// request when the pool runs out; the preempted one recomputes its context to rejoin).
+    #[serde(skip_serializing_if = "at_default::decode_kv_allocation")]
+    pub decode_kv_allocation: KvAllocationMode,
+}
+
+/// How a decode DP rank's pool holds a request's KV (`EngineLimits::decode_kv_allocation`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum KvAllocationMode {
+    /// Blocks for the prompt and the whole answer at admission: no growth, no preemption.
+    #[default]
+    Reserve,
+    /// vLLM's on-demand allocation with preemption (watermark 0, vLLM's default).
+    OnDemand,
 }
 
 impl Default for EngineLimits {
@@ -580,6 +595,7 @@ impl Default for EngineLimits {
             kv_blocks_per_gpu: 0,
             gpu_memory_utilization: 0.92,
             prefill_register_delay_ms: 0,
+            decode_kv_allocation: KvAllocationMode::Reserve,
         }
     }
 }

@@ -2,6 +2,7 @@
 
 #![forbid(unsafe_code)]
 
+mod allocation;
 mod bounds_cli;
 mod cli;
 mod cluster;

@@ -13,12 +13,12 @@ use pdkv_core::proxy::Proxy;
 use pdkv_core::time::Instant;
 use pdkv_core::topology::{Deployment, Layout};
 use pdkv_core::wire::{Extension, HandshakeMetadata, LayerMemoryDesc};
-use pdkv_engine::decode::{DecodeNodes, DecodeScheduler, SchedulerLimits};
+use pdkv_engine::decode::{DecodeNodes, DecodeScheduler, KvAllocation, SchedulerLimits};
 
 use crate::cost::Cost;
 use crate::nic::Nics;
 use crate::rng::Streams;
-use crate::scenario::{Clients, Reads, Scenario};
+use crate::scenario::{Clients, KvAllocationMode, Reads, Scenario};
 
 use super::control::Listener;
 use super::decode::{DGroup, Unit};
@@ -209,6 +209,10 @@ impl World {
                     max_batch: sc.engines.decode_max_batch as usize,
                     pool_blocks: blocks_for(layout),
                     block_size_tokens: sc.model.block_size_tokens,
+                    allocation: match sc.engines.decode_kv_allocation {
+                        KvAllocationMode::Reserve => KvAllocation::Reserve,
+                        KvAllocationMode::OnDemand => KvAllocation::OnDemand { watermark_blocks: 0 },
+                    },
                 };
                 let g = nodes.add_group(DecodeScheduler::new(limits, policy.handshake));
                 debug_assert_eq!(g, dgroups.len(), "the nodes number groups as the world does");
@@ -301,6 +305,7 @@ impl World {
                 crashed_reaped: 0,
                 max_hold_ns: 0,
                 last_progress_ns: 0,
+                preemptions: 0,
             },
             checks: Checks {
                 violations: Vec::new(),

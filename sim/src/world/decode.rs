@@ -198,6 +198,15 @@ impl World {
                 );
             }
             SchedulerOutput::Joined(_) => self.wake(self.decode.groups[g].unit),
+            SchedulerOutput::Preempted(request) => {
+                self.stats.preemptions += 1;
+                if self.trace_on {
+                    let name = format!("D{}.u{}", self.decode.groups[g].engine, self.decode.groups[g].unit);
+                    trace!(self, "decode", "preempt", name, None, format!("request={}", request.0));
+                }
+            }
+            // The recompute is charged when the step computes (`maybe_compute`).
+            SchedulerOutput::Resumed { .. } => {}
             SchedulerOutput::Failed { request, .. } => self.end_request(request, true),
             SchedulerOutput::DoubleFree { blocks, .. } => {
                 let engine = self.decode.groups[g].engine;
@@ -238,7 +247,12 @@ impl World {
                 context_tokens: self.decode.nodes.sched(g).context_tokens(),
             })
             .collect();
-        let duration = self.cost.decode_step_ns(layout, &loads);
+        let recompute: Vec<u64> = self.decode.units[unit]
+            .groups
+            .iter()
+            .map(|&g| self.decode.nodes.sched(g).recompute_tokens())
+            .collect();
+        let duration = self.cost.decode_step_ns(layout, &loads) + self.cost.recompute_ns(layout, &recompute);
         self.decode.units[unit].state = UnitState::Computing;
         // An all-to-all that leaves the node takes its share of each rank's NIC for the step.
         if self.cost.ep_spans_nodes(layout) {

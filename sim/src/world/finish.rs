@@ -39,6 +39,8 @@ pub(super) struct Stats {
     /// computed prompt tokens, a decode step generated tokens, or a KV read completed. Whether
     /// the run was still progressing when its budget ended.
     pub(super) last_progress_ns: u64,
+    /// Running requests the decode ranks preempted for their blocks.
+    pub(super) preemptions: u64,
 }
 
 impl World {
@@ -84,6 +86,7 @@ impl World {
             }
         }
         result.requests.unsent = self.clients.to_send + self.stats.refused;
+        result.requests.preemptions = self.stats.preemptions;
         let seconds = (end as f64 / 1e9).max(1e-9);
         result.throughput.total_tok_s = round3(total_tokens as f64 / seconds);
         result.throughput.output_tok_s = round3(output_tokens as f64 / seconds);
