@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 use pdkv_core::legacy::Legacy;
-use pdkv_sim::result::{Steady, WindowKind};
+use pdkv_sim::result::Steady;
 use pdkv_sim::scenario::{Clients, Measure, Scenario, Slo};
 use pdkv_sim::{Run, RunIdentity, RunOptions, RunResult};
 
@@ -515,21 +515,7 @@ pub fn summary(r: &RunResult, files: &[PathBuf], replay: &str) -> String {
 fn steady_lines(s: &mut String, r: &RunResult) {
     let Steady { window: w, latency_ms: l, throughput: t, goodput } = &r.steady;
     let sent = r.requests.sent;
-    let window = match w.kind {
-        WindowKind::Steady => format!(
-            "steady: arrivals {} to {} of {sent} (warm-up {}, drain {}), {:.1} s to {:.1} s virtual",
-            w.warmup_requests + 1,
-            w.warmup_requests + w.requests,
-            w.warmup_requests,
-            w.drain_requests,
-            w.start_s,
-            w.end_s
-        ),
-        WindowKind::WholeRunAsked => format!("the whole run, as asked ({sent} arrivals)"),
-        WindowKind::WholeRunTooShort => {
-            format!("the whole run: its {sent} arrivals leave no steady window between warm-up and drain")
-        }
-    };
+    let window = w.describe(sent);
     let _ = writeln!(s, "  window       {window}");
     let _ = writeln!(s, "  GPUs         {} prefill, {} decode", r.gpus.prefill, r.gpus.decode);
     if r.requests.finished == 0 {
@@ -648,7 +634,7 @@ mod tests {
     /// percentile table, rates and goodput (only with an SLO).
     #[test]
     fn summary_shows_the_steady_window_as_a_table() {
-        use pdkv_sim::result::{Goodput, Gpus, Window, WindowLatencies, WindowThroughput};
+        use pdkv_sim::result::{Goodput, Gpus, Window, WindowKind, WindowLatencies, WindowThroughput};
         let mut r = RunResult::empty(&Scenario::from_notation("2P_TP8:1D_DP8EP"), String::new());
         r.requests.sent = 1280;
         r.gpus = Gpus { prefill: 16, decode: 8 };

@@ -141,7 +141,7 @@ pub fn write_run_page(
     let t = &r.throughput;
     row(
         &mut html,
-        "throughput",
+        "throughput (whole run)",
         &format!("{:.0} tok/s total, {:.0} tok/s output", t.total_tok_s, t.output_tok_s),
     );
     let l = &r.latency_ms;
@@ -153,17 +153,17 @@ pub fn write_run_page(
         || missing("measured one"),
         |t| format!("mean {:.0} ms, p50 {:.0} ms, p99 {:.0} ms", t.mean, t.p50, t.p99),
     );
-    row(&mut html, "TTFT", &ttft);
+    row(&mut html, "TTFT (whole run)", &ttft);
     let tpot = l.tpot.map_or_else(
         || missing("produced a second token"),
         |t| format!("mean {:.1} ms, p50 {:.1} ms, p99 {:.1} ms", t.mean, t.p50, t.p99),
     );
-    row(&mut html, "TPOT", &tpot);
+    row(&mut html, "TPOT (whole run)", &tpot);
     let itl = l.itl.map_or_else(
         || missing("produced a second token"),
         |t| format!("mean {:.1} ms, p99 {:.1} ms", t.mean, t.p99),
     );
-    row(&mut html, "ITL", &itl);
+    row(&mut html, "ITL (whole run)", &itl);
     let n = &r.nic;
     if let Some(spread) = n.spread().map(|text| escape(&text)) {
         let gpus = n.reads_per_prefill_gpu.len();
@@ -187,6 +187,7 @@ pub fn write_run_page(
         ),
     );
     html.push_str("</table>\n");
+    html.push_str(&steady_section(r));
     for (i, hang) in r.hangs.iter().enumerate() {
         let _ = writeln!(html, "<h2 class=\"bad\">Hang {}: {}</h2>", i + 1, escape(&hang.what));
         let stem = format!("wait_for_{i}.");
@@ -240,6 +241,65 @@ pub fn write_run_page(
     let path = dir.join("index.html");
     pdkv_sim::files::write_atomic(&path, html.as_bytes())?;
     Ok(path)
+}
+
+/// The run page's "Steady state" section: the window in words, GPUs by side, a table of mean,
+/// p50, p90 and p99 of TTFT, TPOT, ITL and E2E, the rates overall, per GPU and per phase, and
+/// goodput when the scenario sets an SLO: the figures of `pdkv run`'s summary, which users hold
+/// against `vllm bench serve`.
+fn steady_section(r: &RunResult) -> String {
+    let pdkv_sim::result::Steady { window, latency_ms: l, throughput: t, goodput } = &r.steady;
+    let mut html = String::from("<h2>Steady state</h2>\n<table>\n");
+    row(&mut html, "window", &escape(&window.describe(r.requests.sent)));
+    row(&mut html, "GPUs", &format!("{} prefill, {} decode", r.gpus.prefill, r.gpus.decode));
+    if r.requests.finished == 0 {
+        // Rates of nothing would read as measured zeros.
+        row(&mut html, "figures", "n/a (no request finished)");
+        html.push_str("</table>\n");
+        return html;
+    }
+    let rate = format!(
+        "{:.3} req/s, {:.0} tok/s ({:.0} in, {:.0} out)",
+        t.requests_per_s, t.total_tok_s, t.input_tok_s, t.output_tok_s
+    );
+    row(&mut html, "rate", &rate);
+    let per_gpu = format!(
+        "{:.3} req/s, {:.0} tok/s ({:.0} out); {:.0} in per prefill GPU, {:.0} out per decode GPU",
+        t.requests_per_s_per_gpu,
+        t.total_tok_s_per_gpu,
+        t.output_tok_s_per_gpu,
+        t.input_tok_s_per_prefill_gpu,
+        t.output_tok_s_per_decode_gpu
+    );
+    row(&mut html, "per GPU", &per_gpu);
+    let goodput = goodput.as_ref().map_or_else(
+        || "n/a (no SLO: --slo-ttft-ms, --slo-tpot-ms or the scenario's slo)".to_string(),
+        |g| {
+            escape(&format!(
+                "{:.3} req/s ({:.3} per GPU); {:.1}% of the window's requests met {}",
+                g.requests_per_s,
+                g.requests_per_s_per_gpu,
+                100.0 * g.met_fraction,
+                g.slo
+            ))
+        },
+    );
+    row(&mut html, "goodput", &goodput);
+    html.push_str(
+        "</table>\n<table>\n<tr><th>ms</th><th>mean</th><th>p50</th><th>p90</th><th>p99</th></tr>\n",
+    );
+    for (name, summary) in [("TTFT", l.ttft), ("TPOT", l.tpot), ("ITL", l.itl), ("E2E", l.e2e)] {
+        let _ = match summary {
+            Some(x) => writeln!(
+                html,
+                "<tr><td>{name}</td><td>{:.1}</td><td>{:.1}</td><td>{:.1}</td><td>{:.1}</td></tr>",
+                x.mean, x.p50, x.p90, x.p99
+            ),
+            None => writeln!(html, "<tr><td>{name}</td><td colspan=\"4\">n/a</td></tr>"),
+        };
+    }
+    html.push_str("</table>\n");
+    html
 }
 
 /// What produced a sweep's figures, as its page names it: the hardware and model of each line

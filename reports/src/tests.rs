@@ -563,9 +563,9 @@ fn run_pictures_lead_with_hangs_and_leave_out_charts_without_data() {
     assert!(heading < html.find("<img").expect("a picture"), "the hang's heading comes first");
     assert!(html.contains("<p>No NIC balance chart: no prefill GPU served a read.</p>"), "{html}");
     for row in [
-        "<tr><th>TTFT</th><td>n/a (no request finished)</td></tr>",
-        "<tr><th>TPOT</th><td>n/a (no request finished)</td></tr>",
-        "<tr><th>ITL</th><td>n/a (no request finished)</td></tr>",
+        "<tr><th>TTFT (whole run)</th><td>n/a (no request finished)</td></tr>",
+        "<tr><th>TPOT (whole run)</th><td>n/a (no request finished)</td></tr>",
+        "<tr><th>ITL (whole run)</th><td>n/a (no request finished)</td></tr>",
         "<tr><th>NIC balance</th><td>Jain n/a: no prefill GPU served a read</td></tr>",
     ] {
         assert!(html.contains(row), "{row}");
@@ -593,6 +593,69 @@ fn run_pictures_lead_with_hangs_and_leave_out_charts_without_data() {
     let pngs: Vec<String> = names(&pictures.files).into_iter().filter(|n| n.ends_with(".png")).collect();
     assert_eq!(pngs, ["wait_for_0.png", "nic_balance.png", "nic_utilisation.png", "latency_cdf.png"]);
     assert!(pictures.omitted.is_empty());
+    done(&dir);
+}
+
+/// The run page's steady section: the window in words, GPUs, rates, goodput (or why there is
+/// none) and the percentile table; a run in which nothing finished shows no rates at all.
+#[test]
+fn the_run_page_shows_the_steady_window_as_the_summary_does() {
+    use pdkv_sim::result::{Goodput, Gpus, Summary, Window, WindowKind};
+    use pdkv_sim::scenario::Slo;
+    let dir = out_dir("run-steady");
+    fs::create_dir_all(&dir).expect("test folder");
+    let page_of = |r: &RunResult| {
+        let pictures = crate::RunPictures::default();
+        let page =
+            crate::page::write_run_page(&dir, r, &pictures, "c1", "pdkv run x", &[], &[]).expect("written");
+        let html = fs::read_to_string(page).expect("read");
+        let start = html.find("<h2>Steady state</h2>").expect("a steady section");
+        let end = html[start..].find("<h2>Pictures</h2>").expect("pictures after it") + start;
+        html[start..end].to_string()
+    };
+    let mut r = empty_result();
+    r.requests.sent = 1280;
+    r.gpus = Gpus { prefill: 16, decode: 8 };
+    r.steady.window.kind = WindowKind::WholeRunAsked;
+    assert_eq!(
+        page_of(&r),
+        "<h2>Steady state</h2>\n<table>\n\
+         <tr><th>window</th><td>the whole run, as asked (1280 arrivals)</td></tr>\n\
+         <tr><th>GPUs</th><td>16 prefill, 8 decode</td></tr>\n\
+         <tr><th>figures</th><td>n/a (no request finished)</td></tr>\n</table>\n"
+    );
+    r.requests.finished = 1280;
+    r.steady.window = Window {
+        kind: WindowKind::Steady,
+        warmup_requests: 128,
+        drain_requests: 128,
+        requests: 1024,
+        start_s: 60.24,
+        end_s: 480.5,
+    };
+    r.steady.latency_ms.ttft = Some(Summary { mean: 1612.34, p50: 1502.1, p90: 2890.0, p99: 5012.24 });
+    r.steady.throughput.requests_per_s = 2.4;
+    r.steady.throughput.requests_per_s_per_gpu = 0.1;
+    let html = page_of(&r);
+    for line in [
+        "<tr><th>window</th><td>steady: arrivals 129 to 1152 of 1280 (warm-up 128, drain 128), 60.2 s to 480.5 s virtual</td></tr>",
+        "<tr><th>rate</th><td>2.400 req/s, 0 tok/s (0 in, 0 out)</td></tr>",
+        "<tr><th>goodput</th><td>n/a (no SLO: --slo-ttft-ms, --slo-tpot-ms or the scenario's slo)</td></tr>",
+        "<tr><th>ms</th><th>mean</th><th>p50</th><th>p90</th><th>p99</th></tr>",
+        "<tr><td>TTFT</td><td>1612.3</td><td>1502.1</td><td>2890.0</td><td>5012.2</td></tr>",
+        "<tr><td>TPOT</td><td colspan=\"4\">n/a</td></tr>",
+    ] {
+        assert!(html.contains(line), "{line}\n{html}");
+    }
+    r.steady.goodput = Some(Goodput {
+        slo: Slo { ttft_ms: Some(3000.0), tpot_ms: None },
+        requests_per_s: 2.1,
+        requests_per_s_per_gpu: 0.0874,
+        met_fraction: 0.876,
+    });
+    let html = page_of(&r);
+    let goodput = "<tr><th>goodput</th><td>2.100 req/s (0.087 per GPU); 87.6% of the window&#39;s requests met TTFT &lt;= 3000 ms</td></tr>";
+    assert!(html.contains(goodput), "{html}");
     done(&dir);
 }
 

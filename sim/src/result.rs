@@ -233,6 +233,28 @@ pub struct Window {
     pub end_s: f64,
 }
 
+impl Window {
+    /// The window in words, as `pdkv run`'s summary and its page say it; `sent` is the run's
+    /// arrivals.
+    pub fn describe(&self, sent: u64) -> String {
+        match self.kind {
+            WindowKind::Steady => format!(
+                "steady: arrivals {} to {} of {sent} (warm-up {}, drain {}), {:.1} s to {:.1} s virtual",
+                self.warmup_requests + 1,
+                self.warmup_requests + self.requests,
+                self.warmup_requests,
+                self.drain_requests,
+                self.start_s,
+                self.end_s
+            ),
+            WindowKind::WholeRunAsked => format!("the whole run, as asked ({sent} arrivals)"),
+            WindowKind::WholeRunTooShort => {
+                format!("the whole run: its {sent} arrivals leave no steady window between warm-up and drain")
+            }
+        }
+    }
+}
+
 /// The latencies of `vllm bench serve`, in milliseconds, each `{mean, p50, p90, p99}` or `None`
 /// when nothing was measured.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -94,7 +94,10 @@ fn a_hang_report_leads_with_its_wait_for_graph_and_says_n_a_and_replay_confirms_
         assert!(!dir.join(format!("{absent}.png")).exists(), "{absent} drawn without data");
     }
     assert!(index.contains("<p>No latency chart: no request finished"), "{index}");
-    assert!(index.contains("<tr><th>TTFT</th><td>n/a (no request finished)</td></tr>"), "{index}");
+    assert!(
+        index.contains("<tr><th>TTFT (whole run)</th><td>n/a (no request finished)</td></tr>"),
+        "{index}"
+    );
     for debug in ["Some(", "None", "0.000"] {
         assert!(!text.contains(debug) && !index.contains(debug), "shows {debug}");
     }
