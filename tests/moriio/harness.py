@@ -41,6 +41,28 @@ HOST = "127.0.0.1"
 TRANSFER_ID = "tx-pdkv-conformance"
 REQUEST_ID = "req-pdkv-conformance"
 
+# The methods of vLLM's MoRIIOConnectorWorker the harness (and tests/moriio/mixed.py) calls.
+WORKER_METHODS = [
+    "_resolve_read_source",
+    "_next_flex_tp_rank",
+    "_spreads_replicated_reads",
+    "_remote_tp_rank",
+    "_read_blocks_for_req",
+    "_read_blocks",
+    "_send_read_release",
+    "get_engine_name_with_dp",
+    "get_engine_name_with_dp_tp",
+    "_moriio_handshake",
+    "get_finished",
+    # A worker's step entry and what it calls, for tests/moriio/mixed.py,
+    # which runs vLLM's decode and prefill steps (the harness does not).
+    "start_load_kv",
+    "_eager_handshake_all_dp_ranks",
+    "_await_reads_issued_this_step",
+    # The sessions a read goes through, for mixed.py's read plans.
+    "_get_built_session",
+]
+
 
 def log(msg):
     print(f"  harness: {msg}", file=sys.stderr, flush=True)
@@ -76,33 +98,20 @@ class Vllm:
         worker = self.connector.MoRIIOConnectorWorker
         # A class holding the real methods (the functions themselves, taken from vLLM's class), so
         # they call each other as in vLLM; instances get only the attributes those methods read.
+        # A release that lacks some of them (older ones have no flexible read and no holder
+        # release) gets a class without them, named in self.missing_methods, so the questions
+        # that need them fail by name instead of the whole import.
         self.Worker = type(
             "MiniWorker",
             (),
-            {
-                name: worker.__dict__[name]
-                for name in [
-                    "_resolve_read_source",
-                    "_next_flex_tp_rank",
-                    "_spreads_replicated_reads",
-                    "_remote_tp_rank",
-                    "_read_blocks_for_req",
-                    "_read_blocks",
-                    "_send_read_release",
-                    "get_engine_name_with_dp",
-                    "get_engine_name_with_dp_tp",
-                    "_moriio_handshake",
-                    "get_finished",
-                    # A worker's step entry and what it calls, for tests/moriio/mixed.py,
-                    # which runs vLLM's decode and prefill steps (the harness does not).
-                    "start_load_kv",
-                    "_eager_handshake_all_dp_ranks",
-                    "_await_reads_issued_this_step",
-                    # The sessions a read goes through, for mixed.py's read plans.
-                    "_get_built_session",
-                ]
-            },
+            {name: worker.__dict__[name] for name in WORKER_METHODS if name in worker.__dict__},
         )
+        self.missing_methods = [name for name in WORKER_METHODS if name not in worker.__dict__]
+        # Releases before 0.27 dial the TP rank their own mapping picks (no explicit one), and
+        # their ReqMeta has no owner DP rank (they read DP rank 0).
+        dial = inspect.signature(worker._moriio_handshake)
+        self.dial_takes_tp_rank = "remote_tp_rank" in dial.parameters
+        self.req_meta_has_owner = "remote_dp_rank" in self.common.ReqMeta.__dataclass_fields__
         self.side_channel_expr = self._side_channel_expression()
 
     def _side_channel_expression(self):
@@ -146,6 +155,10 @@ class Vllm:
             "http_port": "8000",
             "host_ip": HOST,
             "read_mode": "true",
+            # Required keys before vLLM 0.28 (the discovery heartbeat's proxy); these are the
+            # defaults later releases use when they are absent, so no answer changes.
+            "proxy_ip": "",
+            "proxy_ping_port": "0",
         }
         config = types.SimpleNamespace(
             kv_transfer_config=types.SimpleNamespace(kv_connector_extra_config=extra),
@@ -159,6 +172,31 @@ class Vllm:
         me = types.SimpleNamespace(moriio_config=cfg, dp_rank=cfg.dp_rank, tp_rank=cfg.tp_rank)
         handshake_listen = eval(self.side_channel_expr, vars(self.connector), {"self": me})
         return cfg, handshake_listen
+
+    def dial(self, w, host, base, tp_size, engine_id, dp, tp):
+        """vLLM's real _moriio_handshake from worker w to rank (dp, tp) (tp None: the rank its
+        own mapping picks). A release without the explicit TP rank argument (before 0.27) dials
+        the rank its mapping picks, so it is asked only for that rank."""
+        if self.dial_takes_tp_rank:
+            return w._moriio_handshake(host, base, tp_size, engine_id, dp, tp)
+        if tp is not None and tp != w._remote_tp_rank(tp_size):
+            raise TypeError(f"this release dials only the mapped TP rank, not rank {tp}")
+        return w._moriio_handshake(host, base, tp_size, engine_id, dp)
+
+    def release(self, w, transfer_id, host, ports):
+        """Worker w's release of a READ to the given notify ports: vLLM's _send_read_release, or,
+        in a release without it (before 0.33), the send_notify call _pop_done_transfers makes
+        there for its one port."""
+        if hasattr(w, "_send_read_release"):
+            return w._send_read_release(transfer_id, host, ports)
+        for port in ports:
+            w.moriio_wrapper.send_notify(
+                transfer_id,
+                host,
+                port,
+                message_type="release",
+                message_fields={"consumer_tp_size": w.world_size},
+            )
 
     def decode_worker(self, world_size, tp_rank, dp_rank, use_mla, backend, wrapper=None):
         w = self.Worker()
@@ -175,6 +213,8 @@ class Vllm:
         """A real ReqMeta as the decode side builds it from kv_transfer_params; no local blocks,
         so _read_blocks releases at once (the path of a request aborted before allocation),
         with the same notify ports a completed read releases to in _pop_done_transfers."""
+        # A release without an owner DP rank reads DP rank 0; its meta cannot name another.
+        owner_field = {"remote_dp_rank": owner} if self.req_meta_has_owner or owner else {}
         return self.common.ReqMeta(
             transfer_id=TRANSFER_ID,
             local_block_ids=[[]],
@@ -186,7 +226,7 @@ class Vllm:
             remote_engine_id=f"{HOST}:{HANDSHAKE_BASE}",
             tp_size=prefill_tp,
             remote_dp_size=prefill_dp,
-            remote_dp_rank=owner,
+            **owner_field,
         )
 
     def recording_wrapper(self):
@@ -253,7 +293,7 @@ def pure_rules(v, max_ranks):
                 try:
                     w = v.decode_worker(tp_size, tp, 0, False, "rdma")
                     try:
-                        w._moriio_handshake(HOST, HANDSHAKE_BASE, tp_size, "e", dp, tp)
+                        v.dial(w, HOST, HANDSHAKE_BASE, tp_size, "e", dp, tp)
                     except Dialed:
                         pass
                 finally:
@@ -425,7 +465,13 @@ def wire_rows(v):
 
 
 def sample_metadata(v, base):
-    """A MoRIIOAgentMetadata as register_kv_caches builds it, with vLLM 0.33's per-layer maps."""
+    """A MoRIIOAgentMetadata as register_kv_caches builds it, with vLLM 0.33's per-layer maps
+    where the release has them (0.33 on)."""
+    fields = v.common.MoRIIOAgentMetadata.__struct_fields__
+    maps = {
+        "kv_head_layouts": {"model.layers.0.self_attn.attn": [1, 2, 3]},
+        "attention_block_sizes": {"model.layers.0.self_attn.attn": 16},
+    }
     return v.common.MoRIIOAgentMetadata(
         engine_id=f"{HOST}:{base}",
         agent_metadata=b"\x00mori-engine-desc\xff",
@@ -433,8 +479,7 @@ def sample_metadata(v, base):
         num_blocks=128,
         block_len=36864,
         attn_backend_name="ROCM_AITER_MLA",
-        kv_head_layouts={"model.layers.0.self_attn.attn": [1, 2, 3]},
-        attention_block_sizes={"model.layers.0.self_attn.attn": 16},
+        **{name: value for name, value in maps.items() if name in fields},
     )
 
 
@@ -489,7 +534,7 @@ def vllm_dial(v, base, p_tp, d_tp, d_rank, explicit, timeout):
 
     def dial():
         try:
-            result["agents"] = dialer._moriio_handshake(HOST, base, p_tp, eid, 0, explicit)
+            result["agents"] = v.dial(dialer, HOST, base, p_tp, eid, 0, explicit)
         except Exception as e:  # noqa: BLE001
             result["error"] = error_text(e)
 
@@ -551,7 +596,7 @@ def wire_release(v):
             senders.append(wrapper)
             w = v.decode_worker(4, rank, 0, False, "rdma", wrapper)
             # Released exactly as _pop_done_transfers does once the read landed.
-            w._send_read_release(TRANSFER_ID, HOST, (str(cfg.notify_port),))
+            v.release(w, TRANSFER_ID, HOST, (str(cfg.notify_port),))
             deadline = time.monotonic() + 10
             popped = []
             while not popped and time.monotonic() < deadline:
@@ -679,7 +724,7 @@ def deliver_notify(v, frames, identity, ends):
             wait_for(lambda: not thread.is_alive(), ANSWER_TIMEOUT)
         delivered = bool(handled) or not thread.is_alive()
         w = v.decode_worker(1, 0, 0, False, "rdma", prober)
-        w._send_read_release(PROBE_ID, HOST, (str(port),))
+        v.release(w, PROBE_ID, HOST, (str(port),))
         probed, acks = False, []
 
         def pop():
