@@ -61,7 +61,16 @@ WORKER_METHODS = [
     "_await_reads_issued_this_step",
     # The sessions a read goes through, for mixed.py's read plans.
     "_get_built_session",
+    # Where a release before 0.31 is sent from, once its reads succeeded, and what the read
+    # path of 0.26 to 0.30 asks of a status.
+    "_pop_done_transfers",
+    "_is_sq_full_status",
 ]
+# The receive state _read_blocks and _pop_done_transfers keep, which releases before 0.31 need
+# set up as their __init__ sets it up (see Vllm.read_and_release).
+RECV_STATE = ["_recving_transfers", "_recving_transfers_callback_addr", "_recving_transfers_start"]
+# The one layer a read before 0.31 goes through.
+LAYER = "model.layers.0.self_attn.attn"
 
 
 def log(msg):
@@ -112,6 +121,11 @@ class Vllm:
         dial = inspect.signature(worker._moriio_handshake)
         self.dial_takes_tp_rank = "remote_tp_rank" in dial.parameters
         self.req_meta_has_owner = "remote_dp_rank" in self.common.ReqMeta.__dataclass_fields__
+        # From 0.31 a request without local blocks is released at once by _read_blocks; before,
+        # every request goes through a session and a read (Vllm.read_and_release).
+        read = inspect.getsource(worker._read_blocks)
+        self.releases_without_blocks = "if not any(local_block_ids)" in read
+        self.recv_state = self._recv_state_expressions()
         self.side_channel_expr = self._side_channel_expression()
 
     def _side_channel_expression(self):
@@ -144,6 +158,52 @@ class Vllm:
                 "self.side_channel_port: update tests/moriio/harness.py"
             )
         return compile(ast.Expression(expr), "<MoRIIOConnectorWorker.side_channel_port>", "eval")
+
+    def _recv_state_expressions(self):
+        """vLLM's own initial values of RECV_STATE, taken from MoRIIOConnectorWorker.__init__ as
+        the listener port is."""
+        worker = self.connector.MoRIIOConnectorWorker
+        init = ast.parse(textwrap.dedent(inspect.getsource(worker.__init__)))
+        found = {}
+        for node in ast.walk(init):
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in targets:
+                    name = ast.unparse(target).removeprefix("self.")
+                    if name in RECV_STATE:
+                        found[name] = compile(ast.Expression(node.value), f"<{name}>", "eval")
+        return found
+
+    def read_source(self, w, meta):
+        """(source TP rank, flexible) of worker w's read of meta's request: vLLM's
+        _resolve_read_source, or before 0.27 (which has none) the fixed mapping its _read_blocks
+        uses, never flexible."""
+        if hasattr(w, "_resolve_read_source"):
+            return w._resolve_read_source(meta)
+        return w._remote_tp_rank(meta.tp_size), False
+
+    def read_and_release(self, w, request_id, meta):
+        """Worker w reads meta's request and releases the prefill ranks, by vLLM's own
+        _read_blocks_for_req. From 0.31 a request without local blocks is released at once. A
+        release before 0.31 always takes the session and posts one read per layer, then releases
+        from _pop_done_transfers once the reads succeeded: it gets one layer, stand-ins for the
+        session, the offsets and the RDMA read (a read that succeeded; there is no MoRI here),
+        and the receive state its __init__ sets up, so that its own _read_blocks picks the rank
+        and the port and its own _pop_done_transfers sends the release."""
+        if self.releases_without_blocks:
+            return w._read_blocks_for_req(request_id, meta)
+        for name, expr in self.recv_state.items():
+            if name not in vars(w):
+                setattr(w, name, eval(expr, vars(self.connector)))
+        w.layer_name_to_local_kv_cache_metadata = {LAYER: []}
+        w.layer_to_group = {LAYER: 0}
+        w._has_mamba = False
+        w.moriio_config.transfer_timeout = 30.0
+        w._get_built_session = lambda engine_id: ([None], None)
+        w._compute_block_transfer_offsets = lambda *args, **kwargs: ([0], [0], [1])
+        w.moriio_wrapper.read_remote_data = lambda *args: SucceededRead()
+        w._read_blocks_for_req(request_id, meta)
+        w._pop_done_transfers()
 
     def listener_config(self, dp_size, dp, tp_size, tp, handshake_base, notify_base):
         """vLLM's real MoRIIOConfig.from_vllm_config for rank (dp, tp), with the TP rank and
@@ -237,6 +297,16 @@ class Vllm:
         return wrapper, wrapper.paths.sent
 
 
+class SucceededRead:
+    """A MoRI transfer status whose read succeeded (a stand-in: the read itself is not asked)."""
+
+    def Succeeded(self):  # noqa: N802 - MoRI's name
+        return True
+
+    def Failed(self):  # noqa: N802 - MoRI's name
+        return False
+
+
 class RecordingSocket:
     def __init__(self, path, sent):
         self.path, self.sent = path, sent
@@ -298,14 +368,21 @@ def pure_rules(v, max_ranks):
                         pass
                 finally:
                     v.connector.zmq_ctx = saved
-                # The release dial: a decode rank of equal TP size reading rank (dp, tp).
-                wrapper, sent = v.recording_wrapper()
-                w = v.decode_worker(tp_size, tp, 0, False, "rdma", wrapper)
-                w._read_blocks_for_req(REQUEST_ID, v.req_meta(dp_size, tp_size, dp))
-                release_ports = [port_of(p) for p, _ in sent]
-                if len(dialed) != 1 or len(release_ports) != 1:
-                    raise SystemExit(f"rank ({dp},{tp}): dialed {dialed}, released to {release_ports}")
-                dial_rank[(dp_size, tp_size, release_ports[0])] = (dp, tp)
+                # The release dial: a decode rank of equal TP size reading rank (dp, tp). Before
+                # 0.27 a request cannot name its owner and is read from DP rank 0, so no release
+                # goes to another DP rank (None).
+                release_dial = None
+                if v.req_meta_has_owner or dp == 0:
+                    wrapper, sent = v.recording_wrapper()
+                    w = v.decode_worker(tp_size, tp, 0, False, "rdma", wrapper)
+                    v.read_and_release(w, REQUEST_ID, v.req_meta(dp_size, tp_size, dp))
+                    release_ports = [port_of(p) for p, _ in sent]
+                    if len(release_ports) != 1:
+                        raise SystemExit(f"rank ({dp},{tp}): released to {release_ports}")
+                    release_dial = release_ports[0]
+                    dial_rank[(dp_size, tp_size, release_dial)] = (dp, tp)
+                if len(dialed) != 1:
+                    raise SystemExit(f"rank ({dp},{tp}): dialed {dialed}")
                 ranks.append(
                     {
                         "dp": dp,
@@ -313,7 +390,7 @@ def pure_rules(v, max_ranks):
                         "handshake_listen": handshake_listen,
                         "notify_listen": cfg.notify_port,
                         "handshake_dial": port_of(dialed[0]),
-                        "release_dial": release_ports[0],
+                        "release_dial": release_dial,
                     }
                 )
         out["ports"].append({"prefill": [dp_size, tp_size], "ranks": ranks})
@@ -380,15 +457,15 @@ def combo(v, msgpack, dial_rank, d_dp, d_tp, p_dp, p_tp, mla, backend, owner, re
             resolver = v.decode_worker(d_tp, r, d, mla, backend)
             wrapper, sent = v.recording_wrapper()
             releaser = v.decode_worker(d_tp, r, d, mla, backend, wrapper)
-            meta = v.req_meta(p_dp, p_tp, owner)
             try:
+                meta = v.req_meta(p_dp, p_tp, owner)
                 # Each read as [source TP rank, flexible, [ports released to]] (compact: there
                 # are some 170,000 of them); the distinct release payloads once per rank.
                 picks, payloads = [], []
                 for k in range(reads):
-                    tp, flexible = resolver._resolve_read_source(meta)
+                    tp, flexible = v.read_source(resolver, meta)
                     del sent[:]
-                    releaser._read_blocks_for_req(REQUEST_ID, meta)
+                    v.read_and_release(releaser, REQUEST_ID, meta)
                     for _, data in sent:
                         payload = msgpack.loads(data)
                         if payload not in payloads:
