@@ -1,7 +1,7 @@
 # vLLM's own MoRIIO answers for `cargo xtask moriio-conformance` (xtask/src/moriio/).
 #
 # Imports the REAL moriio_common.py, moriio_connector.py and moriio_engine.py extracted from the
-# pinned vLLM wheel (plus vLLM's network_utils.py and envs.py), with stubs/ standing in for
+# wheel of a vLLM release (plus vLLM's network_utils.py and envs.py), with stubs/ standing in for
 # torch, numpy, MoRI and the vLLM modules that need them (each stub says why it cannot change an
 # answer). It then asks vLLM's functions and methods, called on minimal objects that carry only
 # the attributes they read, for every rule pdkv re-implements, over every prefill and decode

@@ -1,4 +1,4 @@
-"""The foreign side of a mixed deployment: vLLM 0.33.0's real MoRIIO code against pdkv.
+"""The foreign side of a mixed deployment: a vLLM release's real MoRIIO code against pdkv.
 
 `pdkv cluster DEPLOYMENT --foreign-side prefill|decode --foreign-driver PROGRAM` runs this file
 (`mixed.py --vllm-src DIR --stubs DIR [--verbose]`) to play every engine of one side, while real
@@ -702,7 +702,7 @@ class Driver:
                 raise ValueError("a second setup")
             try:
                 if msg.get("rules", "vllm-0.33") != "vllm-0.33":
-                    raise ValueError(f"rules {msg['rules']!r}: this driver runs vLLM 0.33.0")
+                    raise ValueError(f"rules {msg['rules']!r}: this driver runs the vllm-0.33 dialect (vLLM 0.33.0 and 0.34.0)")
                 self.side = {"prefill": Prefill, "decode": Decode}[msg["side"]](self, msg)
             except Exception as e:  # noqa: BLE001 - a setup that cannot be played is fatal
                 self.fatal(f"setup: {harness.error_text(e)}")

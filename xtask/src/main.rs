@@ -48,11 +48,12 @@ tasks:
            the result.json of every built-in scenario and of the README's main command
            (release build), recorded into DIR or compared byte for byte with it: record
            before a refactor, compare after
-  moriio-conformance [--max-ranks N]
-           pdkv against vLLM's own MoRIIO code from the pinned vLLM wheel (downloaded once,
-           hash-checked, into target/vllm-<version>/): every pure rule over every layout up to
-           16 ranks a side, and vLLM's wire code against itself; prints the compatibility
-           matrix (`cargo xtask moriio-conformance --help` says more)
+  moriio-conformance [--release V | --all-releases] [--max-ranks N]
+           pdkv against vLLM's own MoRIIO code from a vLLM release's wheel (the newest unless
+           --release names another; downloaded once, hash-checked, into
+           target/vllm-<version>/): every pure rule over every layout up to 16 ranks a side,
+           and vLLM's wire code against itself; prints the compatibility matrix (`cargo xtask
+           moriio-conformance --help` says more)
   vllm-env [--print-python]
            the venv in which pdkv's vLLM plugin is tested on a CPU: vLLM 0.34.0 (pinned wheel)
            and its requirements without the GPU- and media-only ones, made once under

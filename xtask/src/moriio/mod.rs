@@ -26,15 +26,17 @@ use crate::pyenv::{self, PyEnvError};
 use crate::suite::PYTHON_VAR;
 
 pub const HELP: &str = "\
-usage: cargo xtask moriio-conformance [--max-ranks N] [--verbose]
+usage: cargo xtask moriio-conformance [--release V | --all-releases] [--max-ranks N] [--verbose]
 
-Checks pdkv against vLLM's own MoRIIO connector code (vLLM 0.33.0 from PyPI; the version and
-its wheels' sha256 are pinned in xtask/src/moriio/wheel.rs):
+Checks pdkv against vLLM's own MoRIIO connector code, taken from a vLLM release's wheel on PyPI
+(the newest, 0.34.0, unless --release names another; every release pdkv knows, with its
+wheels' sha256 and its dialect, is listed in xtask/src/moriio/wheel.rs, RELEASES, and described
+in docs/moriio-releases.md). For the release:
 
   1. sets up target/pyenv (pinned pyzmq, msgpack, msgspec; PDKV_PYTHON=<python> uses that
      Python instead, which must have them and be 3.11 or newer);
-  2. downloads the vLLM wheel once with `pip download --require-hashes` into target/vllm-0.33.0/
-     (about 340 MB; later runs check the cached file's sha256 and reuse it), and extracts the
+  2. downloads the vLLM wheel once with `pip download --require-hashes` into target/vllm-<V>/
+     (240 to 340 MB; later runs check the cached file's sha256 and reuse it), and extracts the
      MoRIIO package and vLLM's network_utils.py and envs.py;
   3. runs tests/moriio/harness.py: vLLM's real moriio_common.py, moriio_connector.py and
      moriio_engine.py, with tests/moriio/stubs/ standing in for torch, numpy, MoRI and the vLLM
@@ -48,7 +50,7 @@ its wheels' sha256 are pinned in xtask/src/moriio/wheel.rs):
      {read_lease}), and a sample of every wire message variant, to a fresh vLLM notify or
      handshake listener each over loopback ZeroMQ, and checks the listener thread still
      serves vLLM's own release or dial afterwards (rows 'every pdkv message (wire)'). A
-     message the decode node sends to a rank advertising what vLLM 0.33 advertises (its
+     message the decode node sends to a rank advertising what vLLM advertises (its
      metadata, decoded by pdkv: row 'handshake (wire)', vLLM -> pdkv) must not end a listener;
      one it never sends there and that does is a documented difference;
   5. computes pdkv-core's answers to the same questions, and prints the compatibility matrix:
@@ -61,6 +63,11 @@ its wheels' sha256 are pinned in xtask/src/moriio/wheel.rs):
      what each side did after the restart (docs/interop.md, Restarts in a mixed deployment).
 
 options:
+  --release V     the vLLM release to check: a version, `latest` (the default) or `oldest` (the
+                  oldest pdkv has a rule set for). A release whose dialect pdkv has no rule set
+                  for yet is refused, naming the dialect and the releases that can be checked
+  --all-releases  every release pdkv has a rule set for, one after the other, then a line per
+                  release pdkv knows: its dialect and its verdict, or why it was not checked
   --max-ranks N   largest DP x TP a side (1 to 16; default 16)
   --verbose       show vLLM's own log lines
 
@@ -69,7 +76,8 @@ up (the message says which: no network, wrong hash, missing Python); 2 bad argum
 
 examples:
   cargo xtask moriio-conformance
-  cargo xtask moriio-conformance --max-ranks 4";
+  cargo xtask moriio-conformance --release 0.33.0 --max-ranks 4
+  cargo xtask moriio-conformance --all-releases";
 
 /// Why the conformance could not run (as opposed to a case failing).
 #[derive(Debug)]
@@ -103,9 +111,8 @@ impl fmt::Display for ConformanceError {
             ConformanceError::Pyenv(e) => write!(f, "cannot set up target/pyenv: {e}"),
             ConformanceError::Python { program, detail } => write!(
                 f,
-                "the Python at {} cannot run vLLM {}'s MoRIIO code: {}",
+                "the Python at {} cannot run vLLM's MoRIIO code: {}",
                 program.display(),
-                wheel::VLLM.version,
                 detail.trim()
             ),
             ConformanceError::Wheel(e) => write!(f, "{e}"),
@@ -125,6 +132,8 @@ impl fmt::Display for ConformanceError {
 
 #[derive(Debug)]
 struct Options {
+    /// The releases to check, in order: one, or every supported one.
+    releases: Vec<&'static wheel::VllmPin>,
     max_ranks: u16,
     verbose: bool,
     /// Hidden (not in HELP): drive the decode node as a pdkv that sent read leases to every
@@ -133,13 +142,20 @@ struct Options {
 }
 
 fn parse(args: &[String]) -> Result<Option<Options>, String> {
-    let mut options = Options { max_ranks: 16, verbose: false, ungated_leases: false };
+    let mut options =
+        Options { releases: vec![wheel::latest()], max_ranks: 16, verbose: false, ungated_leases: false };
+    let (mut release, mut all) = (None, false);
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "-h" | "--help" => return Ok(None),
             "--verbose" => options.verbose = true,
             "--pretend-ungated-leases" => options.ungated_leases = true,
+            "--all-releases" => all = true,
+            "--release" => {
+                let value = it.next().ok_or("--release needs a value (a version such as 0.34.0)")?;
+                release = Some(wheel::release(value)?);
+            }
             "--max-ranks" => {
                 let value = it.next().ok_or("--max-ranks needs a value")?;
                 options.max_ranks = match value.parse::<u16>() {
@@ -149,6 +165,12 @@ fn parse(args: &[String]) -> Result<Option<Options>, String> {
             }
             other => return Err(format!("unknown argument {other:?}")),
         }
+    }
+    match (release, all) {
+        (Some(_), true) => return Err("--release and --all-releases exclude each other".into()),
+        (Some(pin), false) => options.releases = vec![pin],
+        (None, true) => options.releases = wheel::supported().collect(),
+        (None, false) => {}
     }
     Ok(Some(options))
 }
@@ -165,25 +187,62 @@ pub fn run(args: &[String], root: &Path) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let started = Instant::now();
-    match conformance(root, &options) {
-        Ok(failed) => {
-            println!("moriio-conformance: {:.1} s", started.elapsed().as_secs_f64());
-            if failed {
-                ExitCode::FAILURE
-            } else {
-                ExitCode::SUCCESS
+    let mut verdicts: Vec<(&str, String)> = Vec::new();
+    let mut failed = false;
+    for &pin in &options.releases {
+        let started = Instant::now();
+        let verdict = match conformance(root, &options, pin) {
+            Ok(totals) => {
+                failed |= totals.fails > 0;
+                format!("{} ({:.1} s)", totals, started.elapsed().as_secs_f64())
             }
+            Err(e) => {
+                eprintln!("moriio-conformance: vLLM {}: {e}", pin.version);
+                failed = true;
+                format!("could not run: {}", e.to_string().lines().next().unwrap_or_default())
+            }
+        };
+        println!("moriio-conformance: vLLM {}: {verdict}", pin.version);
+        verdicts.push((pin.version, verdict));
+    }
+    if options.releases.len() > 1 {
+        println!();
+        println!("every vLLM release with MoRIIO pdkv knows (docs/moriio-releases.md):");
+        for pin in wheel::RELEASES {
+            let verdict = verdicts.iter().find(|(v, _)| *v == pin.version).map_or_else(
+                || format!("not checked: pdkv has no rule set for the {} dialect yet", pin.dialect),
+                |(_, verdict)| verdict.clone(),
+            );
+            println!("  {:<8} {:<10} {verdict}", pin.version, pin.dialect);
         }
-        Err(e) => {
-            eprintln!("moriio-conformance: {e}");
-            ExitCode::FAILURE
-        }
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
     }
 }
 
-/// The whole run; Ok(true) when some case failed.
-fn conformance(root: &Path, options: &Options) -> Result<bool, ConformanceError> {
+/// A release's totals: cases that work, differ as documented, and fail.
+struct Totals {
+    works: usize,
+    documented: usize,
+    fails: usize,
+}
+
+impl fmt::Display for Totals {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (w, d, x) = (self.works, self.documented, self.fails);
+        write!(f, "{} cases: {w} work, {d} differ as documented, {x} fail", w + d + x)
+    }
+}
+
+/// The whole run for one release, with its totals.
+fn conformance(
+    root: &Path,
+    options: &Options,
+    pin: &'static wheel::VllmPin,
+) -> Result<Totals, ConformanceError> {
     let target = crate::target_dir(root);
     let python = match std::env::var_os(PYTHON_VAR).filter(|p| !p.is_empty()) {
         Some(p) => {
@@ -195,10 +254,15 @@ fn conformance(root: &Path, options: &Options) -> Result<bool, ConformanceError>
         }
         None => pyenv::ensure(&target, "python3").map_err(ConformanceError::Pyenv)?,
     };
-    check_python(&python)?;
-    let cache = wheel::cache_dir(&target);
-    eprintln!("moriio-conformance: vLLM {} (cached in {})", wheel::VLLM.version, cache.display());
-    let src = wheel::ensure(&python, root, &cache).map_err(ConformanceError::Wheel)?;
+    check_python(&python, pin)?;
+    let cache = wheel::cache_dir(&target, pin);
+    eprintln!(
+        "moriio-conformance: vLLM {} ({} dialect; cached in {})",
+        pin.version,
+        pin.dialect,
+        cache.display()
+    );
+    let src = wheel::ensure(&python, root, &cache, pin).map_err(ConformanceError::Wheel)?;
     let out = cache.join("answers.json");
     if options.ungated_leases {
         eprintln!(
@@ -221,7 +285,7 @@ fn conformance(root: &Path, options: &Options) -> Result<bool, ConformanceError>
     cmd.arg(root.join("tests/moriio/harness.py"))
         .arg("--vllm-src")
         .arg(&src)
-        .args(["--vllm-version", wheel::VLLM.version])
+        .args(["--vllm-version", pin.version])
         .arg("--stubs")
         .arg(root.join("tests/moriio/stubs"))
         .args(["--max-ranks", &options.max_ranks.to_string()])
@@ -246,9 +310,9 @@ fn conformance(root: &Path, options: &Options) -> Result<bool, ConformanceError>
     let answers: answers::Answers = serde_json::from_str(&text)
         .map_err(|e| ConformanceError::Answers { detail: format!("{}: {e}", out.display()) })?;
     answers.check().map_err(|e| ConformanceError::Answers { detail: e.to_string() })?;
-    if answers.vllm_version != wheel::VLLM.version {
+    if answers.vllm_version != pin.version {
         return Err(ConformanceError::Answers {
-            detail: format!("answers are for vLLM {}, not {}", answers.vllm_version, wheel::VLLM.version),
+            detail: format!("answers are for vLLM {}, not {}", answers.vllm_version, pin.version),
         });
     }
     eprintln!(
@@ -273,7 +337,8 @@ fn conformance(root: &Path, options: &Options) -> Result<bool, ConformanceError>
         matrix.add(case);
     }
     print_report(&answers, &sent, &matrix, &mixed.restarts);
-    Ok(!matrix.failures().is_empty())
+    let (works, documented, fails) = matrix.totals();
+    Ok(Totals { works, documented, fails })
 }
 
 fn print_report(
@@ -312,11 +377,6 @@ fn print_report(
         }
         println!();
     }
-    let (works, documented, fails) = matrix.totals();
-    println!(
-        "moriio-conformance: {} cases: {works} work, {documented} differ as documented, {fails} fail",
-        works + documented + fails
-    );
 }
 
 /// What vLLM's listener did with each of pdkv's messages, one line each, grouped by capability
@@ -347,13 +407,13 @@ fn deliveries(answers: &answers::Answers, sent: &messages::Messages) -> String {
 }
 
 /// The Python must be the one vLLM's wheel supports and have the harness's packages.
-fn check_python(python: &Path) -> Result<(), ConformanceError> {
-    let (major, minor) = wheel::VLLM.min_python;
+fn check_python(python: &Path, pin: &wheel::VllmPin) -> Result<(), ConformanceError> {
+    let (major, minor) = pin.min_python;
     let script = format!(
         "import sys\nif sys.version_info[:2] < ({major}, {minor}):\n    \
          sys.exit('Python %d.%d; vLLM {} needs {major}.{minor} or newer (its Requires-Python)' % sys.version_info[:2])\n\
          import zmq, msgpack, msgspec",
-        wheel::VLLM.version
+        pin.version
     );
     let out = Command::new(python).arg("-c").arg(&script).output().map_err(|e| ConformanceError::Python {
         program: python.to_path_buf(),
@@ -386,11 +446,22 @@ mod tests {
         assert!(parse(&args(&["--max-ranks", "17"])).unwrap_err().contains("1 to 16"));
         assert!(parse(&args(&["--max-ranks"])).unwrap_err().contains("needs a value"));
         assert!(parse(&args(&["--frobnicate"])).unwrap_err().contains("unknown argument"));
+        let versions = |a: &[&str]| -> Vec<&str> {
+            parse(&args(a)).unwrap().unwrap().releases.iter().map(|r| r.version).collect()
+        };
+        assert_eq!(versions(&[]), ["0.34.0"]);
+        assert_eq!(versions(&["--release", "0.33.0"]), ["0.33.0"]);
+        assert_eq!(versions(&["--release", "oldest"]), ["0.33.0"]);
+        assert_eq!(versions(&["--all-releases"]), ["0.33.0", "0.34.0"]);
+        assert!(parse(&args(&["--release", "0.26.0"])).unwrap_err().contains("vllm-0.26 dialect"));
+        assert!(parse(&args(&["--release"])).unwrap_err().contains("needs a value"));
+        let both = parse(&args(&["--release", "0.34.0", "--all-releases"])).unwrap_err();
+        assert!(both.contains("exclude each other"), "{both}");
     }
 
     #[test]
     fn a_missing_python_is_named() {
-        let err = check_python(Path::new("/nonexistent/python3")).unwrap_err().to_string();
+        let err = check_python(Path::new("/nonexistent/python3"), wheel::latest()).unwrap_err().to_string();
         assert!(err.contains("/nonexistent/python3") && err.contains("install python3"), "{err}");
     }
 }
