@@ -23,6 +23,7 @@ mod connector_cmd;
 mod explore_cmd;
 mod explore_merge;
 mod forge_cmd;
+mod plan_cmd;
 mod profiles_cmd;
 mod progress;
 mod replay_cmd;
@@ -44,6 +45,7 @@ Examples:
   pdkv explore notify-drift-fixed --seeds 2000 --faults swarm    search seeds for bugs
   pdkv check 1P_TP2:1D_TP2 --restarts 1      every interleaving of a tiny deployment
   pdkv routes 2P_TP8:1D_DP8EP --json          who reads whom, ports, quorums
+  pdkv plan --gpus 24 --gpu mi300x --model deepseek-r1 --slo-ttft-ms 2000 --slo-tpot-ms 50
   pdkv cluster 1P_TP4:1D_TP8 --requests 32    real processes on 127.0.0.1, every byte verified
 
 Each command's --help has its own examples and exit codes.";
@@ -67,6 +69,7 @@ enum Command {
     Explore(explore_cmd::ExploreArgs),
     Check(check_cmd::CheckArgs),
     ExploreMerge(explore_merge::ExploreMergeArgs),
+    Plan(plan_cmd::PlanArgs),
     Routes(routes_cmd::RoutesArgs),
     Cluster(cluster_cmd::ClusterArgs),
     Connector(connector_cmd::ConnectorArgs),
@@ -86,6 +89,7 @@ fn main() -> ExitCode {
         Command::Explore(args) => explore_cmd::run(&args),
         Command::Check(args) => check_cmd::run(&args),
         Command::ExploreMerge(args) => explore_merge::run(&args),
+        Command::Plan(args) => plan_cmd::run(&args),
         Command::Routes(args) => routes_cmd::run(&args),
         Command::Cluster(args) => cluster_cmd::run(&args),
         Command::Connector(args) => connector_cmd::run(&args),

@@ -16,6 +16,7 @@ pub mod error;
 pub mod explore;
 pub mod files;
 pub mod names;
+pub mod plan;
 pub mod shard;
 pub mod sweep;
 

@@ -132,6 +132,13 @@ impl Cost {
         Some((on_node, off_node))
     }
 
+    /// Nanoseconds of the expert all-to-alls (dispatch and combine of every MoE layer) of one
+    /// rank sending `tokens` tokens: the part of a step `pdkv plan` names as the all-to-all
+    /// when it decides what bounds a layout. Zero without EP.
+    pub fn ep_alltoall_ns(&self, layout: Layout, tokens: f64) -> u64 {
+        (self.ep_alltoall_s(layout, tokens) * 1e9) as u64
+    }
+
     /// Whether an EP group of `layout` spans nodes, so part of its all-to-alls uses the NICs.
     pub fn ep_spans_nodes(&self, layout: Layout) -> bool {
         layout.ep && layout.ranks() > u32::from(self.hw.gpus_per_node)
