@@ -85,10 +85,11 @@ pub struct PlanArgs {
     /// Threads running the simulations (default: the machine's cores); the output is the same for any.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
     jobs: Option<u32>,
-    /// Also write the plan as JSON to FILE (every layout run, the rejected ones with reasons).
+    /// Also write the plan as JSON to FILE (every layout run, the rejected ones by reason).
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
-    /// List every rejected layout with its reason, not only the counts.
+    /// List the rejected layouts by reason (how many, the first of them, why), not only the
+    /// counts by kind.
     #[arg(long)]
     show_rejected: bool,
 }
@@ -206,7 +207,7 @@ pub fn render(r: &PlanReport, show_rejected: bool) -> String {
         s,
         "  searched     {} layouts: {} rejected, {} screened; the best {} by estimate run in the simulator ({load})",
         r.enumerated,
-        r.rejected.len(),
+        r.rejected.iter().map(|x| x.layouts).sum::<usize>(),
         r.screened,
         r.shortlisted,
     );
@@ -256,16 +257,16 @@ pub fn render(r: &PlanReport, show_rejected: bool) -> String {
     }
     let mut classes: BTreeMap<&str, usize> = BTreeMap::new();
     for x in &r.rejected {
-        *classes.entry(class(&x.why)).or_default() += 1;
+        *classes.entry(class(&x.why)).or_default() += x.layouts;
     }
     if !classes.is_empty() {
         let counts: Vec<String> = classes.iter().map(|(c, n)| format!("{n} {c}")).collect();
-        let hint = if show_rejected { "" } else { " (--show-rejected lists each)" };
+        let hint = if show_rejected { "" } else { " (--show-rejected lists them by reason)" };
         let _ = writeln!(s, "  rejected     {}{hint}", counts.join(", "));
     }
     if show_rejected {
         for x in &r.rejected {
-            let _ = writeln!(s, "    {} ({} GPUs): {}", x.layout, x.gpus, x.reason);
+            let _ = writeln!(s, "    {:>6} like {} ({} GPUs): {}", x.layouts, x.example, x.gpus, x.reason);
         }
     }
     s

@@ -60,7 +60,7 @@ fn plans_and_refusals_table() {
             "#2  1P_TP8:1D_",
             "16 (8+8)",
             "weights do not fit",
-            "1P_TP4:1D_TP8 (12 GPUs): prefill TP4: weights 167.8 GB per GPU",
+            "like 1P_TP4:1D_TP1 (5 GPUs): prefill TP4: weights 167.8 GB per GPU",
             "calibration study-tp8-2026-12",
             "not separated at ±82 %",
         ],
@@ -147,6 +147,8 @@ fn a_plan_is_deterministic_and_its_json_is_complete() {
         "{rejected:?}"
     );
     assert!(rejected.iter().all(|r| r["reason"].as_str().is_some_and(|s| !s.is_empty())));
+    let counted: u64 = rejected.iter().map(|r| r["layouts"].as_u64().expect("a count")).sum();
+    assert_eq!(counted + v["screened"].as_u64().unwrap(), v["enumerated"].as_u64().unwrap());
     assert!((v["error"].as_f64().expect("the calibration's error") - 0.817).abs() < 1e-9);
     let _ = std::fs::remove_dir_all(&dir);
 }

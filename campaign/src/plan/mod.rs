@@ -10,6 +10,7 @@
 pub mod layouts;
 pub mod screen;
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -120,17 +121,47 @@ impl fmt::Display for PlanError {
 
 impl std::error::Error for PlanError {}
 
-/// A layout left out, and why.
+/// Layouts left out for one reason: how many, the first in enumeration order, and why. A
+/// side's shape that does not fit rules out every deployment with that shape, so rejections are
+/// grouped by reason rather than listed per deployment (a 1,024-GPU budget has a million).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Rejected {
-    /// Its notation.
-    pub layout: String,
+    /// Deployments rejected for this reason.
+    pub layouts: usize,
+    /// The first of them, e.g. `1P_TP4:1D_TP1`.
+    pub example: String,
     /// Its GPUs.
     pub gpus: u32,
     /// The reason, typed.
     pub why: ScreenMiss,
     /// The same in words.
     pub reason: String,
+}
+
+/// Rejections grouped by reason, in order of first appearance.
+#[derive(Default)]
+struct Rejections {
+    groups: Vec<Rejected>,
+    index: BTreeMap<String, usize>,
+}
+
+impl Rejections {
+    fn add(&mut self, why: ScreenMiss, layouts: usize, example: &Candidate) {
+        let reason = why.to_string();
+        match self.index.get(&reason) {
+            Some(&i) => self.groups[i].layouts += layouts,
+            None => {
+                self.index.insert(reason.clone(), self.groups.len());
+                self.groups.push(Rejected {
+                    layouts,
+                    example: example.notation(),
+                    gpus: example.gpus(),
+                    why,
+                    reason,
+                });
+            }
+        }
+    }
 }
 
 /// A layout the simulator ran.
@@ -200,7 +231,8 @@ pub struct PlanReport {
     pub ranked: Vec<Ranked>,
     /// Groups of ranked layouts the error cannot separate.
     pub inseparable: Vec<Inseparable>,
-    /// Layouts left out by memory, targets or routing, in enumeration order.
+    /// Layouts left out by memory, targets or routing, grouped by reason in order of first
+    /// appearance.
     pub rejected: Vec<Rejected>,
     /// Shortlisted layouts whose run could not start, with the simulator's reason.
     pub failed: Vec<(String, String)>,
@@ -235,34 +267,85 @@ pub fn base_scenario(spec: &PlanSpec) -> Result<Scenario, PlanError> {
     Ok(sc)
 }
 
-/// Every candidate of `gpus` screened: estimates of those that pass, reasons for the others,
-/// in enumeration order.
-pub fn screen_all(
-    sc: &Scenario,
-    gpus: u32,
-    lengths: Lengths,
-    slo: Slo,
-) -> Vec<(Candidate, Result<Estimate, ScreenMiss>)> {
+/// What the screen of a budget found: the candidates enumerated, those that passed with their
+/// estimates (enumeration order), and the rejections grouped by reason.
+pub struct Screened {
+    pub enumerated: usize,
+    pub passed: Vec<(Candidate, Estimate)>,
+    pub rejected: Vec<Rejected>,
+}
+
+/// Every candidate of `gpus` screened. Each side's estimate depends on its shape alone, so it is
+/// computed once per shape, and a shape that fails rules out its deployments without looking at
+/// them one by one.
+pub fn screen_all(sc: &Scenario, gpus: u32, lengths: Lengths, slo: Slo) -> Screened {
     let screen = Screen::new(sc, lengths, slo);
     let moe = sc.model.routed_experts > 0;
     let shapes = engine_layouts(gpus, sc.hardware.gpus_per_node, moe);
-    // Each side's estimate depends on its layout alone: computed once per layout.
-    let prefill: Vec<_> = shapes.iter().map(|&l| (l, screen.prefill(l))).collect();
-    let decode: Vec<_> = shapes.iter().map(|&l| (l, screen.decode(l))).collect();
-    let side = |table: &[(pdkv_core::Layout, Result<screen::PrefillEstimate, ScreenMiss>)], l| {
-        table.iter().find(|(x, _)| *x == l).map(|(_, e)| e.clone()).expect("every shape screened")
-    };
-    let dside =
-        |l| decode.iter().find(|(x, _)| *x == l).map(|(_, e)| e.clone()).expect("every shape screened");
-    candidates(gpus, &shapes, &shapes)
-        .into_iter()
-        .map(|c| {
-            let estimate = side(&prefill, c.prefill.layout)
-                .and_then(|p| dside(c.decode.layout).map(|d| (p, d)))
-                .and_then(|(p, d)| screen.deployment(&c, p, d));
-            (c, estimate)
-        })
-        .collect()
+    let prefill: Vec<_> = shapes.iter().map(|&l| screen.prefill(l)).collect();
+    let decode: Vec<_> = shapes.iter().map(|&l| screen.decode(l)).collect();
+    let mut enumerated = 0;
+    let mut passed = Vec::new();
+    let mut rejections = Rejections::default();
+    for (pi, &p) in shapes.iter().enumerate() {
+        for (di, &d) in shapes.iter().enumerate() {
+            let pair = candidates(gpus, &[p], &[d]);
+            let Some(first) = pair.first() else { continue };
+            enumerated += pair.len();
+            match (&prefill[pi], &decode[di]) {
+                (Err(why), _) | (Ok(_), Err(why)) => rejections.add(why.clone(), pair.len(), first),
+                (Ok(pe), Ok(de)) => {
+                    for c in pair {
+                        match screen.deployment(&c, *pe, *de) {
+                            Ok(e) => passed.push((c, e)),
+                            Err(why) => rejections.add(why, 1, &c),
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Screened { enumerated, passed, rejected: rejections.groups }
+}
+
+/// The order of the ranking before the runs: best capacity per GPU first, ties by fewer GPUs,
+/// then notation, so the order is total.
+fn by_estimate((a, x): &(Candidate, Estimate), (b, y): &(Candidate, Estimate)) -> std::cmp::Ordering {
+    y.requests_per_s_per_gpu
+        .total_cmp(&x.requests_per_s_per_gpu)
+        .then(a.gpus().cmp(&b.gpus()))
+        .then(a.notation().cmp(&b.notation()))
+}
+
+/// The best `top` of `passed` once routed, in [`by_estimate`] order. Branch and bound: the NIC's
+/// share (from the core's whole routing table, [`Screen::routed`]) can only lower a capacity,
+/// so candidates are routed best unrouted bound first until the next bound falls below the
+/// `top`-th best routed value; the result is what routing every candidate would give. A
+/// candidate the routing refuses goes to `refused`.
+pub fn shortlist(
+    screen: &Screen<'_>,
+    mut passed: Vec<(Candidate, Estimate)>,
+    top: usize,
+    refused: &mut dyn FnMut(&Candidate, ScreenMiss),
+) -> Vec<(Candidate, Estimate)> {
+    passed.sort_by(by_estimate);
+    let mut routed: Vec<(Candidate, Estimate)> = Vec::new();
+    for (c, e) in passed {
+        if top > 0 && routed.len() >= top {
+            let mut values: Vec<f64> = routed.iter().map(|(_, r)| r.requests_per_s_per_gpu).collect();
+            values.sort_by(|a, b| b.total_cmp(a));
+            if e.requests_per_s_per_gpu < values[top - 1] {
+                break;
+            }
+        }
+        match screen.routed(&c, &e) {
+            Ok(e) => routed.push((c, e)),
+            Err(why) => refused(&c, why),
+        }
+    }
+    routed.sort_by(by_estimate);
+    routed.truncate(top);
+    routed
 }
 
 /// The smallest deployment (fewest GPUs, then enumeration order) above `gpus` that passes the
@@ -397,38 +480,25 @@ pub fn plan(spec: &PlanSpec, progress: &(dyn Fn(Progress<'_>) + Sync)) -> Result
     }
     let base = base_scenario(spec)?;
     let lengths = Lengths::of(spec.input, spec.output);
-    let screened = screen_all(&base, spec.gpus, lengths, spec.slo);
-    let enumerated = screened.len();
-    let mut rejected = Vec::new();
-    let mut passed: Vec<(Candidate, Estimate)> = Vec::new();
-    for (c, result) in screened {
-        match result {
-            Ok(e) => passed.push((c, e)),
-            Err(why) => {
-                rejected.push(Rejected { layout: c.notation(), gpus: c.gpus(), reason: why.to_string(), why })
-            }
-        }
+    let Screened { enumerated, passed, rejected } = screen_all(&base, spec.gpus, lengths, spec.slo);
+    let mut rejections = Rejections::default();
+    for r in rejected {
+        rejections.index.insert(r.reason.clone(), rejections.groups.len());
+        rejections.groups.push(r);
     }
     if passed.is_empty() {
         return Err(PlanError::NothingFits {
             gpus: spec.gpus,
             smallest: smallest_fit(&base, spec.gpus, lengths, spec.slo),
-            example: rejected.first().map(|r| format!("{}: {}", r.layout, r.reason)),
+            example: rejections.groups.first().map(|r| format!("{}: {}", r.example, r.reason)),
         });
     }
     let screened_count = passed.len();
-    // Best estimate first; ties by fewer GPUs, then notation, so the order is total.
-    passed.sort_by(|(a, x), (b, y)| {
-        y.requests_per_s_per_gpu
-            .total_cmp(&x.requests_per_s_per_gpu)
-            .then(a.gpus().cmp(&b.gpus()))
-            .then(a.notation().cmp(&b.notation()))
-    });
-    passed.truncate(spec.top);
+    let screen = Screen::new(&base, lengths, spec.slo);
+    let passed = shortlist(&screen, passed, spec.top, &mut |c, why| rejections.add(why, 1, c));
     let shortlisted = passed.len();
 
     // Every run of every shortlisted layout, in shortlist order; each layout keeps its best.
-    let screen = Screen::new(&base, lengths, spec.slo);
     let mut runs: Vec<(usize, Scenario)> = Vec::new();
     for (i, (c, e)) in passed.iter().enumerate() {
         for clients in clients(spec, &screen, c, e) {
@@ -510,7 +580,7 @@ pub fn plan(spec: &PlanSpec, progress: &(dyn Fn(Progress<'_>) + Sync)) -> Result
         shortlisted,
         inseparable: error.map(|e| inseparable(&values, e)).unwrap_or_default(),
         ranked,
-        rejected,
+        rejected: rejections.groups,
         failed,
     })
 }
@@ -601,6 +671,30 @@ mod tests {
         check(&|s| s.gpu = "h900".into(), "h900");
         // DeepSeek-R1 needs 8 GPUs a side on 192 GB: 12 hold no layout, 16 do.
         check(&|s| s.gpus = 12, "the smallest that fits is 1P_TP8:1D_TP8, 16 GPUs");
+    }
+
+    /// The branch and bound gives the shortlist that routing every screened layout gives, on
+    /// budgets where the NIC binds some layouts (a slow NIC) and where it binds none.
+    #[test]
+    fn the_shortlist_is_the_fully_routed_one() {
+        let check = |gpus: u32, nic_gb_s: f64, top: usize| {
+            let mut sc = base_scenario(&spec(gpus)).expect("profiles");
+            sc.hardware.nic_gb_s = nic_gb_s;
+            let lengths = Lengths::of(Length::Fixed(8192), Length::Fixed(1024));
+            let slo = Slo { ttft_ms: Some(2000.0), tpot_ms: Some(50.0) };
+            let screen = Screen::new(&sc, lengths, slo);
+            let passed = screen_all(&sc, gpus, lengths, slo).passed;
+            let mut all: Vec<(Candidate, Estimate)> =
+                passed.iter().map(|(c, e)| (*c, screen.routed(c, e).expect("routes"))).collect();
+            all.sort_by(by_estimate);
+            all.truncate(top);
+            let fast = shortlist(&screen, passed, top, &mut |c, why| panic!("{}: {why}", c.notation()));
+            assert_eq!(fast, all, "{gpus} GPUs, NIC {nic_gb_s} GB/s, top {top}");
+            fast.iter().filter(|(_, e)| e.bound == Bound::Nic).count()
+        };
+        assert_eq!(check(24, 48.0, 8), 0);
+        assert!(check(32, 0.05, 5) > 0, "a 50 MB/s NIC binds");
+        check(64, 0.5, 3);
     }
 
     /// (run's p90s) -> the bound: the screen's unless one target alone is missed.

@@ -9,6 +9,7 @@
 use std::fmt;
 
 use pdkv_core::routes::routes;
+use pdkv_core::routing::check_pair;
 use pdkv_core::topology::{Deployment, Layout};
 use pdkv_core::LegacyOptions;
 use pdkv_sim::cost::{Cost, GroupLoad};
@@ -144,6 +145,19 @@ pub struct Estimate {
     pub prefill: PrefillEstimate,
     /// One decode engine.
     pub decode: DecodeEstimate,
+    /// Whether the NIC figures come from the core's routing (always, for a layout that runs);
+    /// without it the NIC is left out and the capacity is an upper bound.
+    #[serde(skip)]
+    pub routed: bool,
+}
+
+/// How reads land on the busiest prefill GPU.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NicShare {
+    /// Reads it serves per request routed.
+    pub reads_per_request: f64,
+    /// Jain's index of the reads over the prefill GPUs.
+    pub jain: f64,
 }
 
 /// Busy shares of the three resources at the layout's capacity (the bound one is 1).
@@ -316,33 +330,76 @@ impl Screen<'_> {
         })
     }
 
-    /// The estimate of `candidate` from its sides' estimates: the NIC's share comes from the
-    /// reads the core's proxy and read routers give each prefill GPU over one round of every
-    /// prefill slot and decode DP rank (`pdkv_core::routes`), each read a decode worker's share
-    /// of the prompt's KV.
-    pub fn deployment(
-        &self,
-        candidate: &Candidate,
-        prefill: PrefillEstimate,
-        decode: DecodeEstimate,
-    ) -> Result<Estimate, ScreenMiss> {
+    /// Bytes of one read: a decode worker's share of the mean prompt's KV.
+    fn read_bytes(&self, candidate: &Candidate) -> f64 {
+        self.lengths.input_mean
+            * f64::from(self.scenario.model.layers)
+            * self.cost.kv_bytes_per_token_per_rank(candidate.decode.layout.tp)
+    }
+
+    /// The NIC share of `candidate` from the reads the core's proxy and read routers give each
+    /// prefill GPU over one round of every prefill slot and decode DP rank (`pdkv_core::routes`,
+    /// as `pdkv routes` shows them).
+    pub fn nic(&self, candidate: &Candidate) -> Result<NicShare, ScreenMiss> {
         let deployment = Deployment::parse(&candidate.notation())
             .map_err(|e| ScreenMiss::Routing { message: e.to_string() })?
             .with_model(self.scenario.model_spec());
         let table = routes(&deployment, &LegacyOptions::default(), 1)
             .map_err(|e| ScreenMiss::Routing { message: e.to_string() })?;
         let hottest = table.reads_per_prefill_gpu.iter().copied().max().unwrap_or(0) as f64;
-        let reads_per_request = hottest / table.requests.max(1) as f64;
-        let m = &self.scenario.model;
-        let read_bytes = self.lengths.input_mean
-            * f64::from(m.layers)
-            * self.cost.kv_bytes_per_token_per_rank(candidate.decode.layout.tp);
-        let nic_bytes_per_request = reads_per_request * read_bytes;
-        let nic_rps = if nic_bytes_per_request > 0.0 {
-            self.scenario.hardware.nic_gb_s * 1e9 / nic_bytes_per_request
+        Ok(NicShare { reads_per_request: hottest / table.requests.max(1) as f64, jain: table.jain })
+    }
+
+    /// The estimate of `candidate` from its sides' estimates, before its NIC share: the
+    /// routing's pair check comes first (`routing::check_pair`, the rule the core's routers
+    /// apply), and the capacity is the smaller of the two sides' rates, an upper bound of the
+    /// layout's until [`Screen::routed`] adds the NIC's (the core's whole routing table is most
+    /// of the screen's time on a large budget, so it is taken only for layouts that can still
+    /// reach the shortlist).
+    pub fn deployment(
+        &self,
+        candidate: &Candidate,
+        prefill: PrefillEstimate,
+        decode: DecodeEstimate,
+    ) -> Result<Estimate, ScreenMiss> {
+        let model = self.scenario.model_spec();
+        let (p, d) = (candidate.prefill.layout, candidate.decode.layout);
+        check_pair(d, p, &model).map_err(|e| ScreenMiss::Routing {
+            message: format!("decode {d} cannot read prefill {p}: {e}"),
+        })?;
+        let mut estimate =
+            self.assemble(candidate, prefill, decode, NicShare { reads_per_request: 0.0, jain: 0.0 });
+        estimate.routed = false;
+        Ok(estimate)
+    }
+
+    /// `estimate` with its NIC figures from the core's routing (unchanged if it has them).
+    pub fn routed(&self, candidate: &Candidate, estimate: &Estimate) -> Result<Estimate, ScreenMiss> {
+        if estimate.routed {
+            return Ok(estimate.clone());
+        }
+        Ok(self.assemble(candidate, estimate.prefill, estimate.decode, self.nic(candidate)?))
+    }
+
+    /// Requests per second the busiest prefill NIC carries at `share`.
+    fn nic_requests_per_s(&self, candidate: &Candidate, share: NicShare) -> f64 {
+        let bytes = share.reads_per_request * self.read_bytes(candidate);
+        if bytes > 0.0 {
+            self.scenario.hardware.nic_gb_s * 1e9 / bytes
         } else {
             f64::INFINITY
-        };
+        }
+    }
+
+    fn assemble(
+        &self,
+        candidate: &Candidate,
+        prefill: PrefillEstimate,
+        decode: DecodeEstimate,
+        nic: NicShare,
+    ) -> Estimate {
+        let nic_bytes_per_request = nic.reads_per_request * self.read_bytes(candidate);
+        let nic_rps = self.nic_requests_per_s(candidate, nic);
         let prefill_rps = prefill.requests_per_s * f64::from(candidate.prefill.engines);
         let decode_rps = decode.requests_per_s * f64::from(candidate.decode.engines);
         let rps = prefill_rps.min(decode_rps).min(nic_rps);
@@ -359,7 +416,7 @@ impl Screen<'_> {
         };
         let gpus = f64::from(candidate.gpus());
         let share = |cap: f64| if cap.is_finite() && cap > 0.0 { rps / cap } else { 0.0 };
-        Ok(Estimate {
+        Estimate {
             prefill_requests_per_s: prefill_rps,
             decode_requests_per_s: decode_rps,
             nic_requests_per_s: if nic_rps.is_finite() { nic_rps } else { 0.0 },
@@ -372,11 +429,12 @@ impl Screen<'_> {
                 nic: share(nic_rps),
             },
             nic_bytes_per_s: rps * nic_bytes_per_request,
-            nic_jain: table.jain,
+            nic_jain: nic.jain,
             bound,
             prefill,
             decode,
-        })
+            routed: true,
+        }
     }
 }
 
@@ -476,7 +534,13 @@ mod tests {
         let s = screen(&sc, 2000.0, 50.0);
         let (p, d) = (Layout::tp(8), Layout::new(8, 1, true));
         let c = Candidate { prefill: Side { engines: 2, layout: p }, decode: Side { engines: 1, layout: d } };
-        let e = s.deployment(&c, s.prefill(p).expect("fits"), s.decode(d).expect("fits")).expect("routes");
+        let unrouted =
+            s.deployment(&c, s.prefill(p).expect("fits"), s.decode(d).expect("fits")).expect("routes");
+        // Before the routing the capacity is the sides' alone; the NIC does not bind here (48
+        // GB/s against a few requests per second), so the routed capacity is the same.
+        assert!(!unrouted.routed, "{unrouted:?}");
+        let e = s.routed(&c, &unrouted).expect("routes");
+        assert!(e.routed && e.requests_per_s == unrouted.requests_per_s, "{e:?}");
         assert_eq!(e.nic_jain, 1.0);
         let smallest = e.prefill_requests_per_s.min(e.decode_requests_per_s).min(e.nic_requests_per_s);
         assert_eq!(e.requests_per_s, smallest);
