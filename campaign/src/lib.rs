@@ -1,7 +1,8 @@
 //! Campaigns of simulator runs as a library: explorations (seeds searched on threads, the
 //! smallest failing seed, shrinking, result files and their merge) and sweeps (a grid of runs,
 //! shard files and their merge), each splittable into shards that merge byte for byte into what
-//! one machine writes.
+//! one machine writes; and plans (`plan/`: a GPU budget's layouts screened with the cost model
+//! and the core's routing, the best run on threads and ranked by goodput per GPU).
 //!
 //! Invariant: campaign logic only. It may use threads and, for an exploration's time budget, a
 //! deadline clock; it prints nothing (progress goes to a callback the caller turns into a bar)

@@ -24,8 +24,8 @@ use serde::Serialize;
 use layouts::{candidates, engine_layouts, Candidate, Side};
 use screen::{decode_bound, Bound, Estimate, Lengths, Screen, ScreenMiss};
 
-/// Largest GPU budget a plan searches (the notation's own limit is 4,096 per side; beyond a
-/// thousand the candidates run to hundreds of thousands).
+/// Largest GPU budget a plan searches (the notation's own limit is 4,096 per side; at 1,024
+/// GPUs a mixture-of-experts model already has a million candidates).
 pub const MAX_GPUS: u32 = 1024;
 /// Most layouts a plan runs in the simulator.
 pub const MAX_TOP: usize = 64;
@@ -37,8 +37,8 @@ pub const DEFAULT_REQUESTS: (u32, u32) = (400, 4000);
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Load {
-    /// A closed loop at each layout's own screened concurrency: its screened capacity times its
-    /// estimated end-to-end latency (Little's law), so each layout is run near its capacity.
+    /// Closed loops sized for each layout: the requests in flight at [`AUTO_LOAD_SHARES`] of
+    /// its screened capacity (Little's law, [`Screen::in_flight`]); the best goodput stands.
     Auto,
     /// A closed loop of this many clients for every layout.
     Concurrency(u32),
@@ -497,6 +497,13 @@ pub fn plan(spec: &PlanSpec, progress: &(dyn Fn(Progress<'_>) + Sync)) -> Result
     let screen = Screen::new(&base, lengths, spec.slo);
     let passed = shortlist(&screen, passed, spec.top, &mut |c, why| rejections.add(why, 1, c));
     let shortlisted = passed.len();
+    if passed.is_empty() {
+        return Err(PlanError::NothingFits {
+            gpus: spec.gpus,
+            smallest: smallest_fit(&base, spec.gpus, lengths, spec.slo),
+            example: rejections.groups.first().map(|r| format!("{}: {}", r.example, r.reason)),
+        });
+    }
 
     // Every run of every shortlisted layout, in shortlist order; each layout keeps its best.
     let mut runs: Vec<(usize, Scenario)> = Vec::new();
