@@ -111,16 +111,18 @@ fn plans_and_refusals_table() {
     check(with(&["--nic", "cx9"]), 2, &["unknown NIC profile `cx9`"], &[]);
 }
 
-/// Two plans print the same bytes and write the same JSON, whatever the thread timing; the JSON
+/// Two plans print the same bytes and write the same JSON, on one thread or three; the JSON
 /// carries the ranking, the estimates, the rejected layouts with reasons and the error band.
 #[test]
 fn a_plan_is_deterministic_and_its_json_is_complete() {
     let dir = std::env::temp_dir().join(format!("pdkv-it-plan-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let run = |name: &str| {
+    let run = |name: &str, jobs: &str| {
         let file = dir.join(name);
         let mut args = with(&["--json"]);
         args.push(file.display().to_string());
+        let at = args.iter().position(|a| a == "--jobs").expect("--jobs") + 1;
+        args[at] = jobs.to_string();
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let out = pdkv(&args);
         assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
@@ -128,8 +130,8 @@ fn a_plan_is_deterministic_and_its_json_is_complete() {
         let json = std::fs::read_to_string(&file).expect("the JSON file");
         (stdout.replace(&file.display().to_string(), "FILE"), json)
     };
-    let (first_out, first_json) = run("a.json");
-    let (second_out, second_json) = run("b.json");
+    let (first_out, first_json) = run("a.json", "1");
+    let (second_out, second_json) = run("b.json", "3");
     assert_eq!(first_out, second_out);
     assert_eq!(first_json, second_json);
     let v: Value = serde_json::from_str(&first_json).expect("JSON");
