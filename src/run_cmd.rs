@@ -177,7 +177,7 @@ pub struct MeasureArgs {
 
 impl MeasureArgs {
     /// The flags given, as the user wrote them.
-    fn flags(&self) -> Vec<String> {
+    pub fn flags(&self) -> Vec<String> {
         let mut flags = Vec::new();
         if let Some(n) = self.warmup {
             flags.push(format!("--warmup {n}"));
@@ -195,7 +195,7 @@ impl MeasureArgs {
     }
 
     /// Applies the flags to a scenario's `measure` and `slo`.
-    fn apply(&self, scenario: &mut Scenario) {
+    pub fn apply(&self, scenario: &mut Scenario) {
         if let Some(n) = self.warmup {
             scenario.measure = Measure { warmup_requests: Some(n), whole_run: false };
         }

@@ -1,5 +1,5 @@
-//! `pdkv sweep`: a grid of runs (scenarios or notations × concurrency) and one report comparing
-//! them, one line per scenario.
+//! `pdkv sweep`: a grid of runs (scenarios or notations × concurrency or request rate) and one
+//! report comparing them, one line per scenario.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -7,26 +7,40 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use clap::Args;
-use pdkv_campaign::sweep::{self, ShardFile, Sweep, SweepPoint};
+use pdkv_campaign::sweep::{self, RankedBy, ShardFile, Sweep, SweepPoint};
 use pdkv_campaign::Shard;
 use pdkv_reports::page::Provenance;
 use pdkv_reports::ErrorBand;
 use pdkv_sim::calibration::Calibration;
 
 use crate::progress::Bar;
+use crate::run_cmd::MeasureArgs;
 
 const EXAMPLES: &str = "\
 Examples:
   pdkv sweep 2P_TP8:1D_TP8 2P_DP8EP:1D_DP8EP 2P_TP8:1D_DP8EP --concurrency 32,128,512
   pdkv sweep 1P_TP8:1D_TP8 2P_TP8:1D_DP8EP --concurrency 8,16 --requests-per-client 2 --out /tmp/s
   pdkv sweep 1P_TP8:1D_TP8 2P_TP8:1D_DP8EP --concurrency 8,16 --shard 1/2 --out /tmp/s1
+  pdkv sweep 2P_TP8:1D_DP8EP 2P_TP8:1D_TP8 --concurrency 32,128 --slo-ttft-ms 3000 --slo-tpot-ms 50
+  pdkv sweep 1P_TP8:1D_TP8 2P_TP8:1D_DP8EP --rate 0.5,1,2 --requests 200
 
 Each point runs the scenario (or the default profile for a notation) with a closed loop of C
-clients and C x requests-per-client requests; points run on --jobs threads (default: every
-core), and the report is the same for any number. Writes index.html, sweep.json and the charts
-(throughput, mean TTFT and mean TPOT against concurrency, one line per scenario or notation,
+clients and C x requests-per-client requests, or with --rate an open loop of Poisson arrivals
+at each rate (per second) and --requests requests (default: the scenario's own count; a
+closed-loop scenario's clients are replaced by the arrivals). A scenario whose workload is an
+open loop is refused by a concurrency sweep, which would silently close it: sweep it by --rate.
+Points run on --jobs threads (default: every core), and the report is the same for any number.
+
+Each point carries its GPUs and the figures of its steady-state window (--warmup, --whole-run
+as in pdkv run); with --slo-ttft-ms or --slo-tpot-ms, its goodput. The table ranks the lines at
+each load by goodput per GPU (with an SLO) or steady tok/s per GPU, and says \"not separated\"
+where a point is within the calibration's stated error of the one ranked above it (their error
+bands overlap), so the model does not rank them.
+
+Writes index.html, sweep.json and the charts (throughput, mean TTFT, mean TPOT, steady tok/s
+per GPU and, with an SLO, goodput per GPU against the load, one line per scenario or notation,
 so a bug and its fix on one deployment are two lines) to --out (default
-target/pdkv/sweep_<lines>_<concurrencies>/, so different sweeps keep their own reports).
+target/pdkv/sweep_<lines>_<loads>/, so different sweeps keep their own reports).
 The output names each line's profiles and the calibration of the cost model
 (profiles/calibration.ron); the charts shade its validation error around every line, or say
 that it is not yet measured.
@@ -53,8 +67,17 @@ pub struct SweepArgs {
     #[arg(long, value_delimiter = ',', default_values_t = [32u32, 128, 512])]
     concurrency: Vec<u32>,
     /// Requests per client (N = C x this), as in the published study (10).
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..), conflicts_with = "rate")]
     requests_per_client: u32,
+    /// Request rates (arrivals per second, Poisson), comma separated: an open-loop sweep
+    /// instead of a concurrency one.
+    #[arg(long, value_delimiter = ',', value_name = "R", conflicts_with = "concurrency")]
+    rate: Vec<f64>,
+    /// Requests per point of a rate sweep (default: each scenario's own count).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..), requires = "rate")]
+    requests: Option<u32>,
+    #[command(flatten)]
+    measure: MeasureArgs,
     /// Seed of every run.
     #[arg(long)]
     seed: Option<u64>,
@@ -75,11 +98,20 @@ pub fn run(args: &SweepArgs) -> ExitCode {
         errln!("error: --concurrency values must be at least 1");
         return ExitCode::from(2);
     }
+    if let Some(rate) = args.rate.iter().find(|r| !(r.is_finite() && **r > 0.0)) {
+        errln!("error: --rate {rate}: a rate is a number of arrivals per second above 0");
+        return ExitCode::from(2);
+    }
     // Each line is one scenario, labelled by its identity without the workload: the sweep sets
-    // the workload, and concurrency is the chart's x axis.
-    let mut sweep = Sweep::new(args.concurrency.clone(), args.requests_per_client);
+    // the workload, and the load (concurrency or rate) is the chart's x axis.
+    let mut sweep = match args.rate.is_empty() {
+        true => Sweep::new(args.concurrency.clone(), args.requests_per_client),
+        false => Sweep::rates(args.rate.clone(), args.requests),
+    };
     for spec in &args.deployments {
-        let added = crate::run_cmd::load_with_notation(spec).and_then(|(base, notation)| {
+        let added = crate::run_cmd::load_with_notation(spec).and_then(|(mut base, notation)| {
+            // The measurement flags set the scenario's own `measure` and `slo`, as `pdkv run`'s do.
+            args.measure.apply(&mut base);
             sweep.add_line(spec, &base, notation, args.seed).map_err(|e| e.to_string())
         });
         if let Err(message) = added {
@@ -104,7 +136,7 @@ pub fn run(args: &SweepArgs) -> ExitCode {
     let bar = Mutex::new(Bar::new("sweep", Duration::ZERO));
     let progress = |p: sweep::Progress| {
         if let Ok(mut bar) = bar.lock() {
-            bar.update(p.done, p.total, format!("{} at C = {}", p.label, p.concurrency));
+            bar.update(p.done, p.total, format!("{} at {}", p.label, p.point.load_label()));
         }
     };
     let results = sweep::run(&grid, shard, jobs, &progress);
@@ -118,7 +150,7 @@ pub fn run(args: &SweepArgs) -> ExitCode {
     };
     let provenance =
         Provenance { lines: sweep.sources(), calibration: pdkv_sim::calibration::current().summary() };
-    let command = sweep::command(&args.deployments, &args.concurrency, args.requests_per_client, args.seed);
+    let command = sweep::command(&args.deployments, &sweep.load, args.seed, &args.measure.flags());
     if let Some(shard) = args.shard {
         let out = args.out.clone().unwrap_or_else(|| sweep.default_shard_folder(shard));
         let file = ShardFile {
@@ -132,7 +164,7 @@ pub fn run(args: &SweepArgs) -> ExitCode {
         return match file.write(&out) {
             Ok(path) => {
                 let points: Vec<SweepPoint> = file.results.iter().map(|r| r.point.clone()).collect();
-                print_table(&points, &provenance);
+                print_table(&points, &provenance, &pdkv_sim::calibration::current());
                 outln!(
                     "shard {shard} of the sweep ({} of its {} points): {}",
                     points.len(),
@@ -165,7 +197,7 @@ pub fn report(
     let calibration = pdkv_sim::calibration::current();
     match write(out, points, provenance, &error_band(&calibration), command) {
         Ok(page) => {
-            print_table(points, provenance);
+            print_table(points, provenance, &calibration);
             outln!("report: {}", page.display());
         }
         Err(message) => {
@@ -184,30 +216,79 @@ fn exit_code(all_expected: bool) -> ExitCode {
     }
 }
 
-/// Prints one line per point, then what produced the figures.
-fn print_table(points: &[SweepPoint], provenance: &Provenance) {
-    let width = points.iter().map(|p| p.run.chars().count()).max().unwrap_or(0).max(24);
-    // A run without finished requests has no latency: "n/a", in the numbers' columns.
-    let ms = |v: Option<f64>, width: usize, decimals: usize| {
-        v.map_or_else(|| format!("{:>width$}   ", "n/a"), |v| format!("{v:>width$.decimals$} ms"))
-    };
-    for p in points {
-        outln!(
-            "{:<width$} C={:<5} {:>9.0} tok/s  TTFT {}  TPOT {}  {}",
-            p.run,
-            p.concurrency,
-            p.total_tok_s,
-            ms(p.ttft_mean_ms, 9, 0),
-            ms(p.tpot_mean_ms, 6, 1),
-            p.outcome.name()
-        );
+/// Prints one line per point, then how the points are ranked and what produced the figures.
+fn print_table(points: &[SweepPoint], provenance: &Provenance, calibration: &Calibration) {
+    for line in table(points, calibration) {
+        outln!("{line}");
     }
     // What produced the figures, so a ranking is read against the model's error.
+    let width = points.iter().map(|p| p.run.chars().count()).max().unwrap_or(0).max(24);
     outln!("model:");
     for (line, hardware) in &provenance.lines {
         outln!("  {line:<width$} {hardware}");
     }
     outln!("{}", provenance.calibration);
+}
+
+/// The relative error the calibration states: its validation's median |error|, or its worst
+/// fitting error while validation is not measured (docs/calibration.md).
+fn stated_error(c: &Calibration) -> f64 {
+    c.validation.map_or(c.fitting_error_max, |v| v.median_abs_error)
+}
+
+/// The table's lines: one per point (the line, its load, its GPUs, whole-run tok/s and mean
+/// latencies, steady tok/s per GPU, goodput per GPU with an SLO, its rank at its load and
+/// whether the model's error separates it from the rank above, its outcome), then how the
+/// ranking reads.
+fn table(points: &[SweepPoint], calibration: &Calibration) -> Vec<String> {
+    let width = points.iter().map(|p| p.run.chars().count()).max().unwrap_or(0).max(24);
+    // A run without finished requests has no latency: "n/a", in the numbers' columns.
+    let ms = |v: Option<f64>, width: usize, decimals: usize| {
+        v.map_or_else(|| format!("{:>width$}   ", "n/a"), |v| format!("{v:>width$.decimals$} ms"))
+    };
+    let by = match points.iter().any(|p| p.steady.goodput.is_some()) {
+        true => RankedBy::GoodputPerGpu,
+        false => RankedBy::ThroughputPerGpu,
+    };
+    let error = stated_error(calibration);
+    let ranks = sweep::rank(points, by, error);
+    let mut lines = Vec::new();
+    for (p, rank) in points.iter().zip(&ranks) {
+        let gpus = format!("{} GPUs ({}P+{}D)", p.gpus.total(), p.gpus.prefill, p.gpus.decode);
+        let goodput = p
+            .steady
+            .goodput
+            .map_or_else(String::new, |g| format!("  goodput {:>7.4} req/s/GPU", g.requests_per_s_per_gpu));
+        let place = match (rank.of, rank.not_separated_from_above) {
+            (1, _) => String::new(),
+            (of, false) => format!("  rank {} of {of}", rank.place),
+            (of, true) => format!("  rank {} of {of}, not separated from {}", rank.place, rank.place - 1),
+        };
+        lines.push(format!(
+            "{:<width$} {:<9} {gpus:<18} {:>9.0} tok/s  TTFT {}  TPOT {}  steady {:>6.0} tok/s/GPU{goodput}{place}  {}",
+            p.run,
+            p.load_label(),
+            p.total_tok_s,
+            ms(p.ttft_mean_ms, 9, 0),
+            ms(p.tpot_mean_ms, 6, 1),
+            p.steady.throughput.total_tok_s_per_gpu,
+            p.outcome.name()
+        ));
+    }
+    if ranks.iter().any(|r| r.of > 1) {
+        lines.push(format!(
+            "ranked at each load by {}; \"not separated\": within ± {} (the calibration's {}) of the rank \
+             above, so their error bands overlap and the model does not rank them",
+            by.name(),
+            pdkv_sim::calibration::percent(error),
+            if calibration.validation.is_some() {
+                "validation median |error|"
+            } else {
+                "worst fitting error"
+            }
+        ));
+    }
+    lines
 }
 
 /// The charts' account of the model's error: the validation's median error as a band once it is

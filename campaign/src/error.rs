@@ -148,7 +148,7 @@ pub enum Inconsistency {
     StrangerLine { index: u64, run: String },
     /// A sweep point whose deployment is not a notation.
     Deployment { index: u64, deployment: String, error: NotationError },
-    /// A sweep point without clients.
+    /// A sweep point without clients (a concurrency of 0 and no arrival rate).
     NoClients { index: u64 },
 }
 
@@ -208,7 +208,7 @@ impl fmt::Display for Inconsistency {
                 write!(f, "point {index}: `deployment` {:?}: {error}", clipped(deployment))
             }
             Inconsistency::NoClients { index } => {
-                write!(f, "point {index}: `concurrency` is 0; a sweep runs at least one client")
+                write!(f, "point {index}: `concurrency` is 0 and it has no `rate_per_s`; a sweep point runs at least one client or an arrival rate")
             }
         }
     }

@@ -35,6 +35,16 @@ impl fmt::Display for ReadError {
         match self {
             ReadError::Unreadable { file, reason } => write!(f, "{file}: cannot read it: {reason}"),
             ReadError::NotJson { file, error } => write!(f, "{file}: not a shard file: not JSON ({error})"),
+            // The same kind of file from another version of pdkv: say so, and what to do.
+            ReadError::Format { file, found: Some(serde_json::Value::String(found)), expected }
+                if found.split('/').next() == expected.split('/').next() =>
+            {
+                write!(
+                    f,
+                    "{file}: written by another version of pdkv: `format` is {found:?}, and this pdkv reads \
+                     \"{expected}\" only (its fields differ); run that shard again with this pdkv"
+                )
+            }
             ReadError::Format { file, found, expected } => write!(
                 f,
                 "{file}: not a shard file: `format` is {}, not \"{expected}\"",
@@ -172,6 +182,10 @@ mod tests {
         check(
             r#"{"format": "g/1", "n": 3}"#,
             Err("x.json: not a shard file: `format` is \"g/1\", not \"f/1\""),
+        );
+        check(
+            r#"{"format": "f/0", "n": 3}"#,
+            Err("x.json: written by another version of pdkv: `format` is \"f/0\", and this pdkv reads \"f/1\" only"),
         );
         check(r#"{"format": 7, "other": 3}"#, Err("x.json: not a shard file: `format` is 7, not \"f/1\""));
         check(r#"{"format": "f/1"}"#, Err("x.json: missing field `n`"));

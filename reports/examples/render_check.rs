@@ -114,10 +114,13 @@ fn main() {
                 run: notation.to_string(),
                 deployment: notation.to_string(),
                 concurrency,
+                rate_per_s: None,
+                gpus: r.gpus,
                 total_tok_s: r.throughput.total_tok_s,
                 ttft_mean_ms: r.latency_ms.ttft.map(|t| t.mean),
                 tpot_mean_ms: r.latency_ms.tpot.map(|t| t.mean),
                 outcome: r.outcome,
+                steady: r.steady.clone(),
             });
         }
     }

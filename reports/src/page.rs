@@ -323,20 +323,29 @@ pub fn write_sweep_page(
     command: &str,
 ) -> std::io::Result<PathBuf> {
     let mut html = head("pdkv sweep");
-    html.push_str(
-        "<table>\n<tr><th>run</th><th>deployment</th><th>concurrency</th><th>total tok/s</th><th>mean TTFT (ms)</th>",
+    let rates = points.iter().any(|p| p.rate_per_s.is_some());
+    let _ = write!(
+        html,
+        "<table>\n<tr><th>run</th><th>deployment</th><th>{}</th><th>total tok/s</th><th>mean TTFT (ms)</th>",
+        if rates { "rate (req/s)" } else { "concurrency" }
     );
-    html.push_str("<th>mean TPOT (ms)</th><th>outcome</th></tr>\n");
+    html.push_str("<th>mean TPOT (ms)</th><th>GPUs (prefill + decode)</th><th>steady tok/s per GPU</th>");
+    html.push_str("<th>goodput req/s per GPU</th><th>outcome</th></tr>\n");
     for p in points {
+        let load = p.rate_per_s.map_or_else(|| p.concurrency.to_string(), |r| r.to_string());
         let _ = writeln!(
             html,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.0}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{load}</td><td>{:.0}</td><td>{}</td><td>{}</td><td>{} ({} + {})</td><td>{:.0}</td><td>{}</td><td>{}</td></tr>",
             escape(&p.run),
             escape(&p.deployment),
-            p.concurrency,
             p.total_tok_s,
             p.ttft_mean_ms.map_or("n/a".to_string(), |v| format!("{v:.0}")),
             p.tpot_mean_ms.map_or("n/a".to_string(), |v| format!("{v:.1}")),
+            p.gpus.total(),
+            p.gpus.prefill,
+            p.gpus.decode,
+            p.steady.throughput.total_tok_s_per_gpu,
+            p.steady.goodput.map_or("n/a (no SLO)".to_string(), |g| format!("{:.4}", g.requests_per_s_per_gpu)),
             escape(p.outcome.name())
         );
     }
@@ -375,10 +384,13 @@ mod tests {
             run: "a<b".into(),
             deployment: "1P_TP8:1D_TP8".into(),
             concurrency: 4,
+            rate_per_s: None,
+            gpus: pdkv_sim::result::Gpus { prefill: 16, decode: 8 },
             total_tok_s: 1000.0,
             ttft_mean_ms: None,
             tpot_mean_ms: Some(25.0),
             outcome: pdkv_sim::Outcome::Clean,
+            steady: pdkv_sim::result::Steady::default(),
         }];
         let provenance = Provenance {
             lines: vec![
@@ -395,6 +407,7 @@ mod tests {
             "<tr><td>a&lt;b</td><td>built-in MI300X-class defaults, DeepSeek-R1 (no profile named)</td></tr>",
             "<tr><td>h200</td><td>gpu h200-sxm (profiles/*.ron)</td></tr>",
             "<p>calibration study-tp8-2026-12: fitting worst 16.4 %; validation not yet measured</p>",
+            "<td>24 (16 + 8)</td><td>0</td><td>n/a (no SLO)</td>",
         ] {
             assert!(html.contains(text), "{text}: {html}");
         }

@@ -1,5 +1,6 @@
-//! Sweep charts: throughput, TTFT and TPOT against concurrency, one line per run (a scenario or
-//! a notation, with its seed when the sweep sets one).
+//! Sweep charts: throughput, TTFT, TPOT, steady throughput per GPU and goodput per GPU against
+//! the load (concurrency, or request rate in a rate sweep), one line per run (a scenario or a
+//! notation, with its seed when the sweep sets one).
 
 use std::path::{Path, PathBuf};
 
@@ -81,12 +82,13 @@ fn noise_percent(fitting_error_max: f64) -> u32 {
     }
 }
 
-/// Three line charts against concurrency, one line per run: sweep_throughput,
-/// sweep_ttft, sweep_tpot (.png/.svg each). Concurrency values are evenly spaced categories in
-/// ascending order; runs without a value (no finished request) are left out; a red cross marks a
-/// run whose outcome is not `clean`. Each chart says, under its subtitle, what `band` says about
-/// the model's error, and shades the band behind every line when it is measured. Returns the
-/// six paths (PNG before SVG for each chart).
+/// Line charts against the load, one line per run: sweep_throughput, sweep_ttft, sweep_tpot,
+/// sweep_throughput_per_gpu (steady-state tokens per second per GPU) and, when some point has
+/// an SLO's goodput, sweep_goodput_per_gpu (.png/.svg each). The load (concurrency, or the rate
+/// of a rate sweep) takes evenly spaced categories in ascending order; runs without a value (no
+/// finished request) are left out; a red cross marks a run whose outcome is not `clean`. Each
+/// chart says, under its subtitle, what `band` says about the model's error, and shades the band
+/// behind every line when it is measured. Returns the paths (PNG before SVG for each chart).
 pub fn sweep_charts(
     points: &[SweepPoint],
     band: &ErrorBand,
@@ -114,7 +116,25 @@ pub fn sweep_charts(
             value: |p| p.tpot_mean_ms,
             log_ratio: f64::INFINITY,
         },
+        Metric {
+            stem: "sweep_throughput_per_gpu",
+            title: "Steady-state token throughput per GPU against concurrency",
+            y_desc: "steady tok/s per GPU",
+            value: |p| Some(p.steady.throughput.total_tok_s_per_gpu),
+            log_ratio: f64::INFINITY,
+        },
+        Metric {
+            stem: "sweep_goodput_per_gpu",
+            title: "Steady-state goodput per GPU against concurrency",
+            y_desc: "goodput (req/s meeting the SLO) per GPU",
+            value: |p| p.steady.goodput.map(|g| g.requests_per_s_per_gpu),
+            log_ratio: f64::INFINITY,
+        },
     ];
+    // Goodput needs an SLO: without one the chart would be empty.
+    let with_goodput = points.iter().any(|p| p.steady.goodput.is_some());
+    let charts: Vec<Metric> =
+        charts.into_iter().filter(|m| with_goodput || m.stem != "sweep_goodput_per_gpu").collect();
     // Each chart on a thread of its own (they share only the points); the files come back in
     // the order above, and their bytes do not depend on the threads' timing.
     let drawn: Vec<_> = std::thread::scope(|scope| {
@@ -167,9 +187,19 @@ impl Picture for Chart<'_> {
                 runs.push(&p.run);
             }
         }
-        let mut levels: Vec<u32> = self.points.iter().map(|p| p.concurrency).collect();
-        levels.sort_unstable();
+        let mut levels: Vec<f64> = self.points.iter().map(SweepPoint::load).collect();
+        levels.sort_by(f64::total_cmp);
         levels.dedup();
+        // A rate sweep's load is arrivals per second; the words follow it.
+        let rates = self.points.iter().any(|p| p.rate_per_s.is_some());
+        let (load, load_means, x_desc) = match rates {
+            true => (
+                "request rate",
+                "request rate = Poisson arrivals per second",
+                "request rate (arrivals per second)",
+            ),
+            false => ("concurrency", "concurrency = clients in flight", "concurrency (clients in flight)"),
+        };
         let mut bad: Vec<&str> = Vec::new();
         for p in self.points {
             if p.outcome != Outcome::Clean && !bad.contains(&p.outcome.name()) {
@@ -178,9 +208,9 @@ impl Picture for Chart<'_> {
         }
         title(
             root,
-            self.metric.title,
+            &self.metric.title.replace("concurrency", load),
             &format!(
-                "{} points · {} {} · concurrency = clients in flight{}",
+                "{} points · {} {} · {load_means}{}",
                 self.points.len(),
                 runs.len(),
                 if runs.len() == 1 { "line" } else { "lines" },
@@ -207,13 +237,13 @@ impl Picture for Chart<'_> {
             scale.ticks(6).into_iter().filter_map(|v| scale.at(v).map(|c| (f.py(&yr, c), num(v)))).collect();
         y_ticks(root, &yt, f.x0, Some(f.x1))?;
         let xr = 0.0..levels.len().max(1) as f64;
-        let x_of = |c: u32| levels.iter().position(|&l| l == c).map(|i| f.px(&xr, i as f64 + 0.5));
+        let x_of = |c: f64| levels.iter().position(|&l| l == c).map(|i| f.px(&xr, i as f64 + 0.5));
         let xt: Vec<(i32, String)> =
             levels.iter().filter_map(|&c| x_of(c).map(|x| (x, c.to_string()))).collect();
         x_ticks(root, &xt, f.y1, Some(f.y0))?;
         let line = |name: &str| -> Vec<&SweepPoint> {
             let mut mine: Vec<&SweepPoint> = self.points.iter().filter(|p| p.run == name).collect();
-            mine.sort_by_key(|p| p.concurrency);
+            mine.sort_by(|a, b| a.load().total_cmp(&b.load()));
             mine
         };
         // Every band goes down before any line, so no band covers another run's line: where
@@ -229,7 +259,7 @@ impl Picture for Chart<'_> {
                     .filter_map(|p| {
                         let v = self.value(p)?;
                         scale.at(v)?;
-                        Some((x_of(p.concurrency)?, y_of(v * (1.0 + e)), y_of(v * (1.0 - e))))
+                        Some((x_of(p.load())?, y_of(v * (1.0 + e)), y_of(v * (1.0 - e))))
                     })
                     .collect();
                 let shape = clip_rows(&band_outline(&edges), f.y0, f.y1);
@@ -245,7 +275,7 @@ impl Picture for Chart<'_> {
             let mine = line(name);
             let at = |p: &SweepPoint| -> Option<(i32, i32)> {
                 let c = scale.at(self.value(p)?)?;
-                Some((x_of(p.concurrency)?, f.py(&yr, c)))
+                Some((x_of(p.load())?, f.py(&yr, c)))
             };
             polyline(root, mine.iter().filter_map(|p| at(p)).collect(), colour.stroke_width(3))?;
             for p in &mine {
@@ -274,7 +304,7 @@ impl Picture for Chart<'_> {
         } else {
             self.metric.y_desc.into()
         };
-        f.descs(root, "concurrency (clients in flight)", &desc, 72)?;
+        f.descs(root, x_desc, &desc, 72)?;
         text(root, "run", (980, f.y0 - 6), &style(TICK, MUTED, HPos::Left, VPos::Center))?;
         legend_column(root, &legend, 980, f.y0 + 18, 280)
     }

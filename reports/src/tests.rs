@@ -268,14 +268,20 @@ fn sweep() -> Vec<SweepPoint> {
         for (i, concurrency) in [32u32, 128, 512].iter().enumerate() {
             let k = (d * 3 + i) as f64;
             let hung = d == 2 && i == 2;
+            let total_tok_s = if hung { 0.0 } else { 8000.0 * (1.0 + i as f64) + 900.0 * k };
+            let mut steady = pdkv_sim::result::Steady::default();
+            steady.throughput.total_tok_s_per_gpu = total_tok_s / 16.0;
             points.push(SweepPoint {
                 run: deployment.to_string(),
                 deployment: deployment.to_string(),
                 concurrency: *concurrency,
-                total_tok_s: if hung { 0.0 } else { 8000.0 * (1.0 + i as f64) + 900.0 * k },
+                rate_per_s: None,
+                gpus: pdkv_sim::result::Gpus { prefill: 8, decode: 8 },
+                total_tok_s,
                 ttft_mean_ms: if hung { None } else { Some(3000.0 * 6f64.powi(i as i32) + 100.0 * k) },
                 tpot_mean_ms: if hung { None } else { Some(25.0 + k) },
                 outcome: if hung { pdkv_sim::Outcome::Hang } else { pdkv_sim::Outcome::Clean },
+                steady,
             });
         }
     }
@@ -399,7 +405,7 @@ fn wait_for_graph_with_a_cycle_renders_it_red() {
 }
 
 #[test]
-fn sweep_charts_write_three_charts() {
+fn sweep_charts_write_four_charts_and_goodput_with_an_slo() {
     let dir = out_dir("sweep");
     let paths = sweep_charts(&sweep(), &unmeasured(), &dir).expect("draws");
     assert_eq!(
@@ -410,7 +416,9 @@ fn sweep_charts_write_three_charts() {
             "sweep_ttft.png",
             "sweep_ttft.svg",
             "sweep_tpot.png",
-            "sweep_tpot.svg"
+            "sweep_tpot.svg",
+            "sweep_throughput_per_gpu.png",
+            "sweep_throughput_per_gpu.svg"
         ]
     );
     for pair in paths.chunks(2) {
@@ -441,6 +449,29 @@ fn sweep_charts_write_three_charts() {
     let svg = check_svg(&sweep_charts(&twins, &unmeasured(), &dir).expect("draws")[1]);
     assert!(says(&svg, "proxy-aliasing") && says(&svg, "proxy-aliasing-fixed"));
     assert!(svg.contains("6 points · 2 lines"));
+    // With an SLO, goodput per GPU; in a rate sweep the x axis is the rate.
+    let mut rated = sweep();
+    for (i, p) in rated.iter_mut().enumerate() {
+        p.rate_per_s = Some([0.5, 1.0, 2.5][i % 3]);
+        p.concurrency = 0;
+        p.steady.goodput = Some(pdkv_sim::result::Goodput {
+            slo: pdkv_sim::scenario::Slo { ttft_ms: Some(2000.0), tpot_ms: None },
+            requests_per_s: 1.0,
+            requests_per_s_per_gpu: 0.05 * (i + 1) as f64,
+            met_fraction: 0.5,
+        });
+    }
+    let paths = sweep_charts(&rated, &unmeasured(), &dir).expect("draws");
+    assert_eq!(names(&paths[8..]), ["sweep_goodput_per_gpu.png", "sweep_goodput_per_gpu.svg"]);
+    let svg = check_svg(&paths[9]);
+    for text in [
+        "Steady-state goodput per GPU against request rate",
+        "request rate (arrivals per second)",
+        "0.5",
+        "2.5",
+    ] {
+        assert!(says(&svg, text), "{text}");
+    }
     done(&dir);
 }
 

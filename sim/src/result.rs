@@ -19,8 +19,14 @@ pub struct SweepPoint {
     pub run: String,
     /// The deployment notation.
     pub deployment: String,
-    /// Clients in flight.
+    /// Clients in flight in a concurrency sweep (a closed loop); 0 in a rate sweep (an open
+    /// loop, whose load is `rate_per_s`).
     pub concurrency: u32,
+    /// Mean arrivals per second in a rate sweep (Poisson arrivals, an open loop); `None` in a
+    /// concurrency sweep.
+    pub rate_per_s: Option<f64>,
+    /// The deployment's GPUs by role.
+    pub gpus: Gpus,
     /// Prompt plus generated tokens per second.
     pub total_tok_s: f64,
     /// Mean time to first token, in milliseconds (`None` when no request finished).
@@ -30,6 +36,24 @@ pub struct SweepPoint {
     pub tpot_mean_ms: Option<f64>,
     /// How the run ended.
     pub outcome: Outcome,
+    /// The figures of the run's steady-state window ([`Steady`]), under the sweep's SLO when it
+    /// has one.
+    pub steady: Steady,
+}
+
+impl SweepPoint {
+    /// The point's load: its rate in a rate sweep, its concurrency otherwise.
+    pub fn load(&self) -> f64 {
+        self.rate_per_s.unwrap_or(f64::from(self.concurrency))
+    }
+
+    /// The load as the table and charts write it: `C=128`, or `R=2.5/s`.
+    pub fn load_label(&self) -> String {
+        match self.rate_per_s {
+            Some(rate) => format!("R={rate}/s"),
+            None => format!("C={}", self.concurrency),
+        }
+    }
 }
 
 /// Everything a run measured.

@@ -14,6 +14,7 @@ mod help_examples;
 mod hostile_io;
 mod legacy_caught;
 mod machines;
+mod measure;
 mod plan_cli;
 mod properties;
 mod reports_cli;

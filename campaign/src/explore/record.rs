@@ -642,7 +642,7 @@ pub(crate) mod tests {
         check(
             r#""format": "pdkv-explore-result/2""#,
             r#""format": "pdkv-explore-result/1""#,
-            "not a shard file",
+            "written by another version of pdkv: `format` is \"pdkv-explore-result/1\"",
         );
     }
 

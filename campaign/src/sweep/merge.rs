@@ -124,7 +124,7 @@ fn check_point(lines: &[(String, String)], r: &PointResult) -> Result<(), Incons
         deployment: p.deployment.clone(),
         error,
     })?;
-    if p.concurrency == 0 {
+    if p.concurrency == 0 && p.rate_per_s.is_none() {
         return Err(Inconsistency::NoClients { index });
     }
     Ok(())
@@ -140,10 +140,13 @@ mod tests {
             run: "a".into(),
             deployment: "1P_TP8:1D_TP8".into(),
             concurrency: 4 + index as u32,
+            rate_per_s: None,
+            gpus: pdkv_sim::result::Gpus { prefill: 8, decode: 8 },
             total_tok_s: index as f64,
             ttft_mean_ms: None,
             tpot_mean_ms: None,
             outcome: Outcome::Clean,
+            steady: pdkv_sim::result::Steady::default(),
         };
         PointResult { index, point, as_expected: index != 2 }
     }

@@ -4,19 +4,26 @@
 //! figures the report shows, plus what the report needs besides the points (the command line,
 //! each line's hardware, the calibration's summary). The figures are written as Rust prints an
 //! `f64` (the shortest text that reads back as the same number) and read back with Rust's own
-//! parser, so the merged report's numbers are the unsharded run's to the last bit.
+//! parser, so the merged report's numbers are the unsharded run's to the last bit. The
+//! steady-state figures (`steady`, as `result.json` has them) are rounded to three decimals
+//! where they are measured, so serde_json writes and reads them back exactly as numbers.
+//!
+//! Format 2 added each point's GPUs, request rate and steady-state figures; a file of format 1
+//! lacks them, and reading one is refused, saying to run the shard again.
 
 use std::path::{Path, PathBuf};
 
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use pdkv_sim::result::{Gpus, Steady};
+
 use super::SweepPoint;
 use crate::files::{ReadError, WriteError};
 use crate::shard::Shard;
 
 /// The format's name and version.
-pub const FORMAT: &str = "pdkv-sweep-shard/1";
+pub const FORMAT: &str = "pdkv-sweep-shard/2";
 
 /// The shard file's name in its folder.
 pub const FILE: &str = "sweep-shard.json";
@@ -38,10 +45,14 @@ struct ResultEntry {
     as_expected: bool,
     concurrency: u32,
     deployment: String,
+    gpus: Gpus,
     index: u64,
     #[serde(with = "crate::names::outcome")]
     outcome: pdkv_sim::Outcome,
+    #[serde(serialize_with = "optional_figure", deserialize_with = "rate_per_s")]
+    rate_per_s: Option<f64>,
     run: String,
+    steady: Steady,
     #[serde(serialize_with = "figure", deserialize_with = "total_tok_s")]
     total_tok_s: f64,
     #[serde(serialize_with = "optional_figure", deserialize_with = "tpot_mean_ms")]
@@ -57,9 +68,12 @@ impl From<PointResult> for ResultEntry {
             as_expected: r.as_expected,
             concurrency: p.concurrency,
             deployment: p.deployment,
+            gpus: p.gpus,
             index: r.index,
             outcome: p.outcome,
+            rate_per_s: p.rate_per_s,
             run: p.run,
+            steady: p.steady,
             total_tok_s: p.total_tok_s,
             tpot_mean_ms: p.tpot_mean_ms,
             ttft_mean_ms: p.ttft_mean_ms,
@@ -73,10 +87,13 @@ impl From<ResultEntry> for PointResult {
             run: e.run,
             deployment: e.deployment,
             concurrency: e.concurrency,
+            rate_per_s: e.rate_per_s,
+            gpus: e.gpus,
             total_tok_s: e.total_tok_s,
             ttft_mean_ms: e.ttft_mean_ms,
             tpot_mean_ms: e.tpot_mean_ms,
             outcome: e.outcome,
+            steady: e.steady,
         };
         PointResult { index: e.index, point, as_expected: e.as_expected }
     }
@@ -117,6 +134,10 @@ fn total_tok_s<'de, D: Deserializer<'de>>(deserializer: D) -> Result<f64, D::Err
 
 fn ttft_mean_ms<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<f64>, D::Error> {
     read_figure(deserializer, "ttft_mean_ms", true)
+}
+
+fn rate_per_s<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<f64>, D::Error> {
+    read_figure(deserializer, "rate_per_s", true)
 }
 
 fn tpot_mean_ms<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<f64>, D::Error> {
@@ -222,10 +243,13 @@ mod tests {
             run: "a".into(),
             deployment: "1P_TP8:1D_TP8".into(),
             concurrency: 8,
+            rate_per_s: None,
+            gpus: Gpus { prefill: 16, decode: 8 },
             total_tok_s: x,
             ttft_mean_ms: Some(x / 3.0),
             tpot_mean_ms: None,
             outcome: Outcome::Clean,
+            steady: Steady::default(),
         }
     }
 
@@ -238,7 +262,11 @@ mod tests {
             shard: Shard { index: 1, count: 2 },
             results: vec![
                 PointResult { index: 1, point: point(0.1 + 0.2), as_expected: true },
-                PointResult { index: 3, point: point(1e-300 / 7.0), as_expected: false },
+                PointResult {
+                    index: 3,
+                    point: SweepPoint { rate_per_s: Some(0.1 + 0.7), concurrency: 0, ..point(1e-300 / 7.0) },
+                    as_expected: false,
+                },
             ],
         }
     }
@@ -254,7 +282,7 @@ mod tests {
         }
     }
 
-    /// The file as `pdkv sweep --shard` has always written it: these bytes are the format.
+    /// The file as `pdkv sweep --shard` writes it: these bytes are the format (version 2).
     #[test]
     fn a_shard_file_is_written_as_the_format_says() {
         let mut file = file();
@@ -262,7 +290,7 @@ mod tests {
         let expected = r#"{
   "calibration": "c",
   "command": "pdkv sweep a",
-  "format": "pdkv-sweep-shard/1",
+  "format": "pdkv-sweep-shard/2",
   "lines": [
     [
       "a",
@@ -275,9 +303,41 @@ mod tests {
       "as_expected": true,
       "concurrency": 8,
       "deployment": "1P_TP8:1D_TP8",
+      "gpus": {
+        "prefill": 16,
+        "decode": 8
+      },
       "index": 1,
       "outcome": "clean",
+      "rate_per_s": null,
       "run": "a",
+      "steady": {
+        "window": {
+          "kind": "steady",
+          "warmup_requests": 0,
+          "drain_requests": 0,
+          "requests": 0,
+          "start_s": 0.0,
+          "end_s": 0.0
+        },
+        "latency_ms": {
+          "ttft": null,
+          "tpot": null,
+          "itl": null,
+          "e2e": null
+        },
+        "throughput": {
+          "requests_per_s": 0.0,
+          "input_tok_s": 0.0,
+          "output_tok_s": 0.0,
+          "total_tok_s": 0.0,
+          "requests_per_s_per_gpu": 0.0,
+          "total_tok_s_per_gpu": 0.0,
+          "output_tok_s_per_gpu": 0.0,
+          "input_tok_s_per_prefill_gpu": 0.0,
+          "output_tok_s_per_decode_gpu": 0.0
+        }
+      },
       "total_tok_s": "0.30000000000000004",
       "tpot_mean_ms": null,
       "ttft_mean_ms": "0.10000000000000002"
@@ -290,6 +350,18 @@ mod tests {
 }
 "#;
         assert_eq!(file.text(), expected);
+    }
+
+    /// A file of the first format (no GPUs, rate or steady figures) is refused by name.
+    #[test]
+    fn a_shard_file_of_format_1_is_refused_saying_to_run_it_again() {
+        let old = file().text().replace(FORMAT, "pdkv-sweep-shard/1");
+        let e = ShardFile::parse(&old, "s.json").expect_err("format 1").to_string();
+        assert_eq!(
+            e,
+            "s.json: written by another version of pdkv: `format` is \"pdkv-sweep-shard/1\", and this pdkv \
+             reads \"pdkv-sweep-shard/2\" only (its fields differ); run that shard again with this pdkv"
+        );
     }
 
     /// (what is changed in a good file, the error's words).
