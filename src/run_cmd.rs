@@ -44,9 +44,12 @@ target/pdkv/2P_TP8-1D_DP8EP_C128-x1280-8K-1K_legacy-no-flexible-reads/): index.h
 summary, a wait-for graph for every hang, NIC balance, NIC utilisation and latency CDF pictures
 (PNG and SVG; left out, with a sentence, when the run has no data for them; above 64 prefill GPUs
 the NIC pictures show a bar or row per node of hardware.gpus_per_node GPUs, with per-GPU pictures
-of the busiest and least busy nodes), result.json and trace.txt, the compact trace (one line per
-record, virtual time first), streamed to disk as the run goes; --chrome-trace adds trace.json
-(Chrome/Perfetto, about 1.4 times the size), --no-trace writes neither. Each trace file stops at
+of the busiest and least busy nodes), result.json, requests.csv (one row per request: id,
+arrival, prefill DP rank, decode DP group, first token, finish, TTFT, TPOT, E2E, lengths,
+outcome, whether the steady window counts it; --no-requests-csv skips it) and trace.txt, the
+compact trace (one line per record, virtual time first), streamed to disk as the run goes;
+--chrome-trace adds trace.json (Chrome/Perfetto, about 1.4 times the size; one request can be
+followed in it from arrival to finish), --no-trace writes neither. Each trace file stops at
 1 GiB with a trace_truncated record, and the summary says so.
 
 Exit codes: 0 the outcome is the scenario's expected one (clean when none is declared);
@@ -83,6 +86,9 @@ pub struct RunArgs {
     /// Also write trace.json, the Chrome trace (Perfetto, chrome://tracing).
     #[arg(long, conflicts_with = "no_trace")]
     chrome_trace: bool,
+    /// Write no requests.csv (one row per request).
+    #[arg(long)]
+    no_requests_csv: bool,
 }
 
 /// Reads a scenario file or a built-in scenario, or builds one from a notation; errors are
@@ -266,7 +272,11 @@ pub fn run(args: &RunArgs) -> ExitCode {
         let mut progress = |p: pdkv_sim::Progress| {
             bar.update(p.ended, p.total, format!("{:.0} s virtual", p.now_ns as f64 / 1e9));
         };
-        let simulated = pdkv_sim::run_with_progress(&scenario, RunOptions { trace: sink }, &mut progress);
+        let simulated = pdkv_sim::run_with_progress(
+            &scenario,
+            RunOptions { trace: sink, requests: !args.no_requests_csv },
+            &mut progress,
+        );
         bar.finish();
         let mut run = match simulated {
             Ok(run) => run,
@@ -276,13 +286,14 @@ pub fn run(args: &RunArgs) -> ExitCode {
             }
         };
         run.result.label = identity.label();
-        let (written, truncated) = match write_files(&out, &run, gpus_per_node, &command, traces, which) {
-            Ok(files) => files,
-            Err(message) => {
-                errln!("error: {message}");
-                return ExitCode::from(2);
-            }
-        };
+        let (written, truncated) =
+            match write_files(&out, &run, gpus_per_node, &command, traces, which, !args.no_requests_csv) {
+                Ok(files) => files,
+                Err(message) => {
+                    errln!("error: {message}");
+                    return ExitCode::from(2);
+                }
+            };
         if args.json {
             outln!("{}", run.result.to_json());
         } else {
@@ -309,21 +320,36 @@ fn write_files(
     command: &str,
     traces: Option<Traces>,
     which: Which,
+    requests_csv: bool,
 ) -> Result<(Vec<PathBuf>, Option<String>), String> {
     std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
     // A trace file this run does not write is removed, so the folder holds this run's files
     // only and the page links to nothing stale.
-    for (wanted, name) in [(which.text, "trace.txt"), (which.chrome, "trace.json")] {
+    for (wanted, name) in [
+        (which.text, "trace.txt"),
+        (which.chrome, "trace.json"),
+        (requests_csv, pdkv_sim::request_table::FILE),
+    ] {
         let path = out.join(name);
         if !wanted && path.exists() {
             std::fs::remove_file(&path).map_err(|e| format!("cannot remove {}: {e}", path.display()))?;
         }
     }
     let result_json = out.join("result.json");
+    let csv = out.join(pdkv_sim::request_table::FILE);
     let (pictures, json, traces) = std::thread::scope(|scope| {
         let json = scope.spawn(|| {
             pdkv_sim::files::write_atomic(&result_json, run.result.to_json().as_bytes())
-                .map_err(|e| format!("cannot write {}: {e}", result_json.display()))
+                .map_err(|e| format!("cannot write {}: {e}", result_json.display()))?;
+            // Whole or nothing, like result.json: a reader never sees half a table.
+            match requests_csv {
+                true => pdkv_sim::files::write_atomic(
+                    &csv,
+                    pdkv_sim::request_table::csv(&run.requests).as_bytes(),
+                )
+                .map_err(|e| format!("cannot write {}: {e}", csv.display())),
+                false => Ok(()),
+            }
         });
         let pictures = pdkv_reports::run_pictures(&run.result, gpus_per_node, out).map_err(|e| e.to_string());
         let traces = traces.map(Traces::finish).transpose();
@@ -334,6 +360,12 @@ fn write_files(
     json?;
     let calibration = pdkv_sim::calibration::current().summary();
     let mut listed = vec![("result.json", "the versioned result")];
+    if requests_csv {
+        listed.push((
+            pdkv_sim::request_table::FILE,
+            "one row per request: where it went, its times, how it ended",
+        ));
+    }
     for file in &traces.files {
         listed.push(match file.extension().is_some_and(|e| e == "json") {
             true => ("trace.json", "Chrome trace: open in Perfetto or chrome://tracing"),
@@ -353,6 +385,7 @@ fn write_files(
     )
     .map_err(|e| format!("cannot write {}: {e}", out.join("index.html").display()))?;
     let mut written = vec![page, result_json];
+    written.extend(requests_csv.then_some(csv));
     written.extend(traces.files);
     Ok((written, traces.truncated))
 }

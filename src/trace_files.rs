@@ -224,6 +224,7 @@ impl TraceFile {
                     self.dropped,
                     MAX_TRACE_BYTES >> 20
                 ),
+                link: None,
             };
             self.write(&record).map_err(|e| self.error(e))?;
             let name = self.path.file_name().unwrap_or_default().to_string_lossy().to_string();

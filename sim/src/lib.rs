@@ -19,6 +19,7 @@ pub mod measure;
 pub mod model_check;
 pub mod nic;
 pub mod profiles;
+pub mod request_table;
 pub mod result;
 pub mod rng;
 pub mod scenario;

@@ -4,9 +4,15 @@
 //! The simulator keeps no trace itself: a run with a sink formats each record and passes it on
 //! (the command line streams it to disk), a run without one formats nothing. So a long run's
 //! trace costs no memory here, and the sink decides what to keep.
+//!
+//! A request can be followed from arrival to finish: every record that concerns one request
+//! names it (`req-N`, the proxy's number), and records of its life carry a [`Link`] that the
+//! Chrome trace draws as an async slice per request (arrival, prefill done, first token,
+//! finish), a flow arrow from the prefill step that computed its prompt to the first read of its
+//! KV, and a counter of requests in flight.
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Write};
 use std::rc::Rc;
 
@@ -27,6 +33,37 @@ pub struct TraceRecord {
     pub track: String,
     /// Details, `key=value` separated by spaces.
     pub detail: String,
+    /// What ties the record to a request's life, a flow or a counter in the Chrome trace; the
+    /// text trace writes every record as one line whatever its link.
+    pub link: Option<Link>,
+}
+
+/// What a record means besides its line, for the Chrome trace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Link {
+    /// A moment of request `request`'s life, the record's track being the request's label
+    /// (`req-N`): `Begin` (its arrival) opens an async slice of that name, `End` (its finish)
+    /// closes it, and each is also an instant named by the record.
+    Life { request: u64, phase: Phase },
+    /// The start of the flow of request `request`'s KV, inside the prefill step that computed
+    /// the last of its prompt (the slice enclosing the record's time on its track).
+    FlowStart { request: u64 },
+    /// A span that ends request `request`'s flow: the first read of its KV that completes (later
+    /// reads of the same request draw no arrow).
+    FlowEnd { request: u64 },
+    /// The value of the counter the record names.
+    Counter { value: u64 },
+}
+
+/// Where a moment stands in a request's life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Phase {
+    /// Its arrival: the life begins.
+    Begin,
+    /// A moment inside it (prefill done, first token).
+    Instant,
+    /// Its finish (or failure): the life ends.
+    End,
 }
 
 /// Where a run's trace records go, in the order they are produced (virtual time order). A run
@@ -113,9 +150,13 @@ fn digits(mut n: u64) -> usize {
 struct ChromeEvent<'a> {
     args: ChromeArgs<'a>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    bp: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     cat: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     dur: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<u64>,
     name: &'a str,
     ph: &'a str,
     pid: usize,
@@ -132,7 +173,13 @@ struct ChromeEvent<'a> {
 enum ChromeArgs<'a> {
     Name { name: &'a str },
     Detail { detail: &'a str },
+    Counter { requests: u64 },
+    None {},
 }
+
+/// The category and name of the flow events that tie a prefill step to a read.
+const FLOW_CAT: &str = "kv";
+const FLOW_NAME: &str = "kv transfer";
 
 /// Writes the Chrome trace-event JSON (loadable in Perfetto or `chrome://tracing`) one record at
 /// a time: spans as complete events, instants as instant events, one process per category and
@@ -145,13 +192,15 @@ pub struct ChromeTrace<W: Write> {
     ids: BTreeMap<&'static str, (usize, BTreeMap<String, usize>)>,
     threads: usize,
     first: bool,
+    /// Requests whose flow started and has not ended yet.
+    flows: BTreeSet<u64>,
 }
 
 impl<W: Write> ChromeTrace<W> {
     /// Starts the trace: writes the file's opening.
     pub fn new(mut out: W) -> io::Result<Self> {
         out.write_all(br#"{"displayTimeUnit":"ms","traceEvents":["#)?;
-        Ok(ChromeTrace { out, ids: BTreeMap::new(), threads: 0, first: true })
+        Ok(ChromeTrace { out, ids: BTreeMap::new(), threads: 0, first: true, flows: BTreeSet::new() })
     }
 
     fn event(&mut self, event: &ChromeEvent) -> io::Result<()> {
@@ -165,8 +214,10 @@ impl<W: Write> ChromeTrace<W> {
     fn meta(&mut self, name: &str, pid: usize, tid: usize, label: &str) -> io::Result<()> {
         let event = ChromeEvent {
             args: ChromeArgs::Name { name: label },
+            bp: None,
             cat: None,
             dur: None,
+            id: None,
             name,
             ph: "M",
             pid,
@@ -177,17 +228,63 @@ impl<W: Write> ChromeTrace<W> {
         self.event(&event)
     }
 
-    /// Writes one record, after the metadata of its category and track if they are new.
-    pub fn handle_record(&mut self, r: &TraceRecord) -> io::Result<()> {
-        let pid = match self.ids.get(r.cat) {
+    /// The process id of category `cat`, after its metadata if it is new.
+    fn pid(&mut self, cat: &'static str) -> io::Result<usize> {
+        Ok(match self.ids.get(cat) {
             Some(&(pid, _)) => pid,
             None => {
                 let pid = self.ids.len() + 1;
-                self.ids.insert(r.cat, (pid, BTreeMap::new()));
-                self.meta("process_name", pid, 0, r.cat)?;
+                self.ids.insert(cat, (pid, BTreeMap::new()));
+                self.meta("process_name", pid, 0, cat)?;
                 pid
             }
+        })
+    }
+
+    /// Writes a request's life moment or a counter: events of the category's process with no
+    /// thread of their own (an async slice per request, a counter track), so a run of a million
+    /// requests adds no million threads.
+    fn process_event(&mut self, r: &TraceRecord, link: Link) -> io::Result<()> {
+        let pid = self.pid(r.cat)?;
+        let ts = Some(r.t_ns as f64 / 1e3);
+        let event = |args, id, name, ph| ChromeEvent {
+            args,
+            bp: None,
+            cat: Some(r.cat),
+            dur: None,
+            id,
+            name,
+            ph,
+            pid,
+            s: None,
+            tid: 0,
+            ts,
         };
+        let detail = ChromeArgs::Detail { detail: &r.detail };
+        match link {
+            Link::Life { request, phase } => {
+                if phase == Phase::Begin {
+                    self.event(&event(ChromeArgs::None {}, Some(request), &r.track, "b"))?;
+                }
+                self.event(&event(detail, Some(request), r.name, "n"))?;
+                if phase == Phase::End {
+                    self.event(&event(ChromeArgs::None {}, Some(request), &r.track, "e"))?;
+                }
+                Ok(())
+            }
+            Link::Counter { value } => {
+                self.event(&event(ChromeArgs::Counter { requests: value }, None, r.name, "C"))
+            }
+            Link::FlowStart { .. } | Link::FlowEnd { .. } => Ok(()),
+        }
+    }
+
+    /// Writes one record, after the metadata of its category and track if they are new.
+    pub fn handle_record(&mut self, r: &TraceRecord) -> io::Result<()> {
+        if let Some(link @ (Link::Life { .. } | Link::Counter { .. })) = r.link {
+            return self.process_event(r, link);
+        }
+        let pid = self.pid(r.cat)?;
         let tid = match self.ids[r.cat].1.get(r.track.as_str()) {
             Some(&tid) => tid,
             None => {
@@ -202,10 +299,30 @@ impl<W: Write> ChromeTrace<W> {
         };
         // Chrome traces count microseconds; keep nanosecond precision as a fraction.
         let span = r.dur_ns.is_some();
+        let flow = |ph, bp, id, t_ns: u64| ChromeEvent {
+            args: ChromeArgs::None {},
+            bp,
+            cat: Some(FLOW_CAT),
+            dur: None,
+            id: Some(id),
+            name: FLOW_NAME,
+            ph,
+            pid,
+            s: None,
+            tid,
+            ts: Some(t_ns as f64 / 1e3),
+        };
+        if let Some(Link::FlowStart { request }) = r.link {
+            // A flow's start binds to the slice enclosing its time on its thread: the step.
+            self.flows.insert(request);
+            return self.event(&flow("s", None, request, r.t_ns));
+        }
         let event = ChromeEvent {
             args: ChromeArgs::Detail { detail: &r.detail },
+            bp: None,
             cat: Some(r.cat),
             dur: r.dur_ns.map(|d| d as f64 / 1e3),
+            id: None,
             name: r.name,
             ph: if span { "X" } else { "i" },
             pid,
@@ -213,7 +330,15 @@ impl<W: Write> ChromeTrace<W> {
             tid,
             ts: Some(r.t_ns as f64 / 1e3),
         };
-        self.event(&event)
+        self.event(&event)?;
+        match r.link {
+            // The flow ends inside this span (the middle of it, so the enclosing slice is it).
+            Some(Link::FlowEnd { request }) if self.flows.remove(&request) => {
+                let middle = r.t_ns + r.dur_ns.unwrap_or(0) / 2;
+                self.event(&flow("f", Some("e"), request, middle))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// The writer (to count what went out, say).
@@ -260,6 +385,7 @@ mod tests {
                 name: "step",
                 track: "D0.u0".into(),
                 detail: "batch=4".into(),
+                link: None,
             },
             TraceRecord {
                 t_ns: 1_600_000_000,
@@ -268,6 +394,7 @@ mod tests {
                 name: "hang",
                 track: "x".into(),
                 detail: String::new(),
+                link: None,
             },
             TraceRecord {
                 t_ns: 12_345_678_901_234,
@@ -276,6 +403,7 @@ mod tests {
                 name: "step",
                 track: "D0.u0".into(),
                 detail: "batch=1".into(),
+                link: None,
             },
         ]
     }
@@ -300,6 +428,66 @@ mod tests {
                 "]}"
             ),
         );
+    }
+
+    /// A request's life, its KV's flow and the in-flight counter, byte for byte: the life is an
+    /// async slice named by the request on its category's process (no thread per request) with
+    /// an instant per moment; the flow starts inside the prefill step and ends in the middle of
+    /// the first read only (a second read of the request draws no arrow); the counter is a
+    /// counter event.
+    #[test]
+    fn request_lives_flows_and_counters_are_chrome_events() {
+        let rec =
+            |t_ns: u64, dur_ns: Option<u64>, cat: &'static str, name: &'static str, track: &str, link| {
+                TraceRecord {
+                    t_ns,
+                    dur_ns,
+                    cat,
+                    name,
+                    track: track.into(),
+                    detail: name.to_string(),
+                    link: Some(link),
+                }
+            };
+        let life = |phase| Link::Life { request: 5, phase };
+        let records = [
+            rec(1_000, None, "request", "arrival", "req-5", life(Phase::Begin)),
+            rec(1_000, None, "request", "in_flight", "proxy", Link::Counter { value: 3 }),
+            TraceRecord {
+                link: None,
+                ..rec(2_000, Some(4_000), "prefill", "batch", "P0.dp0", life(Phase::Instant))
+            },
+            rec(5_999, None, "prefill", "flow_start", "P0.dp0", Link::FlowStart { request: 5 }),
+            rec(5_999, None, "request", "prefill_done", "req-5", life(Phase::Instant)),
+            rec(7_000, Some(2_000), "nic", "read", "P0.dp0.tp0", Link::FlowEnd { request: 5 }),
+            rec(7_500, Some(2_000), "nic", "read", "P0.dp0.tp1", Link::FlowEnd { request: 5 }),
+            rec(9_000, None, "request", "finish", "req-5", life(Phase::End)),
+        ];
+        let chrome = to_chrome(&records);
+        let expected = concat!(
+            r#"{"displayTimeUnit":"ms","traceEvents":["#,
+            r#"{"args":{"name":"request"},"name":"process_name","ph":"M","pid":1,"tid":0},"#,
+            r#"{"args":{},"cat":"request","id":5,"name":"req-5","ph":"b","pid":1,"tid":0,"ts":1.0},"#,
+            r#"{"args":{"detail":"arrival"},"cat":"request","id":5,"name":"arrival","ph":"n","pid":1,"tid":0,"ts":1.0},"#,
+            r#"{"args":{"requests":3},"cat":"request","name":"in_flight","ph":"C","pid":1,"tid":0,"ts":1.0},"#,
+            r#"{"args":{"name":"prefill"},"name":"process_name","ph":"M","pid":2,"tid":0},"#,
+            r#"{"args":{"name":"P0.dp0"},"name":"thread_name","ph":"M","pid":2,"tid":1},"#,
+            r#"{"args":{"detail":"batch"},"cat":"prefill","dur":4.0,"name":"batch","ph":"X","pid":2,"tid":1,"ts":2.0},"#,
+            r#"{"args":{},"cat":"kv","id":5,"name":"kv transfer","ph":"s","pid":2,"tid":1,"ts":5.999},"#,
+            r#"{"args":{"detail":"prefill_done"},"cat":"request","id":5,"name":"prefill_done","ph":"n","pid":1,"tid":0,"ts":5.999},"#,
+            r#"{"args":{"name":"nic"},"name":"process_name","ph":"M","pid":3,"tid":0},"#,
+            r#"{"args":{"name":"P0.dp0.tp0"},"name":"thread_name","ph":"M","pid":3,"tid":2},"#,
+            r#"{"args":{"detail":"read"},"cat":"nic","dur":2.0,"name":"read","ph":"X","pid":3,"tid":2,"ts":7.0},"#,
+            r#"{"args":{},"bp":"e","cat":"kv","id":5,"name":"kv transfer","ph":"f","pid":3,"tid":2,"ts":8.0},"#,
+            r#"{"args":{"name":"P0.dp0.tp1"},"name":"thread_name","ph":"M","pid":3,"tid":3},"#,
+            r#"{"args":{"detail":"read"},"cat":"nic","dur":2.0,"name":"read","ph":"X","pid":3,"tid":3,"ts":7.5},"#,
+            r#"{"args":{"detail":"finish"},"cat":"request","id":5,"name":"finish","ph":"n","pid":1,"tid":0,"ts":9.0},"#,
+            r#"{"args":{},"cat":"request","id":5,"name":"req-5","ph":"e","pid":1,"tid":0,"ts":9.0}"#,
+            "]}"
+        );
+        assert_eq!(chrome, expected);
+        // The text trace has a line per record, whatever its link.
+        assert_eq!(to_text(&records).lines().count(), 1 + records.len());
     }
 
     /// The text trace, byte for byte: the time right-aligned in 16 columns (wider when it needs

@@ -151,3 +151,132 @@ fn a_merge_refuses_a_shard_file_of_the_old_format() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A CSV time (milliseconds with six decimals) in nanoseconds, exactly.
+fn csv_ns(ms: &str) -> u64 {
+    let (whole, frac) = ms.split_once('.').unwrap_or_else(|| panic!("{ms:?} has six decimals"));
+    assert_eq!(frac.len(), 6, "{ms:?}");
+    whole.parse::<u64>().expect("ms") * 1_000_000 + frac.parse::<u64>().expect("ns")
+}
+
+/// A Chrome timestamp (microseconds) in nanoseconds.
+fn chrome_ns(event: &serde_json::Value) -> u64 {
+    (event["ts"].as_f64().expect("a timestamp") * 1e3).round() as u64
+}
+
+/// `pdkv run` writes requests.csv, byte for byte the same on a second run, one row per request
+/// whose steady rows give the steady TTFT; and one request can be followed through trace.json
+/// from arrival to finish, its times the CSV's to the nanosecond: an async slice with its
+/// arrival, prefill done, first token and finish, a flow from its prefill step to its first
+/// read, and every read and free of its KV naming it.
+#[test]
+fn one_request_is_followed_through_requests_csv_and_the_chrome_trace() {
+    let dir = scratch("measure", "follow");
+    let args = ["run", "1P_TP8:1D_DP8EP", "--concurrency", "4", "--requests", "40", "--chrome-trace"];
+    for out in ["a", "b"] {
+        let (code, text, err) = run(&dir, &[&args[..], &["--out", out]].concat());
+        assert_eq!(code, Some(0), "{text}{err}");
+        assert!(text.contains(&format!("  wrote        {out}/requests.csv\n")), "{text}");
+    }
+    let csv = std::fs::read(dir.join("a/requests.csv")).expect("requests.csv");
+    assert!(
+        csv == std::fs::read(dir.join("b/requests.csv")).expect("again"),
+        "requests.csv differs between runs"
+    );
+    let csv = String::from_utf8(csv).expect("UTF-8");
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().expect("a header").split(',').collect();
+    assert_eq!(
+        header,
+        [
+            "id",
+            "arrival_ms",
+            "prefill",
+            "decode",
+            "first_token_ms",
+            "finish_ms",
+            "ttft_ms",
+            "tpot_ms",
+            "e2e_ms",
+            "prompt_tokens",
+            "output_tokens",
+            "outcome",
+            "in_steady_window"
+        ]
+    );
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.len(), 40);
+    let result: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("a/result.json")).expect("result"))
+            .expect("JSON");
+    let steady: Vec<&Vec<&str>> = rows.iter().filter(|r| r[12] == "true").collect();
+    assert_eq!(steady.len() as u64, result["steady"]["window"]["requests"].as_u64().unwrap());
+    let mean = steady.iter().map(|r| r[6].parse::<f64>().expect("TTFT")).sum::<f64>() / steady.len() as f64;
+    let want = result["steady"]["latency_ms"]["ttft"]["mean"].as_f64().unwrap();
+    assert!((mean - want).abs() <= 0.001, "steady TTFT mean {mean} against result.json's {want}");
+
+    // Follow request 17 (in the steady window) through the Chrome trace.
+    let row = rows.iter().find(|r| r[0] == "17").expect("request 17");
+    assert_eq!((row[11], row[12]), ("finished", "true"), "{row:?}");
+    let (arrival, first, finish) = (csv_ns(row[1]), csv_ns(row[4]), csv_ns(row[5]));
+    let trace: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("a/trace.json")).expect("trace.json"))
+            .expect("JSON");
+    let events = trace["traceEvents"].as_array().expect("events");
+    let life: Vec<(&str, &str, u64)> = events
+        .iter()
+        .filter(|e| e["cat"] == "request" && e["id"] == 17)
+        .map(|e| (e["ph"].as_str().unwrap(), e["name"].as_str().unwrap(), chrome_ns(e)))
+        .collect();
+    let prefill_done = life.iter().find(|(_, name, _)| *name == "prefill_done").expect("prefill done").2;
+    assert_eq!(
+        life,
+        [
+            ("b", "req-17", arrival),
+            ("n", "arrival", arrival),
+            ("n", "prefill_done", prefill_done),
+            ("n", "first_token", first),
+            ("n", "finish", finish),
+            ("e", "req-17", finish),
+        ]
+    );
+    assert!(arrival < prefill_done && prefill_done < first, "{life:?}");
+    let flow: Vec<(&str, u64)> = events
+        .iter()
+        .filter(|e| e["cat"] == "kv" && e["id"] == 17)
+        .map(|e| (e["ph"].as_str().unwrap(), chrome_ns(e)))
+        .collect();
+    assert!(
+        matches!(flow[..], [("s", s), ("f", f)] if s + 1 == prefill_done && prefill_done <= f && f < first),
+        "{flow:?}"
+    );
+    // Every read and free of its KV names it; the in-flight counter is there.
+    let naming = |cat: &str, name: &str| {
+        events
+            .iter()
+            .filter(|e| e["cat"] == cat && e["name"] == name)
+            .filter(|e| {
+                e["args"]["detail"].as_str().unwrap_or_default().split(' ').any(|w| w == "request=req-17")
+            })
+            .count()
+    };
+    assert!(naming("nic", "read") >= 1 && naming("prefill", "free") == 1, "reads and the free name req-17");
+    assert!(events.iter().any(|e| e["ph"] == "C" && e["name"] == "in_flight"));
+    // The text trace names it too: `grep -w req-17` finds its whole life.
+    let text = std::fs::read_to_string(dir.join("a/trace.txt")).expect("trace.txt");
+    let mentioned: Vec<&str> = text
+        .lines()
+        .filter(|l| l.split(|c: char| c.is_whitespace() || c == '=').any(|w| w == "req-17"))
+        .map(|l| l.split_whitespace().nth(3).unwrap_or_default())
+        .collect();
+    for event in ["request", "arrival", "kv_ready", "prefill_done", "read", "free", "first_token", "finish"] {
+        assert!(mentioned.contains(&event), "{event} does not name req-17: {mentioned:?}");
+    }
+
+    // --no-requests-csv writes none, and removes an earlier run's.
+    let (code, text, err) =
+        run(&dir, &[&args[..6], &["--out", "a", "--no-requests-csv", "--no-trace"]].concat());
+    assert_eq!(code, Some(0), "{text}{err}");
+    assert!(!dir.join("a/requests.csv").exists() && !text.contains("requests.csv"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -261,6 +261,7 @@ impl World {
                 open_loop,
                 requests: Default::default(),
                 transfers: Default::default(),
+                keep_rows: options.requests,
             },
             prefill: PrefillSide {
                 engine_tick: vec![None; engine_count],

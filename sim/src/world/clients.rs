@@ -6,9 +6,11 @@ use pdkv_core::ids::{EngineId, Incarnation, RequestId, TransferId};
 use pdkv_core::params::{KvTransferParams, PrefillAnswer};
 use pdkv_core::proxy::{Proxy, ProxyAction};
 
-use crate::measure::RequestTimes;
+use crate::measure::{RequestTimes, Span};
+use crate::request_table::{RequestOutcome, RequestRow};
 use crate::result::ViolationKind;
 use crate::scenario::{Clients, Length};
+use crate::trace::{Link, Phase};
 
 use super::{Ev, World};
 
@@ -22,6 +24,8 @@ pub(super) struct ClientSide {
     pub(super) open_loop: Option<f64>,
     pub(super) requests: Requests,
     pub(super) transfers: super::transfers::Transfers,
+    /// Keep a row per request for `requests.csv` (`RunOptions::requests`).
+    pub(super) keep_rows: bool,
 }
 
 pub(super) struct Req {
@@ -64,6 +68,8 @@ impl Req {
 #[derive(Default)]
 pub(super) struct Requests {
     slots: Vec<Option<Req>>,
+    /// Requests sent.
+    sent: u64,
     /// Requests that ended (finished or failed).
     ended: u64,
 }
@@ -79,6 +85,12 @@ impl Requests {
             self.slots.resize_with(i + 1, || None);
         }
         self.slots[i] = Some(req);
+        self.sent += 1;
+    }
+
+    /// Requests sent that have not ended.
+    pub(super) fn in_flight(&self) -> u64 {
+        self.sent - self.ended
     }
 
     pub(super) fn get(&self, id: &RequestId) -> Option<&Req> {
@@ -87,6 +99,11 @@ impl Requests {
 
     pub(super) fn get_mut(&mut self, id: &RequestId) -> Option<&mut Req> {
         self.slots.get_mut(Self::slot(*id)).and_then(Option::as_mut)
+    }
+
+    /// Every request with its id, in id order.
+    pub(super) fn entries(&self) -> impl Iterator<Item = (u64, &Req)> {
+        self.slots.iter().enumerate().filter_map(|(i, r)| r.as_ref().map(|r| (i as u64, r)))
     }
 
     /// Every request, in id order.
@@ -109,6 +126,77 @@ impl std::ops::Index<&RequestId> for Requests {
 }
 
 impl World {
+    /// Records a moment of request `id`'s life on its own track (`req-N`), for the Chrome trace's
+    /// async slice of the request; callers test `trace_on` first.
+    pub(super) fn trace_life(&mut self, id: RequestId, name: &'static str, phase: Phase, detail: String) {
+        let link = Some(Link::Life { request: id.0, phase });
+        self.record_linked(self.now, "request", name, id.to_string(), None, detail, link);
+    }
+
+    /// ` request=req-N` for the request of transfer `id`, or nothing when no request of the run
+    /// has it: what a trace record that names a transfer adds, so a reader can follow the request.
+    pub(super) fn request_words(&self, id: &TransferId) -> String {
+        self.clients
+            .transfers
+            .request_of(id)
+            .map_or_else(String::new, |n| format!(" request={}", RequestId(n)))
+    }
+
+    /// Records the requests in flight (sent, not ended) as a counter; callers test `trace_on`.
+    fn trace_in_flight(&mut self) {
+        let in_flight = self.clients.requests.in_flight();
+        let link = Some(Link::Counter { value: in_flight });
+        self.record_linked(
+            self.now,
+            "request",
+            "in_flight",
+            "proxy".into(),
+            None,
+            format!("requests={in_flight}"),
+            link,
+        );
+    }
+
+    /// One row per request, in arrival order, for `requests.csv`: where it went (prefill DP rank
+    /// and decode DP group by engine), its times and lengths, how it ended, and whether it
+    /// arrived inside the steady window `span` (by arrival index, as the window counts).
+    pub(super) fn request_rows(&self, span: &Span) -> Vec<RequestRow> {
+        let name = |side: char, base: &[usize], engine: usize, group: usize| {
+            format!("{side}{engine}.dp{}", group - base[engine])
+        };
+        self.clients
+            .requests
+            .entries()
+            .enumerate()
+            .map(|(arrival, (id, r))| RequestRow {
+                id,
+                arrival_ns: r.sent_ns,
+                prefill: name(
+                    'P',
+                    &self.prefill.group_base,
+                    self.prefill.groups[r.prefill_group].engine,
+                    r.prefill_group,
+                ),
+                decode: name(
+                    'D',
+                    &self.decode.group_base,
+                    self.decode.groups[r.decode_group].engine,
+                    r.decode_group,
+                ),
+                first_token_ns: r.first_token_ns,
+                done_ns: r.done_ns,
+                prompt_tokens: r.input,
+                output_tokens: r.output,
+                outcome: match (r.done_ns, r.failed) {
+                    (Some(_), false) => RequestOutcome::Finished,
+                    (Some(_), true) => RequestOutcome::Failed,
+                    (None, _) => RequestOutcome::Unfinished,
+                },
+                in_steady_window: (span.first..span.end).contains(&arrival),
+            })
+            .collect()
+    }
+
     fn length(&mut self, length: Length) -> u32 {
         match length {
             Length::Fixed(n) => n,
@@ -142,7 +230,7 @@ impl World {
         let decode_group =
             self.decode.group_base[usize::from(decode_slot.engine.index)] + usize::from(decode_slot.dp());
         let transfer =
-            self.clients.transfers.push(TransferId(params.transfer_id.clone().unwrap_or_default()));
+            self.clients.transfers.push(TransferId(params.transfer_id.clone().unwrap_or_default()), id.0);
         let req = Req {
             sent_ns: self.now,
             input,
@@ -168,6 +256,11 @@ impl World {
             None,
             format!("{id} prefill={slot} decode={decode_slot}"),
         );
+        if self.trace_on {
+            let detail = format!("prefill={slot} decode={decode_slot}");
+            self.trace_life(id, "arrival", Phase::Begin, detail);
+            self.trace_in_flight();
+        }
         let latency = self.control_ns();
         self.at(latency, Ev::PrefillQueue { req: id });
     }
@@ -187,6 +280,10 @@ impl World {
         req.decode_blocks = Vec::new();
         self.clients.requests.ended += 1;
         self.stats.last_progress_ns = self.now;
+        if self.trace_on {
+            self.trace_life(id, "finish", Phase::End, if failed { "failed" } else { "finished" }.into());
+            self.trace_in_flight();
+        }
         let _ = self.clients.proxy.handle_finished(id);
         if matches!(self.sc.workload.clients, Clients::Closed { .. }) && self.clients.to_send > 0 {
             self.at(0, Ev::Arrival);

@@ -11,6 +11,7 @@ use crate::nic::{Finish, FlowId, Nics};
 use super::control::Listener;
 use crate::result::ViolationKind;
 use crate::scenario::FaultKind;
+use crate::trace::Link;
 
 use super::{list, Ev, World};
 use pdkv_engine::pool::FREE;
@@ -218,14 +219,19 @@ impl World {
         self.stats.kv_read_ms.push((self.now - info.started) as f64 / 1e6);
         let me = self.decode.ranks[info.worker];
         let server_rank = self.prefill.ranks[info.server];
-        trace!(
-            self,
-            "nic",
-            "read",
-            format!("{server_rank}"),
-            Some(self.now - info.started),
-            format!("to {me} layers={}", info.ops.len()),
-        );
+        if self.trace_on {
+            // A read flow is one request's: it names it, and the first to complete ends the
+            // arrow from the request's prefill step.
+            let request = info.ops.first().map(|(r, _)| *r);
+            let detail = format!(
+                "to {me} layers={}{}",
+                info.ops.len(),
+                request.map_or_else(String::new, |r| format!(" request={r}"))
+            );
+            let link = request.map(|r| Link::FlowEnd { request: r.0 });
+            let (t, dur) = (info.started, Some(self.now - info.started));
+            self.record_linked(t, "nic", "read", server_rank.to_string(), dur, detail, link);
+        }
         let outcome = if self.checks.fenced.contains(&info.transfer) {
             ReadOutcome::Failed("remote access revoked (fenced)".into())
         } else {
@@ -264,7 +270,7 @@ impl World {
                 "read_aborted",
                 self.prefill.ranks[info.server].to_string(),
                 Some(self.now - info.started),
-                format!("to {} layers={}", self.decode.ranks[w], info.ops.len()),
+                format!("to {} layers={} request={request}", self.decode.ranks[w], info.ops.len()),
             );
             for (request, layer) in info.ops {
                 let outcome = Box::new(ReadOutcome::Aborted);

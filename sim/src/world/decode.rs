@@ -202,7 +202,7 @@ impl World {
                 self.stats.preemptions += 1;
                 if self.trace_on {
                     let name = format!("D{}.u{}", self.decode.groups[g].engine, self.decode.groups[g].unit);
-                    trace!(self, "decode", "preempt", name, None, format!("request={}", request.0));
+                    trace!(self, "decode", "preempt", name, None, format!("request={request}"));
                 }
             }
             // The recompute is charged when the step computes (`maybe_compute`).
@@ -306,6 +306,14 @@ impl World {
             for id in forwarded.first {
                 if let Some(r) = self.clients.requests.get_mut(&id) {
                     r.first_token_ns = Some(now);
+                }
+                if self.trace_on {
+                    self.trace_life(
+                        id,
+                        "first_token",
+                        crate::trace::Phase::Instant,
+                        format!("unit=D{}.u{unit}", self.decode.units[unit].engine),
+                    );
                 }
             }
             continuing += forwarded.continuing;

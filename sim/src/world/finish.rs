@@ -114,6 +114,10 @@ impl World {
             result.gpus,
             self.sc.slo,
         );
+        let requests = match self.clients.keep_rows {
+            true => self.request_rows(&span),
+            false => Vec::new(),
+        };
 
         // NICs.
         let bucket_bytes = self.sc.hardware.nic_gb_s * 1e9 * (BUCKET_NS as f64 / 1e9);
@@ -230,7 +234,7 @@ impl World {
             Verdict::Ended(outcome) => outcome,
             Verdict::Interrupted => unreachable!("a simulated run is never interrupted"),
         };
-        Run { result }
+        Run { result, requests }
     }
 }
 

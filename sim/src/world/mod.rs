@@ -34,7 +34,7 @@ use crate::nic::FlowId;
 use crate::result::{round3, RunResult};
 use crate::rng::Streams;
 use crate::scenario::{Clients, Scenario};
-use crate::trace::{TraceRecord, TraceSink};
+use crate::trace::{Link, TraceRecord, TraceSink};
 
 /// Records a trace event only when the run has a trace sink, so the arguments (formatted
 /// strings) cost nothing in benchmark runs.
@@ -97,6 +97,8 @@ pub struct RunOptions {
     /// Where trace records go, in time order, as they are produced; `None` (benchmarks,
     /// sweeps, exploration) formats no record at all.
     pub trace: Option<Box<dyn TraceSink>>,
+    /// Keep a row per request for `requests.csv` ([`Run::requests`]); off, the run keeps none.
+    pub requests: bool,
 }
 
 /// A finished run.
@@ -104,6 +106,8 @@ pub struct RunOptions {
 pub struct Run {
     /// The result object.
     pub result: RunResult,
+    /// One row per request, in arrival order, when [`RunOptions::requests`] asked for them.
+    pub requests: Vec<crate::request_table::RequestRow>,
 }
 
 #[derive(Clone, Debug)]
@@ -272,8 +276,24 @@ impl World {
         dur_ns: Option<u64>,
         detail: String,
     ) {
+        self.record_linked(self.now, cat, name, track, dur_ns, detail, None);
+    }
+
+    /// Records a trace event at `t_ns` with a link to a request's life, a flow or a counter
+    /// (`trace::Link`); callers test `trace_on` first, as `trace!` does.
+    #[allow(clippy::too_many_arguments)]
+    fn record_linked(
+        &mut self,
+        t_ns: u64,
+        cat: &'static str,
+        name: &'static str,
+        track: String,
+        dur_ns: Option<u64>,
+        detail: String,
+        link: Option<Link>,
+    ) {
         if let Some(sink) = &mut self.trace {
-            sink.handle_record(TraceRecord { t_ns: self.now, dur_ns, cat, name, track, detail });
+            sink.handle_record(TraceRecord { t_ns, dur_ns, cat, name, track, detail, link });
         }
     }
 

@@ -7,6 +7,7 @@ use pdkv_core::topology::Layout;
 
 use crate::measure::PrefillStep;
 use crate::result::ViolationKind;
+use crate::trace::{Link, Phase};
 
 use super::{list, ms, ms_ns, Ev, World};
 use pdkv_engine::pool::FREE;
@@ -161,6 +162,23 @@ impl World {
         }
         let finished = done.finished.into_iter().map(|p| (p.request, p.blocks));
         for (id, blocks) in finished {
+            if self.trace_on {
+                // Its KV is ready: the flow to its first read starts inside this step, which
+                // began `step_ns` ago and ends now.
+                let track = format!("P{e}.dp{dp}");
+                let link = Some(Link::FlowStart { request: id.0 });
+                let detail = format!("request={id}");
+                self.record_linked(
+                    self.now.saturating_sub(1),
+                    "prefill",
+                    "kv_ready",
+                    track,
+                    None,
+                    detail,
+                    link,
+                );
+                self.trace_life(id, "prefill_done", Phase::Instant, format!("prefill=P{e}.dp{dp}"));
+            }
             let req = self.clients.requests.get_mut(&id).expect("batched requests exist");
             req.prefill_blocks = blocks.clone();
             let (decode_engine, decode_dp) = {
@@ -314,7 +332,7 @@ impl World {
                     name,
                     format!("P{e}.dp{owner_dp}"),
                     None,
-                    format!("{transfer_id} blocks={}", blocks.len()),
+                    format!("{transfer_id} blocks={}{}", blocks.len(), self.request_words(&transfer_id)),
                 );
                 self.try_prefill(g);
             }
@@ -353,7 +371,8 @@ impl World {
             WorkerAction::Ignored { transfer_id, outcome } => {
                 let rank = self.prefill.ranks[i].to_string();
                 let why = release_outcome_words(&outcome);
-                trace!(self, "release", "ignored", rank, None, format!("{transfer_id}: {why}"));
+                let request = self.request_words(&transfer_id);
+                trace!(self, "release", "ignored", rank, None, format!("{transfer_id}: {why}{request}"));
             }
             WorkerAction::Refused { transfer_id, message, verdict } => {
                 // The simulator has no forger yet, so a refusal means its own ranks
@@ -366,7 +385,9 @@ impl World {
             }
             WorkerAction::LeaseCapped { transfer_id, asked_ms, granted_ms } => {
                 let rank = self.prefill.ranks[i].to_string();
-                let detail = format!("{transfer_id}: lease of {asked_ms} ms taken for {granted_ms} ms");
+                let request = self.request_words(&transfer_id);
+                let detail =
+                    format!("{transfer_id}: lease of {asked_ms} ms taken for {granted_ms} ms{request}");
                 trace!(self, "release", "lease_capped", rank, None, detail);
             }
             WorkerAction::Error { rank, error } => {
@@ -414,8 +435,9 @@ mod tests {
         sc.workload.input_tokens = Length::Uniform { min: 1024, max: 40_000 };
         sc.workload.output_tokens = Length::Fixed(8);
         let trace = TraceMemory::default();
-        let run = crate::run(&sc, RunOptions { trace: Some(Box::new(trace.clone())) })
-            .unwrap_or_else(|e| panic!("{e}"));
+        let run =
+            crate::run(&sc, RunOptions { trace: Some(Box::new(trace.clone())), ..RunOptions::default() })
+                .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(run.result.requests.finished, 24, "{deployment}");
         trace
             .records()

@@ -17,13 +17,17 @@ pub(super) struct Transfers {
     text: BTreeMap<u32, TransferId>,
     by_bits: BTreeMap<u128, u32>,
     by_text: BTreeMap<TransferId, u32>,
+    /// The request of each transfer, by number, so a record naming a transfer can name its
+    /// request too.
+    requests: Vec<u64>,
 }
 
 impl Transfers {
     /// Numbers `id` (the next number); a repeated id now names the new transfer, as a map from
     /// id to number would.
-    pub(super) fn push(&mut self, id: TransferId) -> u32 {
+    pub(super) fn push(&mut self, id: TransferId, request: u64) -> u32 {
         let number = self.bits.len() as u32;
+        self.requests.push(request);
         match id.to_u128() {
             Some(bits) => {
                 self.bits.push(bits);
@@ -46,6 +50,12 @@ impl Transfers {
         }
     }
 
+    /// The request transfer `id` belongs to (the latest one's, if it was repeated): the proxy's
+    /// number, as `req-N` names it.
+    pub(super) fn request_of(&self, id: &TransferId) -> Option<u64> {
+        self.number(id).and_then(|n| self.requests.get(n as usize).copied())
+    }
+
     /// The id of transfer `number`.
     pub(super) fn id(&self, number: u32) -> Option<TransferId> {
         let bits = *self.bits.get(number as usize)?;
@@ -62,9 +72,10 @@ mod tests {
         let mut t = Transfers::default();
         let minted = TransferId::from_u128(7);
         let foreign = TransferId("req-42".into());
-        assert_eq!(t.push(minted.clone()), 0);
-        assert_eq!(t.push(foreign.clone()), 1);
-        assert_eq!(t.push(minted.clone()), 2, "a repeated id gets a number of its own");
+        assert_eq!(t.push(minted.clone(), 1), 0);
+        assert_eq!(t.push(foreign.clone(), 2), 1);
+        assert_eq!(t.push(minted.clone(), 3), 2, "a repeated id gets a number of its own");
+        assert_eq!((t.request_of(&minted), t.request_of(&foreign)), (Some(3), Some(2)));
         assert_eq!(t.number(&minted), Some(2), "and the id names the latest");
         assert_eq!(t.number(&foreign), Some(1));
         assert_eq!(t.number(&TransferId::from_u128(8)), None);
