@@ -264,8 +264,14 @@ fn table(points: &[SweepPoint], calibration: &Calibration) -> Vec<String> {
             (of, false) => format!("  rank {} of {of}", rank.place),
             (of, true) => format!("  rank {} of {of}, not separated from {}", rank.place, rank.place - 1),
         };
+        // The steady window's TTFT percentiles, as `pdkv run` prints them.
+        let ttft = p
+            .steady
+            .latency_ms
+            .ttft
+            .map_or_else(|| "n/a".to_string(), |t| format!("{:.0}/{:.0} ms", t.p50, t.p99));
         lines.push(format!(
-            "{:<width$} {:<9} {gpus:<18} {:>9.0} tok/s  TTFT {}  TPOT {}  steady {:>6.0} tok/s/GPU{goodput}{place}  {}",
+            "{:<width$} {:<9} {gpus:<18} {:>9.0} tok/s  TTFT {}  TPOT {}  steady {:>6.0} tok/s/GPU, TTFT p50/p99 {ttft:>15}{goodput}{place}  {}",
             p.run,
             p.load_label(),
             p.total_tok_s,
@@ -315,4 +321,74 @@ fn write(
     let images = pdkv_reports::sweep_charts(points, band, out).map_err(|e| e.to_string())?;
     pdkv_reports::page::write_sweep_page(out, points, &images, provenance, command)
         .map_err(|e| format!("cannot write {}: {e}", out.join("index.html").display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use pdkv_sim::calibration::Validation;
+    use pdkv_sim::result::{Goodput, Gpus, Steady, Summary};
+    use pdkv_sim::scenario::Slo;
+    use pdkv_sim::Outcome;
+
+    use super::*;
+
+    fn point(run: &str, per_gpu: f64, goodput: Option<f64>) -> SweepPoint {
+        let mut steady = Steady::default();
+        steady.throughput.total_tok_s_per_gpu = per_gpu;
+        steady.latency_ms.ttft = Some(Summary { mean: 900.0, p50: 800.0, p90: 1200.0, p99: 2500.0 });
+        steady.goodput = goodput.map(|g| Goodput {
+            slo: Slo { ttft_ms: Some(3000.0), tpot_ms: None },
+            requests_per_s: g * 24.0,
+            requests_per_s_per_gpu: g,
+            met_fraction: 0.9,
+        });
+        SweepPoint {
+            run: run.into(),
+            deployment: "2P_TP8:1D_DP8EP".into(),
+            concurrency: 128,
+            rate_per_s: None,
+            gpus: Gpus { prefill: 16, decode: 8 },
+            total_tok_s: per_gpu * 24.0,
+            ttft_mean_ms: Some(1502.4),
+            tpot_mean_ms: None,
+            outcome: Outcome::Clean,
+            steady,
+        }
+    }
+
+    /// (points, the calibration's validation error) -> the table's lines: GPUs, steady figures,
+    /// goodput with an SLO, ranks and "not separated", and how the ranking reads.
+    #[test]
+    fn the_table_shows_gpus_steady_figures_and_which_ranks_the_error_cannot_separate() {
+        let check = |points: &[SweepPoint], median: f64, expected: &[&str]| {
+            let mut calibration = pdkv_sim::calibration::current();
+            calibration.validation =
+                Some(Validation { points: 8, sources: 3, median_abs_error: median, max_abs_error: 1.5 });
+            assert_eq!(table(points, &calibration), expected);
+        };
+        check(
+            &[point("a", 1100.0, None)],
+            0.817,
+            &["a                        C=128     24 GPUs (16P+8D)       26400 tok/s  TTFT      1502 ms  TPOT    n/a     steady   1100 tok/s/GPU, TTFT p50/p99     800/2500 ms  clean"],
+        );
+        let two = [point("a", 1100.0, Some(0.05)), point("b", 1000.0, Some(0.1))];
+        check(
+            &two,
+            0.1,
+            &[
+                "a                        C=128     24 GPUs (16P+8D)       26400 tok/s  TTFT      1502 ms  TPOT    n/a     steady   1100 tok/s/GPU, TTFT p50/p99     800/2500 ms  goodput  0.0500 req/s/GPU  rank 2 of 2  clean",
+                "b                        C=128     24 GPUs (16P+8D)       24000 tok/s  TTFT      1502 ms  TPOT    n/a     steady   1000 tok/s/GPU, TTFT p50/p99     800/2500 ms  goodput  0.1000 req/s/GPU  rank 1 of 2  clean",
+                "ranked at each load by goodput per GPU; \"not separated\": within ± 10.0 % (the calibration's \
+                 validation median |error|) of the rank above, so their error bands overlap and the model does not \
+                 rank them",
+            ],
+        );
+        let lines = table(&two, &{
+            let mut c = pdkv_sim::calibration::current();
+            c.validation =
+                Some(Validation { points: 8, sources: 3, median_abs_error: 0.5, max_abs_error: 1.5 });
+            c
+        });
+        assert!(lines[0].ends_with("rank 2 of 2, not separated from 1  clean"), "{lines:?}");
+    }
 }

@@ -330,12 +330,13 @@ pub fn write_sweep_page(
         if rates { "rate (req/s)" } else { "concurrency" }
     );
     html.push_str("<th>mean TPOT (ms)</th><th>GPUs (prefill + decode)</th><th>steady tok/s per GPU</th>");
+    html.push_str("<th>steady TTFT p50 / p99 (ms)</th>");
     html.push_str("<th>goodput req/s per GPU</th><th>outcome</th></tr>\n");
     for p in points {
         let load = p.rate_per_s.map_or_else(|| p.concurrency.to_string(), |r| r.to_string());
         let _ = writeln!(
             html,
-            "<tr><td>{}</td><td>{}</td><td>{load}</td><td>{:.0}</td><td>{}</td><td>{}</td><td>{} ({} + {})</td><td>{:.0}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{load}</td><td>{:.0}</td><td>{}</td><td>{}</td><td>{} ({} + {})</td><td>{:.0}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             escape(&p.run),
             escape(&p.deployment),
             p.total_tok_s,
@@ -345,6 +346,7 @@ pub fn write_sweep_page(
             p.gpus.prefill,
             p.gpus.decode,
             p.steady.throughput.total_tok_s_per_gpu,
+            p.steady.latency_ms.ttft.map_or("n/a".to_string(), |t| format!("{:.0} / {:.0}", t.p50, t.p99)),
             p.steady.goodput.map_or("n/a (no SLO)".to_string(), |g| format!("{:.4}", g.requests_per_s_per_gpu)),
             escape(p.outcome.name())
         );
@@ -407,7 +409,7 @@ mod tests {
             "<tr><td>a&lt;b</td><td>built-in MI300X-class defaults, DeepSeek-R1 (no profile named)</td></tr>",
             "<tr><td>h200</td><td>gpu h200-sxm (profiles/*.ron)</td></tr>",
             "<p>calibration study-tp8-2026-12: fitting worst 16.4 %; validation not yet measured</p>",
-            "<td>24 (16 + 8)</td><td>0</td><td>n/a (no SLO)</td>",
+            "<td>24 (16 + 8)</td><td>0</td><td>n/a</td><td>n/a (no SLO)</td>",
         ] {
             assert!(html.contains(text), "{text}: {html}");
         }

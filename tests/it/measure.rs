@@ -48,7 +48,9 @@ fn a_sweep_reports_gpus_steady_figures_goodput_and_ranks() {
     assert_eq!(rows.len(), 4, "{text}");
     assert!(rows[0].contains(" 16 GPUs (8P+8D) ") && rows[2].contains(" 24 GPUs (16P+8D) "), "{text}");
     assert!(
-        rows.iter().all(|r| r.contains(" tok/s/GPU  goodput ") && r.contains(" req/s/GPU  rank ")),
+        rows.iter().all(|r| r.contains(" tok/s/GPU, TTFT p50/p99 ")
+            && r.contains(" ms  goodput ")
+            && r.contains(" req/s/GPU  rank ")),
         "{text}"
     );
     assert!(
