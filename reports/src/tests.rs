@@ -542,7 +542,7 @@ fn rendering_twice_gives_identical_bytes() {
     );
     files.retain(|f| f != "band");
     files.sort();
-    assert_eq!(files.len(), 24);
+    assert_eq!(files.len(), 28, "with the per-GPU throughput chart of each sweep");
     for file in &files {
         let (x, y) = (fs::read(a.join(file)).expect("read"), fs::read(b.join(file)).expect("read"));
         assert!(x == y, "{file} differs between two renders");

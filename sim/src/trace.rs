@@ -66,7 +66,9 @@ pub enum Phase {
     End,
 }
 
-/// Where a run's trace records go, in the order they are produced (virtual time order). A run
+/// Where a run's trace records go, in the order they are produced: the virtual time order of
+/// their production, which is their start's except for a KV read's span, produced when the read
+/// ends (its length depends on the NIC sharing until then) and starting at its post. A run
 /// calls it and nothing else; what happens to a record (a file, a channel, memory) is the
 /// caller's, so the run stays a pure function of (scenario, seed).
 pub trait TraceSink {
