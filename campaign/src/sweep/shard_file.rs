@@ -52,6 +52,7 @@ struct ResultEntry {
     #[serde(serialize_with = "optional_figure", deserialize_with = "rate_per_s")]
     rate_per_s: Option<f64>,
     run: String,
+    #[serde(deserialize_with = "steady")]
     steady: Steady,
     #[serde(serialize_with = "figure", deserialize_with = "total_tok_s")]
     total_tok_s: f64,
@@ -134,6 +135,21 @@ fn total_tok_s<'de, D: Deserializer<'de>>(deserializer: D) -> Result<f64, D::Err
 
 fn ttft_mean_ms<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<f64>, D::Error> {
     read_figure(deserializer, "ttft_mean_ms", true)
+}
+
+/// The steady-state figures as a sweep writes them: read as `result.json`'s type, which takes
+/// unknown fields and defaults missing ones for old results, so the text is also checked to be
+/// exactly what that value writes back (no field pdkv never writes, none left out).
+fn steady<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Steady, D::Error> {
+    let value = serde_json::Value::deserialize(deserializer)?;
+    let steady: Steady =
+        serde_json::from_value(value.clone()).map_err(|e| D::Error::custom(format!("`steady`: {e}")))?;
+    if serde_json::to_value(&steady).ok().as_ref() != Some(&value) {
+        return Err(D::Error::custom(
+            "`steady` is not as pdkv writes it (a field added, left out or changed)",
+        ));
+    }
+    Ok(steady)
 }
 
 fn rate_per_s<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<f64>, D::Error> {
@@ -396,6 +412,11 @@ mod tests {
             "`ttft_mean_ms` is inf",
         );
         check(r#""tpot_mean_ms": null,"#, "", "missing field `tpot_mean_ms`");
+        check(r#""start_s": 0.0,"#, r#""start_s": 0.0, "was": 1,"#, "`steady` is not as pdkv writes it");
+        check(r#""requests": 0,"#, "", "`steady`: missing field `requests`");
+        // A missing `Option` would read as `None`: the check back against the text refuses it.
+        check(r#""itl": null,"#, "", "`steady` is not as pdkv writes it");
+        check(r#""kind": "steady""#, r#""kind": "fast""#, "`steady`: unknown variant `fast`");
         check(r#""as_expected": true,"#, r#""as_expected": true, "was": 1,"#, "unknown field `was`");
         check(r#""concurrency": 8"#, r#""concurrency": 5000000000"#, "expected u32");
         check(
