@@ -13,6 +13,7 @@ pub mod cost;
 pub mod error;
 pub mod explore;
 pub mod files;
+pub mod fit;
 pub mod identity;
 pub mod load;
 pub mod measure;

@@ -39,7 +39,10 @@ tasks:
            against the engine alone, the memory curve of a 1,024-GPU deployment (10k, 100k, 1M
            requests; a few minutes); each figure against bench/figures.txt with the ratio,
            --record writes them there
-  calibrate  the cost model: fitting table (docs/reference.md) and held-out validation table (docs/calibration.md)
+  calibrate [--fit]
+           the cost model: fitting table (docs/reference.md) and held-out validation table
+           (docs/calibration.md); --fit first fits the free constants on the fitting points alone
+           (sim/src/fit.rs) and prints them with both tables at the fitted values
   catch      seeds to the first catch of each legacy option, full workload and search (docs/verification.md)
              (release build)
   gallery  rerun the commands of docs/gallery/gallery.txt (release build) and copy their
@@ -137,7 +140,17 @@ fn main() -> ExitCode {
             results::run(&args, &workspace_root())
         }
         Some("calibrate") => {
-            let args = ["run", "--release", "--quiet", "--package", "pdkv-sim", "--example", "calibrate"];
+            let mut args =
+                vec!["run", "--release", "--quiet", "--package", "pdkv-sim", "--example", "calibrate"];
+            let rest: Vec<String> = std::env::args().skip(2).collect();
+            match rest.as_slice() {
+                [] => {}
+                [flag] if flag == "--fit" => args.extend(["--", "--fit"]),
+                _ => {
+                    eprintln!("usage: cargo xtask calibrate [--fit]");
+                    return ExitCode::from(2);
+                }
+            }
             if cargo(&args, &[]) {
                 ExitCode::SUCCESS
             } else {
