@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 use pdkv_core::legacy::Legacy;
+use pdkv_sim::calibration::Combination;
 use pdkv_sim::result::Steady;
 use pdkv_sim::scenario::{Clients, Measure, Scenario, Slo};
 use pdkv_sim::{Run, RunIdentity, RunOptions, RunResult};
@@ -36,7 +37,9 @@ arrivals, an open loop's first N/10; --warmup N sets it) and the drain (the last
 many as were in flight at the last arrival: C in a closed loop); --whole-run measures the whole
 run instead. A run too short to leave a window is measured whole, and says so. A scenario file can name GPU, NIC and
 model profiles instead (profiles: (gpu: \"h200-sxm\", nic: \"cx7-400g\", model: \"deepseek-r1\"),
-listed by pdkv profiles); the summary and result.json then name them.
+listed by pdkv profiles); the summary and result.json then name them. A profile the cost
+model's calibration was not fitted on (profiles/calibration.ron, covers) gets a WARNING on
+stderr: the run's figures there are an extrapolation.
 
 Writes the report to --out (default target/pdkv/<run>/, named after what the run is: the
 scenario name or the notation, and the workload, seed and legacy options given here, e.g.
@@ -231,6 +234,15 @@ fn apply(args: &RunArgs, mut scenario: Scenario) -> Scenario {
     scenario
 }
 
+/// Warns on stderr when `scenario` names a GPU, NIC or model profile the cost model's
+/// calibration was not fitted on: its figures there are an extrapolation (docs/calibration.md).
+pub fn warn_uncovered(scenario: &Scenario) {
+    let calibration = pdkv_sim::calibration::current();
+    if let Some(warning) = calibration.coverage_warning(&calibration.coverage(Combination::of(scenario))) {
+        errln!("{warning}");
+    }
+}
+
 pub fn run(args: &RunArgs) -> ExitCode {
     let (scenario, identity) = match load_with_notation(&args.scenario) {
         Ok((base, notation)) => {
@@ -254,6 +266,7 @@ pub fn run(args: &RunArgs) -> ExitCode {
         errln!("error: {message}");
         return ExitCode::from(2);
     }
+    warn_uncovered(&scenario);
     let out = args.out.clone().unwrap_or_else(|| PathBuf::from("target/pdkv").join(identity.slug()));
     let gpus_per_node = scenario.hardware.gpus_per_node;
     let which = Which { text: !args.no_trace, chrome: args.chrome_trace };

@@ -43,7 +43,8 @@ so a bug and its fix on one deployment are two lines) to --out (default
 target/pdkv/sweep_<lines>_<loads>/, so different sweeps keep their own reports).
 The output names each line's profiles and the calibration of the cost model
 (profiles/calibration.ron); the charts shade its validation error around every line, or say
-that it is not yet measured.
+that it is not yet measured. A line on a profile the calibration was not fitted on gets a
+WARNING on stderr.
 
 --shard i/N runs only shard i of N (the grid points whose index is i modulo N, shards numbered
 from 0; points are ordered by line, then concurrency) and writes their results to
@@ -112,6 +113,7 @@ pub fn run(args: &SweepArgs) -> ExitCode {
         let added = crate::run_cmd::load_with_notation(spec).and_then(|(mut base, notation)| {
             // The measurement flags set the scenario's own `measure` and `slo`, as `pdkv run`'s do.
             args.measure.apply(&mut base);
+            crate::run_cmd::warn_uncovered(&base);
             sweep.add_line(spec, &base, notation, args.seed).map_err(|e| e.to_string())
         });
         if let Err(message) = added {

@@ -3,10 +3,16 @@
 //! far its predictions fall from held-out points (docs/calibration.md). Reports name it next to
 //! their figures, so nobody reads a difference finer than the model can tell.
 //!
+//! The record also says which profiles the fitting points ran on (`covers`): a run on a GPU,
+//! NIC, model or serving stack outside them is an extrapolation, and [`coverage`] names what
+//! is outside so `pdkv run` and `pdkv sweep` can warn.
+//!
 //! The file is embedded in the binary, so the record is the same from any working directory.
 //! `cargo xtask calibrate` produces its numbers; the file records them.
 
 use serde::{Deserialize, Serialize};
+
+use crate::scenario::Scenario;
 
 /// The record's file, relative to the repository root.
 pub const FILE: &str = "profiles/calibration.ron";
@@ -26,6 +32,54 @@ pub struct Calibration {
     pub fitting_error_max: f64,
     /// The error on held-out points; `None` until they have been simulated.
     pub validation: Option<Validation>,
+    /// The profiles the fitting points ran on.
+    pub covers: Covers,
+}
+
+/// The profiles a calibration's fitting points ran on, by kind. A scenario that names no
+/// profile of a kind uses the built-in defaults, which are the fitting points' own
+/// (`default_is`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Covers {
+    /// GPU profiles.
+    pub gpu: Vec<String>,
+    /// NIC profiles.
+    pub nic: Vec<String>,
+    /// Model profiles.
+    pub model: Vec<String>,
+    /// Serving stacks (the engine software whose kernels and overlap the constants describe).
+    pub stack: Vec<String>,
+}
+
+/// One profile a run uses that its calibration was not fitted on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Uncovered {
+    /// Which kind of profile: `gpu`, `nic`, `model` or `stack`.
+    pub kind: &'static str,
+    /// The profile's name.
+    pub name: String,
+}
+
+/// The profiles one run uses, by kind; `None` where it names none (the built-in defaults).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Combination<'a> {
+    /// GPU profile.
+    pub gpu: Option<&'a str>,
+    /// NIC profile.
+    pub nic: Option<&'a str>,
+    /// Model profile.
+    pub model: Option<&'a str>,
+    /// Serving stack.
+    pub stack: Option<&'a str>,
+}
+
+impl<'a> Combination<'a> {
+    /// The profiles `scenario` names.
+    pub fn of(scenario: &'a Scenario) -> Combination<'a> {
+        let p = &scenario.profiles;
+        Combination { gpu: p.gpu.as_deref(), nic: p.nic.as_deref(), model: p.model.as_deref(), stack: None }
+    }
 }
 
 /// How far a calibration's predictions fall from held-out points it was not fitted on.
@@ -53,6 +107,17 @@ fn parse(text: &str) -> Result<Calibration, ron::error::SpannedError> {
     ron::Options::default().from_str(text)
 }
 
+/// What `scenario` uses that the built-in calibration was not fitted on (empty when covered).
+pub fn coverage(scenario: &Scenario) -> Vec<Uncovered> {
+    current().coverage(Combination::of(scenario))
+}
+
+/// The built-in calibration's median |error| over its held-out points, a fraction; `None`
+/// until measured.
+pub fn validation_median() -> Option<f64> {
+    current().validation.map(|v| v.median_abs_error)
+}
+
 /// A fraction as a percentage with one decimal: `16.4 %`.
 pub fn percent(fraction: f64) -> String {
     format!("{:.1} %", 100.0 * fraction)
@@ -64,6 +129,47 @@ fn count(n: u32, one: &str, many: &str) -> String {
 }
 
 impl Calibration {
+    /// What `used` names that this calibration's fitting points did not run on, in the order
+    /// gpu, nic, model, stack. A kind left at the built-in defaults is covered: the defaults
+    /// are the fitting points' profiles.
+    pub fn coverage(&self, used: Combination) -> Vec<Uncovered> {
+        let kinds = [
+            ("gpu", used.gpu, &self.covers.gpu),
+            ("nic", used.nic, &self.covers.nic),
+            ("model", used.model, &self.covers.model),
+            ("stack", used.stack, &self.covers.stack),
+        ];
+        kinds
+            .into_iter()
+            .filter_map(|(kind, name, covered)| {
+                let name = name?;
+                (!covered.iter().any(|c| c == name)).then(|| Uncovered { kind, name: name.to_string() })
+            })
+            .collect()
+    }
+
+    /// The warning for a run that uses `uncovered` (empty: none), one line naming each profile
+    /// outside the calibration and the validation error to read its figures with.
+    pub fn coverage_warning(&self, uncovered: &[Uncovered]) -> Option<String> {
+        if uncovered.is_empty() {
+            return None;
+        }
+        let names: Vec<String> = uncovered.iter().map(|u| format!("{} {}", u.kind, u.name)).collect();
+        let error = match &self.validation {
+            Some(v) => format!(
+                "held-out median |error| {}, worst {}",
+                percent(v.median_abs_error),
+                percent(v.max_abs_error)
+            ),
+            None => "validation not yet measured".to_string(),
+        };
+        Some(format!(
+            "WARNING: calibration {} was not fitted on {}: its figures there are an extrapolation ({error}; docs/calibration.md)",
+            self.name,
+            names.join(", ")
+        ))
+    }
+
     /// One line for reports: the name, the fitting error and the validation error, or that the
     /// validation error is not yet measured.
     pub fn summary(&self) -> String {
@@ -112,6 +218,73 @@ mod tests {
         assert!(err.to_string().contains("fitting_error_worst"), "{err}");
     }
 
+    fn covers() -> Covers {
+        Covers {
+            gpu: vec!["mi300x".into()],
+            nic: vec!["thor2-400g".into()],
+            model: vec!["deepseek-r1".into()],
+            stack: vec!["vllm".into()],
+        }
+    }
+
+    #[test]
+    fn coverage_table() {
+        let c = Calibration {
+            name: "c".into(),
+            fitted_on: "f".into(),
+            fitting_error_max: 0.1,
+            validation: Some(Validation { points: 2, sources: 1, median_abs_error: 0.3, max_abs_error: 0.5 }),
+            covers: covers(),
+        };
+        let check = |used: Combination, expected: &[(&str, &str)], warning: Option<&str>| {
+            let got = c.coverage(used);
+            let got_pairs: Vec<(&str, &str)> = got.iter().map(|u| (u.kind, u.name.as_str())).collect();
+            assert_eq!(got_pairs, expected, "{used:?}");
+            assert_eq!(c.coverage_warning(&got).as_deref(), warning, "{used:?}");
+        };
+        check(Combination::default(), &[], None);
+        check(
+            Combination { gpu: Some("mi300x"), model: Some("deepseek-r1"), ..Combination::default() },
+            &[],
+            None,
+        );
+        check(
+            Combination { gpu: Some("h100-sxm"), nic: Some("cx7-400g"), ..Combination::default() },
+            &[("gpu", "h100-sxm"), ("nic", "cx7-400g")],
+            Some(
+                "WARNING: calibration c was not fitted on gpu h100-sxm, nic cx7-400g: its figures there are an \
+                 extrapolation (held-out median |error| 30.0 %, worst 50.0 %; docs/calibration.md)",
+            ),
+        );
+        check(
+            Combination { model: Some("qwen3-235b-a22b"), stack: Some("sglang"), ..Combination::default() },
+            &[("model", "qwen3-235b-a22b"), ("stack", "sglang")],
+            Some(
+                "WARNING: calibration c was not fitted on model qwen3-235b-a22b, stack sglang: its figures there \
+                 are an extrapolation (held-out median |error| 30.0 %, worst 50.0 %; docs/calibration.md)",
+            ),
+        );
+    }
+
+    #[test]
+    fn the_record_covers_profiles_that_exist() {
+        let c = current();
+        let lists = [(&c.covers.gpu, "gpu"), (&c.covers.nic, "nic"), (&c.covers.model, "model")];
+        for (names, kind) in lists {
+            assert!(!names.is_empty(), "{kind}");
+            for name in names {
+                use crate::profiles::{find, Gpu, Model, Nic};
+                let known = match kind {
+                    "gpu" => find::<Gpu>(name).is_ok(),
+                    "nic" => find::<Nic>(name).is_ok(),
+                    _ => find::<Model>(name).is_ok(),
+                };
+                assert!(known, "covers.{kind} names {name}, which is no profile");
+            }
+        }
+        assert_eq!(validation_median(), c.validation.map(|v| v.median_abs_error));
+    }
+
     #[test]
     fn summary_table() {
         let check = |validation: Option<Validation>, expected: &str| {
@@ -120,6 +293,7 @@ mod tests {
                 fitted_on: "2P_TP8:1D_TP8 on MI300X".into(),
                 fitting_error_max: 0.164,
                 validation,
+                covers: covers(),
             };
             assert_eq!(c.summary(), expected);
         };

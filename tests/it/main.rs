@@ -7,6 +7,7 @@ mod bounds_cli;
 mod cli;
 mod cluster;
 mod cluster_hostile;
+mod coverage;
 mod docs;
 mod explore_cli;
 mod gallery;
