@@ -40,6 +40,30 @@ struct Params {
     dense_active: f64,
 }
 
+/// One prefill DP group's share of a step: its prompt tokens, and the (query, key) token pairs
+/// its chunks' causal attention computes, which grow with the square of a prompt's length.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrefillLoad {
+    /// Prompt tokens of the step.
+    pub tokens: u64,
+    /// Token pairs attention multiplies: each token with itself and every earlier token of its
+    /// prompt, the ones computed in earlier chunks included.
+    pub attention_pairs: u64,
+}
+
+impl PrefillLoad {
+    /// The load of `chunks`, each `(context, tokens)`: `tokens` prompt tokens that follow
+    /// `context` tokens of the same prompt computed before. A chunk's token at position `p`
+    /// attends to `p + 1` tokens, so a chunk costs `tokens · context + tokens · (tokens + 1) / 2`
+    /// pairs.
+    pub fn of_chunks(chunks: &[(u64, u64)]) -> PrefillLoad {
+        chunks.iter().fold(PrefillLoad::default(), |load, &(context, tokens)| PrefillLoad {
+            tokens: load.tokens + tokens,
+            attention_pairs: load.attention_pairs + tokens * context + tokens * (tokens + 1) / 2,
+        })
+    }
+}
+
 /// One decode DP group's share of a step: its batch size and the context tokens of its batch.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GroupLoad {
@@ -154,39 +178,59 @@ impl Cost {
         (f64::from(self.model.moe_layers) * off_node * 1e9 / step_ns as f64).min(1.0)
     }
 
-    /// Nanoseconds one DP group of a prefill engine without EP takes for a batch of `tokens`:
-    /// FLOPs over the TP group's peak at `prefill_mfu`, the TP all-reduces and a fixed cost.
-    /// (Under EP the engine's ranks step together: [`Cost::prefill_ep_step_ns`].)
-    pub fn prefill_batch_ns(&self, layout: Layout, tokens: u64) -> u64 {
+    /// Seconds one GPU of a TP group of `tp` spends on the attention of `pairs` token pairs:
+    /// per pair, layer and query head a query-key product (`2 · qk_head_dim` FLOPs) and a
+    /// weighted sum of values (`2 · v_head_dim`), the heads split over the TP ranks. Attention
+    /// runs in BF16 (the FP8 checkpoints quantise the linear layers, not attention), at the
+    /// same `prefill_mfu` as the linear layers.
+    fn prefill_attention_s(&self, tp: u16, pairs: u64) -> f64 {
+        let m = &self.model;
+        let per_pair = 2.0
+            * f64::from(m.attention_heads)
+            * f64::from(m.qk_head_dim + m.v_head_dim)
+            * f64::from(m.layers);
+        let peak = f64::from(tp.max(1)) * self.hw.bf16_tflops * 1e12 * self.cost.prefill_mfu;
+        per_pair * pairs as f64 / peak
+    }
+
+    /// Nanoseconds one DP group of a prefill engine without EP takes for a batch of `load`:
+    /// the linear layers' FLOPs (2 × active parameters per token) over the TP group's FP8
+    /// peak at `prefill_mfu`, attention's (quadratic in each prompt's length), the TP
+    /// all-reduces and a fixed cost. (Under EP the engine's ranks step together:
+    /// [`Cost::prefill_ep_step_ns`].)
+    pub fn prefill_batch_ns(&self, layout: Layout, load: PrefillLoad) -> u64 {
         debug_assert!(!layout.ep, "{layout}: an EP engine steps as a whole (prefill_ep_step_ns)");
-        let tokens = tokens as f64;
+        let tokens = load.tokens as f64;
         let flops = 2.0 * self.model.active_params_b * 1e9 * tokens;
         let peak = f64::from(layout.tp) * self.hw.fp8_tflops * 1e12 * self.cost.prefill_mfu;
-        let seconds =
-            self.cost.prefill_fixed_ms / 1e3 + flops / peak + self.tp_allreduce_s(layout.tp, tokens);
+        let seconds = self.cost.prefill_fixed_ms / 1e3
+            + flops / peak
+            + self.prefill_attention_s(layout.tp, load.attention_pairs)
+            + self.tp_allreduce_s(layout.tp, tokens);
         (seconds * 1e9) as u64
     }
 
-    /// Nanoseconds of one step of a DP+EP prefill engine whose DP ranks carry `tokens` prompt
-    /// tokens each (0 for a rank with nothing to prefill, which still takes part). Each rank
+    /// Nanoseconds of one step of a DP+EP prefill engine whose DP ranks carry `loads` each (0
+    /// tokens for a rank with nothing to prefill, which still takes part). Each rank
     /// computes attention and the dense layers for its own tokens (split over its TP ranks),
     /// and its share of the routed experts for every rank's tokens (`1/ranks` of the expert
     /// FLOPs, spread evenly); it sends its own tokens through the all-to-alls. The step waits
     /// for the slowest rank. So one lone prompt has the whole engine's expert capacity, and at
     /// full load the work per GPU is the same as under TP.
-    pub fn prefill_ep_step_ns(&self, layout: Layout, tokens: &[u64]) -> u64 {
+    pub fn prefill_ep_step_ns(&self, layout: Layout, loads: &[PrefillLoad]) -> u64 {
         let Params { expert: expert_params, k, dense_active, .. } = self.params();
-        let total: u64 = tokens.iter().sum();
+        let total: u64 = loads.iter().map(|l| l.tokens).sum();
         let ranks = f64::from(layout.ranks().max(1));
         let tp = f64::from(layout.tp.max(1));
         let peak = self.hw.fp8_tflops * 1e12 * self.cost.prefill_mfu * self.cost.prefill_ep_efficiency;
         let expert_flops = 2.0 * k * expert_params * total as f64 / ranks;
-        let slowest = tokens
+        let slowest = loads
             .iter()
-            .map(|&own| {
-                let own = own as f64;
+            .map(|load| {
+                let own = load.tokens as f64;
                 let dense_flops = 2.0 * dense_active * own / tp;
                 (dense_flops + expert_flops) / peak
+                    + self.prefill_attention_s(layout.tp, load.attention_pairs)
                     + self.tp_allreduce_s(layout.tp, own)
                     + self.ep_alltoall_s(layout, own)
             })
@@ -357,24 +401,61 @@ mod tests {
         )
     }
 
+    /// Whole prompts of `tokens` each, `count` of them.
+    fn prompts(count: u64, tokens: u64) -> PrefillLoad {
+        PrefillLoad::of_chunks(&vec![(0, tokens); count as usize])
+    }
+
+    #[test]
+    fn attention_pairs_table() {
+        let check = |chunks: &[(u64, u64)], tokens: u64, pairs: u64| {
+            assert_eq!(
+                PrefillLoad::of_chunks(chunks),
+                PrefillLoad { tokens, attention_pairs: pairs },
+                "{chunks:?}"
+            );
+        };
+        check(&[], 0, 0);
+        check(&[(0, 1)], 1, 1);
+        check(&[(0, 4)], 4, 10);
+        // A prompt in two chunks costs what it costs whole: 4 + 4 tokens = 10 + (4·4 + 10).
+        check(&[(0, 4), (4, 4)], 8, 36);
+        check(&[(0, 8)], 8, 36);
+        // Two prompts of 4 attend within themselves only.
+        check(&[(0, 4), (0, 4)], 8, 20);
+    }
+
     #[test]
     fn prefill_grows_with_tokens_and_shrinks_with_tp() {
         let c = cost();
-        let tp8 = c.prefill_batch_ns(Layout::tp(8), 8192);
-        assert!(c.prefill_batch_ns(Layout::tp(8), 16384) > tp8);
-        assert!(c.prefill_batch_ns(Layout::tp(4), 8192) > tp8);
+        let tp8 = c.prefill_batch_ns(Layout::tp(8), prompts(1, 8192));
+        assert!(c.prefill_batch_ns(Layout::tp(8), prompts(2, 8192)) > tp8);
+        assert!(c.prefill_batch_ns(Layout::tp(4), prompts(1, 8192)) > tp8);
+        // Attention grows with the square of a prompt: one 8K prompt costs more than two 4K
+        // prompts of the same tokens, and a late chunk more than an early one.
+        assert!(tp8 > c.prefill_batch_ns(Layout::tp(8), prompts(2, 4096)));
+        let early = c.prefill_batch_ns(Layout::tp(8), PrefillLoad::of_chunks(&[(0, 2048)]));
+        let late = c.prefill_batch_ns(Layout::tp(8), PrefillLoad::of_chunks(&[(6144, 2048)]));
+        assert!(late > early, "{late} against {early}");
         // One DP8EP rank prefills an 8K prompt alone (TP1): its attention and dense layers on
-        // one GPU, the experts spread over eight, at the EP efficiency: several times TP8.
+        // one GPU, the experts spread over eight: several times TP8.
         let ep = Layout::new(8, 1, true);
-        let alone = c.prefill_ep_step_ns(ep, &[8192, 0, 0, 0, 0, 0, 0, 0]);
+        let idle = PrefillLoad::default();
+        let mut alone = vec![idle; 8];
+        alone[0] = prompts(1, 8192);
+        let alone = c.prefill_ep_step_ns(ep, &alone);
         assert!(alone > 4 * tp8, "{alone} ns against {tp8}");
         // At full load each rank also computes its share of everyone's experts: a rank's step
         // is longer than alone, yet eight prompts take less than eight lone steps.
-        let full = c.prefill_ep_step_ns(ep, &[8192; 8]);
+        let full = c.prefill_ep_step_ns(ep, &[prompts(1, 8192); 8]);
         assert!(full > alone && full < 8 * alone, "{full} ns against {alone}");
         // The slowest rank sets the step.
-        let skewed = c.prefill_ep_step_ns(ep, &[16384, 0, 0, 0, 0, 0, 0, 0]);
-        assert!(skewed > c.prefill_ep_step_ns(ep, &[2048; 8]), "imbalance costs");
+        let mut skewed = vec![idle; 8];
+        skewed[0] = prompts(2, 8192);
+        assert!(
+            c.prefill_ep_step_ns(ep, &skewed) > c.prefill_ep_step_ns(ep, &[prompts(1, 2048); 8]),
+            "imbalance costs"
+        );
     }
 
     #[test]

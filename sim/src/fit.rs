@@ -10,7 +10,7 @@
 
 use pdkv_core::topology::Layout;
 
-use crate::cost::{Cost, GroupLoad};
+use crate::cost::{Cost, GroupLoad, PrefillLoad};
 use crate::scenario::{Clients, CostModel, Length, Scenario};
 use crate::RunOptions;
 
@@ -229,10 +229,12 @@ impl ValidationPoint {
                 let budget =
                     if batch_tokens > 0 { batch_tokens } else { scenario.engines.prefill_max_batched_tokens };
                 // Whole prompts fill the batch; a prompt longer than the budget is chunked.
-                let tokens = (budget / prompt_tokens).max(1) * prompt_tokens.min(budget);
-                let ranks = vec![u64::from(tokens); usize::from(self.ep_ranks)];
+                let prompts = (budget / prompt_tokens).max(1);
+                let chunk = u64::from(prompt_tokens.min(budget));
+                let load = PrefillLoad::of_chunks(&vec![(0, chunk); prompts as usize]);
+                let ranks = vec![load; usize::from(self.ep_ranks)];
                 let seconds = cost.prefill_ep_step_ns(layout, &ranks) as f64 / 1e9;
-                (gpus * f64::from(tokens) / seconds, format!("{tokens} tok/GPU"))
+                (gpus * load.tokens as f64 / seconds, format!("{} tok/GPU", load.tokens))
             }
             Phase::Decode { batch, kv_tokens } => {
                 let batch = batch.unwrap_or_else(|| {

@@ -435,6 +435,10 @@ pub struct Model {
     pub weight_bytes_per_param: f64,
     /// Query heads.
     pub attention_heads: u16,
+    /// Values of one query (and key) head in prefill's attention.
+    pub qk_head_dim: u32,
+    /// Values of one value head in prefill's attention.
+    pub v_head_dim: u32,
     /// Citation of each value, by field.
     #[serde(deserialize_with = "crate::unique_keys::deserialize")]
     pub sources: BTreeMap<String, String>,
@@ -613,6 +617,8 @@ impl Model {
             expert_params_per_layer_m: self.expert_params_per_layer_m,
             weight_bytes_per_param: self.weight_bytes_per_param,
             attention_heads: self.attention_heads,
+            qk_head_dim: self.qk_head_dim,
+            v_head_dim: self.v_head_dim,
         }
     }
 
@@ -622,6 +628,8 @@ impl Model {
         at_least_one("kv_heads", self.kv_heads.into())?;
         at_least_one("head_dim", self.head_dim.into())?;
         at_least_one("attention_heads", self.attention_heads.into())?;
+        at_least_one("qk_head_dim", self.qk_head_dim.into())?;
+        at_least_one("v_head_dim", self.v_head_dim.into())?;
         if self.use_mla && self.kv_heads != 1 {
             return Err((
                 "kv_heads",
@@ -733,6 +741,8 @@ impl Profile for Model {
         "expert_params_per_layer_m",
         "weight_bytes_per_param",
         "attention_heads",
+        "qk_head_dim",
+        "v_head_dim",
     ];
 
     fn name(&self) -> &str {
@@ -797,6 +807,8 @@ impl Profile for Model {
         );
         put(&mut m.weight_bytes_per_param, "weight_bytes_per_param", self.weight_bytes_per_param, keep);
         put(&mut m.attention_heads, "attention_heads", self.attention_heads, keep);
+        put(&mut m.qk_head_dim, "qk_head_dim", self.qk_head_dim, keep);
+        put(&mut m.v_head_dim, "v_head_dim", self.v_head_dim, keep);
     }
 
     fn of_scenario(name: &str, scenario: &Scenario) -> Self {
@@ -819,6 +831,8 @@ impl Profile for Model {
             expert_params_per_layer_m: m.expert_params_per_layer_m,
             weight_bytes_per_param: m.weight_bytes_per_param,
             attention_heads: m.attention_heads,
+            qk_head_dim: m.qk_head_dim,
+            v_head_dim: m.v_head_dim,
             sources: BTreeMap::new(),
         }
     }

@@ -218,7 +218,8 @@ mod at_default {
     }
 
     at_default!(ModelProfile: head_dim: u32, total_params_b: f64, routed_experts: u16, experts_per_token: u16,
-        shared_experts: u16, expert_params_per_layer_m: f64, weight_bytes_per_param: f64, attention_heads: u16);
+        shared_experts: u16, expert_params_per_layer_m: f64, weight_bytes_per_param: f64, attention_heads: u16,
+        qk_head_dim: u32, v_head_dim: u32);
     at_default!(Hardware: bf16_tflops: f64, gpus_per_node: u16, line_rate_gbit: f64, nic_message_rate_mpps: f64,
         nic_qps: u16, nic_qp_message_rate_mpps: f64);
     at_default!(EngineLimits: gpu_memory_utilization: f64, decode_kv_allocation: super::KvAllocationMode);
@@ -228,8 +229,8 @@ mod at_default {
 /// The served model's facts that drive KV sizes and compute.
 ///
 /// The fields after `hidden_size` came with the profiles: the decode model reads the parameter
-/// and expert counts, the rest wait for cost terms still to come. A printed scenario carries
-/// each only when it is not the default.
+/// and expert counts, prefill's attention the heads and their widths, `head_dim` waits for
+/// cost terms still to come. A printed scenario carries each only when it is not the default.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelProfile {
@@ -273,6 +274,13 @@ pub struct ModelProfile {
     /// Query heads.
     #[serde(skip_serializing_if = "at_default::attention_heads")]
     pub attention_heads: u16,
+    /// Values of one query (and key) head that prefill's attention multiplies per token pair;
+    /// under MLA the uncompressed head (`qk_nope_head_dim + qk_rope_head_dim`).
+    #[serde(skip_serializing_if = "at_default::qk_head_dim")]
+    pub qk_head_dim: u32,
+    /// Values of one value head that prefill's attention sums per token pair.
+    #[serde(skip_serializing_if = "at_default::v_head_dim")]
+    pub v_head_dim: u32,
 }
 
 impl Default for ModelProfile {
@@ -299,6 +307,8 @@ impl Default for ModelProfile {
             expert_params_per_layer_m: 44.040192,
             weight_bytes_per_param: 1.0,
             attention_heads: 128,
+            qk_head_dim: 192,
+            v_head_dim: 128,
         }
     }
 }
@@ -306,8 +316,8 @@ impl Default for ModelProfile {
 /// Hardware of every GPU node.
 ///
 /// The fields after `listener_service_us` came with the profiles: the NIC model reads the
-/// message rates and `nic_qps`, the all-to-all `gpus_per_node`; `bf16_tflops` and
-/// `line_rate_gbit` wait for cost terms still to come. A printed scenario carries each only
+/// message rates and `nic_qps`, the all-to-all `gpus_per_node`, prefill's attention
+/// `bf16_tflops`; `line_rate_gbit` waits for cost terms still to come. A printed scenario carries each only
 /// when it is not the default.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -414,15 +424,17 @@ pub struct CostModel {
 impl Default for CostModel {
     fn default() -> Self {
         CostModel {
-            prefill_fixed_ms: 250.0,
-            prefill_mfu: 0.115,
+            // The six fitted constants are `cargo xtask calibrate --fit`'s output on the fitting
+            // points F1-F3 (docs/calibration.md), to the four decimals it prints.
+            prefill_fixed_ms: 212.8117,
+            prefill_mfu: 0.1756,
             prefill_ep_efficiency: 0.35,
-            decode_fixed_ms: 12.0,
-            decode_weight_efficiency: 0.75,
+            decode_fixed_ms: 15.8963,
+            decode_weight_efficiency: 0.8539,
             decode_mfu: 0.3,
             alltoall_latency_us: 40.0,
-            decode_kv_efficiency: 0.8,
-            decode_per_request_us: 10.0,
+            decode_kv_efficiency: 0.908,
+            decode_per_request_us: 1.3781,
             fabric_efficiency: 0.7,
             activation_reserve_gb: 10.0,
         }

@@ -46,6 +46,9 @@ pub struct Chunk {
     pub request: RequestId,
     /// Prompt tokens of this step.
     pub tokens: u32,
+    /// Prompt tokens of the request computed in earlier steps: this chunk's tokens attend to
+    /// them as well as to each other, so its attention costs more the later it comes.
+    pub context_tokens: u32,
 }
 
 /// What a step computes: the chunks in admission order (requests that continue first, then the
@@ -182,7 +185,7 @@ impl PrefillScheduler {
             p.chunk_tokens = chunk as u32;
             left -= chunk;
             if chunk > 0 {
-                chunks.push(Chunk { request: p.id, tokens: p.chunk_tokens });
+                chunks.push(Chunk { request: p.id, tokens: p.chunk_tokens, context_tokens: p.done_tokens });
             }
         }
         while left > 0 {
@@ -197,7 +200,7 @@ impl PrefillScheduler {
             left -= chunk;
             let blocks = self.pool.alloc(need, q.owner);
             if chunk > 0 {
-                chunks.push(Chunk { request: q.id, tokens: chunk as u32 });
+                chunks.push(Chunk { request: q.id, tokens: chunk as u32, context_tokens: 0 });
             }
             self.running.push(Prefilling {
                 id: q.id,

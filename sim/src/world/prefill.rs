@@ -5,6 +5,7 @@ use pdkv_core::prefill::{EngineAction, EngineEvent, PrefillDone, WorkerAction, W
 use pdkv_core::time::Instant;
 use pdkv_core::topology::Layout;
 
+use crate::cost::PrefillLoad;
 use crate::measure::PrefillStep;
 use crate::result::ViolationKind;
 use crate::trace::{Link, Phase};
@@ -66,10 +67,10 @@ impl World {
             if self.prefill.groups[g].busy {
                 return;
             }
-            let (requests, tokens) = self.plan_prefill(g);
-            if tokens > 0 {
-                let duration = self.cost.prefill_batch_ns(layout, tokens);
-                self.start_prefill(g, requests, tokens, duration);
+            let (requests, load) = self.plan_prefill(g);
+            if load.tokens > 0 {
+                let duration = self.cost.prefill_batch_ns(layout, load);
+                self.start_prefill(g, requests, load.tokens, duration);
             }
             return;
         }
@@ -78,14 +79,14 @@ impl World {
         if groups.clone().any(|i| self.prefill.groups[i].busy) {
             return;
         }
-        let plans: Vec<(usize, u64)> = groups.clone().map(|i| self.plan_prefill(i)).collect();
-        let tokens: Vec<u64> = plans.iter().map(|&(_, t)| t).collect();
-        if tokens.iter().all(|&t| t == 0) {
+        let plans: Vec<(usize, PrefillLoad)> = groups.clone().map(|i| self.plan_prefill(i)).collect();
+        let loads: Vec<PrefillLoad> = plans.iter().map(|&(_, load)| load).collect();
+        if loads.iter().all(|l| l.tokens == 0) {
             return;
         }
-        let duration = self.cost.prefill_ep_step_ns(layout, &tokens);
+        let duration = self.cost.prefill_ep_step_ns(layout, &loads);
         let spans_nodes = self.cost.ep_spans_nodes(layout);
-        for (i, (requests, t)) in groups.zip(plans) {
+        for (i, (requests, PrefillLoad { tokens: t, .. })) in groups.zip(plans) {
             if spans_nodes {
                 // An all-to-all that leaves the node takes its share of each rank's NIC.
                 let share = self.cost.ep_nic_share(layout, t as f64, duration);
@@ -117,12 +118,15 @@ impl World {
     }
 
     /// Chooses the chunks of group `g`'s next step (see [`World::try_prefill`]): returns how
-    /// many requests it computes and their prompt tokens, 0 when it has nothing it can run (a
-    /// stall, which the scheduler times, when requests wait for blocks).
-    fn plan_prefill(&mut self, g: usize) -> (usize, u64) {
+    /// many requests it computes and their load (prompt tokens and the attention work their
+    /// chunks' positions imply), 0 tokens when it has nothing it can run (a stall, which the
+    /// scheduler times, when requests wait for blocks).
+    fn plan_prefill(&mut self, g: usize) -> (usize, PrefillLoad) {
         let budget = u64::from(self.sc.engines.prefill_max_batched_tokens);
         let plan = self.prefill.groups[g].sched.plan_step(self.now, budget);
-        (plan.chunks.len(), plan.tokens)
+        let chunks: Vec<(u64, u64)> =
+            plan.chunks.iter().map(|c| (u64::from(c.context_tokens), u64::from(c.tokens))).collect();
+        (plan.chunks.len(), PrefillLoad::of_chunks(&chunks))
     }
 
     /// Marks group `g` busy for a step of `duration` with `requests` requests of `tokens` prompt
