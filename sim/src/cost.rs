@@ -1,8 +1,9 @@
 //! The compute-time model: how long a prefill batch and a decode step take on a given layout.
 //!
 //! Prefill is compute-bound: FLOPs (2 × active parameters per token) over the TP group's FP8
-//! throughput at a calibrated utilisation, plus the TP all-reduces (two per layer) and, under
-//! EP, the expert all-to-alls (two per MoE layer), plus a fixed per-batch cost. Decode is
+//! throughput at a calibrated utilisation, attention's FLOPs (quadratic in each prompt) over its
+//! BF16 throughput, plus the TP all-reduces (two per layer) and, under EP, the busiest rank's
+//! experts and the expert all-to-alls (two per MoE layer), plus a fixed per-batch cost. Decode is
 //! memory-bound: a fixed per-step cost for streaming weights (scaled by how many GPUs share
 //! them), the KV of every running request read from HBM (replicated on every TP rank for MLA,
 //! which is why DP attention wins at high concurrency), a per-request overhead, and the same
@@ -211,19 +212,30 @@ impl Cost {
     }
 
     /// Nanoseconds of one step of a DP+EP prefill engine whose DP ranks carry `loads` each (0
-    /// tokens for a rank with nothing to prefill, which still takes part). Each rank
-    /// computes attention and the dense layers for its own tokens (split over its TP ranks),
-    /// and its share of the routed experts for every rank's tokens (`1/ranks` of the expert
-    /// FLOPs, spread evenly); it sends its own tokens through the all-to-alls. The step waits
-    /// for the slowest rank. So one lone prompt has the whole engine's expert capacity, and at
-    /// full load the work per GPU is the same as under TP.
+    /// tokens for a rank with nothing to prefill, which still takes part), from its mechanism:
+    ///
+    /// - attention data parallelism: each rank computes attention (quadratic in each prompt)
+    ///   and the dense layers (attention projections, dense layers, shared experts) for its
+    ///   own tokens only, split over its TP ranks;
+    /// - expert parallelism: each rank computes its `1/ranks` of the routed experts for every
+    ///   token routed to them, whichever rank it came from; with routing spread evenly the
+    ///   busiest rank receives the expected maximum of `ranks` binomial loads, a little over
+    ///   the mean ([`Cost::busiest_expert_rank_tokens`]);
+    /// - the expert all-to-alls: each rank dispatches its own tokens to their experts' ranks
+    ///   and combines the results, over the scale-up fabric inside the node and the NICs across
+    ///   nodes ([`Cost::ep_alltoall_s`]), after its compute (no overlap).
+    ///
+    /// The step waits for the slowest rank. The linear layers run at `prefill_mfu` of the FP8
+    /// peak and attention at `prefill_mfu` of the BF16 peak, as under TP: no factor for EP.
+    /// So one lone prompt has the whole engine's expert capacity, and at full load the work
+    /// per GPU is that of TP plus the all-to-alls.
     pub fn prefill_ep_step_ns(&self, layout: Layout, loads: &[PrefillLoad]) -> u64 {
-        let Params { expert: expert_params, k, dense_active, .. } = self.params();
+        let Params { expert: expert_params, dense_active, .. } = self.params();
         let total: u64 = loads.iter().map(|l| l.tokens).sum();
-        let ranks = f64::from(layout.ranks().max(1));
         let tp = f64::from(layout.tp.max(1));
-        let peak = self.hw.fp8_tflops * 1e12 * self.cost.prefill_mfu * self.cost.prefill_ep_efficiency;
-        let expert_flops = 2.0 * k * expert_params * total as f64 / ranks;
+        let peak = self.hw.fp8_tflops * 1e12 * self.cost.prefill_mfu;
+        // A rank's experts are split over its TP ranks like everything else.
+        let expert_flops = 2.0 * expert_params * self.busiest_expert_rank_tokens(layout, total) / tp;
         let slowest = loads
             .iter()
             .map(|load| {
@@ -236,6 +248,21 @@ impl Cost {
             })
             .fold(0.0, f64::max);
         ((self.cost.prefill_fixed_ms / 1e3 + slowest) * 1e9) as u64
+    }
+
+    /// (token, expert) assignments the busiest DP rank of an EP engine computes when its
+    /// ranks carry `tokens` in all: each token picks `k` experts, which land on the ranks
+    /// evenly, so a rank's load is close to binomial with mean `μ = tokens · k / ranks` and
+    /// variance `σ² = μ (1 − 1/ranks)`; the busiest of `ranks` is about `μ + σ √(2 ln ranks)`
+    /// (the expected maximum of normal loads). Real routing is skewed towards hot experts,
+    /// which this leaves out (the engines' expert load balancers exist to even it).
+    pub fn busiest_expert_rank_tokens(&self, layout: Layout, tokens: u64) -> f64 {
+        let ranks = f64::from(layout.dp.max(1));
+        let mean = tokens as f64 * f64::from(self.model.experts_per_token) / ranks;
+        if ranks <= 1.0 {
+            return mean;
+        }
+        mean + (mean * (1.0 - 1.0 / ranks)).sqrt() * (2.0 * ranks.ln()).sqrt()
     }
 
     /// Seconds one decode DP group of `layout` spends on its share of a step in which the unit
@@ -438,13 +465,14 @@ mod tests {
         let late = c.prefill_batch_ns(Layout::tp(8), PrefillLoad::of_chunks(&[(6144, 2048)]));
         assert!(late > early, "{late} against {early}");
         // One DP8EP rank prefills an 8K prompt alone (TP1): its attention and dense layers on
-        // one GPU, the experts spread over eight: several times TP8.
+        // one GPU, the experts spread over eight, the all-to-alls: several times TP8 (1.9 s
+        // against 0.55 s with the defaults).
         let ep = Layout::new(8, 1, true);
         let idle = PrefillLoad::default();
         let mut alone = vec![idle; 8];
         alone[0] = prompts(1, 8192);
         let alone = c.prefill_ep_step_ns(ep, &alone);
-        assert!(alone > 4 * tp8, "{alone} ns against {tp8}");
+        assert!(alone > 3 * tp8, "{alone} ns against {tp8}");
         // At full load each rank also computes its share of everyone's experts: a rank's step
         // is longer than alone, yet eight prompts take less than eight lone steps.
         let full = c.prefill_ep_step_ns(ep, &[prompts(1, 8192); 8]);
@@ -456,6 +484,23 @@ mod tests {
             c.prefill_ep_step_ns(ep, &skewed) > c.prefill_ep_step_ns(ep, &[prompts(1, 2048); 8]),
             "imbalance costs"
         );
+    }
+
+    #[test]
+    fn the_busiest_expert_rank_table() {
+        let c = cost();
+        let check = |dp: u16, tokens: u64, expected: f64| {
+            let got = c.busiest_expert_rank_tokens(Layout::new(dp, 1, true), tokens);
+            assert!((got - expected).abs() < 0.5, "DP{dp}EP, {tokens} tokens: {got}, expected {expected}");
+        };
+        // One rank holds every expert: k assignments per token, no imbalance.
+        check(1, 1000, 8000.0);
+        // μ = 1000 · 8 / 8 = 1000, σ = √(1000 · 7/8) = 29.6, √(2 ln 8) = 2.04: 1060.3.
+        check(8, 1000, 1060.3);
+        // At a large batch the busiest rank is within 1 % of the mean: μ = 16,384 · 8 = 131,072
+        // per rank on 32 ranks, + √(131,072 · 31/32) · √(2 ln 32) = 356.3 · 2.633 = 938.2.
+        check(32, 32 * 16_384, 132_010.2);
+        check(8, 0, 0.0);
     }
 
     #[test]

@@ -396,10 +396,6 @@ pub struct CostModel {
     pub prefill_fixed_ms: f64,
     /// Fraction of peak FP8 throughput prefill achieves.
     pub prefill_mfu: f64,
-    /// Factor on `prefill_mfu` for expert-parallel prefill (the stack's grouped expert kernels
-    /// and latency-bound dispatch): the lockstep, the per-rank attention and the all-to-alls are
-    /// modelled, this is what is left. Set from the study's DP8EP prefill (about 10 s TTFT).
-    pub prefill_ep_efficiency: f64,
     /// Fixed time of every decode step, whatever its batch (scheduling, launches, sampling set-up).
     pub decode_fixed_ms: f64,
     /// Fraction of HBM bandwidth a decode step achieves streaming weights.
@@ -428,7 +424,6 @@ impl Default for CostModel {
             // points F1-F3 (docs/calibration.md), to the four decimals it prints.
             prefill_fixed_ms: 212.8117,
             prefill_mfu: 0.1756,
-            prefill_ep_efficiency: 0.35,
             decode_fixed_ms: 15.8963,
             decode_weight_efficiency: 0.8539,
             decode_mfu: 0.3,

@@ -450,9 +450,11 @@ fn overridden_profile_fields_run_are_recorded_and_replay() {
     assert!(plain["profiles"].get("overrides").is_none(), "{}", plain["profiles"]);
     let printed = json["scenario_ron"].as_str().unwrap();
     assert!(printed.contains("fp8_tflops: 1300.0,") && printed.contains("bf16_tflops: 1300.0,"), "{printed}");
-    // FP8 at 1,300 TFLOP/s instead of the H200's 1,979 makes every prefill slower.
+    // FP8 at 1,300 TFLOP/s instead of the H200's 1,979 slows prefill's linear layers by half;
+    // BF16 at 1,300 instead of 989 speeds its attention, which runs in BF16. Prefill is still
+    // slower (TTFT 1.14 times the profile's).
     let ttft = |json: &serde_json::Value| json["latency_ms"]["ttft"]["mean"].as_f64().unwrap();
-    assert!(ttft(&json) > 1.2 * ttft(&plain), "{} vs {}", ttft(&json), ttft(&plain));
+    assert!(ttft(&json) > 1.1 * ttft(&plain), "{} vs {}", ttft(&json), ttft(&plain));
     let replay = pdkv(&["replay", out.join("result.json").to_str().unwrap()]);
     let text = String::from_utf8_lossy(&replay.stdout);
     assert_eq!(replay.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&replay.stderr));

@@ -376,7 +376,6 @@ fn validate_hardware_and_cost(scenario: &Scenario) -> Check {
     let max_ms = MAX_TIME_MS as f64;
     non_negative("cost.prefill_fixed_ms", cost.prefill_fixed_ms, max_ms)?;
     fraction("cost.prefill_mfu", cost.prefill_mfu)?;
-    fraction("cost.prefill_ep_efficiency", cost.prefill_ep_efficiency)?;
     non_negative("cost.decode_fixed_ms", cost.decode_fixed_ms, max_ms)?;
     fraction("cost.decode_weight_efficiency", cost.decode_weight_efficiency)?;
     fraction("cost.decode_mfu", cost.decode_mfu)?;
