@@ -75,10 +75,15 @@ pub struct Combination<'a> {
 }
 
 impl<'a> Combination<'a> {
-    /// The profiles `scenario` names.
+    /// The profiles `scenario` names, and its serving stack.
     pub fn of(scenario: &'a Scenario) -> Combination<'a> {
         let p = &scenario.profiles;
-        Combination { gpu: p.gpu.as_deref(), nic: p.nic.as_deref(), model: p.model.as_deref(), stack: None }
+        Combination {
+            gpu: p.gpu.as_deref(),
+            nic: p.nic.as_deref(),
+            model: p.model.as_deref(),
+            stack: Some(scenario.engines.stack.as_str()),
+        }
     }
 }
 
@@ -282,6 +287,10 @@ mod tests {
                 assert!(known, "covers.{kind} names {name}, which is no profile");
             }
         }
+        for name in &c.covers.stack {
+            assert!(crate::stack::find(name).is_some(), "covers.stack names {name}, which is no stack");
+        }
+        assert!(c.covers.stack.iter().any(|s| s == crate::stack::DEFAULT), "the default stack is covered");
         assert_eq!(validation_median(), c.validation.map(|v| v.median_abs_error));
     }
 

@@ -24,6 +24,8 @@ pub struct Cost {
     cost: CostModel,
     /// The engines' `gpu_memory_utilization` (an engine setting, kept with the scheduler limits).
     gpu_memory_utilization: f64,
+    /// The serving stack hides the expert all-to-alls behind compute (`sim/src/stack.rs`).
+    alltoall_overlap: bool,
 }
 
 /// The model's parameters split the way the cost terms use them.
@@ -82,6 +84,7 @@ impl Cost {
             hw: hw.clone(),
             cost: cost.clone(),
             gpu_memory_utilization: engines.gpu_memory_utilization,
+            alltoall_overlap: crate::stack::find(&engines.stack).is_some_and(|s| s.alltoall_overlap),
         }
     }
 
@@ -223,7 +226,8 @@ impl Cost {
     ///   the mean ([`Cost::busiest_expert_rank_tokens`]);
     /// - the expert all-to-alls: each rank dispatches its own tokens to their experts' ranks
     ///   and combines the results, over the scale-up fabric inside the node and the NICs across
-    ///   nodes ([`Cost::ep_alltoall_s`]), after its compute (no overlap).
+    ///   nodes ([`Cost::ep_alltoall_s`]), after its compute, or, on a stack that overlaps them
+    ///   (two micro-batches, `sim/src/stack.rs`), at the same time: the longer of the two.
     ///
     /// The step waits for the slowest rank. The linear layers run at `prefill_mfu` of the FP8
     /// peak and attention at `prefill_mfu` of the BF16 peak, as under TP: no factor for EP.
@@ -241,10 +245,10 @@ impl Cost {
             .map(|load| {
                 let own = load.tokens as f64;
                 let dense_flops = 2.0 * dense_active * own / tp;
-                (dense_flops + expert_flops) / peak
+                let compute = (dense_flops + expert_flops) / peak
                     + self.prefill_attention_s(layout.tp, load.attention_pairs)
-                    + self.tp_allreduce_s(layout.tp, own)
-                    + self.ep_alltoall_s(layout, own)
+                    + self.tp_allreduce_s(layout.tp, own);
+                self.after_or_beside(compute, self.ep_alltoall_s(layout, own))
             })
             .fold(0.0, f64::max);
         ((self.cost.prefill_fixed_ms / 1e3 + slowest) * 1e9) as u64
@@ -317,15 +321,42 @@ impl Cost {
         whole * per_rank / heads
     }
 
+    /// Seconds of `compute` and an all-to-all of `alltoall`: their sum, or on a stack that
+    /// overlaps them the longer of the two.
+    fn after_or_beside(&self, compute: f64, alltoall: f64) -> f64 {
+        if self.alltoall_overlap {
+            compute.max(alltoall)
+        } else {
+            compute + alltoall
+        }
+    }
+
     /// Nanoseconds of one decode step. Without EP each DP group steps on its own and `loads`
     /// has one entry; under EP every DP rank steps together (idle ones included): the step
     /// lasts as long as the slowest rank, plus the expert all-to-alls of the busiest rank's
-    /// tokens, since a dispatch waits for every rank.
+    /// tokens, since a dispatch waits for every rank. On a stack that overlaps them the batch
+    /// runs as two micro-batches: the longer of their compute, one after the other, and the
+    /// all-to-all.
     pub fn decode_step_ns(&self, layout: Layout, loads: &[GroupLoad]) -> u64 {
         let tokens: u64 = loads.iter().map(|l| l.batch).sum();
-        let slowest = loads.iter().map(|l| self.decode_group_s(layout, *l, tokens)).fold(0.0, f64::max);
         let busiest = loads.iter().map(|l| l.batch).max().unwrap_or(0);
-        let seconds = slowest + self.ep_alltoall_s(layout, busiest as f64);
+        let alltoall = self.ep_alltoall_s(layout, busiest as f64);
+        if self.alltoall_overlap && layout.ep {
+            // Two micro-batches of half the requests each, computed one after the other while
+            // the other's all-to-all is in flight. Each half streams the weights its own tokens
+            // touch and pays the per-step costs: a memory-bound step costs nearly twice.
+            let half = |l: &GroupLoad| GroupLoad {
+                batch: l.batch.div_ceil(2),
+                context_tokens: l.context_tokens.div_ceil(2),
+            };
+            let halves = loads
+                .iter()
+                .map(|l| 2.0 * self.decode_group_s(layout, half(l), tokens.div_ceil(2)))
+                .fold(0.0, f64::max);
+            return (halves.max(alltoall) * 1e9) as u64;
+        }
+        let slowest = loads.iter().map(|l| self.decode_group_s(layout, *l, tokens)).fold(0.0, f64::max);
+        let seconds = slowest + alltoall;
         (seconds * 1e9) as u64
     }
 
@@ -501,6 +532,31 @@ mod tests {
         // per rank on 32 ranks, + √(131,072 · 31/32) · √(2 ln 32) = 356.3 · 2.633 = 938.2.
         check(32, 32 * 16_384, 132_010.2);
         check(8, 0, 0.0);
+    }
+
+    #[test]
+    fn a_stack_that_overlaps_hides_the_all_to_all() {
+        let stacked = |stack: &str| {
+            let engines = EngineLimits { stack: stack.to_string(), ..EngineLimits::default() };
+            Cost::new(&ModelProfile::default(), &Hardware::default(), &CostModel::default(), &engines)
+        };
+        let (serial, overlapped) = (stacked("vllm"), stacked("sglang"));
+        // EP32 over four nodes: the all-to-all is a large share of the step, on the NICs.
+        let ep = Layout::new(32, 1, true);
+        let loads = vec![prompts(8, 2048); 32];
+        let a2a = serial.ep_alltoall_s(ep, 16_384.0);
+        let (s, o) = (serial.prefill_ep_step_ns(ep, &loads), overlapped.prefill_ep_step_ns(ep, &loads));
+        assert!(o < s, "{o} against {s}");
+        // Overlap saves at most the all-to-all.
+        assert!((s - o) as f64 / 1e9 <= a2a + 1e-6, "{s} - {o} against {a2a} s");
+        let decode = vec![GroupLoad { batch: 128, context_tokens: 128 * 2000 }; 32];
+        assert!(overlapped.decode_step_ns(ep, &decode) < serial.decode_step_ns(ep, &decode));
+        // Without EP there is nothing to overlap.
+        let tp8 = [GroupLoad { batch: 64, context_tokens: 64_000 }];
+        assert_eq!(
+            overlapped.decode_step_ns(Layout::tp(8), &tp8),
+            serial.decode_step_ns(Layout::tp(8), &tp8)
+        );
     }
 
     #[test]

@@ -72,6 +72,8 @@ pub struct ValidationPoint {
     pub gpu: &'static str,
     /// NIC profile.
     pub nic: &'static str,
+    /// The serving stack the source ran (`sim/src/stack.rs`), as the source says.
+    pub stack: &'static str,
     /// GPUs of the expert-parallel group, one DP-attention rank each.
     pub ep_ranks: u16,
     /// What was measured.
@@ -88,6 +90,7 @@ pub const VALIDATION: [ValidationPoint; 8] = [
         source: "LMSYS",
         gpu: "h100-sxm",
         nic: "cx7-400g",
+        stack: "sglang",
         ep_ranks: 32,
         phase: Phase::Prefill { prompt_tokens: 1024, batch_tokens: 16_384 },
         published: 57_674.0,
@@ -97,6 +100,7 @@ pub const VALIDATION: [ValidationPoint; 8] = [
         source: "LMSYS",
         gpu: "h100-sxm",
         nic: "cx7-400g",
+        stack: "sglang",
         ep_ranks: 32,
         phase: Phase::Prefill { prompt_tokens: 2048, batch_tokens: 16_384 },
         published: 54_543.0,
@@ -106,6 +110,7 @@ pub const VALIDATION: [ValidationPoint; 8] = [
         source: "LMSYS",
         gpu: "h100-sxm",
         nic: "cx7-400g",
+        stack: "sglang",
         ep_ranks: 32,
         phase: Phase::Prefill { prompt_tokens: 4096, batch_tokens: 16_384 },
         published: 50_302.0,
@@ -115,6 +120,7 @@ pub const VALIDATION: [ValidationPoint; 8] = [
         source: "LMSYS",
         gpu: "h100-sxm",
         nic: "cx7-400g",
+        stack: "sglang",
         ep_ranks: 72,
         phase: Phase::Decode { batch: Some(256), kv_tokens: 2000 },
         published: 22_282.0,
@@ -124,6 +130,7 @@ pub const VALIDATION: [ValidationPoint; 8] = [
         source: "DeepSeek",
         gpu: "h800",
         nic: "cx7-400g",
+        stack: "deepseek",
         ep_ranks: 32,
         phase: Phase::Prefill { prompt_tokens: 4096, batch_tokens: 16_384 },
         published: 32_206.0,
@@ -133,6 +140,7 @@ pub const VALIDATION: [ValidationPoint; 8] = [
         source: "DeepSeek",
         gpu: "h800",
         nic: "cx7-400g",
+        stack: "deepseek",
         ep_ranks: 144,
         // 14.8k output tok/s per node at 20-22 tok/s per user: 14,800 / 8 / 21 = 88 per GPU.
         phase: Phase::Decode { batch: Some(88), kv_tokens: 4989 },
@@ -143,6 +151,7 @@ pub const VALIDATION: [ValidationPoint; 8] = [
         source: "AMD",
         gpu: "mi300x",
         nic: "thor2-400g",
+        stack: "vllm",
         ep_ranks: 16,
         phase: Phase::Prefill { prompt_tokens: 2000, batch_tokens: 0 },
         published: 32_300.0,
@@ -152,6 +161,7 @@ pub const VALIDATION: [ValidationPoint; 8] = [
         source: "AMD",
         gpu: "mi300x",
         nic: "thor2-400g",
+        stack: "vllm",
         ep_ranks: 16,
         phase: Phase::Decode { batch: None, kv_tokens: 2050 },
         published: 12_400.0,
@@ -202,14 +212,14 @@ impl FittingPoint {
 }
 
 impl ValidationPoint {
-    /// The point's scenario: its GPU and NIC profiles, DeepSeek-R1, one DP+EP engine a side of
-    /// its size, the cost constants `cost` and the defaults for everything else. `None` when
+    /// The point's scenario: its GPU and NIC profiles and serving stack, DeepSeek-R1, one DP+EP
+    /// engine a side of its size, the cost constants `cost` and the defaults for everything else. `None` when
     /// a profile is missing or the weights do not fit.
     pub fn scenario(&self, cost: &CostModel) -> Option<Scenario> {
         let n = self.ep_ranks;
         let text = format!(
-            "(name: \"{}\", deployment: \"1P_DP{n}EP:1D_DP{n}EP\", profiles: (gpu: \"{}\", nic: \"{}\", model: \"deepseek-r1\"))",
-            self.id, self.gpu, self.nic
+            "(name: \"{}\", deployment: \"1P_DP{n}EP:1D_DP{n}EP\", profiles: (gpu: \"{}\", nic: \"{}\", model: \"deepseek-r1\"), engines: (stack: \"{}\"))",
+            self.id, self.gpu, self.nic, self.stack
         );
         let mut scenario = crate::load::parse_scenario(&text, self.id).ok()?;
         scenario.cost = cost.clone();

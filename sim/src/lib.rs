@@ -24,6 +24,7 @@ pub mod request_table;
 pub mod result;
 pub mod rng;
 pub mod scenario;
+pub mod stack;
 pub mod trace;
 pub mod unique_keys;
 pub mod waitfor;

@@ -222,7 +222,8 @@ mod at_default {
         qk_head_dim: u32, v_head_dim: u32);
     at_default!(Hardware: bf16_tflops: f64, gpus_per_node: u16, line_rate_gbit: f64, nic_message_rate_mpps: f64,
         nic_qps: u16, nic_qp_message_rate_mpps: f64);
-    at_default!(EngineLimits: gpu_memory_utilization: f64, decode_kv_allocation: super::KvAllocationMode);
+    at_default!(EngineLimits: gpu_memory_utilization: f64, decode_kv_allocation: super::KvAllocationMode,
+        stack: String);
     at_default!(CostModel: activation_reserve_gb: f64);
 }
 
@@ -582,6 +583,10 @@ pub struct EngineLimits {
     /// request when the pool runs out; the preempted one recomputes its context to rejoin).
     #[serde(skip_serializing_if = "at_default::decode_kv_allocation")]
     pub decode_kv_allocation: KvAllocationMode,
+    /// The serving stack the engines run (`sim/src/stack.rs`): what it does that the cost model
+    /// depends on, such as overlapping the expert all-to-alls with compute.
+    #[serde(skip_serializing_if = "at_default::stack")]
+    pub stack: String,
 }
 
 /// How a decode DP rank's pool holds a request's KV (`EngineLimits::decode_kv_allocation`).
@@ -603,6 +608,7 @@ impl Default for EngineLimits {
             gpu_memory_utilization: 0.92,
             prefill_register_delay_ms: 0,
             decode_kv_allocation: KvAllocationMode::Reserve,
+            stack: crate::stack::DEFAULT.to_string(),
         }
     }
 }

@@ -4,10 +4,15 @@
 
 use crate::cli::{pdkv_in, scratch};
 
-/// A small scenario file naming `profiles` (a RON body such as `gpu: "h200-sxm"`).
+/// A small scenario file naming `profiles` (a RON body such as `gpu: "h200-sxm"`), and a
+/// serving stack after `;` (`gpu: "h200-sxm"; sglang`).
 fn scenario(dir: &std::path::Path, name: &str, profiles: &str) -> String {
     let path = dir.join(format!("{name}.ron"));
-    let text = format!("(name: \"{name}\", deployment: \"1P_TP8:1D_TP8\", profiles: ({profiles}))");
+    let (profiles, engines) = match profiles.split_once(';') {
+        Some((profiles, stack)) => (profiles, format!(", engines: (stack: \"{}\")", stack.trim())),
+        None => (profiles, String::new()),
+    };
+    let text = format!("(name: \"{name}\", deployment: \"1P_TP8:1D_TP8\", profiles: ({profiles}){engines})");
     std::fs::write(&path, text).expect("scenario written");
     path.to_string_lossy().into_owned()
 }
@@ -43,6 +48,8 @@ fn run_warns_on_profiles_outside_the_calibration() {
     check("fitted", "gpu: \"mi300x\", nic: \"thor2-400g\", model: \"deepseek-r1\"", None);
     check("h200", "gpu: \"h200-sxm\", nic: \"cx7-400g\"", Some("gpu h200-sxm, nic cx7-400g"));
     check("llama", "model: \"llama-3.1-70b\"", Some("model llama-3.1-70b"));
+    check("vllm", "; vllm", None);
+    check("sglang", "gpu: \"h200-sxm\"; sglang", Some("gpu h200-sxm, stack sglang"));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -141,6 +141,13 @@ pub fn validate(scenario: &Scenario) -> Result<(), Violation> {
     let engines = &scenario.engines;
     at_least_one("engines.prefill_max_batched_tokens", engines.prefill_max_batched_tokens.into())?;
     at_least_one("engines.decode_max_batch", engines.decode_max_batch.into())?;
+    if crate::stack::find(&engines.stack).is_none() {
+        let known = crate::stack::names().join(", ");
+        return Err(violation(
+            "engines.stack",
+            format!("must name a serving stack ({known}), got {:?}", engines.stack),
+        ));
+    }
     if engines.prefill_register_delay_ms > 0 {
         time_ms("engines.prefill_register_delay_ms", engines.prefill_register_delay_ms)?;
     }
@@ -582,6 +589,7 @@ mod tests {
             (with("hardware: (kv_memory_fraction: 1.5)"), (Invalid, "hardware.kv_memory_fraction", "(0, 1]")),
             (with("hardware: (kv_memory_fraction: -0.5)"), (Invalid, "hardware.kv_memory_fraction", "(0, 1]")),
             (with("engines: (gpu_memory_utilization: 0)"), (Invalid, "engines.gpu_memory_utilization", "(0, 1]")),
+            (with("engines: (stack: \"trt-llm\")"), (Invalid, "engines.stack", "(vllm, sglang, deepseek), got \"trt-llm\"")),
             (with("cost: (activation_reserve_gb: NaN)"), (Invalid, "cost.activation_reserve_gb", "got NaN")),
             // DeepSeek-R1's weights (671 GB at one byte) do not fit four 192 GB GPUs with room for KV.
             (
