@@ -152,6 +152,11 @@ pub fn run(args: &PlanArgs) -> ExitCode {
             .map(|j| j as usize)
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
     };
+    // The profiles the plan runs on, against the ones the calibration was fitted on; a spec
+    // that cannot make a scenario is refused by plan() below, with its reason.
+    if let Ok(base) = plan::base_scenario(&spec) {
+        crate::run_cmd::warn_uncovered(&base);
+    }
     let bar = Mutex::new(Bar::new("plan", Duration::ZERO));
     let progress = |p: plan::Progress| {
         if let Ok(mut bar) = bar.lock() {

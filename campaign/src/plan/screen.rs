@@ -12,7 +12,7 @@ use pdkv_core::routes::routes;
 use pdkv_core::routing::check_pair;
 use pdkv_core::topology::{Deployment, Layout};
 use pdkv_core::LegacyOptions;
-use pdkv_sim::cost::{Cost, GroupLoad};
+use pdkv_sim::cost::{Cost, GroupLoad, PrefillLoad};
 use pdkv_sim::scenario::{Length, Scenario, Slo};
 use serde::Serialize;
 
@@ -231,13 +231,32 @@ impl Screen<'_> {
         Screen { scenario, cost: Cost::of(scenario), lengths, slo }
     }
 
+    /// The load of a step of `tokens` prompt tokens made of whole prompts of the workload's mean
+    /// length (the last one cut), which is what attention's quadratic term needs to know.
+    fn step_load(&self, tokens: u64) -> PrefillLoad {
+        let prompt = (self.lengths.input_mean.ceil() as u64).max(1);
+        let whole = usize::try_from(tokens / prompt).unwrap_or(usize::MAX);
+        let mut chunks = vec![(0, prompt); whole];
+        if !tokens.is_multiple_of(prompt) {
+            chunks.push((0, tokens % prompt));
+        }
+        PrefillLoad::of_chunks(&chunks)
+    }
+
+    /// Nanoseconds of one prefill step of `layout` in which DP rank `i` carries `loads[i]` (a
+    /// TP engine has one).
+    fn step_ns(&self, layout: Layout, loads: &[PrefillLoad]) -> u64 {
+        if layout.ep {
+            self.cost.prefill_ep_step_ns(layout, loads)
+        } else {
+            self.cost.prefill_batch_ns(layout, loads[0])
+        }
+    }
+
     /// Nanoseconds of a prefill step in which every DP rank of `layout` carries `tokens`.
     fn prefill_step_ns(&self, layout: Layout, tokens: u64) -> u64 {
-        if layout.ep {
-            self.cost.prefill_ep_step_ns(layout, &vec![tokens; usize::from(layout.dp)])
-        } else {
-            self.cost.prefill_batch_ns(layout, tokens)
-        }
+        let load = self.step_load(tokens);
+        self.step_ns(layout, &vec![load; usize::from(layout.dp).max(1)])
     }
 
     /// One prefill engine of `layout`: a lone prompt's time must meet the TTFT target; under
@@ -252,13 +271,16 @@ impl Screen<'_> {
         let prompt = (self.lengths.input_mean.ceil() as u64).max(1);
         let chunk = prompt.min(budget);
         let chunks = prompt.div_ceil(chunk);
-        let lone_ns = if layout.ep {
-            let mut tokens = vec![0; usize::from(layout.dp)];
-            tokens[0] = chunk;
-            self.cost.prefill_ep_step_ns(layout, &tokens)
-        } else {
-            self.cost.prefill_batch_ns(layout, chunk)
-        } * chunks;
+        // A lone prompt on one DP rank, chunk after chunk, each attending to the ones before.
+        let lone_ns: u64 = (0..chunks)
+            .map(|i| {
+                let context = i * chunk;
+                let load = PrefillLoad::of_chunks(&[(context, chunk.min(prompt - context))]);
+                let mut loads = vec![PrefillLoad::default(); usize::from(layout.dp).max(1)];
+                loads[0] = load;
+                self.step_ns(layout, &loads)
+            })
+            .sum();
         let lone_ms = lone_ns as f64 / 1e6;
         if let Some(target) = self.slo.ttft_ms {
             if lone_ms > target {
