@@ -578,29 +578,10 @@ fn steady_lines(s: &mut String, r: &RunResult) {
             None => writeln!(s, "    {name:<6}{:>12}", "n/a"),
         };
     }
-    let _ = writeln!(
-        s,
-        "  rate         {:.3} req/s, {:.0} tok/s ({:.0} in, {:.0} out)",
-        t.requests_per_s, t.total_tok_s, t.input_tok_s, t.output_tok_s
-    );
-    let _ = writeln!(
-        s,
-        "  per GPU      {:.3} req/s, {:.0} tok/s ({:.0} out); {:.0} in per prefill GPU, {:.0} out per decode GPU",
-        t.requests_per_s_per_gpu,
-        t.total_tok_s_per_gpu,
-        t.output_tok_s_per_gpu,
-        t.input_tok_s_per_prefill_gpu,
-        t.output_tok_s_per_decode_gpu
-    );
+    let _ = writeln!(s, "  rate         {}", t.rate_text());
+    let _ = writeln!(s, "  per GPU      {}", t.per_gpu_text());
     if let Some(g) = goodput {
-        let _ = writeln!(
-            s,
-            "  goodput      {:.3} req/s ({:.3} per GPU); {:.1}% of the window's requests met {}",
-            g.requests_per_s,
-            g.requests_per_s_per_gpu,
-            100.0 * g.met_fraction,
-            g.slo
-        );
+        let _ = writeln!(s, "  goodput      {}", g.text());
     }
 }
 

@@ -258,31 +258,11 @@ fn steady_section(r: &RunResult) -> String {
         html.push_str("</table>\n");
         return html;
     }
-    let rate = format!(
-        "{:.3} req/s, {:.0} tok/s ({:.0} in, {:.0} out)",
-        t.requests_per_s, t.total_tok_s, t.input_tok_s, t.output_tok_s
-    );
-    row(&mut html, "rate", &rate);
-    let per_gpu = format!(
-        "{:.3} req/s, {:.0} tok/s ({:.0} out); {:.0} in per prefill GPU, {:.0} out per decode GPU",
-        t.requests_per_s_per_gpu,
-        t.total_tok_s_per_gpu,
-        t.output_tok_s_per_gpu,
-        t.input_tok_s_per_prefill_gpu,
-        t.output_tok_s_per_decode_gpu
-    );
-    row(&mut html, "per GPU", &per_gpu);
+    row(&mut html, "rate", &escape(&t.rate_text()));
+    row(&mut html, "per GPU", &escape(&t.per_gpu_text()));
     let goodput = goodput.as_ref().map_or_else(
         || "n/a (no SLO: --slo-ttft-ms, --slo-tpot-ms or the scenario's slo)".to_string(),
-        |g| {
-            escape(&format!(
-                "{:.3} req/s ({:.3} per GPU); {:.1}% of the window's requests met {}",
-                g.requests_per_s,
-                g.requests_per_s_per_gpu,
-                100.0 * g.met_fraction,
-                g.slo
-            ))
-        },
+        |g| escape(&g.text()),
     );
     row(&mut html, "goodput", &goodput);
     html.push_str(

@@ -279,6 +279,41 @@ impl Window {
     }
 }
 
+impl WindowThroughput {
+    /// The rates overall in words, as the summary and the run page say them.
+    pub fn rate_text(&self) -> String {
+        format!(
+            "{:.3} req/s, {:.0} tok/s ({:.0} in, {:.0} out)",
+            self.requests_per_s, self.total_tok_s, self.input_tok_s, self.output_tok_s
+        )
+    }
+
+    /// The rates per GPU and per phase in words, as the summary and the run page say them.
+    pub fn per_gpu_text(&self) -> String {
+        format!(
+            "{:.3} req/s, {:.0} tok/s ({:.0} out); {:.0} in per prefill GPU, {:.0} out per decode GPU",
+            self.requests_per_s_per_gpu,
+            self.total_tok_s_per_gpu,
+            self.output_tok_s_per_gpu,
+            self.input_tok_s_per_prefill_gpu,
+            self.output_tok_s_per_decode_gpu
+        )
+    }
+}
+
+impl Goodput {
+    /// The goodput in words, as the summary and the run page say it.
+    pub fn text(&self) -> String {
+        format!(
+            "{:.3} req/s ({:.3} per GPU); {:.1}% of the window's requests met {}",
+            self.requests_per_s,
+            self.requests_per_s_per_gpu,
+            100.0 * self.met_fraction,
+            self.slo
+        )
+    }
+}
+
 /// The latencies of `vllm bench serve`, in milliseconds, each `{mean, p50, p90, p99}` or `None`
 /// when nothing was measured.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
