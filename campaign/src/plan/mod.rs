@@ -439,7 +439,7 @@ pub fn inseparable(values: &[f64], error: f64) -> Vec<Inseparable> {
     let mut groups = Vec::new();
     let mut start = 0;
     for i in 1..=values.len() {
-        let overlaps = i < values.len() && values[i - 1] * (1.0 - error) <= values[i] * (1.0 + error);
+        let overlaps = i < values.len() && crate::sweep::not_separated(values[i - 1], values[i], error);
         if !overlaps {
             if i - start >= 2 {
                 groups.push(Inseparable { first: start + 1, last: i });

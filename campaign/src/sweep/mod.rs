@@ -23,7 +23,7 @@ use crate::shard::Shard;
 
 pub use merge::{merge, read_shards, Merged};
 pub use pdkv_sim::result::SweepPoint;
-pub use rank::{rank, Rank, RankedBy};
+pub use rank::{not_separated, rank, Rank, RankedBy};
 pub use shard_file::{PointResult, ShardFile, FILE, FORMAT};
 
 /// One line of a sweep: a scenario, and its label (its identity without the workload, which the

@@ -49,10 +49,17 @@ pub struct Rank {
     pub not_separated_from_above: bool,
 }
 
+/// Whether `this`, ranked just below `above`, is within the model's relative `error` of it: their
+/// bands `v × (1 ± error)` overlap. The one rule sweeps and plans both use to say "not
+/// separated"; a negative or non-finite error counts as none.
+pub fn not_separated(above: f64, this: f64, error: f64) -> bool {
+    let error = if error.is_finite() { error.max(0.0) } else { 0.0 };
+    above * (1.0 - error) <= this * (1.0 + error)
+}
+
 /// Ranks every point among those of its load level by `by`, with `error` the relative error the
 /// calibration states (a fraction); returns one rank per point, in the points' order.
 pub fn rank(points: &[SweepPoint], by: RankedBy, error: f64) -> Vec<Rank> {
-    let error = if error.is_finite() { error.max(0.0) } else { 0.0 };
     let mut ranks = vec![Rank { place: 1, of: 1, not_separated_from_above: false }; points.len()];
     let mut done = vec![false; points.len()];
     for i in 0..points.len() {
@@ -65,10 +72,8 @@ pub fn rank(points: &[SweepPoint], by: RankedBy, error: f64) -> Vec<Rank> {
         level.sort_by(|&a, &b| by.figure(&points[b]).total_cmp(&by.figure(&points[a])));
         for (place, &j) in level.iter().enumerate() {
             done[j] = true;
-            let overlaps = place > 0 && {
-                let (above, this) = (by.figure(&points[level[place - 1]]), by.figure(&points[j]));
-                above * (1.0 - error) <= this * (1.0 + error)
-            };
+            let overlaps = place > 0
+                && not_separated(by.figure(&points[level[place - 1]]), by.figure(&points[j]), error);
             ranks[j] = Rank { place: place + 1, of: level.len(), not_separated_from_above: overlaps };
         }
     }
