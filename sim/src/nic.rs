@@ -76,6 +76,17 @@ impl Nics {
         self.on_nic[nic].len()
     }
 
+    /// The flows moving through `nic` now and the bytes a nanosecond they move together.
+    pub fn load(&self, nic: usize) -> (usize, f64) {
+        let rate = self.on_nic[nic].iter().map(|id| self.flows[id].rate).sum();
+        (self.on_nic[nic].len(), rate)
+    }
+
+    /// The source and destination NICs of flow `id`, while it runs.
+    pub fn ends(&self, id: FlowId) -> Option<(usize, usize)> {
+        self.flows.get(&id).map(|f| (f.src, f.dst))
+    }
+
     /// Bytes `nic` sent in each one-second bucket so far.
     pub fn sent_per_bucket(&self, nic: usize) -> &[f64] {
         &self.sent[nic]
@@ -275,6 +286,20 @@ mod tests {
         let out = nics.set_background(500, 0, 0.0);
         assert_eq!(out[0].at_ns, 1250);
         assert!(nics.set_background(600, 0, 0.0).is_empty(), "no change, no re-timing");
+    }
+
+    #[test]
+    fn a_nic_load_is_its_flows_and_their_rates() {
+        // 1 byte/ns: two flows from NIC 0 share it, so NIC 0 moves 1 byte/ns in all and each
+        // destination half of that.
+        let mut nics = Nics::new(3, 1.0);
+        let (a, _) = nics.start(0, 0, 1, 1000, f64::INFINITY);
+        nics.start(0, 0, 2, 1000, f64::INFINITY);
+        assert_eq!(nics.load(0), (2, 1.0));
+        assert_eq!(nics.load(1), (1, 0.5));
+        assert_eq!(nics.ends(a), Some((0, 1)));
+        nics.abort(10, a);
+        assert_eq!((nics.load(0), nics.load(1), nics.ends(a)), ((1, 1.0), (0, 0.0), None));
     }
 
     #[test]

@@ -53,6 +53,9 @@ pub enum Link {
     FlowEnd { request: u64 },
     /// The value of the counter the record names.
     Counter { value: u64 },
+    /// A NIC's load after its flows changed: the reads moving through it and the bytes a second
+    /// they move together, a counter track named by the NIC's rank (the record's track).
+    NicLoad { reads: u64, rate_mb_s: u64 },
 }
 
 /// Where a moment stands in a request's life.
@@ -173,9 +176,20 @@ struct ChromeEvent<'a> {
 #[derive(Serialize)]
 #[serde(untagged)]
 enum ChromeArgs<'a> {
-    Name { name: &'a str },
-    Detail { detail: &'a str },
-    Counter { requests: u64 },
+    Name {
+        name: &'a str,
+    },
+    Detail {
+        detail: &'a str,
+    },
+    Counter {
+        requests: u64,
+    },
+    NicLoad {
+        reads: u64,
+        #[serde(rename = "MB/s")]
+        rate_mb_s: u64,
+    },
     None {},
 }
 
@@ -277,13 +291,16 @@ impl<W: Write> ChromeTrace<W> {
             Link::Counter { value } => {
                 self.event(&event(ChromeArgs::Counter { requests: value }, None, r.name, "C"))
             }
+            Link::NicLoad { reads, rate_mb_s } => {
+                self.event(&event(ChromeArgs::NicLoad { reads, rate_mb_s }, None, &r.track, "C"))
+            }
             Link::FlowStart { .. } | Link::FlowEnd { .. } => Ok(()),
         }
     }
 
     /// Writes one record, after the metadata of its category and track if they are new.
     pub fn handle_record(&mut self, r: &TraceRecord) -> io::Result<()> {
-        if let Some(link @ (Link::Life { .. } | Link::Counter { .. })) = r.link {
+        if let Some(link @ (Link::Life { .. } | Link::Counter { .. } | Link::NicLoad { .. })) = r.link {
             return self.process_event(r, link);
         }
         let pid = self.pid(r.cat)?;
@@ -435,8 +452,8 @@ mod tests {
     /// A request's life, its KV's flow and the in-flight counter, byte for byte: the life is an
     /// async slice named by the request on its category's process (no thread per request) with
     /// an instant per moment; the flow starts inside the prefill step and ends in the middle of
-    /// the first read only (a second read of the request draws no arrow); the counter is a
-    /// counter event.
+    /// the first read only (a second read of the request draws no arrow); the counters (requests
+    /// in flight, a NIC's load named by its rank) are counter events.
     #[test]
     fn request_lives_flows_and_counters_are_chrome_events() {
         let rec =
@@ -464,6 +481,7 @@ mod tests {
             rec(7_000, Some(2_000), "nic", "read", "P0.dp0.tp0", Link::FlowEnd { request: 5 }),
             rec(7_500, Some(2_000), "nic", "read", "P0.dp0.tp1", Link::FlowEnd { request: 5 }),
             rec(9_000, None, "request", "finish", "req-5", life(Phase::End)),
+            rec(9_500, None, "nic", "load", "P0.dp0.tp1", Link::NicLoad { reads: 2, rate_mb_s: 48_000 }),
         ];
         let chrome = to_chrome(&records);
         let expected = concat!(
@@ -484,7 +502,8 @@ mod tests {
             r#"{"args":{"name":"P0.dp0.tp1"},"name":"thread_name","ph":"M","pid":3,"tid":3},"#,
             r#"{"args":{"detail":"read"},"cat":"nic","dur":2.0,"name":"read","ph":"X","pid":3,"tid":3,"ts":7.5},"#,
             r#"{"args":{"detail":"finish"},"cat":"request","id":5,"name":"finish","ph":"n","pid":1,"tid":0,"ts":9.0},"#,
-            r#"{"args":{},"cat":"request","id":5,"name":"req-5","ph":"e","pid":1,"tid":0,"ts":9.0}"#,
+            r#"{"args":{},"cat":"request","id":5,"name":"req-5","ph":"e","pid":1,"tid":0,"ts":9.0},"#,
+            r#"{"args":{"reads":2,"MB/s":48000},"cat":"nic","name":"P0.dp0.tp1","ph":"C","pid":3,"tid":0,"ts":9.5}"#,
             "]}"
         );
         assert_eq!(chrome, expected);

@@ -1,7 +1,7 @@
 //! The data plane: reads posted as NIC flows, the safety checks on their addresses and blocks,
 //! their completion and their aborts.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use pdkv_core::decode::{DecodeEvent, ReadOp, ReadOutcome};
 use pdkv_core::ids::{RankId, RequestId, Role};
@@ -154,7 +154,7 @@ impl World {
         };
         let latency = (hw.nic_latency_us * 1e3) as u64;
         let (id, finishes) = self.net.nics.start(self.now + latency, nic_src, nic_dst, work, cap);
-        self.schedule_flows(finishes);
+        self.schedule_flows(&[nic_src, nic_dst], finishes);
         let info = FlowInfo {
             worker: w,
             ops: ops.iter().map(|op| (op.request(), op.layer)).collect(),
@@ -204,16 +204,45 @@ impl World {
         }
     }
 
-    pub(super) fn schedule_flows(&mut self, finishes: Vec<Finish>) {
+    /// Schedules the completion of every re-timed flow in `finishes`, after a change on the NICs
+    /// `ends`; with a trace on, records the load of every NIC whose flows changed.
+    pub(super) fn schedule_flows(&mut self, ends: &[usize], finishes: Vec<Finish>) {
+        if self.trace_on {
+            self.trace_nic_loads(ends, &finishes);
+        }
         for f in finishes {
             let delay = f.at_ns.saturating_sub(self.now);
             self.at(delay, Ev::Flow { id: f.id, version: f.version });
         }
     }
 
+    /// Records, as counters, the load of the NICs `ends` and of both ends of every flow in
+    /// `finishes` (a re-timed flow changes what its other end moves too), once each.
+    fn trace_nic_loads(&mut self, ends: &[usize], finishes: &[Finish]) {
+        let mut nics: BTreeSet<usize> = ends.iter().copied().collect();
+        for f in finishes {
+            if let Some((src, dst)) = self.net.nics.ends(f.id) {
+                nics.extend([src, dst]);
+            }
+        }
+        let prefill = self.prefill.ranks.len();
+        for nic in nics {
+            let (reads, bytes_per_ns) = self.net.nics.load(nic);
+            let track = if nic < prefill {
+                self.prefill.ranks[nic].to_string()
+            } else {
+                self.decode.ranks[nic - prefill].to_string()
+            };
+            let rate_mb_s = (bytes_per_ns * 1e3).round() as u64;
+            let link = Some(Link::NicLoad { reads: reads as u64, rate_mb_s });
+            let detail = format!("reads={reads} MB/s={rate_mb_s}");
+            self.record_linked(self.now, "nic", "load", track, None, detail, link);
+        }
+    }
+
     pub(super) fn on_flow(&mut self, id: FlowId, version: u64) {
-        let Some((_, finishes)) = self.net.nics.finish(self.now, id, version) else { return };
-        self.schedule_flows(finishes);
+        let Some((ends, finishes)) = self.net.nics.finish(self.now, id, version) else { return };
+        self.schedule_flows(&[ends.0, ends.1], finishes);
         let Some(info) = self.net.flows.remove(&id) else { return };
         self.stats.last_progress_ns = self.now;
         self.stats.kv_read_ms.push((self.now - info.started) as f64 / 1e6);
@@ -260,8 +289,8 @@ impl World {
             .collect();
         let latency = (self.sc.hardware.nic_latency_us * 1e3) as u64;
         for id in ids {
-            if let Some((_, finishes)) = self.net.nics.abort(self.now, id) {
-                self.schedule_flows(finishes);
+            if let Some((ends, finishes)) = self.net.nics.abort(self.now, id) {
+                self.schedule_flows(&[ends.0, ends.1], finishes);
             }
             let Some(info) = self.net.flows.remove(&id) else { continue };
             trace!(
@@ -282,8 +311,8 @@ impl World {
     /// Ends every flow touching `nic`; the reading workers get a failed read.
     pub(super) fn abort_flows_on(&mut self, nic: usize, reason: &str) {
         for id in self.net.nics.flows_on(nic) {
-            if let Some((_, finishes)) = self.net.nics.abort(self.now, id) {
-                self.schedule_flows(finishes);
+            if let Some((ends, finishes)) = self.net.nics.abort(self.now, id) {
+                self.schedule_flows(&[ends.0, ends.1], finishes);
             }
             if let Some(info) = self.net.flows.remove(&id) {
                 for (request, layer) in info.ops {

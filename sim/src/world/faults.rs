@@ -142,7 +142,7 @@ impl World {
                         })
                         .product();
                     let finishes = self.net.nics.set_factor(self.now, nic, factor);
-                    self.schedule_flows(finishes);
+                    self.schedule_flows(&[nic], finishes);
                 }
             }
             (FaultKind::NicDown, true) => {

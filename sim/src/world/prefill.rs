@@ -113,7 +113,7 @@ impl World {
     pub(super) fn set_background(&mut self, nics: &[usize], share: f64) {
         for &nic in nics {
             let finishes = self.net.nics.set_background(self.now, nic, share);
-            self.schedule_flows(finishes);
+            self.schedule_flows(&[nic], finishes);
         }
     }
 
