@@ -300,6 +300,32 @@ impl Policy {
     }
 }
 
+impl Policy {
+    /// This policy between prefill engine `prefill` and decode engine `decode` of `book`: each
+    /// side's decision is its own engine's rules where that engine follows a vLLM release
+    /// (vLLM cannot do otherwise), and a pdkv engine adapts to its peer. A decode worker's
+    /// release plan is its own dialect's; a pdkv decode worker facing a vLLM prefill engine
+    /// releases every holder, which is what the uniform count every vLLM release waits for
+    /// asks. A prefill rank's quorum is vLLM's uniform count under a vLLM dialect; a pdkv
+    /// prefill engine facing a vLLM decode engine counts the releases that decode's plan sends:
+    /// every holder (from 0.33) gives each holder its uniform count, the rank read (before
+    /// 0.33) nothing to the ranks nobody reads, which pdkv then frees at once where vLLM's own
+    /// prefill waits for its reaper. Between two pdkv engines the policy is unchanged, legacy
+    /// options included.
+    pub fn between(self, book: &PeerBook, prefill: EngineId, decode: EngineId) -> Policy {
+        let (p, d) = (book.rules(prefill), book.rules(decode));
+        if !p.is_vllm() && !d.is_vllm() {
+            return self;
+        }
+        let release_plan = if d.is_vllm() { d.release_plan() } else { ReleasePlan::EveryHolder };
+        let quorum = match (p.is_vllm(), release_plan) {
+            (true, _) | (false, ReleasePlan::EveryHolder) => QuorumRule::Uniform,
+            (false, ReleasePlan::RankRead) => QuorumRule::ReadersOnly,
+        };
+        Policy { release_plan, quorum, ..self.under(p.meet(d)) }
+    }
+}
+
 /// The rules an engine follows where the current vLLM MoRIIO release and pdkv's fixed protocol
 /// differ on the wire: where its listeners bind, which prefill ranks a decode worker releases,
 /// and how many releases each prefill rank waits for. Where the release differs from pdkv's
@@ -319,61 +345,94 @@ pub enum PeerRules {
     /// which waits for `get_moriio_expected_ack_count` releases ([`QuorumRule::Uniform`]).
     #[serde(rename = "vllm-0.33")]
     Vllm033,
+    /// vLLM 0.27.0's MoRIIO: as [`PeerRules::Vllm033`] but a decode rank releases only the
+    /// prefill rank it read ([`ReleasePlan::RankRead`]), so with a larger prefill TP size the
+    /// holders nobody read wait for their uniform count until the 60 s reaper frees them. Its
+    /// prefill does not write `remote_dp_rank` (the proxy must) and it does not fold DP ranks
+    /// per pod; pdkv does not model either difference yet (docs/moriio-releases.md).
+    #[serde(rename = "vllm-0.27")]
+    Vllm027,
+    /// vLLM 0.28.0 and 0.29.0: [`PeerRules::Vllm027`]'s rules. Prefill writes the owner rank,
+    /// listeners bind at the pod-local DP rank (multi-pod folding, not modelled yet: one pod).
+    #[serde(rename = "vllm-0.28")]
+    Vllm028,
+    /// vLLM 0.30.0 to 0.32.0: [`PeerRules::Vllm028`]'s rules; `remote_block_ids` is one list per
+    /// KV cache group, which pdkv reads in both shapes.
+    #[serde(rename = "vllm-0.30")]
+    Vllm030,
 }
 
 impl PeerRules {
-    /// Every rule set, pdkv's first.
-    pub const ALL: [PeerRules; 2] = [PeerRules::Pdkv, PeerRules::Vllm033];
+    /// Every rule set, pdkv's first, then vLLM's dialects, oldest first.
+    pub const ALL: [PeerRules; 5] =
+        [PeerRules::Pdkv, PeerRules::Vllm027, PeerRules::Vllm028, PeerRules::Vllm030, PeerRules::Vllm033];
 
-    /// The name used in scenario files: `pdkv` or `vllm-0.33`.
+    /// The name used in scenario files: `pdkv` or `vllm-<dialect>` (`vllm-0.33`).
     pub fn name(self) -> &'static str {
         match self {
             PeerRules::Pdkv => "pdkv",
+            PeerRules::Vllm027 => "vllm-0.27",
+            PeerRules::Vllm028 => "vllm-0.28",
+            PeerRules::Vllm030 => "vllm-0.30",
             PeerRules::Vllm033 => "vllm-0.33",
         }
     }
 
+    /// Whether these are a vLLM release's rules.
+    pub fn is_vllm(self) -> bool {
+        self != PeerRules::Pdkv
+    }
+
     /// The pdkv extensions an engine under these rules advertises: all of them for pdkv; none
-    /// for vLLM 0.33, whose notify receiver stops on a message type it does not know.
+    /// for vLLM, whose notify receiver stops on a message type it does not know.
     pub fn extensions(self) -> Extensions {
-        match self {
-            PeerRules::Pdkv => Extensions::ALL,
-            PeerRules::Vllm033 => Extensions::NONE,
+        if self.is_vllm() {
+            Extensions::NONE
+        } else {
+            Extensions::ALL
         }
     }
 
-    /// Where the engine's listeners bind.
+    /// Where the engine's listeners bind: every vLLM release calls `get_port_offset` without
+    /// the TP size.
     pub fn listener_offset(self) -> ListenerOffset {
-        match self {
-            PeerRules::Pdkv => ListenerOffset::DpTimesTpSizePlusTp,
-            PeerRules::Vllm033 => ListenerOffset::DpPlusTp,
+        if self.is_vllm() {
+            ListenerOffset::DpPlusTp
+        } else {
+            ListenerOffset::DpTimesTpSizePlusTp
         }
     }
 
-    /// Which prefill ranks a decode worker releases.
+    /// Which prefill ranks a decode worker releases: every holder from vLLM 0.33 on, the rank
+    /// read before.
     pub fn release_plan(self) -> ReleasePlan {
         match self {
-            PeerRules::Pdkv => ReleasePlan::RankRead,
+            PeerRules::Pdkv | PeerRules::Vllm027 | PeerRules::Vllm028 | PeerRules::Vllm030 => {
+                ReleasePlan::RankRead
+            }
             PeerRules::Vllm033 => ReleasePlan::EveryHolder,
         }
     }
 
-    /// How many releases each prefill rank waits for.
+    /// How many releases each prefill rank waits for: vLLM's uniform count in every release.
     pub fn quorum(self) -> QuorumRule {
-        match self {
-            PeerRules::Pdkv => QuorumRule::ReadersOnly,
-            PeerRules::Vllm033 => QuorumRule::Uniform,
+        if self.is_vllm() {
+            QuorumRule::Uniform
+        } else {
+            QuorumRule::ReadersOnly
         }
     }
 
-    /// The rules two engines follow with each other: vLLM 0.33's when either follows them. A
-    /// vLLM engine cannot do otherwise, and a pdkv engine adapts to it: a pdkv decode worker
-    /// releases every holder rank of a vLLM prefill engine, which waits for each of those
-    /// releases, and a pdkv prefill engine waits for the releases a vLLM decode engine sends.
+    /// The rules two engines follow with each other: the vLLM engine's when one follows a vLLM
+    /// release's. A vLLM engine cannot do otherwise, and a pdkv engine adapts to it: a pdkv
+    /// decode worker releases the holder ranks a vLLM prefill engine waits for, and a pdkv
+    /// prefill engine waits for the releases a vLLM decode engine sends. A deployment mixes no
+    /// two vLLM dialects ([`PeerBook::mixed_dialects`]); were it to, the first would win.
     pub fn meet(self, other: PeerRules) -> PeerRules {
-        match (self, other) {
-            (PeerRules::Pdkv, PeerRules::Pdkv) => PeerRules::Pdkv,
-            _ => PeerRules::Vllm033,
+        if self.is_vllm() {
+            self
+        } else {
+            other
         }
     }
 }
@@ -455,6 +514,25 @@ impl PeerBook {
     /// The rules between two engines ([`PeerRules::meet`]).
     pub fn between(&self, a: EngineId, b: EngineId) -> PeerRules {
         self.rules(a).meet(self.rules(b))
+    }
+
+    /// Two engines of the book that follow different vLLM dialects, if any: the first such
+    /// pair in engine order (prefill engines, then decode engines). The rules between a
+    /// prefill and a decode engine of two vLLM releases would be each one's own for its own
+    /// decisions, which pdkv does not model, so a deployment must not mix them.
+    pub fn mixed_dialects(&self) -> Option<((EngineId, PeerRules), (EngineId, PeerRules))> {
+        let named = |role: Role, rules: &[PeerRules]| -> Vec<(EngineId, PeerRules)> {
+            rules
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r.is_vllm())
+                .map(|(i, &r)| (EngineId { role, index: i as u16 }, r))
+                .collect()
+        };
+        let mut all = named(Role::Prefill, &self.prefill);
+        all.extend(named(Role::Decode, &self.decode));
+        let first = *all.first()?;
+        all.into_iter().find(|(_, r)| *r != first.1).map(|other| (first, other))
     }
 }
 
@@ -539,6 +617,34 @@ impl From<LegacyOptions> for Policy {
 mod tests {
     use super::*;
 
+    /// (prefill rules, decode rules) -> the release plan and quorum between them: each vLLM
+    /// side decides as its release does, a pdkv side adapts, and only two vLLM engines before
+    /// 0.33 leave unread holders to the reaper (rank read against a uniform count).
+    #[test]
+    fn each_side_decides_by_its_own_release_and_pdkv_adapts() {
+        use PeerRules::{Pdkv, Vllm027, Vllm030, Vllm033};
+        use QuorumRule::{ReadersOnly, Uniform};
+        use ReleasePlan::{EveryHolder, RankRead};
+        let (p, d) = (EngineId::prefill(0), EngineId::decode(0));
+        let check = |prefill: PeerRules, decode: PeerRules, expected: (ReleasePlan, QuorumRule)| {
+            let book = PeerBook::pdkv().with(p, prefill).with(d, decode);
+            let policy = Policy::fixed().between(&book, p, d);
+            assert_eq!((policy.release_plan, policy.quorum), expected, "{prefill} {decode}");
+        };
+        check(Pdkv, Pdkv, (RankRead, ReadersOnly));
+        check(Pdkv, Vllm033, (EveryHolder, Uniform));
+        check(Vllm033, Pdkv, (EveryHolder, Uniform));
+        check(Vllm033, Vllm033, (EveryHolder, Uniform));
+        for old in [Vllm027, Vllm030] {
+            check(Pdkv, old, (RankRead, ReadersOnly));
+            check(old, Pdkv, (EveryHolder, Uniform));
+            check(old, old, (RankRead, Uniform));
+        }
+        // Between pdkv engines a legacy option keeps its decision.
+        let legacy = Policy::from(&LegacyOptions::none().with(Legacy::NoZeroQuorum));
+        assert_eq!(legacy.between(&PeerBook::pdkv(), p, d), legacy);
+    }
+
     /// A vLLM 0.33 engine advertises no pdkv extension, so no pdkv rank sends it a read lease
     /// (a message type its notify receiver would stop on).
     #[test]
@@ -606,6 +712,11 @@ mod tests {
         check(PeerRules::Pdkv, &[Legacy::ListenerOffsetDpPlusTp], (Sum, RankRead, ReadersOnly));
         check(PeerRules::Pdkv, &[Legacy::NoZeroQuorum], (Product, RankRead, Uniform));
         check(PeerRules::Vllm033, &[Legacy::ListenerOffsetDpPlusTp], (Sum, EveryHolder, Uniform));
+        for older in [PeerRules::Vllm027, PeerRules::Vllm028, PeerRules::Vllm030] {
+            check(older, &[], (Sum, RankRead, Uniform));
+            check(older, &[Legacy::NoZeroQuorum], (Sum, RankRead, Uniform));
+            assert_eq!(older.extensions(), Extensions::NONE);
+        }
         check(
             PeerRules::Vllm033,
             &[Legacy::NoZeroQuorum, Legacy::LazyHandshake],
@@ -624,7 +735,10 @@ mod tests {
             assert_eq!(rules.to_string(), rules.name());
         }
         let shown = "vllm-0.34".parse::<PeerRules>().unwrap_err().to_string();
-        assert_eq!(shown, "unknown rule set \"vllm-0.34\"; known rule sets: pdkv, vllm-0.33");
+        assert_eq!(
+            shown,
+            "unknown rule set \"vllm-0.34\"; known rule sets: pdkv, vllm-0.27, vllm-0.28, vllm-0.30, vllm-0.33"
+        );
     }
 
     /// (book, engine a, engine b) -> the rules of a, and the rules between a and b.
@@ -652,6 +766,13 @@ mod tests {
         check(p1, d1, Vllm033, Vllm033);
         check(p2, d0, Pdkv, Pdkv);
         assert_eq!(book.prefill, [Pdkv, Vllm033], "engines before a named one are filled with pdkv");
+        assert_eq!(book.mixed_dialects(), None);
+        // A pdkv engine meets each dialect on that dialect's rules.
+        for rules in PeerRules::ALL {
+            assert_eq!((Pdkv.meet(rules), rules.meet(Pdkv), rules.meet(rules)), (rules, rules, rules));
+        }
+        let mixed = PeerBook::pdkv().with(p1, Vllm033).with(d0, PeerRules::Vllm030);
+        assert_eq!(mixed.mixed_dialects(), Some(((p1, Vllm033), (d0, PeerRules::Vllm030))));
     }
 
     #[test]

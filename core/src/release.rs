@@ -524,12 +524,16 @@ mod tests {
     }
 
     /// For every layout pair, the releases all decode ranks of one DP group send meet each
-    /// prefill rank's quorum exactly, under both rule sets: nothing waits for the reaper and
-    /// nothing completes early. vLLM 0.33 gets there with a release per holder and a uniform
-    /// quorum, pdkv with a release per reader and a quorum per reader (zero for the unread).
+    /// prefill rank's quorum exactly whenever one side is pdkv, whatever the other's rules:
+    /// nothing waits for the reaper and nothing completes early. vLLM 0.33 gets there with a
+    /// release per holder and a uniform quorum, pdkv with a release per reader and a quorum per
+    /// reader (zero for the unread), and a pdkv side adapts to an older vLLM peer. (Two vLLM
+    /// engines before 0.33 do leave the unread holders to the reaper:
+    /// `policy::tests::each_side_decides_by_its_own_release_and_pdkv_adapts`.)
     #[test]
     fn every_rule_sets_releases_meet_its_quorums() {
-        use crate::policy::PeerRules;
+        use crate::ids::EngineId;
+        use crate::policy::{PeerBook, PeerRules};
         for notation in [
             "1P_TP8:1D_TP8",
             "1P_TP8:1D_TP4",
@@ -543,8 +547,13 @@ mod tests {
         ] {
             let d = crate::Deployment::parse(notation).unwrap();
             let (prefill, decode) = (d.prefill[0], d.decode[0]);
-            for rules in PeerRules::ALL {
-                let policy = Policy::fixed().under(rules);
+            let (p, dd) = (EngineId::prefill(0), EngineId::decode(0));
+            let books = PeerRules::ALL
+                .into_iter()
+                .flat_map(|rules| [PeerBook::pdkv().with(p, rules), PeerBook::pdkv().with(dd, rules)]);
+            for book in books {
+                let rules = (book.rules(p), book.rules(dd));
+                let policy = Policy::fixed().between(&book, p, dd);
                 let plan = quorum_plan(prefill, decode, &d.model, &policy).unwrap();
                 assert!(!plan.flexible, "{notation}");
                 let mut got = vec![0u16; usize::from(prefill.tp)];
@@ -558,7 +567,7 @@ mod tests {
                 }
                 let need: Vec<u16> =
                     plan.per_tp_rank.iter().map(|q| if let Quorum::Exact(n) = q { *n } else { 1 }).collect();
-                assert_eq!(got, need, "{notation} {rules}");
+                assert_eq!(got, need, "{notation} {rules:?}");
             }
         }
     }

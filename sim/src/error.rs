@@ -10,7 +10,7 @@
 use std::fmt;
 
 use pdkv_core::ids::EngineId;
-use pdkv_core::policy::UnknownPeerRules;
+use pdkv_core::policy::{PeerRules, UnknownPeerRules};
 use pdkv_core::routing::{check_pair, RoutingError};
 use pdkv_core::topology::{Deployment, Layout, ModelSpec, NotationError};
 
@@ -72,6 +72,14 @@ pub enum PeerError {
         /// The name and the known ones.
         error: UnknownPeerRules,
     },
+    /// Two engines follow different vLLM dialects, whose rules between them pdkv does not
+    /// model ([`PeerBook::mixed_dialects`](pdkv_core::policy::PeerBook::mixed_dialects)).
+    MixedDialects {
+        /// The first engine under a vLLM dialect and its rules.
+        first: (EngineId, PeerRules),
+        /// The first engine after it under another one.
+        second: (EngineId, PeerRules),
+    },
 }
 
 impl PeerError {
@@ -82,6 +90,7 @@ impl PeerError {
             PeerError::NoSuchEngine { engine, .. } | PeerError::UnknownRules { engine, .. } => {
                 engine.to_string()
             }
+            PeerError::MixedDialects { second: (engine, _), .. } => engine.to_string(),
         }
     }
 }
@@ -101,6 +110,11 @@ impl fmt::Display for PeerError {
                 )
             }
             PeerError::UnknownRules { error, .. } => write!(f, "{error}"),
+            PeerError::MixedDialects { first: (a, a_rules), second: (_, b_rules) } => write!(
+                f,
+                "{b_rules}, but {a} follows {a_rules}: one deployment may follow one vLLM dialect \
+                 (pdkv does not model two vLLM releases talking to each other)"
+            ),
         }
     }
 }

@@ -829,6 +829,9 @@ impl Scenario {
                 rules.parse().map_err(|error| PeerError::UnknownRules { engine, error })?;
             book.set(engine, rules);
         }
+        if let Some((first, second)) = book.mixed_dialects() {
+            return Err(PeerError::MixedDialects { first, second });
+        }
         Ok(book)
     }
 

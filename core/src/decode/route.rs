@@ -66,8 +66,8 @@ impl DecodeWorker {
     /// its local blocks (a queued request has none yet).
     pub(super) fn route(&mut self, now: Instant, request: &RecvRequest) -> Result<Recv, RecvError> {
         // The rules between this engine and the prefill engine decide whom the release goes to.
-        let rules = self.config.peers.between(request.prefill_engine, self.config.rank.engine);
-        let policy = self.config.policy.under(rules);
+        let policy =
+            self.config.policy.between(&self.config.peers, request.prefill_engine, self.config.rank.engine);
         let params = &request.params;
         let transfer_id = TransferId(params.transfer_id.clone().ok_or(RecvError::MissingTransferId)?);
         let remote = params.prefill_layout(policy.tp_size).map_err(RecvError::Params)?;

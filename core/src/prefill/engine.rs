@@ -494,11 +494,10 @@ impl PrefillEngine {
         }
         // The rules between this engine and the reader decide the quorum (this engine's own when
         // the reader is not known).
-        let rules = match reader {
-            Some((reader, _)) => self.peers.between(self.engine, reader),
-            None => self.peers.rules(self.engine),
+        let policy = match reader {
+            Some((reader, _)) => self.policy.between(&self.peers, self.engine, reader),
+            None => self.policy.under(self.peers.rules(self.engine)),
         };
-        let policy = self.policy.under(rules);
         let plan = quorum_plan(self.layout, decode, &self.model, &policy).map_err(EngineError::Routing)?;
         let deadline = now.add_ns(self.defer_timeout_ns);
         self.totals.registered += 1;

@@ -362,6 +362,38 @@ mod tests {
             check("1P_TP8:1D_TP4", &vllm(&peers), (Outcome::Clean, 8, 0));
         }
         check("2P_TP8:1D_DP8EP", &vllm(&["P1"]), (Outcome::Clean, 8, 0));
+        // Before 0.33 a vLLM decode rank releases only the rank it read: with P8 to D4 and
+        // vLLM on both sides every transfer's unread holders wait for their uniform count until
+        // the reaper frees them (a leak until then). A pdkv side adapts: a pdkv prefill gives
+        // the unread holders nothing to wait for, a pdkv decode releases every holder.
+        for dialect in ["vllm-0.27", "vllm-0.28", "vllm-0.30"] {
+            for (engines, expected) in [
+                (vec!["P0"], (Outcome::Clean, 8, 0)),
+                (vec!["D0"], (Outcome::Clean, 8, 0)),
+                (vec!["P0", "D0"], (Outcome::Leak, 0, 8)),
+            ] {
+                let peers: Vec<String> = engines.iter().map(|e| format!("\"{e}\": \"{dialect}\"")).collect();
+                check("1P_TP8:1D_TP4", &peers.join(", "), expected);
+            }
+        }
+    }
+
+    /// Two vLLM dialects in one deployment are refused by name, as pdkv does not model what
+    /// two vLLM releases do with each other.
+    #[test]
+    fn one_deployment_follows_one_vllm_dialect() {
+        let why = "vllm-0.30, but P0 follows vllm-0.33: one deployment may follow one vLLM dialect \
+                   (pdkv does not model two vLLM releases talking to each other)";
+        let text = "(name: \"t\", deployment: \"2P_TP8:1D_TP8\", protocol: (peers: {\"P0\": \"vllm-0.33\", \"D0\": \"vllm-0.30\"}))";
+        let error = crate::load::parse_scenario(text, "<test>").err().map(|e| e.to_string());
+        assert_eq!(error, Some(format!("<test>:1:80: field `protocol.peers[\"D0\"]`: {why}")));
+        let mut sc = Scenario::from_notation("2P_TP8:1D_TP8");
+        sc.protocol.peers =
+            [("P0", "vllm-0.33"), ("D0", "vllm-0.30")].map(|(k, v)| (k.into(), v.into())).into();
+        let error = crate::run(&sc, RunOptions::default()).err().map(|e| e.to_string());
+        assert_eq!(error, Some(format!("protocol.peers[\"D0\"]: {why}")));
+        let same = scenario("2P_TP8:1D_TP8", "\"P1\": \"vllm-0.30\", \"D0\": \"vllm-0.30\"");
+        assert!(crate::run(&same, RunOptions::default()).is_ok());
     }
 
     /// A scenario made in code is not validated; `run` refuses a bad entry of `peers` by name.
@@ -376,7 +408,10 @@ mod tests {
         let error = crate::run(&sc, RunOptions::default()).err().map(|e| e.to_string());
         assert_eq!(
             error.as_deref(),
-            Some("protocol.peers[\"P0\"]: unknown rule set \"vllm\"; known rule sets: pdkv, vllm-0.33")
+            Some(
+                "protocol.peers[\"P0\"]: unknown rule set \"vllm\"; known rule sets: pdkv, vllm-0.27, vllm-0.28, \
+                 vllm-0.30, vllm-0.33"
+            )
         );
     }
 }
