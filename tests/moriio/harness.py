@@ -65,10 +65,15 @@ WORKER_METHODS = [
     # path of 0.26 to 0.30 asks of a status.
     "_pop_done_transfers",
     "_is_sq_full_status",
+    # The offsets a read before 0.31 computes for its (here empty) local blocks.
+    "_compute_block_transfer_offsets",
 ]
 # The receive state _read_blocks and _pop_done_transfers keep, which releases before 0.31 need
 # set up as their __init__ sets it up (see Vllm.read_and_release).
 RECV_STATE = ["_recving_transfers", "_recving_transfers_callback_addr", "_recving_transfers_start"]
+# Step state of a decode worker that some releases' __init__ sets up and others lack (0.31 and
+# 0.32 collect a step's Mamba reads), for tests/moriio/mixed.py.
+STEP_STATE = ["_mamba_reads_this_step"]
 # The one layer a read before 0.31 goes through.
 LAYER = "model.layers.0.self_attn.attn"
 
@@ -125,7 +130,8 @@ class Vllm:
         # every request goes through a session and a read (Vllm.read_and_release).
         read = inspect.getsource(worker._read_blocks)
         self.releases_without_blocks = "if not any(local_block_ids)" in read
-        self.recv_state = self._recv_state_expressions()
+        self.recv_state = self._init_expressions(RECV_STATE)
+        self.step_state = self._init_expressions(STEP_STATE)
         self.side_channel_expr = self._side_channel_expression()
 
     def _side_channel_expression(self):
@@ -159,9 +165,9 @@ class Vllm:
             )
         return compile(ast.Expression(expr), "<MoRIIOConnectorWorker.side_channel_port>", "eval")
 
-    def _recv_state_expressions(self):
-        """vLLM's own initial values of RECV_STATE, taken from MoRIIOConnectorWorker.__init__ as
-        the listener port is."""
+    def _init_expressions(self, names):
+        """vLLM's own initial values of the attributes `names` that MoRIIOConnectorWorker.__init__
+        sets (those it does not set are left out), taken from its source as the listener port is."""
         worker = self.connector.MoRIIOConnectorWorker
         init = ast.parse(textwrap.dedent(inspect.getsource(worker.__init__)))
         found = {}
@@ -170,7 +176,7 @@ class Vllm:
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 for target in targets:
                     name = ast.unparse(target).removeprefix("self.")
-                    if name in RECV_STATE:
+                    if name in names:
                         found[name] = compile(ast.Expression(node.value), f"<{name}>", "eval")
         return found
 

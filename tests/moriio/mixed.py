@@ -14,7 +14,7 @@ Logs go to stderr; stdout carries protocol lines only.
 Protocol (line JSON both ways, every object has "op"; byte strings are lowercase hex; ids are
 strings; engines are numbered per side from 0):
   cluster -> driver
-    setup {side, rules:"vllm-0.33", host, model:{use_mla, kv_heads, layers, block_size_tokens},
+    setup {side, rules:"vllm-0.33" (or an older dialect's, for a release before 0.33), host, model:{use_mla, kv_heads, layers, block_size_tokens},
            engines:[{engine, dp, tp, handshake_port_base, notify_port_base, engine_id}] (this side),
            ranks:[{engine, dp, tp, metadata:{engine_id, agent_metadata, kv_caches_base_addr,
                    num_blocks, block_len, attn_backend_name}, layers:[{name, descs}]}] (prefill)}
@@ -52,7 +52,9 @@ strings; engines are numbered per side from 0):
 """
 
 import argparse
+import collections
 import hashlib
+import inspect
 import json
 import logging
 import os
@@ -403,7 +405,13 @@ class Prefill:
                 rank.sched.map_request_id(msg["request"], tid)
                 self.st.add("transfers_registered")
             elif tid in rank.sched.transfer_id_to_request_id:
-                rank.sched.unmap_request_id(rank.sched.transfer_id_to_request_id[tid], transfer_id=tid)
+                request = rank.sched.transfer_id_to_request_id[tid]
+                # From 0.31 the transfer id may be named too (a request id the input processor
+                # changed); before, the request id alone, which is this table's own.
+                if "transfer_id" in inspect.signature(rank.sched.unmap_request_id).parameters:
+                    rank.sched.unmap_request_id(request, transfer_id=tid)
+                else:
+                    rank.sched.unmap_request_id(request)
                 self.st.add("transfers_retired")
             else:
                 self.out.problem(f"retire of {tid!r} on prefill rank {rank.name}, which does not hold it")
@@ -488,6 +496,13 @@ class Decode:
         self.drv, self.v, self.out, self.st = drv, drv.v, drv.out, drv.stats
         self.v.common.set_role(self.v.common.ROLE.CONSUMER)
         install_tp_vote()
+        # 0.31 and 0.32 read the forward context's CUDA-graph mode in the step (a host-side wait
+        # is skipped under full-graph capture). These steps run eagerly, as on a CPU, so the
+        # mode is "no graph": vLLM's own eager path, the one pdkv's vLLM tests run too.
+        if "get_forward_context" in vars(self.v.connector):
+            eager = types.SimpleNamespace(NONE="NONE", FULL="FULL", PIECEWISE="PIECEWISE")
+            self.v.connector.CUDAGraphMode = eager
+            self.v.connector.get_forward_context = lambda: types.SimpleNamespace(cudagraph_runtime_mode=eager.NONE)
         use_mla = bool(setup["model"]["use_mla"])
         self.groups = {}
         for eng in setup["engines"]:
@@ -519,7 +534,29 @@ class Decode:
         w.tp_group = types.SimpleNamespace(cpu_group=cpu)
         w._ready_requests, w.load_ready_flag = queue.Queue(), {}
         w._reads_issued_this_step, w._reqs_to_send = [], {}
+        # State the step reads that only some releases have (0.31 and 0.32 gather Mamba reads
+        # per step), at vLLM's own initial values from its __init__.
+        for attr, expr in v.step_state.items():
+            if attr not in vars(w):
+                setattr(w, attr, eval(expr, vars(v.connector)))
+        # A full-attention model has one KV cache group: every layer is in group 0 (0.30 on
+        # read this map, which register_kv_caches fills).
+        w.layer_to_group = collections.defaultdict(int)
+        if not v.releases_without_blocks:
+            # Before 0.31 a request without local blocks still reads (nothing) and releases
+            # from _pop_done_transfers once its reads succeeded: the receive state its
+            # __init__ sets up.
+            for attr, expr in v.recv_state.items():
+                setattr(w, attr, eval(expr, vars(v.connector)))
+            # The offsets of no local blocks are none; vLLM's own computation needs the model's
+            # cache tensors, which a CPU run has none of.
+            w._compute_block_transfer_offsets = lambda *args, **kwargs: ([], [], [])
         w.moriio_wrapper = wrapper = rank_wrapper(v, cfg)
+        if not v.releases_without_blocks:
+            # The read of nothing a release before 0.31 posts, which MoRI would carry: it
+            # succeeded (as the harness's Vllm.read_and_release answers it), so the worker's own
+            # _pop_done_transfers releases.
+            wrapper.read_remote_data = lambda *args, **kwargs: harness.SucceededRead()
         w.registered = []
         # What _get_built_session reads: its cache, and this worker's own layer regions (filled
         # from the first peer's layer map: a decode worker serves the same model).
@@ -632,13 +669,22 @@ class Decode:
             rid = msg["request"]
             try:
                 metas = [self._meta(rid, dict(msg["params"])) for _ in group.workers]
-                steps = [group.pool.submit(w.start_load_kv, m) for w, m in zip(group.workers, metas)]
+                steps = [group.pool.submit(self._step, w, m) for w, m in zip(group.workers, metas)]
                 errors = [(t, f.exception()) for t, f in enumerate(steps)]  # waits for every rank
                 failed = [f"tp{t}: {harness.error_text(e)}" for t, e in errors if e]
             except Exception as e:  # noqa: BLE001 - vLLM's refusal is the answer
                 failed = [harness.error_text(e)]
             group.busy = False
             self._received(rid, "; ".join(failed) if failed else None)
+
+    def _step(self, w, meta):
+        """One engine step of worker w: vLLM's start_load_kv, and before 0.31, whose reads of a
+        request without local blocks still go through the data plane, the releases its
+        _pop_done_transfers sends once those reads succeeded (vLLM calls it from the step's
+        get_finished)."""
+        w.start_load_kv(meta)
+        if not self.v.releases_without_blocks:
+            w._pop_done_transfers()
 
     def _meta(self, rid, params):
         """The step metadata one TP worker receives for the request, as vLLM's scheduler builds
@@ -701,8 +747,17 @@ class Driver:
             if self.side is not None:
                 raise ValueError("a second setup")
             try:
-                if msg.get("rules", "vllm-0.33") != "vllm-0.33":
-                    raise ValueError(f"rules {msg['rules']!r}: this driver runs the vllm-0.33 dialect (vLLM 0.33.0 and 0.34.0)")
+                # The release loaded decides what it does; the rules pdkv's side follows must be
+                # ones whose READ-mode decisions that release makes: every holder released from
+                # 0.33 (vllm-0.33), the rank read before (vllm-0.27, vllm-0.28, vllm-0.30).
+                rules = msg.get("rules", "vllm-0.33")
+                holders = "_send_read_release" not in self.v.missing_methods
+                speaks = ["vllm-0.33"] if holders else ["vllm-0.27", "vllm-0.28", "vllm-0.30"]
+                if rules not in speaks:
+                    raise ValueError(
+                        f"rules {rules!r}: the vLLM release loaded follows {', '.join(speaks)} "
+                        f"(its decode releases {'every holder' if holders else 'only the rank it read'})"
+                    )
                 self.side = {"prefill": Prefill, "decode": Decode}[msg["side"]](self, msg)
             except Exception as e:  # noqa: BLE001 - a setup that cannot be played is fatal
                 self.fatal(f"setup: {harness.error_text(e)}")

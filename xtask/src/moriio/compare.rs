@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 
 use pdkv_core::ids::{EngineId, RankId, TransferId};
 use pdkv_core::legacy::{Legacy, LegacyOptions};
-use pdkv_core::policy::{PeerRules, Policy, SessionKeyRule};
+use pdkv_core::policy::{PeerRules, Policy, ReleasePlan, SessionKeyRule};
 use pdkv_core::ports::{EngineAddress, ListenerKind, ReadTarget};
 use pdkv_core::release::{self, Quorum, RankLedger, Release, ReleaseOutcome, ReleaseSender};
 use pdkv_core::routing::{self, ReadRouter, RoutingError, Source};
@@ -43,9 +43,11 @@ fn model(mla: bool) -> ModelSpec {
     }
 }
 
-/// MoRIIO's `backend`: RDMA reads flexibly; xGMI never does, which is pdkv's `no-flexible-reads`.
-fn policy(backend: &str) -> Policy {
-    if backend == "xgmi" {
+/// MoRIIO's `backend` under the release's rules: RDMA reads flexibly; from vLLM 0.33 xGMI never
+/// does (`_spreads_replicated_reads`), which is pdkv's `no-flexible-reads`; before 0.33 xGMI
+/// reads flexibly too.
+fn policy(backend: &str, rules: PeerRules) -> Policy {
+    if backend == "xgmi" && rules == PeerRules::Vllm033 {
         Policy::from(LegacyOptions::none().with(Legacy::NoFlexibleReads))
     } else {
         Policy::fixed()
@@ -53,19 +55,19 @@ fn policy(backend: &str) -> Policy {
 }
 
 /// Every case of every rule and wire row, in the harness's order.
-pub fn cases(answers: &Answers) -> Vec<Case> {
+pub fn cases(answers: &Answers, rules: PeerRules) -> Vec<Case> {
     let mut out = Vec::new();
     for layout in &answers.ports {
-        out.extend(ports(layout));
+        out.extend(ports(layout, rules));
     }
     out.extend(answers.expected_acks.iter().map(expected_acks));
     out.extend(answers.heads.iter().map(head_guard));
     for combo in &answers.combos {
-        out.extend(source_and_release(combo));
+        out.extend(source_and_release(combo, rules));
         for group in &combo.acks {
-            out.extend(acks(combo, group));
+            out.extend(acks(combo, group, rules));
         }
-        out.extend(as_vllm_rules(combo));
+        out.extend(as_vllm_rules(combo, rules));
     }
     out.extend(answers.wire.iter().map(wire));
     out
@@ -112,12 +114,12 @@ fn combo_name(c: &Combo) -> String {
     )
 }
 
-fn router(c: &Combo, dp: u16, tp: u16) -> ReadRouter {
+fn router(c: &Combo, rules: PeerRules, dp: u16, tp: u16) -> ReadRouter {
     ReadRouter::new(
         RankId::new(EngineId::decode(0), dp, tp),
         layout(c.decode),
         model(c.mla),
-        policy(&c.backend),
+        policy(&c.backend, rules),
     )
 }
 
@@ -133,11 +135,11 @@ fn release_port(c: &Combo, source: RankId) -> Result<u32, String> {
 }
 
 /// Source rank and release targets of every decode rank over its reads: one case each.
-fn source_and_release(c: &Combo) -> Vec<Case> {
+fn source_and_release(c: &Combo, rules: PeerRules) -> Vec<Case> {
     let class = combo_class(c);
     let mut out = Vec::new();
     for rank in &c.ranks {
-        let (source, release) = decode_rank(c, rank);
+        let (source, release) = decode_rank(c, rules, rank);
         out.push(Case::rule(Rule::SourceRank, class.clone(), source.0, source.1));
         if let Some((verdict, detail)) = release {
             out.push(Case::rule(Rule::ReleaseTargets, class.clone(), verdict, detail));
@@ -162,9 +164,9 @@ fn worst(a: Outcome, b: Outcome) -> Outcome {
 }
 
 /// (source outcome, release outcome; None when both refused the pair).
-fn decode_rank(c: &Combo, rank: &DecodeRank) -> (Outcome, Option<Outcome>) {
+fn decode_rank(c: &Combo, rules: PeerRules, rank: &DecodeRank) -> (Outcome, Option<Outcome>) {
     let at = format!("{} decode rank (dp {}, tp {})", combo_name(c), rank.dp, rank.tp);
-    let mut r = router(c, rank.dp, rank.tp);
+    let mut r = router(c, rules, rank.dp, rank.tp);
     if let Some(err) = &rank.error {
         // Both must refuse, for the same reason: sizes that are not multiples.
         let outcome = match resolve(&mut r, c) {
@@ -258,11 +260,11 @@ enum Done {
 
 /// The releases one decode DP group sends for one request, as each prefill rank of the owner
 /// DP group counts them: vLLM's `get_finished` against pdkv's quorum plan and ledger.
-fn acks(c: &Combo, g: &AckGroup) -> Vec<Case> {
+fn acks(c: &Combo, g: &AckGroup, rules: PeerRules) -> Vec<Case> {
     let class = combo_class(c);
     let at = format!("{} decode group {}", combo_name(c), g.group);
     let (p_tp, w) = (c.prefill[1], c.decode[1]);
-    let policy = policy(&c.backend);
+    let policy = policy(&c.backend, rules);
     let plan = match release::quorum_plan(layout(c.prefill), layout(c.decode), &model(c.mla), &policy) {
         Ok(plan) => plan,
         Err(e) => {
@@ -277,7 +279,7 @@ fn acks(c: &Combo, g: &AckGroup) -> Vec<Case> {
     // pdkv's releases: each decode rank of the group releases the rank its first read chose.
     let mut inbox: Vec<Vec<ReleaseSender>> = vec![Vec::new(); usize::from(p_tp)];
     for r in 0..w {
-        match resolve(&mut router(c, g.group, r), c) {
+        match resolve(&mut router(c, rules, g.group, r), c) {
             Ok(s) => inbox[usize::from(s.rank.tp)].push(ReleaseSender {
                 engine_id: format!("{HOST}:{HANDSHAKE_BASE}"),
                 dp_rank: g.group,
@@ -356,6 +358,17 @@ fn acks(c: &Combo, g: &AckGroup) -> Vec<Case> {
                 && done == Done::ByGroup
             {
                 (Verdict::Documented(Documented::FlexibleHolders), None)
+            } else if rules.release_plan() == ReleasePlan::RankRead
+                && (v.received, vllm_done) == (0, None)
+                && g.expected.is_some_and(|n| n > 0)
+                && received == 0
+                && matches!(
+                    (quorum, done),
+                    (Quorum::Exact(0), Done::After(0)) | (Quorum::AnyOfGroup, Done::ByGroup)
+                )
+            {
+                // Before 0.33 vLLM leaves the holders it did not read to its reaper.
+                (Verdict::Documented(Documented::UnreadHoldersReaped), None)
             } else {
                 fails(at)
             };
@@ -364,16 +377,16 @@ fn acks(c: &Combo, g: &AckGroup) -> Vec<Case> {
         .collect()
 }
 
-/// pdkv's `vllm-0.33` rule set ([`PeerRules::Vllm033`]) against vLLM: the release ports of
+/// pdkv's rule set for the release (`vllm-0.33` for 0.33 and 0.34) against vLLM: the release ports of
 /// every read and the acks each prefill rank counts must be vLLM's exactly, with no documented
 /// difference, since that rule set is how a pdkv rank talks to a vLLM 0.33 rank.
-fn as_vllm_rules(c: &Combo) -> Vec<Case> {
+fn as_vllm_rules(c: &Combo, rules: PeerRules) -> Vec<Case> {
     if c.ranks.iter().any(|r| r.error.is_some()) {
         // Both refuse the pair; the pdkv-rules rows already compared the refusals.
         return Vec::new();
     }
     let class = combo_class(c);
-    let policy = policy(&c.backend).under(PeerRules::Vllm033);
+    let policy = policy(&c.backend, rules).under(rules);
     let (p_tp, w) = (c.prefill[1], c.decode[1]);
     let case = |rule, (verdict, detail): Outcome| {
         let mut case = Case::rule(rule, class.clone(), verdict, detail);
@@ -407,7 +420,7 @@ fn as_vllm_rules(c: &Combo) -> Vec<Case> {
             if mine.as_deref() != Ok(ports.as_slice()) {
                 outcome = worst(
                     outcome,
-                    fails(format!("{at} read {k}: vLLM releases {ports:?}, pdkv as vllm-0.33 {mine:?}")),
+                    fails(format!("{at} read {k}: vLLM releases {ports:?}, pdkv as {rules} {mine:?}")),
                 );
             }
         }
@@ -419,7 +432,7 @@ fn as_vllm_rules(c: &Combo) -> Vec<Case> {
         let plan = match &plan {
             Ok(plan) => plan,
             Err(e) => {
-                out.push(case(Rule::Acks, fails(format!("{at}: pdkv as vllm-0.33 has no quorum plan: {e}"))));
+                out.push(case(Rule::Acks, fails(format!("{at}: pdkv as {rules} has no quorum plan: {e}"))));
                 continue;
             }
         };
@@ -472,7 +485,7 @@ fn as_vllm_rules(c: &Combo) -> Vec<Case> {
                 } else {
                     fails(format!(
                     "{at} prefill rank (dp {}, tp {}): vLLM got {} release(s), reported done {:?}; pdkv as \
-                     vllm-0.33 got {}, quorum {quorum:?}, done {reported:?}",
+                     {rules} got {}, quorum {quorum:?}, done {reported:?}",
                     c.owner, v.tp, v.received, v.reported, senders.len()
                 ))
                 };
@@ -491,10 +504,10 @@ fn port_class(p: [u16; 2]) -> &'static str {
 }
 
 /// vLLM's listener and dial ports of every rank of one prefill layout against pdkv's.
-fn ports(p: &PortLayout) -> Vec<Case> {
+fn ports(p: &PortLayout, rules: PeerRules) -> Vec<Case> {
     let class = port_class(p.prefill);
     let (addr, lay, fixed) = (address(), layout(p.prefill), Policy::fixed());
-    let vllm_rules = fixed.under(PeerRules::Vllm033);
+    let vllm_rules = fixed.under(rules);
     let mut out = Vec::new();
     for r in &p.ranks {
         let rank = RankId::new(EngineId::prefill(0), r.dp, r.tp);
@@ -547,7 +560,7 @@ fn ports(p: &PortLayout) -> Vec<Case> {
             };
             out.push(Case::rule(rule, class, verdict, detail));
         }
-        // pdkv's `vllm-0.33` rule set must bind where vLLM 0.33's listeners bind, in every layout.
+        // pdkv's rule set for the release must bind where its listeners bind, in every layout.
         let as_vllm = [
             (Rule::HandshakeListenPort, r.handshake_listen, ListenerKind::Handshake),
             (Rule::NotifyListenPort, r.notify_listen, ListenerKind::Notify),
@@ -555,7 +568,7 @@ fn ports(p: &PortLayout) -> Vec<Case> {
         for (rule, vllm, kind) in as_vllm {
             let (verdict, detail) = match port(addr.listen(lay, rank, kind, &vllm_rules)) {
                 Some(mine) if mine == vllm => (Verdict::Works, None),
-                mine => fails(format!("{at}: vLLM {vllm}, pdkv as vllm-0.33 {mine:?}")),
+                mine => fails(format!("{at}: vLLM {vllm}, pdkv as {rules} {mine:?}")),
             };
             let mut case = Case::rule(rule, class, verdict, detail);
             case.direction = Direction::VllmVsPdkvVllmRules;
@@ -803,11 +816,11 @@ mod tests {
     fn identical_reads_work_and_a_wrong_rank_fails_with_both_answers() {
         // D TP2 rank 0 reads P TP4 rank 0; vLLM also releases rank 1 (a holder it did not read).
         let c = combo([1, 2], [1, 4], false, vec![(0, false, vec![61005, 61006]); 2]);
-        let cases = source_and_release(&c);
+        let cases = source_and_release(&c, PeerRules::Vllm033);
         assert_eq!(cases[0].verdict, Verdict::Works);
         assert_eq!(cases[1].verdict, Verdict::Documented(Documented::UnreadHolders));
         let c = combo([1, 2], [1, 4], false, vec![(1, false, vec![61006])]);
-        let cases = source_and_release(&c);
+        let cases = source_and_release(&c, PeerRules::Vllm033);
         assert_eq!(cases[0].verdict, Verdict::Fails);
         let detail = cases[0].detail.as_deref().unwrap();
         assert!(
@@ -826,9 +839,36 @@ mod tests {
             r.tp = tp as u16;
         }
         c.acks = vec![AckGroup { group: 0, expected: Some(1), ranks }];
-        let verdicts: Vec<Verdict> = acks(&c, &c.acks[0]).into_iter().map(|case| case.verdict).collect();
+        let verdicts: Vec<Verdict> =
+            acks(&c, &c.acks[0], PeerRules::Vllm033).into_iter().map(|case| case.verdict).collect();
         let u = Verdict::Documented(Documented::UnreadHolders);
         assert_eq!(verdicts, [Verdict::Works, u.clone(), Verdict::Works, u]);
+    }
+
+    /// (rules, what vLLM's unread holder got) -> verdict: before 0.33 an unread holder that got
+    /// nothing and never completed is the documented reaper wait; under 0.33's rules, where vLLM
+    /// releases every holder, the same answer is a failure.
+    #[test]
+    fn unread_holders_left_to_the_reaper_are_documented_only_before_0_33() {
+        let check = |rules: PeerRules, unread: (u32, Vec<u32>), expected: Verdict| {
+            let mut c = combo([1, 2], [1, 4], false, vec![]);
+            let ranks = (0..4u16)
+                .map(|tp| {
+                    let (received, reported) = if tp % 2 == 0 { (1, vec![1]) } else { unread.clone() };
+                    AckRank { tp, received, reported }
+                })
+                .collect();
+            c.acks = vec![AckGroup { group: 0, expected: Some(1), ranks }];
+            let verdicts: Vec<Verdict> =
+                acks(&c, &c.acks[0], rules).into_iter().map(|case| case.verdict).collect();
+            assert_eq!(verdicts, [Verdict::Works, expected.clone(), Verdict::Works, expected], "{rules}");
+        };
+        let reaped = Verdict::Documented(Documented::UnreadHoldersReaped);
+        for old in [PeerRules::Vllm027, PeerRules::Vllm028, PeerRules::Vllm030] {
+            check(old, (0, vec![]), reaped.clone());
+            check(old, (1, vec![1]), Verdict::Documented(Documented::UnreadHolders));
+        }
+        check(PeerRules::Vllm033, (0, vec![]), Verdict::Fails);
     }
 
     #[test]
@@ -842,14 +882,14 @@ mod tests {
             release_dial: 61005 + dial,
         };
         let p = PortLayout { prefill: [2, 2], ranks: vec![rank(0, 1, 1, 1), rank(1, 1, 2, 3)] };
-        let verdicts: Vec<Verdict> = ports(&p).into_iter().map(|c| c.verdict).collect();
+        let verdicts: Vec<Verdict> = ports(&p, PeerRules::Vllm033).into_iter().map(|c| c.verdict).collect();
         let d = Verdict::Documented(Documented::ListenerOffset);
         let w = Verdict::Works;
         // Per rank: pdkv's listeners, dials, then the vllm-0.33 rule set's listeners.
         assert_eq!(verdicts[..6], [w.clone(), w.clone(), w.clone(), w.clone(), w.clone(), w.clone()]);
         assert_eq!(verdicts[6..], [d.clone(), d, w.clone(), w.clone(), w.clone(), w]);
         let wrong = PortLayout { prefill: [2, 2], ranks: vec![rank(1, 1, 4, 2)] };
-        assert!(ports(&wrong).iter().all(|c| c.verdict == Verdict::Fails));
+        assert!(ports(&wrong, PeerRules::Vllm033).iter().all(|c| c.verdict == Verdict::Fails));
     }
 
     /// Answers whose every delivery says what `fate` gives, and whose metadata is the reply of a

@@ -134,7 +134,7 @@ impl Direction {
     pub fn name(self) -> &'static str {
         match self {
             Direction::VllmVsPdkv => "vLLM vs pdkv",
-            Direction::VllmVsPdkvVllmRules => "vLLM vs pdkv as vllm-0.33",
+            Direction::VllmVsPdkvVllmRules => "vLLM vs pdkv under its dialect",
             Direction::VllmToVllm => "vLLM -> vLLM",
             Direction::PdkvToVllm => "pdkv -> vLLM",
             Direction::VllmToPdkv => "vLLM -> pdkv",
@@ -149,6 +149,7 @@ pub enum Documented {
     ListenerOffset,
     UnreadHolders,
     FlexibleHolders,
+    UnreadHoldersReaped,
     StrictAckCount,
     AdvertisedOnly,
     NeverSent,
@@ -186,6 +187,18 @@ pub const DOCUMENTED: &[(Documented, &str, &str)] = &[
          expecting one ack; pdkv releases only the rank it read, whose release completes the \
          transfer, and the prefill engine completes the group's other ranks \
          (Quorum::AnyOfGroup, RankLedger::handle_group_done). Both free every rank once.",
+    ),
+    (
+        Documented::UnreadHoldersReaped,
+        "unread-holders-reaped",
+        "Before vLLM 0.33 (dialects vllm-0.27 to vllm-0.30): a decode rank releases only the \
+         prefill rank it read (its newest read status), while every prefill rank waits for \
+         get_moriio_expected_ack_count's uniform count, so a larger prefill's unread holders (and \
+         a flexible read's other TP ranks) get no release and wait for the scheduler's 60 s \
+         reaper. pdkv gives them quorum 0, or completes the flexible group with its first rank \
+         (release::quorum_plan, Quorum::AnyOfGroup), and frees them at once; a pdkv prefill \
+         engine read by such a decode does the same (Policy::between), two vLLM engines of these \
+         releases leak until the reaper (docs/moriio-releases.md).",
     ),
     (
         Documented::StrictAckCount,
@@ -419,6 +432,7 @@ mod tests {
             Documented::ListenerOffset,
             Documented::UnreadHolders,
             Documented::FlexibleHolders,
+            Documented::UnreadHoldersReaped,
             Documented::StrictAckCount,
             Documented::AdvertisedOnly,
             Documented::NeverSent,

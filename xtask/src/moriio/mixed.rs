@@ -217,6 +217,8 @@ pub struct Tools<'a> {
     pub python: &'a Path,
     pub root: &'a Path,
     pub vllm_src: &'a Path,
+    /// The release's rule set, which the foreign engines follow (`--foreign-rules`).
+    pub rules: pdkv_core::policy::PeerRules,
 }
 
 /// The mixed runs' cases for the matrix, and what each restart run showed, in words.
@@ -273,6 +275,7 @@ fn execute(tools: &Tools, run: &Run, verbose: bool) -> Outcome {
     let mut cmd = Command::new(tools.pdkv);
     cmd.args(["cluster", run.deployment, "--requests", &run.requests().to_string(), "--concurrency", "32"])
         .args(["--json", "--timeout-ms", "120000", "--foreign-side", side])
+        .args(["--foreign-rules", tools.rules.name()])
         .arg("--foreign-driver")
         .arg(tools.python)
         .arg("--foreign-driver-arg")

@@ -321,7 +321,8 @@ fn conformance(
     );
 
     let mut matrix = matrix::Matrix::default();
-    for case in compare::cases(&answers).into_iter().chain(compare::message_cases(&sent, &answers)) {
+    let rules = pin.rules.expect("a release is checked only under its rule set");
+    for case in compare::cases(&answers, rules).into_iter().chain(compare::message_cases(&sent, &answers)) {
         matrix.add(case);
     }
     eprintln!("moriio-conformance: mixed deployments: vLLM's MoRIIO code on one side, pdkv's processes on the other");
@@ -331,7 +332,7 @@ fn conformance(
         });
     }
     let pdkv = target.join("release/pdkv");
-    let tools = mixed::Tools { pdkv: &pdkv, python: &python, root, vllm_src: &src };
+    let tools = mixed::Tools { pdkv: &pdkv, python: &python, root, vllm_src: &src, rules };
     let mixed = mixed::cases(&tools, options.verbose);
     for case in mixed.cases {
         matrix.add(case);
@@ -451,8 +452,11 @@ mod tests {
         };
         assert_eq!(versions(&[]), ["0.34.0"]);
         assert_eq!(versions(&["--release", "0.33.0"]), ["0.33.0"]);
-        assert_eq!(versions(&["--release", "oldest"]), ["0.33.0"]);
-        assert_eq!(versions(&["--all-releases"]), ["0.33.0", "0.34.0"]);
+        assert_eq!(versions(&["--release", "oldest"]), ["0.27.0"]);
+        assert_eq!(
+            versions(&["--all-releases"]),
+            ["0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0"]
+        );
         assert!(parse(&args(&["--release", "0.26.0"])).unwrap_err().contains("vllm-0.26 dialect"));
         assert!(parse(&args(&["--release"])).unwrap_err().contains("needs a value"));
         let both = parse(&args(&["--release", "0.34.0", "--all-releases"])).unwrap_err();

@@ -56,7 +56,7 @@ pub const RELEASES: &[VllmPin] = &[
         ],
         min_python: (3, 10),
         dialect: "vllm-0.27",
-        rules: None,
+        rules: Some(PeerRules::Vllm027),
     },
     VllmPin {
         version: "0.27.1",
@@ -66,7 +66,7 @@ pub const RELEASES: &[VllmPin] = &[
         ],
         min_python: (3, 10),
         dialect: "vllm-0.27",
-        rules: None,
+        rules: Some(PeerRules::Vllm027),
     },
     VllmPin {
         version: "0.28.0",
@@ -76,7 +76,7 @@ pub const RELEASES: &[VllmPin] = &[
         ],
         min_python: (3, 10),
         dialect: "vllm-0.28",
-        rules: None,
+        rules: Some(PeerRules::Vllm028),
     },
     VllmPin {
         version: "0.29.0",
@@ -86,7 +86,7 @@ pub const RELEASES: &[VllmPin] = &[
         ],
         min_python: (3, 10),
         dialect: "vllm-0.28",
-        rules: None,
+        rules: Some(PeerRules::Vllm028),
     },
     VllmPin {
         version: "0.30.0",
@@ -96,7 +96,7 @@ pub const RELEASES: &[VllmPin] = &[
         ],
         min_python: (3, 10),
         dialect: "vllm-0.30",
-        rules: None,
+        rules: Some(PeerRules::Vllm030),
     },
     VllmPin {
         version: "0.31.0",
@@ -106,7 +106,7 @@ pub const RELEASES: &[VllmPin] = &[
         ],
         min_python: (3, 10),
         dialect: "vllm-0.30",
-        rules: None,
+        rules: Some(PeerRules::Vllm030),
     },
     VllmPin {
         version: "0.32.0",
@@ -116,7 +116,7 @@ pub const RELEASES: &[VllmPin] = &[
         ],
         min_python: (3, 11),
         dialect: "vllm-0.30",
-        rules: None,
+        rules: Some(PeerRules::Vllm030),
     },
     VllmPin {
         version: "0.33.0",
@@ -455,7 +455,10 @@ mod tests {
         assert!(reqs.starts_with("vllm==0.34.0 \\\n    --hash=sha256:79ca4b3c"), "{reqs}");
         assert_eq!(reqs.matches("--hash=sha256:").count(), 2);
         let versions: Vec<&str> = supported().map(|r| r.version).collect();
-        assert_eq!(versions, ["0.33.0", "0.34.0"]);
+        assert_eq!(
+            versions,
+            ["0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0"]
+        );
     }
 
     /// (--release value) -> the release, or the refusal's words.
@@ -469,10 +472,11 @@ mod tests {
         check("0.34.0", Ok("0.34.0"));
         check("0.33.0", Ok("0.33.0"));
         check("0.25.0", Err("the vllm-0.25 dialect, which pdkv has no rule set for yet"));
-        check("0.30.0", Err("releases checked: 0.33.0, 0.34.0"));
+        check("0.30.0", Ok("0.30.0"));
+        check("0.26.0", Err("releases checked: 0.27.0, 0.27.1, 0.28.0,"));
         check("0.14.0", Err("not a vLLM release pdkv knows (known: 0.25.0, 0.25.1,"));
         check("latest", Ok("0.34.0"));
-        check("oldest", Ok("0.33.0"));
+        check("oldest", Ok("0.27.0"));
         check("0.33", Err("not a vLLM release pdkv knows"));
     }
 
