@@ -54,6 +54,10 @@ pub struct PlanArgs {
     /// Model profile (pdkv profiles).
     #[arg(long)]
     model: String,
+    /// Serving stack: vllm (the calibration's, the default), sglang or deepseek; sglang and
+    /// deepseek overlap a DP+EP step's all-to-alls with its compute.
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(pdkv_sim::stack::names()))]
+    stack: Option<String>,
     /// Prompt tokens: N, or MIN-MAX for lengths uniform between them.
     #[arg(long, default_value = "8192", value_parser = parse_length)]
     input: Length,
@@ -140,6 +144,7 @@ pub fn run(args: &PlanArgs) -> ExitCode {
         gpu: args.gpu.clone(),
         nic: args.nic.clone(),
         model: args.model.clone(),
+        stack: args.stack.clone(),
         input: args.input,
         output: args.output,
         load,

@@ -63,8 +63,26 @@ fn plans_and_refusals_table() {
             "like 1P_TP4:1D_TP1 (5 GPUs): prefill TP4: weights 167.8 GB per GPU",
             "calibration study-tp8-fit-2026-12",
             "not separated at ±37 %",
+            "built-in NIC values (48 GB/s), stack vllm;",
         ],
-        &["#3 "],
+        &["#3 ", "WARNING"],
+    );
+    // A named stack is the runs' and the screen's, and one the calibration was not fitted on
+    // is warned about.
+    check(
+        with(&["--stack", "sglang"]),
+        0,
+        &[
+            "built-in NIC values (48 GB/s), stack sglang;",
+            "WARNING: calibration study-tp8-fit-2026-12 was not fitted on stack sglang",
+        ],
+        &[],
+    );
+    check(
+        with(&["--stack", "trt-llm"]),
+        2,
+        &["invalid value 'trt-llm' for '--stack", "[possible values: vllm, sglang, deepseek]"],
+        &[],
     );
     check(with(&["--concurrency", "4"]), 0, &["C4 x120"], &[]);
     check(with(&["--rate", "0.5"]), 0, &["0.5/s x120"], &[]);

@@ -57,6 +57,9 @@ pub struct PlanSpec {
     pub nic: Option<String>,
     /// Model profile name (`profiles/models.ron`).
     pub model: String,
+    /// Serving stack (`sim/src/stack.rs`); `None` keeps the scenario default, the fitting
+    /// points' stack.
+    pub stack: Option<String>,
     /// Prompt length.
     pub input: Length,
     /// Answer length.
@@ -256,6 +259,9 @@ pub fn base_scenario(spec: &PlanSpec) -> Result<Scenario, PlanError> {
         overrides: Vec::new(),
     };
     pdkv_sim::profiles::resolve(&mut sc, &|_| false).map_err(PlanError::Profile)?;
+    if let Some(stack) = &spec.stack {
+        sc.engines.stack = stack.clone();
+    }
     sc.workload = Workload {
         clients: Clients::Closed { concurrency: 1, requests: 1 },
         input_tokens: spec.input,
@@ -570,13 +576,14 @@ pub fn plan(spec: &PlanSpec, progress: &(dyn Fn(Progress<'_>) + Sync)) -> Result
     }
     let values: Vec<f64> = ranked.iter().map(|r| r.goodput_per_gpu).collect();
     let profiles = base.profiles.to_string();
+    let profiles = if spec.nic.is_none() {
+        format!("{profiles}, built-in NIC values ({} GB/s)", base.hardware.nic_gb_s)
+    } else {
+        profiles
+    };
     Ok(PlanReport {
         gpus: spec.gpus,
-        profiles: if spec.nic.is_none() {
-            format!("{profiles}, built-in NIC values ({} GB/s)", base.hardware.nic_gb_s)
-        } else {
-            profiles
-        },
+        profiles: format!("{profiles}, stack {}", base.engines.stack),
         workload: format!("{} in / {} out", length_text(spec.input), length_text(spec.output)),
         slo: spec.slo,
         load: spec.load,
@@ -652,6 +659,7 @@ mod tests {
             gpu: "mi300x".into(),
             nic: None,
             model: "deepseek-r1".into(),
+            stack: None,
             input: Length::Fixed(8192),
             output: Length::Fixed(1024),
             load: Load::Auto,
