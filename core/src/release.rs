@@ -281,24 +281,27 @@ impl Retired {
 /// hundreds of ranks. Looked up, never iterated (its hash sorts the ids first).
 #[derive(Clone, Debug, Default)]
 struct RetiredBits {
-    /// Retirements, oldest first; `order[i]` is retirement number `first + i`.
+    /// Retirements, oldest first; `order[i]` is retirement number `first + i` (numbers count
+    /// modulo [`RetiredBits::NUMBERS`], far more than `order` holds).
     order: VecDeque<u128>,
     /// The number of `order`'s front.
-    first: u64,
+    first: u32,
     /// A retirement number (its id is in the set), or [`RetiredBits::EMPTY`]; the length is zero
-    /// or a power of two, at most half full.
-    slots: Vec<u64>,
+    /// or a power of two, at most half full. Four bytes a slot: hundreds of ranks keep a table.
+    slots: Vec<u32>,
     /// Slots in use.
     len: usize,
 }
 
 impl RetiredBits {
     /// A slot no retirement holds.
-    const EMPTY: u64 = u64::MAX;
+    const EMPTY: u32 = u32::MAX;
+    /// Retirement numbers count modulo this (2^31), so none is [`RetiredBits::EMPTY`].
+    const NUMBERS: u32 = 1 << 31;
 
     /// The id of retirement number `number`, which is still in `order`.
-    fn key(&self, number: u64) -> u128 {
-        self.order[(number - self.first) as usize]
+    fn key(&self, number: u32) -> u128 {
+        self.order[(number.wrapping_sub(self.first) % Self::NUMBERS) as usize]
     }
 
     /// The first slot to probe for `bits`: folding the halves spreads the random ids the proxy
@@ -332,9 +335,10 @@ impl RetiredBits {
                 self.remove_slot(i);
             }
             self.order.pop_front();
-            self.first += 1;
+            self.first = (self.first + 1) % Self::NUMBERS;
         }
-        let number = self.first + self.order.len() as u64;
+        let queued = u32::try_from(self.order.len()).expect("at most MAX_RETIRED_IDS");
+        let number = (self.first + queued) % Self::NUMBERS;
         self.order.push_back(bits);
         if 2 * (self.len + 1) > self.slots.len() {
             let grown = (self.slots.len() * 2).max(64);
@@ -917,5 +921,20 @@ mod retired_tests {
             assert!(table.contains(bits));
         }
         assert!(order.iter().all(|b| table.contains(*b) == set.contains(b)));
+    }
+
+    /// Retirement numbers wrap (modulo 2^31) without losing an id or naming an empty slot.
+    #[test]
+    fn retirement_numbers_wrap() {
+        let mut table = RetiredBits { first: RetiredBits::NUMBERS - 10, ..RetiredBits::default() };
+        let id = |i: u128| i.wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835);
+        for i in 0..2 * MAX_RETIRED_IDS as u128 {
+            table.insert(id(i));
+            assert!(table.slots.iter().all(|&n| n == RetiredBits::EMPTY || n < RetiredBits::NUMBERS));
+        }
+        let kept = MAX_RETIRED_IDS as u128..2 * MAX_RETIRED_IDS as u128;
+        assert!(kept.clone().all(|i| table.contains(id(i))));
+        assert!((0..MAX_RETIRED_IDS as u128).all(|i| !table.contains(id(i))));
+        assert_eq!((table.len, table.first), (MAX_RETIRED_IDS, MAX_RETIRED_IDS as u32 - 10));
     }
 }
