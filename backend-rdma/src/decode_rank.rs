@@ -514,8 +514,10 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
                         match data_endpoint(peer, setup.transport, &metadata.agent_metadata) {
                             Ok(endpoint) => {
                                 data.insert(session.clone(), endpoint);
-                                let meta =
-                                    DecodeEvent::HandshakeMetadata { session: session.clone(), metadata };
+                                let meta = DecodeEvent::HandshakeMetadata {
+                                    session: session.clone(),
+                                    metadata: Box::new(metadata),
+                                };
                                 worker.handle(now, meta, &mut out);
                                 worker.handle(
                                     now,
@@ -588,13 +590,13 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
                     releases += 1;
                     let transfer_id = Some(release.transfer_id.clone());
                     let held =
-                        Held::Notify { endpoint, bytes: wire::encode(&ControlMessage::Release(release)) };
+                        Held::Notify { endpoint, bytes: wire::encode(&ControlMessage::Release(*release)) };
                     outbox.send(&mut ctx.link, MessageKind::Release, peer, transfer_id, held)?;
                 }
                 DecodeAction::SendLease { rank: peer, endpoint, lease } => {
                     let transfer_id = Some(lease.transfer_id.clone());
                     let held =
-                        Held::Notify { endpoint, bytes: wire::encode(&ControlMessage::ReadLease(lease)) };
+                        Held::Notify { endpoint, bytes: wire::encode(&ControlMessage::ReadLease(*lease)) };
                     outbox.send(&mut ctx.link, MessageKind::Lease, peer, transfer_id, held)?;
                 }
                 DecodeAction::CastVote { step, ok } => ctx.link.send(&FromRank::Vote { step, ok })?,
@@ -604,7 +606,7 @@ pub fn run(mut ctx: Context) -> Result<(), ConnectorError> {
                 // The scheduler asks the core whether a failed step still enters the forward pass
                 // with the group or raised out of it alone.
                 DecodeAction::StepFailed { step, error } => {
-                    ctx.link.send(&FromRank::StepDone { step, error: Some(error) })?
+                    ctx.link.send(&FromRank::StepDone { step, error: Some(*error) })?
                 }
                 DecodeAction::RequestReceived { request } => {
                     ctx.link.send(&FromRank::Received { request })?

@@ -242,8 +242,7 @@ pub struct RankLedger {
 /// form costs 16 bytes an id in each structure.
 #[derive(Clone, Debug, Default, Hash)]
 struct Retired {
-    bits: BTreeSet<u128>,
-    bits_order: VecDeque<u128>,
+    bits: RetiredBits,
     text: BTreeSet<Box<str>>,
     text_order: VecDeque<Box<str>>,
 }
@@ -251,25 +250,140 @@ struct Retired {
 impl Retired {
     fn contains(&self, id: &TransferId) -> bool {
         match id.to_u128() {
-            Some(bits) => self.bits.contains(&bits),
+            Some(bits) => self.bits.contains(bits),
             None => self.text.contains(id.as_str()),
         }
     }
 
     fn insert(&mut self, id: &TransferId) {
-        fn remember<K: Ord + Clone>(set: &mut BTreeSet<K>, order: &mut VecDeque<K>, key: K) {
-            if order.len() == MAX_RETIRED_IDS {
-                if let Some(old) = order.pop_front() {
-                    set.remove(&old);
-                }
-            }
-            set.insert(key.clone());
-            order.push_back(key);
-        }
         match id.to_u128() {
-            Some(bits) => remember(&mut self.bits, &mut self.bits_order, bits),
-            None => remember(&mut self.text, &mut self.text_order, Box::from(id.as_str())),
+            Some(bits) => self.bits.insert(bits),
+            None => {
+                let (set, order) = (&mut self.text, &mut self.text_order);
+                if order.len() == MAX_RETIRED_IDS {
+                    if let Some(old) = order.pop_front() {
+                        set.remove(&old);
+                    }
+                }
+                let key: Box<str> = Box::from(id.as_str());
+                set.insert(key.clone());
+                order.push_back(key);
+            }
         }
+    }
+}
+
+/// The most recent [`MAX_RETIRED_IDS`] retirements of minted ids, in order, and the set of the
+/// ids among them as an open-addressing table of positions in that order. It behaves as a
+/// `BTreeSet` beside a queue did (an id retired twice is in the set once; evicting its first
+/// retirement takes it out), but a lookup is a probe or two where a B-tree of random keys
+/// missed the cache at every level, on every registration, release and retirement of each of
+/// hundreds of ranks. Looked up, never iterated (its hash sorts the ids first).
+#[derive(Clone, Debug, Default)]
+struct RetiredBits {
+    /// Retirements, oldest first; `order[i]` is retirement number `first + i` (numbers count
+    /// modulo [`RetiredBits::NUMBERS`], far more than `order` holds).
+    order: VecDeque<u128>,
+    /// The number of `order`'s front.
+    first: u32,
+    /// A retirement number (its id is in the set), or [`RetiredBits::EMPTY`]; the length is zero
+    /// or a power of two, at most half full. Four bytes a slot: hundreds of ranks keep a table.
+    slots: Vec<u32>,
+    /// Slots in use.
+    len: usize,
+}
+
+impl RetiredBits {
+    /// A slot no retirement holds.
+    const EMPTY: u32 = u32::MAX;
+    /// Retirement numbers count modulo this (2^31), so none is [`RetiredBits::EMPTY`].
+    const NUMBERS: u32 = 1 << 31;
+
+    /// The id of retirement number `number`, which is still in `order`.
+    fn key(&self, number: u32) -> u128 {
+        self.order[(number.wrapping_sub(self.first) % Self::NUMBERS) as usize]
+    }
+
+    /// The first slot to probe for `bits`: folding the halves spreads the random ids the proxy
+    /// mints; ids a peer chooses only cost longer probes.
+    fn home(bits: u128, mask: usize) -> usize {
+        let folded = (bits as u64) ^ ((bits >> 64) as u64).rotate_left(29);
+        (folded.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize & mask
+    }
+
+    /// The slot holding `bits`, or the empty slot where it would go (`slots` is not empty).
+    fn probe(&self, bits: u128) -> usize {
+        let mask = self.slots.len() - 1;
+        let mut i = Self::home(bits, mask);
+        while self.slots[i] != Self::EMPTY && self.key(self.slots[i]) != bits {
+            i = (i + 1) & mask;
+        }
+        i
+    }
+
+    fn contains(&self, bits: u128) -> bool {
+        !self.slots.is_empty() && self.slots[self.probe(bits)] != Self::EMPTY
+    }
+
+    /// Retires `bits`: evicts the oldest retirement at [`MAX_RETIRED_IDS`], then files `bits`
+    /// (unless it is in the set already) and queues it.
+    fn insert(&mut self, bits: u128) {
+        if self.order.len() == MAX_RETIRED_IDS {
+            let old = self.order[0];
+            let i = self.probe(old);
+            if self.slots[i] != Self::EMPTY {
+                self.remove_slot(i);
+            }
+            self.order.pop_front();
+            self.first = (self.first + 1) % Self::NUMBERS;
+        }
+        let queued = u32::try_from(self.order.len()).expect("at most MAX_RETIRED_IDS");
+        let number = (self.first + queued) % Self::NUMBERS;
+        self.order.push_back(bits);
+        if 2 * (self.len + 1) > self.slots.len() {
+            let grown = (self.slots.len() * 2).max(64);
+            let old = std::mem::replace(&mut self.slots, vec![Self::EMPTY; grown]);
+            for n in old.into_iter().filter(|&n| n != Self::EMPTY) {
+                let i = self.probe(self.key(n));
+                self.slots[i] = n;
+            }
+        }
+        let i = self.probe(bits);
+        if self.slots[i] == Self::EMPTY {
+            self.slots[i] = number;
+            self.len += 1;
+        }
+    }
+
+    /// Empties slot `i`, shifting back the entries after it that probed past it (linear
+    /// probing's deletion, which leaves no tombstone).
+    fn remove_slot(&mut self, mut i: usize) {
+        let mask = self.slots.len() - 1;
+        let mut j = i;
+        loop {
+            j = (j + 1) & mask;
+            if self.slots[j] == Self::EMPTY {
+                break;
+            }
+            let home = Self::home(self.key(self.slots[j]), mask);
+            // The entry at `j` may move to `i` unless its home lies cyclically in (i, j].
+            let stays = if i <= j { i < home && home <= j } else { i < home || home <= j };
+            if !stays {
+                self.slots[i] = self.slots[j];
+                i = j;
+            }
+        }
+        self.slots[i] = Self::EMPTY;
+        self.len -= 1;
+    }
+}
+
+impl std::hash::Hash for RetiredBits {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let mut set: Vec<u128> =
+            self.slots.iter().filter(|&&n| n != Self::EMPTY).map(|&n| self.key(n)).collect();
+        set.sort_unstable();
+        (set, &self.order).hash(state);
     }
 }
 
@@ -774,5 +888,62 @@ mod tests {
         }
         assert_eq!(ledger.early_len(), MAX_EARLY_RELEASES);
         assert_eq!(ledger.evicted_early(), 10);
+    }
+}
+
+#[cfg(test)]
+mod retired_tests {
+    use super::*;
+
+    /// The table answers as the set and queue it replaced did, through growth, eviction at
+    /// [`MAX_RETIRED_IDS`], ids retired twice and ids that share a home slot.
+    #[test]
+    fn retired_bits_behave_as_a_set_beside_a_queue() {
+        let mut table = RetiredBits::default();
+        let (mut set, mut order) = (BTreeSet::new(), VecDeque::new());
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut draw = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for step in 0..3 * MAX_RETIRED_IDS {
+            let r = draw();
+            // Few distinct ids, so repeats are common; some collide in the fold.
+            let bits = match r % 4 {
+                0 => u128::from(r % 64) << 64,
+                1 => u128::from(r % 64) << 29,
+                _ => u128::from(draw()) << 64 | u128::from(draw()),
+            };
+            if order.len() == MAX_RETIRED_IDS {
+                if let Some(old) = order.pop_front() {
+                    set.remove(&old);
+                }
+            }
+            set.insert(bits);
+            order.push_back(bits);
+            table.insert(bits);
+            assert_eq!(table.len, set.len(), "step {step}");
+            let probe = u128::from(draw() % 64) << if r % 2 == 0 { 64 } else { 29 };
+            assert_eq!(table.contains(probe), set.contains(&probe), "step {step}");
+            assert!(table.contains(bits));
+        }
+        assert!(order.iter().all(|b| table.contains(*b) == set.contains(b)));
+    }
+
+    /// Retirement numbers wrap (modulo 2^31) without losing an id or naming an empty slot.
+    #[test]
+    fn retirement_numbers_wrap() {
+        let mut table = RetiredBits { first: RetiredBits::NUMBERS - 10, ..RetiredBits::default() };
+        let id = |i: u128| i.wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835);
+        for i in 0..2 * MAX_RETIRED_IDS as u128 {
+            table.insert(id(i));
+            assert!(table.slots.iter().all(|&n| n == RetiredBits::EMPTY || n < RetiredBits::NUMBERS));
+        }
+        let kept = MAX_RETIRED_IDS as u128..2 * MAX_RETIRED_IDS as u128;
+        assert!(kept.clone().all(|i| table.contains(id(i))));
+        assert!((0..MAX_RETIRED_IDS as u128).all(|i| !table.contains(id(i))));
+        assert_eq!((table.len, table.first), (MAX_RETIRED_IDS, MAX_RETIRED_IDS as u32 - 10));
     }
 }

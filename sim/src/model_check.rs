@@ -532,7 +532,11 @@ impl World {
             }
             Msg::Reply { to, session, from, incarnation } => {
                 let (metadata, layers) = self.metadata_of(from, incarnation);
-                self.decode(s, to, DecodeEvent::HandshakeMetadata { session: session.clone(), metadata });
+                self.decode(
+                    s,
+                    to,
+                    DecodeEvent::HandshakeMetadata { session: session.clone(), metadata: Box::new(metadata) },
+                );
                 self.decode(s, to, DecodeEvent::HandshakeDescriptors { session, layers });
             }
             Msg::Lease { to, transfer, lease_ms, incarnation } => {

@@ -87,12 +87,12 @@ impl DecodeWorker {
             out.push(DecodeAction::SendRelease {
                 rank: *rank,
                 endpoint: endpoint.clone(),
-                release: {
+                release: Box::new({
                     let mut release =
                         Release { incarnation: incarnation.filter(|_| named), ..message.clone() };
                     release.mac = key.map(|k| crate::auth::release_mac(k, &release));
                     release
-                },
+                }),
             });
         }
         match error {

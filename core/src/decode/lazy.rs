@@ -100,7 +100,7 @@ impl DecodeWorker {
                 // The step ends here: the sessions left are not dialled for it.
                 self.lazy_queue.clear();
                 let error = failure.expect("a raising event carries its error");
-                out.push(DecodeAction::StepFailed { step, error });
+                out.push(DecodeAction::StepFailed { step, error: Box::new(error) });
                 None
             }
             other => unreachable!("{other:?} is not an output of the lazy handshake"),

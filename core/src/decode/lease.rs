@@ -63,7 +63,7 @@ impl DecodeWorker {
         DecodeAction::SendLease {
             rank: recv.target.source,
             endpoint: recv.target.notify.clone(),
-            lease: {
+            lease: Box::new({
                 let mut lease = ReadLease {
                     transfer_id: recv.transfer_id.clone(),
                     lease_ms: lease_ms as u32,
@@ -73,7 +73,7 @@ impl DecodeWorker {
                 lease.mac =
                     self.control_key_for(self.advertised_by(recv)).map(|k| crate::auth::lease_mac(k, &lease));
                 lease
-            },
+            }),
         }
     }
 

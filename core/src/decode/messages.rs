@@ -59,8 +59,9 @@ pub enum DecodeEvent {
     HandshakeMetadata {
         /// The session key of the dial.
         session: SessionKey,
-        /// The metadata.
-        metadata: HandshakeMetadata,
+        /// The metadata (boxed: it is large and rare, and every event is moved through the
+        /// drivers' queues at this enum's size).
+        metadata: Box<HandshakeMetadata>,
     },
     /// The second handshake reply frame.
     HandshakeDescriptors {
@@ -137,8 +138,8 @@ pub enum DecodeAction {
         rank: RankId,
         /// Its notify listener.
         endpoint: Endpoint,
-        /// The message.
-        release: Release,
+        /// The message (boxed, as the lease: every action is moved at this enum's size).
+        release: Box<Release>,
     },
     /// Send a read lease to the rank this worker will read, when it takes the request: the
     /// producer keeps the blocks (and does not reap them) until the lease ends, which covers the
@@ -151,7 +152,7 @@ pub enum DecodeAction {
         /// Its notify listener.
         endpoint: Endpoint,
         /// The lease.
-        lease: ReadLease,
+        lease: Box<ReadLease>,
     },
     /// Contribute to the TP group's MIN vote for `step`.
     CastVote {
@@ -169,8 +170,8 @@ pub enum DecodeAction {
     StepFailed {
         /// The step.
         step: u64,
-        /// Why.
-        error: StepError,
+        /// Why (boxed: large and rare).
+        error: Box<StepError>,
     },
     /// All of a request's KV arrived.
     RequestReceived {

@@ -161,7 +161,7 @@ impl DecodeWorker {
             DecodeEvent::Queued { requests } => self.on_queued(now, requests, out),
             DecodeEvent::Dequeued { requests } => self.on_dequeued(&requests),
             DecodeEvent::HandshakeMetadata { session, metadata } => {
-                self.on_handshake(now, session, HandshakeEvent::Metadata(metadata), out)
+                self.on_handshake(now, session, HandshakeEvent::Metadata(*metadata), out)
             }
             DecodeEvent::HandshakeDescriptors { session, layers } => {
                 self.on_handshake(now, session, HandshakeEvent::Descriptors(layers), out)

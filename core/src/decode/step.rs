@@ -168,7 +168,7 @@ impl DecodeWorker {
                 StepOutput::FailedWithGroup { step } => {
                     self.post_ready_reads(now, out);
                     let error = StepError::GroupHandshakeFailed { step };
-                    out.push(DecodeAction::StepFailed { step, error });
+                    out.push(DecodeAction::StepFailed { step, error: Box::new(error) });
                 }
                 // Only the legacy lazy handshake dials one session after another and raises alone.
                 StepOutput::DialNext { .. } | StepOutput::Raised { .. } => {

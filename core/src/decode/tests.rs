@@ -129,7 +129,8 @@ fn step_through(
     w.handle(now, DecodeEvent::StepBegin { step, requests }, &mut begin);
     let mut at_metadata = Vec::new();
     if let Some(session) = dialled(&begin) {
-        let meta = DecodeEvent::HandshakeMetadata { session: session.clone(), metadata: metadata(rank) };
+        let meta =
+            DecodeEvent::HandshakeMetadata { session: session.clone(), metadata: Box::new(metadata(rank)) };
         w.handle(now, meta, &mut at_metadata);
         let layers = vec![crate::wire::LayerMemoryDesc { layer_name: "l0".into(), descs: vec![vec![0]] }];
         let mut rest = Vec::new();
@@ -230,7 +231,11 @@ fn step_answering(
     w.handle(now, DecodeEvent::StepBegin { step, requests }, &mut out);
     if let Some(session) = dialled(&out) {
         let metadata = HandshakeMetadata { incarnation: answer, ..metadata(Extensions::ALL) };
-        w.handle(now, DecodeEvent::HandshakeMetadata { session: session.clone(), metadata }, &mut out);
+        w.handle(
+            now,
+            DecodeEvent::HandshakeMetadata { session: session.clone(), metadata: Box::new(metadata) },
+            &mut out,
+        );
         let layers = vec![crate::wire::LayerMemoryDesc { layer_name: "l0".into(), descs: vec![vec![0]] }];
         w.handle(now, DecodeEvent::HandshakeDescriptors { session, layers }, &mut out);
     }
@@ -381,7 +386,7 @@ fn drive_and_check_timers(seed: u64, lazy: bool) -> (usize, usize) {
                         let mut metadata = metadata(Extensions::ALL);
                         metadata.engine_id = entry.params.expected_engine_id.clone();
                         metadata.kv_caches_base_addr = vec![1 << 30, 2 << 30];
-                        DecodeEvent::HandshakeMetadata { session, metadata }
+                        DecodeEvent::HandshakeMetadata { session, metadata: Box::new(metadata) }
                     }
                 }
             }

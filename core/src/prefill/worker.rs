@@ -61,8 +61,9 @@ pub enum WorkerAction {
     SendHandshakeReply {
         /// The reply handle from the request.
         peer: u64,
-        /// The first part's payload.
-        metadata: HandshakeMetadata,
+        /// The first part's payload (boxed: large and rare, and every action is moved at this
+        /// enum's size).
+        metadata: Box<HandshakeMetadata>,
         /// The second part's payload.
         layers: Vec<LayerMemoryDesc>,
     },
@@ -265,7 +266,7 @@ impl PrefillWorker {
         match event {
             WorkerEvent::HandshakeRequest { peer } => out.push(WorkerAction::SendHandshakeReply {
                 peer,
-                metadata: self.metadata.clone(),
+                metadata: Box::new(self.metadata.clone()),
                 layers: self.layers.clone(),
             }),
             WorkerEvent::Register { transfer_id, incarnation, .. }

@@ -132,11 +132,11 @@ mod tests {
                 Some(GroupEvent::StepReport { member: m, step: 3, report: StepReport::Ready }),
             ),
             (
-                DecodeAction::StepFailed { step: 3, error: group },
+                DecodeAction::StepFailed { step: 3, error: Box::new(group) },
                 Some(GroupEvent::StepReport { member: m, step: 3, report: StepReport::FailedWithGroup }),
             ),
             (
-                DecodeAction::StepFailed { step: 3, error: handshake },
+                DecodeAction::StepFailed { step: 3, error: Box::new(handshake) },
                 Some(GroupEvent::StepReport { member: m, step: 3, report: StepReport::Raised }),
             ),
             (DecodeAction::RequestReceived { request: RequestId(1) }, None),

@@ -282,6 +282,15 @@ mod tests {
         })
     }
 
+    /// What the prefill nodes move through their output vector stays small: a handshake
+    /// reply's metadata, large and rare, is boxed (an output was 176 bytes).
+    #[test]
+    fn outputs_stay_small() {
+        use std::mem::size_of;
+        assert!(size_of::<WorkerAction>() <= 48, "{}", size_of::<WorkerAction>());
+        assert!(size_of::<PrefillOutput>() <= 72, "{}", size_of::<PrefillOutput>());
+    }
+
     /// Registrations reach both workers inside the engine's input (unless held: then the
     /// workers know nothing of the transfer and ignore its releases); each worker's release
     /// finishes its part, which reaches the engine at once, and the second retires the transfer

@@ -259,7 +259,7 @@ impl Harness {
                     self.dials.push(Dial { from: rank, session, to })
                 }
                 DecodeAction::PostRead(op) => self.reads.push((rank, op)),
-                DecodeAction::SendRelease { rank: to, release, .. } => self.releases.push((to, release)),
+                DecodeAction::SendRelease { rank: to, release, .. } => self.releases.push((to, *release)),
                 DecodeAction::SendLease { rank: to, lease, .. } => {
                     self.leases += 1;
                     let event = WorkerEvent::Lease {
@@ -275,7 +275,7 @@ impl Harness {
                 DecodeAction::CastVote { .. } => {}
                 DecodeAction::StepReady { step } => self.steps.entry(rank).or_default().push((step, None)),
                 DecodeAction::StepFailed { step, error } => {
-                    self.steps.entry(rank).or_default().push((step, Some(error)))
+                    self.steps.entry(rank).or_default().push((step, Some(*error)))
                 }
                 DecodeAction::RequestReceived { request } => self.received.push((rank, request)),
                 DecodeAction::RequestFailed { request, error } => self.failed.push((rank, request, error)),

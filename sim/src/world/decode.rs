@@ -395,12 +395,12 @@ impl World {
             }
             DecodeAction::SendLease { rank, endpoint, lease } => {
                 let transfer = self.clients.transfers.number(&lease.transfer_id);
-                let bytes = wire::encode(&ControlMessage::ReadLease(lease));
+                let bytes = wire::encode(&ControlMessage::ReadLease(*lease));
                 self.send(w, rank, (endpoint.host, endpoint.port), Msg::Notify { bytes, transfer });
             }
             DecodeAction::SendRelease { rank, endpoint, release } => {
                 let transfer = self.clients.transfers.number(&release.transfer_id);
-                let bytes = wire::encode(&ControlMessage::Release(release));
+                let bytes = wire::encode(&ControlMessage::Release(*release));
                 self.send(w, rank, (endpoint.host, endpoint.port), Msg::Notify { bytes, transfer });
             }
             DecodeAction::StepFailed { error, .. } => {

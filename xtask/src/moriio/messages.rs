@@ -303,6 +303,7 @@ impl Driver {
                             extensions: self.advertised,
                             incarnation: None,
                         };
+                        let metadata = Box::new(metadata);
                         let layers = vec![LayerMemoryDesc { layer_name: "l0".into(), descs: vec![vec![0]] }];
                         queue
                             .push_back(DecodeEvent::HandshakeMetadata { session: session.clone(), metadata });
@@ -333,10 +334,10 @@ impl Driver {
                         }
                     }
                     DecodeAction::SendRelease { release, .. } => {
-                        self.sent.push((ControlMessage::Release(release), Socket::Notify))
+                        self.sent.push((ControlMessage::Release(*release), Socket::Notify))
                     }
                     DecodeAction::SendLease { lease, .. } => {
-                        self.sent.push((ControlMessage::ReadLease(lease), Socket::Notify))
+                        self.sent.push((ControlMessage::ReadLease(*lease), Socket::Notify))
                     }
                     DecodeAction::CastVote { step, ok } => {
                         queue.push_back(DecodeEvent::VoteResult { step, ok })
