@@ -155,6 +155,11 @@ pub struct PrefillAnswer<'a> {
     pub extensions: Extensions,
     /// The incarnation of each TP rank holding the transfer, when the engine names them.
     pub holders: Option<&'a [Incarnation]>,
+    /// Whether `remote_block_ids` is written as one list per KV cache group (vLLM 0.30 on,
+    /// and pdkv) rather than one flat list, which a decode before 0.30 needs: it reads the value
+    /// as block ids, so a list of lists is not understood there
+    /// ([`crate::policy::PeerRules::block_ids_per_group`]).
+    pub blocks_per_group: bool,
 }
 
 impl PrefillAnswer<'_> {
@@ -179,7 +184,14 @@ impl KvTransferParams {
         KvTransferParams {
             do_remote_prefill: true,
             transfer_id: answer.transfer_id.map(|t| t.0.clone()),
-            remote_block_ids: BlockIds::PerGroup(vec![answer.blocks.iter().map(|&b| u64::from(b)).collect()]),
+            remote_block_ids: {
+                let ids: Vec<u64> = answer.blocks.iter().map(|&b| u64::from(b)).collect();
+                if answer.blocks_per_group {
+                    BlockIds::PerGroup(vec![ids])
+                } else {
+                    BlockIds::Flat(ids)
+                }
+            },
             remote_engine_id: Some(address.engine_id()),
             remote_host: Some(address.host.clone()),
             remote_handshake_port: Some(i64::from(address.handshake_port_base)),
@@ -376,6 +388,38 @@ mod tests {
     use super::*;
     use crate::legacy::{Legacy, LegacyOptions};
     use crate::policy::Policy;
+
+    /// (the decode engine's rules) -> the answer's `remote_block_ids` as JSON: one flat list for
+    /// a decode of vLLM 0.27 to 0.29, one list per KV cache group for the others; pdkv reads
+    /// either back as the same blocks.
+    #[test]
+    fn a_prefill_answer_has_the_block_shape_its_reader_reads() {
+        use crate::policy::PeerRules;
+        let address = crate::ports::EngineAddress {
+            host: "127.0.0.1".into(),
+            handshake_port_base: 6301,
+            notify_port_base: 61005,
+        };
+        let check = |rules: PeerRules, expected: &str| {
+            let answer = KvTransferParams::prefill_answer(&PrefillAnswer {
+                transfer_id: None,
+                blocks: &[7, 9],
+                address: &address,
+                layout: crate::topology::Layout::new(1, 2, false),
+                extensions: Extensions::NONE,
+                holders: None,
+                blocks_per_group: rules.block_ids_per_group(),
+            });
+            let json = serde_json::to_value(&answer).unwrap();
+            assert_eq!(json["remote_block_ids"].to_string(), expected, "{rules}");
+            assert_eq!(answer.remote_block_ids.single_group(), Ok(&[7u64, 9][..]), "{rules}");
+        };
+        check(PeerRules::Vllm027, "[7,9]");
+        check(PeerRules::Vllm028, "[7,9]");
+        for rules in [PeerRules::Pdkv, PeerRules::Vllm030, PeerRules::Vllm033] {
+            check(rules, "[[7,9]]");
+        }
+    }
 
     /// (tp_size, remote_tp_size, legacy?) -> prefill TP size or error text.
     #[test]

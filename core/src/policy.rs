@@ -414,6 +414,13 @@ impl PeerRules {
         }
     }
 
+    /// Whether a decode engine under these rules reads `remote_block_ids` as one list per KV
+    /// cache group (vLLM 0.30 on, and pdkv, which reads both shapes) rather than one flat list
+    /// (0.27 to 0.29): a prefill answer to it must be written that way.
+    pub fn block_ids_per_group(self) -> bool {
+        !matches!(self, PeerRules::Vllm027 | PeerRules::Vllm028)
+    }
+
     /// How many releases each prefill rank waits for: vLLM's uniform count in every release.
     pub fn quorum(self) -> QuorumRule {
         if self.is_vllm() {

@@ -256,6 +256,7 @@ pub fn routes(
             layout: prefill_layout,
             extensions: Extensions::NONE,
             holders: None,
+            blocks_per_group: true,
         });
         let ProxyAction::SendDecode { slot: decode_slot, params, .. } =
             proxy.handle_prefill_response(id, answer)?

@@ -833,6 +833,7 @@ pub fn check_with_progress(
             layout: pl,
             extensions: pdkv_core::wire::Extensions::ALL,
             holders: Some(&holders),
+            blocks_per_group: true,
         });
         requests.push(RecvRequest {
             request: RequestId(n),

@@ -487,6 +487,16 @@ class Prefill:
             rank.worker.moriio_wrapper.shutdown()
 
 
+def offsets_of_nothing(layer_name, local_block_ids, remote_block_ids, *args, **kwargs):
+    """A read of no local blocks, for a release before 0.31: no offsets, once the remote block
+    ids are what vLLM's _compute_block_transfer_offsets takes, a list of block ids."""
+    if not isinstance(remote_block_ids, list) or not all(isinstance(b, int) for b in remote_block_ids):
+        raise TypeError(
+            f"_compute_block_transfer_offsets takes remote_block_ids: list[int], got {remote_block_ids!r:.80}"
+        )
+    return [], [], []
+
+
 class Decode:
     """Every foreign decode rank: a vLLM decode worker with its own MoRIIOWrapper. One thread
     per DP group runs one engine step per recv, in which every TP worker runs the real
@@ -549,8 +559,11 @@ class Decode:
             for attr, expr in v.recv_state.items():
                 setattr(w, attr, eval(expr, vars(v.connector)))
             # The offsets of no local blocks are none; vLLM's own computation needs the model's
-            # cache tensors, which a CPU run has none of.
-            w._compute_block_transfer_offsets = lambda *args, **kwargs: ([], [], [])
+            # cache tensors, which a CPU run has none of. It does check what its signature
+            # says it takes, block ids (list[int]): a prefill answer of another shape (one list
+            # per KV cache group for a release that reads one flat list, or the reverse) fails
+            # here as vLLM's arithmetic on it would.
+            w._compute_block_transfer_offsets = offsets_of_nothing
         w.moriio_wrapper = wrapper = rank_wrapper(v, cfg)
         if not v.releases_without_blocks:
             # The read of nothing a release before 0.31 posts, which MoRI would carry: it

@@ -242,6 +242,8 @@ impl Cluster {
                 self.procs.control_setup.key.is_some(),
             ),
             holders: holders.as_deref(),
+            // The shape the decode engine this request goes to reads.
+            blocks_per_group: self.peers.rules(EngineId::decode(req.decode.0 as u16)).block_ids_per_group(),
         });
         match self.clients.proxy.handle_prefill_response(id, answer) {
             Ok(ProxyAction::SendDecode { slot, params, .. }) => {

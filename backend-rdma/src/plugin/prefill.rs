@@ -123,6 +123,8 @@ impl PrefillNode {
             layout,
             extensions: PrefillAnswer::advertised(Extensions::ALL, false),
             holders: holders.as_deref(),
+            // Inside vLLM 0.34 the answer has that release's shape: one list per KV cache group.
+            blocks_per_group: true,
         });
         // The DP rank that holds the blocks, as a router forwards it.
         if layout.dp > 1 {

@@ -192,6 +192,7 @@ impl Harness {
             layout,
             extensions: Extensions::ALL,
             holders: None,
+            blocks_per_group: true,
         });
         RecvRequest {
             request: RequestId(n),

@@ -304,6 +304,12 @@ impl World {
             layout: group.layout,
             extensions: self.book.rules.rules(engine).extensions(),
             holders: holders.as_deref(),
+            // The answer's shape is what the decode engine the proxy chose reads.
+            blocks_per_group: self
+                .clients
+                .proxy
+                .request(id)
+                .is_none_or(|r| self.book.rules.rules(r.decode.engine).block_ids_per_group()),
         });
         match self.clients.proxy.handle_prefill_response(id, answer) {
             Ok(ProxyAction::SendDecode { params, .. }) => {
