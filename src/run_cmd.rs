@@ -356,10 +356,9 @@ fn write_files(
                 .map_err(|e| format!("cannot write {}: {e}", result_json.display()))?;
             // Whole or nothing, like result.json: a reader never sees half a table.
             match requests_csv {
-                true => pdkv_sim::files::write_atomic(
-                    &csv,
-                    pdkv_sim::request_table::csv(&run.requests).as_bytes(),
-                )
+                true => pdkv_sim::files::write_atomic_with(&csv, |out| {
+                    pdkv_sim::request_table::write_csv(&run.requests, out)
+                })
                 .map_err(|e| format!("cannot write {}: {e}", csv.display())),
                 false => Ok(()),
             }

@@ -19,9 +19,20 @@ pub fn temp_path(path: &Path) -> PathBuf {
 /// or not at all (a previous file of that name stays as it was). On an error the temporary file
 /// is removed.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    write_atomic_with(path, |out| out.write_all(bytes))
+}
+
+/// [`write_atomic`] of what `write` writes, streamed through a buffer: a large file (a million
+/// rows of `requests.csv`) never has to be whole in memory.
+pub fn write_atomic_with(
+    path: &Path,
+    write: impl FnOnce(&mut dyn Write) -> io::Result<()>,
+) -> io::Result<()> {
     let temp = temp_path(path);
-    let written = std::fs::File::create(&temp).and_then(|mut file| {
-        file.write_all(bytes)?;
+    let written = std::fs::File::create(&temp).and_then(|file| {
+        let mut out = io::BufWriter::new(file);
+        write(&mut out)?;
+        let file = out.into_inner().map_err(io::IntoInnerError::into_error)?;
         // A file system may report a full disk only when the data is flushed to it.
         file.sync_all()
     });

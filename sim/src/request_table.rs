@@ -6,7 +6,8 @@
 //! exactly (no float rounding), so the file is byte-identical for identical runs and a time in it
 //! is the trace's to the nanosecond. TPOT, a quotient, is rounded to six decimals.
 
-use std::fmt::Write as _;
+use std::fmt;
+use std::io::{self, Write};
 
 /// The file's name in a run's folder.
 pub const FILE: &str = "requests.csv";
@@ -37,6 +38,24 @@ impl RequestOutcome {
     }
 }
 
+/// A DP rank of a prefill engine or a DP group of a decode engine, written `P1.dp0` or `D0.dp3`:
+/// a few integers, so a million rows hold no string each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupName {
+    /// `'P'` or `'D'`.
+    pub side: char,
+    /// The engine's number on its side.
+    pub engine: u16,
+    /// The DP rank or group within the engine.
+    pub dp: u16,
+}
+
+impl fmt::Display for GroupName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}{}.dp{}", self.side, self.engine, self.dp)
+    }
+}
+
 /// One request's row.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RequestRow {
@@ -45,9 +64,9 @@ pub struct RequestRow {
     /// Its arrival at the proxy.
     pub arrival_ns: u64,
     /// The prefill DP rank that computed its prompt: engine and DP rank, `P1.dp0`.
-    pub prefill: String,
+    pub prefill: GroupName,
     /// The decode DP group that generated its tokens: engine and group, `D0.dp3`.
-    pub decode: String,
+    pub decode: GroupName,
     /// The end of its first decode step.
     pub first_token_ns: Option<u64>,
     /// When it ended, finished or failed (`None`: in flight at the end).
@@ -103,15 +122,20 @@ impl RequestRow {
     }
 }
 
-/// The whole file: the header, then a line per row, each ending in a newline.
-pub fn csv(rows: &[RequestRow]) -> String {
-    let mut text = String::with_capacity(96 * (rows.len() + 1));
-    text.push_str(HEADER);
-    text.push('\n');
+/// Writes the whole file to `out`: the header, then a line per row, each ending in a newline.
+pub fn write_csv(rows: &[RequestRow], out: &mut dyn Write) -> io::Result<()> {
+    writeln!(out, "{HEADER}")?;
     for row in rows {
-        let _ = writeln!(text, "{}", row.line());
+        writeln!(out, "{}", row.line())?;
     }
-    text
+    Ok(())
+}
+
+/// The whole file as text ([`write_csv`]).
+pub fn csv(rows: &[RequestRow]) -> String {
+    let mut bytes = Vec::with_capacity(96 * (rows.len() + 1));
+    write_csv(rows, &mut bytes).expect("writing to memory does not fail");
+    String::from_utf8(bytes).expect("the table is ASCII")
 }
 
 #[cfg(test)]
@@ -122,8 +146,8 @@ mod tests {
         RequestRow {
             id: 7,
             arrival_ns: 1_500_000_123,
-            prefill: "P1.dp0".into(),
-            decode: "D0.dp3".into(),
+            prefill: GroupName { side: 'P', engine: 1, dp: 0 },
+            decode: GroupName { side: 'D', engine: 0, dp: 3 },
             first_token_ns: first,
             done_ns: done,
             prompt_tokens: 8192,

@@ -7,7 +7,7 @@ use pdkv_core::params::{KvTransferParams, PrefillAnswer};
 use pdkv_core::proxy::{Proxy, ProxyAction};
 
 use crate::measure::{RequestTimes, Span};
-use crate::request_table::{RequestOutcome, RequestRow};
+use crate::request_table::{GroupName, RequestOutcome, RequestRow};
 use crate::result::ViolationKind;
 use crate::scenario::{Clients, Length};
 use crate::trace::{Link, Phase};
@@ -161,8 +161,10 @@ impl World {
     /// and decode DP group by engine), its times and lengths, how it ended, and whether it
     /// arrived inside the steady window `span` (by arrival index, as the window counts).
     pub(super) fn request_rows(&self, span: &Span) -> Vec<RequestRow> {
-        let name = |side: char, base: &[usize], engine: usize, group: usize| {
-            format!("{side}{engine}.dp{}", group - base[engine])
+        let name = |side: char, base: &[usize], engine: usize, group: usize| GroupName {
+            side,
+            engine: engine as u16,
+            dp: (group - base[engine]) as u16,
         };
         self.clients
             .requests
