@@ -6,8 +6,9 @@
 //! exactly (no float rounding), so the file is byte-identical for identical runs and a time in it
 //! is the trace's to the nanosecond. TPOT, a quotient, is rounded to six decimals.
 
-use std::fmt;
 use std::io::{self, Write};
+
+use pdkv_core::proxy::Slot;
 
 /// The file's name in a run's folder.
 pub const FILE: &str = "requests.csv";
@@ -38,24 +39,6 @@ impl RequestOutcome {
     }
 }
 
-/// A DP rank of a prefill engine or a DP group of a decode engine, written `P1.dp0` or `D0.dp3`:
-/// a few integers, so a million rows hold no string each.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GroupName {
-    /// `'P'` or `'D'`.
-    pub side: char,
-    /// The engine's number on its side.
-    pub engine: u16,
-    /// The DP rank or group within the engine.
-    pub dp: u16,
-}
-
-impl fmt::Display for GroupName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}{}.dp{}", self.side, self.engine, self.dp)
-    }
-}
-
 /// One request's row.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RequestRow {
@@ -63,10 +46,11 @@ pub struct RequestRow {
     pub id: u64,
     /// Its arrival at the proxy.
     pub arrival_ns: u64,
-    /// The prefill DP rank that computed its prompt: engine and DP rank, `P1.dp0`.
-    pub prefill: GroupName,
+    /// The prefill DP rank that computed its prompt: engine and DP rank, `P1.dp0` (the proxy's
+    /// slot, always with its DP rank; a few integers, so a million rows hold no string each).
+    pub prefill: Slot,
     /// The decode DP group that generated its tokens: engine and group, `D0.dp3`.
-    pub decode: GroupName,
+    pub decode: Slot,
     /// The end of its first decode step.
     pub first_token_ns: Option<u64>,
     /// When it ended, finished or failed (`None`: in flight at the end).
@@ -141,13 +125,14 @@ pub fn csv(rows: &[RequestRow]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pdkv_core::ids::EngineId;
 
     fn row(outcome: RequestOutcome, first: Option<u64>, done: Option<u64>, output: u32) -> RequestRow {
         RequestRow {
             id: 7,
             arrival_ns: 1_500_000_123,
-            prefill: GroupName { side: 'P', engine: 1, dp: 0 },
-            decode: GroupName { side: 'D', engine: 0, dp: 3 },
+            prefill: Slot { engine: EngineId::prefill(1), dp_rank: Some(0) },
+            decode: Slot { engine: EngineId::decode(0), dp_rank: Some(3) },
             first_token_ns: first,
             done_ns: done,
             prompt_tokens: 8192,

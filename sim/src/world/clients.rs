@@ -4,10 +4,10 @@
 use pdkv_core::decode::RecvRequest;
 use pdkv_core::ids::{EngineId, Incarnation, RequestId, TransferId};
 use pdkv_core::params::{KvTransferParams, PrefillAnswer};
-use pdkv_core::proxy::{Proxy, ProxyAction};
+use pdkv_core::proxy::{Proxy, ProxyAction, Slot};
 
 use crate::measure::{RequestTimes, Span};
-use crate::request_table::{GroupName, RequestOutcome, RequestRow};
+use crate::request_table::{RequestOutcome, RequestRow};
 use crate::result::ViolationKind;
 use crate::scenario::{Clients, Length};
 use crate::trace::{Link, Phase};
@@ -161,10 +161,10 @@ impl World {
     /// and decode DP group by engine), its times and lengths, how it ended, and whether it
     /// arrived inside the steady window `span` (by arrival index, as the window counts).
     pub(super) fn request_rows(&self, span: &Span) -> Vec<RequestRow> {
-        let name = |side: char, base: &[usize], engine: usize, group: usize| GroupName {
-            side,
-            engine: engine as u16,
-            dp: (group - base[engine]) as u16,
+        // Always with the DP rank, so written `P1.dp0` even for an engine with one.
+        let slot = |engine: EngineId, base: &[usize], group: usize| Slot {
+            engine,
+            dp_rank: Some((group - base[usize::from(engine.index)]) as u16),
         };
         self.clients
             .requests
@@ -173,16 +173,14 @@ impl World {
             .map(|(arrival, (id, r))| RequestRow {
                 id,
                 arrival_ns: r.sent_ns,
-                prefill: name(
-                    'P',
+                prefill: slot(
+                    EngineId::prefill(self.prefill.groups[r.prefill_group].engine as u16),
                     &self.prefill.group_base,
-                    self.prefill.groups[r.prefill_group].engine,
                     r.prefill_group,
                 ),
-                decode: name(
-                    'D',
+                decode: slot(
+                    EngineId::decode(self.decode.groups[r.decode_group].engine as u16),
                     &self.decode.group_base,
-                    self.decode.groups[r.decode_group].engine,
                     r.decode_group,
                 ),
                 first_token_ns: r.first_token_ns,
