@@ -96,7 +96,7 @@ pub struct Setup {
     /// [`FromRank::Ready`].)
     pub life: u32,
     /// The rules each engine of the deployment follows: a decode rank releases and dials each
-    /// prefill engine under the rules it meets it with ([`PeerBook::between`]).
+    /// prefill engine under the rules it meets it with ([`Policy::between`](pdkv_core::policy::Policy::between)).
     #[serde(default)]
     pub peers: PeerBook,
     /// Prefill: serve only the data plane, and hand the handshake reply to the scheduler in

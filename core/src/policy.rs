@@ -279,7 +279,7 @@ impl Policy {
     }
 
     /// This policy as applied under `rules`: by an engine that follows them (its own listeners),
-    /// or between a prefill and a decode engine ([`PeerBook::between`]). [`PeerRules::Vllm033`]
+    /// or between a prefill and a decode engine ([`Policy::between`]). [`PeerRules::Vllm033`]
     /// replaces the listener offset, the release plan and the quorum rule with vLLM 0.33's;
     /// [`PeerRules::Pdkv`] leaves the policy as it is, legacy options included.
     pub fn under(self, rules: PeerRules) -> Policy {
@@ -298,9 +298,7 @@ impl Policy {
             ..self
         }
     }
-}
 
-impl Policy {
     /// This policy between prefill engine `prefill` and decode engine `decode` of `book`: each
     /// side's decision is its own engine's rules where that engine follows a vLLM release
     /// (vLLM cannot do otherwise), and a pdkv engine adapts to its peer. A decode worker's
@@ -516,11 +514,6 @@ impl PeerBook {
             Role::Decode => &self.decode,
         };
         side.get(usize::from(engine.index)).copied().unwrap_or_default()
-    }
-
-    /// The rules between two engines ([`PeerRules::meet`]).
-    pub fn between(&self, a: EngineId, b: EngineId) -> PeerRules {
-        self.rules(a).meet(self.rules(b))
     }
 
     /// Two engines of the book that follow different vLLM dialects, if any: the first such
@@ -762,7 +755,7 @@ mod tests {
         let book = PeerBook::pdkv().with(p1, Vllm033).with(d1, Vllm033);
         let check = |a: EngineId, b: EngineId, own: PeerRules, between: PeerRules| {
             assert_eq!(
-                (book.rules(a), book.between(a, b), book.between(b, a)),
+                (book.rules(a), book.rules(a).meet(book.rules(b)), book.rules(b).meet(book.rules(a))),
                 (own, between, between),
                 "{a} {b}"
             );
