@@ -5,14 +5,18 @@ use std::process::ExitCode;
 
 use clap::Args;
 use pdkv_core::legacy::{Legacy, LegacyOptions};
+use pdkv_core::policy::PeerRules;
 use pdkv_core::routes::{routes, RoutesReport};
 use pdkv_core::topology::{Deployment, ModelSpec};
+use pdkv_core::write_routes::{write_routes, WriteRoutesReport};
 
 const EXAMPLES: &str = "\
 Examples:
   pdkv routes 2P_TP8:1D_DP8EP --mla
   pdkv routes 1P_TP8:1D_TP4 --kv-heads 4 --json
   pdkv routes 2P_DP8EP:1D_TP8 --legacy proxy-aliasing --rounds 4
+  pdkv routes 2P_TP8:1D_DP8EP --mode write --rules vllm-0.33
+  pdkv routes 2P_TP4:1D_TP8 --kv-heads 8 --mode write
 
 Exit codes: 0 table printed; 2 bad notation, bad flags, or a pair the routing rules reject
 (with --json, the error is printed as {\"error\": \"...\"}).
@@ -38,9 +42,33 @@ pub struct RoutesArgs {
     /// Switch on a historical bug (repeatable); docs/legacy.md says what each one breaks.
     #[arg(long = "legacy", value_name = "NAME", value_parser = legacy_parser())]
     legacy: Vec<Legacy>,
+    /// Transfer mode: `read` (decode pulls; the default) or `write` (prefill pushes, vLLM
+    /// MoRIIO's default mode): which prefill ranks write which decode ranks and the bytes each
+    /// prefill NIC sends.
+    #[arg(long, value_enum, default_value_t = Mode::Read)]
+    mode: Mode,
+    /// With --mode write: the rule set every engine follows (pdkv, or a vLLM release's dialect
+    /// such as vllm-0.33), which decides who writes a copy several prefill ranks hold.
+    #[arg(long, value_name = "RULES", default_value = "pdkv")]
+    rules: PeerRules,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
+}
+
+/// The transfer mode a table is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// Decode ranks read the prefill ranks' blocks.
+    Read,
+    /// Prefill ranks write into the decode ranks' blocks.
+    Write,
+}
+
+/// A table of either mode.
+enum Table {
+    Read(RoutesReport),
+    Write(WriteRoutesReport),
 }
 
 /// Accepts exactly the names of [`Legacy::ALL`], so `--help` and errors list them.
@@ -52,11 +80,16 @@ pub fn legacy_parser() -> impl clap::builder::TypedValueParser<Value = Legacy> {
 
 pub fn run(args: &RoutesArgs) -> ExitCode {
     match report(args) {
-        Ok(report) => {
-            if args.json {
-                outln!("{}", serde_json::to_string_pretty(&report).expect("report serialises"));
-            } else {
-                out!("{}", render(&report));
+        Ok(table) => {
+            match (&table, args.json) {
+                (Table::Read(r), true) => {
+                    outln!("{}", serde_json::to_string_pretty(r).expect("report serialises"))
+                }
+                (Table::Write(r), true) => {
+                    outln!("{}", serde_json::to_string_pretty(r).expect("report serialises"))
+                }
+                (Table::Read(r), false) => out!("{}", render(r)),
+                (Table::Write(r), false) => out!("{}", render_writes(r)),
             }
             ExitCode::SUCCESS
         }
@@ -71,14 +104,102 @@ pub fn run(args: &RoutesArgs) -> ExitCode {
     }
 }
 
-fn report(args: &RoutesArgs) -> Result<RoutesReport, String> {
+fn report(args: &RoutesArgs) -> Result<Table, String> {
     let model = match args.kv_heads {
         Some(heads) => ModelSpec::gqa(heads),
         None => ModelSpec::deepseek_r1(),
     };
     let deployment = Deployment::parse(&args.notation).map_err(|e| e.to_string())?.with_model(model);
     let legacy: LegacyOptions = args.legacy.iter().copied().collect();
-    routes(&deployment, &legacy, args.rounds).map_err(|e| e.to_string())
+    match args.mode {
+        Mode::Read if args.rules != PeerRules::Pdkv => Err(format!(
+            "--rules {} applies to --mode write; the read table follows pdkv's rules",
+            args.rules
+        )),
+        Mode::Read => routes(&deployment, &legacy, args.rounds).map(Table::Read).map_err(|e| e.to_string()),
+        Mode::Write if !legacy.is_empty() => {
+            Err("--legacy options are read-mode bugs; --mode write takes --rules instead".to_string())
+        }
+        Mode::Write => {
+            write_routes(&deployment, args.rules, args.rounds).map(Table::Write).map_err(|e| e.to_string())
+        }
+    }
+}
+
+/// The human-readable WRITE table.
+pub fn render_writes(r: &WriteRoutesReport) -> String {
+    let mut out = String::new();
+    let model = if r.use_mla {
+        "MLA (KV replicated on every TP rank)".to_string()
+    } else {
+        format!("GQA, {} KV heads", r.kv_heads)
+    };
+    let _ = writeln!(out, "pdkv routes {} --mode write", r.deployment);
+    let _ = writeln!(out, "  model: {model}");
+    let _ = writeln!(out, "  rules: {} (write rule: {})", r.rules, r.write_rule);
+    let _ = writeln!(out, "  {} rounds, {} requests through the fixed proxy", r.rounds, r.requests);
+    let _ = writeln!(out, "\nWrites (prefill engine -> decode engine, within the request's DP ranks)");
+    for p in &r.pairs {
+        let map: Vec<String> = p
+            .targets_per_prefill_tp_rank
+            .iter()
+            .enumerate()
+            .map(|(tp, targets)| {
+                let list: Vec<String> = targets.iter().map(u16::to_string).collect();
+                format!("{tp}->[{}]", list.join(","))
+            })
+            .collect();
+        let how = if p.slices_heads { "heads sliced or gathered" } else { "whole blocks" };
+        let _ = writeln!(
+            out,
+            "  {} ({}) -> {} ({}), {how}: prefill TP rank -> decode TP ranks: {}",
+            p.prefill_engine,
+            p.prefill_layout,
+            p.decode_engine,
+            p.decode_layout,
+            map.join(" ")
+        );
+        let writers: Vec<String> = p.writers_per_decode_tp_rank.iter().map(u16::to_string).collect();
+        let _ = writeln!(out, "      write_done per request, per decode TP rank: [{}]", writers.join(", "));
+    }
+    // A decode rank fed by more prefill ranks than write it receives a copy they hold alike.
+    let copies = r.pairs.iter().any(|p| {
+        let (prefill_tp, decode_tp) =
+            (p.targets_per_prefill_tp_rank.len(), p.writers_per_decode_tp_rank.len());
+        prefill_tp > decode_tp
+            && p.writers_per_decode_tp_rank.iter().any(|&w| usize::from(w) < prefill_tp / decode_tp)
+    });
+    if copies && r.write_rule == "spread-holders" {
+        let _ = writeln!(
+            out,
+            "  a copy several prefill ranks hold is written by the holder its transfer id picks; the\n  \
+             map shows the first holder's pick"
+        );
+    }
+    let _ = writeln!(out, "\nPrefill GPUs (totals over all {} requests)", r.requests);
+    let _ = writeln!(out, "  {:<14} {:>12} {:>16}", "rank", "writes", "share of bytes");
+    let total: u64 = r.prefill_ranks.iter().map(|row| row.bytes_per_token).sum();
+    for row in &r.prefill_ranks {
+        let share = if total == 0 { 0.0 } else { 100.0 * row.bytes_per_token as f64 / total as f64 };
+        let _ = writeln!(out, "  {:<14} {:>12} {:>15.1}%", row.rank, row.writes, share);
+    }
+    let (mut max, mut min) = (0, 0);
+    for (i, row) in r.prefill_ranks.iter().enumerate() {
+        if row.bytes_per_token > r.prefill_ranks[max].bytes_per_token {
+            max = i;
+        }
+        if row.bytes_per_token < r.prefill_ranks[min].bytes_per_token {
+            min = i;
+        }
+    }
+    if let (Some(hi), Some(lo)) = (r.prefill_ranks.get(max), r.prefill_ranks.get(min)) {
+        let _ = writeln!(
+            out,
+            "\nNIC balance: most bytes {} ({} writes), least {} ({} writes), Jain index {:.4}",
+            hi.rank, hi.writes, lo.rank, lo.writes, r.jain
+        );
+    }
+    out
 }
 
 /// The human-readable table.

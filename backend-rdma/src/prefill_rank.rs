@@ -691,7 +691,7 @@ mod tests {
                 Err("notify listener: field `type` names an unknown message type `write_failed`"),
             ),
             (
-                encode(ControlMessage::WriteDone(WriteDone { transfer_id: tid() })),
+                encode(ControlMessage::WriteDone(WriteDone::single(tid()))),
                 Err("notify listener: unexpected write done"),
             ),
             (b"get_meta_msg".to_vec(), Err("notify listener: unexpected handshake request")),

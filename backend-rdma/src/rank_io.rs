@@ -574,6 +574,7 @@ pub fn message_name(message: &pdkv_core::wire::ControlMessage) -> &'static str {
         ControlMessage::LegacyCompletion(_) => "legacy completion",
         ControlMessage::RemoteBlocks(_) => "remote blocks",
         ControlMessage::WriteDone(_) => "write done",
+        ControlMessage::WriteFailed(_) => "write failed",
         ControlMessage::ReadLease(_) => "read lease",
         ControlMessage::HandshakeRequest => "handshake request",
         ControlMessage::HandshakeMetadata(_) => "handshake metadata",

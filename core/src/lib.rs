@@ -29,6 +29,8 @@ pub mod step_machine;
 pub mod time;
 pub mod topology;
 pub mod wire;
+pub mod write;
+pub mod write_routes;
 
 pub use ids::{EngineId, Incarnation, RankId, RequestId, Role, TpRank, TransferId};
 pub use legacy::{Legacy, LegacyOptions};

@@ -41,6 +41,15 @@ pub enum RoutesError {
         /// What the routing check refused.
         error: RoutingError,
     },
+    /// A prefill engine cannot write a decode engine in WRITE mode.
+    Write {
+        /// The decode engine.
+        decode: EngineId,
+        /// The prefill engine that cannot write it.
+        prefill: EngineId,
+        /// What the write rule refused.
+        error: crate::write::WriteError,
+    },
     /// A prefill rank's listener port would pass 65535.
     Port(PortError),
     /// The `kv_transfer_params` the proxy forwarded could not be read back (the
@@ -60,6 +69,9 @@ impl fmt::Display for RoutesError {
         match self {
             RoutesError::Pair { decode, prefill, error } => {
                 write!(f, "decode engine {decode} cannot read prefill engine {prefill}: {error}")
+            }
+            RoutesError::Write { decode, prefill, error } => {
+                write!(f, "prefill engine {prefill} cannot write decode engine {decode}: {error}")
             }
             RoutesError::Port(e) => write!(f, "{e}"),
             RoutesError::Params(e) => write!(f, "{e}"),

@@ -69,6 +69,61 @@ fn exit_codes_and_messages_table() {
         "WARNING: P0.dp0.tp1 and P0.dp1.tp0 both listen on notify port 61006",
     );
     check(&["routes", "--help"], 0, "Examples:");
+    // WRITE mode: vLLM 0.33 slices heads where READ refuses; releases before 0.33 pair ranks.
+    check(
+        &["routes", "2P_TP4:1D_TP8", "--kv-heads", "8", "--mode", "write", "--rules", "vllm-0.33"],
+        0,
+        "0->[0,1] 1->[2,3] 2->[4,5] 3->[6,7]",
+    );
+    check(
+        &["routes", "2P_TP4:1D_TP8", "--kv-heads", "8", "--mode", "write", "--rules", "vllm-0.30"],
+        2,
+        "before vLLM 0.33 a WRITE goes from prefill TP rank k to decode TP rank k",
+    );
+    check(
+        &["routes", "1P_TP8:1D_TP8", "--rules", "vllm-0.33"],
+        2,
+        "--rules vllm-0.33 applies to --mode write",
+    );
+    check(
+        &["routes", "1P_TP8:1D_TP8", "--mode", "write", "--legacy", "tp-size-key"],
+        2,
+        "takes --rules instead",
+    );
+    check(
+        &["routes", "1P_TP8:1D_TP8", "--mode", "write", "--rules", "vllm-9"],
+        2,
+        "unknown rule set \"vllm-9\"",
+    );
+    check(&["routes", "1P_TP8:1D_TP8", "--mode", "push"], 2, "possible values: read, write");
+}
+
+fn bytes(value: &Value) -> Vec<u64> {
+    value["prefill_ranks"]
+        .as_array()
+        .expect("array")
+        .iter()
+        .map(|r| r["bytes_per_token"].as_u64().unwrap())
+        .collect()
+}
+
+/// MLA from TP8 prefill into TP1 decode ranks: under vLLM 0.33's rule TP rank 0 of each prefill
+/// engine sends every byte; under pdkv's the eight NICs share them, with the same total.
+#[test]
+fn write_table_puts_vllm_s_mla_writes_on_one_nic_and_pdkv_s_on_all() {
+    let (code, vllm) =
+        json(&["routes", "2P_TP8:1D_DP8EP", "--mode", "write", "--rules", "vllm-0.33", "--json"]);
+    assert_eq!(code, 0);
+    let vllm_bytes = bytes(&vllm);
+    assert!(vllm_bytes.iter().enumerate().all(|(i, &b)| (i % 8 == 0) == (b > 0)), "{vllm_bytes:?}");
+    assert!((vllm["jain"].as_f64().unwrap() - 0.125).abs() < 1e-12);
+    assert_eq!(vllm["write_rule"], "first-holder");
+    let (code, pdkv) = json(&["routes", "2P_TP8:1D_DP8EP", "--mode", "write", "--json"]);
+    assert_eq!(code, 0);
+    let pdkv_bytes = bytes(&pdkv);
+    assert_eq!(pdkv_bytes.iter().sum::<u64>(), vllm_bytes.iter().sum::<u64>());
+    assert!(pdkv_bytes.iter().all(|&b| b > 0), "{pdkv_bytes:?}");
+    assert!(pdkv["jain"].as_f64().unwrap() > 0.99);
 }
 
 /// (arguments, requests routed, prefill rows with whitespace collapsed) -> the table says which

@@ -83,7 +83,7 @@ fn well_formed() -> Vec<(&'static str, ControlMessage)> {
                 decode_dp_rank: 2,
             }),
         ),
-        ("write_done.msgpack", ControlMessage::WriteDone(WriteDone { transfer_id: tid() })),
+        ("write_done.msgpack", ControlMessage::WriteDone(WriteDone::single(tid()))),
         ("handshake_request.msgpack", ControlMessage::HandshakeRequest),
         ("handshake_metadata.msgpack", metadata(None, Extensions::NONE)),
         (

@@ -104,6 +104,7 @@ class Vllm:
         self.parallel_state = importlib.import_module("vllm.distributed.parallel_state")
         self.modules = {}
         src = os.path.realpath(vllm_src)
+        self.src = src
         for name in REAL_MODULES:
             path = os.path.realpath(sys.modules[name].__file__)
             if not path.startswith(src + os.sep):
@@ -429,6 +430,9 @@ def pure_rules(v, max_ranks):
                     out["heads"].append(rec)
     log(f"head guard: {len(out['heads'])} cases")
 
+    out["writes"] = write_mappings(v, max_ranks)
+    log(f"WRITE mapping: {len(out['writes']['shapes'])} shapes")
+
     # Source, release targets and acks: every decode layout against every prefill layout.
     for d_dp, d_tp in all_layouts:
         for p_dp, p_tp in all_layouts:
@@ -443,6 +447,54 @@ def pure_rules(v, max_ranks):
                         )
     log(f"source, release and ack rules: {len(out['combos'])} layout pairs")
     return out
+
+
+WRITE_HEADS = list(range(1, 17)) + [32, 64, 128]
+
+
+def write_mappings(v, max_ranks):
+    """vLLM's WRITE-mode TP mapping (moriio_tp_mapping.compute_write_tp_mapping, 0.33 on) for
+    every pair of TP sizes up to max_ranks, KV head counts WRITE_HEADS (MLA once), with and
+    without recurrent state: each prefill rank's targets, or vLLM's refusal. A release without
+    the module (before 0.33) pairs prefill TP rank k with decode TP rank k in its write path and
+    has no mapping to ask: {"module": null}."""
+    import importlib
+
+    try:
+        mapping = importlib.import_module(f"{MORIIO}.moriio_tp_mapping")
+    except ModuleNotFoundError:
+        return {"module": None, "shapes": []}
+    path = os.path.realpath(mapping.__file__)
+    if not path.startswith(v.src + os.sep):
+        raise SystemExit(f"{mapping.__name__} was imported from {path}, not from the wheel under {v.src}")
+    shapes = []
+    for producer in range(1, max_ranks + 1):
+        for consumer in range(1, max_ranks + 1):
+            for mla in (False, True):
+                for heads in [1] if mla else WRITE_HEADS:
+                    for mamba in (False, True):
+                        rec = {"prefill_tp": producer, "decode_tp": consumer, "kv_heads": heads,
+                               "mla": mla, "mamba": mamba}
+                        ranks = []
+                        try:
+                            for rank in range(producer):
+                                m = mapping.compute_write_tp_mapping(rank, producer, consumer, heads, mla, mamba)
+                                ranks.append(
+                                    {
+                                        "local_heads": m.local_num_heads,
+                                        "remote_heads": m.remote_num_heads,
+                                        "targets": [
+                                            [t.tp_rank, t.local_head, t.remote_head, t.num_heads, t.local_slice,
+                                             t.local_slices, t.remote_slice, t.remote_slices, t.num_writers]
+                                            for t in m.targets
+                                        ],
+                                    }
+                                )
+                            rec["ranks"] = ranks
+                        except Exception as e:  # noqa: BLE001 - vLLM's refusal is the answer
+                            rec["error"] = error_text(e)
+                        shapes.append(rec)
+    return {"module": mapping.__name__, "shapes": shapes}
 
 
 def combo(v, msgpack, dial_rank, d_dp, d_tp, p_dp, p_tp, mla, backend, owner, reads):

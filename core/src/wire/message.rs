@@ -9,8 +9,8 @@ use super::fields::{string, Fields};
 use super::handshake::{metadata, Bin, Extension, HandshakeMetadata, MetadataWire};
 use super::msgpack::{check_size, named, parse_whole, Value};
 use super::notify::{
-    read_lease, release, remote_blocks, write_done, ReadLease, ReadLeaseWire, Release, ReleaseWire,
-    RemoteBlocks, RemoteBlocksWire, WriteDone, WriteDoneWire,
+    read_lease, release, remote_blocks, write_done, write_failed, ReadLease, ReadLeaseWire, Release,
+    ReleaseWire, RemoteBlocks, RemoteBlocksWire, WriteDone, WriteDoneWire, WriteFailed, WriteFailedWire,
 };
 
 /// The handshake request (MoRIIO's `GET_META_MSG`), sent as raw bytes in a frame of its own.
@@ -30,6 +30,8 @@ pub enum ControlMessage {
     RemoteBlocks(RemoteBlocks),
     /// WRITE mode, prefill to decode: the writes of a transfer landed.
     WriteDone(WriteDone),
+    /// WRITE mode, prefill to decode: the decode blocks never came, the transfer is given up.
+    WriteFailed(WriteFailed),
     /// pdkv's read lease (decode → prefill, notify socket): the decode rank is about to read.
     ReadLease(ReadLease),
     /// `get_meta_msg`: asks a rank for its [`HandshakeMetadata`].
@@ -86,8 +88,13 @@ pub fn encode(msg: &ControlMessage) -> Vec<u8> {
             decode_rank: blocks.decode_dp_rank,
             kind: "remote_blocks",
         }),
-        ControlMessage::WriteDone(done) => {
-            named(&WriteDoneWire { kind: "write_done", transfer_id: done.transfer_id.as_str() })
+        ControlMessage::WriteDone(done) => named(&WriteDoneWire {
+            kind: "write_done",
+            transfer_id: done.transfer_id.as_str(),
+            num_writers: (done.writers != 1).then_some(done.writers),
+        }),
+        ControlMessage::WriteFailed(failed) => {
+            named(&WriteFailedWire { kind: "write_failed", transfer_id: failed.transfer_id.as_str() })
         }
         ControlMessage::ReadLease(lease) => named(&ReadLeaseWire {
             kind: "read_lease",
@@ -124,6 +131,7 @@ fn structured(entries: Vec<(Value, Value)>) -> Result<ControlMessage, WireError>
             "release" => release(f).map(ControlMessage::Release),
             "remote_blocks" => remote_blocks(f).map(ControlMessage::RemoteBlocks),
             "write_done" => write_done(f).map(ControlMessage::WriteDone),
+            "write_failed" => write_failed(f).map(ControlMessage::WriteFailed),
             "read_lease" => read_lease(f).map(ControlMessage::ReadLease),
             other => Err(WireError::UnknownType { type_name: other.to_owned() }),
         },

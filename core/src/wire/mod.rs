@@ -13,7 +13,8 @@
 //! | release (decode → prefill) | `type: "release"`, `transfer_id: str`, `consumer_tp_size: int` |
 //! | legacy completion | not MessagePack: the raw UTF-8 bytes of the transfer id |
 //! | remote_blocks (WRITE mode) | `req_id: str`, `transfer_id: str`, `block_notify_list: [int]`, `decode_rank: int`, `type: "remote_blocks"` |
-//! | write_done (WRITE mode) | `type: "write_done"`, `transfer_id: str` |
+//! | write_done (WRITE mode) | `type: "write_done"`, `transfer_id: str`, `num_writers: int` (1..=65535; vLLM 0.33 on, only when not 1) |
+//! | write_failed (WRITE mode, vLLM 0.33 on) | `type: "write_failed"`, `transfer_id: str` |
 //! | read_lease (pdkv's own, decode → prefill) | `type: "read_lease"`, `transfer_id: str`, `lease_ms: int`, optional `pdkv_incarnation: int` |
 //!
 //! pdkv appends three optional keys to a release, `sender_engine_id: str`, `sender_dp_rank: int`
@@ -105,4 +106,4 @@ pub use limits::{
     MAX_MESSAGE_BYTES, MAX_REGIONS, MAX_STR_BYTES, MAX_VALUES,
 };
 pub use message::{decode, encode, ControlMessage, HANDSHAKE_REQUEST};
-pub use notify::{Mac, ReadLease, Release, ReleaseSender, RemoteBlocks, WriteDone, MAC_BYTES};
+pub use notify::{Mac, ReadLease, Release, ReleaseSender, RemoteBlocks, WriteDone, WriteFailed, MAC_BYTES};

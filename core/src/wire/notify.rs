@@ -1,6 +1,6 @@
 //! The notify socket's messages: the release map (MoRIIO's, with pdkv's optional sender keys;
 //! [`Release`] is also what the ledger counts), pdkv's read lease, the [`Mac`] both may carry,
-//! and WRITE mode's `remote_blocks` and `write_done`, each with its wire mirror and its decoder. The legacy plain-string completion has no map and is decoded in `wire`.
+//! and WRITE mode's `remote_blocks`, `write_done` and `write_failed`, each with its wire mirror and its decoder. The legacy plain-string completion has no map and is decoded in `wire`.
 
 use serde::{Deserialize, Serialize};
 
@@ -64,6 +64,27 @@ pub struct RemoteBlocks {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WriteDone {
     /// The transfer whose writes landed.
+    pub transfer_id: TransferId,
+    /// How many prefill ranks write the addressed decode rank, each sending one `write_done`
+    /// (`num_writers`, vLLM 0.33 on, sent only when not 1; see [`crate::write`]). The decode
+    /// rank has its KV once it counted this many.
+    pub writers: u16,
+}
+
+impl WriteDone {
+    /// The notice of a transfer written by one prefill rank alone.
+    pub fn single(transfer_id: TransferId) -> WriteDone {
+        WriteDone { transfer_id, writers: 1 }
+    }
+}
+
+/// A prefill rank's notice that it gave up on a transfer before writing it: the decode blocks
+/// never arrived (WRITE mode, vLLM 0.33 on, `{"type": "write_failed", "transfer_id"}`). It is
+/// sent to every decode DP rank because the one that took the request is unknown; the others
+/// drop it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WriteFailed {
+    /// The transfer given up on.
     pub transfer_id: TransferId,
 }
 
@@ -133,6 +154,15 @@ pub(super) struct WriteDoneWire<'a> {
     #[serde(rename = "type")]
     pub(super) kind: &'static str,
     pub(super) transfer_id: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) num_writers: Option<u16>,
+}
+
+#[derive(Serialize)]
+pub(super) struct WriteFailedWire<'a> {
+    #[serde(rename = "type")]
+    pub(super) kind: &'static str,
+    pub(super) transfer_id: &'a str,
 }
 
 fn transfer_id(fields: &mut Fields) -> Result<TransferId, WireError> {
@@ -198,5 +228,11 @@ pub(super) fn read_lease(mut f: Fields) -> Result<ReadLease, WireError> {
 }
 
 pub(super) fn write_done(mut f: Fields) -> Result<WriteDone, WireError> {
-    Ok(WriteDone { transfer_id: transfer_id(&mut f)? })
+    let transfer_id = transfer_id(&mut f)?;
+    let writers = f.opt_int("num_writers", 1, U16_MAX)?.map_or(1, narrow);
+    Ok(WriteDone { transfer_id, writers })
+}
+
+pub(super) fn write_failed(mut f: Fields) -> Result<WriteFailed, WireError> {
+    Ok(WriteFailed { transfer_id: transfer_id(&mut f)? })
 }

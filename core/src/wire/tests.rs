@@ -144,7 +144,10 @@ fn every_message_round_trips() {
             block_ids: vec![0, 127, 128, 65536, u32::MAX],
             decode_dp_rank: 7,
         }),
-        ControlMessage::WriteDone(WriteDone { transfer_id: tid() }),
+        ControlMessage::WriteDone(WriteDone::single(tid())),
+        ControlMessage::WriteDone(WriteDone { transfer_id: tid(), writers: 2 }),
+        ControlMessage::WriteDone(WriteDone { transfer_id: tid(), writers: u16::MAX }),
+        ControlMessage::WriteFailed(WriteFailed { transfer_id: tid() }),
         ControlMessage::ReadLease(ReadLease {
             transfer_id: tid(),
             lease_ms: 30_000,
@@ -195,9 +198,30 @@ fn encodes_the_bytes_moriio_sends() {
     check_bytes(ControlMessage::LegacyCompletion(tid()), TID.as_bytes());
     check_bytes(ControlMessage::HandshakeRequest, b"get_meta_msg");
     check_bytes(
-        ControlMessage::WriteDone(WriteDone { transfer_id: TransferId("t".to_owned()) }),
+        ControlMessage::WriteDone(WriteDone::single(TransferId("t".to_owned()))),
         b"\x82\xa4type\xaawrite_done\xabtransfer_id\xa1t",
     );
+    // vLLM 0.33's payload: {"type", "transfer_id"} updated with num_writers when not 1.
+    check_bytes(
+        ControlMessage::WriteDone(WriteDone { transfer_id: TransferId("t".to_owned()), writers: 8 }),
+        b"\x83\xa4type\xaawrite_done\xabtransfer_id\xa1t\xabnum_writers\x08",
+    );
+    check_bytes(
+        ControlMessage::WriteFailed(WriteFailed { transfer_id: TransferId("t".to_owned()) }),
+        b"\x82\xa4type\xacwrite_failed\xabtransfer_id\xa1t",
+    );
+}
+
+/// A `write_done` names at least one writer: 0 would complete a transfer nobody wrote.
+#[test]
+fn write_done_refuses_zero_writers() {
+    let bytes = pack(vec![("type", s("write_done")), ("transfer_id", s(TID)), ("num_writers", V::U(0))]);
+    check(
+        &bytes,
+        Err(WireError::OutOfRange { field: "num_writers", value: 0, min: 1, max: i128::from(u16::MAX) }),
+    );
+    let bytes = pack(vec![("type", s("write_done")), ("transfer_id", s(TID)), ("num_writers", V::U(65536))]);
+    assert!(decode(&bytes).is_err());
 }
 
 /// Forms a MoRIIO peer produces that pdkv accepts without producing them itself.
@@ -564,7 +588,11 @@ fn arb_message() -> impl Strategy<Value = ControlMessage> {
             })
         },
     );
-    let done = arb_id().prop_map(|id| ControlMessage::WriteDone(WriteDone { transfer_id: TransferId(id) }));
+    let done = (arb_id(), 1..=u16::MAX).prop_map(|(id, writers)| {
+        ControlMessage::WriteDone(WriteDone { transfer_id: TransferId(id), writers })
+    });
+    let failed =
+        arb_id().prop_map(|id| ControlMessage::WriteFailed(WriteFailed { transfer_id: TransferId(id) }));
     let rank = (any::<u16>(), any::<u16>(), 1..=u16::MAX).prop_map(|(dp_rank, tp_rank, tp_size)| RankInfo {
         dp_rank,
         tp_rank: tp_rank % tp_size,
@@ -609,7 +637,7 @@ fn arb_message() -> impl Strategy<Value = ControlMessage> {
     let lease = (arb_id(), 1..=u32::MAX, incarnation()).prop_map(|(id, lease_ms, incarnation)| {
         ControlMessage::ReadLease(ReadLease { transfer_id: TransferId(id), lease_ms, incarnation, mac: None })
     });
-    prop_oneof![release, legacy, blocks, done, lease, Just(ControlMessage::HandshakeRequest), meta]
+    prop_oneof![release, legacy, blocks, done, failed, lease, Just(ControlMessage::HandshakeRequest), meta]
 }
 
 /// How a valid encoding is damaged: overwrite, insert or delete a byte, or cut the end.

@@ -21,6 +21,8 @@ pub struct Answers {
     pub ports: Vec<PortLayout>,
     pub expected_acks: Vec<ExpectedAcks>,
     pub heads: Vec<HeadGuard>,
+    /// WRITE mode's TP mapping, from 0.33 on.
+    pub writes: Writes,
     pub combos: Vec<Combo>,
     pub wire: Vec<WireRow>,
     /// What vLLM's listeners did with each of pdkv's messages (`--messages`).
@@ -62,6 +64,41 @@ pub struct ExpectedAcks {
     pub value: Option<u16>,
     #[serde(default)]
     pub error: Option<String>,
+}
+
+/// `moriio_tp_mapping.compute_write_tp_mapping` over a grid of shapes; `module` is None for a
+/// release without it (before 0.33), whose write path pairs equal TP ranks.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Writes {
+    pub module: Option<String>,
+    pub shapes: Vec<WriteAnswer>,
+}
+
+/// One shape: every prefill rank's mapping in rank order, or vLLM's refusal.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WriteAnswer {
+    pub prefill_tp: u16,
+    pub decode_tp: u16,
+    pub kv_heads: u16,
+    pub mla: bool,
+    pub mamba: bool,
+    #[serde(default)]
+    pub ranks: Option<Vec<WriteRankAnswer>>,
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+/// `MoRIIOWriteTPMapping` of one prefill rank: its head counts and each `WriteTarget` as
+/// `[tp_rank, local_head, remote_head, num_heads, local_slice, local_slices, remote_slice,
+/// remote_slices, num_writers]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WriteRankAnswer {
+    pub local_heads: u16,
+    pub remote_heads: u16,
+    pub targets: Vec<[u16; 9]>,
 }
 
 /// `validate_moriio_heterogeneous_tp_kv_heads`: `error` is None when it passes.
@@ -219,6 +256,22 @@ impl Answers {
             size("prefill TP", h.prefill_tp)?;
             size("kv heads", h.kv_heads)?;
         }
+        for w in &self.writes.shapes {
+            size("WRITE prefill TP", w.prefill_tp)?;
+            size("WRITE decode TP", w.decode_tp)?;
+            if w.kv_heads == 0 {
+                return Err(BadRecord("WRITE kv heads 0".into()));
+            }
+            match (&w.ranks, &w.error) {
+                (Some(ranks), None) if ranks.len() == usize::from(w.prefill_tp) => {
+                    for t in ranks.iter().flat_map(|r| &r.targets) {
+                        below("WRITE target tp rank", t[0], w.decode_tp)?;
+                    }
+                }
+                (None, Some(_)) => {}
+                _ => return Err(BadRecord(format!("WRITE shape {w:?}: one mapping per rank or an error"))),
+            }
+        }
         for c in &self.combos {
             let ([d_dp, d_tp], [p_dp, p_tp]) = (c.decode, c.prefill);
             for (what, n) in
@@ -254,7 +307,7 @@ mod tests {
         let doc = r#"{"vllm_version":"0.33.0","python":"3.11.7","max_ranks":2,"modules":{},
             "ports":[{"prefill":[1,2],"ranks":[{"dp":0,"tp":2,"handshake_listen":1,
             "notify_listen":1,"handshake_dial":1,"release_dial":1}]}],
-            "expected_acks":[],"heads":[],"combos":[],"wire":[],"messages":[],
+            "expected_acks":[],"heads":[],"writes":{"module":null,"shapes":[]},"combos":[],"wire":[],"messages":[],
             "vllm_metadata":{"frames":[],"error":null}}"#;
         let answers: Answers = serde_json::from_str(doc).unwrap();
         assert_eq!(answers.check(), Err(BadRecord("port rank tp 2 is not below 2".into())));

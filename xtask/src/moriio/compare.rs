@@ -17,10 +17,11 @@ use pdkv_core::release::{self, Quorum, RankLedger, Release, ReleaseOutcome, Rele
 use pdkv_core::routing::{self, ReadRouter, RoutingError, Source};
 use pdkv_core::topology::{Layout, ModelSpec};
 use pdkv_core::wire::{self, ControlMessage, Extensions, ReplyPart};
+use pdkv_core::write::{self, WriteError, WriteRule, WriteShape, WriteTarget};
 
 use super::answers::{
     AckGroup, Answers, Combo, DecodeRank, Delivery, ExpectedAcks, HeadGuard, PortLayout, VllmMetadata,
-    WireRow,
+    WireRow, WriteAnswer,
 };
 use super::matrix::{Case, Direction, Documented, Interaction, Rule, Verdict, Wire};
 use super::messages::{self, Message, Messages, Origin};
@@ -62,6 +63,11 @@ pub fn cases(answers: &Answers, rules: PeerRules) -> Vec<Case> {
     }
     out.extend(answers.expected_acks.iter().map(expected_acks));
     out.extend(answers.heads.iter().map(head_guard));
+    out.push(write_module(answers.writes.module.as_deref(), rules));
+    for shape in &answers.writes.shapes {
+        out.push(write_mapping(shape, WriteRule::FirstHolder));
+        out.push(write_spread(shape));
+    }
     for combo in &answers.combos {
         out.extend(source_and_release(combo, rules));
         for group in &combo.acks {
@@ -627,6 +633,160 @@ fn head_guard(h: &HeadGuard) -> Case {
     Case::rule(Rule::HeadGuard, class, verdict, detail)
 }
 
+/// The release has `compute_write_tp_mapping` exactly when pdkv's rule set for it writes by
+/// [`WriteRule::FirstHolder`]; without it, its write path pairs prefill TP rank k with decode TP
+/// rank k ([`WriteRule::SameRank`]).
+fn write_module(module: Option<&str>, rules: PeerRules) -> Case {
+    let rule = WriteRule::of(rules);
+    let (class, agrees) = match module {
+        Some(_) => ("release with a WRITE TP mapping", rule == WriteRule::FirstHolder),
+        None => ("release without a WRITE TP mapping (TP rank k writes rank k)", rule == WriteRule::SameRank),
+    };
+    let (verdict, detail) = if agrees {
+        (Verdict::Works, None)
+    } else {
+        fails(format!("the release's mapping module is {module:?}, but rule set {rules} writes by {rule}"))
+    };
+    Case::rule(Rule::WriteMapping, class, verdict, detail)
+}
+
+fn write_shape(w: &WriteAnswer) -> WriteShape {
+    WriteShape {
+        prefill_tp: w.prefill_tp,
+        decode_tp: w.decode_tp,
+        kv_heads: w.kv_heads,
+        use_mla: w.mla,
+        has_mamba: w.mamba,
+    }
+}
+
+fn write_class(w: &WriteAnswer) -> String {
+    let (p, d) = (w.prefill_tp, w.decode_tp);
+    let ratio = if p.max(d) % p.min(d) != 0 {
+        "TP sizes not multiples (refused)"
+    } else if p == d {
+        "P TP = D TP"
+    } else if p > d {
+        "P TP > D TP (gather)"
+    } else {
+        "P TP < D TP (slice)"
+    };
+    let model = if w.mla {
+        "MLA"
+    } else if p.min(d) >= w.kv_heads || p == d {
+        "GQA, heads replicated or equal TP"
+    } else {
+        "GQA, heads split"
+    };
+    format!("{ratio}, {model}{}", if w.mamba { ", with recurrent state" } else { "" })
+}
+
+fn target_row(t: &WriteTarget) -> [u16; 9] {
+    [
+        t.decode_tp_rank,
+        t.local_head,
+        t.remote_head,
+        t.heads,
+        t.local_slice,
+        t.local_slices,
+        t.remote_slice,
+        t.remote_slices,
+        t.writers,
+    ]
+}
+
+/// vLLM's refusal and pdkv's name the same rule.
+fn same_write_refusal(vllm: &str, mine: &WriteError) -> bool {
+    match mine {
+        WriteError::NotMultiple { .. } => vllm.contains("multiple of the other"),
+        WriteError::Unshardable { .. } => vllm.contains("cannot shard"),
+        WriteError::ZeroTp => vllm.contains("must be positive"),
+        WriteError::UnequalTp { .. } | WriteError::RankOutOfRange { .. } => false,
+    }
+}
+
+/// Every prefill rank's targets under vLLM 0.33's rule (`compute_write_tp_mapping`) against
+/// pdkv's plan under `rule` ([`WriteRule::FirstHolder`] in the matrix), field by field, or both
+/// refusing the shape.
+fn write_mapping(w: &WriteAnswer, rule: WriteRule) -> Case {
+    let shape = write_shape(w);
+    let at = format!(
+        "P TP{} -> D TP{}, {} KV heads, mla={}, mamba={}",
+        w.prefill_tp, w.decode_tp, w.kv_heads, w.mla, w.mamba
+    );
+    let mine: Result<Vec<_>, _> = (0..w.prefill_tp).map(|r| write::write_plan(shape, r, rule, 1)).collect();
+    let (verdict, detail) = match (&w.ranks, &w.error, mine) {
+        (Some(ranks), None, Ok(plans)) => {
+            let differ = ranks.iter().zip(&plans).enumerate().find(|(_, (v, m))| {
+                let targets: Vec<[u16; 9]> = m.targets.iter().map(target_row).collect();
+                v.local_heads != m.local_heads || v.remote_heads != m.remote_heads || v.targets != targets
+            });
+            match differ {
+                None => (Verdict::Works, None),
+                Some((rank, (v, m))) => fails(format!("{at}, prefill rank {rank}: vLLM {v:?}, pdkv {m:?}")),
+            }
+        }
+        (None, Some(err), Err(mine)) if same_write_refusal(err, &mine) => (Verdict::Works, None),
+        (ranks, err, mine) => fails(format!("{at}: vLLM {ranks:?} {err:?}, pdkv {mine:?}")),
+    };
+    Case::rule(Rule::WriteMapping, write_class(w), verdict, detail)
+}
+
+/// pdkv's own rule ([`WriteRule::SpreadHolders`]) against what a vLLM 0.33 decode rank expects:
+/// for every pick of the writing holder, each decode rank gets as many writers as vLLM's mapping
+/// sends it, each carrying that count in `num_writers`, and the same heads at the same offsets.
+/// A vLLM decode rank counts `write_done`s and does not ask who sent them, so these are all it
+/// can see.
+fn write_spread(w: &WriteAnswer) -> Case {
+    let shape = write_shape(w);
+    let at = format!("P TP{} -> D TP{}, {} KV heads, mla={}", w.prefill_tp, w.decode_tp, w.kv_heads, w.mla);
+    let Some(ranks) = &w.ranks else {
+        return Case::rule(Rule::WriteSpread, write_class(w), Verdict::Works, None);
+    };
+    // What decode rank d receives: the sorted (remote head, heads, remote slice, writers) rows.
+    let seen = |targets: &mut dyn Iterator<Item = [u16; 9]>, d: u16| {
+        let mut rows: Vec<[u16; 4]> =
+            targets.filter(|t| t[0] == d).map(|t| [t[2], t[3], t[6], t[8]]).collect();
+        rows.sort_unstable();
+        rows
+    };
+    let picks = u64::from(w.prefill_tp.max(1));
+    for spread in 0..picks {
+        for d in 0..w.decode_tp {
+            let vllm = seen(&mut ranks.iter().flat_map(|r| r.targets.iter().copied()), d);
+            let mine = match write::writers_of(shape, d, WriteRule::SpreadHolders, spread) {
+                Ok(writers) => seen(&mut writers.iter().map(|(_, t)| target_row(t)), d),
+                Err(e) => {
+                    return Case::rule(
+                        Rule::WriteSpread,
+                        write_class(w),
+                        Verdict::Fails,
+                        Some(format!("{at}: {e}")),
+                    )
+                }
+            };
+            // The writing holder changes, so a writer's remote slice does too; heads and counts
+            // must not.
+            let strip = |rows: &[[u16; 4]]| {
+                let mut r: Vec<[u16; 3]> = rows.iter().map(|x| [x[0], x[1], x[3]]).collect();
+                r.sort_unstable();
+                r
+            };
+            if strip(&vllm) != strip(&mine) {
+                return Case::rule(
+                    Rule::WriteSpread,
+                    write_class(w),
+                    Verdict::Fails,
+                    Some(format!(
+                        "{at}, spread {spread}, decode rank {d}: vLLM sends {vllm:?}, pdkv {mine:?}"
+                    )),
+                );
+            }
+        }
+    }
+    Case::rule(Rule::WriteSpread, write_class(w), Verdict::Works, None)
+}
+
 fn wire(row: &WireRow) -> Case {
     let interaction = match row.interaction.as_str() {
         "handshake" => Some(Wire::Handshake),
@@ -921,6 +1081,7 @@ mod tests {
             ports: vec![],
             expected_acks: vec![],
             heads: vec![],
+            writes: crate::moriio::answers::Writes { module: None, shapes: vec![] },
             combos: vec![],
             wire: vec![],
             messages: sent
@@ -944,13 +1105,13 @@ mod tests {
         }
     }
 
-    /// What vLLM 0.33 does: a read lease, write_done or metadata on the notify socket ends the
+    /// What vLLM 0.33 does: a read lease, write_done, write_failed or metadata on the notify socket ends the
     /// listener, anything but get_meta_msg ends the handshake listener; releases are counted.
     fn vllm_033(m: &Message) -> (bool, Vec<(String, i64)>) {
         let alive = match m.socket {
             messages::Socket::Handshake => m.message == ControlMessage::HandshakeRequest,
             messages::Socket::Notify => {
-                !matches!(m.name(), "read_lease" | "write_done" | "handshake_metadata")
+                !matches!(m.name(), "read_lease" | "write_done" | "write_failed" | "handshake_metadata")
             }
         };
         let acks = match m.message.as_release() {
@@ -1047,5 +1208,33 @@ mod tests {
         assert!(verdicts(&cases, "advertises {read_lease}: decode node's messages").contains(&Verdict::Fails));
         let a = answers(&sent, Extensions::ALL, vllm_033);
         assert_eq!(vllm_extensions(&a.vllm_metadata), Ok(Extensions::ALL));
+    }
+    /// The WRITE mapping checker catches a pdkv that wrote MLA's latent from another holder than
+    /// vLLM's first one (pdkv's spread rule put in vLLM's place), on vLLM 0.34.0's own answer for
+    /// TP8 into TP1 as the harness records it.
+    #[test]
+    fn a_mapping_that_writes_from_another_holder_fails() {
+        use crate::moriio::answers::WriteRankAnswer;
+        let mut ranks = vec![WriteRankAnswer {
+            local_heads: 1,
+            remote_heads: 1,
+            targets: vec![[0, 0, 0, 1, 0, 1, 0, 8, 1]],
+        }];
+        ranks.extend((1..8).map(|_| WriteRankAnswer { local_heads: 1, remote_heads: 1, targets: vec![] }));
+        let answer = WriteAnswer {
+            prefill_tp: 8,
+            decode_tp: 1,
+            kv_heads: 1,
+            mla: true,
+            mamba: false,
+            ranks: Some(ranks),
+            error: None,
+        };
+        assert_eq!(write_mapping(&answer, WriteRule::FirstHolder).verdict, Verdict::Works);
+        let spread = write_mapping(&answer, WriteRule::SpreadHolders);
+        assert_eq!(spread.verdict, Verdict::Fails);
+        assert!(spread.detail.unwrap().starts_with("P TP8 -> D TP1, 1 KV heads, mla=true"));
+        // What a vLLM decode rank sees is the same under both: the spread row works.
+        assert_eq!(write_spread(&answer).verdict, Verdict::Works);
     }
 }

@@ -22,6 +22,8 @@ pub enum Rule {
     HandshakeDialPort,
     ReleaseDialPort,
     HeadGuard,
+    WriteMapping,
+    WriteSpread,
 }
 
 impl Rule {
@@ -36,6 +38,8 @@ impl Rule {
             Rule::HandshakeDialPort => "handshake dial port",
             Rule::ReleaseDialPort => "release dial port",
             Rule::HeadGuard => "KV head guard",
+            Rule::WriteMapping => "WRITE TP mapping (vLLM's rule)",
+            Rule::WriteSpread => "WRITE spread holders as a vLLM decode sees them",
         }
     }
 
@@ -63,6 +67,14 @@ impl Rule {
             Rule::HandshakeDialPort => ("MoRIIOConnectorWorker._moriio_handshake", "ports::EngineAddress::dial(Handshake)"),
             Rule::ReleaseDialPort => ("MoRIIOConnectorWorker._read_blocks", "ports::EngineAddress::dial(Notify)"),
             Rule::HeadGuard => ("validate_moriio_heterogeneous_tp_kv_heads", "routing::check_heads"),
+            Rule::WriteMapping => (
+                "moriio_tp_mapping.compute_write_tp_mapping (validate_write_tp_topology, _producer_targets)",
+                "write::write_plan under WriteRule::FirstHolder",
+            ),
+            Rule::WriteSpread => (
+                "moriio_tp_mapping.compute_write_tp_mapping, each decode rank's targets and num_writers",
+                "write::writers_of under WriteRule::SpreadHolders, every pick",
+            ),
         }
     }
 }
@@ -229,7 +241,7 @@ pub const DOCUMENTED: &[(Documented, &str, &str)] = &[
          path (read at once, queued with a lease renewal, failed read, deadline) under every \
          capability set and both rule sets, its actions (DecodeAction::DialHandshake, SendLease, \
          SendRelease) hold only the handshake request for the handshake listener and releases \
-         and leases for the notify listener. The WRITE-mode messages (remote_blocks, write_done), \
+         and leases for the notify listener. The WRITE-mode messages (remote_blocks, write_done, write_failed), \
          a prefill rank's handshake_metadata (pdkv_core::wire::handshake_reply sends it only as an \
          answer, behind the delimiter frame) and any notify message on the handshake socket are \
          listed because a pdkv prefill rank or a future path could send them; vLLM's listener \

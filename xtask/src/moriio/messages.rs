@@ -33,7 +33,7 @@ use pdkv_core::time::Instant;
 use pdkv_core::topology::Deployment;
 use pdkv_core::wire::{
     self, ControlMessage, DataPlane, DataTransport, Extension, Extensions, HandshakeMetadata,
-    LayerMemoryDesc, RankInfo, ReadLease, RemoteBlocks, WriteDone,
+    LayerMemoryDesc, RankInfo, ReadLease, RemoteBlocks, WriteDone, WriteFailed,
 };
 
 /// The transfer the driven request and the samples name; the harness's probe uses another.
@@ -46,7 +46,7 @@ const DEPLOYMENTS: [&str; 2] = ["1P_TP1:1D_TP1", "1P_TP2:1D_TP1"];
 /// Events one run may take before the driver gives up (a run takes a few dozen).
 const MAX_EVENTS: usize = 10_000;
 /// Number of [`ControlMessage`] variants, as [`variant`] numbers them.
-pub const VARIANTS: usize = 7;
+pub const VARIANTS: usize = 8;
 
 /// Which listener of a prefill rank a message is delivered to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -186,6 +186,7 @@ pub fn variant(message: &ControlMessage) -> (usize, &'static str) {
         ControlMessage::ReadLease(_) => (4, "read_lease"),
         ControlMessage::HandshakeRequest => (5, "handshake_request"),
         ControlMessage::HandshakeMetadata(_) => (6, "handshake_metadata"),
+        ControlMessage::WriteFailed(_) => (7, "write_failed"),
     }
 }
 
@@ -223,7 +224,8 @@ pub fn every_variant() -> Vec<ControlMessage> {
             block_ids: vec![1, 2, 3],
             decode_dp_rank: 0,
         }),
-        ControlMessage::WriteDone(WriteDone { transfer_id: id() }),
+        ControlMessage::WriteDone(WriteDone::single(id())),
+        ControlMessage::WriteFailed(WriteFailed { transfer_id: id() }),
         ControlMessage::ReadLease(ReadLease {
             transfer_id: id(),
             lease_ms: 30_000,
