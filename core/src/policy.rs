@@ -278,9 +278,11 @@ impl Policy {
         Policy::default()
     }
 
-    /// This policy as applied under `rules`: by an engine that follows them (its own listeners),
-    /// or between a prefill and a decode engine ([`Policy::between`]). [`PeerRules::Vllm033`]
-    /// replaces the listener offset, the release plan and the quorum rule with vLLM 0.33's;
+    /// This policy as applied under `rules`: by an engine that follows them (its own listeners
+    /// and reads), or between a prefill and a decode engine ([`Policy::between`]). A vLLM rule
+    /// set replaces the listener offset, the release plan and the quorum rule with its
+    /// release's, and 0.25's and 0.26's also how decode reads (owner, flexible reads,
+    /// handshake, TP size key) and how a prefill rank takes an early release;
     /// [`PeerRules::Pdkv`] leaves the policy as it is, legacy options included.
     pub fn under(self, rules: PeerRules) -> Policy {
         // pdkv's variant of a decision unless the rules or the policy picked the other one.
@@ -292,9 +294,43 @@ impl Policy {
             }
         }
         Policy {
+            read_owner: either(rules.read_owner(), self.read_owner),
             listener_offset: either(rules.listener_offset(), self.listener_offset),
+            early_releases: either(rules.early_releases(), self.early_releases),
             release_plan: either(rules.release_plan(), self.release_plan),
             quorum: either(rules.quorum(), self.quorum),
+            tp_size: either(rules.tp_size(), self.tp_size),
+            handshake: either(rules.handshake(), self.handshake),
+            handshake_timeout: either(rules.handshake_timeout(), self.handshake_timeout),
+            flexible_reads: either(rules.flexible_reads(), self.flexible_reads),
+            incarnation: either(rules.incarnation(), self.incarnation),
+            ..self
+        }
+    }
+
+    /// The policy a node of an engine following `rules` runs for itself: a decode worker reads
+    /// (owner, flexible reads, handshake and its deadline, the TP size key, no incarnation
+    /// fence under a vLLM release) and a prefill rank takes early releases as its release does.
+    /// Listeners, release plans and quorums are decided per pair ([`Policy::between`]) or per
+    /// listener ([`Policy::under`]). Under every vLLM rule set from 0.27 only the fence differs
+    /// from pdkv's fixed protocol.
+    pub fn own(self, rules: PeerRules) -> Policy {
+        let under = self.under(rules);
+        Policy { early_releases: under.early_releases, ..self.with_decode_side(under) }
+    }
+
+    /// The decisions a decode worker makes about its own reads (which rank, when it
+    /// handshakes, how it reads the prefill's size, whether it fences by incarnation), taken
+    /// from `from`: between two engines these are the decode engine's, whatever the prefill
+    /// engine follows.
+    fn with_decode_side(self, from: Policy) -> Policy {
+        Policy {
+            read_owner: from.read_owner,
+            tp_size: from.tp_size,
+            handshake: from.handshake,
+            handshake_timeout: from.handshake_timeout,
+            flexible_reads: from.flexible_reads,
+            incarnation: from.incarnation,
             ..self
         }
     }
@@ -320,7 +356,11 @@ impl Policy {
             (true, _) | (false, ReleasePlan::EveryHolder) => QuorumRule::Uniform,
             (false, ReleasePlan::RankRead) => QuorumRule::ReadersOnly,
         };
-        Policy { release_plan, quorum, ..self.under(p.meet(d)) }
+        // How a decode worker reads is its own engine's (a pdkv decode worker reads the owner
+        // rank of a 0.25 prefill engine as well); the rest as before, under the vLLM side's rules.
+        let decode_side = if d.is_vllm() { self.under(d) } else { self };
+        let early_releases = if p.is_vllm() { self.under(p).early_releases } else { self.early_releases };
+        Policy { release_plan, quorum, early_releases, ..self.under(p.meet(d)).with_decode_side(decode_side) }
     }
 }
 
@@ -343,6 +383,20 @@ pub enum PeerRules {
     /// which waits for `get_moriio_expected_ack_count` releases ([`QuorumRule::Uniform`]).
     #[serde(rename = "vllm-0.33")]
     Vllm033,
+    /// vLLM 0.25.0 and 0.25.1: as [`PeerRules::Vllm027`], and besides a decode rank reads DP
+    /// rank 0 whatever rank owns the request ([`ReadOwner::Dp0`]; the request cannot name its
+    /// owner), never flexibly ([`FlexibleReads::Off`]), handshakes on the read path with no
+    /// deadline ([`HandshakeMode::Lazy`], [`HandshakeTimeout::Never`]) and reads the prefill TP
+    /// size from `tp_size` alone ([`TpSizeRule::TpSizeKeyOnly`]); a prefill rank drops a
+    /// release that comes before it knows the transfer ([`EarlyReleases::Drop`]). Its dialers
+    /// use `dp + tp`, which differs from `dp * tp_size + tp` only for a DP > 1 rank, which it
+    /// never reads (its lazy handshake still dials there; not modelled).
+    #[serde(rename = "vllm-0.25")]
+    Vllm025,
+    /// vLLM 0.26.0: [`PeerRules::Vllm025`]'s rules, but a prefill rank buffers an early
+    /// release ([`EarlyReleases::Buffer`]).
+    #[serde(rename = "vllm-0.26")]
+    Vllm026,
     /// vLLM 0.27.0's MoRIIO: as [`PeerRules::Vllm033`] but a decode rank releases only the
     /// prefill rank it read ([`ReleasePlan::RankRead`]), so with a larger prefill TP size the
     /// holders nobody read wait for their uniform count until the 60 s reaper frees them. Its
@@ -362,13 +416,22 @@ pub enum PeerRules {
 
 impl PeerRules {
     /// Every rule set, pdkv's first, then vLLM's dialects, oldest first.
-    pub const ALL: [PeerRules; 5] =
-        [PeerRules::Pdkv, PeerRules::Vllm027, PeerRules::Vllm028, PeerRules::Vllm030, PeerRules::Vllm033];
+    pub const ALL: [PeerRules; 7] = [
+        PeerRules::Pdkv,
+        PeerRules::Vllm025,
+        PeerRules::Vllm026,
+        PeerRules::Vllm027,
+        PeerRules::Vllm028,
+        PeerRules::Vllm030,
+        PeerRules::Vllm033,
+    ];
 
     /// The name used in scenario files: `pdkv` or `vllm-<dialect>` (`vllm-0.33`).
     pub fn name(self) -> &'static str {
         match self {
             PeerRules::Pdkv => "pdkv",
+            PeerRules::Vllm025 => "vllm-0.25",
+            PeerRules::Vllm026 => "vllm-0.26",
             PeerRules::Vllm027 => "vllm-0.27",
             PeerRules::Vllm028 => "vllm-0.28",
             PeerRules::Vllm030 => "vllm-0.30",
@@ -405,9 +468,12 @@ impl PeerRules {
     /// read before.
     pub fn release_plan(self) -> ReleasePlan {
         match self {
-            PeerRules::Pdkv | PeerRules::Vllm027 | PeerRules::Vllm028 | PeerRules::Vllm030 => {
-                ReleasePlan::RankRead
-            }
+            PeerRules::Pdkv
+            | PeerRules::Vllm025
+            | PeerRules::Vllm026
+            | PeerRules::Vllm027
+            | PeerRules::Vllm028
+            | PeerRules::Vllm030 => ReleasePlan::RankRead,
             PeerRules::Vllm033 => ReleasePlan::EveryHolder,
         }
     }
@@ -416,7 +482,82 @@ impl PeerRules {
     /// cache group (vLLM 0.30 on, and pdkv, which reads both shapes) rather than one flat list
     /// (0.27 to 0.29): a prefill answer to it must be written that way.
     pub fn block_ids_per_group(self) -> bool {
-        !matches!(self, PeerRules::Vllm027 | PeerRules::Vllm028)
+        !matches!(self, PeerRules::Vllm025 | PeerRules::Vllm026 | PeerRules::Vllm027 | PeerRules::Vllm028)
+    }
+
+    /// Whether a decode engine under these rules reads as 0.25 and 0.26 do: DP rank 0 only,
+    /// never flexibly, handshaking on the read path without a deadline, the prefill TP size
+    /// from `tp_size` alone.
+    fn reads_dp0(self) -> bool {
+        matches!(self, PeerRules::Vllm025 | PeerRules::Vllm026)
+    }
+
+    /// Which prefill DP rank a decode worker reads: DP rank 0 before 0.27, whose requests
+    /// cannot name their owner.
+    pub fn read_owner(self) -> ReadOwner {
+        if self.reads_dp0() {
+            ReadOwner::Dp0
+        } else {
+            ReadOwner::OwnerDp
+        }
+    }
+
+    /// Whether a TP1 decode worker reads a TP-replicated prefill flexibly: not before 0.27.
+    pub fn flexible_reads(self) -> FlexibleReads {
+        if self.reads_dp0() {
+            FlexibleReads::Off
+        } else {
+            FlexibleReads::RoundRobin
+        }
+    }
+
+    /// When a decode worker handshakes: on the read path before 0.27, before the forward after.
+    pub fn handshake(self) -> HandshakeMode {
+        if self.reads_dp0() {
+            HandshakeMode::Lazy
+        } else {
+            HandshakeMode::Eager
+        }
+    }
+
+    /// Whether a handshake dial has a deadline. No vLLM release sets one; pdkv models only the
+    /// lazy releases' missing deadline, where a stuck dial blocks the TP group, as the hang it
+    /// is ([`Legacy::NoHandshakeTimeout`]).
+    pub fn handshake_timeout(self) -> HandshakeTimeout {
+        if self.reads_dp0() {
+            HandshakeTimeout::Never
+        } else {
+            HandshakeTimeout::Deadline
+        }
+    }
+
+    /// Which key gives a decode worker the prefill TP size: `tp_size` alone before 0.27.
+    pub fn tp_size(self) -> TpSizeRule {
+        if self.reads_dp0() {
+            TpSizeRule::TpSizeKeyOnly
+        } else {
+            TpSizeRule::RemoteTpSize
+        }
+    }
+
+    /// Whether a node fences a restarted peer's transfers by incarnation: no vLLM release names
+    /// or checks one ([`Legacy::NoIncarnationFence`]).
+    pub fn incarnation(self) -> IncarnationRule {
+        if self.is_vllm() {
+            IncarnationRule::Unfenced
+        } else {
+            IncarnationRule::Fenced
+        }
+    }
+
+    /// What a prefill rank does with a release for a transfer it does not know yet: 0.25 drops
+    /// it, every later release buffers it.
+    pub fn early_releases(self) -> EarlyReleases {
+        if self == PeerRules::Vllm025 {
+            EarlyReleases::Drop
+        } else {
+            EarlyReleases::Buffer
+        }
     }
 
     /// How many releases each prefill rank waits for: vLLM's uniform count in every release.
@@ -682,8 +823,9 @@ mod tests {
     }
 
     /// (rules, legacy options) -> the listener offset, release plan and quorum rule applied: vLLM
-    /// 0.33's rules replace pdkv's three decisions; under pdkv's a legacy option keeps its
-    /// historical variant, and no legacy option is undone by vLLM's rules.
+    /// 0.33's rules replace pdkv's three decisions and its incarnation fence (no release has
+    /// one); under pdkv's a legacy option keeps its historical variant, and no legacy option is
+    /// undone by vLLM's rules.
     #[test]
     fn rules_replace_three_decisions_and_keep_the_rest() {
         use ListenerOffset::{DpPlusTp as Sum, DpTimesTpSizePlusTp as Product};
@@ -698,11 +840,14 @@ mod tests {
                     expected,
                     "{rules} {legacy:?}"
                 );
+                let fence = if rules.is_vllm() { IncarnationRule::Unfenced } else { policy.incarnation };
+                assert_eq!(under.incarnation, fence, "{rules} {legacy:?}");
                 // Every other decision is the policy's own.
                 let same = Policy {
                     listener_offset: policy.listener_offset,
                     release_plan: policy.release_plan,
                     quorum: policy.quorum,
+                    incarnation: policy.incarnation,
                     ..under
                 };
                 assert_eq!(same, policy, "{rules} {legacy:?}");
@@ -728,6 +873,55 @@ mod tests {
         assert_eq!(legacy.listener_offset, PeerRules::Vllm033.listener_offset());
     }
 
+    /// vLLM 0.25's rule set is the named legacy options it shipped with: what pdkv calls bugs
+    /// is what that release does. 0.26 buffers early releases; a pdkv engine facing either
+    /// keeps its own reads and its own ledger.
+    #[test]
+    fn the_0_25_rule_set_is_its_legacy_options() {
+        let legacy: LegacyOptions = [
+            Legacy::ReadFromDp0,
+            Legacy::ListenerOffsetDpPlusTp,
+            Legacy::DropEarlyReleases,
+            Legacy::NoZeroQuorum,
+            Legacy::TpSizeKey,
+            Legacy::LazyHandshake,
+            Legacy::NoHandshakeTimeout,
+            Legacy::NoFlexibleReads,
+            Legacy::NoIncarnationFence,
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(Policy::fixed().under(PeerRules::Vllm025), Policy::from(&legacy));
+        let v026 = Policy::fixed().under(PeerRules::Vllm026);
+        assert_eq!(v026, Policy { early_releases: EarlyReleases::Buffer, ..Policy::from(&legacy) });
+        assert_eq!(Policy::fixed().own(PeerRules::Pdkv), Policy::fixed());
+        for rules in [PeerRules::Vllm027, PeerRules::Vllm028, PeerRules::Vllm030, PeerRules::Vllm033] {
+            let unfenced = Policy { incarnation: IncarnationRule::Unfenced, ..Policy::fixed() };
+            assert_eq!(Policy::fixed().own(rules), unfenced, "{rules}");
+        }
+        let own = Policy::fixed().own(PeerRules::Vllm025);
+        assert_eq!(
+            (own.read_owner, own.handshake, own.early_releases),
+            (ReadOwner::Dp0, HandshakeMode::Lazy, EarlyReleases::Drop)
+        );
+        assert_eq!(own.listener_offset, Policy::fixed().listener_offset, "listeners are per listener");
+
+        let (p, d) = (EngineId::prefill(0), EngineId::decode(0));
+        let book = |prefill, decode| PeerBook { prefill: vec![prefill], decode: vec![decode] };
+        // A pdkv decode reading a 0.25 prefill reads the owner, eagerly; 0.25's prefill drops.
+        let b = Policy::fixed().between(&book(PeerRules::Vllm025, PeerRules::Pdkv), p, d);
+        assert_eq!(
+            (b.read_owner, b.handshake, b.early_releases),
+            (ReadOwner::OwnerDp, HandshakeMode::Eager, EarlyReleases::Drop)
+        );
+        // A 0.25 decode reading a pdkv prefill reads DP rank 0 lazily; pdkv's prefill buffers.
+        let b = Policy::fixed().between(&book(PeerRules::Pdkv, PeerRules::Vllm025), p, d);
+        assert_eq!(
+            (b.read_owner, b.handshake, b.early_releases),
+            (ReadOwner::Dp0, HandshakeMode::Lazy, EarlyReleases::Buffer)
+        );
+    }
+
     #[test]
     fn rule_set_names_round_trip_and_unknown_names_list_the_known_ones() {
         for rules in PeerRules::ALL {
@@ -737,7 +931,7 @@ mod tests {
         let shown = "vllm-0.34".parse::<PeerRules>().unwrap_err().to_string();
         assert_eq!(
             shown,
-            "unknown rule set \"vllm-0.34\"; known rule sets: pdkv, vllm-0.27, vllm-0.28, vllm-0.30, vllm-0.33"
+            "unknown rule set \"vllm-0.34\"; known rule sets: pdkv, vllm-0.25, vllm-0.26, vllm-0.27, vllm-0.28, vllm-0.30, vllm-0.33"
         );
     }
 

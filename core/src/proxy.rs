@@ -17,7 +17,7 @@ use crate::ids::{EngineId, RequestId, Role, TransferId};
 #[cfg(doc)]
 use crate::legacy::Legacy;
 use crate::params::KvTransferParams;
-use crate::policy::ProxyRule;
+use crate::policy::{PeerBook, ProxyRule, TpSizeRule};
 use crate::topology::{Deployment, Layout};
 
 /// Requests the proxy tracks at once; more are refused rather than grown without bound.
@@ -176,6 +176,9 @@ pub struct Proxy {
     prefill: Vec<Layout>,
     decode: Vec<Layout>,
     rule: ProxyRule,
+    /// Per decode engine: whether it reads the prefill TP size from `tp_size` alone (vLLM 0.25
+    /// and 0.26), so the prefill's `tp_size` is passed through to it.
+    tp_size_only: Vec<bool>,
     /// Requests routed so far; the next one is k = routed + 1.
     routed: u64,
     requests: BTreeMap<RequestId, ProxyRequest>,
@@ -190,9 +193,22 @@ impl Proxy {
             prefill: deployment.prefill.clone(),
             decode: deployment.decode.clone(),
             rule,
+            tp_size_only: vec![false; deployment.decode.len()],
             routed: 0,
             requests: BTreeMap::new(),
         }
+    }
+
+    /// This proxy in front of engines following `peers`: a decode engine whose release reads
+    /// the prefill TP size only from `tp_size` (vLLM 0.25 and 0.26) is forwarded the prefill's
+    /// `tp_size` too, as vLLM's own router passes a prefill answer through. Without it such an
+    /// engine falls back to 1 and reads every request from TP rank 0 (the historical pair,
+    /// [`crate::legacy::Legacy::TpSizeKey`], which a pdkv engine with that option still shows).
+    pub fn with_peers(mut self, peers: &PeerBook) -> Proxy {
+        for (i, keep) in self.tp_size_only.iter_mut().enumerate() {
+            *keep = peers.rules(EngineId::decode(i as u16)).tp_size() == TpSizeRule::TpSizeKeyOnly;
+        }
+        self
     }
 
     /// A client request arrives. `transfer_bits` are 128 random bits from the driver (seeded in
@@ -242,7 +258,10 @@ impl Proxy {
         }
         request.phase = Phase::Decoding;
         let prefill_layout = self.prefill[usize::from(request.prefill.engine.index)];
-        let params = answer.forwarded(&request.transfer_id, request.prefill.dp_rank, prefill_layout.tp);
+        let mut params = answer.forwarded(&request.transfer_id, request.prefill.dp_rank, prefill_layout.tp);
+        if self.tp_size_only[usize::from(request.decode.engine.index)] {
+            params.tp_size = Some(i64::from(prefill_layout.tp));
+        }
         Ok(ProxyAction::SendDecode { request: id, slot: request.decode, params })
     }
 
@@ -266,6 +285,7 @@ impl Proxy {
 mod tests {
     use super::*;
     use crate::legacy::{Legacy, LegacyOptions};
+    use crate::policy::PeerRules;
     use crate::policy::Policy;
 
     fn side(engines: usize, dp: u16) -> Vec<Layout> {
@@ -359,5 +379,27 @@ mod tests {
         );
         proxy.handle_finished(id).unwrap();
         assert_eq!(proxy.in_flight(), 1);
+    }
+    /// A decode engine that reads the prefill TP size from `tp_size` alone (vLLM 0.25, 0.26) is
+    /// forwarded the prefill's `tp_size`, as vLLM's router passes it through; any other gets
+    /// `remote_tp_size` only.
+    #[test]
+    fn tp_size_passes_through_to_a_decode_that_reads_only_it() {
+        let d = Deployment::parse("1P_TP4:2D_TP2").unwrap();
+        let peers =
+            PeerBook { prefill: vec![PeerRules::Pdkv], decode: vec![PeerRules::Vllm025, PeerRules::Pdkv] };
+        let mut proxy = Proxy::new(&d, ProxyRule::FlatSlots).with_peers(&peers);
+        let mut forwarded = Vec::new();
+        for k in 1..=2u128 {
+            let (id, _) = proxy.handle_request(k).unwrap();
+            let ProxyAction::SendDecode { slot, params, .. } =
+                proxy.handle_prefill_response(id, KvTransferParams::default()).unwrap()
+            else {
+                panic!("a decode dispatch")
+            };
+            forwarded.push((slot.engine.index, params.tp_size, params.remote_tp_size));
+        }
+        forwarded.sort_unstable();
+        assert_eq!(forwarded, [(0, Some(4), Some(4)), (1, None, Some(4))]);
     }
 }

@@ -60,7 +60,11 @@ impl WriteRule {
     pub fn of(rules: PeerRules) -> WriteRule {
         match rules {
             PeerRules::Pdkv => WriteRule::SpreadHolders,
-            PeerRules::Vllm027 | PeerRules::Vllm028 | PeerRules::Vllm030 => WriteRule::SameRank,
+            PeerRules::Vllm025
+            | PeerRules::Vllm026
+            | PeerRules::Vllm027
+            | PeerRules::Vllm028
+            | PeerRules::Vllm030 => WriteRule::SameRank,
             PeerRules::Vllm033 => WriteRule::FirstHolder,
         }
     }

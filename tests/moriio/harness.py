@@ -58,6 +58,8 @@ WORKER_METHODS = [
     # which runs vLLM's decode and prefill steps (the harness does not).
     "start_load_kv",
     "_eager_handshake_all_dp_ranks",
+    # The handshake 0.25 and 0.26 make on the read path (start_load_kv waits for it).
+    "_background_moriio_handshake",
     "_await_reads_issued_this_step",
     # The sessions a read goes through, for mixed.py's read plans.
     "_get_built_session",
@@ -72,8 +74,9 @@ WORKER_METHODS = [
 # set up as their __init__ sets it up (see Vllm.read_and_release).
 RECV_STATE = ["_recving_transfers", "_recving_transfers_callback_addr", "_recving_transfers_start"]
 # Step state of a decode worker that some releases' __init__ sets up and others lack (0.31 and
-# 0.32 collect a step's Mamba reads), for tests/moriio/mixed.py.
-STEP_STATE = ["_mamba_reads_this_step"]
+# 0.32 collect a step's Mamba reads; 0.25 and 0.26 keep their read-path handshakes' futures and
+# set a WRITE flag when one ends), for tests/moriio/mixed.py.
+STEP_STATE = ["_mamba_reads_this_step", "_handshake_futures", "write_ready_flags"]
 # The one layer a read before 0.31 goes through.
 LAYER = "model.layers.0.self_attn.attn"
 
@@ -594,6 +597,9 @@ def wire_rows(v):
         ("P TP2 rank (0,1), D TP2 rank 1 (fixed mapping)", 2, 1, 2, 1, None),
         ("P TP4 rank (0,3), D TP1 MLA (flexible: explicit TP rank)", 4, 3, 1, 0, 3),
     ]:
+        if explicit is not None and not v.dial_takes_tp_rank:
+            # Before 0.27 a dial cannot name its TP rank (no flexible read): nothing to ask.
+            continue
         rows.append(wire_handshake(v, label, p_tp, p_rank, d_tp, d_rank, explicit))
     rows.append(wire_release(v))
     return rows

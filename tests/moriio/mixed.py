@@ -762,15 +762,19 @@ class Driver:
             try:
                 # The release loaded decides what it does; the rules pdkv's side follows must be
                 # ones whose READ-mode decisions that release makes: every holder released from
-                # 0.33 (vllm-0.33), the rank read before (vllm-0.27, vllm-0.28, vllm-0.30).
+                # 0.33 (vllm-0.33), the rank read before (vllm-0.27, vllm-0.28, vllm-0.30), and
+                # DP rank 0 read lazily before 0.27, whose dial names no TP rank (vllm-0.25,
+                # vllm-0.26).
                 rules = msg.get("rules", "vllm-0.33")
                 holders = "_send_read_release" not in self.v.missing_methods
-                speaks = ["vllm-0.33"] if holders else ["vllm-0.27", "vllm-0.28", "vllm-0.30"]
+                if holders:
+                    speaks, what = ["vllm-0.33"], "its decode releases every holder"
+                elif self.v.dial_takes_tp_rank:
+                    speaks, what = ["vllm-0.27", "vllm-0.28", "vllm-0.30"], "its decode releases only the rank it read"
+                else:
+                    speaks, what = ["vllm-0.25", "vllm-0.26"], "its decode reads DP rank 0 and handshakes lazily"
                 if rules not in speaks:
-                    raise ValueError(
-                        f"rules {rules!r}: the vLLM release loaded follows {', '.join(speaks)} "
-                        f"(its decode releases {'every holder' if holders else 'only the rank it read'})"
-                    )
+                    raise ValueError(f"rules {rules!r}: the vLLM release loaded follows {', '.join(speaks)} ({what})")
                 self.side = {"prefill": Prefill, "decode": Decode}[msg["side"]](self, msg)
             except Exception as e:  # noqa: BLE001 - a setup that cannot be played is fatal
                 self.fatal(f"setup: {harness.error_text(e)}")

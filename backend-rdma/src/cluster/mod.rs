@@ -220,7 +220,8 @@ pub fn run(config: ClusterConfig, progress: &mut dyn FnMut(Progress)) -> Result<
         (Some(_), true) => "require",
         (Some(_), false) => "verify",
     };
-    let clients = clients::Clients::new(Proxy::new(&d, policy.proxy), config.seed, id_seed);
+    let clients =
+        clients::Clients::new(Proxy::new(&d, policy.proxy).with_peers(&peers), config.seed, id_seed);
     let prefill = prefill_sched::PrefillSide::new(&d, &config, policy, &peers);
     let decode = decode_sched::DecodeSide::new(&d, &config, policy);
     let messages = messages::Messages::new(&config);

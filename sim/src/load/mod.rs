@@ -346,7 +346,7 @@ mod tests {
             5,
             38,
             "protocol.peers[\"P0\"]",
-            "unknown rule set \"vllm-0.34\"; known rule sets: pdkv, vllm-0.27, vllm-0.28, vllm-0.30, vllm-0.33",
+            "unknown rule set \"vllm-0.34\"; known rule sets: pdkv, vllm-0.25, vllm-0.26, vllm-0.27, vllm-0.28, vllm-0.30, vllm-0.33",
         ),
         bad("peers_not_a_string.ron", Kind::WrongType, 5, 30, "protocol.peers[\"P0\"]", "a string"),
         bad("peers_key_twice.ron", Kind::Syntax, 5, 58, "protocol.peers[\"P0\"]", "the key \"P0\" is written twice"),

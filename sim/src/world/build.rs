@@ -64,7 +64,9 @@ pub(super) fn build_prefill_worker(
     // A lease lasts the decode's transfer timeout: the deployment's, or the shorter one a fault
     // injects; the worker takes none longer than the deployment's.
     let max_lease_ms = sc.protocol.timeouts().lease_ms().max(sc.timeouts().lease_ms());
-    let worker = PrefillWorker::new(rank, metadata, layers, policy).with_max_lease_ms(max_lease_ms);
+    // The rank takes early releases as its engine's release does (vLLM 0.25 drops them).
+    let policy = policy.own(book.rules.rules(rank.engine));
+    let worker = PrefillWorker::new(rank, metadata, layers, &policy).with_max_lease_ms(max_lease_ms);
     (worker, bases, region_len)
 }
 
@@ -98,8 +100,10 @@ pub(super) fn build_decode_worker(
     policy: &Policy,
     rank: RankId,
 ) -> DecodeWorker {
+    // The worker reads as its engine's release does (vLLM 0.25: DP rank 0, lazily).
+    let policy = policy.own(book.rules.rules(rank.engine));
     let mut config =
-        DecodeConfig::new(rank, d.layout(rank.engine), d.model.clone(), *policy, book.engine_id(rank.engine));
+        DecodeConfig::new(rank, d.layout(rank.engine), d.model.clone(), policy, book.engine_id(rank.engine));
     config.peers = book.rules.clone();
     sc.timeouts().apply_to(&mut config);
     config.granularity = match sc.protocol.reads {
@@ -214,7 +218,8 @@ impl World {
                         KvAllocationMode::OnDemand => KvAllocation::OnDemand { watermark_blocks: 0 },
                     },
                 };
-                let g = nodes.add_group(DecodeScheduler::new(limits, policy.handshake));
+                let handshake = policy.own(book.rules.rules(EngineId::decode(e as u16))).handshake;
+                let g = nodes.add_group(DecodeScheduler::new(limits, handshake));
                 debug_assert_eq!(g, dgroups.len(), "the nodes number groups as the world does");
                 units[unit].groups.push(g);
                 for tp in 0..layout.tp {
@@ -243,7 +248,7 @@ impl World {
             debug_assert_eq!(i, d.rank_index(rank), "the nodes number prefill workers as the world does");
         }
         let (prefill_rank_count, prefill_group_count) = (p_ranks.len(), pgroups.len());
-        let proxy = Proxy::new(&d, policy.proxy);
+        let proxy = Proxy::new(&d, policy.proxy).with_peers(&book.rules);
         let mut world = World {
             streams,
             faults: Vec::new(),
@@ -409,8 +414,8 @@ mod tests {
         assert_eq!(
             error.as_deref(),
             Some(
-                "protocol.peers[\"P0\"]: unknown rule set \"vllm\"; known rule sets: pdkv, vllm-0.27, vllm-0.28, \
-                 vllm-0.30, vllm-0.33"
+                "protocol.peers[\"P0\"]: unknown rule set \"vllm\"; known rule sets: pdkv, vllm-0.25, vllm-0.26, \
+                 vllm-0.27, vllm-0.28, vllm-0.30, vllm-0.33"
             )
         );
     }

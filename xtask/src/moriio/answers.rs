@@ -50,8 +50,9 @@ pub struct PortRank {
     pub notify_listen: u32,
     /// Where `_moriio_handshake` dials this rank.
     pub handshake_dial: u32,
-    /// Where `_read_blocks` sends this rank's release.
-    pub release_dial: u32,
+    /// Where `_read_blocks` sends this rank's release; None for a DP rank > 0 of a release
+    /// whose decode reads DP rank 0 only (0.25, 0.26).
+    pub release_dial: Option<u32>,
 }
 
 /// `get_moriio_expected_ack_count(producer, consumer)`: a value or vLLM's exception.

@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 
 use pdkv_core::ids::{EngineId, RankId, TransferId};
 use pdkv_core::legacy::{Legacy, LegacyOptions};
-use pdkv_core::policy::{PeerRules, Policy, ReleasePlan, SessionKeyRule};
+use pdkv_core::policy::{PeerRules, Policy, ReadOwner, ReleasePlan, SessionKeyRule};
 use pdkv_core::ports::{EngineAddress, ListenerKind, ReadTarget};
 use pdkv_core::release::{self, Quorum, RankLedger, Release, ReleaseOutcome, ReleaseSender};
 use pdkv_core::routing::{self, ReadRouter, RoutingError, Source};
@@ -129,6 +129,11 @@ fn router(c: &Combo, rules: PeerRules, dp: u16, tp: u16) -> ReadRouter {
     )
 }
 
+/// Whether the release's decode reads as 0.25 and 0.26 do: DP rank 0, never flexibly.
+fn reads_dp0(rules: PeerRules) -> bool {
+    rules.read_owner() == ReadOwner::Dp0
+}
+
 fn resolve(r: &mut ReadRouter, c: &Combo) -> Result<Source, RoutingError> {
     r.resolve(EngineId::prefill(0), layout(c.prefill), Some(c.owner))
 }
@@ -177,6 +182,22 @@ fn decode_rank(c: &Combo, rules: PeerRules, rank: &DecodeRank) -> (Outcome, Opti
         // Both must refuse, for the same reason: sizes that are not multiples.
         let outcome = match resolve(&mut r, c) {
             Err(RoutingError::NotMultiple { .. }) if err.contains("multiple") => (Verdict::Works, None),
+            // A release whose requests cannot name their owner (0.25, 0.26) refuses one that
+            // does; pdkv reads the owner it names.
+            Ok(s)
+                if reads_dp0(rules)
+                    && c.owner > 0
+                    && err.contains("remote_dp_rank")
+                    && s.rank.dp == c.owner =>
+            {
+                (Verdict::Documented(Documented::ReadsDp0), None)
+            }
+            // It refuses the owner before it looks at the sizes, which pdkv refuses.
+            Err(RoutingError::NotMultiple { .. })
+                if reads_dp0(rules) && c.owner > 0 && err.contains("remote_dp_rank") =>
+            {
+                (Verdict::Documented(Documented::ReadsDp0), None)
+            }
             Err(e) => fails(format!("{at}: vLLM refuses ({err}), pdkv refuses for another reason ({e})")),
             Ok(s) => fails(format!("{at}: vLLM refuses ({err}), pdkv reads {}", s.rank)),
         };
@@ -206,6 +227,20 @@ fn decode_rank(c: &Combo, rules: PeerRules, rank: &DecodeRank) -> (Outcome, Opti
                 continue;
             }
         };
+        if !*flexible && s.flexible && s.rank.dp == c.owner && reads_dp0(rules) {
+            // A release without the flexible read reads the fixed mapping's rank and releases it.
+            source = worst(source, (Verdict::Documented(Documented::NoFlexibleRead), None));
+            let fixed = release_port(c, RankId::new(EngineId::prefill(0), c.owner, *tp));
+            release = worst(
+                release,
+                if fixed.as_ref().is_ok_and(|p| *ports == [*p]) {
+                    (Verdict::Documented(Documented::NoFlexibleRead), None)
+                } else {
+                    fails(format!("{at}: vLLM releases ports {ports:?} after a fixed read of TP rank {tp}, pdkv's fixed port {fixed:?}"))
+                },
+            );
+            continue;
+        }
         if (s.rank.dp, s.rank.tp, s.flexible) != (c.owner, *tp, *flexible) {
             source = worst(
                 source,
@@ -364,6 +399,14 @@ fn acks(c: &Combo, g: &AckGroup, rules: PeerRules) -> Vec<Case> {
                 && done == Done::ByGroup
             {
                 (Verdict::Documented(Documented::FlexibleHolders), None)
+            } else if reads_dp0(rules)
+                && plan.flexible
+                && u32::try_from((0..w).filter(|&r| routing::fixed_tp_source(w, r, p_tp) == Ok(v.tp)).count())
+                    == Ok(v.received)
+            {
+                // Without the flexible read every decode rank reads (and releases) the fixed
+                // mapping's rank; pdkv's round-robin picked another.
+                (Verdict::Documented(Documented::NoFlexibleRead), None)
             } else if rules.release_plan() == ReleasePlan::RankRead
                 && (v.received, vllm_done) == (0, None)
                 && g.expected.is_some_and(|n| n > 0)
@@ -524,21 +567,21 @@ fn ports(p: &PortLayout, rules: PeerRules) -> Vec<Case> {
         let checks = [
             (
                 Rule::HandshakeListenPort,
-                r.handshake_listen,
+                Some(r.handshake_listen),
                 port(addr.listen(lay, rank, ListenerKind::Handshake, &fixed)),
                 HANDSHAKE_BASE,
                 true,
             ),
             (
                 Rule::NotifyListenPort,
-                r.notify_listen,
+                Some(r.notify_listen),
                 port(addr.listen(lay, rank, ListenerKind::Notify, &fixed)),
                 NOTIFY_BASE,
                 true,
             ),
             (
                 Rule::HandshakeDialPort,
-                r.handshake_dial,
+                Some(r.handshake_dial),
                 port(addr.dial(lay, rank, ListenerKind::Handshake)),
                 HANDSHAKE_BASE,
                 false,
@@ -551,18 +594,27 @@ fn ports(p: &PortLayout, rules: PeerRules) -> Vec<Case> {
                 false,
             ),
         ];
+        // A release whose decode reads DP rank 0 alone never releases a DP rank above it, and
+        // dials base + dp + tp (which equals base + dp * T + tp on DP rank 0).
+        let reads_dp0 = vllm_rules.read_owner == ReadOwner::Dp0;
         for (rule, vllm, pdkv, base, listener) in checks {
             let vllm_dp_plus_tp = u32::from(base) + u32::from(r.dp) + u32::from(r.tp);
-            let (verdict, detail) = match pdkv {
-                Some(mine) if mine == vllm => (Verdict::Works, None),
-                Some(mine)
+            let (verdict, detail) = match (vllm, pdkv) {
+                (Some(vllm), Some(mine)) if mine == vllm => (Verdict::Works, None),
+                (Some(vllm), Some(mine))
                     if listener
                         && vllm == vllm_dp_plus_tp
                         && mine == u32::from(base) + lay.flat_index(r.dp, r.tp) =>
                 {
                     (Verdict::Documented(Documented::ListenerOffset), None)
                 }
-                mine => fails(format!("{at}: vLLM {vllm}, pdkv {mine:?}")),
+                (Some(vllm), Some(_)) if !listener && reads_dp0 && r.dp > 0 && vllm == vllm_dp_plus_tp => {
+                    (Verdict::Documented(Documented::ReadsDp0), None)
+                }
+                (None, Some(_)) if rule == Rule::ReleaseDialPort && reads_dp0 && r.dp > 0 => {
+                    (Verdict::Documented(Documented::ReadsDp0), None)
+                }
+                (vllm, mine) => fails(format!("{at}: vLLM {vllm:?}, pdkv {mine:?}")),
             };
             out.push(Case::rule(rule, class, verdict, detail));
         }
@@ -1039,7 +1091,7 @@ mod tests {
             handshake_listen: 6301 + listen,
             notify_listen: 61005 + listen,
             handshake_dial: 6301 + dial,
-            release_dial: 61005 + dial,
+            release_dial: Some(61005 + dial),
         };
         let p = PortLayout { prefill: [2, 2], ranks: vec![rank(0, 1, 1, 1), rank(1, 1, 2, 3)] };
         let verdicts: Vec<Verdict> = ports(&p, PeerRules::Vllm033).into_iter().map(|c| c.verdict).collect();
@@ -1236,5 +1288,28 @@ mod tests {
         assert!(spread.detail.unwrap().starts_with("P TP8 -> D TP1, 1 KV heads, mla=true"));
         // What a vLLM decode rank sees is the same under both: the spread row works.
         assert_eq!(write_spread(&answer).verdict, Verdict::Works);
+    }
+    /// The port rows take 0.25's DP-rank-0 dials and missing releases above DP rank 0 only under
+    /// a rule set that reads DP rank 0: the same answers under vllm-0.27's rules fail.
+    #[test]
+    fn dp0_dials_are_documented_only_for_the_releases_that_read_dp0() {
+        use crate::moriio::answers::PortRank;
+        // vLLM 0.25.0's answer for DP2 x TP2, rank (1, 0), as the harness records it.
+        let layout = PortLayout {
+            prefill: [2, 2],
+            ranks: vec![PortRank {
+                dp: 1,
+                tp: 0,
+                handshake_listen: 6302,
+                notify_listen: 61006,
+                handshake_dial: 6302,
+                release_dial: None,
+            }],
+        };
+        let verdicts = |rules| ports(&layout, rules).into_iter().map(|c| c.verdict).collect::<Vec<_>>();
+        let old = verdicts(PeerRules::Vllm025);
+        assert!(!old.contains(&Verdict::Fails), "{old:?}");
+        assert_eq!(old.iter().filter(|v| **v == Verdict::Documented(Documented::ReadsDp0)).count(), 2);
+        assert!(verdicts(PeerRules::Vllm027).contains(&Verdict::Fails));
     }
 }

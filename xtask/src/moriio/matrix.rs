@@ -168,10 +168,32 @@ pub enum Documented {
     RestartStaleRead,
     RestartDeadSession,
     RestartUnfenced,
+    ReadsDp0,
+    NoFlexibleRead,
 }
 
 /// Every documented difference: its key in the matrix, and why pdkv differs, naming pdkv's rule.
 pub const DOCUMENTED: &[(Documented, &str, &str)] = &[
+    (
+        Documented::ReadsDp0,
+        "reads-dp0",
+        "vLLM 0.25 and 0.26 read DP rank 0 whatever rank owns the request: ReqMeta has no \
+         remote_dp_rank (a request naming one is refused), _read_blocks takes DP rank 0's session \
+         and releases DP rank 0's port, and _moriio_handshake dials base + dp + tp. pdkv reads and \
+         releases the owner DP rank at base + dp * T + tp (routing::ReadRouter::resolve with \
+         ReadOwner::OwnerDp); its vllm-0.25 and vllm-0.26 rule sets read DP rank 0 as those \
+         releases do (ReadOwner::Dp0, legacy read-from-dp0), which is what the vLLM-rules rows \
+         check.",
+    ),
+    (
+        Documented::NoFlexibleRead,
+        "no-flexible-read",
+        "vLLM 0.25 and 0.26 have no flexible read: a TP1 decode rank reading a TP-replicated MLA \
+         prefill reads TP rank 0 every time (the fixed mapping, _remote_tp_rank). pdkv reads the \
+         prefill TP ranks round-robin (routing::is_flexible, FlexibleReads::RoundRobin); its \
+         vllm-0.25 and vllm-0.26 rule sets read as those releases do (FlexibleReads::Off, legacy \
+         no-flexible-reads).",
+    ),
     (
         Documented::ListenerOffset,
         "listener-offset",
@@ -451,6 +473,8 @@ mod tests {
             Documented::RestartStaleRead,
             Documented::RestartDeadSession,
             Documented::RestartUnfenced,
+            Documented::ReadsDp0,
+            Documented::NoFlexibleRead,
         ] {
             assert_eq!(DOCUMENTED.iter().filter(|(k, _, _)| *k == d).count(), 1, "{d:?}");
             let (key, why) = documented(d);

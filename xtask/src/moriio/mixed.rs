@@ -67,6 +67,29 @@ enum Expect {
     /// the restarted rank's new session, and the new data-plane server refuses them (revoked);
     /// no wrong byte is read.
     RefusedStaleReads,
+    /// vLLM decode of a release that reads DP rank 0 whatever rank owns the request (0.25,
+    /// 0.26), a DP > 1 pdkv prefill: the transfers DP rank 0 holds are read and released; the
+    /// others are read at DP rank 0, whose processes do not hold them (vLLM answers each request
+    /// as received: on hardware it read another request's memory), and their holders, released
+    /// by nobody, are reaped. pdkv's side: nothing held, no double free.
+    ReadsDp0,
+}
+
+/// What `run` must show against a release following `rules`: a release whose decode reads DP
+/// rank 0 alone reads a DP > 1 prefill wrongly ([`Expect::ReadsDp0`]); everything else as the
+/// run says.
+fn expectation(run: &Run, rules: pdkv_core::policy::PeerRules) -> Expect {
+    let prefill_dp =
+        Deployment::parse(run.deployment).map_or(1, |d| d.prefill.iter().map(|l| l.dp).max().unwrap_or(1));
+    if run.expect == Expect::Clean
+        && run.side == Side::Decode
+        && prefill_dp > 1
+        && rules.read_owner() == pdkv_core::policy::ReadOwner::Dp0
+    {
+        Expect::ReadsDp0
+    } else {
+        run.expect
+    }
 }
 
 /// A prefill rank killed and restarted during a run.
@@ -233,6 +256,7 @@ pub fn cases(tools: &Tools, verbose: bool) -> Mixed {
     let mut out = Mixed { cases: Vec::new(), restarts: Vec::new() };
     for run in RUNS {
         let started = Instant::now();
+        let run = &Run { expect: expectation(run, tools.rules), ..*run };
         let outcome = execute(tools, run, verbose);
         let judged = judge(run, &outcome);
         let verdict =
@@ -289,6 +313,12 @@ fn execute(tools: &Tools, run: &Run, verbose: bool) -> Outcome {
     if run.mla {
         cmd.arg("--mla");
     }
+    if run.expect == Expect::ReadsDp0 {
+        // The reaper frees the holders nobody released after 3 s, not MoRIIO's 60.
+        for (flag, value) in RESTART_TIMEOUTS {
+            cmd.args([flag, value]);
+        }
+    }
     if let Some(restart) = &run.restart {
         cmd.args(["--kill", restart.rank, "--kill-after", &restart.after.to_string()])
             .args(["--restart-after-ms", &restart.delay_ms.to_string()]);
@@ -330,7 +360,73 @@ fn judge(run: &Run, outcome: &Outcome) -> Judged {
     if let Some(restart) = &run.restart {
         return judge_restart(run, restart, outcome);
     }
+    if run.expect == Expect::ReadsDp0 {
+        return judge_reads_dp0(run, outcome);
+    }
     Judged { cases: judge_steady(run, outcome), note: None }
+}
+
+/// A run in which vLLM's decode reads DP rank 0 for every request ([`Expect::ReadsDp0`]).
+fn judge_reads_dp0(run: &Run, outcome: &Outcome) -> Judged {
+    let class = format!("{} ({})", label(run), run.about);
+    let one = |verdict, detail, note| Judged {
+        cases: vec![Case {
+            interaction: Interaction::Wire(Wire::Mixed),
+            direction: Direction::VllmToPdkv,
+            class: class.clone(),
+            verdict,
+            detail,
+        }],
+        note,
+    };
+    let Some(r) = &outcome.result else {
+        let tail: Vec<&str> = outcome.stderr.lines().rev().take(6).collect();
+        let detail = format!(
+            "no result (exit {:?}): {}",
+            outcome.code,
+            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+        );
+        return one(Verdict::Fails, Some(detail), None);
+    };
+    let (n, ranks) = (u64::from(run.requests()), decode_ranks(run.deployment));
+    let (freed, reaped) = (u(r, &["ledger", "freed"]), u(r, &["ledger", "reaped"]));
+    let reads = &r["foreign"]["reads"];
+    let (planned, holder, unmatched) =
+        (u(reads, &["planned"]), u(reads, &["through_holder"]), u(reads, &["unmatched"]));
+    let violations = r.get("violations").and_then(Value::as_array).map_or(0, Vec::len);
+    let checks = [
+        (
+            u(r, &["requests", "finished"]) == n,
+            format!("{} of {n} finished", u(r, &["requests", "finished"])),
+        ),
+        (u(&r["foreign"], &["received"]) == n, "vLLM decode did not answer every request".to_string()),
+        (
+            freed.checked_add(reaped) == Some(n) && reaped > 0 && freed > 0,
+            format!("{freed} freed and {reaped} reaped of {n}"),
+        ),
+        (
+            u(r, &["ledger", "held"]) == 0 && u(r, &["ledger", "double_frees"]) == 0,
+            format!("ledger {}", r["ledger"]),
+        ),
+        (planned == n * ranks, format!("vLLM planned {planned} reads of {}", n * ranks)),
+        (
+            holder == freed * ranks && unmatched == reaped * ranks,
+            format!("{holder} reads through the holder, {unmatched} unmatched"),
+        ),
+        (violations == 0, format!("{violations} violations: {}", r["violations"])),
+        (u(&r["foreign"]["stats"], &["problems"]) == 0, "the vLLM side reported problems".to_string()),
+    ];
+    let wrong: Vec<String> = checks.into_iter().filter(|(ok, _)| !ok).map(|(_, what)| what).collect();
+    if !wrong.is_empty() {
+        return one(Verdict::Fails, Some(wrong.join("; ")), None);
+    }
+    let note = format!(
+        "vLLM read DP rank 0 for every request: the {freed} transfers DP rank 0 held were read and \
+         released; the {reaped} of DP rank 1 were read at DP rank 0, whose processes do not hold them \
+         ({unmatched} reads; on hardware another request's memory), and their holders were reaped; pdkv: \
+         nothing held, no double free, no violation"
+    );
+    one(Verdict::Documented(Documented::ReadsDp0), None, Some(note))
 }
 
 /// The cases of a run without a restart.

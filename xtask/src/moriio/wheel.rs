@@ -26,7 +26,7 @@ pub const RELEASES: &[VllmPin] = &[
         ],
         min_python: (3, 10),
         dialect: "vllm-0.25",
-        rules: None,
+        rules: Some(PeerRules::Vllm025),
     },
     VllmPin {
         version: "0.25.1",
@@ -36,7 +36,7 @@ pub const RELEASES: &[VllmPin] = &[
         ],
         min_python: (3, 10),
         dialect: "vllm-0.25",
-        rules: None,
+        rules: Some(PeerRules::Vllm025),
     },
     VllmPin {
         version: "0.26.0",
@@ -46,7 +46,7 @@ pub const RELEASES: &[VllmPin] = &[
         ],
         min_python: (3, 10),
         dialect: "vllm-0.26",
-        rules: None,
+        rules: Some(PeerRules::Vllm026),
     },
     VllmPin {
         version: "0.27.0",
@@ -457,7 +457,10 @@ mod tests {
         let versions: Vec<&str> = supported().map(|r| r.version).collect();
         assert_eq!(
             versions,
-            ["0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0"]
+            [
+                "0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0",
+                "0.32.0", "0.33.0", "0.34.0"
+            ]
         );
     }
 
@@ -471,12 +474,12 @@ mod tests {
         };
         check("0.34.0", Ok("0.34.0"));
         check("0.33.0", Ok("0.33.0"));
-        check("0.25.0", Err("the vllm-0.25 dialect, which pdkv has no rule set for yet"));
+        check("0.25.0", Ok("0.25.0"));
         check("0.30.0", Ok("0.30.0"));
-        check("0.26.0", Err("releases checked: 0.27.0, 0.27.1, 0.28.0,"));
+        check("0.26.0", Ok("0.26.0"));
         check("0.14.0", Err("not a vLLM release pdkv knows (known: 0.25.0, 0.25.1,"));
         check("latest", Ok("0.34.0"));
-        check("oldest", Ok("0.27.0"));
+        check("oldest", Ok("0.25.0"));
         check("0.33", Err("not a vLLM release pdkv knows"));
     }
 
