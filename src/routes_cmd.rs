@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::Args;
 use pdkv_core::legacy::{Legacy, LegacyOptions};
 use pdkv_core::policy::PeerRules;
-use pdkv_core::routes::{routes, RoutesReport};
+use pdkv_core::routes::{routes_under, RoutesReport};
 use pdkv_core::topology::{Deployment, ModelSpec};
 use pdkv_core::write_routes::{write_routes, WriteRoutesReport};
 
@@ -15,6 +15,7 @@ Examples:
   pdkv routes 2P_TP8:1D_DP8EP --mla
   pdkv routes 1P_TP8:1D_TP4 --kv-heads 4 --json
   pdkv routes 2P_DP8EP:1D_TP8 --legacy proxy-aliasing --rounds 4
+  pdkv routes 1P_DP8EP:1D_TP8 --rules vllm-0.25
   pdkv routes 2P_TP8:1D_DP8EP --mode write --rules vllm-0.33
   pdkv routes 2P_TP4:1D_TP8 --kv-heads 8 --mode write
 
@@ -47,8 +48,9 @@ pub struct RoutesArgs {
     /// prefill NIC sends.
     #[arg(long, value_enum, default_value_t = Mode::Read)]
     mode: Mode,
-    /// With --mode write: the rule set every engine follows (pdkv, or a vLLM release's dialect
-    /// such as vllm-0.33), which decides who writes a copy several prefill ranks hold.
+    /// The rule set every engine follows: pdkv, or a vLLM release's dialect such as vllm-0.33
+    /// (its listeners, release plan and quorum; vllm-0.25 and vllm-0.26 also read DP rank 0 and
+    /// never flexibly; in --mode write, who writes a copy several prefill ranks hold).
     #[arg(long, value_name = "RULES", default_value = "pdkv")]
     rules: PeerRules,
     /// Print one JSON object instead of the table.
@@ -112,11 +114,9 @@ fn report(args: &RoutesArgs) -> Result<Table, String> {
     let deployment = Deployment::parse(&args.notation).map_err(|e| e.to_string())?.with_model(model);
     let legacy: LegacyOptions = args.legacy.iter().copied().collect();
     match args.mode {
-        Mode::Read if args.rules != PeerRules::Pdkv => Err(format!(
-            "--rules {} applies to --mode write; the read table follows pdkv's rules",
-            args.rules
-        )),
-        Mode::Read => routes(&deployment, &legacy, args.rounds).map(Table::Read).map_err(|e| e.to_string()),
+        Mode::Read => routes_under(&deployment, &legacy, args.rules, args.rounds)
+            .map(Table::Read)
+            .map_err(|e| e.to_string()),
         Mode::Write if !legacy.is_empty() => {
             Err("--legacy options are read-mode bugs; --mode write takes --rules instead".to_string())
         }
@@ -214,6 +214,9 @@ pub fn render(r: &RoutesReport) -> String {
     let _ = writeln!(out, "pdkv routes {}", r.deployment);
     let _ = writeln!(out, "  model: {model}");
     let _ = writeln!(out, "  legacy: {legacy}");
+    if r.rules != "pdkv" {
+        let _ = writeln!(out, "  rules: {} on every engine", r.rules);
+    }
     let _ = writeln!(out, "  {} rounds, {} requests through the fixed proxy", r.rounds, r.requests);
     let _ = writeln!(out, "\nReads (decode engine <- prefill engine, within the request's owner DP rank)");
     for p in &r.pairs {

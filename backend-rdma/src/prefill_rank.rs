@@ -685,10 +685,10 @@ mod tests {
                 })),
                 Ok(WorkerEvent::Lease { transfer_id: tid(), lease_ms: 500, incarnation: None, mac: None }),
             ),
-            // vLLM 0.33's WRITE-mode failure notice, which pdkv does not know.
+            // vLLM 0.33's WRITE-mode failure notice: decoded, and not for a prefill rank.
             (
                 b"\x82\xa4type\xacwrite_failed\xabtransfer_id\xa4tx-1".to_vec(),
-                Err("notify listener: field `type` names an unknown message type `write_failed`"),
+                Err("notify listener: unexpected write failed"),
             ),
             (
                 encode(ControlMessage::WriteDone(WriteDone::single(tid()))),

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::ids::{EngineId, RankId, Role, TransferId};
 use crate::legacy::LegacyOptions;
 use crate::params::{KvTransferParams, ParamsError, PrefillAnswer};
-use crate::policy::Policy;
+use crate::policy::{PeerBook, PeerRules, Policy};
 use crate::ports::{AddressBook, ListenerKind, PortError, ReadTarget};
 use crate::proxy::{flat_slots, Proxy, ProxyAction, ProxyError};
 use crate::release::{quorum_plan, Quorum};
@@ -155,6 +155,8 @@ pub struct RoutesReport {
     pub kv_heads: u16,
     /// Names of the legacy options switched on, empty for the fixed protocol.
     pub legacy: Vec<String>,
+    /// The rule set every engine follows (`pdkv`, or a vLLM release's dialect).
+    pub rules: String,
     /// Rounds of the proxy that were routed.
     pub rounds: u32,
     /// Requests routed: rounds × prefill (engine, DP rank) slots × largest decode DP size.
@@ -201,19 +203,42 @@ pub fn routes(
     legacy: &LegacyOptions,
     rounds: u32,
 ) -> Result<RoutesReport, RoutesError> {
+    routes_under(deployment, legacy, PeerRules::Pdkv, rounds)
+}
+
+/// The routing table of `deployment` with every engine following `rules`: a vLLM release's
+/// listeners, release plan and quorum, and for 0.25 and 0.26 its reads (DP rank 0, no flexible
+/// read), as [`Policy::between`] and [`Policy::own`] decide them for the simulator's nodes.
+pub fn routes_under(
+    deployment: &Deployment,
+    legacy: &LegacyOptions,
+    rules: PeerRules,
+    rounds: u32,
+) -> Result<RoutesReport, RoutesError> {
     if rounds == 0 || rounds > MAX_ROUNDS {
         return Err(RoutesError::Rounds { rounds });
     }
     // The report names the options; every decision below reads the policy they resolve to.
     let policy = Policy::from(legacy);
     let model = &deployment.model;
-    let book = AddressBook::one_host_per_engine(deployment);
+    let mut peers = PeerBook::pdkv();
+    for engine in deployment
+        .prefill
+        .iter()
+        .enumerate()
+        .map(|(i, _)| EngineId::prefill(i as u16))
+        .chain(deployment.decode.iter().enumerate().map(|(i, _)| EngineId::decode(i as u16)))
+    {
+        peers.set(engine, rules);
+    }
+    let book = AddressBook::one_host_per_engine(deployment).with_rules(peers.clone());
     let mut pairs = Vec::new();
     for (di, &decode) in deployment.decode.iter().enumerate() {
         for (pi, &prefill) in deployment.prefill.iter().enumerate() {
             let (d, p) = (EngineId::decode(di as u16), EngineId::prefill(pi as u16));
             let pair_error = |error| RoutesError::Pair { decode: d, prefill: p, error };
-            let plan = quorum_plan(prefill, decode, model, &policy).map_err(pair_error)?;
+            let plan =
+                quorum_plan(prefill, decode, model, &policy.between(&peers, p, d)).map_err(pair_error)?;
             let moriio = crate::release::expected_releases(prefill.tp, decode.tp).map_err(pair_error)?;
             let tp_map = if plan.flexible {
                 Vec::new()
@@ -237,11 +262,12 @@ pub fn routes(
     }
 
     // Drive the real proxy and the real per-worker routers.
-    let mut proxy = Proxy::new(deployment, policy.proxy);
+    let mut proxy = Proxy::new(deployment, policy.proxy).with_peers(&peers);
     let mut routers: BTreeMap<RankId, ReadRouter> = BTreeMap::new();
+    let decode_policy = policy.own(rules);
     for rank in deployment.ranks(Role::Decode) {
         let layout = deployment.layout(rank.engine);
-        routers.insert(rank, ReadRouter::new(rank, layout, model.clone(), policy));
+        routers.insert(rank, ReadRouter::new(rank, layout, model.clone(), decode_policy));
     }
     let prefill_ranks = deployment.ranks(Role::Prefill);
     let mut reads = vec![0u64; prefill_ranks.len()];
@@ -276,7 +302,7 @@ pub fn routes(
             unreachable!("a prefill answer is always followed by a decode dispatch")
         };
         let decode_layout = deployment.layout(decode_slot.engine);
-        let announced = params.prefill_layout(policy.tp_size)?;
+        let announced = params.prefill_layout(decode_policy.tp_size)?;
         let owner = params.owner_dp()?;
         for tp in 0..decode_layout.tp {
             let worker = RankId::new(decode_slot.engine, decode_slot.dp(), tp);
@@ -336,6 +362,7 @@ pub fn routes(
         use_mla: model.use_mla,
         kv_heads: model.kv_heads,
         legacy: legacy.iter().map(|l| l.name().to_string()).collect(),
+        rules: rules.name().to_string(),
         rounds,
         requests,
         flexible: pairs.iter().any(|p| p.flexible),

@@ -80,10 +80,17 @@ fn exit_codes_and_messages_table() {
         2,
         "before vLLM 0.33 a WRITE goes from prefill TP rank k to decode TP rank k",
     );
+    // Under a vLLM release's rules: 0.25 reads DP rank 0 only; 0.33's listeners collide at DP x TP.
+    check(&["routes", "1P_DP8EP:1D_TP8", "--rules", "vllm-0.25"], 0, "most-read P0.dp0.tp0 (1024 reads)");
     check(
-        &["routes", "1P_TP8:1D_TP8", "--rules", "vllm-0.33"],
-        2,
-        "--rules vllm-0.33 applies to --mode write",
+        &["routes", "1P_DP2TP2:1D_TP2", "--rules", "vllm-0.33"],
+        0,
+        "WARNING: P0.dp0.tp1 and P0.dp1.tp0 both listen on notify port 61006",
+    );
+    check(
+        &["routes", "1P_TP8:1D_TP4", "--rules", "vllm-0.33"],
+        0,
+        "releases per request, per prefill TP rank: [1, 1, 1, 1, 1, 1, 1, 1]",
     );
     check(
         &["routes", "1P_TP8:1D_TP8", "--mode", "write", "--legacy", "tp-size-key"],

@@ -456,11 +456,13 @@ mod tests {
         assert_eq!(
             versions(&["--all-releases"]),
             [
-                "0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0",
-                "0.33.0", "0.34.0"
+                "0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0",
+                "0.32.0", "0.33.0", "0.34.0"
             ]
         );
-        assert!(parse(&args(&["--release", "0.24.0"])).unwrap_err().contains("not a vLLM release pdkv knows"));
+        assert!(parse(&args(&["--release", "0.24.0"]))
+            .unwrap_err()
+            .contains("not a vLLM release pdkv knows"));
         assert!(parse(&args(&["--release"])).unwrap_err().contains("needs a value"));
         let both = parse(&args(&["--release", "0.34.0", "--all-releases"])).unwrap_err();
         assert!(both.contains("exclude each other"), "{both}");
