@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use pdkv_core::{fence, group, handshake, prefill, recv, step_machine};
+use pdkv_core::{fence, group, handshake, prefill, recv, step_machine, write};
 
 /// One row of any machine's table: from, event, to, output.
 type Row = (String, String, String, String);
@@ -31,6 +31,14 @@ fn step_rows() -> Vec<Row> {
 
 fn fence_rows() -> Vec<Row> {
     fence::transition_table().into_iter().map(|r| (r.from, r.event, r.to, r.output)).collect()
+}
+
+fn write_send_rows() -> Vec<Row> {
+    write::send::transition_table().into_iter().map(|r| (r.from, r.event, r.to, r.output)).collect()
+}
+
+fn write_recv_rows() -> Vec<Row> {
+    write::recv::transition_table().into_iter().map(|r| (r.from, r.event, r.to, r.output)).collect()
 }
 
 fn group_rows() -> Vec<Row> {
@@ -188,6 +196,27 @@ fn incarnation_fence_is_current() {
         &render_table("Incarnation fence (decode worker; one request against its session)", &rows),
     );
     expect_file("docs/machines/fence.dot", &render_dot("fence", &rows));
+}
+
+#[test]
+fn write_machines_are_current() {
+    let rows = write_send_rows();
+    assert_eq!(rows.len(), 10 * 5, "ten representative states times five events");
+    expect_file(
+        "docs/machines/write_send.txt",
+        &render_table(
+            "WRITE send machine (prefill rank; two layers to one decode rank; the drain rule)",
+            &rows,
+        ),
+    );
+    expect_file("docs/machines/write_send.dot", &render_dot("write_send", &rows));
+    let rows = write_recv_rows();
+    assert_eq!(rows.len(), 5 * 4, "five representative states times four events");
+    expect_file(
+        "docs/machines/write_recv.txt",
+        &render_table("WRITE receive machine (decode rank; two writers; the quarantine rule)", &rows),
+    );
+    expect_file("docs/machines/write_recv.dot", &render_dot("write_recv", &rows));
 }
 
 #[test]

@@ -29,6 +29,10 @@
 //! Releases before 0.33 have no mapping: prefill rank `k` writes decode rank `k` and derives the
 //! `write_done` port from its own TP rank, so the TP sizes must be equal
 //! ([`WriteRule::SameRank`]).
+//!
+//! Two machines say when: [`send`], a prefill rank's (its writes, `write_done`, and the drain
+//! before `write_failed` and the free), and [`recv`], a decode rank's (its writers' answers, and
+//! the quarantine of a failed request's blocks while writes may still land).
 
 use std::fmt;
 use std::ops::Range;
@@ -36,6 +40,9 @@ use std::ops::Range;
 use serde::{Deserialize, Serialize};
 
 use crate::policy::PeerRules;
+
+pub mod recv;
+pub mod send;
 
 /// Who writes what, and when several prefill ranks hold an identical copy, which of them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
