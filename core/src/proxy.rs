@@ -211,7 +211,7 @@ impl Proxy {
         let params = KvTransferParams {
             do_remote_decode: true,
             do_remote_prefill: false,
-            transfer_id: Some(transfer_id.0.clone()),
+            transfer_id: Some(transfer_id.to_string()),
             remote_dp_size: Some(i64::from(decode_layout.dp)),
             remote_tp_size: Some(i64::from(decode_layout.tp)),
             ..KvTransferParams::default()
@@ -232,7 +232,7 @@ impl Proxy {
             return Err(ProxyError::NotPrefilling(id));
         }
         if let Some(answered) = &answer.transfer_id {
-            if *answered != request.transfer_id.0 {
+            if answered.as_str() != &*request.transfer_id.as_str() {
                 return Err(ProxyError::TransferIdMismatch {
                     request: id,
                     minted: request.transfer_id.clone(),

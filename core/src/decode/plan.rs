@@ -113,7 +113,7 @@ mod tests {
     fn op(local: &[u32], remote: &[u32], layers: usize) -> ReadOp {
         let plan = ReadPlan {
             request: RequestId(1),
-            transfer_id: TransferId("t".into()),
+            transfer_id: TransferId::new("t"),
             source: RankId::new(crate::ids::EngineId::prefill(0), 0, 0),
             session: SessionKey("s".into()),
             remote_bases: vec![0; layers],

@@ -61,7 +61,7 @@ fn pack(entries: Vec<(&'static str, V)>) -> Vec<u8> {
 const TID: &str = "tx-0c5f2a9e-3b7d-4e21-9a64-8f1d2c3b4a5e";
 
 fn tid() -> TransferId {
-    TransferId(TID.to_owned())
+    TransferId::new(TID)
 }
 
 fn release_map(extra: Vec<(&'static str, V)>) -> Vec<u8> {
@@ -195,7 +195,7 @@ fn encodes_the_bytes_moriio_sends() {
     check_bytes(ControlMessage::LegacyCompletion(tid()), TID.as_bytes());
     check_bytes(ControlMessage::HandshakeRequest, b"get_meta_msg");
     check_bytes(
-        ControlMessage::WriteDone(WriteDone { transfer_id: TransferId("t".to_owned()) }),
+        ControlMessage::WriteDone(WriteDone { transfer_id: TransferId::new("t") }),
         b"\x82\xa4type\xaawrite_done\xabtransfer_id\xa1t",
     );
 }
@@ -204,8 +204,8 @@ fn encodes_the_bytes_moriio_sends() {
 #[test]
 fn accepts_older_and_tolerated_forms() {
     // A msgpack str as a legacy completion; raw ASCII text including a single digit.
-    check(b"\xa4tx-1", Ok(ControlMessage::LegacyCompletion(TransferId("tx-1".to_owned()))));
-    check(b"7", Ok(ControlMessage::LegacyCompletion(TransferId("7".to_owned()))));
+    check(b"\xa4tx-1", Ok(ControlMessage::LegacyCompletion(TransferId::new("tx-1"))));
+    check(b"7", Ok(ControlMessage::LegacyCompletion(TransferId::new("7"))));
     // remote_blocks without `type` (MoRIIO infers it from `req_id`) or `decode_rank`.
     check(
         &pack(vec![("req_id", s("r")), ("transfer_id", s(TID)), ("block_notify_list", V::A(vec![V::U(4)]))]),
@@ -539,7 +539,7 @@ fn arb_message() -> impl Strategy<Value = ControlMessage> {
     let release = (arb_id(), prop::option::of(1..=u16::MAX), prop::option::of(sender), incarnation())
         .prop_map(|(id, size, sender, incarnation)| {
             ControlMessage::Release(Release {
-                transfer_id: TransferId(id),
+                transfer_id: TransferId::new(id),
                 consumer_tp_size: size,
                 sender: sender.map(|(engine_id, dp_rank, tp_rank)| ReleaseSender {
                     engine_id,
@@ -553,18 +553,19 @@ fn arb_message() -> impl Strategy<Value = ControlMessage> {
         });
     let legacy = "[!-~][ -~é中]{0,40}"
         .prop_filter("the handshake request is not a transfer id", |id| id.as_bytes() != HANDSHAKE_REQUEST)
-        .prop_map(|id| ControlMessage::LegacyCompletion(TransferId(id)));
+        .prop_map(|id| ControlMessage::LegacyCompletion(TransferId::new(id)));
     let blocks = (arb_id(), arb_id(), prop::collection::vec(any::<u32>(), 1..64), any::<u16>()).prop_map(
         |(req_id, id, block_ids, decode_dp_rank)| {
             ControlMessage::RemoteBlocks(RemoteBlocks {
                 req_id,
-                transfer_id: TransferId(id),
+                transfer_id: TransferId::new(id),
                 block_ids,
                 decode_dp_rank,
             })
         },
     );
-    let done = arb_id().prop_map(|id| ControlMessage::WriteDone(WriteDone { transfer_id: TransferId(id) }));
+    let done =
+        arb_id().prop_map(|id| ControlMessage::WriteDone(WriteDone { transfer_id: TransferId::new(id) }));
     let rank = (any::<u16>(), any::<u16>(), 1..=u16::MAX).prop_map(|(dp_rank, tp_rank, tp_size)| RankInfo {
         dp_rank,
         tp_rank: tp_rank % tp_size,
@@ -607,7 +608,12 @@ fn arb_message() -> impl Strategy<Value = ControlMessage> {
             },
         );
     let lease = (arb_id(), 1..=u32::MAX, incarnation()).prop_map(|(id, lease_ms, incarnation)| {
-        ControlMessage::ReadLease(ReadLease { transfer_id: TransferId(id), lease_ms, incarnation, mac: None })
+        ControlMessage::ReadLease(ReadLease {
+            transfer_id: TransferId::new(id),
+            lease_ms,
+            incarnation,
+            mac: None,
+        })
     });
     prop_oneof![release, legacy, blocks, done, lease, Just(ControlMessage::HandshakeRequest), meta]
 }
