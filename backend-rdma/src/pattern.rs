@@ -8,7 +8,7 @@ use pdkv_core::topology::ModelSpec;
 /// A 64-bit key for a transfer id (FNV-1a of its text), the "request" part of the pattern.
 pub fn transfer_key(transfer_id: &TransferId) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in transfer_id.0.bytes() {
+    for b in transfer_id.as_str().bytes() {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }

@@ -664,7 +664,7 @@ mod tests {
     /// else a report line, and none of them stops the listener (the function returns).
     #[test]
     fn notify_frames_become_events_or_report_lines() {
-        let tid = || TransferId("tx-1".into());
+        let tid = || TransferId::new("tx-1");
         let release = |consumer_tp_size| Release {
             transfer_id: tid(),
             consumer_tp_size,

@@ -710,7 +710,7 @@ mod tests {
             "req-3 layer 2 block 1 (id 40) from P0.dp0.tp1 differs at byte 17",
         );
         check(
-            FromRank::ProtocolError { rank, error: LedgerError::Unknown(TransferId("tx-1".into())) },
+            FromRank::ProtocolError { rank, error: LedgerError::Unknown(TransferId::new("tx-1")) },
             "P0.dp0.tp1: transfer tx-1 is not registered",
         );
         let cases = [
@@ -721,7 +721,7 @@ mod tests {
             (
                 RankProblem::Kv {
                     op: KvOp::Fence,
-                    transfer_id: TransferId("tx-1".into()),
+                    transfer_id: TransferId::new("tx-1"),
                     error: "gone".into(),
                 },
                 "fence of tx-1: gone",

@@ -159,53 +159,176 @@ impl fmt::Display for TpRank {
 
 /// The proxy-minted identifier of one request's KV transfer (`tx-<uuid>` in MoRIIO).
 ///
-/// It is a string on the wire, so the core keeps it as one: peers may send ids pdkv did not mint.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct TransferId(pub String);
+/// It is a string on the wire, and peers may send ids pdkv did not mint, so it behaves as its
+/// text in every way (equality, order, hash, `Debug`, serde). An id in the form the proxy mints
+/// is kept as its 128 bits: every message, ledger and table names transfers, and comparing,
+/// copying and hashing 16 bytes costs far less than a heap string does (no allocation per
+/// clone, no byte-wise compare per lookup). Any other text is kept as it came.
+#[derive(Clone, PartialEq, Eq)]
+pub struct TransferId(Repr);
+
+/// How a [`TransferId`] keeps its text. An id whose text has the minted form is always
+/// `Minted` (every constructor reads the text), so two ids are equal exactly when their
+/// representations are.
+#[derive(Clone, PartialEq, Eq)]
+enum Repr {
+    /// The 128 bits [`TransferId::from_u128`] formats, as halves (high, low): eight-byte
+    /// alignment keeps an id as small as the `String` it replaces.
+    Minted(u64, u64),
+    /// Any other id, as it came.
+    Text(Box<str>),
+}
+
+/// The length of a minted id's text: `tx-` and 32 hex digits with four dashes.
+const MINTED_LEN: usize = 39;
+
+/// Where the four dashes of a minted id's hex part go (offsets after `tx-`).
+const DASHES: [usize; 4] = [8, 13, 18, 23];
 
 impl TransferId {
+    /// The id whose text is `text`, as a peer or a test names it.
+    pub fn new(text: impl Into<String>) -> TransferId {
+        let text = text.into();
+        match minted_bits(&text) {
+            Some(bits) => TransferId::from_u128(bits),
+            None => TransferId(Repr::Text(text.into_boxed_str())),
+        }
+    }
+
     /// Formats a 128-bit value the way MoRIIO's proxy formats a UUID4: `tx-` and 32 hex digits
     /// in the 8-4-4-4-12 grouping. The caller supplies the bits (seeded in the simulator,
     /// random in production), which keeps the core free of randomness.
     pub fn from_u128(bits: u128) -> TransferId {
-        let h = format!("{bits:032x}");
-        TransferId(format!("tx-{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32]))
+        TransferId(Repr::Minted((bits >> 64) as u64, bits as u64))
     }
 
     /// The 128 bits [`TransferId::from_u128`] formatted this id from, if it has exactly that
     /// form (`tx-`, lowercase hex in the 8-4-4-4-12 grouping); `None` for any other id, which a
     /// peer may send. Lets a driver that keeps many ids store 16 bytes for each.
     pub fn to_u128(&self) -> Option<u128> {
-        let text = self.0.strip_prefix("tx-")?;
-        let bytes = text.as_bytes();
-        if bytes.len() != 36 || [8, 13, 18, 23].iter().any(|&i| bytes[i] != b'-') {
-            return None;
+        match self.0 {
+            Repr::Minted(high, low) => Some((u128::from(high) << 64) | u128::from(low)),
+            Repr::Text(_) => None,
         }
-        let mut bits = 0u128;
-        for (i, &b) in bytes.iter().enumerate() {
-            if [8, 13, 18, 23].contains(&i) {
-                continue;
-            }
-            let digit = match b {
-                b'0'..=b'9' => b - b'0',
-                b'a'..=b'f' => b - b'a' + 10,
-                _ => return None,
-            };
-            bits = (bits << 4) | u128::from(digit);
-        }
-        Some(bits)
     }
 
     /// The id exactly as it travels on the wire.
-    pub fn as_str(&self) -> &str {
-        &self.0
+    pub fn as_str(&self) -> IdText<'_> {
+        match &self.0 {
+            Repr::Minted(..) => {
+                let bits = self.to_u128().unwrap_or_default();
+                let mut bytes = [0u8; MINTED_LEN];
+                bytes[..3].copy_from_slice(b"tx-");
+                let mut digit = 0;
+                for (i, slot) in bytes[3..].iter_mut().enumerate() {
+                    if DASHES.contains(&i) {
+                        *slot = b'-';
+                        continue;
+                    }
+                    let nibble = (bits >> (4 * (31 - digit))) as u8 & 0xf;
+                    *slot = if nibble < 10 { b'0' + nibble } else { b'a' + nibble - 10 };
+                    digit += 1;
+                }
+                IdText::Minted(bytes)
+            }
+            Repr::Text(text) => IdText::Text(text),
+        }
+    }
+}
+
+/// The bits of `text` if it has the minted form exactly (see [`TransferId::to_u128`]).
+fn minted_bits(text: &str) -> Option<u128> {
+    let text = text.strip_prefix("tx-")?;
+    let bytes = text.as_bytes();
+    if bytes.len() != MINTED_LEN - 3 || DASHES.iter().any(|&i| bytes[i] != b'-') {
+        return None;
+    }
+    let mut bits = 0u128;
+    for (i, &b) in bytes.iter().enumerate() {
+        if DASHES.contains(&i) {
+            continue;
+        }
+        let digit = match b {
+            b'0'..=b'9' => b - b'0',
+            b'a'..=b'f' => b - b'a' + 10,
+            _ => return None,
+        };
+        bits = (bits << 4) | u128::from(digit);
+    }
+    Some(bits)
+}
+
+/// A transfer id's text, which [`TransferId::as_str`] writes out for a minted id (it keeps only
+/// the bits) and borrows for any other; it reads as a `&str`.
+#[derive(Clone, Copy, Debug)]
+pub enum IdText<'a> {
+    /// A minted id's text, written out: ASCII, [`MINTED_LEN`] bytes.
+    Minted([u8; MINTED_LEN]),
+    /// Any other id's text.
+    Text(&'a str),
+}
+
+impl std::ops::Deref for IdText<'_> {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        match self {
+            // Only ASCII is ever written into the buffer, so this never fails.
+            IdText::Minted(bytes) => std::str::from_utf8(bytes).unwrap_or_default(),
+            IdText::Text(text) => text,
+        }
+    }
+}
+
+impl PartialOrd for TransferId {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for TransferId {
+    /// The order of the ids' texts. Two minted ids compare by their bits: their texts have the
+    /// same length, dashes in the same places and lowercase hex digits, whose byte order is
+    /// their value's order, so the texts compare as the numbers do.
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        match (&self.0, &other.0) {
+            (Repr::Minted(a, b), Repr::Minted(c, d)) => (a, b).cmp(&(c, d)),
+            (Repr::Text(a), Repr::Text(b)) => a.cmp(b),
+            _ => (*self.as_str()).cmp(&*other.as_str()),
+        }
+    }
+}
+
+impl std::hash::Hash for TransferId {
+    /// Hashes the text, as the `String` this id once was did.
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (*self.as_str()).hash(state);
+    }
+}
+
+impl fmt::Debug for TransferId {
+    /// `TransferId::new("tx-...")`, as for a tuple struct of the text.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("TransferId").field(&&*self.as_str()).finish()
+    }
+}
+
+impl Serialize for TransferId {
+    /// The text, as a string: the wire form.
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for TransferId {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<TransferId, D::Error> {
+        String::deserialize(deserializer).map(TransferId::new)
     }
 }
 
 impl fmt::Display for TransferId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.as_str())
     }
 }
 
@@ -268,16 +391,17 @@ mod tests {
     #[test]
     fn transfer_id_has_uuid_shape() {
         let id = TransferId::from_u128(0x0123_4567_89ab_cdef_0011_2233_4455_6677);
-        assert_eq!(id.as_str(), "tx-01234567-89ab-cdef-0011-223344556677");
+        assert_eq!(&*id.as_str(), "tx-01234567-89ab-cdef-0011-223344556677");
     }
 
     /// Only the exact form `from_u128` writes reads back to its bits.
     #[test]
     fn transfer_ids_read_back_to_their_bits_only_in_the_minted_form() {
         let check = |text: &str, expected: Option<u128>| {
-            assert_eq!(TransferId(text.to_string()).to_u128(), expected, "{text}");
+            assert_eq!(TransferId::new(text).to_u128(), expected, "{text}");
+            assert_eq!(&*TransferId::new(text).as_str(), text);
             if let Some(bits) = expected {
-                assert_eq!(TransferId::from_u128(bits).as_str(), text);
+                assert_eq!(&*TransferId::from_u128(bits).as_str(), text);
             }
         };
         check("tx-01234567-89ab-cdef-0011-223344556677", Some(0x0123_4567_89ab_cdef_0011_2233_4455_6677));
@@ -297,6 +421,50 @@ mod tests {
         ] {
             check(other, None);
         }
+    }
+
+    /// An id kept as bits behaves as its text: order, equality, hash, `Debug` and serde are
+    /// those of the `String` it once was, minted or not, whichever way it was made.
+    #[test]
+    fn transfer_ids_behave_as_their_text() {
+        use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+        let texts = [
+            "tx-00000000-0000-0000-0000-000000000000",
+            "tx-00000000-0000-0000-0000-00000000000a",
+            "tx-0000000a-0000-0000-0000-000000000000",
+            "tx-ffffffff-ffff-ffff-ffff-ffffffffffff",
+            "tx-01234567-89AB-cdef-0011-223344556677",
+            "tx-01234567-89ab-cdef-0011-22334455667",
+            "tx-01234567-89ab-cdef-0011-2233445566770",
+            "tx-1",
+            "tx-g",
+            "tx-",
+            "t",
+            "",
+            "u",
+            "é",
+        ];
+        let hash = BuildHasherDefault::<DefaultHasher>::default();
+        for a in texts {
+            let id = TransferId::new(a);
+            assert_eq!(id, TransferId::new(a.to_string()));
+            assert_eq!(&*id.as_str(), a);
+            assert_eq!(id.to_string(), a);
+            assert_eq!(format!("{id:?}"), format!("TransferId({a:?})"));
+            assert_eq!(hash.hash_one(&id), hash.hash_one(a.to_string()), "{a}");
+            assert_eq!(serde_json::to_string(&id).ok(), serde_json::to_string(a).ok());
+            assert_eq!(
+                serde_json::from_str::<TransferId>(&serde_json::to_string(a).unwrap_or_default()).ok(),
+                Some(id.clone())
+            );
+            for b in texts {
+                let other = TransferId::new(b);
+                assert_eq!(id.cmp(&other), a.cmp(b), "{a} against {b}");
+                assert_eq!(id == other, a == b, "{a} against {b}");
+            }
+        }
+        let bits = 0x0123_4567_89ab_cdef_0011_2233_4455_6677;
+        assert_eq!(TransferId::new(TransferId::from_u128(bits).to_string()), TransferId::from_u128(bits));
     }
 
     /// Incarnations lie in 1..=2^53-1 whatever the bits drawn, and values outside are refused.

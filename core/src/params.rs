@@ -183,7 +183,7 @@ impl KvTransferParams {
         let address = answer.address;
         KvTransferParams {
             do_remote_prefill: true,
-            transfer_id: answer.transfer_id.map(|t| t.0.clone()),
+            transfer_id: answer.transfer_id.map(|t| t.to_string()),
             remote_block_ids: {
                 let ids: Vec<u64> = answer.blocks.iter().map(|&b| u64::from(b)).collect();
                 if answer.blocks_per_group {
@@ -221,7 +221,7 @@ impl KvTransferParams {
             remote_dp_rank: dp_rank.map(i64::from),
             remote_tp_size: Some(i64::from(prefill_tp)),
             tp_size: None,
-            transfer_id: Some(transfer_id.0.clone()),
+            transfer_id: Some(transfer_id.to_string()),
             ..self
         }
     }

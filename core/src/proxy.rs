@@ -78,8 +78,21 @@ pub fn route(engines: &[Layout], role: Role, k: u64, rule: ProxyRule) -> Slot {
         let engine = EngineId { role, index: index as u16 };
         return Slot { engine, dp_rank: (layout.dp > 1).then_some(dp) };
     }
-    let slots = flat_slots(engines, role);
-    slots[((k - 1) % slots.len() as u64) as usize]
+    // The slot `flat_slots` lists at this position, found without listing them: the proxy
+    // routes every request on both sides, and a 1,024-GPU deployment has hundreds of slots.
+    let total: u64 = engines.iter().map(|l| u64::from(l.dp)).sum();
+    let mut index = (k - 1) % total;
+    for dp in 0.. {
+        let round = engines.iter().filter(|l| dp < l.dp).count() as u64;
+        if index < round {
+            let (engine, layout) =
+                engines.iter().enumerate().filter(|(_, l)| dp < l.dp).nth(index as usize).expect("counted");
+            let engine = EngineId { role, index: engine as u16 };
+            return Slot { engine, dp_rank: (layout.dp > 1).then_some(dp) };
+        }
+        index -= round;
+    }
+    unreachable!("the rounds hold every slot")
 }
 
 /// Where a request is in the proxy.
@@ -227,7 +240,7 @@ impl Proxy {
         let params = KvTransferParams {
             do_remote_decode: true,
             do_remote_prefill: false,
-            transfer_id: Some(transfer_id.0.clone()),
+            transfer_id: Some(transfer_id.to_string()),
             remote_dp_size: Some(i64::from(decode_layout.dp)),
             remote_tp_size: Some(i64::from(decode_layout.tp)),
             ..KvTransferParams::default()
@@ -248,7 +261,7 @@ impl Proxy {
             return Err(ProxyError::NotPrefilling(id));
         }
         if let Some(answered) = &answer.transfer_id {
-            if *answered != request.transfer_id.0 {
+            if answered.as_str() != &*request.transfer_id.as_str() {
                 return Err(ProxyError::TransferIdMismatch {
                     request: id,
                     minted: request.transfer_id.clone(),
@@ -319,6 +332,25 @@ mod tests {
         };
         for (n, dp) in [(1, 1), (2, 1), (4, 1), (1, 8), (2, 8), (3, 8)] {
             check(n, dp);
+        }
+    }
+
+    /// The fixed rule's slot of every request is `flat_slots`' entry at its position, whatever
+    /// the engines' DP sizes.
+    #[test]
+    fn route_picks_the_flat_slot_of_each_request() {
+        let layouts = [
+            vec![Layout::new(2, 1, false), Layout::new(4, 1, false)],
+            vec![Layout::new(1, 8, false); 3],
+            vec![Layout::new(64, 1, true); 8],
+            vec![Layout::new(3, 1, false), Layout::new(1, 2, false), Layout::new(5, 1, false)],
+        ];
+        for engines in layouts {
+            let slots = flat_slots(&engines, Role::Decode);
+            for k in 1..=3 * slots.len() as u64 + 1 {
+                let want = slots[((k - 1) % slots.len() as u64) as usize];
+                assert_eq!(route(&engines, Role::Decode, k, ProxyRule::FlatSlots), want, "k={k}");
+            }
         }
     }
 

@@ -251,7 +251,7 @@ impl Retired {
     fn contains(&self, id: &TransferId) -> bool {
         match id.to_u128() {
             Some(bits) => self.bits.contains(bits),
-            None => self.text.contains(id.as_str()),
+            None => self.text.contains(&*id.as_str()),
         }
     }
 
@@ -265,7 +265,7 @@ impl Retired {
                         set.remove(&old);
                     }
                 }
-                let key: Box<str> = Box::from(id.as_str());
+                let key: Box<str> = Box::from(&*id.as_str());
                 set.insert(key.clone());
                 order.push_back(key);
             }
@@ -533,7 +533,7 @@ mod tests {
     use crate::legacy::{Legacy, LegacyOptions};
 
     fn id(n: u32) -> TransferId {
-        TransferId(format!("tx-{n}"))
+        TransferId::new(format!("tx-{n}"))
     }
 
     fn from(dp: u16, tp: u16) -> Option<ReleaseSender> {

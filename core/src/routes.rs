@@ -286,7 +286,7 @@ pub fn routes_under(
         }
         // The prefill answer as MoRIIO's producer writes it (no DP rank; the proxy adds it).
         // The table is about routes, so no blocks, extensions or incarnations.
-        let minted = to_prefill.transfer_id.map(TransferId);
+        let minted = to_prefill.transfer_id.map(TransferId::new);
         let answer = KvTransferParams::prefill_answer(&PrefillAnswer {
             transfer_id: minted.as_ref(),
             blocks: &[],

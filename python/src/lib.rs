@@ -123,7 +123,7 @@ impl Rank {
         timeout_s: f64,
     ) -> PyResult<()> {
         let timeout = Duration::try_from_secs_f64(timeout_s.max(0.0)).map_err(value_error)?;
-        let transfer_id = pdkv_core::ids::TransferId(transfer_id);
+        let transfer_id = pdkv_core::ids::TransferId::new(transfer_id);
         py.detach(|| self.inner.staged_transfer(transfer_id, blocks, timeout)).map_err(runtime_error)
     }
 

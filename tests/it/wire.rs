@@ -24,7 +24,7 @@ fn fixture(name: &str) -> Vec<u8> {
 }
 
 fn tid() -> TransferId {
-    TransferId(TRANSFER_ID.to_owned())
+    TransferId::new(TRANSFER_ID)
 }
 
 fn release(consumer_tp_size: Option<u16>, sender: Option<ReleaseSender>) -> ControlMessage {

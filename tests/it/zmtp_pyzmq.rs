@@ -165,7 +165,7 @@ impl Drop for PyPeer {
 }
 
 fn tid() -> TransferId {
-    TransferId(TRANSFER_ID.to_owned())
+    TransferId::new(TRANSFER_ID)
 }
 
 fn hex(bytes: &[u8]) -> String {

@@ -164,7 +164,7 @@ impl Cluster {
                 }
                 let failure = Failure {
                     request: id.0,
-                    transfer_id: req.transfer_id.0.clone(),
+                    transfer_id: req.transfer_id.to_string(),
                     prefill: format!("P{}.dp{}", req.prefill.0, req.prefill.1),
                     errors,
                 };

@@ -756,7 +756,7 @@ impl Cluster {
             .filter(|id| self.foreign.pending.contains(id))
             .and_then(|id| self.clients.requests.get(&id))
             .ok_or_else(|| PlanRefused::NotHeld(request.clone()))?;
-        if req.transfer_id.0 != transfer_id {
+        if *req.transfer_id.as_str() != *transfer_id {
             return Err(PlanRefused::OtherTransfer {
                 request,
                 named: transfer_id,
@@ -867,7 +867,7 @@ impl Cluster {
             }
             FromDriver::Finished { transfer_id, engine, dp, tp } => {
                 let rank = RankId::new(EngineId::prefill(engine), dp, tp);
-                let transfer_id = TransferId(transfer_id);
+                let transfer_id = TransferId::new(transfer_id);
                 let held = self.d.ranks(Role::Prefill).contains(&rank)
                     && self.prefill.registered.contains_key(&(rank, transfer_id.clone()))
                     && self.foreign.finished.insert((rank, transfer_id.clone()));

@@ -221,7 +221,7 @@ pub fn run_forger(plan: &ForgerPlan, input: impl Read, mut output: impl Write) -
         if text.is_empty() {
             continue;
         }
-        let transfer_id = TransferId(text.to_string());
+        let transfer_id = TransferId::new(text.to_string());
         let messages = forged(plan, &transfer_id, &mut wrong);
         for &target in &plan.targets {
             let conn = match conns.entry(target) {
@@ -463,7 +463,7 @@ mod tests {
                 (ReleaseSender { engine_id: "d:1".into(), dp_rank: 0, tp_rank: 1 }, 2),
             ],
         };
-        let id = TransferId("t-1".into());
+        let id = TransferId::new("t-1");
         let mut wrong = 0;
         let messages = forged(&plan, &id, &mut wrong);
         let decoded: Vec<ControlMessage> = messages.iter().map(|(_, b)| wire::decode(b).unwrap()).collect();

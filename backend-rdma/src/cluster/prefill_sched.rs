@@ -300,7 +300,7 @@ impl Cluster {
                             .request_of(&transfer_id)
                             .map_or_else(String::new, |id| id.0.to_string());
                         let msg = ToDriver::Register {
-                            transfer_id: transfer_id.0,
+                            transfer_id: transfer_id.to_string(),
                             request,
                             engine: rank.engine.index,
                             dp: rank.dp,
@@ -325,7 +325,7 @@ impl Cluster {
                             .send(rank, &ToRank::Retire { transfer_id: transfer_id.clone(), incarnation });
                         if self.is_foreign(rank.engine) {
                             let msg = ToDriver::Retire {
-                                transfer_id: transfer_id.0.clone(),
+                                transfer_id: transfer_id.to_string(),
                                 engine: rank.engine.index,
                                 dp: rank.dp,
                                 tp: rank.tp,

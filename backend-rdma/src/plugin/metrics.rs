@@ -251,7 +251,7 @@ mod tests {
         let metrics =
             Arc::new(Mutex::new(RankMetrics::new(RankId::new(EngineId::prefill(0), 0, 0), "tcp".into())));
         metrics.lock().expect("not poisoned").observe_to(&ToRank::Fence {
-            transfer_id: pdkv_core::ids::TransferId("tx-1".into()),
+            transfer_id: pdkv_core::ids::TransferId::new("tx-1"),
             blocks: vec![1],
         });
         let addr = serve("127.0.0.1:0".parse().expect("an address"), metrics).expect("binds");

@@ -93,8 +93,9 @@ impl PrefillNode {
         dp: u16,
         blocks: Vec<u32>,
     ) -> Result<KvTransferParams, PrefillError> {
-        let transfer_id =
-            TransferId(params.transfer_id.clone().ok_or(PrefillError::Params("no `transfer_id`".into()))?);
+        let transfer_id = TransferId::new(
+            params.transfer_id.clone().ok_or(PrefillError::Params("no `transfer_id`".into()))?,
+        );
         let decode = decode_layout(params, &self.config.deployment.decode).map_err(PrefillError::Params)?;
         let id = RequestId(self.next_request);
         let done = PrefillDone {

@@ -84,7 +84,7 @@ impl Pair {
 fn remote_decode(transfer: &pdkv_core::ids::TransferId) -> pdkv_core::params::KvTransferParams {
     pdkv_core::params::KvTransferParams {
         do_remote_decode: true,
-        transfer_id: Some(transfer.0.clone()),
+        transfer_id: Some(transfer.to_string()),
         ..Default::default()
     }
 }
@@ -99,7 +99,7 @@ fn staged_kv_crosses_from_prefill_to_decode_and_is_freed_once() {
     for (layer, data) in layers.iter().enumerate() {
         pair.p_rank.staged().stage(layer, &blocks, data).expect("fits");
     }
-    let transfer = pdkv_core::ids::TransferId("tx-00000000000000000000000000000001".into());
+    let transfer = pdkv_core::ids::TransferId::new("tx-00000000000000000000000000000001");
     pair.p_rank.staged_transfer(transfer.clone(), blocks.clone(), Duration::from_secs(10)).expect("granted");
     let mut params = remote_decode(&transfer);
     params.remote_tp_size = Some(1);
@@ -143,7 +143,7 @@ fn a_release_that_overtakes_its_registration_is_counted_when_it_comes() {
 
 fn refused_read(base: u16, register_late: bool) {
     let mut pair = Pair::start(base);
-    let transfer = pdkv_core::ids::TransferId("tx-00000000000000000000000000000002".into());
+    let transfer = pdkv_core::ids::TransferId::new("tx-00000000000000000000000000000002");
     // Registered, but never staged.
     let answer =
         pair.prefill.handle_finished("req-1", &remote_decode(&transfer), 0, vec![3, 4]).expect("held");
@@ -176,8 +176,8 @@ fn blocks_reused_after_a_retirement_are_readable_by_the_next_transfer() {
     let mut pair = Pair::start(25_000);
     let block_len = pair.p_rank.staged().block_len as usize;
     let blocks = vec![6, 1];
-    let old = pdkv_core::ids::TransferId("tx-000000000000000000000000000000aa".into());
-    let new = pdkv_core::ids::TransferId("tx-000000000000000000000000000000bb".into());
+    let old = pdkv_core::ids::TransferId::new("tx-000000000000000000000000000000aa");
+    let new = pdkv_core::ids::TransferId::new("tx-000000000000000000000000000000bb");
     pair.p_rank.staged_transfer(old.clone(), blocks.clone(), Duration::from_secs(10)).expect("granted");
     // The old transfer is retired (its blocks fenced) just before the new one is staged.
     pair.p_rank.deliver(ToRank::Retire { transfer_id: old, incarnation: None }).expect("delivered");

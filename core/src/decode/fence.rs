@@ -25,17 +25,24 @@ impl DecodeWorker {
             .collect();
         for id in waiting {
             let recv = &self.requests[&id];
-            let key = recv.target.session.clone();
             // A session dropped by an earlier request of this pass is not complete any more: the
             // request waits for the dial like the one that dropped it.
-            let Some(session) = self.sessions.get(&key).and_then(|s| s.state.session()) else { continue };
+            let Some(session) = self.sessions.get(&recv.target.session).and_then(|s| s.state.session())
+            else {
+                continue;
+            };
             let live = session.metadata.incarnation;
             let event = FenceEvent::of(rule, recv.incarnation, live);
             let (next, output) = fence::step(recv.fence, event);
             self.requests.get_mut(&id).expect("listed above").fence = next;
             match output {
                 FenceOutput::Proceed | FenceOutput::Ignored => {}
-                FenceOutput::Redial => self.on_handshake(now, key, HandshakeEvent::Superseded, out),
+                FenceOutput::Redial => {
+                    // The key is cloned only here: this pass runs at every step, for every
+                    // waiting request.
+                    let key = self.requests[&id].target.session.clone();
+                    self.on_handshake(now, key, HandshakeEvent::Superseded, out)
+                }
                 FenceOutput::FailUnreleased => {
                     let holder =
                         self.requests[&id].incarnation.expect("only a transfer naming its holder differs");

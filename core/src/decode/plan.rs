@@ -63,6 +63,16 @@ pub struct ReadOp {
 }
 
 impl ReadOp {
+    /// The read of `plan` for `layer` as the worker posts it: layer `l` alone, or every layer
+    /// for `None` (a per-request read). A retry posts it again from the request's plan.
+    pub fn of_layer(plan: Arc<ReadPlan>, layer: Option<u16>) -> ReadOp {
+        let layers = match layer {
+            Some(l) => usize::from(l)..usize::from(l) + 1,
+            None => 0..plan.remote_bases.len(),
+        };
+        ReadOp { plan, layer, layers }
+    }
+
     /// The request read.
     pub fn request(&self) -> RequestId {
         self.plan.request
@@ -113,7 +123,7 @@ mod tests {
     fn op(local: &[u32], remote: &[u32], layers: usize) -> ReadOp {
         let plan = ReadPlan {
             request: RequestId(1),
-            transfer_id: TransferId("t".into()),
+            transfer_id: TransferId::new("t"),
             source: RankId::new(crate::ids::EngineId::prefill(0), 0, 0),
             session: SessionKey("s".into()),
             remote_bases: vec![0; layers],

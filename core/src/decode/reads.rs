@@ -39,8 +39,8 @@ impl DecodeWorker {
                 Ok(ops) => {
                     let outstanding = ops.iter().map(|op| op.layer).collect();
                     let recv = self.requests.get_mut(&id).expect("listed above");
-                    recv.phase =
-                        RecvPhase::Reading { outstanding, retries: BTreeMap::new(), ops: ops.clone() };
+                    let plan = ops[0].plan.clone();
+                    recv.phase = RecvPhase::Reading { outstanding, retries: BTreeMap::new(), plan };
                     let posted = RecvEvent::ReadsPosted(ops.len() as u32);
                     if self.transition(id, before, posted, None, out) == RecvOutput::PostReads {
                         out.extend(ops.into_iter().map(DecodeAction::PostRead));
@@ -103,7 +103,6 @@ impl DecodeWorker {
         let before = recv.phase.machine();
         let deadline = recv.deadline;
         let waited_ns = now.since_ns(recv.arrived);
-        let session = recv.target.session.clone();
         let mut stale = None;
         let (event, error) = match &mut recv.phase {
             RecvPhase::AwaitingSession => unreachable!("no read is in flight before the session"),
@@ -120,7 +119,9 @@ impl DecodeWorker {
                 ReadOutcome::Failed(reason) => {
                     outstanding.remove(&layer);
                     retries.remove(&layer);
-                    stale = Some(reason.clone());
+                    // The session is named only here: cloning its key for every read answered
+                    // was an allocation per layer of every request.
+                    stale = Some((recv.target.session.clone(), reason.clone()));
                     (RecvEvent::ReadFailed, Some(RecvError::ReadFailed(reason)))
                 }
                 ReadOutcome::Aborted => {
@@ -148,7 +149,7 @@ impl DecodeWorker {
                 }
             },
         };
-        if let Some(reason) = stale {
+        if let Some((session, reason)) = stale {
             // The session may be stale (the remote rank restarted and its memory keys are
             // gone): the handshake machine drops it, so the next step that needs the rank
             // handshakes again.

@@ -69,7 +69,7 @@ impl DecodeWorker {
         let policy =
             self.config.policy.between(&self.config.peers, request.prefill_engine, self.config.rank.engine);
         let params = &request.params;
-        let transfer_id = TransferId(params.transfer_id.clone().ok_or(RecvError::MissingTransferId)?);
+        let transfer_id = TransferId::new(params.transfer_id.clone().ok_or(RecvError::MissingTransferId)?);
         let remote = params.prefill_layout(policy.tp_size).map_err(RecvError::Params)?;
         let owner = params.owner_dp().map_err(RecvError::Params)?;
         let remote_block_ids: Vec<u32> = params

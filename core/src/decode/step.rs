@@ -39,8 +39,9 @@ impl DecodeWorker {
             .requests
             .values()
             .filter(|r| matches!(r.phase, RecvPhase::AwaitingSession))
-            .map(|r| r.target.session.clone())
-            .filter(|key| self.sessions.get(key).is_none_or(|s| s.state.session().is_none()))
+            .map(|r| &r.target.session)
+            .filter(|key| self.sessions.get(*key).is_none_or(|s| s.state.session().is_none()))
+            .cloned()
             .collect();
         if self.config.policy.handshake == HandshakeMode::Lazy {
             return self.lazy_step_begin(now, step, needed, out);

@@ -102,7 +102,7 @@ fn metadata(extensions: Extensions) -> HandshakeMetadata {
 fn leases(out: &[DecodeAction]) -> Vec<String> {
     out.iter()
         .filter_map(|a| match a {
-            DecodeAction::SendLease { lease, .. } => Some(lease.transfer_id.0.clone()),
+            DecodeAction::SendLease { lease, .. } => Some(lease.transfer_id.to_string()),
             _ => None,
         })
         .collect()

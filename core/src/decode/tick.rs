@@ -8,7 +8,7 @@ use crate::recv::RecvEvent;
 use crate::time::Instant;
 
 use super::state::RecvPhase;
-use super::{DecodeAction, DecodeWorker, RecvError};
+use super::{DecodeAction, DecodeWorker, ReadOp, RecvError};
 
 impl DecodeWorker {
     /// The time from `poll_timeout` has come: renews leases, times out handshakes and
@@ -42,10 +42,9 @@ impl DecodeWorker {
             for layer in due {
                 let before = self.requests[&id].phase.machine();
                 let recv = self.requests.get_mut(&id).expect("listed above");
-                let RecvPhase::Reading { retries, ops, .. } = &mut recv.phase else { break };
+                let RecvPhase::Reading { retries, plan, .. } = &mut recv.phase else { break };
                 retries.get_mut(&layer).expect("listed above").due = None;
-                let op =
-                    ops.iter().find(|op| op.layer == layer).expect("retries are of posted reads").clone();
+                let op = ReadOp::of_layer(plan.clone(), layer);
                 self.transition(id, before, RecvEvent::RetryPosted, None, out);
                 out.push(DecodeAction::PostRead(op));
             }

@@ -15,7 +15,7 @@ fn inc(n: u64) -> Option<Incarnation> {
 }
 
 fn tx(n: u32) -> TransferId {
-    TransferId(format!("tx-{n}"))
+    TransferId::new(format!("tx-{n}"))
 }
 
 /// Prefill rank P0.dp0.tp0 in incarnation 7.

@@ -72,7 +72,7 @@ pub fn encode(msg: &ControlMessage) -> Vec<u8> {
     match msg {
         ControlMessage::Release(release) => named(&ReleaseWire {
             kind: "release",
-            transfer_id: release.transfer_id.as_str(),
+            transfer_id: &release.transfer_id.as_str(),
             consumer_tp_size: release.consumer_tp_size,
             sender_engine_id: release.sender.as_ref().map(|s| s.engine_id.as_str()),
             sender_dp_rank: release.sender.as_ref().map(|s| s.dp_rank),
@@ -83,22 +83,22 @@ pub fn encode(msg: &ControlMessage) -> Vec<u8> {
         ControlMessage::LegacyCompletion(id) => id.as_str().as_bytes().to_vec(),
         ControlMessage::RemoteBlocks(blocks) => named(&RemoteBlocksWire {
             req_id: &blocks.req_id,
-            transfer_id: blocks.transfer_id.as_str(),
+            transfer_id: &blocks.transfer_id.as_str(),
             block_notify_list: &blocks.block_ids,
             decode_rank: blocks.decode_dp_rank,
             kind: "remote_blocks",
         }),
         ControlMessage::WriteDone(done) => named(&WriteDoneWire {
             kind: "write_done",
-            transfer_id: done.transfer_id.as_str(),
+            transfer_id: &done.transfer_id.as_str(),
             num_writers: (done.writers != 1).then_some(done.writers),
         }),
         ControlMessage::WriteFailed(failed) => {
-            named(&WriteFailedWire { kind: "write_failed", transfer_id: failed.transfer_id.as_str() })
+            named(&WriteFailedWire { kind: "write_failed", transfer_id: &failed.transfer_id.as_str() })
         }
         ControlMessage::ReadLease(lease) => named(&ReadLeaseWire {
             kind: "read_lease",
-            transfer_id: lease.transfer_id.as_str(),
+            transfer_id: &lease.transfer_id.as_str(),
             lease_ms: lease.lease_ms,
             pdkv_incarnation: lease.incarnation.map(Incarnation::value),
             pdkv_mac: lease.mac.as_ref().map(|m| Bin(&m.0)),
@@ -143,7 +143,7 @@ fn structured(entries: Vec<(Value, Value)>) -> Result<ControlMessage, WireError>
 
 fn legacy(id: String) -> Result<ControlMessage, WireError> {
     let id = string("transfer_id", Value::Str(id))?;
-    Ok(ControlMessage::LegacyCompletion(TransferId(id)))
+    Ok(ControlMessage::LegacyCompletion(TransferId::new(id)))
 }
 
 /// Decodes one payload frame of a MoRIIO notify or handshake socket (not the second handshake

@@ -166,7 +166,7 @@ pub(super) struct WriteFailedWire<'a> {
 }
 
 fn transfer_id(fields: &mut Fields) -> Result<TransferId, WireError> {
-    fields.str("transfer_id").map(TransferId)
+    fields.str("transfer_id").map(TransferId::new)
 }
 
 /// Reads the optional `pdkv_mac` key: a bin of exactly [`MAC_BYTES`].

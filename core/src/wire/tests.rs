@@ -61,7 +61,7 @@ fn pack(entries: Vec<(&'static str, V)>) -> Vec<u8> {
 const TID: &str = "tx-0c5f2a9e-3b7d-4e21-9a64-8f1d2c3b4a5e";
 
 fn tid() -> TransferId {
-    TransferId(TID.to_owned())
+    TransferId::new(TID)
 }
 
 fn release_map(extra: Vec<(&'static str, V)>) -> Vec<u8> {
@@ -198,16 +198,16 @@ fn encodes_the_bytes_moriio_sends() {
     check_bytes(ControlMessage::LegacyCompletion(tid()), TID.as_bytes());
     check_bytes(ControlMessage::HandshakeRequest, b"get_meta_msg");
     check_bytes(
-        ControlMessage::WriteDone(WriteDone::single(TransferId("t".to_owned()))),
+        ControlMessage::WriteDone(WriteDone::single(TransferId::new("t"))),
         b"\x82\xa4type\xaawrite_done\xabtransfer_id\xa1t",
     );
     // vLLM 0.33's payload: {"type", "transfer_id"} updated with num_writers when not 1.
     check_bytes(
-        ControlMessage::WriteDone(WriteDone { transfer_id: TransferId("t".to_owned()), writers: 8 }),
+        ControlMessage::WriteDone(WriteDone { transfer_id: TransferId::new("t"), writers: 8 }),
         b"\x83\xa4type\xaawrite_done\xabtransfer_id\xa1t\xabnum_writers\x08",
     );
     check_bytes(
-        ControlMessage::WriteFailed(WriteFailed { transfer_id: TransferId("t".to_owned()) }),
+        ControlMessage::WriteFailed(WriteFailed { transfer_id: TransferId::new("t") }),
         b"\x82\xa4type\xacwrite_failed\xabtransfer_id\xa1t",
     );
 }
@@ -228,8 +228,8 @@ fn write_done_refuses_zero_writers() {
 #[test]
 fn accepts_older_and_tolerated_forms() {
     // A msgpack str as a legacy completion; raw ASCII text including a single digit.
-    check(b"\xa4tx-1", Ok(ControlMessage::LegacyCompletion(TransferId("tx-1".to_owned()))));
-    check(b"7", Ok(ControlMessage::LegacyCompletion(TransferId("7".to_owned()))));
+    check(b"\xa4tx-1", Ok(ControlMessage::LegacyCompletion(TransferId::new("tx-1"))));
+    check(b"7", Ok(ControlMessage::LegacyCompletion(TransferId::new("7"))));
     // remote_blocks without `type` (MoRIIO infers it from `req_id`) or `decode_rank`.
     check(
         &pack(vec![("req_id", s("r")), ("transfer_id", s(TID)), ("block_notify_list", V::A(vec![V::U(4)]))]),
@@ -563,7 +563,7 @@ fn arb_message() -> impl Strategy<Value = ControlMessage> {
     let release = (arb_id(), prop::option::of(1..=u16::MAX), prop::option::of(sender), incarnation())
         .prop_map(|(id, size, sender, incarnation)| {
             ControlMessage::Release(Release {
-                transfer_id: TransferId(id),
+                transfer_id: TransferId::new(id),
                 consumer_tp_size: size,
                 sender: sender.map(|(engine_id, dp_rank, tp_rank)| ReleaseSender {
                     engine_id,
@@ -577,22 +577,22 @@ fn arb_message() -> impl Strategy<Value = ControlMessage> {
         });
     let legacy = "[!-~][ -~é中]{0,40}"
         .prop_filter("the handshake request is not a transfer id", |id| id.as_bytes() != HANDSHAKE_REQUEST)
-        .prop_map(|id| ControlMessage::LegacyCompletion(TransferId(id)));
+        .prop_map(|id| ControlMessage::LegacyCompletion(TransferId::new(id)));
     let blocks = (arb_id(), arb_id(), prop::collection::vec(any::<u32>(), 1..64), any::<u16>()).prop_map(
         |(req_id, id, block_ids, decode_dp_rank)| {
             ControlMessage::RemoteBlocks(RemoteBlocks {
                 req_id,
-                transfer_id: TransferId(id),
+                transfer_id: TransferId::new(id),
                 block_ids,
                 decode_dp_rank,
             })
         },
     );
     let done = (arb_id(), 1..=u16::MAX).prop_map(|(id, writers)| {
-        ControlMessage::WriteDone(WriteDone { transfer_id: TransferId(id), writers })
+        ControlMessage::WriteDone(WriteDone { transfer_id: TransferId::new(id), writers })
     });
     let failed =
-        arb_id().prop_map(|id| ControlMessage::WriteFailed(WriteFailed { transfer_id: TransferId(id) }));
+        arb_id().prop_map(|id| ControlMessage::WriteFailed(WriteFailed { transfer_id: TransferId::new(id) }));
     let rank = (any::<u16>(), any::<u16>(), 1..=u16::MAX).prop_map(|(dp_rank, tp_rank, tp_size)| RankInfo {
         dp_rank,
         tp_rank: tp_rank % tp_size,
@@ -635,7 +635,12 @@ fn arb_message() -> impl Strategy<Value = ControlMessage> {
             },
         );
     let lease = (arb_id(), 1..=u32::MAX, incarnation()).prop_map(|(id, lease_ms, incarnation)| {
-        ControlMessage::ReadLease(ReadLease { transfer_id: TransferId(id), lease_ms, incarnation, mac: None })
+        ControlMessage::ReadLease(ReadLease {
+            transfer_id: TransferId::new(id),
+            lease_ms,
+            incarnation,
+            mac: None,
+        })
     });
     prop_oneof![release, legacy, blocks, done, failed, lease, Just(ControlMessage::HandshakeRequest), meta]
 }

@@ -58,6 +58,9 @@ pub struct DecodeNodes {
     /// Spare action buffers (reused, never shrunk): a decode step hands every worker an event,
     /// and a fresh vector per event was a measurable share of the simulator's time.
     spare: Vec<Vec<DecodeAction>>,
+    /// Spare buffers for what a group's scheduler decides, for the same reason: every step
+    /// begins, votes and enters the forward on every group. A stack, as `spare` is.
+    spare_decided: Vec<Vec<SchedulerOutput<RecvError>>>,
 }
 
 impl std::hash::Hash for DecodeNodes {
@@ -145,7 +148,7 @@ impl DecodeNodes {
             if let Some(event) = input {
                 self.handle_group_event(now, group, event, out);
             } else if let Some((request, result)) = routed {
-                let mut decided = Vec::new();
+                let mut decided = self.spare_decided.pop().unwrap_or_default();
                 self.groups[group].sched.handle_report(request, seat, result, &mut decided);
                 self.route(now, group, decided, out);
             }
@@ -163,21 +166,21 @@ impl DecodeNodes {
         event: GroupEvent,
         out: &mut Vec<NodeOutput>,
     ) {
-        let mut decided = Vec::new();
+        let mut decided = self.spare_decided.pop().unwrap_or_default();
         self.groups[group].sched.handle_group_event(event, &mut decided);
         self.route(now, group, decided, out);
     }
 
     /// Step `step` begins on group `group`: its scheduler admits, and its workers hear of it.
     pub fn handle_step_begin(&mut self, now: Instant, group: usize, step: u64, out: &mut Vec<NodeOutput>) {
-        let mut decided = Vec::new();
+        let mut decided = self.spare_decided.pop().unwrap_or_default();
         self.groups[group].sched.handle_step_begin(step, &mut decided);
         self.route(now, group, decided, out);
     }
 
     /// Group `group` ran its forward: see [`DecodeScheduler::handle_forward`].
     pub fn handle_forward(&mut self, now: Instant, group: usize, out: &mut Vec<NodeOutput>) -> Forwarded {
-        let mut decided = Vec::new();
+        let mut decided = self.spare_decided.pop().unwrap_or_default();
         let forwarded = self.groups[group].sched.handle_forward(&mut decided);
         self.route(now, group, decided, out);
         forwarded
@@ -188,10 +191,10 @@ impl DecodeNodes {
         &mut self,
         now: Instant,
         group: usize,
-        decided: Vec<SchedulerOutput<RecvError>>,
+        mut decided: Vec<SchedulerOutput<RecvError>>,
         out: &mut Vec<NodeOutput>,
     ) {
-        for output in decided {
+        for output in decided.drain(..) {
             match output {
                 SchedulerOutput::ToMember { member, event } => {
                     let worker = self.groups[group].members[usize::from(member.0)];
@@ -200,6 +203,7 @@ impl DecodeNodes {
                 output => out.push(NodeOutput::Group { group, output }),
             }
         }
+        self.spare_decided.push(decided);
     }
 }
 

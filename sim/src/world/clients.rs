@@ -229,8 +229,10 @@ impl World {
         let decode_slot = self.clients.proxy.request(id).expect("just routed").decode;
         let decode_group =
             self.decode.group_base[usize::from(decode_slot.engine.index)] + usize::from(decode_slot.dp());
-        let transfer =
-            self.clients.transfers.push(TransferId(params.transfer_id.clone().unwrap_or_default()), id.0);
+        let transfer = self
+            .clients
+            .transfers
+            .push(TransferId::new(params.transfer_id.clone().unwrap_or_default()), id.0);
         let req = Req {
             sent_ns: self.now,
             input,

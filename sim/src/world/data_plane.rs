@@ -177,7 +177,7 @@ impl World {
         }
         let freed = wrong.iter().all(|&b| pool.owner_of(b) == FREE && b < pool.capacity());
         let what = if freed { "freed" } else { "another request's (or unallocated)" };
-        let name = self.clients.transfers.id(transfer).map_or("?".to_string(), |t| t.0);
+        let name = self.clients.transfers.id(transfer).map_or("?".to_string(), |t| t.to_string());
         let shown: Vec<u32> = wrong.iter().copied().take(4).collect();
         let more = if wrong.len() > shown.len() {
             format!(" and {} more", wrong.len() - shown.len())

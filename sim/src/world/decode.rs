@@ -37,6 +37,44 @@ pub(super) struct DecodeSide {
     pub(super) spare: Vec<Vec<NodeOutput>>,
 }
 
+/// The vote results of one barrier decision, one per member: `(member, step, ok)`. A TP1
+/// group's lone result is kept inline: every step of every group has one, and a vector each
+/// was an allocation per group and step.
+#[derive(Debug, Default)]
+pub(super) enum Votes {
+    #[default]
+    None,
+    One((TpRank, u64, bool)),
+    Many(Vec<(TpRank, u64, bool)>),
+}
+
+impl Votes {
+    fn push(&mut self, result: (TpRank, u64, bool)) {
+        *self = match std::mem::take(self) {
+            Votes::None => Votes::One(result),
+            Votes::One(first) => Votes::Many(vec![first, result]),
+            Votes::Many(mut all) => {
+                all.push(result);
+                Votes::Many(all)
+            }
+        };
+    }
+
+    fn is_empty(&self) -> bool {
+        matches!(self, Votes::None)
+    }
+
+    /// The results in the order they were decided.
+    pub(super) fn into_results(self) -> impl Iterator<Item = (TpRank, u64, bool)> {
+        let (one, all) = match self {
+            Votes::None => (None, Vec::new()),
+            Votes::One(first) => (Some(first), Vec::new()),
+            Votes::Many(all) => (None, all),
+        };
+        one.into_iter().chain(all)
+    }
+}
+
 /// A decode DP group's place in the simulator: its engine and unit (its workers and scheduler
 /// are the nodes').
 pub(super) struct DGroup {
@@ -134,7 +172,7 @@ impl World {
     fn node_outputs(&mut self, out: &mut Vec<NodeOutput>) {
         let mut reads: Vec<ReadOp> = Vec::new();
         let mut reader = 0;
-        let mut results = Vec::new();
+        let mut results = Votes::default();
         let mut voted = 0;
         for output in out.drain(..) {
             let posts = match &output {
@@ -173,12 +211,7 @@ impl World {
     }
 
     /// Carries out one decision of group `g`'s scheduler (vote results gather in `results`).
-    fn group_output(
-        &mut self,
-        g: usize,
-        output: SchedulerOutput<RecvError>,
-        results: &mut Vec<(TpRank, u64, bool)>,
-    ) {
+    fn group_output(&mut self, g: usize, output: SchedulerOutput<RecvError>, results: &mut Votes) {
         match output {
             SchedulerOutput::ToMember { .. } => {
                 unreachable!("the nodes deliver a group's inputs for its members")
@@ -220,7 +253,7 @@ impl World {
     }
 
     /// The vote results of one barrier decision reach the members one control latency later.
-    fn vote_results(&mut self, g: usize, results: Vec<(TpRank, u64, bool)>) {
+    fn vote_results(&mut self, g: usize, results: Votes) {
         if !results.is_empty() {
             let latency = self.control_ns();
             self.at(latency, Ev::VoteResults { group: g, results });
@@ -443,6 +476,21 @@ mod tests {
     use crate::scenario::Scenario;
     use crate::world::RunOptions;
     use pdkv_core::group::GroupEvent;
+
+    /// The queue's events stay small (the heap moves them at every push and pop): a group's
+    /// vote results in one with no allocation for a TP1 group's one result.
+    #[test]
+    fn events_stay_small() {
+        assert!(size_of::<Ev>() <= 40, "{}", size_of::<Ev>());
+        let mut votes = Votes::default();
+        assert!(votes.is_empty());
+        votes.push((TpRank(0), 3, true));
+        assert!(matches!(votes, Votes::One(_)));
+        votes.push((TpRank(1), 3, false));
+        votes.push((TpRank(2), 3, true));
+        let all: Vec<_> = votes.into_results().collect();
+        assert_eq!(all, [(TpRank(0), 3, true), (TpRank(1), 3, false), (TpRank(2), 3, true)]);
+    }
 
     /// A worker's vote counts once however often it arrives: a repeated ballot from one worker
     /// of a TP2 group must not stand in for its peer's (it did when ballots were counted by

@@ -22,7 +22,7 @@ use std::collections::BinaryHeap;
 // `ms_ns` saturates: loaded scenarios keep every time far below overflow (`MAX_TIME_MS`); one
 // built in code past that saturates, which means "never".
 use pdkv_core::decode::{DecodeEvent, ReadOutcome, RecvRequest};
-use pdkv_core::ids::{RankId, RequestId, TpRank};
+use pdkv_core::ids::{RankId, RequestId};
 use pdkv_core::ports::{AddressBook, SessionKey};
 use pdkv_core::prefill::{EngineEvent, WorkerEvent};
 use pdkv_core::topology::Deployment;
@@ -154,7 +154,7 @@ enum Ev {
     /// The vote results a decode group decided, one per member: `(member, step, ok)`.
     VoteResults {
         group: usize,
-        results: Vec<(TpRank, u64, bool)>,
+        results: decode::Votes,
     },
     AtListener {
         listener: usize,
@@ -399,7 +399,7 @@ impl World {
             Ev::StepEnd { unit, step } => self.on_step_end(unit, step),
             Ev::CollectiveTimeout { unit, step } => self.on_collective_timeout(unit, step),
             Ev::VoteResults { group, results } => {
-                for (member, step, ok) in results {
+                for (member, step, ok) in results.into_results() {
                     let w = self.decode.nodes.members(group)[usize::from(member.0)];
                     self.decode_worker(w, DecodeEvent::VoteResult { step, ok });
                 }

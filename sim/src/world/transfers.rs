@@ -134,7 +134,7 @@ mod tests {
     fn ids_number_in_order_and_read_back_whatever_their_form() {
         let mut t = Transfers::default();
         let minted = TransferId::from_u128(7);
-        let foreign = TransferId("req-42".into());
+        let foreign = TransferId::new("req-42");
         assert_eq!(t.push(minted.clone(), 1), 0);
         assert_eq!(t.push(foreign.clone(), 2), 1);
         assert_eq!(t.push(minted.clone(), 3), 2, "a repeated id gets a number of its own");

@@ -336,7 +336,7 @@ fn acks(c: &Combo, g: &AckGroup, rules: PeerRules) -> Vec<Case> {
             }
         }
     }
-    let id = TransferId(TRANSFER_ID.into());
+    let id = TransferId::new(TRANSFER_ID);
     let mut pdkv: Vec<(u32, Quorum, Done)> = Vec::new();
     for (tp, senders) in inbox.iter().enumerate() {
         let quorum = plan.per_tp_rank.get(tp).copied().unwrap_or(Quorum::Exact(0));
@@ -507,7 +507,7 @@ fn as_vllm_rules(c: &Combo, rules: PeerRules) -> Vec<Case> {
                     .push(case(Rule::Acks, fails(format!("{at}: pdkv cannot route decode rank {tp}: {e}")))),
             }
         }
-        let id = TransferId(TRANSFER_ID.into());
+        let id = TransferId::new(TRANSFER_ID);
         for v in &g.ranks {
             let quorum = plan.per_tp_rank.get(usize::from(v.tp)).copied().unwrap_or(Quorum::Exact(0));
             let mut ledger = RankLedger::new(&policy);
@@ -979,7 +979,7 @@ fn judge(sent: &Messages, m: &Message, d: &Delivery, vllm: Option<Extensions>) -
     if d.alive {
         // vLLM must count what pdkv's ledger counts as a release, as the same ack.
         if let Some(release) = m.message.as_release() {
-            let want = (release.transfer_id.0.clone(), i64::from(release.consumer_tp_size.unwrap_or(1)));
+            let want = (release.transfer_id.to_string(), i64::from(release.consumer_tp_size.unwrap_or(1)));
             if d.acks != [want.clone()] {
                 return fails(format!("{}: vLLM counted {:?}, pdkv's ledger counts {want:?}", at(m), d.acks));
             }
@@ -1167,7 +1167,7 @@ mod tests {
             }
         };
         let acks = match m.message.as_release() {
-            Some(r) if alive => vec![(r.transfer_id.0, i64::from(r.consumer_tp_size.unwrap_or(1)))],
+            Some(r) if alive => vec![(r.transfer_id.to_string(), i64::from(r.consumer_tp_size.unwrap_or(1)))],
             _ if alive
                 && m.message == ControlMessage::HandshakeRequest
                 && m.socket == messages::Socket::Notify =>

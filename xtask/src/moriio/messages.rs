@@ -200,7 +200,7 @@ fn address() -> EngineAddress {
 
 /// A sample of every variant, with the values pdkv would put in it.
 pub fn every_variant() -> Vec<ControlMessage> {
-    let id = || TransferId(TRANSFER_ID.into());
+    let id = || TransferId::new(TRANSFER_ID);
     let rank = decode_rank();
     let prefill = RankId::new(EngineId::prefill(0), 0, 0);
     let data = DataPlane { transport: DataTransport::Tcp, addr: Endpoint { host: HOST.into(), port: 7000 } };
