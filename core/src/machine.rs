@@ -38,3 +38,23 @@ pub(crate) fn walk<S: Clone, E: Clone, O: Debug>(
     }
     rows
 }
+
+/// Every sequence of `len` events drawn from `events` (with repeats), for the exhaustive tests
+/// of a machine.
+#[cfg(test)]
+pub(crate) fn sequences<E: Copy>(events: &[E], len: usize) -> Vec<Vec<E>> {
+    let mut seqs: Vec<Vec<E>> = vec![Vec::new()];
+    for _ in 0..len {
+        seqs = seqs
+            .into_iter()
+            .flat_map(|s| {
+                events.iter().map(move |&e| {
+                    let mut next = s.clone();
+                    next.push(e);
+                    next
+                })
+            })
+            .collect();
+    }
+    seqs
+}

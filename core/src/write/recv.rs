@@ -184,14 +184,7 @@ mod tests {
     fn blocks_free_once_and_only_when_no_write_can_land() {
         let all = [Done, Failed, Deadline, Gone];
         for writers in 1..=3u16 {
-            let mut seqs: Vec<Vec<RecvEvent>> = vec![vec![]];
-            for _ in 0..6 {
-                seqs = seqs
-                    .into_iter()
-                    .flat_map(|s| all.iter().map(move |&e| [s.clone(), vec![e]].concat()))
-                    .collect();
-            }
-            for seq in seqs {
+            for seq in crate::machine::sequences(&all, 6) {
                 let mut state = RecvState::Awaiting { answered: 0 };
                 let (mut answered, mut gone, mut frees, mut ends) = (0u16, false, 0, 0);
                 for &e in &seq {

@@ -285,15 +285,7 @@ mod tests {
     fn no_answer_twice_and_no_free_under_a_posted_write() {
         let plan = SendPlan { layers: 2, targets: 2 };
         let all = [Blocks, Layer, Ok, Bad, Deadline];
-        // Every sequence of up to six events.
-        let mut seqs: Vec<Vec<SendEvent>> = vec![vec![]];
-        for _ in 0..6 {
-            seqs = seqs
-                .into_iter()
-                .flat_map(|s| all.iter().map(move |&e| [s.clone(), vec![e]].concat()))
-                .collect();
-        }
-        for seq in seqs {
+        for seq in crate::machine::sequences(&all, 6) {
             let mut state = SendState::AwaitingBlocks { ready: 0 };
             let mut answers = 0;
             let mut posted: u32 = 0;

@@ -366,27 +366,32 @@ fn judge(run: &Run, outcome: &Outcome) -> Judged {
     Judged { cases: judge_steady(run, outcome), note: None }
 }
 
+/// A run judged as one case of the whole deployment, with what it showed.
+fn one_case(
+    run: &Run,
+    direction: Direction,
+    verdict: Verdict,
+    detail: Option<String>,
+    note: Option<String>,
+) -> Judged {
+    let class = format!("{} ({})", label(run), run.about);
+    Judged {
+        cases: vec![Case { interaction: Interaction::Wire(Wire::Mixed), direction, class, verdict, detail }],
+        note,
+    }
+}
+
+/// Why a run has no result: its exit code and the last lines it wrote.
+fn no_result(outcome: &Outcome) -> String {
+    let tail: Vec<&str> = outcome.stderr.lines().rev().take(6).collect();
+    format!("no result (exit {:?}): {}", outcome.code, tail.into_iter().rev().collect::<Vec<_>>().join(" | "))
+}
+
 /// A run in which vLLM's decode reads DP rank 0 for every request ([`Expect::ReadsDp0`]).
 fn judge_reads_dp0(run: &Run, outcome: &Outcome) -> Judged {
-    let class = format!("{} ({})", label(run), run.about);
-    let one = |verdict, detail, note| Judged {
-        cases: vec![Case {
-            interaction: Interaction::Wire(Wire::Mixed),
-            direction: Direction::VllmToPdkv,
-            class: class.clone(),
-            verdict,
-            detail,
-        }],
-        note,
-    };
+    let one = |verdict, detail, note| one_case(run, Direction::VllmToPdkv, verdict, detail, note);
     let Some(r) = &outcome.result else {
-        let tail: Vec<&str> = outcome.stderr.lines().rev().take(6).collect();
-        let detail = format!(
-            "no result (exit {:?}): {}",
-            outcome.code,
-            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
-        );
-        return one(Verdict::Fails, Some(detail), None);
+        return one(Verdict::Fails, Some(no_result(outcome)), None);
     };
     let (n, ranks) = (u64::from(run.requests()), decode_ranks(run.deployment));
     let (freed, reaped) = (u(r, &["ledger", "freed"]), u(r, &["ledger", "reaped"]));
@@ -573,25 +578,9 @@ fn judge_restart(run: &Run, restart: &Restart, outcome: &Outcome) -> Judged {
         Side::Decode => Direction::VllmToPdkv,
         Side::Prefill => Direction::PdkvToVllm,
     };
-    let class = format!("{} ({})", label(run), run.about);
-    let one = |verdict, detail, note| Judged {
-        cases: vec![Case {
-            interaction: Interaction::Wire(Wire::Mixed),
-            direction,
-            class: class.clone(),
-            verdict,
-            detail,
-        }],
-        note,
-    };
+    let one = |verdict, detail, note| one_case(run, direction, verdict, detail, note);
     let Some(r) = &outcome.result else {
-        let tail: Vec<&str> = outcome.stderr.lines().rev().take(6).collect();
-        let detail = format!(
-            "no result (exit {:?}): {}",
-            outcome.code,
-            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
-        );
-        return one(Verdict::Fails, Some(detail), None);
+        return one(Verdict::Fails, Some(no_result(outcome)), None);
     };
     let n = u64::from(restart.requests);
     let mut wrong = Vec::new();
