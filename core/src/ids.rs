@@ -185,6 +185,21 @@ const MINTED_LEN: usize = 39;
 /// Where the four dashes of a minted id's hex part go (offsets after `tx-`).
 const DASHES: [usize; 4] = [8, 13, 18, 23];
 
+/// Where each of a minted id's 32 hex digits goes in its text, most significant first (every
+/// offset from 3 but the dashes'): a table, because ids are written and read for every message.
+const DIGIT_AT: [usize; 32] = {
+    let mut at = [0; 32];
+    let (mut digit, mut offset) = (0, 0);
+    while digit < 32 {
+        if offset != DASHES[0] && offset != DASHES[1] && offset != DASHES[2] && offset != DASHES[3] {
+            at[digit] = offset + 3;
+            digit += 1;
+        }
+        offset += 1;
+    }
+    at
+};
+
 impl TransferId {
     /// The id whose text is `text`, as a peer or a test names it.
     pub fn new(text: impl Into<String>) -> TransferId {
@@ -217,17 +232,12 @@ impl TransferId {
         match &self.0 {
             Repr::Minted(..) => {
                 let bits = self.to_u128().unwrap_or_default();
-                let mut bytes = [0u8; MINTED_LEN];
+                let mut bytes = [b'-'; MINTED_LEN];
                 bytes[..3].copy_from_slice(b"tx-");
-                let mut digit = 0;
-                for (i, slot) in bytes[3..].iter_mut().enumerate() {
-                    if DASHES.contains(&i) {
-                        *slot = b'-';
-                        continue;
-                    }
-                    let nibble = (bits >> (4 * (31 - digit))) as u8 & 0xf;
-                    *slot = if nibble < 10 { b'0' + nibble } else { b'a' + nibble - 10 };
-                    digit += 1;
+                // The 32 digits, most significant first, around the dashes (which stay).
+                for (digit, slot) in DIGIT_AT.iter().enumerate() {
+                    let nibble = (bits >> (4 * (31 - digit))) as usize & 0xf;
+                    bytes[*slot] = b"0123456789abcdef"[nibble];
                 }
                 IdText::Minted(bytes)
             }
@@ -244,13 +254,10 @@ fn minted_bits(text: &str) -> Option<u128> {
         return None;
     }
     let mut bits = 0u128;
-    for (i, &b) in bytes.iter().enumerate() {
-        if DASHES.contains(&i) {
-            continue;
-        }
-        let digit = match b {
-            b'0'..=b'9' => b - b'0',
-            b'a'..=b'f' => b - b'a' + 10,
+    for slot in DIGIT_AT {
+        let digit = match bytes[slot - 3] {
+            b @ b'0'..=b'9' => b - b'0',
+            b @ b'a'..=b'f' => b - b'a' + 10,
             _ => return None,
         };
         bits = (bits << 4) | u128::from(digit);

@@ -70,22 +70,6 @@ impl Pool {
         self.free_blocks + (self.capacity - self.next) as usize
     }
 
-    /// The front of the free queue, taken off it.
-    fn pop_free(&mut self) -> Option<u32> {
-        let run = self.free.front_mut()?;
-        let b = run.first;
-        run.len -= 1;
-        if run.len == 0 {
-            self.free.pop_front();
-        } else if run.down {
-            run.first -= 1;
-        } else {
-            run.first += 1;
-        }
-        self.free_blocks -= 1;
-        Some(b)
-    }
-
     /// Puts `b` at the back of the free queue, extending the last run when `b` continues it.
     fn push_free(&mut self, b: u32) {
         self.free_blocks += 1;
@@ -109,14 +93,29 @@ impl Pool {
     pub fn alloc(&mut self, n: usize, owner: u32) -> Vec<u32> {
         debug_assert!(n <= self.available(), "caller checks availability");
         let mut blocks = Vec::with_capacity(n);
+        // Fresh ids first, then the free queue's runs from the front, a run (or the part of it
+        // needed) at a time rather than an id at a time.
+        let fresh = (self.capacity - self.next).min(u32::try_from(n).unwrap_or(u32::MAX));
+        blocks.extend(self.next..self.next + fresh);
+        self.next += fresh;
         while blocks.len() < n {
-            let b = if self.next < self.capacity {
-                self.next += 1;
-                self.next - 1
+            let run = self.free.front_mut().expect("caller checks availability");
+            let take = run.len.min(u32::try_from(n - blocks.len()).unwrap_or(u32::MAX));
+            let first = run.first;
+            if run.down {
+                blocks.extend((0..take).map(|i| first - i));
             } else {
-                self.pop_free().expect("caller checks availability")
-            };
-            blocks.push(b);
+                blocks.extend((0..take).map(|i| first + i));
+            }
+            run.len -= take;
+            self.free_blocks -= take as usize;
+            if run.len == 0 {
+                self.free.pop_front();
+            } else if run.down {
+                run.first -= take;
+            } else {
+                run.first += take;
+            }
         }
         // One interval per run of consecutive ids, in either direction.
         let mut i = 0;
@@ -207,8 +206,23 @@ impl Pool {
             if u64::from(high) + 1 < end {
                 self.owner.insert(high + 1, ((end - u64::from(high) - 1) as u32, o));
             }
-            for &freed in run.iter().rev() {
+            // Back to the queue last first; once the queue's last run continues into the rest
+            // (one id at a time, in the run's direction), the rest extends it at once.
+            let mut rest = run.iter().rev();
+            while let Some(&freed) = rest.next() {
                 self.push_free(freed);
+                let continues = rest
+                    .clone()
+                    .next()
+                    .is_some_and(|&next| self.free.back().is_some_and(|last| last.after() == Some(next)));
+                if continues {
+                    let more = rest.len();
+                    if let Some(last) = self.free.back_mut() {
+                        last.len += more as u32;
+                    }
+                    self.free_blocks += more;
+                    break;
+                }
             }
             i = j;
         }
