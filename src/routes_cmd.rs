@@ -183,15 +183,8 @@ pub fn render_writes(r: &WriteRoutesReport) -> String {
         let share = if total == 0 { 0.0 } else { 100.0 * row.bytes_per_token as f64 / total as f64 };
         let _ = writeln!(out, "  {:<14} {:>12} {:>15.1}%", row.rank, row.writes, share);
     }
-    let (mut max, mut min) = (0, 0);
-    for (i, row) in r.prefill_ranks.iter().enumerate() {
-        if row.bytes_per_token > r.prefill_ranks[max].bytes_per_token {
-            max = i;
-        }
-        if row.bytes_per_token < r.prefill_ranks[min].bytes_per_token {
-            min = i;
-        }
-    }
+    let bytes: Vec<u64> = r.prefill_ranks.iter().map(|row| row.bytes_per_token).collect();
+    let (max, min) = extremes(&bytes);
     if let (Some(hi), Some(lo)) = (r.prefill_ranks.get(max), r.prefill_ranks.get(min)) {
         let _ = writeln!(
             out,
@@ -274,15 +267,7 @@ pub fn render(r: &RoutesReport) -> String {
             expected
         );
     }
-    let (mut max, mut min) = (0, 0);
-    for (i, &reads) in r.reads_per_prefill_gpu.iter().enumerate() {
-        if reads > r.reads_per_prefill_gpu[max] {
-            max = i;
-        }
-        if reads < r.reads_per_prefill_gpu[min] {
-            min = i;
-        }
-    }
+    let (max, min) = extremes(&r.reads_per_prefill_gpu);
     if let (Some(hi), Some(lo)) = (r.prefill_ranks.get(max), r.prefill_ranks.get(min)) {
         let _ = writeln!(
             out,
@@ -294,4 +279,18 @@ pub fn render(r: &RoutesReport) -> String {
         let _ = writeln!(out, "WARNING: {line}");
     }
     out
+}
+
+/// The indices of the first largest and the first smallest of `values` (0 and 0 when empty).
+fn extremes(values: &[u64]) -> (usize, usize) {
+    let (mut max, mut min) = (0, 0);
+    for (i, &v) in values.iter().enumerate() {
+        if v > values[max] {
+            max = i;
+        }
+        if v < values[min] {
+            min = i;
+        }
+    }
+    (max, min)
 }
