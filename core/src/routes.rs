@@ -15,12 +15,12 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::{EngineId, RankId, Role, TransferId};
+use crate::ids::{EngineId, RankId, RequestId, Role, TransferId};
 use crate::legacy::LegacyOptions;
 use crate::params::{KvTransferParams, ParamsError, PrefillAnswer};
 use crate::policy::{PeerBook, PeerRules, Policy};
 use crate::ports::{AddressBook, ListenerKind, PortError, ReadTarget};
-use crate::proxy::{flat_slots, Proxy, ProxyAction, ProxyError};
+use crate::proxy::{flat_slots, Proxy, ProxyAction, ProxyError, Slot};
 use crate::release::{quorum_plan, Quorum};
 use crate::routing::{self, ReadRouter, RoutingError};
 use crate::topology::Deployment;
@@ -197,6 +197,57 @@ fn quorum_count(q: Quorum) -> u16 {
     }
 }
 
+/// Requests in `rounds` rounds: prefill (engine, DP rank) slots × largest decode DP size each.
+pub(crate) fn round_requests(deployment: &Deployment, rounds: u32) -> u64 {
+    let max_decode_dp = deployment.decode.iter().map(|l| u64::from(l.dp)).max().unwrap_or(1);
+    flat_slots(&deployment.prefill, Role::Prefill).len() as u64 * max_decode_dp * u64::from(rounds)
+}
+
+/// One request as the proxy routed it to prefill and then to decode.
+pub(crate) struct RoutedRequest {
+    /// The proxy's id; the caller ends it with [`Proxy::handle_finished`].
+    pub(crate) id: RequestId,
+    /// The prefill slot holding the KV (the owner DP rank).
+    pub(crate) prefill: Slot,
+    /// The decode slot reading or written.
+    pub(crate) decode: Slot,
+    /// The transfer id the proxy minted.
+    pub(crate) transfer_id: String,
+    /// What the proxy forwarded to decode.
+    pub(crate) params: KvTransferParams,
+}
+
+/// Routes request `k` through the real proxy: to prefill, then, on the prefill answer as MoRIIO's
+/// producer writes it (no DP rank, which the proxy adds; no blocks, extensions or incarnations,
+/// the tables being about routes), to decode.
+pub(crate) fn route_request(
+    proxy: &mut Proxy,
+    book: &AddressBook,
+    deployment: &Deployment,
+    k: u64,
+) -> Result<RoutedRequest, RoutesError> {
+    let (id, send) = proxy.handle_request(u128::from(k))?;
+    let ProxyAction::SendPrefill { slot: prefill, params: to_prefill, .. } = send else {
+        unreachable!("a new request is always sent to prefill first")
+    };
+    let transfer_id = to_prefill.transfer_id.unwrap_or_else(|| format!("request-{k}"));
+    let minted = TransferId::new(transfer_id.clone());
+    let answer = KvTransferParams::prefill_answer(&PrefillAnswer {
+        transfer_id: Some(&minted),
+        blocks: &[],
+        address: book.engine(prefill.engine),
+        layout: deployment.layout(prefill.engine),
+        extensions: Extensions::NONE,
+        holders: None,
+        blocks_per_group: true,
+    });
+    let ProxyAction::SendDecode { slot: decode, params, .. } = proxy.handle_prefill_response(id, answer)?
+    else {
+        unreachable!("a prefill answer is always followed by a decode dispatch")
+    };
+    Ok(RoutedRequest { id, prefill, decode, transfer_id, params })
+}
+
 /// Computes the routing table of `deployment` over `rounds` rounds of the proxy.
 pub fn routes(
     deployment: &Deployment,
@@ -272,35 +323,14 @@ pub fn routes_under(
     let prefill_ranks = deployment.ranks(Role::Prefill);
     let mut reads = vec![0u64; prefill_ranks.len()];
     let mut held = vec![0u64; prefill_ranks.len()];
-    let max_decode_dp = deployment.decode.iter().map(|l| u64::from(l.dp)).max().unwrap_or(1);
-    let per_round = flat_slots(&deployment.prefill, Role::Prefill).len() as u64 * max_decode_dp;
-    let requests = per_round * u64::from(rounds);
+    let requests = round_requests(deployment, rounds);
     for k in 1..=requests {
-        let (id, send) = proxy.handle_request(u128::from(k))?;
-        let ProxyAction::SendPrefill { slot: prefill_slot, params: to_prefill, .. } = send else {
-            unreachable!("a new request is always sent to prefill first")
-        };
+        let RoutedRequest { id, prefill: prefill_slot, decode: decode_slot, params, .. } =
+            route_request(&mut proxy, &book, deployment, k)?;
         let prefill_layout = deployment.layout(prefill_slot.engine);
         for tp in 0..prefill_layout.tp {
             held[deployment.rank_index(RankId::new(prefill_slot.engine, prefill_slot.dp(), tp))] += 1;
         }
-        // The prefill answer as MoRIIO's producer writes it (no DP rank; the proxy adds it).
-        // The table is about routes, so no blocks, extensions or incarnations.
-        let minted = to_prefill.transfer_id.map(TransferId::new);
-        let answer = KvTransferParams::prefill_answer(&PrefillAnswer {
-            transfer_id: minted.as_ref(),
-            blocks: &[],
-            address: book.engine(prefill_slot.engine),
-            layout: prefill_layout,
-            extensions: Extensions::NONE,
-            holders: None,
-            blocks_per_group: true,
-        });
-        let ProxyAction::SendDecode { slot: decode_slot, params, .. } =
-            proxy.handle_prefill_response(id, answer)?
-        else {
-            unreachable!("a prefill answer is always followed by a decode dispatch")
-        };
         let decode_layout = deployment.layout(decode_slot.engine);
         let announced = params.prefill_layout(decode_policy.tp_size)?;
         let owner = params.owner_dp()?;

@@ -9,13 +9,11 @@
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{EngineId, Role};
-use crate::params::{KvTransferParams, PrefillAnswer};
 use crate::policy::{PeerRules, Policy};
 use crate::ports::AddressBook;
-use crate::proxy::{flat_slots, Proxy, ProxyAction};
-use crate::routes::{jain_index, RoutesError, MAX_ROUNDS};
+use crate::proxy::Proxy;
+use crate::routes::{jain_index, round_requests, route_request, RoutedRequest, RoutesError, MAX_ROUNDS};
 use crate::topology::Deployment;
-use crate::wire::Extensions;
 use crate::write::{spread_key, write_plan, writers_of, WriteError, WriteRule, WriteShape};
 
 /// How one prefill engine writes one decode engine.
@@ -132,32 +130,14 @@ pub fn write_routes(
     let prefill_ranks = deployment.ranks(Role::Prefill);
     let mut writes = vec![0u64; prefill_ranks.len()];
     let mut bytes = vec![0u64; prefill_ranks.len()];
-    let max_decode_dp = deployment.decode.iter().map(|l| u64::from(l.dp)).max().unwrap_or(1);
-    let per_round = flat_slots(&deployment.prefill, Role::Prefill).len() as u64 * max_decode_dp;
-    let requests = per_round * u64::from(rounds);
+    let requests = round_requests(deployment, rounds);
     // KV bytes of one token over all layers, for the whole model; a write moves its heads' part.
     let token_bytes = u64::from(model.bytes_per_token_per_layer) * u64::from(model.layers);
     let heads_total = if model.use_mla { 1 } else { u64::from(model.kv_heads.max(1)) };
     for k in 1..=requests {
-        let (id, send) = proxy.handle_request(u128::from(k))?;
-        let ProxyAction::SendPrefill { slot: prefill_slot, params: to_prefill, .. } = send else {
-            unreachable!("a new request is always sent to prefill first")
-        };
+        let RoutedRequest { id, prefill: prefill_slot, decode: decode_slot, transfer_id: transfer, .. } =
+            route_request(&mut proxy, &book, deployment, k)?;
         let prefill_layout = deployment.layout(prefill_slot.engine);
-        let transfer = to_prefill.transfer_id.clone().unwrap_or_else(|| format!("request-{k}"));
-        let answer = KvTransferParams::prefill_answer(&PrefillAnswer {
-            transfer_id: None,
-            blocks: &[],
-            address: book.engine(prefill_slot.engine),
-            layout: prefill_layout,
-            extensions: Extensions::NONE,
-            holders: None,
-            blocks_per_group: true,
-        });
-        let ProxyAction::SendDecode { slot: decode_slot, .. } = proxy.handle_prefill_response(id, answer)?
-        else {
-            unreachable!("a prefill answer is always followed by a decode dispatch")
-        };
         let decode_layout = deployment.layout(decode_slot.engine);
         let shape = shape_of(prefill_layout.tp, decode_layout.tp);
         let spread = spread_key(&transfer);
