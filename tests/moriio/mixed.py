@@ -24,6 +24,7 @@ strings; engines are numbered per side from 0):
         (engine, dp) runs vLLM's decode step for the request: the eager handshake with every
         rank of the remote engine it has no session with, then the read's release.
     register {transfer_id, request, engine, dp, tp}       (prefill) the rank holds the transfer
+        (the scheduler maps it; the worker gets the table with its next step)
     retire {transfer_id, engine, dp, tp}                  (prefill) the rank forgets it
     kill {engine, dp, tp}                                 (prefill) the rank's process dies: its
         listeners stop (each raises on a frame it refuses and closes its socket), and its worker
@@ -44,6 +45,11 @@ strings; engines are numbered per side from 0):
                                      remote memory descriptors of the sessions _get_built_session
                                      returns
     received {request, ok, error?}   (decode) once every TP rank of the group is done
+    registered {transfer_id, engine, dp, tp}  (prefill) a step installed the table holding a
+                                     registered transfer in the rank's worker; the cluster
+                                     answers the proxy, and so dispatches to decode, only after
+                                     every live rank of the group said this, as vLLM's engine
+                                     answers after the step that computed the prefill
     restarted {engine, dp, tp}       (prefill) the restarted rank's listeners are bound
     finished {transfer_id, engine, dp, tp}   (prefill) vLLM's get_finished, polled every ~2 ms,
                                      resolved the transfer on that rank (never deduplicated)
@@ -319,7 +325,7 @@ class Prefill:
         sched = self.Scheduler()
         sched.transfer_id_to_request_id, sched.request_id_to_transfer_id = {}, {}
         self.ranks[(e, d, t)] = types.SimpleNamespace(
-            name=name, worker=w, sched=sched, errors=set(), listeners=listeners
+            name=name, worker=w, sched=sched, errors=set(), listeners=listeners, announce=[]
         )
         log(f"prefill rank {name}: handshake listener :{listen}, notify listener :{cfg.notify_port}")
 
@@ -403,6 +409,7 @@ class Prefill:
         try:
             if msg["op"] == "register":
                 rank.sched.map_request_id(msg["request"], tid)
+                rank.announce.append(tid)
                 self.st.add("transfers_registered")
             elif tid in rank.sched.transfer_id_to_request_id:
                 request = rank.sched.transfer_id_to_request_id[tid]
@@ -460,6 +467,11 @@ class Prefill:
         meta = self.v.common.MoRIIOConnectorMetadata()
         meta.transfer_id_to_request_id = dict(rank.sched.transfer_id_to_request_id)
         w.start_load_kv(meta)
+        # The worker has this step's table now: the prefill is computed in this step, and only
+        # then does the engine answer the proxy, so the cluster dispatches to decode after this.
+        for tid in rank.announce:
+            self.out.send(op="registered", transfer_id=tid, engine=key[0], dp=key[1], tp=key[2])
+        rank.announce.clear()
         before = set(w._completed_consumer_notifications)
         done, _ = w.get_finished()
         # get_finished names requests; the transfers it resolved in this call are exactly those

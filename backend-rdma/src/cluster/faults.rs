@@ -80,6 +80,7 @@ impl Cluster {
             self.tally.faults_log.push(format!("killed {rank} at {at} ms, after {after} prefills"));
             if self.is_foreign(rank.engine) {
                 self.foreign.killed(rank);
+                self.foreign_rank_gone(rank);
             }
             if let Some(ms) = restart_after_ms {
                 self.faults.restart_at = Some((std::time::Instant::now() + Duration::from_millis(ms), rank));

@@ -20,8 +20,15 @@
 //!   memory descriptors of the sessions it built, in hex). The scheduler judges each against the
 //!   prefill process holding the transfer (`foreign_reads.rs`).
 //! - `register` / `retire` (prefill side): a rank holds a transfer / the engine freed it. The
-//!   driver answers `finished` when that rank's own ack accounting completes the transfer,
-//!   exactly when its code reports it; the engine node counts these as the rank's finish.
+//!   driver answers `registered` once the rank's worker has the transfer in its table (a step
+//!   installed it), and `finished` when that rank's own ack accounting completes the transfer,
+//!   exactly when its code reports it; the engine node counts these as the rank's finish. The
+//!   proxy hears of the prefill only once every live foreign rank said `registered`: in vLLM the
+//!   scheduler maps the request when it allocates it, and the worker receives that table with
+//!   the step that computes the prefill, so no decode can read, and release, a transfer its
+//!   prefill worker does not know yet. Without this order a release could overtake the
+//!   registration on a loaded machine, and a release that vLLM 0.25 drops as unknown would leak
+//!   a transfer no real deployment leaks.
 //! - `kill` (prefill side, `--kill` of a foreign rank): the rank's data-plane server was
 //!   killed; the driver stops the rank's listeners and forgets everything the rank held, as the
 //!   death of its process would. `restart`: the rank's data-plane server was started again
@@ -184,6 +191,13 @@ pub(super) enum FromDriver {
         error: Option<String>,
     },
     Finished {
+        transfer_id: String,
+        engine: u16,
+        dp: u16,
+        tp: u16,
+    },
+    /// Prefill side: the rank's worker has the transfer of a `register` in its table.
+    Registered {
         transfer_id: String,
         engine: u16,
         dp: u16,
@@ -579,6 +593,16 @@ pub(super) struct ForeignSide {
     /// Foreign prefill ranks whose data-plane server restarted and whose driver has not yet
     /// said `restarted`: not ready.
     pub(super) restarting: BTreeSet<RankId>,
+    /// Foreign prefill: transfers told to live ranks whose `registered` has not come yet, with
+    /// the request whose proxy answer waits for them.
+    pub(super) registering: BTreeMap<TransferId, Registering>,
+}
+
+/// A prefilled request whose answer to the proxy waits for foreign ranks to say `registered`.
+pub(super) struct Registering {
+    pub(super) request: RequestId,
+    /// The ranks still to say it.
+    pub(super) ranks: BTreeSet<RankId>,
 }
 
 impl ForeignSide {
@@ -592,6 +616,7 @@ impl ForeignSide {
             finished: BTreeSet::new(),
             report,
             restarting: BTreeSet::new(),
+            registering: BTreeMap::new(),
         }
     }
 
@@ -859,6 +884,22 @@ impl Cluster {
                 }
                 self.rank_up(rank);
             }
+            FromDriver::Registered { transfer_id, engine, dp, tp } => {
+                let rank = RankId::new(EngineId::prefill(engine), dp, tp);
+                let transfer_id = TransferId::new(transfer_id);
+                // A rank killed since may say it late, of a transfer the reaper already retired.
+                let told = self.d.ranks(Role::Prefill).contains(&rank)
+                    && (self.prefill.registered.contains_key(&(rank, transfer_id.clone()))
+                        || self.procs.ranks.get(&rank).is_some_and(|p| p.killed_by_fault || p.life > 0));
+                if !told {
+                    self.tally.violation(
+                        ViolationKind::ProtocolError,
+                        format!("the foreign {rank} registered {transfer_id}, which it was never given"),
+                    );
+                    return None;
+                }
+                self.foreign_registered(rank, &transfer_id);
+            }
             FromDriver::ReadPlan(line) => {
                 if let Err(refused) = self.read_planned(line) {
                     let detail = format!("the foreign driver's read_plan: {refused}");
@@ -916,6 +957,10 @@ mod tests {
         check(
             "{\"op\":\"finished\",\"transfer_id\":\"t\",\"engine\":0,\"dp\":1,\"tp\":2}",
             Ok(FromDriver::Finished { transfer_id: "t".into(), engine: 0, dp: 1, tp: 2 }),
+        );
+        check(
+            "{\"op\":\"registered\",\"transfer_id\":\"t\",\"engine\":0,\"dp\":1,\"tp\":2}",
+            Ok(FromDriver::Registered { transfer_id: "t".into(), engine: 0, dp: 1, tp: 2 }),
         );
         check("{\"op\":\"bye\"}", Ok(FromDriver::Bye { stats: BTreeMap::new() }));
         check(

@@ -15,7 +15,7 @@ use pdkv_engine::prefill::{Prefilled, WHOLE_PROMPTS};
 use pdkv_engine::timeouts::NS_PER_MS;
 use pdkv_engine::verdict::ViolationKind;
 
-use super::foreign::ToDriver;
+use super::foreign::{Registering, ToDriver};
 use super::{Cluster, ClusterConfig};
 use crate::sched::ToRank;
 use pdkv_core::decode::RecvRequest;
@@ -223,9 +223,46 @@ impl Cluster {
             return;
         }
         self.engine_actions(e, out);
+        if self.foreign.registering.contains_key(&self.clients.requests[&id].transfer_id) {
+            // Answered once the foreign ranks' workers know the transfer (foreign.rs).
+            return;
+        }
+        self.answer_prefilled(id);
+    }
+
+    /// A foreign rank's worker knows `transfer_id` (or the rank is gone): the request's answer
+    /// goes to the proxy once no live foreign rank is still to say so.
+    pub(super) fn foreign_registered(&mut self, rank: RankId, transfer_id: &TransferId) {
+        let Some(waiting) = self.foreign.registering.get_mut(transfer_id) else { return };
+        waiting.ranks.remove(&rank);
+        if waiting.ranks.is_empty() {
+            let request = waiting.request;
+            self.foreign.registering.remove(transfer_id);
+            self.answer_prefilled(request);
+        }
+    }
+
+    /// A foreign rank died: none of the transfers it was told waits for its `registered` now.
+    pub(super) fn foreign_rank_gone(&mut self, rank: RankId) {
+        let waiting: Vec<TransferId> = self
+            .foreign
+            .registering
+            .iter()
+            .filter(|(_, w)| w.ranks.contains(&rank))
+            .map(|(t, _)| t.clone())
+            .collect();
+        for transfer_id in waiting {
+            self.foreign_registered(rank, &transfer_id);
+        }
+    }
+
+    /// The prefill engine answers the proxy for a prefilled request, which goes on to decode.
+    fn answer_prefilled(&mut self, id: RequestId) {
+        let Some(req) = self.clients.requests.get(&id) else { return };
+        let e = req.prefill.0;
         // The id now leaves for the proxy and decode, where a sniffer sees it.
         if let Some(forger) = self.forger.as_mut() {
-            forger.feed(&self.clients.requests[&id].transfer_id);
+            forger.feed(&req.transfer_id);
         }
         let engine = EngineId::prefill(e as u16);
         let address = self.addresses[&engine].clone();
@@ -307,6 +344,14 @@ impl Cluster {
                             tp: rank.tp,
                         };
                         self.foreign.tell(&msg);
+                        if let Some(request) = self.clients.request_of(&transfer_id) {
+                            let waiting = self
+                                .foreign
+                                .registering
+                                .entry(transfer_id)
+                                .or_insert_with(|| Registering { request, ranks: BTreeSet::new() });
+                            waiting.ranks.insert(rank);
+                        }
                     } else {
                         self.procs.send(rank, &ToRank::Register { transfer_id, quorum, incarnation });
                     }
